@@ -1,0 +1,75 @@
+"""typedq: a typed task queue. Handlers with model inputs and outputs, checked by mypy
+from producer to result; an anyio runtime; Redis or an embedded broker.
+
+The everyday names are here; the rest lives in the modules named by concept.
+"""
+
+from __future__ import annotations
+
+from .app import App as App
+from .backoff import Backoff as Backoff
+from .broker.base import JobState as JobState
+from .broker.base import Retention as Retention
+from .client import Client as Client
+from .context import JobContext as JobContext
+from .errors import Abort as Abort
+from .errors import BrokerError as BrokerError
+from .errors import BrokerUnavailable as BrokerUnavailable
+from .errors import ConfigError as ConfigError
+from .errors import EncodeError as EncodeError
+from .errors import FailureReason as FailureReason
+from .errors import FailureRecord as FailureRecord
+from .errors import InvalidName as InvalidName
+from .errors import InvalidPayload as InvalidPayload
+from .errors import JobCancelled as JobCancelled
+from .errors import JobFailed as JobFailed
+from .errors import JobNotFound as JobNotFound
+from .errors import NotConnected as NotConnected
+from .errors import PayloadTooLarge as PayloadTooLarge
+from .errors import QueueFull as QueueFull
+from .errors import Reject as Reject
+from .errors import ResultTimeout as ResultTimeout
+from .errors import Retry as Retry
+from .errors import TypedqError as TypedqError
+from .job import Job as Job
+from .job import JobInfo as JobInfo
+from .job import JobStatus as JobStatus
+from .task import UNSET as UNSET
+from .task import Task as Task
+from .worker import Worker as Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "UNSET",
+    "Abort",
+    "App",
+    "Backoff",
+    "BrokerError",
+    "BrokerUnavailable",
+    "Client",
+    "ConfigError",
+    "EncodeError",
+    "FailureReason",
+    "FailureRecord",
+    "InvalidName",
+    "InvalidPayload",
+    "Job",
+    "JobCancelled",
+    "JobContext",
+    "JobFailed",
+    "JobInfo",
+    "JobNotFound",
+    "JobState",
+    "JobStatus",
+    "NotConnected",
+    "PayloadTooLarge",
+    "QueueFull",
+    "Reject",
+    "Retention",
+    "ResultTimeout",
+    "Retry",
+    "Task",
+    "TypedqError",
+    "Worker",
+]

@@ -1,0 +1,218 @@
+"""The App: a namespace of tasks, a broker connection, and workers for them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, overload
+
+from .backoff import Backoff
+from .broker.base import Broker, BrokerSettings, Retention
+from .client import Client
+from .errors import ConfigError
+from .names import check_name
+from .task import (
+    DEFAULT_QUEUE,
+    AsyncContextHandler,
+    AsyncHandler,
+    SyncContextHandler,
+    SyncHandler,
+    Task,
+    TaskDecorator,
+    TaskOptions,
+    TIn,
+    TOut,
+    handler_types,
+)
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+__all__ = ["App"]
+
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+
+class App:
+    """A named set of tasks sharing one broker.
+
+    :param name: the namespace of every key and queue (``[A-Za-z0-9][A-Za-z0-9_.-]*``)
+    :param broker: a URL or a Broker; ``None`` uses ``$TYPEDQ_BROKER``, else ``memory://``
+    :param max_payload_bytes: the largest encoded input accepted by ``enqueue`` and by workers
+    :param lease: seconds a worker's claim lasts without renewal (renewed every third of it)
+    :param max_stalls: lease expiries after which a job fails with reason ``stalled``
+    :param retention: bounds on kept finished jobs (memory stays bounded)
+    :param max_queue_length: refuse enqueues past this many pending jobs per queue (0 = no cap)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        broker: str | Broker | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+        lease: float = 30.0,
+        max_stalls: int = 3,
+        retention: Retention | None = None,
+        max_queue_length: int = 0,
+    ) -> None:
+        self.name = check_name("app", name)
+        if lease <= 0:
+            raise ConfigError(f"lease must be > 0 seconds, got {lease}")
+        self.max_payload_bytes = max_payload_bytes
+        self.lease = lease
+        self.settings = BrokerSettings(
+            namespace=name,
+            max_stalls=max_stalls,
+            retention=retention or Retention(),
+            max_queue_length=max_queue_length,
+        )
+        self._client = Client(broker, name=name, settings=self.settings)
+        self._tasks: dict[str, Task[Any, Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"App({self.name!r}, tasks={sorted(self._tasks)})"
+
+    # -- broker connection ---------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        """The producer-side client (connected inside ``async with app``)."""
+        return self._client
+
+    @property
+    def broker(self) -> Broker:
+        """The broker this app talks to."""
+        return self._client.broker
+
+    def use_broker(self, broker: str | Broker) -> None:
+        """Point the app at another broker; only while it is not connected."""
+        if self._client.connected:
+            raise ConfigError("cannot change the broker of a connected App")
+        self._client = Client(broker, name=self.name, settings=self.settings)
+
+    async def __aenter__(self) -> Self:
+        await self._client.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._client.__aexit__(exc_type, exc, tb)
+
+    # -- tasks -------------------------------------------------------------------------
+
+    @property
+    def tasks(self) -> Mapping[str, Task[Any, Any]]:
+        """The registered tasks by name."""
+        return dict(self._tasks)
+
+    @property
+    def queues(self) -> list[str]:
+        """Every queue some task of this app uses, sorted."""
+        return sorted({t.queue for t in self._tasks.values()})
+
+    @overload
+    def task(self, fn: AsyncContextHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
+    @overload
+    def task(self, fn: AsyncHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
+    @overload
+    def task(self, fn: SyncContextHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
+    @overload
+    def task(self, fn: SyncHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        retries: int = 0,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        errors: tuple[type[Any], ...] = (),
+        key: Callable[[Any], str] | None = None,
+    ) -> TaskDecorator: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        retries: int = 0,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        errors: tuple[type[Any], ...] = (),
+        key: Callable[[Any], str] | None = None,
+    ) -> Any:
+        """Register a handler as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
+
+        The handler takes one model (msgspec Struct or Pydantic model) and optionally a
+        :class:`~typedq.JobContext`, and returns a model or ``None``; it may be
+        ``async def`` or plain ``def`` (run in a worker thread).
+
+        :param name: the task name (default: the function's ``__name__``)
+        :param queue: the queue its jobs go to
+        :param retries: how many times a failed attempt is retried
+        :param backoff: delays between retries (default: exponential from 1 s, max 300 s)
+        :param timeout: seconds per attempt, ``None`` for no limit
+        :param priority: default priority; higher runs first
+        :param errors: domain error models the handler may raise with ``Reject``
+        :param key: derive the job id from the input, so equal keys dedupe
+        """
+
+        def register(handler: Callable[..., Any]) -> Task[Any, Any]:
+            input_type, output_type = handler_types(handler)
+            options = TaskOptions(
+                name=name or handler.__name__,
+                queue=queue,
+                retries=retries,
+                backoff=backoff or Backoff(),
+                timeout=timeout,
+                priority=priority,
+                errors=tuple(errors),
+            )
+            if options.name in self._tasks:
+                raise ConfigError(
+                    f"app {self.name!r} already has a task named {options.name!r}; "
+                    "pass @app.task(name=...) to register another"
+                )
+            task: Task[Any, Any] = Task(
+                handler,
+                owner=self,
+                options=options,
+                input_type=input_type,
+                output_type=output_type,
+                key=key,
+                max_payload_bytes=self.max_payload_bytes,
+            )
+            self._tasks[options.name] = task
+            return task
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    # -- workers -------------------------------------------------------------------
+
+    def worker(
+        self,
+        *,
+        concurrency: int = 16,
+        queues: list[str] | None = None,
+        grace: float = 10.0,
+    ) -> Worker[Any, Any]:
+        """A worker for every task of this app (an async context manager).
+
+        :param concurrency: how many jobs run at once (claimed only for free slots)
+        :param queues: which queues to take jobs from (default: every queue of the app)
+        :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
+        """
+        from .worker import Worker
+
+        return Worker._for_app(self, concurrency=concurrency, queues=queues, grace=grace)

@@ -1,0 +1,47 @@
+"""Retry backoff policies: fixed or exponential, with jitter."""
+
+from __future__ import annotations
+
+import random
+from typing import Literal
+
+import msgspec
+
+__all__ = ["Backoff"]
+
+
+class Backoff(msgspec.Struct, frozen=True, kw_only=True):
+    """How long to wait before retry number ``n`` (1 for the first retry).
+
+    ``exponential``: ``base * factor ** (n - 1)``, capped at ``max``; ``fixed``: ``base``.
+    ``jitter`` takes up to that fraction off each delay at random, so retries of
+    many jobs that failed together do not arrive together.
+
+    :param kind: ``"exponential"`` or ``"fixed"``
+    :param base: the first delay, in seconds
+    :param factor: growth per retry (exponential only)
+    :param max: the largest delay, in seconds
+    :param jitter: fraction in [0, 1] of random reduction
+    """
+
+    kind: Literal["fixed", "exponential"] = "exponential"
+    base: float = 1.0
+    factor: float = 2.0
+    max: float = 300.0
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.base < 0 or self.max < 0 or self.factor < 1 or not 0 <= self.jitter <= 1:
+            raise ValueError(
+                "Backoff needs base >= 0, max >= 0, factor >= 1 and 0 <= jitter <= 1, "
+                f"got {self!r}"
+            )
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based)."""
+        if self.kind == "fixed":
+            raw = self.base
+        else:
+            raw = min(self.max, self.base * self.factor ** min(max(0, retry - 1), 64))
+        raw = min(raw, self.max)
+        return raw * (1.0 - self.jitter * random.random())

@@ -1,0 +1,141 @@
+"""Coalescing many concurrent single calls into batched broker calls.
+
+:class:`Batcher` is how concurrent ``enqueue`` calls from many coroutines become one
+round trip (auto-batching), and how workers ack in batches. A lone call is not
+delayed: when nothing is in flight the first item is sent at once; items that
+arrive while batches are in flight are sent together as soon as a slot frees up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from .errors import NotConnected
+
+__all__ = ["Batcher"]
+
+I = TypeVar("I")  # noqa: E741 -- item
+R = TypeVar("R")
+
+
+class _Slot(Generic[R]):
+    __slots__ = ("done", "error", "value")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.value: R | None = None
+        self.error: BaseException | None = None
+
+
+class Batcher(Generic[I, R]):
+    """Sends items through ``send`` in batches of at most ``max_batch``.
+
+    :param send: takes a batch, returns one result per item, in order
+    :param max_batch: the largest batch sent in one call
+    :param max_in_flight: how many batches may be in flight at once
+    """
+
+    def __init__(
+        self,
+        send: Callable[[list[I]], Awaitable[Sequence[R]]],
+        *,
+        max_batch: int = 500,
+        max_in_flight: int = 4,
+        name: str = "batcher",
+    ) -> None:
+        self._send = send
+        self.max_batch = max_batch
+        self.max_in_flight = max_in_flight
+        self.name = name
+        self._sender: MemoryObjectSendStream[tuple[I, _Slot[R]]] | None = None
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Flush submitted items until cancelled. Runs in its owner's task group."""
+        sender, receiver = anyio.create_memory_object_stream[tuple[I, _Slot[R]]](math.inf)
+        # A semaphore, not a CapacityLimiter: the flusher acquires, the delivering task releases.
+        limiter = anyio.Semaphore(self.max_in_flight)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._sender = sender
+                task_status.started()
+                await self._flush_forever(receiver, limiter, tg)
+        finally:
+            self._sender = None
+            sender.close()
+            # Anything still queued will never be sent: fail it instead of hanging.
+            while True:
+                try:
+                    _, slot = receiver.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                    break
+                slot.error = NotConnected(f"{self.name} closed before the item was sent")
+                slot.done.set()
+            receiver.close()
+
+    async def _flush_forever(
+        self,
+        receiver: MemoryObjectReceiveStream[tuple[I, _Slot[R]]],
+        limiter: anyio.Semaphore,
+        tg: anyio.abc.TaskGroup,
+    ) -> None:
+        while True:
+            first = await receiver.receive()
+            await limiter.acquire()
+            batch = [first]
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(receiver.receive_nowait())
+                except anyio.WouldBlock:
+                    break
+            tg.start_soon(self._deliver, batch, limiter)
+
+    async def _deliver(self, batch: list[tuple[I, _Slot[R]]], limiter: anyio.Semaphore) -> None:
+        try:
+            results = await self._send([item for item, _ in batch])
+        except BaseException as exc:
+            for _, slot in batch:
+                slot.error = exc
+                slot.done.set()
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            for (_, slot), result in zip(batch, results, strict=True):
+                slot.value = result
+                slot.done.set()
+        finally:
+            limiter.release()
+
+    async def submit(self, item: I) -> R:
+        """Send ``item`` in the next batch and return its result."""
+        if self._sender is None:
+            raise NotConnected(f"{self.name} is not running: use `async with app:` first")
+        slot: _Slot[R] = _Slot()
+        self._sender.send_nowait((item, slot))
+        await slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+        return slot.value  # type: ignore[return-value]  # set together with done
+
+    async def submit_many(self, items: Sequence[I], *, chunk: int | None = None) -> list[R]:
+        """Send ``items`` in chunks concurrently (up to ``max_in_flight`` at once)."""
+        size = chunk or self.max_batch
+        chunks = [list(items[i : i + size]) for i in range(0, len(items), size)]
+        if len(chunks) <= 1:
+            return list(await self._send(chunks[0])) if chunks else []
+        results: list[Sequence[R] | None] = [None] * len(chunks)
+        limiter = anyio.CapacityLimiter(self.max_in_flight)
+
+        async def one(index: int) -> None:
+            async with limiter:
+                results[index] = await self._send(chunks[index])
+
+        async with anyio.create_task_group() as tg:
+            for index in range(len(chunks)):
+                tg.start_soon(one, index)
+        return [r for part in results if part is not None for r in part]

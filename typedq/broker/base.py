@@ -1,0 +1,319 @@
+"""The broker interface: what every backend implements, batch-first.
+
+A broker moves envelopes (:class:`JobMessage`) between states and knows no tasks,
+models or runtime. Every method that touches jobs takes a batch, so a networked
+backend does one round trip per call, never one per job.
+
+States: ``waiting`` (claimable now), ``scheduled`` (delayed or backing off),
+``active`` (claimed under a lease), and the final ``completed``, ``failed`` and
+``cancelled``. Time for delays comes from the broker's clock (Redis ``TIME`` on
+Redis), never from a client's.
+
+The lease protocol (fencing): ``claim`` gives each job a fresh random ``token``. Every
+later transition of that job (``renew``, ``complete``, ``fail``, ``release``) names
+the token and takes effect only while the token is still the job's own. A lease that
+expires is recovered by ``recover_stalled``: the job goes back to ``waiting`` (its
+stall count is bumped), or, past ``max_stalls``, to ``failed`` with reason ``stalled``.
+Transitions are idempotent per token: re-sending a ``complete`` that already took
+effect answers ``ALREADY_FINISHED`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from enum import IntEnum, StrEnum
+
+import msgspec
+
+__all__ = [
+    "Broker",
+    "BrokerSettings",
+    "CancelOutcome",
+    "ClaimedJob",
+    "Completion",
+    "EnqueueOutcome",
+    "Failure",
+    "FinishOutcome",
+    "JobMessage",
+    "JobRecord",
+    "JobState",
+    "LeaseStatus",
+    "Release",
+    "Retention",
+]
+
+
+class JobState(StrEnum):
+    """Where a job is in its life."""
+
+    WAITING = "waiting"
+    SCHEDULED = "scheduled"
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        """True for completed, failed and cancelled."""
+        return self in _FINAL
+
+
+_FINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+
+
+class JobMessage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """The envelope: everything a worker needs to run a job, as the producer made it.
+
+    ``payload`` is the encoded input model; the broker never looks inside it.
+    """
+
+    id: str
+    task: str
+    queue: str
+    payload: bytes
+    #: Fingerprint of the producer's view of the task's input schema.
+    fingerprint: str = ""
+    #: Higher runs first among waiting jobs of a queue.
+    priority: int = 0
+    #: Absolute run time (broker clock, epoch seconds); 0 = now, unless ``delay`` > 0.
+    eta: float = 0.0
+    #: Seconds after enqueue (broker clock); ignored when ``eta`` is set.
+    delay: float = 0.0
+    #: Retries allowed after the first attempt; ``-1`` means "the task's default".
+    max_retries: int = -1
+    #: Per-attempt timeout in seconds; ``-1`` means "the task's default", 0 none.
+    timeout: float = -1.0
+
+
+class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):
+    """A job handed to a worker under a lease."""
+
+    message: JobMessage
+    token: str
+    #: 1 for the first run, bumped by every claim (retries and stall recoveries).
+    attempt: int
+    enqueued_at: float
+    #: How often the job's lease has expired so far.
+    stalls: int = 0
+
+
+class EnqueueOutcome(msgspec.Struct, frozen=True):
+    """``created`` is False when a job with that id already existed (deduplicated)."""
+
+    id: str
+    created: bool
+
+
+class Completion(msgspec.Struct, frozen=True):
+    """A successful attempt: the encoded result."""
+
+    id: str
+    token: str
+    result: bytes
+
+
+class Failure(msgspec.Struct, frozen=True, kw_only=True):
+    """A failed attempt: the encoded FailureRecord, and whether to run it again.
+
+    ``retry_delay`` is None for a final failure; otherwise the job is scheduled again
+    after that many seconds (0 = waiting at once). ``cancelled`` ends the job in the
+    ``cancelled`` state instead of ``failed``.
+    """
+
+    id: str
+    token: str
+    error: bytes
+    retry_delay: float | None = None
+    cancelled: bool = False
+
+
+class Release(msgspec.Struct, frozen=True):
+    """Hand a claimed job back unrun (worker shutdown): waiting again, attempt not spent."""
+
+    id: str
+    token: str
+
+
+class FinishOutcome(IntEnum):
+    """The answer to a fenced transition (complete, fail, release)."""
+
+    OK = 0
+    #: The same token already finished this job: a re-sent request; nothing changed.
+    ALREADY_FINISHED = 1
+    #: The job belongs to another lease (expired and reclaimed) or is not active.
+    LEASE_LOST = 2
+    #: No such job (never existed or removed by retention).
+    NOT_FOUND = 3
+
+
+class LeaseStatus(IntEnum):
+    """The answer to ``renew`` for one lease."""
+
+    OK = 0
+    #: The token is no longer the job's own: stop the handler, write nothing.
+    LOST = 1
+    #: ``cancel()`` was asked for this running job: cancel the handler.
+    CANCEL_REQUESTED = 2
+
+
+class CancelOutcome(StrEnum):
+    """The answer to ``cancel``."""
+
+    CANCELLED = "cancelled"  # was waiting or scheduled: now cancelled
+    REQUESTED = "requested"  # is running: its worker was asked to cancel it
+    ALREADY_FINAL = "already_final"  # had already completed, failed or been cancelled
+    NOT_FOUND = "not_found"
+
+
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of one job as the broker holds it."""
+
+    message: JobMessage
+    state: JobState
+    attempt: int
+    enqueued_at: float
+    #: When the job becomes claimable (scheduled jobs); 0 otherwise.
+    run_at: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    #: Encoded result (completed) or FailureRecord (failed / cancelled / last retried error).
+    result: bytes | None = None
+    error: bytes | None = None
+    progress: bytes | None = None
+    stalls: int = 0
+    cancel_requested: bool = False
+    worker_id: str | None = None
+
+
+class Retention(msgspec.Struct, frozen=True, kw_only=True):
+    """How long, and how many, finished jobs are kept (so memory stays bounded).
+
+    Whichever bound is hit first removes the oldest finished jobs of that state.
+    """
+
+    completed_ttl: float = 24 * 3600.0
+    completed_max: int = 10_000
+    failed_ttl: float = 7 * 24 * 3600.0
+    failed_max: int = 100_000
+
+
+class BrokerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Broker-wide behaviour chosen by the App.
+
+    :param namespace: the App's name; every key of a networked broker is inside it
+    :param max_stalls: lease expiries after which a job fails with reason ``stalled``
+    :param retention: bounds on finished jobs
+    :param max_queue_length: enqueues beyond this many waiting+scheduled jobs per queue
+        are refused with QueueFull (0 = unbounded)
+    """
+
+    namespace: str = "typedq"
+    max_stalls: int = 3
+    retention: Retention = Retention()
+    max_queue_length: int = 0
+
+
+class Broker(abc.ABC):
+    """A job store and dispatcher. Methods are coroutine functions; batches in, batches out."""
+
+    settings: BrokerSettings
+
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Open connections / start background work. Called by ``async with app``."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release everything ``connect`` took. Safe to call twice."""
+
+    # -- producer side -------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
+        """Store jobs atomically per message, in order; an existing id is not replaced.
+
+        Safe to re-send: ids are chosen by the client, so a retry creates nothing new.
+        """
+
+    @abc.abstractmethod
+    async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
+        """Snapshots of the jobs, ``None`` for unknown (or expired) ids."""
+
+    @abc.abstractmethod
+    async def wait_finished(self, job_id: str, timeout: float | None) -> JobRecord | None:
+        """Wait, without polling, until the job is final; return it, or ``None`` on timeout.
+
+        Returns ``None`` at once if the job does not exist.
+        """
+
+    @abc.abstractmethod
+    async def cancel(self, job_id: str) -> CancelOutcome:
+        """Cancel a waiting/scheduled job, or ask the worker running it to cancel it."""
+
+    @abc.abstractmethod
+    async def counts(self, queue: str) -> dict[JobState, int]:
+        """How many jobs of ``queue`` are in each state."""
+
+    # -- worker side ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def claim(
+        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+    ) -> list[ClaimedJob]:
+        """Move up to ``limit`` due jobs to ``active`` under fresh leases.
+
+        Highest priority first, then oldest. Promotes scheduled jobs that are due.
+        A worker asks only for as many jobs as it has free slots.
+        """
+
+    @abc.abstractmethod
+    async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
+        """Return when a job may be claimable in ``queues``, or after ``timeout`` seconds.
+
+        A hint, not a promise: the caller claims afterwards and may get nothing.
+        """
+
+    @abc.abstractmethod
+    async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:
+        """Extend the leases ``(job_id, token)`` by ``lease`` seconds from now."""
+
+    @abc.abstractmethod
+    async def complete(self, items: Sequence[Completion]) -> list[FinishOutcome]:
+        """Finish jobs as completed, fenced by token."""
+
+    @abc.abstractmethod
+    async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
+        """Record failed attempts, fenced by token: retry later, or fail/cancel for good."""
+
+    @abc.abstractmethod
+    async def release(self, items: Sequence[Release]) -> list[FinishOutcome]:
+        """Hand claimed jobs back unrun; they are waiting again at once."""
+
+    @abc.abstractmethod
+    async def set_progress(self, job_id: str, token: str, progress: bytes) -> bool:
+        """Store progress for a running job; False if the lease is no longer ours."""
+
+    @abc.abstractmethod
+    async def cancel_requests(self, ids: Sequence[str]) -> list[str]:
+        """Which of the given active job ids have a pending cancel request."""
+
+    @abc.abstractmethod
+    async def wait_cancel_requests(self, timeout: float) -> None:
+        """Return soon after any ``cancel`` of a running job, or after ``timeout``.
+
+        Lets a worker react to ``job.cancel()`` at once; ``renew`` answering
+        ``CANCEL_REQUESTED`` is the backstop.
+        """
+
+    @abc.abstractmethod
+    async def recover_stalled(self, limit: int = 1000) -> int:
+        """Recover up to ``limit`` jobs whose lease expired; return how many.
+
+        Safe to run from any number of workers at once: each job is recovered once.
+        """
+
+    @abc.abstractmethod
+    async def purge(self, queue: str, states: Sequence[JobState]) -> int:
+        """Delete the jobs of ``queue`` in ``states``; return how many."""

@@ -1,0 +1,536 @@
+"""The embedded broker (``memory://``): in-process, same semantics as Redis.
+
+Everything lives in dicts and heaps owned by one event loop; no locks are needed
+because no method awaits while it changes state. Heaps use lazy deletion: an entry is
+live only while its ``version`` matches the job's, so a job that moves on simply
+leaves a stale entry behind to be skipped.
+
+Two clocks: delays, ETAs, timestamps and retention use ``clock`` (wall time by
+default; :mod:`typedq.testing` swaps in a fake one and moves it forward), while leases
+use the monotonic clock, because a lease measures whether a worker is alive.
+"""
+
+from __future__ import annotations
+
+import heapq
+import secrets
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Sequence
+
+import anyio
+import msgspec
+
+from ..errors import FailureReason, FailureRecord, NotConnected, QueueFull
+from .base import (
+    Broker,
+    BrokerSettings,
+    CancelOutcome,
+    ClaimedJob,
+    Completion,
+    EnqueueOutcome,
+    Failure,
+    FinishOutcome,
+    JobMessage,
+    JobRecord,
+    JobState,
+    LeaseStatus,
+    Release,
+)
+
+__all__ = ["MemoryBroker"]
+
+_encode = msgspec.msgpack.Encoder().encode
+
+
+class _Job:
+    __slots__ = (
+        "active_token",
+        "attempt",
+        "cancel_requested",
+        "done_token",
+        "enqueued_at",
+        "error",
+        "finished_at",
+        "lease_until",
+        "message",
+        "order",
+        "progress",
+        "result",
+        "run_at",
+        "stalls",
+        "started_at",
+        "state",
+        "version",
+        "worker_id",
+    )
+
+    def __init__(self, message: JobMessage, enqueued_at: float, order: int) -> None:
+        self.message = message
+        self.state = JobState.WAITING
+        self.attempt = 0
+        self.enqueued_at = enqueued_at
+        self.order = order
+        self.version = 0
+        self.run_at = 0.0
+        self.started_at = 0.0
+        self.finished_at = 0.0
+        self.result: bytes | None = None
+        self.error: bytes | None = None
+        self.progress: bytes | None = None
+        self.stalls = 0
+        self.cancel_requested = False
+        self.worker_id: str | None = None
+        self.active_token: str | None = None
+        self.done_token: str | None = None  # the token whose finish/fail last took effect
+        self.lease_until = 0.0
+
+    def snapshot(self) -> JobRecord:
+        return JobRecord(
+            message=self.message,
+            state=self.state,
+            attempt=self.attempt,
+            enqueued_at=self.enqueued_at,
+            run_at=self.run_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            result=self.result,
+            error=self.error,
+            progress=self.progress,
+            stalls=self.stalls,
+            cancel_requested=self.cancel_requested,
+            worker_id=self.worker_id,
+        )
+
+
+class MemoryBroker(Broker):
+    """An in-process broker for the quickstart, unit tests and single-process apps.
+
+    :param settings: retention, stall limit and queue bounds
+    :param clock: wall-clock time in epoch seconds; replaceable for tests
+    """
+
+    def __init__(
+        self,
+        settings: BrokerSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings or BrokerSettings()
+        self.clock = clock
+        self._jobs: dict[str, _Job] = {}
+        self._waiting: dict[str, list[tuple[int, int, int, str]]] = defaultdict(list)
+        self._scheduled: list[tuple[float, int, str]] = []
+        self._active: dict[str, _Job] = {}
+        self._finished: dict[JobState, OrderedDict[str, float]] = {
+            state: OrderedDict()
+            for state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+        }
+        self._counts: dict[str, dict[JobState, int]] = defaultdict(
+            lambda: dict.fromkeys(JobState, 0)
+        )
+        self._seq = 0
+        self._connected = False
+        self._work: anyio.Event | None = None
+        self._cancels: anyio.Event | None = None
+        self._finish_waiters: dict[str, anyio.Event] = {}
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def connect(self) -> None:
+        self._work = anyio.Event()
+        self._cancels = anyio.Event()
+        self._connected = True
+
+    async def close(self) -> None:
+        self._connected = False
+        # Wake everything that waits so no task hangs on a closed broker.
+        if self._work is not None:
+            self._work.set()
+        if self._cancels is not None:
+            self._cancels.set()
+        for event in self._finish_waiters.values():
+            event.set()
+        self._finish_waiters.clear()
+
+    def _check(self) -> None:
+        if not self._connected:
+            raise NotConnected(
+                "the embedded broker is not connected: use `async with app:` (or "
+                "`await app.connect()`) before enqueueing or running workers"
+            )
+
+    def wake(self) -> None:
+        """Tell waiting workers to look again (after the clock moved, for instance)."""
+        if self._work is not None:
+            self._work.set()
+            self._work = anyio.Event()
+
+    # -- bookkeeping ---------------------------------------------------------------
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _move(self, job: _Job, state: JobState) -> None:
+        counts = self._counts[job.message.queue]
+        counts[job.state] -= 1
+        counts[state] += 1
+        job.state = state
+        job.version += 1
+
+    def _to_waiting(self, job: _Job, *, keep_order: bool) -> None:
+        self._move(job, JobState.WAITING)
+        if not keep_order:
+            job.order = self._next()
+        job.run_at = 0.0
+        heapq.heappush(
+            self._waiting[job.message.queue],
+            (-job.message.priority, job.order, job.version, job.message.id),
+        )
+
+    def _to_scheduled(self, job: _Job, run_at: float) -> None:
+        self._move(job, JobState.SCHEDULED)
+        job.run_at = run_at
+        heapq.heappush(self._scheduled, (run_at, job.version, job.message.id))
+
+    def _to_final(self, job: _Job, state: JobState, now: float) -> None:
+        self._active.pop(job.message.id, None)
+        self._move(job, state)
+        job.finished_at = now
+        job.lease_until = 0.0
+        job.active_token = None
+        self._finished[state][job.message.id] = now
+        waiter = self._finish_waiters.pop(job.message.id, None)
+        if waiter is not None:
+            waiter.set()
+        self._trim(state, now)
+
+    def _trim(self, state: JobState, now: float) -> None:
+        retention = self.settings.retention
+        if state is JobState.COMPLETED:
+            ttl, cap = retention.completed_ttl, retention.completed_max
+        else:
+            ttl, cap = retention.failed_ttl, retention.failed_max
+        finished = self._finished[state]
+        while finished:
+            job_id, finished_at = next(iter(finished.items()))
+            if len(finished) <= cap and finished_at > now - ttl:
+                break
+            finished.popitem(last=False)
+            job = self._jobs.pop(job_id)
+            self._counts[job.message.queue][state] -= 1
+
+    def _promote_due(self, now: float) -> None:
+        scheduled = self._scheduled
+        while scheduled and scheduled[0][0] <= now:
+            _, version, job_id = heapq.heappop(scheduled)
+            job = self._jobs.get(job_id)
+            if job is not None and job.version == version and job.state is JobState.SCHEDULED:
+                self._to_waiting(job, keep_order=False)
+
+    def _head(self, queue: str) -> tuple[int, int, int, str] | None:
+        heap = self._waiting.get(queue)
+        while heap:
+            entry = heap[0]
+            job = self._jobs.get(entry[3])
+            if job is not None and job.version == entry[2] and job.state is JobState.WAITING:
+                return entry
+            heapq.heappop(heap)
+        return None
+
+    def _fenced(self, job_id: str, token: str) -> tuple[_Job | None, FinishOutcome]:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None, FinishOutcome.NOT_FOUND
+        if job.state is JobState.ACTIVE and job.active_token == token:
+            return job, FinishOutcome.OK
+        if job.done_token == token:
+            return None, FinishOutcome.ALREADY_FINISHED
+        return None, FinishOutcome.LEASE_LOST
+
+    # -- producer side -------------------------------------------------------------
+
+    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
+        self._check()
+        now = self.clock()
+        limit = self.settings.max_queue_length
+        if limit:
+            adding: dict[str, int] = defaultdict(int)
+            for message in messages:
+                if message.id not in self._jobs:
+                    adding[message.queue] += 1
+            for queue, extra in adding.items():
+                counts = self._counts[queue]
+                pending = counts[JobState.WAITING] + counts[JobState.SCHEDULED]
+                if pending + extra > limit:
+                    raise QueueFull(
+                        f"queue {queue!r} holds {pending} pending jobs; adding {extra} would "
+                        f"pass max_queue_length={limit}"
+                    )
+        outcomes = []
+        for message in messages:
+            if message.id in self._jobs:
+                outcomes.append(EnqueueOutcome(message.id, False))
+                continue
+            job = _Job(message, now, self._next())
+            self._jobs[message.id] = job
+            self._counts[message.queue][JobState.WAITING] += 1  # _move subtracts from it
+            run_at = message.eta if message.eta > 0 else (now + message.delay if message.delay > 0 else 0.0)
+            if run_at > now:
+                self._to_scheduled(job, run_at)
+            else:
+                self._to_waiting(job, keep_order=True)
+            outcomes.append(EnqueueOutcome(message.id, True))
+        self.wake()
+        return outcomes
+
+    async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
+        self._check()
+        return [job.snapshot() if (job := self._jobs.get(i)) is not None else None for i in ids]
+
+    async def wait_finished(self, job_id: str, timeout: float | None) -> JobRecord | None:
+        self._check()
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
+        if not job.state.is_final:
+            event = self._finish_waiters.get(job_id)
+            if event is None:
+                event = self._finish_waiters[job_id] = anyio.Event()
+            with anyio.move_on_after(timeout):
+                await event.wait()
+            job = self._jobs.get(job_id)
+        return job.snapshot() if job is not None and job.state.is_final else None
+
+    async def cancel(self, job_id: str) -> CancelOutcome:
+        self._check()
+        job = self._jobs.get(job_id)
+        if job is None:
+            return CancelOutcome.NOT_FOUND
+        if job.state.is_final:
+            return CancelOutcome.ALREADY_FINAL
+        if job.state is JobState.ACTIVE:
+            job.cancel_requested = True
+            assert self._cancels is not None
+            self._cancels.set()
+            self._cancels = anyio.Event()
+            return CancelOutcome.REQUESTED
+        now = self.clock()
+        job.error = _encode(
+            FailureRecord(
+                reason=FailureReason.CANCELLED,
+                error_type="JobCancelled",
+                message=f"cancelled while {job.state.value}",
+                attempt=job.attempt,
+                retryable=False,
+                failed_at=now,
+            )
+        )
+        self._to_final(job, JobState.CANCELLED, now)
+        return CancelOutcome.CANCELLED
+
+    async def counts(self, queue: str) -> dict[JobState, int]:
+        self._check()
+        return dict(self._counts[queue])
+
+    # -- worker side ---------------------------------------------------------------
+
+    async def claim(
+        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+    ) -> list[ClaimedJob]:
+        self._check()
+        now = self.clock()
+        self._promote_due(now)
+        lease_until = time.monotonic() + lease
+        claimed: list[ClaimedJob] = []
+        while len(claimed) < limit:
+            best: tuple[int, int, int, str] | None = None
+            for queue in queues:
+                head = self._head(queue)
+                if head is not None and (best is None or head < best):
+                    best = head
+            if best is None:
+                break
+            heapq.heappop(self._waiting[self._jobs[best[3]].message.queue])
+            job = self._jobs[best[3]]
+            self._move(job, JobState.ACTIVE)
+            job.attempt += 1
+            job.active_token = secrets.token_hex(8)
+            job.lease_until = lease_until
+            job.started_at = now
+            job.worker_id = worker_id
+            self._active[job.message.id] = job
+            claimed.append(
+                ClaimedJob(
+                    message=job.message,
+                    token=job.active_token,
+                    attempt=job.attempt,
+                    enqueued_at=job.enqueued_at,
+                    stalls=job.stalls,
+                )
+            )
+        return claimed
+
+    def _due_soon(self, queues: Sequence[str]) -> float:
+        """Seconds until something in ``queues`` may be claimable (0 = now)."""
+        if any(self._head(q) is not None for q in queues):
+            return 0.0
+        if self._scheduled:
+            return max(0.0, self._scheduled[0][0] - self.clock())
+        return float("inf")
+
+    async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
+        self._check()
+        wait = min(timeout, self._due_soon(queues))
+        if wait <= 0:
+            return
+        assert self._work is not None
+        with anyio.move_on_after(wait):
+            await self._work.wait()
+
+    async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:
+        self._check()
+        lease_until = time.monotonic() + lease
+        statuses = []
+        for job_id, token in leases:
+            job = self._active.get(job_id)
+            if job is None or job.active_token != token:
+                statuses.append(LeaseStatus.LOST)
+                continue
+            job.lease_until = lease_until
+            statuses.append(
+                LeaseStatus.CANCEL_REQUESTED if job.cancel_requested else LeaseStatus.OK
+            )
+        return statuses
+
+    async def complete(self, items: Sequence[Completion]) -> list[FinishOutcome]:
+        self._check()
+        now = self.clock()
+        outcomes = []
+        for item in items:
+            job, outcome = self._fenced(item.id, item.token)
+            if job is not None:
+                job.result = item.result
+                job.done_token = item.token
+                self._to_final(job, JobState.COMPLETED, now)
+            outcomes.append(outcome)
+        return outcomes
+
+    async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
+        self._check()
+        now = self.clock()
+        outcomes = []
+        for item in items:
+            job, outcome = self._fenced(item.id, item.token)
+            if job is not None:
+                job.error = item.error
+                job.done_token = item.token
+                if item.cancelled or (item.retry_delay is None) or job.cancel_requested:
+                    state = (
+                        JobState.CANCELLED
+                        if item.cancelled or job.cancel_requested
+                        else JobState.FAILED
+                    )
+                    self._to_final(job, state, now)
+                else:
+                    self._active.pop(job.message.id, None)
+                    job.active_token = None
+                    if item.retry_delay > 0:
+                        self._to_scheduled(job, now + item.retry_delay)
+                    else:
+                        self._to_waiting(job, keep_order=False)
+            outcomes.append(outcome)
+        self.wake()
+        return outcomes
+
+    async def release(self, items: Sequence[Release]) -> list[FinishOutcome]:
+        self._check()
+        outcomes = []
+        for item in items:
+            job, outcome = self._fenced(item.id, item.token)
+            if job is not None:
+                self._active.pop(job.message.id, None)
+                job.active_token = None
+                job.done_token = item.token
+                job.attempt -= 1  # handed back unrun: the attempt was not spent
+                if job.cancel_requested:
+                    self._to_final(job, JobState.CANCELLED, self.clock())
+                else:
+                    self._to_waiting(job, keep_order=True)
+            outcomes.append(outcome)
+        self.wake()
+        return outcomes
+
+    async def set_progress(self, job_id: str, token: str, progress: bytes) -> bool:
+        self._check()
+        job = self._active.get(job_id)
+        if job is None or job.active_token != token:
+            return False
+        job.progress = progress
+        return True
+
+    async def cancel_requests(self, ids: Sequence[str]) -> list[str]:
+        self._check()
+        return [i for i in ids if (job := self._active.get(i)) is not None and job.cancel_requested]
+
+    async def wait_cancel_requests(self, timeout: float) -> None:
+        self._check()
+        assert self._cancels is not None
+        with anyio.move_on_after(timeout):
+            await self._cancels.wait()
+
+    async def recover_stalled(self, limit: int = 1000) -> int:
+        self._check()
+        now = self.clock()
+        for state in self._finished:
+            self._trim(state, now)
+        deadline = time.monotonic()
+        expired = [job for job in self._active.values() if job.lease_until < deadline][:limit]
+        for job in expired:
+            job.stalls += 1
+            job.done_token = None
+            if job.cancel_requested or job.stalls > self.settings.max_stalls:
+                cancelled = job.cancel_requested
+                job.error = _encode(
+                    FailureRecord(
+                        reason=FailureReason.CANCELLED if cancelled else FailureReason.STALLED,
+                        error_type="JobCancelled" if cancelled else "WorkerLost",
+                        message=(
+                            "cancelled; its worker was lost before it confirmed"
+                            if cancelled
+                            else f"the job's lease expired {job.stalls} times (worker lost "
+                            f"{job.stalls} times, possible poison pill); "
+                            f"limit max_stalls={self.settings.max_stalls}"
+                        ),
+                        attempt=job.attempt,
+                        retryable=False,
+                        worker_id=job.worker_id,
+                        failed_at=now,
+                    )
+                )
+                self._to_final(job, JobState.CANCELLED if cancelled else JobState.FAILED, now)
+            else:
+                self._active.pop(job.message.id, None)
+                job.active_token = None
+                self._to_waiting(job, keep_order=True)
+        if expired:
+            self.wake()
+        return len(expired)
+
+    async def purge(self, queue: str, states: Sequence[JobState]) -> int:
+        self._check()
+        wanted = set(states)
+        doomed = [
+            job for job in self._jobs.values() if job.message.queue == queue and job.state in wanted
+        ]
+        for job in doomed:
+            del self._jobs[job.message.id]
+            self._active.pop(job.message.id, None)
+            self._counts[queue][job.state] -= 1
+            if job.state.is_final:
+                self._finished[job.state].pop(job.message.id, None)
+            waiter = self._finish_waiters.pop(job.message.id, None)
+            if waiter is not None:
+                waiter.set()
+        return len(doomed)

@@ -1,0 +1,123 @@
+"""The producer side: a connected broker plus auto-batching of enqueues.
+
+Every :class:`~typedq.App` owns a Client; a producer service that cannot import the
+worker's code uses a Client directly with generated stubs. Nothing here imports the
+worker runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+import anyio
+
+from .batching import Batcher
+from .broker import broker_from_url, redact_url
+from .broker.base import Broker, BrokerSettings, EnqueueOutcome, JobMessage
+from .errors import NotConnected
+from .names import check_name
+
+__all__ = ["Client", "DEFAULT_BROKER_ENV"]
+
+#: The environment variable that names the broker URL when none is given.
+DEFAULT_BROKER_ENV = "TYPEDQ_BROKER"
+
+
+class Client:
+    """A connection to a broker for enqueueing and inspecting jobs.
+
+    :param broker: a URL (``memory://``, ``redis://...``), a Broker, or ``None`` for the
+        URL in ``$TYPEDQ_BROKER``, else the embedded broker
+    :param name: the app namespace; must match the worker's ``App(name)``
+    :param settings: broker-wide settings (the App passes its own)
+    :param batch_size: the most enqueues coalesced into one broker call
+    """
+
+    def __init__(
+        self,
+        broker: str | Broker | None = None,
+        *,
+        name: str = "typedq",
+        settings: BrokerSettings | None = None,
+        batch_size: int = 500,
+    ) -> None:
+        self.name = check_name("app", name)
+        settings = settings or BrokerSettings(namespace=name)
+        if broker is None:
+            broker = os.environ.get(DEFAULT_BROKER_ENV) or "memory://"
+        self.url = broker if isinstance(broker, str) else f"<{type(broker).__name__}>"
+        self.broker: Broker = broker_from_url(broker, settings) if isinstance(broker, str) else broker
+        self._enqueuer: Batcher[JobMessage, EnqueueOutcome] = Batcher(
+            self._enqueue_batch, max_batch=batch_size, name="enqueue batcher"
+        )
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._users = 0
+
+    def __repr__(self) -> str:
+        return f"Client({redact_url(self.url)!r}, name={self.name!r})"
+
+    @property
+    def client(self) -> Client:
+        """This client (so tasks can bind to an App or a Client alike)."""
+        return self
+
+    @property
+    def connected(self) -> bool:
+        """True inside ``async with``."""
+        return self._stack is not None
+
+    async def __aenter__(self) -> Self:
+        # Re-entrant: an App used as `async with app` inside a testing harness that
+        # already entered it just bumps a counter.
+        self._users += 1
+        if self._stack is not None:
+            return self
+        stack = contextlib.AsyncExitStack()
+        try:
+            await self.broker.connect()
+            stack.push_async_callback(self.broker.close)
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            await tg.start(self._enqueuer.run)
+        except BaseException:
+            self._users -= 1
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._users -= 1
+        if self._users > 0 or self._stack is None:
+            return
+        stack, self._stack = self._stack, None
+        await stack.aclose()
+
+    def _require(self) -> None:
+        if self._stack is None:
+            raise NotConnected(
+                f"{self!r} is not connected. Did you forget `async with app:` (or "
+                "`async with client:`) around the code that enqueues?"
+            )
+
+    async def _enqueue_batch(self, messages: list[JobMessage]) -> list[EnqueueOutcome]:
+        return await self.broker.enqueue(messages)
+
+    async def enqueue(self, message: JobMessage) -> EnqueueOutcome:
+        """Enqueue one job; concurrent calls are coalesced into one broker round trip."""
+        self._require()
+        return await self._enqueuer.submit(message)
+
+    async def enqueue_many(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
+        """Enqueue many jobs: chunks are sent concurrently, one round trip per chunk."""
+        self._require()
+        return await self._enqueuer.submit_many(messages)

@@ -1,0 +1,88 @@
+"""The job context: what a handler may ask about the job it runs.
+
+A handler receives it when it declares a second parameter::
+
+    @app.task
+    async def resize(image: Image, ctx: JobContext) -> Thumb:
+        await ctx.progress({"done": 0.5})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import msgspec
+
+__all__ = ["JobContext"]
+
+_encode = msgspec.msgpack.Encoder().encode
+
+
+class JobContext:
+    """Facts about the running job, progress reporting and cooperative cancellation.
+
+    :ivar job_id: the job's id
+    :ivar task: the task's name
+    :ivar queue: the queue it came from
+    :ivar attempt: 1 for the first run, 2 for the first retry, ...
+    :ivar enqueued_at: when it was enqueued (broker clock, epoch seconds)
+    :ivar worker_id: the worker running it (``"local"`` when the task is called directly)
+    """
+
+    __slots__ = (
+        "_report",
+        "attempt",
+        "enqueued_at",
+        "job_id",
+        "last_progress",
+        "queue",
+        "task",
+        "worker_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        task: str,
+        queue: str,
+        attempt: int,
+        enqueued_at: float,
+        worker_id: str = "local",
+        report: Callable[[bytes], Coroutine[Any, Any, None]] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.task = task
+        self.queue = queue
+        self.attempt = attempt
+        self.enqueued_at = enqueued_at
+        self.worker_id = worker_id
+        self.last_progress: Any = None
+        self._report = report
+
+    async def progress(self, value: Any) -> None:
+        """Record progress (any msgpack-serializable value); readable with ``Job.info()``."""
+        self.last_progress = value
+        if self._report is not None:
+            await self._report(_encode(value))
+
+    def report_progress(self, value: Any) -> None:
+        """``progress`` for sync handlers running in a worker thread."""
+        self.last_progress = value
+        if self._report is not None:
+            anyio.from_thread.run(self._report, _encode(value))
+
+    @staticmethod
+    def check_cancelled() -> None:
+        """In a sync handler: raise if the job was cancelled or timed out.
+
+        Threads cannot be interrupted, so long sync handlers call this between steps.
+        Does nothing outside a worker thread.
+        """
+        try:
+            anyio.from_thread.check_cancelled()
+        except RuntimeError:
+            return  # not in a worker thread: nothing to check

@@ -1,0 +1,222 @@
+"""Every exception typedq raises, and the failure record a failed job carries.
+
+The tree::
+
+    TypedqError
+    ├── ConfigError             bad App/Worker/broker configuration
+    │   └── InvalidName         a queue, task, app or job name outside the key grammar
+    ├── NotConnected            the App was used outside ``async with app``
+    ├── JobNotFound             no job with that id (never enqueued, or retention removed it)
+    ├── PayloadError
+    │   ├── EncodeError         a payload or result could not be serialized
+    │   ├── InvalidPayload      bytes that do not validate against the declared model
+    │   └── PayloadTooLarge     a payload over the size limit (checked before any I/O)
+    ├── BrokerError             the broker misbehaved or is out of reach
+    │   ├── BrokerUnavailable   could not reach it within the bounded time
+    │   ├── BrokerDataError     bytes in the broker that typedq cannot read
+    │   └── QueueFull           the queue is at its max_queue_length
+    ├── JobFailed               what ``Job.result()`` raises for a failed job
+    │   └── JobCancelled        ... for a cancelled job
+    └── ResultTimeout           ``Job.result(timeout=...)`` ran out (also a TimeoutError)
+
+Handlers raise these to steer the runtime (they are not errors of typedq's):
+
+    Retry       retry this job, optionally after ``delay`` seconds
+    Abort       fail permanently, no retries left spent
+    Reject      fail permanently with a declared domain error model (typed data)
+
+This module depends on nothing else in typedq.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import msgspec
+
+__all__ = [
+    "Abort",
+    "BrokerDataError",
+    "BrokerError",
+    "BrokerUnavailable",
+    "ConfigError",
+    "EncodeError",
+    "FailureReason",
+    "FailureRecord",
+    "InvalidName",
+    "InvalidPayload",
+    "JobCancelled",
+    "JobFailed",
+    "JobNotFound",
+    "NotConnected",
+    "PayloadError",
+    "PayloadTooLarge",
+    "QueueFull",
+    "Reject",
+    "ResultTimeout",
+    "Retry",
+    "TypedqError",
+]
+
+_E = TypeVar("_E")
+
+
+class TypedqError(Exception):
+    """Base of every exception typedq raises."""
+
+
+class ConfigError(TypedqError, ValueError):
+    """The App, a task, a worker or a broker URL is configured wrongly."""
+
+
+class InvalidName(ConfigError):
+    """A name that becomes part of a broker key breaks the name grammar."""
+
+
+class NotConnected(TypedqError, RuntimeError):
+    """The App's broker is not connected."""
+
+
+class JobNotFound(TypedqError, LookupError):
+    """No job has that id: it was never enqueued, was purged, or retention removed it."""
+
+
+class PayloadError(TypedqError, ValueError):
+    """A payload or result could not cross the queue."""
+
+
+class EncodeError(PayloadError):
+    """A value could not be serialized (NaN, an unsupported type, ...)."""
+
+
+class InvalidPayload(PayloadError):
+    """Bytes that do not decode into, or validate against, the declared model."""
+
+
+class PayloadTooLarge(PayloadError):
+    """An encoded payload is over the configured size limit."""
+
+    def __init__(self, size: int, limit: int, what: str = "payload") -> None:
+        super().__init__(
+            f"{what} is {size} bytes, over the limit of {limit} bytes; pass an id or a "
+            "reference to stored data instead, or raise App(max_payload_bytes=...)"
+        )
+        self.size = size
+        self.limit = limit
+
+
+class BrokerError(TypedqError):
+    """The broker failed; the message says which operation."""
+
+
+class BrokerUnavailable(BrokerError, ConnectionError):
+    """The broker could not be reached within the bounded time."""
+
+
+class BrokerDataError(BrokerError):
+    """The broker holds bytes that are not a typedq record."""
+
+
+class QueueFull(BrokerError):
+    """An enqueue would take a queue past its ``max_queue_length``; nothing was enqueued."""
+
+
+class ResultTimeout(TypedqError, TimeoutError):
+    """``Job.result(timeout=...)`` ran out before the job reached a final state."""
+
+
+class FailureReason(StrEnum):
+    """Why a job attempt failed. Stored with every failure record."""
+
+    ERROR = "error"  # the handler raised an ordinary exception
+    TIMEOUT = "timeout"  # the per-job timeout ran out
+    ABORTED = "aborted"  # the handler raised Abort: permanent
+    DOMAIN_ERROR = "domain_error"  # the handler raised Reject with a declared model
+    INVALID_PAYLOAD = "invalid_payload"  # the payload did not validate against the input model
+    SCHEMA_MISMATCH = "schema_mismatch"  # ... and the producer's schema fingerprint differs
+    UNKNOWN_TASK = "unknown_task"  # no handler is registered under the job's task name
+    INVALID_RESULT = "invalid_result"  # the handler returned something its output model rejects
+    STALLED = "stalled"  # the job's lease expired too many times (worker lost)
+    CANCELLED = "cancelled"  # job.cancel() was called
+    DECODE_ERROR = "decode_error"  # the broker held bytes that are not a job envelope
+
+
+class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """The structured record of a failed attempt; the final one is kept with the job."""
+
+    reason: FailureReason
+    error_type: str
+    message: str
+    attempt: int
+    retryable: bool
+    traceback: str | None = None
+    #: For ``reason == domain_error``: the declared model's qualified name and its encoded data.
+    domain_type: str | None = None
+    domain_payload: bytes | None = None
+    worker_id: str | None = None
+    failed_at: float = 0.0
+
+
+class JobFailed(TypedqError):
+    """The job ended in the ``failed`` state; ``record`` says why.
+
+    ``error`` is the decoded domain error model when the handler raised
+    :class:`Reject` with one of the task's declared ``errors=``, else ``None``.
+    """
+
+    def __init__(self, job_id: str, task: str, record: FailureRecord, error: Any = None) -> None:
+        super().__init__(
+            f"job {job_id} of task {task!r} failed ({record.reason.value}) on attempt "
+            f"{record.attempt}: {record.error_type}: {record.message}"
+        )
+        self.job_id = job_id
+        self.task = task
+        self.record = record
+        self.error: Any = error
+
+    @property
+    def reason(self) -> FailureReason:
+        """Shorthand for ``record.reason``."""
+        return self.record.reason
+
+    def domain_error(self, error_type: type[_E]) -> _E | None:
+        """The domain error as ``error_type`` if it is one, else ``None``.
+
+        :param error_type: one of the models the task declared in ``errors=``
+        """
+        return self.error if isinstance(self.error, error_type) else None
+
+
+class JobCancelled(JobFailed):
+    """The job was cancelled before it completed."""
+
+
+class Retry(Exception):  # noqa: N818 -- a control-flow signal raised by handlers, named like arq's
+    """Raise from a handler to retry the job.
+
+    :param delay: seconds to wait before the next attempt; ``None`` uses the task's backoff
+    :param message: recorded with the attempt
+    """
+
+    def __init__(self, delay: float | None = None, message: str = "retry requested") -> None:
+        super().__init__(message)
+        if delay is not None and delay < 0:
+            raise ValueError(f"Retry(delay=...) must be >= 0, got {delay}")
+        self.delay = delay
+
+
+class Abort(Exception):  # noqa: N818 -- a control-flow signal raised by handlers
+    """Raise from a handler to fail the job permanently, without spending retries."""
+
+
+class Reject(Exception):  # noqa: N818 -- a control-flow signal raised by handlers
+    """Raise from a handler to fail permanently with a declared domain error model.
+
+    The model must be an instance of one of the task's ``errors=(...)`` types; it is
+    stored as data and reaches the producer as ``JobFailed.error``.
+    """
+
+    def __init__(self, error: Any) -> None:
+        super().__init__(f"{type(error).__qualname__}: {error!r}")
+        self.error = error

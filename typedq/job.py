@@ -1,0 +1,173 @@
+"""Job handles: what ``enqueue`` returns, typed by the task's output model."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import msgspec
+
+from .broker.base import CancelOutcome, JobRecord, JobState
+from .errors import (
+    BrokerDataError,
+    FailureReason,
+    FailureRecord,
+    JobCancelled,
+    JobFailed,
+    JobNotFound,
+    ResultTimeout,
+)
+from .serde import Codec, codec_for
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["Job", "JobInfo", "JobStatus"]
+
+TOut = TypeVar("TOut")
+
+#: The status of a job: ``waiting``, ``scheduled``, ``active``, ``completed``, ``failed``,
+#: ``cancelled``.
+JobStatus = JobState
+
+_record_decoder = msgspec.msgpack.Decoder(FailureRecord)
+_any_decoder = msgspec.msgpack.Decoder()
+
+
+class JobInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A readable snapshot of a job (``Job.info()``)."""
+
+    id: str
+    task: str
+    queue: str
+    status: JobStatus
+    attempt: int
+    priority: int
+    enqueued_at: float
+    run_at: float
+    started_at: float
+    finished_at: float
+    progress: Any
+    error: FailureRecord | None
+    stalls: int
+
+
+def decode_failure(data: bytes | None, job_id: str) -> FailureRecord:
+    """Decode a stored FailureRecord; raise BrokerDataError naming the job if it is garbage."""
+    if data is None:
+        raise BrokerDataError(f"job {job_id} is failed but has no error record")
+    try:
+        return _record_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise BrokerDataError(f"job {job_id}: unreadable error record: {exc}") from None
+
+
+class Job(Generic[TOut]):
+    """A handle on one enqueued job.
+
+    :ivar id: the job id
+    :ivar task: the task name
+    :ivar created: False when an enqueue was deduplicated onto an existing job
+    """
+
+    __slots__ = ("_client", "_errors", "_out", "created", "id", "task")
+
+    def __init__(
+        self,
+        client: Client,
+        job_id: str,
+        task: str,
+        output: Codec[TOut],
+        errors: tuple[type[Any], ...] = (),
+        *,
+        created: bool = True,
+    ) -> None:
+        self._client = client
+        self.id = job_id
+        self.task = task
+        self._out = output
+        self._errors = errors
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id!r}, task={self.task!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Job) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    async def _record(self) -> JobRecord:
+        (record,) = await self._client.broker.get([self.id])
+        if record is None:
+            raise JobNotFound(
+                f"job {self.id} of task {self.task!r} does not exist (never enqueued, purged, "
+                "or removed by result retention)"
+            )
+        return record
+
+    async def status(self) -> JobStatus:
+        """The job's current state; raises JobNotFound if it is gone."""
+        return (await self._record()).state
+
+    async def info(self) -> JobInfo:
+        """A full snapshot: status, attempts, timestamps, progress and last error."""
+        record = await self._record()
+        return JobInfo(
+            id=self.id,
+            task=record.message.task,
+            queue=record.message.queue,
+            status=record.state,
+            attempt=record.attempt,
+            priority=record.message.priority,
+            enqueued_at=record.enqueued_at,
+            run_at=record.run_at,
+            started_at=record.started_at,
+            finished_at=record.finished_at,
+            progress=_any_decoder.decode(record.progress) if record.progress else None,
+            error=decode_failure(record.error, self.id) if record.error else None,
+            stalls=record.stalls,
+        )
+
+    async def result(self, timeout: float | None = None) -> TOut:
+        """Wait for the job to finish and return its result, validated as the output model.
+
+        :param timeout: seconds to wait; ``None`` waits as long as it takes
+        :raises JobFailed: the job failed (``JobCancelled`` if it was cancelled)
+        :raises ResultTimeout: ``timeout`` ran out first (a ``TimeoutError``)
+        :raises JobNotFound: there is no such job
+        """
+        record = await self._client.broker.wait_finished(self.id, timeout)
+        if record is None:
+            current = await self._record()  # raises JobNotFound when it is gone
+            raise ResultTimeout(
+                f"job {self.id} of task {self.task!r} is still {current.state.value} after "
+                f"{timeout} s"
+            )
+        return self._outcome(record)
+
+    def _outcome(self, record: JobRecord) -> TOut:
+        if record.state is JobState.COMPLETED:
+            if record.result is None:
+                raise BrokerDataError(f"job {self.id} is completed but has no result")
+            return self._out.decode(record.result)
+        failure = decode_failure(record.error, self.id)
+        if record.state is JobState.CANCELLED or failure.reason is FailureReason.CANCELLED:
+            raise JobCancelled(self.id, self.task, failure)
+        raise JobFailed(self.id, self.task, failure, self._domain_error(failure))
+
+    def _domain_error(self, failure: FailureRecord) -> Any:
+        if failure.domain_type is None or failure.domain_payload is None:
+            return None
+        for error_type in self._errors:
+            if f"{error_type.__module__}.{error_type.__qualname__}" == failure.domain_type:
+                return codec_for(error_type).decode(failure.domain_payload)
+        return None
+
+    async def cancel(self) -> bool:
+        """Cancel the job: a waiting one is removed, a running one has its handler cancelled.
+
+        :return: False when the job had already finished (or does not exist)
+        """
+        outcome = await self._client.broker.cancel(self.id)
+        return outcome in (CancelOutcome.CANCELLED, CancelOutcome.REQUESTED)

@@ -1,0 +1,67 @@
+"""The grammar for every name that becomes part of a broker key.
+
+Names are checked once, where they enter (App, task registration, enqueue), so no
+broker ever builds a key from an unchecked string: no ``:``, braces (Redis Cluster
+hash tags), glob characters, whitespace or control bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+
+from .errors import InvalidName
+
+__all__ = ["check_job_id", "check_name", "key_job_id", "new_job_id"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def check_name(kind: str, name: object) -> str:
+    """Return ``name`` if it fits ``[A-Za-z0-9][A-Za-z0-9_.-]{0,127}``, else raise InvalidName."""
+    if not (isinstance(name, str) and _NAME.fullmatch(name)):
+        raise InvalidName(
+            f"invalid {kind} name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . - "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def check_job_id(job_id: object) -> str:
+    """Return ``job_id`` if it fits the id grammar (like names, up to 200 characters)."""
+    if not (isinstance(job_id, str) and _JOB_ID.fullmatch(job_id)):
+        raise InvalidName(
+            f"invalid job id {job_id!r}: use 1-200 characters from A-Z a-z 0-9 _ . - "
+            "starting with a letter or digit"
+        )
+    return job_id
+
+
+def new_job_id() -> str:
+    """A new ULID: 26 characters, sortable by creation time, 80 random bits.
+
+    Ids are made by the client so that a re-sent enqueue is recognised as the same job.
+    """
+    value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def key_job_id(task: str, key: str) -> str:
+    """The job id of a job deduplicated by ``key``: ``<task>.<key>``, hashed if needed.
+
+    A key that fits the id grammar is kept readable; any other key (``a@b.c``, long
+    keys) is replaced by a 32-hex-digit BLAKE2b digest, still deterministic.
+    """
+    candidate = f"{task}.{key}"
+    if _JOB_ID.fullmatch(candidate) is not None:
+        return candidate
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return f"{task}.h{digest}"

@@ -1,0 +1,140 @@
+"""Typed (de)serialization of payloads and results: msgpack via msgspec.
+
+A :class:`Codec` is keyed on its target type, like ``msgspec.msgpack.Decoder[T]`` or
+``pydantic.TypeAdapter[T]``: ``codec_for(SendInvoice).decode(data)`` returns a
+validated ``SendInvoice``. Both msgspec Structs and Pydantic models are supported,
+and ``None`` for tasks that return nothing. This module knows no transport.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cached_property
+from typing import Any, Generic, TypeAlias, TypeVar, cast
+
+import msgspec
+import pydantic
+
+from .errors import ConfigError, EncodeError, InvalidPayload, PayloadTooLarge
+
+__all__ = ["Codec", "Model", "codec_for", "is_model_type"]
+
+#: What may cross the queue as a task's input (and, or ``None``, its output).
+Model: TypeAlias = msgspec.Struct | pydantic.BaseModel
+
+T = TypeVar("T")
+
+_encoder = msgspec.msgpack.Encoder()
+_any_decoder = msgspec.msgpack.Decoder()
+_NONE = _encoder.encode(None)
+
+
+def is_model_type(tp: object) -> bool:
+    """True for a msgspec Struct or Pydantic model class."""
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct | pydantic.BaseModel)
+
+
+class Codec(Generic[T]):
+    """Encodes values of one model type to msgpack bytes and validates them back."""
+
+    def __init__(self, tp: type[T], *, max_bytes: int | None = None) -> None:
+        self.type = tp
+        self.max_bytes = max_bytes
+        self._is_none = tp is type(None)
+        self._is_pydantic = is_model_type(tp) and issubclass(tp, pydantic.BaseModel)
+        if not (self._is_none or is_model_type(tp)):
+            raise ConfigError(
+                f"{tp!r} is not a model: task inputs and outputs must be msgspec.Struct or "
+                "pydantic.BaseModel subclasses (outputs may also be None)"
+            )
+        self._decoder: msgspec.msgpack.Decoder[Any] | None = (
+            None if self._is_pydantic or self._is_none else msgspec.msgpack.Decoder(tp)
+        )
+
+    @property
+    def name(self) -> str:
+        """The model's qualified name, as shown in errors and schemas."""
+        return "None" if self._is_none else f"{self.type.__module__}.{self.type.__qualname__}"
+
+    def encode(self, value: T) -> bytes:
+        """Serialize ``value``; raise EncodeError or PayloadTooLarge naming what is wrong."""
+        if self._is_none:
+            if value is not None:
+                raise EncodeError(f"expected None, got {type(value).__qualname__}")
+            return _NONE
+        if not isinstance(value, self.type):
+            raise EncodeError(
+                f"expected an instance of {self.type.__qualname__}, got {type(value).__qualname__}"
+            )
+        try:
+            if self._is_pydantic:
+                # python mode keeps bytes, datetimes and Decimals as themselves; msgpack
+                # carries bytes natively and datetimes as its timestamp extension.
+                data = _encoder.encode(cast(pydantic.BaseModel, value).model_dump(mode="python"))
+            else:
+                data = _encoder.encode(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise EncodeError(f"cannot encode {self.type.__qualname__}: {exc}") from exc
+        if self.max_bytes is not None and len(data) > self.max_bytes:
+            raise PayloadTooLarge(len(data), self.max_bytes, f"{self.type.__qualname__} payload")
+        return data
+
+    def decode(self, data: bytes) -> T:
+        """Validate ``data`` into the model; raise InvalidPayload naming the bad field."""
+        if self.max_bytes is not None and len(data) > self.max_bytes:
+            raise PayloadTooLarge(len(data), self.max_bytes, f"{self.type.__qualname__} payload")
+        try:
+            if self._decoder is not None:
+                return cast(T, self._decoder.decode(data))
+            raw = _any_decoder.decode(data)
+        except msgspec.ValidationError as exc:
+            raise InvalidPayload(f"{self.type.__qualname__}: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise InvalidPayload(f"{self.type.__qualname__}: not msgpack: {exc}") from None
+        if self._is_none:
+            if raw is not None:
+                raise InvalidPayload(f"expected nil, got {type(raw).__name__}")
+            return cast(T, None)
+        try:
+            return cast(T, cast(type[pydantic.BaseModel], self.type).model_validate(raw))
+        except pydantic.ValidationError as exc:
+            raise InvalidPayload(_pydantic_message(self.type.__qualname__, exc)) from None
+
+    @cached_property
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON Schema of the model (for producers in other languages)."""
+        if self._is_none:
+            return {"type": "null"}
+        if self._is_pydantic:
+            return cast(type[pydantic.BaseModel], self.type).model_json_schema()
+        schema: dict[str, Any] = msgspec.json.schema(self.type)
+        return schema
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """16 hex digits identifying the model's schema; travels with every job."""
+        canonical = json.dumps(self.json_schema, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _pydantic_message(model: str, exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:10]:
+        loc = ".".join(str(p) for p in err["loc"]) or "$"
+        parts.append(f"{err['msg']} - at `$.{loc}`" if loc != "$" else err["msg"])
+    more = exc.error_count() - len(parts)
+    suffix = f" (+{more} more)" if more > 0 else ""
+    return f"{model}: " + "; ".join(parts) + suffix
+
+
+_codecs: dict[tuple[object, int | None], Codec[Any]] = {}
+
+
+def codec_for(tp: type[T], *, max_bytes: int | None = None) -> Codec[T]:
+    """The (cached) codec of ``tp``."""
+    key = (tp, max_bytes)
+    codec = _codecs.get(key)
+    if codec is None:
+        codec = _codecs[key] = Codec(tp, max_bytes=max_bytes)
+    return cast(Codec[T], codec)

@@ -1,0 +1,334 @@
+"""Tasks: typed handlers bound to a queue, and the typed producer API.
+
+``@app.task`` turns ``async def send_invoice(inv: SendInvoice) -> Receipt`` into a
+``Task[SendInvoice, Receipt]``: ``enqueue`` accepts only a ``SendInvoice`` and returns a
+``Job[Receipt]``, and calling the task still runs the function.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Protocol, TypeAlias, TypeVar, overload
+
+import msgspec
+import pydantic
+
+from .backoff import Backoff
+from .broker.base import JobMessage
+from .context import JobContext
+from .errors import ConfigError
+from .job import Job
+from .names import check_job_id, check_name, key_job_id, new_job_id
+from .serde import Codec, codec_for, is_model_type
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["UNSET", "Task", "TaskDecorator", "TaskOptions", "Unset"]
+
+TIn = TypeVar("TIn", bound=msgspec.Struct | pydantic.BaseModel)
+TOut = TypeVar("TOut", bound=msgspec.Struct | pydantic.BaseModel | None)
+
+
+class Unset(Enum):
+    """The type of :data:`UNSET`: "not given, use the task's default" (unlike ``None``)."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: Per-call option not given: the task's default applies.
+UNSET: Final = Unset.UNSET
+
+DEFAULT_QUEUE: Final = "default"
+
+
+class _Owner(Protocol):
+    """What a task is bound to: an App or a producer-only Client."""
+
+    @property
+    def client(self) -> Client: ...
+
+
+class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """A task's defaults; per-call options to ``enqueue`` override some of them.
+
+    :param name: the registered name (defaults to the function's ``__name__``)
+    :param queue: the queue its jobs go to
+    :param retries: retries after the first attempt (so ``retries=3`` runs at most 4 times)
+    :param backoff: delay policy between retries
+    :param timeout: seconds per attempt; ``None`` for no limit
+    :param priority: higher runs first among waiting jobs of the queue
+    :param errors: domain error models the handler may raise with ``Reject``
+    """
+
+    name: str
+    queue: str = DEFAULT_QUEUE
+    retries: int = 0
+    backoff: Backoff = Backoff()
+    timeout: float | None = None
+    priority: int = 0
+    errors: tuple[type[Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        check_name("task", self.name)
+        check_name("queue", self.queue)
+        if self.retries < 0:
+            raise ConfigError(f"task {self.name!r}: retries must be >= 0, got {self.retries}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ConfigError(f"task {self.name!r}: timeout must be > 0 or None, got {self.timeout}")
+        for error in self.errors:
+            if not is_model_type(error):
+                raise ConfigError(
+                    f"task {self.name!r}: errors= takes msgspec.Struct or pydantic.BaseModel "
+                    f"classes, got {error!r}"
+                )
+
+
+def _seconds(value: float | timedelta) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _epoch(eta: datetime | float) -> float:
+    if isinstance(eta, datetime):
+        if eta.tzinfo is None:
+            raise ConfigError(
+                f"eta={eta!r} is a naive datetime; pass an aware one, e.g. "
+                "datetime.now(timezone.utc) + timedelta(minutes=5)"
+            )
+        return eta.timestamp()
+    return float(eta)
+
+
+class Task(Generic[TIn, TOut]):
+    """A registered handler with typed input ``TIn`` and output ``TOut``.
+
+    Calling the task runs the handler directly (for unit tests) and returns an
+    awaitable of its result, whether the handler is ``async def`` or plain ``def``.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        owner: _Owner,
+        options: TaskOptions,
+        input_type: type[TIn],
+        output_type: type[TOut],
+        key: Callable[[TIn], str] | None = None,
+        max_payload_bytes: int | None = None,
+    ) -> None:
+        self.fn = fn
+        self.options = options
+        self.name = options.name
+        self.queue = options.queue
+        self.key = key
+        self.input: Codec[TIn] = codec_for(input_type, max_bytes=max_payload_bytes)
+        self.output: Codec[TOut] = codec_for(output_type)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.takes_context = _count_params(fn) >= 2
+        self._owner = owner
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return (
+            f"Task({self.name!r}, queue={self.queue!r}, input={self.input.type.__qualname__}, "
+            f"output={self.output.name})"
+        )
+
+    # -- running ----------------------------------------------------------------
+
+    def __call__(self, payload: TIn, ctx: JobContext | None = None) -> Awaitable[TOut]:
+        """Run the handler here, now, without the queue: ``await send_invoice(inv)``."""
+        return self.invoke(payload, ctx or self._local_context())
+
+    def _local_context(self) -> JobContext:
+        return JobContext(
+            job_id="local", task=self.name, queue=self.queue, attempt=1, enqueued_at=0.0
+        )
+
+    async def invoke(self, payload: TIn, ctx: JobContext) -> TOut:
+        """Call the handler in this task (async) or inline (sync); the worker threads sync ones."""
+        args = (payload, ctx) if self.takes_context else (payload,)
+        if self.is_async:
+            return typing.cast(TOut, await self.fn(*args))
+        return typing.cast(TOut, self.fn(*args))
+
+    # -- producing --------------------------------------------------------------
+
+    def message(
+        self,
+        payload: TIn,
+        *,
+        delay: float | timedelta = 0.0,
+        eta: datetime | float | None = None,
+        priority: int | Unset = UNSET,
+        job_id: str | None = None,
+        retries: int | Unset = UNSET,
+        timeout: float | None | Unset = UNSET,
+    ) -> JobMessage:
+        """Build the envelope ``enqueue`` would send (validated and encoded)."""
+        if job_id is not None:
+            check_job_id(job_id)
+        elif self.key is not None:
+            job_id = key_job_id(self.name, self.key(payload))
+        else:
+            job_id = new_job_id()
+        delay_s = _seconds(delay)
+        if delay_s < 0:
+            raise ConfigError(f"delay must be >= 0, got {delay!r}")
+        if isinstance(timeout, float | int) and timeout <= 0:
+            raise ConfigError(f"timeout must be > 0 or None, got {timeout}")
+        if isinstance(retries, int) and retries < 0:
+            raise ConfigError(f"retries must be >= 0, got {retries}")
+        return JobMessage(
+            id=job_id,
+            task=self.name,
+            queue=self.queue,
+            payload=self.input.encode(payload),
+            fingerprint=self.input.fingerprint,
+            priority=self.options.priority if isinstance(priority, Unset) else priority,
+            eta=0.0 if eta is None else _epoch(eta),
+            delay=delay_s,
+            max_retries=-1 if isinstance(retries, Unset) else retries,
+            timeout=-1.0 if isinstance(timeout, Unset) else (timeout or 0.0),
+        )
+
+    def _job(self, job_id: str, *, created: bool) -> Job[TOut]:
+        return Job(
+            self._owner.client, job_id, self.name, self.output, self.options.errors, created=created
+        )
+
+    def job(self, job_id: str) -> Job[TOut]:
+        """A handle on an existing job of this task, by id."""
+        return self._job(check_job_id(job_id), created=False)
+
+    async def enqueue(
+        self,
+        payload: TIn,
+        *,
+        delay: float | timedelta = 0.0,
+        eta: datetime | float | None = None,
+        priority: int | Unset = UNSET,
+        job_id: str | None = None,
+        retries: int | Unset = UNSET,
+        timeout: float | None | Unset = UNSET,
+    ) -> Job[TOut]:
+        """Enqueue one job and return its handle.
+
+        Concurrent calls are coalesced into one broker round trip.
+
+        :param payload: the input model
+        :param delay: run no sooner than this many seconds from now
+        :param eta: run no sooner than this time (aware datetime or epoch seconds)
+        :param priority: override the task's priority
+        :param job_id: a unique id; enqueueing an id that exists returns that job
+            (``job.created`` is False): idempotent producers
+        :param retries: override the task's retries for this job
+        :param timeout: override the task's timeout for this job
+        :raises PayloadTooLarge, EncodeError, InvalidName, NotConnected, QueueFull:
+        """
+        message = self.message(
+            payload,
+            delay=delay,
+            eta=eta,
+            priority=priority,
+            job_id=job_id,
+            retries=retries,
+            timeout=timeout,
+        )
+        outcome = await self._owner.client.enqueue(message)
+        return self._job(outcome.id, created=outcome.created)
+
+    async def enqueue_many(
+        self,
+        payloads: Iterable[TIn],
+        *,
+        delay: float | timedelta = 0.0,
+        eta: datetime | float | None = None,
+        priority: int | Unset = UNSET,
+    ) -> list[Job[TOut]]:
+        """Enqueue many jobs in few round trips (ids are made here, chunks sent concurrently).
+
+        Every payload is validated and encoded before anything is sent, so a bad one
+        enqueues nothing.
+        """
+        messages = [
+            self.message(payload, delay=delay, eta=eta, priority=priority) for payload in payloads
+        ]
+        outcomes = await self._owner.client.enqueue_many(messages)
+        return [self._job(o.id, created=o.created) for o in outcomes]
+
+
+def _count_params(fn: Callable[..., Any]) -> int:
+    return len(
+        [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    )
+
+
+def handler_types(fn: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
+    """The (input, output) model types from a handler's annotations, checked."""
+    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}"
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise ConfigError(f"cannot resolve the annotations of handler {where}: {exc}") from exc
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if not 1 <= len(params) <= 2:
+        raise ConfigError(
+            f"handler {where} must take the input model, and optionally a JobContext: "
+            f"it takes {len(params)} positional parameters"
+        )
+    input_type = hints.get(params[0].name)
+    if not is_model_type(input_type):
+        raise ConfigError(
+            f"handler {where}: parameter {params[0].name!r} is annotated {input_type!r}, "
+            "but must be a msgspec.Struct or pydantic.BaseModel subclass"
+        )
+    if "return" not in hints:
+        raise ConfigError(f"handler {where} needs a return annotation (a model, or None)")
+    output_type: Any = hints["return"]
+    if output_type is None:
+        output_type = type(None)
+    if not (output_type is type(None) or is_model_type(output_type)):
+        raise ConfigError(
+            f"handler {where} returns {output_type!r}; it must return a msgspec.Struct or "
+            "pydantic.BaseModel subclass, or None"
+        )
+    assert input_type is not None
+    return input_type, output_type
+
+
+AsyncHandler: TypeAlias = Callable[[TIn], Awaitable[TOut]]
+AsyncContextHandler: TypeAlias = Callable[[TIn, JobContext], Awaitable[TOut]]
+SyncHandler: TypeAlias = Callable[[TIn], TOut]
+SyncContextHandler: TypeAlias = Callable[[TIn, JobContext], TOut]
+BackoffKind: TypeAlias = Literal["fixed", "exponential"]
+
+
+class TaskDecorator(Protocol):
+    """What ``app.task(...)`` with options returns: applied to a handler, makes a Task."""
+
+    @overload
+    def __call__(self, fn: AsyncContextHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
+    @overload
+    def __call__(self, fn: AsyncHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
+    @overload
+    def __call__(self, fn: SyncContextHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
+    @overload
+    def __call__(self, fn: SyncHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...

@@ -1,0 +1,711 @@
+"""The worker runtime: claim for free slots, run handlers under leases, settle outcomes.
+
+Lifecycle of a job in a worker:
+
+1. The claim loop asks the broker for at most as many jobs as there are free slots
+   (capacity first, then claim), so a claimed job starts at once.
+2. Each job runs in its own cancel scope; a per-job timeout is a nested scope.
+3. The lease loop renews every running job's lease in one call, every third of the
+   lease. A lease reported lost cancels the handler and its result is never written;
+   a cancel request (``job.cancel()``) cancels it and records ``cancelled``.
+4. Outcomes are settled through batchers: many completions become one broker call.
+
+Shutdown (leaving ``async with``, ``stop()``, or cancelling ``run``) stops claiming,
+lets in-flight jobs finish within ``grace`` seconds, then cancels them and hands them
+back to the queue unspent. The internals run in a shielded scope so that the caller's
+cancellation starts this graceful path instead of tearing handlers down mid-write.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+import traceback
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self
+
+import anyio
+import anyio.to_thread
+import msgspec
+from anyio.abc import TaskGroup, TaskStatus
+
+from .batching import Batcher
+from .broker.base import ClaimedJob, Completion, Failure, FinishOutcome, LeaseStatus, Release
+from .context import JobContext
+from .errors import (
+    Abort,
+    ConfigError,
+    EncodeError,
+    FailureReason,
+    FailureRecord,
+    InvalidPayload,
+    PayloadTooLarge,
+    Reject,
+    Retry,
+)
+from .serde import codec_for
+from .task import Task, TIn, TOut
+
+if TYPE_CHECKING:
+    from .app import App
+
+__all__ = ["Worker", "WorkerStats"]
+
+log = logging.getLogger("typedq.worker")
+
+_encode = msgspec.msgpack.Encoder().encode
+_TRACEBACK_LIMIT = 8192
+
+CancelReason = Literal["cancel", "lease_lost", "shutdown"]
+
+
+@dataclass
+class WorkerStats:
+    """Counters of what a worker did (also the source of its metrics)."""
+
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
+    cancelled: int = 0
+    released: int = 0
+    lease_lost: int = 0
+    #: Finishes the broker refused because the lease was no longer ours.
+    finish_rejected: int = 0
+    #: Jobs whose producer's schema fingerprint differed but whose payload validated.
+    fingerprint_mismatches: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+class _Running:
+    __slots__ = ("cancel_reason", "claimed", "scope")
+
+    def __init__(self, claimed: ClaimedJob) -> None:
+        self.claimed = claimed
+        self.scope: anyio.CancelScope | None = None
+        self.cancel_reason: CancelReason | None = None
+
+    def cancel(self, reason: CancelReason) -> None:
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+@dataclass(frozen=True)
+class _Complete:
+    result: bytes
+
+
+@dataclass(frozen=True)
+class _Fail:
+    record: FailureRecord
+    retry_delay: float | None = None
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class _Release:
+    pass
+
+
+@dataclass(frozen=True)
+class _Drop:
+    """Lease lost: write nothing; the job belongs to someone else now."""
+
+
+_Outcome = _Complete | _Fail | _Release | _Drop
+
+
+class Worker(Generic[TIn, TOut]):
+    """Runs jobs: ``async with Worker(send_invoice, concurrency=8): ...``.
+
+    ``Worker(task)`` runs one task and is typed by it (``Worker[SendInvoice, Receipt]``);
+    ``app.worker()`` runs every task of an app. Leaving the block, ``stop()``, or
+    cancelling ``run()`` is a graceful shutdown.
+
+    :param task: the task to run
+    :param concurrency: how many jobs run at once
+    :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
+        and handed back
+    """
+
+    def __init__(
+        self,
+        task: Task[TIn, TOut],
+        /,
+        *,
+        concurrency: int = 16,
+        grace: float = 10.0,
+    ) -> None:
+        from .app import App
+
+        owner = task._owner
+        if not isinstance(owner, App):
+            raise ConfigError(
+                f"{task!r} is a producer stub: workers run tasks registered with @app.task"
+            )
+        self._setup(owner, {task.name: task}, [task.queue], concurrency=concurrency, grace=grace)
+
+    @classmethod
+    def _for_app(
+        cls, app: App, *, concurrency: int, queues: list[str] | None, grace: float
+    ) -> Worker[Any, Any]:
+        if not app.tasks:
+            raise ConfigError(f"app {app.name!r} has no tasks: register some with @app.task")
+        worker: Worker[Any, Any] = cls.__new__(cls)
+        worker._setup(app, dict(app.tasks), queues or app.queues, concurrency=concurrency, grace=grace)
+        return worker
+
+    def _setup(
+        self,
+        app: App,
+        tasks: dict[str, Task[Any, Any]],
+        queues: Sequence[str],
+        *,
+        concurrency: int,
+        grace: float,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+        if grace < 0:
+            raise ConfigError(f"grace must be >= 0, got {grace}")
+        self.app = app
+        self.tasks = tasks
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.grace = grace
+        self.lease = app.lease
+        self.renew_interval = app.lease / 3
+        self.reaper_interval = min(app.lease / 2, 5.0)
+        self.id = f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}"
+        self.stats = WorkerStats()
+        self._running: dict[str, _Running] = {}
+        self._stopping = False
+        self._started = False
+        self._stop: anyio.Event | None = None
+        self._changed: anyio.Event | None = None
+        self._claim_done: anyio.Event | None = None
+        self._wait_scope: anyio.CancelScope | None = None
+        self._serve_scope: anyio.CancelScope | None = None
+        self._tg: TaskGroup | None = None
+        self._outer_tg: TaskGroup | None = None
+        self._threads = anyio.CapacityLimiter(concurrency)
+        self._completer: Batcher[Completion, FinishOutcome] = Batcher(
+            self._complete_batch, name="completion batcher"
+        )
+        self._failer: Batcher[Failure, FinishOutcome] = Batcher(
+            self._fail_batch, name="failure batcher"
+        )
+
+    def __repr__(self) -> str:
+        return f"Worker(id={self.id!r}, tasks={sorted(self.tasks)}, concurrency={self.concurrency})"
+
+    @property
+    def running(self) -> int:
+        """How many jobs run right now."""
+        return len(self._running)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._outer_tg = tg
+        try:
+            await tg.start(self.run)
+        except BaseException as exc:
+            await tg.__aexit__(type(exc), exc, exc.__traceback__)
+            self._outer_tg = None
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self.stop()
+        tg, self._outer_tg = self._outer_tg, None
+        assert tg is not None
+        return await tg.__aexit__(exc_type, exc, tb)
+
+    def stop(self) -> None:
+        """Ask for a graceful shutdown; ``run`` returns when it is done."""
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until ``stop()`` or cancellation, then shut down gracefully."""
+        if self._started:
+            raise RuntimeError("a Worker runs once; make a new one")
+        self._started = True
+        self._stop = anyio.Event()
+        self._changed = anyio.Event()
+        self._claim_done = anyio.Event()
+        async with self.app.client, anyio.create_task_group() as outer:
+            await outer.start(self._serve)
+            log.info(
+                "worker %s started: tasks=%s queues=%s concurrency=%d",
+                self.id, sorted(self.tasks), self.queues, self.concurrency,
+            )
+            task_status.started()
+            try:
+                await self._stop.wait()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._shutdown()
+
+    async def _serve(self, *, task_status: TaskStatus[None]) -> None:
+        with anyio.CancelScope(shield=True) as scope:
+            self._serve_scope = scope
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                await tg.start(self._completer.run)
+                await tg.start(self._failer.run)
+                tg.start_soon(self._claim_loop)
+                tg.start_soon(self._lease_loop)
+                tg.start_soon(self._reaper_loop)
+                tg.start_soon(self._cancel_loop)
+                task_status.started()
+
+    async def _shutdown(self) -> None:
+        assert self._claim_done is not None
+        self._stopping = True
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+        with anyio.move_on_after(self.grace):
+            await self._claim_done.wait()
+            await self._until_idle()
+        if self._running:
+            log.info("worker %s: grace over, cancelling %d jobs", self.id, len(self._running))
+            for running in list(self._running.values()):
+                running.cancel("shutdown")
+            # Sync handlers cannot be interrupted: wait for them, bounded by the lease
+            # (after that the job is recovered elsewhere anyway).
+            with anyio.move_on_after(self.lease):
+                await self._until_idle()
+        assert self._serve_scope is not None
+        self._serve_scope.cancel()
+        log.info("worker %s stopped: %s", self.id, self.stats)
+
+    async def _until_idle(self) -> None:
+        while self._running:
+            assert self._changed is not None
+            await self._changed.wait()
+
+    def _notify(self) -> None:
+        assert self._changed is not None
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # -- claiming --------------------------------------------------------------------
+
+    async def _wait(self, seconds: float | None, *, for_jobs: bool = False) -> None:
+        """Sleep, for a change in running jobs, or for new jobs; cut short by shutdown."""
+        with anyio.CancelScope() as scope:
+            self._wait_scope = scope
+            if self._stopping:
+                scope.cancel()
+            if for_jobs:
+                await self.app.broker.wait_for_jobs(self.queues, seconds or 5.0)
+            elif seconds is not None:
+                await anyio.sleep(seconds)
+            else:
+                assert self._changed is not None
+                await self._changed.wait()
+        self._wait_scope = None
+
+    async def _claim_loop(self) -> None:
+        assert self._claim_done is not None and self._tg is not None
+        broker = self.app.broker
+        backoff = 0.0
+        try:
+            while not self._stopping:
+                free = self.concurrency - len(self._running)
+                if free <= 0:
+                    await self._wait(None)
+                    continue
+                try:
+                    jobs = await broker.claim(
+                        self.queues, free, worker_id=self.id, lease=self.lease
+                    )
+                except Exception as exc:
+                    backoff = min(5.0, backoff * 2 or 0.05)
+                    log.warning("worker %s: claim failed (%s); retrying in %.2fs", self.id, exc, backoff)
+                    await self._wait(backoff)
+                    continue
+                backoff = 0.0
+                if not jobs:
+                    await self._wait(5.0, for_jobs=True)
+                    continue
+                self.stats.claimed += len(jobs)
+                for claimed in jobs:
+                    self._running[claimed.message.id] = _Running(claimed)
+                    self._tg.start_soon(self._run_job, claimed)
+        finally:
+            self._claim_done.set()
+
+    # -- leases, reaper, cancellation --------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        broker = self.app.broker
+        last_ok = time.monotonic()
+        while True:
+            before = time.monotonic()
+            await anyio.sleep(self.renew_interval)
+            lag = time.monotonic() - before - self.renew_interval
+            if lag > self.renew_interval:
+                log.warning(
+                    "worker %s: event loop blocked for %.1fs; lease renewals missed "
+                    "(a handler blocks the loop: make it a sync `def` or await in it)",
+                    self.id, lag,
+                )
+            leases = [
+                (job_id, r.claimed.token)
+                for job_id, r in self._running.items()
+                if r.cancel_reason is None
+            ]
+            if not leases:
+                last_ok = time.monotonic()
+                continue
+            sent = time.monotonic()
+            try:
+                statuses = await broker.renew(leases, self.lease)
+            except Exception as exc:
+                log.warning("worker %s: lease renewal failed: %s", self.id, exc)
+                if time.monotonic() - last_ok > self.lease:
+                    # Our leases have expired by now; another worker may hold these jobs.
+                    for running in list(self._running.values()):
+                        running.cancel("lease_lost")
+                continue
+            last_ok = sent
+            for (job_id, _), status in zip(leases, statuses, strict=True):
+                holder = self._running.get(job_id)
+                if holder is None:
+                    continue
+                if status is LeaseStatus.LOST:
+                    holder.cancel("lease_lost")
+                elif status is LeaseStatus.CANCEL_REQUESTED:
+                    holder.cancel("cancel")
+
+    async def _reaper_loop(self) -> None:
+        while True:
+            try:
+                recovered = await self.app.broker.recover_stalled()
+            except Exception as exc:
+                log.warning("worker %s: stalled-job recovery failed: %s", self.id, exc)
+            else:
+                if recovered:
+                    log.warning("worker %s: recovered %d jobs whose lease expired", self.id, recovered)
+            await anyio.sleep(self.reaper_interval)
+
+    async def _cancel_loop(self) -> None:
+        broker = self.app.broker
+        while True:
+            try:
+                await broker.wait_cancel_requests(self.renew_interval)
+                ids = [i for i, r in self._running.items() if r.cancel_reason is None]
+                if ids:
+                    for job_id in await broker.cancel_requests(ids):
+                        running = self._running.get(job_id)
+                        if running is not None:
+                            running.cancel("cancel")
+            except Exception as exc:
+                log.warning("worker %s: cancel listener failed: %s", self.id, exc)
+                await anyio.sleep(self.renew_interval)
+
+    # -- running one job ---------------------------------------------------------------
+
+    async def _run_job(self, claimed: ClaimedJob) -> None:
+        running = self._running[claimed.message.id]
+        try:
+            outcome = await self._attempt(claimed, running)
+            await self._settle(claimed, outcome)
+        except Exception:
+            log.exception("worker %s: could not settle job %s", self.id, claimed.message.id)
+        finally:
+            del self._running[claimed.message.id]
+            self._notify()
+
+    def _failure(
+        self,
+        claimed: ClaimedJob,
+        reason: FailureReason,
+        error_type: str,
+        message: str,
+        *,
+        retryable: bool,
+        exc: BaseException | None = None,
+        domain: Any = None,
+    ) -> FailureRecord:
+        tb = None
+        if exc is not None:
+            tb = "".join(traceback.format_exception(exc))[-_TRACEBACK_LIMIT:]
+        return FailureRecord(
+            reason=reason,
+            error_type=error_type,
+            message=message,
+            attempt=claimed.attempt,
+            retryable=retryable,
+            traceback=tb,
+            domain_type=None if domain is None else _qualified(type(domain)),
+            domain_payload=None if domain is None else codec_for(type(domain)).encode(domain),
+            worker_id=self.id,
+            failed_at=time.time(),
+        )
+
+    async def _attempt(self, claimed: ClaimedJob, running: _Running) -> _Outcome:
+        message = claimed.message
+        task = self.tasks.get(message.task)
+        if task is None:
+            return _Fail(
+                self._failure(
+                    claimed,
+                    FailureReason.UNKNOWN_TASK,
+                    "UnknownTask",
+                    f"unknown task {message.task!r} (registered: {', '.join(sorted(self.tasks))})",
+                    retryable=False,
+                )
+            )
+        try:
+            payload = task.input.decode(message.payload)
+        except (InvalidPayload, PayloadTooLarge) as exc:
+            return _Fail(self._invalid_payload(claimed, task, exc))
+        if message.fingerprint and message.fingerprint != task.input.fingerprint:
+            key = (task.name, message.fingerprint)
+            if key not in self.stats.fingerprint_mismatches:
+                log.warning(
+                    "task %r: a producer's schema fingerprint %s differs from the worker's %s; "
+                    "the payload validated, so it runs (regenerate the producer's stubs)",
+                    task.name, message.fingerprint, task.input.fingerprint,
+                )
+            self.stats.fingerprint_mismatches[key] += 1
+
+        ctx = JobContext(
+            job_id=message.id,
+            task=task.name,
+            queue=message.queue,
+            attempt=claimed.attempt,
+            enqueued_at=claimed.enqueued_at,
+            worker_id=self.id,
+            report=lambda data: self._report_progress(claimed, data),
+        )
+        timeout = task.options.timeout if message.timeout < 0 else (message.timeout or None)
+        outcome: _Outcome | None = None
+        with anyio.CancelScope() as scope:
+            running.scope = scope
+            if running.cancel_reason is not None:
+                scope.cancel()
+            try:
+                with anyio.move_on_after(timeout) as deadline:
+                    result = await self._call(task, payload, ctx)
+                if deadline.cancel_called and running.cancel_reason is None:
+                    outcome = self._retry_or_fail(
+                        claimed,
+                        task,
+                        self._failure(
+                            claimed,
+                            FailureReason.TIMEOUT,
+                            "TimeoutError",
+                            f"attempt {claimed.attempt} ran longer than its timeout of {timeout} s",
+                            retryable=True,
+                        ),
+                    )
+                else:
+                    outcome = self._encode_result(claimed, task, result)
+            except Retry as exc:
+                outcome = self._retry_or_fail(
+                    claimed,
+                    task,
+                    self._failure(
+                        claimed, FailureReason.ERROR, "Retry", str(exc), retryable=True, exc=exc
+                    ),
+                    delay=exc.delay,
+                )
+            except Abort as exc:
+                outcome = _Fail(
+                    self._failure(
+                        claimed, FailureReason.ABORTED, "Abort", str(exc), retryable=False, exc=exc
+                    )
+                )
+            except Reject as exc:
+                outcome = _Fail(self._rejected(claimed, task, exc))
+            except Exception as exc:
+                outcome = self._retry_or_fail(
+                    claimed,
+                    task,
+                    self._failure(
+                        claimed,
+                        FailureReason.ERROR,
+                        _qualified(type(exc)),
+                        str(exc),
+                        retryable=True,
+                        exc=exc,
+                    ),
+                )
+        reason = running.cancel_reason
+        if reason is not None and (outcome is None or scope.cancelled_caught):
+            return self._cancelled_outcome(claimed, reason)
+        assert outcome is not None
+        return outcome
+
+    def _cancelled_outcome(self, claimed: ClaimedJob, reason: CancelReason) -> _Outcome:
+        if reason == "shutdown":
+            return _Release()
+        if reason == "lease_lost":
+            return _Drop()
+        return _Fail(
+            self._failure(
+                claimed,
+                FailureReason.CANCELLED,
+                "JobCancelled",
+                f"cancelled while running (attempt {claimed.attempt})",
+                retryable=False,
+            ),
+            cancelled=True,
+        )
+
+    async def _call(self, task: Task[Any, Any], payload: Any, ctx: JobContext) -> Any:
+        if task.is_async:
+            return await task.invoke(payload, ctx)
+        args = (payload, ctx) if task.takes_context else (payload,)
+        # Not abandoned on cancel: a thread cannot be stopped, and abandoning it would
+        # run more handlers at once than `concurrency` allows. Long sync handlers call
+        # ctx.check_cancelled() between steps.
+        return await anyio.to_thread.run_sync(task.fn, *args, limiter=self._threads)
+
+    def _encode_result(self, claimed: ClaimedJob, task: Task[Any, Any], result: Any) -> _Outcome:
+        try:
+            return _Complete(task.output.encode(result))
+        except EncodeError as exc:
+            return _Fail(
+                self._failure(
+                    claimed,
+                    FailureReason.INVALID_RESULT,
+                    "EncodeError",
+                    f"task {task.name!r} returned a value its output model rejects: {exc}",
+                    retryable=False,
+                )
+            )
+
+    def _invalid_payload(
+        self, claimed: ClaimedJob, task: Task[Any, Any], exc: Exception
+    ) -> FailureRecord:
+        fingerprint = claimed.message.fingerprint
+        if fingerprint and fingerprint != task.input.fingerprint:
+            return self._failure(
+                claimed,
+                FailureReason.SCHEMA_MISMATCH,
+                "SchemaMismatch",
+                f"task {task.name!r}: the producer's input schema {fingerprint} does not match "
+                f"the worker's {task.input.fingerprint}, and the payload does not validate: {exc}",
+                retryable=False,
+            )
+        return self._failure(
+            claimed,
+            FailureReason.INVALID_PAYLOAD,
+            "ValidationError",
+            f"task {task.name!r}: invalid payload: {exc}",
+            retryable=False,
+        )
+
+    def _rejected(self, claimed: ClaimedJob, task: Task[Any, Any], exc: Reject) -> FailureRecord:
+        error = exc.error
+        if not isinstance(error, task.options.errors):
+            declared = ", ".join(e.__qualname__ for e in task.options.errors) or "none"
+            return self._failure(
+                claimed,
+                FailureReason.ERROR,
+                "UndeclaredDomainError",
+                f"task {task.name!r} rejected with {type(error).__qualname__}, which is not "
+                f"among its declared errors ({declared}); add it to @app.task(errors=...)",
+                retryable=False,
+                exc=exc,
+            )
+        return self._failure(
+            claimed,
+            FailureReason.DOMAIN_ERROR,
+            _qualified(type(error)),
+            str(exc),
+            retryable=False,
+            domain=error,
+        )
+
+    def _retry_or_fail(
+        self,
+        claimed: ClaimedJob,
+        task: Task[Any, Any],
+        record: FailureRecord,
+        *,
+        delay: float | None = None,
+    ) -> _Fail:
+        message = claimed.message
+        retries = task.options.retries if message.max_retries < 0 else message.max_retries
+        failures = claimed.attempt - claimed.stalls  # stall recoveries do not spend retries
+        if failures <= retries:
+            return _Fail(
+                record,
+                retry_delay=delay if delay is not None else task.options.backoff.delay(failures),
+            )
+        return _Fail(msgspec.structs.replace(record, retryable=False))
+
+    async def _report_progress(self, claimed: ClaimedJob, data: bytes) -> None:
+        await self.app.broker.set_progress(claimed.message.id, claimed.token, data)
+
+    # -- settling --------------------------------------------------------------------
+
+    async def _settle(self, claimed: ClaimedJob, outcome: _Outcome) -> None:
+        job_id, token = claimed.message.id, claimed.token
+        if isinstance(outcome, _Drop):
+            self.stats.lease_lost += 1
+            log.warning("worker %s: lost the lease of job %s; its result is discarded", self.id, job_id)
+            return
+        if isinstance(outcome, _Release):
+            (result,) = await self.app.broker.release([Release(job_id, token)])
+            self.stats.released += 1
+        elif isinstance(outcome, _Complete):
+            result = await self._completer.submit(Completion(job_id, token, outcome.result))
+            self.stats.completed += 1
+        else:
+            result = await self._failer.submit(
+                Failure(
+                    id=job_id,
+                    token=token,
+                    error=_encode(outcome.record),
+                    retry_delay=outcome.retry_delay,
+                    cancelled=outcome.cancelled,
+                )
+            )
+            if outcome.cancelled:
+                self.stats.cancelled += 1
+            elif outcome.retry_delay is not None:
+                self.stats.retried += 1
+            else:
+                self.stats.failed += 1
+            if outcome.retry_delay is None and not outcome.cancelled:
+                log.info(
+                    "job %s (%s) failed: %s: %s",
+                    job_id, claimed.message.task, outcome.record.reason.value, outcome.record.message,
+                )
+        if result is FinishOutcome.LEASE_LOST:
+            self.stats.finish_rejected += 1
+            log.warning("worker %s: job %s was finished by the lease owner; ours was rejected", self.id, job_id)
+
+    async def _complete_batch(self, items: list[Completion]) -> Sequence[FinishOutcome]:
+        return await self.app.broker.complete(items)
+
+    async def _fail_batch(self, items: list[Failure]) -> Sequence[FinishOutcome]:
+        return await self.app.broker.fail(items)
+
+
+def _qualified(tp: type[Any]) -> str:
+    if tp.__module__ == "builtins":
+        return tp.__qualname__
+    return f"{tp.__module__}.{tp.__qualname__}"
