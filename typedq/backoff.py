@@ -33,8 +33,7 @@ class Backoff(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if self.base < 0 or self.max < 0 or self.factor < 1 or not 0 <= self.jitter <= 1:
             raise ValueError(
-                "Backoff needs base >= 0, max >= 0, factor >= 1 and 0 <= jitter <= 1, "
-                f"got {self!r}"
+                f"Backoff needs base >= 0, max >= 0, factor >= 1 and 0 <= jitter <= 1, got {self!r}"
             )
 
     def delay(self, retry: int) -> float:

@@ -50,7 +50,9 @@ class Client:
         if broker is None:
             broker = os.environ.get(DEFAULT_BROKER_ENV) or "memory://"
         self.url = broker if isinstance(broker, str) else f"<{type(broker).__name__}>"
-        self.broker: Broker = broker_from_url(broker, settings) if isinstance(broker, str) else broker
+        self.broker: Broker = (
+            broker_from_url(broker, settings) if isinstance(broker, str) else broker
+        )
         self._enqueuer: Batcher[JobMessage, EnqueueOutcome] = Batcher(
             self._enqueue_batch, max_batch=batch_size, name="enqueue batcher"
         )

@@ -192,7 +192,7 @@ class JobCancelled(JobFailed):
     """The job was cancelled before it completed."""
 
 
-class Retry(Exception):  # noqa: N818 -- a control-flow signal raised by handlers, named like arq's
+class Retry(Exception):
     """Raise from a handler to retry the job.
 
     :param delay: seconds to wait before the next attempt; ``None`` uses the task's backoff
@@ -206,11 +206,11 @@ class Retry(Exception):  # noqa: N818 -- a control-flow signal raised by handler
         self.delay = delay
 
 
-class Abort(Exception):  # noqa: N818 -- a control-flow signal raised by handlers
+class Abort(Exception):
     """Raise from a handler to fail the job permanently, without spending retries."""
 
 
-class Reject(Exception):  # noqa: N818 -- a control-flow signal raised by handlers
+class Reject(Exception):
     """Raise from a handler to fail permanently with a declared domain error model.
 
     The model must be an instance of one of the task's ``errors=(...)`` types; it is

@@ -12,7 +12,17 @@ import typing
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Protocol, TypeAlias, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Generic,
+    Literal,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    overload,
+)
 
 import msgspec
 import pydantic
@@ -82,7 +92,9 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
         if self.retries < 0:
             raise ConfigError(f"task {self.name!r}: retries must be >= 0, got {self.retries}")
         if self.timeout is not None and self.timeout <= 0:
-            raise ConfigError(f"task {self.name!r}: timeout must be > 0 or None, got {self.timeout}")
+            raise ConfigError(
+                f"task {self.name!r}: timeout must be > 0 or None, got {self.timeout}"
+            )
         for error in self.errors:
             if not is_model_type(error):
                 raise ConfigError(
@@ -172,7 +184,7 @@ class Task(Generic[TIn, TOut]):
         priority: int | Unset = UNSET,
         job_id: str | None = None,
         retries: int | Unset = UNSET,
-        timeout: float | None | Unset = UNSET,
+        timeout: float | Unset | None = UNSET,
     ) -> JobMessage:
         """Build the envelope ``enqueue`` would send (validated and encoded)."""
         if job_id is not None:
@@ -219,7 +231,7 @@ class Task(Generic[TIn, TOut]):
         priority: int | Unset = UNSET,
         job_id: str | None = None,
         retries: int | Unset = UNSET,
-        timeout: float | None | Unset = UNSET,
+        timeout: float | Unset | None = UNSET,
     ) -> Job[TOut]:
         """Enqueue one job and return its handle.
 

@@ -159,7 +159,9 @@ class Worker(Generic[TIn, TOut]):
         if not app.tasks:
             raise ConfigError(f"app {app.name!r} has no tasks: register some with @app.task")
         worker: Worker[Any, Any] = cls.__new__(cls)
-        worker._setup(app, dict(app.tasks), queues or app.queues, concurrency=concurrency, grace=grace)
+        worker._setup(
+            app, dict(app.tasks), queues or app.queues, concurrency=concurrency, grace=grace
+        )
         return worker
 
     def _setup(
@@ -253,7 +255,10 @@ class Worker(Generic[TIn, TOut]):
             await outer.start(self._serve)
             log.info(
                 "worker %s started: tasks=%s queues=%s concurrency=%d",
-                self.id, sorted(self.tasks), self.queues, self.concurrency,
+                self.id,
+                sorted(self.tasks),
+                self.queues,
+                self.concurrency,
             )
             task_status.started()
             try:
@@ -338,7 +343,9 @@ class Worker(Generic[TIn, TOut]):
                     )
                 except Exception as exc:
                     backoff = min(5.0, backoff * 2 or 0.05)
-                    log.warning("worker %s: claim failed (%s); retrying in %.2fs", self.id, exc, backoff)
+                    log.warning(
+                        "worker %s: claim failed (%s); retrying in %.2fs", self.id, exc, backoff
+                    )
                     await self._wait(backoff)
                     continue
                 backoff = 0.0
@@ -365,7 +372,8 @@ class Worker(Generic[TIn, TOut]):
                 log.warning(
                     "worker %s: event loop blocked for %.1fs; lease renewals missed "
                     "(a handler blocks the loop: make it a sync `def` or await in it)",
-                    self.id, lag,
+                    self.id,
+                    lag,
                 )
             leases = [
                 (job_id, r.claimed.token)
@@ -403,7 +411,9 @@ class Worker(Generic[TIn, TOut]):
                 log.warning("worker %s: stalled-job recovery failed: %s", self.id, exc)
             else:
                 if recovered:
-                    log.warning("worker %s: recovered %d jobs whose lease expired", self.id, recovered)
+                    log.warning(
+                        "worker %s: recovered %d jobs whose lease expired", self.id, recovered
+                    )
             await anyio.sleep(self.reaper_interval)
 
     async def _cancel_loop(self) -> None:
@@ -484,7 +494,9 @@ class Worker(Generic[TIn, TOut]):
                 log.warning(
                     "task %r: a producer's schema fingerprint %s differs from the worker's %s; "
                     "the payload validated, so it runs (regenerate the producer's stubs)",
-                    task.name, message.fingerprint, task.input.fingerprint,
+                    task.name,
+                    message.fingerprint,
+                    task.input.fingerprint,
                 )
             self.stats.fingerprint_mismatches[key] += 1
 
@@ -665,7 +677,9 @@ class Worker(Generic[TIn, TOut]):
         job_id, token = claimed.message.id, claimed.token
         if isinstance(outcome, _Drop):
             self.stats.lease_lost += 1
-            log.warning("worker %s: lost the lease of job %s; its result is discarded", self.id, job_id)
+            log.warning(
+                "worker %s: lost the lease of job %s; its result is discarded", self.id, job_id
+            )
             return
         if isinstance(outcome, _Release):
             (result,) = await self.app.broker.release([Release(job_id, token)])
@@ -692,11 +706,18 @@ class Worker(Generic[TIn, TOut]):
             if outcome.retry_delay is None and not outcome.cancelled:
                 log.info(
                     "job %s (%s) failed: %s: %s",
-                    job_id, claimed.message.task, outcome.record.reason.value, outcome.record.message,
+                    job_id,
+                    claimed.message.task,
+                    outcome.record.reason.value,
+                    outcome.record.message,
                 )
         if result is FinishOutcome.LEASE_LOST:
             self.stats.finish_rejected += 1
-            log.warning("worker %s: job %s was finished by the lease owner; ours was rejected", self.id, job_id)
+            log.warning(
+                "worker %s: job %s was finished by the lease owner; ours was rejected",
+                self.id,
+                job_id,
+            )
 
     async def _complete_batch(self, items: list[Completion]) -> Sequence[FinishOutcome]:
         return await self.app.broker.complete(items)

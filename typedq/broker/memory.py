@@ -276,7 +276,11 @@ class MemoryBroker(Broker):
             job = _Job(message, now, self._next())
             self._jobs[message.id] = job
             self._counts[message.queue][JobState.WAITING] += 1  # _move subtracts from it
-            run_at = message.eta if message.eta > 0 else (now + message.delay if message.delay > 0 else 0.0)
+            run_at = (
+                message.eta
+                if message.eta > 0
+                else (now + message.delay if message.delay > 0 else 0.0)
+            )
             if run_at > now:
                 self._to_scheduled(job, run_at)
             else:

@@ -1,0 +1,41 @@
+# The two commands: `make demo` and `make test`. Both set everything up from scratch.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test lint typecheck pytest stubs-check redis-server bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "typedq needs Python 3.11+"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+# Tests spawn their own redis-server on a free port; this only makes sure the binary exists.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server (Debian package)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
+
+## Run the quickstart end to end on the embedded broker (no server needed).
+demo: $(STAMP)
+	TYPEDQ_BROKER= $(BIN)/python examples/quickstart.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check typedq examples stubs tests bench
+	$(BIN)/ruff format --check typedq examples stubs tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP) redis-server
+	$(BIN)/pytest -q
+
+## Everything CI checks: lint, mypy --strict, the whole test suite.
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache

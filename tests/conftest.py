@@ -1,0 +1,71 @@
+"""Shared fixtures: anyio backends, a session redis-server, and an App per broker.
+
+Brokers are parametrized: every test that takes ``broker_url`` runs on the embedded
+broker (under asyncio and trio) and on a real redis-server (asyncio only: redis-py
+is asyncio-based). A fresh app name per test keeps tests apart on the shared server.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from tests.redis_harness import REDIS_SERVER, RedisProcess, flushall
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisProcess]:
+    """One redis-server for the whole session, on a free port (not the machine's :6379)."""
+    if REDIS_SERVER is None:
+        pytest.fail("redis-server is not installed; `make test` installs it (apt-get)")
+    server = RedisProcess()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Broker-independent async tests run under both anyio backends."""
+    backend: str = request.param
+    return backend
+
+
+BACKENDS = [
+    pytest.param(("memory", "asyncio"), id="memory-asyncio"),
+    pytest.param(("memory", "trio"), id="memory-trio"),
+    pytest.param(("redis", "asyncio"), id="redis-asyncio", marks=pytest.mark.redis),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def _broker_backend(request: pytest.FixtureRequest) -> tuple[str, str]:
+    param: tuple[str, str] = request.param
+    return param
+
+
+@pytest.fixture
+def broker_backend_name(_broker_backend: tuple[str, str]) -> str:
+    """The anyio backend of a broker-parametrized test; contract conftests use it."""
+    return _broker_backend[1]
+
+
+@pytest.fixture
+def broker_url(_broker_backend: tuple[str, str], request: pytest.FixtureRequest) -> str:
+    """``memory://`` or the session redis-server's URL (flushed before the test)."""
+    kind = _broker_backend[0]
+    if kind == "memory":
+        return "memory://"
+    server: RedisProcess = request.getfixturevalue("redis_server")
+    flushall(server.port)
+    return server.url
+
+
+@pytest.fixture
+def app_name() -> str:
+    """A fresh app name per test."""
+    return f"t{next(_names)}"
