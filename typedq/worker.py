@@ -328,7 +328,8 @@ class Worker(Generic[TIn, TOut]):
         self._wait_scope = None
 
     async def _claim_loop(self) -> None:
-        assert self._claim_done is not None and self._tg is not None
+        assert self._claim_done is not None
+        assert self._tg is not None
         broker = self.app.broker
         backoff = 0.0
         try:
