@@ -189,6 +189,7 @@ class Worker(Generic[TIn, TOut]):
         self.stats = WorkerStats()
         self._running: dict[str, _Running] = {}
         self._stopping = False
+        self._force_stop = False
         self._started = False
         self._stop: anyio.Event | None = None
         self._changed: anyio.Event | None = None
@@ -238,10 +239,20 @@ class Worker(Generic[TIn, TOut]):
         assert tg is not None
         return await tg.__aexit__(exc_type, exc, tb)
 
-    def stop(self) -> None:
-        """Ask for a graceful shutdown; ``run`` returns when it is done."""
+    def stop(self, *, force: bool = False) -> None:
+        """Ask for a graceful shutdown; ``run`` returns when it is done.
+
+        :param force: do not wait for the grace period: cancel running jobs now and
+            hand them back to the queue
+        """
         if self._stop is not None:
             self._stop.set()
+        if force:
+            self.grace = 0.0
+            self._force_stop = True
+            if self._stopping:
+                for running in list(self._running.values()):
+                    running.cancel("shutdown")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until ``stop()`` or cancellation, then shut down gracefully."""
@@ -285,7 +296,7 @@ class Worker(Generic[TIn, TOut]):
         self._stopping = True
         if self._wait_scope is not None:
             self._wait_scope.cancel()
-        with anyio.move_on_after(self.grace):
+        with anyio.move_on_after(0 if self._force_stop else self.grace):
             await self._claim_done.wait()
             await self._until_idle()
         if self._running:

@@ -376,6 +376,19 @@ class MemoryBroker(Broker):
             )
         return claimed
 
+    def has_due_jobs(self) -> bool:
+        """True when some job is waiting, or scheduled at or before the clock's now."""
+        if any(self._head(queue) is not None for queue in list(self._waiting)):
+            return True
+        now = self.clock()
+        return any(
+            run_at <= now
+            and (job := self._jobs.get(job_id)) is not None
+            and job.version == version
+            and job.state is JobState.SCHEDULED
+            for run_at, version, job_id in self._scheduled
+        )
+
     def _due_soon(self, queues: Sequence[str]) -> float:
         """Seconds until something in ``queues`` may be claimable (0 = now)."""
         if any(self._head(q) is not None for q in queues):
