@@ -25,7 +25,7 @@ import socket
 import time
 import traceback
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Self
@@ -40,6 +40,7 @@ from .broker.base import ClaimedJob, Completion, Failure, FinishOutcome, LeaseSt
 from .context import JobContext
 from .errors import (
     Abort,
+    BrokerError,
     ConfigError,
     EncodeError,
     FailureReason,
@@ -694,21 +695,21 @@ class Worker(Generic[TIn, TOut]):
             )
             return
         if isinstance(outcome, _Release):
-            (result,) = await self.app.broker.release([Release(job_id, token)])
+            result = await self._persist(lambda: self._release_one(Release(job_id, token)))
             self.stats.released += 1
         elif isinstance(outcome, _Complete):
-            result = await self._completer.submit(Completion(job_id, token, outcome.result))
+            completion = Completion(job_id, token, outcome.result)
+            result = await self._persist(lambda: self._completer.submit(completion))
             self.stats.completed += 1
         else:
-            result = await self._failer.submit(
-                Failure(
-                    id=job_id,
-                    token=token,
-                    error=_encode(outcome.record),
-                    retry_delay=outcome.retry_delay,
-                    cancelled=outcome.cancelled,
-                )
+            failure = Failure(
+                id=job_id,
+                token=token,
+                error=_encode(outcome.record),
+                retry_delay=outcome.retry_delay,
+                cancelled=outcome.cancelled,
             )
+            result = await self._persist(lambda: self._failer.submit(failure))
             if outcome.cancelled:
                 self.stats.cancelled += 1
             elif outcome.retry_delay is not None:
@@ -730,6 +731,28 @@ class Worker(Generic[TIn, TOut]):
                 self.id,
                 job_id,
             )
+
+    async def _persist(self, send: Callable[[], Awaitable[FinishOutcome]]) -> FinishOutcome:
+        """Send an outcome, retrying broker outages for up to one lease.
+
+        Re-sending is safe: transitions are idempotent per token (ALREADY_FINISHED).
+        After a lease the job is someone else's anyway, so the error is raised.
+        """
+        delay = 0.05
+        deadline = time.monotonic() + self.lease
+        while True:
+            try:
+                return await send()
+            except BrokerError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("worker %s: could not record an outcome (%s); retrying", self.id, exc)
+                await anyio.sleep(delay)
+                delay = min(1.0, delay * 2)
+
+    async def _release_one(self, item: Release) -> FinishOutcome:
+        (result,) = await self.app.broker.release([item])
+        return result
 
     async def _complete_batch(self, items: list[Completion]) -> Sequence[FinishOutcome]:
         return await self.app.broker.complete(items)
