@@ -20,7 +20,7 @@ class Backoff(msgspec.Struct, frozen=True, kw_only=True):
     :param kind: ``"exponential"`` or ``"fixed"``
     :param base: the first delay, in seconds
     :param factor: growth per retry (exponential only)
-    :param max: the largest delay, in seconds
+    :param max: the largest delay, in seconds (exponential only)
     :param jitter: fraction in [0, 1] of random reduction
     """
 
@@ -42,5 +42,4 @@ class Backoff(msgspec.Struct, frozen=True, kw_only=True):
             raw = self.base
         else:
             raw = min(self.max, self.base * self.factor ** min(max(0, retry - 1), 64))
-        raw = min(raw, self.max)
         return raw * (1.0 - self.jitter * random.random())
