@@ -151,6 +151,17 @@ class Worker(Generic[TIn, TOut]):
             raise ConfigError(
                 f"{task!r} is a producer stub: workers run tasks registered with @app.task"
             )
+        # A worker fails jobs whose task it does not know, so it must not consume a queue
+        # that also carries tasks it cannot run.
+        others = sorted(
+            t.name for t in owner.tasks.values() if t.queue == task.queue and t.name != task.name
+        )
+        if others:
+            raise ConfigError(
+                f"queue {task.queue!r} also carries tasks {others} that Worker({task.name}) "
+                f"cannot run; give {task.name!r} its own queue (@app.task(queue=...)) or run "
+                "them all with app.worker()"
+            )
         self._setup(owner, {task.name: task}, [task.queue], concurrency=concurrency, grace=grace)
 
     @classmethod
