@@ -1,0 +1,226 @@
+"""Shared models, builders and fakes for the contract and runtime suites.
+
+Models live at module level so ``@app.task`` can resolve handler annotations. The one
+fake, :class:`StallableBroker`, wraps a real broker (memory or Redis) and can hold
+lease renewals the way a network stall would, so a worker really loses its lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import anyio
+import msgspec
+import pydantic
+
+from typedq import App, JobState
+from typedq.broker import broker_from_url
+from typedq.broker.base import (
+    Broker,
+    BrokerSettings,
+    CancelOutcome,
+    ClaimedJob,
+    Completion,
+    EnqueueOutcome,
+    Failure,
+    FinishOutcome,
+    JobMessage,
+    JobRecord,
+    LeaseStatus,
+    Release,
+    Retention,
+)
+from typedq.names import new_job_id
+
+#: Upper bound on any single test body: a bug fails the test instead of hanging it.
+TEST_DEADLINE = 20.0
+
+
+class In(msgspec.Struct, frozen=True):
+    n: int
+
+
+class Out(msgspec.Struct, frozen=True):
+    n: int
+
+
+class PIn(pydantic.BaseModel):
+    name: str
+    qty: int
+
+
+class POut(pydantic.BaseModel):
+    label: str
+
+
+class Big(msgspec.Struct):
+    blob: str
+
+
+class CardDeclined(msgspec.Struct, frozen=True):
+    code: str
+
+
+class OutOfStock(pydantic.BaseModel):
+    sku: str
+
+
+class Undeclared(msgspec.Struct, frozen=True):
+    why: str
+
+
+def msg(
+    *,
+    queue: str = "q",
+    task: str = "t",
+    payload: bytes = b"\xc0",
+    job_id: str | None = None,
+    priority: int = 0,
+    delay: float = 0.0,
+    eta: float = 0.0,
+) -> JobMessage:
+    """A raw envelope for broker-level tests (the broker never looks inside ``payload``)."""
+    return JobMessage(
+        id=job_id or new_job_id(),
+        task=task,
+        queue=queue,
+        payload=payload,
+        priority=priority,
+        delay=delay,
+        eta=eta,
+    )
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    app_name: str,
+    broker_url: str,
+    *,
+    lease: float = 30.0,
+    max_stalls: int = 3,
+    retention: Retention | None = None,
+    max_queue_length: int = 0,
+) -> AsyncIterator[Broker]:
+    """A connected broker of a fresh App, with the test body bounded in time."""
+    app = App(
+        app_name,
+        broker=broker_url,
+        lease=lease,
+        max_stalls=max_stalls,
+        retention=retention,
+        max_queue_length=max_queue_length,
+    )
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            yield app.broker
+
+
+async def one(broker: Broker, job_id: str) -> JobRecord:
+    """The job's record; fails the test if it is gone."""
+    (record,) = await broker.get([job_id])
+    assert record is not None, f"job {job_id} is gone"
+    return record
+
+
+async def claim_one(
+    broker: Broker, queue: str = "q", *, lease: float = 30.0, worker_id: str = "w1"
+) -> ClaimedJob:
+    jobs = await broker.claim([queue], 1, worker_id=worker_id, lease=lease)
+    assert len(jobs) == 1, f"expected one claimable job in {queue!r}, got {len(jobs)}"
+    return jobs[0]
+
+
+async def sleep_until(epoch: float, margin: float = 0.05) -> None:
+    """Sleep until wall-clock ``epoch`` (plus a margin): for delays and ETAs that must pass."""
+    await anyio.sleep(max(0.0, epoch - time.time()) + margin)
+
+
+def count(counts: dict[JobState, int], state: JobState) -> int:
+    return counts.get(state, 0)
+
+
+class StallableBroker(Broker):
+    """Delegates to a real broker; ``hold_renewals()`` blocks ``renew`` like a stalled link.
+
+    While held, a worker's renewals hang, its leases expire for real, and anyone may
+    recover and claim its jobs through ``inner``; after ``resume()`` the held renewals
+    reach the broker and learn the lease is gone.
+    """
+
+    def __init__(self, inner: Broker) -> None:
+        self.inner = inner
+        self.settings = inner.settings
+        self._resume: anyio.Event | None = None
+
+    @classmethod
+    def for_url(cls, url: str, app_name: str) -> StallableBroker:
+        return cls(broker_from_url(url, BrokerSettings(namespace=app_name)))
+
+    def hold_renewals(self) -> None:
+        self._resume = anyio.Event()
+
+    def resume(self) -> None:
+        if self._resume is not None:
+            self._resume.set()
+            self._resume = None
+
+    async def connect(self) -> None:
+        await self.inner.connect()
+
+    async def close(self) -> None:
+        self.resume()
+        await self.inner.close()
+
+    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
+        return await self.inner.enqueue(messages)
+
+    async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
+        return await self.inner.get(ids)
+
+    async def wait_finished(self, job_id: str, timeout: float | None) -> JobRecord | None:
+        return await self.inner.wait_finished(job_id, timeout)
+
+    async def cancel(self, job_id: str) -> CancelOutcome:
+        return await self.inner.cancel(job_id)
+
+    async def counts(self, queue: str) -> dict[JobState, int]:
+        return await self.inner.counts(queue)
+
+    async def claim(
+        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+    ) -> list[ClaimedJob]:
+        return await self.inner.claim(queues, limit, worker_id=worker_id, lease=lease)
+
+    async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
+        await self.inner.wait_for_jobs(queues, timeout)
+
+    async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:
+        if self._resume is not None:
+            await self._resume.wait()
+        return await self.inner.renew(leases, lease)
+
+    async def complete(self, items: Sequence[Completion]) -> list[FinishOutcome]:
+        return await self.inner.complete(items)
+
+    async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
+        return await self.inner.fail(items)
+
+    async def release(self, items: Sequence[Release]) -> list[FinishOutcome]:
+        return await self.inner.release(items)
+
+    async def set_progress(self, job_id: str, token: str, progress: bytes) -> bool:
+        return await self.inner.set_progress(job_id, token, progress)
+
+    async def cancel_requests(self, ids: Sequence[str]) -> list[str]:
+        return await self.inner.cancel_requests(ids)
+
+    async def wait_cancel_requests(self, timeout: float) -> None:
+        await self.inner.wait_cancel_requests(timeout)
+
+    async def recover_stalled(self, limit: int = 1000) -> int:
+        return await self.inner.recover_stalled(limit)
+
+    async def purge(self, queue: str, states: Sequence[JobState]) -> int:
+        return await self.inner.purge(queue, states)
