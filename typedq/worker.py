@@ -378,8 +378,8 @@ class Worker(Generic[TIn, TOut]):
                     continue
                 self.stats.claimed += len(jobs)
                 for claimed in jobs:
-                    self._running[claimed.message.id] = _Running(claimed)
-                    self._tg.start_soon(self._run_job, claimed)
+                    running = self._running[claimed.message.id] = _Running(claimed)
+                    self._tg.start_soon(self._run_job, claimed, running)
         finally:
             self._claim_done.set()
 
@@ -457,15 +457,17 @@ class Worker(Generic[TIn, TOut]):
 
     # -- running one job ---------------------------------------------------------------
 
-    async def _run_job(self, claimed: ClaimedJob) -> None:
-        running = self._running[claimed.message.id]
+    async def _run_job(self, claimed: ClaimedJob, running: _Running) -> None:
         try:
             outcome = await self._attempt(claimed, running)
             await self._settle(claimed, outcome)
         except Exception:
             log.exception("worker %s: could not settle job %s", self.id, claimed.message.id)
         finally:
-            del self._running[claimed.message.id]
+            # Once settled (a retry with no delay, say), this worker may already have
+            # claimed the job again under the same id: remove only our own entry.
+            if self._running.get(claimed.message.id) is running:
+                del self._running[claimed.message.id]
             self._notify()
 
     def _failure(
