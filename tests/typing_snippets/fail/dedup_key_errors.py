@@ -1,0 +1,65 @@
+"""``key=`` is checked against the handler's input model (typedq.mypy_plugin)."""
+
+from __future__ import annotations
+
+from snip import Image, Receipt, SendInvoice, Thumb, app
+
+from typedq import App, JobContext
+
+
+@app.task(key=lambda inv: inv.nope)  # E: attr-defined "SendInvoice" has no attribute "nope"
+async def unknown_field(invoice: SendInvoice) -> Receipt:
+    return Receipt(receipt_id="r", total_cents=1)
+
+
+# E: return-value got "int", expected "str"  # E: arg-type "Callable[[SendInvoice], int]"
+@app.task(key=lambda inv: inv.invoice_id)
+async def returns_int(invoice: SendInvoice) -> Receipt:
+    return Receipt(receipt_id="r", total_cents=1)
+
+
+# E: attr-defined "Image" has no attribute "receipt_id"
+@app.task(retries=2, key=lambda image: image.receipt_id)
+def sync_with_context(image: Image, ctx: JobContext) -> Thumb:
+    return Thumb(url=image.url, width=ctx.attempt)
+
+
+def receipt_key(receipt: Receipt) -> str:
+    return receipt.receipt_id
+
+
+# E: arg-type "Callable[[Receipt], str]"; expected "Callable[[SendInvoice], str] | None"
+@app.task(key=receipt_key)
+async def wrong_key_function(invoice: SendInvoice) -> Receipt:
+    return Receipt(receipt_id="r", total_cents=1)
+
+
+@app.task(key=str.upper)  # E: arg-type
+async def not_even_a_model(invoice: SendInvoice) -> Receipt:
+    return Receipt(receipt_id="r", total_cents=1)
+
+
+async def make_thumb(image: Image) -> Thumb:
+    return Thumb(url=image.url, width=1)
+
+
+# Applied without decorator syntax.
+direct = App("direct").task(key=lambda image: image.nope)(make_thumb)  # E: attr-defined "Image"
+
+
+class BillingApp(App):
+    """Subclasses of App get the same checking."""
+
+
+billing = BillingApp("billing2")
+
+
+@billing.task(key=lambda inv: inv.nope)  # E: attr-defined "SendInvoice" has no attribute "nope"
+async def on_subclass(invoice: SendInvoice) -> Receipt:
+    return Receipt(receipt_id="r", total_cents=1)
+
+
+def nested() -> None:
+    @app.task(key=lambda inv: inv.nope)  # E: attr-defined "SendInvoice" has no attribute "nope"
+    def inner(invoice: SendInvoice) -> None:
+        pass

@@ -1,0 +1,209 @@
+"""A mypy plugin that checks ``@app.task(key=...)`` against the handler's input model.
+
+Enable it next to pydantic's in the mypy configuration::
+
+    [mypy]
+    plugins = pydantic.mypy, typedq.mypy_plugin
+
+Why a plugin is needed: for ::
+
+    @app.task(key=lambda inv: f"{inv.invoice_id}")
+    async def send_invoice(inv: SendInvoice) -> Receipt: ...
+
+mypy type-checks the decorator expression ``app.task(key=...)`` on its own, before
+applying its result to the function, so the lambda is checked against ``App.task``'s
+signature alone, which cannot name the handler's input type. Typed
+``Callable[[Any], str]`` (what the library declares) the lambda body is not checked at
+all; with a type variable instead, mypy either infers ``Never`` for the parameter or
+checks the body against the variable's bound (``msgspec.Struct | BaseModel``, which has
+no ``invoice_id``). Neither checks what the user means.
+
+What the plugin does: a method *signature* hook on ``App.task`` (and on ``task`` of
+subclasses of ``App``). When the call is the innermost decorator of a function (or
+``app.task(...)(handler)`` is called directly on a function), it reads that function's
+declared first parameter type and, for this one call, narrows ``key`` from
+``Callable[[Any], str]`` to ``Callable[[ThatModel], str]``. mypy then checks the lambda
+body (``inv.nope`` is an ``attr-defined`` error, returning an ``int`` is a
+``return-value`` error) and a named key function's parameter (``arg-type``).
+
+Finding the function: mypy's AST has no parent links, so the plugin indexes, once per
+module tree, every decorated function by the identity of its innermost decorator
+expression (and ``f(...)(handler)`` calls by the identity of ``f(...)``).
+
+Limits (each one falls back to the declared signature, i.e. ``key`` is unchecked):
+the handler is unannotated, is a method, or its input type is generic; ``app.task(...)``
+is not the innermost decorator (another decorator changes what ``task`` receives); or
+the decorator object is stored in a variable before being applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from mypy.nodes import (
+    ARG_POS,
+    FUNC_NO_INFO,
+    AssignmentStmt,
+    Block,
+    CallExpr,
+    ClassDef,
+    Decorator,
+    Expression,
+    ExpressionStmt,
+    FuncDef,
+    MypyFile,
+    OverloadedFuncDef,
+    RefExpr,
+    Statement,
+)
+from mypy.options import Options
+from mypy.plugin import MethodSigContext, Plugin
+from mypy.types import (
+    AnyType,
+    CallableType,
+    FunctionLike,
+    Instance,
+    Type,
+    UnionType,
+    get_proper_type,
+    has_type_vars,
+)
+
+__all__ = ["TypedqPlugin", "plugin"]
+
+APP_FULLNAME = "typedq.app.App"
+
+
+# Attributes of compound statements that hold nested blocks (if/while/for/with/try/match).
+_BLOCK_ATTRS = ("body", "else_body", "handlers", "finally_body", "bodies")
+
+
+def _index_handlers(tree: MypyFile) -> dict[int, FuncDef]:
+    """Map ``id()`` of each ``task(...)``-like call expression to the function it gets.
+
+    mypy's compiled ``TraverserVisitor`` cannot be subclassed from an interpreted plugin,
+    so this walks the statements itself: every function and class body, every nested
+    block, and the top-level expression of assignments and expression statements.
+    """
+    handlers: dict[int, FuncDef] = {}
+
+    def direct_call(expr: Expression) -> None:
+        # app.task(key=...)(handler)
+        if isinstance(expr, CallExpr) and isinstance(expr.callee, CallExpr) and len(expr.args) == 1:
+            arg = expr.args[0]
+            if isinstance(arg, RefExpr) and isinstance(arg.node, FuncDef):
+                handlers[id(expr.callee)] = arg.node
+
+    def walk(statements: Iterable[Statement]) -> None:
+        for stmt in statements:
+            if isinstance(stmt, Decorator):
+                # Only the innermost decorator receives the function itself.
+                if stmt.decorators and isinstance(stmt.decorators[-1], CallExpr):
+                    handlers[id(stmt.decorators[-1])] = stmt.func
+                walk(stmt.func.body.body)
+            elif isinstance(stmt, FuncDef):
+                walk(stmt.body.body)
+            elif isinstance(stmt, OverloadedFuncDef):
+                walk(stmt.items)
+                if stmt.impl is not None:
+                    walk([stmt.impl])
+            elif isinstance(stmt, ClassDef):
+                walk(stmt.defs.body)
+            elif isinstance(stmt, AssignmentStmt):
+                direct_call(stmt.rvalue)
+            elif isinstance(stmt, ExpressionStmt):
+                direct_call(stmt.expr)
+            else:
+                for attr in _BLOCK_ATTRS:
+                    value = getattr(stmt, attr, None)
+                    blocks = value if isinstance(value, list) else [value]
+                    for block in blocks:
+                        if isinstance(block, Block):
+                            walk(block.body)
+
+    walk(tree.defs)
+    return handlers
+
+
+class TypedqPlugin(Plugin):
+    """Narrows ``App.task(key=...)`` to the decorated handler's input type."""
+
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        # module name -> (the tree the index was built from, the index)
+        self._indexes: dict[str, tuple[MypyFile, dict[int, FuncDef]]] = {}
+
+    def get_method_signature_hook(
+        self, fullname: str
+    ) -> Callable[[MethodSigContext], FunctionLike] | None:
+        # Subclasses of App name their own class here, so match on the method name and
+        # check the receiver's type in the hook.
+        if fullname.endswith(".task"):
+            return self._narrow_key
+        return None
+
+    def _narrow_key(self, ctx: MethodSigContext) -> FunctionLike:
+        sig = ctx.default_signature
+        receiver = get_proper_type(ctx.type)
+        if not (isinstance(receiver, Instance) and receiver.type.has_base(APP_FULLNAME)):
+            return sig
+        if "key" not in sig.arg_names or not isinstance(ctx.context, CallExpr):
+            return sig
+        handler = self._handler(ctx.api, ctx.context)
+        model = _input_type(handler) if handler is not None else None
+        if model is None:
+            return sig
+        position = sig.arg_names.index("key")
+        key_type = _with_parameter(sig.arg_types[position], model)
+        if key_type is None:
+            return sig
+        arg_types = list(sig.arg_types)
+        arg_types[position] = key_type
+        return sig.copy_modified(arg_types=arg_types)
+
+    def _handler(self, api: object, call: CallExpr) -> FuncDef | None:
+        # The type checker's current module; not part of the plugin interface, hence getattr.
+        tree = getattr(api, "tree", None)
+        if not isinstance(tree, MypyFile):
+            return None
+        cached = self._indexes.get(tree.fullname)
+        if cached is None or cached[0] is not tree:
+            cached = (tree, _index_handlers(tree))
+            self._indexes[tree.fullname] = cached
+        return cached[1].get(id(call))
+
+
+def _input_type(handler: FuncDef) -> Type | None:
+    """The declared type of a plain function's first positional parameter, if usable."""
+    sig = handler.type
+    if handler.info is not FUNC_NO_INFO or not isinstance(sig, CallableType):
+        return None
+    if not sig.arg_types or sig.arg_kinds[0] != ARG_POS:
+        return None
+    model = sig.arg_types[0]
+    if has_type_vars(model) or isinstance(get_proper_type(model), AnyType):
+        return None
+    return model
+
+
+def _with_parameter(declared: Type, model: Type) -> Type | None:
+    """``Callable[[Any], str] | None`` with its callable's parameter replaced by ``model``."""
+    proper = get_proper_type(declared)
+    items = proper.items if isinstance(proper, UnionType) else [declared]
+    replaced = False
+    new_items: list[Type] = []
+    for item in items:
+        callable_item = get_proper_type(item)
+        if isinstance(callable_item, CallableType) and len(callable_item.arg_types) == 1:
+            new_items.append(callable_item.copy_modified(arg_types=[model]))
+            replaced = True
+        else:
+            new_items.append(item)
+    if not replaced:
+        return None
+    return UnionType.make_union(new_items, declared.line, declared.column)
+
+
+def plugin(version: str) -> type[TypedqPlugin]:
+    """The entry point mypy calls with its version string."""
+    return TypedqPlugin
