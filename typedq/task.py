@@ -38,10 +38,11 @@ from .serde import Codec, codec_for, is_model_type
 if TYPE_CHECKING:
     from .client import Client
 
-__all__ = ["UNSET", "Task", "TaskDecorator", "TaskOptions", "Unset"]
+__all__ = ["UNSET", "Enqueuer", "Task", "TaskBase", "TaskDecorator", "TaskOptions", "Unset"]
 
 TIn = TypeVar("TIn", bound=msgspec.Struct | pydantic.BaseModel)
 TOut = TypeVar("TOut", bound=msgspec.Struct | pydantic.BaseModel | None)
+TIn_contra = TypeVar("TIn_contra", bound=msgspec.Struct | pydantic.BaseModel, contravariant=True)
 
 
 class Unset(Enum):
@@ -118,16 +119,86 @@ def _epoch(eta: datetime | float) -> float:
     return float(eta)
 
 
-class Task(Generic[TIn, TOut]):
-    """A registered handler with typed input ``TIn`` and output ``TOut``.
+class Enqueuer(Protocol[TIn_contra, TOut]):
+    """The typed producer interface shared by a :class:`Task` and a generated stub task.
 
-    Calling the task runs the handler directly (for unit tests) and returns an
-    awaitable of its result, whether the handler is ``async def`` or plain ``def``.
+    Helpers that only enqueue take an ``Enqueuer[TIn, TOut]`` and accept either: the real
+    task (in the worker's codebase) or its :class:`~typedq.producer.TaskStub` (in a
+    producer service that cannot import the handlers). mypy checks both the same way.
+    """
+
+    @property
+    def name(self) -> str:
+        """The registered task name."""
+        ...
+
+    @property
+    def queue(self) -> str:
+        """The queue its jobs go to."""
+        ...
+
+    def message(
+        self,
+        payload: TIn_contra,
+        *,
+        delay: float | timedelta = ...,
+        eta: datetime | float | None = ...,
+        priority: int | Unset = ...,
+        job_id: str | None = ...,
+        retries: int | Unset = ...,
+        timeout: float | Unset | None = ...,
+    ) -> JobMessage:
+        """Build the envelope ``enqueue`` would send."""
+        ...
+
+    def job(self, job_id: str) -> Job[TOut]:
+        """A handle on an existing job of this task, by id."""
+        ...
+
+    async def enqueue(
+        self,
+        payload: TIn_contra,
+        *,
+        delay: float | timedelta = ...,
+        eta: datetime | float | None = ...,
+        priority: int | Unset = ...,
+        job_id: str | None = ...,
+        retries: int | Unset = ...,
+        timeout: float | Unset | None = ...,
+    ) -> Job[TOut]:
+        """Enqueue one job and return its handle."""
+        ...
+
+    async def enqueue_many(
+        self,
+        payloads: Iterable[TIn_contra],
+        *,
+        delay: float | timedelta = ...,
+        eta: datetime | float | None = ...,
+        priority: int | Unset = ...,
+    ) -> list[Job[TOut]]:
+        """Enqueue many jobs in few round trips."""
+        ...
+
+
+class TaskBase(Generic[TIn, TOut]):
+    """A task as producers see it: name, queue, options and typed input/output, no handler.
+
+    :class:`Task` (a registered handler) and :class:`~typedq.producer.TaskStub` (a
+    generated declaration for producers) both derive from it, so they share one typed
+    producer API: ``enqueue`` accepts only a ``TIn`` and returns a ``Job[TOut]``.
+
+    :param owner: what the task is bound to (an App, a Producer or a Client): its
+        ``client`` sends the jobs
+    :param options: name, queue and defaults
+    :param input_type: the input model
+    :param output_type: the output model, or ``type(None)``
+    :param key: derive the job id from the input, so equal keys dedupe
+    :param max_payload_bytes: the largest encoded input accepted
     """
 
     def __init__(
         self,
-        fn: Callable[..., Any],
         *,
         owner: _Owner,
         options: TaskOptions,
@@ -136,42 +207,19 @@ class Task(Generic[TIn, TOut]):
         key: Callable[[TIn], str] | None = None,
         max_payload_bytes: int | None = None,
     ) -> None:
-        self.fn = fn
         self.options = options
         self.name = options.name
         self.queue = options.queue
         self.key = key
         self.input: Codec[TIn] = codec_for(input_type, max_bytes=max_payload_bytes)
         self.output: Codec[TOut] = codec_for(output_type)
-        self.is_async = inspect.iscoroutinefunction(fn)
-        self.takes_context = _count_params(fn) >= 2
         self._owner = owner
-        self.__doc__ = fn.__doc__
-        self.__wrapped__ = fn
 
     def __repr__(self) -> str:
         return (
-            f"Task({self.name!r}, queue={self.queue!r}, input={self.input.type.__qualname__}, "
-            f"output={self.output.name})"
+            f"{type(self).__name__}({self.name!r}, queue={self.queue!r}, "
+            f"input={self.input.type.__qualname__}, output={self.output.name})"
         )
-
-    # -- running ----------------------------------------------------------------
-
-    def __call__(self, payload: TIn, ctx: JobContext | None = None) -> Awaitable[TOut]:
-        """Run the handler here, now, without the queue: ``await send_invoice(inv)``."""
-        return self.invoke(payload, ctx or self._local_context())
-
-    def _local_context(self) -> JobContext:
-        return JobContext(
-            job_id="local", task=self.name, queue=self.queue, attempt=1, enqueued_at=0.0
-        )
-
-    async def invoke(self, payload: TIn, ctx: JobContext) -> TOut:
-        """Call the handler in this task (async) or inline (sync); the worker threads sync ones."""
-        args = (payload, ctx) if self.takes_context else (payload,)
-        if self.is_async:
-            return typing.cast(TOut, await self.fn(*args))
-        return typing.cast(TOut, self.fn(*args))
 
     # -- producing --------------------------------------------------------------
 
@@ -277,6 +325,58 @@ class Task(Generic[TIn, TOut]):
         ]
         outcomes = await self._owner.client.enqueue_many(messages)
         return [self._job(o.id, created=o.created) for o in outcomes]
+
+
+class Task(TaskBase[TIn, TOut]):
+    """A registered handler with typed input ``TIn`` and output ``TOut``.
+
+    Calling the task runs the handler directly (for unit tests) and returns an
+    awaitable of its result, whether the handler is ``async def`` or plain ``def``.
+    Enqueueing is inherited from :class:`TaskBase`.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        owner: _Owner,
+        options: TaskOptions,
+        input_type: type[TIn],
+        output_type: type[TOut],
+        key: Callable[[TIn], str] | None = None,
+        max_payload_bytes: int | None = None,
+    ) -> None:
+        super().__init__(
+            owner=owner,
+            options=options,
+            input_type=input_type,
+            output_type=output_type,
+            key=key,
+            max_payload_bytes=max_payload_bytes,
+        )
+        self.fn = fn
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.takes_context = _count_params(fn) >= 2
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    # -- running ----------------------------------------------------------------
+
+    def __call__(self, payload: TIn, ctx: JobContext | None = None) -> Awaitable[TOut]:
+        """Run the handler here, now, without the queue: ``await send_invoice(inv)``."""
+        return self.invoke(payload, ctx or self._local_context())
+
+    def _local_context(self) -> JobContext:
+        return JobContext(
+            job_id="local", task=self.name, queue=self.queue, attempt=1, enqueued_at=0.0
+        )
+
+    async def invoke(self, payload: TIn, ctx: JobContext) -> TOut:
+        """Call the handler in this task (async) or inline (sync); the worker threads sync ones."""
+        args = (payload, ctx) if self.takes_context else (payload,)
+        if self.is_async:
+            return typing.cast(TOut, await self.fn(*args))
+        return typing.cast(TOut, self.fn(*args))
 
 
 def _count_params(fn: Callable[..., Any]) -> int:
