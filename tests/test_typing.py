@@ -21,7 +21,7 @@ import tokenize
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import mypy.api
 import pytest
@@ -33,6 +33,7 @@ PASS = sorted((SNIPPETS / "pass").glob("*.py"))
 FAIL = sorted((SNIPPETS / "fail").glob("*.py"))
 
 Kind = Literal["E", "N", "R"]
+Severity = Literal["error", "note"]
 
 # `path:line: severity: message  [code]`, as printed with --show-absolute-path.
 _MESSAGE = re.compile(
@@ -50,7 +51,7 @@ class Message:
     """One line of mypy's output."""
 
     line: int
-    severity: Literal["error", "note"]
+    severity: Severity
     text: str
     code: str | None
 
@@ -111,7 +112,7 @@ def parse_expectations(source: str) -> list[Expectation]:
         if not token.line[: token.start[1]].strip():
             line = next_code_line(line)
         for found in _EXPECTATION.finditer(token.string):
-            kind: Kind = found["kind"]  # type: ignore[assignment]  # the regex admits only these
+            kind = cast(Kind, found["kind"])  # the regex admits only E, N, R
             body = found["body"]
             if kind == "E":
                 code, _, fragment = body.partition(" ")
@@ -182,7 +183,12 @@ def mypy_run(tmp_path_factory: pytest.TempPathFactory) -> MypyRun:
             stray.append(raw)
             continue
         messages[path].append(
-            Message(int(found["line"]), found["severity"], found["text"], found["code"])  # type: ignore[arg-type]  # severity is error|note by the regex
+            Message(
+                int(found["line"]),
+                cast(Severity, found["severity"]),  # the regex admits only these
+                found["text"],
+                found["code"],
+            )
         )
     return MypyRun(dict(messages), stray, stderr, status)
 
