@@ -55,6 +55,7 @@ from mypy.nodes import (
     OverloadedFuncDef,
     RefExpr,
     Statement,
+    TypeInfo,
 )
 from mypy.options import Options
 from mypy.plugin import MethodSigContext, Plugin
@@ -130,17 +131,25 @@ class TypedqPlugin(Plugin):
 
     def __init__(self, options: Options) -> None:
         super().__init__(options)
-        # module name -> (the tree the index was built from, the index)
-        self._indexes: dict[str, tuple[MypyFile, dict[int, FuncDef]]] = {}
+        # The tree being checked and its index. mypy checks one module at a time, so one
+        # entry suffices, and trees of finished modules are not kept alive.
+        self._index: tuple[MypyFile, dict[int, FuncDef]] | None = None
 
     def get_method_signature_hook(
         self, fullname: str
     ) -> Callable[[MethodSigContext], FunctionLike] | None:
-        # Subclasses of App name their own class here, so match on the method name and
-        # check the receiver's type in the hook.
-        if fullname.endswith(".task"):
-            return self._narrow_key
-        return None
+        # Subclasses of App name their own class here. Only claim App and its subclasses:
+        # another library's `.task` hook (a plugin later in the list) must still run.
+        class_name, _, method = fullname.rpartition(".")
+        if method != "task":
+            return None
+        if class_name != APP_FULLNAME:
+            symbol = self.lookup_fully_qualified(class_name)
+            if symbol is None or not isinstance(symbol.node, TypeInfo):
+                return None
+            if not symbol.node.has_base(APP_FULLNAME):
+                return None
+        return self._narrow_key
 
     def _narrow_key(self, ctx: MethodSigContext) -> FunctionLike:
         sig = ctx.default_signature
@@ -166,11 +175,9 @@ class TypedqPlugin(Plugin):
         tree = getattr(api, "tree", None)
         if not isinstance(tree, MypyFile):
             return None
-        cached = self._indexes.get(tree.fullname)
-        if cached is None or cached[0] is not tree:
-            cached = (tree, _index_handlers(tree))
-            self._indexes[tree.fullname] = cached
-        return cached[1].get(id(call))
+        if self._index is None or self._index[0] is not tree:
+            self._index = (tree, _index_handlers(tree))
+        return self._index[1].get(id(call))
 
 
 def _input_type(handler: FuncDef) -> Type | None:

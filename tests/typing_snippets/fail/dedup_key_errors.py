@@ -63,3 +63,10 @@ def nested() -> None:
     @app.task(key=lambda inv: inv.nope)  # E: attr-defined "SendInvoice" has no attribute "nope"
     def inner(invoice: SendInvoice) -> None:
         pass
+
+
+class Handlers:
+    def register(self) -> None:
+        @app.task(key=lambda image: image.nope)  # E: attr-defined "Image" has no attribute "nope"
+        def in_method(image: Image) -> None:
+            pass
