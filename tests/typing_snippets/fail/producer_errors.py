@@ -5,6 +5,7 @@ from __future__ import annotations
 from snip import Image, Receipt, SendInvoice, Thumb, app
 
 from typedq import Job
+from typedq.task import Enqueuer
 
 
 @app.task
@@ -57,3 +58,12 @@ async def wrong_results() -> None:
     print((await other.result()).receipt_id)  # E: attr-defined "Thumb" has no attribute
     jobs: list[Job[Thumb]] = await send_invoice.enqueue_many([INVOICE])  # E: assignment
     print(thumb, not_awaited, wrong_job, jobs)
+
+
+async def bill(task: Enqueuer[SendInvoice, Receipt]) -> None:
+    await task.enqueue(RECEIPT)  # E: arg-type "Receipt"; expected "SendInvoice"
+
+
+async def wrong_helper() -> None:
+    # E: arg-type "Task[Image, Thumb]"; expected "Enqueuer[SendInvoice, Receipt]"
+    await bill(resize)

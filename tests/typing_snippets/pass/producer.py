@@ -9,6 +9,7 @@ from typing import reveal_type
 from snip import Image, Receipt, SendInvoice, Thumb, app
 
 from typedq import UNSET, Job, JobInfo, JobState, JobStatus
+from typedq.task import Enqueuer
 
 
 @app.task
@@ -81,3 +82,14 @@ async def produce() -> None:
         # A handle on an existing job keeps the task's output type.
         again: Job[Receipt] = send_invoice.job("invoice-8")
         reveal_type(await again.result())  # R: snip.Receipt
+
+
+# Helpers that only enqueue take the Enqueuer protocol: a Task (or a producer stub) fits.
+async def bill(task: Enqueuer[SendInvoice, Receipt], customer_id: int) -> Receipt:
+    job = await task.enqueue(SendInvoice(customer_id=customer_id, invoice_id=1), priority=1)
+    reveal_type(job)  # R: typedq.job.Job[snip.Receipt]
+    return await job.result()
+
+
+async def use_helper() -> None:
+    reveal_type(await bill(send_invoice, 1))  # R: snip.Receipt
