@@ -129,13 +129,21 @@ class Batcher(Generic[I, R]):
         if len(chunks) <= 1:
             return list(await self._send(chunks[0])) if chunks else []
         results: list[Sequence[R] | None] = [None] * len(chunks)
+        errors: list[Exception | None] = [None] * len(chunks)
         limiter = anyio.CapacityLimiter(self.max_in_flight)
 
         async def one(index: int) -> None:
             async with limiter:
-                results[index] = await self._send(chunks[index])
+                try:
+                    results[index] = await self._send(chunks[index])
+                except Exception as exc:
+                    # Raised below as itself (QueueFull, say), not wrapped in a group.
+                    errors[index] = exc
 
         async with anyio.create_task_group() as tg:
             for index in range(len(chunks)):
                 tg.start_soon(one, index)
+        for error in errors:
+            if error is not None:
+                raise error
         return [r for part in results if part is not None for r in part]
