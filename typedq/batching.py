@@ -85,8 +85,14 @@ class Batcher(Generic[I, R]):
         tg: anyio.abc.TaskGroup,
     ) -> None:
         while True:
-            first = await receiver.receive()
+            # A free slot first, then an item: an item taken off the stream while waiting
+            # for a slot would be neither sent nor failed if the batcher stopped meanwhile.
             await limiter.acquire()
+            try:
+                first = await receiver.receive()
+            except BaseException:
+                limiter.release()
+                raise
             batch = [first]
             while len(batch) < self.max_batch:
                 try:
@@ -99,8 +105,14 @@ class Batcher(Generic[I, R]):
         try:
             results = await self._send([item for item, _ in batch])
         except BaseException as exc:
+            # A cancellation belongs to this task; the submitters get a plain error.
+            error = (
+                exc
+                if isinstance(exc, Exception)
+                else NotConnected(f"{self.name} stopped while the item was being sent")
+            )
             for _, slot in batch:
-                slot.error = exc
+                slot.error = error
                 slot.done.set()
             if not isinstance(exc, Exception):
                 raise
