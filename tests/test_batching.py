@@ -1,0 +1,190 @@
+"""The Batcher: concurrent single submits coalesce into few sends; bulk sends run concurrently.
+
+The send function is a fake that records every call, so the tests count round trips
+instead of timing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from typedq import NotConnected
+from typedq.batching import Batcher
+
+pytestmark = pytest.mark.anyio
+
+
+class FakeSend:
+    """Doubles each item, like a broker answering one result per item, after a round trip."""
+
+    def __init__(self, latency: float = 0.005, fail_with: Exception | None = None) -> None:
+        self.latency = latency
+        self.fail_with = fail_with
+        self.batches: list[list[int]] = []
+        self.in_flight = 0
+        self.peak_in_flight = 0
+
+    async def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            await anyio.sleep(self.latency)
+            if self.fail_with is not None:
+                raise self.fail_with
+            return [item * 2 for item in items]
+        finally:
+            self.in_flight -= 1
+
+
+@asynccontextmanager
+async def running(
+    send: Callable[[list[int]], Awaitable[list[int]]], **kwargs: int
+) -> AsyncIterator[Batcher[int, int]]:
+    batcher: Batcher[int, int] = Batcher(send, **kwargs)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(batcher.run)
+            yield batcher
+            tg.cancel_scope.cancel()
+
+
+async def test_concurrent_submits_coalesce() -> None:
+    send = FakeSend()
+    results: dict[int, int] = {}
+    async with running(send, max_batch=500) as batcher:
+
+        async def submit(i: int) -> None:
+            results[i] = await batcher.submit(i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(1000):
+                tg.start_soon(submit, i)
+
+    assert results == {i: i * 2 for i in range(1000)}
+    assert len(send.batches) <= 20  # 1,000 submits, a handful of round trips
+    assert sorted(i for batch in send.batches for i in batch) == list(range(1000))
+    assert max(len(batch) for batch in send.batches) <= 500
+
+
+async def test_lone_submit_is_sent_at_once() -> None:
+    send = FakeSend(latency=0)
+    async with running(send) as batcher:
+        with anyio.fail_after(0.5):  # not held back waiting for company
+            assert await batcher.submit(21) == 42
+        assert send.batches == [[21]]
+        assert await batcher.submit(5) == 10
+        assert send.batches == [[21], [5]]
+
+
+async def test_max_batch_and_in_flight_limits() -> None:
+    send = FakeSend(latency=0.01)
+    async with (
+        running(send, max_batch=7, max_in_flight=2) as batcher,
+        anyio.create_task_group() as tg,
+    ):
+        for i in range(100):
+            tg.start_soon(batcher.submit, i)
+    assert max(len(batch) for batch in send.batches) <= 7
+    assert send.peak_in_flight <= 2
+    assert sum(len(batch) for batch in send.batches) == 100
+
+
+async def test_errors_reach_every_waiter_and_the_batcher_recovers() -> None:
+    send = FakeSend(fail_with=ConnectionError("broker down"))
+    errors: list[BaseException] = []
+    async with running(send) as batcher:
+
+        async def submit(i: int) -> None:
+            try:
+                await batcher.submit(i)
+            except ConnectionError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(50):
+                tg.start_soon(submit, i)
+        assert len(errors) == 50
+        assert all(str(e) == "broker down" for e in errors)
+        # The batcher keeps working once the send works again.
+        send.fail_with = None
+        assert await batcher.submit(3) == 6
+
+
+async def test_submit_many_sends_chunks_concurrently() -> None:
+    send = FakeSend(latency=0.02)
+    async with running(send, max_batch=100, max_in_flight=4) as batcher:
+        results = await batcher.submit_many(list(range(2_000)))
+    assert results == [i * 2 for i in range(2_000)]  # in order
+    assert len(send.batches) == 20
+    assert all(len(batch) == 100 for batch in send.batches)
+    assert send.peak_in_flight == 4  # concurrent, and bounded
+
+
+async def test_submit_many_small_and_empty() -> None:
+    send = FakeSend(latency=0)
+    async with running(send, max_batch=100) as batcher:
+        assert await batcher.submit_many([]) == []
+        assert await batcher.submit_many([1, 2, 3]) == [2, 4, 6]
+        assert await batcher.submit_many(list(range(10)), chunk=3) == [i * 2 for i in range(10)]
+    assert send.batches == [[1, 2, 3], [0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+async def test_submit_many_raises_the_send_error_itself() -> None:
+    """A failing chunk surfaces as its own exception (QueueFull, say), not a group."""
+    send = FakeSend(latency=0.01, fail_with=ConnectionError("chunk refused"))
+    async with running(send, max_batch=10) as batcher:
+        with pytest.raises(ConnectionError, match="chunk refused"):
+            await batcher.submit_many(list(range(50)))
+        with pytest.raises(ConnectionError, match="chunk refused"):
+            await batcher.submit_many(list(range(5)))
+
+
+async def test_submit_before_run_or_after_stop() -> None:
+    batcher: Batcher[int, int] = Batcher(FakeSend())
+    with pytest.raises(NotConnected):
+        await batcher.submit(1)
+    async with running(FakeSend(latency=0)) as started:
+        assert await started.submit(1) == 2
+    with pytest.raises(NotConnected):
+        await started.submit(1)
+
+
+async def test_stopping_fails_in_flight_and_queued_items() -> None:
+    """Nothing hangs when the batcher stops: every waiter gets NotConnected."""
+
+    async def stuck(items: list[int]) -> list[int]:
+        await anyio.sleep_forever()
+        return items
+
+    failures: list[BaseException] = []
+    all_failed = anyio.Event()
+    batcher: Batcher[int, int] = Batcher(stuck, max_in_flight=1)
+
+    async def submit(i: int) -> None:
+        try:
+            await batcher.submit(i)
+        except NotConnected as exc:  # not the batcher's own cancellation
+            failures.append(exc)
+            if len(failures) == 4:
+                all_failed.set()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as outer:
+            async with anyio.create_task_group() as inner:
+                await inner.start(batcher.run)
+                outer.start_soon(submit, 1)  # in flight, never answered
+                await anyio.sleep(0.05)
+                outer.start_soon(submit, 2)  # waits for the one in-flight slot
+                await anyio.sleep(0.05)
+                for i in (3, 4):  # queued behind it
+                    outer.start_soon(submit, i)
+                await anyio.sleep(0.05)
+                inner.cancel_scope.cancel()
+            with anyio.fail_after(2):
+                await all_failed.wait()
+    assert len(failures) == 4
