@@ -30,6 +30,7 @@ from typedq import (
     JobState,
     NotConnected,
     PayloadTooLarge,
+    QueueFull,
     ResultTimeout,
     Worker,
 )
@@ -460,3 +461,20 @@ async def test_worker_configuration_errors(app_name: str) -> None:
         Worker(first)  # its queue also carries `second`, which it cannot run
     with pytest.raises(ConfigError):
         App(app_name, broker=MEMORY, lease=0)
+
+
+async def test_enqueue_many_queue_full_is_raised_as_itself(app_name: str) -> None:
+    app = App(app_name, broker=MEMORY, max_queue_length=600)
+
+    @app.task
+    async def echo(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            with pytest.raises(QueueFull):
+                await echo.enqueue_many(In(i) for i in range(1_200))  # several chunks
+            with pytest.raises(QueueFull):
+                await echo.enqueue_many(In(i) for i in range(601))  # one chunk
+            waiting = count(await app.broker.counts("default"), JobState.WAITING)
+            assert waiting <= 600
