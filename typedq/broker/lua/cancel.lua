@@ -1,0 +1,32 @@
+#!lua
+-- Cancel a waiting or scheduled job, or ask the worker running it to cancel it.
+-- KEYS[1] = done:x
+-- ARGV: P, failed_ttl_us, failed_max, id
+-- Returns 'cancelled', 'requested', 'already_final' or 'not_found'.
+local ttl, cap, id = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+if not ttl or not is_int(cap) or #ARGV ~= 4 or id == '' then return bad_args('cancel') end
+local r = read_job(id, 's', 'q', 'a')
+if not r then return 'not_found' end
+local s, q = r[1], r[2] or ''
+if s == 'c' or s == 'f' or s == 'x' then return 'already_final' end
+if s == 'a' then
+  redis.call('HSET', k_job(id), 'cr', 1)
+  redis.call('PUBLISH', CH_CANCEL, id)
+  return 'requested'
+end
+if s ~= 'w' and s ~= 's' then return 'not_found' end
+local now = now_us()
+local state_name = 'waiting'
+if s == 's' then
+  state_name = 'scheduled'
+  redis.call('ZREM', k_sched(q), id)
+end
+-- A waiting job's list entry stays behind; claim skips it (lazy deletion keeps
+-- cancel O(1) on long queues).
+redis.call('HSET', k_job(id), 'err', failure_record(
+  'cancelled', 'JobCancelled', 'cancelled while ' .. state_name, tonumber(r[3]) or 0, nil, now))
+finalize(id, q, s, 'x', KEYS[1], now)
+trim('x', KEYS[1], now, ttl, cap, 100)
+flush_counts()
+publish()
+return 'cancelled'

@@ -1,0 +1,122 @@
+-- typedq common prelude, inserted by the loader right after each script's shebang.
+-- ARGV[1] is always the app's key prefix 'typedq:{<namespace>}:'. The key helpers
+-- below mirror typedq/broker/keys.py (a test checks that both agree). Per-job and
+-- per-queue keys are derived here because a script learns which jobs and queues
+-- it touches only while it runs; they share the app's hash tag, so they live in
+-- the same cluster slot as the declared KEYS.
+local P = ARGV[1]
+
+local function k_job(id) return P .. 'j:' .. id end
+local function k_levels(q) return P .. 'q:' .. q .. ':p' end
+local function k_wait(q, prio) return P .. 'q:' .. q .. ':w:' .. prio end
+local function k_sched(q) return P .. 'q:' .. q .. ':s' end
+local function k_counts(q) return P .. 'q:' .. q .. ':n' end
+local CH_WORK = P .. 'ev:w'
+local CH_DONE = P .. 'ev:d'
+local CH_CANCEL = P .. 'ev:x'
+
+-- Every timestamp, lease deadline and delay uses the Redis clock, in integer
+-- microseconds (exact in a Lua double, compact in a listpack).
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function bad_args(script)
+  return redis.error_reply('ERR typedq ' .. script .. ': malformed arguments')
+end
+
+local function is_int(v)
+  local n = tonumber(v)
+  return n ~= nil and n == math.floor(n)
+end
+
+-- Read fields of a job hash. nil when the key is missing or holds another type
+-- (bytes written by something that is not typedq): a read never aborts a script.
+local function read_job(id, ...)
+  local r = redis.pcall('HMGET', k_job(id), ...)
+  if type(r) ~= 'table' or r.err or not r[1] then return nil end
+  return r
+end
+
+-- A stored priority that is not an integer (garbage) counts as 0.
+local function sane_prio(p)
+  if p and is_int(p) then return p end
+  return '0'
+end
+
+-- Per-queue count deltas, written once at the end of a script.
+local deltas = {}
+local function count(q, state, d)
+  local m = deltas[q]
+  if not m then m = {}; deltas[q] = m end
+  m[state] = (m[state] or 0) + d
+end
+local function flush_counts()
+  for q, m in pairs(deltas) do
+    for s, d in pairs(m) do
+      if d ~= 0 then redis.call('HINCRBY', k_counts(q), s, d) end
+    end
+  end
+end
+
+local function push_waiting(q, prio, id, at_head)
+  local lk = k_wait(q, prio)
+  if at_head then redis.call('RPUSH', lk, id) else redis.call('LPUSH', lk, id) end
+  redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
+end
+
+-- Jobs handed back with their old place (release, stall recovery): the oldest
+-- must end up at the head, so push them newest first.
+local function push_back_in_order(back)
+  table.sort(back, function(x, y) return x[4] > y[4] end)
+  for _, b in ipairs(back) do push_waiting(b[2], b[3], b[1], true) end
+end
+
+-- A FailureRecord (typedq.errors) as msgpack: a map with the struct's field names.
+local function failure_record(reason, error_type, message, attempt, worker, now)
+  local rec = {
+    reason = reason, error_type = error_type, message = message,
+    attempt = attempt, retryable = false, failed_at = now / 1000000,
+  }
+  if worker then rec.worker_id = worker end
+  return cmsgpack.pack(rec)
+end
+
+-- Retention: drop the oldest finished jobs of one state while there are more
+-- than `cap` or they are older than `ttl`; at most `budget` per call (bounded work).
+local function trim(state, zkey, now, ttl, cap, budget)
+  local over = redis.call('ZCARD', zkey) - cap
+  local expired = redis.call('ZCOUNT', zkey, '-inf', '(' .. string.format('%d', now - ttl))
+  local n = math.max(over, expired)
+  if n <= 0 then return 0 end
+  if n > budget then n = budget end
+  local popped = redis.call('ZPOPMIN', zkey, n)
+  for i = 1, #popped, 2 do
+    local r = read_job(popped[i], 's', 'q')
+    if r and r[1] == state then
+      redis.call('DEL', k_job(popped[i]))
+      if r[2] then count(r[2], state, -1) end
+    end
+  end
+  return n
+end
+
+local done_ids = {}
+local work_queues = {}
+local function publish()
+  if #done_ids > 0 then redis.call('PUBLISH', CH_DONE, table.concat(done_ids, ' ')) end
+  local qs = {}
+  for q in pairs(work_queues) do qs[#qs + 1] = q end
+  if #qs > 0 then redis.call('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
+end
+
+-- Move an active/waiting/scheduled job to a final state.
+local function finalize(id, q, from, state, done_key, now)
+  redis.call('HSET', k_job(id), 's', state, 'fa', now)
+  redis.call('HDEL', k_job(id), 't')
+  redis.call('ZADD', done_key, now, id)
+  count(q, from, -1)
+  count(q, state, 1)
+  done_ids[#done_ids + 1] = id
+end

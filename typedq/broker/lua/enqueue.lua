@@ -1,0 +1,85 @@
+#!lua
+-- Store a batch of jobs; an existing id is not replaced (created = 0).
+-- KEYS[1] = seq
+-- ARGV: P, max_queue_length, n, then n x (id, queue, priority, eta_us, delay_us, message)
+local limit, n = tonumber(ARGV[2]), tonumber(ARGV[3])
+if not limit or not is_int(n) or n < 0 or #ARGV ~= 3 + 6 * n then return bad_args('enqueue') end
+for i = 0, n - 1 do
+  local b = 4 + 6 * i
+  if ARGV[b] == '' or ARGV[b + 1] == '' or not is_int(ARGV[b + 2])
+      or not tonumber(ARGV[b + 3]) or not tonumber(ARGV[b + 4]) then
+    return bad_args('enqueue')
+  end
+end
+
+local now = now_us()
+local new, adding, fresh = {}, {}, 0
+local seen = {}
+for i = 0, n - 1 do
+  local b = 4 + 6 * i
+  local id, q = ARGV[b], ARGV[b + 1]
+  if not seen[id] and redis.call('EXISTS', k_job(id)) == 0 then
+    new[i] = true
+    fresh = fresh + 1
+    adding[q] = (adding[q] or 0) + 1
+  end
+  seen[id] = true
+end
+if limit > 0 then
+  for q, extra in pairs(adding) do
+    local c = redis.call('HMGET', k_counts(q), 'w', 's')
+    local pending = (tonumber(c[1]) or 0) + (tonumber(c[2]) or 0)
+    if pending + extra > limit then
+      return redis.error_reply(string.format('TYPEDQ_QUEUE_FULL %s %d %d %d', q, pending, extra, limit))
+    end
+  end
+end
+
+-- Validated: from here on, only writes.
+local order = 0
+if fresh > 0 then order = redis.call('INCRBY', KEYS[1], fresh) - fresh end
+local out = {}
+local lists, list_order = {}, {}
+for i = 0, n - 1 do
+  local b = 4 + 6 * i
+  if new[i] then
+    local id, q, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2]
+    local eta, delay = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    local run_at = 0
+    if eta > 0 then run_at = eta elseif delay > 0 then run_at = now + delay end
+    order = order + 1
+    local jk = k_job(id)
+    if run_at > now then
+      redis.call('HSET', jk, 'm', ARGV[b + 5], 'q', q, 's', 's', 'o', order, 'e', now, 'r', run_at)
+      redis.call('ZADD', k_sched(q), run_at, id)
+      count(q, 's', 1)
+    else
+      redis.call('HSET', jk, 'm', ARGV[b + 5], 'q', q, 's', 'w', 'o', order, 'e', now)
+      local lk = k_wait(q, prio)
+      local l = lists[lk]
+      if not l then
+        l = {}
+        lists[lk] = l
+        list_order[#list_order + 1] = {lk, q, prio}
+      end
+      l[#l + 1] = id
+      count(q, 'w', 1)
+    end
+    if prio ~= '0' then redis.call('HSET', jk, 'p', prio) end
+    work_queues[q] = true
+    out[i + 1] = 1
+  else
+    out[i + 1] = 0
+  end
+end
+for _, entry in ipairs(list_order) do
+  local lk, q, prio = entry[1], entry[2], entry[3]
+  local ids = lists[lk]
+  for s = 1, #ids, 500 do
+    redis.call('LPUSH', lk, unpack(ids, s, math.min(s + 499, #ids)))
+  end
+  redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
+end
+flush_counts()
+publish()
+return out

@@ -1,0 +1,65 @@
+#!lua
+-- Record failed attempts, fenced by token (outcomes as in complete.lua).
+-- mode 'r': retry after delay_us (0 = waiting at once) unless a cancel was requested;
+-- 'f': failed for good; 'x': cancelled. A non-empty `message` replaces the stored
+-- envelope (a job whose bytes could not be decoded gets a readable one).
+-- KEYS[1] = active, KEYS[2] = done:f, KEYS[3] = done:x, KEYS[4] = seq
+-- ARGV: P, failed_ttl_us, failed_max, n, then n x (id, token, error, mode, delay_us, message)
+local ttl, cap, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if not ttl or not is_int(cap) or not is_int(n) or n < 0 or #ARGV ~= 4 + 6 * n then
+  return bad_args('fail')
+end
+for i = 0, n - 1 do
+  local b = 5 + 6 * i
+  local mode = ARGV[b + 3]
+  if (mode ~= 'r' and mode ~= 'f' and mode ~= 'x') or not tonumber(ARGV[b + 4]) then
+    return bad_args('fail')
+  end
+end
+local now = now_us()
+local out = {}
+local touched_f, touched_x = 0, 0
+for i = 0, n - 1 do
+  local b = 5 + 6 * i
+  local id, tok, mode, delay = ARGV[b], ARGV[b + 1], ARGV[b + 3], tonumber(ARGV[b + 4])
+  local r = read_job(id, 's', 't', 'd', 'q', 'cr', 'p')
+  if not r then
+    out[i + 1] = 3
+  elseif r[1] == 'a' and r[2] == tok then
+    local jk = k_job(id)
+    local q = r[4] or ''
+    redis.call('HSET', jk, 'err', ARGV[b + 2], 'd', tok)
+    if ARGV[b + 5] ~= '' then redis.call('HSET', jk, 'm', ARGV[b + 5]) end
+    redis.call('ZREM', KEYS[1], id)
+    if mode == 'x' or r[5] then
+      finalize(id, q, 'a', 'x', KEYS[3], now)
+      touched_x = touched_x + 1
+    elseif mode == 'f' then
+      finalize(id, q, 'a', 'f', KEYS[2], now)
+      touched_f = touched_f + 1
+    else
+      redis.call('HDEL', jk, 't')
+      if delay > 0 then
+        redis.call('HSET', jk, 's', 's', 'r', now + delay)
+        redis.call('ZADD', k_sched(q), now + delay, id)
+        count(q, 's', 1)
+      else
+        redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', KEYS[4]))
+        push_waiting(q, sane_prio(r[6]), id, false)
+        count(q, 'w', 1)
+      end
+      count(q, 'a', -1)
+      work_queues[q] = true
+    end
+    out[i + 1] = 0
+  elseif r[3] == tok then
+    out[i + 1] = 1
+  else
+    out[i + 1] = 2
+  end
+end
+if touched_f > 0 then trim('f', KEYS[2], now, ttl, cap, touched_f + 100) end
+if touched_x > 0 then trim('x', KEYS[3], now, ttl, cap, touched_x + 100) end
+flush_counts()
+publish()
+return out

@@ -1,0 +1,5 @@
+#!lua flags=no-writes
+-- For tests only: the key names common.lua derives, to check them against keys.py.
+-- ARGV: P, queue, priority, id
+return {k_job(ARGV[4]), k_levels(ARGV[2]), k_wait(ARGV[2], ARGV[3]), k_sched(ARGV[2]),
+  k_counts(ARGV[2]), CH_WORK, CH_DONE, CH_CANCEL}

@@ -1,0 +1,46 @@
+#!lua
+-- Hand claimed jobs back unrun (worker shutdown): waiting again at their old place,
+-- the attempt not spent; cancelled instead if a cancel was requested meanwhile.
+-- KEYS[1] = active, KEYS[2] = done:x
+-- ARGV: P, failed_ttl_us, failed_max, n, then n x (id, token)
+local ttl, cap, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if not ttl or not is_int(cap) or not is_int(n) or n < 0 or #ARGV ~= 4 + 2 * n then
+  return bad_args('release')
+end
+local now = now_us()
+local out = {}
+local back = {}
+local touched_x = 0
+for i = 0, n - 1 do
+  local id, tok = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+  local r = read_job(id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o')
+  if not r then
+    out[i + 1] = 3
+  elseif r[1] == 'a' and r[2] == tok then
+    local jk = k_job(id)
+    local q = r[4] or ''
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HSET', jk, 'd', tok, 'a', math.max(0, (tonumber(r[7]) or 1) - 1))
+    if r[5] then
+      finalize(id, q, 'a', 'x', KEYS[2], now)
+      touched_x = touched_x + 1
+    else
+      redis.call('HSET', jk, 's', 'w')
+      redis.call('HDEL', jk, 't')
+      back[#back + 1] = {id, q, sane_prio(r[6]), tonumber(r[8]) or 0}
+      count(q, 'a', -1)
+      count(q, 'w', 1)
+      work_queues[q] = true
+    end
+    out[i + 1] = 0
+  elseif r[3] == tok then
+    out[i + 1] = 1
+  else
+    out[i + 1] = 2
+  end
+end
+push_back_in_order(back)
+if touched_x > 0 then trim('x', KEYS[2], now, ttl, cap, touched_x + 100) end
+flush_counts()
+publish()
+return out

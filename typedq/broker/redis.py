@@ -1,0 +1,767 @@
+"""The Redis broker (``redis://``, ``rediss://``, ``unix://``): durable, shared, batch-first.
+
+Every state transition is one Lua script from ``lua/`` (loaded once, run by SHA,
+reloaded on ``NOSCRIPT``), so a job is never half-moved. Key names live in
+:mod:`typedq.broker.keys`; every key of an app shares its hash tag.
+
+Waiting for work, for results and for cancel requests blocks on one dedicated
+pub/sub connection per broker (no polling): scripts ``PUBLISH`` when a queue gets
+work, when jobs reach a final state, and when a running job is asked to cancel.
+Every (re)subscription counts as a notification, so nothing published while the
+connection was down is missed: waiters look at Redis again.
+
+Client settings (under test in tests/test_redis_faults.py): socket timeout 5 s,
+connect timeout 2 s, TCP keepalive, health checks every 10 s, and at most
+:data:`RETRIES` automatic retries on connection errors and timeouts with jittered
+exponential backoff (50 ms to 1 s). Automatic retries are safe because every
+script is idempotent when re-sent: enqueue deduplicates by the client-made id,
+claim records its client-made token so a re-sent claim returns the same jobs,
+and finishes fenced by a token answer ``ALREADY_FINISHED`` the second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import secrets
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from typing import Any, NoReturn
+
+import anyio
+import msgspec
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+
+from ..errors import (
+    BrokerError,
+    BrokerUnavailable,
+    ConfigError,
+    FailureReason,
+    FailureRecord,
+    NotConnected,
+    QueueFull,
+)
+from ..names import check_job_id, check_name
+from . import redact_url
+from .base import (
+    Broker,
+    BrokerSettings,
+    CancelOutcome,
+    ClaimedJob,
+    Completion,
+    EnqueueOutcome,
+    Failure,
+    FinishOutcome,
+    JobMessage,
+    JobRecord,
+    JobState,
+    LeaseStatus,
+    Release,
+)
+from .keys import STATE_LETTERS, Keys
+
+__all__ = ["CONNECT_TIMEOUT", "HEALTH_CHECK_INTERVAL", "RETRIES", "SOCKET_TIMEOUT", "RedisBroker"]
+
+log = logging.getLogger("typedq.broker.redis")
+
+#: Seconds a command may wait for its reply before it counts as failed.
+SOCKET_TIMEOUT = 5.0
+#: Seconds to open a connection.
+CONNECT_TIMEOUT = 2.0
+#: Idle seconds after which a pooled connection is PINGed before use.
+HEALTH_CHECK_INTERVAL = 10
+#: Automatic retries of a command on ConnectionError/TimeoutError (scripts are idempotent).
+RETRIES = 3
+#: Connections in the command pool; callers beyond it wait (bounded) for one.
+MAX_CONNECTIONS = 64
+#: Seconds of silence on the pub/sub connection before we PING it ourselves.
+_PUBSUB_PING_AFTER = 10.0
+
+_MICRO = 1_000_000
+_MAX_TTL_US = 2**52  # "forever" that still fits a Lua double exactly
+_STATES = {letter: JobState(name) for name, letter in STATE_LETTERS.items()}
+_encode = msgspec.msgpack.Encoder().encode
+_decode_message = msgspec.msgpack.Decoder(JobMessage).decode
+_FINISH = list(FinishOutcome)
+_LEASE = list(LeaseStatus)
+
+
+def _load_scripts() -> dict[str, tuple[str, str]]:
+    """Read ``lua/*.lua``, insert ``common.lua`` after each shebang; name -> (source, sha1)."""
+    folder = resources.files(__package__).joinpath("lua")
+    common = folder.joinpath("common.lua").read_text("utf-8")
+    scripts: dict[str, tuple[str, str]] = {}
+    for entry in folder.iterdir():
+        name = entry.name
+        if not name.endswith(".lua") or name == "common.lua":
+            continue
+        text = entry.read_text("utf-8")
+        shebang, _, body = text.partition("\n")
+        if not shebang.startswith("#!lua"):
+            raise RuntimeError(f"typedq/broker/lua/{name} must start with a #!lua shebang")
+        source = f"{shebang}\n{common}\n{body}"
+        sha = hashlib.sha1(source.encode("utf-8"), usedforsecurity=False).hexdigest()
+        scripts[name.removesuffix(".lua")] = (source, sha)
+    return scripts
+
+
+_SCRIPTS = _load_scripts()
+
+
+def _decode_claimed(job_id: str, raw: bytes) -> JobMessage:
+    message = _decode_message(raw)
+    if message.id != job_id:
+        raise msgspec.DecodeError(f"the envelope names job {message.id!r}")
+    return message
+
+
+def _us(seconds: float) -> int:
+    if seconds <= 0:
+        return 0
+    return min(int(seconds * _MICRO), _MAX_TTL_US)
+
+
+def _seconds(value: Any) -> float:
+    if value is None:
+        return 0.0
+    try:
+        return int(value) / _MICRO
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class _DoneWaiter:
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+
+class RedisBroker(Broker):
+    """The durable broker on Redis 7+ (standalone, or one Redis Cluster slot per app).
+
+    :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA
+        and client certificates as ``?ssl_ca_certs=...`` query options) or
+        ``unix:///path?db=0``; redis-py connection options in the query override
+        the defaults above
+    :param settings: namespace, retention, stall limit and queue bounds
+    """
+
+    def __init__(self, url: str, settings: BrokerSettings) -> None:
+        self.url = url
+        self.settings = settings
+        self.keys = Keys(check_name("app", settings.namespace))
+        self._redis: aioredis.Redis | None = None
+        self._sub_client: aioredis.Redis | None = None
+        self._pubsub: Any = None
+        self._listener: asyncio.Task[None] | None = None
+        self._sub_lock = anyio.Lock()
+        self._subscribed: set[str] = set()
+        self._sub_ready: dict[str, anyio.Event] = {}
+        # Wake-ups from pub/sub: per-queue generations (+ one bumped on resubscribe),
+        # so a notification that lands between a claim and the wait is not lost.
+        self._all_gen = 0
+        self._queue_gen: dict[str, int] = {}
+        self._claim_gen: dict[tuple[str, ...], int] = {}
+        self._next_due: dict[tuple[str, ...], float] = {}
+        self._work_event = anyio.Event()
+        self._cancel_event = anyio.Event()
+        self._done_waiters: dict[str, set[_DoneWaiter]] = {}
+        self._where = "Redis"
+        self._password: str | None = None
+
+    def __repr__(self) -> str:
+        return f"RedisBroker({redact_url(self.url)!r}, namespace={self.settings.namespace!r})"
+
+    # -- connection ----------------------------------------------------------------
+
+    def _client(self, *, max_connections: int, health_check_interval: int) -> aioredis.Redis:
+        keepalive: dict[int, int] = {}
+        for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+            option = getattr(socket, name, None)
+            if option is not None:
+                keepalive[option] = value
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.url,
+            max_connections=max_connections,
+            timeout=SOCKET_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_keepalive=True,
+            socket_keepalive_options=keepalive,
+            health_check_interval=health_check_interval,
+            retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), RETRIES),
+            client_name=f"typedq:{self.settings.namespace}",
+        )
+        return aioredis.Redis(connection_pool=pool)
+
+    async def connect(self) -> None:
+        if self._redis is not None:
+            return
+        try:
+            self._redis = self._client(
+                max_connections=MAX_CONNECTIONS, health_check_interval=HEALTH_CHECK_INTERVAL
+            )
+            # The subscriber pings on its own schedule (see _listen); it needs one connection.
+            self._sub_client = self._client(max_connections=2, health_check_interval=0)
+        except ValueError as exc:
+            raise ConfigError(f"bad Redis URL {redact_url(self.url)!r}: {exc}") from None
+        kwargs = self._redis.connection_pool.connection_kwargs
+        self._password = kwargs.get("password")
+        if "path" in kwargs:
+            self._where = f"Redis at {kwargs['path']}"
+        else:
+            self._where = f"Redis at {kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+        self._work_event = anyio.Event()
+        self._cancel_event = anyio.Event()
+        try:
+            await self._startup_checks()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _startup_checks(self) -> None:
+        redis = self._conn()
+        with self._translate("connect"):
+            await redis.ping()
+        try:
+            info = await redis.info("memory")
+        except rexc.NoPermissionError:
+            log.warning(
+                "%s: INFO is not allowed for this user; skipped the eviction check", self._where
+            )
+        except (rexc.RedisError, OSError) as exc:
+            self._raise(exc, "connect")
+        else:
+            policy = info.get("maxmemory_policy")
+            if policy is not None and _text(policy) != "noeviction":
+                log.warning(
+                    "%s has maxmemory-policy %s: Redis may evict job data and leases under "
+                    "memory pressure; set `maxmemory-policy noeviction` for a task queue",
+                    self._where,
+                    _text(policy),
+                )
+        with self._translate("loading scripts"):
+            pipe = redis.pipeline(transaction=False)
+            for source, _ in _SCRIPTS.values():
+                pipe.script_load(source)
+            await pipe.execute()
+
+    async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(BaseException):
+                await listener
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+        for client in (self._sub_client, self._redis):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+                    await client.connection_pool.disconnect()
+        self._redis = self._sub_client = None
+        self._subscribed.clear()
+        self._sub_ready.clear()
+        # Wake everything that waits so no task hangs on a closed broker.
+        self._work_event.set()
+        self._cancel_event.set()
+        for waiters in self._done_waiters.values():
+            for waiter in waiters:
+                waiter.event.set()
+
+    def _conn(self) -> aioredis.Redis:
+        if self._redis is None:
+            raise NotConnected(
+                f"{self!r} is not connected: use `async with app:` (or `await app.connect()`) first"
+            )
+        return self._redis
+
+    # -- errors and scripts ------------------------------------------------------------
+
+    def _scrub(self, text: str) -> str:
+        if self._password:
+            text = text.replace(self._password, "***")
+        return text
+
+    def _raise(self, exc: BaseException, op: str) -> NoReturn:
+        detail = self._scrub(str(exc))
+        if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
+            raise BrokerError(f"{self._where} refused the credentials ({op}): {detail}") from None
+        if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | OSError):
+            raise BrokerUnavailable(f"{self._where} is unreachable ({op}): {detail}") from None
+        if isinstance(exc, rexc.NoPermissionError):
+            raise BrokerError(
+                f"{self._where} denied {op} to this ACL user: {detail}. The user needs "
+                f"~{self.keys.prefix}* and &{self.keys.prefix}*, +@read +@write +@scripting "
+                "+@pubsub +time +info"
+            ) from None
+        if isinstance(exc, rexc.OutOfMemoryError):
+            raise BrokerError(
+                f"{self._where} is out of memory (maxmemory reached); {op} was refused and "
+                "changed nothing"
+            ) from None
+        if isinstance(exc, rexc.ResponseError) and detail.startswith("TYPEDQ_QUEUE_FULL"):
+            _, queue, pending, extra, limit = detail.split()
+            raise QueueFull(
+                f"queue {queue!r} holds {pending} pending jobs; adding {extra} would pass "
+                f"max_queue_length={limit}"
+            ) from None
+        raise BrokerError(f"{self._where}: {op} failed: {detail}") from None
+
+    @contextlib.contextmanager
+    def _translate(self, op: str) -> Iterator[None]:
+        try:
+            yield
+        except (rexc.RedisError, OSError) as exc:
+            self._raise(exc, op)
+
+    async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        source, sha = _SCRIPTS[name]
+        redis = self._conn()
+        execute: Any = redis.execute_command  # untyped in redis-py
+        try:
+            try:
+                return await execute("EVALSHA", sha, len(keys), *keys, *args)
+            except rexc.NoScriptError:
+                # Script cache flushed (SCRIPT FLUSH, restart, failover): load and run again.
+                await redis.script_load(source)
+                return await execute("EVALSHA", sha, len(keys), *keys, *args)
+        except (rexc.RedisError, OSError) as exc:
+            self._raise(exc, name)
+
+    def _retention(self, *, completed: bool) -> tuple[int, int]:
+        r = self.settings.retention
+        if completed:
+            return _us(r.completed_ttl), r.completed_max
+        return _us(r.failed_ttl), r.failed_max
+
+    # -- producer side -------------------------------------------------------------
+
+    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
+        if not messages:
+            self._conn()
+            return []
+        args: list[Any] = [self.keys.prefix, self.settings.max_queue_length, len(messages)]
+        for m in messages:
+            check_job_id(m.id)
+            check_name("queue", m.queue)
+            args += (
+                m.id,
+                m.queue,
+                str(int(m.priority)),
+                _us(m.eta),
+                _us(m.delay),
+                _encode(m),
+            )
+        created = await self._eval("enqueue", [self.keys.seq], args)
+        return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
+
+    async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
+        if not ids:
+            self._conn()
+            return []
+        rows = await self._eval("get", [], [self.keys.prefix, *ids])
+        return [self._record(job_id, row) for job_id, row in zip(ids, rows, strict=True)]
+
+    def _record(self, job_id: str, row: Any) -> JobRecord | None:
+        if not isinstance(row, list):
+            return None
+        s, m, a, e, r, st, fa, res, err, pg, k, cr, w, q = row
+        state = _STATES.get(_text(s))
+        if state is None:
+            return None
+        try:
+            message = _decode_message(m or b"")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # Undecodable bytes: show the job anyway (its error record says why).
+            message = JobMessage(id=job_id, task="", queue=_text(q or b""), payload=b"")
+        return JobRecord(
+            message=message,
+            state=state,
+            attempt=_int(a),
+            enqueued_at=_seconds(e),
+            run_at=_seconds(r),
+            started_at=_seconds(st),
+            finished_at=_seconds(fa),
+            result=res,
+            error=err,
+            progress=pg,
+            stalls=_int(k),
+            cancel_requested=bool(cr),
+            worker_id=None if w is None else _text(w),
+        )
+
+    async def wait_finished(self, job_id: str, timeout: float | None) -> JobRecord | None:
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        waiter = _DoneWaiter()
+        self._done_waiters.setdefault(job_id, set()).add(waiter)
+        try:
+            await self._subscribe(self.keys.done_channel, wait=deadline)
+            while True:
+                # A fresh event before each look, so a notice that lands between the
+                # read and the wait still wakes us.
+                waiter.event = anyio.Event()
+                (record,) = await self.get([job_id])
+                if record is None or record.state.is_final:
+                    return record
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._redis is None:
+                    return None
+                with anyio.move_on_after(remaining):
+                    await waiter.event.wait()
+        finally:
+            waiters = self._done_waiters.get(job_id)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._done_waiters[job_id]
+
+    async def cancel(self, job_id: str) -> CancelOutcome:
+        ttl, cap = self._retention(completed=False)
+        outcome = await self._eval(
+            "cancel", [self.keys.done_cancelled], [self.keys.prefix, ttl, cap, job_id]
+        )
+        return CancelOutcome(_text(outcome))
+
+    async def counts(self, queue: str) -> dict[JobState, int]:
+        with self._translate("counts"):
+            raw = await self._conn().hgetall(self.keys.counts(queue))
+        counts = dict.fromkeys(JobState, 0)
+        for letter, value in raw.items():
+            state = _STATES.get(_text(letter))
+            if state is not None:
+                counts[state] = max(0, _int(value))
+        return counts
+
+    # -- worker side ---------------------------------------------------------------
+
+    async def claim(
+        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+    ) -> list[ClaimedJob]:
+        if not queues:
+            raise ConfigError("claim needs at least one queue")
+        key = tuple(queues)
+        self._claim_gen[key] = self._gen(queues)
+        token = secrets.token_hex(8)
+        reply = await self._eval(
+            "claim",
+            [self.keys.active, self.keys.seq, self.keys.claim(worker_id)],
+            [
+                self.keys.prefix,
+                max(0, limit),
+                max(1, _us(lease)),
+                token,
+                worker_id,
+                len(queues),
+                *queues,
+            ],
+        )
+        next_due = int(reply[0])
+        if next_due >= 0:
+            self._next_due[key] = time.monotonic() + next_due / _MICRO
+        else:
+            self._next_due.pop(key, None)
+        claimed: list[ClaimedJob] = []
+        broken: list[Failure] = []
+        for i in range(1, len(reply), 6):
+            job_id, raw, tok, attempt, enqueued, stalls = reply[i : i + 6]
+            job_id, tok = _text(job_id), _text(tok)
+            try:
+                message = _decode_claimed(job_id, raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                broken.append(self._decode_failure(job_id, tok, raw, exc, int(attempt), worker_id))
+                continue
+            claimed.append(
+                ClaimedJob(
+                    message=message,
+                    token=tok,
+                    attempt=int(attempt),
+                    enqueued_at=int(enqueued) / _MICRO,
+                    stalls=int(stalls),
+                )
+            )
+        if broken:
+            # Bytes that are not a job envelope: fail those jobs for good, here, so
+            # the worker never sees them and the other jobs keep flowing.
+            log.error(
+                "%d claimed jobs hold bytes that are not a typedq envelope; failed with "
+                "reason decode_error: %s",
+                len(broken),
+                ", ".join(f.id for f in broken),
+            )
+            await self.fail(broken)
+        return claimed
+
+    def _decode_failure(
+        self, job_id: str, token: str, raw: bytes, exc: Exception, attempt: int, worker_id: str
+    ) -> Failure:
+        record = FailureRecord(
+            reason=FailureReason.DECODE_ERROR,
+            error_type="DecodeError",
+            message=(
+                f"job {job_id}: the stored envelope is not a typedq job ({exc}); "
+                f"{len(raw)} bytes, starting {raw[:48]!r}"
+            ),
+            attempt=attempt,
+            retryable=False,
+            worker_id=worker_id,
+            failed_at=time.time(),
+        )
+        return Failure(id=job_id, token=token, error=_encode(record))
+
+    def _gen(self, queues: Sequence[str]) -> int:
+        return self._all_gen + sum(self._queue_gen.get(q, 0) for q in queues)
+
+    async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
+        key = tuple(queues)
+        start = self._claim_gen.get(key)
+        if start is None:
+            start = self._gen(queues)
+        await self._subscribe(self.keys.work_channel)
+        wait = timeout
+        due = self._next_due.get(key)
+        if due is not None:
+            # Do not sleep past the next scheduled job: it must be claimed when due.
+            wait = min(wait, max(0.0, due - time.monotonic()))
+        deadline = time.monotonic() + wait
+        while self._gen(queues) == start and self._redis is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            event = self._work_event
+            with anyio.move_on_after(remaining):
+                await event.wait()
+
+    async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:
+        if not leases:
+            self._conn()
+            return []
+        args: list[Any] = [self.keys.prefix, max(1, _us(lease)), len(leases)]
+        for job_id, token in leases:
+            args += (job_id, token)
+        reply = await self._eval("renew", [self.keys.active], args)
+        return [_LEASE[int(s)] for s in reply]
+
+    async def complete(self, items: Sequence[Completion]) -> list[FinishOutcome]:
+        if not items:
+            self._conn()
+            return []
+        ttl, cap = self._retention(completed=True)
+        args: list[Any] = [self.keys.prefix, ttl, cap, len(items)]
+        for item in items:
+            args += (item.id, item.token, item.result)
+        reply = await self._eval("complete", [self.keys.active, self.keys.done_completed], args)
+        return [_FINISH[int(o)] for o in reply]
+
+    async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
+        if not items:
+            self._conn()
+            return []
+        ttl, cap = self._retention(completed=False)
+        args: list[Any] = [self.keys.prefix, ttl, cap, len(items)]
+        for item in items:
+            if item.cancelled:
+                mode, delay = "x", 0
+            elif item.retry_delay is None:
+                mode, delay = "f", 0
+            else:
+                mode, delay = "r", _us(item.retry_delay)
+            args += (item.id, item.token, item.error, mode, delay, "")
+        reply = await self._eval(
+            "fail",
+            [self.keys.active, self.keys.done_failed, self.keys.done_cancelled, self.keys.seq],
+            args,
+        )
+        return [_FINISH[int(o)] for o in reply]
+
+    async def release(self, items: Sequence[Release]) -> list[FinishOutcome]:
+        if not items:
+            self._conn()
+            return []
+        ttl, cap = self._retention(completed=False)
+        args: list[Any] = [self.keys.prefix, ttl, cap, len(items)]
+        for item in items:
+            args += (item.id, item.token)
+        reply = await self._eval("release", [self.keys.active, self.keys.done_cancelled], args)
+        return [_FINISH[int(o)] for o in reply]
+
+    async def set_progress(self, job_id: str, token: str, progress: bytes) -> bool:
+        ok = await self._eval("progress", [], [self.keys.prefix, job_id, token, progress])
+        return bool(ok)
+
+    async def cancel_requests(self, ids: Sequence[str]) -> list[str]:
+        if not ids:
+            self._conn()
+            return []
+        reply = await self._eval("cancel_requests", [], [self.keys.prefix, *ids])
+        return [_text(i) for i in reply]
+
+    async def wait_cancel_requests(self, timeout: float) -> None:
+        event = self._cancel_event
+        await self._subscribe(self.keys.cancel_channel)
+        with anyio.move_on_after(timeout):
+            await event.wait()
+
+    async def recover_stalled(self, limit: int = 1000) -> int:
+        cttl, ccap = self._retention(completed=True)
+        fttl, fcap = self._retention(completed=False)
+        k = self.keys
+        recovered = await self._eval(
+            "recover",
+            [k.active, k.done_completed, k.done_failed, k.done_cancelled],
+            [k.prefix, max(0, limit), self.settings.max_stalls, cttl, ccap, fttl, fcap],
+        )
+        return int(recovered)
+
+    async def purge(self, queue: str, states: Sequence[JobState]) -> int:
+        k = self.keys
+        removed = 0
+        for state in dict.fromkeys(states):
+            cursor = 0
+            while cursor >= 0:
+                n, cursor = await self._eval(
+                    "purge",
+                    [k.active, k.done_completed, k.done_failed, k.done_cancelled],
+                    [k.prefix, queue, STATE_LETTERS[state.value], 1000, cursor],
+                )
+                removed += int(n)
+                cursor = int(cursor)
+        return removed
+
+    # -- pub/sub ---------------------------------------------------------------------
+
+    async def _subscribe(self, channel: str, *, wait: float | None = None) -> None:
+        """Subscribe once per channel; with ``wait`` (a monotonic deadline), until confirmed."""
+        self._conn()
+        if channel not in self._subscribed:
+            async with self._sub_lock:
+                if channel not in self._subscribed:
+                    assert self._sub_client is not None
+                    if self._pubsub is None:
+                        self._pubsub = self._sub_client.pubsub()
+                    self._sub_ready[channel] = anyio.Event()
+                    with self._translate(f"subscribing to {channel}"):
+                        await self._pubsub.subscribe(channel)
+                    self._subscribed.add(channel)
+                    if self._listener is None:
+                        self._listener = asyncio.get_running_loop().create_task(
+                            self._listen(), name=f"typedq redis listener {self.keys.prefix}"
+                        )
+        ready = self._sub_ready.get(channel)
+        if wait is not None and ready is not None and not ready.is_set():
+            with anyio.move_on_after(min(SOCKET_TIMEOUT, max(0.0, wait - time.monotonic()))):
+                await ready.wait()
+
+    def _wake_work(self) -> None:
+        self._work_event.set()
+        self._work_event = anyio.Event()
+
+    def _wake_cancel(self) -> None:
+        self._cancel_event.set()
+        self._cancel_event = anyio.Event()
+
+    def _wake_done(self, ids: Sequence[str] | None) -> None:
+        if ids is None:
+            for waiters in self._done_waiters.values():
+                for waiter in waiters:
+                    waiter.event.set()
+            return
+        for job_id in ids:
+            for waiter in self._done_waiters.get(job_id, ()):
+                waiter.event.set()
+
+    def _wake_all(self) -> None:
+        self._all_gen += 1
+        self._wake_work()
+        self._wake_cancel()
+        self._wake_done(None)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        channel = _text(message.get("channel", b""))
+        if kind == "subscribe":
+            # A (re)subscription: whatever was published while we were not listening
+            # is lost, so every waiter of this channel looks at Redis again.
+            ready = self._sub_ready.get(channel)
+            if ready is not None:
+                ready.set()
+            if channel == self.keys.work_channel:
+                self._all_gen += 1
+                self._wake_work()
+            elif channel == self.keys.cancel_channel:
+                self._wake_cancel()
+            elif channel == self.keys.done_channel:
+                self._wake_done(None)
+        elif kind == "message":
+            data = _text(message.get("data", b"")).split()
+            if channel == self.keys.work_channel:
+                for queue in data:
+                    self._queue_gen[queue] = self._queue_gen.get(queue, 0) + 1
+                self._wake_work()
+            elif channel == self.keys.done_channel:
+                self._wake_done(data)
+            elif channel == self.keys.cancel_channel:
+                self._wake_cancel()
+
+    async def _listen(self) -> None:
+        failures = 0
+        last_heard = time.monotonic()
+        pinged_at: float | None = None
+        while True:
+            pubsub = self._pubsub
+            if pubsub is None:
+                return
+            try:
+                message = await pubsub.get_message(timeout=1.0)
+                now = time.monotonic()
+                if message is None:
+                    if pinged_at is None and now - last_heard > _PUBSUB_PING_AFTER:
+                        await pubsub.ping()
+                        pinged_at = now
+                    elif pinged_at is not None and now - pinged_at > SOCKET_TIMEOUT:
+                        # Half-open connection: our PING got no answer. Drop it; the
+                        # next read reconnects and resubscribes.
+                        log.warning("%s: pub/sub connection silent; reconnecting", self._where)
+                        pinged_at = None
+                        last_heard = now
+                        await pubsub.connection.disconnect()
+                        self._wake_all()
+                    continue
+                last_heard, pinged_at = now, None
+                failures = 0
+                self._dispatch(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                if failures == 1 or failures % 30 == 0:
+                    log.warning(
+                        "%s: pub/sub listener error (%s); reconnecting",
+                        self._where,
+                        self._scrub(str(exc)),
+                    )
+                # Waiters re-check Redis themselves (and meet the error there).
+                self._wake_all()
+                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
