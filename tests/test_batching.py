@@ -43,9 +43,12 @@ class FakeSend:
 
 @asynccontextmanager
 async def running(
-    send: Callable[[list[int]], Awaitable[list[int]]], **kwargs: int
+    send: Callable[[list[int]], Awaitable[list[int]]],
+    *,
+    max_batch: int = 500,
+    max_in_flight: int = 4,
 ) -> AsyncIterator[Batcher[int, int]]:
-    batcher: Batcher[int, int] = Batcher(send, **kwargs)
+    batcher: Batcher[int, int] = Batcher(send, max_batch=max_batch, max_in_flight=max_in_flight)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(batcher.run)
