@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import anyio
 import msgspec
@@ -224,3 +225,12 @@ class StallableBroker(Broker):
 
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         return await self.inner.purge(queue, states)
+
+    def __getattr__(self, name: str) -> Any:
+        # Operator methods (listing, retrying, removing jobs) pass straight through, so
+        # the fake keeps up with a growing interface without restating it.
+        return getattr(self.inner, name)
+
+
+# Every method the fake does not define is delegated by __getattr__.
+StallableBroker.__abstractmethods__ = frozenset()
