@@ -65,6 +65,7 @@ from .base import (
     JobState,
     LeaseStatus,
     Release,
+    RetryOutcome,
 )
 from .keys import STATE_LETTERS, Keys
 
@@ -649,6 +650,52 @@ class RedisBroker(Broker):
                 removed += int(n)
                 cursor = int(cursor)
         return removed
+
+    # -- operations (``typedq inspect``) -----------------------------------------------
+
+    async def list_jobs(
+        self, queue: str, state: JobState, *, offset: int = 0, limit: int = 100
+    ) -> list[str]:
+        k = self.keys
+        ids = await self._eval(
+            "list",
+            [k.active, k.done_completed, k.done_failed, k.done_cancelled],
+            [
+                k.prefix,
+                queue,
+                STATE_LETTERS[state.value],
+                max(0, offset),
+                max(0, min(limit, 1000)),
+            ],
+        )
+        return [_text(i) for i in ids]
+
+    async def retry(self, ids: Sequence[str]) -> list[RetryOutcome]:
+        if not ids:
+            self._conn()
+            return []
+        k = self.keys
+        reply = await self._eval(
+            "retry", [k.seq, k.done_failed, k.done_cancelled], [k.prefix, *ids]
+        )
+        return [RetryOutcome(_text(o)) for o in reply]
+
+    async def remove(
+        self, ids: Sequence[str], *, states: Sequence[JobState] | None = None
+    ) -> list[bool]:
+        if not ids:
+            self._conn()
+            return []
+        k = self.keys
+        letters = "" if states is None else "".join(STATE_LETTERS[s.value] for s in states)
+        if states is not None and not letters:
+            return [False] * len(ids)
+        reply = await self._eval(
+            "remove",
+            [k.active, k.done_completed, k.done_failed, k.done_cancelled],
+            [k.prefix, letters, *ids],
+        )
+        return [bool(r) for r in reply]
 
     # -- pub/sub ---------------------------------------------------------------------
 

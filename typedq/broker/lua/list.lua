@@ -1,0 +1,72 @@
+#!lua flags=no-writes
+-- Ids of up to `limit` jobs of one queue in one state, skipping `offset` (for inspect).
+-- waiting: claim order (priority levels, then list order; `offset` counts list
+-- positions, so stale entries make pages a little shorter); scheduled: due time;
+-- active: start time (the global lease set is scanned, bounded); final states:
+-- most recently finished first (the global finished set is scanned, bounded).
+-- KEYS[1] = active, KEYS[2] = done:c, KEYS[3] = done:f, KEYS[4] = done:x
+-- ARGV: P, queue, state letter, offset, limit
+local q, state, offset, limit = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+if #ARGV ~= 5 or q == '' or not is_int(offset) or offset < 0 or not is_int(limit) or limit < 0 then
+  return bad_args('list')
+end
+local SCAN = 20000
+local out = {}
+local function ours(id, s)
+  local r = read_job(id, 's', 'q')
+  return r and r[1] == s and r[2] == q
+end
+if limit == 0 then return out end
+if state == 'w' then
+  local pos = 0  -- claim-order position of the first entry of the current level
+  for _, prio in ipairs(redis.call('ZRANGE', k_levels(q), 0, -1)) do
+    local lk = k_wait(q, prio)
+    if redis.call('TYPE', lk).ok == 'list' then
+      local len = redis.call('LLEN', lk)
+      local a, b = math.max(offset, pos), math.min(offset + limit, pos + len)
+      if a < b then
+        -- claim-order indexes [a-pos, b-pos) are list indexes [len-(b-pos), len-1-(a-pos)]
+        local ids = redis.call('LRANGE', lk, len - (b - pos), len - 1 - (a - pos))
+        for i = #ids, 1, -1 do
+          if ours(ids[i], 'w') then out[#out + 1] = ids[i] end
+        end
+      end
+      pos = pos + len
+      if pos >= offset + limit then break end
+    end
+  end
+elseif state == 's' then
+  for _, id in ipairs(redis.call('ZRANGE', k_sched(q), offset, offset + limit - 1)) do
+    if ours(id, 's') then out[#out + 1] = id end
+  end
+elseif state == 'a' then
+  local found = {}
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, SCAN - 1)) do
+    local r = read_job(id, 's', 'q', 'st', 'o')
+    if r and r[1] == 'a' and r[2] == q then
+      found[#found + 1] = {id, tonumber(r[3]) or 0, tonumber(r[4]) or 0}
+    end
+  end
+  table.sort(found, function(x, y)
+    if x[2] ~= y[2] then return x[2] < y[2] end
+    return x[3] < y[3]
+  end)
+  for i = offset + 1, math.min(#found, offset + limit) do out[#out + 1] = found[i][1] end
+else
+  local zkey
+  if state == 'c' then zkey = KEYS[2] elseif state == 'f' then zkey = KEYS[3]
+  elseif state == 'x' then zkey = KEYS[4] else return bad_args('list') end
+  local skipped, start = 0, 0
+  while #out < limit and start < SCAN + offset do
+    local ids = redis.call('ZREVRANGE', zkey, start, start + 999)
+    if #ids == 0 then break end
+    for _, id in ipairs(ids) do
+      if ours(id, state) then
+        if skipped < offset then skipped = skipped + 1
+        elseif #out < limit then out[#out + 1] = id end
+      end
+    end
+    start = start + 1000
+  end
+end
+return out
