@@ -173,6 +173,8 @@ def mypy_run(tmp_path_factory: pytest.TempPathFactory) -> MypyRun:
             *(str(path) for path in PASS + FAIL),
         ]
     )
+    if status not in (0, 1):  # 2: a crash or a bad config; every snippet test would fail
+        pytest.fail(f"mypy could not run (exit {status}):\n{stderr}\n{stdout}", pytrace=False)
     snippets = set(PASS + FAIL)
     messages: dict[Path, list[Message]] = defaultdict(list)
     stray = []
@@ -243,9 +245,13 @@ def test_snippet(snippet: Path, mypy_run: MypyRun) -> None:
     unmet, unexpected = unmet_and_unexpected(expectations, messages)
     if unmet or unexpected:
         lines = source.splitlines()
+
+        def code(line: int) -> str:
+            return lines[line - 1].strip() if 0 < line <= len(lines) else "<end of file>"
+
         report = [f"{snippet.relative_to(ROOT)}:"]
-        report += [f"  expected but missing: {e}\n      {lines[e.line - 1].strip()}" for e in unmet]
-        report += [f"  unexpected: {m}\n      {lines[m.line - 1].strip()}" for m in unexpected]
+        report += [f"  expected but missing: {e}\n      {code(e.line)}" for e in unmet]
+        report += [f"  unexpected: {m}\n      {code(m.line)}" for m in unexpected]
         report += ["mypy said about this file:", *(f"  {m}" for m in messages)]
         pytest.fail("\n".join(report), pytrace=False)
 
