@@ -7,7 +7,8 @@ Valid keys pass here; fail/dedup_key_errors.py proves the lambda bodies are real
 
 from __future__ import annotations
 
-from typing import reveal_type
+from collections.abc import Callable
+from typing import Any, TypeVar, reveal_type
 
 from snip import Image, Receipt, SendInvoice, Thumb, app
 
@@ -76,3 +77,26 @@ class Handlers:
         @app.task(key=lambda image: image.url)
         def in_method(image: Image) -> None:
             pass
+
+
+# Where the plugin cannot tell the input type it leaves `key` as declared (any -> str).
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def traced(fn: F) -> F:
+    return fn
+
+
+@app.task(key=lambda inv: str(inv))  # not the innermost decorator
+@traced
+async def traced_handler(invoice: SendInvoice) -> Receipt:
+    return Receipt(receipt_id="r", total_cents=1)
+
+
+@app.task(key=lambda anything: str(anything))
+async def any_input(payload: Any) -> Receipt:
+    return Receipt(receipt_id="r", total_cents=1)
+
+
+decorate = app.task(key=lambda inv: str(inv), name="stored")  # applied later: unknown handler
+stored = decorate(make_thumb)
