@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from typing import cast
 
 import anyio
@@ -23,6 +24,7 @@ from typedq import (
     Backoff,
     ConfigError,
     EncodeError,
+    FailureReason,
     InvalidName,
     JobCancelled,
     JobContext,
@@ -478,3 +480,52 @@ async def test_enqueue_many_queue_full_is_raised_as_itself(app_name: str) -> Non
                 await echo.enqueue_many(In(i) for i in range(601))  # one chunk
             waiting = count(await app.broker.counts("default"), JobState.WAITING)
             assert waiting <= 600
+
+
+async def test_sync_handler_timeout(app_name: str) -> None:
+    app = make_app(app_name)
+    steps: list[int] = []
+
+    @app.task(timeout=0.2)
+    def slow_steps(x: In, ctx: JobContext) -> Out:
+        for step in range(500):
+            steps.append(step)
+            time.sleep(0.01)
+            ctx.check_cancelled()  # threads cannot be interrupted: they check
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker():
+            with pytest.raises(JobFailed) as caught:
+                await (await slow_steps.enqueue(In(1))).result(timeout=10)
+    assert caught.value.reason is FailureReason.TIMEOUT
+    assert 5 <= len(steps) < 200
+
+
+async def test_check_cancelled_outside_a_worker_is_a_no_op() -> None:
+    JobContext.check_cancelled()  # not in a worker thread: nothing to check
+
+
+async def test_enqueue_option_errors(app_name: str) -> None:
+    app = make_app(app_name)
+
+    @app.task
+    async def echo(x: In) -> Out:
+        return Out(x.n)
+
+    async with app:
+        with pytest.raises(ConfigError, match="naive"):
+            await echo.enqueue(In(1), eta=datetime(2030, 1, 1))
+        with pytest.raises(ConfigError):
+            await echo.enqueue(In(1), delay=-1)
+        with pytest.raises(ConfigError):
+            await echo.enqueue(In(1), retries=-1)
+        with pytest.raises(ConfigError):
+            await echo.enqueue(In(1), timeout=0)
+        job = await echo.enqueue(In(1), eta=datetime.now(UTC) + timedelta(seconds=60))
+        assert await job.status() is JobState.SCHEDULED
+        assert not any(
+            v
+            for s, v in (await app.broker.counts("default")).items()
+            if s is not JobState.SCHEDULED
+        )

@@ -417,3 +417,58 @@ async def test_worker_for_one_task(app_name: str, broker_url: str) -> None:
             assert await other.status() is JobState.WAITING
             async with app.worker():
                 assert await other.result(timeout=10) == Out(-1)
+
+
+async def test_lost_worker_job_is_recovered_and_stalls_spend_no_retries(
+    app_name: str, broker_url: str
+) -> None:
+    lease = 0.3
+    app = App(app_name, broker=broker_url, lease=lease)
+    attempts: list[int] = []
+
+    @app.task(retries=1, backoff=NO_WAIT)
+    async def fragile(x: In, ctx: JobContext) -> Out:
+        attempts.append(ctx.attempt)
+        raise ValueError(f"attempt {ctx.attempt}")
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            job = await fragile.enqueue(In(1))
+            # A worker claims the job and dies: no renewals, no finish.
+            (lost,) = await app.broker.claim(["default"], 1, worker_id="dead", lease=lease)
+            assert lost.attempt == 1
+            async with app.worker():  # its reaper recovers the job once the lease expires
+                with pytest.raises(JobFailed) as caught:
+                    await job.result(timeout=10)
+            info = await job.info()
+    # The stall bumped the attempt but spent no retry: two real failures were allowed.
+    assert attempts == [2, 3]
+    assert info.stalls == 1
+    assert caught.value.record.attempt == 3
+    assert caught.value.record.reason is FailureReason.ERROR
+
+
+async def test_cancel_jobs_waiting_or_backing_off_while_a_worker_runs(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+    runs: list[int] = []
+
+    @app.task(retries=5, backoff=Backoff(kind="fixed", base=30.0, jitter=0.0))
+    async def flaky(x: In) -> Out:
+        runs.append(x.n)
+        raise ValueError("again later")
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=1):
+            delayed = await flaky.enqueue(In(1), delay=30)
+            assert await delayed.cancel() is True
+            backing_off = await flaky.enqueue(In(2))
+            # Wait until the first attempt failed and the job sits in its 30 s backoff.
+            while await backing_off.status() is not JobState.SCHEDULED:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+            assert await backing_off.cancel() is True
+            for job in (delayed, backing_off):
+                with pytest.raises(JobCancelled):
+                    await job.result(timeout=5)
+    assert runs == [2]
