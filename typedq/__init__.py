@@ -34,7 +34,10 @@ from .errors import TypedqError as TypedqError
 from .job import Job as Job
 from .job import JobInfo as JobInfo
 from .job import JobStatus as JobStatus
+from .producer import Producer as Producer
+from .producer import TaskStub as TaskStub
 from .task import UNSET as UNSET
+from .task import Enqueuer as Enqueuer
 from .task import Task as Task
 from .worker import Worker as Worker
 
@@ -50,6 +53,7 @@ __all__ = [
     "Client",
     "ConfigError",
     "EncodeError",
+    "Enqueuer",
     "FailureReason",
     "FailureRecord",
     "InvalidName",
@@ -64,12 +68,14 @@ __all__ = [
     "JobStatus",
     "NotConnected",
     "PayloadTooLarge",
+    "Producer",
     "QueueFull",
     "Reject",
     "ResultTimeout",
     "Retention",
     "Retry",
     "Task",
+    "TaskStub",
     "TypedqError",
     "Worker",
 ]

@@ -41,6 +41,7 @@ __all__ = [
     "LeaseStatus",
     "Release",
     "Retention",
+    "RetryOutcome",
 ]
 
 
@@ -164,6 +165,14 @@ class CancelOutcome(StrEnum):
     CANCELLED = "cancelled"  # was waiting or scheduled: now cancelled
     REQUESTED = "requested"  # is running: its worker was asked to cancel it
     ALREADY_FINAL = "already_final"  # had already completed, failed or been cancelled
+    NOT_FOUND = "not_found"
+
+
+class RetryOutcome(StrEnum):
+    """The answer to ``retry`` for one job."""
+
+    RETRIED = "retried"  # was failed or cancelled: waiting again, with a fresh attempt count
+    NOT_RETRYABLE = "not_retryable"  # is waiting, scheduled, active or completed: unchanged
     NOT_FOUND = "not_found"
 
 
@@ -317,3 +326,41 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         """Delete the jobs of ``queue`` in ``states``; return how many."""
+
+    # -- operations (``typedq inspect``) ---------------------------------------------
+
+    @abc.abstractmethod
+    async def list_jobs(
+        self, queue: str, state: JobState, *, offset: int = 0, limit: int = 100
+    ) -> list[str]:
+        """Ids of up to ``limit`` jobs of ``queue`` in ``state``, skipping the first ``offset``.
+
+        The order is the state's own: ``waiting`` in claim order (priority, then age),
+        ``scheduled`` by due time, ``active`` by start time, and the final states most
+        recently finished first. One call is one bounded round trip (``limit`` is at
+        most 1000; a backend may scan more entries than it returns, never all of them).
+        Jobs move while an operator pages, so pages are a best-effort snapshot; callers
+        that act on whole states page from ``offset=0`` again after acting.
+        """
+
+    @abc.abstractmethod
+    async def retry(self, ids: Sequence[str]) -> list[RetryOutcome]:
+        """Put failed or cancelled jobs back to ``waiting`` at once, each atomically.
+
+        A retried job keeps its id, envelope and priority; its attempt and stall counts
+        start again from zero (the task's retry budget applies afresh), and its finish
+        time, result and error record are cleared. Jobs in any other state are left
+        unchanged (``NOT_RETRYABLE``).
+        """
+
+    @abc.abstractmethod
+    async def remove(
+        self, ids: Sequence[str], *, states: Sequence[JobState] | None = None
+    ) -> list[bool]:
+        """Delete jobs (their data and every index entry); True for each one deleted.
+
+        :param states: delete a job only while it is in one of these states (checked
+            atomically with the delete), so a job that moved on since it was listed is
+            kept; ``None`` deletes in any state. Deleting an active job makes its
+            worker's finish answer ``NOT_FOUND``; a waiter on it is woken.
+        """

@@ -36,6 +36,7 @@ from .base import (
     JobState,
     LeaseStatus,
     Release,
+    RetryOutcome,
 )
 
 __all__ = ["MemoryBroker"]
@@ -542,12 +543,75 @@ class MemoryBroker(Broker):
             job for job in self._jobs.values() if job.message.queue == queue and job.state in wanted
         ]
         for job in doomed:
-            del self._jobs[job.message.id]
-            self._active.pop(job.message.id, None)
-            self._counts[queue][job.state] -= 1
-            if job.state.is_final:
-                self._finished[job.state].pop(job.message.id, None)
-            waiter = self._finish_waiters.pop(job.message.id, None)
-            if waiter is not None:
-                waiter.set()
+            self._delete(job)
         return len(doomed)
+
+    def _delete(self, job: _Job) -> None:
+        del self._jobs[job.message.id]
+        self._active.pop(job.message.id, None)
+        self._counts[job.message.queue][job.state] -= 1
+        if job.state.is_final:
+            self._finished[job.state].pop(job.message.id, None)
+        waiter = self._finish_waiters.pop(job.message.id, None)
+        if waiter is not None:
+            waiter.set()
+
+    # -- operations ------------------------------------------------------------------
+
+    async def list_jobs(
+        self, queue: str, state: JobState, *, offset: int = 0, limit: int = 100
+    ) -> list[str]:
+        self._check()
+        if state.is_final:
+            ids = [
+                job_id
+                for job_id in reversed(self._finished[state])
+                if self._jobs[job_id].message.queue == queue
+            ]
+            return ids[offset : offset + limit]
+        jobs = [j for j in self._jobs.values() if j.message.queue == queue and j.state is state]
+        if state is JobState.WAITING:
+            jobs.sort(key=lambda j: (-j.message.priority, j.order))
+        elif state is JobState.SCHEDULED:
+            jobs.sort(key=lambda j: (j.run_at, j.order))
+        else:
+            jobs.sort(key=lambda j: (j.started_at, j.order))
+        return [j.message.id for j in jobs[offset : offset + limit]]
+
+    async def retry(self, ids: Sequence[str]) -> list[RetryOutcome]:
+        self._check()
+        outcomes = []
+        for job_id in ids:
+            job = self._jobs.get(job_id)
+            if job is None:
+                outcomes.append(RetryOutcome.NOT_FOUND)
+                continue
+            if job.state not in (JobState.FAILED, JobState.CANCELLED):
+                outcomes.append(RetryOutcome.NOT_RETRYABLE)
+                continue
+            self._finished[job.state].pop(job_id, None)
+            job.attempt = 0
+            job.stalls = 0
+            job.started_at = job.finished_at = 0.0
+            job.result = job.error = job.progress = None
+            job.cancel_requested = False
+            job.worker_id = None
+            self._to_waiting(job, keep_order=False)
+            outcomes.append(RetryOutcome.RETRIED)
+        self.wake()
+        return outcomes
+
+    async def remove(
+        self, ids: Sequence[str], *, states: Sequence[JobState] | None = None
+    ) -> list[bool]:
+        self._check()
+        wanted = None if states is None else set(states)
+        removed = []
+        for job_id in ids:
+            job = self._jobs.get(job_id)
+            ok = job is not None and (wanted is None or job.state in wanted)
+            if ok:
+                assert job is not None
+                self._delete(job)
+            removed.append(ok)
+        return removed

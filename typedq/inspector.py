@@ -1,0 +1,274 @@
+"""``typedq inspect``: look at an app's queues and act on its jobs.
+
+:class:`Inspector` is the library side (usable from code and tests): counts per state
+per queue, job listings with their structured error records, and retry / cancel /
+purge by id or for a whole state, in pages (bounded work per broker call) with a
+progress callback. :func:`render_overview` and :func:`render_action` draw the results
+as ``rich`` tables; the CLI prints the same structures as JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Literal
+
+import anyio
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from .broker import redact_url
+from .broker.base import CancelOutcome, JobRecord, JobState
+from .client import Client
+from .errors import ConfigError, FailureRecord
+from .job import decode_failure
+
+__all__ = [
+    "ACTIONS",
+    "Action",
+    "ActionReport",
+    "Inspector",
+    "JobView",
+    "Overview",
+    "all_done",
+    "render_action",
+    "render_overview",
+]
+
+Action = Literal["retry", "cancel", "purge"]
+
+#: The states each action applies to when it targets a whole state.
+ACTIONS: dict[Action, tuple[JobState, ...]] = {
+    "retry": (JobState.FAILED, JobState.CANCELLED),
+    "cancel": (JobState.WAITING, JobState.SCHEDULED, JobState.ACTIVE),
+    "purge": tuple(JobState),
+}
+
+#: Jobs per broker call when acting on a whole state.
+PAGE = 500
+_CANCEL_CONCURRENCY = 32
+
+
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    """One job as ``inspect`` shows it."""
+
+    id: str
+    task: str
+    queue: str
+    state: JobState
+    attempt: int
+    priority: int
+    enqueued_at: float
+    finished_at: float
+    error: FailureRecord | None = None
+
+
+class Overview(msgspec.Struct, frozen=True, kw_only=True):
+    """Counts per state per queue, and the jobs of one state (failed by default)."""
+
+    app: str
+    broker: str
+    counts: dict[str, dict[JobState, int]]
+    state: JobState
+    jobs: list[JobView]
+
+
+class ActionReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What retry / cancel / purge did: the outcome per job id, and how many took effect."""
+
+    action: Action
+    state: JobState | None
+    done: int
+    outcomes: dict[str, str]
+
+
+def _view(record: JobRecord) -> JobView:
+    message = record.message
+    error = None
+    if record.error is not None:
+        error = decode_failure(record.error, message.id)
+    return JobView(
+        id=message.id,
+        task=message.task,
+        queue=message.queue,
+        state=record.state,
+        attempt=record.attempt,
+        priority=message.priority,
+        enqueued_at=record.enqueued_at,
+        finished_at=record.finished_at,
+        error=error,
+    )
+
+
+class Inspector:
+    """Inspect and operate an app's jobs through a connected :class:`~typedq.Client`.
+
+    :param client: connected to the app's broker, with the app's name
+    :param queues: the queues to look at (the app's queues)
+    """
+
+    def __init__(self, client: Client, queues: Sequence[str]) -> None:
+        if not queues:
+            raise ConfigError("inspect needs at least one queue (--queue NAME)")
+        self.client = client
+        self.queues = sorted(set(queues))
+
+    async def counts(self) -> dict[str, dict[JobState, int]]:
+        """Jobs per state, per queue."""
+        broker = self.client.broker
+        return {queue: await broker.counts(queue) for queue in self.queues}
+
+    async def jobs(self, state: JobState, *, limit: int = 20) -> list[JobView]:
+        """Up to ``limit`` jobs in ``state`` per queue, with their error records."""
+        ids: list[str] = []
+        for queue in self.queues:
+            ids += await self.client.broker.list_jobs(queue, state, limit=limit)
+        records = await self.client.broker.get(ids) if ids else []
+        return [_view(r) for r in records if r is not None]
+
+    async def overview(self, state: JobState = JobState.FAILED, *, limit: int = 20) -> Overview:
+        """Counts per state per queue, and the jobs of ``state``."""
+        return Overview(
+            app=self.client.name,
+            broker=redact_url(self.client.url),
+            counts=await self.counts(),
+            state=state,
+            jobs=await self.jobs(state, limit=limit),
+        )
+
+    async def act(self, action: Action, ids: Sequence[str]) -> ActionReport:
+        """Retry, cancel or purge the jobs with these ids (any queue of the app)."""
+        outcomes = await self._apply(action, list(dict.fromkeys(ids)), state=None)
+        return _report(action, None, outcomes)
+
+    async def act_on_state(
+        self,
+        action: Action,
+        state: JobState,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ActionReport:
+        """Retry, cancel or purge every job of the inspected queues in ``state``.
+
+        Works page by page (``PAGE`` jobs per broker call). ``progress(done, total)`` is
+        called after each page; ``total`` is the count when the operation started, and
+        jobs that arrive meanwhile are not chased past it.
+        """
+        if state not in ACTIONS[action]:
+            allowed = ", ".join(s.value for s in ACTIONS[action])
+            raise ConfigError(f"cannot {action} {state.value} jobs; {action} applies to: {allowed}")
+        counts = await self.counts()
+        total = sum(c.get(state, 0) for c in counts.values())
+        outcomes: dict[str, str] = {}
+        seen = 0
+        for queue in self.queues:
+            remaining = counts[queue].get(state, 0)
+            skip = 0  # jobs that stay in the state (a cancel requested for a running job)
+            while remaining > 0:
+                page = await self.client.broker.list_jobs(
+                    queue, state, offset=skip, limit=min(PAGE, remaining)
+                )
+                page = [job_id for job_id in page if job_id not in outcomes]
+                if not page:
+                    break
+                done = await self._apply(action, page, state=state)
+                outcomes.update(done)
+                skip += sum(1 for o in done.values() if o == CancelOutcome.REQUESTED.value)
+                remaining -= len(page)
+                seen += len(page)
+                if progress is not None:
+                    progress(min(seen, total), total)
+        return _report(action, state, outcomes)
+
+    async def _apply(
+        self, action: Action, ids: list[str], *, state: JobState | None
+    ) -> dict[str, str]:
+        broker = self.client.broker
+        if action == "retry":
+            retried = await broker.retry(ids)
+            return {i: o.value for i, o in zip(ids, retried, strict=True)}
+        if action == "purge":
+            removed = await broker.remove(ids, states=None if state is None else [state])
+            return {i: "purged" if ok else "not_found" for i, ok in zip(ids, removed, strict=True)}
+        # The broker cancels one job per call; many calls run concurrently, bounded.
+        cancelled: dict[str, str] = {}
+        limiter = anyio.CapacityLimiter(_CANCEL_CONCURRENCY)
+
+        async def cancel(job_id: str) -> None:
+            async with limiter:
+                cancelled[job_id] = (await broker.cancel(job_id)).value
+
+        async with anyio.create_task_group() as tg:
+            for job_id in ids:
+                tg.start_soon(cancel, job_id)
+        return {i: cancelled[i] for i in ids}
+
+
+_DONE = {"retried", "purged", CancelOutcome.CANCELLED.value, CancelOutcome.REQUESTED.value}
+
+
+def _report(action: Action, state: JobState | None, outcomes: dict[str, str]) -> ActionReport:
+    done = sum(1 for o in outcomes.values() if o in _DONE)
+    return ActionReport(action=action, state=state, done=done, outcomes=outcomes)
+
+
+def all_done(report: ActionReport) -> bool:
+    """True when every job of the report was acted on (the CLI's exit status)."""
+    return report.done == len(report.outcomes)
+
+
+# -- rendering -----------------------------------------------------------------------
+
+
+def _when(epoch: float) -> str:
+    if not epoch or not math.isfinite(epoch):
+        return "-"
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def render_overview(console: Console, overview: Overview) -> None:
+    """Draw the counts table and the jobs table."""
+    counts = Table(title=f"app {overview.app!r} on {overview.broker}", title_justify="left")
+    counts.add_column("queue", style="bold")
+    for state in JobState:
+        counts.add_column(state.value, justify="right")
+    for queue, by_state in sorted(overview.counts.items()):
+        counts.add_row(queue, *(str(by_state.get(s, 0)) for s in JobState))
+    console.print(counts)
+    if not overview.jobs:
+        console.print(f"no {overview.state.value} jobs")
+        return
+    jobs = Table(title=f"{overview.state.value} jobs", title_justify="left")
+    for column in ("id", "task", "queue", "attempt", "finished", "reason", "error"):
+        jobs.add_column(column, overflow="fold")
+    for job in overview.jobs:
+        error = job.error
+        jobs.add_row(
+            job.id,
+            job.task,
+            job.queue,
+            str(job.attempt),
+            _when(job.finished_at),
+            "-" if error is None else error.reason.value,
+            "-" if error is None else f"{error.error_type}: {error.message}",
+        )
+    console.print(jobs)
+
+
+def render_action(console: Console, report: ActionReport) -> None:
+    """Draw the outcome of retry / cancel / purge."""
+    what = f"all {report.state.value} jobs" if report.state is not None else "jobs by id"
+    console.print(f"{report.action} {what}: {report.done} of {len(report.outcomes)} done")
+    shown = {i: o for i, o in report.outcomes.items() if o not in _DONE}
+    if report.state is None:
+        shown = report.outcomes
+    if not shown:
+        return
+    table = Table()
+    table.add_column("id")
+    table.add_column("outcome")
+    for job_id, outcome in shown.items():
+        table.add_row(job_id, outcome)
+    console.print(table)
