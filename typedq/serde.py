@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import types
+import typing
 from functools import cached_property
 from typing import Any, Generic, TypeAlias, TypeVar, cast
 
@@ -18,7 +20,7 @@ import pydantic
 
 from .errors import ConfigError, EncodeError, InvalidPayload, PayloadTooLarge
 
-__all__ = ["Codec", "Model", "codec_for", "is_model_type"]
+__all__ = ["Codec", "Model", "codec_for", "is_model_type", "optional_model"]
 
 #: What may cross the queue as a task's input (and, or ``None``, its output).
 Model: TypeAlias = msgspec.Struct | pydantic.BaseModel
@@ -35,6 +37,17 @@ def is_model_type(tp: object) -> bool:
     return isinstance(tp, type) and issubclass(tp, msgspec.Struct | pydantic.BaseModel)
 
 
+def optional_model(tp: object) -> type[Any] | None:
+    """The model of ``Model | None`` (or ``Optional[Model]``), else ``None``."""
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return None
+    args = typing.get_args(tp)
+    models = [a for a in args if a is not type(None)]
+    if len(args) == 2 and len(models) == 1 and is_model_type(models[0]):
+        return cast(type[Any], models[0])
+    return None
+
+
 class Codec(Generic[T]):
     """Encodes values of one model type to msgpack bytes and validates them back."""
 
@@ -42,30 +55,39 @@ class Codec(Generic[T]):
         self.type = tp
         self.max_bytes = max_bytes
         self._is_none = tp is type(None)
-        self._is_pydantic = is_model_type(tp) and issubclass(tp, pydantic.BaseModel)
-        if not (self._is_none or is_model_type(tp)):
+        # `Model | None`: None travels as msgpack nil, anything else as the model.
+        inner = optional_model(tp)
+        self._optional = inner is not None
+        self._model: type[Any] = inner if inner is not None else tp
+        self._is_pydantic = is_model_type(self._model) and issubclass(
+            self._model, pydantic.BaseModel
+        )
+        if not (self._is_none or is_model_type(self._model)):
             raise ConfigError(
                 f"{tp!r} is not a model: task inputs and outputs must be msgspec.Struct or "
-                "pydantic.BaseModel subclasses (outputs may also be None)"
+                "pydantic.BaseModel subclasses (outputs may also be None or Model | None)"
             )
         self._decoder: msgspec.msgpack.Decoder[Any] | None = (
-            None if self._is_pydantic or self._is_none else msgspec.msgpack.Decoder(tp)
+            None if self._is_pydantic or self._is_none else msgspec.msgpack.Decoder(self._model)
         )
 
     @property
     def name(self) -> str:
         """The model's qualified name, as shown in errors and schemas."""
-        return "None" if self._is_none else f"{self.type.__module__}.{self.type.__qualname__}"
+        if self._is_none:
+            return "None"
+        name = f"{self._model.__module__}.{self._model.__qualname__}"
+        return f"{name} | None" if self._optional else name
 
     def encode(self, value: T) -> bytes:
         """Serialize ``value``; raise EncodeError or PayloadTooLarge naming what is wrong."""
-        if self._is_none:
+        if self._is_none or (self._optional and value is None):
             if value is not None:
                 raise EncodeError(f"expected None, got {type(value).__qualname__}")
             return _NONE
-        if not isinstance(value, self.type):
+        if not isinstance(value, self._model):
             raise EncodeError(
-                f"expected an instance of {self.type.__qualname__}, got {type(value).__qualname__}"
+                f"expected an instance of {self._model.__qualname__}, got {type(value).__qualname__}"
             )
         try:
             if self._is_pydantic:
@@ -75,40 +97,53 @@ class Codec(Generic[T]):
             else:
                 data = _encoder.encode(value)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise EncodeError(f"cannot encode {self.type.__qualname__}: {exc}") from exc
+            raise EncodeError(f"cannot encode {self._model.__qualname__}: {exc}") from exc
         if self.max_bytes is not None and len(data) > self.max_bytes:
-            raise PayloadTooLarge(len(data), self.max_bytes, f"{self.type.__qualname__} payload")
+            raise PayloadTooLarge(len(data), self.max_bytes, f"{self._model.__qualname__} payload")
         return data
 
     def decode(self, data: bytes) -> T:
         """Validate ``data`` into the model; raise InvalidPayload naming the bad field."""
         if self.max_bytes is not None and len(data) > self.max_bytes:
-            raise PayloadTooLarge(len(data), self.max_bytes, f"{self.type.__qualname__} payload")
+            raise PayloadTooLarge(len(data), self.max_bytes, f"{self._model.__qualname__} payload")
+        if self._optional and data == _NONE:
+            return cast(T, None)
         try:
             if self._decoder is not None:
                 return cast(T, self._decoder.decode(data))
             raw = _any_decoder.decode(data)
         except msgspec.ValidationError as exc:
-            raise InvalidPayload(f"{self.type.__qualname__}: {exc}") from None
+            raise InvalidPayload(f"{self._model.__qualname__}: {exc}") from None
         except msgspec.DecodeError as exc:
-            raise InvalidPayload(f"{self.type.__qualname__}: not msgpack: {exc}") from None
+            raise InvalidPayload(f"{self._model.__qualname__}: not msgpack: {exc}") from None
         if self._is_none:
             if raw is not None:
                 raise InvalidPayload(f"expected nil, got {type(raw).__name__}")
             return cast(T, None)
         try:
-            return cast(T, cast(type[pydantic.BaseModel], self.type).model_validate(raw))
+            return cast(T, cast(type[pydantic.BaseModel], self._model).model_validate(raw))
         except pydantic.ValidationError as exc:
-            raise InvalidPayload(_pydantic_message(self.type.__qualname__, exc)) from None
+            raise InvalidPayload(_pydantic_message(self._model.__qualname__, exc)) from None
 
     @cached_property
     def json_schema(self) -> dict[str, Any]:
         """The JSON Schema of the model (for producers in other languages)."""
         if self._is_none:
             return {"type": "null"}
+        if self._optional:
+            # Hoist $defs to the root so the model's "#/$defs/..." references still resolve.
+            inner = dict(self._model_schema())
+            defs = inner.pop("$defs", None)
+            schema: dict[str, Any] = {"anyOf": [inner, {"type": "null"}]}
+            if defs is not None:
+                schema["$defs"] = defs
+            return schema
+        return self._model_schema()
+
+    def _model_schema(self) -> dict[str, Any]:
         if self._is_pydantic:
-            return cast(type[pydantic.BaseModel], self.type).model_json_schema()
-        schema: dict[str, Any] = msgspec.json.schema(self.type)
+            return cast(type[pydantic.BaseModel], self._model).model_json_schema()
+        schema: dict[str, Any] = msgspec.json.schema(self._model)
         return schema
 
     @cached_property

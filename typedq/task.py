@@ -33,7 +33,7 @@ from .context import JobContext
 from .errors import ConfigError
 from .job import Job
 from .names import check_job_id, check_name, key_job_id, new_job_id
-from .serde import Codec, codec_for, is_model_type
+from .serde import Codec, codec_for, is_model_type, optional_model
 
 if TYPE_CHECKING:
     from .client import Client
@@ -417,10 +417,14 @@ def handler_types(fn: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
     output_type: Any = hints["return"]
     if output_type is None:
         output_type = type(None)
-    if not (output_type is type(None) or is_model_type(output_type)):
+    if not (
+        output_type is type(None)
+        or is_model_type(output_type)
+        or optional_model(output_type) is not None
+    ):
         raise ConfigError(
             f"handler {where} returns {output_type!r}; it must return a msgspec.Struct or "
-            "pydantic.BaseModel subclass, or None"
+            "pydantic.BaseModel subclass, None, or Model | None"
         )
     assert input_type is not None
     return input_type, output_type
