@@ -59,7 +59,9 @@ def main() -> None:
     results = [anyio.run(one_run, args.jobs, args.concurrency) for _ in range(args.runs)]
     enqueue = statistics.median(r[0] for r in results)
     drain = statistics.median(r[1] for r in results)
-    print(f"embedded broker, {args.jobs} jobs, concurrency {args.concurrency}, median of {args.runs}:")
+    print(
+        f"embedded broker, {args.jobs} jobs, concurrency {args.concurrency}, median of {args.runs}:"
+    )
     print(f"  enqueue_many: {enqueue:,.0f} jobs/s")
     print(f"  drain:        {drain:,.0f} jobs/s")
 
