@@ -31,11 +31,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+## Generated producer stubs match their apps (each file's header names its app).
+stubs-check: $(STAMP)
+	$(BIN)/python -m typedq stubs --check $(filter-out stubs/__init__.py,$(wildcard stubs/*.py))
+
 pytest: $(STAMP) redis-server
 	$(BIN)/pytest -q
 
 ## Everything CI checks: lint, mypy --strict, the whole test suite.
-test: lint typecheck pytest
+test: lint typecheck stubs-check pytest
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache

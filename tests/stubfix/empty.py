@@ -1,0 +1,7 @@
+"""An app with no tasks."""
+
+from __future__ import annotations
+
+from typedq import App
+
+app = App("empty")
