@@ -175,8 +175,10 @@ class RedisBroker(Broker):
         self._sub_client: aioredis.Redis | None = None
         self._pubsub: Any = None
         self._listener: asyncio.Task[None] | None = None
-        self._sub_lock = anyio.Lock()
-        self._subscribed: set[str] = set()
+        # Channels asked for but not yet subscribed; the listener task does all I/O
+        # on the pub/sub connection (concurrent reads and reconnects would corrupt it).
+        self._pending: set[str] = set()
+        self._read_scope: anyio.CancelScope | None = None
         self._sub_ready: dict[str, anyio.Event] = {}
         # Wake-ups from pub/sub: per-queue generations (+ one bumped on resubscribe),
         # so a notification that lands between a claim and the wait is not lost.
@@ -283,7 +285,7 @@ class RedisBroker(Broker):
                     await client.aclose()
                     await client.connection_pool.disconnect()
         self._redis = self._sub_client = None
-        self._subscribed.clear()
+        self._pending.clear()
         self._sub_ready.clear()
         # Wake everything that waits so no task hangs on a closed broker.
         self._work_event.set()
@@ -702,22 +704,19 @@ class RedisBroker(Broker):
     async def _subscribe(self, channel: str, *, wait: float | None = None) -> None:
         """Subscribe once per channel; with ``wait`` (a monotonic deadline), until confirmed."""
         self._conn()
-        if channel not in self._subscribed:
-            async with self._sub_lock:
-                if channel not in self._subscribed:
-                    assert self._sub_client is not None
-                    if self._pubsub is None:
-                        self._pubsub = self._sub_client.pubsub()
-                    self._sub_ready[channel] = anyio.Event()
-                    with self._translate(f"subscribing to {channel}"):
-                        await self._pubsub.subscribe(channel)
-                    self._subscribed.add(channel)
-                    if self._listener is None:
-                        self._listener = asyncio.get_running_loop().create_task(
-                            self._listen(), name=f"typedq redis listener {self.keys.prefix}"
-                        )
         ready = self._sub_ready.get(channel)
-        if wait is not None and ready is not None and not ready.is_set():
+        if ready is None:
+            ready = self._sub_ready[channel] = anyio.Event()
+            self._pending.add(channel)
+            if self._listener is None:
+                self._listener = asyncio.get_running_loop().create_task(
+                    self._listen(), name=f"typedq redis listener {self.keys.prefix}"
+                )
+            elif self._read_scope is not None:
+                # Interrupt the listener's read so it subscribes now. Safe: a pub/sub
+                # read keeps partial replies in the parser (its own timeouts work so).
+                self._read_scope.cancel()
+        if wait is not None and not ready.is_set():
             with anyio.move_on_after(min(SOCKET_TIMEOUT, max(0.0, wait - time.monotonic()))):
                 await ready.wait()
 
@@ -776,12 +775,20 @@ class RedisBroker(Broker):
         failures = 0
         last_heard = time.monotonic()
         pinged_at: float | None = None
+        assert self._sub_client is not None
+        pubsub = self._pubsub = self._sub_client.pubsub()
         while True:
-            pubsub = self._pubsub
-            if pubsub is None:
-                return
             try:
-                message = await pubsub.get_message(timeout=1.0)
+                while self._pending:
+                    channels = sorted(self._pending)
+                    await pubsub.subscribe(*channels)
+                    self._pending.difference_update(channels)
+                with anyio.CancelScope() as scope:
+                    self._read_scope = scope
+                    message = await pubsub.get_message(timeout=1.0)
+                self._read_scope = None
+                if scope.cancelled_caught:
+                    continue
                 now = time.monotonic()
                 if message is None:
                     if pinged_at is None and now - last_heard > _PUBSUB_PING_AFTER:
@@ -793,7 +800,9 @@ class RedisBroker(Broker):
                         log.warning("%s: pub/sub connection silent; reconnecting", self._where)
                         pinged_at = None
                         last_heard = now
-                        await pubsub.connection.disconnect()
+                        connection: Any = pubsub.connection  # typed as None in redis-py
+                        if connection is not None:
+                            await connection.disconnect()
                         self._wake_all()
                     continue
                 last_heard, pinged_at = now, None
@@ -802,6 +811,7 @@ class RedisBroker(Broker):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                self._read_scope = None
                 failures += 1
                 if failures == 1 or failures % 30 == 0:
                     log.warning(

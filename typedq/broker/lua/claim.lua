@@ -87,12 +87,12 @@ local function activate(id, q)
   if ty == 'none' then return end  -- an id with no job behind it: dropped
   if ty ~= 'hash' then
     -- Bytes that are not a job hash: keep them as the job's message, so the
-    -- worker fails this job with reason decode_error instead of losing it.
+    -- worker fails this job with reason decode_error instead of losing it. (It
+    -- most likely replaced a counted waiting job, so the counts stay as they are.)
     local raw = ''
     if ty == 'string' then raw = redis.call('GET', jk) end
     redis.call('DEL', jk)
     redis.call('HSET', jk, 'm', raw, 'q', q, 's', 'w', 'e', now, 'o', 0)
-    count(q, 'w', 1)
   end
   local r = redis.call('HMGET', jk, 's', 'm', 'a', 'e', 'k')
   if r[1] ~= 'w' then return end  -- stale entry: the job left waiting meanwhile

@@ -55,7 +55,10 @@ end
 local function flush_counts()
   for q, m in pairs(deltas) do
     for s, d in pairs(m) do
-      if d ~= 0 then redis.call('HINCRBY', k_counts(q), s, d) end
+      -- Never below zero, even after bytes that typedq did not write were dropped.
+      if d ~= 0 and redis.call('HINCRBY', k_counts(q), s, d) < 0 then
+        redis.call('HSET', k_counts(q), s, 0)
+      end
     end
   end
 end

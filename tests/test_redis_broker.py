@@ -1,0 +1,509 @@
+"""The Redis broker beyond the shared contract: round trips, idempotent re-sends,
+fencing, bad bytes in Redis, script cache flushes, connection settings, ACLs.
+
+Every test talks to a real redis-server spawned by the suite (never :6379).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+
+from tests.redis_harness import RedisProcess, flushall, redis_process
+from typedq import App, BrokerError, BrokerUnavailable, FailureReason, JobFailed, JobState
+from typedq.broker.base import (
+    BrokerSettings,
+    Completion,
+    FinishOutcome,
+    JobMessage,
+    LeaseStatus,
+    Retention,
+)
+from typedq.broker.redis import CONNECT_TIMEOUT, RETRIES, SOCKET_TIMEOUT, RedisBroker
+from typedq.errors import FailureRecord
+from typedq.task import DEFAULT_QUEUE
+
+pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """redis-py is asyncio-only."""
+    return "asyncio"
+
+
+@pytest.fixture
+def url(redis_server: RedisProcess) -> str:
+    flushall(redis_server.port)
+    return redis_server.url
+
+
+class Item(msgspec.Struct, frozen=True):
+    n: int
+
+
+def message(job_id: str, *, queue: str = "q", priority: int = 0) -> JobMessage:
+    return JobMessage(id=job_id, task="t", queue=queue, payload=b"\x91\x01", priority=priority)
+
+
+@contextlib.asynccontextmanager
+async def broker_at(url: str, name: str = "rb", **settings: Any) -> AsyncIterator[RedisBroker]:
+    broker = RedisBroker(url, BrokerSettings(namespace=name, **settings))
+    await broker.connect()
+    try:
+        with anyio.fail_after(30):
+            yield broker
+    finally:
+        await broker.close()
+
+
+@contextlib.asynccontextmanager
+async def raw_redis(url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def evalsha_calls(raw: aioredis.Redis) -> int:
+    stats = await raw.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+@contextlib.asynccontextmanager
+async def client_commands(url: str) -> AsyncIterator[list[str]]:
+    """Names of the commands clients send while the block runs (MONITOR, scripts' own
+    commands left out): the real round trips."""
+    seen: list[str] = []
+    async with raw_redis(url) as raw, raw.monitor() as monitor:
+        yield seen
+        await raw.echo("typedq-monitor-end")
+        while True:
+            command = await monitor.next_command()
+            if command["command"] == "ECHO typedq-monitor-end":
+                break
+            if command["client_type"] != "lua":
+                seen.append(command["command"].split()[0].upper())
+
+
+# -- layout ---------------------------------------------------------------------------
+
+
+async def test_lua_key_names_match_the_keys_module(url: str) -> None:
+    async with broker_at(url, "layout") as broker:
+        k = broker.keys
+        names = await broker._eval("keys", [], [k.prefix, "q1", "-3", "job-1"])
+        assert [n.decode() for n in names] == [
+            k.job("job-1"),
+            k.levels("q1"),
+            k.waiting("q1", -3),
+            k.scheduled("q1"),
+            k.counts("q1"),
+            k.work_channel,
+            k.done_channel,
+            k.cancel_channel,
+        ]
+    async with raw_redis(url) as raw:
+        async with broker_at(url, "layout") as broker:
+            await broker.enqueue([message("a"), message("b", queue="other", priority=2)])
+        keys = {k.decode() async for k in raw.scan_iter("*")}
+        # One hash tag for the whole app: the same cluster slot for every key.
+        assert keys
+        assert all(k.startswith("typedq:{layout}:") for k in keys)
+
+
+# -- round trips ----------------------------------------------------------------------
+
+
+async def test_concurrent_single_enqueues_are_coalesced(url: str) -> None:
+    app = App("coalesce", broker=url)
+
+    @app.task
+    async def noop(item: Item) -> None:
+        return None
+
+    async with app, raw_redis(url) as raw:
+        await raw.config_resetstat()
+        async with anyio.create_task_group() as tg:
+            for i in range(1000):
+                tg.start_soon(noop.enqueue, Item(n=i))
+        calls = await evalsha_calls(raw)
+        counts = await app.broker.counts(DEFAULT_QUEUE)
+    assert counts[JobState.WAITING] == 1000
+    assert calls <= 50, f"1000 concurrent enqueues took {calls} script calls"
+
+
+async def test_enqueue_many_has_no_per_job_round_trip(url: str) -> None:
+    app = App("bulk", broker=url)
+
+    @app.task
+    async def noop(item: Item) -> None:
+        return None
+
+    async with app:
+        async with client_commands(url) as sent:
+            jobs = await noop.enqueue_many([Item(n=i) for i in range(10_000)])
+        counts = await app.broker.counts(DEFAULT_QUEUE)
+    assert len({j.id for j in jobs}) == 10_000
+    assert counts[JobState.WAITING] == 10_000
+    # One script call per chunk of 500; besides, only the handshakes of the few
+    # pooled connections that send the chunks concurrently.
+    assert sent.count("EVALSHA") == 20
+    others = [c for c in sent if c != "EVALSHA"]
+    assert set(others) <= {"HELLO", "CLIENT", "PING", "SELECT"}
+    assert len(others) <= 40
+
+
+# -- idempotent re-sends (a lost reply, then the client's automatic retry) ------------
+
+
+async def test_resent_enqueue_creates_nothing(url: str) -> None:
+    async with broker_at(url) as broker:
+        batch = [message(f"j{i}") for i in range(100)]
+        first = await broker.enqueue(batch)
+        again = await broker.enqueue(batch)
+        assert all(o.created for o in first)
+        assert not any(o.created for o in again)
+        assert (await broker.counts("q"))[JobState.WAITING] == 100
+
+
+async def test_resent_claim_returns_the_same_jobs(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with broker_at(url) as broker:
+        await broker.enqueue([message(f"j{i}") for i in range(10)])
+        # The same claim token twice: what a re-sent EVALSHA looks like to Redis.
+        monkeypatch.setattr("typedq.broker.redis.secrets.token_hex", lambda _: "feedfacefeedface")
+        first = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        again = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        assert [c.message.id for c in first] == ["j0", "j1", "j2", "j3"]
+        assert [(c.message.id, c.token, c.attempt) for c in again] == [
+            (c.message.id, c.token, c.attempt) for c in first
+        ]
+        counts = await broker.counts("q")
+        assert counts[JobState.ACTIVE] == 4
+        assert counts[JobState.WAITING] == 6
+        monkeypatch.undo()
+        fresh = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        assert [c.message.id for c in fresh] == ["j4", "j5", "j6", "j7"]
+
+
+async def test_resent_complete_answers_already_finished(url: str) -> None:
+    async with broker_at(url) as broker:
+        await broker.enqueue([message("a")])
+        (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        done = [Completion("a", job.token, b"r1")]
+        assert await broker.complete(done) == [FinishOutcome.OK]
+        assert await broker.complete(done) == [FinishOutcome.ALREADY_FINISHED]
+        (record,) = await broker.get(["a"])
+        assert record is not None
+        assert record.state is JobState.COMPLETED
+        assert record.result == b"r1"
+        assert (await broker.counts("q"))[JobState.COMPLETED] == 1
+
+
+# -- fencing --------------------------------------------------------------------------
+
+
+async def test_taken_over_lease_cannot_complete(url: str) -> None:
+    async with broker_at(url) as broker:
+        await broker.enqueue([message("a")])
+        (stale,) = await broker.claim(["q"], 1, worker_id="w1", lease=0.2)
+        await anyio.sleep(0.3)
+        assert await broker.recover_stalled() == 1
+        (owner,) = await broker.claim(["q"], 1, worker_id="w2", lease=30)
+        assert owner.attempt == 2
+        assert owner.stalls == 1
+        assert await broker.renew([("a", stale.token)], 30) == [LeaseStatus.LOST]
+        assert await broker.complete([Completion("a", stale.token, b"stale")]) == [
+            FinishOutcome.LEASE_LOST
+        ]
+        (record,) = await broker.get(["a"])
+        assert record is not None
+        assert record.state is JobState.ACTIVE
+        assert record.result is None
+        assert await broker.complete([Completion("a", owner.token, b"mine")]) == [FinishOutcome.OK]
+        assert await broker.complete([Completion("a", stale.token, b"stale")]) == [
+            FinishOutcome.LEASE_LOST
+        ]
+        (record,) = await broker.get(["a"])
+        assert record is not None
+        assert record.result == b"mine"
+
+
+async def test_concurrent_reapers_recover_each_job_once(url: str) -> None:
+    async with broker_at(url, max_stalls=5) as broker:
+        await broker.enqueue([message(f"j{i}") for i in range(500)])
+        await broker.claim(["q"], 500, worker_id="w", lease=0.1)
+        await anyio.sleep(0.2)
+        results: list[int] = []
+
+        async def reap() -> None:
+            while (n := await broker.recover_stalled(limit=50)) > 0:
+                results.append(n)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(reap)
+        assert sum(results) == 500
+        jobs = await broker.claim(["q"], 1000, worker_id="w", lease=30)
+        assert len(jobs) == 500
+        assert {(j.attempt, j.stalls) for j in jobs} == {(2, 1)}
+
+
+# -- bytes in Redis that typedq did not write -------------------------------------------
+
+
+async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(url: str) -> None:
+    app = App("garbage", broker=url, lease=5)
+    ran: list[int] = []
+
+    @app.task
+    async def record(item: Item) -> None:
+        ran.append(item.n)
+
+    async with app, raw_redis(url) as raw:
+        keys = app.broker.keys  # type: ignore[attr-defined]
+        before = await record.enqueue_many([Item(n=i) for i in range(5)])
+        bad_field = await record.enqueue(Item(n=100))
+        bad_key = await record.enqueue(Item(n=101))
+        await raw.hset(keys.job(bad_field.id), "m", b"\xc1\xff not msgpack")
+        await raw.delete(keys.job(bad_key.id))
+        await raw.set(keys.job(bad_key.id), b"\x80garbage")
+        # Ids pushed straight into the queue: one with no job, one with junk bytes.
+        await raw.set(keys.job("junk-1"), b"{not a job")
+        await raw.lpush(keys.waiting(DEFAULT_QUEUE, 0), "ghost-1", "junk-1")
+        async with app.worker(concurrency=4):
+            for job in before:
+                await job.result(timeout=10)
+            for job_id in (bad_field.id, bad_key.id, "junk-1"):
+                with pytest.raises(JobFailed) as failed:
+                    await record.job(job_id).result(timeout=10)
+                assert failed.value.reason is FailureReason.DECODE_ERROR
+                assert failed.value.record.error_type == "DecodeError"
+                assert job_id in failed.value.record.message
+            after = await record.enqueue(Item(n=7))
+            await after.result(timeout=10)
+        assert await app.broker.get(["ghost-1"]) == [None]
+        counts = await app.broker.counts(DEFAULT_QUEUE)
+    assert sorted(ran) == [0, 1, 2, 3, 4, 7]
+    assert counts[JobState.FAILED] == 3
+    assert counts[JobState.COMPLETED] == 6
+    assert counts[JobState.WAITING] == counts[JobState.ACTIVE] == 0
+
+
+async def test_script_cache_flush_mid_run_is_invisible(url: str) -> None:
+    app = App("flush", broker=url, lease=5)
+
+    @app.task
+    async def noop(item: Item) -> None:
+        return None
+
+    async with app, raw_redis(url) as raw:
+
+        async def flusher() -> None:
+            while True:
+                await raw.script_flush()
+                await anyio.sleep(0.01)
+
+        async with app.worker(concurrency=16), anyio.create_task_group() as tg:
+            tg.start_soon(flusher)
+            jobs = []
+            for start in range(0, 2000, 100):
+                jobs += await noop.enqueue_many([Item(n=i) for i in range(start, start + 100)])
+            for job in jobs:
+                await job.result(timeout=20)
+            tg.cancel_scope.cancel()
+        assert (await app.broker.counts(DEFAULT_QUEUE))[JobState.COMPLETED] == 2000
+
+
+# -- retention ------------------------------------------------------------------------
+
+
+async def test_retention_bounds_finished_jobs(url: str) -> None:
+    retention = Retention(completed_max=50, failed_max=20)
+    async with broker_at(url, retention=retention) as broker, raw_redis(url) as raw:
+        await broker.enqueue([message(f"j{i}") for i in range(300)])
+        while jobs := await broker.claim(["q"], 64, worker_id="w", lease=30):
+            await broker.complete([Completion(j.message.id, j.token, b"") for j in jobs])
+        counts = await broker.counts("q")
+        assert counts[JobState.COMPLETED] == 50
+        assert await raw.zcard(broker.keys.done_completed) == 50
+        # The newest 50 are kept, the rest are gone for good.
+        assert (await broker.get(["j299"]))[0] is not None
+        assert await broker.get(["j0"]) == [None]
+        assert await raw.dbsize() < 60
+
+
+# -- connection behaviour -------------------------------------------------------------
+
+
+async def test_client_settings_are_explicit(url: str) -> None:
+    async with broker_at(url) as broker:
+        pool = broker._conn().connection_pool
+        kwargs = pool.connection_kwargs
+        assert kwargs["socket_timeout"] == SOCKET_TIMEOUT
+        assert kwargs["socket_connect_timeout"] == CONNECT_TIMEOUT
+        assert kwargs["socket_keepalive"] is True
+        assert kwargs["health_check_interval"] > 0
+        assert kwargs["retry"].get_retries() == RETRIES
+        assert isinstance(pool, aioredis.BlockingConnectionPool)
+
+
+async def test_cancelled_command_does_not_corrupt_the_connection(url: str) -> None:
+    async with broker_at(url) as broker:
+        ids = [f"j{i}" for i in range(10)]
+        await broker.enqueue([message(i) for i in ids])
+        execute: Any = broker._conn().execute_command
+        for i in range(20):
+            with anyio.move_on_after(0.005):
+                await execute("DEBUG", "SLEEP", "0.03")
+            job_id = ids[i % len(ids)]
+            (record,) = await broker.get([job_id])
+            assert record is not None
+            assert record.message.id == job_id
+
+
+async def require_password(server: RedisProcess, password: str) -> None:
+    # Set after start: the harness checks readiness with a PING that has no AUTH.
+    async with raw_redis(server.url) as raw:
+        await raw.config_set("requirepass", password)
+
+
+async def test_unreachable_redis_fails_fast_without_the_password() -> None:
+    with redis_process() as server:
+        await require_password(server, "s3cret-pw")
+        url = f"redis://:s3cret-pw@127.0.0.1:{server.port}/0"
+        async with broker_at(url, "down") as broker:
+            assert "s3cret-pw" not in repr(broker)
+            await broker.enqueue([message("a")])
+            server.kill()
+            start = time.monotonic()
+            with pytest.raises(BrokerUnavailable) as caught:
+                await broker.enqueue([message("b")])
+            assert time.monotonic() - start < 15
+            assert f"127.0.0.1:{server.port}" in str(caught.value)
+            assert "s3cret-pw" not in str(caught.value)
+        wrong = RedisBroker(
+            f"redis://:nope@127.0.0.1:{server.port}/0", BrokerSettings(namespace="x")
+        )
+        with pytest.raises(BrokerUnavailable):
+            await wrong.connect()
+
+
+async def test_wrong_password_is_a_clear_error() -> None:
+    with redis_process() as server:
+        await require_password(server, "s3cret-pw")
+        broker = RedisBroker(
+            f"redis://:wrong-pw@127.0.0.1:{server.port}/0", BrokerSettings(namespace="x")
+        )
+        with pytest.raises(BrokerError) as caught:
+            await broker.connect()
+        assert "wrong-pw" not in str(caught.value)
+        assert f"127.0.0.1:{server.port}" in str(caught.value)
+
+
+async def test_eviction_policy_warning(url: str, caplog: pytest.LogCaptureFixture) -> None:
+    async with raw_redis(url) as raw:
+        await raw.config_set("maxmemory-policy", "allkeys-lru")
+        try:
+            with caplog.at_level(logging.WARNING, logger="typedq.broker.redis"):
+                async with broker_at(url):
+                    pass
+        finally:
+            await raw.config_set("maxmemory-policy", "noeviction")
+    assert "allkeys-lru" in caplog.text
+    assert "noeviction" in caplog.text
+
+
+async def test_waiters_survive_a_pubsub_reconnect(url: str) -> None:
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        await broker.enqueue([message("a")])
+        got: list[JobState | None] = []
+
+        async def wait() -> None:
+            record = await broker.wait_finished("a", 10)
+            got.append(None if record is None else record.state)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.sleep(0.2)
+            await raw.client_kill_filter(_type="pubsub")
+            await anyio.sleep(0.2)
+            (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+            await broker.complete([Completion("a", job.token, b"")])
+        assert got == [JobState.COMPLETED]
+
+        # Work notifications also come back after the subscriber connection dies.
+        assert await broker.claim(["q"], 1, worker_id="w", lease=30) == []
+        await raw.client_kill_filter(_type="pubsub")
+        async with anyio.create_task_group() as tg:
+
+            async def enqueue_later() -> None:
+                await anyio.sleep(0.5)
+                await broker.enqueue([message("b")])
+
+            tg.start_soon(enqueue_later)
+            start = time.monotonic()
+            while not await broker.claim(["q"], 1, worker_id="w", lease=30):
+                await broker.wait_for_jobs(["q"], 10)
+            assert time.monotonic() - start < 5
+
+
+async def test_least_privilege_acl_user(url: str, redis_server: RedisProcess) -> None:
+    async with raw_redis(url) as raw:
+        execute: Any = raw.execute_command  # untyped in redis-py
+        await execute(
+            "ACL", "SETUSER", "app1", "reset", "on", ">pw1", "~typedq:{app1}:*",
+            "&typedq:{app1}:*", "-@all", "+@read", "+@write", "+@scripting",
+            "+@connection", "+@pubsub", "-@dangerous", "+time", "+info",
+        )  # fmt: skip
+        try:
+            user_url = f"redis://app1:pw1@127.0.0.1:{redis_server.port}/0"
+            async with broker_at(user_url, "app1") as broker:
+                await broker.enqueue([message("a")])
+                (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+                assert await broker.renew([("a", job.token)], 30) == [LeaseStatus.OK]
+
+                async def finish() -> None:
+                    await anyio.sleep(0.1)
+                    await broker.complete([Completion("a", job.token, b"ok")])
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(finish)
+                    record = await broker.wait_finished("a", 5)
+                assert record is not None
+                assert record.state is JobState.COMPLETED
+                assert await broker.recover_stalled() == 0
+            with pytest.raises(BrokerError, match="ACL"):
+                async with broker_at(user_url, "app2") as other:
+                    await other.enqueue([message("x")])
+        finally:
+            await execute("ACL", "DELUSER", "app1")
+
+
+async def test_stalled_job_fails_with_a_decodable_record(url: str) -> None:
+    async with broker_at(url, max_stalls=0) as broker:
+        await broker.enqueue([message("a")])
+        await broker.claim(["q"], 1, worker_id="w-lost", lease=0.05)
+        await anyio.sleep(0.1)
+        assert await broker.recover_stalled() == 1
+        (record,) = await broker.get(["a"])
+        assert record is not None
+        assert record.state is JobState.FAILED
+        assert record.error is not None
+        failure = msgspec.msgpack.decode(record.error, type=FailureRecord)
+        assert failure.reason is FailureReason.STALLED
+        assert failure.error_type == "WorkerLost"
+        assert failure.worker_id == "w-lost"
+        assert failure.attempt == 1
+        assert failure.failed_at == pytest.approx(time.time(), abs=60)
