@@ -1,0 +1,86 @@
+"""Celery adapter (runs in bench/.venvs/celery; Redis broker and Redis result backend).
+
+Celery's producer API is synchronous: each ``enqueue`` is ``task.delay(...)`` run in a thread
+pool as large as the number of producers (32 producers = 32 threads each awaiting one
+``delay`` at a time); ``broker_pool_limit`` is raised to 64 so producers do not queue for a
+connection. Celery has no bulk publish for independent tasks: the bulk workload runs the 100
+``delay`` calls of a batch in one thread (labelled so). Worker: ``celery worker --pool threads
+--concurrency C`` (the no-op handler is I/O-bound, and a prefork pool of 64 processes on a
+2-core box would measure the box) with ``--without-gossip --without-mingle
+--without-heartbeat``; default prefetch multiplier (4) and JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version
+from typing import Any
+
+from celery import Celery
+
+from . import common
+
+app = Celery("bench", broker=common.REDIS_URL, backend=common.REDIS_URL)
+app.conf.update(broker_pool_limit=64, worker_hijack_root_logger=False, result_expires=3600)
+
+
+@app.task(name="noop")
+def noop(payload: dict[str, Any]) -> None:
+    common.hit(payload["customer_id"], payload["t"])
+
+
+class CeleryAdapter:
+    name = "celery"
+    version = version("celery")
+    bulk_api = "loop of delay in one thread (no bulk API)"
+    notes = "Redis broker + backend; worker: --pool threads -c C; producers: 1 thread each"
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=32)
+
+    async def connect(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self.pool.shutdown()
+
+    def make(self, i: int, t: float) -> dict[str, Any]:
+        return common.payload_dict(i, t)
+
+    async def enqueue(self, payload: Any) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.pool, noop.delay, payload)
+
+    def _batch(self, payloads: list[Any]) -> None:
+        for p in payloads:
+            noop.delay(p)
+
+    async def enqueue_batch(self, payloads: list[Any]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.pool, self._batch, payloads)
+
+    def worker_argv(self, concurrency: int) -> list[str] | None:
+        cli = os.path.join(os.path.dirname(sys.executable), "celery")
+        return [
+            cli,
+            "-A",
+            "bench.adapters.celery:app",
+            "worker",
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(concurrency),
+            "--loglevel",
+            "WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+
+    async def run_worker_in_process(self, concurrency: int, stop: asyncio.Event) -> None:
+        raise NotImplementedError
+
+
+if __name__ == "__main__":
+    common.main(CeleryAdapter())

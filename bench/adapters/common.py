@@ -1,0 +1,381 @@
+"""The workload driver shared by every adapter (standard library only: it runs in every venv).
+
+An adapter module defines a class with the methods below and calls :func:`main` with it.
+``python -m bench.adapters.<system> '<json params>'`` then runs one workload and prints one
+JSON line. The Redis URL comes from ``$BENCH_REDIS_URL`` (the runner sets it), so module-level
+objects that the peers' own worker CLIs import (a Celery app, a taskiq broker, ...) see it too.
+
+Worker processes are the peers' own (their CLI where they have one); their handler calls
+:func:`hit` with the payload's enqueue timestamp. The first payload a worker sees is a warm-up
+(``customer_id == -1``): it marks the worker as ready and is not counted. Once the worker has
+run ``$BENCH_N`` counted jobs it writes a summary to ``$BENCH_OUT`` (atomically) and the driver
+stops it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+ROOT = Path(__file__).resolve().parents[2]  # the repository root, cwd of worker processes
+WARMUP_ID = -1
+# customer_id, invoice_id, the enqueue timestamp and a note: 100 bytes as compact JSON.
+NOTE = "x" * 25
+
+
+def payload_dict(i: int, t: float) -> dict[str, Any]:
+    """The 100-byte JSON-like payload every system carries (``t``: enqueue time, epoch s)."""
+    return {"customer_id": i, "invoice_id": 1_000_000 + i, "t": t, "note": NOTE}
+
+
+# -- the worker side ------------------------------------------------------------------------
+
+
+class Recorder:
+    """Counts handler finishes in a worker process and reports when ``$BENCH_N`` were seen."""
+
+    def __init__(self) -> None:
+        self.n = int(os.environ.get("BENCH_N", "0"))
+        self.out = os.environ.get("BENCH_OUT", "")
+        self.latencies: list[float] = []
+        self.first = 0.0
+        self.last = 0.0
+        self.lock = threading.Lock()  # Celery runs handlers in threads
+        self.reported = False
+
+    def hit(self, customer_id: int, t_enqueued: float) -> None:
+        now = time.time()
+        if customer_id == WARMUP_ID:
+            _write_atomic(self.out + ".ready", "{}")
+            return
+        with self.lock:
+            if self.reported:
+                return
+            if not self.latencies:
+                self.first = now
+            self.latencies.append(now - t_enqueued)
+            self.last = now
+            if len(self.latencies) >= self.n > 0:
+                self.reported = True
+                lat = sorted(self.latencies)
+                _write_atomic(
+                    self.out,
+                    json.dumps(
+                        {
+                            "count": len(lat),
+                            "first": self.first,
+                            "last": self.last,
+                            "p50": _pct(lat, 50),
+                            "p95": _pct(lat, 95),
+                            "p99": _pct(lat, 99),
+                        }
+                    ),
+                )
+
+
+def _write_atomic(path: str, text: str) -> None:
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    Path(tmp).write_text(text)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    result: dict[str, Any] = json.loads(text)
+    return result
+
+
+def _pct(sorted_values: Sequence[float], p: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, round(p / 100 * len(sorted_values) + 0.5) - 1))
+    return sorted_values[k]
+
+
+RECORDER = Recorder()
+
+
+def hit(customer_id: int, t_enqueued: float) -> None:
+    """Called by every adapter's no-op handler at its end."""
+    RECORDER.hit(customer_id, t_enqueued)
+
+
+# -- the producer side ------------------------------------------------------------------------
+
+
+class Adapter(Protocol):
+    """What each system implements (async; a sync library runs its calls in a thread pool)."""
+
+    name: str
+    version: str
+    bulk_api: str  # how enqueue_batch is done, e.g. "Queue.addBulk" or "gather (no bulk API)"
+    notes: str  # configuration worth knowing when reading the numbers
+
+    async def connect(self) -> None: ...
+    async def close(self) -> None: ...
+    def make(self, i: int, t: float) -> Any: ...
+    async def enqueue(self, payload: Any) -> None: ...
+    async def enqueue_batch(self, payloads: list[Any]) -> None: ...
+    def worker_argv(self, concurrency: int) -> list[str] | None:
+        """The worker process command, or None to run the worker in process (memory://)."""
+        ...
+
+    async def run_worker_in_process(self, concurrency: int, stop: asyncio.Event) -> None: ...
+
+
+def _redis_info_memory(url: str) -> int:
+    """``used_memory`` from INFO over a raw socket (no client library needed)."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 10) as s:
+        s.sendall(b"INFO memory\r\n")
+        data = b""
+        while b"\r\n" not in data:
+            data += s.recv(65536)
+        header, _, rest = data.partition(b"\r\n")
+        size = int(header[1:])
+        while len(rest) < size + 2:
+            rest += s.recv(65536)
+    for line in rest.decode().splitlines():
+        if line.startswith("used_memory:"):
+            return int(line.split(":", 1)[1])
+    raise RuntimeError("INFO memory has no used_memory")
+
+
+async def _timed(coro: Awaitable[None]) -> float:
+    started = time.perf_counter()
+    await coro
+    return time.perf_counter() - started
+
+
+async def w_single(a: Adapter, n: int, producers: int) -> dict[str, Any]:
+    """n single enqueues from `producers` coroutines, each awaiting one enqueue at a time."""
+    lat: list[float] = []
+    counter = iter(range(n))
+
+    async def producer() -> None:
+        for i in counter:
+            t0 = time.perf_counter()
+            await a.enqueue(a.make(i, time.time()))
+            lat.append(time.perf_counter() - t0)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(producer() for _ in range(producers)))
+    elapsed = time.perf_counter() - started
+    lat.sort()
+    return {
+        "jobs_per_s": n / elapsed,
+        "elapsed_s": elapsed,
+        "p50_ms": _pct(lat, 50) * 1000,
+        "p99_ms": _pct(lat, 99) * 1000,
+    }
+
+
+async def w_bulk(a: Adapter, n: int, batch: int) -> dict[str, Any]:
+    """n jobs as n/batch consecutive bulk calls; per-batch latency percentiles."""
+    lat: list[float] = []
+    started = time.perf_counter()
+    for start in range(0, n, batch):
+        now = time.time()
+        payloads = [a.make(i, now) for i in range(start, min(n, start + batch))]
+        lat.append(await _timed(a.enqueue_batch(payloads)))
+    elapsed = time.perf_counter() - started
+    lat.sort()
+    return {
+        "jobs_per_s": n / elapsed,
+        "elapsed_s": elapsed,
+        "batch_p50_ms": _pct(lat, 50) * 1000,
+        "batch_p99_ms": _pct(lat, 99) * 1000,
+    }
+
+
+async def prefill(a: Adapter, n: int, chunk: int = 1000) -> None:
+    """Fill the queue fast (not timed): bulk path in chunks, two chunks in flight."""
+    sem = asyncio.Semaphore(2)
+
+    async def one(start: int) -> None:
+        async with sem:
+            now = time.time()
+            await a.enqueue_batch([a.make(i, now) for i in range(start, min(n, start + chunk))])
+
+    await asyncio.gather(*(one(s) for s in range(0, n, chunk)))
+
+
+class WorkerProcess:
+    """The system's worker in its own process (or in this one, for memory://)."""
+
+    def __init__(self, a: Adapter, n: int, concurrency: int) -> None:
+        self.a = a
+        self.dir = tempfile.mkdtemp(prefix="bench-")
+        self.out = os.path.join(self.dir, "result.json")
+        self.n = n
+        self.concurrency = concurrency
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = os.path.join(self.dir, "worker.log")
+        self.task: asyncio.Task[None] | None = None
+        self.stop_event = asyncio.Event()
+
+    def start(self) -> None:
+        os.environ["BENCH_N"] = str(self.n)
+        os.environ["BENCH_OUT"] = self.out
+        argv = self.a.worker_argv(self.concurrency)
+        if argv is None:  # in-process worker: the recorder of this process counts
+            RECORDER.__init__()  # type: ignore[misc]
+            self.task = asyncio.ensure_future(
+                self.a.run_worker_in_process(self.concurrency, self.stop_event)
+            )
+            return
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv, cwd=ROOT, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT
+            )
+
+    async def wait_file(self, path: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while (result := _read_json(path)) is None:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}: {self.tail()}")
+            if self.task is not None and self.task.done():
+                self.task.result()
+                raise RuntimeError("in-process worker stopped early")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {os.path.basename(path)} in {timeout}s: {self.tail()}")
+            await asyncio.sleep(0.005)
+        return result
+
+    async def ready(self, timeout: float = 60) -> None:
+        await self.a.enqueue(self.a.make(WARMUP_ID, time.time()))
+        await self.wait_file(self.out + ".ready", timeout)
+
+    def tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return Path(self.log).read_text()[-3000:]
+        return ""
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.stop_event.set()
+            await asyncio.wait_for(self.task, 30)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            for _ in range(200):
+                if self.proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def w_e2e(a: Adapter, n: int, producers: int, concurrency: int) -> dict[str, Any]:
+    """n jobs from `producers` single-enqueue loops while the worker runs at `concurrency`."""
+    worker = WorkerProcess(a, n, concurrency)
+    worker.start()
+    try:
+        await worker.ready()
+        counter = iter(range(n))
+
+        async def producer() -> None:
+            for i in counter:
+                await a.enqueue(a.make(i, time.time()))
+
+        started = time.time()
+        await asyncio.gather(*(producer() for _ in range(producers)))
+        enqueued = time.time() - started
+        res = await worker.wait_file(worker.out, timeout=max(120.0, n / 50))
+    finally:
+        await worker.stop()
+    elapsed = res["last"] - started
+    return {
+        "jobs_per_s": n / elapsed,
+        "elapsed_s": elapsed,
+        "enqueue_s": enqueued,
+        "p50_ms": res["p50"] * 1000,
+        "p95_ms": res["p95"] * 1000,
+        "p99_ms": res["p99"] * 1000,
+    }
+
+
+async def w_drain(a: Adapter, n: int, concurrency: int) -> dict[str, Any]:
+    """n pre-filled jobs; the clock runs from the first handler finish to the last."""
+    await prefill(a, n)
+    worker = WorkerProcess(a, n, concurrency)
+    worker.start()
+    try:
+        res = await worker.wait_file(worker.out, timeout=max(120.0, n / 50))
+    finally:
+        await worker.stop()
+    elapsed = res["last"] - res["first"]
+    return {"jobs_per_s": (n - 1) / elapsed, "elapsed_s": elapsed}
+
+
+async def w_memory(a: Adapter, n: int) -> dict[str, Any]:
+    """Redis used_memory delta per waiting job after n enqueues (bulk path, no worker)."""
+    if not REDIS_URL.startswith(("redis://", "rediss://")):
+        raise RuntimeError("the memory workload needs Redis")
+    await a.enqueue(a.make(0, time.time()))  # creates the queue's keys and loads scripts
+    before = _redis_info_memory(REDIS_URL)
+    started = time.perf_counter()
+    await prefill(a, n)
+    fill_s = time.perf_counter() - started
+    after = _redis_info_memory(REDIS_URL)
+    return {
+        "bytes_per_job": (after - before) / n,
+        "used_memory_before": before,
+        "used_memory_after": after,
+        "fill_s": fill_s,
+    }
+
+
+async def _run(a: Adapter, params: dict[str, Any]) -> dict[str, Any]:
+    workload = params["workload"]
+    n = int(params["n"])
+    runs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
+        "single": lambda: w_single(a, n, int(params.get("producers", 32))),
+        "bulk": lambda: w_bulk(a, n, int(params.get("batch", 100))),
+        "e2e": lambda: w_e2e(a, n, int(params.get("producers", 4)), int(params["concurrency"])),
+        "drain": lambda: w_drain(a, n, int(params.get("concurrency", 16))),
+        "memory": lambda: w_memory(a, n),
+    }
+    await a.connect()
+    try:
+        result = await runs[workload]()
+    finally:
+        await a.close()
+    return result
+
+
+def main(a: Adapter, argv: Sequence[str] | None = None) -> None:
+    """Run one workload (JSON params in argv[1]) and print one JSON line."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    params: dict[str, Any] = json.loads(args[0])
+    out: dict[str, Any] = {
+        "system": a.name,
+        "version": a.version,
+        "bulk_api": a.bulk_api,
+        "notes": a.notes,
+        "params": params,
+    }
+    try:
+        out["result"] = asyncio.run(_run(a, params))
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+    print(json.dumps(out), flush=True)
