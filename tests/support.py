@@ -1,14 +1,16 @@
 """Shared models, builders and fakes for the contract and runtime suites.
 
 Models live at module level so ``@app.task`` can resolve handler annotations. The one
-fake, :class:`StallableBroker`, wraps a real broker (memory or Redis) and can hold
-lease renewals the way a network stall would, so a worker really loses its lease.
+fake, :class:`FaultyBroker`, wraps a real broker (memory or Redis) and adds the
+faults of a network: stalled renewals (so a worker really loses its lease), lost
+requests and lost replies.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -16,7 +18,7 @@ import anyio
 import msgspec
 import pydantic
 
-from typedq import App, JobState
+from typedq import App, BrokerUnavailable, JobState
 from typedq.broker import broker_from_url
 from typedq.broker.base import (
     Broker,
@@ -142,21 +144,37 @@ def count(counts: dict[JobState, int], state: JobState) -> int:
     return counts.get(state, 0)
 
 
-class StallableBroker(Broker):
-    """Delegates to a real broker; ``hold_renewals()`` blocks ``renew`` like a stalled link.
+class FaultyBroker(Broker):
+    """Delegates to a real broker, with the faults a network brings, on demand.
 
-    While held, a worker's renewals hang, its leases expire for real, and anyone may
-    recover and claim its jobs through ``inner``; after ``resume()`` the held renewals
-    reach the broker and learn the lease is gone.
+    ``hold_renewals()`` blocks ``renew`` like a stalled link: a worker's renewals hang,
+    its leases expire for real, and anyone may recover and claim its jobs through
+    ``inner``; after ``resume()`` the held renewals reach the broker and learn the lease
+    is gone. ``inject(op, times)`` makes the next calls of ``op`` raise
+    BrokerUnavailable, either before reaching the broker (a lost request) or after it
+    took effect (a lost reply: the ambiguous case a re-send must survive).
     """
 
     def __init__(self, inner: Broker) -> None:
         self.inner = inner
         self.settings = inner.settings
         self._resume: anyio.Event | None = None
+        self._faults: dict[str, tuple[int, bool]] = {}
+        self.raised: Counter[str] = Counter()
+
+    def inject(self, op: str, times: int = 1, *, after_applying: bool = False) -> None:
+        self._faults[op] = (times, after_applying)
+
+    def _fault(self, op: str, *, applied: bool) -> None:
+        times, after_applying = self._faults.get(op, (0, False))
+        if times > 0 and after_applying == applied:
+            self._faults[op] = (times - 1, after_applying)
+            self.raised[op] += 1
+            where = "reply" if applied else "request"
+            raise BrokerUnavailable(f"injected fault: the {op} {where} was lost")
 
     @classmethod
-    def for_url(cls, url: str, app_name: str) -> StallableBroker:
+    def for_url(cls, url: str, app_name: str) -> FaultyBroker:
         return cls(broker_from_url(url, BrokerSettings(namespace=app_name)))
 
     def hold_renewals(self) -> None:
@@ -192,6 +210,7 @@ class StallableBroker(Broker):
     async def claim(
         self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
     ) -> list[ClaimedJob]:
+        self._fault("claim", applied=False)
         return await self.inner.claim(queues, limit, worker_id=worker_id, lease=lease)
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
@@ -200,13 +219,20 @@ class StallableBroker(Broker):
     async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:
         if self._resume is not None:
             await self._resume.wait()
+        self._fault("renew", applied=False)
         return await self.inner.renew(leases, lease)
 
     async def complete(self, items: Sequence[Completion]) -> list[FinishOutcome]:
-        return await self.inner.complete(items)
+        self._fault("complete", applied=False)
+        outcomes = await self.inner.complete(items)
+        self._fault("complete", applied=True)
+        return outcomes
 
     async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
-        return await self.inner.fail(items)
+        self._fault("fail", applied=False)
+        outcomes = await self.inner.fail(items)
+        self._fault("fail", applied=True)
+        return outcomes
 
     async def release(self, items: Sequence[Release]) -> list[FinishOutcome]:
         return await self.inner.release(items)
@@ -233,4 +259,4 @@ class StallableBroker(Broker):
 
 
 # Every method the fake does not define is delegated by __getattr__.
-StallableBroker.__abstractmethods__ = frozenset()
+FaultyBroker.__abstractmethods__ = frozenset()

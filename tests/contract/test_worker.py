@@ -14,7 +14,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import pytest
 
-from tests.support import TEST_DEADLINE, In, Out, StallableBroker
+from tests.support import TEST_DEADLINE, FaultyBroker, In, Out
 from typedq import (
     App,
     Backoff,
@@ -348,8 +348,8 @@ async def test_lease_loss_cancels_handler_and_discards_its_result(
     app_name: str, broker_url: str
 ) -> None:
     lease = 0.3
-    stallable = StallableBroker.for_url(broker_url, app_name)
-    app = App(app_name, broker=stallable, lease=lease)
+    faulty = FaultyBroker.for_url(broker_url, app_name)
+    app = App(app_name, broker=faulty, lease=lease)
     started = anyio.Event()
     cancelled = anyio.Event()
 
@@ -368,10 +368,10 @@ async def test_lease_loss_cancels_handler_and_discards_its_result(
             job = await hold.enqueue(In(1))
             await started.wait()
             # The worker's link stalls: its renewals stop reaching the broker ...
-            stallable.hold_renewals()
+            faulty.hold_renewals()
             await anyio.sleep(lease * 1.5 + 0.05)
             # ... the lease expires, and a second worker recovers and claims the job.
-            inner = stallable.inner
+            inner = faulty.inner
             while True:
                 await inner.recover_stalled()
                 stolen = await inner.claim(["default"], 1, worker_id="thief", lease=30)
@@ -383,7 +383,7 @@ async def test_lease_loss_cancels_handler_and_discards_its_result(
             assert thief.stalls == 1
             assert not cancelled.is_set()
             # The stalled renewal gets through, learns the lease is gone, cancels the handler.
-            stallable.resume()
+            faulty.resume()
             await cancelled.wait()
             result = hold.output.encode(Out(99))
             assert await inner.complete([Completion(job.id, thief.token, result)]) == [
