@@ -49,6 +49,7 @@ ACTIONS: dict[Action, tuple[JobState, ...]] = {
 #: Jobs per broker call when acting on a whole state.
 PAGE = 500
 _CANCEL_CONCURRENCY = 32
+_MAX_EMPTY = 20
 
 
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
@@ -165,14 +166,22 @@ class Inspector:
         seen = 0
         for queue in self.queues:
             remaining = counts[queue].get(state, 0)
-            skip = 0  # jobs that stay in the state (a cancel requested for a running job)
-            while remaining > 0:
+            # Acted-on jobs leave the state, so paging restarts at `skip`, which only
+            # grows past jobs that stay (a cancel requested for a running job) and past
+            # empty pages: a backend may return short pages (Redis skips stale index
+            # entries of its waiting lists), so an empty page is not the end, though
+            # _MAX_EMPTY of them in a row are.
+            skip = empty = 0
+            while remaining > 0 and empty < _MAX_EMPTY:
                 page = await self.client.broker.list_jobs(
                     queue, state, offset=skip, limit=min(PAGE, remaining)
                 )
                 page = [job_id for job_id in page if job_id not in outcomes]
                 if not page:
-                    break
+                    empty += 1
+                    skip += PAGE
+                    continue
+                empty = 0
                 done = await self._apply(action, page, state=state)
                 outcomes.update(done)
                 skip += sum(1 for o in done.values() if o == CancelOutcome.REQUESTED.value)
