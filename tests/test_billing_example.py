@@ -92,13 +92,17 @@ async def test_webapp_against_billing_in_one_process() -> None:
     broker = MemoryBroker(BrokerSettings(namespace="billing"))
     app.use_broker(broker)
     stub.app.use_broker(broker)
-    with anyio.fail_after(TEST_DEADLINE):
-        # The producer connects first: see tests/test_producer.py `running`.
-        async with stub.app, app, app.worker(concurrency=4):
-            lines = [
-                await service.checkout(1, 7),
-                await service.checkout(13, 8),
-                await service.refund_receipt("R-1-7", 500),
-                await service.statement(1, "2024-05"),
-            ]
+    try:
+        with anyio.fail_after(TEST_DEADLINE):
+            # The producer connects first: see tests/test_producer.py `running`.
+            async with stub.app, app, app.worker(concurrency=4):
+                lines = [
+                    await service.checkout(1, 7),
+                    await service.checkout(13, 8),
+                    await service.refund_receipt("R-1-7", 500),
+                    await service.statement(1, "2024-05"),
+                ]
+    finally:
+        app.use_broker("memory://")
+        stub.app.use_broker("memory://")
     _check(lines)
