@@ -249,6 +249,11 @@ class Worker(Generic[TIn, TOut]):
         self.stop()
         tg, self._outer_tg = self._outer_tg, None
         assert tg is not None
+        if isinstance(exc, Exception):
+            # The block's own error: shut down gracefully, then let it propagate as it
+            # is (handed to the task group, it would come out wrapped in a group).
+            await tg.__aexit__(None, None, None)
+            return None
         return await tg.__aexit__(exc_type, exc, tb)
 
     def stop(self, *, force: bool = False) -> None:
