@@ -529,3 +529,33 @@ async def test_enqueue_option_errors(app_name: str) -> None:
             for s, v in (await app.broker.counts("default")).items()
             if s is not JobState.SCHEDULED
         )
+
+
+async def test_error_in_the_worker_block_propagates_unwrapped(app_name: str) -> None:
+    app = make_app(app_name)
+    started = anyio.Event()
+
+    @app.task
+    async def short(x: In) -> Out:
+        started.set()
+        await anyio.sleep(0.05)
+        return Out(x.n)
+
+    async def fail_inside_worker() -> None:
+        async with app.worker(grace=5):
+            await started.wait()
+            raise KeyError("from the block")
+
+    async def fail_inside_both() -> None:
+        async with app, app.worker():
+            raise ValueError("both")
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            job = await short.enqueue(In(1))
+            with pytest.raises(KeyError, match="from the block"):
+                await fail_inside_worker()
+            # Leaving by an error is still a graceful shutdown: the job finished.
+            assert await job.status() is JobState.COMPLETED
+        with pytest.raises(ValueError, match="both"):
+            await fail_inside_both()
