@@ -281,3 +281,42 @@ async def test_wrong_result_type_is_invalid_result(app_name: str, broker_url: st
                 assert record.retryable is False
                 assert task.name in record.message
                 assert "Out" in record.message
+
+
+async def test_schema_fingerprint_mismatch(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def count_up(x: In) -> Out:
+        return Out(x.n + 1)
+
+    stale = "0123456789abcdef"
+    compatible = JobMessage(
+        id=new_job_id(),
+        task="count_up",
+        queue="default",
+        payload=msgspec.msgpack.encode(In(1)),
+        fingerprint=stale,
+    )
+    incompatible = JobMessage(
+        id=new_job_id(),
+        task="count_up",
+        queue="default",
+        payload=msgspec.msgpack.encode({"count": 1}),
+        fingerprint=stale,
+    )
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker() as worker:
+            await app.broker.enqueue([compatible, incompatible])
+            # A producer with another view of the schema: still runs while it validates ...
+            assert await count_up.job(compatible.id).result(timeout=10) == Out(2)
+            # ... and fails at once, saying why, when it does not.
+            with pytest.raises(JobFailed) as caught:
+                await count_up.job(incompatible.id).result(timeout=10)
+    record = caught.value.record
+    assert record.reason is FailureReason.SCHEMA_MISMATCH
+    assert stale in record.message
+    assert count_up.input.fingerprint in record.message
+    assert "count_up" in record.message
+    assert record.attempt == 1
+    assert worker.stats.fingerprint_mismatches[("count_up", stale)] == 1
