@@ -8,6 +8,7 @@ broker cannot be shared across processes), and on ``memory://`` for its errors.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -317,3 +318,23 @@ def test_cli_errors_are_one_clear_line(args: list[str], message: str) -> None:
     assert len(errors) == 1, result.stderr
     assert message in errors[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.anyio
+async def test_cli_progress_bar_draws_on_a_terminal(
+    app: tuple[App, Task[Work, None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+
+    from typedq.cli import _with_progress
+
+    the_app, work = app
+    monkeypatch.setattr("typedq.inspector.PAGE", 10)
+    await work.enqueue_many(Work(i) for i in range(30))
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100)
+    tool = Inspector(the_app.client, ["jobs"])
+    report = await _with_progress(tool, "purge", JobState.WAITING, console, quiet=False)
+    assert report.done == 30
+    assert "purge waiting jobs" in screen.getvalue()
+    assert "30/30" in screen.getvalue()
