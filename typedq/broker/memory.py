@@ -473,7 +473,20 @@ class MemoryBroker(Broker):
                 job.done_token = item.token
                 job.attempt -= 1  # handed back unrun: the attempt was not spent
                 if job.cancel_requested:
-                    self._to_final(job, JobState.CANCELLED, self.clock())
+                    now = self.clock()
+                    # A final state carries its record: Job.result() decodes it.
+                    job.error = _encode(
+                        FailureRecord(
+                            reason=FailureReason.CANCELLED,
+                            error_type="JobCancelled",
+                            message="cancelled while its worker handed it back",
+                            attempt=job.attempt,
+                            retryable=False,
+                            worker_id=job.worker_id,
+                            failed_at=now,
+                        )
+                    )
+                    self._to_final(job, JobState.CANCELLED, now)
                 else:
                     self._to_waiting(job, keep_order=True)
             outcomes.append(outcome)
