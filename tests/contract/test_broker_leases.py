@@ -341,20 +341,33 @@ async def test_cancel_active_is_requested(app_name: str, broker_url: str) -> Non
 async def test_cancel_requested_job_is_not_retried_or_released(
     app_name: str, broker_url: str
 ) -> None:
-    async with connected(app_name, broker_url) as broker:
-        await broker.enqueue([msg(job_id="retry"), msg(job_id="release")])
-        r1, r2 = await broker.claim(["q"], 2, worker_id="w", lease=10)
-        await broker.cancel("retry")
-        await broker.cancel("release")
-        # An attempt that fails after cancel() is not run again ...
-        await broker.fail(
-            [Failure(id="retry", token=r1.token, error=record_bytes(), retry_delay=0)]
-        )
-        # ... and a job handed back at shutdown after cancel() does not come back.
-        await broker.release([Release("release", r2.token)])
-        for job_id in ("retry", "release"):
-            assert (await one(broker, job_id)).state is JobState.CANCELLED
-        assert await broker.claim(["q"], 5, worker_id="w", lease=10) == []
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def work(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            broker = app.broker
+            retry = await work.enqueue(In(1))
+            release = await work.enqueue(In(2))
+            r1, r2 = await broker.claim(["default"], 2, worker_id="w", lease=10)
+            assert await retry.cancel() is True
+            assert await release.cancel() is True
+            # An attempt that fails after cancel() is not run again ...
+            await broker.fail(
+                [Failure(id=retry.id, token=r1.token, error=record_bytes(), retry_delay=0)]
+            )
+            # ... and a job handed back at shutdown after cancel() does not come back.
+            await broker.release([Release(release.id, r2.token)])
+            for job in (retry, release):
+                assert await job.status() is JobState.CANCELLED
+                # Either way the producer learns it was cancelled, from a readable record.
+                with pytest.raises(JobCancelled):
+                    await job.result(timeout=5)
+                assert (await job.info()).error is not None
+            assert await broker.claim(["default"], 5, worker_id="w", lease=10) == []
 
 
 # -- stalls ------------------------------------------------------------------------
