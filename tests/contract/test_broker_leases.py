@@ -549,3 +549,25 @@ async def test_wait_finished_timeout_and_unknown(app_name: str, broker_url: str)
         assert (await one(broker, "slow")).state is JobState.WAITING
         with anyio.fail_after(1):
             assert await broker.wait_finished("ghost", 30) is None
+
+
+async def test_cancel_requested_job_of_a_lost_worker_ends_cancelled(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url, lease=LEASE)
+
+    @app.task
+    async def work(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            job = await work.enqueue(In(1))
+            await claim_one(app.broker, "default", lease=LEASE, worker_id="lost")
+            assert await job.cancel() is True  # requested; its worker never confirms
+            await expire()
+            assert await app.broker.recover_stalled() == 1
+            assert await job.status() is JobState.CANCELLED  # not put back to run again
+            with pytest.raises(JobCancelled):
+                await job.result(timeout=5)
+            assert await app.broker.claim(["default"], 5, worker_id="w", lease=10) == []
