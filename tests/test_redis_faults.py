@@ -1,0 +1,298 @@
+"""Fault tests for the Redis broker with real worker processes (``python -m typedq worker``).
+
+Workers run :mod:`tests.redis_app`; its handler counts every execution in a ledger
+(database 1 of the same redis-server), so "each job ran exactly once" is checked
+from outside the workers, across SIGKILLs and Redis restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import redis.asyncio as aioredis
+
+from tests import redis_app
+from tests.redis_harness import RedisProcess, flushall, redis_process
+from typedq import JobState
+from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobMessage
+from typedq.broker.redis import SOCKET_TIMEOUT, RedisBroker
+from typedq.task import DEFAULT_QUEUE
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """redis-py is asyncio-only."""
+    return "asyncio"
+
+
+def ledger_url(server: RedisProcess) -> str:
+    return f"redis://127.0.0.1:{server.port}/1"
+
+
+@contextlib.contextmanager
+def workers(
+    server: RedisProcess,
+    count: int,
+    *,
+    concurrency: int,
+    lease: float = 1.0,
+    ledger: RedisProcess | None = None,
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` worker processes of tests.redis_app; stopped (SIGTERM, then KILL) after.
+
+    :param ledger: the server whose db 1 counts executions (default: ``server``)
+    """
+    env = {
+        **os.environ,
+        "TYPEDQ_TEST_LEDGER": ledger_url(ledger or server),
+        "TYPEDQ_TEST_LEASE": str(lease),
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("TYPEDQ_BROKER", None)
+    procs = []
+    for i in range(count):
+        log_path = server.dir / f"worker-{i}-{time.monotonic_ns()}.log"
+        with log_path.open("wb") as log:  # the child keeps its own descriptor
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "typedq",
+                        "worker",
+                        "tests.redis_app:app",
+                        "--concurrency",
+                        str(concurrency),
+                        "--broker",
+                        server.url,
+                        "--grace",
+                        "2",
+                    ],
+                    env=env,
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def producer(
+    server: RedisProcess, ledger_server: RedisProcess | None = None
+) -> AsyncIterator[aioredis.Redis]:
+    """tests.redis_app's app connected to ``server`` here, and the ledger connection."""
+    redis_app.app.use_broker(server.url)
+    ledger = aioredis.Redis.from_url(ledger_url(ledger_server or server))
+    try:
+        async with redis_app.app:
+            yield ledger
+    finally:
+        await ledger.aclose()
+
+
+async def wait_completed(total: int, deadline: float) -> None:
+    broker = redis_app.app.broker
+    with anyio.fail_after(deadline):
+        # Polling from the test is fine: other processes change the state.
+        while (await broker.counts(DEFAULT_QUEUE))[JobState.COMPLETED] < total:  # noqa: ASYNC110
+            await anyio.sleep(0.1)
+
+
+async def runs(ledger: aioredis.Redis) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in (await ledger.hgetall("runs")).items()}
+
+
+async def test_two_worker_processes_run_each_job_exactly_once(
+    redis_server: RedisProcess,
+) -> None:
+    flushall(redis_server.port)
+    total = 10_000
+    with workers(redis_server, 2, concurrency=32, lease=5.0) as procs:
+        async with producer(redis_server) as ledger:
+            jobs = await redis_app.work.enqueue_many([redis_app.Work(n=i) for i in range(total)])
+            await wait_completed(total, 120)
+            executed = await runs(ledger)
+            assert all(p.poll() is None for p in procs)
+    assert len(executed) == total
+    assert set(executed) == {j.id for j in jobs}
+    assert set(executed.values()) == {1}
+    # Both processes took part.
+    pids = {line.split()[1] for line in await _started(redis_server)}
+    assert len(pids) == 2
+
+
+async def _started(server: RedisProcess) -> list[str]:
+    ledger = aioredis.Redis.from_url(ledger_url(server))
+    try:
+        return [b.decode() for b in await ledger.lrange("started", 0, -1)]
+    finally:
+        await ledger.aclose()
+
+
+async def test_sigkilled_worker_jobs_rerun_elsewhere_once(redis_server: RedisProcess) -> None:
+    flushall(redis_server.port)
+    total = 200
+    with workers(redis_server, 2, concurrency=8, lease=1.0) as procs:
+        victim, survivor = procs
+        async with producer(redis_server) as ledger:
+            await redis_app.work.enqueue_many(
+                [redis_app.Work(n=i, sleep=0.2) for i in range(total)]
+            )
+            with anyio.fail_after(20):
+                while not any(  # noqa: ASYNC110 -- the victim is another process
+                    line.endswith(f" {victim.pid}") for line in await _started(redis_server)
+                ):
+                    await anyio.sleep(0.02)
+            await anyio.sleep(0.1)  # mid-job: the victim holds leases on running handlers
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            await wait_completed(total, 60)
+            executed = await runs(ledger)
+            started = [line.split() for line in await _started(redis_server)]
+            ends = {k.decode(): int(v) for k, v in (await ledger.hgetall("ends")).items()}
+            records = await redis_app.app.broker.get(list(executed))
+            assert survivor.poll() is None
+    on_victim = {job_id for job_id, pid in started if pid == str(victim.pid)}
+    assert len(executed) == total
+    twice = {job_id for job_id, n in executed.items() if n == 2}
+    assert set(executed.values()) <= {1, 2}
+    # Only jobs the killed worker was running ran again; each one exactly once more.
+    assert twice
+    assert twice <= on_victim
+    for record in records:
+        assert record is not None
+        assert record.state is JobState.COMPLETED
+        if record.message.id in twice:
+            assert record.stalls == 1
+            assert record.attempt == 2
+            assert ends.get(record.message.id, 0) >= 1
+
+
+async def test_workers_resume_after_a_redis_restart(redis_server: RedisProcess) -> None:
+    flushall(redis_server.port)
+    # The ledger lives on the session server, which stays up: only the broker restarts.
+    with (
+        redis_process(appendonly=True) as server,
+        workers(server, 1, concurrency=8, ledger=redis_server) as procs,
+    ):
+        async with producer(server, redis_server) as ledger:
+            await redis_app.work.enqueue_many([redis_app.Work(n=i) for i in range(300)])
+            await wait_completed(300, 30)
+            server.kill(signal.SIGTERM)  # a clean restart: AOF flushed
+            await anyio.sleep(1.0)
+            server.start()
+            # Same clients, same worker process: no restart of anything but Redis.
+            with anyio.fail_after(30):
+                while True:
+                    try:
+                        await redis_app.work.enqueue_many(
+                            [redis_app.Work(n=i) for i in range(300, 600)]
+                        )
+                        break
+                    except Exception:  # BrokerUnavailable while it comes back
+                        await anyio.sleep(0.2)
+            await wait_completed(600, 30)
+            executed = await runs(ledger)
+            assert procs[0].poll() is None
+    assert len(executed) == 600
+    assert set(executed.values()) == {1}
+
+
+async def test_script_cache_flush_with_worker_processes(redis_server: RedisProcess) -> None:
+    flushall(redis_server.port)
+    with workers(redis_server, 2, concurrency=16):
+        async with producer(redis_server) as ledger:
+            raw = aioredis.Redis.from_url(redis_server.url)
+            try:
+                for start in range(0, 2000, 200):
+                    await redis_app.work.enqueue_many(
+                        [redis_app.Work(n=i) for i in range(start, start + 200)]
+                    )
+                    await raw.script_flush()
+                    await anyio.sleep(0.05)
+                await wait_completed(2000, 60)
+            finally:
+                await raw.aclose()
+            executed = await runs(ledger)
+    assert len(executed) == 2000
+    assert set(executed.values()) == {1}
+
+
+async def test_server_stall_longer_than_the_socket_timeout(redis_server: RedisProcess) -> None:
+    """DEBUG SLEEP past the client's socket timeout: the client re-sends every script
+    (its automatic retry); each must take effect once."""
+    flushall(redis_server.port)
+    broker = RedisBroker(redis_server.url, BrokerSettings(namespace="stall"))
+    await broker.connect()
+    raw = aioredis.Redis.from_url(redis_server.url, socket_timeout=30)
+    try:
+        first = [JobMessage(id=f"a{i}", task="t", queue="q", payload=b"") for i in range(50)]
+        second = [JobMessage(id=f"b{i}", task="t", queue="q", payload=b"") for i in range(50)]
+        await broker.enqueue(first)
+        claimed = await broker.claim(["q"], 20, worker_id="w", lease=60)
+        # Open pooled connections first, so each script is sent before the stall
+        # (a command waiting for a new connection is only sent once, after it).
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(broker.counts, "q")
+        await raw.config_resetstat()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(SOCKET_TIMEOUT + 1))
+            await anyio.sleep(0.1)
+            results: dict[str, object] = {}
+
+            async def enqueue() -> None:
+                results["enqueue"] = await broker.enqueue(second)
+
+            async def claim() -> None:
+                results["claim"] = await broker.claim(["q"], 30, worker_id="w2", lease=60)
+
+            async def complete() -> None:
+                results["complete"] = await broker.complete(
+                    [Completion(c.message.id, c.token, b"ok") for c in claimed]
+                )
+
+            tg.start_soon(enqueue)
+            tg.start_soon(claim)
+            tg.start_soon(complete)
+        stats = await raw.info("commandstats")
+        # Three scripts, each sent twice: the stall outlasted the socket timeout.
+        assert int(stats["cmdstat_evalsha"]["calls"]) == 6
+        counts = await broker.counts("q")
+        assert sum(counts.values()) == 100
+        assert counts[JobState.COMPLETED] == 20
+        outcomes = results["complete"]
+        assert isinstance(outcomes, list)
+        assert set(outcomes) <= {FinishOutcome.OK, FinishOutcome.ALREADY_FINISHED}
+        again = results["claim"]
+        assert isinstance(again, list)
+        # The re-sent claim handed back the same 30 jobs instead of 30 more.
+        assert counts[JobState.ACTIVE] == len(again) == 30
+    finally:
+        await raw.aclose()
+        await broker.close()
