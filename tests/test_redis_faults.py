@@ -124,7 +124,11 @@ async def wait_completed(total: int, deadline: float) -> None:
 
 
 async def runs(ledger: aioredis.Redis) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in (await ledger.hgetall("runs")).items()}
+    return {_str(k): int(v) for k, v in (await ledger.hgetall("runs")).items()}
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 async def test_two_worker_processes_run_each_job_exactly_once(
@@ -149,7 +153,7 @@ async def test_two_worker_processes_run_each_job_exactly_once(
 async def _started(server: RedisProcess) -> list[str]:
     ledger = aioredis.Redis.from_url(ledger_url(server))
     try:
-        return [b.decode() for b in await ledger.lrange("started", 0, -1)]
+        return [_str(b) for b in await ledger.lrange("started", 0, -1)]
     finally:
         await ledger.aclose()
 
@@ -174,7 +178,7 @@ async def test_sigkilled_worker_jobs_rerun_elsewhere_once(redis_server: RedisPro
             await wait_completed(total, 60)
             executed = await runs(ledger)
             started = [line.split() for line in await _started(redis_server)]
-            ends = {k.decode(): int(v) for k, v in (await ledger.hgetall("ends")).items()}
+            ends = {_str(k): int(v) for k, v in (await ledger.hgetall("ends")).items()}
             records = await redis_app.app.broker.get(list(executed))
             assert survivor.poll() is None
     on_victim = {job_id for job_id, pid in started if pid == str(victim.pid)}
