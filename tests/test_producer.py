@@ -196,6 +196,25 @@ def test_stale_stub_warns_at_import_time(caplog: pytest.LogCaptureFixture) -> No
     assert "regenerate the stub" in record.message
 
 
+async def test_optional_output_round_trips_none_and_a_model(
+    shared: str | Broker, app_name: str
+) -> None:
+    app = App(app_name, broker=shared)
+
+    @app.task(queue="orders")
+    async def lookup(order: orders_v1.Order) -> orders_v1.Ack | None:
+        return orders_v1.Ack(order.order_id) if order.amount else None
+
+    producer = Producer(app_name, broker=shared)
+    stub = producer.task(
+        "lookup", orders_v1.Order, orders_v1.Ack, optional_output=True, queue="orders"
+    )
+    assert stub.output.type == lookup.output.type
+    async with running(producer, app):
+        assert await call(stub, orders_v1.Order(1, 0)) is None
+        assert await call(stub, orders_v1.Order(2, 5)) == orders_v1.Ack(2)
+
+
 def test_producer_refuses_a_task_declared_twice_and_non_models() -> None:
     producer = Producer("twice")
     producer.task("a", orders_v1.Order, type(None))

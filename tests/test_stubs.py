@@ -154,6 +154,8 @@ def test_generated_stub_with_aliases_and_nesting_is_ruff_and_mypy_clean() -> Non
         assert "from tests.stubfix.models_a import Item as Item_models_a" in text
         assert "class_: TaskStub[Item_models_a, Outer.Inner] = app.task(" in text
         assert "b_item: TaskStub[Item_models_b, None] = app.task(" in text
+        assert "maybe: TaskStub[Item_models_a, Gone | None] = app.task(" in text
+        assert "    optional_output=True,\n" in text
         assert "max_queue_length=100," in text
         for tool in (["ruff", "check"], ["ruff", "format", "--check"]):
             lint = subprocess.run(
@@ -174,9 +176,19 @@ def test_generated_stub_with_aliases_and_nesting_is_ruff_and_mypy_clean() -> Non
         assert typed.returncode == 0, typed.stdout
         imported = python(
             "import tests.stubfix.generated_stub_under_test as s\n"
-            "print(s.class_.name, s.class_.queue, s.b_item.options.priority)"
+            "from tests.stubfix.tasks import app\n"
+            "print(s.class_.name, s.class_.queue, s.b_item.options.priority)\n"
+            "print(s.maybe.output.name, s.maybe.output.type == app.tasks['maybe'].output.type)"
         )
-        assert imported.stdout.split() == ["a.item", "q-1", "5"], imported.stderr
+        assert imported.stdout.split() == [
+            "a.item",
+            "q-1",
+            "5",
+            "tests.stubfix.models_b.Gone",
+            "|",
+            "None",
+            "True",
+        ], imported.stderr
     finally:
         out.unlink(missing_ok=True)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self, TypeVar, cast, overload
 
 from .app import DEFAULT_MAX_PAYLOAD
 from .backoff import Backoff
@@ -37,11 +37,14 @@ from .broker.base import Broker, BrokerSettings
 from .client import Client
 from .errors import ConfigError
 from .names import check_name
+from .serde import Model
 from .task import DEFAULT_QUEUE, TaskBase, TaskOptions, TIn, TOut, _Owner
 
 __all__ = ["Producer", "TaskStub"]
 
 log = logging.getLogger("typedq.producer")
+
+M = TypeVar("M", bound=Model)
 
 
 class TaskStub(TaskBase[TIn, TOut]):
@@ -162,12 +165,14 @@ class Producer:
     ) -> None:
         await self._client.__aexit__(exc_type, exc, tb)
 
+    @overload
     def task(
         self,
         name: str,
         input_type: type[TIn],
         output_type: type[TOut],
         *,
+        optional_output: Literal[False] = False,
         queue: str = DEFAULT_QUEUE,
         retries: int = 0,
         backoff: Backoff | None = None,
@@ -175,12 +180,45 @@ class Producer:
         priority: int = 0,
         errors: tuple[type[Any], ...] = (),
         fingerprint: str | None = None,
-    ) -> TaskStub[TIn, TOut]:
+    ) -> TaskStub[TIn, TOut]: ...
+    @overload
+    def task(
+        self,
+        name: str,
+        input_type: type[TIn],
+        output_type: type[M],
+        *,
+        optional_output: Literal[True],
+        queue: str = DEFAULT_QUEUE,
+        retries: int = 0,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        errors: tuple[type[Any], ...] = (),
+        fingerprint: str | None = None,
+    ) -> TaskStub[TIn, M | None]: ...
+
+    def task(
+        self,
+        name: str,
+        input_type: type[Any],
+        output_type: type[Any],
+        *,
+        optional_output: bool = False,
+        queue: str = DEFAULT_QUEUE,
+        retries: int = 0,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        errors: tuple[type[Any], ...] = (),
+        fingerprint: str | None = None,
+    ) -> TaskStub[Any, Any]:
         """Declare a task the worker registers with ``@app.task``.
 
         :param name: the worker's task name
         :param input_type: its input model
         :param output_type: its output model, or ``type(None)``
+        :param optional_output: the handler returns ``output_type | None``
         :param queue: the queue its jobs go to
         :param retries: the worker's default retries (informative: the worker decides)
         :param backoff: the worker's default backoff (informative)
@@ -201,7 +239,9 @@ class Producer:
         )
         if name in self._tasks:
             raise ConfigError(f"producer {self.name!r} already declares a task named {name!r}")
-        stub = TaskStub(
+        if optional_output:
+            output_type = cast(type[Any], output_type | None)
+        stub: TaskStub[Any, Any] = TaskStub(
             owner=self,
             options=options,
             input_type=input_type,

@@ -31,6 +31,7 @@ from typing import Any
 from .app import App
 from .backoff import Backoff
 from .errors import ConfigError
+from .serde import optional_model
 from .task import Task
 
 __all__ = [
@@ -227,8 +228,9 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
     models: list[tuple[type[Any], str, Task[Any, Any]]] = []
     for task in selected:
         models.append((task.input.type, "input", task))
-        if task.output.type is not type(None):
-            models.append((task.output.type, "output", task))
+        returned = optional_model(task.output.type) or task.output.type
+        if returned is not type(None):
+            models.append((returned, "output", task))
         models.extend((error, "declared error", task) for error in task.options.errors)
     # Names used by more than one module are imported under an alias, in every module.
     owners: dict[str, set[str]] = {}
@@ -301,7 +303,8 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
     ]
     for task in selected:
         options = task.options
-        output = names.models.get(task.output.type, "None")
+        inner = optional_model(task.output.type)
+        output = names.models.get(inner or task.output.type, "None")
         what = f"task {task.name!r}"
         lines += ["", ""]
         comment = _comment(task.fn)
@@ -312,11 +315,12 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
                 "# The worker derives job ids from the input (key=): pass job_id= to dedupe."
             )
         lines += [
-            f"{variables[task.name]}: TaskStub[{names.models[task.input.type]}, {output}] = "
-            f"{producer}.task(",
+            f"{variables[task.name]}: TaskStub[{names.models[task.input.type]}, {output}"
+            f"{' | None' if inner else ''}] = {producer}.task(",
             f"    {_literal(task.name, what)},",
             f"    {names.models[task.input.type]},",
             f"    {'type(None)' if output == 'None' else output},",
+            *(["    optional_output=True,"] if inner else []),
             f"    queue={_literal(options.queue, what)},",
             f"    retries={_literal(options.retries, what)},",
             f"    backoff={_backoff(options.backoff, '    ', task.name)},",

@@ -24,3 +24,9 @@ async def class_(item: models_a.Item) -> models_a.Outer.Inner:
 )
 def b_item(item: models_b.Item) -> None:
     del item
+
+
+@app.task(queue="q-1")
+async def maybe(item: models_a.Item) -> models_b.Gone | None:
+    """May find nothing."""
+    return None if item.sku else models_b.Gone(reason="empty sku")

@@ -44,3 +44,8 @@ def declare() -> None:
     producer = Producer("billing")
     producer.task("x", int, Receipt)  # E: type-var
     producer.task("y", SendInvoice, str)  # E: type-var
+
+
+async def optional_result() -> Receipt:
+    maybe = Producer("billing").task("z", SendInvoice, Receipt, optional_output=True)
+    return await maybe.job("j").result()  # E: return-value "Receipt | None", expected "Receipt"

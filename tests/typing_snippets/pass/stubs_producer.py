@@ -62,4 +62,7 @@ def declare() -> TaskStub[SendInvoice, Receipt]:
     reveal_type(task)
     none_out = producer.task("refund", Refund, type(None))
     reveal_type(none_out)  # R: typedq.producer.TaskStub[examples.billing.models.Refund, None]
+    maybe = producer.task("lookup", Refund, Receipt, optional_output=True)
+    # R: typedq.producer.TaskStub[examples.billing.models.Refund, examples.billing.models.Receipt | None]
+    reveal_type(maybe)
     return task.bind(producer)
