@@ -26,6 +26,7 @@ import datetime as dt
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -188,15 +189,29 @@ def run_one(system: str, params: dict[str, Any], server: Any, timeout: float) ->
     argv = [str(python_for(system)), "-m", f"bench.adapters.{module}", json.dumps(params)]
     load = os.getloadavg()[0]
     started = time.monotonic()
+    # Its own session: on a timeout the adapter and the worker it spawned are killed together,
+    # so no stray worker can take jobs from a later run.
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-        )
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return {"system": system, "params": params, "error": f"timed out after {timeout}s"}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # anything the adapter left behind
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
-        tail = (proc.stderr or proc.stdout)[-2000:]
+        tail = (stderr or stdout)[-2000:]
         return {"system": system, "params": params, "error": f"exit {proc.returncode}: {tail}"}
     result: dict[str, Any] = json.loads(lines[-1])
     result["system"] = system

@@ -243,6 +243,8 @@ class WorkerProcess:
                 self.a.run_worker_in_process(self.concurrency, self.stop_event)
             )
             return
+        # e.g. BENCH_WORKER_PREFIX="py-spy record -o /tmp/w.svg --" to profile the worker
+        argv = os.environ.get("BENCH_WORKER_PREFIX", "").split() + argv
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 argv, cwd=ROOT, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT
@@ -275,7 +277,9 @@ class WorkerProcess:
             self.stop_event.set()
             await asyncio.wait_for(self.task, 30)
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            # py-spy (BENCH_WORKER_PREFIX) writes its profile on SIGINT, not on SIGTERM
+            profiled = bool(os.environ.get("BENCH_WORKER_PREFIX"))
+            self.proc.send_signal(signal.SIGINT if profiled else signal.SIGTERM)
             for _ in range(200):
                 if self.proc.poll() is not None:
                     break
