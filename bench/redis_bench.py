@@ -1,0 +1,254 @@
+"""typedq on Redis: the SPEC's workloads against a redis-server this script spawns.
+
+Run: ``.venv/bin/python bench/redis_bench.py [--quick]``. Prints one line per workload:
+
+- single enqueue: 10,000 jobs, 32 concurrent producers each awaiting one ``enqueue``
+- bulk enqueue: 10,000 jobs in batches of 100 (one after another), p99 per batch
+- end-to-end: 20,000 tasks from 4 producers (single enqueues), a no-op async handler
+  in one worker process at concurrency 1, 4, 16, 64; throughput and p50/p95
+  enqueue-to-finish latency (both stamps from the Redis clock, read from the jobs)
+- drain: 20,000 pre-filled jobs, one worker process at concurrency 16
+- memory: Redis bytes per waiting job (100k jobs here; bench/redis_memory.py does 1M)
+
+The payload is a ~100-byte msgpack struct. Workers are separate processes
+(``python -m typedq worker bench.redis_bench:app``) so producer and worker each get
+a core, as they would in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import anyio
+import msgspec
+import redis.asyncio as aioredis
+
+from typedq import App, JobState, Retention
+from typedq.broker.base import JobRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+
+app = App("bench", lease=30.0, retention=Retention(completed_max=1_000_000))
+
+
+class Payload(msgspec.Struct, frozen=True):
+    """About 100 bytes encoded, like the SPEC's JSON-like payload."""
+
+    user_id: int
+    email: str
+    tags: list[str]
+    note: str
+
+
+def payload(i: int) -> Payload:
+    return Payload(
+        user_id=i,
+        email=f"user{i:07d}@example.com",
+        tags=["alpha", "beta", "gamma"],
+        note="x" * 40,
+    )
+
+
+@app.task
+async def noop(item: Payload) -> None:
+    """The no-op handler of the end-to-end and drain workloads."""
+    return None
+
+
+# -- redis-server and worker processes ------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """A throwaway redis-server (no persistence) on a free port; yields its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
+    port = _free_port()
+    folder = tempfile.mkdtemp(prefix="typedq-bench-")
+    proc = subprocess.Popen(
+        [
+            *(binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
+            *("--appendonly", "no", "--dir", folder, "--maxmemory-policy", "noeviction"),
+            *("--logfile", "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("redis-server did not start")
+            time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def worker_process(url: str, concurrency: int) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "typedq", "--log-level", "WARNING", "worker"),
+            *("bench.redis_bench:app", "--concurrency", str(concurrency), "--broker", url),
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+async def flush(url: str) -> None:
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.flushall()
+    finally:
+        await client.aclose()
+
+
+async def wait_done(total: int) -> None:
+    while (await app.broker.counts("default"))[JobState.COMPLETED] < total:  # noqa: ASYNC110
+        await anyio.sleep(0.02)
+
+
+async def records(ids: Sequence[str]) -> list[JobRecord]:
+    out: list[JobRecord] = []
+    for i in range(0, len(ids), 1000):
+        out += [r for r in await app.broker.get(ids[i : i + 1000]) if r is not None]
+    return out
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- workloads ------------------------------------------------------------------------
+
+
+async def single_enqueue(total: int, producers: int = 32) -> float:
+    per = total // producers
+
+    async def produce(base: int) -> None:
+        for i in range(base, base + per):
+            await noop.enqueue(payload(i))
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for p in range(producers):
+            tg.start_soon(produce, p * per)
+    return per * producers / (time.perf_counter() - start)
+
+
+async def bulk_enqueue(total: int, batch: int = 100) -> tuple[float, float]:
+    items = [payload(i) for i in range(total)]
+    latencies = []
+    start = time.perf_counter()
+    for i in range(0, total, batch):
+        t = time.perf_counter()
+        await noop.enqueue_many(items[i : i + batch])
+        latencies.append(time.perf_counter() - t)
+    return total / (time.perf_counter() - start), pct(latencies, 0.99)
+
+
+async def end_to_end(url: str, total: int, concurrency: int) -> tuple[float, float, float]:
+    ids: list[str] = []
+    per = total // 4
+    with worker_process(url, concurrency):
+        await anyio.sleep(1.0)  # let the worker connect before the clock starts
+
+        async def produce(base: int) -> None:
+            for i in range(base, base + per):
+                ids.append((await noop.enqueue(payload(i))).id)
+
+        async with anyio.create_task_group() as tg:
+            for p in range(4):
+                tg.start_soon(produce, p * per)
+        await wait_done(per * 4)
+    done = await records(ids)
+    latency = [r.finished_at - r.enqueued_at for r in done]
+    span = max(r.finished_at for r in done) - min(r.enqueued_at for r in done)
+    return len(done) / span, pct(latency, 0.5), pct(latency, 0.95)
+
+
+async def drain(url: str, total: int, concurrency: int = 16) -> float:
+    jobs = await noop.enqueue_many([payload(i) for i in range(total)])
+    with worker_process(url, concurrency):
+        await wait_done(total)
+    done = await records([j.id for j in jobs])
+    return len(done) / (max(r.finished_at for r in done) - min(r.started_at for r in done))
+
+
+async def bytes_per_waiting_job(url: str, total: int) -> float:
+    client = aioredis.Redis.from_url(url)
+    try:
+        before = int((await client.info("memory"))["used_memory"])
+        for i in range(0, total, 10_000):
+            await noop.enqueue_many([payload(n) for n in range(i, min(total, i + 10_000))])
+        after = int((await client.info("memory"))["used_memory"])
+    finally:
+        await client.aclose()
+    return (after - before) / total
+
+
+async def main(quick: bool) -> None:
+    scale = 10 if quick else 1
+    with redis_server() as url:
+        app.use_broker(url)
+        async with app:
+            rate = await single_enqueue(10_000 // scale)
+            print(f"single enqueue   {rate:10,.0f} jobs/s  (32 producers)", flush=True)
+            await flush(url)
+            rate, p99 = await bulk_enqueue(10_000 // scale)
+            print(
+                f"bulk enqueue     {rate:10,.0f} jobs/s  (batches of 100; p99 {p99 * 1e3:.2f} ms)"
+            )
+            for c in (1, 4, 16, 64):
+                await flush(url)
+                rate, p50, p95 = await end_to_end(url, 20_000 // scale, c)
+                print(
+                    f"end-to-end C={c:<3} {rate:8,.0f} jobs/s  "
+                    f"(p50 {p50 * 1e3:.1f} ms, p95 {p95 * 1e3:.1f} ms)",
+                    flush=True,
+                )
+            await flush(url)
+            rate = await drain(url, 20_000 // scale)
+            print(f"drain C=16       {rate:10,.0f} jobs/s")
+            await flush(url)
+            size = await bytes_per_waiting_job(url, 100_000 // scale)
+            print(f"memory           {size:10,.0f} bytes per waiting job (100k waiting)")
+            print(f"(one run; payload {len(msgspec.msgpack.encode(payload(0)))} bytes)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tenth of the jobs (smoke run)")
+    anyio.run(main, parser.parse_args().quick)
