@@ -132,6 +132,7 @@ class MemoryBroker(Broker):
         )
         self._seq = 0
         self._connected = False
+        self._users = 0
         self._work: anyio.Event | None = None
         self._cancels: anyio.Event | None = None
         self._finish_waiters: dict[str, anyio.Event] = {}
@@ -139,11 +140,20 @@ class MemoryBroker(Broker):
     # -- lifecycle -----------------------------------------------------------------
 
     async def connect(self) -> None:
-        self._work = anyio.Event()
-        self._cancels = anyio.Event()
-        self._connected = True
+        # Several clients may share one embedded broker (an App and a Producer in one
+        # process): only the first connect sets up, only the last close tears down.
+        self._users += 1
+        if self._users == 1:
+            self._work = anyio.Event()
+            self._cancels = anyio.Event()
+            self._connected = True
 
     async def close(self) -> None:
+        if self._users == 0:
+            return
+        self._users -= 1
+        if self._users > 0:
+            return
         self._connected = False
         # Wake everything that waits so no task hangs on a closed broker.
         if self._work is not None:
