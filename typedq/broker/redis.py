@@ -1,7 +1,7 @@
 """The Redis broker (``redis://``, ``rediss://``, ``unix://``): durable, shared, batch-first.
 
 Every state transition is one Lua script from ``lua/`` (loaded once, run by SHA,
-reloaded on ``NOSCRIPT``), so a job is never half-moved. Key names live in
+re-sent as EVAL on ``NOSCRIPT``), so a job is never half-moved. Key names live in
 :mod:`typedq.broker.keys`; every key of an app shares its hash tag.
 
 Waiting for work, for results and for cancel requests blocks on one dedicated
@@ -348,9 +348,10 @@ class RedisBroker(Broker):
             try:
                 return await execute("EVALSHA", sha, len(keys), *keys, *args)
             except rexc.NoScriptError:
-                # Script cache flushed (SCRIPT FLUSH, restart, failover): load and run again.
-                await redis.script_load(source)
-                return await execute("EVALSHA", sha, len(keys), *keys, *args)
+                # Script cache flushed (SCRIPT FLUSH, restart, failover): EVAL sends the
+                # source and caches it again; it cannot meet NOSCRIPT even if another
+                # flush comes right now.
+                return await execute("EVAL", source, len(keys), *keys, *args)
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, name)
 

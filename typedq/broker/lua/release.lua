@@ -13,15 +13,19 @@ local back = {}
 local touched_x = 0
 for i = 0, n - 1 do
   local id, tok = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
-  local r = read_job(id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o')
+  local r = read_job(id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o', 'w')
   if not r then
     out[i + 1] = 3
   elseif r[1] == 'a' and r[2] == tok then
     local jk = k_job(id)
     local q = r[4] or ''
     redis.call('ZREM', KEYS[1], id)
-    redis.call('HSET', jk, 'd', tok, 'a', math.max(0, (tonumber(r[7]) or 1) - 1))
+    local attempt = math.max(0, (tonumber(r[7]) or 1) - 1)
+    redis.call('HSET', jk, 'd', tok, 'a', attempt)
     if r[5] then
+      -- A final state carries its record: Job.result() decodes it.
+      redis.call('HSET', jk, 'err', failure_record('cancelled', 'JobCancelled',
+        'cancelled while its worker handed it back', attempt, r[10], now))
       finalize(id, q, 'a', 'x', KEYS[2], now)
       touched_x = touched_x + 1
     else
