@@ -199,7 +199,10 @@ class Worker(Generic[TIn, TOut]):
         self.reaper_interval = min(app.lease / 2, 5.0)
         self.id = f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}"
         self.stats = WorkerStats()
+        #: Running jobs by claim token (one job id may briefly have two claims: a retry
+        #: claimed again before the previous attempt finished cleaning up).
         self._running: dict[str, _Running] = {}
+        self._renewed_at = time.monotonic()
         self._stopping = False
         self._force_stop = False
         self._started = False
@@ -383,16 +386,21 @@ class Worker(Generic[TIn, TOut]):
                     continue
                 self.stats.claimed += len(jobs)
                 for claimed in jobs:
-                    running = self._running[claimed.message.id] = _Running(claimed)
+                    # The broker handed us a job this worker still runs under an older
+                    # claim: that claim's lease was lost (the loop was blocked, say).
+                    for stale in self._holders(claimed.message.id):
+                        stale.cancel("lease_lost")
+                    running = self._running[claimed.token] = _Running(claimed)
                     self._tg.start_soon(self._run_job, claimed, running)
         finally:
             self._claim_done.set()
 
     # -- leases, reaper, cancellation --------------------------------------------------
 
+    def _holders(self, job_id: str) -> list[_Running]:
+        return [r for r in self._running.values() if r.claimed.message.id == job_id]
+
     async def _lease_loop(self) -> None:
-        broker = self.app.broker
-        last_ok = time.monotonic()
         while True:
             before = time.monotonic()
             await anyio.sleep(self.renew_interval)
@@ -404,36 +412,38 @@ class Worker(Generic[TIn, TOut]):
                     self.id,
                     lag,
                 )
-            leases = [
-                (job_id, r.claimed.token)
-                for job_id, r in self._running.items()
-                if r.cancel_reason is None
-            ]
-            if not leases:
-                last_ok = time.monotonic()
-                continue
-            sent = time.monotonic()
-            try:
-                statuses = await broker.renew(leases, self.lease)
-            except Exception as exc:
-                log.warning("worker %s: lease renewal failed: %s", self.id, exc)
-                if time.monotonic() - last_ok > self.lease:
-                    # Our leases have expired by now; another worker may hold these jobs.
-                    for running in list(self._running.values()):
-                        running.cancel("lease_lost")
-                continue
-            last_ok = sent
-            for (job_id, _), status in zip(leases, statuses, strict=True):
-                holder = self._running.get(job_id)
-                if holder is None:
-                    continue
-                if status is LeaseStatus.LOST:
+            await self._renew()
+
+    async def _renew(self) -> None:
+        """Renew every running job's lease in one call; act on lost leases and cancels."""
+        running = [r for r in self._running.values() if r.cancel_reason is None]
+        if not running:
+            self._renewed_at = time.monotonic()
+            return
+        sent = time.monotonic()
+        try:
+            statuses = await self.app.broker.renew(
+                [(r.claimed.message.id, r.claimed.token) for r in running], self.lease
+            )
+        except Exception as exc:
+            log.warning("worker %s: lease renewal failed: %s", self.id, exc)
+            if time.monotonic() - self._renewed_at > self.lease:
+                # Our leases have expired by now; another worker may hold these jobs.
+                for holder in list(self._running.values()):
                     holder.cancel("lease_lost")
-                elif status is LeaseStatus.CANCEL_REQUESTED:
-                    holder.cancel("cancel")
+            return
+        self._renewed_at = max(self._renewed_at, sent)
+        for holder, status in zip(running, statuses, strict=True):
+            if status is LeaseStatus.LOST:
+                holder.cancel("lease_lost")
+            elif status is LeaseStatus.CANCEL_REQUESTED:
+                holder.cancel("cancel")
 
     async def _reaper_loop(self) -> None:
         while True:
+            # Renew our own leases first: after the loop was blocked, this worker must
+            # not recover (and run a second time) jobs that it is itself still running.
+            await self._renew()
             try:
                 recovered = await self.app.broker.recover_stalled()
             except Exception as exc:
@@ -450,12 +460,13 @@ class Worker(Generic[TIn, TOut]):
         while True:
             try:
                 await broker.wait_cancel_requests(self.renew_interval)
-                ids = [i for i, r in self._running.items() if r.cancel_reason is None]
+                ids = {
+                    r.claimed.message.id for r in self._running.values() if r.cancel_reason is None
+                }
                 if ids:
-                    for job_id in await broker.cancel_requests(ids):
-                        running = self._running.get(job_id)
-                        if running is not None:
-                            running.cancel("cancel")
+                    for job_id in await broker.cancel_requests(sorted(ids)):
+                        for holder in self._holders(job_id):
+                            holder.cancel("cancel")
             except Exception as exc:
                 log.warning("worker %s: cancel listener failed: %s", self.id, exc)
                 await anyio.sleep(self.renew_interval)
@@ -469,10 +480,7 @@ class Worker(Generic[TIn, TOut]):
         except Exception:
             log.exception("worker %s: could not settle job %s", self.id, claimed.message.id)
         finally:
-            # Once settled (a retry with no delay, say), this worker may already have
-            # claimed the job again under the same id: remove only our own entry.
-            if self._running.get(claimed.message.id) is running:
-                del self._running[claimed.message.id]
+            del self._running[claimed.token]
             self._notify()
 
     def _failure(
