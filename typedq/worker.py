@@ -23,12 +23,11 @@ import os
 import secrets
 import socket
 import time
-import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, Self
+from typing import TYPE_CHECKING, Any, Generic, Self
 
 import anyio
 import anyio.to_thread
@@ -37,20 +36,11 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from .batching import Batcher
 from .broker.base import ClaimedJob, Completion, Failure, FinishOutcome, LeaseStatus, Release
-from .context import JobContext
 from .errors import (
-    Abort,
     BrokerError,
     ConfigError,
-    EncodeError,
-    FailureReason,
-    FailureRecord,
-    InvalidPayload,
-    PayloadTooLarge,
-    Reject,
-    Retry,
 )
-from .serde import codec_for
+from .execution import Complete, Drop, Executor, HandBack, Outcome, Running
 from .task import Task, TIn, TOut
 
 if TYPE_CHECKING:
@@ -61,9 +51,6 @@ __all__ = ["Worker", "WorkerStats"]
 log = logging.getLogger("typedq.worker")
 
 _encode = msgspec.msgpack.Encoder().encode
-_TRACEBACK_LIMIT = 8192
-
-CancelReason = Literal["cancel", "lease_lost", "shutdown"]
 
 
 @dataclass
@@ -81,46 +68,6 @@ class WorkerStats:
     finish_rejected: int = 0
     #: Jobs whose producer's schema fingerprint differed but whose payload validated.
     fingerprint_mismatches: Counter[tuple[str, str]] = field(default_factory=Counter)
-
-
-class _Running:
-    __slots__ = ("cancel_reason", "claimed", "scope")
-
-    def __init__(self, claimed: ClaimedJob) -> None:
-        self.claimed = claimed
-        self.scope: anyio.CancelScope | None = None
-        self.cancel_reason: CancelReason | None = None
-
-    def cancel(self, reason: CancelReason) -> None:
-        if self.cancel_reason is None:
-            self.cancel_reason = reason
-        if self.scope is not None:
-            self.scope.cancel()
-
-
-@dataclass(frozen=True)
-class _Complete:
-    result: bytes
-
-
-@dataclass(frozen=True)
-class _Fail:
-    record: FailureRecord
-    retry_delay: float | None = None
-    cancelled: bool = False
-
-
-@dataclass(frozen=True)
-class _Release:
-    pass
-
-
-@dataclass(frozen=True)
-class _Drop:
-    """Lease lost: write nothing; the job belongs to someone else now."""
-
-
-_Outcome = _Complete | _Fail | _Release | _Drop
 
 
 class Worker(Generic[TIn, TOut]):
@@ -201,7 +148,7 @@ class Worker(Generic[TIn, TOut]):
         self.stats = WorkerStats()
         #: Running jobs by claim token (one job id may briefly have two claims: a retry
         #: claimed again before the previous attempt finished cleaning up).
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, Running] = {}
         self._renewed_at = time.monotonic()
         self._stopping = False
         self._force_stop = False
@@ -213,7 +160,13 @@ class Worker(Generic[TIn, TOut]):
         self._serve_scope: anyio.CancelScope | None = None
         self._tg: TaskGroup | None = None
         self._outer_tg: TaskGroup | None = None
-        self._threads = anyio.CapacityLimiter(concurrency)
+        self._executor = Executor(
+            tasks,
+            worker_id=self.id,
+            threads=anyio.CapacityLimiter(concurrency),
+            progress=self._report_progress,
+            mismatches=self.stats.fingerprint_mismatches,
+        )
         self._completer: Batcher[Completion, FinishOutcome] = Batcher(
             self._complete_batch, name="completion batcher"
         )
@@ -390,14 +343,14 @@ class Worker(Generic[TIn, TOut]):
                     # claim: that claim's lease was lost (the loop was blocked, say).
                     for stale in self._holders(claimed.message.id):
                         stale.cancel("lease_lost")
-                    running = self._running[claimed.token] = _Running(claimed)
+                    running = self._running[claimed.token] = Running(claimed)
                     self._tg.start_soon(self._run_job, claimed, running)
         finally:
             self._claim_done.set()
 
     # -- leases, reaper, cancellation --------------------------------------------------
 
-    def _holders(self, job_id: str) -> list[_Running]:
+    def _holders(self, job_id: str) -> list[Running]:
         return [r for r in self._running.values() if r.claimed.message.id == job_id]
 
     async def _lease_loop(self) -> None:
@@ -473,9 +426,9 @@ class Worker(Generic[TIn, TOut]):
 
     # -- running one job ---------------------------------------------------------------
 
-    async def _run_job(self, claimed: ClaimedJob, running: _Running) -> None:
+    async def _run_job(self, claimed: ClaimedJob, running: Running) -> None:
         try:
-            outcome = await self._attempt(claimed, running)
+            outcome = await self._executor.attempt(claimed, running)
             await self._settle(claimed, outcome)
         except Exception:
             log.exception("worker %s: could not settle job %s", self.id, claimed.message.id)
@@ -483,247 +436,23 @@ class Worker(Generic[TIn, TOut]):
             del self._running[claimed.token]
             self._notify()
 
-    def _failure(
-        self,
-        claimed: ClaimedJob,
-        reason: FailureReason,
-        error_type: str,
-        message: str,
-        *,
-        retryable: bool,
-        exc: BaseException | None = None,
-        domain: Any = None,
-    ) -> FailureRecord:
-        tb = None
-        if exc is not None:
-            tb = "".join(traceback.format_exception(exc))[-_TRACEBACK_LIMIT:]
-        return FailureRecord(
-            reason=reason,
-            error_type=error_type,
-            message=message,
-            attempt=claimed.attempt,
-            retryable=retryable,
-            traceback=tb,
-            domain_type=None if domain is None else _qualified(type(domain)),
-            domain_payload=None if domain is None else codec_for(type(domain)).encode(domain),
-            worker_id=self.id,
-            failed_at=time.time(),
-        )
-
-    async def _attempt(self, claimed: ClaimedJob, running: _Running) -> _Outcome:
-        message = claimed.message
-        task = self.tasks.get(message.task)
-        if task is None:
-            return _Fail(
-                self._failure(
-                    claimed,
-                    FailureReason.UNKNOWN_TASK,
-                    "UnknownTask",
-                    f"unknown task {message.task!r} (registered: {', '.join(sorted(self.tasks))})",
-                    retryable=False,
-                )
-            )
-        try:
-            payload = task.input.decode(message.payload)
-        except (InvalidPayload, PayloadTooLarge) as exc:
-            return _Fail(self._invalid_payload(claimed, task, exc))
-        if message.fingerprint and message.fingerprint != task.input.fingerprint:
-            key = (task.name, message.fingerprint)
-            if key not in self.stats.fingerprint_mismatches:
-                log.warning(
-                    "task %r: a producer's schema fingerprint %s differs from the worker's %s; "
-                    "the payload validated, so it runs (regenerate the producer's stubs)",
-                    task.name,
-                    message.fingerprint,
-                    task.input.fingerprint,
-                )
-            self.stats.fingerprint_mismatches[key] += 1
-
-        ctx = JobContext(
-            job_id=message.id,
-            task=task.name,
-            queue=message.queue,
-            attempt=claimed.attempt,
-            enqueued_at=claimed.enqueued_at,
-            worker_id=self.id,
-            report=lambda data: self._report_progress(claimed, data),
-        )
-        timeout = task.options.timeout if message.timeout < 0 else (message.timeout or None)
-        outcome: _Outcome | None = None
-        with anyio.CancelScope() as scope:
-            running.scope = scope
-            if running.cancel_reason is not None:
-                scope.cancel()
-            try:
-                with anyio.move_on_after(timeout) as deadline:
-                    result = await self._call(task, payload, ctx)
-                if deadline.cancel_called and running.cancel_reason is None:
-                    outcome = self._retry_or_fail(
-                        claimed,
-                        task,
-                        self._failure(
-                            claimed,
-                            FailureReason.TIMEOUT,
-                            "TimeoutError",
-                            f"attempt {claimed.attempt} ran longer than its timeout of {timeout} s",
-                            retryable=True,
-                        ),
-                    )
-                else:
-                    outcome = self._encode_result(claimed, task, result)
-            except Retry as exc:
-                outcome = self._retry_or_fail(
-                    claimed,
-                    task,
-                    self._failure(
-                        claimed, FailureReason.ERROR, "Retry", str(exc), retryable=True, exc=exc
-                    ),
-                    delay=exc.delay,
-                )
-            except Abort as exc:
-                outcome = _Fail(
-                    self._failure(
-                        claimed, FailureReason.ABORTED, "Abort", str(exc), retryable=False, exc=exc
-                    )
-                )
-            except Reject as exc:
-                outcome = _Fail(self._rejected(claimed, task, exc))
-            except Exception as exc:
-                outcome = self._retry_or_fail(
-                    claimed,
-                    task,
-                    self._failure(
-                        claimed,
-                        FailureReason.ERROR,
-                        _qualified(type(exc)),
-                        str(exc),
-                        retryable=True,
-                        exc=exc,
-                    ),
-                )
-        reason = running.cancel_reason
-        if reason is not None and (outcome is None or scope.cancelled_caught):
-            return self._cancelled_outcome(claimed, reason)
-        assert outcome is not None
-        return outcome
-
-    def _cancelled_outcome(self, claimed: ClaimedJob, reason: CancelReason) -> _Outcome:
-        if reason == "shutdown":
-            return _Release()
-        if reason == "lease_lost":
-            return _Drop()
-        return _Fail(
-            self._failure(
-                claimed,
-                FailureReason.CANCELLED,
-                "JobCancelled",
-                f"cancelled while running (attempt {claimed.attempt})",
-                retryable=False,
-            ),
-            cancelled=True,
-        )
-
-    async def _call(self, task: Task[Any, Any], payload: Any, ctx: JobContext) -> Any:
-        if task.is_async:
-            return await task.invoke(payload, ctx)
-        args = (payload, ctx) if task.takes_context else (payload,)
-        # Not abandoned on cancel: a thread cannot be stopped, and abandoning it would
-        # run more handlers at once than `concurrency` allows. Long sync handlers call
-        # ctx.check_cancelled() between steps.
-        return await anyio.to_thread.run_sync(task.fn, *args, limiter=self._threads)
-
-    def _encode_result(self, claimed: ClaimedJob, task: Task[Any, Any], result: Any) -> _Outcome:
-        try:
-            return _Complete(task.output.encode(result))
-        except EncodeError as exc:
-            return _Fail(
-                self._failure(
-                    claimed,
-                    FailureReason.INVALID_RESULT,
-                    "EncodeError",
-                    f"task {task.name!r} returned a value its output model rejects: {exc}",
-                    retryable=False,
-                )
-            )
-
-    def _invalid_payload(
-        self, claimed: ClaimedJob, task: Task[Any, Any], exc: Exception
-    ) -> FailureRecord:
-        fingerprint = claimed.message.fingerprint
-        if fingerprint and fingerprint != task.input.fingerprint:
-            return self._failure(
-                claimed,
-                FailureReason.SCHEMA_MISMATCH,
-                "SchemaMismatch",
-                f"task {task.name!r}: the producer's input schema {fingerprint} does not match "
-                f"the worker's {task.input.fingerprint}, and the payload does not validate: {exc}",
-                retryable=False,
-            )
-        return self._failure(
-            claimed,
-            FailureReason.INVALID_PAYLOAD,
-            "ValidationError",
-            f"task {task.name!r}: invalid payload: {exc}",
-            retryable=False,
-        )
-
-    def _rejected(self, claimed: ClaimedJob, task: Task[Any, Any], exc: Reject) -> FailureRecord:
-        error = exc.error
-        if not isinstance(error, task.options.errors):
-            declared = ", ".join(e.__qualname__ for e in task.options.errors) or "none"
-            return self._failure(
-                claimed,
-                FailureReason.ERROR,
-                "UndeclaredDomainError",
-                f"task {task.name!r} rejected with {type(error).__qualname__}, which is not "
-                f"among its declared errors ({declared}); add it to @app.task(errors=...)",
-                retryable=False,
-                exc=exc,
-            )
-        return self._failure(
-            claimed,
-            FailureReason.DOMAIN_ERROR,
-            _qualified(type(error)),
-            str(exc),
-            retryable=False,
-            domain=error,
-        )
-
-    def _retry_or_fail(
-        self,
-        claimed: ClaimedJob,
-        task: Task[Any, Any],
-        record: FailureRecord,
-        *,
-        delay: float | None = None,
-    ) -> _Fail:
-        message = claimed.message
-        retries = task.options.retries if message.max_retries < 0 else message.max_retries
-        failures = claimed.attempt - claimed.stalls  # stall recoveries do not spend retries
-        if failures <= retries:
-            return _Fail(
-                record,
-                retry_delay=delay if delay is not None else task.options.backoff.delay(failures),
-            )
-        return _Fail(msgspec.structs.replace(record, retryable=False))
-
     async def _report_progress(self, claimed: ClaimedJob, data: bytes) -> None:
         await self.app.broker.set_progress(claimed.message.id, claimed.token, data)
 
     # -- settling --------------------------------------------------------------------
 
-    async def _settle(self, claimed: ClaimedJob, outcome: _Outcome) -> None:
+    async def _settle(self, claimed: ClaimedJob, outcome: Outcome) -> None:
         job_id, token = claimed.message.id, claimed.token
-        if isinstance(outcome, _Drop):
+        if isinstance(outcome, Drop):
             self.stats.lease_lost += 1
             log.warning(
                 "worker %s: lost the lease of job %s; its result is discarded", self.id, job_id
             )
             return
-        if isinstance(outcome, _Release):
+        if isinstance(outcome, HandBack):
             result = await self._persist(lambda: self._release_one(Release(job_id, token)))
             self.stats.released += 1
-        elif isinstance(outcome, _Complete):
+        elif isinstance(outcome, Complete):
             completion = Completion(job_id, token, outcome.result)
             result = await self._persist(lambda: self._completer.submit(completion))
             self.stats.completed += 1
@@ -785,9 +514,3 @@ class Worker(Generic[TIn, TOut]):
 
     async def _fail_batch(self, items: list[Failure]) -> Sequence[FinishOutcome]:
         return await self.app.broker.fail(items)
-
-
-def _qualified(tp: type[Any]) -> str:
-    if tp.__module__ == "builtins":
-        return tp.__qualname__
-    return f"{tp.__module__}.{tp.__qualname__}"
