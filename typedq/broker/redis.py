@@ -203,8 +203,13 @@ class RedisBroker(Broker):
             option = getattr(socket, name, None)
             if option is not None:
                 keepalive[option] = value
+        tls: dict[str, Any] = {}
+        if self.url.startswith("rediss://") and "ssl_check_hostname" not in self.url:
+            # Fail closed: verify the server's name, whatever the redis-py version's default.
+            tls = {"ssl_check_hostname": True, "ssl_cert_reqs": "required"}
         pool = aioredis.BlockingConnectionPool.from_url(
             self.url,
+            **tls,
             max_connections=max_connections,
             timeout=SOCKET_TIMEOUT,
             socket_timeout=SOCKET_TIMEOUT,

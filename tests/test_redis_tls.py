@@ -1,0 +1,195 @@
+"""``rediss://``: TLS to a real redis-server, failing closed on a wrong CA or hostname."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from tests.redis_harness import REDIS_SERVER, free_port
+from typedq import App, BrokerError
+
+pytestmark = pytest.mark.redis
+
+
+class Ping(msgspec.Struct):
+    n: int
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(cwd: Path, name: str) -> None:
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.crt",
+        "-subj",
+        f"/CN={name}",
+        cwd=cwd,
+    )
+
+
+def make_server_cert(cwd: Path, ca: str, name: str, san: str) -> None:
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        "/CN=typedq-test-server",
+        cwd=cwd,
+    )
+    (cwd / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{ca}.crt",
+        "-CAkey",
+        f"{ca}.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.crt",
+        "-days",
+        "2",
+        "-extfile",
+        f"{name}.ext",
+        cwd=cwd,
+    )
+
+
+class TlsRedis:
+    def __init__(self, certs: Path, cert: str) -> None:
+        self.port = free_port()
+        assert REDIS_SERVER is not None
+        self.proc = subprocess.Popen(
+            [
+                REDIS_SERVER,
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--tls-cert-file",
+                str(certs / f"{cert}.crt"),
+                "--tls-key-file",
+                str(certs / f"{cert}.key"),
+                "--tls-ca-cert-file",
+                str(certs / "ca.crt"),
+                "--tls-auth-clients",
+                "no",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(certs),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        context.check_hostname = False
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                raw = socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
+                with context.wrap_socket(raw) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def certs() -> Iterator[Path]:
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make test certificates")
+    folder = Path(tempfile.mkdtemp(prefix="typedq-tls-"))
+    make_ca(folder, "ca")
+    make_ca(folder, "other-ca")
+    make_server_cert(folder, "ca", "good", "DNS:localhost,IP:127.0.0.1")
+    make_server_cert(folder, "ca", "wrong-name", "DNS:elsewhere.example")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the Redis client is asyncio-based
+
+
+def tls_app(server: TlsRedis, certs: Path, ca: str) -> tuple[App, object]:
+    url = f"rediss://127.0.0.1:{server.port}/0?ssl_ca_certs={certs / f'{ca}.crt'}"
+    app = App("tls", broker=url)
+
+    @app.task
+    async def echo(ping: Ping) -> Ping:
+        return ping
+
+    return app, echo
+
+
+@pytest.mark.anyio
+async def test_rediss_runs_jobs_end_to_end(certs: Path) -> None:
+    server = TlsRedis(certs, "good")
+    try:
+        app, _ = tls_app(server, certs, "ca")
+        echo = app.tasks["echo"]
+        with anyio.fail_after(20):
+            async with app, app.worker(concurrency=2):
+                job = await echo.enqueue(Ping(n=5))
+                assert await job.result(timeout=10) == Ping(n=5)
+    finally:
+        server.stop()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("cert", "ca"), [("good", "other-ca"), ("wrong-name", "ca")])
+async def test_rediss_fails_closed(certs: Path, cert: str, ca: str) -> None:
+    """An untrusted CA, or a certificate for another host name, is refused."""
+    server = TlsRedis(certs, cert)
+    try:
+        app, _ = tls_app(server, certs, ca)
+        echo = app.tasks["echo"]
+        with anyio.fail_after(30), pytest.raises(BrokerError) as info:
+            async with app:
+                await echo.enqueue(Ping(n=1))
+        message = str(info.value)
+        assert "certificate verify failed" in message, message
+        assert "pw" not in message
+    finally:
+        server.stop()
