@@ -27,6 +27,7 @@ from .errors import JobNotFound as JobNotFound
 from .errors import NotConnected as NotConnected
 from .errors import PayloadTooLarge as PayloadTooLarge
 from .errors import QueueFull as QueueFull
+from .errors import RedisDataLost as RedisDataLost
 from .errors import Reject as Reject
 from .errors import ResultTimeout as ResultTimeout
 from .errors import Retry as Retry
@@ -70,6 +71,7 @@ __all__ = [
     "PayloadTooLarge",
     "Producer",
     "QueueFull",
+    "RedisDataLost",
     "Reject",
     "ResultTimeout",
     "Retention",

@@ -14,7 +14,8 @@ The tree::
     ├── BrokerError             the broker misbehaved or is out of reach
     │   ├── BrokerUnavailable   could not reach it within the bounded time
     │   ├── BrokerDataError     bytes in the broker that typedq cannot read
-    │   └── QueueFull           the queue is at its max_queue_length
+    │   ├── QueueFull           the queue is at its max_queue_length
+    │   └── RedisDataLost       Redis lost its data (restart without persistence, flush)
     ├── JobFailed               what ``Job.result()`` raises for a failed job
     │   └── JobCancelled        ... for a cancelled job
     └── ResultTimeout           ``Job.result(timeout=...)`` ran out (also a TimeoutError)
@@ -53,6 +54,7 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "QueueFull",
+    "RedisDataLost",
     "Reject",
     "ResultTimeout",
     "Retry",
@@ -120,6 +122,14 @@ class BrokerDataError(BrokerError):
 
 class QueueFull(BrokerError):
     """An enqueue would take a queue past its ``max_queue_length``; nothing was enqueued."""
+
+
+class RedisDataLost(BrokerError):
+    """Redis lost the app's data: its epoch key vanished or changed since it was seen.
+
+    A restart without persistence, a FLUSHALL or a failover to an empty replica; the
+    jobs, results and failure records stored before it are gone.
+    """
 
 
 class ResultTimeout(TypedqError, TimeoutError):
