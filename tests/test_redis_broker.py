@@ -25,6 +25,7 @@ from typedq.broker.base import (
     FinishOutcome,
     JobMessage,
     LeaseStatus,
+    Release,
     Retention,
 )
 from typedq.broker.redis import CONNECT_TIMEOUT, RETRIES, SOCKET_TIMEOUT, RedisBroker
@@ -272,20 +273,35 @@ async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(url: str) -> 
         ran.append(item.n)
 
     async with app, raw_redis(url) as raw:
-        keys = app.broker.keys  # type: ignore[attr-defined]
-        before = await record.enqueue_many([Item(n=i) for i in range(5)])
+        broker = app.broker
+        assert isinstance(broker, RedisBroker)
+        keys = broker.keys
+        # A waiting job hash (claimed once, handed back) whose body is garbage.
         bad_field = await record.enqueue(Item(n=100))
-        bad_key = await record.enqueue(Item(n=101))
+        (claimed,) = await broker.claim([DEFAULT_QUEUE], 1, worker_id="w", lease=30)
+        assert await broker.release([Release(bad_field.id, claimed.token)]) == [
+            FinishOutcome.OK
+        ]
+        assert await raw.type(keys.job(bad_field.id)) == b"hash"
         await raw.hset(keys.job(bad_field.id), "m", b"\xc1\xff not msgpack")
-        await raw.delete(keys.job(bad_key.id))
+        before = await record.enqueue_many([Item(n=i) for i in range(5)])
+        # A job string with a well-formed header and a garbage body.
+        bad_body = await record.enqueue(Item(n=102))
+        text = await raw.get(keys.job(bad_body.id))
+        header = b"|".join(text.split(b"|")[:6]) + b"|"
+        await raw.set(keys.job(bad_body.id), header + b"\x93garbage")
+        # A job string replaced by bytes that are no job record at all.
+        bad_key = await record.enqueue(Item(n=101))
         await raw.set(keys.job(bad_key.id), b"\x80garbage")
         # Ids pushed straight into the queue: one with no job, one with junk bytes.
         await raw.set(keys.job("junk-1"), b"{not a job")
         await raw.lpush(keys.waiting(DEFAULT_QUEUE, 0), "ghost-1", "junk-1")
+        assert (await broker.get([bad_body.id]))[0] is not None
+        assert await broker.get([bad_key.id]) == [None]
         async with app.worker(concurrency=4):
             for job in before:
                 await job.result(timeout=10)
-            for job_id in (bad_field.id, bad_key.id, "junk-1"):
+            for job_id in (bad_field.id, bad_body.id, bad_key.id, "junk-1"):
                 with pytest.raises(JobFailed) as failed:
                     await record.job(job_id).result(timeout=10)
                 assert failed.value.reason is FailureReason.DECODE_ERROR
@@ -293,10 +309,10 @@ async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(url: str) -> 
                 assert job_id in failed.value.record.message
             after = await record.enqueue(Item(n=7))
             await after.result(timeout=10)
-        assert await app.broker.get(["ghost-1"]) == [None]
-        counts = await app.broker.counts(DEFAULT_QUEUE)
+        assert await broker.get(["ghost-1"]) == [None]
+        counts = await broker.counts(DEFAULT_QUEUE)
     assert sorted(ran) == [0, 1, 2, 3, 4, 7]
-    assert counts[JobState.FAILED] == 3
+    assert counts[JobState.FAILED] == 4
     assert counts[JobState.COMPLETED] == 6
     assert counts[JobState.WAITING] == counts[JobState.ACTIVE] == 0
 

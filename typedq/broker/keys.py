@@ -8,11 +8,18 @@ job id) are checked by :mod:`typedq.names` before they get here: none contains
 
 The layout (``P`` is the prefix)::
 
+    P epoch               string   '<unix time>-<random>', written once (SET NX) when an
+                                   app first connects; it vanishes or changes only when
+                                   Redis loses its data (restart without persistence,
+                                   FLUSHALL, failover to an empty replica)
     P seq                 string   order counter (FIFO among equal priorities)
     P active              zset     id -> lease deadline (µs, Redis clock)
     P done:c|done:f|done:x zset    id -> finished_at (µs): completed / failed / cancelled,
                                    for retention by age and count
-    P j:<id>              hash     one job (fields below)
+    P j:<id>              string   a job no worker has claimed yet (waiting or scheduled
+                                   since enqueue): the compact record below
+                          hash     any other job (fields below); claim and cancel turn
+                                   the string into the hash
     P q:<queue>:p         zset     priority levels that have waiting jobs (score -priority)
     P q:<queue>:w:<prio>  list     waiting ids of one level (LPUSH at the tail, RPOP
                                    the head); entries of jobs that left ``waiting`` are
@@ -26,12 +33,25 @@ Channels: ``P ev:w`` (a queue got work: space-separated queue names), ``P ev:d``
 (jobs reached a final state: space-separated ids), ``P ev:x`` (a running job was
 asked to cancel: its id).
 
-Job hash fields: ``m`` encoded JobMessage, ``q`` queue, ``p`` priority (absent = 0),
+The job body (``m``): a msgpack array ``[task, payload, fingerprint, priority,
+max_retries, timeout, eta, delay]`` with trailing default values left out; the id
+(from the key) and the queue (from the record) complete it into the JobMessage. Old
+records that hold a whole encoded JobMessage are still read.
+
+The job string (memory: one key, no hash, about 300 bytes for a 100-byte payload
+instead of ~700 for a hash whose body is over ``hash-max-listpack-value``)::
+
+    <state><queue>|<order>|<enqueued_at>|<priority>|<run_at>|<body>
+
+``state`` is ``w`` or ``s``; ``priority`` is empty for 0 and ``run_at`` unless
+scheduled. Every other field of a job string is absent (attempt 0, no stalls, ...).
+
+Job hash fields: ``m`` body, ``q`` queue, ``p`` priority (absent = 0),
 ``s`` state letter (``w s a c f x``), ``o`` order, ``e`` enqueued_at, ``r`` run_at,
 ``a`` attempt, ``k`` stalls, ``t`` lease token, ``d`` token of the last fenced
 transition, ``st`` started_at, ``fa`` finished_at, ``w`` worker id, ``cr`` cancel
 requested, ``res`` result, ``err`` FailureRecord, ``pg`` progress. Times are
-integer microseconds of the Redis clock (compact in a listpack).
+integer microseconds of the Redis clock.
 
 The Lua scripts derive per-job and per-queue names from the prefix with the helper
 functions of ``lua/common.lua``, which mirror this module; a test checks that both
@@ -66,6 +86,7 @@ class Keys:
         "done_channel",
         "done_completed",
         "done_failed",
+        "epoch",
         "prefix",
         "seq",
         "work_channel",
@@ -74,6 +95,7 @@ class Keys:
     def __init__(self, namespace: str) -> None:
         self.prefix = f"typedq:{{{namespace}}}:"
         p = self.prefix
+        self.epoch = p + "epoch"
         self.seq = p + "seq"
         self.active = p + "active"
         self.done_completed = p + "done:c"
@@ -84,7 +106,7 @@ class Keys:
         self.cancel_channel = p + "ev:x"
 
     def job(self, job_id: str) -> str:
-        """The hash of one job."""
+        """The key of one job (a string until the job is claimed or cancelled, then a hash)."""
         return f"{self.prefix}j:{job_id}"
 
     def levels(self, queue: str) -> str:

@@ -17,6 +17,20 @@ exponential backoff (50 ms to 1 s). Automatic retries are safe because every
 script is idempotent when re-sent: enqueue deduplicates by the client-made id,
 claim records its client-made token so a re-sent claim returns the same jobs,
 and finishes fenced by a token answer ``ALREADY_FINISHED`` the second time.
+
+Memory: a job that no worker has claimed yet is one Redis string (a short text
+header and the compact job body), not a hash: a hash whose envelope field is over
+Redis's default ``hash-max-listpack-value`` (64 bytes) falls back to the hashtable
+encoding, more than twice the size. Claim and cancel turn the string into the job
+hash. The layout is in :mod:`typedq.broker.keys`.
+
+Data loss: on connect the broker writes the app's epoch key if it is missing and
+remembers its value; :meth:`RedisBroker.check_epoch` (run at most every
+:data:`EPOCH_CHECK_INTERVAL` seconds, by a worker's recovery pass or before an enqueue)
+notices when it vanished or changed, logs one error, records
+:class:`~typedq.errors.RedisDataLost` in ``data_lost`` and carries on with the new
+epoch. Connect also warns when Redis runs without AOF (no persistence at all when it
+has taken no RDB snapshot either).
 """
 
 from __future__ import annotations
@@ -48,6 +62,7 @@ from ..errors import (
     FailureRecord,
     NotConnected,
     QueueFull,
+    RedisDataLost,
 )
 from ..names import check_job_id, check_name
 from . import redact_url
@@ -69,7 +84,14 @@ from .base import (
 )
 from .keys import STATE_LETTERS, Keys
 
-__all__ = ["CONNECT_TIMEOUT", "HEALTH_CHECK_INTERVAL", "RETRIES", "SOCKET_TIMEOUT", "RedisBroker"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "EPOCH_CHECK_INTERVAL",
+    "HEALTH_CHECK_INTERVAL",
+    "RETRIES",
+    "SOCKET_TIMEOUT",
+    "RedisBroker",
+]
 
 log = logging.getLogger("typedq.broker.redis")
 
@@ -85,12 +107,71 @@ RETRIES = 3
 MAX_CONNECTIONS = 64
 #: Seconds of silence on the pub/sub connection before we PING it ourselves.
 _PUBSUB_PING_AFTER = 10.0
+#: At most one check of the epoch key per this many seconds (recovery passes and enqueues).
+EPOCH_CHECK_INTERVAL = 2.0
 
 _MICRO = 1_000_000
 _MAX_TTL_US = 2**52  # "forever" that still fits a Lua double exactly
 _STATES = {letter: JobState(name) for name, letter in STATE_LETTERS.items()}
 _encode = msgspec.msgpack.Encoder().encode
 _decode_message = msgspec.msgpack.Decoder(JobMessage).decode
+
+
+class _Body(msgspec.Struct, frozen=True, array_like=True):
+    """What Redis stores of a JobMessage: all but the id (the key says it) and the
+    queue (the record says it). Trailing default values are left out when encoding."""
+
+    task: str
+    payload: bytes
+    fingerprint: str = ""
+    priority: int = 0
+    max_retries: int = -1
+    timeout: float = -1.0
+    eta: float = 0.0
+    delay: float = 0.0
+
+
+_decode_body = msgspec.msgpack.Decoder(_Body).decode
+_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0)
+
+
+def _encode_body(m: JobMessage) -> bytes:
+    fields = [m.task, m.payload, m.fingerprint, m.priority, m.max_retries, m.timeout, m.eta]
+    fields.append(m.delay)
+    n = len(fields)
+    while n > 2 and fields[n - 1] == _BODY_DEFAULTS[n - 1]:
+        n -= 1
+    return _encode(fields[:n])
+
+
+def _decode_job(job_id: str, queue: str, raw: bytes) -> JobMessage:
+    """The JobMessage of a stored body; raises msgspec errors for bytes that are not one."""
+    try:
+        b = _decode_body(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        # A record written before bodies: the whole encoded JobMessage.
+        try:
+            message = _decode_message(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+        else:
+            if message.id == job_id:
+                return message
+        raise
+    return JobMessage(
+        id=job_id,
+        task=b.task,
+        queue=queue,
+        payload=b.payload,
+        fingerprint=b.fingerprint,
+        priority=b.priority,
+        eta=b.eta,
+        delay=b.delay,
+        max_retries=b.max_retries,
+        timeout=b.timeout,
+    )
+
+
 _FINISH = list(FinishOutcome)
 _LEASE = list(LeaseStatus)
 
@@ -117,13 +198,6 @@ def _load_scripts() -> dict[str, tuple[str, str]]:
 _SCRIPTS = _load_scripts()
 
 
-def _decode_claimed(job_id: str, raw: bytes) -> JobMessage:
-    message = _decode_message(raw)
-    if message.id != job_id:
-        raise msgspec.DecodeError(f"the envelope names job {message.id!r}")
-    return message
-
-
 def _us(seconds: float) -> int:
     if seconds <= 0:
         return 0
@@ -148,6 +222,10 @@ def _int(value: Any, default: int = 0) -> int:
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
 class _DoneWaiter:
@@ -191,6 +269,12 @@ class RedisBroker(Broker):
         self._done_waiters: dict[str, set[_DoneWaiter]] = {}
         self._where = "Redis"
         self._password: str | None = None
+        # The app's epoch key as last seen, when, and when to look again.
+        self._epoch: str | None = None
+        self._epoch_seen_at = 0.0
+        self._epoch_due = 0.0
+        #: The last loss of data noticed (see check_epoch), or None.
+        self.data_lost: RedisDataLost | None = None
 
     def __repr__(self) -> str:
         return f"RedisBroker({redact_url(self.url)!r}, namespace={self.settings.namespace!r})"
@@ -252,27 +336,84 @@ class RedisBroker(Broker):
         with self._translate("connect"):
             await redis.ping()
         try:
-            info = await redis.info("memory")
+            memory = await redis.info("memory")
+            persistence = await redis.info("persistence")
         except rexc.NoPermissionError:
             log.warning(
-                "%s: INFO is not allowed for this user; skipped the eviction check", self._where
+                "%s: INFO is not allowed for this user; skipped the eviction and persistence "
+                "checks",
+                self._where,
             )
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, "connect")
         else:
-            policy = info.get("maxmemory_policy")
-            if policy is not None and _text(policy) != "noeviction":
-                log.warning(
-                    "%s has maxmemory-policy %s: Redis may evict job data and leases under "
-                    "memory pressure; set `maxmemory-policy noeviction` for a task queue",
-                    self._where,
-                    _text(policy),
-                )
+            self._check_config(memory, persistence)
         with self._translate("loading scripts"):
             pipe = redis.pipeline(transaction=False)
             for source, _ in _SCRIPTS.values():
                 pipe.script_load(source)
             await pipe.execute()
+        self._epoch = None
+        await self.check_epoch()
+
+    def _check_config(self, memory: dict[str, Any], persistence: dict[str, Any]) -> None:
+        policy = memory.get("maxmemory_policy")
+        if policy is not None and _text(policy) != "noeviction":
+            log.warning(
+                "%s has maxmemory-policy %s: Redis may evict job data and leases under "
+                "memory pressure; set `maxmemory-policy noeviction` for a task queue",
+                self._where,
+                _text(policy),
+            )
+        if _int(persistence.get("aof_enabled"), 1) != 0:
+            return
+        # INFO cannot show the `save` setting (and CONFIG GET is often denied): no
+        # snapshot since Redis started is the sign that RDB is off too.
+        if _int(persistence.get("rdb_saves"), 0) == 0:
+            log.warning(
+                "%s runs without persistence that typedq can see (appendonly no, and no "
+                "RDB snapshot since it started): a restart loses every job; typedq will "
+                "report it as RedisDataLost. Set `appendonly yes` for a task queue",
+                self._where,
+            )
+        else:
+            log.warning(
+                "%s runs with RDB snapshots only (appendonly no): a crash loses the jobs "
+                "enqueued and finished since the last snapshot. Set `appendonly yes` for a "
+                "task queue",
+                self._where,
+            )
+
+    async def check_epoch(self) -> bool:
+        """Check the app's epoch key; False when Redis lost its data since the last check.
+
+        A loss (the key vanished or changed: a restart without persistence, FLUSHALL,
+        a failover to an empty replica) is logged once as an error and recorded in
+        :attr:`data_lost`; the broker then adopts the new epoch and carries on. Called
+        at connect, then at most every :data:`EPOCH_CHECK_INTERVAL` seconds by a
+        worker's recovery pass (``recover_stalled``) and before an enqueue.
+        """
+        self._epoch_due = time.monotonic() + EPOCH_CHECK_INTERVAL
+        candidate = secrets.token_hex(8)
+        epoch = _text(await self._eval("epoch", [self.keys.epoch], [self.keys.prefix, candidate]))
+        known, seen_at = self._epoch, self._epoch_seen_at
+        self._epoch, self._epoch_seen_at = epoch, time.time()
+        if known is None or epoch == known:
+            return True
+        created = _int(epoch.partition("-")[0])
+        how = "vanished" if epoch.endswith("-" + candidate) else f"changed to {epoch!r}"
+        self.data_lost = RedisDataLost(
+            f"{self._where} lost its data: the epoch key {self.keys.epoch} was {known!r} "
+            f"when last seen at {_utc(seen_at)} and has {how} (new epoch written at "
+            f"{_utc(created)}). Redis restarted without persistence, was flushed "
+            "(FLUSHALL/FLUSHDB) or failed over to an empty replica: the jobs of app "
+            f"{self.settings.namespace!r} enqueued before it are gone (waiting, scheduled "
+            "and running jobs, results, failure records), and running jobs end as "
+            "NOT_FOUND. Continuing with the new epoch; set `appendonly yes` to survive "
+            "restarts"
+        )
+        log.error("%s", self.data_lost)
+        return False
 
     async def close(self) -> None:
         listener, self._listener = self._listener, None
@@ -382,8 +523,10 @@ class RedisBroker(Broker):
                 str(int(m.priority)),
                 _us(m.eta),
                 _us(m.delay),
-                _encode(m),
+                _encode_body(m),
             )
+        if time.monotonic() >= self._epoch_due:
+            await self.check_epoch()
         created = await self._eval("enqueue", [self.keys.seq], args)
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
 
@@ -402,7 +545,7 @@ class RedisBroker(Broker):
         if state is None:
             return None
         try:
-            message = _decode_message(m or b"")
+            message = _decode_job(job_id, _text(q or b""), m or b"")
         except (msgspec.DecodeError, msgspec.ValidationError):
             # Undecodable bytes: show the job anyway (its error record says why).
             message = JobMessage(id=job_id, task="", queue=_text(q or b""), payload=b"")
@@ -494,11 +637,11 @@ class RedisBroker(Broker):
             self._next_due.pop(key, None)
         claimed: list[ClaimedJob] = []
         broken: list[Failure] = []
-        for i in range(1, len(reply), 6):
-            job_id, raw, tok, attempt, enqueued, stalls = reply[i : i + 6]
+        for i in range(1, len(reply), 7):
+            job_id, raw, tok, attempt, enqueued, stalls, queue = reply[i : i + 7]
             job_id, tok = _text(job_id), _text(tok)
             try:
-                message = _decode_claimed(job_id, raw)
+                message = _decode_job(job_id, _text(queue), raw)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 broken.append(self._decode_failure(job_id, tok, raw, exc, int(attempt), worker_id))
                 continue
@@ -521,6 +664,9 @@ class RedisBroker(Broker):
                 ", ".join(f.id for f in broken),
             )
             await self.fail(broken)
+            # More jobs may wait behind these: the caller's next wait_for_jobs returns
+            # at once instead of waiting for a notification (none comes for them).
+            self._claim_gen[key] = -1
         return claimed
 
     def _decode_failure(
@@ -634,6 +780,8 @@ class RedisBroker(Broker):
             await event.wait()
 
     async def recover_stalled(self, limit: int = 1000) -> int:
+        if time.monotonic() >= self._epoch_due:
+            await self.check_epoch()
         cttl, ccap = self._retention(completed=True)
         fttl, fcap = self._retention(completed=False)
         k = self.keys

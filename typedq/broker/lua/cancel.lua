@@ -22,7 +22,8 @@ if s == 's' then
   redis.call('ZREM', k_sched(q), id)
 end
 -- A waiting job's list entry stays behind; claim skips it (lazy deletion keeps
--- cancel O(1) on long queues).
+-- cancel O(1) on long queues). A job string becomes the hash its final state needs.
+to_hash(id)
 redis.call('HSET', k_job(id), 'err', failure_record(
   'cancelled', 'JobCancelled', 'cancelled while ' .. state_name, tonumber(r[3]) or 0, nil, now))
 finalize(id, q, s, 'x', KEYS[1], now)

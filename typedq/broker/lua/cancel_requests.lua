@@ -3,7 +3,7 @@
 -- ARGV: P, ids...
 local out = {}
 for i = 2, #ARGV do
-  local r = read_job(ARGV[i], 's', 'cr')
+  local r = read_hash(ARGV[i], 's', 'cr')
   if r and r[1] == 'a' and r[2] then out[#out + 1] = ARGV[i] end
 end
 return out

@@ -6,8 +6,9 @@
 -- the same jobs instead of claiming more.
 -- KEYS[1] = active, KEYS[2] = seq, KEYS[3] = this worker's claim record
 -- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...
--- Returns {next_due_us (-1: nothing scheduled), then per job: id, message, token,
---          attempt, enqueued_at_us, stalls}
+-- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
+--          attempt, enqueued_at_us, stalls, queue}
+-- A claimed job string (see keys.py) becomes the job hash.
 local limit, lease, token, worker, nq =
   tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
 if not is_int(limit) or limit < 0 or not lease or lease <= 0 or token == ''
@@ -28,11 +29,12 @@ local prev = redis.pcall('GET', KEYS[3])
 if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' then
   local prefix = token .. '.'
   for id in string.gmatch(string.sub(prev, #token + 2), '[^\n]+') do
-    local r = read_job(id, 's', 't', 'm', 'a', 'e', 'k')
+    local r = read_hash(id, 's', 't', 'm', 'a', 'e', 'k', 'q')
     if r and r[1] == 'a' and r[2] and string.sub(r[2], 1, #prefix) == prefix then
       local n = #out
       out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', r[2]
       out[n + 4], out[n + 5], out[n + 6] = tonumber(r[4]) or 1, tonumber(r[5]) or 0, tonumber(r[6]) or 0
+      out[n + 7] = r[7] or ''
     end
   end
   return out
@@ -45,11 +47,25 @@ for _, q in ipairs(queues) do
   if #due > 0 then
     local order = redis.call('INCRBY', KEYS[2], #due) - #due
     for i, id in ipairs(due) do
-      local r = read_job(id, 's', 'p')
-      if r and r[1] == 's' then
-        redis.call('HSET', k_job(id), 's', 'w', 'o', order + i)
-        redis.call('HDEL', k_job(id), 'r')
-        push_waiting(q, sane_prio(r[2]), id, false)
+      local jk = k_job(id)
+      local ty, prio = redis.call('TYPE', jk).ok, nil
+      if ty == 'string' then
+        local f = parse_rec(redis.call('GET', jk))
+        if f and f.s == 's' and f.q == q then
+          f.s, f.o, f.r = 'w', order + i, false
+          redis.call('SET', jk, pack_rec(f))
+          prio = sane_prio(f.p)
+        end
+      elseif ty == 'hash' then
+        local r = redis.call('HMGET', jk, 's', 'p', 'q')
+        if r[1] == 's' and (not r[3] or r[3] == q) then
+          redis.call('HSET', jk, 's', 'w', 'o', order + i)
+          redis.call('HDEL', jk, 'r')
+          prio = sane_prio(r[2])
+        end
+      end
+      if prio then
+        push_waiting(q, prio, id, false)
         count(q, 's', -1)
         count(q, 'w', 1)
       end
@@ -72,8 +88,8 @@ end
 local function head_order(lk)
   local id = redis.call('LINDEX', lk, -1)
   if not id then return 0 end
-  local o = redis.pcall('HGET', k_job(id), 'o')
-  return tonumber(o) or 0
+  local r = read_job(id, 'o')
+  return r and tonumber(r[1]) or 0
 end
 
 local claimed, pops = 0, 0
@@ -85,28 +101,47 @@ local function activate(id, q)
   local jk = k_job(id)
   local ty = redis.call('TYPE', jk).ok
   if ty == 'none' then return end  -- an id with no job behind it: dropped
-  if ty ~= 'hash' then
-    -- Bytes that are not a job hash: keep them as the job's message, so the
-    -- worker fails this job with reason decode_error instead of losing it. (It
-    -- most likely replaced a counted waiting job, so the counts stay as they are.)
-    local raw = ''
-    if ty == 'string' then raw = redis.call('GET', jk) end
+  local f
+  if ty == 'hash' then
+    local r = redis.call('HMGET', jk, 's', 'q', 'm', 'a', 'e', 'k')
+    -- A stale entry: the job left waiting meanwhile (or is waiting in another queue).
+    if r[1] ~= 'w' or (r[2] and r[2] ~= q) then return end
+    claimed = claimed + 1
+    local attempt = (tonumber(r[4]) or 0) + 1
+    local tok = token .. '.' .. claimed
+    redis.call('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', now, 'w', worker)
+    local n = #out
+    out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', tok
+    out[n + 4], out[n + 5], out[n + 6], out[n + 7] = attempt, tonumber(r[5]) or 0, tonumber(r[6]) or 0, q
+  else
+    if ty == 'string' then
+      local raw = redis.call('GET', jk)
+      f = parse_rec(raw)
+      if f and (f.s ~= 'w' or f.q ~= q) then return end  -- stale entry
+      -- Bytes that are not a job: keep them as the job's body, so the worker fails
+      -- this job with reason decode_error instead of losing it. (They most likely
+      -- replaced a counted waiting job, so the counts stay as they are.)
+      if not f then f = {s = 'w', q = q, o = 0, e = now, p = false, r = false, m = raw} end
+    else
+      f = {s = 'w', q = q, o = 0, e = now, p = false, r = false, m = ''}
+    end
+    claimed = claimed + 1
+    local tok = token .. '.' .. claimed
     redis.call('DEL', jk)
-    redis.call('HSET', jk, 'm', raw, 'q', q, 's', 'w', 'e', now, 'o', 0)
+    local fields = rec_fields(f)
+    local n = #fields
+    fields[6] = 'a'  -- the state
+    fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', 1, 't', tok
+    fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', now, 'w', worker
+    redis.call('HSET', jk, unpack(fields))
+    n = #out
+    out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
+    out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
   end
-  local r = redis.call('HMGET', jk, 's', 'm', 'a', 'e', 'k')
-  if r[1] ~= 'w' then return end  -- stale entry: the job left waiting meanwhile
-  claimed = claimed + 1
-  local attempt = (tonumber(r[3]) or 0) + 1
-  local tok = token .. '.' .. claimed
-  redis.call('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', now, 'w', worker)
   redis.call('ZADD', KEYS[1], lease_until, id)
   count(q, 'w', -1)
   count(q, 'a', 1)
   ids[#ids + 1] = id
-  local n = #out
-  out[n + 1], out[n + 2], out[n + 3] = id, r[2] or '', tok
-  out[n + 4], out[n + 5], out[n + 6] = attempt, tonumber(r[4]) or 0, tonumber(r[5]) or 0
 end
 
 while claimed < limit and pops < max_pops do

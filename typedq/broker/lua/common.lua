@@ -16,7 +16,7 @@ local CH_DONE = P .. 'ev:d'
 local CH_CANCEL = P .. 'ev:x'
 
 -- Every timestamp, lease deadline and delay uses the Redis clock, in integer
--- microseconds (exact in a Lua double, compact in a listpack).
+-- microseconds (exact in a Lua double).
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -31,12 +31,72 @@ local function is_int(v)
   return n ~= nil and n == math.floor(n)
 end
 
--- Read fields of a job hash. nil when the key is missing or holds another type
--- (bytes written by something that is not typedq): a read never aborts a script.
-local function read_job(id, ...)
+-- A job no worker has claimed yet is one string (see keys.py):
+--   <state><queue>|<order>|<enqueued_at>|<priority>|<run_at>|<body>
+-- with state 'w' or 's', priority empty for 0, run_at empty unless scheduled.
+-- Anything else in a job string is bytes typedq did not write (parse_rec: nil).
+local function parse_rec(v)
+  local s, q, o, e, p, r, at = string.match(v, '^([ws])([^|]+)|(%d+)|(%d+)|(%-?%d*)|(%d*)|()')
+  if not s then return nil end
+  if p == '' then p = false end
+  if r == '' then r = false end
+  return {s = s, q = q, o = o, e = e, p = p, r = r, m = string.sub(v, at)}
+end
+
+local function int_text(v)
+  if type(v) == 'number' then return string.format('%d', v) end
+  return v
+end
+
+local function pack_rec(f)
+  return f.s .. f.q .. '|' .. int_text(f.o) .. '|' .. int_text(f.e) .. '|' .. (f.p or '')
+    .. '|' .. (f.r and int_text(f.r) or '') .. '|' .. f.m
+end
+
+-- The fields of a job string as the job hash would hold them.
+local function rec_fields(f)
+  local t = {'m', f.m, 'q', f.q, 's', f.s, 'o', f.o, 'e', f.e}
+  if f.p and f.p ~= '0' then t[#t + 1] = 'p'; t[#t + 1] = f.p end
+  if f.r then t[#t + 1] = 'r'; t[#t + 1] = f.r end
+  return t
+end
+
+-- Read fields of a job that must be a hash to matter (active or finished: the
+-- fenced transitions, recovery, retention). nil when the key is missing or holds
+-- another type: a read never aborts a script.
+local function read_hash(id, ...)
   local r = redis.pcall('HMGET', k_job(id), ...)
   if type(r) ~= 'table' or r.err or not r[1] then return nil end
   return r
+end
+
+-- Read fields of a job in any state: a hash, or a job string (its absent fields
+-- read as false, like HMGET's). nil when there is no job or bytes typedq did not write.
+local function read_job(id, ...)
+  local jk = k_job(id)
+  local ty = redis.call('TYPE', jk).ok
+  if ty == 'hash' then
+    local r = redis.call('HMGET', jk, ...)
+    if not r[1] then return nil end
+    return r
+  elseif ty == 'string' then
+    local f = parse_rec(redis.call('GET', jk))
+    if not f then return nil end
+    local names, out = {...}, {}
+    for i = 1, #names do out[i] = f[names[i]] or false end
+    return out
+  end
+  return nil
+end
+
+-- Before a job's fields change: a job string becomes the job hash (no-op for a hash).
+local function to_hash(id)
+  local jk = k_job(id)
+  if redis.call('TYPE', jk).ok ~= 'string' then return end
+  local f = parse_rec(redis.call('GET', jk))
+  if not f then return end
+  redis.call('DEL', jk)
+  redis.call('HSET', jk, unpack(rec_fields(f)))
 end
 
 -- A stored priority that is not an integer (garbage) counts as 0.
@@ -96,7 +156,7 @@ local function trim(state, zkey, now, ttl, cap, budget)
   if n > budget then n = budget end
   local popped = redis.call('ZPOPMIN', zkey, n)
   for i = 1, #popped, 2 do
-    local r = read_job(popped[i], 's', 'q')
+    local r = read_hash(popped[i], 's', 'q')
     if r and r[1] == state then
       redis.call('DEL', k_job(popped[i]))
       if r[2] then count(r[2], state, -1) end

@@ -12,7 +12,7 @@ local out = {}
 for i = 0, n - 1 do
   local b = 5 + 3 * i
   local id, tok = ARGV[b], ARGV[b + 1]
-  local r = read_job(id, 's', 't', 'd', 'q')
+  local r = read_hash(id, 's', 't', 'd', 'q')
   if not r then
     out[i + 1] = 3
   elseif r[1] == 'a' and r[2] == tok then

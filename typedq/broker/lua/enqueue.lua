@@ -1,12 +1,15 @@
 #!lua
--- Store a batch of jobs; an existing id is not replaced (created = 0).
+-- Store a batch of jobs, each as one job string (see keys.py); an existing id is
+-- not replaced (created = 0).
 -- KEYS[1] = seq
--- ARGV: P, max_queue_length, n, then n x (id, queue, priority, eta_us, delay_us, message)
+-- ARGV: P, max_queue_length, n, then n x (id, queue, priority, eta_us, delay_us, body)
 local limit, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not limit or not is_int(n) or n < 0 or #ARGV ~= 3 + 6 * n then return bad_args('enqueue') end
 for i = 0, n - 1 do
   local b = 4 + 6 * i
-  if ARGV[b] == '' or ARGV[b + 1] == '' or not is_int(ARGV[b + 2])
+  -- (a queue name holds no '|': the job string's fields are separated by it)
+  if ARGV[b] == '' or ARGV[b + 1] == '' or string.find(ARGV[b + 1], '|', 1, true)
+      or not is_int(ARGV[b + 2])
       or not tonumber(ARGV[b + 3]) or not tonumber(ARGV[b + 4]) then
     return bad_args('enqueue')
   end
@@ -48,13 +51,13 @@ for i = 0, n - 1 do
     local run_at = 0
     if eta > 0 then run_at = eta elseif delay > 0 then run_at = now + delay end
     order = order + 1
-    local jk = k_job(id)
+    local f = {s = 'w', q = q, o = order, e = now, p = prio ~= '0' and prio, r = false,
+      m = ARGV[b + 5]}
     if run_at > now then
-      redis.call('HSET', jk, 'm', ARGV[b + 5], 'q', q, 's', 's', 'o', order, 'e', now, 'r', run_at)
+      f.s, f.r = 's', run_at
       redis.call('ZADD', k_sched(q), run_at, id)
       count(q, 's', 1)
     else
-      redis.call('HSET', jk, 'm', ARGV[b + 5], 'q', q, 's', 'w', 'o', order, 'e', now)
       local lk = k_wait(q, prio)
       local l = lists[lk]
       if not l then
@@ -65,7 +68,7 @@ for i = 0, n - 1 do
       l[#l + 1] = id
       count(q, 'w', 1)
     end
-    if prio ~= '0' then redis.call('HSET', jk, 'p', prio) end
+    redis.call('SET', k_job(id), pack_rec(f))
     work_queues[q] = true
     out[i + 1] = 1
   else

@@ -22,7 +22,7 @@ local touched_f, touched_x = 0, 0
 for i = 0, n - 1 do
   local b = 5 + 6 * i
   local id, tok, mode, delay = ARGV[b], ARGV[b + 1], ARGV[b + 3], tonumber(ARGV[b + 4])
-  local r = read_job(id, 's', 't', 'd', 'q', 'cr', 'p')
+  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p')
   if not r then
     out[i + 1] = 3
   elseif r[1] == 'a' and r[2] == tok then

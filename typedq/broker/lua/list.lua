@@ -42,7 +42,7 @@ elseif state == 's' then
 elseif state == 'a' then
   local found = {}
   for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, SCAN - 1)) do
-    local r = read_job(id, 's', 'q', 'st', 'o')
+    local r = read_hash(id, 's', 'q', 'st', 'o')
     if r and r[1] == 'a' and r[2] == q then
       found[#found + 1] = {id, tonumber(r[3]) or 0, tonumber(r[4]) or 0}
     end

@@ -23,7 +23,7 @@ if limit > 0 then
     'LIMIT', 0, limit)
   for _, id in ipairs(expired) do
     redis.call('ZREM', KEYS[1], id)
-    local r = read_job(id, 's', 'q', 'a', 'k', 'cr', 'w', 'p', 'o')
+    local r = read_hash(id, 's', 'q', 'a', 'k', 'cr', 'w', 'p', 'o')
     if r and r[1] == 'a' then
       recovered = recovered + 1
       local jk = k_job(id)

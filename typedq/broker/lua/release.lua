@@ -13,7 +13,7 @@ local back = {}
 local touched_x = 0
 for i = 0, n - 1 do
   local id, tok = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
-  local r = read_job(id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o', 'w')
+  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o', 'w')
   if not r then
     out[i + 1] = 3
   elseif r[1] == 'a' and r[2] == tok then

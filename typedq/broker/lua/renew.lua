@@ -10,7 +10,7 @@ local deadline = now_us() + lease
 local out = {}
 for i = 0, n - 1 do
   local id, tok = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
-  local r = read_job(id, 's', 't', 'cr')
+  local r = read_hash(id, 's', 't', 'cr')
   if r and r[1] == 'a' and r[2] == tok then
     redis.call('ZADD', KEYS[1], 'XX', deadline, id)
     if r[3] then out[i + 1] = 2 else out[i + 1] = 0 end
