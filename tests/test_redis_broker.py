@@ -21,6 +21,7 @@ from tests.redis_harness import RedisProcess, flushall, redis_process
 from typedq import App, BrokerError, BrokerUnavailable, FailureReason, JobFailed, JobState
 from typedq.broker.base import (
     BrokerSettings,
+    CancelOutcome,
     Completion,
     FinishOutcome,
     JobMessage,
@@ -30,6 +31,7 @@ from typedq.broker.base import (
 )
 from typedq.broker.redis import CONNECT_TIMEOUT, RETRIES, SOCKET_TIMEOUT, RedisBroker
 from typedq.errors import FailureRecord
+from typedq.names import new_job_id
 from typedq.task import DEFAULT_QUEUE
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio]
@@ -120,6 +122,155 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
         # One hash tag for the whole app: the same cluster slot for every key.
         assert keys
         assert all(k.startswith("typedq:{layout}:") for k in keys)
+
+
+def bench_like(job_id: str, **fields: Any) -> JobMessage:
+    """The SPEC's ~100-byte payload (bench/redis_bench.py's) in an envelope."""
+    payload = msgspec.msgpack.encode(
+        {"user_id": 1, "email": "user0000001@example.com", "tags": ["a", "b"], "note": "x" * 40}
+    )
+    fields = {"task": "noop", "queue": "q", "fingerprint": "fb1c496797e98824", **fields}
+    return JobMessage(id=job_id, payload=payload, **fields)
+
+
+async def test_a_job_is_one_compact_string_until_claimed(url: str) -> None:
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        m = bench_like(new_job_id())
+        key = broker.keys.job(m.id)
+        await broker.enqueue([m])
+        assert await raw.type(key) == b"string"
+        text = await raw.get(key)
+        assert isinstance(text, bytes)
+        assert text.startswith(b"wq|")
+        assert m.id.encode() not in text  # the key names the job; the body does not repeat it
+        # ~280 bytes; the same job as a hash (its envelope over hash-max-listpack-value,
+        # so hashtable-encoded) took ~690.
+        size = await raw.memory_usage(key)
+        assert size is not None
+        assert size <= 320
+        (record,) = await broker.get([m.id])
+        assert record is not None
+        assert record.message == m
+        assert (record.state, record.attempt, record.stalls) == (JobState.WAITING, 0, 0)
+        assert record.enqueued_at == pytest.approx(time.time(), abs=60)
+        (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert job.message == m
+        assert job.attempt == 1
+        assert job.enqueued_at == record.enqueued_at
+        assert await raw.type(key) == b"hash"
+        (active,) = await broker.get([m.id])
+        assert active is not None
+        assert active.message == m
+        assert (active.state, active.worker_id) == (JobState.ACTIVE, "w")
+        assert active.enqueued_at == record.enqueued_at
+
+
+async def test_every_envelope_field_survives_each_form(url: str) -> None:
+    async with broker_at(url) as broker:
+        waiting = bench_like("w1", priority=-2, max_retries=5, timeout=2.5)
+        scheduled = bench_like("s1", priority=3, delay=0.2, fingerprint="")
+        at = bench_like("e1", eta=time.time() + 3600, max_retries=0, timeout=0.0)
+        await broker.enqueue([waiting, scheduled, at])
+        records = await broker.get(["w1", "s1", "e1"])
+        assert [r.message if r else None for r in records] == [waiting, scheduled, at]
+        assert [r.state if r else None for r in records] == [
+            JobState.WAITING,
+            JobState.SCHEDULED,
+            JobState.SCHEDULED,
+        ]
+        assert records[2] is not None
+        assert records[2].run_at == pytest.approx(at.eta, abs=1e-3)
+        await anyio.sleep(0.3)
+        # The scheduled job string is promoted (still a string) and claimed first (priority 3).
+        jobs = await broker.claim(["q"], 5, worker_id="w", lease=30)
+        assert [j.message for j in jobs] == [scheduled, waiting]
+        assert {j.message.id: j.message.priority for j in jobs} == {"s1": 3, "w1": -2}
+
+
+async def test_cancelling_a_job_string_leaves_a_job_hash(url: str) -> None:
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        await broker.enqueue([bench_like("w1"), bench_like("s1", delay=60, priority=4)])
+        assert await broker.cancel("w1") == CancelOutcome.CANCELLED
+        assert await broker.cancel("s1") == CancelOutcome.CANCELLED
+        assert await broker.cancel("s1") == CancelOutcome.ALREADY_FINAL
+        for job_id in ("w1", "s1"):
+            assert await raw.type(broker.keys.job(job_id)) == b"hash"
+            (record,) = await broker.get([job_id])
+            assert record is not None
+            assert record.state is JobState.CANCELLED
+            assert record.message == bench_like(
+                job_id, **({"delay": 60, "priority": 4} if job_id == "s1" else {})
+            )
+            assert record.error is not None
+        assert await raw.zcard(broker.keys.scheduled("q")) == 0
+        counts = await broker.counts("q")
+        assert (counts[JobState.WAITING], counts[JobState.SCHEDULED]) == (0, 0)
+        assert counts[JobState.CANCELLED] == 2
+        # Retried, the cancelled hash is waiting again and runs with its priority.
+        assert [o.value for o in await broker.retry(["s1", "w1"])] == ["retried", "retried"]
+        jobs = await broker.claim(["q"], 5, worker_id="w", lease=30)
+        assert [j.message.id for j in jobs] == ["s1", "w1"]
+
+
+async def test_job_strings_and_job_hashes_wait_in_one_queue(url: str) -> None:
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        await broker.enqueue([message(f"j{i}") for i in range(4)])
+        (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        await broker.release([Release("j0", first.token)])  # a hash again at the head
+        types = [await raw.type(broker.keys.job(f"j{i}")) for i in range(4)]
+        assert types == [b"hash", b"string", b"string", b"string"]
+        assert await broker.list_jobs("q", JobState.WAITING) == ["j0", "j1", "j2", "j3"]
+        assert await broker.remove(["j0", "j2"], states=[JobState.WAITING]) == [True, True]
+        assert await broker.list_jobs("q", JobState.WAITING) == ["j1", "j3"]
+        assert await broker.purge("q", [JobState.WAITING]) == 2
+        assert await broker.get(["j0", "j1", "j2", "j3"]) == [None] * 4
+        assert sum((await broker.counts("q")).values()) == 0
+
+
+async def test_a_stale_entry_never_claims_a_job_from_another_queue(url: str) -> None:
+    async with broker_at(url) as broker:
+        await broker.enqueue([message("a", queue="q1")])
+        assert await broker.remove(["a"]) == [True]
+        # The same id again, elsewhere: q1 still holds the removed job's list entry.
+        await broker.enqueue([message("a", queue="q2")])
+        assert await broker.claim(["q1"], 5, worker_id="w", lease=30) == []
+        (job,) = await broker.claim(["q2"], 5, worker_id="w", lease=30)
+        assert job.message == message("a", queue="q2")
+        assert (await broker.counts("q2"))[JobState.ACTIVE] == 1
+        assert sum((await broker.counts("q1")).values()) == 0
+
+
+async def test_records_of_the_previous_layout_are_still_read(url: str) -> None:
+    """Before job strings, every job was a hash whose ``m`` held the whole JobMessage."""
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        old = message("old-1", priority=2)
+        await raw.hset(
+            k.job("old-1"),
+            mapping={"m": msgspec.msgpack.encode(old), "q": "q", "s": "w", "o": 1, "e": 1, "p": 2},
+        )
+        await raw.lpush(k.waiting("q", 2), "old-1")
+        await raw.zadd(k.levels("q"), {"2": -2})
+        await raw.hset(k.counts("q"), "w", 1)
+        (record,) = await broker.get(["old-1"])
+        assert record is not None
+        assert record.message == old
+        (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert job.message == old
+
+
+async def test_enqueue_checks_its_arguments_before_writing(url: str) -> None:
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        await broker.enqueue([message("a")])
+        before = {key async for key in raw.scan_iter("*")}
+        seq = await raw.get(k.seq)
+        good = ["b", "q", "0", 0, 0, b"\x92\xa1t\xc4\x00"]
+        bad = ["c", "bad|queue", "0", 0, 0, b"\x92\xa1t\xc4\x00"]
+        with pytest.raises(BrokerError, match="malformed arguments"):
+            await broker._eval("enqueue", [k.seq], [k.prefix, 0, 2, *good, *bad])
+        assert {key async for key in raw.scan_iter("*")} == before
+        assert await raw.get(k.seq) == seq
 
 
 # -- round trips ----------------------------------------------------------------------
@@ -279,15 +430,14 @@ async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(url: str) -> 
         # A waiting job hash (claimed once, handed back) whose body is garbage.
         bad_field = await record.enqueue(Item(n=100))
         (claimed,) = await broker.claim([DEFAULT_QUEUE], 1, worker_id="w", lease=30)
-        assert await broker.release([Release(bad_field.id, claimed.token)]) == [
-            FinishOutcome.OK
-        ]
+        assert await broker.release([Release(bad_field.id, claimed.token)]) == [FinishOutcome.OK]
         assert await raw.type(keys.job(bad_field.id)) == b"hash"
         await raw.hset(keys.job(bad_field.id), "m", b"\xc1\xff not msgpack")
         before = await record.enqueue_many([Item(n=i) for i in range(5)])
         # A job string with a well-formed header and a garbage body.
         bad_body = await record.enqueue(Item(n=102))
         text = await raw.get(keys.job(bad_body.id))
+        assert isinstance(text, bytes)
         header = b"|".join(text.split(b"|")[:6]) + b"|"
         await raw.set(keys.job(bad_body.id), header + b"\x93garbage")
         # A job string replaced by bytes that are no job record at all.
