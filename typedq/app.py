@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from .backoff import Backoff
 from .broker.base import Broker, BrokerSettings, Retention
-from .client import Client
+from .client import DEFAULT_MAX_PAYLOAD, AppBase
 from .errors import ConfigError
 from .names import check_name
 from .task import (
@@ -30,10 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["App"]
 
-DEFAULT_MAX_PAYLOAD = 1024 * 1024
 
-
-class App:
+class App(AppBase):
     """A named set of tasks sharing one broker.
 
     :param name: the namespace of every key and queue (``[A-Za-z0-9][A-Za-z0-9_.-]*``)
@@ -56,52 +53,24 @@ class App:
         retention: Retention | None = None,
         max_queue_length: int = 0,
     ) -> None:
-        self.name = check_name("app", name)
         if lease <= 0:
             raise ConfigError(f"lease must be > 0 seconds, got {lease}")
-        self.max_payload_bytes = max_payload_bytes
-        self.lease = lease
-        self.settings = BrokerSettings(
-            namespace=name,
-            max_stalls=max_stalls,
-            retention=retention or Retention(),
-            max_queue_length=max_queue_length,
+        super().__init__(
+            name,
+            broker=broker,
+            settings=BrokerSettings(
+                namespace=check_name("app", name),
+                max_stalls=max_stalls,
+                retention=retention or Retention(),
+                max_queue_length=max_queue_length,
+            ),
+            max_payload_bytes=max_payload_bytes,
         )
-        self._client = Client(broker, name=name, settings=self.settings)
+        self.lease = lease
         self._tasks: dict[str, Task[Any, Any]] = {}
 
     def __repr__(self) -> str:
         return f"App({self.name!r}, tasks={sorted(self._tasks)})"
-
-    # -- broker connection ---------------------------------------------------------
-
-    @property
-    def client(self) -> Client:
-        """The producer-side client (connected inside ``async with app``)."""
-        return self._client
-
-    @property
-    def broker(self) -> Broker:
-        """The broker this app talks to."""
-        return self._client.broker
-
-    def use_broker(self, broker: str | Broker) -> None:
-        """Point the app at another broker; only while it is not connected."""
-        if self._client.connected:
-            raise ConfigError("cannot change the broker of a connected App")
-        self._client = Client(broker, name=self.name, settings=self.settings)
-
-    async def __aenter__(self) -> Self:
-        await self._client.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._client.__aexit__(exc_type, exc, tb)
 
     # -- tasks -------------------------------------------------------------------------
 

@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from types import TracebackType
-from typing import Any, Literal, Self, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
-from .app import DEFAULT_MAX_PAYLOAD
 from .backoff import Backoff
 from .broker.base import Broker, BrokerSettings
-from .client import Client
+from .client import DEFAULT_MAX_PAYLOAD, AppBase
 from .errors import ConfigError
 from .names import check_name
 from .serde import Model
@@ -107,7 +105,7 @@ class TaskStub(TaskBase[TIn, TOut]):
         )
 
 
-class Producer:
+class Producer(AppBase):
     """A producer-only app: a name, a broker URL and declared tasks, no handlers.
 
     Enqueue through its tasks inside ``async with producer:``. It takes the same broker
@@ -128,42 +126,23 @@ class Producer:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
         max_queue_length: int = 0,
     ) -> None:
-        self.name = check_name("app", name)
-        self.max_payload_bytes = max_payload_bytes
-        self.settings = BrokerSettings(namespace=name, max_queue_length=max_queue_length)
-        self._client = Client(broker, name=name, settings=self.settings)
+        super().__init__(
+            name,
+            broker=broker,
+            settings=BrokerSettings(
+                namespace=check_name("app", name), max_queue_length=max_queue_length
+            ),
+            max_payload_bytes=max_payload_bytes,
+        )
         self._tasks: dict[str, TaskStub[Any, Any]] = {}
 
     def __repr__(self) -> str:
         return f"Producer({self.name!r}, tasks={sorted(self._tasks)})"
 
     @property
-    def client(self) -> Client:
-        """The client the tasks send through (connected inside ``async with``)."""
-        return self._client
-
-    @property
     def tasks(self) -> Mapping[str, TaskStub[Any, Any]]:
         """The declared tasks by name."""
         return dict(self._tasks)
-
-    def use_broker(self, broker: str | Broker) -> None:
-        """Point the producer at another broker; only while it is not connected."""
-        if self._client.connected:
-            raise ConfigError("cannot change the broker of a connected Producer")
-        self._client = Client(broker, name=self.name, settings=self.settings)
-
-    async def __aenter__(self) -> Self:
-        await self._client.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._client.__aexit__(exc_type, exc, tb)
 
     @overload
     def task(
