@@ -591,6 +591,33 @@ async def test_eviction_policy_warning(url: str, caplog: pytest.LogCaptureFixtur
     assert "noeviction" in caplog.text
 
 
+async def test_persistence_warning(url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # The session server runs with `--appendonly no --save ""`: no persistence at all.
+    with caplog.at_level(logging.WARNING, logger="typedq.broker.redis"):
+        async with broker_at(url):
+            pass
+    (warning,) = [r for r in caplog.records if "persistence" in r.getMessage()]
+    assert warning.levelname == "WARNING"
+    assert "a restart loses every job" in warning.getMessage()
+    assert "appendonly yes" in warning.getMessage()
+    caplog.clear()
+    with redis_process(appendonly=True) as server, caplog.at_level(logging.WARNING):
+        async with broker_at(server.url):
+            pass
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_rdb_only_persistence_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with redis_process() as server:
+        async with raw_redis(server.url) as raw:
+            await raw.save()
+        with caplog.at_level(logging.WARNING, logger="typedq.broker.redis"):
+            async with broker_at(server.url):
+                pass
+    (warning,) = [r for r in caplog.records if "appendonly" in r.getMessage()]
+    assert "RDB snapshots only" in warning.getMessage()
+
+
 async def test_waiters_survive_a_pubsub_reconnect(url: str) -> None:
     async with broker_at(url) as broker, raw_redis(url) as raw:
         await broker.enqueue([message("a")])

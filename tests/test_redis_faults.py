@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from tests import redis_app
 from tests.redis_harness import RedisProcess, flushall, redis_process
-from typedq import JobState
+from typedq import JobState, RedisDataLost
 from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobMessage
 from typedq.broker.redis import SOCKET_TIMEOUT, RedisBroker
 from typedq.task import DEFAULT_QUEUE
@@ -223,8 +223,149 @@ async def test_workers_resume_after_a_redis_restart(redis_server: RedisProcess) 
             await wait_completed(600, 30)
             executed = await runs(ledger)
             assert procs[0].poll() is None
+            # AOF kept the epoch key: nobody reports a loss of data.
+            broker = redis_app.app.broker
+            assert isinstance(broker, RedisBroker)
+            assert await broker.check_epoch()
+            assert broker.data_lost is None
+            assert not lost_data_lines(server)
     assert len(executed) == 600
     assert set(executed.values()) == {1}
+
+
+def lost(broker: RedisBroker) -> RedisDataLost | None:
+    """``broker.data_lost``, read afresh (it changes behind mypy's narrowing)."""
+    return broker.data_lost
+
+
+def lost_data_lines(server: RedisProcess) -> list[str]:
+    """The "Redis lost its data" lines in the logs of the workers of ``server``."""
+    return [
+        line
+        for path in sorted(server.dir.glob("worker-*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if "lost its data" in line
+    ]
+
+
+async def test_redis_restart_without_persistence_is_reported_once(
+    redis_server: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RELIABILITY B2: Redis restarts empty (no AOF, no RDB). Producer and worker each
+    report RedisDataLost once, with a clear text, and keep working with the new epoch."""
+    flushall(redis_server.port)
+    with (
+        redis_process(appendonly=False) as server,
+        workers(server, 1, concurrency=8, ledger=redis_server) as procs,
+    ):
+        async with producer(server, redis_server) as ledger:
+            broker = redis_app.app.broker
+            assert isinstance(broker, RedisBroker)
+            await redis_app.work.enqueue_many([redis_app.Work(n=i) for i in range(100)])
+            await wait_completed(100, 30)
+            assert broker.data_lost is None
+            server.kill()
+            server.start()
+            with anyio.fail_after(30):
+                while True:
+                    try:
+                        later = await redis_app.work.enqueue_many(
+                            [redis_app.Work(n=i) for i in range(100, 200)]
+                        )
+                        break
+                    except Exception:  # BrokerUnavailable while it comes back
+                        await anyio.sleep(0.2)
+            # The worker notices on a recovery pass; the producer before an enqueue
+            # (at most every EPOCH_CHECK_INTERVAL) or when asked.
+            with anyio.fail_after(20):
+                while not lost_data_lines(server):  # noqa: ASYNC110 -- another process
+                    await anyio.sleep(0.1)
+            if lost(broker) is None:
+                assert not await broker.check_epoch()
+            assert isinstance(lost(broker), RedisDataLost)
+            text = str(lost(broker))
+            assert "lost its data" in text
+            assert "typedq:{rfault}:epoch" in text
+            assert "vanished" in text or "changed" in text
+            assert "appendonly yes" in text
+            # Jobs enqueued after the loss run on the same worker process.
+            for job in later:
+                await job.result(timeout=30)
+            executed = await runs(ledger)
+            assert await broker.check_epoch()
+            await anyio.sleep(3.0)  # a few more recovery passes: no second report
+            assert procs[0].poll() is None
+            (line,) = lost_data_lines(server)
+            assert "ERROR" in line
+            assert "was flushed (FLUSHALL/FLUSHDB)" in line
+    assert len(executed) == 200
+    assert set(executed.values()) == {1}
+    errors = [r for r in caplog.records if "lost its data" in r.getMessage()]
+    assert len(errors) == 1
+    assert errors[0].levelname == "ERROR"
+
+
+async def test_flushall_is_reported_once_by_every_client() -> None:
+    with redis_process() as server:
+        first = RedisBroker(server.url, BrokerSettings(namespace="ep"))
+        second = RedisBroker(server.url, BrokerSettings(namespace="ep"))
+        other_app = RedisBroker(server.url, BrokerSettings(namespace="ep2"))
+        for broker in (first, second, other_app):
+            await broker.connect()
+        raw = aioredis.Redis.from_url(server.url)
+        try:
+            assert await first.check_epoch()
+            await first.enqueue([JobMessage(id="a", task="t", queue="q", payload=b"")])
+            await raw.flushall()
+            assert not await first.check_epoch()
+            assert isinstance(first.data_lost, RedisDataLost)
+            assert "has vanished" in str(first.data_lost)
+            # The first client wrote a new epoch; the second sees it changed.
+            assert not await second.check_epoch()
+            assert "has changed to" in str(second.data_lost)
+            assert not await other_app.check_epoch()
+            # Once per loss: the new epoch is adopted and the broker carries on.
+            report = first.data_lost
+            assert await first.check_epoch()
+            assert await second.check_epoch()
+            assert first.data_lost is report
+            assert await first.get(["a"]) == [None]
+            await first.enqueue([JobMessage(id="b", task="t", queue="q", payload=b"")])
+            (job,) = await second.claim(["q"], 1, worker_id="w", lease=30)
+            assert job.message.id == "b"
+            # FLUSHDB of another database is no loss of ours; a second flush of ours is.
+            other_db = aioredis.Redis.from_url(f"redis://127.0.0.1:{server.port}/1")
+            try:
+                await other_db.flushdb()
+            finally:
+                await other_db.aclose()
+            assert await first.check_epoch()
+            await raw.flushdb()
+            assert not await first.check_epoch()
+            assert first.data_lost is not report
+        finally:
+            await raw.aclose()
+            for broker in (first, second, other_app):
+                await broker.close()
+
+
+async def test_producers_notice_on_enqueue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("typedq.broker.redis.EPOCH_CHECK_INTERVAL", 0.0)
+    with redis_process() as server:
+        broker = RedisBroker(server.url, BrokerSettings(namespace="ep"))
+        await broker.connect()
+        raw = aioredis.Redis.from_url(server.url)
+        try:
+            await broker.enqueue([JobMessage(id="a", task="t", queue="q", payload=b"")])
+            assert broker.data_lost is None
+            await raw.flushall()
+            outcome = await broker.enqueue([JobMessage(id="b", task="t", queue="q", payload=b"")])
+            assert outcome[0].created
+            assert isinstance(lost(broker), RedisDataLost)
+            assert await raw.get(broker.keys.epoch) is not None
+        finally:
+            await raw.aclose()
+            await broker.close()
 
 
 async def test_script_cache_flush_with_worker_processes(redis_server: RedisProcess) -> None:
