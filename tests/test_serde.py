@@ -94,3 +94,52 @@ def test_fingerprint_is_stable_and_follows_the_schema() -> None:
     assert Codec(V1).fingerprint == Codec(V1).fingerprint
     assert len(Codec(V1).fingerprint) == 16
     assert Codec(V1).fingerprint != Codec(V2).fingerprint
+
+
+class Edge(msgspec.Struct):
+    text: str = ""
+    number: float = 0.0
+    integer: int = 0
+    when: dt.datetime | None = None
+    blob: bytes = b""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        Edge(text="nul\x00inside"),
+        Edge(text="rtl \u202e emoji \U0001f600 4-byte \U00010348"),
+        Edge(number=-0.0),
+        Edge(number=float("inf")),
+        Edge(integer=2**53 + 1),
+        Edge(integer=2**64 - 1),
+        Edge(integer=-(2**63)),
+        Edge(when=dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone(dt.timedelta(hours=5)))),
+        Edge(when=dt.datetime(2026, 1, 1, 12, 0)),  # naive stays naive
+        Edge(blob=bytes(range(256))),
+    ],
+    ids=repr,
+)
+def test_edge_values_round_trip_exactly(value: Edge) -> None:
+    """RELIABILITY E5: every value round-trips exactly (or is refused, below)."""
+    codec = codec_for(Edge)
+    back = codec.decode(codec.encode(value))
+    assert msgspec.msgpack.encode(back) == msgspec.msgpack.encode(value)
+    if value.number == 0.0:
+        assert str(back.number) == str(value.number)  # -0.0 keeps its sign
+
+
+@pytest.mark.parametrize(
+    "value",
+    [Edge(integer=2**64), Edge(integer=-(2**63) - 1), Edge(text="lone \ud800 surrogate")],
+    ids=["2**64", "-2**63-1", "lone-surrogate"],
+)
+def test_values_msgpack_cannot_carry_are_refused_at_encode(value: Edge) -> None:
+    with pytest.raises(EncodeError, match="cannot encode Edge"):
+        codec_for(Edge).encode(value)
+
+
+def test_nan_round_trips_as_nan() -> None:
+    codec = codec_for(Edge)
+    back = codec.decode(codec.encode(Edge(number=float("nan"))))
+    assert back.number != back.number  # still NaN, not silently 0 or None
