@@ -118,10 +118,32 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
     async with raw_redis(url) as raw:
         async with broker_at(url, "layout") as broker:
             await broker.enqueue([message("a"), message("b", queue="other", priority=2)])
+            await broker.enqueue([message("c", queue="other")])
+            (job,) = await broker.claim(["other"], 1, worker_id="w", lease=30)
         keys = {k.decode() async for k in raw.scan_iter("*")}
         # One hash tag for the whole app: the same cluster slot for every key.
-        assert keys
         assert all(k.startswith("typedq:{layout}:") for k in keys)
+        k = broker.keys
+        assert keys == {
+            k.epoch,
+            k.seq,
+            k.active,
+            k.claim("w"),
+            k.job("a"),
+            k.job("b"),
+            k.job("c"),
+            k.levels("q"),
+            k.waiting("q", 0),
+            k.levels("other"),
+            k.waiting("other", 0),
+            k.counts("q"),
+            k.counts("other"),
+        }
+        # Jobs no worker has claimed are strings; the claimed one is a hash.
+        assert job.message.id == "b"
+        types = {i: await raw.type(k.job(i)) for i in "abc"}
+        assert types == {"a": b"string", "b": b"hash", "c": b"string"}
+        assert (await raw.get(k.epoch) or b"").count(b"-") == 1
 
 
 def bench_like(job_id: str, **fields: Any) -> JobMessage:
