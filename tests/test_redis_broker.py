@@ -143,7 +143,9 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
         assert job.message.id == "b"
         types = {i: await raw.type(k.job(i)) for i in "abc"}
         assert types == {"a": b"string", "b": b"hash", "c": b"string"}
-        assert (await raw.get(k.epoch) or b"").count(b"-") == 1
+        epoch = await raw.get(k.epoch)
+        assert isinstance(epoch, bytes)
+        assert epoch.count(b"-") == 1
 
 
 def bench_like(job_id: str, **fields: Any) -> JobMessage:
