@@ -26,11 +26,13 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Iterator
@@ -114,6 +116,40 @@ def typedq_has_redis() -> bool:
     return (ROOT / "typedq" / "broker" / "redis.py").exists()
 
 
+@contextlib.contextmanager
+def code_tree(worktree: bool) -> Iterator[tuple[Path, str]]:
+    """The directory adapters run from, and a description of the typedq code in it.
+
+    By default a snapshot of HEAD (``git archive``: typedq/ and bench/adapters/) in a temporary
+    directory, so commits or edits landing in the working tree during a long run cannot change
+    typedq's code half-way through. ``--worktree`` runs the working tree as it is.
+    """
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    if worktree:
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "typedq", "bench/adapters"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        yield ROOT, f"working tree at {commit}" + (" (with uncommitted changes)" if dirty else "")
+        return
+    folder = Path(tempfile.mkdtemp(prefix="typedq-bench-tree-"))
+    try:
+        archive = subprocess.run(
+            ["git", "archive", "HEAD", "typedq", "bench/__init__.py", "bench/adapters"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+        yield folder, f"snapshot of HEAD {commit}"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 # -- redis ---------------------------------------------------------------------------------
 
 
@@ -175,7 +211,9 @@ def cases(sizes: dict[str, Any], workloads: list[str]) -> list[tuple[str, str, d
     return out
 
 
-def run_one(system: str, params: dict[str, Any], server: Any, timeout: float) -> dict[str, Any]:
+def run_one(
+    system: str, params: dict[str, Any], server: Any, timeout: float, tree: Path
+) -> dict[str, Any]:
     from tests.redis_harness import flushall
 
     flushall(server.port)
@@ -193,7 +231,7 @@ def run_one(system: str, params: dict[str, Any], server: Any, timeout: float) ->
     # so no stray worker can take jobs from a later run.
     proc = subprocess.Popen(
         argv,
-        cwd=ROOT,
+        cwd=tree,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -302,8 +340,10 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     started = dt.datetime.now(dt.UTC)
     load_start = os.getloadavg()
-    with redis_server() as server:
+    with redis_server() as server, code_tree(args.worktree) as (tree, code):
         facts = machine(server)
+        facts["typedq_code"] = code
+        print(f"[bench] typedq code: {code}", flush=True)
         print(
             f"[bench] redis {facts['redis_version']} on port {server.port}; {facts['cores']} cores;"
             f" load average {load_start[0]:.2f}; {len(systems)} systems x {len(todo)} cases x "
@@ -320,7 +360,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
                 shift = (rep + index) % len(participants) if participants else 0
                 order = participants[shift:] + participants[:shift]
                 for system in order:
-                    result = run_one(system, params, server, args.timeout)
+                    result = run_one(system, params, server, args.timeout, tree)
                     result.update(case=case, rep=rep)
                     runs.append(result)
                     print(
@@ -553,6 +593,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument(
+        "--worktree",
+        action="store_true",
+        help="run typedq and the adapters from the working tree (default: a snapshot of HEAD)",
+    )
     parser.add_argument("--report", type=Path, help="print the table of an existing JSON")
     parser.add_argument("--markdown", action="store_true", help="with --report: markdown")
     parser.add_argument(
