@@ -337,18 +337,23 @@ class Worker(Generic[TIn, TOut]):
                 if not jobs:
                     await self._wait(5.0, for_jobs=True)
                     continue
-                self.stats.claimed += len(jobs)
-                for claimed in jobs:
-                    # The broker handed us a job this worker still runs under an older
-                    # claim: that claim's lease was lost (the loop was blocked, say).
-                    for stale in self._holders(claimed.message.id):
-                        stale.cancel("lease_lost")
-                    running = self._running[claimed.token] = Running(claimed)
-                    self._tg.start_soon(self._run_job, claimed, running)
+                self._start(jobs)
         finally:
             self._claim_done.set()
 
     # -- leases, reaper, cancellation --------------------------------------------------
+
+    def _start(self, jobs: Sequence[ClaimedJob]) -> None:
+        """Run newly claimed jobs, each in its own task."""
+        assert self._tg is not None
+        self.stats.claimed += len(jobs)
+        for claimed in jobs:
+            # The broker handed us a job this worker still runs under an older claim:
+            # that claim's lease was lost (the loop was blocked, say).
+            for stale in self._holders(claimed.message.id):
+                stale.cancel("lease_lost")
+            running = self._running[claimed.token] = Running(claimed)
+            self._tg.start_soon(self._run_job, claimed, running)
 
     def _holders(self, job_id: str) -> list[Running]:
         return [r for r in self._running.values() if r.claimed.message.id == job_id]
@@ -510,7 +515,17 @@ class Worker(Generic[TIn, TOut]):
         return result
 
     async def _complete_batch(self, items: list[Completion]) -> Sequence[FinishOutcome]:
-        return await self.app.broker.complete(items)
+        if self._stopping:
+            return await self.app.broker.complete(items)
+        # The slots these completions free are refilled in the same round trip. They still
+        # count as taken until their _run_job ends, so the claim loop cannot claim for
+        # them too, and the broker applies the completions before the claim.
+        outcomes, jobs = await self.app.broker.complete_and_claim(
+            items, self.queues, len(items), worker_id=self.id, lease=self.lease
+        )
+        if jobs:
+            self._start(jobs)
+        return outcomes
 
     async def _fail_batch(self, items: list[Failure]) -> Sequence[FinishOutcome]:
         return await self.app.broker.fail(items)

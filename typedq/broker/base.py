@@ -292,6 +292,25 @@ class Broker(abc.ABC):
     async def complete(self, items: Sequence[Completion]) -> list[FinishOutcome]:
         """Finish jobs as completed, fenced by token."""
 
+    async def complete_and_claim(
+        self,
+        items: Sequence[Completion],
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+    ) -> tuple[list[FinishOutcome], list[ClaimedJob]]:
+        """``complete(items)``, then ``claim(queues, limit, ...)``: the slots a worker frees
+        are refilled in the same round trip where the backend can pipeline the two.
+
+        The completions take effect before the claim, so a worker never holds more
+        claimed jobs than it has slots. This default makes two calls.
+        """
+        outcomes = await self.complete(items)
+        claimed = await self.claim(queues, limit, worker_id=worker_id, lease=lease) if limit else []
+        return outcomes, claimed
+
     @abc.abstractmethod
     async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
         """Record failed attempts, fenced by token: retry later, or fail/cancel for good."""

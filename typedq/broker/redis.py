@@ -501,6 +501,30 @@ class RedisBroker(Broker):
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, name)
 
+    async def _eval_pipelined(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Run several scripts in one round trip, in order (not as a transaction).
+
+        A script that meets NOSCRIPT did not run; it is re-sent on its own as EVAL. Each
+        script is idempotent when re-sent, so redis-py's retry of the whole pipeline
+        after a connection error is safe too.
+        """
+        pipe = self._conn().pipeline(transaction=False)
+        execute: Any = pipe.execute_command  # untyped in redis-py
+        for name, keys, args in calls:
+            execute("EVALSHA", _SCRIPTS[name][1], len(keys), *keys, *args)
+        try:
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        except (rexc.RedisError, OSError) as exc:
+            self._raise(exc, calls[0][0])
+        for i, (reply, (name, keys, args)) in enumerate(zip(replies, calls, strict=True)):
+            if isinstance(reply, rexc.NoScriptError):
+                replies[i] = await self._eval(name, keys, args)
+            elif isinstance(reply, Exception):
+                self._raise(reply, name)
+        return replies
+
     def _retention(self, *, completed: bool) -> tuple[int, int]:
         r = self.settings.retention
         if completed:
@@ -612,24 +636,31 @@ class RedisBroker(Broker):
     async def claim(
         self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
     ) -> list[ClaimedJob]:
+        keys, args = self._claim_call(queues, limit, worker_id=worker_id, lease=lease)
+        reply = await self._eval("claim", keys, args)
+        return await self._claimed(queues, reply, worker_id)
+
+    def _claim_call(
+        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+    ) -> tuple[list[str], list[Any]]:
         if not queues:
             raise ConfigError("claim needs at least one queue")
+        self._claim_gen[tuple(queues)] = self._gen(queues)
+        keys = [self.keys.active, self.keys.seq, self.keys.claim(worker_id)]
+        args: list[Any] = [
+            self.keys.prefix,
+            max(0, limit),
+            max(1, _us(lease)),
+            secrets.token_hex(8),
+            worker_id,
+            len(queues),
+            *queues,
+        ]
+        return keys, args
+
+    async def _claimed(self, queues: Sequence[str], reply: Any, worker_id: str) -> list[ClaimedJob]:
+        """Decode a claim script's reply; fail (for good) jobs whose bytes are garbage."""
         key = tuple(queues)
-        self._claim_gen[key] = self._gen(queues)
-        token = secrets.token_hex(8)
-        reply = await self._eval(
-            "claim",
-            [self.keys.active, self.keys.seq, self.keys.claim(worker_id)],
-            [
-                self.keys.prefix,
-                max(0, limit),
-                max(1, _us(lease)),
-                token,
-                worker_id,
-                len(queues),
-                *queues,
-            ],
-        )
         next_due = int(reply[0])
         if next_due >= 0:
             self._next_due[key] = time.monotonic() + next_due / _MICRO
@@ -723,12 +754,37 @@ class RedisBroker(Broker):
         if not items:
             self._conn()
             return []
+        keys, args = self._complete_call(items)
+        reply = await self._eval("complete", keys, args)
+        return [_FINISH[int(o)] for o in reply]
+
+    def _complete_call(self, items: Sequence[Completion]) -> tuple[list[str], list[Any]]:
         ttl, cap = self._retention(completed=True)
         args: list[Any] = [self.keys.prefix, ttl, cap, len(items)]
         for item in items:
             args += (item.id, item.token, item.result)
-        reply = await self._eval("complete", [self.keys.active, self.keys.done_completed], args)
-        return [_FINISH[int(o)] for o in reply]
+        return [self.keys.active, self.keys.done_completed], args
+
+    async def complete_and_claim(
+        self,
+        items: Sequence[Completion],
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+    ) -> tuple[list[FinishOutcome], list[ClaimedJob]]:
+        """Both scripts in one pipelined round trip; Redis runs the completion first."""
+        if not items or limit <= 0:
+            return await super().complete_and_claim(
+                items, queues, limit, worker_id=worker_id, lease=lease
+            )
+        complete_keys, complete_args = self._complete_call(items)
+        claim_keys, claim_args = self._claim_call(queues, limit, worker_id=worker_id, lease=lease)
+        done, reply = await self._eval_pipelined(
+            [("complete", complete_keys, complete_args), ("claim", claim_keys, claim_args)]
+        )
+        return [_FINISH[int(o)] for o in done], await self._claimed(queues, reply, worker_id)
 
     async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
         if not items:
