@@ -14,11 +14,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-# Tests spawn their own redis-server on a free port; this only makes sure the binary exists.
+# Tests spawn their own redis-server on a free port (and make TLS certificates with openssl);
+# this only makes sure the binaries exist.
 redis-server:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing redis-server (Debian package)"; \
-	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
+	@command -v redis-server >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 || { \
+	  echo "installing redis-server and openssl (Debian packages)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server openssl >/dev/null; }
 
 ## Run the quickstart end to end on the embedded broker (no server needed).
 demo: $(STAMP)
