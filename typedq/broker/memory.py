@@ -3,7 +3,9 @@
 Everything lives in dicts and heaps owned by one event loop; no locks are needed
 because no method awaits while it changes state. Heaps use lazy deletion: an entry is
 live only while its ``version`` matches the job's, so a job that moves on simply
-leaves a stale entry behind to be skipped.
+leaves a stale entry behind to be skipped. Versions come from one broker-wide
+counter, never restart per job: a job re-created under the id of a removed one can
+never match an entry its predecessor left behind.
 
 Two clocks: delays, ETAs, timestamps and retention use ``clock`` (wall time by
 default; :mod:`typedq.testing` swaps in a fake one and moves it forward), while leases
@@ -131,6 +133,7 @@ class MemoryBroker(Broker):
             lambda: dict.fromkeys(JobState, 0)
         )
         self._seq = 0
+        self._versions = 0
         self._connected = False
         self._users = 0
         self._work: anyio.Event | None = None
@@ -188,7 +191,9 @@ class MemoryBroker(Broker):
         counts[job.state] -= 1
         counts[state] += 1
         job.state = state
-        job.version += 1
+        # Broker-wide, so no later incarnation of this id reuses a version (D-stale).
+        self._versions += 1
+        job.version = self._versions
 
     def _to_waiting(self, job: _Job, *, keep_order: bool) -> None:
         self._move(job, JobState.WAITING)
@@ -268,8 +273,12 @@ class MemoryBroker(Broker):
         limit = self.settings.max_queue_length
         if limit:
             adding: dict[str, int] = defaultdict(int)
+            fresh: set[str] = set()
             for message in messages:
-                if message.id not in self._jobs:
+                # Only jobs this call creates count: an existing id, or an id repeated
+                # within the batch after its first occurrence, adds nothing.
+                if message.id not in self._jobs and message.id not in fresh:
+                    fresh.add(message.id)
                     adding[message.queue] += 1
             for queue, extra in adding.items():
                 counts = self._counts[queue]
@@ -619,6 +628,9 @@ class MemoryBroker(Broker):
             job.result = job.error = job.progress = None
             job.cancel_requested = False
             job.worker_id = None
+            # A token from before the retry answers LEASE_LOST, not ALREADY_FINISHED:
+            # the job has started a new life that no old lease may speak for.
+            job.done_token = None
             self._to_waiting(job, keep_order=False)
             outcomes.append(RetryOutcome.RETRIED)
         self.wake()

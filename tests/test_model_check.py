@@ -1,0 +1,271 @@
+"""Model check: random operation sequences on every broker, compared with a plain model.
+
+Each seed drives a few hundred steps of enqueue (a small pool of ids, so ids are
+deduplicated, repeated inside a batch and re-used after ``remove``; several priorities;
+delays of 0 or an hour), claim (long or tiny leases), complete, fail (retry now, retry
+later, final, cancelled), release, renew, cancel, retry, remove, lease expiry with
+``recover_stalled``, and re-sends of finishes that already took effect (plus stale
+tokens). After every step the broker's answer, the state of every job of the pool and
+the queue's counts must equal those of :class:`tests.model.QueueModel`.
+
+Time is kept out of the comparison: delays never come due during a run, and a tiny
+lease (1 ms) has always run out by the next ``expire`` step, which sleeps 30 ms first;
+long leases (10 min) never run out. So the expected answers never depend on timing.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import anyio
+import pytest
+
+from tests.model import QueueFullError, QueueModel, Snapshot
+from tests.support import connected, msg
+from typedq import JobState, QueueFull
+from typedq.broker.base import Broker, Completion, Failure, FinishOutcome, Release
+
+pytestmark = pytest.mark.anyio
+
+SEEDS = range(6)
+STEPS = 300
+POOL = [f"j{i}" for i in range(8)]
+PRIORITIES = [-5, 0, 0, 0, 5]
+MAX_STALLS = 1
+MAX_QUEUE_LENGTH = 5
+SHORT_LEASE = 0.001
+LONG_LEASE = 600.0
+DELAY = 3600.0
+
+
+@pytest.fixture
+def anyio_backend(broker_backend_name: str) -> str:
+    """Run under the anyio backend the broker parametrization chose."""
+    return broker_backend_name
+
+
+@dataclass(frozen=True)
+class Op:
+    """One step; its repr is the trace printed when a run diverges."""
+
+    kind: str
+    batch: tuple[tuple[str, int, bool], ...] = ()
+    ids: tuple[str, ...] = ()
+    #: (job id, model handle) pairs: which lease a finish or renew speaks for.
+    leases: tuple[tuple[str, int], ...] = ()
+    limit: int = 0
+    short: bool = False
+    mode: str = ""
+    states: frozenset[JobState] | None = None
+
+
+class Generator:
+    """Picks the next operation from the model's state (seeded, so runs repeat)."""
+
+    def __init__(self, seed: int, model: QueueModel) -> None:
+        self.rng = random.Random(seed)
+        self.model = model
+        #: Every lease handed out: (job id, handle).
+        self.leases: list[tuple[str, int]] = []
+        #: Finishes that took effect, for re-sending.
+        self.applied: list[Op] = []
+
+    def _lease(self) -> tuple[str, int] | None:
+        active = [
+            (j.id, j.token)
+            for j in self.model.jobs.values()
+            if j.state is JobState.ACTIVE and j.token is not None
+        ]
+        if active and self.rng.random() < 0.85:
+            return self.rng.choice(active)
+        return self.rng.choice(self.leases) if self.leases else None
+
+    def _ids(self, most: int, prefer: tuple[JobState, ...] = ()) -> tuple[str, ...]:
+        liked = [j.id for j in self.model.jobs.values() if j.state in prefer]
+        n = self.rng.randint(1, most)
+        if liked and self.rng.random() < 0.7:
+            return tuple(self.rng.choice(liked) for _ in range(n))
+        return tuple(self.rng.choice(POOL) for _ in range(n))
+
+    def next(self) -> Op:
+        rng = self.rng
+        kinds = [
+            "enqueue",
+            "claim",
+            "complete",
+            "fail",
+            "release",
+            "renew",
+            "cancel",
+            "retry",
+            "remove",
+            "expire",
+            "resend",
+        ]
+        weights = [20, 18, 10, 10, 4, 3, 6, 5, 6, 4, 6]
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "enqueue":
+            batch = tuple(
+                (rng.choice(POOL), rng.choice(PRIORITIES), rng.random() < 0.15)
+                for _ in range(rng.choice([1, 1, 2, 3, 4]))
+            )
+            return Op("enqueue", batch=batch)
+        if kind == "claim":
+            return Op("claim", limit=rng.randint(1, 3), short=rng.random() < 0.35)
+        if kind in ("complete", "fail", "release"):
+            lease = self._lease()
+            if lease is None:
+                return Op("claim", limit=1)
+            mode = rng.choice(["retry", "retry", "retry-later", "final", "cancelled"])
+            return Op(kind, leases=(lease,), mode=mode if kind == "fail" else "")
+        if kind == "renew":
+            got = [lease for _ in range(rng.randint(1, 2)) if (lease := self._lease())]
+            return Op("renew", leases=tuple(got)) if got else Op("claim", limit=2)
+        if kind == "cancel":
+            return Op("cancel", ids=self._ids(1, (JobState.WAITING, JobState.ACTIVE)))
+        if kind == "retry":
+            return Op("retry", ids=self._ids(2, (JobState.FAILED, JobState.CANCELLED)))
+        if kind == "remove":
+            states = None
+            if rng.random() < 0.5:
+                states = frozenset(s for s in JobState if rng.random() < 0.5)
+            return Op("remove", ids=self._ids(2, tuple(JobState)), states=states)
+        if kind == "expire":
+            return Op("expire")
+        if self.applied:
+            return rng.choice(self.applied)  # a re-send of a finish that took effect
+        return Op("enqueue", batch=((rng.choice(POOL), 0, False),))
+
+
+def model_answer(model: QueueModel, op: Op) -> object:
+    """What the model says a broker must answer to ``op`` (and apply it to the model)."""
+    if op.kind == "enqueue":
+        try:
+            return model.enqueue(list(op.batch))
+        except QueueFullError:
+            return "QueueFull"
+    if op.kind == "claim":
+        claimed = model.claim(op.limit, short_lease=op.short)
+        return [(i, model.jobs[i].attempt, model.jobs[i].stalls) for i, _ in claimed]
+    if op.kind == "complete":
+        return [model.complete(*op.leases[0])]
+    if op.kind == "fail":
+        return [model.fail(*op.leases[0], op.mode)]
+    if op.kind == "release":
+        return [model.release(*op.leases[0])]
+    if op.kind == "renew":
+        return model.renew(list(op.leases))
+    if op.kind == "cancel":
+        return model.cancel(op.ids[0])
+    if op.kind == "retry":
+        return model.retry(list(op.ids))
+    if op.kind == "remove":
+        return model.remove(list(op.ids), op.states)
+    assert op.kind == "expire"
+    return model.expire()
+
+
+class Driver:
+    """Applies operations to a real broker and answers in the model's terms."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        #: Model handle -> the broker's token for that claim.
+        self.tokens: dict[int, str] = {}
+
+    def _token(self, handle: int) -> str:
+        return self.tokens.get(handle, f"never-issued-{handle}")
+
+    async def apply(self, op: Op, handles: list[int]) -> object:
+        broker = self.broker
+        if op.kind == "enqueue":
+            messages = [
+                msg(job_id=i, priority=p, delay=DELAY if delayed else 0.0)
+                for i, p, delayed in op.batch
+            ]
+            try:
+                return [o.created for o in await broker.enqueue(messages)]
+            except QueueFull:
+                return "QueueFull"
+        if op.kind == "claim":
+            lease = SHORT_LEASE if op.short else LONG_LEASE
+            claimed = await broker.claim(["q"], op.limit, worker_id="w", lease=lease)
+            for handle, job in zip(handles, claimed, strict=False):
+                self.tokens[handle] = job.token
+            return [(c.message.id, c.attempt, c.stalls) for c in claimed]
+        if op.kind in ("complete", "fail", "release"):
+            ((job_id, handle),) = op.leases
+            token = self._token(handle)
+            if op.kind == "complete":
+                return await broker.complete([Completion(job_id, token, b"\x01")])
+            if op.kind == "release":
+                return await broker.release([Release(job_id, token)])
+            retry_delay = {"retry": 0.0, "retry-later": DELAY}.get(op.mode)
+            failure = Failure(
+                id=job_id,
+                token=token,
+                error=b"\x90",
+                retry_delay=retry_delay,
+                cancelled=op.mode == "cancelled",
+            )
+            return await broker.fail([failure])
+        if op.kind == "renew":
+            leases = [(i, self._token(h)) for i, h in op.leases]
+            return await broker.renew(leases, LONG_LEASE)
+        if op.kind == "cancel":
+            return await broker.cancel(op.ids[0])
+        if op.kind == "retry":
+            return await broker.retry(list(op.ids))
+        if op.kind == "remove":
+            states = None if op.states is None else sorted(op.states)
+            return await broker.remove(list(op.ids), states=states)
+        assert op.kind == "expire"
+        await anyio.sleep(0.03)  # every tiny lease (1 ms) has run out
+        return await broker.recover_stalled()
+
+    async def snapshots(self) -> dict[str, Snapshot]:
+        records = await self.broker.get(POOL)
+        return {
+            job_id: None
+            if r is None
+            else (r.state, r.attempt, r.stalls, r.cancel_requested, r.message.priority)
+            for job_id, r in zip(POOL, records, strict=True)
+        }
+
+    async def counts(self) -> dict[JobState, int]:
+        counts = await self.broker.counts("q")
+        return {state: counts.get(state, 0) for state in JobState}
+
+
+def _trace(ops: list[Op]) -> str:
+    return "\n".join(f"  {n:3d}: {op!r}" for n, op in enumerate(ops))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_broker_follows_the_model(app_name: str, broker_url: str, seed: int) -> None:
+    model = QueueModel(max_stalls=MAX_STALLS, max_queue_length=MAX_QUEUE_LENGTH)
+    generator = Generator(seed, model)
+    ops: list[Op] = []
+    async with connected(
+        app_name, broker_url, max_stalls=MAX_STALLS, max_queue_length=MAX_QUEUE_LENGTH
+    ) as broker:
+        driver = Driver(broker)
+        for step in range(STEPS):
+            op = generator.next()
+            ops.append(op)
+            handles_before = model.handles
+            expected = model_answer(model, op)
+            handles = list(range(handles_before + 1, model.handles + 1))
+            actual = await driver.apply(op, handles)
+            where = f"seed {seed}, step {step}: {op!r}\ntrace:\n{_trace(ops)}"
+            assert actual == expected, f"answer differs at {where}"
+            if op.kind == "claim":
+                generator.leases.extend(
+                    (j.id, j.token) for j in model.jobs.values() if j.token in handles
+                )
+            elif op.kind in ("complete", "fail", "release") and expected == [FinishOutcome.OK]:
+                generator.applied.append(op)
+            want = {job_id: model.snapshot(job_id) for job_id in POOL}
+            assert await driver.snapshots() == want, f"job states differ at {where}"
+            assert await driver.counts() == model.counts(), f"counts differ at {where}"
