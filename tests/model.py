@@ -7,8 +7,9 @@ of issue 7 (D-stale, D-retry-token, D-dup-in-batch), so every broker can be comp
 with it step by step (tests/test_model_check.py).
 
 Tokens are model *handles* (small integers): the driver maps each handle to the real
-token a broker handed out for that claim. Delays are either 0 (waiting at once) or so
-far in the future that they never come due during a run; leases are either long (never
+token a broker handed out for that claim. Delays are either 0 (waiting at once) or one
+fixed length that comes due only when the test moves a fake clock past it (``advance``;
+on Redis, whose clock is real, it never comes due); leases are either long (never
 expire) or short (expired at the next ``expire`` step, which then recovers them).
 """
 
@@ -49,6 +50,10 @@ class ModelJob:
     done_token: int | None = None
     #: True when the current lease is short: the next ``expire`` step recovers it.
     short_lease: bool = False
+    #: When scheduled: the order of scheduling (ties of run_at go by it), and whether
+    #: the clock has passed its run_at (it is promoted by the next claim).
+    scheduled_seq: int = 0
+    due: bool = False
 
 
 @dataclass
@@ -61,10 +66,17 @@ class QueueModel:
     _seq: int = 0
     #: The last lease handle handed out (handles count up from 1).
     handles: int = 0
+    _scheduled_seq: int = 0
 
     def _next_order(self) -> int:
         self._seq += 1
         return self._seq
+
+    def _schedule(self, job: ModelJob) -> None:
+        self._scheduled_seq += 1
+        job.state = JobState.SCHEDULED
+        job.scheduled_seq = self._scheduled_seq
+        job.due = False
 
     def _pending(self) -> int:
         return sum(j.state in (JobState.WAITING, JobState.SCHEDULED) for j in self.jobs.values())
@@ -88,8 +100,11 @@ class QueueModel:
             if job_id in created or job_id in self.jobs:
                 out.append(False)
                 continue
-            state = JobState.SCHEDULED if delayed else JobState.WAITING
-            self.jobs[job_id] = ModelJob(job_id, priority, self._next_order(), state)
+            job = self.jobs[job_id] = ModelJob(
+                job_id, priority, self._next_order(), JobState.WAITING
+            )
+            if delayed:
+                self._schedule(job)
             created.add(job_id)
             out.append(True)
         return out
@@ -136,8 +151,24 @@ class QueueModel:
 
     # -- worker side -------------------------------------------------------------------
 
+    def advance(self) -> None:
+        """The clock passed every run_at so far (delays are all equal, and shorter)."""
+        for job in self.jobs.values():
+            if job.state is JobState.SCHEDULED:
+                job.due = True
+
     def claim(self, limit: int, *, short_lease: bool) -> list[tuple[str, int]]:
-        """Claimed (id, handle) pairs: highest priority first, then place in line."""
+        """Claimed (id, handle) pairs: highest priority first, then place in line.
+
+        Due scheduled jobs are promoted first, in run_at order, each to the tail.
+        """
+        due = sorted(
+            (j for j in self.jobs.values() if j.state is JobState.SCHEDULED and j.due),
+            key=lambda j: j.scheduled_seq,
+        )
+        for job in due:
+            job.state = JobState.WAITING
+            job.order = self._next_order()
         waiting = sorted(
             (j for j in self.jobs.values() if j.state is JobState.WAITING),
             key=lambda j: (-j.priority, j.order),
@@ -185,7 +216,7 @@ class QueueModel:
         else:
             job.token = None
             if mode == "retry-later":
-                job.state = JobState.SCHEDULED
+                self._schedule(job)
             else:
                 job.state = JobState.WAITING
                 job.order = self._next_order()

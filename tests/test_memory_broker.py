@@ -5,9 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from typedq import App, Client
-from typedq.broker.base import BrokerSettings
+from typedq import App, Client, JobState
+from typedq.broker.base import BrokerSettings, CancelOutcome, JobMessage
 from typedq.broker.memory import MemoryBroker
+from typedq.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
 
@@ -47,3 +48,47 @@ async def test_close_is_idempotent() -> None:
     await broker.connect()
     assert await broker.get(["nope"]) == [None]
     await broker.close()
+
+
+async def test_reused_scheduled_id_ignores_the_old_heap_entry() -> None:
+    """Issue 7, defect 8: the old entry of a removed job must not make its successor due."""
+    clock = FakeClock(start=1_000_000.0)
+    broker = MemoryBroker(clock=clock)
+    await broker.connect()
+    try:
+        await broker.enqueue([JobMessage(id="s", task="t", queue="q", payload=b"", delay=0.5)])
+        assert await broker.remove(["s"]) == [True]
+        await broker.enqueue([JobMessage(id="s", task="t", queue="q", payload=b"", delay=3600)])
+        clock.advance(1)
+        assert not broker.has_due_jobs()
+        assert await broker.claim(["q"], 10, worker_id="w", lease=60) == []
+        (record,) = await broker.get(["s"])
+        assert record is not None
+        assert record.state is JobState.SCHEDULED
+        assert record.run_at == 1_000_000.0 + 3600
+        clock.advance(3600)
+        assert broker.has_due_jobs()
+        (claimed,) = await broker.claim(["q"], 10, worker_id="w", lease=60)
+        assert claimed.message.id == "s"
+    finally:
+        await broker.close()
+
+
+async def test_entries_never_outlive_many_incarnations_of_an_id() -> None:
+    """Remove and re-create one id many times: only the live job is ever claimable."""
+    broker = MemoryBroker()
+    await broker.connect()
+    try:
+        for n in range(50):
+            message = JobMessage(id="x", task="t", queue="q", payload=bytes([n]), priority=n % 3)
+            await broker.enqueue([message])
+            if n % 2:
+                assert await broker.cancel("x") is CancelOutcome.CANCELLED
+            assert await broker.remove(["x"]) == [True]
+        last = JobMessage(id="x", task="t", queue="q", payload=b"last", priority=-1)
+        await broker.enqueue([last, JobMessage(id="y", task="t", queue="q", payload=b"")])
+        claimed = await broker.claim(["q"], 10, worker_id="w", lease=60)
+        assert claimed[0].message.id == "y"
+        assert [c.message.payload for c in claimed] == [b"", b"last"]
+    finally:
+        await broker.close()

@@ -8,32 +8,46 @@ later, final, cancelled), release, renew, cancel, retry, remove, lease expiry wi
 tokens). After every step the broker's answer, the state of every job of the pool and
 the queue's counts must equal those of :class:`tests.model.QueueModel`.
 
-Time is kept out of the comparison: delays never come due during a run, and a tiny
-lease (1 ms) has always run out by the next ``expire`` step, which sleeps 30 ms first;
-long leases (10 min) never run out. So the expected answers never depend on timing.
+Time is kept out of the comparison. Delays are an hour: on Redis (a real clock) they
+never come due during a run; the embedded broker runs on a FakeClock that ``advance``
+steps move past every delay so far, so promotion is checked there too. A tiny lease
+(1 ms) has always run out by the next ``expire`` step, which sleeps 30 ms first; long
+leases (10 min) never run out. So the expected answers never depend on timing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import anyio
 import pytest
 
 from tests.model import QueueFullError, QueueModel, Snapshot
-from tests.support import connected, msg
+from tests.support import TEST_DEADLINE, connected, msg
 from typedq import JobState, QueueFull
-from typedq.broker.base import Broker, Completion, Failure, FinishOutcome, Release
+from typedq.broker.base import (
+    Broker,
+    BrokerSettings,
+    Completion,
+    Failure,
+    FinishOutcome,
+    Release,
+    Retention,
+)
+from typedq.broker.memory import MemoryBroker
+from typedq.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
 
 SEEDS = range(6)
 STEPS = 300
-POOL = [f"j{i}" for i in range(8)]
+POOL = [f"j{i}" for i in range(10)]
 PRIORITIES = [-5, 0, 0, 0, 5]
 MAX_STALLS = 1
-MAX_QUEUE_LENGTH = 5
+MAX_QUEUE_LENGTH = 4
 SHORT_LEASE = 0.001
 LONG_LEASE = 600.0
 DELAY = 3600.0
@@ -47,7 +61,11 @@ def anyio_backend(broker_backend_name: str) -> str:
 
 @dataclass(frozen=True)
 class Op:
-    """One step; its repr is the trace printed when a run diverges."""
+    """One step; its repr is the trace printed when a run diverges.
+
+    In the trace ``j3@-5+1h`` is job j3 at priority -5 delayed by an hour, and
+    ``j3#7`` the lease of model handle 7 (the 7th claim of the run) on job j3.
+    """
 
     kind: str
     batch: tuple[tuple[str, int, bool], ...] = ()
@@ -59,17 +77,42 @@ class Op:
     mode: str = ""
     states: frozenset[JobState] | None = None
 
+    def __repr__(self) -> str:
+        if self.kind == "enqueue":
+            jobs = (f"{i}@{p}{'+1h' if d else ''}" for i, p, d in self.batch)
+            return f"enqueue [{', '.join(jobs)}]"
+        if self.kind == "claim":
+            return f"claim {self.limit} ({'tiny' if self.short else 'long'} lease)"
+        if self.leases:
+            leases = ", ".join(f"{i}#{h}" for i, h in self.leases)
+            return f"{self.kind} {leases}{' ' + self.mode if self.mode else ''}"
+        if self.kind == "remove" and self.states is not None:
+            wanted = ",".join(sorted(s.value for s in self.states))
+            return f"remove {list(self.ids)} in {{{wanted}}}"
+        return f"{self.kind} {list(self.ids)}" if self.ids else self.kind
+
 
 class Generator:
     """Picks the next operation from the model's state (seeded, so runs repeat)."""
 
-    def __init__(self, seed: int, model: QueueModel) -> None:
+    def __init__(self, seed: int, model: QueueModel, *, timed: bool) -> None:
         self.rng = random.Random(seed)
         self.model = model
+        #: Whether the broker's clock can be moved (the embedded one with a FakeClock).
+        self.timed = timed
         #: Every lease handed out: (job id, handle).
         self.leases: list[tuple[str, int]] = []
         #: Finishes that took effect, for re-sending.
         self.applied: list[Op] = []
+
+    def record(self, op: Op, answer: object, handles: list[int]) -> None:
+        """Remember the leases a claim handed out and the finishes that took effect."""
+        if op.kind == "claim":
+            self.leases.extend(
+                (j.id, j.token) for j in self.model.jobs.values() if j.token in handles
+            )
+        elif op.kind in ("complete", "fail", "release") and answer == [FinishOutcome.OK]:
+            self.applied.append(op)
 
     def _lease(self) -> tuple[str, int] | None:
         active = [
@@ -103,7 +146,10 @@ class Generator:
             "expire",
             "resend",
         ]
-        weights = [20, 18, 10, 10, 4, 3, 6, 5, 6, 4, 6]
+        weights = [22, 14, 10, 10, 4, 3, 6, 5, 9, 5, 6]
+        if self.timed:
+            kinds.append("advance")
+            weights.append(3)
         kind = rng.choices(kinds, weights)[0]
         if kind == "enqueue":
             batch = tuple(
@@ -112,7 +158,7 @@ class Generator:
             )
             return Op("enqueue", batch=batch)
         if kind == "claim":
-            return Op("claim", limit=rng.randint(1, 3), short=rng.random() < 0.35)
+            return Op("claim", limit=rng.randint(1, 3), short=rng.random() < 0.5)
         if kind in ("complete", "fail", "release"):
             lease = self._lease()
             if lease is None:
@@ -131,8 +177,8 @@ class Generator:
             if rng.random() < 0.5:
                 states = frozenset(s for s in JobState if rng.random() < 0.5)
             return Op("remove", ids=self._ids(2, tuple(JobState)), states=states)
-        if kind == "expire":
-            return Op("expire")
+        if kind in ("expire", "advance"):
+            return Op(kind)
         if self.applied:
             return rng.choice(self.applied)  # a re-send of a finish that took effect
         return Op("enqueue", batch=((rng.choice(POOL), 0, False),))
@@ -162,6 +208,9 @@ def model_answer(model: QueueModel, op: Op) -> object:
         return model.retry(list(op.ids))
     if op.kind == "remove":
         return model.remove(list(op.ids), op.states)
+    if op.kind == "advance":
+        model.advance()
+        return None
     assert op.kind == "expire"
     return model.expire()
 
@@ -169,8 +218,9 @@ def model_answer(model: QueueModel, op: Op) -> object:
 class Driver:
     """Applies operations to a real broker and answers in the model's terms."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, clock: FakeClock | None) -> None:
         self.broker = broker
+        self.clock = clock
         #: Model handle -> the broker's token for that claim.
         self.tokens: dict[int, str] = {}
 
@@ -220,6 +270,10 @@ class Driver:
         if op.kind == "remove":
             states = None if op.states is None else sorted(op.states)
             return await broker.remove(list(op.ids), states=states)
+        if op.kind == "advance":
+            assert self.clock is not None
+            self.clock.advance(DELAY + 1)
+            return None
         assert op.kind == "expire"
         await anyio.sleep(0.03)  # every tiny lease (1 ms) has run out
         return await broker.recover_stalled()
@@ -242,15 +296,41 @@ def _trace(ops: list[Op]) -> str:
     return "\n".join(f"  {n:3d}: {op!r}" for n, op in enumerate(ops))
 
 
+@contextlib.asynccontextmanager
+async def open_broker(
+    app_name: str, broker_url: str
+) -> AsyncIterator[tuple[Broker, FakeClock | None]]:
+    """The broker under test; the embedded one runs on a fake clock the test moves."""
+    if not broker_url.startswith("memory"):
+        async with connected(
+            app_name, broker_url, max_stalls=MAX_STALLS, max_queue_length=MAX_QUEUE_LENGTH
+        ) as broker:
+            yield broker, None
+        return
+    clock = FakeClock()
+    forever = 100 * 365 * 24 * 3600.0  # no finished job expires however far time moves
+    settings = BrokerSettings(
+        namespace=app_name,
+        max_stalls=MAX_STALLS,
+        max_queue_length=MAX_QUEUE_LENGTH,
+        retention=Retention(completed_ttl=forever, failed_ttl=forever),
+    )
+    memory = MemoryBroker(settings, clock=clock)
+    await memory.connect()
+    try:
+        with anyio.fail_after(TEST_DEADLINE):
+            yield memory, clock
+    finally:
+        await memory.close()
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_broker_follows_the_model(app_name: str, broker_url: str, seed: int) -> None:
     model = QueueModel(max_stalls=MAX_STALLS, max_queue_length=MAX_QUEUE_LENGTH)
-    generator = Generator(seed, model)
     ops: list[Op] = []
-    async with connected(
-        app_name, broker_url, max_stalls=MAX_STALLS, max_queue_length=MAX_QUEUE_LENGTH
-    ) as broker:
-        driver = Driver(broker)
+    async with open_broker(app_name, broker_url) as (broker, clock):
+        generator = Generator(seed, model, timed=clock is not None)
+        driver = Driver(broker, clock)
         for step in range(STEPS):
             op = generator.next()
             ops.append(op)
@@ -260,12 +340,7 @@ async def test_broker_follows_the_model(app_name: str, broker_url: str, seed: in
             actual = await driver.apply(op, handles)
             where = f"seed {seed}, step {step}: {op!r}\ntrace:\n{_trace(ops)}"
             assert actual == expected, f"answer differs at {where}"
-            if op.kind == "claim":
-                generator.leases.extend(
-                    (j.id, j.token) for j in model.jobs.values() if j.token in handles
-                )
-            elif op.kind in ("complete", "fail", "release") and expected == [FinishOutcome.OK]:
-                generator.applied.append(op)
+            generator.record(op, expected, handles)
             want = {job_id: model.snapshot(job_id) for job_id in POOL}
             assert await driver.snapshots() == want, f"job states differ at {where}"
             assert await driver.counts() == model.counts(), f"counts differ at {where}"
