@@ -245,6 +245,17 @@ class MemoryBroker(Broker):
             if job is not None and job.version == version and job.state is JobState.SCHEDULED:
                 self._to_waiting(job, keep_order=False)
 
+    def _next_run_at(self) -> float | None:
+        """The run_at of the earliest live scheduled entry; stale heads are dropped."""
+        scheduled = self._scheduled
+        while scheduled:
+            run_at, version, job_id = scheduled[0]
+            job = self._jobs.get(job_id)
+            if job is not None and job.version == version and job.state is JobState.SCHEDULED:
+                return run_at
+            heapq.heappop(scheduled)
+        return None
+
     def _head(self, queue: str) -> tuple[int, int, int, str] | None:
         heap = self._waiting.get(queue)
         while heap:
@@ -413,8 +424,9 @@ class MemoryBroker(Broker):
         """Seconds until something in ``queues`` may be claimable (0 = now)."""
         if any(self._head(q) is not None for q in queues):
             return 0.0
-        if self._scheduled:
-            return max(0.0, self._scheduled[0][0] - self.clock())
+        run_at = self._next_run_at()
+        if run_at is not None:
+            return max(0.0, run_at - self.clock())
         return float("inf")
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
