@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from typedq import BrokerUnavailable, NotConnected, QueueFull, RedisDataLost
-from typedq.batching import Batcher
+from typedq.batching import SAME_FAILURES_BEFORE_GIVING_UP, Batcher
 
 pytestmark = pytest.mark.anyio
 
@@ -264,3 +264,21 @@ async def test_a_lone_failing_item_is_not_re_sent() -> None:
         with pytest.raises(ValueError, match="bad item -3"):
             await batcher.submit(-3)
     assert send.batches == [[-3]]
+
+
+async def test_a_refusal_of_everything_is_not_re_sent_item_by_item() -> None:
+    """An unclassified error that every item gets alone (a read-only replica): after the
+    first few singles fail exactly as the batch did, the rest fail without a send each."""
+    send = FakeSend(latency=0.001, fail_with=RuntimeError("READONLY replica"))
+    async with running(send, max_in_flight=1) as batcher:
+        answers = await submit_all(batcher, list(range(100)))
+    assert all(isinstance(a, RuntimeError) for a in answers.values())
+    assert len(send.batches) <= 2 + 1 + SAME_FAILURES_BEFORE_GIVING_UP
+
+
+async def test_a_culprit_first_in_its_batch_still_fails_alone() -> None:
+    send = PoisonSend()
+    items = [1, -1, *range(2, 40)]  # 1 goes alone; the batch starts with the culprit
+    async with running(send, max_in_flight=1) as batcher:
+        answers = await submit_all(batcher, items)
+    assert [i for i, a in answers.items() if isinstance(a, Exception)] == [-1]

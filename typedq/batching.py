@@ -10,7 +10,9 @@ error that may belong to one item (anything but the broker being out of reach, a
 full queue or lost data, see :func:`is_batch_wide`), its items are re-sent one by one,
 in order, so only the culprit gets the error. The items must therefore be safe to
 send twice, which enqueue (ids fixed by the client), complete and fail (fenced by
-token) are.
+token) are. Should the first few items each fail alone exactly as the batch did, the
+refusal is the broker's own (a read-only replica, say) and the rest fail with it, so
+a broker in trouble never gets a round trip per item.
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ class _Slot(Generic[R]):
         self.done = anyio.Event()
         self.value: R | None = None
         self.error: BaseException | None = None
+
+
+#: Re-sending a failed batch item by item stops when this many first items fail exactly
+#: as the batch did (and none succeeded): the broker refuses everything, not one item.
+SAME_FAILURES_BEFORE_GIVING_UP = 3
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # an exception whose __str__ raises still gets a description
+        return f"{type(exc).__name__} (unprintable)"
 
 
 def is_batch_wide(exc: Exception) -> bool:
@@ -135,14 +149,13 @@ class Batcher(Generic[I, R]):
                 if len(batch) == 1 or self._batch_wide(exc):
                     raise
                 log.warning(
-                    "%s: a batch of %d items failed (%s: %s); re-sending them one by one so "
+                    "%s: a batch of %d items failed (%s); re-sending them one by one so "
                     "only the item at fault gets the error",
                     self.name,
                     len(batch),
-                    type(exc).__name__,
-                    exc,
+                    _describe(exc),
                 )
-                await self._one_by_one(batch)
+                await self._one_by_one(batch, exc)
             else:
                 self._settle(batch, results)
         except BaseException as exc:
@@ -152,15 +165,37 @@ class Batcher(Generic[I, R]):
         finally:
             limiter.release()
 
-    async def _one_by_one(self, batch: list[tuple[I, _Slot[R]]]) -> None:
+    async def _one_by_one(self, batch: list[tuple[I, _Slot[R]]], batch_error: Exception) -> None:
         # In order, one at a time: the items keep their relative order (FIFO of enqueues).
-        for item, slot in batch:
+        # A backstop for refusals no predicate knows (a read-only replica, say): when the
+        # first items all fail exactly as the batch did, the broker refuses everything,
+        # so the rest get that error without a round trip each.
+        same_as_batch = 0
+        any_sent = False
+        for index, (item, slot) in enumerate(batch):
             try:
                 (result,) = await self._send([item])
             except Exception as exc:
                 slot.error = exc
                 slot.done.set()
+                if any_sent or _describe(exc) != _describe(batch_error):
+                    continue
+                same_as_batch += 1
+                if same_as_batch >= SAME_FAILURES_BEFORE_GIVING_UP:
+                    log.warning(
+                        "%s: the first %d items failed alone as the whole batch did (%s): "
+                        "failing the other %d without re-sending them",
+                        self.name,
+                        same_as_batch,
+                        _describe(exc),
+                        len(batch) - index - 1,
+                    )
+                    for _, rest in batch[index + 1 :]:
+                        rest.error = exc
+                        rest.done.set()
+                    return
             else:
+                any_sent = True
                 slot.value = result
                 slot.done.set()
 

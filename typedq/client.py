@@ -126,8 +126,12 @@ class Client:
 
         :raises InvalidName, InvalidOption: the envelope is malformed (nothing is sent)
         """
+        return await self._enqueue(check_message(message))
+
+    async def _enqueue(self, message: JobMessage) -> EnqueueOutcome:
+        # For envelopes already checked (TaskBase.message): the check is not repeated.
         self._require()
-        return await self._enqueuer.submit(check_message(message))
+        return await self._enqueuer.submit(message)
 
     async def enqueue_many(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         """Enqueue many jobs in chunks of ``batch_size``; one outcome per message, in order.
@@ -147,8 +151,11 @@ class Client:
         :raises QueueFull, BrokerError: nothing was stored
         :raises InvalidName, InvalidOption: an envelope is malformed (nothing is sent)
         """
+        return await self._enqueue_many([check_message(m) for m in messages])
+
+    async def _enqueue_many(self, messages: list[JobMessage]) -> list[EnqueueOutcome]:
+        # For envelopes already checked (TaskBase.message): the check is not repeated.
         self._require()
-        messages = [check_message(m) for m in messages]
         if not messages:
             return []
         size = self._enqueuer.max_batch

@@ -345,7 +345,7 @@ class TaskBase(Generic[TIn, TOut]):
             retries=retries,
             timeout=timeout,
         )
-        outcome = await self._owner.client.enqueue(message)
+        outcome = await self._owner.client._enqueue(message)  # checked by message()
         return self._job(outcome.id, created=outcome.created)
 
     async def enqueue_many(
@@ -372,7 +372,7 @@ class TaskBase(Generic[TIn, TOut]):
             self.message(payload, delay=delay, eta=eta, priority=priority) for payload in payloads
         ]
         try:
-            outcomes = await self._owner.client.enqueue_many(messages)
+            outcomes = await self._owner.client._enqueue_many(messages)  # checked
         except PartialEnqueue as exc:
             exc.jobs = [self._job(o.id, created=o.created) for o in exc.outcomes if o is not None]
             raise
