@@ -231,7 +231,13 @@ class Batcher(Generic[I, R]):
         return slot.value  # type: ignore[return-value]  # set together with done
 
     async def submit_many(self, items: Sequence[I], *, chunk: int | None = None) -> list[R]:
-        """Send ``items`` in chunks concurrently (up to ``max_in_flight`` at once)."""
+        """Send ``items`` in chunks concurrently (up to ``max_in_flight`` at once).
+
+        The chunks may reach the broker in any order, and the first failing chunk is
+        raised without saying what the others did: for enqueues,
+        ``Client.enqueue_many`` uses ``Broker.enqueue_batches`` instead (in order, an
+        answer per chunk).
+        """
         size = chunk or self.max_batch
         chunks = [list(items[i : i + size]) for i in range(0, len(items), size)]
         if len(chunks) <= 1:
