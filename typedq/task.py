@@ -18,6 +18,7 @@ from typing import (
     Final,
     Generic,
     Literal,
+    NamedTuple,
     Protocol,
     TypeAlias,
     TypeVar,
@@ -135,6 +136,14 @@ def _epoch(eta: datetime | float, subject: str) -> float:
             )
         return seconds
     return check_seconds_option("eta", eta, subject=subject, unit="epoch seconds")
+
+
+class _CallOptions(NamedTuple):
+    delay: float
+    eta: float
+    priority: int
+    max_retries: int
+    timeout: float
 
 
 class Enqueuer(Protocol[TIn_contra, TOut]):
@@ -258,8 +267,19 @@ class TaskBase(Generic[TIn, TOut]):
         """
         # Every option is checked before the payload is encoded or anything is sent,
         # so a bad number fails this call alone, with a message naming it.
-        name = self.name
-        subject = f"task {name!r}"
+        options = self._options(delay, eta, priority, retries, timeout)
+        return self._build(payload, job_id, options)
+
+    def _options(
+        self,
+        delay: float | timedelta,
+        eta: datetime | float | None,
+        priority: int | Unset,
+        retries: int | Unset,
+        timeout: float | Unset | None,
+    ) -> _CallOptions:
+        """The per-call options, checked and in envelope form."""
+        subject = f"task {self.name!r}"
         delay_s = check_seconds_option("delay", delay, subject=subject)
         eta_s = 0.0 if eta is None else _epoch(eta, subject)
         prio = (
@@ -278,23 +298,26 @@ class TaskBase(Generic[TIn, TOut]):
             timeout_s = 0.0
         else:
             timeout_s = check_seconds_option("timeout", timeout, positive=True, subject=subject)
+        return _CallOptions(delay_s, eta_s, prio, max_retries, timeout_s)
+
+    def _build(self, payload: TIn, job_id: str | None, options: _CallOptions) -> JobMessage:
         if job_id is not None:
             check_job_id(job_id)
         elif self.key is not None:
-            job_id = key_job_id(name, self.key(payload))
+            job_id = key_job_id(self.name, self.key(payload))
         else:
             job_id = new_job_id()
         return JobMessage(
             id=job_id,
-            task=name,
+            task=self.name,
             queue=self.queue,
             payload=self.input.encode(payload),
             fingerprint=self.input.fingerprint,
-            priority=prio,
-            eta=eta_s,
-            delay=delay_s,
-            max_retries=max_retries,
-            timeout=timeout_s,
+            priority=options.priority,
+            eta=options.eta,
+            delay=options.delay,
+            max_retries=options.max_retries,
+            timeout=options.timeout,
         )
 
     def _job(self, job_id: str, *, created: bool) -> Job[TOut]:
@@ -368,9 +391,8 @@ class TaskBase(Generic[TIn, TOut]):
             duplicates (then ``task.job(id)`` gives their handles)
         :raises QueueFull, BrokerError: every chunk was refused (nothing was stored)
         """
-        messages = [
-            self.message(payload, delay=delay, eta=eta, priority=priority) for payload in payloads
-        ]
+        options = self._options(delay, eta, priority, UNSET, UNSET)  # checked once for all
+        messages = [self._build(payload, None, options) for payload in payloads]
         try:
             outcomes = await self._owner.client._enqueue_many(messages)  # checked
         except PartialEnqueue as exc:
