@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from typedq import Backoff
+from typedq import Backoff, InvalidOption
 
 
 def test_exponential_doubles_then_caps() -> None:
@@ -27,8 +27,22 @@ def test_jitter_only_takes_time_off() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"base": -1.0}, {"max": -1.0}, {"factor": 0.5}, {"jitter": 1.5}, {"jitter": -0.1}],
+    [
+        {"base": -1.0},
+        {"max": -1.0},
+        {"factor": 0.5},
+        {"jitter": 1.5},
+        {"jitter": -0.1},
+        # Not finite (issue 7, defect 6): NaN passed every `< 0` check.
+        {"base": float("nan")},
+        {"base": float("inf")},
+        {"max": float("inf")},
+        {"max": float("nan")},
+        {"factor": float("nan")},
+        {"factor": float("inf")},
+        {"jitter": float("nan")},
+    ],
 )
 def test_invalid_policies_are_rejected(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="Backoff needs"):
+    with pytest.raises(InvalidOption, match="Backoff needs"):  # a ValueError too
         Backoff(**kwargs)  # type: ignore[arg-type]

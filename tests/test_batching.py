@@ -12,8 +12,8 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from typedq import NotConnected
-from typedq.batching import Batcher
+from typedq import BrokerUnavailable, NotConnected, QueueFull, RedisDataLost
+from typedq.batching import SAME_FAILURES_BEFORE_GIVING_UP, Batcher
 
 pytestmark = pytest.mark.anyio
 
@@ -193,3 +193,92 @@ async def test_stopping_fails_in_flight_and_queued_items() -> None:
             with anyio.fail_after(2):
                 await all_failed.wait()
     assert len(failures) == 4
+
+
+# -- one bad item never fails its neighbours (issue 7, defect 6) ----------------------
+
+
+class PoisonSend(FakeSend):
+    """Refuses any batch holding a negative item, as a broker refuses a malformed argument."""
+
+    def __init__(self, error: type[Exception] = ValueError) -> None:
+        super().__init__(latency=0.001)
+        self.error = error
+
+    async def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        await anyio.sleep(self.latency)
+        bad = [i for i in items if i < 0]
+        if bad:
+            raise self.error(f"bad item {bad[0]}")
+        return [item * 2 for item in items]
+
+
+async def submit_all(batcher: Batcher[int, int], items: list[int]) -> dict[int, int | Exception]:
+    answers: dict[int, int | Exception] = {}
+
+    async def one(i: int) -> None:
+        try:
+            answers[i] = await batcher.submit(i)
+        except Exception as exc:
+            answers[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in items:
+            tg.start_soon(one, i)
+    return answers
+
+
+async def test_a_failed_batch_is_re_sent_item_by_item() -> None:
+    send = PoisonSend()
+    items = [*range(1, 26), -1, *range(26, 50)]
+    async with running(send, max_in_flight=1) as batcher:
+        answers = await submit_all(batcher, items)
+    culprit = answers.pop(-1)
+    assert isinstance(culprit, ValueError)
+    assert str(culprit) == "bad item -1"
+    assert answers == {i: i * 2 for i in items if i > 0}
+    # The batch that failed, then its items one at a time, in their order.
+    failed = next(b for b in send.batches if -1 in b and len(b) > 1)
+    after = send.batches[send.batches.index(failed) + 1 :]
+    assert after[: len(failed)] == [[i] for i in failed]
+
+
+@pytest.mark.parametrize("error", [BrokerUnavailable, NotConnected, QueueFull, RedisDataLost])
+async def test_batch_wide_errors_are_not_re_sent(error: type[Exception]) -> None:
+    """The broker out of reach, a full queue, lost data: every item of the batch gets the
+    error and nothing is re-sent (that would only multiply the load)."""
+    send = PoisonSend(error)
+    items = [*range(1, 10), -1, *range(10, 20)]
+    async with running(send, max_in_flight=1) as batcher:
+        answers = await submit_all(batcher, items)
+    failed = [i for i, a in answers.items() if isinstance(a, error)]
+    assert -1 in failed
+    assert len(failed) > 1  # its neighbours share its fate
+    assert -1 in send.batches[-1]  # the failed batch was the last send: no re-sends
+
+
+async def test_a_lone_failing_item_is_not_re_sent() -> None:
+    send = PoisonSend()
+    async with running(send) as batcher:
+        with pytest.raises(ValueError, match="bad item -3"):
+            await batcher.submit(-3)
+    assert send.batches == [[-3]]
+
+
+async def test_a_refusal_of_everything_is_not_re_sent_item_by_item() -> None:
+    """An unclassified error that every item gets alone (a read-only replica): after the
+    first few singles fail exactly as the batch did, the rest fail without a send each."""
+    send = FakeSend(latency=0.001, fail_with=RuntimeError("READONLY replica"))
+    async with running(send, max_in_flight=1) as batcher:
+        answers = await submit_all(batcher, list(range(100)))
+    assert all(isinstance(a, RuntimeError) for a in answers.values())
+    assert len(send.batches) <= 2 + 1 + SAME_FAILURES_BEFORE_GIVING_UP
+
+
+async def test_a_culprit_first_in_its_batch_still_fails_alone() -> None:
+    send = PoisonSend()
+    items = [1, -1, *range(2, 40)]  # 1 goes alone; the batch starts with the culprit
+    async with running(send, max_in_flight=1) as batcher:
+        answers = await submit_all(batcher, items)
+    assert [i for i, a in answers.items() if isinstance(a, Exception)] == [-1]

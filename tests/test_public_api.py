@@ -109,6 +109,10 @@ def test_spec_classes(name: str, type_parameters: int) -> None:
 
 def test_spec_exceptions() -> None:
     assert issubclass(typedq.JobFailed, typedq.TypedqError)
+    # Bad numbers are configuration errors (ValueError); a partial enqueue_many is its own.
+    assert issubclass(typedq.InvalidOption, typedq.ConfigError)
+    assert issubclass(typedq.InvalidOption, ValueError)
+    assert issubclass(typedq.PartialEnqueue, typedq.TypedqError)
     assert issubclass(typedq.Retry, Exception)
     assert typedq.Retry(delay=5).delay == 5
 

@@ -20,11 +20,13 @@ from .errors import EncodeError as EncodeError
 from .errors import FailureReason as FailureReason
 from .errors import FailureRecord as FailureRecord
 from .errors import InvalidName as InvalidName
+from .errors import InvalidOption as InvalidOption
 from .errors import InvalidPayload as InvalidPayload
 from .errors import JobCancelled as JobCancelled
 from .errors import JobFailed as JobFailed
 from .errors import JobNotFound as JobNotFound
 from .errors import NotConnected as NotConnected
+from .errors import PartialEnqueue as PartialEnqueue
 from .errors import PayloadTooLarge as PayloadTooLarge
 from .errors import QueueFull as QueueFull
 from .errors import RedisDataLost as RedisDataLost
@@ -58,6 +60,7 @@ __all__ = [
     "FailureReason",
     "FailureRecord",
     "InvalidName",
+    "InvalidOption",
     "InvalidPayload",
     "Job",
     "JobCancelled",
@@ -68,6 +71,7 @@ __all__ = [
     "JobState",
     "JobStatus",
     "NotConnected",
+    "PartialEnqueue",
     "PayloadTooLarge",
     "Producer",
     "QueueFull",

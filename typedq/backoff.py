@@ -7,6 +7,9 @@ from typing import Literal
 
 import msgspec
 
+from .errors import InvalidOption
+from .options import MAX_SECONDS
+
 __all__ = ["Backoff"]
 
 
@@ -31,9 +34,18 @@ class Backoff(msgspec.Struct, frozen=True, kw_only=True):
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.base < 0 or self.max < 0 or self.factor < 1 or not 0 <= self.jitter <= 1:
-            raise ValueError(
-                f"Backoff needs base >= 0, max >= 0, factor >= 1 and 0 <= jitter <= 1, got {self!r}"
+        # NaN fails every comparison, so the ranges are written to let only good values in;
+        # an infinite base or max would make an infinite retry delay.
+        limit = MAX_SECONDS
+        if not (
+            0 <= self.base <= limit
+            and 0 <= self.max <= limit
+            and 1 <= self.factor <= limit
+            and 0 <= self.jitter <= 1
+        ):
+            raise InvalidOption(
+                f"Backoff needs finite base and max from 0 to {limit:.0f} s, factor from 1 to "
+                f"{limit:.0f} and 0 <= jitter <= 1, got {self!r}"
             )
 
     def delay(self, retry: int) -> float:

@@ -18,8 +18,9 @@ import anyio
 from .batching import Batcher
 from .broker import broker_from_url, redact_url
 from .broker.base import Broker, BrokerSettings, EnqueueOutcome, JobMessage
-from .errors import ConfigError, NotConnected
+from .errors import ConfigError, NotConnected, PartialEnqueue
 from .names import check_name
+from .options import check_message
 
 __all__ = ["DEFAULT_BROKER_ENV", "DEFAULT_MAX_PAYLOAD", "AppBase", "Client"]
 
@@ -118,14 +119,67 @@ class Client:
         return await self.broker.enqueue(messages)
 
     async def enqueue(self, message: JobMessage) -> EnqueueOutcome:
-        """Enqueue one job; concurrent calls are coalesced into one broker round trip."""
+        """Enqueue one job; concurrent calls are coalesced into one broker round trip.
+
+        A call whose envelope the broker rejects fails alone: the others coalesced with
+        it are re-sent without it (see :mod:`typedq.batching`).
+
+        :raises InvalidName, InvalidOption: the envelope is malformed (nothing is sent)
+        """
+        return await self._enqueue(check_message(message))
+
+    async def _enqueue(self, message: JobMessage) -> EnqueueOutcome:
+        # For envelopes already checked (TaskBase.message): the check is not repeated.
         self._require()
         return await self._enqueuer.submit(message)
 
     async def enqueue_many(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
-        """Enqueue many jobs: chunks are sent concurrently, one round trip per chunk."""
+        """Enqueue many jobs in chunks of ``batch_size``; one outcome per message, in order.
+
+        Every envelope is checked before anything is sent. The chunks are stored in
+        input order (jobs of equal priority are claimed in that order), each chunk
+        atomically, in about one round trip on a networked broker.
+
+        The contract when the broker refuses some chunks (QueueFull, a broker error):
+        the chunks after a refused one are still tried; if at least one chunk was stored,
+        :class:`~typedq.errors.PartialEnqueue` is raised, saying exactly which messages
+        were stored and which were not (``exc.unsent``), chained to the first refusal.
+        The ids are fixed before sending, so re-sending ``exc.unsent`` stores each job at
+        most once. If no chunk was stored, the first refusal is raised itself.
+
+        :raises PartialEnqueue: some chunks stored, some refused
+        :raises QueueFull, BrokerError: nothing was stored
+        :raises InvalidName, InvalidOption: an envelope is malformed (nothing is sent)
+        """
+        return await self._enqueue_many([check_message(m) for m in messages])
+
+    async def _enqueue_many(self, messages: list[JobMessage]) -> list[EnqueueOutcome]:
+        # For envelopes already checked (TaskBase.message): the check is not repeated.
         self._require()
-        return await self._enqueuer.submit_many(messages)
+        if not messages:
+            return []
+        size = self._enqueuer.max_batch
+        chunks = [messages[i : i + size] for i in range(0, len(messages), size)]
+        # One call for every chunk: the broker stores them in order (FIFO across chunks)
+        # and answers for each, so a refusal never hides what the other chunks did.
+        answers = await self.broker.enqueue_batches(chunks)
+        if len(answers) != len(chunks):
+            raise RuntimeError(f"{self.broker!r} answered {len(answers)} of {len(chunks)} chunks")
+        outcomes: list[EnqueueOutcome | None] = []
+        errors: list[Exception] = []
+        for chunk, answer in zip(chunks, answers, strict=True):
+            if isinstance(answer, Exception):
+                errors.append(answer)
+                outcomes += [None] * len(chunk)
+            elif len(answer) != len(chunk):
+                raise RuntimeError(f"{self.broker!r} answered {len(answer)} of {len(chunk)} jobs")
+            else:
+                outcomes += answer
+        if not errors:
+            return [o for o in outcomes if o is not None]
+        if len(errors) == len(chunks):
+            raise errors[0]
+        raise PartialEnqueue(messages, outcomes, errors) from errors[0]
 
 
 class AppBase:

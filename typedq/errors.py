@@ -4,7 +4,8 @@ The tree::
 
     TypedqError
     ├── ConfigError             bad App/Worker/broker configuration
-    │   └── InvalidName         a queue, task, app or job name outside the key grammar
+    │   ├── InvalidName         a queue, task, app or job name outside the key grammar
+    │   └── InvalidOption       a task or enqueue option outside its range (NaN, inf, ...)
     ├── NotConnected            the App was used outside ``async with app``
     ├── JobNotFound             no job with that id (never enqueued, or retention removed it)
     ├── PayloadError
@@ -16,6 +17,7 @@ The tree::
     │   ├── BrokerDataError     bytes in the broker that typedq cannot read
     │   ├── QueueFull           the queue is at its max_queue_length
     │   └── RedisDataLost       Redis lost its data (restart without persistence, flush)
+    ├── PartialEnqueue          ``enqueue_many`` stored some chunks, others were refused
     ├── JobFailed               what ``Job.result()`` raises for a failed job
     │   └── JobCancelled        ... for a cancelled job
     └── ResultTimeout           ``Job.result(timeout=...)`` ran out (also a TimeoutError)
@@ -31,10 +33,15 @@ This module depends on nothing else in typedq.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
+
+if TYPE_CHECKING:  # annotations only: this module imports nothing of typedq at run time
+    from .broker.base import EnqueueOutcome, JobMessage
+    from .job import Job
 
 __all__ = [
     "Abort",
@@ -46,11 +53,13 @@ __all__ = [
     "FailureReason",
     "FailureRecord",
     "InvalidName",
+    "InvalidOption",
     "InvalidPayload",
     "JobCancelled",
     "JobFailed",
     "JobNotFound",
     "NotConnected",
+    "PartialEnqueue",
     "PayloadError",
     "PayloadTooLarge",
     "QueueFull",
@@ -74,6 +83,15 @@ class ConfigError(TypedqError, ValueError):
 
 class InvalidName(ConfigError):
     """A name that becomes part of a broker key breaks the name grammar."""
+
+
+class InvalidOption(ConfigError):
+    """A task option or a per-enqueue option is outside its allowed range.
+
+    Raised before anything is sent: ``delay=nan``, ``eta=inf``, ``priority=2**64``,
+    ``retries=-1``, ``timeout=0``... The message names the option, the value and the
+    allowed range.
+    """
 
 
 class NotConnected(TypedqError, RuntimeError):
@@ -130,6 +148,54 @@ class RedisDataLost(BrokerError):
     A restart without persistence, a FLUSHALL or a failover to an empty replica; the
     jobs, results and failure records stored before it are gone.
     """
+
+
+class PartialEnqueue(TypedqError):
+    """``enqueue_many`` stored some of its chunks and not others: exactly which is known.
+
+    Jobs are sent in chunks, in input order, each chunk stored atomically (all or
+    nothing); a refused chunk (QueueFull, a broker error) does not stop the chunks after
+    it. The exception is chained (``__cause__``) to the first refusal. When no chunk at
+    all was stored, ``enqueue_many`` raises that refusal itself instead.
+
+    Job ids are fixed before anything is sent, so re-sending :attr:`unsent` (e.g.
+    ``await app.client.enqueue_many(exc.unsent)``) is safe: a job that was in fact stored
+    (its chunk's answer was lost with the connection) is not stored twice, it answers
+    ``created=False``.
+
+    :ivar messages: every input envelope, in input order
+    :ivar outcomes: per input, its outcome if stored, else ``None``
+    :ivar stored: the input indexes that were stored (or deduplicated onto an existing job)
+    :ivar not_stored: the input indexes that were not (refused, or their fate is unknown)
+    :ivar errors: the refusals, one per refused chunk, in order
+    :ivar jobs: the :class:`~typedq.Job` handles of the stored inputs, in input order
+        (filled by ``Task.enqueue_many``; empty when raised by ``Client.enqueue_many``)
+    """
+
+    def __init__(
+        self,
+        messages: Sequence[JobMessage],
+        outcomes: Sequence[EnqueueOutcome | None],
+        errors: Sequence[Exception],
+    ) -> None:
+        self.messages = list(messages)
+        self.outcomes = list(outcomes)
+        self.stored = [i for i, o in enumerate(self.outcomes) if o is not None]
+        self.not_stored = [i for i, o in enumerate(self.outcomes) if o is None]
+        self.errors = list(errors)
+        self.jobs: list[Job[Any]] = []
+        first = self.errors[0] if self.errors else None
+        super().__init__(
+            f"enqueue_many stored {len(self.stored)} of {len(self.messages)} jobs; "
+            f"{len(self.not_stored)} were not stored ({len(self.errors)} chunk(s) refused, "
+            f"first: {type(first).__name__}: {first}). Their ids are fixed: re-send "
+            "`exc.unsent` to store them without duplicates"
+        )
+
+    @property
+    def unsent(self) -> list[JobMessage]:
+        """The envelopes that were not stored, in input order (same ids: safe to re-send)."""
+        return [self.messages[i] for i in self.not_stored]
 
 
 class ResultTimeout(TypedqError, TimeoutError):

@@ -1,8 +1,11 @@
 """The grammar for every name that becomes part of a broker key.
 
 Names are checked once, where they enter (App, task registration, enqueue), so no
-broker ever builds a key from an unchecked string: no ``:``, braces (Redis Cluster
-hash tags), glob characters, whitespace or control bytes.
+broker ever builds a key from an unchecked string: no braces (Redis Cluster hash
+tags), glob characters, whitespace or control bytes. Names (app, queue, task) hold no
+``:`` either; job ids may (``order:123``): an id is only ever the last part of a key
+(``...j:<id>``), and key-derived ids are ``<task>:<key>``, so the ``:`` after the task
+name keeps every task's ids apart.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from .errors import InvalidName
 __all__ = ["check_job_id", "check_name", "key_job_id", "new_job_id"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
+# A readable key that looks like a digest is hashed too, so no key's readable id can
+# equal another key's hashed one.
+_DIGEST_LIKE = re.compile(r"h[0-9a-f]{32}")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
@@ -32,10 +38,13 @@ def check_name(kind: str, name: object) -> str:
 
 
 def check_job_id(job_id: object) -> str:
-    """Return ``job_id`` if it fits the id grammar (like names, up to 200 characters)."""
+    """Return ``job_id`` if it fits ``[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}``, else raise InvalidName.
+
+    Like names, plus ``:`` (``order:123``), up to 200 characters.
+    """
     if not (isinstance(job_id, str) and _JOB_ID.fullmatch(job_id)):
         raise InvalidName(
-            f"invalid job id {job_id!r}: use 1-200 characters from A-Z a-z 0-9 _ . - "
+            f"invalid job id {job_id!r}: use 1-200 characters from A-Z a-z 0-9 _ . : - "
             "starting with a letter or digit"
         )
     return job_id
@@ -55,13 +64,15 @@ def new_job_id() -> str:
 
 
 def key_job_id(task: str, key: str) -> str:
-    """The job id of a job deduplicated by ``key``: ``<task>.<key>``, hashed if needed.
+    """The job id of a job deduplicated by ``key``: ``<task>:<key>``, hashed if needed.
 
-    A key that fits the id grammar is kept readable; any other key (``a@b.c``, long
-    keys) is replaced by a 32-hex-digit BLAKE2b digest, still deterministic.
+    Task names hold no ``:``, so the ids of two tasks never collide (task ``a`` with key
+    ``b.c`` is ``a:b.c``, task ``a.b`` with key ``c`` is ``a.b:c``). A key that fits the
+    id grammar is kept readable; any other key (``a@b.c``, long keys, and keys that look
+    like a digest) becomes ``<task>:h<32 hex digits of BLAKE2b>``, still deterministic.
     """
-    candidate = f"{task}.{key}"
-    if _JOB_ID.fullmatch(candidate) is not None:
+    candidate = f"{task}:{key}"
+    if _JOB_ID.fullmatch(candidate) is not None and _DIGEST_LIKE.fullmatch(key) is None:
         return candidate
     digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-    return f"{task}.h{digest}"
+    return f"{task}:h{digest}"

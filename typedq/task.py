@@ -18,6 +18,7 @@ from typing import (
     Final,
     Generic,
     Literal,
+    NamedTuple,
     Protocol,
     TypeAlias,
     TypeVar,
@@ -30,15 +31,32 @@ import pydantic
 from .backoff import Backoff
 from .broker.base import JobMessage
 from .context import JobContext
-from .errors import ConfigError
+from .errors import ConfigError, InvalidOption, PartialEnqueue
 from .job import Job
 from .names import check_job_id, check_name, key_job_id, new_job_id
+from .options import (
+    MAX_PRIORITY,
+    MAX_RETRIES,
+    MAX_SECONDS,
+    MIN_PRIORITY,
+    check_int_option,
+    check_seconds_option,
+    where,
+)
 from .serde import Codec, codec_for, is_model_type, optional_model
 
 if TYPE_CHECKING:
     from .client import Client
 
-__all__ = ["UNSET", "Enqueuer", "Task", "TaskBase", "TaskDecorator", "TaskOptions", "Unset"]
+__all__ = [
+    "UNSET",
+    "Enqueuer",
+    "Task",
+    "TaskBase",
+    "TaskDecorator",
+    "TaskOptions",
+    "Unset",
+]
 
 TIn = TypeVar("TIn", bound=msgspec.Struct | pydantic.BaseModel)
 TOut = TypeVar("TOut", bound=msgspec.Struct | pydantic.BaseModel | None)
@@ -90,12 +108,11 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         check_name("task", self.name)
         check_name("queue", self.queue)
-        if self.retries < 0:
-            raise ConfigError(f"task {self.name!r}: retries must be >= 0, got {self.retries}")
-        if self.timeout is not None and self.timeout <= 0:
-            raise ConfigError(
-                f"task {self.name!r}: timeout must be > 0 or None, got {self.timeout}"
-            )
+        subject = f"task {self.name!r}"
+        check_int_option("retries", self.retries, 0, MAX_RETRIES, subject=subject)
+        check_int_option("priority", self.priority, MIN_PRIORITY, MAX_PRIORITY, subject=subject)
+        if self.timeout is not None:
+            check_seconds_option("timeout", self.timeout, positive=True, subject=subject)
         for error in self.errors:
             if not is_model_type(error):
                 raise ConfigError(
@@ -104,19 +121,29 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
                 )
 
 
-def _seconds(value: float | timedelta) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
-
-
-def _epoch(eta: datetime | float) -> float:
+def _epoch(eta: datetime | float, subject: str) -> float:
     if isinstance(eta, datetime):
         if eta.tzinfo is None:
-            raise ConfigError(
-                f"eta={eta!r} is a naive datetime; pass an aware one, e.g. "
+            raise InvalidOption(
+                f"{where(subject)}eta={eta!r} is a naive datetime; pass an aware one, e.g. "
                 "datetime.now(timezone.utc) + timedelta(minutes=5)"
             )
-        return eta.timestamp()
-    return float(eta)
+        seconds = eta.timestamp()
+        if not 0 <= seconds <= MAX_SECONDS:
+            raise InvalidOption(
+                f"{where(subject)}eta={eta!r} is out of range: use a time from 1970 to "
+                f"{datetime.fromtimestamp(MAX_SECONDS).year}"
+            )
+        return seconds
+    return check_seconds_option("eta", eta, subject=subject, unit="epoch seconds")
+
+
+class _CallOptions(NamedTuple):
+    delay: float
+    eta: float
+    priority: int
+    max_retries: int
+    timeout: float
 
 
 class Enqueuer(Protocol[TIn_contra, TOut]):
@@ -234,31 +261,63 @@ class TaskBase(Generic[TIn, TOut]):
         retries: int | Unset = UNSET,
         timeout: float | Unset | None = UNSET,
     ) -> JobMessage:
-        """Build the envelope ``enqueue`` would send (validated and encoded)."""
+        """Build the envelope ``enqueue`` would send (validated and encoded).
+
+        :raises InvalidOption: a number out of its range (see :meth:`enqueue`)
+        """
+        # Every option is checked before the payload is encoded or anything is sent,
+        # so a bad number fails this call alone, with a message naming it.
+        options = self._options(delay, eta, priority, retries, timeout)
+        return self._build(payload, job_id, options)
+
+    def _options(
+        self,
+        delay: float | timedelta,
+        eta: datetime | float | None,
+        priority: int | Unset,
+        retries: int | Unset,
+        timeout: float | Unset | None,
+    ) -> _CallOptions:
+        """The per-call options, checked and in envelope form."""
+        subject = f"task {self.name!r}"
+        delay_s = check_seconds_option("delay", delay, subject=subject)
+        eta_s = 0.0 if eta is None else _epoch(eta, subject)
+        prio = (
+            self.options.priority
+            if isinstance(priority, Unset)
+            else check_int_option("priority", priority, MIN_PRIORITY, MAX_PRIORITY, subject=subject)
+        )
+        max_retries = (
+            -1
+            if isinstance(retries, Unset)
+            else check_int_option("retries", retries, 0, MAX_RETRIES, subject=subject)
+        )
+        if isinstance(timeout, Unset):
+            timeout_s = -1.0
+        elif timeout is None:
+            timeout_s = 0.0
+        else:
+            timeout_s = check_seconds_option("timeout", timeout, positive=True, subject=subject)
+        return _CallOptions(delay_s, eta_s, prio, max_retries, timeout_s)
+
+    def _build(self, payload: TIn, job_id: str | None, options: _CallOptions) -> JobMessage:
         if job_id is not None:
             check_job_id(job_id)
         elif self.key is not None:
             job_id = key_job_id(self.name, self.key(payload))
         else:
             job_id = new_job_id()
-        delay_s = _seconds(delay)
-        if delay_s < 0:
-            raise ConfigError(f"delay must be >= 0, got {delay!r}")
-        if isinstance(timeout, float | int) and timeout <= 0:
-            raise ConfigError(f"timeout must be > 0 or None, got {timeout}")
-        if isinstance(retries, int) and retries < 0:
-            raise ConfigError(f"retries must be >= 0, got {retries}")
         return JobMessage(
             id=job_id,
             task=self.name,
             queue=self.queue,
             payload=self.input.encode(payload),
             fingerprint=self.input.fingerprint,
-            priority=self.options.priority if isinstance(priority, Unset) else priority,
-            eta=0.0 if eta is None else _epoch(eta),
-            delay=delay_s,
-            max_retries=-1 if isinstance(retries, Unset) else retries,
-            timeout=-1.0 if isinstance(timeout, Unset) else (timeout or 0.0),
+            priority=options.priority,
+            eta=options.eta,
+            delay=options.delay,
+            max_retries=options.max_retries,
+            timeout=options.timeout,
         )
 
     def _job(self, job_id: str, *, created: bool) -> Job[TOut]:
@@ -286,13 +345,18 @@ class TaskBase(Generic[TIn, TOut]):
         Concurrent calls are coalesced into one broker round trip.
 
         :param payload: the input model
-        :param delay: run no sooner than this many seconds from now
-        :param eta: run no sooner than this time (aware datetime or epoch seconds)
-        :param priority: override the task's priority
+        :param delay: run no sooner than this many seconds from now (finite, 0 to
+            :data:`~typedq.options.MAX_SECONDS`, or a timedelta)
+        :param eta: run no sooner than this time (aware datetime or epoch seconds, finite,
+            0 to :data:`~typedq.options.MAX_SECONDS`); a past time runs at once
+        :param priority: override the task's priority (an int from :data:`~typedq.options.MIN_PRIORITY`
+            to :data:`~typedq.options.MAX_PRIORITY`)
         :param job_id: a unique id; enqueueing an id that exists returns that job
             (``job.created`` is False): idempotent producers
-        :param retries: override the task's retries for this job
-        :param timeout: override the task's timeout for this job
+        :param retries: override the task's retries for this job (0 to :data:`~typedq.options.MAX_RETRIES`)
+        :param timeout: override the task's timeout for this job (seconds > 0, or None)
+        :raises InvalidOption: a number that is not finite or out of its range (nothing
+            is sent, and concurrent enqueues are not affected)
         :raises PayloadTooLarge, EncodeError, InvalidName, NotConnected, QueueFull:
         """
         message = self.message(
@@ -304,7 +368,7 @@ class TaskBase(Generic[TIn, TOut]):
             retries=retries,
             timeout=timeout,
         )
-        outcome = await self._owner.client.enqueue(message)
+        outcome = await self._owner.client._enqueue(message)  # checked by message()
         return self._job(outcome.id, created=outcome.created)
 
     async def enqueue_many(
@@ -315,15 +379,25 @@ class TaskBase(Generic[TIn, TOut]):
         eta: datetime | float | None = None,
         priority: int | Unset = UNSET,
     ) -> list[Job[TOut]]:
-        """Enqueue many jobs in few round trips (ids are made here, chunks sent concurrently).
+        """Enqueue many jobs in few round trips; the jobs come back in input order.
 
-        Every payload is validated and encoded before anything is sent, so a bad one
-        enqueues nothing.
+        Every payload is validated and encoded, and every id made, before anything is
+        sent, so a bad one enqueues nothing. The jobs go in chunks, in input order (jobs
+        of equal priority are claimed in that order), each chunk stored atomically.
+
+        :raises PartialEnqueue: some chunks were stored and others refused; ``exc.jobs``
+            are the stored jobs and ``exc.unsent`` the envelopes of the others, whose ids
+            are fixed: ``await app.client.enqueue_many(exc.unsent)`` stores them without
+            duplicates (then ``task.job(id)`` gives their handles)
+        :raises QueueFull, BrokerError: every chunk was refused (nothing was stored)
         """
-        messages = [
-            self.message(payload, delay=delay, eta=eta, priority=priority) for payload in payloads
-        ]
-        outcomes = await self._owner.client.enqueue_many(messages)
+        options = self._options(delay, eta, priority, UNSET, UNSET)  # checked once for all
+        messages = [self._build(payload, None, options) for payload in payloads]
+        try:
+            outcomes = await self._owner.client._enqueue_many(messages)  # checked
+        except PartialEnqueue as exc:
+            exc.jobs = [self._job(o.id, created=o.created) for o in exc.outcomes if o is not None]
+            raise
         return [self._job(o.id, created=o.created) for o in outcomes]
 
 
