@@ -26,6 +26,8 @@ from enum import IntEnum, StrEnum
 
 import msgspec
 
+from ..errors import BrokerError, QueueFull
+
 __all__ = [
     "Broker",
     "BrokerSettings",
@@ -245,6 +247,23 @@ class Broker(abc.ABC):
 
         Safe to re-send: ids are chosen by the client, so a retry creates nothing new.
         """
+
+    async def enqueue_batches(
+        self, batches: Sequence[Sequence[JobMessage]]
+    ) -> list[list[EnqueueOutcome] | Exception]:
+        """Store ``batches`` in order, each atomically; per batch its outcomes or the error
+        that refused it (a refused batch stored nothing; later batches are still tried).
+
+        Keeps FIFO across the batches of one ``enqueue_many``. This default sends them one
+        after the other; a networked backend pipelines them in one round trip.
+        """
+        results: list[list[EnqueueOutcome] | Exception] = []
+        for batch in batches:
+            try:
+                results.append(await self.enqueue(batch))
+            except (QueueFull, BrokerError) as exc:
+                results.append(exc)
+        return results
 
     @abc.abstractmethod
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
