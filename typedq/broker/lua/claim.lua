@@ -86,15 +86,39 @@ local function head_of(q)
   end
 end
 
-local function head_order(lk)
-  local id = redis.call('LINDEX', lk, -1)
-  if not id then return 0 end
-  local r = read_job(id, 'o')
-  return r and tonumber(r[1]) or 0
-end
-
 local claimed, pops = 0, 0
 local max_pops = limit + 1000  -- stale entries are skipped, but not without bound
+
+-- The order of a level's head job, for comparing queues. Stale entries at the head
+-- are popped first (they would compare with their id's newer order): nil when the
+-- list ran empty. An entry with no readable job compares as oldest (activate decides).
+local function head_order(q, prio, lk)
+  while pops < max_pops do
+    local id = redis.call('LINDEX', lk, -1)
+    if not id then return nil end
+    local stale = take_stale(q, prio, id)
+    if not stale then
+      local r = read_job(id, 's', 'q', 'p', 'o')
+      if not r then return 0 end
+      if r[1] == 'w' and (not r[2] or r[2] == q) and sane_prio(r[3]) == prio then
+        return tonumber(r[4]) or 0
+      end
+    end
+    redis.call('RPOP', lk)
+    pops = pops + 1
+  end
+  return 0
+end
+
+-- The best level of one queue with a live head: priority, list key, head order.
+local function live_head(q)
+  while true do
+    local prio, lk = head_of(q)
+    if not prio then return nil end
+    local o = head_order(q, prio, lk)
+    if o then return prio, lk, o end
+  end
+end
 local lease_until = now + lease
 local ids = {}
 
@@ -158,16 +182,12 @@ while claimed < limit and pops < max_pops do
   else
     local bestp, besto
     for _, q in ipairs(queues) do
-      local prio, lk = head_of(q)
+      local prio, lk, o = live_head(q)
       if prio then
         local p = tonumber(prio)
-        if not bq or p > bestp then
-          bq, blk, bprio, bestp, besto = q, lk, prio, p, nil
-        elseif p == bestp then
-          -- Equal priority in two queues: the older head goes first.
-          besto = besto or head_order(blk)
-          local o = head_order(lk)
-          if o < besto then bq, blk, bprio, besto = q, lk, prio, o end
+        -- Higher priority first; equal priority in two queues: the older head.
+        if not bq or p > bestp or (p == bestp and o < besto) then
+          bq, blk, bprio, bestp, besto = q, lk, prio, p, o
         end
       end
     end
