@@ -48,6 +48,10 @@ def url(redis_server: RedisProcess) -> str:
     return redis_server.url
 
 
+class Item(msgspec.Struct, frozen=True):
+    n: int
+
+
 def message(job_id: str, *, queue: str = "q", priority: int = 0) -> JobMessage:
     return JobMessage(id=job_id, task="t", queue=queue, payload=b"\x91\x01", priority=priority)
 
@@ -142,15 +146,12 @@ async def test_client_kill_loop_runs_every_job_once_without_stalls(url: str) -> 
     app = App("ckill", broker=url, lease=10.0, max_stalls=0)
     ran: dict[str, int] = {}
 
-    class Item(msgspec.Struct, frozen=True):
-        n: int
-
     @app.task
-    async def work(item: Item) -> int:
+    async def work(item: Item) -> Item:
         key = str(item.n)
         ran[key] = ran.get(key, 0) + 1
-        await anyio.sleep(0.001)
-        return item.n
+        await anyio.sleep(0.02)  # about 5 s in all: some 25 kills land mid-run
+        return item
 
     total = 2000
     kills = 0
@@ -165,7 +166,7 @@ async def test_client_kill_loop_runs_every_job_once_without_stalls(url: str) -> 
                 kills += int(await admin.execute_command("CLIENT", "KILL", "TYPE", "normal"))
 
         with anyio.fail_after(180):
-            async with app.worker(concurrency=32), anyio.create_task_group() as tg:
+            async with app.worker(concurrency=8), anyio.create_task_group() as tg:
                 tg.start_soon(killer)
                 # Polling is fine: the worker changes the state, under connection kills.
                 while True:
