@@ -159,11 +159,13 @@ async def test_client_kill_loop_runs_every_job_once_without_stalls(url: str) -> 
         broker = app.broker
         jobs = await work.enqueue_many([Item(n=i) for i in range(total)])
 
+        kill: Any = admin.execute_command  # untyped in redis-py
+
         async def killer() -> None:
             nonlocal kills
             while True:
                 await anyio.sleep(0.2)
-                kills += int(await admin.execute_command("CLIENT", "KILL", "TYPE", "normal"))
+                kills += int(await kill("CLIENT", "KILL", "TYPE", "normal"))
 
         with anyio.fail_after(180):
             async with app.worker(concurrency=8), anyio.create_task_group() as tg:
