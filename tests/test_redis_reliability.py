@@ -140,6 +140,37 @@ async def test_a_resent_claim_after_a_sibling_claim_returns_its_own_jobs(
 
 
 @pytest.mark.slow
+async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(url: str) -> None:
+    """DEBUG SLEEP past the socket timeout with two claims of one worker in flight:
+    redis-py re-sends both after both first copies ran; each re-send must hand back
+    its own first copy's jobs (a record per worker made one of them claim more)."""
+    async with broker_at(url) as broker, raw_redis(url, socket_timeout=30) as raw:
+        await broker.enqueue([message(f"j{i}") for i in range(20)])
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(broker.counts, "q")
+        await raw.config_resetstat()
+        claims: list[list[str]] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(SOCKET_TIMEOUT + 1))
+            await anyio.sleep(0.1)
+
+            async def claim() -> None:
+                jobs = await broker.claim(["q"], 3, worker_id="w", lease=60)
+                claims.append([j.message.id for j in jobs])
+
+            tg.start_soon(claim)
+            tg.start_soon(claim)
+        stats = await raw.info("commandstats")
+        assert int(stats["cmdstat_evalsha"]["calls"]) == 4  # both claims were re-sent
+        active = await broker.list_jobs("q", JobState.ACTIVE)
+        returned = [i for ids in claims for i in ids]
+        assert len(returned) == 6
+        # Every claimed job is one the worker knows of: nothing sits claimed unseen.
+        assert sorted(active) == sorted(returned)
+
+
+@pytest.mark.slow
 async def test_client_kill_loop_runs_every_job_once_without_stalls(url: str) -> None:
     """CLIENT KILL TYPE normal every 200 ms while a worker drains 2,000 jobs with
     max_stalls=0: a stall would fail a job as `stalled` without running it."""
