@@ -4,7 +4,9 @@ All names of one app share the prefix ``typedq:{<namespace>}:``. The braces are 
 Redis Cluster hash tag, so every key of an app lives in one slot and every Lua
 script may touch any of them atomically. Names that go into keys (namespace, queue,
 job id) are checked by :mod:`typedq.names` before they get here: none contains
-``:``, braces, glob characters or whitespace, so two names never share a key.
+braces, ``|``, glob characters or whitespace, and namespaces and queue names contain
+no ``:``. A job id may contain ``:`` (key-derived ids are ``<task>:<key>``), but it
+only ever ends a key after ``j:``, so two names still never share a key.
 
 The layout (``P`` is the prefix)::
 
