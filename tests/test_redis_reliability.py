@@ -473,3 +473,16 @@ async def test_enqueue_batches_refuse_a_full_batch_alone(url: str) -> None:
         stored = [m.id for n in (0, 1, 3) for m in batches[n]]
         assert await claim_all(broker, batch=100) == stored
         assert await broker.get([m.id for m in batches[2]]) == [None] * 40
+
+
+async def test_a_reused_scheduled_id_waits_for_its_new_run_time(url: str) -> None:
+    async with broker_at(url) as broker:
+        await broker.enqueue([JobMessage(id="s", task="t", queue="q", payload=b"", delay=0.2)])
+        assert await broker.remove(["s"]) == [True]
+        await broker.enqueue([JobMessage(id="s", task="t", queue="q", payload=b"", delay=3600)])
+        await anyio.sleep(0.4)
+        assert await broker.claim(["q"], 10, worker_id="w", lease=30) == []
+        (record,) = await broker.get(["s"])
+        assert record is not None
+        assert record.state is JobState.SCHEDULED
+        assert record.run_at > time.time() + 3000
