@@ -104,13 +104,15 @@ async def client_commands(url: str) -> AsyncIterator[list[str]]:
 async def test_lua_key_names_match_the_keys_module(url: str) -> None:
     async with broker_at(url, "layout") as broker:
         k = broker.keys
-        names = await broker._eval("keys", [], [k.prefix, "q1", "-3", "job-1"])
+        names = await broker._eval("keys", [], [k.prefix, "q1", "-3", "job-1", "tok1"])
         assert [n.decode() for n in names] == [
             k.job("job-1"),
             k.levels("q1"),
             k.waiting("q1", -3),
             k.scheduled("q1"),
             k.counts("q1"),
+            k.stale("q1"),
+            k.request("tok1"),
             k.work_channel,
             k.done_channel,
             k.cancel_channel,
@@ -118,9 +120,15 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
     async with raw_redis(url) as raw:
         async with broker_at(url, "layout") as broker:
             await broker.enqueue([message("a"), message("b", queue="other", priority=2)])
-            await broker.enqueue([message("c", queue="other")])
+            await broker.enqueue([message("c", queue="other"), message("d")])
             (job,) = await broker.claim(["other"], 1, worker_id="w", lease=30)
+            assert await broker.cancel("d") is CancelOutcome.CANCELLED
         keys = {k.decode() async for k in raw.scan_iter("*")}
+        # Request records (a minute's TTL): two enqueues, the claim, the cancel.
+        requests = {k for k in keys if k.startswith(broker.keys.request(""))}
+        assert len(requests) == 4
+        assert all(0 < ttl <= 60_000 for ttl in [await raw.pttl(k) for k in requests])
+        keys -= requests
         # One hash tag for the whole app: the same cluster slot for every key.
         assert all(k.startswith("typedq:{layout}:") for k in keys)
         k = broker.keys
@@ -128,12 +136,14 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.epoch,
             k.seq,
             k.active,
-            k.claim("w"),
+            k.done_cancelled,
             k.job("a"),
             k.job("b"),
             k.job("c"),
+            k.job("d"),
             k.levels("q"),
             k.waiting("q", 0),
+            k.stale("q"),
             k.levels("other"),
             k.waiting("other", 0),
             k.counts("q"),
@@ -141,8 +151,10 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
         }
         # Jobs no worker has claimed are strings; the claimed one is a hash.
         assert job.message.id == "b"
-        types = {i: await raw.type(k.job(i)) for i in "abc"}
-        assert types == {"a": b"string", "b": b"hash", "c": b"string"}
+        types = {i: await raw.type(k.job(i)) for i in "abcd"}
+        assert types == {"a": b"string", "b": b"hash", "c": b"string", "d": b"hash"}
+        # The cancelled job's list entry stays behind, counted as stale.
+        assert await raw.hgetall(k.stale("q")) == {b"0|d": b"1"}
         epoch = await raw.get(k.epoch)
         assert isinstance(epoch, bytes)
         assert epoch.count(b"-") == 1
@@ -531,7 +543,10 @@ async def test_retention_bounds_finished_jobs(url: str) -> None:
         # The newest 50 are kept, the rest are gone for good.
         assert (await broker.get(["j299"]))[0] is not None
         assert await broker.get(["j0"]) == [None]
-        assert await raw.dbsize() < 60
+        # Besides the jobs, only the fixed keys and request records (which expire).
+        requests = [k async for k in raw.scan_iter(broker.keys.request("*"))]
+        assert await raw.dbsize() - len(requests) < 60
+        assert all(0 < ttl <= 60_000 for ttl in [await raw.pttl(k) for k in requests])
 
 
 # -- connection behaviour -------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 
 import anyio
@@ -10,7 +12,20 @@ import pytest
 import redis
 
 from tests.redis_harness import RedisProcess
-from typedq import App, BrokerError, JobState
+from typedq import App, BrokerError, JobContext, JobState, Retention, Retry
+from typedq.broker.base import (
+    BrokerSettings,
+    CancelOutcome,
+    Completion,
+    Failure,
+    FinishOutcome,
+    JobMessage,
+    LeaseStatus,
+    Release,
+    RetryOutcome,
+)
+from typedq.broker.redis import RedisBroker
+from typedq.task import DEFAULT_QUEUE
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio]
 
@@ -70,4 +85,168 @@ async def test_enqueue_at_maxmemory_is_refused_whole_and_clearly(
             assert all(r is None for r in records[len(accepted) :])
             counts = await app.broker.counts("default")
             assert counts[JobState.WAITING] == len(accepted)
+    admin.close()
+
+
+def fill_to_maxmemory(port: int, headroom: int = 2_000_000) -> redis.Redis:
+    """A client of the server, whose maxmemory is set ``headroom`` bytes above use."""
+    admin = redis.Redis(port=port)
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory", used + headroom)
+    return admin
+
+
+def job(job_id: str, size: int = 2_000) -> JobMessage:
+    return JobMessage(id=job_id, task="t", queue="q", payload=b"x" * size)
+
+
+async def fill(broker: RedisBroker, prefix: str) -> list[str]:
+    """Enqueue batches of 50, then single jobs, until Redis refuses one for maxmemory;
+    the ids stored, in order."""
+    stored: list[str] = []
+    for size in (50, 1):
+        for b in range(10_000):
+            messages = [job(f"{prefix}{size}-{b}-{i}") for i in range(size)]
+            try:
+                await broker.enqueue(messages)
+            except BrokerError as exc:
+                error = str(exc)
+                break
+            stored += [m.id for m in messages]
+        else:
+            raise AssertionError("Redis never reached maxmemory")
+        assert "maxmemory" in error
+    return stored
+
+
+async def enqueue_refused(broker: RedisBroker) -> bool:
+    try:
+        await broker.enqueue([job(f"probe-{time.monotonic_ns()}")])
+    except BrokerError as exc:
+        error = str(exc)
+    else:
+        return False
+    assert "maxmemory" in error
+    return True
+
+
+async def test_every_draining_operation_runs_at_maxmemory(small_redis: RedisProcess) -> None:
+    """D-oom: at the limit, enqueue and progress are refused; claim, complete, fail
+    (retry and for good), release, renew, recover, cancel, retry, remove and purge run."""
+    admin = fill_to_maxmemory(small_redis.port)
+    settings = BrokerSettings(namespace="oomops", max_stalls=5)
+    broker = RedisBroker(small_redis.url, settings)
+    await broker.connect()
+    try:
+        with anyio.fail_after(60):
+            stored = await fill(broker, "j")
+            assert len(stored) >= 100
+            assert await enqueue_refused(broker)
+            claimed = await broker.claim(["q"], 10, worker_id="w", lease=30)
+            assert [c.message.id for c in claimed] == stored[:10]
+            assert (
+                await broker.renew([(c.message.id, c.token) for c in claimed], 30)
+                == [LeaseStatus.OK] * 10
+            )
+            a, b, c, d, e, f, *_ = claimed
+            with pytest.raises(BrokerError, match="maxmemory"):
+                await broker.set_progress(a.message.id, a.token, b"50%")
+            assert await broker.complete([Completion(a.message.id, a.token, b"ok")]) == [
+                FinishOutcome.OK
+            ]
+            assert await broker.fail(
+                [
+                    Failure(id=b.message.id, token=b.token, error=b"err", retry_delay=0.0),
+                    Failure(id=c.message.id, token=c.token, error=b"err"),
+                ]
+            ) == [FinishOutcome.OK, FinishOutcome.OK]
+            assert await broker.release([Release(d.message.id, d.token)]) == [FinishOutcome.OK]
+            assert await broker.cancel(e.message.id) is CancelOutcome.REQUESTED
+            assert await broker.cancel(stored[20]) is CancelOutcome.CANCELLED
+            assert await broker.retry([c.message.id]) == [RetryOutcome.RETRIED]
+            assert await broker.remove([stored[21], f.message.id]) == [True, True]
+            # Leases that expire are recovered at the limit too.
+            short = await broker.claim(["q"], 3, worker_id="w2", lease=0.05)
+            assert len(short) == 3
+            await anyio.sleep(0.2)
+            assert await broker.recover_stalled() == 3
+            assert await broker.check_epoch()
+            assert await enqueue_refused(broker)
+            # Purge frees the memory; then enqueues are accepted again.
+            assert await broker.purge("q", [JobState.WAITING]) > 0
+            assert not await enqueue_refused(broker)
+    finally:
+        await broker.close()
+        admin.close()
+
+
+async def pending(broker: RedisBroker) -> int:
+    counts = await broker.counts(DEFAULT_QUEUE)
+    return counts[JobState.WAITING] + counts[JobState.SCHEDULED] + counts[JobState.ACTIVE]
+
+
+async def test_a_worker_drains_a_full_redis_and_says_so(
+    small_redis: RedisProcess, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect 2: at maxmemory the worker still claims, completes, retries and recovers
+    every job (retention frees the memory), enqueues are refused until then, and the
+    worker logs one warning at the limit and one info line below it again."""
+    monkeypatch.setattr("typedq.broker.redis.MEMORY_CHECK_INTERVAL", 0.2)
+    caplog.set_level(logging.INFO, logger="typedq.broker.redis")
+    admin = fill_to_maxmemory(small_redis.port)
+    app = App(
+        "oomw",
+        broker=small_redis.url,
+        lease=2.0,
+        max_stalls=5,
+        retention=Retention(completed_max=10, failed_max=10),
+    )
+    ran: dict[int, int] = {}
+
+    @app.task(retries=1)
+    async def keep(blob: Blob, ctx: JobContext) -> None:
+        n = int(blob.data.partition(":")[0])
+        ran[n] = ran.get(n, 0) + 1
+        if n % 10 == 0 and ctx.attempt == 1:
+            raise Retry(delay=0)  # a failed attempt, run again: fail-with-retry at OOM
+
+    total = 0
+    with anyio.fail_after(120):
+        async with app:
+            broker = app.broker
+            assert isinstance(broker, RedisBroker)
+            for size in (50, 1):
+                while True:
+                    blobs = [Blob(data=f"{total + i}:" + "x" * 2_000) for i in range(size)]
+                    try:
+                        await keep.enqueue_many(blobs)
+                    except BrokerError as exc:
+                        error = str(exc)
+                        break
+                    total += size
+                assert "maxmemory" in error
+            assert total >= 100
+            # A worker died holding three jobs: their leases expire at the limit.
+            lost = await broker.claim([DEFAULT_QUEUE], 3, worker_id="dead", lease=0.05)
+            assert len(lost) == 3
+            assert await enqueue_refused(broker)
+            async with app.worker(concurrency=8):
+                # Polling is fine here: the worker changes the state.
+                while await pending(broker):  # noqa: ASYNC110
+                    await anyio.sleep(0.1)
+                assert await enqueue_refused(broker) is False
+                # The worker's recovery pass notices the memory came back.
+                while not any("below maxmemory again" in r.message for r in caplog.records):  # noqa: ASYNC110
+                    await anyio.sleep(0.1)
+            counts = await broker.counts(DEFAULT_QUEUE)
+    assert sorted(ran) == list(range(total))
+    # Jobs 0-2 were the dead worker's (attempt 1 spent there): the others with
+    # n % 10 == 0 retried once.
+    assert {n for n, runs in ran.items() if runs != 1} == {n for n in ran if n % 10 == 0 and n > 2}
+    assert all(runs <= 2 for runs in ran.values())
+    assert counts[JobState.FAILED] == 0
+    warnings = [r for r in caplog.records if "is at maxmemory" in r.message]
+    assert len(warnings) == 1
+    assert warnings[0].levelno == logging.WARNING
+    assert "enqueues are refused; workers keep draining" in warnings[0].message
     admin.close()

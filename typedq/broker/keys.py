@@ -4,7 +4,9 @@ All names of one app share the prefix ``typedq:{<namespace>}:``. The braces are 
 Redis Cluster hash tag, so every key of an app lives in one slot and every Lua
 script may touch any of them atomically. Names that go into keys (namespace, queue,
 job id) are checked by :mod:`typedq.names` before they get here: none contains
-``:``, braces, glob characters or whitespace, so two names never share a key.
+braces, ``|``, glob characters or whitespace, and namespaces and queue names contain
+no ``:``. A job id may contain ``:`` (key-derived ids are ``<task>:<key>``), but it
+only ever ends a key after ``j:``, so two names still never share a key.
 
 The layout (``P`` is the prefix)::
 
@@ -22,12 +24,21 @@ The layout (``P`` is the prefix)::
                                    the string into the hash
     P q:<queue>:p         zset     priority levels that have waiting jobs (score -priority)
     P q:<queue>:w:<prio>  list     waiting ids of one level (LPUSH at the tail, RPOP
-                                   the head); entries of jobs that left ``waiting`` are
-                                   skipped lazily
+                                   the head); entries of jobs that left ``waiting``
+                                   without being popped (cancel, remove) stay behind
+    P q:<queue>:z         hash     '<prio>|<id>' -> number of such stale entries of the
+                                   id in that level; whoever pops an entry with a count
+                                   consumes one and skips it (a job's stale entries in
+                                   a level always precede its live one), so a re-used
+                                   id is claimed where a fresh job would be
     P q:<queue>:s         zset     scheduled ids -> run_at (µs)
     P q:<queue>:n         hash     state letter -> number of jobs (O(1) counts)
-    P claim:<worker>      string   the worker's last claim (token and ids, short TTL),
-                                   so a re-sent claim returns the same jobs
+    P r:<token>           string   a request record (60 s TTL) keyed by the token the
+                                   client made for one call: a claim's token and ids,
+                                   an enqueue's created flags ('0'/'1' per job), a
+                                   cancel's answer; a re-sent script (lost reply,
+                                   automatic retry) finds it and returns the first
+                                   copy's answer
 
 Channels: ``P ev:w`` (a queue got work: space-separated queue names), ``P ev:d``
 (jobs reached a final state: space-separated ids), ``P ev:x`` (a running job was
@@ -125,6 +136,11 @@ class Keys:
         """The hash of job counts per state of ``queue``."""
         return f"{self.prefix}q:{queue}:n"
 
-    def claim(self, worker_id: str) -> str:
-        """The record of a worker's last claim (makes a re-sent claim idempotent)."""
-        return f"{self.prefix}claim:{worker_id}"
+    def stale(self, queue: str) -> str:
+        """The hash counting stale waiting entries of ``queue`` by ``'<prio>|<id>'``."""
+        return f"{self.prefix}q:{queue}:z"
+
+    def request(self, token: str) -> str:
+        """The record of one call (claim, enqueue, cancel) under its client-made token:
+        a re-sent script returns the answer it holds instead of acting again."""
+        return f"{self.prefix}r:{token}"

@@ -14,9 +14,22 @@ Client settings (under test in tests/test_redis_faults.py): socket timeout 5 s,
 connect timeout 2 s, TCP keepalive, health checks every 10 s, and at most
 :data:`RETRIES` automatic retries on connection errors and timeouts with jittered
 exponential backoff (50 ms to 1 s). Automatic retries are safe because every
-script is idempotent when re-sent: enqueue deduplicates by the client-made id,
-claim records its client-made token so a re-sent claim returns the same jobs,
-and finishes fenced by a token answer ``ALREADY_FINISHED`` the second time.
+script is idempotent when re-sent, and a re-sent script answers what its first copy
+answered: claim, enqueue and cancel carry a token the client makes per call, and
+the script keeps its answer under that token for a minute (``P r:<token>``), so a
+re-sent claim returns the same jobs, a re-sent enqueue still answers
+``created=True`` for the jobs its first copy created and a re-sent cancel still
+answers ``CANCELLED``; finishes fenced by a token answer ``ALREADY_FINISHED`` the
+second time.
+
+Maxmemory: at the limit (``noeviction``), Redis refuses enqueues (and progress
+writes) whole, with :class:`~typedq.errors.BrokerError` naming maxmemory; every
+script that moves, finishes or deletes jobs (claim, complete, fail, release, renew,
+recover, cancel, retry, remove, purge) carries ``#!lua flags=allow-oom`` and keeps
+running, so workers drain the backlog and retention frees memory. A worker's
+recovery pass looks at ``INFO memory`` at most every :data:`MEMORY_CHECK_INTERVAL`
+seconds and logs one warning when Redis reaches maxmemory and one info line when it
+is below again.
 
 Memory: a job that no worker has claimed yet is one Redis string (a short text
 header and the compact job body), not a hash: a hash whose envelope field is over
@@ -88,6 +101,7 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "EPOCH_CHECK_INTERVAL",
     "HEALTH_CHECK_INTERVAL",
+    "MEMORY_CHECK_INTERVAL",
     "RETRIES",
     "SOCKET_TIMEOUT",
     "RedisBroker",
@@ -109,6 +123,17 @@ MAX_CONNECTIONS = 64
 _PUBSUB_PING_AFTER = 10.0
 #: At most one check of the epoch key per this many seconds (recovery passes and enqueues).
 EPOCH_CHECK_INTERVAL = 2.0
+#: At most one look at ``INFO memory`` (is Redis at maxmemory?) per this many seconds.
+MEMORY_CHECK_INTERVAL = 5.0
+#: Used memory at or over this share of maxmemory counts as "at maxmemory" (Redis
+#: refuses writes just past the limit; a little slack catches it before the refusal).
+_FULL_AT = 0.98
+#: ... and below this share as "below maxmemory again" (a margin, so one warning per
+#: episode instead of one per pass while memory hovers around the limit).
+_BELOW_AT = 0.95
+#: Bounds of one pipeline of enqueue_batches: scripts, and bytes of job bodies.
+_PIPELINE_SCRIPTS = 32
+_PIPELINE_BYTES = 8 * 1024 * 1024
 
 _MICRO = 1_000_000
 _MAX_TTL_US = 2**52  # "forever" that still fits a Lua double exactly
@@ -199,9 +224,29 @@ _SCRIPTS = _load_scripts()
 
 
 def _us(seconds: float) -> int:
-    if seconds <= 0:
+    """Seconds as integer microseconds, total: NaN and negatives are 0, +inf and huge
+    values are :data:`_MAX_TTL_US` (never an exception on the settle path)."""
+    try:
+        us = float(seconds) * _MICRO
+    except OverflowError:  # an int too large for a float
+        return _MAX_TTL_US if seconds > 0 else 0
+    except (TypeError, ValueError):
         return 0
-    return min(int(seconds * _MICRO), _MAX_TTL_US)
+    if not us > 0:  # also NaN
+        return 0
+    if us >= _MAX_TTL_US:
+        return _MAX_TTL_US
+    return int(us)
+
+
+def _request_token() -> str:
+    """A random token for one call (claim, enqueue, cancel): the key of its request
+    record, which makes a re-sent script return the first copy's answer."""
+    return secrets.token_hex(8)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1_048_576:.1f} MB"
 
 
 def _seconds(value: Any) -> float:
@@ -275,6 +320,9 @@ class RedisBroker(Broker):
         self._epoch_due = 0.0
         #: The last loss of data noticed (see check_epoch), or None.
         self.data_lost: RedisDataLost | None = None
+        # Whether Redis was at maxmemory at the last look, and when to look again.
+        self.at_maxmemory = False
+        self._memory_due = 0.0
 
     def __repr__(self) -> str:
         return f"RedisBroker({redact_url(self.url)!r}, namespace={self.settings.namespace!r})"
@@ -415,6 +463,51 @@ class RedisBroker(Broker):
         log.error("%s", self.data_lost)
         return False
 
+    async def check_memory(self) -> bool:
+        """Look at ``INFO memory``; True when Redis is at maxmemory.
+
+        Logs one warning when Redis reaches maxmemory and one info line when it is
+        below again; kept in :attr:`at_maxmemory`. Run by a worker's recovery pass at
+        most every :data:`MEMORY_CHECK_INTERVAL` seconds. Quietly skipped when the ACL
+        user may not run INFO, and on errors (the recovery script meets them too).
+        """
+        self._memory_due = time.monotonic() + MEMORY_CHECK_INTERVAL
+        try:
+            info = await self._conn().info("memory")
+        except rexc.NoPermissionError:
+            self._memory_due = math.inf  # denied once, denied always: stop asking
+            return self.at_maxmemory
+        except (rexc.RedisError, OSError):
+            return self.at_maxmemory
+        used, limit = _int(info.get("used_memory")), _int(info.get("maxmemory"))
+        if limit <= 0:
+            full = False
+        elif self.at_maxmemory:
+            full = used >= limit * _BELOW_AT
+        else:
+            full = used >= limit * _FULL_AT
+        if full and not self.at_maxmemory:
+            policy = _text(info.get("maxmemory_policy", b"noeviction"))
+            log.warning(
+                "%s is at maxmemory (used %s of %s, policy %s): enqueues are refused; "
+                "workers keep draining (claim, complete, fail, recover still run) and "
+                "memory comes back as retention removes finished jobs. Raise maxmemory or "
+                "lower the retention (completed_ttl/completed_max) to recover sooner",
+                self._where,
+                _mb(used),
+                _mb(limit),
+                policy,
+            )
+        elif self.at_maxmemory and not full:
+            log.info(
+                "%s is below maxmemory again (used %s of %s): enqueues are accepted",
+                self._where,
+                _mb(used),
+                _mb(limit),
+            )
+        self.at_maxmemory = full
+        return full
+
     async def close(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
@@ -455,29 +548,34 @@ class RedisBroker(Broker):
         return text
 
     def _raise(self, exc: BaseException, op: str) -> NoReturn:
+        raise self._error(exc, op) from None
+
+    def _error(self, exc: BaseException, op: str) -> BrokerError:
+        """The typedq error for a Redis client error met by ``op``."""
         detail = self._scrub(str(exc))
         if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
-            raise BrokerError(f"{self._where} refused the credentials ({op}): {detail}") from None
+            return BrokerError(f"{self._where} refused the credentials ({op}): {detail}")
         if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | OSError):
-            raise BrokerUnavailable(f"{self._where} is unreachable ({op}): {detail}") from None
+            return BrokerUnavailable(f"{self._where} is unreachable ({op}): {detail}")
         if isinstance(exc, rexc.NoPermissionError):
-            raise BrokerError(
+            return BrokerError(
                 f"{self._where} denied {op} to this ACL user: {detail}. The user needs "
                 f"~{self.keys.prefix}* and &{self.keys.prefix}*, +@read +@write +@scripting "
                 "+@pubsub +time +info"
-            ) from None
+            )
         if isinstance(exc, rexc.OutOfMemoryError):
-            raise BrokerError(
-                f"{self._where} is out of memory (maxmemory reached); {op} was refused and "
-                "changed nothing"
-            ) from None
+            return BrokerError(
+                f"{self._where} is at maxmemory (out of memory, noeviction): {op} was "
+                "refused and changed nothing. Workers keep draining jobs, and memory comes "
+                "back as retention removes finished jobs; retry later, or raise maxmemory"
+            )
         if isinstance(exc, rexc.ResponseError) and detail.startswith("TYPEDQ_QUEUE_FULL"):
             _, queue, pending, extra, limit = detail.split()
-            raise QueueFull(
+            return QueueFull(
                 f"queue {queue!r} holds {pending} pending jobs; adding {extra} would pass "
                 f"max_queue_length={limit}"
-            ) from None
-        raise BrokerError(f"{self._where}: {op} failed: {detail}") from None
+            )
+        return BrokerError(f"{self._where}: {op} failed: {detail}")
 
     @contextlib.contextmanager
     def _translate(self, op: str) -> Iterator[None]:
@@ -537,22 +635,94 @@ class RedisBroker(Broker):
         if not messages:
             self._conn()
             return []
+        keys, args, _ = self._enqueue_call(messages)
+        if time.monotonic() >= self._epoch_due:
+            await self.check_epoch()
+        created = await self._eval("enqueue", keys, args)
+        return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
+
+    def _enqueue_call(self, messages: Sequence[JobMessage]) -> tuple[list[str], list[Any], int]:
+        """Keys and arguments of one enqueue script, and the bytes of its job bodies."""
         args: list[Any] = [self.keys.prefix, self.settings.max_queue_length, len(messages)]
+        size = 0
         for m in messages:
             check_job_id(m.id)
             check_name("queue", m.queue)
-            args += (
-                m.id,
-                m.queue,
-                str(int(m.priority)),
-                _us(m.eta),
-                _us(m.delay),
-                _encode_body(m),
-            )
-        if time.monotonic() >= self._epoch_due:
+            body = _encode_body(m)
+            size += len(body)
+            args += (m.id, m.queue, str(int(m.priority)), _us(m.eta), _us(m.delay), body)
+        return [self.keys.seq, self.keys.request(_request_token())], args, size
+
+    async def enqueue_batches(
+        self, batches: Sequence[Sequence[JobMessage]]
+    ) -> list[list[EnqueueOutcome] | Exception]:
+        """Store ``batches`` in order, each atomically: one enqueue script per batch,
+        pipelined in order on one connection (at most 32 scripts or ~8 MB of bodies per
+        round trip), so Redis runs them in input order (FIFO across the batches) and each
+        checks ``max_queue_length`` itself.
+
+        Per batch: its outcomes, or the error that refused it (:class:`QueueFull`, a
+        :class:`BrokerError` such as maxmemory), which stored nothing of it. When the
+        connection fails (after redis-py's retries, whose re-sent scripts answer what
+        their first copies answered) during the first round trip, it raises
+        :class:`BrokerUnavailable`; during a later one, the batches of that round trip
+        and after it get a :class:`BrokerUnavailable` each: those may or may not be
+        stored, and sending them again with the same ids is safe (ids deduplicate).
+        """
+        calls = [self._enqueue_call(batch) if batch else None for batch in batches]
+        if time.monotonic() >= self._epoch_due and any(calls):
             await self.check_epoch()
-        created = await self._eval("enqueue", [self.keys.seq], args)
-        return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
+        results: list[list[EnqueueOutcome] | Exception] = []
+        i = 0
+        while i < len(batches):
+            # One pipeline: consecutive batches up to the bounds (at least one).
+            j, size = i, 0
+            while j < len(batches) and j - i < _PIPELINE_SCRIPTS:
+                call = calls[j]
+                extra = call[2] if call is not None else 0
+                if j > i and size + extra > _PIPELINE_BYTES:
+                    break
+                size += extra
+                j += 1
+            sent = [(n, c) for n in range(i, j) if (c := calls[n]) is not None]
+            replies: list[Any] = []
+            if sent:
+                pipe = self._conn().pipeline(transaction=False)
+                execute: Any = pipe.execute_command  # untyped in redis-py
+                sha = _SCRIPTS["enqueue"][1]
+                for _, (keys, args, _) in sent:
+                    execute("EVALSHA", sha, len(keys), *keys, *args)
+                try:
+                    replies = await pipe.execute(raise_on_error=False)
+                except (rexc.RedisError, OSError) as exc:
+                    error = self._error(exc, "enqueue")
+                    if not results:
+                        raise error from None
+                    results.extend(error for _ in range(i, len(batches)))
+                    return results
+            by_batch = dict(zip((n for n, _ in sent), replies, strict=True))
+            for n in range(i, j):
+                call, batch = calls[n], batches[n]
+                if call is None:
+                    results.append([])
+                    continue
+                reply = by_batch[n]
+                if isinstance(reply, rexc.NoScriptError):
+                    # Script cache flushed: nothing of this batch ran; send it alone.
+                    try:
+                        reply = await self._eval("enqueue", call[0], call[1])
+                    except BrokerError as exc:
+                        reply = exc
+                elif isinstance(reply, Exception):
+                    reply = self._error(reply, "enqueue")
+                if isinstance(reply, Exception):
+                    results.append(reply)
+                else:
+                    results.append(
+                        [EnqueueOutcome(m.id, bool(c)) for m, c in zip(batch, reply, strict=True)]
+                    )
+            i = j
+        return results
 
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
         if not ids:
@@ -617,7 +787,9 @@ class RedisBroker(Broker):
     async def cancel(self, job_id: str) -> CancelOutcome:
         ttl, cap = self._retention(completed=False)
         outcome = await self._eval(
-            "cancel", [self.keys.done_cancelled], [self.keys.prefix, ttl, cap, job_id]
+            "cancel",
+            [self.keys.done_cancelled, self.keys.request(_request_token())],
+            [self.keys.prefix, ttl, cap, job_id],
         )
         return CancelOutcome(_text(outcome))
 
@@ -646,12 +818,16 @@ class RedisBroker(Broker):
         if not queues:
             raise ConfigError("claim needs at least one queue")
         self._claim_gen[tuple(queues)] = self._gen(queues)
-        keys = [self.keys.active, self.keys.seq, self.keys.claim(worker_id)]
+        token = _request_token()
+        # The claim record is keyed by this claim's token, not by the worker: a worker
+        # has several claims in flight (claim loop, complete_and_claim), and a re-send
+        # of one must find its own record, not a sibling's.
+        keys = [self.keys.active, self.keys.seq, self.keys.request(token)]
         args: list[Any] = [
             self.keys.prefix,
             max(0, limit),
             max(1, _us(lease)),
-            secrets.token_hex(8),
+            token,
             worker_id,
             len(queues),
             *queues,
@@ -838,6 +1014,8 @@ class RedisBroker(Broker):
     async def recover_stalled(self, limit: int = 1000) -> int:
         if time.monotonic() >= self._epoch_due:
             await self.check_epoch()
+        if time.monotonic() >= self._memory_due:
+            await self.check_memory()
         cttl, ccap = self._retention(completed=True)
         fttl, fcap = self._retention(completed=False)
         k = self.keys

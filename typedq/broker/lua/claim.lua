@@ -1,10 +1,11 @@
-#!lua
+#!lua flags=allow-oom
 -- Claim up to `limit` due jobs across queues: highest priority first, then oldest.
 -- Promotes due scheduled jobs first. Each claimed job gets the token
--- '<claim token>.<i>'; the claim token is chosen by the client, and the claim is
--- recorded under the worker, so a re-sent claim (lost reply, client retry) returns
--- the same jobs instead of claiming more.
--- KEYS[1] = active, KEYS[2] = seq, KEYS[3] = this worker's claim record
+-- '<claim token>.<i>'; the claim token is chosen by the client per claim, and the
+-- claim is recorded under that token (not under the worker: one worker has several
+-- claims in flight), so a re-sent claim (lost reply, client retry) returns the same
+-- jobs instead of claiming more. Runs at maxmemory (allow-oom): draining frees memory.
+-- KEYS[1] = active, KEYS[2] = seq, KEYS[3] = this claim's record (P r:<claim token>)
 -- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...
 -- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
 --          attempt, enqueued_at_us, stalls, queue}
@@ -85,27 +86,55 @@ local function head_of(q)
   end
 end
 
-local function head_order(lk)
-  local id = redis.call('LINDEX', lk, -1)
-  if not id then return 0 end
-  local r = read_job(id, 'o')
-  return r and tonumber(r[1]) or 0
-end
-
 local claimed, pops = 0, 0
 local max_pops = limit + 1000  -- stale entries are skipped, but not without bound
+
+-- The order of a level's head job, for comparing queues. Stale entries at the head
+-- are popped first (they would compare with their id's newer order): nil when the
+-- list ran empty. An entry with no readable job compares as oldest (activate decides).
+local function head_order(q, prio, lk)
+  while pops < max_pops do
+    local id = redis.call('LINDEX', lk, -1)
+    if not id then return nil end
+    local stale = take_stale(q, prio, id)
+    if not stale then
+      local r = read_job(id, 's', 'q', 'p', 'o')
+      if not r then return 0 end
+      if r[1] == 'w' and (not r[2] or r[2] == q) and sane_prio(r[3]) == prio then
+        return tonumber(r[4]) or 0
+      end
+    end
+    redis.call('RPOP', lk)
+    pops = pops + 1
+  end
+  return 0
+end
+
+-- The best level of one queue with a live head: priority, list key, head order.
+local function live_head(q)
+  while true do
+    local prio, lk = head_of(q)
+    if not prio then return nil end
+    local o = head_order(q, prio, lk)
+    if o then return prio, lk, o end
+  end
+end
 local lease_until = now + lease
 local ids = {}
 
-local function activate(id, q)
+local function activate(id, q, prio)
+  -- A counted stale entry (the job left waiting, maybe came back under this id):
+  -- consumed and skipped, so the job is claimed only through its live entry.
+  if take_stale(q, prio, id) then return end
   local jk = k_job(id)
   local ty = redis.call('TYPE', jk).ok
   if ty == 'none' then return end  -- an id with no job behind it: dropped
   local f
   if ty == 'hash' then
-    local r = redis.call('HMGET', jk, 's', 'q', 'm', 'a', 'e', 'k')
-    -- A stale entry: the job left waiting meanwhile (or is waiting in another queue).
-    if r[1] ~= 'w' or (r[2] and r[2] ~= q) then return end
+    local r = redis.call('HMGET', jk, 's', 'q', 'm', 'a', 'e', 'k', 'p')
+    -- A stale entry: the job left waiting meanwhile (or waits in another queue or
+    -- at another priority level).
+    if r[1] ~= 'w' or (r[2] and r[2] ~= q) or sane_prio(r[7]) ~= prio then return end
     claimed = claimed + 1
     local attempt = (tonumber(r[4]) or 0) + 1
     local tok = token .. '.' .. claimed
@@ -117,7 +146,7 @@ local function activate(id, q)
     if ty == 'string' then
       local raw = redis.call('GET', jk)
       f = parse_rec(raw)
-      if f and (f.s ~= 'w' or f.q ~= q) then return end  -- stale entry
+      if f and (f.s ~= 'w' or f.q ~= q or sane_prio(f.p) ~= prio) then return end  -- stale
       -- Bytes that are not a job: keep them as the job's body, so the worker fails
       -- this job with reason decode_error instead of losing it. (They most likely
       -- replaced a counted waiting job, so the counts stay as they are.)
@@ -145,25 +174,20 @@ local function activate(id, q)
 end
 
 while claimed < limit and pops < max_pops do
-  local bq, blk
+  local bq, blk, bprio
   if nq == 1 then
-    local prio
-    prio, blk = head_of(queues[1])
-    if not prio then break end
+    bprio, blk = head_of(queues[1])
+    if not bprio then break end
     bq = queues[1]
   else
     local bestp, besto
     for _, q in ipairs(queues) do
-      local prio, lk = head_of(q)
+      local prio, lk, o = live_head(q)
       if prio then
         local p = tonumber(prio)
-        if not bq or p > bestp then
-          bq, blk, bestp, besto = q, lk, p, nil
-        elseif p == bestp then
-          -- Equal priority in two queues: the older head goes first.
-          besto = besto or head_order(blk)
-          local o = head_order(lk)
-          if o < besto then bq, blk, besto = q, lk, o end
+        -- Higher priority first; equal priority in two queues: the older head.
+        if not bq or p > bestp or (p == bestp and o < besto) then
+          bq, blk, bprio, bestp, besto = q, lk, prio, p, o
         end
       end
     end
@@ -176,12 +200,12 @@ while claimed < limit and pops < max_pops do
   if not popped then popped = {} end
   for _, id in ipairs(popped) do
     pops = pops + 1
-    activate(id, bq)
+    activate(id, bq, bprio)
   end
 end
 
 if claimed > 0 then
-  redis.call('SET', KEYS[3], token .. '\n' .. table.concat(ids, '\n'), 'PX', 60000)
+  redis.call('SET', KEYS[3], token .. '\n' .. table.concat(ids, '\n'), 'PX', REQ_TTL_MS)
 end
 if claimed < limit then
   if pops >= max_pops then

@@ -11,6 +11,8 @@ local function k_levels(q) return P .. 'q:' .. q .. ':p' end
 local function k_wait(q, prio) return P .. 'q:' .. q .. ':w:' .. prio end
 local function k_sched(q) return P .. 'q:' .. q .. ':s' end
 local function k_counts(q) return P .. 'q:' .. q .. ':n' end
+local function k_stale(q) return P .. 'q:' .. q .. ':z' end
+local function k_req(tok) return P .. 'r:' .. tok end
 local CH_WORK = P .. 'ev:w'
 local CH_DONE = P .. 'ev:d'
 local CH_CANCEL = P .. 'ev:x'
@@ -182,4 +184,33 @@ local function finalize(id, q, from, state, done_key, now)
   count(q, from, -1)
   count(q, state, 1)
   done_ids[#done_ids + 1] = id
+end
+
+-- Milliseconds a request record (a claim's jobs, an enqueue's or a cancel's answer)
+-- is kept: longer than redis-py's whole retry window, so a re-sent script (lost
+-- reply, automatic retry) finds the first copy's answer and returns it.
+local REQ_TTL_MS = 60000
+
+-- Stale waiting entries. A waiting job that leaves its level list without being
+-- popped (cancel, remove) leaves its entry behind (O(1) instead of an O(n) LREM);
+-- the entry is counted in the queue's stale hash under '<prio>|<id>'. Stale entries
+-- of one id in one level always precede its live entry (a job gets a new entry only
+-- while it has none live), so whoever pops an entry with a count consumes one and
+-- skips it: a re-used id is claimed where a fresh job would be, never earlier.
+-- Per queue: does its stale hash exist (nil: not looked yet)? Most queues have no
+-- stale entries at all; then a claim pays one EXISTS, not one HGET per job.
+local stale_any = {}
+local function mark_stale(q, prio, id)
+  redis.call('HINCRBY', k_stale(q), prio .. '|' .. id, 1)
+  stale_any[q] = true
+end
+
+local function take_stale(q, prio, id)
+  local sk, field = k_stale(q), prio .. '|' .. id
+  if stale_any[q] == nil then stale_any[q] = redis.call('EXISTS', sk) == 1 end
+  if not stale_any[q] then return false end
+  local c = tonumber(redis.call('HGET', sk, field))
+  if not c then return false end
+  if c <= 1 then redis.call('HDEL', sk, field) else redis.call('HINCRBY', sk, field, -1) end
+  return true
 end

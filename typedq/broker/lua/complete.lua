@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- Finish jobs as completed, fenced by token. Outcome per item: 0 OK,
 -- 1 ALREADY_FINISHED (same token, a re-sent request), 2 LEASE_LOST, 3 NOT_FOUND.
 -- KEYS[1] = active, KEYS[2] = done:c

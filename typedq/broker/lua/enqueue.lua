@@ -1,7 +1,11 @@
 #!lua
 -- Store a batch of jobs, each as one job string (see keys.py); an existing id is
--- not replaced (created = 0).
--- KEYS[1] = seq
+-- not replaced (created = 0), and a repeated id in the batch is stored once (its
+-- first occurrence). max_queue_length counts only the jobs this call creates.
+-- Refused at maxmemory (no allow-oom flag): enqueues are what fills Redis.
+-- A re-sent call (same request record: lost reply, client retry) returns the first
+-- copy's answer, so the jobs it created still answer created = 1.
+-- KEYS[1] = seq, KEYS[2] = this call's request record (P r:<request token>)
 -- ARGV: P, max_queue_length, n, then n x (id, queue, priority, eta_us, delay_us, body)
 local limit, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not limit or not is_int(n) or n < 0 or #ARGV ~= 3 + 6 * n then return bad_args('enqueue') end
@@ -13,6 +17,13 @@ for i = 0, n - 1 do
       or not tonumber(ARGV[b + 3]) or not tonumber(ARGV[b + 4]) then
     return bad_args('enqueue')
   end
+end
+
+local prev = redis.pcall('GET', KEYS[2])
+if type(prev) == 'string' and #prev == n then
+  local again = {}
+  for i = 1, n do again[i] = string.byte(prev, i) - 48 end
+  return again
 end
 
 local now = now_us()
@@ -83,6 +94,7 @@ for _, entry in ipairs(list_order) do
   end
   redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
 end
+if fresh > 0 then redis.call('SET', KEYS[2], table.concat(out), 'PX', REQ_TTL_MS) end
 flush_counts()
 publish()
 return out

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- The app's epoch: written once, when missing, as '<Redis unix time>-<candidate>'.
 -- Only a loss of data removes or replaces it (a restart without persistence,
 -- FLUSHALL/FLUSHDB, a failover to an empty replica), so a client that remembers

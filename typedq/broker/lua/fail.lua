@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- Record failed attempts, fenced by token (outcomes as in complete.lua).
 -- mode 'r': retry after delay_us (0 = waiting at once) unless a cancel was requested;
 -- 'f': failed for good; 'x': cancelled. A non-empty `message` replaces the stored

@@ -1,5 +1,5 @@
 #!lua flags=no-writes
 -- For tests only: the key names common.lua derives, to check them against keys.py.
--- ARGV: P, queue, priority, id
+-- ARGV: P, queue, priority, id, request token
 return {k_job(ARGV[4]), k_levels(ARGV[2]), k_wait(ARGV[2], ARGV[3]), k_sched(ARGV[2]),
-  k_counts(ARGV[2]), CH_WORK, CH_DONE, CH_CANCEL}
+  k_counts(ARGV[2]), k_stale(ARGV[2]), k_req(ARGV[5]), CH_WORK, CH_DONE, CH_CANCEL}

@@ -1,7 +1,8 @@
 #!lua flags=no-writes
 -- Ids of up to `limit` jobs of one queue in one state, skipping `offset` (for inspect).
 -- waiting: claim order (priority levels, then list order; `offset` counts list
--- positions, so stale entries make pages a little shorter); scheduled: due time;
+-- positions, so stale entries make pages a little shorter; a stale entry is never
+-- listed: only a job's live entry, the newest of its level, is); scheduled: due time;
 -- active: start time (the global lease set is scanned, bounded); final states:
 -- most recently finished first (the global finished set is scanned, bounded).
 -- KEYS[1] = active, KEYS[2] = done:c, KEYS[3] = done:f, KEYS[4] = done:x
@@ -26,9 +27,17 @@ if state == 'w' then
       local a, b = math.max(offset, pos), math.min(offset + limit, pos + len)
       if a < b then
         -- claim-order indexes [a-pos, b-pos) are list indexes [len-(b-pos), len-1-(a-pos)]
-        local ids = redis.call('LRANGE', lk, len - (b - pos), len - 1 - (a - pos))
+        local first = len - (b - pos)
+        local ids = redis.call('LRANGE', lk, first, len - 1 - (a - pos))
+        local sk = k_stale(q)
         for i = #ids, 1, -1 do
-          if ours(ids[i], 'w') then out[#out + 1] = ids[i] end
+          local id = ids[i]
+          local r = read_job(id, 's', 'q', 'p')
+          if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio
+              and (not redis.call('HGET', sk, prio .. '|' .. id)
+                or redis.call('LPOS', lk, id) == first + i - 1) then
+            out[#out + 1] = id
+          end
         end
       end
       pos = pos + len

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- Delete up to `budget` jobs of one queue in one state; bounded work per call, the
 -- client calls again with the returned cursor until it is -1.
 -- KEYS[1] = active, KEYS[2] = done:c, KEYS[3] = done:f, KEYS[4] = done:x
@@ -28,8 +28,11 @@ if state == 'w' then
       local popped = redis.call('RPOP', lk, budget - seen) or {}
       for _, id in ipairs(popped) do
         seen = seen + 1
-        local r = read_job(id, 's', 'q')
-        if r and r[1] == 'w' and r[2] == q then drop(id) end
+        -- A counted stale entry is consumed; only a live entry drops its job.
+        if not take_stale(q, t[1], id) then
+          local r = read_job(id, 's', 'q', 'p')
+          if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == t[1] then drop(id) end
+        end
       end
       if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', k_levels(q), t[1]) end
     end

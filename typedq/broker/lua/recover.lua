@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- Recover up to `limit` jobs whose lease expired, then trim retention. Each job is
 -- recovered once however many workers race (one atomic script). The stall count
 -- is bumped; past max_stalls the job fails with reason 'stalled', and a job whose

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- Hand claimed jobs back unrun (worker shutdown): waiting again at their old place,
 -- the attempt not spent; cancelled instead if a cancel was requested meanwhile.
 -- KEYS[1] = active, KEYS[2] = done:x

@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- Extend leases, fenced by token. Status per lease: 0 OK, 1 LOST, 2 CANCEL_REQUESTED.
 -- KEYS[1] = active
 -- ARGV: P, lease_us, n, then n x (id, token)

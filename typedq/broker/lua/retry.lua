@@ -1,4 +1,4 @@
-#!lua
+#!lua flags=allow-oom
 -- Put failed or cancelled jobs back to waiting (tail of their level, fresh attempt
 -- and stall counts; finish time, result, error, progress cleared).
 -- KEYS[1] = seq, KEYS[2] = done:f, KEYS[3] = done:x
