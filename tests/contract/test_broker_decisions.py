@@ -29,6 +29,9 @@ from typedq.broker.base import (
 
 pytestmark = pytest.mark.anyio
 
+#: A lease token no claim ever handed out.
+STRANGER = "not-a-claim-token"
+
 
 async def claim_all(broker: Broker, limit: int = 1000) -> list[str]:
     """Ids of every claimable job of queue ``q``, in claim order (several claims)."""
@@ -194,3 +197,49 @@ async def test_enqueue_many_is_claimed_in_input_order(app_name: str, broker_url:
             assert [o.id for o in outcomes] == [m.id for m in messages]
             assert all(o.created for o in outcomes)
             assert await claim_all(app.broker, limit=2_500) == [m.id for m in messages]
+
+
+# -- hand-backs keep their place; finishes of unclaimed jobs ------------------------
+
+
+@pytest.mark.parametrize("how", ["release", "release-then-recover"])
+async def test_jobs_handed_back_one_call_at_a_time_keep_their_order(
+    app_name: str, broker_url: str, how: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        for job_id in ("a", "b", "c"):
+            await broker.enqueue([msg(job_id=job_id)])
+        short = 0.001 if how == "release-then-recover" else 60
+        claimed = await broker.claim(["q"], 2, worker_id="w", lease=60)
+        assert [c.message.id for c in claimed] == ["a", "b"]
+        a, b = claimed
+        # `a` comes back first, then `b` in another call (a release, or a recovery of
+        # an expired lease): both must be claimed before `c`, oldest first.
+        assert await broker.release([Release("a", a.token)]) == [FinishOutcome.OK]
+        if how == "release":
+            assert await broker.release([Release("b", b.token)]) == [FinishOutcome.OK]
+        else:
+            assert await broker.renew([("b", b.token)], short) is not None
+            await anyio.sleep(0.05)
+            assert await broker.recover_stalled() == 1
+        assert await claim_all(broker) == ["a", "b", "c"]
+
+
+async def test_a_finish_of_a_job_never_claimed_is_lease_lost(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([msg(job_id="x"), msg(job_id="later", delay=3600)])
+        for job_id in ("x", "later"):
+            assert await broker.complete([Completion(job_id, STRANGER, b"")]) == [
+                FinishOutcome.LEASE_LOST
+            ]
+            assert await broker.fail([Failure(id=job_id, token=STRANGER, error=b"")]) == [
+                FinishOutcome.LEASE_LOST
+            ]
+            assert await broker.release([Release(job_id, STRANGER)]) == [FinishOutcome.LEASE_LOST]
+        assert await broker.complete([Completion("missing", STRANGER, b"")]) == [
+            FinishOutcome.NOT_FOUND
+        ]
+        assert count(await broker.counts("q"), JobState.WAITING) == 1
+        assert count(await broker.counts("q"), JobState.SCHEDULED) == 1

@@ -280,6 +280,14 @@ class MemoryBroker(Broker):
 
     async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         self._check()
+        for message in messages:
+            # What a networked broker refuses when it encodes the envelope: the
+            # embedded one refuses it too (and stores nothing of the batch).
+            if not isinstance(message.payload, bytes):
+                raise TypeError(
+                    f"job {message.id!r}: the payload must be bytes (an encoded model), "
+                    f"not {type(message.payload).__name__}"
+                )
         now = self.clock()
         limit = self.settings.max_queue_length
         if limit:

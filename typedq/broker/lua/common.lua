@@ -131,11 +131,68 @@ local function push_waiting(q, prio, id, at_head)
   redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
 end
 
--- Jobs handed back with their old place (release, stall recovery): the oldest
--- must end up at the head, so push them newest first.
+-- How many entries at the head of a level list a hand-back looks at to find its
+-- jobs' old places (bounded work; past it they go behind the entries looked at).
+local PLACE_SCAN = 64
+
+-- Jobs handed back with their old place (release, stall recovery): each goes back
+-- among the waiting jobs of its level by its enqueue order `o`, as if it had never
+-- left, also when jobs come back one call at a time. Handed-back jobs are usually
+-- older than every waiting job, so their place is at or near the head: the script
+-- pops at most PLACE_SCAN head entries, merges the jobs in by order and pushes the
+-- lot back. Entries that are not live here (stale or dead) stay in front of the
+-- live ones, in their own order, so a stale entry still precedes its id's live one.
+-- back: {id, queue, prio, order} per job.
 local function push_back_in_order(back)
-  table.sort(back, function(x, y) return x[4] > y[4] end)
-  for _, b in ipairs(back) do push_waiting(b[2], b[3], b[1], true) end
+  local levels = {}
+  for _, b in ipairs(back) do
+    local lk = k_wait(b[2], b[3])
+    local g = levels[lk]
+    if not g then
+      g = {q = b[2], prio = b[3], items = {}}
+      levels[lk] = g
+    end
+    g.items[#g.items + 1] = {b[1], b[4], false}
+  end
+  for lk, g in pairs(levels) do
+    local dead, live = {}, g.items
+    local popped = redis.call('RPOP', lk, PLACE_SCAN)
+    if popped then
+      local sk = k_stale(g.q)
+      local has_stale = redis.call('EXISTS', sk) == 1
+      local seen = {}
+      for _, id in ipairs(popped) do
+        local stale = 0
+        if has_stale then stale = tonumber(redis.call('HGET', sk, g.prio .. '|' .. id)) or 0 end
+        seen[id] = (seen[id] or 0) + 1
+        local r = read_job(id, 's', 'q', 'p', 'o')
+        if seen[id] <= stale or not r or r[1] ~= 'w' or (r[2] and r[2] ~= g.q)
+            or sane_prio(r[3]) ~= g.prio then
+          dead[#dead + 1] = id
+        else
+          live[#live + 1] = {id, tonumber(r[4]) or 0, true}
+        end
+      end
+    end
+    -- Oldest first; on equal order (garbage), entries that were in the list first.
+    table.sort(live, function(x, y)
+      if x[2] ~= y[2] then return x[2] < y[2] end
+      return x[3] and not y[3]
+    end)
+    -- RPUSH adds at the head: push the newest first, so the oldest ends up first out;
+    -- the dead entries go last (first out), in the order they were popped.
+    for i = #live, 1, -1 do redis.call('RPUSH', lk, live[i][1]) end
+    for i = #dead, 1, -1 do redis.call('RPUSH', lk, dead[i]) end
+    redis.call('ZADD', k_levels(g.q), -tonumber(g.prio), g.prio)
+  end
+end
+
+-- The answer of a fenced finish for a job that has no job hash: a job that exists but
+-- was never claimed (still a job string) is not ours to finish (LEASE_LOST, as for
+-- any job that is not active under the token); no job at all is NOT_FOUND.
+local function not_active_answer(id)
+  if redis.call('EXISTS', k_job(id)) == 1 then return 2 end
+  return 3
 end
 
 -- A FailureRecord (typedq.errors) as msgpack: a map with the struct's field names.

@@ -14,7 +14,7 @@ for i = 0, n - 1 do
   local id, tok = ARGV[b], ARGV[b + 1]
   local r = read_hash(id, 's', 't', 'd', 'q')
   if not r then
-    out[i + 1] = 3
+    out[i + 1] = not_active_answer(id)
   elseif r[1] == 'a' and r[2] == tok then
     redis.call('HSET', k_job(id), 'res', ARGV[b + 2], 'd', tok)
     redis.call('ZREM', KEYS[1], id)

@@ -24,7 +24,7 @@ for i = 0, n - 1 do
   local id, tok, mode, delay = ARGV[b], ARGV[b + 1], ARGV[b + 3], tonumber(ARGV[b + 4])
   local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p')
   if not r then
-    out[i + 1] = 3
+    out[i + 1] = not_active_answer(id)
   elseif r[1] == 'a' and r[2] == tok then
     local jk = k_job(id)
     local q = r[4] or ''

@@ -15,7 +15,7 @@ for i = 0, n - 1 do
   local id, tok = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
   local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o', 'w')
   if not r then
-    out[i + 1] = 3
+    out[i + 1] = not_active_answer(id)
   elseif r[1] == 'a' and r[2] == tok then
     local jk = k_job(id)
     local q = r[4] or ''
