@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+import anyio
 import msgspec
 import redis.asyncio as aioredis
 
@@ -30,9 +31,10 @@ app = App(
 
 
 class Tick(msgspec.Struct, frozen=True):
-    """One unit of test work; ``n`` is its index in the run."""
+    """One unit of test work: ``n`` is its index in the run, ``sleep`` its seconds of work."""
 
     n: int
+    sleep: float = 0.0
 
 
 _ledger: aioredis.Redis | None = None
@@ -48,5 +50,7 @@ def ledger() -> aioredis.Redis:
 
 @app.task
 async def tick(job: Tick, ctx: JobContext) -> None:
-    """Record this execution (job id, process, attempt) and return."""
+    """Record this execution (job id, process, attempt), then work ``sleep`` seconds."""
     await ledger().rpush("starts", f"{ctx.job_id} {os.getpid()} {ctx.attempt}")
+    if job.sleep:
+        await anyio.sleep(job.sleep)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import anyio
@@ -128,12 +130,22 @@ class FaultRun:
             if pattern in line
         ]
 
+    def log_digest(self, top: int = 8) -> list[str]:
+        """The most frequent WARNING/ERROR lines of the worker logs, numbers masked."""
+        counts: Counter[str] = Counter()
+        for line in self.worker_logs(""):
+            if "WARNING" in line or "ERROR" in line or "Error" in line:
+                counts[re.sub(r"[0-9A-Fa-f]{6,}|\d+(\.\d+)?", "#", line)[:200]] += 1
+        return [f"{n} x {text}" for text, n in counts.most_common(top)]
+
     # -- producer -------------------------------------------------------------------------
 
-    async def produce(self, total: int, *, seconds: float, chunk: int = 250) -> None:
+    async def produce(
+        self, total: int, *, seconds: float, work: float = 0.0, chunk: int = 250
+    ) -> None:
         """Enqueue ``total`` jobs with fixed ids, spread over ``seconds``, through ``worker_url``.
 
-        A chunk whose enqueue fails (a fault hit it) is sent again as is: the ids are
+        Each job works ``work`` seconds. A chunk whose enqueue fails (a fault hit it) is sent again as is: the ids are
         fixed, so a chunk that was in fact stored is not stored twice.
         """
         app = netfault_app.app
@@ -142,7 +154,9 @@ class FaultRun:
         async with app:
             for offset in range(0, total, chunk):
                 messages = [
-                    netfault_app.tick.message(netfault_app.Tick(n=n), job_id=f"n{n:07d}")
+                    netfault_app.tick.message(
+                        netfault_app.Tick(n=n, sleep=work), job_id=f"n{n:07d}"
+                    )
                     for n in range(offset, min(total, offset + chunk))
                 ]
                 self.history.note_enqueued(m.id for m in messages)

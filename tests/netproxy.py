@@ -130,8 +130,12 @@ class NetProxy:
     # -- controls -------------------------------------------------------------------------
 
     def drop_next_reply(self, count: int = 1) -> None:
-        """Swallow the next ``count`` server->client chunks, cutting each one's connection."""
-        self._drop_replies += count
+        """Swallow the next ``count`` server->client chunks, cutting each one's connection.
+
+        Calls do not add up while no reply flows: at most ``count`` drops are pending, so
+        a periodic call drops replies at its pace, never a burst after a quiet spell.
+        """
+        self._drop_replies = max(self._drop_replies, count)
 
     def blackhole(self, seconds: float, *, deliver: bool = True) -> None:
         """Forward nothing on any connection (old or new) for ``seconds``.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import pytest
@@ -34,8 +35,11 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio]
 
 TOTAL = 5_000
 WORKERS = 2
-#: Jobs are enqueued over this many seconds, so the faults hit a flowing queue.
-PRODUCE_SECONDS = 8.0
+#: Jobs are enqueued over this many seconds (faster than they run: a backlog forms).
+PRODUCE_SECONDS = 2.0
+#: Seconds each job works (asleep): 2 x 32 slots run ~640 jobs/s, so a run keeps every
+#: slot busy for ~8 s, with claims in flight all the time while the faults hit.
+WORK = 0.1
 #: Seconds after the last enqueue within which every job must have completed. Generous:
 #: a job orphaned by a defect comes back only after its lease, and the box is shared.
 DRAIN_DEADLINE = 90.0
@@ -49,7 +53,7 @@ def anyio_backend() -> str:
 
 @contextlib.asynccontextmanager
 async def fault_run(
-    *, lease: float, proxied: bool = True
+    log_dir: Path, *, lease: float, proxied: bool = True
 ) -> AsyncIterator[tuple[FaultRun, NetProxy | None]]:
     """A broker redis-server (behind a proxy unless ``proxied=False``), a ledger server,
     2 worker processes; stopped and cleaned up afterwards."""
@@ -63,6 +67,7 @@ async def fault_run(
             proxy.url() if proxy is not None else server.url,
             lease=lease,
             concurrency=32,
+            log_dir=log_dir,
         )
         await run.connect()
         try:
@@ -82,7 +87,7 @@ async def run_with_faults(
     began = time.monotonic()
     async with anyio.create_task_group() as tg:
         tg.start_soon(faults, stop_faults)
-        await run.produce(TOTAL, seconds=PRODUCE_SECONDS)
+        await run.produce(TOTAL, seconds=PRODUCE_SECONDS, work=WORK)
         drained = await run.wait_completed(TOTAL, DRAIN_DEADLINE)
         stop_faults.set()
     if not drained:
@@ -93,6 +98,9 @@ async def run_with_faults(
     print(f"\n[network faults] took {time.monotonic() - began:.1f}s {report.figures()}")
     if not report.ok or report.stalls_no_dead_worker:
         print(report.summary())
+        print("worker logs, most frequent warnings and errors:")
+        for line in run.log_digest():
+            print("  " + line)
     return report, drained
 
 
@@ -118,10 +126,10 @@ async def every(period: float, stop: anyio.Event, action: Callable[[], object]) 
             await stop.wait()
 
 
-async def test_dropped_replies() -> None:
+async def test_dropped_replies(tmp_path: Path) -> None:
     """Every ~100 ms one reply is swallowed and its connection cut: the script ran on
     Redis, the client re-sends it, and the re-send must not take effect twice."""
-    async with fault_run(lease=5.0) as (run, proxy):
+    async with fault_run(tmp_path, lease=5.0) as (run, proxy):
         assert proxy is not None
         report, _ = await run_with_faults(run, lambda stop: every(0.1, stop, proxy.drop_next_reply))
         print(f"[network faults] proxy: {proxy.stats}")
@@ -129,7 +137,7 @@ async def test_dropped_replies() -> None:
         assert_exactly_once(report, run)
 
 
-async def test_blackholes() -> None:
+async def test_blackholes(tmp_path: Path) -> None:
     """Two blackholes (2 s, then 7 s: past the client's 5 s socket timeout, so every
     command in flight is re-sent and the originals still arrive afterwards). The lease
     (15 s) outlasts both, so no lease may expire."""
@@ -143,7 +151,7 @@ async def test_blackholes() -> None:
             await stop.wait()
         proxy.blackhole(7.0)
 
-    async with fault_run(lease=15.0) as (run, proxy):
+    async with fault_run(tmp_path, lease=15.0) as (run, proxy):
         report, _ = await run_with_faults(run, faults)
         assert proxy is not None
         print(f"[network faults] proxy: {proxy.stats}")
@@ -151,7 +159,7 @@ async def test_blackholes() -> None:
         assert_exactly_once(report, run)
 
 
-async def test_latency() -> None:
+async def test_latency(tmp_path: Path) -> None:
     """20 ms on every chunk both ways (a slow link), with a 1 s spike every 3 s."""
 
     async def faults(stop: anyio.Event) -> None:
@@ -165,14 +173,14 @@ async def test_latency() -> None:
                 await stop.wait()
         proxy.set_latency(0.0)
 
-    async with fault_run(lease=5.0) as (run, proxy):
+    async with fault_run(tmp_path, lease=5.0) as (run, proxy):
         report, _ = await run_with_faults(run, faults)
         assert_exactly_once(report, run)
 
 
-async def test_cut_all_connections_every_200ms() -> None:
+async def test_cut_all_connections_every_200ms(tmp_path: Path) -> None:
     """Every ~200 ms every connection is reset (RST), whatever is in flight."""
-    async with fault_run(lease=5.0) as (run, proxy):
+    async with fault_run(tmp_path, lease=5.0) as (run, proxy):
         assert proxy is not None
         report, _ = await run_with_faults(run, lambda stop: every(0.2, stop, proxy.cut_all))
         print(f"[network faults] proxy: {proxy.stats}")
@@ -180,13 +188,13 @@ async def test_cut_all_connections_every_200ms() -> None:
         assert_exactly_once(report, run)
 
 
-async def test_client_kill_every_200ms_figures() -> None:
+async def test_client_kill_every_200ms_figures(tmp_path: Path) -> None:
     """The issue's "Done means" figures: ``CLIENT KILL TYPE normal`` every 200 ms, sent
     straight to Redis, while 2 worker processes (connected directly) run 5,000 jobs.
     Stalls with no dead worker, lost jobs and duplicates must all be 0."""
     kills = 0
 
-    async with fault_run(lease=5.0, proxied=False) as (run, _):
+    async with fault_run(tmp_path, lease=5.0, proxied=False) as (run, _):
         admin = aioredis.Redis.from_url(run.server.url)
 
         async def faults(stop: anyio.Event) -> None:
