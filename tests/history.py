@@ -21,7 +21,7 @@ The checker then reports:
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -207,9 +207,4 @@ class History:
         )
 
 
-def ids_of(records: Sequence[JobRecord | None]) -> list[str]:
-    """The ids of the records that exist."""
-    return [r.message.id for r in records if r is not None]
-
-
-__all__ = ["History", "Report", "Start", "ids_of"]
+__all__ = ["History", "Report", "Start"]

@@ -25,7 +25,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from tests.redis_harness import free_port
@@ -163,12 +163,12 @@ class NetProxy:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def _call(self, fn: object, *args: object) -> None:
+    def _call(self, fn: Callable[..., object], *args: object) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(fn, *args)  # type: ignore[arg-type]
+            loop.call_soon_threadsafe(fn, *args)
 
     def _run(self) -> None:
         try:

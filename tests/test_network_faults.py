@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -80,7 +81,7 @@ async def fault_run(
 
 
 async def run_with_faults(
-    run: FaultRun, faults: Callable[[anyio.Event], Awaitable[None]]
+    run: FaultRun, faults: Callable[[anyio.Event], Coroutine[Any, Any, None]]
 ) -> tuple[Report, bool]:
     """Produce TOTAL jobs while ``faults`` runs (until told to stop), wait, then judge."""
     stop_faults = anyio.Event()
@@ -201,7 +202,7 @@ async def test_client_kill_every_200ms_figures(tmp_path: Path) -> None:
             nonlocal kills
             while not stop.is_set():
                 # SKIPME is the default: this connection survives its own kills.
-                await admin.execute_command("CLIENT", "KILL", "TYPE", "normal")
+                await admin.client_kill_filter(_type="normal")
                 kills += 1
                 with anyio.move_on_after(0.2):
                     await stop.wait()
