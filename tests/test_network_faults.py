@@ -81,14 +81,17 @@ async def fault_run(
 
 
 async def run_with_faults(
-    run: FaultRun, faults: Callable[[anyio.Event], Coroutine[Any, Any, None]]
+    run: FaultRun,
+    faults: Callable[[anyio.Event], Coroutine[Any, Any, None]],
+    *,
+    work: float = WORK,
 ) -> tuple[Report, bool]:
     """Produce TOTAL jobs while ``faults`` runs (until told to stop), wait, then judge."""
     stop_faults = anyio.Event()
     began = time.monotonic()
     async with anyio.create_task_group() as tg:
         tg.start_soon(faults, stop_faults)
-        await run.produce(TOTAL, seconds=PRODUCE_SECONDS, work=WORK)
+        await run.produce(TOTAL, seconds=PRODUCE_SECONDS, work=work)
         drained = await run.wait_completed(TOTAL, DRAIN_DEADLINE)
         stop_faults.set()
     if not drained:
@@ -208,7 +211,8 @@ async def test_client_kill_every_200ms_figures(tmp_path: Path) -> None:
                     await stop.wait()
 
         try:
-            report, _ = await run_with_faults(run, faults)
+            # Twice the usual work: ~16 s of busy slots, ~80 kills.
+            report, _ = await run_with_faults(run, faults, work=2 * WORK)
         finally:
             await admin.aclose()
         print(
@@ -217,5 +221,5 @@ async def test_client_kill_every_200ms_figures(tmp_path: Path) -> None:
             f"stalls_no_dead_worker={report.stalls_no_dead_worker} "
             f"lost={len(report.lost)} duplicates={len(report.duplicates)}"
         )
-        assert kills > 20
+        assert kills > 40
         assert_exactly_once(report, run)
