@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="worker processes (2)")
     parser.add_argument("--concurrency", type=int, default=32, help="jobs per worker (32)")
     parser.add_argument("--lease", type=float, default=5.0, help="lease seconds (5)")
-    parser.add_argument("--work", type=float, default=0.01, help="seconds each job sleeps (0.01)")
+    parser.add_argument("--work", type=float, default=0.1, help="seconds each job sleeps (0.1)")
     parser.add_argument(
         "--fault-every", type=float, default=6.0, help="mean seconds between faults (6)"
     )
@@ -122,7 +122,8 @@ class Soak:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.faults, stop)
                 tg.start_soon(self.progress, stop)
-                await run.produce(args.jobs, seconds=args.minutes * 60, work=args.work)
+                # Small chunks: a steady flow, so a fault always finds jobs in flight.
+                await run.produce(args.jobs, seconds=args.minutes * 60, work=args.work, chunk=50)
                 self.say("all jobs enqueued; faults stop, waiting for the rest to finish")
                 stop.set()
             # Bring back everything the faults took down before judging.
