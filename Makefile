@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint typecheck pytest stubs-check redis-server bench clean
+.PHONY: demo test lint typecheck pytest stubs-check redis-server bench soak clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "typedq needs Python 3.11+"'
@@ -41,6 +41,13 @@ pytest: $(STAMP) redis-server
 
 ## Everything CI checks: lint, mypy --strict, the whole test suite.
 test: lint typecheck stubs-check pytest
+
+## Soak (not part of `make test`): 100,000 jobs over ~10 minutes under mixed faults (SIGKILL,
+## Redis restart on AOF, CLIENT KILL, proxy blackholes), then the history checker.
+## A short run: make soak SOAK_ARGS="--jobs 5000 --minutes 1 --seed 7"
+SOAK_ARGS ?=
+soak: $(STAMP) redis-server
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache

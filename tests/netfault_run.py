@@ -1,0 +1,205 @@
+"""Driving a fault run: worker processes of :mod:`tests.netfault_app`, a producer, a checker.
+
+Shared by tests/test_network_faults.py and bench/soak.py. The broker's redis-server
+may sit behind a :class:`~tests.netproxy.NetProxy` (workers and producer use
+``worker_url``); the test's own observer and the ledger talk to their servers
+directly, so faults never blind the judge.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import redis.asyncio as aioredis
+
+from tests import netfault_app
+from tests.history import History, Report
+from tests.redis_harness import RedisProcess
+from typedq import JobState
+from typedq.broker.base import BrokerSettings
+from typedq.broker.redis import RedisBroker
+from typedq.errors import TypedqError
+from typedq.task import DEFAULT_QUEUE
+
+ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger("tests.netfault_run")
+
+
+class FaultRun:
+    """Worker processes, a producer with fixed ids, and the history of one run.
+
+    :param server: the broker's redis-server (observed directly)
+    :param ledger: the redis-server whose db 0 holds the execution ledger
+    :param worker_url: the URL workers and the producer use (the proxy's, or ``server.url``)
+    :param lease: the app's lease, seconds
+    :param concurrency: jobs per worker process
+    """
+
+    def __init__(
+        self,
+        server: RedisProcess,
+        ledger: RedisProcess,
+        worker_url: str,
+        *,
+        lease: float = 5.0,
+        concurrency: int = 32,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.server = server
+        self.ledger_server = ledger
+        self.worker_url = worker_url
+        self.lease = lease
+        self.concurrency = concurrency
+        self.log_dir = log_dir or server.dir
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.history = History()
+        self.observer = RedisBroker(server.url, BrokerSettings(namespace=netfault_app.app.name))
+        self.ledger = aioredis.Redis.from_url(ledger.url)
+
+    # -- workers --------------------------------------------------------------------------
+
+    def spawn_worker(self) -> subprocess.Popen[bytes]:
+        """Start one ``python -m typedq worker tests.netfault_app:app`` process."""
+        env = {
+            **os.environ,
+            "TYPEDQ_TEST_LEDGER": self.ledger_server.url,
+            "TYPEDQ_TEST_LEASE": str(self.lease),
+            "PYTHONPATH": str(ROOT),
+        }
+        env.pop("TYPEDQ_BROKER", None)
+        log_path = self.log_dir / f"worker-{len(self.workers)}-{time.monotonic_ns()}.log"
+        with log_path.open("wb") as out:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "typedq",
+                    "worker",
+                    "tests.netfault_app:app",
+                    "--concurrency",
+                    str(self.concurrency),
+                    "--broker",
+                    self.worker_url,
+                    "--grace",
+                    "2",
+                ],
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.workers.append(proc)
+        return proc
+
+    def kill_worker(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL a worker (noted in the history: its running jobs may run again)."""
+        self.history.note_killed(proc.pid)
+        self.history.note_fault(time.monotonic(), f"SIGKILL worker {proc.pid}")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self.workers if p.poll() is None]
+
+    def stop_workers(self) -> None:
+        """SIGTERM every live worker, SIGKILL any that does not exit within 15 s."""
+        for proc in self.alive():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.workers:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def worker_logs(self, pattern: str) -> list[str]:
+        """Lines of every worker log containing ``pattern``."""
+        return [
+            line
+            for path in sorted(self.log_dir.glob("worker-*.log"))
+            for line in path.read_text(errors="replace").splitlines()
+            if pattern in line
+        ]
+
+    def log_digest(self, top: int = 8) -> list[str]:
+        """The most frequent WARNING/ERROR lines of the worker logs, numbers masked."""
+        counts: Counter[str] = Counter()
+        for line in self.worker_logs(""):
+            if "WARNING" in line or "ERROR" in line or "Error" in line:
+                counts[re.sub(r"[0-9A-Fa-f]{6,}|\d+(\.\d+)?", "#", line)[:200]] += 1
+        return [f"{n} x {text}" for text, n in counts.most_common(top)]
+
+    # -- producer -------------------------------------------------------------------------
+
+    async def produce(
+        self, total: int, *, seconds: float, work: float = 0.0, chunk: int = 250
+    ) -> None:
+        """Enqueue ``total`` jobs with fixed ids, spread over ``seconds``, through ``worker_url``.
+
+        Each job works ``work`` seconds. A chunk whose enqueue fails (a fault hit it) is sent again as is: the ids are
+        fixed, so a chunk that was in fact stored is not stored twice.
+        """
+        app = netfault_app.app
+        app.use_broker(self.worker_url)
+        started = time.monotonic()
+        async with app:
+            for offset in range(0, total, chunk):
+                messages = [
+                    netfault_app.tick.message(
+                        netfault_app.Tick(n=n, sleep=work), job_id=f"n{n:07d}"
+                    )
+                    for n in range(offset, min(total, offset + chunk))
+                ]
+                self.history.note_enqueued(m.id for m in messages)
+                with anyio.fail_after(120):
+                    while True:
+                        try:
+                            await app.client.enqueue_many(messages)
+                            break
+                        except TypedqError as exc:
+                            log.info("enqueue of a chunk failed (%s); sending it again", exc)
+                            await anyio.sleep(0.2)
+                due = started + seconds * min(total, offset + chunk) / total
+                await anyio.sleep(max(0.0, due - time.monotonic()))
+
+    # -- observing and judging ------------------------------------------------------------
+
+    async def connect(self) -> None:
+        await self.observer.connect()
+
+    async def close(self) -> None:
+        await self.observer.close()
+        await self.ledger.aclose()
+
+    async def completed(self) -> int:
+        """Completed jobs right now (0 while the broker's Redis is unreachable)."""
+        try:
+            return (await self.observer.counts(DEFAULT_QUEUE))[JobState.COMPLETED]
+        except TypedqError:
+            return 0
+
+    async def wait_completed(self, total: int, deadline: float) -> bool:
+        """Wait until ``total`` jobs completed or ``deadline`` seconds passed; True if they did."""
+        with anyio.move_on_after(deadline):
+            while await self.completed() < total:  # noqa: ASYNC110 -- other processes
+                await anyio.sleep(0.1)
+            return True
+        return False
+
+    async def check(self) -> Report:
+        """Load the ledger and the final records, and judge the history."""
+        await self.history.load_starts(self.ledger)
+        await self.history.load_records(self.observer)
+        return self.history.check()
+
+
+__all__ = ["ROOT", "FaultRun"]
