@@ -208,10 +208,20 @@ class FaultyBroker(Broker):
         return await self.inner.counts(queue)
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+        self,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None = None,
     ) -> list[ClaimedJob]:
         self._fault("claim", applied=False)
-        return await self.inner.claim(queues, limit, worker_id=worker_id, lease=lease)
+        claimed = await self.inner.claim(
+            queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+        )
+        self._fault("claim", applied=True)
+        return claimed
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
         await self.inner.wait_for_jobs(queues, timeout)

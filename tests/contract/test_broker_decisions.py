@@ -25,6 +25,7 @@ from typedq.broker.base import (
     FinishOutcome,
     Release,
     RetryOutcome,
+    new_claim_id,
 )
 
 pytestmark = pytest.mark.anyio
@@ -243,3 +244,35 @@ async def test_a_finish_of_a_job_never_claimed_is_lease_lost(
         ]
         assert count(await broker.counts("q"), JobState.WAITING) == 1
         assert count(await broker.counts("q"), JobState.SCHEDULED) == 1
+
+
+# -- claims are idempotent per claim (defect 1) --------------------------------------
+
+
+async def test_a_claim_resent_with_its_id_returns_its_own_jobs(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([msg(job_id=f"j{i}") for i in range(6)])
+        first_id, second_id = new_claim_id(), new_claim_id()
+        first = await broker.claim(["q"], 2, worker_id="w", lease=60, claim_id=first_id)
+        # A sibling claim of the same worker runs in between (complete_and_claim, say).
+        second = await broker.claim(["q"], 2, worker_id="w", lease=60, claim_id=second_id)
+        assert [c.message.id for c in first] == ["j0", "j1"]
+        assert [c.message.id for c in second] == ["j2", "j3"]
+        # The first claim's answer was lost: re-sent with its id, it returns its own
+        # jobs with the same tokens, and claims nothing new.
+        again = await broker.claim(["q"], 2, worker_id="w", lease=60, claim_id=first_id)
+        assert [(c.message.id, c.token, c.attempt) for c in again] == [
+            (c.message.id, c.token, c.attempt) for c in first
+        ]
+        # Once one of them is finished, a re-send returns only what is still held.
+        assert await broker.complete([Completion("j0", first[0].token, b"")]) == [FinishOutcome.OK]
+        again = await broker.claim(["q"], 2, worker_id="w", lease=60, claim_id=first_id)
+        assert [c.message.id for c in again] == ["j1"]
+        assert count(await broker.counts("q"), JobState.WAITING) == 2
+        assert count(await broker.counts("q"), JobState.ACTIVE) == 3
+        # A malformed id is refused before anything is claimed.
+        with pytest.raises(ValueError, match="claim id"):
+            await broker.claim(["q"], 1, worker_id="w", lease=60, claim_id="j0:{x}")
+        assert count(await broker.counts("q"), JobState.WAITING) == 2

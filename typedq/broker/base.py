@@ -21,6 +21,7 @@ effect answers ``ALREADY_FINISHED`` and changes nothing.
 from __future__ import annotations
 
 import abc
+import secrets
 from collections.abc import Sequence
 from enum import IntEnum, StrEnum
 
@@ -29,6 +30,7 @@ import msgspec
 from ..errors import BrokerError, QueueFull
 
 __all__ = [
+    "CLAIM_RECORD_TTL",
     "Broker",
     "BrokerSettings",
     "CancelOutcome",
@@ -44,7 +46,25 @@ __all__ = [
     "Release",
     "Retention",
     "RetryOutcome",
+    "check_claim_id",
+    "new_claim_id",
 ]
+
+
+#: Seconds a broker remembers a claim by its id (longer than any client's retries).
+CLAIM_RECORD_TTL = 60.0
+
+
+def new_claim_id() -> str:
+    """A fresh claim id: 16 random hex digits."""
+    return secrets.token_hex(8)
+
+
+def check_claim_id(claim_id: str) -> str:
+    """Return ``claim_id`` if it is 8 to 64 lowercase hex digits, else raise ValueError."""
+    if not (8 <= len(claim_id) <= 64 and all(c in "0123456789abcdef" for c in claim_id)):
+        raise ValueError(f"claim id {claim_id!r} must be 8 to 64 lowercase hex digits")
+    return claim_id
 
 
 class JobState(StrEnum):
@@ -288,12 +308,24 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def claim(
-        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+        self,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None = None,
     ) -> list[ClaimedJob]:
         """Move up to ``limit`` due jobs to ``active`` under fresh leases.
 
         Highest priority first, then oldest. Promotes scheduled jobs that are due.
         A worker asks only for as many jobs as it has free slots.
+
+        :param claim_id: the caller's id for this claim (:func:`new_claim_id`). A claim
+            re-sent with the same id (its answer was lost) claims nothing new: it returns
+            the jobs the first copy claimed that are still held under it. The record is
+            kept for :data:`CLAIM_RECORD_TTL` seconds. ``None``: a fresh id, so the
+            claim cannot be re-sent.
         """
 
     @abc.abstractmethod
@@ -319,15 +351,22 @@ class Broker(abc.ABC):
         *,
         worker_id: str,
         lease: float,
+        claim_id: str | None = None,
     ) -> tuple[list[FinishOutcome], list[ClaimedJob]]:
         """``complete(items)``, then ``claim(queues, limit, ...)``: the slots a worker frees
         are refilled in the same round trip where the backend can pipeline the two.
+        Re-sending both with the same ``claim_id`` is safe (finishes are fenced, the
+        claim returns its first copy's jobs).
 
         The completions take effect before the claim, so a worker never holds more
         claimed jobs than it has slots. This default makes two calls.
         """
         outcomes = await self.complete(items)
-        claimed = await self.claim(queues, limit, worker_id=worker_id, lease=lease) if limit else []
+        claimed = (
+            await self.claim(queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id)
+            if limit
+            else []
+        )
         return outcomes, claimed
 
     @abc.abstractmethod

@@ -15,7 +15,6 @@ use the monotonic clock, because a lease measures whether a worker is alive.
 from __future__ import annotations
 
 import heapq
-import secrets
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ import msgspec
 
 from ..errors import FailureReason, FailureRecord, NotConnected, QueueFull
 from .base import (
+    CLAIM_RECORD_TTL,
     Broker,
     BrokerSettings,
     CancelOutcome,
@@ -39,6 +39,8 @@ from .base import (
     LeaseStatus,
     Release,
     RetryOutcome,
+    check_claim_id,
+    new_claim_id,
 )
 
 __all__ = ["MemoryBroker"]
@@ -139,6 +141,8 @@ class MemoryBroker(Broker):
         self._work: anyio.Event | None = None
         self._cancels: anyio.Event | None = None
         self._finish_waiters: dict[str, anyio.Event] = {}
+        #: Recent claims by claim id: (when, job ids), oldest first.
+        self._claims: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -380,9 +384,26 @@ class MemoryBroker(Broker):
     # -- worker side ---------------------------------------------------------------
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+        self,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None = None,
     ) -> list[ClaimedJob]:
         self._check()
+        claim_id = new_claim_id() if claim_id is None else check_claim_id(claim_id)
+        record = self._claim_record(claim_id)
+        if record is not None:
+            # A re-sent claim: the first copy's jobs still held under it, nothing new.
+            prefix = claim_id + "."
+            return [
+                self._claimed(job)
+                for job_id in record
+                if (job := self._active.get(job_id)) is not None
+                and (job.active_token or "").startswith(prefix)
+            ]
         now = self.clock()
         self._promote_due(now)
         lease_until = time.monotonic() + lease
@@ -399,21 +420,38 @@ class MemoryBroker(Broker):
             job = self._jobs[best[3]]
             self._move(job, JobState.ACTIVE)
             job.attempt += 1
-            job.active_token = secrets.token_hex(8)
+            job.active_token = f"{claim_id}.{len(claimed) + 1}"
             job.lease_until = lease_until
             job.started_at = now
             job.worker_id = worker_id
             self._active[job.message.id] = job
-            claimed.append(
-                ClaimedJob(
-                    message=job.message,
-                    token=job.active_token,
-                    attempt=job.attempt,
-                    enqueued_at=job.enqueued_at,
-                    stalls=job.stalls,
-                )
-            )
+            claimed.append(self._claimed(job))
+        if claimed:
+            self._claims[claim_id] = (time.monotonic(), [c.message.id for c in claimed])
         return claimed
+
+    @staticmethod
+    def _claimed(job: _Job) -> ClaimedJob:
+        assert job.active_token is not None
+        return ClaimedJob(
+            message=job.message,
+            token=job.active_token,
+            attempt=job.attempt,
+            enqueued_at=job.enqueued_at,
+            stalls=job.stalls,
+        )
+
+    def _claim_record(self, claim_id: str) -> list[str] | None:
+        """The job ids a claim with this id took, while it is remembered; drops the
+        records older than CLAIM_RECORD_TTL (oldest first: they are kept in order)."""
+        expired = time.monotonic() - CLAIM_RECORD_TTL
+        while self._claims:
+            oldest = next(iter(self._claims.values()))
+            if oldest[0] >= expired:
+                break
+            self._claims.popitem(last=False)
+        record = self._claims.get(claim_id)
+        return None if record is None else record[1]
 
     def has_due_jobs(self) -> bool:
         """True when some job is waiting, or scheduled at or before the clock's now."""

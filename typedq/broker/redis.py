@@ -94,6 +94,7 @@ from .base import (
     LeaseStatus,
     Release,
     RetryOutcome,
+    check_claim_id,
 )
 from .keys import STATE_LETTERS, Keys
 
@@ -806,22 +807,37 @@ class RedisBroker(Broker):
     # -- worker side ---------------------------------------------------------------
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+        self,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None = None,
     ) -> list[ClaimedJob]:
-        keys, args = self._claim_call(queues, limit, worker_id=worker_id, lease=lease)
+        keys, args = self._claim_call(
+            queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+        )
         reply = await self._eval("claim", keys, args)
         return await self._claimed(queues, reply, worker_id)
 
     def _claim_call(
-        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+        self,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None,
     ) -> tuple[list[str], list[Any]]:
         if not queues:
             raise ConfigError("claim needs at least one queue")
         self._claim_gen[tuple(queues)] = self._gen(queues)
-        token = _request_token()
+        token = _request_token() if claim_id is None else check_claim_id(claim_id)
         # The claim record is keyed by this claim's token, not by the worker: a worker
         # has several claims in flight (claim loop, complete_and_claim), and a re-send
-        # of one must find its own record, not a sibling's.
+        # of one must find its own record, not a sibling's. The worker re-sends a claim
+        # whose answer it lost with the same id (and redis-py re-sends the script).
         keys = [self.keys.active, self.keys.seq, self.keys.request(token)]
         args: list[Any] = [
             self.keys.prefix,
@@ -949,14 +965,17 @@ class RedisBroker(Broker):
         *,
         worker_id: str,
         lease: float,
+        claim_id: str | None = None,
     ) -> tuple[list[FinishOutcome], list[ClaimedJob]]:
         """Both scripts in one pipelined round trip; Redis runs the completion first."""
         if not items or limit <= 0:
             return await super().complete_and_claim(
-                items, queues, limit, worker_id=worker_id, lease=lease
+                items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
             )
         complete_keys, complete_args = self._complete_call(items)
-        claim_keys, claim_args = self._claim_call(queues, limit, worker_id=worker_id, lease=lease)
+        claim_keys, claim_args = self._claim_call(
+            queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+        )
         done, reply = await self._eval_pipelined(
             [("complete", complete_keys, complete_args), ("claim", claim_keys, claim_args)]
         )
