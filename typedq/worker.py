@@ -345,13 +345,14 @@ class Worker(Generic[TIn, TOut]):
             log.info("worker %s: grace over, cancelling %d jobs", self.id, len(self._running))
             for running in list(self._running.values()):
                 running.cancel("shutdown")
-        # 3. A bounded extra wait for those threads, for outcomes the broker has not
-        # taken yet (an outage), and for threads of attempts that already ended.
+        # 3. A bounded extra wait for those threads and for outcomes the broker has not
+        # taken yet (an outage). Threads of attempts that already ended hold no job: they
+        # are not waited for (their results are discarded anyway).
         with anyio.CancelScope() as self._phase_scope:
             if self._force_stop:
                 self._phase_scope.cancel()
             with anyio.move_on_after(self.lease):
-                await self._until(lambda: not self._running and not self._orphans)
+                await self._until(lambda: not self._running)
         # 4. Give up on the rest: no more waiting for threads, no more re-sends.
         self._abandon.set()
         for running in list(self._running.values()):
@@ -401,7 +402,12 @@ class Worker(Generic[TIn, TOut]):
             if self._stopping:
                 scope.cancel()
             if for_jobs:
-                await self.app.broker.wait_for_jobs(self.queues, seconds or 5.0)
+                try:
+                    await self.app.broker.wait_for_jobs(self.queues, seconds or 5.0)
+                except Exception as exc:
+                    # An outage must not end the worker: the next claim reports it.
+                    log.debug("worker %s: waiting for jobs failed: %s", self.id, exc)
+                    await anyio.sleep(min(seconds or 5.0, 1.0))
             elif seconds is not None:
                 await anyio.sleep(seconds)
             else:
