@@ -290,7 +290,7 @@ class Executor:
         tb = None
         if exc is not None:
             try:
-                tb = "".join(traceback.format_exception(exc))[-_TRACEBACK_LIMIT:]
+                tb = _format_traceback(exc)
             except Exception as inner:  # a broken __str__, a recursion too deep to print
                 tb = f"<traceback unavailable: formatting it raised {_type_name(inner)}>"
         domain_type = domain_payload = None
@@ -629,6 +629,10 @@ class Executor:
                     _not_retried(record, f"its backoff gave retry {failures} the delay {delay!r}")
                 )
         return Fail(record, retry_delay=safe_retry_delay(delay))
+
+
+def _format_traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))[-_TRACEBACK_LIMIT:]
 
 
 def _valid_delay(delay: object) -> bool:
