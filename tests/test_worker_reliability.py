@@ -276,6 +276,7 @@ class PoisonBroker(FaultyBroker):
 
 async def test_one_bad_settle_does_not_poison_its_batch(app_name: str, broker_url: str) -> None:
     faulty = PoisonBroker.for_url(broker_url, app_name)
+    assert isinstance(faulty, PoisonBroker)
     app = App(app_name, broker=faulty, max_stalls=0)
     started = 0
     all_started = anyio.Event()
@@ -378,6 +379,7 @@ async def test_shutdown_keeps_renewing_a_running_sync_job_and_records_its_outcom
     app_name: str, broker_url: str
 ) -> None:
     spy = RenewSpy.for_url(broker_url, app_name)
+    assert isinstance(spy, RenewSpy)
     app = App(app_name, broker=spy, lease=3.0, max_stalls=0)
     started = threading.Event()
     finish = threading.Event()
@@ -416,6 +418,7 @@ async def test_cancel_of_a_sync_job_keeps_renewing_until_its_thread_returns(
     app_name: str, broker_url: str
 ) -> None:
     spy = RenewSpy.for_url(broker_url, app_name)
+    assert isinstance(spy, RenewSpy)
     app = App(app_name, broker=spy, lease=1.5, max_stalls=0)
     started = threading.Event()
     finish = threading.Event()
@@ -561,6 +564,7 @@ async def test_a_completion_outlives_an_outage_longer_than_two_leases(
     app_name: str, broker_url: str
 ) -> None:
     faulty = OutageBroker.for_url(broker_url, app_name)
+    assert isinstance(faulty, OutageBroker)
     lease = 1.0
     app = App(app_name, broker=faulty, lease=lease, max_stalls=0)
     started = anyio.Event()
@@ -597,6 +601,7 @@ async def test_shutdown_gives_up_on_outcomes_in_a_bounded_time(
     app_name: str, broker_url: str
 ) -> None:
     faulty = OutageBroker.for_url(broker_url, app_name)
+    assert isinstance(faulty, OutageBroker)
     app = App(app_name, broker=faulty, lease=1.0, max_stalls=0)
     started = anyio.Event()
     go = anyio.Event()
