@@ -97,7 +97,11 @@ async def _handle_signals(worker: Worker[Any, Any]) -> None:
         async for signum in signals:
             name = signal.Signals(signum).name
             if stopping:
-                log.warning("second %s: cancelling in-flight jobs and handing them back", name)
+                log.warning(
+                    "second %s: cancelling in-flight jobs, handing back what can be handed "
+                    "back and abandoning sync handlers' threads",
+                    name,
+                )
                 worker.stop(force=True)
             else:
                 log.info("%s: shutting down gracefully (grace %.1fs)", name, worker.grace)
