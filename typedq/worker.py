@@ -599,6 +599,14 @@ class Worker(Generic[TIn, TOut]):
                 # The attempt is over but its thread is not: keep its slot taken.
                 self._orphans[claimed.token] = running
                 self.stats.orphaned_threads += 1
+                log.warning(
+                    "worker %s: job %s (%s): its attempt ended but its sync handler's thread "
+                    "still runs (threads cannot be stopped); it holds a slot until it "
+                    "returns, and its result will be discarded",
+                    self.id,
+                    job_id,
+                    task,
+                )
             self._notify()
 
     def _minimal(self, claimed: ClaimedJob, exc: BaseException, what: str) -> FailureRecord:
