@@ -36,6 +36,7 @@ from typedq import (
     Retry,
     execution,
 )
+from typedq import worker as worker_module
 from typedq.broker.base import (
     ClaimedJob,
     Completion,
@@ -260,6 +261,69 @@ async def test_a_backoff_that_cannot_give_a_delay_fails_the_job(
     assert record.error_type == "ValueError"
     assert record.message.startswith("flaky dependency (not retried: its backoff")
     assert record.retryable is False
+
+
+async def test_a_huge_retry_delay_is_clamped_to_a_finite_one(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url, max_stalls=0)
+
+    @app.task(retries=3)
+    async def later(x: In) -> Out:
+        raise Retry(delay=1e300)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker() as worker:
+            job = await later.enqueue(In(1))
+            while worker.stats.retried == 0:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+            info = await job.info()
+    assert info.status is JobState.SCHEDULED
+    assert time.time() < info.run_at <= time.time() + execution.MAX_RETRY_DELAY + 60
+
+
+async def test_an_unexpected_error_in_the_runtime_still_records_the_job(
+    app_name: str, broker_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last resorts: an attempt or a settle that raises gives a minimal record."""
+    app = App(app_name, broker=broker_url, max_stalls=0)
+    ran: list[int] = []
+
+    @app.task(retries=0)
+    async def task(x: In) -> Out:
+        ran.append(x.n)
+        raise ValueError("handler failed")
+
+    def broken_context(**kwargs: Any) -> JobContext:
+        raise RuntimeError("building the context failed")
+
+    real = execution.safe_retry_delay
+    calls = 0
+
+    def broken_once(delay: float | None) -> float | None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise TypeError("computing the delay failed")
+        return real(delay)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker():
+            monkeypatch.setattr(execution, "JobContext", broken_context)
+            first = await task.enqueue(In(1))
+            _, in_attempt = await final_record(app, first.id)
+            monkeypatch.undo()
+            monkeypatch.setattr(worker_module, "safe_retry_delay", broken_once)
+            second = await task.enqueue(In(2))
+            state, in_settle = await final_record(app, second.id)
+    assert in_attempt.error_type == "RuntimeError"
+    assert "could not run this job: building the context failed" in in_attempt.message
+    assert state is JobState.FAILED
+    assert in_settle.error_type == "WorkerError"
+    assert "could not record the outcome: TypeError: computing the delay failed" in (
+        in_settle.message
+    )
+    assert ran == [2]
 
 
 class PoisonBroker(FaultyBroker):
