@@ -198,6 +198,7 @@ class Worker(Generic[TIn, TOut]):
         self._orphans: dict[str, Running] = {}
         self._renewed_at = time.monotonic()
         self._stopping = False
+        self._cancelling = False
         self._force_stop = False
         self._started = False
         self._stop: anyio.Event | None = None
@@ -341,6 +342,7 @@ class Worker(Generic[TIn, TOut]):
                 await self._until(lambda: not self._running)
         # 2. Cancel: async handlers stop and are handed back; sync handlers' threads
         # cannot be stopped, so their attempts wait for them, leases still renewed.
+        self._cancelling = True
         if self._running:
             log.info("worker %s: grace over, cancelling %d jobs", self.id, len(self._running))
             for running in list(self._running.values()):
@@ -457,6 +459,9 @@ class Worker(Generic[TIn, TOut]):
             for stale in self._holders(claimed.message.id):
                 stale.mark_lost()
             running = self._running[claimed.token] = Running(claimed)
+            if self._cancelling:
+                # A claim that was in flight when shutdown cancelled the rest: hand back.
+                running.cancel("shutdown")
             self._tg.start_soon(self._run_job, claimed, running)
 
     def _holders(self, job_id: str) -> list[Running]:
