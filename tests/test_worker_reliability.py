@@ -520,6 +520,39 @@ async def test_cancel_of_a_sync_job_keeps_renewing_until_its_thread_returns(
     assert worker.stats.lease_lost == 0
 
 
+async def test_cancel_before_the_thread_starts_does_not_wait_for_a_thread(
+    app_name: str, broker_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel landing before the worker thread picked the call up: no thread ever runs,
+    so the attempt must not wait for one (it did, until shutdown)."""
+    app = App(app_name, broker=broker_url, max_stalls=0)
+    ran: list[int] = []
+    real_run_sync = anyio.to_thread.run_sync
+    handing_over = anyio.Event()
+
+    async def slow_hand_over(*args: Any, **kwargs: Any) -> Any:
+        handing_over.set()
+        await anyio.sleep(30)  # the window before a thread takes the call
+        return await real_run_sync(*args, **kwargs)
+
+    @app.task
+    def crunch(x: In) -> Out:
+        ran.append(x.n)
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker():
+            monkeypatch.setattr(anyio.to_thread, "run_sync", slow_hand_over)
+            job = await crunch.enqueue(In(1))
+            await handing_over.wait()
+            assert await job.cancel() is True
+            with pytest.raises(JobFailed) as caught:
+                await job.result(timeout=5)
+            monkeypatch.undo()
+    assert caught.value.reason is FailureReason.CANCELLED
+    assert ran == []
+
+
 async def test_forced_stop_ends_the_worker_with_a_hung_sync_thread(
     app_name: str, broker_url: str
 ) -> None:

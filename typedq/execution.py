@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 import traceback
 from collections import Counter
@@ -132,6 +133,11 @@ class Running:
         self.thread_alive = True
         self.thread_result = None
         self._wake = anyio.Event()
+
+    def thread_skipped(self) -> None:
+        """The attempt was cancelled before its thread started the handler."""
+        self.thread_alive = False
+        self._set_wake()
 
     def thread_exited(self, result: tuple[bool, Any]) -> None:
         """Called in the event loop once the handler thread has returned."""
@@ -514,7 +520,17 @@ class Executor:
             if on_exit is not None:
                 on_exit(running)
 
+        # Cancellation may come before the thread picks the call up (then it never runs):
+        # the lock settles whether the body started or was skipped, never both.
+        gate = threading.Lock()
+        started = skipped = False
+
         def body() -> tuple[bool, Any]:
+            nonlocal started
+            with gate:
+                if skipped:
+                    return (False, None)
+                started = True
             result: tuple[bool, Any]
             try:
                 result = (True, fn(*args))
@@ -528,9 +544,16 @@ class Executor:
         running.thread_started()
         # The capacity limiter is released when a thread is abandoned; the worker keeps
         # counting the thread against `concurrency` until it returns (thread_alive).
-        ok, value = await anyio.to_thread.run_sync(
-            body, abandon_on_cancel=True, limiter=self._threads
-        )
+        try:
+            ok, value = await anyio.to_thread.run_sync(
+                body, abandon_on_cancel=True, limiter=self._threads
+            )
+        except BaseException:
+            with gate:
+                if not started:
+                    skipped = True
+                    running.thread_skipped()
+            raise
         if ok:
             return value
         raise value
