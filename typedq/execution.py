@@ -554,6 +554,8 @@ class Executor:
                     skipped = True
                     running.thread_skipped()
             raise
+        # The handler has returned (whatever the order its report reaches the loop in).
+        running.thread_exited((ok, value))
         if ok:
             return value
         raise value
