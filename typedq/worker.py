@@ -77,9 +77,10 @@ _encode = msgspec.msgpack.Encoder().encode
 
 #: Outcome re-sends back off up to this many seconds between tries.
 _SETTLE_BACKOFF_CAP = 5.0
-#: Tries for an outcome the broker refused with an error of its own (not unreachable):
-#: such an error may be lasting, so the job falls back to a minimal failure record.
-_SETTLE_REFUSED_TRIES = 8
+#: Seconds an outcome is re-sent while the broker refuses it with an error of its own
+#: (not unreachable: READONLY during a failover, say). Such an error may also be lasting,
+#: so after this the job falls back to a minimal failure record.
+_SETTLE_REFUSED_FOR = 60.0
 #: After giving up on threads and outcomes at shutdown, how long the last broker calls
 #: in flight (hand-backs, a final re-send) may take before the worker stops regardless.
 _FINAL_WAIT = 5.0
@@ -749,20 +750,26 @@ class Worker(Generic[TIn, TOut]):
         a token the broker no longer honours is answered LEASE_LOST. While this retries,
         the job keeps its slot (no new claims: backpressure) and its lease is renewed.
         An unreachable broker is retried for as long as the worker runs; an error the
-        broker itself answered is retried a few times, then raised. At shutdown the
+        broker itself answered is retried for up to a minute, then raised. At shutdown the
         re-sends stop (``_GaveUp``): the job comes back when its lease expires.
         """
         assert self._abandon is not None
         delay = 0.05
         tries = 0
+        refused_since: float | None = None
         while True:
             try:
                 return await send()
             except BrokerError as exc:
                 tries += 1
-                refused = not isinstance(exc, BrokerUnavailable)
-                if refused and tries >= _SETTLE_REFUSED_TRIES:
-                    raise
+                if isinstance(exc, BrokerUnavailable):
+                    refused_since = None
+                else:
+                    now = time.monotonic()
+                    if refused_since is None:
+                        refused_since = now
+                    elif now - refused_since > _SETTLE_REFUSED_FOR:
+                        raise
                 if self._abandon.is_set():
                     raise _GaveUp from exc
                 if tries == 1 or tries % 10 == 0:
