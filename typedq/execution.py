@@ -417,15 +417,14 @@ class Executor:
                     return Abandon()
                 return self._cancelled_outcome(claimed, reason)
             got = running.thread_result
-            if not got[0] and isinstance(got[1], anyio.get_cancelled_exc_class()):
-                return self._cancelled_outcome(claimed, reason)  # it saw check_cancelled()
+            if not got[0] and not isinstance(got[1], Exception):
+                # It saw check_cancelled() (or ended some other abrupt way).
+                return self._cancelled_outcome(claimed, reason)
         if reason == "lease_lost" or running.lost:
             return Drop()  # never write a result after the lease was lost
         ok, value = got
         if ok:
             return self._encode_result(claimed, task, value)
-        if isinstance(value, BaseException) and not isinstance(value, Exception):
-            raise value  # a thread's own cancellation outside any cancel: let it surface
         return self._handler_error(claimed, task, value)
 
     def _timed_out(self, claimed: ClaimedJob, task: Task[Any, Any], timeout: float | None) -> Fail:
