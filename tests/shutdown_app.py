@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 import anyio
 import msgspec
 
@@ -20,3 +24,17 @@ class Nap(msgspec.Struct, frozen=True):
 async def nap(job: Nap) -> None:
     """An async handler that sleeps (cancellable)."""
     await anyio.sleep(job.seconds)
+
+
+class Hang(msgspec.Struct, frozen=True):
+    """Append a line to ``path`` (pid, start time), then block for good."""
+
+    path: str
+
+
+@app.task
+def hang(job: Hang) -> None:
+    """A sync handler that never returns and never checks for cancellation."""
+    with open(job.path, "a") as out:
+        out.write(f"{os.getpid()} {time.time()}\n")
+    threading.Event().wait()

@@ -2,7 +2,10 @@
 
 ``typedq worker MODULE:APP`` runs a worker process. SIGTERM or SIGINT start a graceful
 shutdown (stop claiming, let in-flight jobs finish within ``--grace``, then cancel and
-hand them back); a second signal cancels at once.
+hand them back; sync handlers' threads get at most one lease more, then are abandoned);
+a second signal cancels at once. The process exits even when a sync handler's thread
+never returns: threads cannot be stopped, so the worker command ends the process with
+``os._exit`` once logs are flushed (the abandoned jobs come back by lease expiry).
 
 ``typedq stubs MODULE:APP --out stubs/NAME.py`` writes typed producer stubs
 (``--check`` exits 1 with a diff when the file is stale; ``typedq stubs [--check]
@@ -23,6 +26,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,7 +97,11 @@ async def _handle_signals(worker: Worker[Any, Any]) -> None:
         async for signum in signals:
             name = signal.Signals(signum).name
             if stopping:
-                log.warning("second %s: cancelling in-flight jobs and handing them back", name)
+                log.warning(
+                    "second %s: cancelling in-flight jobs, handing back what can be handed "
+                    "back and abandoning sync handlers' threads",
+                    name,
+                )
                 worker.stop(force=True)
             else:
                 log.info("%s: shutting down gracefully (grace %.1fs)", name, worker.grace)
@@ -316,14 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "worker":
+        return _exit_past_threads(_worker(args))
     try:
-        if args.command == "worker":
-            app = load_app(args.app)
-            if args.broker:
-                app.use_broker(args.broker)
-            log.info("app %r on %s", app.name, redact_url(app.client.url))
-            anyio.run(_run_worker, app, args)
-        elif args.command == "stubs":
+        if args.command == "stubs":
             return _stubs(args)
         elif args.command == "schema":
             return _schema(args)
@@ -335,3 +340,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    try:
+        app = load_app(args.app)
+        if args.broker:
+            app.use_broker(args.broker)
+        log.info("app %r on %s", app.name, redact_url(app.client.url))
+        anyio.run(_run_worker, app, args)
+    except TypedqError as exc:
+        print(f"typedq: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _exit_past_threads(code: int) -> int:
+    """Return ``code``, or end the process with it if handler threads still run.
+
+    A sync handler that never returns keeps its (non-daemon) thread alive, and the
+    interpreter would wait for it forever at exit. The worker has already abandoned
+    those jobs (they come back by lease expiry), so flush the logs and leave.
+    """
+    deadline = time.monotonic() + 1.0
+    lingering = []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.daemon:
+            continue
+        # Idle pool threads are told to stop when the event loop ends: let them.
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            lingering.append(thread)
+    if not lingering:
+        return code
+    log.warning(
+        "exiting with %d handler threads still running (they cannot be stopped)", len(lingering)
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -77,10 +77,13 @@ class JobContext:
 
     @staticmethod
     def check_cancelled() -> None:
-        """In a sync handler: raise if the job was cancelled or timed out.
+        """In a sync handler: raise if the attempt was cancelled, timed out, lost its
+        lease or is being shut down.
 
         Threads cannot be interrupted, so long sync handlers call this between steps.
-        Does nothing outside a worker thread.
+        A handler that does not is still bounded: its timeout ends the attempt (the
+        thread runs on, holding its slot, and its result is discarded), and shutdown
+        abandons it after a bounded wait. Does nothing outside a worker thread.
         """
         try:
             anyio.from_thread.check_cancelled()

@@ -3,13 +3,25 @@
 :class:`Executor` decodes the payload, calls the handler under its cancel scope and
 timeout, and turns whatever happened into an :data:`Outcome` with a structured
 :class:`~typedq.errors.FailureRecord`. It never raises for anything the job did: bad
-payloads, unknown tasks and handler errors are all outcomes. Settling the outcome with
-the broker is the worker's business.
+payloads, unknown tasks and handler errors are all outcomes, and so is anything
+unexpected on the way (a decoder blowing up, an exception whose ``__str__`` raises, a
+retry delay that is not a number): every attempt ends in an outcome of its own job.
+Settling the outcome with the broker is the worker's business.
+
+Sync handlers run in threads, which cannot be interrupted. A thread is abandoned when
+its attempt ends early (timeout, lost lease): the attempt gets its outcome at once, the
+thread runs on, and :class:`Running` says whether it is still alive so that the worker
+keeps its slot taken until it really returns (its late result is discarded). A cancel
+request or a shutdown instead waits for the thread (the job's lease is still renewed
+meanwhile), because handing the job on while its code still runs would run it twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import threading
 import time
 import traceback
 from collections import Counter
@@ -18,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 
@@ -25,7 +38,6 @@ from .broker.base import ClaimedJob
 from .context import JobContext
 from .errors import (
     Abort,
-    EncodeError,
     FailureReason,
     FailureRecord,
     InvalidPayload,
@@ -37,6 +49,8 @@ from .serde import codec_for
 from .task import Task
 
 __all__ = [
+    "MAX_RETRY_DELAY",
+    "Abandon",
     "CancelReason",
     "Complete",
     "Drop",
@@ -45,31 +59,100 @@ __all__ = [
     "HandBack",
     "Outcome",
     "Running",
+    "describe",
+    "minimal_failure",
+    "safe_retry_delay",
 ]
 
 log = logging.getLogger("typedq.worker")
 
 _TRACEBACK_LIMIT = 8192
+_MESSAGE_LIMIT = 4096
+
+#: The longest retry delay sent to a broker (ten years): every delay is clamped to a
+#: finite number in [0, MAX_RETRY_DELAY] before it leaves the worker.
+MAX_RETRY_DELAY = 10 * 365 * 86400.0
 
 #: Why a running job's scope was cancelled: ``job.cancel()``, a lost lease, or shutdown.
 CancelReason = Literal["cancel", "lease_lost", "shutdown"]
 
 
 class Running:
-    """A claimed job this worker runs: its claim, cancel scope, and why it was cancelled."""
+    """A claimed job this worker runs: its claim, cancel scope, and why it was cancelled.
 
-    __slots__ = ("cancel_reason", "claimed", "scope")
+    It also tracks the attempt's handler thread (sync handlers): ``thread_alive`` stays
+    True until the thread really returns, however long after the attempt ended, so the
+    worker can count the thread against its concurrency. ``lost`` is set once the broker
+    said the lease is gone: only then does the worker stop renewing it.
+    """
+
+    __slots__ = (
+        "_wake",
+        "abandoned",
+        "cancel_reason",
+        "claimed",
+        "in_handler",
+        "lost",
+        "scope",
+        "thread_alive",
+        "thread_result",
+    )
 
     def __init__(self, claimed: ClaimedJob) -> None:
         self.claimed = claimed
         self.scope: anyio.CancelScope | None = None
         self.cancel_reason: CancelReason | None = None
+        #: True while an async handler runs (it can be stopped by cancelling its scope).
+        self.in_handler = False
+        self.lost = False
+        self.abandoned = False
+        self.thread_alive = False
+        #: What the thread did: (True, value) or (False, exception); None while it runs.
+        self.thread_result: tuple[bool, Any] | None = None
+        self._wake: anyio.Event | None = None
 
     def cancel(self, reason: CancelReason) -> None:
+        """Cancel the attempt's scope (the first reason given is the one that counts)."""
         if self.cancel_reason is None:
             self.cancel_reason = reason
         if self.scope is not None:
             self.scope.cancel()
+
+    def mark_lost(self) -> None:
+        """The broker says the lease is gone: stop, write nothing, stop renewing."""
+        self.lost = True
+        self.cancel("lease_lost")
+        self._set_wake()
+
+    def abandon(self) -> None:
+        """Shutdown stops waiting for this attempt's thread (it may run on)."""
+        self.abandoned = True
+        self._set_wake()
+
+    def thread_started(self) -> None:
+        self.thread_alive = True
+        self.thread_result = None
+        self._wake = anyio.Event()
+
+    def thread_skipped(self) -> None:
+        """The attempt was cancelled before its thread started the handler."""
+        self.thread_alive = False
+        self._set_wake()
+
+    def thread_exited(self, result: tuple[bool, Any]) -> None:
+        """Called in the event loop once the handler thread has returned."""
+        self.thread_alive = False
+        self.thread_result = result
+        self._set_wake()
+
+    def _set_wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def wait_thread(self) -> None:
+        """Until the thread returns, the lease is lost, or shutdown gives up on it."""
+        if self._wake is not None and self.thread_alive and not (self.lost or self.abandoned):
+            await self._wake.wait()
 
 
 @dataclass(frozen=True)
@@ -98,7 +181,75 @@ class Drop:
     """Lease lost: write nothing; the job belongs to someone else now."""
 
 
-Outcome = Complete | Fail | HandBack | Drop
+@dataclass(frozen=True)
+class Abandon:
+    """Shutdown gave up waiting for the handler's thread: write nothing, keep nothing.
+
+    The job's lease is no longer renewed, so it comes back once the lease expires.
+    """
+
+
+Outcome = Complete | Fail | HandBack | Drop | Abandon
+
+
+def describe(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when its ``__str__`` raises; bounded in length."""
+    try:
+        text = str(exc)
+    except Exception as inner:
+        try:
+            text = f"<unprintable {type(exc).__qualname__}: its __str__ raised {type(inner).__qualname__}>"
+        except Exception:
+            text = "<unprintable exception>"
+    return text if len(text) <= _MESSAGE_LIMIT else text[:_MESSAGE_LIMIT] + "..."
+
+
+def _type_name(exc: BaseException) -> str:
+    try:
+        return qualified(type(exc))
+    except Exception:
+        return "Exception"
+
+
+def minimal_failure(
+    claimed: ClaimedJob,
+    *,
+    worker_id: str,
+    error_type: str,
+    message: str,
+    reason: FailureReason = FailureReason.ERROR,
+    retryable: bool = False,
+) -> FailureRecord:
+    """A failure record built from plain strings only: the last resort when building a
+    full record (or encoding it) failed. Strings are made encodable (lone surrogates
+    escaped) and bounded."""
+
+    def clean(text: str) -> str:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")[:_MESSAGE_LIMIT]
+
+    return FailureRecord(
+        reason=reason,
+        error_type=clean(error_type),
+        message=clean(message),
+        attempt=claimed.attempt,
+        retryable=retryable,
+        worker_id=worker_id,
+        failed_at=time.time(),
+    )
+
+
+def safe_retry_delay(delay: float | None) -> float | None:
+    """A retry delay a broker can store: None stays None, anything else becomes a finite
+    number in [0, MAX_RETRY_DELAY] (NaN becomes 0)."""
+    if delay is None:
+        return None
+    try:
+        value = float(delay)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+    if math.isnan(value) or value < 0:
+        return 0.0
+    return min(value, MAX_RETRY_DELAY)
 
 
 class Executor:
@@ -110,6 +261,8 @@ class Executor:
     :param progress: stores a running job's progress with the broker
     :param mismatches: counts (task, producer fingerprint) of payloads that validated
         although the producer's schema differed
+    :param thread_exited: called in the event loop when a handler thread returns (it may
+        be long after its attempt ended)
     """
 
     def __init__(
@@ -120,12 +273,14 @@ class Executor:
         threads: anyio.CapacityLimiter,
         progress: Callable[[ClaimedJob, bytes], Coroutine[Any, Any, None]],
         mismatches: Counter[tuple[str, str]],
+        thread_exited: Callable[[Running], None] | None = None,
     ) -> None:
         self.tasks = tasks
         self.worker_id = worker_id
         self._threads = threads
         self._progress = progress
         self.mismatches = mismatches
+        self._thread_exited = thread_exited
 
     def _failure(
         self,
@@ -140,7 +295,17 @@ class Executor:
     ) -> FailureRecord:
         tb = None
         if exc is not None:
-            tb = "".join(traceback.format_exception(exc))[-_TRACEBACK_LIMIT:]
+            try:
+                tb = _format_traceback(exc)
+            except Exception as inner:  # a broken __str__, a recursion too deep to print
+                tb = f"<traceback unavailable: formatting it raised {_type_name(inner)}>"
+        domain_type = domain_payload = None
+        if domain is not None:
+            try:
+                domain_payload = codec_for(type(domain)).encode(domain)
+                domain_type = qualified(type(domain))
+            except Exception as inner:
+                message = f"{message} (its data could not be stored: {describe(inner)})"
         return FailureRecord(
             reason=reason,
             error_type=error_type,
@@ -148,14 +313,33 @@ class Executor:
             attempt=claimed.attempt,
             retryable=retryable,
             traceback=tb,
-            domain_type=None if domain is None else qualified(type(domain)),
-            domain_payload=None if domain is None else codec_for(type(domain)).encode(domain),
+            domain_type=domain_type,
+            domain_payload=domain_payload,
             worker_id=self.worker_id,
             failed_at=time.time(),
         )
 
     async def attempt(self, claimed: ClaimedJob, running: Running) -> Outcome:
         """Run one claimed job to an outcome; never raises for anything the job did."""
+        try:
+            return await self._attempt(claimed, running)
+        except Exception as exc:
+            # A defect on the way (ours or a model's): the job still gets a record.
+            log.exception(
+                "job %s (%s): unexpected error while running it; recording a failure",
+                claimed.message.id,
+                claimed.message.task,
+            )
+            return Fail(
+                minimal_failure(
+                    claimed,
+                    worker_id=self.worker_id,
+                    error_type=_type_name(exc),
+                    message=f"the worker could not run this job: {describe(exc)}",
+                )
+            )
+
+    async def _attempt(self, claimed: ClaimedJob, running: Running) -> Outcome:
         message = claimed.message
         task = self.tasks.get(message.task)
         if task is None:
@@ -171,7 +355,14 @@ class Executor:
         try:
             payload = task.input.decode(message.payload)
         except (InvalidPayload, PayloadTooLarge) as exc:
-            return Fail(self._invalid_payload(claimed, task, exc))
+            return Fail(self._invalid_payload(claimed, task, describe(exc)))
+        except Exception as exc:
+            # Not a validation error but still the payload's doing: a payload nested too
+            # deep (RecursionError), a validator raising TypeError, __post_init__ raising
+            # KeyError. The same payload fails the same way again: no retries.
+            return Fail(
+                self._invalid_payload(claimed, task, f"{_type_name(exc)}: {describe(exc)}", exc=exc)
+            )
         if message.fingerprint and message.fingerprint != task.input.fingerprint:
             key = (task.name, message.fingerprint)
             if key not in self.mismatches:
@@ -193,64 +384,98 @@ class Executor:
             worker_id=self.worker_id,
             report=lambda data: self._progress(claimed, data),
         )
-        timeout = task.options.timeout if message.timeout < 0 else (message.timeout or None)
-        outcome: Outcome | None = None
+        timeout = _timeout_of(task, message.timeout)
+        #: (True, value) or (False, exception) once the handler finished.
+        got: tuple[bool, Any] | None = None
         with anyio.CancelScope() as scope:
             running.scope = scope
             if running.cancel_reason is not None:
                 scope.cancel()
-            try:
-                with anyio.move_on_after(timeout) as deadline:
-                    result = await self._call(task, payload, ctx)
-                if deadline.cancel_called and running.cancel_reason is None:
-                    outcome = self._retry_or_fail(
-                        claimed,
-                        task,
-                        self._failure(
-                            claimed,
-                            FailureReason.TIMEOUT,
-                            "TimeoutError",
-                            f"attempt {claimed.attempt} ran longer than its timeout of {timeout} s",
-                            retryable=True,
-                        ),
-                    )
-                else:
-                    outcome = self._encode_result(claimed, task, result)
-            except Retry as exc:
-                outcome = self._retry_or_fail(
-                    claimed,
-                    task,
-                    self._failure(
-                        claimed, FailureReason.ERROR, "Retry", str(exc), retryable=True, exc=exc
-                    ),
-                    delay=exc.delay,
-                )
-            except Abort as exc:
-                outcome = Fail(
-                    self._failure(
-                        claimed, FailureReason.ABORTED, "Abort", str(exc), retryable=False, exc=exc
-                    )
-                )
-            except Reject as exc:
-                outcome = Fail(self._rejected(claimed, task, exc))
-            except Exception as exc:
-                outcome = self._retry_or_fail(
-                    claimed,
-                    task,
-                    self._failure(
-                        claimed,
-                        FailureReason.ERROR,
-                        qualified(type(exc)),
-                        str(exc),
-                        retryable=True,
-                        exc=exc,
-                    ),
-                )
+            with anyio.move_on_after(timeout) as deadline:
+                try:
+                    got = (True, await self._call(task, payload, ctx, running))
+                except Exception as exc:
+                    got = (False, exc)
+                finally:
+                    running.in_handler = False
         reason = running.cancel_reason
-        if reason is not None and (outcome is None or scope.cancelled_caught):
-            return self._cancelled_outcome(claimed, reason)
-        assert outcome is not None
-        return outcome
+        if got is None:
+            if reason is None:
+                # The timeout: the attempt ends now, even if a sync handler's thread
+                # runs on (it cannot be killed; its slot stays taken until it returns).
+                return self._timed_out(claimed, task, timeout)
+            if reason == "lease_lost" or not running.thread_alive:
+                return self._cancelled_outcome(claimed, reason)
+            # A cancel request or a shutdown while a sync handler's thread still runs:
+            # wait for it (the lease is still renewed), within the job's timeout.
+            with anyio.CancelScope(deadline=deadline.deadline):
+                await running.wait_thread()
+            if running.lost:
+                return Drop()
+            if running.thread_result is None:
+                if reason == "shutdown":
+                    return Abandon()
+                return self._cancelled_outcome(claimed, reason)
+            got = running.thread_result
+            if not got[0] and not isinstance(got[1], Exception):
+                # It saw check_cancelled() (or ended some other abrupt way).
+                return self._cancelled_outcome(claimed, reason)
+        if reason == "lease_lost" or running.lost:
+            return Drop()  # never write a result after the lease was lost
+        ok, value = got
+        if ok:
+            return self._encode_result(claimed, task, value)
+        return self._handler_error(claimed, task, value)
+
+    def _timed_out(self, claimed: ClaimedJob, task: Task[Any, Any], timeout: float | None) -> Fail:
+        return self._retry_or_fail(
+            claimed,
+            task,
+            self._failure(
+                claimed,
+                FailureReason.TIMEOUT,
+                "TimeoutError",
+                f"attempt {claimed.attempt} ran longer than its timeout of {timeout} s",
+                retryable=True,
+            ),
+        )
+
+    def _handler_error(self, claimed: ClaimedJob, task: Task[Any, Any], exc: Exception) -> Fail:
+        if isinstance(exc, Retry):
+            record = self._failure(
+                claimed, FailureReason.ERROR, "Retry", describe(exc), retryable=True, exc=exc
+            )
+            delay = exc.delay
+            if delay is not None and not _valid_delay(delay):
+                return Fail(
+                    _not_retried(record, f"Retry(delay={delay!r}) is not a finite number >= 0")
+                )
+            return self._retry_or_fail(claimed, task, record, delay=delay)
+        if isinstance(exc, Abort):
+            return Fail(
+                self._failure(
+                    claimed,
+                    FailureReason.ABORTED,
+                    "Abort",
+                    describe(exc),
+                    retryable=False,
+                    exc=exc,
+                )
+            )
+        if isinstance(exc, Reject):
+            return Fail(self._rejected(claimed, task, exc))
+        return self._retry_or_fail(
+            claimed,
+            task,
+            self._failure(
+                claimed,
+                FailureReason.ERROR,
+                _type_name(exc),
+                describe(exc),
+                retryable=True,
+                exc=exc,
+            ),
+        )
 
     def _cancelled_outcome(self, claimed: ClaimedJob, reason: CancelReason) -> Outcome:
         if reason == "shutdown":
@@ -268,31 +493,94 @@ class Executor:
             cancelled=True,
         )
 
-    async def _call(self, task: Task[Any, Any], payload: Any, ctx: JobContext) -> Any:
+    async def _call(
+        self, task: Task[Any, Any], payload: Any, ctx: JobContext, running: Running
+    ) -> Any:
         if task.is_async:
+            running.in_handler = True
             return await task.invoke(payload, ctx)
         args = (payload, ctx) if task.takes_context else (payload,)
-        # Not abandoned on cancel: a thread cannot be stopped, and abandoning it would
-        # run more handlers at once than `concurrency` allows. Long sync handlers call
-        # ctx.check_cancelled() between steps.
-        return await anyio.to_thread.run_sync(task.fn, *args, limiter=self._threads)
+        return await self._call_in_thread(task.fn, args, running)
+
+    async def _call_in_thread(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], running: Running
+    ) -> Any:
+        """Run ``fn`` in a worker thread; abandoned (not stopped) when cancelled.
+
+        The thread reports its return to the event loop without blocking (the loop may
+        be gone by then), so the worker knows when the slot it holds is really free.
+        ``ctx.check_cancelled()`` in the thread still sees the attempt's cancellation.
+        """
+        token = anyio.lowlevel.current_token()
+        on_exit = self._thread_exited
+
+        def report(result: tuple[bool, Any]) -> None:
+            running.thread_exited(result)
+            if on_exit is not None:
+                on_exit(running)
+
+        # Cancellation may come before the thread picks the call up (then it never runs):
+        # the lock settles whether the body started or was skipped, never both.
+        gate = threading.Lock()
+        started = skipped = False
+
+        def body() -> tuple[bool, Any]:
+            nonlocal started
+            with gate:
+                if skipped:
+                    return (False, None)
+                started = True
+            result: tuple[bool, Any]
+            try:
+                result = (True, fn(*args))
+            except BaseException as exc:
+                result = (False, exc)
+            # RunFinishedError: the event loop has ended; nobody waits for this thread.
+            with contextlib.suppress(RuntimeError):
+                token.backend_class.run_sync_soon(report, (result,), token.native_token)
+            return result
+
+        running.thread_started()
+        # The capacity limiter is released when a thread is abandoned; the worker keeps
+        # counting the thread against `concurrency` until it returns (thread_alive).
+        try:
+            ok, value = await anyio.to_thread.run_sync(
+                body, abandon_on_cancel=True, limiter=self._threads
+            )
+        except BaseException:
+            with gate:
+                if not started:
+                    skipped = True
+                    running.thread_skipped()
+            raise
+        # The handler has returned (whatever the order its report reaches the loop in).
+        running.thread_exited((ok, value))
+        if ok:
+            return value
+        raise value
 
     def _encode_result(self, claimed: ClaimedJob, task: Task[Any, Any], result: Any) -> Outcome:
         try:
             return Complete(task.output.encode(result))
-        except EncodeError as exc:
+        except Exception as exc:
             return Fail(
                 self._failure(
                     claimed,
                     FailureReason.INVALID_RESULT,
                     "EncodeError",
-                    f"task {task.name!r} returned a value its output model rejects: {exc}",
+                    f"task {task.name!r} returned a value its output model rejects: "
+                    f"{describe(exc)}",
                     retryable=False,
                 )
             )
 
     def _invalid_payload(
-        self, claimed: ClaimedJob, task: Task[Any, Any], exc: Exception
+        self,
+        claimed: ClaimedJob,
+        task: Task[Any, Any],
+        why: str,
+        *,
+        exc: BaseException | None = None,
     ) -> FailureRecord:
         fingerprint = claimed.message.fingerprint
         if fingerprint and fingerprint != task.input.fingerprint:
@@ -301,15 +589,17 @@ class Executor:
                 FailureReason.SCHEMA_MISMATCH,
                 "SchemaMismatch",
                 f"task {task.name!r}: the producer's input schema {fingerprint} does not match "
-                f"the worker's {task.input.fingerprint}, and the payload does not validate: {exc}",
+                f"the worker's {task.input.fingerprint}, and the payload does not validate: {why}",
                 retryable=False,
+                exc=exc,
             )
         return self._failure(
             claimed,
             FailureReason.INVALID_PAYLOAD,
             "ValidationError",
-            f"task {task.name!r}: invalid payload: {exc}",
+            f"task {task.name!r}: invalid payload: {why}",
             retryable=False,
+            exc=exc,
         )
 
     def _rejected(self, claimed: ClaimedJob, task: Task[Any, Any], exc: Reject) -> FailureRecord:
@@ -329,7 +619,7 @@ class Executor:
             claimed,
             FailureReason.DOMAIN_ERROR,
             qualified(type(error)),
-            str(exc),
+            describe(exc),
             retryable=False,
             domain=error,
         )
@@ -345,12 +635,49 @@ class Executor:
         message = claimed.message
         retries = task.options.retries if message.max_retries < 0 else message.max_retries
         failures = claimed.attempt - claimed.stalls  # stall recoveries do not spend retries
-        if failures <= retries:
-            return Fail(
-                record,
-                retry_delay=delay if delay is not None else task.options.backoff.delay(failures),
-            )
-        return Fail(msgspec.structs.replace(record, retryable=False))
+        if failures > retries:
+            return Fail(msgspec.structs.replace(record, retryable=False))
+        if delay is None:
+            try:
+                delay = task.options.backoff.delay(failures)
+            except Exception as exc:  # an overflowing backoff, say
+                return Fail(
+                    _not_retried(
+                        record,
+                        f"its backoff could not compute retry {failures}'s delay: "
+                        f"{_type_name(exc)}: {describe(exc)}",
+                    )
+                )
+            if not _valid_delay(delay):
+                return Fail(
+                    _not_retried(record, f"its backoff gave retry {failures} the delay {delay!r}")
+                )
+        return Fail(record, retry_delay=safe_retry_delay(delay))
+
+
+def _format_traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))[-_TRACEBACK_LIMIT:]
+
+
+def _valid_delay(delay: object) -> bool:
+    return isinstance(delay, int | float) and math.isfinite(delay) and delay >= 0
+
+
+def _not_retried(record: FailureRecord, why: str) -> FailureRecord:
+    """A final version of ``record``: it is not retried, and the message says why."""
+    return msgspec.structs.replace(
+        record, retryable=False, message=f"{record.message} (not retried: {why})"
+    )
+
+
+def _timeout_of(task: Task[Any, Any], timeout: float) -> float | None:
+    """The attempt's timeout in seconds, or None; odd numbers from a raw envelope mean
+    the task's default (negative, NaN) or no limit (0, infinity)."""
+    if math.isnan(timeout) or timeout < 0:
+        return task.options.timeout
+    if timeout == 0 or math.isinf(timeout):
+        return None
+    return timeout
 
 
 def qualified(tp: type[Any]) -> str:

@@ -10,10 +10,24 @@ Lifecycle of a job in a worker:
    a cancel request (``job.cancel()``) cancels it and records ``cancelled``.
 4. Outcomes are settled through batchers: many completions become one broker call.
 
+Sync handlers run in threads, which cannot be killed. Their lease is renewed for as
+long as any code of the attempt can still run (only a lease the broker reports lost
+stops renewal). A timeout ends the attempt (recorded as ``timeout``) while the thread
+runs on; its slot stays taken until the thread really returns, and its late result is
+discarded. Free slots are ``concurrency`` minus running attempts minus such threads.
+
+Outcomes are re-sent until the broker answers (transitions are idempotent per token),
+with a capped backoff; the job keeps its slot and its lease meanwhile, so an outage
+applies backpressure instead of re-running finished jobs.
+
 Shutdown (leaving ``async with``, ``stop()``, or cancelling ``run``) stops claiming,
-lets in-flight jobs finish within ``grace`` seconds, then cancels them and hands them
-back to the queue unspent. The internals run in a shielded scope so that the caller's
-cancellation starts this graceful path instead of tearing handlers down mid-write.
+lets in-flight jobs finish within ``grace`` seconds, then cancels them: async handlers
+are handed back to the queue unspent; sync handlers' threads are waited for (their
+leases still renewed) for at most one more lease, settled with their real outcome if
+they return, and otherwise abandoned: logged, and back in the queue once their lease
+expires. ``stop(force=True)`` skips both waits. The internals run in a shielded scope
+so that the caller's cancellation starts this bounded path instead of tearing handlers
+down mid-write.
 """
 
 from __future__ import annotations
@@ -36,11 +50,20 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from .batching import Batcher
 from .broker.base import ClaimedJob, Completion, Failure, FinishOutcome, LeaseStatus, Release
-from .errors import (
-    BrokerError,
-    ConfigError,
+from .errors import BrokerError, BrokerUnavailable, ConfigError, FailureRecord
+from .execution import (
+    Abandon,
+    Complete,
+    Drop,
+    Executor,
+    Fail,
+    HandBack,
+    Outcome,
+    Running,
+    describe,
+    minimal_failure,
+    safe_retry_delay,
 )
-from .execution import Complete, Drop, Executor, HandBack, Outcome, Running
 from .task import Task, TIn, TOut
 
 if TYPE_CHECKING:
@@ -51,6 +74,20 @@ __all__ = ["Worker", "WorkerStats"]
 log = logging.getLogger("typedq.worker")
 
 _encode = msgspec.msgpack.Encoder().encode
+
+#: Outcome re-sends back off up to this many seconds between tries.
+_SETTLE_BACKOFF_CAP = 5.0
+#: Seconds an outcome is re-sent while the broker refuses it with an error of its own
+#: (not unreachable: READONLY during a failover, say). Such an error may also be lasting,
+#: so after this the job falls back to a minimal failure record.
+_SETTLE_REFUSED_FOR = 60.0
+#: After giving up on threads and outcomes at shutdown, how long the last broker calls
+#: in flight (hand-backs, a final re-send) may take before the worker stops regardless.
+_FINAL_WAIT = 5.0
+
+
+class _GaveUp(Exception):
+    """Shutdown stopped re-sending an outcome the broker did not take."""
 
 
 @dataclass
@@ -66,6 +103,13 @@ class WorkerStats:
     lease_lost: int = 0
     #: Finishes the broker refused because the lease was no longer ours.
     finish_rejected: int = 0
+    #: Attempts that ended (timeout, lost lease, shutdown) while their sync handler's
+    #: thread still ran; each kept a slot taken until the thread returned.
+    orphaned_threads: int = 0
+    #: Jobs left at shutdown with their handler thread still running (back by lease expiry).
+    abandoned: int = 0
+    #: Outcomes shutdown stopped re-sending because the broker did not take them.
+    settles_given_up: int = 0
     #: Jobs whose producer's schema fingerprint differed but whose payload validated.
     fingerprint_mismatches: Counter[tuple[str, str]] = field(default_factory=Counter)
 
@@ -80,7 +124,8 @@ class Worker(Generic[TIn, TOut]):
     :param task: the task to run
     :param concurrency: how many jobs run at once
     :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
-        and handed back
+        and handed back (sync handlers, which cannot be cancelled, get at most one lease
+        more before they are abandoned)
     """
 
     def __init__(
@@ -149,13 +194,19 @@ class Worker(Generic[TIn, TOut]):
         #: Running jobs by claim token (one job id may briefly have two claims: a retry
         #: claimed again before the previous attempt finished cleaning up).
         self._running: dict[str, Running] = {}
+        #: Attempts already settled whose handler thread still runs (timed out, lease
+        #: lost): each holds a slot until its thread returns.
+        self._orphans: dict[str, Running] = {}
         self._renewed_at = time.monotonic()
         self._stopping = False
+        self._cancelling = False
         self._force_stop = False
         self._started = False
         self._stop: anyio.Event | None = None
         self._changed: anyio.Event | None = None
         self._claim_done: anyio.Event | None = None
+        self._abandon: anyio.Event | None = None
+        self._phase_scope: anyio.CancelScope | None = None
         self._wait_scope: anyio.CancelScope | None = None
         self._serve_scope: anyio.CancelScope | None = None
         self._tg: TaskGroup | None = None
@@ -166,11 +217,12 @@ class Worker(Generic[TIn, TOut]):
             threads=anyio.CapacityLimiter(concurrency),
             progress=self._report_progress,
             mismatches=self.stats.fingerprint_mismatches,
+            thread_exited=self._thread_exited,
         )
-        self._completer: Batcher[Completion, FinishOutcome] = Batcher(
+        self._completer: Batcher[Completion, FinishOutcome | Exception] = Batcher(
             self._complete_batch, name="completion batcher"
         )
-        self._failer: Batcher[Failure, FinishOutcome] = Batcher(
+        self._failer: Batcher[Failure, FinishOutcome | Exception] = Batcher(
             self._fail_batch, name="failure batcher"
         )
 
@@ -179,8 +231,19 @@ class Worker(Generic[TIn, TOut]):
 
     @property
     def running(self) -> int:
-        """How many jobs run right now."""
+        """How many jobs run right now (including those whose outcome is being recorded)."""
         return len(self._running)
+
+    @property
+    def busy_threads(self) -> int:
+        """Handler threads still running for attempts that already ended (timed out,
+        lease lost): each keeps a slot taken until it returns."""
+        return len(self._orphans)
+
+    @property
+    def free_slots(self) -> int:
+        """``concurrency`` minus running jobs minus threads of ended attempts."""
+        return self.concurrency - len(self._running) - len(self._orphans)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -215,17 +278,17 @@ class Worker(Generic[TIn, TOut]):
     def stop(self, *, force: bool = False) -> None:
         """Ask for a graceful shutdown; ``run`` returns when it is done.
 
-        :param force: do not wait for the grace period: cancel running jobs now and
-            hand them back to the queue
+        :param force: do not wait: cancel running jobs now and hand them back to the
+            queue; sync handlers' threads are abandoned at once (their jobs come back
+            when their leases expire)
         """
         if self._stop is not None:
             self._stop.set()
         if force:
             self.grace = 0.0
             self._force_stop = True
-            if self._stopping:
-                for running in list(self._running.values()):
-                    running.cancel("shutdown")
+            if self._phase_scope is not None:
+                self._phase_scope.cancel()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until ``stop()`` or cancellation, then shut down gracefully."""
@@ -235,6 +298,7 @@ class Worker(Generic[TIn, TOut]):
         self._stop = anyio.Event()
         self._changed = anyio.Event()
         self._claim_done = anyio.Event()
+        self._abandon = anyio.Event()
         async with self.app.client, anyio.create_task_group() as outer:
             await outer.start(self._serve)
             log.info(
@@ -266,26 +330,64 @@ class Worker(Generic[TIn, TOut]):
 
     async def _shutdown(self) -> None:
         assert self._claim_done is not None
+        assert self._abandon is not None
         self._stopping = True
         if self._wait_scope is not None:
             self._wait_scope.cancel()
-        with anyio.move_on_after(0 if self._force_stop else self.grace):
-            await self._claim_done.wait()
-            await self._until_idle()
+        # 1. Grace: in-flight jobs may finish.
+        with anyio.CancelScope() as self._phase_scope:
+            if self._force_stop:
+                self._phase_scope.cancel()
+            with anyio.move_on_after(self.grace):
+                await self._claim_done.wait()
+                await self._until(lambda: not self._running)
+        # 2. Cancel: async handlers stop and are handed back; sync handlers' threads
+        # cannot be stopped, so their attempts wait for them, leases still renewed.
+        self._cancelling = True
         if self._running:
             log.info("worker %s: grace over, cancelling %d jobs", self.id, len(self._running))
             for running in list(self._running.values()):
                 running.cancel("shutdown")
-            # Sync handlers cannot be interrupted: wait for them, bounded by the lease
-            # (after that the job is recovered elsewhere anyway).
+        # 3. A bounded extra wait for those threads and for outcomes the broker has not
+        # taken yet (an outage). Threads of attempts that already ended hold no job: they
+        # are not waited for (their results are discarded anyway).
+        with anyio.CancelScope() as self._phase_scope:
+            if self._force_stop:
+                self._phase_scope.cancel()
             with anyio.move_on_after(self.lease):
-                await self._until_idle()
+                await self._until(lambda: not self._running)
+        # 4. Give up on the rest: no more waiting for threads, no more re-sends.
+        self._abandon.set()
+        for running in list(self._running.values()):
+            running.abandon()
+        with anyio.move_on_after(_FINAL_WAIT):
+            await self._until(lambda: not self._running)
+        for running in self._running.values():
+            log.warning(
+                "worker %s: stopped without settling job %s (%s); it comes back when its "
+                "lease expires (within %.0fs)",
+                self.id,
+                running.claimed.message.id,
+                running.claimed.message.task,
+                self.lease,
+            )
+        if self._orphans:
+            log.warning(
+                "worker %s: %d handler threads of ended attempts are still running (%s); "
+                "they cannot be stopped and their results will be discarded",
+                self.id,
+                len(self._orphans),
+                ", ".join(
+                    f"{r.claimed.message.id} ({r.claimed.message.task})"
+                    for r in self._orphans.values()
+                ),
+            )
         assert self._serve_scope is not None
         self._serve_scope.cancel()
         log.info("worker %s stopped: %s", self.id, self.stats)
 
-    async def _until_idle(self) -> None:
-        while self._running:
+    async def _until(self, done: Callable[[], bool]) -> None:
+        while not done():
             assert self._changed is not None
             await self._changed.wait()
 
@@ -303,7 +405,12 @@ class Worker(Generic[TIn, TOut]):
             if self._stopping:
                 scope.cancel()
             if for_jobs:
-                await self.app.broker.wait_for_jobs(self.queues, seconds or 5.0)
+                try:
+                    await self.app.broker.wait_for_jobs(self.queues, seconds or 5.0)
+                except Exception as exc:
+                    # An outage must not end the worker: the next claim reports it.
+                    log.debug("worker %s: waiting for jobs failed: %s", self.id, exc)
+                    await anyio.sleep(min(seconds or 5.0, 1.0))
             elif seconds is not None:
                 await anyio.sleep(seconds)
             else:
@@ -318,7 +425,7 @@ class Worker(Generic[TIn, TOut]):
         backoff = 0.0
         try:
             while not self._stopping:
-                free = self.concurrency - len(self._running)
+                free = self.free_slots
                 if free <= 0:
                     await self._wait(None)
                     continue
@@ -351,8 +458,11 @@ class Worker(Generic[TIn, TOut]):
             # The broker handed us a job this worker still runs under an older claim:
             # that claim's lease was lost (the loop was blocked, say).
             for stale in self._holders(claimed.message.id):
-                stale.cancel("lease_lost")
+                stale.mark_lost()
             running = self._running[claimed.token] = Running(claimed)
+            if self._cancelling:
+                # A claim that was in flight when shutdown cancelled the rest: hand back.
+                running.cancel("shutdown")
             self._tg.start_soon(self._run_job, claimed, running)
 
     def _holders(self, job_id: str) -> list[Running]:
@@ -372,12 +482,18 @@ class Worker(Generic[TIn, TOut]):
                 )
             await self._renew()
 
-    async def _renew(self) -> None:
-        """Renew every running job's lease in one call; act on lost leases and cancels."""
-        running = [r for r in self._running.values() if r.cancel_reason is None]
+    async def _renew(self) -> bool:
+        """Renew the leases of every attempt whose code may still run or whose outcome is
+        not recorded yet, in one call; act on lost leases and cancels.
+
+        Only the broker saying a lease is lost stops its renewal: a cancelled or shut
+        down attempt whose sync thread still runs keeps its lease, so nobody else starts
+        the job meanwhile. Returns False when the broker could not be asked.
+        """
+        running = [r for r in self._running.values() if not r.lost]
         if not running:
             self._renewed_at = time.monotonic()
-            return
+            return True
         sent = time.monotonic()
         try:
             statuses = await self.app.broker.renew(
@@ -386,22 +502,31 @@ class Worker(Generic[TIn, TOut]):
         except Exception as exc:
             log.warning("worker %s: lease renewal failed: %s", self.id, exc)
             if time.monotonic() - self._renewed_at > self.lease:
-                # Our leases have expired by now; another worker may hold these jobs.
-                for holder in list(self._running.values()):
-                    holder.cancel("lease_lost")
-            return
+                # Our leases may have expired by now and another worker may hold these
+                # jobs: stop the async handlers (they can be stopped). Threads cannot be,
+                # and outcomes waiting to be recorded are fenced by their token: those
+                # keep trying, and keep asking for their leases.
+                for holder in running:
+                    if holder.in_handler:
+                        holder.cancel("lease_lost")
+            return False
         self._renewed_at = max(self._renewed_at, sent)
         for holder, status in zip(running, statuses, strict=True):
             if status is LeaseStatus.LOST:
-                holder.cancel("lease_lost")
+                holder.mark_lost()
             elif status is LeaseStatus.CANCEL_REQUESTED:
                 holder.cancel("cancel")
+        return True
 
     async def _reaper_loop(self) -> None:
         while True:
             # Renew our own leases first: after the loop was blocked, this worker must
             # not recover (and run a second time) jobs that it is itself still running.
-            await self._renew()
+            if not await self._renew():
+                # Our own leases are not renewed: recovering now could take (and run a
+                # second time) jobs this worker holds but could not renew in an outage.
+                await anyio.sleep(self.reaper_interval)
+                continue
             try:
                 recovered = await self.app.broker.recover_stalled()
             except Exception as exc:
@@ -432,13 +557,86 @@ class Worker(Generic[TIn, TOut]):
     # -- running one job ---------------------------------------------------------------
 
     async def _run_job(self, claimed: ClaimedJob, running: Running) -> None:
+        job_id, task = claimed.message.id, claimed.message.task
         try:
-            outcome = await self._executor.attempt(claimed, running)
-            await self._settle(claimed, outcome)
+            try:
+                outcome = await self._executor.attempt(claimed, running)
+            except Exception as exc:
+                log.exception("worker %s: job %s (%s): attempt failed", self.id, job_id, task)
+                outcome = Fail(self._minimal(claimed, exc, "could not run this job"))
+            try:
+                await self._settle(claimed, outcome)
+            except _GaveUp:
+                raise
+            except Exception as exc:
+                if not isinstance(outcome, Complete | Fail) or self._abandon_set():
+                    raise
+                # Last resort: the job still gets a (minimal) failure record rather than
+                # sitting claimed until its lease expires and counting as a stall.
+                log.exception(
+                    "worker %s: could not record the outcome of job %s (%s); recording a "
+                    "minimal failure instead",
+                    self.id,
+                    job_id,
+                    task,
+                )
+                await self._settle(
+                    claimed, Fail(self._minimal(claimed, exc, "could not record the outcome"))
+                )
+        except _GaveUp:
+            self.stats.settles_given_up += 1
+            log.warning(
+                "worker %s: shutdown gave up recording the outcome of job %s (%s); it comes "
+                "back when its lease expires",
+                self.id,
+                job_id,
+                task,
+            )
         except Exception:
-            log.exception("worker %s: could not settle job %s", self.id, claimed.message.id)
+            log.exception(
+                "worker %s: job %s (%s) could not be settled; it comes back when its lease expires",
+                self.id,
+                job_id,
+                task,
+            )
         finally:
             del self._running[claimed.token]
+            if running.thread_alive:
+                # The attempt is over but its thread is not: keep its slot taken.
+                self._orphans[claimed.token] = running
+                self.stats.orphaned_threads += 1
+                log.warning(
+                    "worker %s: job %s (%s): its attempt ended but its sync handler's thread "
+                    "still runs (threads cannot be stopped); it holds a slot until it "
+                    "returns, and its result will be discarded",
+                    self.id,
+                    job_id,
+                    task,
+                )
+            self._notify()
+
+    def _minimal(self, claimed: ClaimedJob, exc: BaseException, what: str) -> FailureRecord:
+        return minimal_failure(
+            claimed,
+            worker_id=self.id,
+            error_type="WorkerError",
+            message=f"the worker {what}: {type(exc).__name__}: {describe(exc)}",
+        )
+
+    def _abandon_set(self) -> bool:
+        return self._abandon is not None and self._abandon.is_set()
+
+    def _thread_exited(self, running: Running) -> None:
+        """A handler thread returned (in the event loop): free its slot if it held one."""
+        if self._orphans.pop(running.claimed.token, None) is not None:
+            log.info(
+                "worker %s: the thread of job %s (%s) returned after its attempt ended; "
+                "its result was discarded",
+                self.id,
+                running.claimed.message.id,
+                running.claimed.message.task,
+            )
+        if self._changed is not None:
             self._notify()
 
     async def _report_progress(self, claimed: ClaimedJob, data: bytes) -> None:
@@ -447,29 +645,52 @@ class Worker(Generic[TIn, TOut]):
     # -- settling --------------------------------------------------------------------
 
     async def _settle(self, claimed: ClaimedJob, outcome: Outcome) -> None:
-        job_id, token = claimed.message.id, claimed.token
+        job_id, token, task = claimed.message.id, claimed.token, claimed.message.task
         if isinstance(outcome, Drop):
             self.stats.lease_lost += 1
             log.warning(
-                "worker %s: lost the lease of job %s; its result is discarded", self.id, job_id
+                "worker %s: lost the lease of job %s (%s); its result is discarded",
+                self.id,
+                job_id,
+                task,
+            )
+            return
+        if isinstance(outcome, Abandon):
+            self.stats.abandoned += 1
+            log.warning(
+                "worker %s: abandoned job %s (%s) at shutdown: its sync handler's thread "
+                "still runs and cannot be stopped; the job comes back when its lease "
+                "expires (within %.0fs of this worker stopping)",
+                self.id,
+                job_id,
+                task,
+                self.lease,
             )
             return
         if isinstance(outcome, HandBack):
-            result = await self._persist(lambda: self._release_one(Release(job_id, token)))
+            result = await self._persist(
+                claimed, "hand-back", lambda: self._release_one(Release(job_id, token))
+            )
             self.stats.released += 1
         elif isinstance(outcome, Complete):
             completion = Completion(job_id, token, outcome.result)
-            result = await self._persist(lambda: self._completer.submit(completion))
+            result = await self._persist(
+                claimed, "completion", lambda: _unwrap(self._completer.submit(completion))
+            )
             self.stats.completed += 1
         else:
             failure = Failure(
                 id=job_id,
                 token=token,
-                error=_encode(outcome.record),
-                retry_delay=outcome.retry_delay,
+                error=self._encode_record(claimed, outcome.record),
+                # Whatever the handler or a backoff produced, the broker gets a finite
+                # delay: one odd number must not fail the batch it travels in.
+                retry_delay=safe_retry_delay(outcome.retry_delay),
                 cancelled=outcome.cancelled,
             )
-            result = await self._persist(lambda: self._failer.submit(failure))
+            result = await self._persist(
+                claimed, "failure", lambda: _unwrap(self._failer.submit(failure))
+            )
             if outcome.cancelled:
                 self.stats.cancelled += 1
             elif outcome.retry_delay is not None:
@@ -480,52 +701,147 @@ class Worker(Generic[TIn, TOut]):
                 log.info(
                     "job %s (%s) failed: %s: %s",
                     job_id,
-                    claimed.message.task,
+                    task,
                     outcome.record.reason.value,
                     outcome.record.message,
                 )
         if result is FinishOutcome.LEASE_LOST:
             self.stats.finish_rejected += 1
             log.warning(
-                "worker %s: job %s was finished by the lease owner; ours was rejected",
+                "worker %s: job %s (%s) was finished by the lease owner; ours was rejected",
                 self.id,
                 job_id,
+                task,
             )
 
-    async def _persist(self, send: Callable[[], Awaitable[FinishOutcome]]) -> FinishOutcome:
-        """Send an outcome, retrying broker outages for up to one lease.
+    def _encode_record(self, claimed: ClaimedJob, record: FailureRecord) -> bytes:
+        try:
+            return _encode(record)
+        except Exception as exc:
+            # A message msgpack cannot carry (a lone surrogate, say): keep what can be.
+            log.warning(
+                "worker %s: job %s (%s): its failure record could not be encoded (%s); "
+                "storing a minimal one",
+                self.id,
+                claimed.message.id,
+                claimed.message.task,
+                describe(exc),
+            )
+            return _encode(
+                minimal_failure(
+                    claimed,
+                    worker_id=self.id,
+                    error_type=record.error_type,
+                    message=record.message,
+                    reason=record.reason,
+                    retryable=record.retryable,
+                )
+            )
 
-        Re-sending is safe: transitions are idempotent per token (ALREADY_FINISHED).
-        After a lease the job is someone else's anyway, so the error is raised.
+    async def _persist(
+        self,
+        claimed: ClaimedJob,
+        what: str,
+        send: Callable[[], Awaitable[FinishOutcome]],
+    ) -> FinishOutcome:
+        """Send an outcome until the broker answers it, with a capped backoff.
+
+        Re-sending is safe: transitions are idempotent per token (ALREADY_FINISHED), and
+        a token the broker no longer honours is answered LEASE_LOST. While this retries,
+        the job keeps its slot (no new claims: backpressure) and its lease is renewed.
+        An unreachable broker is retried for as long as the worker runs; an error the
+        broker itself answered is retried for up to a minute, then raised. At shutdown the
+        re-sends stop (``_GaveUp``): the job comes back when its lease expires.
         """
+        assert self._abandon is not None
         delay = 0.05
-        deadline = time.monotonic() + self.lease
+        tries = 0
+        refused_since: float | None = None
         while True:
             try:
                 return await send()
             except BrokerError as exc:
-                if time.monotonic() + delay > deadline:
-                    raise
-                log.warning("worker %s: could not record an outcome (%s); retrying", self.id, exc)
-                await anyio.sleep(delay)
-                delay = min(1.0, delay * 2)
+                tries += 1
+                if isinstance(exc, BrokerUnavailable):
+                    refused_since = None
+                else:
+                    now = time.monotonic()
+                    if refused_since is None:
+                        refused_since = now
+                    elif now - refused_since > _SETTLE_REFUSED_FOR:
+                        raise
+                if self._abandon.is_set():
+                    raise _GaveUp from exc
+                if tries == 1 or tries % 10 == 0:
+                    log.warning(
+                        "worker %s: could not record the %s of job %s (%s): %s; retrying "
+                        "(try %d; the job keeps its slot and lease meanwhile)",
+                        self.id,
+                        what,
+                        claimed.message.id,
+                        claimed.message.task,
+                        exc,
+                        tries,
+                    )
+                with anyio.move_on_after(delay):
+                    await self._abandon.wait()
+                delay = min(_SETTLE_BACKOFF_CAP, delay * 2)
 
     async def _release_one(self, item: Release) -> FinishOutcome:
         (result,) = await self.app.broker.release([item])
         return result
 
-    async def _complete_batch(self, items: list[Completion]) -> Sequence[FinishOutcome]:
-        if self._stopping:
-            return await self.app.broker.complete(items)
-        # The slots these completions free are refilled in the same round trip. They still
-        # count as taken until their _run_job ends, so the claim loop cannot claim for
-        # them too, and the broker applies the completions before the claim.
-        outcomes, jobs = await self.app.broker.complete_and_claim(
-            items, self.queues, len(items), worker_id=self.id, lease=self.lease
-        )
+    async def _complete_batch(self, items: list[Completion]) -> list[FinishOutcome | Exception]:
+        broker = self.app.broker
+        try:
+            if self._stopping:
+                return list(await broker.complete(items))
+            # The slots these completions free are refilled in the same round trip. They
+            # still count as taken until their _run_job ends, so the claim loop cannot
+            # claim for them too, and the broker applies the completions before the claim.
+            outcomes, jobs = await broker.complete_and_claim(
+                items, self.queues, len(items), worker_id=self.id, lease=self.lease
+            )
+        except BrokerUnavailable:
+            raise  # every submitter re-sends its own item
+        except Exception:
+            if len(items) == 1:
+                raise
+            # Maybe one item poisons the batch: send each alone so the others land.
+            return await _one_by_one(broker.complete, items)
         if jobs:
             self._start(jobs)
-        return outcomes
+        return list(outcomes)
 
-    async def _fail_batch(self, items: list[Failure]) -> Sequence[FinishOutcome]:
-        return await self.app.broker.fail(items)
+    async def _fail_batch(self, items: list[Failure]) -> list[FinishOutcome | Exception]:
+        broker = self.app.broker
+        try:
+            return list(await broker.fail(items))
+        except BrokerUnavailable:
+            raise
+        except Exception:
+            if len(items) == 1:
+                raise
+            return await _one_by_one(broker.fail, items)
+
+
+async def _unwrap(result: Awaitable[FinishOutcome | Exception]) -> FinishOutcome:
+    value = await result
+    if isinstance(value, Exception):
+        raise value
+    return value
+
+
+async def _one_by_one(
+    send: Callable[[Sequence[Any]], Awaitable[Sequence[FinishOutcome]]], items: Sequence[Any]
+) -> list[FinishOutcome | Exception]:
+    """Send each item alone; an item's error becomes its own result."""
+    results: list[FinishOutcome | Exception] = []
+    for item in items:
+        try:
+            (outcome,) = await send([item])
+        except Exception as exc:
+            results.append(exc)
+        else:
+            results.append(outcome)
+    return results
