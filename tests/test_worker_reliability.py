@@ -601,10 +601,18 @@ class OutageBroker(FaultyBroker):
             raise BrokerUnavailable(f"outage: {op} refused")
 
     async def claim(
-        self, queues: Sequence[str], limit: int, *, worker_id: str, lease: float
+        self,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None = None,
     ) -> list[ClaimedJob]:
         self._gate("claim")
-        return await super().claim(queues, limit, worker_id=worker_id, lease=lease)
+        return await super().claim(
+            queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+        )
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
         if self.down:
@@ -628,10 +636,11 @@ class OutageBroker(FaultyBroker):
         *,
         worker_id: str,
         lease: float,
+        claim_id: str | None = None,
     ) -> tuple[list[FinishOutcome], list[ClaimedJob]]:
         self._gate("complete")
         return await self.inner.complete_and_claim(
-            items, queues, limit, worker_id=worker_id, lease=lease
+            items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
         )
 
     async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:

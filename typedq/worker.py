@@ -49,7 +49,15 @@ import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
 from .batching import Batcher
-from .broker.base import ClaimedJob, Completion, Failure, FinishOutcome, LeaseStatus, Release
+from .broker.base import (
+    ClaimedJob,
+    Completion,
+    Failure,
+    FinishOutcome,
+    LeaseStatus,
+    Release,
+    new_claim_id,
+)
 from .errors import BrokerError, BrokerUnavailable, ConfigError, FailureRecord
 from .execution import (
     Abandon,
@@ -423,30 +431,68 @@ class Worker(Generic[TIn, TOut]):
         assert self._tg is not None
         broker = self.app.broker
         backoff = 0.0
+        # A claim whose answer was lost (id, limit): it may have taken effect, so it is
+        # re-sent with the same id, which returns the jobs its first copy claimed and
+        # claims nothing more. A fresh claim instead would leave those jobs claimed and
+        # unrun until their lease expired (a stall without a dead worker).
+        pending: tuple[str, int] | None = None
         try:
             while not self._stopping:
-                free = self.free_slots
-                if free <= 0:
-                    await self._wait(None)
-                    continue
+                if pending is None:
+                    free = self.free_slots
+                    if free <= 0:
+                        await self._wait(None)
+                        continue
+                    pending = (new_claim_id(), free)
+                claim_id, limit = pending
                 try:
                     jobs = await broker.claim(
-                        self.queues, free, worker_id=self.id, lease=self.lease
+                        self.queues, limit, worker_id=self.id, lease=self.lease, claim_id=claim_id
                     )
                 except Exception as exc:
+                    if not isinstance(exc, BrokerUnavailable):
+                        pending = None  # the broker answered: nothing was claimed
                     backoff = min(5.0, backoff * 2 or 0.05)
                     log.warning(
                         "worker %s: claim failed (%s); retrying in %.2fs", self.id, exc, backoff
                     )
                     await self._wait(backoff)
                     continue
+                pending = None
                 backoff = 0.0
                 if not jobs:
                     await self._wait(5.0, for_jobs=True)
                     continue
                 self._start(jobs)
+            if pending is not None:
+                await self._hand_back_lost_claim(*pending)
         finally:
             self._claim_done.set()
+
+    async def _hand_back_lost_claim(self, claim_id: str, limit: int) -> None:
+        """At shutdown, a claim whose answer was lost may hold jobs: fetch them by
+        re-sending it and hand them straight back (bounded; else they come back when
+        their lease expires)."""
+        broker = self.app.broker
+        with anyio.move_on_after(min(self.lease, 5.0)):
+            try:
+                jobs = await broker.claim(
+                    self.queues, limit, worker_id=self.id, lease=self.lease, claim_id=claim_id
+                )
+                if jobs:
+                    await broker.release([Release(j.message.id, j.token) for j in jobs])
+                    log.info(
+                        "worker %s: handed back %d jobs of a claim whose answer was lost",
+                        self.id,
+                        len(jobs),
+                    )
+            except Exception as exc:
+                log.warning(
+                    "worker %s: could not hand back the jobs of a claim whose answer was lost "
+                    "(%s); they come back when their lease expires",
+                    self.id,
+                    exc,
+                )
 
     # -- leases, reaper, cancellation --------------------------------------------------
 
@@ -799,9 +845,7 @@ class Worker(Generic[TIn, TOut]):
             # The slots these completions free are refilled in the same round trip. They
             # still count as taken until their _run_job ends, so the claim loop cannot
             # claim for them too, and the broker applies the completions before the claim.
-            outcomes, jobs = await broker.complete_and_claim(
-                items, self.queues, len(items), worker_id=self.id, lease=self.lease
-            )
+            outcomes, jobs = await self._complete_and_claim(items)
         except BrokerUnavailable:
             raise  # every submitter re-sends its own item
         except Exception:
@@ -812,6 +856,41 @@ class Worker(Generic[TIn, TOut]):
         if jobs:
             self._start(jobs)
         return list(outcomes)
+
+    async def _complete_and_claim(
+        self, items: list[Completion]
+    ) -> tuple[Sequence[FinishOutcome], Sequence[ClaimedJob]]:
+        """``complete_and_claim``, re-sent with the same claim id while the broker is out
+        of reach: the claim may have taken effect, and a re-send returns its jobs instead
+        of orphaning them. Gives up (raising) at shutdown; its completions are then
+        re-sent one by one by their submitters."""
+        assert self._abandon is not None
+        broker = self.app.broker
+        claim_id = new_claim_id()
+        delay = 0.05
+        while True:
+            try:
+                return await broker.complete_and_claim(
+                    items,
+                    self.queues,
+                    len(items),
+                    worker_id=self.id,
+                    lease=self.lease,
+                    claim_id=claim_id,
+                )
+            except BrokerUnavailable as exc:
+                if self._stopping or self._abandon.is_set():
+                    raise
+                log.warning(
+                    "worker %s: could not record %d completions (%s); re-sending them with "
+                    "the same claim",
+                    self.id,
+                    len(items),
+                    exc,
+                )
+                with anyio.move_on_after(delay):
+                    await self._abandon.wait()
+                delay = min(_SETTLE_BACKOFF_CAP, delay * 2)
 
     async def _fail_batch(self, items: list[Failure]) -> list[FinishOutcome | Exception]:
         broker = self.app.broker

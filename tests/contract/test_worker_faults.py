@@ -34,6 +34,45 @@ async def test_worker_survives_failing_claims(app_name: str, broker_url: str) ->
     assert faulty.raised["claim"] == 3
 
 
+@pytest.mark.parametrize("path", ["claim loop", "refill after completions"])
+async def test_lost_claim_replies_orphan_no_job(app_name: str, broker_url: str, path: str) -> None:
+    """A claim that took effect but whose answer was lost is re-sent with its claim id:
+    the worker gets those very jobs and runs them, instead of leaving them claimed and
+    unrun until their lease expires (with max_stalls=0 such a job would fail as stalled
+    without ever running)."""
+    faulty = FaultyBroker.for_url(broker_url, app_name)
+    app = App(app_name, broker=faulty, max_stalls=0, lease=2.0)
+    runs: Counter[int] = Counter()
+
+    @app.task
+    async def echo(x: In) -> Out:
+        runs[x.n] += 1
+        await anyio.sleep(0.01)
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            if path == "claim loop":
+                jobs = await echo.enqueue_many(In(i) for i in range(40))
+                faulty.inject("claim", 3, after_applying=True)
+            async with app.worker(concurrency=4):
+                if path != "claim loop":
+                    # The worker is idle now; each completion refills its slot through
+                    # complete_and_claim, and those claims lose their answers.
+                    first = await echo.enqueue(In(-1))
+                    await first.result(timeout=10)
+                    faulty.inject("claim", 3, after_applying=True)
+                    jobs = await echo.enqueue_many(In(i) for i in range(40))
+                results = [await job.result(timeout=20) for job in jobs]
+                states = [await job.status() for job in jobs]
+            records = await app.broker.get([job.id for job in jobs])
+    assert faulty.raised["claim"] == 3
+    assert results == [Out(i) for i in range(40)]
+    assert states == [JobState.COMPLETED] * 40
+    assert all(r is not None and r.stalls == 0 for r in records)
+    assert {n: c for n, c in runs.items() if n >= 0} == dict.fromkeys(range(40), 1)
+
+
 @pytest.mark.parametrize("lost", ["request", "reply"])
 async def test_lost_finish_is_resent_and_counted_once(
     app_name: str, broker_url: str, lost: str
