@@ -94,6 +94,14 @@ class Exploding(Backoff, frozen=True, kw_only=True):
         raise OverflowError("(34, 'Numerical result out of range')")
 
 
+class Unbounded(Backoff, frozen=True, kw_only=True):
+    """A backoff (a user's subclass) that answers an infinite delay; Backoff itself
+    refuses non-finite settings at construction."""
+
+    def delay(self, retry: int) -> float:
+        return math.inf
+
+
 def raw(task: str, payload: bytes) -> JobMessage:
     return JobMessage(id=new_job_id(), task=task, queue="default", payload=payload)
 
@@ -240,7 +248,7 @@ async def test_retry_with_a_negative_delay_is_an_ordinary_error(
     "backoff",
     [
         Exploding(),
-        Backoff(kind="exponential", base=math.inf, max=math.inf, jitter=0.0),
+        Unbounded(),
     ],
     ids=["raises", "infinite"],
 )
