@@ -135,3 +135,11 @@ def test_app_task_with_and_without_arguments() -> None:
     made = app.task(retries=2, queue="other")(with_options)
     assert isinstance(made, typedq.Task)
     assert (made.name, made.queue, made.options.retries) == ("with_options", "other", 2)
+
+
+def test_resources_are_public() -> None:
+    """``@app.resource`` returns a typed ``Resource[T]``; ``ResourceError`` is typedq's."""
+    assert len(getattr(typedq.Resource, "__parameters__", ())) == 1
+    assert issubclass(typedq.ResourceError, typedq.TypedqError)
+    assert inspect.isfunction(typedq.App.resource)
+    assert inspect.isfunction(typedq.JobContext.get)

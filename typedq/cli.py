@@ -85,10 +85,17 @@ def load_app(target: str) -> App:
 async def _run_worker(app: App, args: argparse.Namespace) -> None:
     queues = [q for q in args.queues.split(",") if q] if args.queues else None
     worker = app.worker(concurrency=args.concurrency, queues=queues, grace=args.grace)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_handle_signals, worker)
-        await worker.run()  # returns once a graceful shutdown is complete
-        tg.cancel_scope.cancel()  # stop listening for signals
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_handle_signals, worker)
+            await worker.run()  # returns once a graceful shutdown is complete
+            tg.cancel_scope.cancel()  # stop listening for signals
+    except ExceptionGroup as group:
+        # A worker that could not start (a resource failed to open, say) raises one error
+        # of typedq's: report that error itself, as one line, not the task group's wrapper.
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], TypedqError):
+            raise group.exceptions[0] from None
+        raise
 
 
 async def _handle_signals(worker: Worker[Any, Any]) -> None:

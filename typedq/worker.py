@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Self
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -72,6 +72,7 @@ from .execution import (
     minimal_failure,
     safe_retry_delay,
 )
+from .resources import Resource, open_resources
 from .task import Task, TIn, TOut
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ if TYPE_CHECKING:
 __all__ = ["Worker", "WorkerStats"]
 
 log = logging.getLogger("typedq.worker")
+
+T = TypeVar("T")
 
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -199,6 +202,8 @@ class Worker(Generic[TIn, TOut]):
         self.reaper_interval = min(app.lease / 2, 5.0)
         self.id = f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}"
         self.stats = WorkerStats()
+        #: Test doubles standing in for resources (``provide``): not opened.
+        self._provided: dict[Resource[Any], Any] = {}
         #: Running jobs by claim token (one job id may briefly have two claims: a retry
         #: claimed again before the previous attempt finished cleaning up).
         self._running: dict[str, Running] = {}
@@ -262,7 +267,12 @@ class Worker(Generic[TIn, TOut]):
         try:
             await tg.start(self.run)
         except BaseException as exc:
-            await tg.__aexit__(type(exc), exc, exc.__traceback__)
+            if isinstance(exc, Exception):
+                # The worker could not start (a resource failed to open, say): raise its
+                # error as it is, not wrapped in the task group's exception group.
+                await tg.__aexit__(None, None, None)
+            else:
+                await tg.__aexit__(type(exc), exc, exc.__traceback__)
             self._outer_tg = None
             raise
         return self
@@ -282,6 +292,15 @@ class Worker(Generic[TIn, TOut]):
             await tg.__aexit__(None, None, None)
             return None
         return await tg.__aexit__(exc_type, exc, tb)
+
+    def provide(self, resource: Resource[T], value: T) -> Self:
+        """Use ``value`` for ``resource`` instead of opening it (a test double); call it
+        before the worker starts. ``typedq.testing.run_worker(resources=...)`` calls it.
+        """
+        if self._started:
+            raise RuntimeError("provide() must be called before the worker starts")
+        self._provided[resource] = value
+        return self
 
     def stop(self, *, force: bool = False) -> None:
         """Ask for a graceful shutdown; ``run`` returns when it is done.
@@ -307,7 +326,14 @@ class Worker(Generic[TIn, TOut]):
         self._changed = anyio.Event()
         self._claim_done = anyio.Event()
         self._abandon = anyio.Event()
-        async with self.app.client, anyio.create_task_group() as outer:
+        # Resources open after the broker connects and before any claim; they close
+        # after _shutdown (in-flight jobs settled) and before the broker disconnects.
+        # Jobs find them through the context their tasks inherit from here.
+        async with (
+            self.app.client,
+            open_resources(self.app.resources, self._provided, where=f"worker {self.id}"),
+            anyio.create_task_group() as outer,
+        ):
             await outer.start(self._serve)
             log.info(
                 "worker %s started: tasks=%s queues=%s concurrency=%d",

@@ -1,0 +1,29 @@
+"""An app whose resource cannot open, for tests/test_resources.py's CLI test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from typedq import App
+
+app = App("resource-app")
+
+
+class Ping(msgspec.Struct):
+    n: int
+
+
+async def connect(dsn: str) -> str:
+    raise ConnectionRefusedError(f"warehouse database at {dsn} refused the connection")
+
+
+@app.resource
+async def warehouse() -> AsyncIterator[str]:
+    yield await connect("db.invalid:5432")
+
+
+@app.task
+async def ping(payload: Ping) -> None:
+    pass

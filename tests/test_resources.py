@@ -1,0 +1,304 @@
+"""Resources: opened once per worker before claiming, read by handlers, closed at shutdown."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from typedq import App, ConfigError, JobContext, JobFailed, JobState, Resource, ResourceError
+from typedq.testing import job_context, provide, run_worker
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Order(msgspec.Struct):
+    order_id: int
+
+
+class Done(msgspec.Struct):
+    seen: str
+
+
+class Pool:
+    """Stands for a connection pool: something opened once and shared by jobs."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.closed = False
+
+
+async def test_opened_in_order_before_claiming_and_closed_in_reverse_after_jobs() -> None:
+    app = App("res-order")
+    events: list[str] = []
+    release = anyio.Event()
+    started = anyio.Event()
+    job_ids: list[str] = []
+
+    @app.resource
+    async def db() -> AsyncIterator[Pool]:
+        events.append("open db")
+        pool = Pool("db://")
+        try:
+            yield pool
+        finally:
+            # Shutdown closes resources only once in-flight jobs have settled.
+            assert await handle.job(job_ids[0]).status() is JobState.COMPLETED
+            pool.closed = True
+            events.append("close db")
+
+    @app.resource
+    @contextlib.asynccontextmanager
+    async def cache() -> AsyncIterator[dict[str, str]]:
+        events.append("open cache")
+        yield {"greeting": "hello"}
+        events.append("close cache")
+
+    @app.task
+    async def handle(order: Order, ctx: JobContext) -> Done:
+        events.append("job")
+        started.set()
+        await release.wait()
+        return Done(seen=f"{ctx.get(db).dsn} {ctx.get(cache)['greeting']}")
+
+    async with app:
+        job = await handle.enqueue(Order(order_id=1))
+        job_ids.append(job.id)
+        async with app.worker():
+            await started.wait()
+            assert events == ["open db", "open cache", "job"]
+            release.set()  # the job finishes during the graceful shutdown below
+        assert events == ["open db", "open cache", "job", "close cache", "close db"]
+        assert await job.result(timeout=5) == Done(seen="db:// hello")
+
+
+async def test_sync_handlers_read_resources_from_their_thread() -> None:
+    app = App("res-sync")
+
+    @app.resource
+    async def db() -> AsyncIterator[Pool]:
+        yield Pool("sync://")
+
+    @app.task
+    def handle(order: Order, ctx: JobContext) -> Done:
+        return Done(seen=ctx.get(db).dsn)
+
+    async with run_worker(app) as harness:
+        job = await handle.enqueue(Order(order_id=1))
+        await harness.idle()
+        assert await job.result(timeout=5) == Done(seen="sync://")
+
+
+async def test_a_resource_that_fails_to_open_stops_the_worker_and_closes_the_others() -> None:
+    app = App("res-fail")
+    events: list[str] = []
+
+    @app.resource
+    async def first() -> AsyncIterator[str]:
+        events.append("open first")
+        yield "first"
+        events.append("close first")
+
+    async def connect() -> str:
+        raise OSError("connection refused")
+
+    @app.resource
+    async def broken() -> AsyncIterator[str]:
+        yield await connect()
+
+    @app.task
+    async def handle(order: Order) -> None:
+        events.append("job")  # pragma: no cover  # the worker never starts
+
+    async with app:
+        await handle.enqueue(Order(order_id=1))
+        with pytest.raises(ResourceError) as caught:
+            async with app.worker():
+                pytest.fail("the worker must not start")  # pragma: no cover
+        assert str(caught.value) == (
+            "could not open resource 'broken': OSError: connection refused"
+        )
+        assert events == ["open first", "close first"]
+        assert (await app.broker.counts("default"))[JobState.WAITING] == 1  # nothing claimed
+
+
+async def test_direct_call_outside_a_worker_is_a_clear_error() -> None:
+    app = App("res-direct")
+
+    @app.resource
+    async def db() -> AsyncIterator[Pool]:
+        yield Pool("real://")  # pragma: no cover  # a direct call opens nothing
+
+    @app.task
+    async def handle(order: Order, ctx: JobContext) -> Done:
+        return Done(seen=ctx.get(db).dsn)
+
+    with pytest.raises(ResourceError) as caught:
+        await handle(Order(order_id=1))
+    message = str(caught.value)
+    assert message.startswith("resource 'db' is not open: job 'local' (handle) does not run")
+    assert "typedq.testing.job_context(typedq.testing.provide(db, value))" in message
+    # With a test double, the same direct call works.
+    done = await handle(Order(order_id=1), job_context(provide(db, Pool("fake://"))))
+    assert done == Done(seen="fake://")
+
+
+async def test_run_worker_uses_doubles_instead_of_opening() -> None:
+    app = App("res-double")
+    opened: list[str] = []
+
+    @app.resource
+    async def db() -> AsyncIterator[Pool]:
+        opened.append("db")  # pragma: no cover  # replaced by the double
+        yield Pool("real://")  # pragma: no cover
+
+    @app.resource
+    async def http() -> AsyncIterator[str]:
+        opened.append("http")
+        yield "client"
+
+    @app.task
+    async def handle(order: Order, ctx: JobContext) -> Done:
+        return Done(seen=f"{ctx.get(db).dsn} {ctx.get(http)}")
+
+    async with run_worker(app, resources=[provide(db, Pool("fake://"))]) as harness:
+        job = await handle.enqueue(Order(order_id=1))
+        await harness.idle()
+        assert await job.result(timeout=5) == Done(seen="fake:// client")
+    assert opened == ["http"]
+
+
+async def test_a_resource_of_another_app_fails_the_job_with_a_clear_record() -> None:
+    app = App("res-mine")
+    other = App("res-other")
+
+    @other.resource
+    async def foreign() -> AsyncIterator[str]:
+        yield "x"  # pragma: no cover  # never opened: no worker of `other` runs
+
+    @app.task
+    async def handle(order: Order, ctx: JobContext) -> Done:
+        return Done(seen=ctx.get(foreign))
+
+    async with run_worker(app) as harness:
+        job = await handle.enqueue(Order(order_id=1))
+        await harness.idle()
+        with pytest.raises(JobFailed) as caught:
+            await job.result(timeout=5)
+    record = caught.value.record
+    assert record.error_type == "typedq.resources.ResourceError"
+    assert record.message.startswith("resource 'foreign' (app 'res-other') is not open in worker ")
+    assert "(open: none); register it on the app this worker runs" in record.message
+
+
+async def test_an_error_while_closing_is_logged_and_the_others_still_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = App("res-close")
+    closed: list[str] = []
+
+    @app.resource
+    async def first() -> AsyncIterator[str]:
+        yield "first"
+        closed.append("first")
+
+    @app.resource
+    async def second() -> AsyncIterator[str]:
+        yield "second"
+        raise RuntimeError("close failed")
+
+    @app.task
+    async def handle(order: Order) -> None:
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="typedq.resources"):
+        async with run_worker(app):
+            pass
+    assert closed == ["first"]
+    assert "resource 'second' raised while closing: RuntimeError: close failed" in caplog.text
+
+
+async def test_a_factory_that_returns_no_context_manager_is_a_clear_error() -> None:
+    app = App("res-bad-factory")
+
+    def plain() -> str:
+        return "not a context manager"
+
+    # mypy rejects this registration too (tests/typing_snippets/fail/resource_errors.py).
+    bad: Resource[str] = app.resource(plain)  # type: ignore[arg-type]
+    assert bad.name == "plain"
+
+    @app.task
+    async def handle(order: Order) -> None:
+        pass  # pragma: no cover
+
+    with pytest.raises(ResourceError) as caught:
+        async with run_worker(app):
+            pass  # pragma: no cover
+    assert str(caught.value) == (
+        "resource 'plain': its factory returned str, not an async context manager; make it "
+        "an async generator that yields the value, or decorate it with "
+        "@contextlib.asynccontextmanager"
+    )
+
+
+def test_registration_errors_are_one_clear_line() -> None:
+    app = App("res-register")
+
+    async def returns() -> Pool:
+        return Pool("x")
+
+    async def takes(dsn: str) -> AsyncIterator[Pool]:
+        yield Pool(dsn)
+
+    async def twice() -> AsyncIterator[str]:
+        yield "x"
+
+    with pytest.raises(ConfigError) as caught:
+        app.resource(returns)  # type: ignore[arg-type]  # mypy rejects it too
+    assert str(caught.value) == (
+        "resource 'returns' is an async function that returns its value, so it could never "
+        "be closed; make it yield the value (an async generator) and close it after the yield"
+    )
+    with pytest.raises(ConfigError) as caught:
+        app.resource(takes)  # type: ignore[arg-type]  # mypy rejects it too
+    assert str(caught.value) == (
+        "resource 'takes' takes parameters ['dsn']; a resource factory takes none (read "
+        "settings from the environment or a closure)"
+    )
+    app.resource(twice)
+    with pytest.raises(ConfigError) as caught:
+        app.resource(twice)
+    assert str(caught.value) == (
+        "app 'res-register' already has a resource named 'twice'; rename the function"
+    )
+    assert [r.name for r in app.resources] == ["twice"]
+
+
+def test_cli_worker_whose_resource_fails_exits_2_with_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "typedq", "worker", "tests.resource_app:app"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TYPEDQ_BROKER": ""},
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert (
+        "typedq: error: could not open resource 'warehouse': ConnectionRefusedError: "
+        "warehouse database at db.invalid:5432 refused the connection"
+    ) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "ExceptionGroup" not in result.stderr
