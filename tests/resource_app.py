@@ -1,9 +1,10 @@
-"""An app whose resource cannot open, for tests/test_resources.py's CLI test."""
+"""Apps whose resources cannot open, for tests/test_resources.py's CLI tests."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import anyio
 import msgspec
 
 from typedq import App
@@ -26,4 +27,18 @@ async def warehouse() -> AsyncIterator[str]:
 
 @app.task
 async def ping(payload: Ping) -> None:
+    pass
+
+
+hanging_app = App("resource-hang")
+
+
+@hanging_app.resource
+async def slow_db() -> AsyncIterator[str]:
+    await anyio.sleep_forever()  # a database that never answers
+    yield "never"
+
+
+@hanging_app.task
+async def pong(payload: Ping) -> None:
     pass

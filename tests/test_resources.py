@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -130,6 +131,40 @@ async def test_a_resource_that_fails_to_open_stops_the_worker_and_closes_the_oth
         )
         assert events == ["open first", "close first"]
         assert (await app.broker.counts("default"))[JobState.WAITING] == 1  # nothing claimed
+
+
+async def test_stop_while_a_resource_hangs_opening_stops_the_worker() -> None:
+    app = App("res-hang")
+    events: list[str] = []
+    opening = anyio.Event()
+
+    @app.resource
+    async def first() -> AsyncIterator[str]:
+        yield "first"
+        events.append("close first")
+
+    @app.resource
+    async def hangs() -> AsyncIterator[str]:
+        opening.set()
+        await anyio.sleep_forever()  # a database that never answers
+        yield "never"
+
+    @app.task
+    async def handle(order: Order) -> None:
+        pass  # pragma: no cover  # the worker never starts
+
+    worker = app.worker()
+
+    async def stop_when_opening() -> None:
+        await opening.wait()
+        worker.stop()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stop_when_opening)
+        with pytest.raises(ResourceError) as caught:
+            await worker.run()
+    assert str(caught.value) == f"worker {worker.id} was stopped while resource 'hangs' was opening"
+    assert events == ["close first"]
 
 
 async def test_direct_call_outside_a_worker_is_a_clear_error() -> None:
@@ -302,3 +337,25 @@ def test_cli_worker_whose_resource_fails_exits_2_with_one_line() -> None:
     ) in result.stderr
     assert "Traceback" not in result.stderr
     assert "ExceptionGroup" not in result.stderr
+
+
+def test_cli_worker_interrupted_while_a_resource_hangs_opening_exits_with_one_line() -> None:
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "typedq", "worker", "tests.resource_app:hanging_app"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TYPEDQ_BROKER": ""},
+    )
+    try:
+        assert worker.stderr is not None
+        for line in worker.stderr:  # wait until it hangs opening (no sleeps)
+            if "opening resources slow_db" in line:
+                break
+        worker.send_signal(signal.SIGINT)
+        _, rest = worker.communicate(timeout=60)
+    finally:
+        worker.kill()
+    assert worker.returncode == 2, rest
+    assert "was stopped while resource 'slow_db' was opening" in rest
+    assert "Traceback" not in rest

@@ -196,6 +196,7 @@ async def open_resources(
     provided: Mapping[Resource[Any], Any],
     *,
     where: str,
+    abort: anyio.CancelScope | None = None,
 ) -> AsyncIterator[Resources]:
     """Open ``resources`` in order (those in ``provided`` are not opened: their given
     value is used), make them current for the block, close them in reverse order.
@@ -204,24 +205,32 @@ async def open_resources(
     bounded by :data:`CLOSE_TIMEOUT` per resource; an error while closing is logged, and
     the other resources are still closed.
 
-    :raises ResourceError: a resource failed to open (those opened before it are closed)
+    :param abort: a scope whose cancellation stops the opening (a worker stopped while a
+        resource hangs opening); it is entered only while opening
+    :raises ResourceError: a resource failed to open, or ``abort`` stopped the opening
+        (either way those opened before it are closed)
     """
     values: dict[Resource[Any], Any] = dict(provided)
     opened: list[tuple[Resource[Any], contextlib.AbstractAsyncContextManager[Any]]] = []
     try:
-        for resource in resources:
-            if resource in values:
-                continue
-            try:
-                manager = resource._open()
-                values[resource] = await manager.__aenter__()
-            except ResourceError:
-                raise
-            except Exception as exc:
-                raise ResourceError(
-                    f"could not open resource {resource.name!r}: {type(exc).__name__}: {exc}"
-                ) from exc
-            opened.append((resource, manager))
+        pending = [r for r in resources if r not in values]
+        if pending:
+            log.info("%s: opening resources %s", where, ", ".join(r.name for r in pending))
+        with abort or anyio.CancelScope() as scope:
+            for resource in pending:
+                try:
+                    manager = resource._open()
+                    values[resource] = await manager.__aenter__()
+                except ResourceError:
+                    raise
+                except Exception as exc:
+                    raise ResourceError(
+                        f"could not open resource {resource.name!r}: {type(exc).__name__}: {exc}"
+                    ) from exc
+                opened.append((resource, manager))
+        if scope.cancelled_caught:
+            stuck = pending[len(opened)].name
+            raise ResourceError(f"{where} was stopped while resource {stuck!r} was opening")
         if opened:
             log.info("%s: opened resources %s", where, ", ".join(r.name for r, _ in opened))
         token = _current.set(Resources(values, where=where))

@@ -204,6 +204,8 @@ class Worker(Generic[TIn, TOut]):
         self.stats = WorkerStats()
         #: Test doubles standing in for resources (``provide``): not opened.
         self._provided: dict[Resource[Any], Any] = {}
+        #: Cancelled by stop(): a resource hanging while it opens must not hang the worker.
+        self._opening = anyio.CancelScope()
         #: Running jobs by claim token (one job id may briefly have two claims: a retry
         #: claimed again before the previous attempt finished cleaning up).
         self._running: dict[str, Running] = {}
@@ -311,6 +313,7 @@ class Worker(Generic[TIn, TOut]):
         """
         if self._stop is not None:
             self._stop.set()
+        self._opening.cancel()  # only while opening resources: entered nowhere else
         if force:
             self.grace = 0.0
             self._force_stop = True
@@ -331,7 +334,9 @@ class Worker(Generic[TIn, TOut]):
         # Jobs find them through the context their tasks inherit from here.
         async with (
             self.app.client,
-            open_resources(self.app.resources, self._provided, where=f"worker {self.id}"),
+            open_resources(
+                self.app.resources, self._provided, where=f"worker {self.id}", abort=self._opening
+            ),
             anyio.create_task_group() as outer,
         ):
             await outer.start(self._serve)
