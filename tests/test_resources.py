@@ -15,7 +15,16 @@ import anyio
 import msgspec
 import pytest
 
-from typedq import App, ConfigError, JobContext, JobFailed, JobState, Resource, ResourceError
+from typedq import (
+    App,
+    ConfigError,
+    JobContext,
+    JobFailed,
+    JobState,
+    Resource,
+    ResourceError,
+    Resources,
+)
 from typedq.testing import job_context, provide, run_worker
 
 pytestmark = pytest.mark.anyio
@@ -81,6 +90,50 @@ async def test_opened_in_order_before_claiming_and_closed_in_reverse_after_jobs(
             release.set()  # the job finishes during the graceful shutdown below
         assert events == ["open db", "open cache", "job", "close cache", "close db"]
         assert await job.result(timeout=5) == Done(seen="db:// hello")
+
+
+async def test_a_resource_builds_on_those_opened_before_it() -> None:
+    app = App("res-deps")
+
+    @app.resource
+    async def db() -> AsyncIterator[Pool]:
+        yield Pool("db://")
+
+    @app.resource
+    @contextlib.asynccontextmanager
+    async def repo(opened: Resources) -> AsyncIterator[str]:
+        yield f"repo on {opened.get(db).dsn}"
+
+    @app.resource
+    async def too_early(opened: Resources) -> AsyncIterator[str]:
+        yield opened.get(late)  # registered after it: not open yet
+
+    @app.resource
+    async def late() -> AsyncIterator[str]:
+        yield "late"  # pragma: no cover  # opening stops at too_early
+
+    @app.task
+    async def handle(order: Order, ctx: JobContext) -> Done:
+        return Done(seen=ctx.get(repo))
+
+    with pytest.raises(ResourceError) as caught:
+        async with run_worker(app):
+            pass  # pragma: no cover
+    message = str(caught.value)
+    assert message.startswith("resource 'late' (app 'res-deps') is not open in worker ")
+    assert message.endswith(
+        ", while opening 'too_early' (open: db, repo); register it on the app this worker "
+        "runs (@app.resource) before the resources that use it, or give a test double with "
+        "typedq.testing.provide"
+    )
+
+    # With a double for db, repo builds on the double.
+    async with run_worker(
+        app, resources=[provide(db, Pool("fake://")), provide(too_early, "x")]
+    ) as harness:
+        job = await handle.enqueue(Order(order_id=1))
+        await harness.idle()
+        assert await job.result(timeout=5) == Done(seen="repo on fake://")
 
 
 async def test_sync_handlers_read_resources_from_their_thread() -> None:
@@ -293,7 +346,10 @@ def test_registration_errors_are_one_clear_line() -> None:
     async def returns() -> Pool:
         return Pool("x")
 
-    async def takes(dsn: str) -> AsyncIterator[Pool]:
+    async def takes(dsn: str, user: str) -> AsyncIterator[Pool]:
+        yield Pool(dsn)
+
+    async def takes_one(dsn: str) -> AsyncIterator[Pool]:
         yield Pool(dsn)
 
     async def twice() -> AsyncIterator[str]:
@@ -308,9 +364,12 @@ def test_registration_errors_are_one_clear_line() -> None:
     with pytest.raises(ConfigError) as caught:
         app.resource(takes)  # type: ignore[arg-type]  # mypy rejects it too
     assert str(caught.value) == (
-        "resource 'takes' takes parameters ['dsn']; a resource factory takes none (read "
-        "settings from the environment or a closure)"
+        "resource 'takes' takes parameters (dsn, user); a resource factory takes none, or "
+        "one: the resources opened before it (opened: Resources)"
     )
+    with pytest.raises(ConfigError) as caught:
+        app.resource(takes_one)  # type: ignore[arg-type]  # mypy rejects it too
+    assert str(caught.value).startswith("resource 'takes_one' takes parameters (dsn); ")
     app.resource(twice)
     with pytest.raises(ConfigError) as caught:
         app.resource(twice)

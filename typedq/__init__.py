@@ -41,6 +41,7 @@ from .producer import Producer as Producer
 from .producer import TaskStub as TaskStub
 from .resources import Resource as Resource
 from .resources import ResourceError as ResourceError
+from .resources import Resources as Resources
 from .task import UNSET as UNSET
 from .task import Enqueuer as Enqueuer
 from .task import Task as Task
@@ -81,6 +82,7 @@ __all__ = [
     "Reject",
     "Resource",
     "ResourceError",
+    "Resources",
     "ResultTimeout",
     "Retention",
     "Retry",

@@ -11,7 +11,7 @@ from .broker.base import Broker, BrokerSettings, Retention
 from .client import DEFAULT_MAX_PAYLOAD, AppBase
 from .errors import ConfigError
 from .names import check_name
-from .resources import Resource, check_factory
+from .resources import Resource, Resources, check_factory
 from .task import (
     DEFAULT_QUEUE,
     AsyncContextHandler,
@@ -182,11 +182,17 @@ class App(AppBase):
     @overload
     def resource(self, fn: Callable[[], AsyncIterator[T]], /) -> Resource[T]: ...
     @overload
+    def resource(self, fn: Callable[[Resources], AsyncIterator[T]], /) -> Resource[T]: ...
+    @overload
     def resource(
         self, fn: Callable[[], contextlib.AbstractAsyncContextManager[T]], /
     ) -> Resource[T]: ...
+    @overload
+    def resource(
+        self, fn: Callable[[Resources], contextlib.AbstractAsyncContextManager[T]], /
+    ) -> Resource[T]: ...
 
-    def resource(self, fn: Callable[[], Any], /) -> Resource[Any]:
+    def resource(self, fn: Callable[..., Any], /) -> Resource[Any]:
         """Register a resource every worker of this app opens at start and closes at
         shutdown (a database pool, an HTTP client); returns its typed handle.
 
@@ -195,9 +201,12 @@ class App(AppBase):
         (``@contextlib.asynccontextmanager``). Handlers read the value with
         ``ctx.get(handle)``. Workers open resources in registration order, before they
         claim jobs, and close them in reverse order once in-flight jobs have settled.
+        ``fn`` may take one parameter, the :class:`~typedq.resources.Resources` opened
+        before it, to build on them: ``async def repo(opened: Resources)`` reads
+        ``opened.get(db)``.
 
-        :raises ConfigError: ``fn`` takes parameters, returns instead of yielding, or its
-            name is taken
+        :raises ConfigError: ``fn`` takes other parameters, returns instead of yielding,
+            or its name is taken
         """
         name = check_factory(fn)
         if name in self._resources:

@@ -17,8 +17,10 @@ read the opened value through their job context::
         pool = ctx.get(db)              # mypy: Pool
 
 A worker opens its app's resources in registration order before it claims any job and
-closes them in reverse order after its in-flight jobs have settled. A resource that
-fails to open stops the worker from starting (:class:`ResourceError`). Tests replace a
+closes them in reverse order after its in-flight jobs have settled. A factory may take
+one parameter, the resources opened before it, to build on them
+(``async def repo(opened: Resources)`` reads ``opened.get(db)``). A resource that fails
+to open stops the worker from starting (:class:`ResourceError`). Tests replace a
 resource with a double: ``typedq.testing.run_worker(app, resources=[provide(db, fake)])``
 in a worker, ``typedq.testing.job_context(provide(db, fake))`` in a direct call.
 """
@@ -69,21 +71,26 @@ class Resource(Generic[T]):
     :ivar app: the name of the app it is registered on
     """
 
-    __slots__ = ("_factory", "app", "name")
+    __slots__ = ("_factory", "_takes_opened", "app", "name")
 
-    def __init__(self, factory: Callable[[], Any], *, name: str, app: str) -> None:
+    def __init__(self, factory: Callable[..., Any], *, name: str, app: str) -> None:
         self._factory = factory
+        self._takes_opened = _required_params(factory) == 1
         self.name = name
         self.app = app
 
     def __repr__(self) -> str:
         return f"Resource({self.name!r}, app={self.app!r})"
 
-    def _open(self) -> contextlib.AbstractAsyncContextManager[T]:
-        """A context manager that opens the resource; its value is what handlers get."""
+    def _open(self, opened: Resources) -> contextlib.AbstractAsyncContextManager[T]:
+        """A context manager that opens the resource; its value is what handlers get.
+
+        :param opened: the resources opened before this one (for a factory that takes them)
+        """
+        args = (opened,) if self._takes_opened else ()
         if inspect.isasyncgenfunction(self._factory):
-            return contextlib.asynccontextmanager(self._factory)()
-        manager = self._factory()
+            return contextlib.asynccontextmanager(self._factory)(*args)
+        manager = self._factory(*args)
         if not (hasattr(manager, "__aenter__") and hasattr(manager, "__aexit__")):
             raise ResourceError(
                 f"resource {self.name!r}: its factory returned {type(manager).__qualname__}, "
@@ -93,30 +100,43 @@ class Resource(Generic[T]):
         return cast(contextlib.AbstractAsyncContextManager[T], manager)
 
 
+def _required_params(fn: Callable[..., Any]) -> int:
+    """How many parameters a call must pass (-1 when one must be passed by keyword)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 0  # a builtin or C callable: assume it takes nothing, as declared
+    required = [p for p in parameters if p.default is p.empty]
+    if any(p.kind is p.KEYWORD_ONLY for p in required):
+        return -1
+    return len([p for p in required if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
+
+
+def _takes_resources(fn: Callable[..., Any]) -> bool:
+    """Whether a factory's one parameter is (or may be: unannotated) the opened Resources."""
+    first = next(iter(inspect.signature(fn).parameters.values()))
+    annotation = first.annotation
+    if isinstance(annotation, str):  # `from __future__ import annotations`
+        return annotation.rpartition(".")[2] == "Resources"
+    return annotation is first.empty or annotation is Resources
+
+
 def check_factory(fn: Callable[..., Any]) -> str:
     """Check a resource factory at registration; returns its name.
 
-    :raises ConfigError: not callable without arguments, or a coroutine function (which
-        could open the resource but never close it)
+    :raises ConfigError: not callable with no argument or with the opened resources alone,
+        or a coroutine function (which could open the resource but never close it)
     """
     if not callable(fn):
         raise ConfigError(f"@app.resource decorates a function, got {fn!r}")
     name = getattr(fn, "__name__", None) or repr(fn)
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        signature = None
-    if signature is not None:
-        required = [
-            p.name
-            for p in signature.parameters.values()
-            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        ]
-        if required:
-            raise ConfigError(
-                f"resource {name!r} takes parameters {required}; a resource factory takes "
-                "none (read settings from the environment or a closure)"
-            )
+    required = _required_params(fn)
+    if required not in (0, 1) or (required == 1 and not _takes_resources(fn)):
+        params = ", ".join(inspect.signature(fn).parameters)
+        raise ConfigError(
+            f"resource {name!r} takes parameters ({params}); a resource factory takes none, "
+            "or one: the resources opened before it (opened: Resources)"
+        )
     if inspect.iscoroutinefunction(fn):
         raise ConfigError(
             f"resource {name!r} is an async function that returns its value, so it could "
@@ -174,7 +194,8 @@ class Resources:
             raise ResourceError(
                 f"resource {resource.name!r} (app {resource.app!r}) is not open in "
                 f"{self.where} (open: {opened}); register it on the app this worker runs "
-                "(@app.resource), or give a test double with typedq.testing.provide"
+                "(@app.resource) before the resources that use it, or give a test double "
+                "with typedq.testing.provide"
             ) from None
 
 
@@ -219,7 +240,8 @@ async def open_resources(
         with abort or anyio.CancelScope() as scope:
             for resource in pending:
                 try:
-                    manager = resource._open()
+                    before = Resources(values, where=f"{where}, while opening {resource.name!r}")
+                    manager = resource._open(before)
                     values[resource] = await manager.__aenter__()
                 except ResourceError:
                     raise

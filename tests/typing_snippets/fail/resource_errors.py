@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from snip import Pool, SendInvoice, app
 
-from typedq import JobContext, Resource
+from typedq import JobContext, Resource, Resources
 from typedq.testing import provide
 
 
@@ -40,3 +40,9 @@ async def returns() -> Pool:
 @app.resource  # E: arg-type "Callable[[str], AsyncIterator[Pool]]"
 async def takes(dsn: str) -> AsyncIterator[Pool]:
     yield Pool()
+
+
+# A factory's one parameter is the resources opened before it.
+@app.resource
+async def repo(opened: Resources) -> AsyncIterator[str]:
+    yield opened.get(db)  # E: misc "Pool", expected type "str"

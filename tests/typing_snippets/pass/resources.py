@@ -9,7 +9,7 @@ from typing import reveal_type
 
 from snip import Pool, Receipt, SendInvoice, app
 
-from typedq import JobContext, Resource
+from typedq import JobContext, Resource, Resources
 from typedq.testing import job_context, provide, run_worker
 
 
@@ -24,7 +24,13 @@ async def settings() -> AsyncIterator[dict[str, str]]:
     yield {"currency": "EUR"}
 
 
+@app.resource
+async def ledger(opened: Resources) -> AsyncIterator[tuple[Pool, str]]:
+    yield opened.get(db), opened.get(settings)["currency"]
+
+
 reveal_type(db)  # R: typedq.resources.Resource[snip.Pool]
+reveal_type(ledger)  # R: typedq.resources.Resource[tuple[snip.Pool, str]]
 reveal_type(settings)  # R: typedq.resources.Resource[dict[str, str]]
 
 
