@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -134,6 +135,43 @@ async def test_a_resource_builds_on_those_opened_before_it() -> None:
         job = await handle.enqueue(Order(order_id=1))
         await harness.idle()
         assert await job.result(timeout=5) == Done(seen="repo on fake://")
+
+
+class Client:
+    """An async context manager class, like httpx.AsyncClient: registered as it is."""
+
+    def __init__(self, base_url: str = "https://api.example") -> None:
+        self.base_url = base_url
+        self.open = False
+
+    async def __aenter__(self) -> Client:
+        self.open = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.open = False
+
+
+async def test_an_async_context_manager_class_or_partial_is_a_resource() -> None:
+    app = App("res-class")
+    client = app.resource(Client)
+    other = app.resource(
+        functools.partial(Client, base_url="https://other.example"), name="other_api"
+    )
+    assert (client.name, other.name) == ("Client", "other_api")
+    seen: list[Client] = []
+
+    @app.task
+    async def handle(order: Order, ctx: JobContext) -> Done:
+        seen.extend([ctx.get(client), ctx.get(other)])
+        assert all(c.open for c in seen)
+        return Done(seen=" ".join(c.base_url for c in seen))
+
+    async with run_worker(app) as harness:
+        job = await handle.enqueue(Order(order_id=1))
+        await harness.idle()
+        assert await job.result(timeout=5) == Done(seen="https://api.example https://other.example")
+    assert not any(c.open for c in seen)
 
 
 async def test_sync_handlers_read_resources_from_their_thread() -> None:
@@ -374,7 +412,8 @@ def test_registration_errors_are_one_clear_line() -> None:
     with pytest.raises(ConfigError) as caught:
         app.resource(twice)
     assert str(caught.value) == (
-        "app 'res-register' already has a resource named 'twice'; rename the function"
+        "app 'res-register' already has a resource named 'twice'; rename the function or "
+        "pass app.resource(fn, name=...)"
     )
     assert [r.name for r in app.resources] == ["twice"]
 

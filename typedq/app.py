@@ -180,19 +180,31 @@ class App(AppBase):
         return tuple(self._resources.values())
 
     @overload
-    def resource(self, fn: Callable[[], AsyncIterator[T]], /) -> Resource[T]: ...
-    @overload
-    def resource(self, fn: Callable[[Resources], AsyncIterator[T]], /) -> Resource[T]: ...
-    @overload
     def resource(
-        self, fn: Callable[[], contextlib.AbstractAsyncContextManager[T]], /
+        self, fn: Callable[[], AsyncIterator[T]], /, *, name: str | None = None
     ) -> Resource[T]: ...
     @overload
     def resource(
-        self, fn: Callable[[Resources], contextlib.AbstractAsyncContextManager[T]], /
+        self, fn: Callable[[Resources], AsyncIterator[T]], /, *, name: str | None = None
+    ) -> Resource[T]: ...
+    @overload
+    def resource(
+        self,
+        fn: Callable[[], contextlib.AbstractAsyncContextManager[T]],
+        /,
+        *,
+        name: str | None = None,
+    ) -> Resource[T]: ...
+    @overload
+    def resource(
+        self,
+        fn: Callable[[Resources], contextlib.AbstractAsyncContextManager[T]],
+        /,
+        *,
+        name: str | None = None,
     ) -> Resource[T]: ...
 
-    def resource(self, fn: Callable[..., Any], /) -> Resource[Any]:
+    def resource(self, fn: Callable[..., Any], /, *, name: str | None = None) -> Resource[Any]:
         """Register a resource every worker of this app opens at start and closes at
         shutdown (a database pool, an HTTP client); returns its typed handle.
 
@@ -205,13 +217,21 @@ class App(AppBase):
         before it, to build on them: ``async def repo(opened: Resources)`` reads
         ``opened.get(db)``.
 
+        An async context manager class works as it is: ``app.resource(httpx.AsyncClient)``.
+
+        :param name: the resource's name in logs and errors (default: ``fn.__name__``);
+            ``app.resource(partial(Client, base_url=...), name="billing_api")``
         :raises ConfigError: ``fn`` takes other parameters, returns instead of yielding,
             or its name is taken
         """
-        name = check_factory(fn)
+        default = check_factory(fn)
+        if name == "":
+            raise ConfigError("a resource name must not be empty")
+        name = name or default
         if name in self._resources:
             raise ConfigError(
-                f"app {self.name!r} already has a resource named {name!r}; rename the function"
+                f"app {self.name!r} already has a resource named {name!r}; rename the "
+                "function or pass app.resource(fn, name=...)"
             )
         handle: Resource[Any] = Resource(fn, name=name, app=self.name)
         self._resources[name] = handle

@@ -129,7 +129,12 @@ def check_factory(fn: Callable[..., Any]) -> str:
     """
     if not callable(fn):
         raise ConfigError(f"@app.resource decorates a function, got {fn!r}")
-    name = getattr(fn, "__name__", None) or repr(fn)
+    # A functools.partial has no __name__: name it after the function it wraps.
+    name: str = (
+        getattr(fn, "__name__", None)
+        or getattr(getattr(fn, "func", fn), "__name__", None)
+        or repr(fn)
+    )
     required = _required_params(fn)
     if required not in (0, 1) or (required == 1 and not _takes_resources(fn)):
         params = ", ".join(inspect.signature(fn).parameters)

@@ -4,6 +4,7 @@ generator or an async context manager factory, and ``ctx.get`` returns ``T``."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from typing import reveal_type
 
@@ -29,6 +30,23 @@ async def ledger(opened: Resources) -> AsyncIterator[tuple[Pool, str]]:
     yield opened.get(db), opened.get(settings)["currency"]
 
 
+class Client:
+    """An async context manager class (like httpx.AsyncClient) is a resource as it is."""
+
+    def __init__(self, base_url: str = "https://api.example") -> None:
+        self.base_url = base_url
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+
+api = app.resource(Client)
+other_api = app.resource(functools.partial(Client, "https://other.example"), name="other")
+reveal_type(api)  # R: typedq.resources.Resource[tests.typing_snippets.pass.resources.Client]
+reveal_type(other_api)  # R: typedq.resources.Resource[tests.typing_snippets.pass.resources.Client]
 reveal_type(db)  # R: typedq.resources.Resource[snip.Pool]
 reveal_type(ledger)  # R: typedq.resources.Resource[tuple[snip.Pool, str]]
 reveal_type(settings)  # R: typedq.resources.Resource[dict[str, str]]
