@@ -224,6 +224,45 @@ async def test_a_resource_that_fails_to_open_stops_the_worker_and_closes_the_oth
         assert (await app.broker.counts("default"))[JobState.WAITING] == 1  # nothing claimed
 
 
+async def test_an_open_error_is_described_on_one_line() -> None:
+    app = App("res-describe")
+
+    async def connect() -> str:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(refuse)
+        return "never"
+
+    async def refuse() -> None:
+        raise TimeoutError  # no message: its type says it all
+
+    @app.resource
+    async def grouped() -> AsyncIterator[str]:
+        yield await connect()
+
+    async def parse() -> str:
+        raise ValueError("bad DSN\n  expected postgres://...")
+
+    @app.resource
+    async def multiline() -> AsyncIterator[str]:
+        yield await parse()
+
+    @app.task
+    async def handle(order: Order) -> None:
+        pass  # pragma: no cover
+
+    with pytest.raises(ResourceError) as caught:
+        async with run_worker(app):
+            pass  # pragma: no cover
+    assert str(caught.value) == "could not open resource 'grouped': TimeoutError"
+    del app._resources["grouped"]
+    with pytest.raises(ResourceError) as caught:
+        async with run_worker(app):
+            pass  # pragma: no cover
+    assert str(caught.value) == (
+        "could not open resource 'multiline': ValueError: bad DSN expected postgres://..."
+    )
+
+
 async def test_stop_while_a_resource_hangs_opening_stops_the_worker() -> None:
     app = App("res-hang")
     events: list[str] = []

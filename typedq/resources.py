@@ -252,7 +252,7 @@ async def open_resources(
                     raise
                 except Exception as exc:
                     raise ResourceError(
-                        f"could not open resource {resource.name!r}: {type(exc).__name__}: {exc}"
+                        f"could not open resource {resource.name!r}: {_describe(exc)}"
                     ) from exc
                 opened.append((resource, manager))
         if scope.cancelled_caught:
@@ -260,14 +260,23 @@ async def open_resources(
             raise ResourceError(f"{where} was stopped while resource {stuck!r} was opening")
         if opened:
             log.info("%s: opened resources %s", where, ", ".join(r.name for r, _ in opened))
-        token = _current.set(Resources(values, where=where))
+        current = Resources(values, where=where)
+        token = _current.set(current)
         try:
-            yield Resources(values, where=where)
+            yield current
         finally:
             _current.reset(token)
     finally:
         for resource, manager in reversed(opened):
             await _close(resource, manager, where)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` on one line; a group of one error is described by that error."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 async def _close(
@@ -278,11 +287,7 @@ async def _close(
             await manager.__aexit__(None, None, None)
         except Exception as exc:
             log.warning(
-                "%s: resource %r raised while closing: %s: %s",
-                where,
-                resource.name,
-                type(exc).__name__,
-                exc,
+                "%s: resource %r raised while closing: %s", where, resource.name, _describe(exc)
             )
     if scope.cancelled_caught:
         log.warning(
