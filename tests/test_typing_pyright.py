@@ -114,8 +114,15 @@ def pyright_run() -> PyrightRun:
     diagnostics: dict[Path, list[Diagnostic]] = defaultdict(list)
     elsewhere: list[str] = []
     snippets = set(PASS + FAIL)
-    for process in runs:
-        report, stderr = _collect(process)
+    reports = []
+    try:
+        reports = [_collect(process) for process in runs]
+    finally:
+        for process in runs:  # the other run, if one failed or timed out
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for report, stderr in reports:
         if stderr.strip():
             elsewhere.append(f"stderr: {stderr.strip()}")
         for raw in report["generalDiagnostics"]:
