@@ -36,7 +36,7 @@ from typedq import (
     Retry,
     execution,
 )
-from typedq import worker as worker_module
+from typedq import settling as settling_module
 from typedq.broker.base import (
     ClaimedJob,
     Completion,
@@ -321,7 +321,7 @@ async def test_an_unexpected_error_in_the_runtime_still_records_the_job(
             first = await task.enqueue(In(1))
             _, in_attempt = await final_record(app, first.id)
             monkeypatch.undo()
-            monkeypatch.setattr(worker_module, "safe_retry_delay", broken_once)
+            monkeypatch.setattr(settling_module, "safe_retry_delay", broken_once)
             second = await task.enqueue(In(2))
             state, in_settle = await final_record(app, second.id)
     assert in_attempt.error_type == "RuntimeError"
