@@ -24,7 +24,6 @@ import math
 import threading
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -51,6 +50,7 @@ from .task import Task
 __all__ = [
     "MAX_RETRY_DELAY",
     "Abandon",
+    "Attempt",
     "CancelReason",
     "Complete",
     "Drop",
@@ -192,6 +192,16 @@ class Abandon:
 Outcome = Complete | Fail | HandBack | Drop | Abandon
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt came to: its outcome, and what the worker should count."""
+
+    outcome: Outcome
+    #: (the producer's, the worker's) input schema fingerprints, when they differ but
+    #: the payload validated (the job ran).
+    fingerprint_mismatch: tuple[str, str] | None = None
+
+
 def describe(exc: BaseException) -> str:
     """``str(exc)``, or a stand-in when its ``__str__`` raises; bounded in length."""
     try:
@@ -259,8 +269,6 @@ class Executor:
     :param worker_id: recorded in failure records
     :param threads: bounds how many sync handlers run in threads at once
     :param progress: stores a running job's progress with the broker
-    :param mismatches: counts (task, producer fingerprint) of payloads that validated
-        although the producer's schema differed
     :param thread_exited: called in the event loop when a handler thread returns (it may
         be long after its attempt ended)
     """
@@ -272,14 +280,12 @@ class Executor:
         worker_id: str,
         threads: anyio.CapacityLimiter,
         progress: Callable[[ClaimedJob, bytes], Coroutine[Any, Any, None]],
-        mismatches: Counter[tuple[str, str]],
         thread_exited: Callable[[Running], None] | None = None,
     ) -> None:
         self.tasks = tasks
         self.worker_id = worker_id
         self._threads = threads
         self._progress = progress
-        self.mismatches = mismatches
         self._thread_exited = thread_exited
 
     def _failure(
@@ -319,27 +325,49 @@ class Executor:
             failed_at=time.time(),
         )
 
-    async def attempt(self, claimed: ClaimedJob, running: Running) -> Outcome:
-        """Run one claimed job to an outcome; never raises for anything the job did."""
-        try:
-            return await self._attempt(claimed, running)
-        except Exception as exc:
-            # A defect on the way (ours or a model's): the job still gets a record.
-            log.exception(
-                "job %s (%s): unexpected error while running it; recording a failure",
-                claimed.message.id,
-                claimed.message.task,
-            )
-            return Fail(
-                minimal_failure(
-                    claimed,
-                    worker_id=self.worker_id,
-                    error_type=_type_name(exc),
-                    message=f"the worker could not run this job: {describe(exc)}",
-                )
-            )
+    async def attempt(self, claimed: ClaimedJob, running: Running) -> Attempt:
+        """Run one claimed job to an outcome; never raises for anything the job did.
 
-    async def _attempt(self, claimed: ClaimedJob, running: Running) -> Outcome:
+        Three steps, each its own method: decode the payload (:meth:`_decode`), call the
+        handler under its cancel scope and timeout (:meth:`_call_with_limits`), and
+        classify what happened (:meth:`_interrupted`, :meth:`_classify`).
+        """
+        try:
+            decoded = self._decode(claimed)
+        except Exception as exc:
+            return Attempt(self._defect(claimed, exc))
+        if isinstance(decoded, Fail):
+            return Attempt(decoded)
+        task, payload = decoded
+        producer = claimed.message.fingerprint
+        mismatch = None
+        if producer and producer != task.input.fingerprint:
+            mismatch = (producer, task.input.fingerprint)
+        try:
+            outcome = await self._run(claimed, task, payload, running)
+        except Exception as exc:
+            outcome = self._defect(claimed, exc)
+        return Attempt(outcome, fingerprint_mismatch=mismatch)
+
+    def _defect(self, claimed: ClaimedJob, exc: Exception) -> Fail:
+        """A defect on the way (ours or a model's): the job still gets a record."""
+        log.exception(
+            "job %s (%s): unexpected error while running it; recording a failure",
+            claimed.message.id,
+            claimed.message.task,
+        )
+        return Fail(
+            minimal_failure(
+                claimed,
+                worker_id=self.worker_id,
+                error_type=_type_name(exc),
+                message=f"the worker could not run this job: {describe(exc)}",
+            )
+        )
+
+    def _decode(self, claimed: ClaimedJob) -> tuple[Task[Any, Any], Any] | Fail:
+        """The job's task and decoded payload, or the failure of an unknown task or a
+        payload that does not decode."""
         message = claimed.message
         task = self.tasks.get(message.task)
         if task is None:
@@ -353,7 +381,7 @@ class Executor:
                 )
             )
         try:
-            payload = task.input.decode(message.payload)
+            return task, task.input.decode(message.payload)
         except (InvalidPayload, PayloadTooLarge) as exc:
             return Fail(self._invalid_payload(claimed, task, describe(exc)))
         except Exception as exc:
@@ -363,18 +391,34 @@ class Executor:
             return Fail(
                 self._invalid_payload(claimed, task, f"{_type_name(exc)}: {describe(exc)}", exc=exc)
             )
-        if message.fingerprint and message.fingerprint != task.input.fingerprint:
-            key = (task.name, message.fingerprint)
-            if key not in self.mismatches:
-                log.warning(
-                    "task %r: a producer's schema fingerprint %s differs from the worker's %s; "
-                    "the payload validated, so it runs (regenerate the producer's stubs)",
-                    task.name,
-                    message.fingerprint,
-                    task.input.fingerprint,
-                )
-            self.mismatches[key] += 1
 
+    async def _run(
+        self, claimed: ClaimedJob, task: Task[Any, Any], payload: Any, running: Running
+    ) -> Outcome:
+        timeout = _timeout_of(task, claimed.message.timeout)
+        got, deadline = await self._call_with_limits(claimed, task, payload, running, timeout)
+        if got is None:
+            ended = await self._interrupted(claimed, task, running, timeout, deadline)
+            if not isinstance(ended, tuple):
+                return ended
+            got = ended
+        return self._classify(claimed, task, running, got)
+
+    async def _call_with_limits(
+        self,
+        claimed: ClaimedJob,
+        task: Task[Any, Any],
+        payload: Any,
+        running: Running,
+        timeout: float | None,
+    ) -> tuple[tuple[bool, Any] | None, float]:
+        """Call the handler in the attempt's cancel scope, within its timeout.
+
+        :return: (True, value) or (False, exception) once the handler finished, or None
+            when it was interrupted (timeout, cancel, lost lease, shutdown); and the
+            deadline of the timeout
+        """
+        message = claimed.message
         ctx = JobContext(
             job_id=message.id,
             task=task.name,
@@ -384,8 +428,6 @@ class Executor:
             worker_id=self.worker_id,
             report=lambda data: self._progress(claimed, data),
         )
-        timeout = _timeout_of(task, message.timeout)
-        #: (True, value) or (False, exception) once the handler finished.
         got: tuple[bool, Any] | None = None
         with anyio.CancelScope() as scope:
             running.scope = scope
@@ -398,29 +440,46 @@ class Executor:
                     got = (False, exc)
                 finally:
                     running.in_handler = False
+        return got, deadline.deadline
+
+    async def _interrupted(
+        self,
+        claimed: ClaimedJob,
+        task: Task[Any, Any],
+        running: Running,
+        timeout: float | None,
+        deadline: float,
+    ) -> Outcome | tuple[bool, Any]:
+        """The outcome of an interrupted attempt, or what its sync handler's thread
+        returned when the attempt waited for it."""
         reason = running.cancel_reason
+        if reason is None:
+            # The timeout: the attempt ends now, even if a sync handler's thread
+            # runs on (it cannot be killed; its slot stays taken until it returns).
+            return self._timed_out(claimed, task, timeout)
+        if reason == "lease_lost" or not running.thread_alive:
+            return self._cancelled_outcome(claimed, reason)
+        # A cancel request or a shutdown while a sync handler's thread still runs:
+        # wait for it (the lease is still renewed), within the job's timeout.
+        with anyio.CancelScope(deadline=deadline):
+            await running.wait_thread()
+        if running.lost:
+            return Drop()
+        got = running.thread_result
         if got is None:
-            if reason is None:
-                # The timeout: the attempt ends now, even if a sync handler's thread
-                # runs on (it cannot be killed; its slot stays taken until it returns).
-                return self._timed_out(claimed, task, timeout)
-            if reason == "lease_lost" or not running.thread_alive:
-                return self._cancelled_outcome(claimed, reason)
-            # A cancel request or a shutdown while a sync handler's thread still runs:
-            # wait for it (the lease is still renewed), within the job's timeout.
-            with anyio.CancelScope(deadline=deadline.deadline):
-                await running.wait_thread()
-            if running.lost:
-                return Drop()
-            if running.thread_result is None:
-                if reason == "shutdown":
-                    return Abandon()
-                return self._cancelled_outcome(claimed, reason)
-            got = running.thread_result
-            if not got[0] and not isinstance(got[1], Exception):
-                # It saw check_cancelled() (or ended some other abrupt way).
-                return self._cancelled_outcome(claimed, reason)
-        if reason == "lease_lost" or running.lost:
+            if reason == "shutdown":
+                return Abandon()
+            return self._cancelled_outcome(claimed, reason)
+        if not got[0] and not isinstance(got[1], Exception):
+            # It saw check_cancelled() (or ended some other abrupt way).
+            return self._cancelled_outcome(claimed, reason)
+        return got
+
+    def _classify(
+        self, claimed: ClaimedJob, task: Task[Any, Any], running: Running, got: tuple[bool, Any]
+    ) -> Outcome:
+        """The outcome of a handler that finished: its result, or its error."""
+        if running.cancel_reason == "lease_lost" or running.lost:
             return Drop()  # never write a result after the lease was lost
         ok, value = got
         if ok:

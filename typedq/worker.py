@@ -49,7 +49,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from .broker.base import ClaimedJob, LeaseStatus, Release, new_claim_id
 from .errors import BrokerUnavailable, ConfigError, FailureRecord
-from .execution import Complete, Executor, Fail, Running, describe, minimal_failure
+from .execution import Complete, Executor, Fail, Outcome, Running, describe, minimal_failure
 from .settling import GaveUp, Settler
 from .task import Task, TIn, TOut
 
@@ -190,7 +190,6 @@ class Worker(Generic[TIn, TOut]):
             worker_id=self.id,
             threads=anyio.CapacityLimiter(concurrency),
             progress=self._report_progress,
-            mismatches=self.stats.fingerprint_mismatches,
             thread_exited=self._thread_exited,
         )
         self._settler = Settler(
@@ -572,7 +571,10 @@ class Worker(Generic[TIn, TOut]):
         job_id, task = claimed.message.id, claimed.message.task
         try:
             try:
-                outcome = await self._executor.attempt(claimed, running)
+                attempt = await self._executor.attempt(claimed, running)
+                if attempt.fingerprint_mismatch is not None:
+                    self._count_mismatch(task, *attempt.fingerprint_mismatch)
+                outcome: Outcome = attempt.outcome
             except Exception as exc:
                 log.exception("worker %s: job %s (%s): attempt failed", self.id, job_id, task)
                 outcome = Fail(self._minimal(claimed, exc, "could not run this job"))
@@ -634,6 +636,18 @@ class Worker(Generic[TIn, TOut]):
             error_type="WorkerError",
             message=f"the worker {what}: {type(exc).__name__}: {describe(exc)}",
         )
+
+    def _count_mismatch(self, task: str, producer: str, ours: str) -> None:
+        key = (task, producer)
+        if key not in self.stats.fingerprint_mismatches:
+            log.warning(
+                "task %r: a producer's schema fingerprint %s differs from the worker's %s; "
+                "the payload validated, so it ran (regenerate the producer's stubs)",
+                task,
+                producer,
+                ours,
+            )
+        self.stats.fingerprint_mismatches[key] += 1
 
     def _thread_exited(self, running: Running) -> None:
         """A handler thread returned (in the event loop): free its slot if it held one."""
