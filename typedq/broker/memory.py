@@ -181,8 +181,9 @@ class MemoryBroker(Broker):
     def _check(self) -> None:
         if not self._connected:
             raise NotConnected(
-                "the embedded broker is not connected: use `async with app:` (or "
-                "`await app.connect()`) before enqueueing or running workers"
+                "the embedded broker is not connected: use `async with app:` before "
+                "enqueueing or running workers (or `await broker.connect()` for a broker "
+                "used on its own)"
             )
 
     def wake(self) -> None:
