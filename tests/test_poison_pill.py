@@ -12,7 +12,7 @@ from tests.redis_harness import RedisProcess, flushall
 from tests.support import spawn_worker
 from typedq import FailureReason, JobFailed, JobState
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
 
 
 @pytest.fixture

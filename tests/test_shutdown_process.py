@@ -21,7 +21,7 @@ from tests.shutdown_app import Hang, Nap, app, hang, nap
 from tests.support import spawn_worker
 from typedq import Job, JobState
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
 
 GRACE = 1.5
 

@@ -674,6 +674,7 @@ class OutageBroker(FaultyBroker):
         return await super().recover_stalled(limit)
 
 
+@pytest.mark.slow  # an outage of more than two real leases
 async def test_a_completion_outlives_an_outage_longer_than_two_leases(
     app_name: str, broker_url: str
 ) -> None:

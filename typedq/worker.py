@@ -8,7 +8,8 @@ Lifecycle of a job in a worker:
 3. The lease loop renews every running job's lease in one call, every third of the
    lease. A lease reported lost cancels the handler and its result is never written;
    a cancel request (``job.cancel()``) cancels it and records ``cancelled``.
-4. Outcomes are settled through batchers: many completions become one broker call.
+4. Outcomes are settled through batchers (:mod:`typedq.settling`): many completions
+   become one broker call.
 
 Sync handlers run in threads, which cannot be killed. Their lease is renewed for as
 long as any code of the attempt can still run (only a lease the broker reports lost
