@@ -18,16 +18,8 @@ import pytest
 
 from typedq import Abort, App, FailureReason, JobContext, Reject, Retry
 from typedq.broker.base import ClaimedJob, JobMessage
-from typedq.execution import (
-    Abandon,
-    Attempt,
-    Complete,
-    Drop,
-    Executor,
-    Fail,
-    HandBack,
-    Running,
-)
+from typedq.execution import Executor, Running
+from typedq.outcomes import Abandon, Attempt, Complete, Drop, Fail, HandBack
 
 from .support import TEST_DEADLINE, In, Out
 

@@ -35,6 +35,7 @@ from typedq import (
     JobState,
     Retry,
     execution,
+    outcomes,
 )
 from typedq import settling as settling_module
 from typedq.broker.base import (
@@ -287,7 +288,7 @@ async def test_a_huge_retry_delay_is_clamped_to_a_finite_one(
                 await anyio.sleep(0.02)
             info = await job.info()
     assert info.status is JobState.SCHEDULED
-    assert time.time() < info.run_at <= time.time() + execution.MAX_RETRY_DELAY + 60
+    assert time.time() < info.run_at <= time.time() + outcomes.MAX_RETRY_DELAY + 60
 
 
 async def test_an_unexpected_error_in_the_runtime_still_records_the_job(
@@ -305,7 +306,7 @@ async def test_an_unexpected_error_in_the_runtime_still_records_the_job(
     def broken_context(**kwargs: Any) -> JobContext:
         raise RuntimeError("building the context failed")
 
-    real = execution.safe_retry_delay
+    real = outcomes.safe_retry_delay
     calls = 0
 
     def broken_once(delay: float | None) -> float | None:

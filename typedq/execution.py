@@ -1,12 +1,12 @@
 """Running one claimed job: from an envelope to an outcome.
 
 :class:`Executor` decodes the payload, calls the handler under its cancel scope and
-timeout, and turns whatever happened into an :data:`Outcome` with a structured
-:class:`~typedq.errors.FailureRecord`. It never raises for anything the job did: bad
-payloads, unknown tasks and handler errors are all outcomes, and so is anything
+timeout, and turns whatever happened into an :data:`~typedq.outcomes.Outcome` with a
+structured :class:`~typedq.errors.FailureRecord`. It never raises for anything the job
+did: bad payloads, unknown tasks and handler errors are all outcomes, and so is anything
 unexpected on the way (a decoder blowing up, an exception whose ``__str__`` raises, a
 retry delay that is not a number): every attempt ends in an outcome of its own job.
-Settling the outcome with the broker is the worker's business.
+Settling the outcome with the broker is :mod:`typedq.settling`'s business.
 
 Sync handlers run in threads, which cannot be interrupted. A thread is abandoned when
 its attempt ends early (timeout, lost lease): the attempt gets its outcome at once, the
@@ -25,7 +25,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
@@ -44,34 +43,27 @@ from .errors import (
     Reject,
     Retry,
 )
+from .outcomes import (
+    Abandon,
+    Attempt,
+    Complete,
+    Drop,
+    Fail,
+    HandBack,
+    Outcome,
+    describe,
+    minimal_failure,
+    qualified,
+    safe_retry_delay,
+)
 from .serde import codec_for
 from .task import Task
 
-__all__ = [
-    "MAX_RETRY_DELAY",
-    "Abandon",
-    "Attempt",
-    "CancelReason",
-    "Complete",
-    "Drop",
-    "Executor",
-    "Fail",
-    "HandBack",
-    "Outcome",
-    "Running",
-    "describe",
-    "minimal_failure",
-    "safe_retry_delay",
-]
+__all__ = ["CancelReason", "Executor", "Running"]
 
 log = logging.getLogger("typedq.worker")
 
 _TRACEBACK_LIMIT = 8192
-_MESSAGE_LIMIT = 4096
-
-#: The longest retry delay sent to a broker (ten years): every delay is clamped to a
-#: finite number in [0, MAX_RETRY_DELAY] before it leaves the worker.
-MAX_RETRY_DELAY = 10 * 365 * 86400.0
 
 #: Why a running job's scope was cancelled: ``job.cancel()``, a lost lease, or shutdown.
 CancelReason = Literal["cancel", "lease_lost", "shutdown"]
@@ -155,111 +147,11 @@ class Running:
             await self._wake.wait()
 
 
-@dataclass(frozen=True)
-class Complete:
-    """The handler returned: the encoded result."""
-
-    result: bytes
-
-
-@dataclass(frozen=True)
-class Fail:
-    """The attempt failed: retry after ``retry_delay``, or finally (``None``), or cancelled."""
-
-    record: FailureRecord
-    retry_delay: float | None = None
-    cancelled: bool = False
-
-
-@dataclass(frozen=True)
-class HandBack:
-    """Shutdown interrupted the attempt: hand the job back unspent."""
-
-
-@dataclass(frozen=True)
-class Drop:
-    """Lease lost: write nothing; the job belongs to someone else now."""
-
-
-@dataclass(frozen=True)
-class Abandon:
-    """Shutdown gave up waiting for the handler's thread: write nothing, keep nothing.
-
-    The job's lease is no longer renewed, so it comes back once the lease expires.
-    """
-
-
-Outcome = Complete | Fail | HandBack | Drop | Abandon
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """What one attempt came to: its outcome, and what the worker should count."""
-
-    outcome: Outcome
-    #: (the producer's, the worker's) input schema fingerprints, when they differ but
-    #: the payload validated (the job ran).
-    fingerprint_mismatch: tuple[str, str] | None = None
-
-
-def describe(exc: BaseException) -> str:
-    """``str(exc)``, or a stand-in when its ``__str__`` raises; bounded in length."""
-    try:
-        text = str(exc)
-    except Exception as inner:
-        try:
-            text = f"<unprintable {type(exc).__qualname__}: its __str__ raised {type(inner).__qualname__}>"
-        except Exception:
-            text = "<unprintable exception>"
-    return text if len(text) <= _MESSAGE_LIMIT else text[:_MESSAGE_LIMIT] + "..."
-
-
 def _type_name(exc: BaseException) -> str:
     try:
         return qualified(type(exc))
     except Exception:
         return "Exception"
-
-
-def minimal_failure(
-    claimed: ClaimedJob,
-    *,
-    worker_id: str,
-    error_type: str,
-    message: str,
-    reason: FailureReason = FailureReason.ERROR,
-    retryable: bool = False,
-) -> FailureRecord:
-    """A failure record built from plain strings only: the last resort when building a
-    full record (or encoding it) failed. Strings are made encodable (lone surrogates
-    escaped) and bounded."""
-
-    def clean(text: str) -> str:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")[:_MESSAGE_LIMIT]
-
-    return FailureRecord(
-        reason=reason,
-        error_type=clean(error_type),
-        message=clean(message),
-        attempt=claimed.attempt,
-        retryable=retryable,
-        worker_id=worker_id,
-        failed_at=time.time(),
-    )
-
-
-def safe_retry_delay(delay: float | None) -> float | None:
-    """A retry delay a broker can store: None stays None, anything else becomes a finite
-    number in [0, MAX_RETRY_DELAY] (NaN becomes 0)."""
-    if delay is None:
-        return None
-    try:
-        value = float(delay)
-    except (TypeError, ValueError, OverflowError):
-        return 0.0
-    if math.isnan(value) or value < 0:
-        return 0.0
-    return min(value, MAX_RETRY_DELAY)
 
 
 class Executor:
@@ -737,10 +629,3 @@ def _timeout_of(task: Task[Any, Any], timeout: float) -> float | None:
     if timeout == 0 or math.isinf(timeout):
         return None
     return timeout
-
-
-def qualified(tp: type[Any]) -> str:
-    """``module.Qualname`` of a type; builtins without the module."""
-    if tp.__module__ == "builtins":
-        return tp.__qualname__
-    return f"{tp.__module__}.{tp.__qualname__}"

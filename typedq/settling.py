@@ -1,4 +1,4 @@
-"""Settling outcomes with the broker: from an :data:`~typedq.execution.Outcome` to a
+"""Settling outcomes with the broker: from an :data:`~typedq.outcomes.Outcome` to a
 recorded transition.
 
 :class:`Settler` is the worker's only path to ``complete``, ``fail`` and ``release``.
@@ -36,7 +36,7 @@ from .broker.base import (
     new_claim_id,
 )
 from .errors import BrokerError, BrokerUnavailable, FailureRecord
-from .execution import (
+from .outcomes import (
     Abandon,
     Complete,
     Drop,

@@ -50,7 +50,8 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from .broker.base import ClaimedJob, LeaseStatus, Release, new_claim_id
 from .errors import BrokerUnavailable, ConfigError, FailureRecord
-from .execution import Complete, Executor, Fail, Outcome, Running, describe, minimal_failure
+from .execution import Executor, Running
+from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
 from .settling import GaveUp, Settler
 from .task import Task, TIn, TOut
 
