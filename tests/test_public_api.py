@@ -1,4 +1,4 @@
-"""The public namespace: ``typedq.__all__`` is honest, and the SPEC's normative names exist.
+"""The public namespace: ``typedq.__all__`` is honest, and the normative names exist.
 
 Like httpx's ``tests/test_exported_members.py``: a name users import from ``typedq`` is
 in ``__all__``, and every name in ``__all__`` is re-exported with the explicit
@@ -78,7 +78,7 @@ def test_no_public_name_outside_all() -> None:
     assert public == set(typedq.__all__)
 
 
-# The SPEC's normative names: acceptance checks rely on them.
+# Normative names (the documented API): acceptance checks rely on them.
 @pytest.mark.parametrize(
     ("owner", "method", "is_async"),
     [

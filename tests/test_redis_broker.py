@@ -161,7 +161,7 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
 
 
 def bench_like(job_id: str, **fields: Any) -> JobMessage:
-    """The SPEC's ~100-byte payload (bench/redis_bench.py's) in an envelope."""
+    """The benchmarks' ~100-byte payload (bench/redis_bench.py's) in an envelope."""
     payload = msgspec.msgpack.encode(
         {"user_id": 1, "email": "user0000001@example.com", "tags": ["a", "b"], "note": "x" * 40}
     )

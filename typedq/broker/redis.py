@@ -142,6 +142,42 @@ _STATES = {letter: JobState(name) for name, letter in STATE_LETTERS.items()}
 _encode = msgspec.msgpack.Encoder().encode
 _decode_message = msgspec.msgpack.Decoder(JobMessage).decode
 
+#: Every Redis client error a caller can meet, translated in one place (as httpcore's
+#: ``map_exceptions``): users catch typedq's errors, never ``redis.exceptions``. The
+#: first row whose types match wins, so a subclass comes before its base (redis-py's
+#: AuthenticationError is a ConnectionError; OutOfMemoryError and NoPermissionError are
+#: ResponseErrors). Each message says what happened and how to fix it; its fields:
+#: ``where`` (the server), ``op`` (the operation), ``detail`` (Redis's words, password
+#: scrubbed), ``prefix`` (the app's key prefix). Anything else is a plain BrokerError.
+_ERRORS: tuple[
+    tuple[type[BaseException] | tuple[type[BaseException], ...], type[BrokerError], str], ...
+] = (
+    (
+        (rexc.AuthenticationError, rexc.AuthorizationError),
+        BrokerError,
+        "{where} refused the credentials ({op}): {detail}; check the user and password "
+        "in the broker URL (redis://USER:PASSWORD@HOST:PORT/DB)",
+    ),
+    (
+        (rexc.ConnectionError, rexc.TimeoutError, OSError),
+        BrokerUnavailable,
+        "{where} is unreachable ({op}): {detail}",
+    ),
+    (
+        rexc.NoPermissionError,
+        BrokerError,
+        "{where} denied {op} to this ACL user: {detail}. The user needs ~{prefix}* and "
+        "&{prefix}*, +@read +@write +@scripting +@pubsub +time +info",
+    ),
+    (
+        rexc.OutOfMemoryError,
+        BrokerError,
+        "{where} is at maxmemory (out of memory, noeviction): {op} was refused and changed "
+        "nothing. Workers keep draining jobs, and memory comes back as retention removes "
+        "finished jobs; retry later, or raise maxmemory",
+    ),
+)
+
 
 class _Body(msgspec.Struct, frozen=True, array_like=True):
     """What Redis stores of a JobMessage: all but the id (the key says it) and the
@@ -537,7 +573,8 @@ class RedisBroker(Broker):
     def _conn(self) -> aioredis.Redis:
         if self._redis is None:
             raise NotConnected(
-                f"{self!r} is not connected: use `async with app:` (or `await app.connect()`) first"
+                f"{self!r} is not connected: use `async with app:` first (or "
+                "`await broker.connect()` for a broker used on its own)"
             )
         return self._redis
 
@@ -552,30 +589,20 @@ class RedisBroker(Broker):
         raise self._error(exc, op) from None
 
     def _error(self, exc: BaseException, op: str) -> BrokerError:
-        """The typedq error for a Redis client error met by ``op``."""
+        """The typedq error for a Redis client error met by ``op`` (see ``_ERRORS``)."""
         detail = self._scrub(str(exc))
-        if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
-            return BrokerError(f"{self._where} refused the credentials ({op}): {detail}")
-        if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | OSError):
-            return BrokerUnavailable(f"{self._where} is unreachable ({op}): {detail}")
-        if isinstance(exc, rexc.NoPermissionError):
-            return BrokerError(
-                f"{self._where} denied {op} to this ACL user: {detail}. The user needs "
-                f"~{self.keys.prefix}* and &{self.keys.prefix}*, +@read +@write +@scripting "
-                "+@pubsub +time +info"
-            )
-        if isinstance(exc, rexc.OutOfMemoryError):
-            return BrokerError(
-                f"{self._where} is at maxmemory (out of memory, noeviction): {op} was "
-                "refused and changed nothing. Workers keep draining jobs, and memory comes "
-                "back as retention removes finished jobs; retry later, or raise maxmemory"
-            )
         if isinstance(exc, rexc.ResponseError) and detail.startswith("TYPEDQ_QUEUE_FULL"):
+            # Not a Redis error but the enqueue script's own answer.
             _, queue, pending, extra, limit = detail.split()
             return QueueFull(
                 f"queue {queue!r} holds {pending} pending jobs; adding {extra} would pass "
                 f"max_queue_length={limit}"
             )
+        for types, error, message in _ERRORS:
+            if isinstance(exc, types):
+                return error(
+                    message.format(where=self._where, op=op, detail=detail, prefix=self.keys.prefix)
+                )
         return BrokerError(f"{self._where}: {op} failed: {detail}")
 
     @contextlib.contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import reveal_type
 
 from snip import Pool, Receipt, SendInvoice, app
@@ -21,7 +21,7 @@ async def db() -> AsyncIterator[Pool]:
 
 @app.resource
 @contextlib.asynccontextmanager
-async def settings() -> AsyncIterator[dict[str, str]]:
+async def settings() -> AsyncGenerator[dict[str, str], None]:
     yield {"currency": "EUR"}
 
 
