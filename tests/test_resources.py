@@ -459,7 +459,16 @@ def test_registration_errors_are_one_clear_line() -> None:
 
 def test_cli_worker_whose_resource_fails_exits_2_with_one_line() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "typedq", "worker", "tests.resource_app:app"],
+        # memory:// named explicitly: the start fails before any job could arrive anyway.
+        [
+            sys.executable,
+            "-m",
+            "typedq",
+            "worker",
+            "tests.resource_app:app",
+            "--broker",
+            "memory://",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -478,7 +487,15 @@ def test_cli_worker_whose_resource_fails_exits_2_with_one_line() -> None:
 
 def test_cli_worker_interrupted_while_a_resource_hangs_opening_exits_with_one_line() -> None:
     worker = subprocess.Popen(
-        [sys.executable, "-m", "typedq", "worker", "tests.resource_app:hanging_app"],
+        [
+            sys.executable,
+            "-m",
+            "typedq",
+            "worker",
+            "tests.resource_app:hanging_app",
+            "--broker",
+            "memory://",
+        ],
         cwd=ROOT,
         stderr=subprocess.PIPE,
         text=True,
