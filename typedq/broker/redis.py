@@ -223,6 +223,16 @@ def _load_scripts() -> dict[str, tuple[str, str]]:
 
 _SCRIPTS = _load_scripts()
 
+#: Warnings about a Redis's configuration already given in this process, as
+#: (address, kind): producers and inspect runs connect often, one warning is enough.
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(where: str, kind: str, message: str, *args: Any) -> None:
+    if (where, kind) not in _WARNED:
+        _WARNED.add((where, kind))
+        log.warning(message, *args)
+
 
 def _us(seconds: float) -> int:
     """Seconds as integer microseconds, total: NaN and negatives are 0, +inf and huge
@@ -382,8 +392,14 @@ class RedisBroker(Broker):
 
     async def _startup_checks(self) -> None:
         redis = self._conn()
-        with self._translate("connect"):
+        try:
             await redis.ping()
+        except (rexc.RedisError, OSError) as exc:
+            if self.url.startswith("rediss://") and isinstance(
+                exc, rexc.ConnectionError | rexc.TimeoutError | OSError
+            ):
+                raise await self._tls_failure(exc) from None
+            self._raise(exc, "connect")
         try:
             memory = await redis.info("memory")
             persistence = await redis.info("persistence")
@@ -405,10 +421,37 @@ class RedisBroker(Broker):
         self._epoch = None
         await self.check_epoch()
 
+    async def _tls_failure(self, exc: BaseException) -> BrokerError:
+        """The error for a ``rediss://`` connect that failed: a plain-text Redis on the
+        port (the usual mistake) stays silent during the handshake, which redis-py
+        reports as a timeout; one plain PING tells the two apart."""
+        kwargs = self._conn().connection_pool.connection_kwargs
+        host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+        try:
+            with anyio.fail_after(CONNECT_TIMEOUT):
+                async with await anyio.connect_tcp(host, port) as stream:
+                    await stream.send(b"PING\r\n")
+                    reply = await stream.receive(64)
+        except (OSError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError):
+            reply = b""
+        if reply[:1] in (b"+", b"-"):
+            return BrokerError(
+                f"TLS handshake with {self._where} failed: it answers in plain text (a "
+                "Redis without TLS on this port); use redis:// for it, or rediss:// with "
+                "the port of its TLS listener (tls-port)"
+            )
+        error = self._error(exc, "connect")
+        if isinstance(exc, rexc.TimeoutError) or "SSL" in str(exc) or "ssl" in str(exc):
+            detail = self._scrub(str(exc))
+            return type(error)(f"TLS handshake with {self._where} failed (connect): {detail}")
+        return error
+
     def _check_config(self, memory: dict[str, Any], persistence: dict[str, Any]) -> None:
         policy = memory.get("maxmemory_policy")
         if policy is not None and _text(policy) != "noeviction":
-            log.warning(
+            _warn_once(
+                self._where,
+                "policy",
                 "%s has maxmemory-policy %s: Redis may evict job data and leases under "
                 "memory pressure; set `maxmemory-policy noeviction` for a task queue",
                 self._where,
@@ -419,14 +462,18 @@ class RedisBroker(Broker):
         # INFO cannot show the `save` setting (and CONFIG GET is often denied): no
         # snapshot since Redis started is the sign that RDB is off too.
         if _int(persistence.get("rdb_saves"), 0) == 0:
-            log.warning(
+            _warn_once(
+                self._where,
+                "persistence",
                 "%s runs without persistence that typedq can see (appendonly no, and no "
                 "RDB snapshot since it started): a restart loses every job; typedq will "
                 "report it as RedisDataLost. Set `appendonly yes` for a task queue",
                 self._where,
             )
         else:
-            log.warning(
+            _warn_once(
+                self._where,
+                "persistence",
                 "%s runs with RDB snapshots only (appendonly no): a crash loses the jobs "
                 "enqueued and finished since the last snapshot. Set `appendonly yes` for a "
                 "task queue",
