@@ -558,10 +558,12 @@ class RedisBroker(Broker):
 
     async def close(self) -> None:
         listener, self._listener = self._listener, None
-        if listener is not None:
+        while listener is not None and not listener.done():
+            # The listener's read scope swallows this cancel when a new subscription
+            # cancelled that scope at the same moment: cancel again until it ends.
             listener.cancel()
             with contextlib.suppress(BaseException):
-                await listener
+                await asyncio.wait({listener}, timeout=0.1)
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(Exception):
