@@ -1,17 +1,27 @@
 """The ``typedq`` command line (also ``python -m typedq``).
 
-``typedq worker MODULE:APP`` runs a worker process. SIGTERM or SIGINT start a graceful
-shutdown (stop claiming, let in-flight jobs finish within ``--grace``, then cancel and
-hand them back; sync handlers' threads get at most one lease more, then are abandoned);
-a second signal cancels at once. The process exits even when a sync handler's thread
-never returns: threads cannot be stopped, so the worker command ends the process with
-``os._exit`` once logs are flushed (the abandoned jobs come back by lease expiry).
+``typedq worker MODULE:APP`` runs a worker process. It connects first: an unreachable
+broker is one line and exit status 2, or, with ``--wait-for-broker SECONDS``, retried
+with a logged backoff until then. Without a broker (no ``--broker``, no
+``$TYPEDQ_BROKER``) it warns that ``memory://`` is private to the process. The first
+SIGTERM or SIGINT starts a graceful shutdown (stop claiming, let in-flight jobs finish
+within ``--grace``, then cancel and hand them back; sync handlers' threads get at most
+one lease more, then are abandoned); the second names the jobs still held and skips
+the waits; the third exits at once with status 130 (the jobs come back by lease
+expiry). The process exits even when a sync handler's thread never returns: threads
+cannot be stopped, so the worker command ends the process with ``os._exit`` once logs
+are flushed.
 
-``typedq stubs MODULE:APP --out stubs/NAME.py`` writes typed producer stubs
-(``--check`` exits 1 with a diff when the file is stale; ``typedq stubs [--check]
-FILE...`` regenerates files from the command in their header). ``typedq schema
-MODULE:APP`` prints each task's JSON Schemas. ``typedq inspect`` shows counts, failed
-jobs, and retries, cancels or purges jobs (see :mod:`typedq.inspector`).
+``typedq stubs MODULE:APP --out stubs/NAME.py`` writes typed producer stubs (without
+``--out``, or with ``--out -``, it prints them; ``--check`` exits 1 with a diff when the
+file is stale; ``typedq stubs [--check] FILE...`` regenerates files from the command in
+their header). ``typedq schema MODULE:APP`` prints each task's JSON Schemas. ``typedq
+inspect`` shows counts, failed jobs, and retries, cancels or purges jobs (see
+:mod:`typedq.inspector`).
+
+``--log-level`` and ``--broker`` go before or after the subcommand. Options without a
+flag fall back on ``TYPEDQ_*`` environment variables (see ``typedq --help``): the flag
+wins over the variable, the variable over the built-in default.
 
 Every error is one line on stderr and exit status 2; ``--check`` and inspect actions
 that left some job untouched exit 1.
@@ -334,7 +344,7 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
 _EPILOG = f"""\
 environment variables (used when the matching flag is not given; a flag wins over the
 variable, the variable over the built-in default):
-  {DEFAULT_BROKER_ENV}            broker URL (--broker); without it: memory://
+  {DEFAULT_BROKER_ENV}            broker URL for an app that names none (else memory://)
   TYPEDQ_LOG_LEVEL         --log-level
   TYPEDQ_CONCURRENCY       worker --concurrency
   TYPEDQ_QUEUES            worker --queues
