@@ -223,8 +223,8 @@ def _load_scripts() -> dict[str, tuple[str, str]]:
 
 _SCRIPTS = _load_scripts()
 
-#: Warnings about a Redis's configuration already given in this process, as
-#: (address, kind): producers and inspect runs connect often, one warning is enough.
+#: Persistence warnings already given in this process, as (address, kind): producers
+#: and inspect runs connect often, and the setting rarely changes; once is enough.
 _WARNED: set[tuple[str, str]] = set()
 
 
@@ -449,9 +449,7 @@ class RedisBroker(Broker):
     def _check_config(self, memory: dict[str, Any], persistence: dict[str, Any]) -> None:
         policy = memory.get("maxmemory_policy")
         if policy is not None and _text(policy) != "noeviction":
-            _warn_once(
-                self._where,
-                "policy",
+            log.warning(
                 "%s has maxmemory-policy %s: Redis may evict job data and leases under "
                 "memory pressure; set `maxmemory-policy noeviction` for a task queue",
                 self._where,
