@@ -152,6 +152,8 @@ def _worker(args: argparse.Namespace) -> int:
         return 130
     except BaseException as exc:
         error = _single(exc)
+        if isinstance(error, KeyboardInterrupt):
+            return 130
         if not isinstance(error, TypedqError):
             raise
         print(f"typedq: error: {error}", file=sys.stderr)
