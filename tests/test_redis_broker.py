@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 from tests.redis_harness import RedisProcess, flushall, redis_process
 from typedq import App, BrokerError, BrokerUnavailable, FailureReason, JobFailed, JobState
+from typedq.broker import redis as redis_module
 from typedq.broker.base import (
     BrokerSettings,
     CancelOutcome,
@@ -632,6 +633,7 @@ async def test_eviction_policy_warning(url: str, caplog: pytest.LogCaptureFixtur
 
 async def test_persistence_warning(url: str, caplog: pytest.LogCaptureFixture) -> None:
     # The session server runs with `--appendonly no --save ""`: no persistence at all.
+    redis_module._WARNED.clear()  # warned once per process and address: maybe already
     with caplog.at_level(logging.WARNING, logger="typedq.broker.redis"):
         async with broker_at(url):
             pass

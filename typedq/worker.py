@@ -230,6 +230,11 @@ class Worker(Generic[TIn, TOut]):
         """``concurrency`` minus running jobs minus threads of ended attempts."""
         return self.concurrency - len(self._running) - len(self._orphans)
 
+    def in_flight(self) -> list[tuple[str, str]]:
+        """``(job id, task name)`` of each job this worker still holds: running, or its
+        outcome not yet recorded (what a shutdown waits for)."""
+        return [(r.claimed.message.id, r.claimed.message.task) for r in self._running.values()]
+
     # -- lifecycle -------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
@@ -434,6 +439,9 @@ class Worker(Generic[TIn, TOut]):
         # claims nothing more. A fresh claim instead would leave those jobs claimed and
         # unrun until their lease expired (a stall without a dead worker).
         pending: tuple[str, int] | None = None
+        # When claims started failing because the broker was unreachable (None: they
+        # do not), so the first claim answered afterwards can say the outage is over.
+        outage_since: float | None = None
         try:
             while not self._stopping:
                 if pending is None:
@@ -450,6 +458,8 @@ class Worker(Generic[TIn, TOut]):
                 except Exception as exc:
                     if not isinstance(exc, BrokerUnavailable):
                         pending = None  # the broker answered: nothing was claimed
+                    elif outage_since is None:
+                        outage_since = time.monotonic()
                     backoff = min(5.0, backoff * 2 or 0.05)
                     log.warning(
                         "worker %s: claim failed (%s); retrying in %.2fs", self.id, exc, backoff
@@ -458,6 +468,14 @@ class Worker(Generic[TIn, TOut]):
                     continue
                 pending = None
                 backoff = 0.0
+                if outage_since is not None:
+                    log.info(
+                        "worker %s: reconnected: the broker answers again after %.1fs; "
+                        "claiming jobs",
+                        self.id,
+                        time.monotonic() - outage_since,
+                    )
+                    outage_since = None
                 if not jobs:
                     await self._wait(5.0, for_jobs=True)
                     continue

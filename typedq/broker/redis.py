@@ -259,6 +259,16 @@ def _load_scripts() -> dict[str, tuple[str, str]]:
 
 _SCRIPTS = _load_scripts()
 
+#: Persistence warnings already given in this process, as (address, kind): producers
+#: and inspect runs connect often, and the setting rarely changes; once is enough.
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(where: str, kind: str, message: str, *args: Any) -> None:
+    if (where, kind) not in _WARNED:
+        _WARNED.add((where, kind))
+        log.warning(message, *args)
+
 
 def _us(seconds: float) -> int:
     """Seconds as integer microseconds, total: NaN and negatives are 0, +inf and huge
@@ -418,8 +428,14 @@ class RedisBroker(Broker):
 
     async def _startup_checks(self) -> None:
         redis = self._conn()
-        with self._translate("connect"):
+        try:
             await redis.ping()
+        except (rexc.RedisError, OSError) as exc:
+            if self.url.startswith("rediss://") and isinstance(
+                exc, rexc.ConnectionError | rexc.TimeoutError | OSError
+            ):
+                raise await self._tls_failure(exc) from None
+            self._raise(exc, "connect")
         try:
             memory = await redis.info("memory")
             persistence = await redis.info("persistence")
@@ -441,6 +457,31 @@ class RedisBroker(Broker):
         self._epoch = None
         await self.check_epoch()
 
+    async def _tls_failure(self, exc: BaseException) -> BrokerError:
+        """The error for a ``rediss://`` connect that failed: a plain-text Redis on the
+        port (the usual mistake) stays silent during the handshake, which redis-py
+        reports as a timeout; one plain PING tells the two apart."""
+        kwargs = self._conn().connection_pool.connection_kwargs
+        host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+        try:
+            with anyio.fail_after(CONNECT_TIMEOUT):
+                async with await anyio.connect_tcp(host, port) as stream:
+                    await stream.send(b"PING\r\n")
+                    reply = await stream.receive(64)
+        except (OSError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError):
+            reply = b""
+        if reply[:1] in (b"+", b"-"):
+            return BrokerError(
+                f"TLS handshake with {self._where} failed: it answers in plain text (a "
+                "Redis without TLS on this port); use redis:// for it, or rediss:// with "
+                "the port of its TLS listener (tls-port)"
+            )
+        error = self._error(exc, "connect")
+        if isinstance(exc, rexc.TimeoutError) or "SSL" in str(exc) or "ssl" in str(exc):
+            detail = self._scrub(str(exc))
+            return type(error)(f"TLS handshake with {self._where} failed (connect): {detail}")
+        return error
+
     def _check_config(self, memory: dict[str, Any], persistence: dict[str, Any]) -> None:
         policy = memory.get("maxmemory_policy")
         if policy is not None and _text(policy) != "noeviction":
@@ -455,14 +496,18 @@ class RedisBroker(Broker):
         # INFO cannot show the `save` setting (and CONFIG GET is often denied): no
         # snapshot since Redis started is the sign that RDB is off too.
         if _int(persistence.get("rdb_saves"), 0) == 0:
-            log.warning(
+            _warn_once(
+                self._where,
+                "persistence",
                 "%s runs without persistence that typedq can see (appendonly no, and no "
                 "RDB snapshot since it started): a restart loses every job; typedq will "
                 "report it as RedisDataLost. Set `appendonly yes` for a task queue",
                 self._where,
             )
         else:
-            log.warning(
+            _warn_once(
+                self._where,
+                "persistence",
                 "%s runs with RDB snapshots only (appendonly no): a crash loses the jobs "
                 "enqueued and finished since the last snapshot. Set `appendonly yes` for a "
                 "task queue",
@@ -547,10 +592,12 @@ class RedisBroker(Broker):
 
     async def close(self) -> None:
         listener, self._listener = self._listener, None
-        if listener is not None:
+        while listener is not None and not listener.done():
+            # The listener's read scope swallows this cancel when a new subscription
+            # cancelled that scope at the same moment: cancel again until it ends.
             listener.cancel()
             with contextlib.suppress(BaseException):
-                await listener
+                await asyncio.wait({listener}, timeout=0.1)
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(Exception):
