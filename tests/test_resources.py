@@ -417,6 +417,19 @@ async def test_a_factory_that_returns_no_context_manager_is_a_clear_error() -> N
     )
 
 
+def test_a_worker_is_made_outside_an_event_loop() -> None:
+    """Making a worker (at import time, say) needs no running loop: only run() does."""
+    app = App("res-no-loop")
+
+    @app.task
+    async def handle(order: Order) -> None:
+        pass  # pragma: no cover
+
+    worker = app.worker()
+    worker.stop()  # before it runs: nothing to cancel yet
+    assert worker.running == 0
+
+
 def test_registration_errors_are_one_clear_line() -> None:
     app = App("res-register")
 

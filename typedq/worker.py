@@ -174,7 +174,8 @@ class Worker(Generic[TIn, TOut]):
         #: Test doubles standing in for resources (``provide``): not opened.
         self._provided: dict[Resource[Any], Any] = {}
         #: Cancelled by stop(): a resource hanging while it opens must not hang the worker.
-        self._opening = anyio.CancelScope()
+        #: Made by run(): a cancel scope needs a running event loop, a constructor does not.
+        self._opening: anyio.CancelScope | None = None
         #: Running jobs by claim token (one job id may briefly have two claims: a retry
         #: claimed again before the previous attempt finished cleaning up).
         self._running: dict[str, Running] = {}
@@ -288,7 +289,8 @@ class Worker(Generic[TIn, TOut]):
         """
         if self._stop is not None:
             self._stop.set()
-        self._opening.cancel()  # only while opening resources: entered nowhere else
+        if self._opening is not None:
+            self._opening.cancel()  # only while opening resources: entered nowhere else
         if force:
             self.grace = 0.0
             self._force_stop = True
@@ -303,6 +305,7 @@ class Worker(Generic[TIn, TOut]):
         self._stop = anyio.Event()
         self._changed = anyio.Event()
         self._claim_done = anyio.Event()
+        self._opening = anyio.CancelScope()
         # Resources open after the broker connects and before any claim; they close
         # after _shutdown (in-flight jobs settled) and before the broker disconnects.
         # Jobs find them through the context their tasks inherit from here.
