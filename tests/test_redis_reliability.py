@@ -15,14 +15,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
-import redis.asyncio as aioredis
 
+from tests import redis_support
 from tests.redis_harness import RedisProcess, flushall
+from tests.redis_support import Item, message, raw_redis
 from typedq import App, JobState, QueueFull
 from typedq.broker.base import (
-    BrokerSettings,
     CancelOutcome,
     Completion,
     Failure,
@@ -48,32 +47,10 @@ def url(redis_server: RedisProcess) -> str:
     return redis_server.url
 
 
-class Item(msgspec.Struct, frozen=True):
-    n: int
-
-
-def message(job_id: str, *, queue: str = "q", priority: int = 0) -> JobMessage:
-    return JobMessage(id=job_id, task="t", queue=queue, payload=b"\x91\x01", priority=priority)
-
-
 @contextlib.asynccontextmanager
 async def broker_at(url: str, name: str = "rel", **settings: Any) -> AsyncIterator[RedisBroker]:
-    broker = RedisBroker(url, BrokerSettings(namespace=name, **settings))
-    await broker.connect()
-    try:
-        with anyio.fail_after(60):
-            yield broker
-    finally:
-        await broker.close()
-
-
-@contextlib.asynccontextmanager
-async def raw_redis(url: str, **kwargs: Any) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(url, **kwargs)
-    try:
-        yield client
-    finally:
-        await client.aclose()
+    async with redis_support.broker_at(url, name, deadline=60, **settings) as broker:
+        yield broker
 
 
 @contextlib.contextmanager

@@ -1,0 +1,50 @@
+"""Helpers for the Redis-only test files: a broker on the session's redis-server, a raw
+client beside it, and a minimal envelope."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import msgspec
+import redis.asyncio as aioredis
+
+from typedq.broker.base import BrokerSettings, JobMessage
+from typedq.broker.redis import RedisBroker
+
+__all__ = ["Item", "broker_at", "message", "raw_redis"]
+
+
+class Item(msgspec.Struct, frozen=True):
+    n: int
+
+
+def message(job_id: str, *, queue: str = "q", priority: int = 0) -> JobMessage:
+    """An envelope of task ``t`` with a one-field payload."""
+    return JobMessage(id=job_id, task="t", queue=queue, payload=b"\x91\x01", priority=priority)
+
+
+@contextlib.asynccontextmanager
+async def broker_at(
+    url: str, name: str, *, deadline: float = 60.0, **settings: Any
+) -> AsyncIterator[RedisBroker]:
+    """A connected RedisBroker of app ``name``; the block must end within ``deadline``."""
+    broker = RedisBroker(url, BrokerSettings(namespace=name, **settings))
+    await broker.connect()
+    try:
+        with anyio.fail_after(deadline):
+            yield broker
+    finally:
+        await broker.close()
+
+
+@contextlib.asynccontextmanager
+async def raw_redis(url: str, **kwargs: Any) -> AsyncIterator[aioredis.Redis]:
+    """A plain redis-py client, to look at (or tamper with) what the broker wrote."""
+    client = aioredis.Redis.from_url(url, **kwargs)
+    try:
+        yield client
+    finally:
+        await client.aclose()
