@@ -2,7 +2,8 @@
 #
 # PYTHON  the interpreter of .venv (the demo, ruff, mypy, the stubs check, `make pytest`).
 # PYTHONS the interpreters `make test` runs the pytest suite on, one after another, each in its
-#         own .venv-X.Y: a version (found in pyenv, then as pythonX.Y on PATH) or a path.
+#         own .venv-X.Y (PYTHON's version in .venv): a version (found in pyenv, then as
+#         pythonX.Y on PATH) or an interpreter's name or path.
 #         One interpreter only: make test PYTHONS=python3
 # PYTEST_ARGS passed to pytest, e.g. make test PYTEST_ARGS="-x tests/test_cli.py"
 PYTHON  ?= python3
@@ -60,10 +61,12 @@ pytest: $(STAMP) redis-server
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 ## The whole pytest suite on every interpreter in PYTHONS, one after another (2 cores: three
-## suites at once would only slow each other and stretch their timing margins). An interpreter
-## that is not installed is skipped with a banner, repeated in the summary; none found fails.
+## suites at once would only slow each other and stretch their timing margins), each in its own
+## .venv-X.Y except PYTHON's version, which reuses .venv. An interpreter that is not installed
+## is skipped with a banner, repeated in the summary; none found fails. Times include set-up.
 pytest-all: redis-server
 	@ran=; failed=; skipped=; \
+	own=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || own=; \
 	for want in $(PYTHONS); do \
 	  case $$want in \
 	    [0-9]*) py=$$(ls -d $(PYENV_ROOT)/versions/$$want.*/bin/python$$want 2>/dev/null \
@@ -72,14 +75,15 @@ pytest-all: redis-server
 	    *) py=$$(command -v $$want 2>/dev/null) || py=;; \
 	  esac; \
 	  if [ -z "$$py" ] || ! $$py -c '' 2>/dev/null; then \
-	    echo "!!!!! SKIPPED: Python $$want is not installed; pytest does NOT run on it" \
-	         "(pyenv install $$want, or set PYTHONS=...)" >&2; \
+	    echo "!!!!! SKIPPED: no Python $$want found (pyenv, PATH); pytest does NOT run on it." \
+	         "Install it, or set PYTHONS=..." >&2; \
 	    skipped="$$skipped $$want"; continue; \
 	  fi; \
 	  ver=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
-	  echo "===== pytest on Python $$ver ($$py), in .venv-$$ver"; \
+	  venv=.venv-$$ver; [ "$$ver" != "$$own" ] || venv=$(VENV); \
+	  echo "===== pytest on Python $$ver ($$py), in $$venv"; \
 	  start=$$(date +%s); \
-	  if $(MAKE) --no-print-directory pytest PYTHON=$$py VENV=.venv-$$ver; then \
+	  if $(MAKE) --no-print-directory pytest PYTHON=$$py VENV=$$venv; then \
 	    ran="$$ran $$ver:$$(( $$(date +%s) - start ))s"; \
 	  else \
 	    failed="$$failed $$ver:$$(( $$(date +%s) - start ))s"; \
