@@ -98,6 +98,12 @@ pytest-all: redis-server
 ## test suite on every interpreter in PYTHONS (3.11, 3.12, 3.13).
 test: lint typecheck stubs-check pytest-all
 
+## While developing: lint, mypy --strict, and the tests not marked slow (process-level fault
+## tests, network faults, shutdown with lease waits). `make test` still runs everything.
+.PHONY: test-fast
+test-fast: lint typecheck redis-server
+	$(BIN)/pytest -q -m "not slow"
+
 ## Soak (not part of `make test`): 100,000 jobs over ~10 minutes under mixed faults (SIGKILL,
 ## Redis restart on AOF, CLIENT KILL, proxy blackholes), then the history checker.
 ## A short run: make soak SOAK_ARGS="--jobs 5000 --minutes 1 --seed 7"

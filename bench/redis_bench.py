@@ -1,4 +1,4 @@
-"""typedq on Redis: the SPEC's workloads against a redis-server this script spawns.
+"""typedq on Redis: the benchmark workloads (bench/README.md) against a redis-server this script spawns.
 
 Run: ``.venv/bin/python bench/redis_bench.py [--quick]``. Prints one line per workload:
 
@@ -50,7 +50,7 @@ logging.getLogger("typedq.broker.redis").addFilter(
 
 
 class Payload(msgspec.Struct, frozen=True):
-    """About 100 bytes encoded, like the SPEC's JSON-like payload."""
+    """About 100 bytes encoded: a small JSON-like payload."""
 
     user_id: int
     email: str

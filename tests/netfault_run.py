@@ -9,11 +9,9 @@ directly, so faults never blind the judge.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,13 +22,13 @@ import redis.asyncio as aioredis
 from tests import netfault_app
 from tests.history import History, Report
 from tests.redis_harness import RedisProcess
+from tests.support import ROOT, spawn_worker, stop_workers
 from typedq import JobState
 from typedq.broker.base import BrokerSettings
 from typedq.broker.redis import RedisBroker
 from typedq.errors import TypedqError
 from typedq.task import DEFAULT_QUEUE
 
-ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("tests.netfault_run")
 
 
@@ -70,32 +68,18 @@ class FaultRun:
     def spawn_worker(self) -> subprocess.Popen[bytes]:
         """Start one ``python -m typedq worker tests.netfault_app:app`` process."""
         env = {
-            **os.environ,
             "TYPEDQ_TEST_LEDGER": self.ledger_server.url,
             "TYPEDQ_TEST_LEASE": str(self.lease),
-            "PYTHONPATH": str(ROOT),
         }
-        env.pop("TYPEDQ_BROKER", None)
         log_path = self.log_dir / f"worker-{len(self.workers)}-{time.monotonic_ns()}.log"
         with log_path.open("wb") as out:  # the child keeps its own descriptor
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "typedq",
-                    "worker",
-                    "tests.netfault_app:app",
-                    "--concurrency",
-                    str(self.concurrency),
-                    "--broker",
-                    self.worker_url,
-                    "--grace",
-                    "2",
-                ],
+            proc = spawn_worker(
+                "tests.netfault_app:app",
+                self.worker_url,
+                concurrency=self.concurrency,
+                grace=2,
                 env=env,
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
+                output=out,
             )
         self.workers.append(proc)
         return proc
@@ -112,14 +96,7 @@ class FaultRun:
 
     def stop_workers(self) -> None:
         """SIGTERM every live worker, SIGKILL any that does not exit within 15 s."""
-        for proc in self.alive():
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.workers:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_workers(self.workers, timeout=15)
 
     def worker_logs(self, pattern: str) -> list[str]:
         """Lines of every worker log containing ``pattern``."""

@@ -9,10 +9,15 @@ requests and lost replies.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import anyio
 import msgspec
@@ -39,6 +44,55 @@ from typedq.names import new_job_id
 
 #: Upper bound on any single test body: a bug fails the test instead of hanging it.
 TEST_DEADLINE = 20.0
+#: The repository root: worker processes run there, so the ``tests.*`` apps import.
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spawn_worker(
+    target: str,
+    broker_url: str,
+    *,
+    concurrency: int,
+    grace: float | None = None,
+    env: Mapping[str, str] | None = None,
+    output: BinaryIO | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m typedq worker TARGET --broker URL`` in the repository root.
+
+    ``TYPEDQ_BROKER`` is removed from the child's environment, so only ``broker_url``
+    counts.
+
+    :param env: extra environment variables for the child (the test apps read theirs)
+    :param output: an open file for the child's stdout and stderr (it keeps its own
+        descriptor: the caller may close it at once); by default both are discarded
+    """
+    environ = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
+    environ.pop("TYPEDQ_BROKER", None)
+    args = [sys.executable, "-m", "typedq", "worker", target]
+    args += ["--concurrency", str(concurrency), "--broker", broker_url]
+    if grace is not None:
+        args += ["--grace", str(grace)]
+    return subprocess.Popen(
+        args,
+        env=environ,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL if output is None else output,
+        stderr=subprocess.DEVNULL if output is None else subprocess.STDOUT,
+    )
+
+
+def stop_workers(procs: Iterable[subprocess.Popen[bytes]], *, timeout: float = 10.0) -> None:
+    """SIGTERM every live worker process, then SIGKILL any not gone within ``timeout``."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class In(msgspec.Struct, frozen=True):

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import anyio
 import pytest
 
 from tests.poison_app import Pill, app, swallow
 from tests.redis_harness import RedisProcess, flushall
+from tests.support import spawn_worker
 from typedq import FailureReason, JobFailed, JobState
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis]
-
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
 
 
 @pytest.fixture
@@ -26,23 +22,7 @@ def anyio_backend() -> str:
 
 def start_worker(url: str) -> subprocess.Popen[bytes]:
     # Concurrency 1: when the pill kills the process, no innocent job dies with it.
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "typedq",
-            "worker",
-            "tests.poison_app:app",
-            "--concurrency",
-            "1",
-            "--broker",
-            url,
-        ],
-        cwd=ROOT,
-        env={**os.environ, "TYPEDQ_BROKER": ""},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    return spawn_worker("tests.poison_app:app", url, concurrency=1)
 
 
 async def test_poison_pill_fails_as_stalled_and_workers_do_not_crash_loop(

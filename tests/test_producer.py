@@ -2,7 +2,7 @@
 
 Runs on the embedded broker (one MemoryBroker instance shared by the producer's client
 and the app's, in one process) and on Redis (two clients, one server). Covers the
-verified-stubs contract of SPEC section 2: a stale producer whose payload no longer
+verified-stubs contract (docs/producers.md): a stale producer whose payload no longer
 validates fails with ``schema_mismatch`` naming the task and both fingerprints; a
 compatible change runs and is counted and logged once per fingerprint.
 """

@@ -1,4 +1,4 @@
-"""The public namespace: ``typedq.__all__`` is honest, and the SPEC's normative names exist.
+"""The public namespace: ``typedq.__all__`` is honest, and the normative names exist.
 
 Like httpx's ``tests/test_exported_members.py``: a name users import from ``typedq`` is
 in ``__all__``, and every name in ``__all__`` is re-exported with the explicit
@@ -78,7 +78,7 @@ def test_no_public_name_outside_all() -> None:
     assert public == set(typedq.__all__)
 
 
-# The SPEC's normative names: acceptance checks rely on them.
+# Normative names (the documented API): acceptance checks rely on them.
 @pytest.mark.parametrize(
     ("owner", "method", "is_async"),
     [
@@ -135,3 +135,11 @@ def test_app_task_with_and_without_arguments() -> None:
     made = app.task(retries=2, queue="other")(with_options)
     assert isinstance(made, typedq.Task)
     assert (made.name, made.queue, made.options.retries) == ("with_options", "other", 2)
+
+
+def test_resources_are_public() -> None:
+    """``@app.resource`` returns a typed ``Resource[T]``; ``ResourceError`` is typedq's."""
+    assert len(getattr(typedq.Resource, "__parameters__", ())) == 1
+    assert issubclass(typedq.ResourceError, typedq.TypedqError)
+    assert inspect.isfunction(typedq.App.resource)
+    assert inspect.isfunction(typedq.JobContext.get)

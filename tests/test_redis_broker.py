@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 from tests.redis_harness import RedisProcess, flushall, redis_process
 from typedq import App, BrokerError, BrokerUnavailable, FailureReason, JobFailed, JobState
+from typedq.broker import redis as redis_module
 from typedq.broker.base import (
     BrokerSettings,
     CancelOutcome,
@@ -161,7 +162,7 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
 
 
 def bench_like(job_id: str, **fields: Any) -> JobMessage:
-    """The SPEC's ~100-byte payload (bench/redis_bench.py's) in an envelope."""
+    """The benchmarks' ~100-byte payload (bench/redis_bench.py's) in an envelope."""
     payload = msgspec.msgpack.encode(
         {"user_id": 1, "email": "user0000001@example.com", "tags": ["a", "b"], "note": "x" * 40}
     )
@@ -632,6 +633,7 @@ async def test_eviction_policy_warning(url: str, caplog: pytest.LogCaptureFixtur
 
 async def test_persistence_warning(url: str, caplog: pytest.LogCaptureFixture) -> None:
     # The session server runs with `--appendonly no --save ""`: no persistence at all.
+    redis_module._WARNED.clear()  # warned once per process and address: maybe already
     with caplog.at_level(logging.WARNING, logger="typedq.broker.redis"):
         async with broker_at(url):
             pass

@@ -8,13 +8,10 @@ from outside the workers, across SIGKILLs and Redis restarts.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import anyio
 import pytest
@@ -22,14 +19,13 @@ import redis.asyncio as aioredis
 
 from tests import redis_app
 from tests.redis_harness import RedisProcess, flushall, redis_process
+from tests.support import spawn_worker, stop_workers
 from typedq import JobState, RedisDataLost
 from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobMessage
 from typedq.broker.redis import SOCKET_TIMEOUT, RedisBroker
 from typedq.task import DEFAULT_QUEUE
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio]
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -56,49 +52,27 @@ def workers(
     :param ledger: the server whose db 1 counts executions (default: ``server``)
     """
     env = {
-        **os.environ,
         "TYPEDQ_TEST_LEDGER": ledger_url(ledger or server),
         "TYPEDQ_TEST_LEASE": str(lease),
-        "PYTHONPATH": str(ROOT),
     }
-    env.pop("TYPEDQ_BROKER", None)
     procs = []
     for i in range(count):
         log_path = server.dir / f"worker-{i}-{time.monotonic_ns()}.log"
         with log_path.open("wb") as log:  # the child keeps its own descriptor
             procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "typedq",
-                        "worker",
-                        "tests.redis_app:app",
-                        "--concurrency",
-                        str(concurrency),
-                        "--broker",
-                        server.url,
-                        "--grace",
-                        "2",
-                    ],
+                spawn_worker(
+                    "tests.redis_app:app",
+                    server.url,
+                    concurrency=concurrency,
+                    grace=2,
                     env=env,
-                    cwd=ROOT,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+                    output=log,
                 )
             )
     try:
         yield procs
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_workers(procs)
 
 
 @contextlib.asynccontextmanager

@@ -7,10 +7,8 @@ process exits anyway and the job comes back by lease expiry.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import BinaryIO
@@ -20,11 +18,11 @@ import pytest
 
 from tests.redis_harness import RedisProcess, flushall
 from tests.shutdown_app import Hang, Nap, app, hang, nap
+from tests.support import spawn_worker
 from typedq import Job, JobState
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 GRACE = 1.5
 
 
@@ -36,24 +34,8 @@ def anyio_backend() -> str:
 def start_worker(
     url: str, concurrency: int, log: BinaryIO | None = None
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "typedq",
-            "worker",
-            "tests.shutdown_app:app",
-            "--concurrency",
-            str(concurrency),
-            "--grace",
-            str(GRACE),
-            "--broker",
-            url,
-        ],
-        cwd=ROOT,
-        env={**os.environ, "TYPEDQ_BROKER": ""},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL if log is None else log,
+    return spawn_worker(
+        "tests.shutdown_app:app", url, concurrency=concurrency, grace=GRACE, output=log
     )
 
 

@@ -210,7 +210,7 @@ def test_generate_text_has_no_trailing_blank_lines_and_one_header() -> None:
         (["stubs", "no_such_module:app", "--out", "x.py"], "cannot import module 'no_such_module'"),
         (
             ["stubs", "tests.stubfix.broken:app", "--out", "x.py"],
-            "importing module 'tests.stubfix.broken' failed: RuntimeError: the database",
+            "cannot import tests.stubfix.broken: tests/stubfix/broken.py:5: RuntimeError: the database",
         ),
         (["stubs", "tests.stubfix.empty:app", "--out", "x.py"], "app 'empty' has no tasks"),
         (

@@ -9,7 +9,8 @@ messages for it with the expectations written inline::
     reveal_type(job)  # R: typedq.job.Job[snip.Receipt]
 
 The format is described in ``typing_snippets/README.md``. A call that must fail and
-starts to type-check fails its test, as ``warn_unused_ignores`` would.
+starts to type-check fails its test, as ``warn_unused_ignores`` would. ``# P:`` comments are
+pyright's expectations (tests/test_typing_pyright.py); mypy ignores them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ CONFIG = SNIPPETS / "mypy.ini"
 PASS = sorted((SNIPPETS / "pass").glob("*.py"))
 FAIL = sorted((SNIPPETS / "fail").glob("*.py"))
 
-Kind = Literal["E", "N", "R"]
+Kind = Literal["E", "N", "R", "P"]
 Severity = Literal["error", "note"]
 
 # `path:line: severity: message  [code]`, as printed with --show-absolute-path.
@@ -40,9 +41,12 @@ _MESSAGE = re.compile(
     r"^(?P<path>.+?):(?P<line>\d+): (?P<severity>error|note): (?P<text>.*?)"
     r"(?:  \[(?P<code>[a-z0-9-]+)\])?$"
 )
-# One `# E: ...`, `# N: ...` or `# R: ...` in a comment; several may follow each other.
-_EXPECTATION = re.compile(r"#\s*(?P<kind>[ENR]):\s*(?P<body>.*?)\s*(?=#\s*[ENR]:|$)")
+# One `# E: ...`, `# N: ...`, `# R: ...` or `# P: ...` in a comment; several may follow each
+# other.
+_EXPECTATION = re.compile(r"#\s*(?P<kind>[ENRP]):\s*(?P<body>.*?)\s*(?=#\s*[ENRP]:|$)")
 _ERROR_CODE = re.compile(r"[a-z][a-z0-9-]*")
+# A pyright rule (`reportArgumentType`), or `ok` for a line pyright accepts though mypy does not.
+_PYRIGHT_RULE = re.compile(r"report[A-Z][A-Za-z]*|ok")
 _REVEALED = re.compile(r'^Revealed type is "(?P<type>.*)"$')
 
 
@@ -62,7 +66,11 @@ class Message:
 
 @dataclass(frozen=True)
 class Expectation:
-    """One inline expectation: an error (code and message fragment), a note, a revealed type."""
+    """One inline expectation: an error (code and message fragment), a note, a revealed type.
+
+    ``P`` is pyright's: ``code`` is its rule (or ``ok``), ``text`` a message fragment (or, for
+    ``ok``, the reason pyright cannot see the error).
+    """
 
     line: int
     kind: Kind
@@ -80,6 +88,8 @@ class Expectation:
             )
         if self.kind == "N":
             return message.severity == "note" and self.text in message.text
+        if self.kind == "P":
+            return False  # pyright's, not mypy's
         revealed = _REVEALED.match(message.text)
         return message.severity == "note" and revealed is not None and revealed["type"] == self.text
 
@@ -88,11 +98,13 @@ class Expectation:
             return f"{self.line}: error [{self.code}] containing {self.text!r}"
         if self.kind == "N":
             return f"{self.line}: note containing {self.text!r}"
+        if self.kind == "P":
+            return f"{self.line}: pyright {self.code} containing {self.text!r}"
         return f'{self.line}: Revealed type is "{self.text}"'
 
 
 def parse_expectations(source: str) -> list[Expectation]:
-    """The expectations in a snippet's comments (only comments starting with E:, N: or R:).
+    """The expectations in a snippet's comments (only comments starting with E:, N:, R: or P:).
 
     A trailing comment is about its own line; a comment alone on its line is about the next
     line of code (for messages too long to trail the code without the formatter wrapping it).
@@ -106,7 +118,7 @@ def parse_expectations(source: str) -> list[Expectation]:
 
     expectations = []
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type != tokenize.COMMENT or not re.match(r"#\s*[ENR]:", token.string):
+        if token.type != tokenize.COMMENT or not re.match(r"#\s*[ENRP]:", token.string):
             continue
         line = token.start[0]
         if not token.line[: token.start[1]].strip():
@@ -119,6 +131,15 @@ def parse_expectations(source: str) -> list[Expectation]:
                 if not _ERROR_CODE.fullmatch(code):
                     raise ValueError(f"line {line}: `# E:` must start with an error code: {body!r}")
                 expectations.append(Expectation(line, kind, code, fragment.strip()))
+            elif kind == "P":
+                rule, _, fragment = body.partition(" ")
+                if not _PYRIGHT_RULE.fullmatch(rule):
+                    raise ValueError(
+                        f"line {line}: `# P:` must start with a pyright rule or `ok`: {body!r}"
+                    )
+                if rule == "ok" and not fragment.strip():
+                    raise ValueError(f"line {line}: `# P: ok` must say why pyright accepts it")
+                expectations.append(Expectation(line, kind, rule, fragment.strip()))
             else:
                 if not body:
                     raise ValueError(f"line {line}: empty `# {kind}:` expectation")
@@ -132,11 +153,12 @@ def unmet_and_unexpected(
     """Expectations no message satisfies, and messages no expectation accounts for.
 
     Each message satisfies at most one expectation. Errors and revealed types must all be
-    expected; other notes (mypy's explanations of an error) may go unmentioned.
+    expected; other notes (mypy's explanations of an error) may go unmentioned. Pyright's
+    expectations are not mypy's business.
     """
     remaining = list(messages)
     unmet = []
-    for expectation in expectations:
+    for expectation in (e for e in expectations if e.kind != "P"):
         match = next((m for m in remaining if expectation.matches(m)), None)
         if match is None:
             unmet.append(expectation)
@@ -266,6 +288,7 @@ def test_expectation_format() -> None:
         "\n"
         "# an ordinary comment\n"
         "y = x.nope  # E: misc\n"
+        'z = g()  # E: arg-type "Receipt"  # P: reportCallIssue no overloads  # P: ok why\n'
     )
     assert parse_expectations(source) == [
         Expectation(1, "E", "arg-type", '"Receipt"; expected'),
@@ -274,11 +297,18 @@ def test_expectation_format() -> None:
         Expectation(2, "R", None, "typedq.job.Job[snip.Receipt]"),
         Expectation(7, "E", "attr-defined", "a message too long to trail the code"),
         Expectation(7, "E", "misc", ""),
+        Expectation(8, "E", "arg-type", '"Receipt"'),
+        Expectation(8, "P", "reportCallIssue", "no overloads"),
+        Expectation(8, "P", "ok", "why"),
     ]
     with pytest.raises(ValueError, match="must start with an error code"):
         parse_expectations("x = 1  # E: Argument 1 has incompatible type\n")
+    with pytest.raises(ValueError, match="must start with a pyright rule"):
+        parse_expectations("x = 1  # P: arg-type\n")
+    with pytest.raises(ValueError, match="must say why"):
+        parse_expectations("x = 1  # P: ok\n")
 
-    expected = parse_expectations("x  # E: arg-type Receipt  # R: int\n")
+    expected = parse_expectations("x  # E: arg-type Receipt  # R: int  # P: reportCallIssue\n")
     reported = [
         Message(1, "error", "Argument 1 has type Receipt", "arg-type"),
         Message(1, "note", '"enqueue" defined in "typedq.task"', None),

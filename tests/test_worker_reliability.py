@@ -35,8 +35,9 @@ from typedq import (
     JobState,
     Retry,
     execution,
+    outcomes,
 )
-from typedq import worker as worker_module
+from typedq import settling as settling_module
 from typedq.broker.base import (
     ClaimedJob,
     Completion,
@@ -287,7 +288,7 @@ async def test_a_huge_retry_delay_is_clamped_to_a_finite_one(
                 await anyio.sleep(0.02)
             info = await job.info()
     assert info.status is JobState.SCHEDULED
-    assert time.time() < info.run_at <= time.time() + execution.MAX_RETRY_DELAY + 60
+    assert time.time() < info.run_at <= time.time() + outcomes.MAX_RETRY_DELAY + 60
 
 
 async def test_an_unexpected_error_in_the_runtime_still_records_the_job(
@@ -305,7 +306,7 @@ async def test_an_unexpected_error_in_the_runtime_still_records_the_job(
     def broken_context(**kwargs: Any) -> JobContext:
         raise RuntimeError("building the context failed")
 
-    real = execution.safe_retry_delay
+    real = outcomes.safe_retry_delay
     calls = 0
 
     def broken_once(delay: float | None) -> float | None:
@@ -321,7 +322,7 @@ async def test_an_unexpected_error_in_the_runtime_still_records_the_job(
             first = await task.enqueue(In(1))
             _, in_attempt = await final_record(app, first.id)
             monkeypatch.undo()
-            monkeypatch.setattr(worker_module, "safe_retry_delay", broken_once)
+            monkeypatch.setattr(settling_module, "safe_retry_delay", broken_once)
             second = await task.enqueue(In(2))
             state, in_settle = await final_record(app, second.id)
     assert in_attempt.error_type == "RuntimeError"
@@ -674,6 +675,7 @@ class OutageBroker(FaultyBroker):
         return await super().recover_stalled(limit)
 
 
+@pytest.mark.slow  # an outage of more than two real leases
 async def test_a_completion_outlives_an_outage_longer_than_two_leases(
     app_name: str, broker_url: str
 ) -> None:

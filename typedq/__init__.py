@@ -39,6 +39,9 @@ from .job import JobInfo as JobInfo
 from .job import JobStatus as JobStatus
 from .producer import Producer as Producer
 from .producer import TaskStub as TaskStub
+from .resources import Resource as Resource
+from .resources import ResourceError as ResourceError
+from .resources import Resources as Resources
 from .task import UNSET as UNSET
 from .task import Enqueuer as Enqueuer
 from .task import Task as Task
@@ -77,6 +80,9 @@ __all__ = [
     "QueueFull",
     "RedisDataLost",
     "Reject",
+    "Resource",
+    "ResourceError",
+    "Resources",
     "ResultTimeout",
     "Retention",
     "Retry",

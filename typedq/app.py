@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, overload
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .backoff import Backoff
 from .broker.base import Broker, BrokerSettings, Retention
 from .client import DEFAULT_MAX_PAYLOAD, AppBase
 from .errors import ConfigError
 from .names import check_name
+from .resources import Resource, Resources, check_factory
 from .task import (
     DEFAULT_QUEUE,
     AsyncContextHandler,
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from .worker import Worker
 
 __all__ = ["App"]
+
+T = TypeVar("T")
 
 
 class App(AppBase):
@@ -68,6 +72,7 @@ class App(AppBase):
         )
         self.lease = lease
         self._tasks: dict[str, Task[Any, Any]] = {}
+        self._resources: dict[str, Resource[Any]] = {}
 
     def __repr__(self) -> str:
         return f"App({self.name!r}, tasks={sorted(self._tasks)})"
@@ -166,6 +171,71 @@ class App(AppBase):
         if fn is not None:
             return register(fn)
         return register
+
+    # -- resources -------------------------------------------------------------------
+
+    @property
+    def resources(self) -> tuple[Resource[Any], ...]:
+        """The registered resources, in the order workers open them."""
+        return tuple(self._resources.values())
+
+    @overload
+    def resource(
+        self, fn: Callable[[], AsyncIterator[T]], /, *, name: str | None = None
+    ) -> Resource[T]: ...
+    @overload
+    def resource(
+        self, fn: Callable[[Resources], AsyncIterator[T]], /, *, name: str | None = None
+    ) -> Resource[T]: ...
+    @overload
+    def resource(
+        self,
+        fn: Callable[[], contextlib.AbstractAsyncContextManager[T]],
+        /,
+        *,
+        name: str | None = None,
+    ) -> Resource[T]: ...
+    @overload
+    def resource(
+        self,
+        fn: Callable[[Resources], contextlib.AbstractAsyncContextManager[T]],
+        /,
+        *,
+        name: str | None = None,
+    ) -> Resource[T]: ...
+
+    def resource(self, fn: Callable[..., Any], /, *, name: str | None = None) -> Resource[Any]:
+        """Register a resource every worker of this app opens at start and closes at
+        shutdown (a database pool, an HTTP client); returns its typed handle.
+
+        ``fn`` is an async generator that yields the value (code after the ``yield``
+        closes it) or a function returning an async context manager
+        (``@contextlib.asynccontextmanager``). Handlers read the value with
+        ``ctx.get(handle)``. Workers open resources in registration order, before they
+        claim jobs, and close them in reverse order once in-flight jobs have settled.
+        ``fn`` may take one parameter, the :class:`~typedq.resources.Resources` opened
+        before it, to build on them: ``async def repo(opened: Resources)`` reads
+        ``opened.get(db)``.
+
+        An async context manager class works as it is: ``app.resource(httpx.AsyncClient)``.
+
+        :param name: the resource's name in logs and errors (default: ``fn.__name__``);
+            ``app.resource(partial(Client, base_url=...), name="billing_api")``
+        :raises ConfigError: ``fn`` takes other parameters, returns instead of yielding,
+            or its name is taken
+        """
+        default = check_factory(fn)
+        if name == "":
+            raise ConfigError("a resource name must not be empty")
+        name = name or default
+        if name in self._resources:
+            raise ConfigError(
+                f"app {self.name!r} already has a resource named {name!r}; rename the "
+                "function or pass app.resource(fn, name=...)"
+            )
+        handle: Resource[Any] = Resource(fn, name=name, app=self.name)
+        self._resources[name] = handle
+        return handle
 
     # -- workers -------------------------------------------------------------------
 

@@ -1,17 +1,27 @@
 """The ``typedq`` command line (also ``python -m typedq``).
 
-``typedq worker MODULE:APP`` runs a worker process. SIGTERM or SIGINT start a graceful
-shutdown (stop claiming, let in-flight jobs finish within ``--grace``, then cancel and
-hand them back; sync handlers' threads get at most one lease more, then are abandoned);
-a second signal cancels at once. The process exits even when a sync handler's thread
-never returns: threads cannot be stopped, so the worker command ends the process with
-``os._exit`` once logs are flushed (the abandoned jobs come back by lease expiry).
+``typedq worker MODULE:APP`` runs a worker process. It connects first: an unreachable
+broker is one line and exit status 2, or, with ``--wait-for-broker SECONDS``, retried
+with a logged backoff until then. Without a broker (no ``--broker``, no
+``$TYPEDQ_BROKER``) it warns that ``memory://`` is private to the process. The first
+SIGTERM or SIGINT starts a graceful shutdown (stop claiming, let in-flight jobs finish
+within ``--grace``, then cancel and hand them back; sync handlers' threads get at most
+one lease more, then are abandoned); the second names the jobs still held and skips
+the waits; the third exits at once with status 130 (the jobs come back by lease
+expiry). The process exits even when a sync handler's thread never returns: threads
+cannot be stopped, so the worker command ends the process with ``os._exit`` once logs
+are flushed.
 
-``typedq stubs MODULE:APP --out stubs/NAME.py`` writes typed producer stubs
-(``--check`` exits 1 with a diff when the file is stale; ``typedq stubs [--check]
-FILE...`` regenerates files from the command in their header). ``typedq schema
-MODULE:APP`` prints each task's JSON Schemas. ``typedq inspect`` shows counts, failed
-jobs, and retries, cancels or purges jobs (see :mod:`typedq.inspector`).
+``typedq stubs MODULE:APP --out stubs/NAME.py`` writes typed producer stubs (without
+``--out``, or with ``--out -``, it prints them; ``--check`` exits 1 with a diff when the
+file is stale; ``typedq stubs [--check] FILE...`` regenerates files from the command in
+their header). ``typedq schema MODULE:APP`` prints each task's JSON Schemas. ``typedq
+inspect`` shows counts, failed jobs, and retries, cancels or purges jobs (see
+:mod:`typedq.inspector`).
+
+``--log-level`` and ``--broker`` go before or after the subcommand. Options without a
+flag fall back on ``TYPEDQ_*`` environment variables (see ``typedq --help``): the flag
+wins over the variable, the variable over the built-in default.
 
 Every error is one line on stderr and exit status 2; ``--check`` and inspect actions
 that left some job untouched exit 1.
@@ -20,6 +30,7 @@ that left some job untouched exit 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -28,19 +39,20 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
 
-from . import stubgen
+from . import __version__, stubgen
 from .app import App
 from .broker import redact_url
 from .broker.base import JobState
 from .client import DEFAULT_BROKER_ENV, Client
-from .errors import ConfigError, TypedqError
+from .errors import BrokerUnavailable, ConfigError, TypedqError
 from .schema import app_schema as schema_of
 from .worker import Worker
 
@@ -63,15 +75,15 @@ def load_app(target: str) -> App:
         sys.path.insert(0, os.getcwd())  # like `python -m`: the current project is importable
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import module {module_name!r}: {exc}") from exc
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise ConfigError(f"cannot import module {module_name!r}: {exc}") from exc
+        raise ConfigError(_import_failure(module_name, exc)) from exc
     except TypedqError:
         raise
     except Exception as exc:
         # The module itself is broken: say where, in one line, instead of a traceback.
-        raise ConfigError(
-            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise ConfigError(_import_failure(module_name, exc)) from exc
     app: Any = module
     for part in attribute.split("."):
         app = getattr(app, part, None)
@@ -82,72 +94,349 @@ def load_app(target: str) -> App:
     return app
 
 
-async def _run_worker(app: App, args: argparse.Namespace) -> None:
+def _import_failure(module_name: str, exc: BaseException) -> str:
+    """``cannot import M: FILE:LINE: Type: message``, FILE:LINE where it was raised.
+
+    The innermost frame of the user's project (under the current directory, outside
+    typedq) is the useful one; failing that, the innermost real file.
+    """
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f"{_shown_path(exc.filename)}:{exc.lineno}: "
+    else:
+        frames = [
+            f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")
+        ]
+        here = os.getcwd() + os.sep
+        package = str(Path(__file__).resolve().parent) + os.sep
+        own = [
+            f for f in frames if f.filename.startswith(here) and not f.filename.startswith(package)
+        ]
+        chosen = own or frames
+        frame = chosen[-1] if chosen else None
+        if frame is not None:
+            where = f"{_shown_path(frame.filename)}:{frame.lineno}: "
+    message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    return f"cannot import {module_name}: {where}{type(exc).__name__}: {message}"
+
+
+def _shown_path(filename: str) -> str:
+    """A path relative to the current directory when it is inside it."""
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return filename
+
+
+# -- the worker command ----------------------------------------------------------------
+
+
+def _worker(args: argparse.Namespace) -> int:
+    try:
+        app = load_app(args.app)
+        if args.broker:
+            app.use_broker(args.broker)
+        url = app.client.url
+        chosen = args.broker or os.environ.get(DEFAULT_BROKER_ENV)
+        if url.startswith("memory:") and not chosen:
+            log.warning(
+                "no broker given: this worker uses memory://, the embedded broker inside "
+                "this process, so no other process can enqueue jobs for it. Give "
+                "--broker redis://HOST:PORT/DB or set %s (--broker memory:// silences "
+                "this warning)",
+                DEFAULT_BROKER_ENV,
+            )
+        log.info("app %r on %s", app.name, redact_url(url))
+        return anyio.run(_run_worker, app, args)
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        error = _single(exc)
+        if isinstance(error, KeyboardInterrupt):
+            return 130
+        if not isinstance(error, TypedqError):
+            raise
+        print(f"typedq: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _single(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) exception groups of one, or ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def _run_worker(app: App, args: argparse.Namespace) -> int:
     queues = [q for q in args.queues.split(",") if q] if args.queues else None
     worker = app.worker(concurrency=args.concurrency, queues=queues, grace=args.grace)
+    signals = _Signals(worker)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_handle_signals, worker)
-        await worker.run()  # returns once a graceful shutdown is complete
+        signals.scope = tg.cancel_scope
+        tg.start_soon(signals.listen)
+        async with _connected(app.client, args.wait_for_broker):
+            # No await between these two lines: a signal handled after this sees a
+            # worker whose stop() takes effect (run() sets itself up before awaiting).
+            signals.running = True
+            await worker.run()  # returns once the shutdown is complete
         tg.cancel_scope.cancel()  # stop listening for signals
+    return signals.code
 
 
-async def _handle_signals(worker: Worker[Any, Any]) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        stopping = False
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            if stopping:
+@contextlib.asynccontextmanager
+async def _connected(client: Client, wait: float) -> AsyncIterator[None]:
+    """Connect ``client``; while the broker is unreachable, retry for ``wait`` seconds
+    (one line per try), then give up with one line naming the broker and the fix."""
+    deadline = time.monotonic() + wait
+    delay = 0.5
+    tries = 0
+    async with contextlib.AsyncExitStack() as stack:
+        while True:
+            tries += 1
+            try:
+                await stack.enter_async_context(client)
+                break
+            except BrokerUnavailable as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BrokerUnavailable(_unreachable(client.url, exc, wait, tries)) from None
+                pause = min(delay, left)
                 log.warning(
-                    "second %s: cancelling in-flight jobs, handing back what can be handed "
-                    "back and abandoning sync handlers' threads",
-                    name,
+                    "try %d: %s; retrying in %.1fs (--wait-for-broker: %.0fs left)",
+                    tries,
+                    str(exc).rstrip("."),
+                    pause,
+                    left,
                 )
-                worker.stop(force=True)
+                await anyio.sleep(pause)
+                delay = min(delay * 2, 5.0)
+        if tries > 1:
+            log.info("reached the broker %s on try %d", redact_url(client.url), tries)
+        yield
+
+
+def _unreachable(url: str, exc: BrokerUnavailable, wait: float, tries: int) -> str:
+    if wait > 0:
+        waited = f"gave up after {tries} tries in {wait:g}s: "
+        fix = "start it, check the URL (--broker or $TYPEDQ_BROKER), or wait longer"
+    else:
+        waited = ""
+        fix = (
+            "start it, check the URL (--broker or $TYPEDQ_BROKER), or pass "
+            "--wait-for-broker SECONDS to wait for it"
+        )
+    return f"cannot reach the broker {redact_url(url)}: {waited}{str(exc).rstrip('.')}; {fix}"
+
+
+class _Signals:
+    """SIGTERM/SIGINT for ``typedq worker``: the first stops gracefully, the second
+    skips the grace, the third exits at once (the jobs come back by lease expiry)."""
+
+    def __init__(self, worker: Worker[Any, Any]) -> None:
+        self.worker = worker
+        self.scope: anyio.CancelScope | None = None
+        #: True once worker.run() has been entered; before that a signal just exits.
+        self.running = False
+        self.count = 0
+        self.code = 0
+
+    async def listen(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                self.on_signal(signal.Signals(signum).name)
+
+    def on_signal(self, name: str) -> None:
+        self.count += 1
+        worker = self.worker
+        if not self.running:
+            log.warning("%s: stopped before the worker started (nothing was claimed)", name)
+            self.code = 130
+            assert self.scope is not None
+            self.scope.cancel()
+        elif self.count == 1:
+            log.info(
+                "%s: shutting down gracefully: no new claims; %d running jobs have up to "
+                "%.1fs (--grace) to finish. A second signal skips the grace",
+                name,
+                len(worker.in_flight()),
+                worker.grace,
+            )
+            worker.stop()
+        elif self.count == 2:
+            jobs = worker.in_flight()
+            if jobs:
+                log.warning(
+                    "second %s: skipping the grace; cancelling and handing back %d jobs "
+                    "still running: %s (a sync handler's thread cannot be stopped: its "
+                    "job comes back when its lease expires). A third signal exits at once",
+                    name,
+                    len(jobs),
+                    _jobs_text(jobs),
+                )
             else:
-                log.info("%s: shutting down gracefully (grace %.1fs)", name, worker.grace)
-                worker.stop()
-                stopping = True
+                log.warning("second %s: skipping the grace; no jobs left to wait for", name)
+            worker.stop(force=True)
+        else:
+            jobs = worker.in_flight()
+            log.warning(
+                "third %s: exiting now (status 130)%s",
+                name,
+                f"; {len(jobs)} unsettled jobs come back when their leases expire "
+                f"(within {worker.lease:g}s): {_jobs_text(jobs)}"
+                if jobs
+                else "",
+            )
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+
+
+def _jobs_text(jobs: list[tuple[str, str]], most: int = 10) -> str:
+    shown = ", ".join(f"{job_id} ({task})" for job_id, task in jobs[:most])
+    return shown if len(jobs) <= most else f"{shown} and {len(jobs) - most} more"
+
+
+# -- options ----------------------------------------------------------------------------
+
+#: Options that fall back on an environment variable: dest -> (variable, parse, default).
+#: Precedence: the flag, then the variable, then the default.
+_ENV_DEFAULTS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
+    "log_level": ("TYPEDQ_LOG_LEVEL", str, "INFO"),
+    "concurrency": ("TYPEDQ_CONCURRENCY", int, 16),
+    "queues": ("TYPEDQ_QUEUES", str, ""),
+    "grace": ("TYPEDQ_GRACE", float, 10.0),
+    "wait_for_broker": ("TYPEDQ_WAIT_FOR_BROKER", float, 0.0),
+}
+
+
+def _env_help(dest: str, text: str) -> str:
+    variable, _, default = _ENV_DEFAULTS[dest]
+    shown = default if default != "" else "all"
+    return f"{text} (default: {shown}; env {variable})"
+
+
+def _apply_env_defaults(args: argparse.Namespace) -> None:
+    for dest, (variable, parse, default) in _ENV_DEFAULTS.items():
+        if getattr(args, dest, default) is not None:
+            continue
+        raw = os.environ.get(variable, "")
+        if not raw:
+            setattr(args, dest, default)
+            continue
+        try:
+            setattr(args, dest, parse(raw))
+        except ValueError:
+            kind = "an integer" if parse is int else "a number"
+            raise ConfigError(
+                f"{variable}={raw!r} is not {kind}; fix or unset it (or give the flag)"
+            ) from None
+    if args.broker and args.command not in ("worker", "inspect"):
+        raise ConfigError(f"--broker is for worker and inspect, not {args.command}")
+    level = args.log_level
+    if logging.getLevelNamesMapping().get(level.upper()) is None:
+        source = (
+            "--log-level" if os.environ.get("TYPEDQ_LOG_LEVEL") != level else ("TYPEDQ_LOG_LEVEL")
+        )
+        raise ConfigError(
+            f"{source} {level!r} is not a log level; use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
+
+
+_EPILOG = f"""\
+environment variables (used when the matching flag is not given; a flag wins over the
+variable, the variable over the built-in default):
+  {DEFAULT_BROKER_ENV}            broker URL for an app that names none (else memory://)
+  TYPEDQ_LOG_LEVEL         --log-level
+  TYPEDQ_CONCURRENCY       worker --concurrency
+  TYPEDQ_QUEUES            worker --queues
+  TYPEDQ_GRACE             worker --grace
+  TYPEDQ_WAIT_FOR_BROKER   worker --wait-for-broker
+"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="typedq", description="typedq: a typed task queue")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser = argparse.ArgumentParser(
+        prog="typedq",
+        description="typedq: a typed task queue",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"typedq {__version__}")
+    log_help = _env_help("log_level", "logging level: DEBUG, INFO, WARNING, ERROR")
+    broker_help = (
+        f"broker URL, e.g. redis://HOST:PORT/DB (default: the app's; env {DEFAULT_BROKER_ENV})"
+    )
+    parser.add_argument("--log-level", default=None, help=log_help)
+    parser.add_argument("--broker", default=None, help=broker_help + "; worker and inspect")
+    # The same options after the subcommand; SUPPRESS keeps a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, help=log_help)
+    with_broker = argparse.ArgumentParser(add_help=False)
+    with_broker.add_argument("--broker", default=argparse.SUPPRESS, help=broker_help)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    worker = sub.add_parser("worker", help="run a worker for every task of an app")
+    worker = sub.add_parser(
+        "worker",
+        help="run a worker for every task of an app",
+        parents=[common, with_broker],
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     worker.add_argument("app", help="MODULE:APP, e.g. examples.quickstart:app")
-    worker.add_argument("--concurrency", "-c", type=int, default=16, help="jobs run at once")
-    worker.add_argument("--queues", "-q", default="", help="comma-separated queues (default: all)")
-    worker.add_argument("--grace", type=float, default=10.0, help="shutdown grace, seconds")
-    worker.add_argument("--broker", default=None, help="broker URL (default: the app's)")
+    worker.add_argument(
+        "--concurrency",
+        "-c",
+        type=int,
+        default=None,
+        help=_env_help("concurrency", "jobs run at once"),
+    )
+    worker.add_argument(
+        "--queues", "-q", default=None, help=_env_help("queues", "comma-separated queues")
+    )
+    worker.add_argument(
+        "--grace", type=float, default=None, help=_env_help("grace", "shutdown grace, seconds")
+    )
+    worker.add_argument(
+        "--wait-for-broker",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=_env_help("wait_for_broker", "at start, retry an unreachable broker for this long"),
+    )
 
     stubs = sub.add_parser(
         "stubs",
+        parents=[common],
         help="generate typed producer stubs (or check them with --check)",
         description="Write a module that declares an app's tasks for producers, importing "
-        "only the model modules. Without --out, each FILE is regenerated from the command "
-        "recorded in its header.",
+        "only the model modules. MODULE:APP without --out (or with --out -) prints it; "
+        "each FILE is regenerated from the command recorded in its header.",
     )
     stubs.add_argument("targets", nargs="+", metavar="MODULE:APP | FILE")
-    stubs.add_argument("--out", "-o", default=None, help="where to write the stub module")
+    stubs.add_argument(
+        "--out", "-o", default=None, help="where to write the stub module (- for stdout)"
+    )
     stubs.add_argument("--task", action="append", default=[], help="only this task (repeatable)")
     stubs.add_argument(
         "--check", action="store_true", help="exit 1 with a diff if the file on disk is stale"
     )
 
-    schema = sub.add_parser("schema", help="print each task's input/output JSON Schema")
+    schema = sub.add_parser(
+        "schema", help="print each task's input/output JSON Schema", parents=[common]
+    )
     schema.add_argument("app", help="MODULE:APP")
     schema.add_argument("--task", action="append", default=[], help="only this task")
 
     inspect = sub.add_parser(
         "inspect",
+        parents=[common, with_broker],
         help="counts, failed jobs, and retry / cancel / purge",
         description="Show counts per state per queue and the jobs of one state (failed by "
         "default); with --retry, --cancel or --purge, act on the given job ids, or on every "
         "job in --state.",
     )
     inspect.add_argument("target", nargs="?", help="MODULE:APP (its name, queues and broker)")
-    inspect.add_argument("--broker", default=None, help="broker URL (default: the app's)")
     inspect.add_argument(
         "--app", dest="app_name", default=None, help="app name, without MODULE:APP"
     )
@@ -173,6 +462,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def _stubs(args: argparse.Namespace) -> int:
     # Each job: (target, out as the header records it, tasks, the file to write or check).
+    to_stdout = args.out == "-" or (
+        args.out is None and len(args.targets) == 1 and _is_target(args.targets[0])
+    )
+    if to_stdout:
+        if args.check:
+            raise ConfigError("--check compares a file: give --out FILE, or the FILE itself")
+        target = args.targets[0]
+        if len(args.targets) != 1 or not _is_target(target):
+            raise ConfigError("to print a stub, give exactly one MODULE:APP")
+        tasks = list(args.task)
+        sys.stdout.write(stubgen.generate(load_app(target), target=target, out="-", tasks=tasks))
+        return 0
     if args.out is not None:
         if len(args.targets) != 1:
             raise ConfigError("with --out, give exactly one MODULE:APP")
@@ -186,7 +487,8 @@ def _stubs(args: argparse.Namespace) -> int:
         text = stubgen.generate(load_app(target), target=target, out=out, tasks=tasks)
         path = Path(file)
         current = path.read_text() if path.exists() else None
-        command = stubgen.command_of(target, out, tasks)
+        # A stub once printed to stdout records `--out -`: regenerate it where it lives.
+        command = f"typedq stubs {file}" if out == "-" else stubgen.command_of(target, out, tasks)
         if args.check:
             if current is None:
                 print(f"{file} does not exist; run: {command}")
@@ -203,6 +505,11 @@ def _stubs(args: argparse.Namespace) -> int:
             tmp.replace(path)
             print(f"wrote {file}", file=sys.stderr)
     return status
+
+
+def _is_target(word: str) -> bool:
+    """MODULE:APP rather than a stub FILE (which has no colon, or exists on disk)."""
+    return ":" in word and not Path(word).exists()
 
 
 def _from_header(path: str) -> tuple[str, str, list[str]]:
@@ -321,6 +628,11 @@ async def _with_progress(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args = _parser().parse_args(argv)
+    try:
+        _apply_env_defaults(args)
+    except ConfigError as exc:
+        print(f"typedq: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -334,21 +646,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _schema(args)
         elif args.command == "inspect":
             return _inspect(args)
-    except TypedqError as exc:
-        print(f"typedq: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
-
-def _worker(args: argparse.Namespace) -> int:
-    try:
-        app = load_app(args.app)
-        if args.broker:
-            app.use_broker(args.broker)
-        log.info("app %r on %s", app.name, redact_url(app.client.url))
-        anyio.run(_run_worker, app, args)
     except TypedqError as exc:
         print(f"typedq: error: {exc}", file=sys.stderr)
         return 2

@@ -5,18 +5,23 @@ A handler receives it when it declares a second parameter::
     @app.task
     async def resize(image: Image, ctx: JobContext) -> Thumb:
         await ctx.progress({"done": 0.5})
+        pool = ctx.get(db)          # a resource the worker opened (typedq.resources)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.from_thread
 import msgspec
 
+from .resources import Resource, ResourceError, Resources, current_resources
+
 __all__ = ["JobContext"]
+
+T = TypeVar("T")
 
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -30,10 +35,14 @@ class JobContext:
     :ivar attempt: 1 for the first run, 2 for the first retry, ...
     :ivar enqueued_at: when it was enqueued (broker clock, epoch seconds)
     :ivar worker_id: the worker running it (``"local"`` when the task is called directly)
+
+    :param resources: the opened resources :meth:`get` reads; by default those of the
+        worker running this code (none outside a worker)
     """
 
     __slots__ = (
         "_report",
+        "_resources",
         "attempt",
         "enqueued_at",
         "job_id",
@@ -53,6 +62,7 @@ class JobContext:
         enqueued_at: float,
         worker_id: str = "local",
         report: Callable[[bytes], Coroutine[Any, Any, None]] | None = None,
+        resources: Resources | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -62,6 +72,28 @@ class JobContext:
         self.worker_id = worker_id
         self.last_progress: Any = None
         self._report = report
+        # Captured now, in the task that runs the attempt: a sync handler's thread then
+        # reads the same resources without needing the worker's context.
+        self._resources = resources if resources is not None else current_resources()
+
+    def get(self, resource: Resource[T]) -> T:
+        """The value of a resource the worker opened: ``pool = ctx.get(db)`` (typed by
+        the handle ``@app.resource`` returned). Works in sync handlers too.
+
+        :raises ResourceError: outside a worker (a direct call: pass a context made by
+            ``typedq.testing.job_context(provide(db, fake))``), or a resource the
+            worker's app does not have
+        """
+        if self._resources is None:
+            raise ResourceError(
+                f"resource {resource.name!r} is not open: job {self.job_id!r} "
+                f"({self.task}) does not run in a worker, and resources are opened by "
+                "workers (typedq worker, app.worker(), typedq.testing.run_worker); in a "
+                "direct call pass a context with a test double: await "
+                f"{self.task}(payload, typedq.testing.job_context(typedq.testing.provide("
+                f"{resource.name}, value)))"
+            )
+        return self._resources.get(resource)
 
     async def progress(self, value: Any) -> None:
         """Record progress (any msgpack-serializable value); readable with ``Job.info()``."""

@@ -25,7 +25,7 @@ The tree::
 Handlers raise these to steer the runtime (they are not errors of typedq's):
 
     Retry       retry this job, optionally after ``delay`` seconds
-    Abort       fail permanently, no retries left spent
+    Abort       fail permanently now, without using the retries left
     Reject      fail permanently with a declared domain error model (typed data)
 
 This module depends on nothing else in typedq.

@@ -1,12 +1,12 @@
 """Running one claimed job: from an envelope to an outcome.
 
 :class:`Executor` decodes the payload, calls the handler under its cancel scope and
-timeout, and turns whatever happened into an :data:`Outcome` with a structured
-:class:`~typedq.errors.FailureRecord`. It never raises for anything the job did: bad
-payloads, unknown tasks and handler errors are all outcomes, and so is anything
+timeout, and turns whatever happened into an :data:`~typedq.outcomes.Outcome` with a
+structured :class:`~typedq.errors.FailureRecord`. It never raises for anything the job
+did: bad payloads, unknown tasks and handler errors are all outcomes, and so is anything
 unexpected on the way (a decoder blowing up, an exception whose ``__str__`` raises, a
 retry delay that is not a number): every attempt ends in an outcome of its own job.
-Settling the outcome with the broker is the worker's business.
+Settling the outcome with the broker is :mod:`typedq.settling`'s business.
 
 Sync handlers run in threads, which cannot be interrupted. A thread is abandoned when
 its attempt ends early (timeout, lost lease): the attempt gets its outcome at once, the
@@ -24,9 +24,7 @@ import math
 import threading
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
@@ -45,33 +43,27 @@ from .errors import (
     Reject,
     Retry,
 )
+from .outcomes import (
+    Abandon,
+    Attempt,
+    Complete,
+    Drop,
+    Fail,
+    HandBack,
+    Outcome,
+    describe,
+    minimal_failure,
+    qualified,
+    safe_retry_delay,
+)
 from .serde import codec_for
 from .task import Task
 
-__all__ = [
-    "MAX_RETRY_DELAY",
-    "Abandon",
-    "CancelReason",
-    "Complete",
-    "Drop",
-    "Executor",
-    "Fail",
-    "HandBack",
-    "Outcome",
-    "Running",
-    "describe",
-    "minimal_failure",
-    "safe_retry_delay",
-]
+__all__ = ["CancelReason", "Executor", "Running"]
 
 log = logging.getLogger("typedq.worker")
 
 _TRACEBACK_LIMIT = 8192
-_MESSAGE_LIMIT = 4096
-
-#: The longest retry delay sent to a broker (ten years): every delay is clamped to a
-#: finite number in [0, MAX_RETRY_DELAY] before it leaves the worker.
-MAX_RETRY_DELAY = 10 * 365 * 86400.0
 
 #: Why a running job's scope was cancelled: ``job.cancel()``, a lost lease, or shutdown.
 CancelReason = Literal["cancel", "lease_lost", "shutdown"]
@@ -155,101 +147,11 @@ class Running:
             await self._wake.wait()
 
 
-@dataclass(frozen=True)
-class Complete:
-    """The handler returned: the encoded result."""
-
-    result: bytes
-
-
-@dataclass(frozen=True)
-class Fail:
-    """The attempt failed: retry after ``retry_delay``, or finally (``None``), or cancelled."""
-
-    record: FailureRecord
-    retry_delay: float | None = None
-    cancelled: bool = False
-
-
-@dataclass(frozen=True)
-class HandBack:
-    """Shutdown interrupted the attempt: hand the job back unspent."""
-
-
-@dataclass(frozen=True)
-class Drop:
-    """Lease lost: write nothing; the job belongs to someone else now."""
-
-
-@dataclass(frozen=True)
-class Abandon:
-    """Shutdown gave up waiting for the handler's thread: write nothing, keep nothing.
-
-    The job's lease is no longer renewed, so it comes back once the lease expires.
-    """
-
-
-Outcome = Complete | Fail | HandBack | Drop | Abandon
-
-
-def describe(exc: BaseException) -> str:
-    """``str(exc)``, or a stand-in when its ``__str__`` raises; bounded in length."""
-    try:
-        text = str(exc)
-    except Exception as inner:
-        try:
-            text = f"<unprintable {type(exc).__qualname__}: its __str__ raised {type(inner).__qualname__}>"
-        except Exception:
-            text = "<unprintable exception>"
-    return text if len(text) <= _MESSAGE_LIMIT else text[:_MESSAGE_LIMIT] + "..."
-
-
 def _type_name(exc: BaseException) -> str:
     try:
         return qualified(type(exc))
     except Exception:
         return "Exception"
-
-
-def minimal_failure(
-    claimed: ClaimedJob,
-    *,
-    worker_id: str,
-    error_type: str,
-    message: str,
-    reason: FailureReason = FailureReason.ERROR,
-    retryable: bool = False,
-) -> FailureRecord:
-    """A failure record built from plain strings only: the last resort when building a
-    full record (or encoding it) failed. Strings are made encodable (lone surrogates
-    escaped) and bounded."""
-
-    def clean(text: str) -> str:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")[:_MESSAGE_LIMIT]
-
-    return FailureRecord(
-        reason=reason,
-        error_type=clean(error_type),
-        message=clean(message),
-        attempt=claimed.attempt,
-        retryable=retryable,
-        worker_id=worker_id,
-        failed_at=time.time(),
-    )
-
-
-def safe_retry_delay(delay: float | None) -> float | None:
-    """A retry delay a broker can store: None stays None, anything else becomes a finite
-    number in [0, MAX_RETRY_DELAY] (NaN becomes 0)."""
-    if delay is None:
-        return None
-    try:
-        value = float(delay)
-    except (TypeError, ValueError, OverflowError):
-        return 0.0
-    if math.isnan(value) or value < 0:
-        return 0.0
-    return min(value, MAX_RETRY_DELAY)
 
 
 class Executor:
@@ -259,8 +161,6 @@ class Executor:
     :param worker_id: recorded in failure records
     :param threads: bounds how many sync handlers run in threads at once
     :param progress: stores a running job's progress with the broker
-    :param mismatches: counts (task, producer fingerprint) of payloads that validated
-        although the producer's schema differed
     :param thread_exited: called in the event loop when a handler thread returns (it may
         be long after its attempt ended)
     """
@@ -272,14 +172,12 @@ class Executor:
         worker_id: str,
         threads: anyio.CapacityLimiter,
         progress: Callable[[ClaimedJob, bytes], Coroutine[Any, Any, None]],
-        mismatches: Counter[tuple[str, str]],
         thread_exited: Callable[[Running], None] | None = None,
     ) -> None:
         self.tasks = tasks
         self.worker_id = worker_id
         self._threads = threads
         self._progress = progress
-        self.mismatches = mismatches
         self._thread_exited = thread_exited
 
     def _failure(
@@ -319,27 +217,49 @@ class Executor:
             failed_at=time.time(),
         )
 
-    async def attempt(self, claimed: ClaimedJob, running: Running) -> Outcome:
-        """Run one claimed job to an outcome; never raises for anything the job did."""
-        try:
-            return await self._attempt(claimed, running)
-        except Exception as exc:
-            # A defect on the way (ours or a model's): the job still gets a record.
-            log.exception(
-                "job %s (%s): unexpected error while running it; recording a failure",
-                claimed.message.id,
-                claimed.message.task,
-            )
-            return Fail(
-                minimal_failure(
-                    claimed,
-                    worker_id=self.worker_id,
-                    error_type=_type_name(exc),
-                    message=f"the worker could not run this job: {describe(exc)}",
-                )
-            )
+    async def attempt(self, claimed: ClaimedJob, running: Running) -> Attempt:
+        """Run one claimed job to an outcome; never raises for anything the job did.
 
-    async def _attempt(self, claimed: ClaimedJob, running: Running) -> Outcome:
+        Three steps, each its own method: decode the payload (:meth:`_decode`), call the
+        handler under its cancel scope and timeout (:meth:`_call_with_limits`), and
+        classify what happened (:meth:`_interrupted`, :meth:`_classify`).
+        """
+        try:
+            decoded = self._decode(claimed)
+        except Exception as exc:
+            return Attempt(self._defect(claimed, exc))
+        if isinstance(decoded, Fail):
+            return Attempt(decoded)
+        task, payload = decoded
+        producer = claimed.message.fingerprint
+        mismatch = None
+        if producer and producer != task.input.fingerprint:
+            mismatch = (producer, task.input.fingerprint)
+        try:
+            outcome = await self._run(claimed, task, payload, running)
+        except Exception as exc:
+            outcome = self._defect(claimed, exc)
+        return Attempt(outcome, fingerprint_mismatch=mismatch)
+
+    def _defect(self, claimed: ClaimedJob, exc: Exception) -> Fail:
+        """A defect on the way (ours or a model's): the job still gets a record."""
+        log.exception(
+            "job %s (%s): unexpected error while running it; recording a failure",
+            claimed.message.id,
+            claimed.message.task,
+        )
+        return Fail(
+            minimal_failure(
+                claimed,
+                worker_id=self.worker_id,
+                error_type=_type_name(exc),
+                message=f"the worker could not run this job: {describe(exc)}",
+            )
+        )
+
+    def _decode(self, claimed: ClaimedJob) -> tuple[Task[Any, Any], Any] | Fail:
+        """The job's task and decoded payload, or the failure of an unknown task or a
+        payload that does not decode."""
         message = claimed.message
         task = self.tasks.get(message.task)
         if task is None:
@@ -353,7 +273,7 @@ class Executor:
                 )
             )
         try:
-            payload = task.input.decode(message.payload)
+            return task, task.input.decode(message.payload)
         except (InvalidPayload, PayloadTooLarge) as exc:
             return Fail(self._invalid_payload(claimed, task, describe(exc)))
         except Exception as exc:
@@ -363,18 +283,34 @@ class Executor:
             return Fail(
                 self._invalid_payload(claimed, task, f"{_type_name(exc)}: {describe(exc)}", exc=exc)
             )
-        if message.fingerprint and message.fingerprint != task.input.fingerprint:
-            key = (task.name, message.fingerprint)
-            if key not in self.mismatches:
-                log.warning(
-                    "task %r: a producer's schema fingerprint %s differs from the worker's %s; "
-                    "the payload validated, so it runs (regenerate the producer's stubs)",
-                    task.name,
-                    message.fingerprint,
-                    task.input.fingerprint,
-                )
-            self.mismatches[key] += 1
 
+    async def _run(
+        self, claimed: ClaimedJob, task: Task[Any, Any], payload: Any, running: Running
+    ) -> Outcome:
+        timeout = _timeout_of(task, claimed.message.timeout)
+        got, deadline = await self._call_with_limits(claimed, task, payload, running, timeout)
+        if got is None:
+            ended = await self._interrupted(claimed, task, running, timeout, deadline)
+            if not isinstance(ended, tuple):
+                return ended
+            got = ended
+        return self._classify(claimed, task, running, got)
+
+    async def _call_with_limits(
+        self,
+        claimed: ClaimedJob,
+        task: Task[Any, Any],
+        payload: Any,
+        running: Running,
+        timeout: float | None,
+    ) -> tuple[tuple[bool, Any] | None, float]:
+        """Call the handler in the attempt's cancel scope, within its timeout.
+
+        :return: (True, value) or (False, exception) once the handler finished, or None
+            when it was interrupted (timeout, cancel, lost lease, shutdown); and the
+            deadline of the timeout
+        """
+        message = claimed.message
         ctx = JobContext(
             job_id=message.id,
             task=task.name,
@@ -384,8 +320,6 @@ class Executor:
             worker_id=self.worker_id,
             report=lambda data: self._progress(claimed, data),
         )
-        timeout = _timeout_of(task, message.timeout)
-        #: (True, value) or (False, exception) once the handler finished.
         got: tuple[bool, Any] | None = None
         with anyio.CancelScope() as scope:
             running.scope = scope
@@ -398,29 +332,46 @@ class Executor:
                     got = (False, exc)
                 finally:
                     running.in_handler = False
+        return got, deadline.deadline
+
+    async def _interrupted(
+        self,
+        claimed: ClaimedJob,
+        task: Task[Any, Any],
+        running: Running,
+        timeout: float | None,
+        deadline: float,
+    ) -> Outcome | tuple[bool, Any]:
+        """The outcome of an interrupted attempt, or what its sync handler's thread
+        returned when the attempt waited for it."""
         reason = running.cancel_reason
+        if reason is None:
+            # The timeout: the attempt ends now, even if a sync handler's thread
+            # runs on (it cannot be killed; its slot stays taken until it returns).
+            return self._timed_out(claimed, task, timeout)
+        if reason == "lease_lost" or not running.thread_alive:
+            return self._cancelled_outcome(claimed, reason)
+        # A cancel request or a shutdown while a sync handler's thread still runs:
+        # wait for it (the lease is still renewed), within the job's timeout.
+        with anyio.CancelScope(deadline=deadline):
+            await running.wait_thread()
+        if running.lost:
+            return Drop()
+        got = running.thread_result
         if got is None:
-            if reason is None:
-                # The timeout: the attempt ends now, even if a sync handler's thread
-                # runs on (it cannot be killed; its slot stays taken until it returns).
-                return self._timed_out(claimed, task, timeout)
-            if reason == "lease_lost" or not running.thread_alive:
-                return self._cancelled_outcome(claimed, reason)
-            # A cancel request or a shutdown while a sync handler's thread still runs:
-            # wait for it (the lease is still renewed), within the job's timeout.
-            with anyio.CancelScope(deadline=deadline.deadline):
-                await running.wait_thread()
-            if running.lost:
-                return Drop()
-            if running.thread_result is None:
-                if reason == "shutdown":
-                    return Abandon()
-                return self._cancelled_outcome(claimed, reason)
-            got = running.thread_result
-            if not got[0] and not isinstance(got[1], Exception):
-                # It saw check_cancelled() (or ended some other abrupt way).
-                return self._cancelled_outcome(claimed, reason)
-        if reason == "lease_lost" or running.lost:
+            if reason == "shutdown":
+                return Abandon()
+            return self._cancelled_outcome(claimed, reason)
+        if not got[0] and not isinstance(got[1], Exception):
+            # It saw check_cancelled() (or ended some other abrupt way).
+            return self._cancelled_outcome(claimed, reason)
+        return got
+
+    def _classify(
+        self, claimed: ClaimedJob, task: Task[Any, Any], running: Running, got: tuple[bool, Any]
+    ) -> Outcome:
+        """The outcome of a handler that finished: its result, or its error."""
+        if running.cancel_reason == "lease_lost" or running.lost:
             return Drop()  # never write a result after the lease was lost
         ok, value = got
         if ok:
@@ -678,10 +629,3 @@ def _timeout_of(task: Task[Any, Any], timeout: float) -> float | None:
     if timeout == 0 or math.isinf(timeout):
         return None
     return timeout
-
-
-def qualified(tp: type[Any]) -> str:
-    """``module.Qualname`` of a type; builtins without the module."""
-    if tp.__module__ == "builtins":
-        return tp.__qualname__
-    return f"{tp.__module__}.{tp.__qualname__}"

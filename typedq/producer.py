@@ -21,7 +21,7 @@ A :class:`TaskStub` has the real :class:`~typedq.Task`'s producer API (both deri
 :class:`~typedq.task.TaskBase` and satisfy :class:`~typedq.task.Enqueuer`), so mypy
 checks the payload and the result type exactly as it does for the real task. Every job
 carries the fingerprint of the producer's input model; the worker compares it with its
-own (SPEC section 2). This module never imports the worker runtime.
+own (see docs/producers.md). This module never imports the worker runtime.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 For every task: its queue, the JSON Schema of its input (what the worker validates),
 of its output (what the worker returns), of each declared domain error, and the input
 schema's fingerprint, which a producer puts in the envelope so the worker can tell a
-stale producer (SPEC section 2). msgspec Structs and Pydantic models both work.
+stale producer (see docs/producers.md). msgspec Structs and Pydantic models both work.
 
 Payloads travel as MessagePack of an object matching the input schema, inside the
 envelope described under ``envelope``: a MessagePack array in the field order shown.

@@ -381,8 +381,10 @@ class TaskBase(Generic[TIn, TOut]):
     ) -> list[Job[TOut]]:
         """Enqueue many jobs in few round trips; the jobs come back in input order.
 
-        Every payload is validated and encoded, and every id made, before anything is
-        sent, so a bad one enqueues nothing. The jobs go in chunks, in input order (jobs
+        Every payload is checked (its model class, that it encodes, its size) and every
+        id made before anything is sent, so a bad one enqueues nothing. Field values are
+        not validated here: the worker validates them, and a payload that does not
+        validate fails as ``invalid_payload``. The jobs go in chunks, in input order (jobs
         of equal priority are claimed in that order), each chunk stored atomically.
 
         :raises PartialEnqueue: some chunks were stored and others refused; ``exc.jobs``

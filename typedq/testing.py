@@ -11,6 +11,10 @@
             await harness.advance(60)        # move the fake clock: the retry becomes due
             assert (await job.result(timeout=5)).total_cents == 700
 
+Resources (``@app.resource``) are opened by the harness's worker as by any worker; give
+test doubles instead with ``run_worker(app, resources=[provide(db, fake_pool)])``, and
+for a direct call of a handler pass ``job_context(provide(db, fake_pool))`` as its context.
+
 Delays, ETAs and retry backoffs follow the harness's :class:`FakeClock`, so they happen
 when the test moves the clock, without real sleeping. Per-job timeouts and leases
 still use real time (they measure the handler and the worker, not the business clock).
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import anyio
@@ -28,10 +32,12 @@ import anyio
 from .app import App
 from .broker.base import JobState
 from .broker.memory import MemoryBroker
+from .context import JobContext
 from .errors import ConfigError
+from .resources import Provided, Resources, provide
 from .worker import Worker
 
-__all__ = ["FakeClock", "Harness", "run_worker"]
+__all__ = ["FakeClock", "Harness", "job_context", "provide", "run_worker"]
 
 
 class FakeClock:
@@ -106,6 +112,7 @@ async def run_worker(
     concurrency: int = 16,
     clock: FakeClock | None = None,
     grace: float = 5.0,
+    resources: Iterable[Provided[Any]] = (),
 ) -> AsyncIterator[Harness]:
     """Connect ``app`` to a fresh embedded broker on a fake clock and run a worker for it.
 
@@ -116,6 +123,8 @@ async def run_worker(
     :param concurrency: the worker's concurrency
     :param clock: a FakeClock to share, or a new one starting now
     :param grace: the worker's shutdown grace period
+    :param resources: test doubles, ``provide(db, fake_pool)``: used instead of opening
+        those resources (the app's other resources are opened as a worker opens them)
     """
     if app.client.connected:
         raise ConfigError("run_worker needs an app that is not connected yet")
@@ -126,7 +135,35 @@ async def run_worker(
     try:
         async with app:
             worker = app.worker(concurrency=concurrency, grace=grace)
+            for double in resources:
+                worker.provide(double.resource, double.value)
             async with worker:
                 yield Harness(app, worker, broker, clock)
     finally:
         app._client = previous
+
+
+def job_context(
+    *resources: Provided[Any],
+    job_id: str = "test",
+    task: str = "test",
+    queue: str = "default",
+    attempt: int = 1,
+    enqueued_at: float = 0.0,
+) -> JobContext:
+    """A job context for calling a handler directly, with test doubles for its resources::
+
+        receipt = await charge(order, job_context(provide(db, fake_pool)))
+
+    :param resources: what ``ctx.get`` returns, ``provide(db, fake_pool)``; asking for
+        another resource raises :class:`~typedq.ResourceError`
+    :param attempt: what ``ctx.attempt`` says (to test a handler's retry behaviour)
+    """
+    return JobContext(
+        job_id=job_id,
+        task=task,
+        queue=queue,
+        attempt=attempt,
+        enqueued_at=enqueued_at,
+        resources=Resources.of(resources, where="this test's job_context"),
+    )

@@ -8,7 +8,8 @@ Lifecycle of a job in a worker:
 3. The lease loop renews every running job's lease in one call, every third of the
    lease. A lease reported lost cancels the handler and its result is never written;
    a cancel request (``job.cancel()``) cancels it and records ``cancelled``.
-4. Outcomes are settled through batchers: many completions become one broker call.
+4. Outcomes are settled through batchers (:mod:`typedq.settling`): many completions
+   become one broker call.
 
 Sync handlers run in threads, which cannot be killed. Their lease is renewed for as
 long as any code of the attempt can still run (only a lease the broker reports lost
@@ -38,40 +39,21 @@ import secrets
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Self
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import anyio
 import anyio.to_thread
-import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
-from .batching import Batcher
-from .broker.base import (
-    ClaimedJob,
-    Completion,
-    Failure,
-    FinishOutcome,
-    LeaseStatus,
-    Release,
-    new_claim_id,
-)
-from .errors import BrokerError, BrokerUnavailable, ConfigError, FailureRecord
-from .execution import (
-    Abandon,
-    Complete,
-    Drop,
-    Executor,
-    Fail,
-    HandBack,
-    Outcome,
-    Running,
-    describe,
-    minimal_failure,
-    safe_retry_delay,
-)
+from .broker.base import ClaimedJob, LeaseStatus, Release, new_claim_id
+from .errors import BrokerUnavailable, ConfigError, FailureRecord
+from .execution import Executor, Running
+from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
+from .resources import Resource, open_resources
+from .settling import GaveUp, Settler
 from .task import Task, TIn, TOut
 
 if TYPE_CHECKING:
@@ -81,21 +63,11 @@ __all__ = ["Worker", "WorkerStats"]
 
 log = logging.getLogger("typedq.worker")
 
-_encode = msgspec.msgpack.Encoder().encode
+T = TypeVar("T")
 
-#: Outcome re-sends back off up to this many seconds between tries.
-_SETTLE_BACKOFF_CAP = 5.0
-#: Seconds an outcome is re-sent while the broker refuses it with an error of its own
-#: (not unreachable: READONLY during a failover, say). Such an error may also be lasting,
-#: so after this the job falls back to a minimal failure record.
-_SETTLE_REFUSED_FOR = 60.0
 #: After giving up on threads and outcomes at shutdown, how long the last broker calls
 #: in flight (hand-backs, a final re-send) may take before the worker stops regardless.
 _FINAL_WAIT = 5.0
-
-
-class _GaveUp(Exception):
-    """Shutdown stopped re-sending an outcome the broker did not take."""
 
 
 @dataclass
@@ -199,6 +171,11 @@ class Worker(Generic[TIn, TOut]):
         self.reaper_interval = min(app.lease / 2, 5.0)
         self.id = f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}"
         self.stats = WorkerStats()
+        #: Test doubles standing in for resources (``provide``): not opened.
+        self._provided: dict[Resource[Any], Any] = {}
+        #: Cancelled by stop(): a resource hanging while it opens must not hang the worker.
+        #: Made by run(): a cancel scope needs a running event loop, a constructor does not.
+        self._opening: anyio.CancelScope | None = None
         #: Running jobs by claim token (one job id may briefly have two claims: a retry
         #: claimed again before the previous attempt finished cleaning up).
         self._running: dict[str, Running] = {}
@@ -213,7 +190,6 @@ class Worker(Generic[TIn, TOut]):
         self._stop: anyio.Event | None = None
         self._changed: anyio.Event | None = None
         self._claim_done: anyio.Event | None = None
-        self._abandon: anyio.Event | None = None
         self._phase_scope: anyio.CancelScope | None = None
         self._wait_scope: anyio.CancelScope | None = None
         self._serve_scope: anyio.CancelScope | None = None
@@ -224,14 +200,16 @@ class Worker(Generic[TIn, TOut]):
             worker_id=self.id,
             threads=anyio.CapacityLimiter(concurrency),
             progress=self._report_progress,
-            mismatches=self.stats.fingerprint_mismatches,
             thread_exited=self._thread_exited,
         )
-        self._completer: Batcher[Completion, FinishOutcome | Exception] = Batcher(
-            self._complete_batch, name="completion batcher"
-        )
-        self._failer: Batcher[Failure, FinishOutcome | Exception] = Batcher(
-            self._fail_batch, name="failure batcher"
+        self._settler = Settler(
+            lambda: self.app.broker,
+            worker_id=self.id,
+            queues=self.queues,
+            lease=self.lease,
+            stats=self.stats,
+            stopping=lambda: self._stopping,
+            start=self._start,
         )
 
     def __repr__(self) -> str:
@@ -253,6 +231,11 @@ class Worker(Generic[TIn, TOut]):
         """``concurrency`` minus running jobs minus threads of ended attempts."""
         return self.concurrency - len(self._running) - len(self._orphans)
 
+    def in_flight(self) -> list[tuple[str, str]]:
+        """``(job id, task name)`` of each job this worker still holds: running, or its
+        outcome not yet recorded (what a shutdown waits for)."""
+        return [(r.claimed.message.id, r.claimed.message.task) for r in self._running.values()]
+
     # -- lifecycle -------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
@@ -262,7 +245,12 @@ class Worker(Generic[TIn, TOut]):
         try:
             await tg.start(self.run)
         except BaseException as exc:
-            await tg.__aexit__(type(exc), exc, exc.__traceback__)
+            if isinstance(exc, Exception):
+                # The worker could not start (a resource failed to open, say): raise its
+                # error as it is, not wrapped in the task group's exception group.
+                await tg.__aexit__(None, None, None)
+            else:
+                await tg.__aexit__(type(exc), exc, exc.__traceback__)
             self._outer_tg = None
             raise
         return self
@@ -283,6 +271,15 @@ class Worker(Generic[TIn, TOut]):
             return None
         return await tg.__aexit__(exc_type, exc, tb)
 
+    def provide(self, resource: Resource[T], value: T) -> Self:
+        """Use ``value`` for ``resource`` instead of opening it (a test double); call it
+        before the worker starts. ``typedq.testing.run_worker(resources=...)`` calls it.
+        """
+        if self._started:
+            raise RuntimeError("provide() must be called before the worker starts")
+        self._provided[resource] = value
+        return self
+
     def stop(self, *, force: bool = False) -> None:
         """Ask for a graceful shutdown; ``run`` returns when it is done.
 
@@ -292,6 +289,8 @@ class Worker(Generic[TIn, TOut]):
         """
         if self._stop is not None:
             self._stop.set()
+        if self._opening is not None:
+            self._opening.cancel()  # only while opening resources: entered nowhere else
         if force:
             self.grace = 0.0
             self._force_stop = True
@@ -306,8 +305,17 @@ class Worker(Generic[TIn, TOut]):
         self._stop = anyio.Event()
         self._changed = anyio.Event()
         self._claim_done = anyio.Event()
-        self._abandon = anyio.Event()
-        async with self.app.client, anyio.create_task_group() as outer:
+        self._opening = anyio.CancelScope()
+        # Resources open after the broker connects and before any claim; they close
+        # after _shutdown (in-flight jobs settled) and before the broker disconnects.
+        # Jobs find them through the context their tasks inherit from here.
+        async with (
+            self.app.client,
+            open_resources(
+                self.app.resources, self._provided, where=f"worker {self.id}", abort=self._opening
+            ),
+            anyio.create_task_group() as outer,
+        ):
             await outer.start(self._serve)
             log.info(
                 "worker %s started: tasks=%s queues=%s concurrency=%d",
@@ -328,8 +336,7 @@ class Worker(Generic[TIn, TOut]):
             self._serve_scope = scope
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                await tg.start(self._completer.run)
-                await tg.start(self._failer.run)
+                await tg.start(self._settler.run)
                 tg.start_soon(self._claim_loop)
                 tg.start_soon(self._lease_loop)
                 tg.start_soon(self._reaper_loop)
@@ -338,7 +345,6 @@ class Worker(Generic[TIn, TOut]):
 
     async def _shutdown(self) -> None:
         assert self._claim_done is not None
-        assert self._abandon is not None
         self._stopping = True
         if self._wait_scope is not None:
             self._wait_scope.cancel()
@@ -365,7 +371,7 @@ class Worker(Generic[TIn, TOut]):
             with anyio.move_on_after(self.lease):
                 await self._until(lambda: not self._running)
         # 4. Give up on the rest: no more waiting for threads, no more re-sends.
-        self._abandon.set()
+        self._settler.give_up()
         for running in list(self._running.values()):
             running.abandon()
         with anyio.move_on_after(_FINAL_WAIT):
@@ -436,6 +442,9 @@ class Worker(Generic[TIn, TOut]):
         # claims nothing more. A fresh claim instead would leave those jobs claimed and
         # unrun until their lease expired (a stall without a dead worker).
         pending: tuple[str, int] | None = None
+        # When claims started failing because the broker was unreachable (None: they
+        # do not), so the first claim answered afterwards can say the outage is over.
+        outage_since: float | None = None
         try:
             while not self._stopping:
                 if pending is None:
@@ -452,6 +461,8 @@ class Worker(Generic[TIn, TOut]):
                 except Exception as exc:
                     if not isinstance(exc, BrokerUnavailable):
                         pending = None  # the broker answered: nothing was claimed
+                    elif outage_since is None:
+                        outage_since = time.monotonic()
                     backoff = min(5.0, backoff * 2 or 0.05)
                     log.warning(
                         "worker %s: claim failed (%s); retrying in %.2fs", self.id, exc, backoff
@@ -460,6 +471,14 @@ class Worker(Generic[TIn, TOut]):
                     continue
                 pending = None
                 backoff = 0.0
+                if outage_since is not None:
+                    log.info(
+                        "worker %s: reconnected: the broker answers again after %.1fs; "
+                        "claiming jobs",
+                        self.id,
+                        time.monotonic() - outage_since,
+                    )
+                    outage_since = None
                 if not jobs:
                     await self._wait(5.0, for_jobs=True)
                     continue
@@ -606,16 +625,19 @@ class Worker(Generic[TIn, TOut]):
         job_id, task = claimed.message.id, claimed.message.task
         try:
             try:
-                outcome = await self._executor.attempt(claimed, running)
+                attempt = await self._executor.attempt(claimed, running)
+                if attempt.fingerprint_mismatch is not None:
+                    self._count_mismatch(task, *attempt.fingerprint_mismatch)
+                outcome: Outcome = attempt.outcome
             except Exception as exc:
                 log.exception("worker %s: job %s (%s): attempt failed", self.id, job_id, task)
                 outcome = Fail(self._minimal(claimed, exc, "could not run this job"))
             try:
-                await self._settle(claimed, outcome)
-            except _GaveUp:
+                await self._settler.settle(claimed, outcome)
+            except GaveUp:
                 raise
             except Exception as exc:
-                if not isinstance(outcome, Complete | Fail) or self._abandon_set():
+                if not isinstance(outcome, Complete | Fail) or self._settler.gave_up:
                     raise
                 # Last resort: the job still gets a (minimal) failure record rather than
                 # sitting claimed until its lease expires and counting as a stall.
@@ -626,10 +648,10 @@ class Worker(Generic[TIn, TOut]):
                     job_id,
                     task,
                 )
-                await self._settle(
+                await self._settler.settle(
                     claimed, Fail(self._minimal(claimed, exc, "could not record the outcome"))
                 )
-        except _GaveUp:
+        except GaveUp:
             self.stats.settles_given_up += 1
             log.warning(
                 "worker %s: shutdown gave up recording the outcome of job %s (%s); it comes "
@@ -669,8 +691,17 @@ class Worker(Generic[TIn, TOut]):
             message=f"the worker {what}: {type(exc).__name__}: {describe(exc)}",
         )
 
-    def _abandon_set(self) -> bool:
-        return self._abandon is not None and self._abandon.is_set()
+    def _count_mismatch(self, task: str, producer: str, ours: str) -> None:
+        key = (task, producer)
+        if key not in self.stats.fingerprint_mismatches:
+            log.warning(
+                "task %r: a producer's schema fingerprint %s differs from the worker's %s; "
+                "the payload validated, so it ran (regenerate the producer's stubs)",
+                task,
+                producer,
+                ours,
+            )
+        self.stats.fingerprint_mismatches[key] += 1
 
     def _thread_exited(self, running: Running) -> None:
         """A handler thread returned (in the event loop): free its slot if it held one."""
@@ -687,240 +718,3 @@ class Worker(Generic[TIn, TOut]):
 
     async def _report_progress(self, claimed: ClaimedJob, data: bytes) -> None:
         await self.app.broker.set_progress(claimed.message.id, claimed.token, data)
-
-    # -- settling --------------------------------------------------------------------
-
-    async def _settle(self, claimed: ClaimedJob, outcome: Outcome) -> None:
-        job_id, token, task = claimed.message.id, claimed.token, claimed.message.task
-        if isinstance(outcome, Drop):
-            self.stats.lease_lost += 1
-            log.warning(
-                "worker %s: lost the lease of job %s (%s); its result is discarded",
-                self.id,
-                job_id,
-                task,
-            )
-            return
-        if isinstance(outcome, Abandon):
-            self.stats.abandoned += 1
-            log.warning(
-                "worker %s: abandoned job %s (%s) at shutdown: its sync handler's thread "
-                "still runs and cannot be stopped; the job comes back when its lease "
-                "expires (within %.0fs of this worker stopping)",
-                self.id,
-                job_id,
-                task,
-                self.lease,
-            )
-            return
-        if isinstance(outcome, HandBack):
-            result = await self._persist(
-                claimed, "hand-back", lambda: self._release_one(Release(job_id, token))
-            )
-            self.stats.released += 1
-        elif isinstance(outcome, Complete):
-            completion = Completion(job_id, token, outcome.result)
-            result = await self._persist(
-                claimed, "completion", lambda: _unwrap(self._completer.submit(completion))
-            )
-            self.stats.completed += 1
-        else:
-            failure = Failure(
-                id=job_id,
-                token=token,
-                error=self._encode_record(claimed, outcome.record),
-                # Whatever the handler or a backoff produced, the broker gets a finite
-                # delay: one odd number must not fail the batch it travels in.
-                retry_delay=safe_retry_delay(outcome.retry_delay),
-                cancelled=outcome.cancelled,
-            )
-            result = await self._persist(
-                claimed, "failure", lambda: _unwrap(self._failer.submit(failure))
-            )
-            if outcome.cancelled:
-                self.stats.cancelled += 1
-            elif outcome.retry_delay is not None:
-                self.stats.retried += 1
-            else:
-                self.stats.failed += 1
-            if outcome.retry_delay is None and not outcome.cancelled:
-                log.info(
-                    "job %s (%s) failed: %s: %s",
-                    job_id,
-                    task,
-                    outcome.record.reason.value,
-                    outcome.record.message,
-                )
-        if result is FinishOutcome.LEASE_LOST:
-            self.stats.finish_rejected += 1
-            log.warning(
-                "worker %s: job %s (%s) was finished by the lease owner; ours was rejected",
-                self.id,
-                job_id,
-                task,
-            )
-
-    def _encode_record(self, claimed: ClaimedJob, record: FailureRecord) -> bytes:
-        try:
-            return _encode(record)
-        except Exception as exc:
-            # A message msgpack cannot carry (a lone surrogate, say): keep what can be.
-            log.warning(
-                "worker %s: job %s (%s): its failure record could not be encoded (%s); "
-                "storing a minimal one",
-                self.id,
-                claimed.message.id,
-                claimed.message.task,
-                describe(exc),
-            )
-            return _encode(
-                minimal_failure(
-                    claimed,
-                    worker_id=self.id,
-                    error_type=record.error_type,
-                    message=record.message,
-                    reason=record.reason,
-                    retryable=record.retryable,
-                )
-            )
-
-    async def _persist(
-        self,
-        claimed: ClaimedJob,
-        what: str,
-        send: Callable[[], Awaitable[FinishOutcome]],
-    ) -> FinishOutcome:
-        """Send an outcome until the broker answers it, with a capped backoff.
-
-        Re-sending is safe: transitions are idempotent per token (ALREADY_FINISHED), and
-        a token the broker no longer honours is answered LEASE_LOST. While this retries,
-        the job keeps its slot (no new claims: backpressure) and its lease is renewed.
-        An unreachable broker is retried for as long as the worker runs; an error the
-        broker itself answered is retried for up to a minute, then raised. At shutdown the
-        re-sends stop (``_GaveUp``): the job comes back when its lease expires.
-        """
-        assert self._abandon is not None
-        delay = 0.05
-        tries = 0
-        refused_since: float | None = None
-        while True:
-            try:
-                return await send()
-            except BrokerError as exc:
-                tries += 1
-                if isinstance(exc, BrokerUnavailable):
-                    refused_since = None
-                else:
-                    now = time.monotonic()
-                    if refused_since is None:
-                        refused_since = now
-                    elif now - refused_since > _SETTLE_REFUSED_FOR:
-                        raise
-                if self._abandon.is_set():
-                    raise _GaveUp from exc
-                if tries == 1 or tries % 10 == 0:
-                    log.warning(
-                        "worker %s: could not record the %s of job %s (%s): %s; retrying "
-                        "(try %d; the job keeps its slot and lease meanwhile)",
-                        self.id,
-                        what,
-                        claimed.message.id,
-                        claimed.message.task,
-                        exc,
-                        tries,
-                    )
-                with anyio.move_on_after(delay):
-                    await self._abandon.wait()
-                delay = min(_SETTLE_BACKOFF_CAP, delay * 2)
-
-    async def _release_one(self, item: Release) -> FinishOutcome:
-        (result,) = await self.app.broker.release([item])
-        return result
-
-    async def _complete_batch(self, items: list[Completion]) -> list[FinishOutcome | Exception]:
-        broker = self.app.broker
-        try:
-            if self._stopping:
-                return list(await broker.complete(items))
-            # The slots these completions free are refilled in the same round trip. They
-            # still count as taken until their _run_job ends, so the claim loop cannot
-            # claim for them too, and the broker applies the completions before the claim.
-            outcomes, jobs = await self._complete_and_claim(items)
-        except BrokerUnavailable:
-            raise  # every submitter re-sends its own item
-        except Exception:
-            if len(items) == 1:
-                raise
-            # Maybe one item poisons the batch: send each alone so the others land.
-            return await _one_by_one(broker.complete, items)
-        if jobs:
-            self._start(jobs)
-        return list(outcomes)
-
-    async def _complete_and_claim(
-        self, items: list[Completion]
-    ) -> tuple[Sequence[FinishOutcome], Sequence[ClaimedJob]]:
-        """``complete_and_claim``, re-sent with the same claim id while the broker is out
-        of reach: the claim may have taken effect, and a re-send returns its jobs instead
-        of orphaning them. Gives up (raising) at shutdown; its completions are then
-        re-sent one by one by their submitters."""
-        assert self._abandon is not None
-        broker = self.app.broker
-        claim_id = new_claim_id()
-        delay = 0.05
-        while True:
-            try:
-                return await broker.complete_and_claim(
-                    items,
-                    self.queues,
-                    len(items),
-                    worker_id=self.id,
-                    lease=self.lease,
-                    claim_id=claim_id,
-                )
-            except BrokerUnavailable as exc:
-                if self._stopping or self._abandon.is_set():
-                    raise
-                log.warning(
-                    "worker %s: could not record %d completions (%s); re-sending them with "
-                    "the same claim",
-                    self.id,
-                    len(items),
-                    exc,
-                )
-                with anyio.move_on_after(delay):
-                    await self._abandon.wait()
-                delay = min(_SETTLE_BACKOFF_CAP, delay * 2)
-
-    async def _fail_batch(self, items: list[Failure]) -> list[FinishOutcome | Exception]:
-        broker = self.app.broker
-        try:
-            return list(await broker.fail(items))
-        except BrokerUnavailable:
-            raise
-        except Exception:
-            if len(items) == 1:
-                raise
-            return await _one_by_one(broker.fail, items)
-
-
-async def _unwrap(result: Awaitable[FinishOutcome | Exception]) -> FinishOutcome:
-    value = await result
-    if isinstance(value, Exception):
-        raise value
-    return value
-
-
-async def _one_by_one(
-    send: Callable[[Sequence[Any]], Awaitable[Sequence[FinishOutcome]]], items: Sequence[Any]
-) -> list[FinishOutcome | Exception]:
-    """Send each item alone; an item's error becomes its own result."""
-    results: list[FinishOutcome | Exception] = []
-    for item in items:
-        try:
-            (outcome,) = await send([item])
-        except Exception as exc:
-            results.append(exc)
-        else:
-            results.append(outcome)
-    return results

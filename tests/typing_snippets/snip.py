@@ -39,3 +39,10 @@ class OutOfStock(BaseModel):
 
 
 app = App("billing")
+
+
+class Pool:
+    """Stands for a resource's value (a connection pool) in the resource snippets."""
+
+    async def fetch_total(self, invoice_id: int) -> int:
+        return invoice_id * 100

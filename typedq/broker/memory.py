@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import anyio
 import msgspec
 
-from ..errors import FailureReason, FailureRecord, NotConnected, QueueFull
+from ..errors import NotConnected, QueueFull
 from .base import (
     CLAIM_RECORD_TTL,
     Broker,
@@ -41,6 +41,13 @@ from .base import (
     RetryOutcome,
     check_claim_id,
     new_claim_id,
+)
+from .records import (
+    CANCELLED_ON_HAND_BACK,
+    CANCELLED_WORKER_LOST,
+    broker_failure,
+    cancelled_while,
+    stalled_message,
 )
 
 __all__ = ["MemoryBroker"]
@@ -174,8 +181,9 @@ class MemoryBroker(Broker):
     def _check(self) -> None:
         if not self._connected:
             raise NotConnected(
-                "the embedded broker is not connected: use `async with app:` (or "
-                "`await app.connect()`) before enqueueing or running workers"
+                "the embedded broker is not connected: use `async with app:` before "
+                "enqueueing or running workers (or `await broker.connect()` for a broker "
+                "used on its own)"
             )
 
     def wake(self) -> None:
@@ -365,13 +373,8 @@ class MemoryBroker(Broker):
             return CancelOutcome.REQUESTED
         now = self.clock()
         job.error = _encode(
-            FailureRecord(
-                reason=FailureReason.CANCELLED,
-                error_type="JobCancelled",
-                message=f"cancelled while {job.state.value}",
-                attempt=job.attempt,
-                retryable=False,
-                failed_at=now,
+            broker_failure(
+                "cancelled", cancelled_while(job.state.value), attempt=job.attempt, failed_at=now
             )
         )
         self._to_final(job, JobState.CANCELLED, now)
@@ -553,12 +556,10 @@ class MemoryBroker(Broker):
                     now = self.clock()
                     # A final state carries its record: Job.result() decodes it.
                     job.error = _encode(
-                        FailureRecord(
-                            reason=FailureReason.CANCELLED,
-                            error_type="JobCancelled",
-                            message="cancelled while its worker handed it back",
+                        broker_failure(
+                            "cancelled",
+                            CANCELLED_ON_HAND_BACK,
                             attempt=job.attempt,
-                            retryable=False,
                             worker_id=job.worker_id,
                             failed_at=now,
                         )
@@ -601,18 +602,12 @@ class MemoryBroker(Broker):
             if job.cancel_requested or job.stalls > self.settings.max_stalls:
                 cancelled = job.cancel_requested
                 job.error = _encode(
-                    FailureRecord(
-                        reason=FailureReason.CANCELLED if cancelled else FailureReason.STALLED,
-                        error_type="JobCancelled" if cancelled else "WorkerLost",
-                        message=(
-                            "cancelled; its worker was lost before it confirmed"
-                            if cancelled
-                            else f"the job's lease expired {job.stalls} times (worker lost "
-                            f"{job.stalls} times, possible poison pill); "
-                            f"limit max_stalls={self.settings.max_stalls}"
-                        ),
+                    broker_failure(
+                        "cancelled" if cancelled else "stalled",
+                        CANCELLED_WORKER_LOST
+                        if cancelled
+                        else stalled_message(job.stalls, self.settings.max_stalls),
                         attempt=job.attempt,
-                        retryable=False,
                         worker_id=job.worker_id,
                         failed_at=now,
                     )

@@ -142,6 +142,42 @@ _STATES = {letter: JobState(name) for name, letter in STATE_LETTERS.items()}
 _encode = msgspec.msgpack.Encoder().encode
 _decode_message = msgspec.msgpack.Decoder(JobMessage).decode
 
+#: Every Redis client error a caller can meet, translated in one place (as httpcore's
+#: ``map_exceptions``): users catch typedq's errors, never ``redis.exceptions``. The
+#: first row whose types match wins, so a subclass comes before its base (redis-py's
+#: AuthenticationError is a ConnectionError; OutOfMemoryError and NoPermissionError are
+#: ResponseErrors). Each message says what happened and how to fix it; its fields:
+#: ``where`` (the server), ``op`` (the operation), ``detail`` (Redis's words, password
+#: scrubbed), ``prefix`` (the app's key prefix). Anything else is a plain BrokerError.
+_ERRORS: tuple[
+    tuple[type[BaseException] | tuple[type[BaseException], ...], type[BrokerError], str], ...
+] = (
+    (
+        (rexc.AuthenticationError, rexc.AuthorizationError),
+        BrokerError,
+        "{where} refused the credentials ({op}): {detail}; check the user and password "
+        "in the broker URL (redis://USER:PASSWORD@HOST:PORT/DB)",
+    ),
+    (
+        (rexc.ConnectionError, rexc.TimeoutError, OSError),
+        BrokerUnavailable,
+        "{where} is unreachable ({op}): {detail}",
+    ),
+    (
+        rexc.NoPermissionError,
+        BrokerError,
+        "{where} denied {op} to this ACL user: {detail}. The user needs ~{prefix}* and "
+        "&{prefix}*, +@read +@write +@scripting +@pubsub +time +info",
+    ),
+    (
+        rexc.OutOfMemoryError,
+        BrokerError,
+        "{where} is at maxmemory (out of memory, noeviction): {op} was refused and changed "
+        "nothing. Workers keep draining jobs, and memory comes back as retention removes "
+        "finished jobs; retry later, or raise maxmemory",
+    ),
+)
+
 
 class _Body(msgspec.Struct, frozen=True, array_like=True):
     """What Redis stores of a JobMessage: all but the id (the key says it) and the
@@ -222,6 +258,16 @@ def _load_scripts() -> dict[str, tuple[str, str]]:
 
 
 _SCRIPTS = _load_scripts()
+
+#: Persistence warnings already given in this process, as (address, kind): producers
+#: and inspect runs connect often, and the setting rarely changes; once is enough.
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(where: str, kind: str, message: str, *args: Any) -> None:
+    if (where, kind) not in _WARNED:
+        _WARNED.add((where, kind))
+        log.warning(message, *args)
 
 
 def _us(seconds: float) -> int:
@@ -409,8 +455,14 @@ class RedisBroker(Broker):
 
     async def _startup_checks(self) -> None:
         redis = self._conn()
-        with self._translate("connect"):
+        try:
             await redis.ping()
+        except (rexc.RedisError, OSError) as exc:
+            if self.url.startswith("rediss://") and isinstance(
+                exc, rexc.ConnectionError | rexc.TimeoutError | OSError
+            ):
+                raise await self._tls_failure(exc) from None
+            self._raise(exc, "connect")
         try:
             memory = await redis.info("memory")
             persistence = await redis.info("persistence")
@@ -432,6 +484,31 @@ class RedisBroker(Broker):
         self._epoch = None
         await self.check_epoch()
 
+    async def _tls_failure(self, exc: BaseException) -> BrokerError:
+        """The error for a ``rediss://`` connect that failed: a plain-text Redis on the
+        port (the usual mistake) stays silent during the handshake, which redis-py
+        reports as a timeout; one plain PING tells the two apart."""
+        kwargs = self._conn().connection_pool.connection_kwargs
+        host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+        try:
+            with anyio.fail_after(CONNECT_TIMEOUT):
+                async with await anyio.connect_tcp(host, port) as stream:
+                    await stream.send(b"PING\r\n")
+                    reply = await stream.receive(64)
+        except (OSError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError):
+            reply = b""
+        if reply[:1] in (b"+", b"-"):
+            return BrokerError(
+                f"TLS handshake with {self._where} failed: it answers in plain text (a "
+                "Redis without TLS on this port); use redis:// for it, or rediss:// with "
+                "the port of its TLS listener (tls-port)"
+            )
+        error = self._error(exc, "connect")
+        if isinstance(exc, rexc.TimeoutError) or "SSL" in str(exc) or "ssl" in str(exc):
+            detail = self._scrub(str(exc))
+            return type(error)(f"TLS handshake with {self._where} failed (connect): {detail}")
+        return error
+
     def _check_config(self, memory: dict[str, Any], persistence: dict[str, Any]) -> None:
         policy = memory.get("maxmemory_policy")
         if policy is not None and _text(policy) != "noeviction":
@@ -446,14 +523,18 @@ class RedisBroker(Broker):
         # INFO cannot show the `save` setting (and CONFIG GET is often denied): no
         # snapshot since Redis started is the sign that RDB is off too.
         if _int(persistence.get("rdb_saves"), 0) == 0:
-            log.warning(
+            _warn_once(
+                self._where,
+                "persistence",
                 "%s runs without persistence that typedq can see (appendonly no, and no "
                 "RDB snapshot since it started): a restart loses every job; typedq will "
                 "report it as RedisDataLost. Set `appendonly yes` for a task queue",
                 self._where,
             )
         else:
-            log.warning(
+            _warn_once(
+                self._where,
+                "persistence",
                 "%s runs with RDB snapshots only (appendonly no): a crash loses the jobs "
                 "enqueued and finished since the last snapshot. Set `appendonly yes` for a "
                 "task queue",
@@ -538,10 +619,12 @@ class RedisBroker(Broker):
 
     async def close(self) -> None:
         listener, self._listener = self._listener, None
-        if listener is not None:
+        while listener is not None and not listener.done():
+            # The listener's read scope swallows this cancel when a new subscription
+            # cancelled that scope at the same moment: cancel again until it ends.
             listener.cancel()
             with contextlib.suppress(BaseException):
-                await listener
+                await asyncio.wait({listener}, timeout=0.1)
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(Exception):
@@ -564,7 +647,8 @@ class RedisBroker(Broker):
     def _conn(self) -> aioredis.Redis:
         if self._redis is None:
             raise NotConnected(
-                f"{self!r} is not connected: use `async with app:` (or `await app.connect()`) first"
+                f"{self!r} is not connected: use `async with app:` first (or "
+                "`await broker.connect()` for a broker used on its own)"
             )
         return self._redis
 
@@ -579,30 +663,20 @@ class RedisBroker(Broker):
         raise self._error(exc, op) from None
 
     def _error(self, exc: BaseException, op: str) -> BrokerError:
-        """The typedq error for a Redis client error met by ``op``."""
+        """The typedq error for a Redis client error met by ``op`` (see ``_ERRORS``)."""
         detail = self._scrub(str(exc))
-        if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
-            return BrokerError(f"{self._where} refused the credentials ({op}): {detail}")
-        if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | OSError):
-            return BrokerUnavailable(f"{self._where} is unreachable ({op}): {detail}")
-        if isinstance(exc, rexc.NoPermissionError):
-            return BrokerError(
-                f"{self._where} denied {op} to this ACL user: {detail}. The user needs "
-                f"~{self.keys.prefix}* and &{self.keys.prefix}*, +@read +@write +@scripting "
-                "+@pubsub +time +info"
-            )
-        if isinstance(exc, rexc.OutOfMemoryError):
-            return BrokerError(
-                f"{self._where} is at maxmemory (out of memory, noeviction): {op} was "
-                "refused and changed nothing. Workers keep draining jobs, and memory comes "
-                "back as retention removes finished jobs; retry later, or raise maxmemory"
-            )
         if isinstance(exc, rexc.ResponseError) and detail.startswith("TYPEDQ_QUEUE_FULL"):
+            # Not a Redis error but the enqueue script's own answer.
             _, queue, pending, extra, limit = detail.split()
             return QueueFull(
                 f"queue {queue!r} holds {pending} pending jobs; adding {extra} would pass "
                 f"max_queue_length={limit}"
             )
+        for types, error, message in _ERRORS:
+            if isinstance(exc, types):
+                return error(
+                    message.format(where=self._where, op=op, detail=detail, prefix=self.keys.prefix)
+                )
         return BrokerError(f"{self._where}: {op} failed: {detail}")
 
     @contextlib.contextmanager

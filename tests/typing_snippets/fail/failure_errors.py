@@ -12,6 +12,7 @@ async def charge(invoice: SendInvoice) -> Receipt:
     raise Retry(delay="5")  # E: arg-type "str"; expected "float | None"
 
 
+# P: reportArgumentType "type[CardDeclined]" cannot be assigned to parameter "errors"
 @app.task(errors=CardDeclined)  # E: call-overload No overload variant  # E: untyped-decorator
 async def errors_not_a_tuple(invoice: SendInvoice) -> Receipt:
     return Receipt(receipt_id="r", total_cents=1)

@@ -50,6 +50,7 @@ async def no_params() -> Receipt:
     return Receipt(receipt_id="r", total_cents=1)
 
 
+# P: reportArgumentType "Literal['3']" cannot be assigned to parameter "retries"
 @app.task(retries="3")  # E: call-overload No overload variant  # E: untyped-decorator
 async def wrong_option(invoice: SendInvoice) -> Receipt:
     return Receipt(receipt_id="r", total_cents=1)

@@ -25,7 +25,7 @@ for i = 0, n - 1 do
     if r[5] then
       -- A final state carries its record: Job.result() decodes it.
       redis.call('HSET', jk, 'err', failure_record('cancelled', 'JobCancelled',
-        'cancelled while its worker handed it back', attempt, r[10], now))
+        'cancelled while its worker handed it back', attempt, r[9], now))
       finalize(id, q, 'a', 'x', KEYS[2], now)
       touched_x = touched_x + 1
     else

@@ -1,0 +1,141 @@
+"""``typedq worker`` meeting its broker: unreachable at start, waiting for it, TLS to a
+plain Redis, an outage during the run, the embedded broker by default, and the Redis
+configuration warnings (once per process)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cli_process import TypedqProcess
+from tests.redis_harness import RedisProcess, free_port, redis_process
+from typedq import App
+
+pytestmark = [pytest.mark.redis]
+
+
+@pytest.fixture
+def server() -> Iterator[RedisProcess]:
+    with redis_process(appendonly=True) as process:
+        yield process
+
+
+def test_unreachable_broker_is_one_line_and_exit_2() -> None:
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    process = TypedqProcess("worker", "examples.quickstart:app", "--broker", url)
+    try:
+        assert process.wait() == 2
+        errors = [line for line in process.lines if line.startswith("typedq: error:")]
+        assert len(errors) == 1, process.text
+        (error,) = errors
+        assert "cannot reach the broker redis://:***@127.0.0.1:" in error
+        assert "--wait-for-broker SECONDS" in error
+        assert "hunter2" not in process.text
+        assert "Traceback" not in process.text
+    finally:
+        process.close()
+
+
+def test_wait_for_broker_retries_visibly_then_gives_up() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    process = TypedqProcess(
+        "worker", "examples.quickstart:app", "--broker", url, "--wait-for-broker", "1.5"
+    )
+    try:
+        assert process.wait() == 2
+        assert "try 1:" in process.wait_for("retrying in")
+        error = process.wait_for("typedq: error:")
+        assert "gave up after" in error
+        assert "Traceback" not in process.text
+    finally:
+        process.close()
+
+
+def test_wait_for_broker_starts_once_it_answers() -> None:
+    server = RedisProcess(appendonly=True)
+    process = TypedqProcess(
+        "worker", "examples.quickstart:app", "--broker", server.url, "--wait-for-broker", "120"
+    )
+    try:
+        process.wait_for("try 1:")
+        server.start()
+        process.wait_for("reached the broker")
+        process.wait_for("started")
+        process.proc.send_signal(signal.SIGTERM)
+        assert process.wait() == 0
+    finally:
+        process.close()
+        server.stop()
+
+
+@pytest.mark.slow
+def test_worker_logs_reconnected_after_an_outage(server: RedisProcess) -> None:
+    process = TypedqProcess("worker", "examples.quickstart:app", "--broker", server.url)
+    try:
+        process.wait_for("started")
+        server.kill()
+        process.wait_for("claim failed", timeout=60)
+        server.start()
+        line = process.wait_for("reconnected", timeout=60)
+        assert "the broker answers again" in line
+        process.proc.send_signal(signal.SIGTERM)
+        assert process.wait() == 0
+    finally:
+        process.close()
+
+
+def test_rediss_to_a_plain_redis_says_tls_handshake_failed(server: RedisProcess) -> None:
+    url = f"rediss://127.0.0.1:{server.port}/0"
+    process = TypedqProcess("worker", "examples.quickstart:app", "--broker", url)
+    try:
+        assert process.wait(timeout=60) == 2
+        error = process.wait_for("typedq: error:")
+        assert "TLS handshake with Redis at 127.0.0.1:" in error
+        assert "plain text" in error
+        assert "Timeout" not in error
+    finally:
+        process.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "warned"),
+    [
+        ((), {}, True),
+        (("--broker", "memory://"), {}, False),
+        ((), {"TYPEDQ_BROKER": "memory://"}, False),
+    ],
+    ids=["default", "explicit-flag", "explicit-env"],
+)
+def test_worker_on_the_default_memory_broker_warns(
+    args: tuple[str, ...], env: dict[str, str], warned: bool
+) -> None:
+    process = TypedqProcess("worker", "examples.quickstart:app", *args, env=env)
+    try:
+        process.wait_for("started")
+        process.proc.send_signal(signal.SIGTERM)
+        assert process.wait() == 0
+        text = process.text
+        assert ("no other process can enqueue jobs" in text) is warned, text
+        if warned:
+            assert "--broker redis://HOST:PORT/DB or set TYPEDQ_BROKER" in text
+    finally:
+        process.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_persistence_warning_once_per_process(
+    caplog: pytest.LogCaptureFixture, anyio_backend: str
+) -> None:
+    with redis_process() as plain:  # appendonly no, no snapshot: no persistence
+        app = App("once")
+        app.use_broker(plain.url)
+        with caplog.at_level(logging.WARNING, logger="typedq.broker.redis"):
+            for _ in range(3):
+                async with app:
+                    pass
+        warnings = [r for r in caplog.records if "runs without persistence" in r.getMessage()]
+        assert len(warnings) == 1

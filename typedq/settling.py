@@ -1,0 +1,393 @@
+"""Settling outcomes with the broker: from an :data:`~typedq.outcomes.Outcome` to a
+recorded transition.
+
+:class:`Settler` is the worker's only path to ``complete``, ``fail`` and ``release``.
+Completions and failures travel through batchers (many outcomes, one broker call);
+completions also refill the slots they free in the same round trip
+(``complete_and_claim``), and the jobs that brings are handed to the worker's
+``start`` callback.
+
+Outcomes are re-sent until the broker answers (transitions are idempotent per token),
+with a capped backoff; the job keeps its slot and its lease meanwhile, so an outage
+applies backpressure instead of re-running finished jobs. At shutdown the worker calls
+:meth:`Settler.give_up`: re-sends stop and :meth:`Settler.settle` raises
+:class:`GaveUp` (the job comes back when its lease expires).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+
+from .batching import Batcher
+from .broker.base import (
+    Broker,
+    ClaimedJob,
+    Completion,
+    Failure,
+    FinishOutcome,
+    Release,
+    new_claim_id,
+)
+from .errors import BrokerError, BrokerUnavailable, FailureRecord
+from .outcomes import (
+    Abandon,
+    Complete,
+    Drop,
+    Fail,
+    HandBack,
+    Outcome,
+    describe,
+    minimal_failure,
+    safe_retry_delay,
+)
+
+if TYPE_CHECKING:
+    from .worker import WorkerStats
+
+__all__ = ["GaveUp", "Settler"]
+
+# The settle path is part of the worker: users configure one logger for both.
+log = logging.getLogger("typedq.worker")
+
+_encode = msgspec.msgpack.Encoder().encode
+
+#: Outcome re-sends back off up to this many seconds between tries.
+_SETTLE_BACKOFF_CAP = 5.0
+#: Seconds an outcome is re-sent while the broker refuses it with an error of its own
+#: (not unreachable: READONLY during a failover, say). Such an error may also be lasting,
+#: so after this the job falls back to a minimal failure record.
+_SETTLE_REFUSED_FOR = 60.0
+
+
+class GaveUp(Exception):
+    """Shutdown stopped re-sending an outcome the broker did not take."""
+
+
+class Settler:
+    """Records a worker's outcomes with its broker and counts them in its stats.
+
+    :param broker: returns the broker to settle with (read at each call: tests may
+        swap an app's broker)
+    :param worker_id: names the worker in logs and claims
+    :param queues: the queues refill claims take jobs from
+    :param lease: seconds of lease for jobs claimed by a refill
+    :param stats: the worker's counters, updated per outcome
+    :param stopping: whether the worker is shutting down (no more refills)
+    :param start: runs jobs a refill claimed
+    """
+
+    def __init__(
+        self,
+        broker: Callable[[], Broker],
+        *,
+        worker_id: str,
+        queues: Sequence[str],
+        lease: float,
+        stats: WorkerStats,
+        stopping: Callable[[], bool],
+        start: Callable[[Sequence[ClaimedJob]], None],
+    ) -> None:
+        self._broker = broker
+        self.worker_id = worker_id
+        self.queues = list(queues)
+        self.lease = lease
+        self.stats = stats
+        self._stopping = stopping
+        self._start = start
+        self._gave_up = False
+        self._give_up: anyio.Event | None = None
+        self._completer: Batcher[Completion, FinishOutcome | Exception] = Batcher(
+            self._complete_batch, name="completion batcher"
+        )
+        self._failer: Batcher[Failure, FinishOutcome | Exception] = Batcher(
+            self._fail_batch, name="failure batcher"
+        )
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the batchers until cancelled; ``settle`` may be called once started."""
+        self._give_up = anyio.Event()
+        if self._gave_up:
+            self._give_up.set()
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._completer.run)
+            await tg.start(self._failer.run)
+            task_status.started()
+
+    def give_up(self) -> None:
+        """Stop re-sending: pending and future re-sends raise :class:`GaveUp`."""
+        self._gave_up = True
+        if self._give_up is not None:
+            self._give_up.set()
+
+    @property
+    def gave_up(self) -> bool:
+        """Whether :meth:`give_up` was called."""
+        return self._gave_up
+
+    async def settle(self, claimed: ClaimedJob, outcome: Outcome) -> None:
+        """Record ``outcome`` for ``claimed`` (re-sent until the broker answers).
+
+        :raises GaveUp: shutdown stopped the re-sends
+        :raises BrokerError: the broker kept refusing the outcome
+        """
+        if isinstance(outcome, Drop):
+            self._lease_lost(claimed)
+        elif isinstance(outcome, Abandon):
+            self._abandoned(claimed)
+        elif isinstance(outcome, HandBack):
+            await self._hand_back(claimed)
+        elif isinstance(outcome, Complete):
+            await self._complete(claimed, outcome)
+        else:
+            await self._fail(claimed, outcome)
+
+    # -- one method per outcome ------------------------------------------------------
+
+    def _lease_lost(self, claimed: ClaimedJob) -> None:
+        self.stats.lease_lost += 1
+        log.warning(
+            "worker %s: lost the lease of job %s (%s); its result is discarded",
+            self.worker_id,
+            claimed.message.id,
+            claimed.message.task,
+        )
+
+    def _abandoned(self, claimed: ClaimedJob) -> None:
+        self.stats.abandoned += 1
+        log.warning(
+            "worker %s: abandoned job %s (%s) at shutdown: its sync handler's thread "
+            "still runs and cannot be stopped; the job comes back when its lease "
+            "expires (within %.0fs of this worker stopping)",
+            self.worker_id,
+            claimed.message.id,
+            claimed.message.task,
+            self.lease,
+        )
+
+    async def _hand_back(self, claimed: ClaimedJob) -> None:
+        release = Release(claimed.message.id, claimed.token)
+        result = await self._persist(claimed, "hand-back", lambda: self._release_one(release))
+        self.stats.released += 1
+        self._check(claimed, result)
+
+    async def _complete(self, claimed: ClaimedJob, outcome: Complete) -> None:
+        completion = Completion(claimed.message.id, claimed.token, outcome.result)
+        result = await self._persist(
+            claimed, "completion", lambda: _unwrap(self._completer.submit(completion))
+        )
+        self.stats.completed += 1
+        self._check(claimed, result)
+
+    async def _fail(self, claimed: ClaimedJob, outcome: Fail) -> None:
+        failure = Failure(
+            id=claimed.message.id,
+            token=claimed.token,
+            error=self._encode_record(claimed, outcome.record),
+            # Whatever the handler or a backoff produced, the broker gets a finite
+            # delay: one odd number must not fail the batch it travels in.
+            retry_delay=safe_retry_delay(outcome.retry_delay),
+            cancelled=outcome.cancelled,
+        )
+        result = await self._persist(
+            claimed, "failure", lambda: _unwrap(self._failer.submit(failure))
+        )
+        if outcome.cancelled:
+            self.stats.cancelled += 1
+        elif outcome.retry_delay is not None:
+            self.stats.retried += 1
+        else:
+            self.stats.failed += 1
+            log.info(
+                "job %s (%s) failed: %s: %s",
+                claimed.message.id,
+                claimed.message.task,
+                outcome.record.reason.value,
+                outcome.record.message,
+            )
+        self._check(claimed, result)
+
+    def _check(self, claimed: ClaimedJob, result: FinishOutcome) -> None:
+        if result is FinishOutcome.LEASE_LOST:
+            self.stats.finish_rejected += 1
+            log.warning(
+                "worker %s: job %s (%s) was finished by the lease owner; ours was rejected",
+                self.worker_id,
+                claimed.message.id,
+                claimed.message.task,
+            )
+
+    def _encode_record(self, claimed: ClaimedJob, record: FailureRecord) -> bytes:
+        try:
+            return _encode(record)
+        except Exception as exc:
+            # A message msgpack cannot carry (a lone surrogate, say): keep what can be.
+            log.warning(
+                "worker %s: job %s (%s): its failure record could not be encoded (%s); "
+                "storing a minimal one",
+                self.worker_id,
+                claimed.message.id,
+                claimed.message.task,
+                describe(exc),
+            )
+            return _encode(
+                minimal_failure(
+                    claimed,
+                    worker_id=self.worker_id,
+                    error_type=record.error_type,
+                    message=record.message,
+                    reason=record.reason,
+                    retryable=record.retryable,
+                )
+            )
+
+    # -- re-sending ------------------------------------------------------------------
+
+    async def _backoff(self, delay: float) -> float:
+        """Wait ``delay`` seconds (cut short by ``give_up``); the next delay."""
+        assert self._give_up is not None, "Settler.run has not started"
+        with anyio.move_on_after(delay):
+            await self._give_up.wait()
+        return min(_SETTLE_BACKOFF_CAP, delay * 2)
+
+    async def _persist(
+        self,
+        claimed: ClaimedJob,
+        what: str,
+        send: Callable[[], Awaitable[FinishOutcome]],
+    ) -> FinishOutcome:
+        """Send an outcome until the broker answers it, with a capped backoff.
+
+        Re-sending is safe: transitions are idempotent per token (ALREADY_FINISHED), and
+        a token the broker no longer honours is answered LEASE_LOST. While this retries,
+        the job keeps its slot (no new claims: backpressure) and its lease is renewed.
+        An unreachable broker is retried for as long as the worker runs; an error the
+        broker itself answered is retried for up to a minute, then raised. After
+        ``give_up`` the re-sends stop (``GaveUp``): the job comes back when its lease
+        expires.
+        """
+        delay = 0.05
+        tries = 0
+        refused_since: float | None = None
+        while True:
+            try:
+                return await send()
+            except BrokerError as exc:
+                tries += 1
+                if isinstance(exc, BrokerUnavailable):
+                    refused_since = None
+                else:
+                    now = time.monotonic()
+                    if refused_since is None:
+                        refused_since = now
+                    elif now - refused_since > _SETTLE_REFUSED_FOR:
+                        raise
+                if self._gave_up:
+                    raise GaveUp from exc
+                if tries == 1 or tries % 10 == 0:
+                    log.warning(
+                        "worker %s: could not record the %s of job %s (%s): %s; retrying "
+                        "(try %d; the job keeps its slot and lease meanwhile)",
+                        self.worker_id,
+                        what,
+                        claimed.message.id,
+                        claimed.message.task,
+                        exc,
+                        tries,
+                    )
+                delay = await self._backoff(delay)
+
+    async def _release_one(self, item: Release) -> FinishOutcome:
+        (result,) = await self._broker().release([item])
+        return result
+
+    async def _complete_batch(self, items: list[Completion]) -> list[FinishOutcome | Exception]:
+        broker = self._broker()
+        try:
+            if self._stopping():
+                return list(await broker.complete(items))
+            # The slots these completions free are refilled in the same round trip. They
+            # still count as taken until their job's settle returns, so the claim loop
+            # cannot claim for them too, and the broker applies the completions before
+            # the claim.
+            outcomes, jobs = await self._complete_and_claim(items)
+        except BrokerUnavailable:
+            raise  # every submitter re-sends its own item
+        except Exception:
+            if len(items) == 1:
+                raise
+            # Maybe one item poisons the batch: send each alone so the others land.
+            return await _one_by_one(broker.complete, items)
+        if jobs:
+            self._start(jobs)
+        return list(outcomes)
+
+    async def _complete_and_claim(
+        self, items: list[Completion]
+    ) -> tuple[Sequence[FinishOutcome], Sequence[ClaimedJob]]:
+        """``complete_and_claim``, re-sent with the same claim id while the broker is out
+        of reach: the claim may have taken effect, and a re-send returns its jobs instead
+        of orphaning them. Gives up (raising) at shutdown; its completions are then
+        re-sent one by one by their submitters."""
+        claim_id = new_claim_id()
+        delay = 0.05
+        while True:
+            try:
+                return await self._broker().complete_and_claim(
+                    items,
+                    self.queues,
+                    len(items),
+                    worker_id=self.worker_id,
+                    lease=self.lease,
+                    claim_id=claim_id,
+                )
+            except BrokerUnavailable as exc:
+                if self._stopping() or self._gave_up:
+                    raise
+                log.warning(
+                    "worker %s: could not record %d completions (%s); re-sending them with "
+                    "the same claim",
+                    self.worker_id,
+                    len(items),
+                    exc,
+                )
+                delay = await self._backoff(delay)
+
+    async def _fail_batch(self, items: list[Failure]) -> list[FinishOutcome | Exception]:
+        broker = self._broker()
+        try:
+            return list(await broker.fail(items))
+        except BrokerUnavailable:
+            raise
+        except Exception:
+            if len(items) == 1:
+                raise
+            return await _one_by_one(broker.fail, items)
+
+
+async def _unwrap(result: Awaitable[FinishOutcome | Exception]) -> FinishOutcome:
+    value = await result
+    if isinstance(value, Exception):
+        raise value
+    return value
+
+
+async def _one_by_one(
+    send: Callable[[Sequence[Any]], Awaitable[Sequence[FinishOutcome]]], items: Sequence[Any]
+) -> list[FinishOutcome | Exception]:
+    """Send each item alone; an item's error becomes its own result."""
+    results: list[FinishOutcome | Exception] = []
+    for item in items:
+        try:
+            (outcome,) = await send([item])
+        except Exception as exc:
+            results.append(exc)
+        else:
+            results.append(outcome)
+    return results
