@@ -1,14 +1,34 @@
 # The two commands: `make demo` and `make test`. Both set everything up from scratch.
-PYTHON ?= python3
+#
+# PYTHON  the interpreter of .venv (the demo, ruff, mypy, the stubs check, `make pytest`).
+# PYTHONS the interpreters `make test` runs the pytest suite on, one after another, each in its
+#         own .venv-X.Y (PYTHON's version in .venv): a version (found in pyenv, then as
+#         pythonX.Y on PATH) or an interpreter's name or path.
+#         One interpreter only: make test PYTHONS=python3
+# PYTEST_ARGS passed to pytest, e.g. make test PYTEST_ARGS="-x tests/test_cli.py"
+PYTHON  ?= python3
+PYTHONS ?= 3.11 3.12 3.13
+PYENV_ROOT ?= $(HOME)/.pyenv
+PYTEST_ARGS ?=
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint typecheck pytest stubs-check redis-server bench soak clean
+.PHONY: demo test lint typecheck pytest pytest-all check-python stubs-check redis-server bench soak clean
+
+# One line instead of pip's "requires a different Python" (or a bare AssertionError).
+CHECK_PYTHON = v=$$($(PYTHON) -V 2>&1) || v="not found"; \
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "typedq needs Python 3.11+; set PYTHON=/path/to/python3.11 or newer (PYTHON=$(PYTHON): $$v)" >&2; \
+	  exit 1; }
+
+## Fails with one line when $(PYTHON) is older than 3.11 (or missing).
+check-python:
+	@$(CHECK_PYTHON)
 
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "typedq needs Python 3.11+"'
+	@$(CHECK_PYTHON)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -36,11 +56,47 @@ typecheck: $(STAMP)
 stubs-check: $(STAMP)
 	$(BIN)/python -m typedq stubs --check $(filter-out stubs/__init__.py,$(wildcard stubs/*.py))
 
+## The whole pytest suite on $(PYTHON), in .venv.
 pytest: $(STAMP) redis-server
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-## Everything CI checks: lint, mypy --strict, the whole test suite.
-test: lint typecheck stubs-check pytest
+## The whole pytest suite on every interpreter in PYTHONS, one after another (2 cores: three
+## suites at once would only slow each other and stretch their timing margins), each in its own
+## .venv-X.Y except PYTHON's version, which reuses .venv. An interpreter that is not installed
+## is skipped with a banner, repeated in the summary; none found fails. Times include set-up.
+pytest-all: redis-server
+	@ran=; failed=; skipped=; \
+	own=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || own=; \
+	for want in $(PYTHONS); do \
+	  case $$want in \
+	    [0-9]*) py=$$(ls -d $(PYENV_ROOT)/versions/$$want.*/bin/python$$want 2>/dev/null \
+	                 | grep -E "/$$want\.[0-9]+/bin/" | sort -V | tail -n 1); \
+	            [ -n "$$py" ] || py=$$(command -v python$$want 2>/dev/null) || py=;; \
+	    *) py=$$(command -v $$want 2>/dev/null) || py=;; \
+	  esac; \
+	  if [ -z "$$py" ] || ! $$py -c '' 2>/dev/null; then \
+	    echo "!!!!! SKIPPED: no Python $$want found (pyenv, PATH); pytest does NOT run on it." \
+	         "Install it, or set PYTHONS=..." >&2; \
+	    skipped="$$skipped $$want"; continue; \
+	  fi; \
+	  ver=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  venv=.venv-$$ver; [ "$$ver" != "$$own" ] || venv=$(VENV); \
+	  echo "===== pytest on Python $$ver ($$py), in $$venv"; \
+	  start=$$(date +%s); \
+	  if $(MAKE) --no-print-directory pytest PYTHON=$$py VENV=$$venv; then \
+	    ran="$$ran $$ver:$$(( $$(date +%s) - start ))s"; \
+	  else \
+	    failed="$$failed $$ver:$$(( $$(date +%s) - start ))s"; \
+	  fi; \
+	done; \
+	echo "===== pytest passed on:$${ran:- (none)}"; \
+	[ -z "$$failed" ] || echo "!!!!! pytest FAILED on:$$failed" >&2; \
+	[ -z "$$skipped" ] || echo "!!!!! pytest NOT RUN on Python$$skipped (not installed)" >&2; \
+	[ -z "$$failed" ] && [ -n "$$ran" ]
+
+## Everything CI checks: lint, mypy --strict and the stubs once (on $(PYTHON)), then the whole
+## test suite on every interpreter in PYTHONS (3.11, 3.12, 3.13).
+test: lint typecheck stubs-check pytest-all
 
 ## While developing: lint, mypy --strict, and the tests not marked slow (process-level fault
 ## tests, network faults, shutdown with lease waits). `make test` still runs everything.
@@ -56,4 +112,4 @@ soak: $(STAMP) redis-server
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache

@@ -29,10 +29,45 @@ def openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+# The extensions a strict verifier asks for. Python 3.13 turns on VERIFY_X509_STRICT in
+# ssl.create_default_context(), which refuses a CA without keyUsage and a certificate without
+# an authority key identifier; writing them all out (instead of relying on the defaults in the
+# system's openssl.cnf) makes the certificates the same on every interpreter and OpenSSL.
+CA_EXTENSIONS = """\
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid:always
+"""
+
+SERVER_EXTENSIONS = """\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid:always
+subjectAltName = {san}
+"""
+
+
+def request_config(common_name: str, extensions: str = "") -> str:
+    """An openssl ``req`` config of its own, so the system's openssl.cnf adds nothing."""
+    return (
+        "[req]\nprompt = no\ndistinguished_name = dn\n"
+        f"[dn]\nCN = {common_name}\n"
+        f"[ext]\n{extensions}"
+    )
+
+
 def make_ca(cwd: Path, name: str) -> None:
+    (cwd / f"{name}.cnf").write_text(request_config(name, CA_EXTENSIONS))
     openssl(
         "req",
         "-x509",
+        "-config",
+        f"{name}.cnf",
+        "-extensions",
+        "ext",
         "-newkey",
         "rsa:2048",
         "-nodes",
@@ -42,15 +77,17 @@ def make_ca(cwd: Path, name: str) -> None:
         f"{name}.key",
         "-out",
         f"{name}.crt",
-        "-subj",
-        f"/CN={name}",
         cwd=cwd,
     )
 
 
 def make_server_cert(cwd: Path, ca: str, name: str, san: str) -> None:
+    (cwd / f"{name}.cnf").write_text(request_config("typedq-test-server"))
     openssl(
         "req",
+        "-new",
+        "-config",
+        f"{name}.cnf",
         "-newkey",
         "rsa:2048",
         "-nodes",
@@ -58,11 +95,9 @@ def make_server_cert(cwd: Path, ca: str, name: str, san: str) -> None:
         f"{name}.key",
         "-out",
         f"{name}.csr",
-        "-subj",
-        "/CN=typedq-test-server",
         cwd=cwd,
     )
-    (cwd / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+    (cwd / f"{name}.ext").write_text(SERVER_EXTENSIONS.format(san=san))
     openssl(
         "x509",
         "-req",
@@ -81,6 +116,13 @@ def make_server_cert(cwd: Path, ca: str, name: str, san: str) -> None:
         f"{name}.ext",
         cwd=cwd,
     )
+
+
+def strict_context(cafile: Path) -> ssl.SSLContext:
+    """The client context of Python 3.13 on every interpreter: strict X.509 checks included."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    return context
 
 
 class TlsRedis:
@@ -114,7 +156,7 @@ class TlsRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        context = strict_context(certs / "ca.crt")
         context.check_hostname = False
         deadline = time.monotonic() + 10
         while True:
@@ -191,5 +233,21 @@ async def test_rediss_fails_closed(certs: Path, cert: str, ca: str) -> None:
         message = str(info.value)
         assert "certificate verify failed" in message, message
         assert "pw" not in message
+    finally:
+        server.stop()
+
+
+def test_certificates_pass_strict_verification(certs: Path) -> None:
+    """The test CA and server certificate satisfy VERIFY_X509_STRICT (Python 3.13's default),
+    checked on every interpreter so an older one cannot hide a certificate 3.13 refuses."""
+    server = TlsRedis(certs, "good")
+    try:
+        context = strict_context(certs / "ca.crt")
+        with (
+            socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="localhost") as sock,
+        ):
+            sock.sendall(b"PING\r\n")
+            assert sock.recv(16).startswith(b"+PONG")
     finally:
         server.stop()

@@ -320,6 +320,33 @@ def _utc(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
+class _LostSendIsConnectionError:
+    """Mixed into redis-py's connection class: a send on a connection that was just lost fails
+    with ConnectionResetError, which redis-py turns into the ConnectionError it retries.
+
+    On Python 3.12 to 3.13.5, ``writelines`` on a selector transport whose connection is lost
+    raises AttributeError (``_loop`` is already None; python/cpython#136234), where ``write``
+    would drop the data and let ``drain`` report the loss. redis-py sends with ``writelines``,
+    so a connection cut by the network escaped its retries and our error handling as a bare
+    AttributeError. The method only writes to the socket: an AttributeError there means the
+    transport was torn down.
+    """
+
+    async def _send_packed_command(self, command: Any) -> None:
+        try:
+            await super()._send_packed_command(command)  # type: ignore[misc]
+        except AttributeError as exc:
+            raise ConnectionResetError(f"connection lost while sending ({exc})") from exc
+
+
+def _with_lost_send_fix(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
+    """``pool``, making its connections with :class:`_LostSendIsConnectionError` mixed in
+    (whatever class the URL chose: TCP, TLS or Unix socket)."""
+    base = pool.connection_class
+    pool.connection_class = type(base.__name__, (_LostSendIsConnectionError, base), {})
+    return pool
+
+
 class _DoneWaiter:
     __slots__ = ("event",)
 
@@ -399,7 +426,7 @@ class RedisBroker(Broker):
             retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), RETRIES),
             client_name=f"typedq:{self.settings.namespace}",
         )
-        return aioredis.Redis(connection_pool=pool)
+        return aioredis.Redis(connection_pool=_with_lost_send_fix(pool))
 
     async def connect(self) -> None:
         if self._redis is not None:
