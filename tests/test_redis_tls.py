@@ -156,6 +156,13 @@ class TlsRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        try:
+            self._wait_ready(certs)
+        except BaseException:
+            self.stop()  # a server that never became ready must not outlive the test
+            raise
+
+    def _wait_ready(self, certs: Path) -> None:
         context = strict_context(certs / "ca.crt")
         context.check_hostname = False
         deadline = time.monotonic() + 10
@@ -173,7 +180,11 @@ class TlsRedis:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=10)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture(scope="module")
