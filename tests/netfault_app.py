@@ -14,8 +14,8 @@ import os
 
 import anyio
 import msgspec
-import redis.asyncio as aioredis
 
+from tests.ledger import ledger
 from typedq import App, JobContext
 from typedq.broker.base import Retention
 
@@ -35,17 +35,6 @@ class Tick(msgspec.Struct, frozen=True):
 
     n: int
     sleep: float = 0.0
-
-
-_ledger: aioredis.Redis | None = None
-
-
-def ledger() -> aioredis.Redis:
-    """The ledger connection of this process (created on first use)."""
-    global _ledger
-    if _ledger is None:
-        _ledger = aioredis.Redis.from_url(os.environ["TYPEDQ_TEST_LEDGER"])
-    return _ledger
 
 
 @app.task

@@ -12,8 +12,8 @@ import os
 
 import anyio
 import msgspec
-import redis.asyncio as aioredis
 
+from tests.ledger import ledger
 from typedq import App, JobContext
 
 app = App("rfault", lease=float(os.environ.get("TYPEDQ_TEST_LEASE", "1.0")), max_stalls=10)
@@ -24,17 +24,6 @@ class Work(msgspec.Struct, frozen=True):
 
     n: int
     sleep: float = 0.0
-
-
-_ledger: aioredis.Redis | None = None
-
-
-def ledger() -> aioredis.Redis:
-    """The ledger connection of this process (created on first use)."""
-    global _ledger
-    if _ledger is None:
-        _ledger = aioredis.Redis.from_url(os.environ["TYPEDQ_TEST_LEDGER"])
-    return _ledger
 
 
 @app.task

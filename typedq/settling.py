@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -103,10 +103,10 @@ class Settler:
         self._start = start
         self._gave_up = False
         self._give_up: anyio.Event | None = None
-        self._completer: Batcher[Completion, FinishOutcome | Exception] = Batcher(
+        self._completer: Batcher[Completion, FinishOutcome] = Batcher(
             self._complete_batch, name="completion batcher"
         )
-        self._failer: Batcher[Failure, FinishOutcome | Exception] = Batcher(
+        self._failer: Batcher[Failure, FinishOutcome] = Batcher(
             self._fail_batch, name="failure batcher"
         )
 
@@ -180,7 +180,7 @@ class Settler:
     async def _complete(self, claimed: ClaimedJob, outcome: Complete) -> None:
         completion = Completion(claimed.message.id, claimed.token, outcome.result)
         result = await self._persist(
-            claimed, "completion", lambda: _unwrap(self._completer.submit(completion))
+            claimed, "completion", lambda: self._completer.submit(completion)
         )
         self.stats.completed += 1
         self._check(claimed, result)
@@ -195,9 +195,7 @@ class Settler:
             retry_delay=safe_retry_delay(outcome.retry_delay),
             cancelled=outcome.cancelled,
         )
-        result = await self._persist(
-            claimed, "failure", lambda: _unwrap(self._failer.submit(failure))
-        )
+        result = await self._persist(claimed, "failure", lambda: self._failer.submit(failure))
         if outcome.cancelled:
             self.stats.cancelled += 1
         elif outcome.retry_delay is not None:
@@ -307,11 +305,13 @@ class Settler:
         (result,) = await self._broker().release([item])
         return result
 
-    async def _complete_batch(self, items: list[Completion]) -> list[FinishOutcome | Exception]:
+    async def _complete_batch(self, items: list[Completion]) -> list[FinishOutcome]:
+        # A batch that fails for one bad item is re-sent item by item by the Batcher, so
+        # only that item's settle gets the error (see typedq.batching).
         broker = self._broker()
+        if self._stopping():
+            return list(await broker.complete(items))
         try:
-            if self._stopping():
-                return list(await broker.complete(items))
             # The slots these completions free are refilled in the same round trip. They
             # still count as taken until their job's settle returns, so the claim loop
             # cannot claim for them too, and the broker applies the completions before
@@ -320,10 +320,9 @@ class Settler:
         except BrokerUnavailable:
             raise  # every submitter re-sends its own item
         except Exception:
-            if len(items) == 1:
-                raise
-            # Maybe one item poisons the batch: send each alone so the others land.
-            return await _one_by_one(broker.complete, items)
+            # The refill's claim may be what the broker refused: the completions still
+            # go, on their own.
+            return list(await broker.complete(items))
         if jobs:
             self._start(jobs)
         return list(outcomes)
@@ -359,35 +358,5 @@ class Settler:
                 )
                 delay = await self._backoff(delay)
 
-    async def _fail_batch(self, items: list[Failure]) -> list[FinishOutcome | Exception]:
-        broker = self._broker()
-        try:
-            return list(await broker.fail(items))
-        except BrokerUnavailable:
-            raise
-        except Exception:
-            if len(items) == 1:
-                raise
-            return await _one_by_one(broker.fail, items)
-
-
-async def _unwrap(result: Awaitable[FinishOutcome | Exception]) -> FinishOutcome:
-    value = await result
-    if isinstance(value, Exception):
-        raise value
-    return value
-
-
-async def _one_by_one(
-    send: Callable[[Sequence[Any]], Awaitable[Sequence[FinishOutcome]]], items: Sequence[Any]
-) -> list[FinishOutcome | Exception]:
-    """Send each item alone; an item's error becomes its own result."""
-    results: list[FinishOutcome | Exception] = []
-    for item in items:
-        try:
-            (outcome,) = await send([item])
-        except Exception as exc:
-            results.append(exc)
-        else:
-            results.append(outcome)
-    return results
+    async def _fail_batch(self, items: list[Failure]) -> list[FinishOutcome]:
+        return list(await self._broker().fail(items))
