@@ -33,6 +33,9 @@ The layout (``P`` is the prefix)::
                                    id is claimed where a fresh job would be
     P q:<queue>:s         zset     scheduled ids -> run_at (µs)
     P q:<queue>:n         hash     state letter -> number of jobs (O(1) counts)
+    P workers             zset     worker registry: worker id -> heartbeat expiry (µs)
+    P wk:<worker id>      string   a worker's msgpack WorkerInfo, expiring with its heartbeat
+    P queues              set      queue registry: every queue a worker registered
     P r:<token>           string   a request record (60 s TTL) keyed by the token the
                                    client made for one call: a claim's token and ids,
                                    an enqueue's created flags ('0'/'1' per job), a
@@ -99,8 +102,10 @@ class Keys:
         "done_failed",
         "epoch",
         "prefix",
+        "queues",
         "seq",
         "work_channel",
+        "workers",
     )
 
     def __init__(self, namespace: str) -> None:
@@ -115,6 +120,8 @@ class Keys:
         self.work_channel = p + "ev:w"
         self.done_channel = p + "ev:d"
         self.cancel_channel = p + "ev:x"
+        self.workers = p + "workers"
+        self.queues = p + "queues"
 
     def job(self, job_id: str) -> str:
         """The key of one job (a string until the job is claimed or cancelled, then a hash)."""
@@ -144,3 +151,7 @@ class Keys:
         """The record of one call (claim, enqueue, cancel) under its client-made token:
         a re-sent script returns the answer it holds instead of acting again."""
         return f"{self.prefix}r:{token}"
+
+    def worker(self, worker_id: str) -> str:
+        """The key of one worker's registry entry."""
+        return f"{self.prefix}wk:{worker_id}"
