@@ -170,6 +170,41 @@ def _single(exc: BaseException) -> BaseException:
 async def _run_worker(app: App, args: argparse.Namespace) -> int:
     queues = [q for q in args.queues.split(",") if q] if args.queues else None
     worker = app.worker(concurrency=args.concurrency, queues=queues, grace=args.grace)
+    worker.heartbeat = args.heartbeat
+    server = _serve_metrics(worker, args) if args.metrics_port is not None else None
+    try:
+        return await _run_until_signalled(app, worker, args)
+    finally:
+        if server is not None:
+            server.shutdown()
+
+
+def _serve_metrics(worker: Worker[Any, Any], args: argparse.Namespace) -> Any:
+    """Serve ``/metrics`` for ``worker`` on ``--metrics-port`` (see :mod:`typedq.metrics`)."""
+    try:
+        from prometheus_client import CollectorRegistry, ProcessCollector
+    except ImportError:
+        raise ConfigError(
+            "--metrics-port needs prometheus-client: pip install 'typedq[metrics]'"
+        ) from None
+    from .metrics import Metrics
+
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    metrics = Metrics(registry)
+    metrics.attach(worker)
+    try:
+        port, server = metrics.serve(args.metrics_port, args.metrics_addr)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: {exc.strerror}; "
+            "choose another --metrics-port"
+        ) from None
+    log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
+    return server
+
+
+async def _run_until_signalled(app: App, worker: Worker[Any, Any], args: argparse.Namespace) -> int:
     signals = _Signals(worker)
     async with anyio.create_task_group() as tg:
         signals.scope = tg.cancel_scope
@@ -307,6 +342,8 @@ _ENV_DEFAULTS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "queues": ("TYPEDQ_QUEUES", str, ""),
     "grace": ("TYPEDQ_GRACE", float, 10.0),
     "wait_for_broker": ("TYPEDQ_WAIT_FOR_BROKER", float, 0.0),
+    "log_format": ("TYPEDQ_LOG_FORMAT", str, "text"),
+    "heartbeat": ("TYPEDQ_HEARTBEAT", float, 10.0),
 }
 
 
@@ -333,6 +370,10 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
             ) from None
     if args.broker and args.command not in ("worker", "inspect"):
         raise ConfigError(f"--broker is for worker and inspect, not {args.command}")
+    if args.log_format not in ("text", "json"):
+        raise ConfigError(f"log format {args.log_format!r} is not text or json")
+    if getattr(args, "heartbeat", 1.0) <= 0:
+        raise ConfigError(f"--heartbeat must be > 0 seconds, got {args.heartbeat}")
     level = args.log_level
     if logging.getLevelNamesMapping().get(level.upper()) is None:
         source = (
@@ -352,6 +393,8 @@ variable, the variable over the built-in default):
   TYPEDQ_QUEUES            worker --queues
   TYPEDQ_GRACE             worker --grace
   TYPEDQ_WAIT_FOR_BROKER   worker --wait-for-broker
+  TYPEDQ_LOG_FORMAT        --log-format
+  TYPEDQ_HEARTBEAT         worker --heartbeat
 """
 
 
@@ -367,11 +410,16 @@ def _parser() -> argparse.ArgumentParser:
     broker_help = (
         f"broker URL, e.g. redis://HOST:PORT/DB (default: the app's; env {DEFAULT_BROKER_ENV})"
     )
+    format_help = _env_help("log_format", "log line format: text, or json (one object per line)")
     parser.add_argument("--log-level", default=None, help=log_help)
+    parser.add_argument("--log-format", default=None, choices=["text", "json"], help=format_help)
     parser.add_argument("--broker", default=None, help=broker_help + "; worker and inspect")
     # The same options after the subcommand; SUPPRESS keeps a value given before it.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default=argparse.SUPPRESS, help=log_help)
+    common.add_argument(
+        "--log-format", default=argparse.SUPPRESS, choices=["text", "json"], help=format_help
+    )
     with_broker = argparse.ArgumentParser(add_help=False)
     with_broker.add_argument("--broker", default=argparse.SUPPRESS, help=broker_help)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -403,6 +451,29 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help=_env_help("wait_for_broker", "at start, retry an unreachable broker for this long"),
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://ADDR:PORT/metrics (0: a free port; "
+        "needs typedq[metrics])",
+    )
+    worker.add_argument(
+        "--metrics-addr",
+        default="0.0.0.0",  # noqa: S104 - a scraper runs elsewhere
+        metavar="ADDR",
+        help="address the metrics server listens on (default: 0.0.0.0)",
+    )
+    worker.add_argument(
+        "--heartbeat",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=_env_help(
+            "heartbeat", "seconds between worker-registry heartbeats (expiry: 3 missed)"
+        ),
     )
 
     stubs = sub.add_parser(
@@ -633,10 +704,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"typedq: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _configure_logging(args.log_level.upper(), args.log_format)
     if args.command == "worker":
         return _exit_past_threads(_worker(args))
     try:
@@ -652,6 +720,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _configure_logging(level: str, style: str) -> None:
+    """The root logger's handler: text lines, or one JSON object per line."""
+    if style == "json":
+        from .logs import JsonFormatter
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=level, handlers=[handler])
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _exit_past_threads(code: int) -> int:

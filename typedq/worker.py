@@ -320,6 +320,7 @@ class Worker(Generic[TIn, TOut]):
         if self._started:
             raise RuntimeError("a Worker runs once; make a new one")
         self._started = True
+        self.started_at = time.time()
         self._stop = anyio.Event()
         self._changed = anyio.Event()
         self._claim_done = anyio.Event()
@@ -342,7 +343,6 @@ class Worker(Generic[TIn, TOut]):
                 self.queues,
                 self.concurrency,
             )
-            self.started_at = time.time()
             if self._observer is not None:
                 self._observer.worker_started(self)
             task_status.started()
