@@ -518,6 +518,12 @@ def _parser() -> argparse.ArgumentParser:
         "--state", default=None, choices=[s.value for s in JobState], help="jobs to list or act on"
     )
     inspect.add_argument("--limit", type=int, default=20, help="jobs listed per queue")
+    inspect.add_argument(
+        "--job", default=None, metavar="ID", help="show one job in full (payload, result, error)"
+    )
+    inspect.add_argument(
+        "--workers", action="store_true", help="list the live workers (the worker registry)"
+    )
     actions = inspect.add_mutually_exclusive_group()
     for action in ("retry", "cancel", "purge"):
         actions.add_argument(
@@ -628,12 +634,19 @@ def _inspect(args: argparse.Namespace) -> int:
     else:
         if not args.app_name:
             raise ConfigError("give MODULE:APP, or --app NAME with --broker URL")
-        name, settings, queues = args.app_name, None, args.queue or ["default"]
+        # No queues given: the broker's queue registry names them (in `run` below).
+        name, settings, queues = args.app_name, None, list(args.queue)
         broker = args.broker or os.environ.get(DEFAULT_BROKER_ENV) or ""
         if not broker:
             raise ConfigError(f"give --broker URL (or set {DEFAULT_BROKER_ENV}) with --app")
     chosen = [a for a in inspector.ACTIONS if getattr(args, a) is not None]
     state = JobState(args.state) if args.state else None
+    if args.limit < 0:
+        raise ConfigError(f"--limit must be >= 0, got {args.limit}")
+    views = [flag for flag, on in (("--job", args.job), ("--workers", args.workers)) if on]
+    if len(views) > 1 or (views and (chosen or state is not None)):
+        others = views[1:] + [f"--{a}" for a in chosen] + (["--state"] if state else [])
+        raise ConfigError(f"{views[0]} cannot be combined with {', '.join(others)}")
     if chosen and not getattr(args, chosen[0]) and state is None:
         raise ConfigError(f"--{chosen[0]} needs job ids, or --state STATE for every job in it")
     if chosen and getattr(args, chosen[0]) and state is not None:
@@ -647,13 +660,30 @@ def _inspect(args: argparse.Namespace) -> int:
     async def run() -> int:
         client = Client(broker, name=name, settings=settings)
         async with client:
-            tool = inspector.Inspector(client, queues)
+            tool = inspector.Inspector(client, queues or await _discover_queues(client))
+            if args.job:
+                detail = await tool.job(args.job)
+                if detail is None:
+                    raise ConfigError(f"no job {args.job!r} in app {name!r} (finished jobs "
+                                      "expire by the app's retention)")  # fmt: skip
+                if args.json:
+                    print(msgspec.json.format(msgspec.json.encode(detail), indent=2).decode())
+                else:
+                    inspector.render_job(out, detail)
+                return 0
+            if args.workers:
+                workers = await tool.workers()
+                if args.json:
+                    print(msgspec.json.format(msgspec.json.encode(workers), indent=2).decode())
+                else:
+                    inspector.render_workers(out, name, workers)
+                return 0
             if not chosen:
                 overview = await tool.overview(state or JobState.FAILED, limit=args.limit)
                 if args.json:
                     print(msgspec.json.format(msgspec.json.encode(overview), indent=2).decode())
                 else:
-                    inspector.render_overview(out, overview)
+                    inspector.render_overview(out, overview, limit=args.limit)
                 return 0
             action = chosen[0]
             if state is None:
@@ -667,6 +697,15 @@ def _inspect(args: argparse.Namespace) -> int:
             return 0 if inspector.all_done(report) else 1
 
     return anyio.run(run)
+
+
+async def _discover_queues(client: Client) -> list[str]:
+    """Every queue the broker's queue registry knows (``default`` when it knows none)."""
+    try:
+        found = await client.broker.list_queues()
+    except NotImplementedError:
+        found = []
+    return found or ["default"]
 
 
 async def _with_progress(
