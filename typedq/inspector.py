@@ -468,29 +468,33 @@ def render_workers(console: Console, app: str, workers: Sequence[WorkerInfo]) ->
         console.print(f"no live workers of app {app!r}")
         return
     now = time.time()
+    wide = console.width >= 120
     table = Table(
         title=f"live workers of app {app!r}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    table.add_column("id", no_wrap=True, overflow="ellipsis", min_width=10, max_width=32)
-    table.add_column("host", no_wrap=True, overflow="ellipsis", max_width=16)
+    table.add_column("id", no_wrap=True)
+    table.add_column("host", no_wrap=True)
     table.add_column("pid", justify="right", no_wrap=True)
-    table.add_column("queues", overflow="fold")
+    table.add_column("queues", overflow="fold", ratio=1)
     table.add_column("busy", justify="right", no_wrap=True)
     table.add_column("started", no_wrap=True)
     table.add_column("beat", no_wrap=True)
-    table.add_column("version", no_wrap=True)
+    if wide:
+        table.add_column("version", no_wrap=True)
     for worker in workers:
-        table.add_row(
-            worker.id,
-            worker.host,
+        cells = [
+            _clip(worker.id, 40 if wide else 14),
+            _clip(worker.host, 24 if wide else 10),
             str(worker.pid),
             ", ".join(worker.queues),
             f"{worker.in_flight}/{worker.concurrency}",
             _ago(worker.started_at, now),
             _ago(worker.heartbeat_at, now),
-            worker.version,
-        )
+        ]
+        if wide:
+            cells.append(worker.version)
+        table.add_row(*cells)
     console.print(table)
