@@ -1,0 +1,125 @@
+"""What metrics cost: end-to-end throughput at concurrency 16 with and without
+``--metrics-port``, runs interleaved (off, on, off, on, ...), median of each.
+
+Run: ``.venv/bin/python -m bench.metrics_overhead [--rounds 3] [--total 20000]``.
+
+The workload is bench/redis_bench.py's end-to-end one (4 producers of single enqueues,
+a no-op async handler, one worker process). With metrics on, ``/metrics`` is scraped
+every second during the run (Prometheus' default is every 15 s: this is the harsher
+case), so the cost includes the queue gauges' broker round trip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+
+import anyio
+
+from bench.redis_bench import ROOT, app, fresh, noop, payload, records, redis_server, wait_done
+
+
+@contextlib.contextmanager
+def worker(url: str, concurrency: int, metrics: bool) -> Iterator[int | None]:
+    """A worker process; yields the metrics port (None without metrics)."""
+    extra = ["--metrics-port", "0", "--metrics-addr", "127.0.0.1"] if metrics else []
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "typedq", "--log-level", "INFO", "worker"),
+            *("bench.redis_bench:app", "--concurrency", str(concurrency), "--broker", url),
+            *extra,
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    port = None
+    for line in proc.stderr:
+        if metrics and "serving metrics on" in line:
+            match = re.search(r":(\d+)/metrics", line)
+            assert match is not None
+            port = int(match.group(1))
+        if " started: " in line:
+            break
+    drain = threading.Thread(target=proc.stderr.read, daemon=True)
+    drain.start()
+    try:
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def scrape_every_second(port: int, stop: threading.Event, scrapes: list[int]) -> None:
+    while not stop.wait(1.0):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            scrapes.append(len(r.read()))
+
+
+async def one_run(url: str, total: int, concurrency: int, metrics: bool) -> float:
+    ids: list[str] = []
+    per = total // 4
+    with worker(url, concurrency, metrics) as port:
+        stop = threading.Event()
+        scrapes: list[int] = []
+        scraper = None
+        if port is not None:
+            scraper = threading.Thread(target=scrape_every_second, args=(port, stop, scrapes))
+            scraper.start()
+
+        async def produce(base: int) -> None:
+            for i in range(base, base + per):
+                ids.append((await noop.enqueue(payload(i))).id)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for p in range(4):
+                    tg.start_soon(produce, p * per)
+            await wait_done(per * 4)
+        finally:
+            stop.set()
+            if scraper is not None:
+                scraper.join()
+        if metrics and not scrapes:
+            raise RuntimeError("no scrape answered during the run")
+    done = await records(ids)
+    span = max(r.finished_at for r in done) - min(r.enqueued_at for r in done)
+    return len(done) / span
+
+
+async def main(rounds: int, total: int, concurrency: int) -> None:
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    with redis_server() as url:
+        app.use_broker(url)
+        for r in range(rounds):
+            for metrics in (False, True):
+                async with fresh(url):
+                    rate = await one_run(url, total, concurrency, metrics)
+                rates[metrics].append(rate)
+                label = "on " if metrics else "off"
+                print(f"round {r + 1} metrics {label} {rate:8,.0f} jobs/s", flush=True)
+    off, on = statistics.median(rates[False]), statistics.median(rates[True])
+    print(
+        f"median of {rounds}: off {off:,.0f} jobs/s, on {on:,.0f} jobs/s, "
+        f"cost {100 * (off - on) / off:+.1f}% (C={concurrency}, {total} jobs)"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--total", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    ns = parser.parse_args()
+    anyio.run(main, ns.rounds, ns.total, ns.concurrency)
