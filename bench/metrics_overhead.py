@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -116,10 +117,42 @@ async def main(rounds: int, total: int, concurrency: int) -> None:
     )
 
 
+def per_job_cost(jobs: int = 200_000) -> float:
+    """Seconds of CPU the metrics observer adds per job (started + finished), measured
+    in-process without a broker: the deterministic part of the cost, which end-to-end
+    runs on a shared machine can hide in their noise."""
+    from prometheus_client import CollectorRegistry
+
+    from typedq.broker.base import ClaimedJob, JobMessage
+    from typedq.metrics import Metrics
+    from typedq.observe import JobOutcome
+
+    metrics = Metrics(CollectorRegistry())
+    claimed = [
+        ClaimedJob(
+            message=JobMessage(id=f"j{i}", task="noop", queue="default", payload=b""),
+            token=str(i),
+            attempt=1,
+            enqueued_at=time.time(),
+        )
+        for i in range(1000)
+    ]
+    start = time.process_time()
+    for i in range(jobs):
+        job = claimed[i % 1000]
+        metrics.job_started(job)
+        metrics.job_finished(job, JobOutcome.COMPLETED, 0.001)
+    return (time.process_time() - start) / jobs
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--total", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--micro", action="store_true", help="only the in-process CPU cost per job")
     ns = parser.parse_args()
-    anyio.run(main, ns.rounds, ns.total, ns.concurrency)
+    cost = per_job_cost()
+    print(f"metrics observer: {cost * 1e6:.2f} µs of CPU per job (in-process, no broker)")
+    if not ns.micro:
+        anyio.run(main, ns.rounds, ns.total, ns.concurrency)
