@@ -91,7 +91,15 @@ def test_metrics_of_a_worker_process_after_a_mixed_run(server: RedisProcess) -> 
     try:
         process.wait_for("started")
         anyio.run(_mixed_run, server.url)
-        samples = _samples(_scrape(process))
+        # A job's result is visible a moment before its worker has counted it: scrape
+        # until all 16 attempts are counted (then check everything).
+        deadline = time.monotonic() + 30
+        while True:
+            samples = _samples(_scrape(process))
+            counted = sum(v for (name, _), v in samples.items() if name == "typedq_jobs_total")
+            if counted >= 16 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     finally:
         process.proc.send_signal(signal.SIGTERM)
         process.wait()
