@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -256,9 +259,26 @@ def test_registry_lists_two_worker_processes_and_drops_a_killed_one(
             assert worker.host
             assert worker.started_at > 0
             assert worker.version
-        listed = TypedqProcess("inspect", "--app", "obs", "--broker", server.url, "--workers")
-        assert listed.wait() == 0
-        listed.close()
+        listed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "typedq",
+                "inspect",
+                "--app",
+                "obs",
+                "--broker",
+                server.url,
+                "--workers",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "TYPEDQ_BROKER": ""},
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert {w["pid"] for w in json.loads(listed.stdout)} == pids
         second.proc.send_signal(signal.SIGKILL)
         second.wait()
         _until(
