@@ -46,7 +46,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.from_thread
@@ -55,6 +55,7 @@ import anyio.lowlevel
 from .broker.base import Broker, ClaimedJob, QueueStats
 from .errors import ConfigError
 from .observe import JobOutcome, WorkerObserver
+from .task import TIn, TOut
 from .worker import Worker
 
 try:
@@ -70,7 +71,6 @@ __all__ = ["DURATION_BUCKETS", "WAIT_BUCKETS", "Metrics", "QueueCollector"]
 
 log = logging.getLogger("typedq.metrics")
 
-W = TypeVar("W", bound=Worker[Any, Any])
 
 #: Histogram buckets (seconds) of ``typedq_job_duration_seconds``.
 DURATION_BUCKETS = (
@@ -281,7 +281,7 @@ class Metrics(WorkerObserver):
         self._workers: list[Worker[Any, Any]] = []
         self._children: dict[tuple[str, str], _Children] = {}
 
-    def attach(self, worker: W) -> W:
+    def attach(self, worker: Worker[TIn, TOut]) -> Worker[TIn, TOut]:
         """Count ``worker``'s jobs (call before it starts); returns the worker."""
         worker.observe(self)
         return worker
