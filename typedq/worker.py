@@ -832,6 +832,7 @@ class Worker(Generic[TIn, TOut]):
         entry every ``heartbeat`` seconds that expires after three missed ones, removed
         at shutdown."""
         broker = self.app.broker
+        failing = False
         try:
             while True:
                 try:
@@ -841,7 +842,15 @@ class Worker(Generic[TIn, TOut]):
                 except Exception as exc:
                     if self._observer is not None:
                         self._observer.broker_error("heartbeat", exc)
-                    log.debug("worker %s: heartbeat failed: %s", self.id, exc)
+                    # Once per outage: the claim loop already reports an unreachable broker.
+                    (log.debug if failing else log.warning)(
+                        "worker %s: heartbeat failed (the worker registry may not list it): %s",
+                        self.id,
+                        exc,
+                    )
+                    failing = True
+                else:
+                    failing = False
                 await anyio.sleep(self.heartbeat)
         finally:
             with anyio.move_on_after(2.0, shield=True):

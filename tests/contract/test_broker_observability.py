@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from tests.support import claim_one, connected, msg, sleep_until
-from typedq import JobState
+from typedq import InvalidName, JobState
 from typedq.broker.base import WorkerInfo
 
 pytestmark = pytest.mark.anyio
@@ -105,3 +105,12 @@ async def test_registry_lists_live_workers_and_ages_out_expired_ones(
         assert await broker.list_workers() == []
         # Queues stay registered after their workers are gone.
         assert {"a", "b", "c"} <= set(await broker.list_queues())
+
+
+async def test_registry_refuses_a_worker_id_that_cannot_be_a_key(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        with pytest.raises(InvalidName, match="invalid worker id 'a b'"):
+            await broker.register_worker(info("a b", ["q"]), ttl=10)
+        assert await broker.list_workers() == []

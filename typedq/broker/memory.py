@@ -23,6 +23,7 @@ import anyio
 import msgspec
 
 from ..errors import NotConnected, QueueFull
+from ..names import check_worker_id
 from .base import (
     CLAIM_RECORD_TTL,
     Broker,
@@ -750,6 +751,7 @@ class MemoryBroker(Broker):
 
     async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
         self._check()
+        check_worker_id(info.id)
         self._live_workers()[info.id] = (time.monotonic() + ttl, info)
         self._queues.update(info.queues)
 

@@ -28,7 +28,7 @@ from ...errors import (
     NotConnected,
     RedisDataLost,
 )
-from ...names import check_job_id, check_name
+from ...names import check_job_id, check_name, check_worker_id
 from .. import redact_url
 from ..base import (
     Broker,
@@ -780,7 +780,7 @@ class RedisBroker(Broker):
         return stats
 
     async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
-        check_name("worker id", info.id)
+        check_worker_id(info.id)
         k = self.keys
         await self._eval(
             "worker",
