@@ -385,7 +385,9 @@ def _log_failure(claimed: ClaimedJob, outcome: Fail, worker_id: str) -> None:
     if outcome.cancelled:
         level, what = logging.INFO, "was cancelled"
     elif outcome.retry_delay is not None:
-        level, what = logging.WARNING, f"failed; retry in {outcome.retry_delay:.3g}s"
+        delay = outcome.retry_delay
+        shown = f"{delay:.3g}" if delay < 100 else f"{delay:.0f}"
+        level, what = logging.WARNING, f"failed; retry in {shown}s"
     else:
         level, what = logging.ERROR, "failed for good"
     if not log.isEnabledFor(level):
