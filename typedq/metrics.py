@@ -42,7 +42,9 @@ Series:
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -59,8 +61,13 @@ from .task import TIn, TOut
 from .worker import Worker
 
 try:
-    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ConfigError(
@@ -197,17 +204,121 @@ class QueueCollector(Collector):
         return (jobs, oldest)
 
 
-class _Children:
-    """The labelled children of one (task, queue): looked up once, then reused."""
+class _Histogram:
+    """A histogram kept as plain numbers: the event loop writes, a scrape reads.
+
+    No lock: one writer (the worker's event loop); a scrape from another thread may see
+    an observation in ``count`` a moment before it shows in ``sum`` (harmless for
+    monitoring, and what keeps an observation to a bisect and three additions)."""
+
+    __slots__ = ("bounds", "buckets", "count", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.buckets = [0] * (len(bounds) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, count)`` pairs as Prometheus wants them, ``+Inf`` last."""
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, n in zip((*self.bounds, math.inf), list(self.buckets), strict=True):
+            total += n
+            out.append(("+Inf" if bound == math.inf else repr(float(bound)), total))
+        return out
+
+
+class _Series:
+    """The numbers of one (task, queue)."""
 
     __slots__ = ("duration", "lease_losses", "mismatches", "outcomes", "wait")
 
-    def __init__(self, metrics: Metrics, task: str, queue: str) -> None:
-        self.duration = metrics.job_duration.labels(task, queue)
-        self.wait = metrics.queue_wait.labels(task, queue)
-        self.mismatches = metrics.schema_mismatches.labels(task, queue)
-        self.lease_losses = metrics.lease_losses.labels(task, queue)
-        self.outcomes = {o: metrics.jobs.labels(task, queue, o.value) for o in JobOutcome}
+    def __init__(self) -> None:
+        self.outcomes = dict.fromkeys(JobOutcome, 0)
+        self.duration = _Histogram(DURATION_BUCKETS)
+        self.wait = _Histogram(WAIT_BUCKETS)
+        self.mismatches = 0
+        self.lease_losses = 0
+
+
+class _JobCollector(Collector):
+    """Exports the job series of a :class:`Metrics` (read at scrape time)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def _families(self) -> list[Metric]:
+        return [
+            CounterMetricFamily(
+                "typedq_jobs", "Job attempts by how they ended", labels=["task", "queue", "outcome"]
+            ),
+            HistogramMetricFamily(
+                "typedq_job_duration_seconds",
+                "Seconds from an attempt's start to its outcome",
+                labels=["task", "queue"],
+            ),
+            HistogramMetricFamily(
+                "typedq_queue_wait_seconds",
+                "Seconds from enqueue (or due time) to the start of a job's first attempt",
+                labels=["task", "queue"],
+            ),
+            GaugeMetricFamily("typedq_worker_in_flight", "Jobs the workers of this process hold"),
+            CounterMetricFamily(
+                "typedq_schema_mismatches",
+                "Jobs whose producer's input schema fingerprint differs from the worker's",
+                labels=["task", "queue"],
+            ),
+            CounterMetricFamily(
+                "typedq_lease_losses",
+                "Leases lost while running, or outcomes refused because another lease owns the job",
+                labels=["task", "queue"],
+            ),
+            CounterMetricFamily(
+                "typedq_broker_errors",
+                "Failed broker calls (each is retried)",
+                labels=["operation"],
+            ),
+            CounterMetricFamily(
+                "typedq_stalled_recovered",
+                "Jobs whose lease expired, recovered by this process's workers",
+            ),
+        ]
+
+    def collect(self) -> Iterable[Metric]:
+        metrics = self._metrics
+        families = self._families()
+        jobs, duration, wait, in_flight, mismatches, losses, errors, stalled = families
+        assert isinstance(jobs, CounterMetricFamily)
+        assert isinstance(duration, HistogramMetricFamily)
+        assert isinstance(wait, HistogramMetricFamily)
+        assert isinstance(in_flight, GaugeMetricFamily)
+        assert isinstance(mismatches, CounterMetricFamily)
+        assert isinstance(losses, CounterMetricFamily)
+        assert isinstance(errors, CounterMetricFamily)
+        assert isinstance(stalled, CounterMetricFamily)
+        for (task, queue), series in list(metrics._series.items()):
+            for outcome, n in list(series.outcomes.items()):
+                jobs.add_metric([task, queue, outcome.value], n)
+            for family, histogram in ((duration, series.duration), (wait, series.wait)):
+                family.add_metric(
+                    [task, queue], buckets=histogram.cumulative(), sum_value=histogram.sum
+                )
+            mismatches.add_metric([task, queue], series.mismatches)
+            losses.add_metric([task, queue], series.lease_losses)
+        in_flight.add_metric([], metrics._in_flight())
+        for operation, n in list(metrics._broker_errors.items()):
+            errors.add_metric([operation], n)
+        stalled.add_metric([], metrics._stalled)
+        return families
 
 
 class Metrics(WorkerObserver):
@@ -218,7 +329,8 @@ class Metrics(WorkerObserver):
     :param queue_stats_timeout: seconds a scrape waits for the broker's queue stats
 
     Attach it to every worker whose jobs it counts (:meth:`attach`); the counters add
-    up the workers of this process.
+    up the workers of this process. Events only add to plain numbers (no lock, no
+    prometheus_client call on the job path): the series are built when scraped.
     """
 
     def __init__(
@@ -228,58 +340,15 @@ class Metrics(WorkerObserver):
         queue_stats_timeout: float = 5.0,
     ) -> None:
         self.registry = registry
-        self.jobs = Counter(
-            "typedq_jobs",
-            "Job attempts by how they ended",
-            ["task", "queue", "outcome"],
-            registry=registry,
-        )
-        self.job_duration = Histogram(
-            "typedq_job_duration_seconds",
-            "Seconds from an attempt's start to its outcome",
-            ["task", "queue"],
-            buckets=DURATION_BUCKETS,
-            registry=registry,
-        )
-        self.queue_wait = Histogram(
-            "typedq_queue_wait_seconds",
-            "Seconds from enqueue (or due time) to the start of a job's first attempt",
-            ["task", "queue"],
-            buckets=WAIT_BUCKETS,
-            registry=registry,
-        )
-        self.in_flight = Gauge(
-            "typedq_worker_in_flight", "Jobs the workers of this process hold", registry=registry
-        )
-        self.in_flight.set_function(self._in_flight)
-        self.schema_mismatches = Counter(
-            "typedq_schema_mismatches",
-            "Jobs whose producer's input schema fingerprint differs from the worker's",
-            ["task", "queue"],
-            registry=registry,
-        )
-        self.lease_losses = Counter(
-            "typedq_lease_losses",
-            "Leases lost while running, or outcomes refused because another lease owns the job",
-            ["task", "queue"],
-            registry=registry,
-        )
-        self.broker_errors = Counter(
-            "typedq_broker_errors",
-            "Failed broker calls (each is retried)",
-            ["operation"],
-            registry=registry,
-        )
-        self.stalled = Counter(
-            "typedq_stalled_recovered",
-            "Jobs whose lease expired, recovered by this process's workers",
-            registry=registry,
-        )
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._broker_errors: dict[str, int] = {}
+        self._stalled = 0
+        self._workers: list[Worker[Any, Any]] = []
+        self.jobs = _JobCollector(self)
         self.queues = QueueCollector(self, queue_stats_timeout)
         if registry is not None:
+            registry.register(self.jobs)
             registry.register(self.queues)
-        self._workers: list[Worker[Any, Any]] = []
-        self._children: dict[tuple[str, str], _Children] = {}
 
     def attach(self, worker: Worker[TIn, TOut]) -> Worker[TIn, TOut]:
         """Count ``worker``'s jobs (call before it starts); returns the worker."""
@@ -289,12 +358,13 @@ class Metrics(WorkerObserver):
     def _in_flight(self) -> float:
         return float(sum(w.running for w in list(self._workers)))
 
-    def _of(self, job: ClaimedJob) -> _Children:
-        key = (job.message.task, job.message.queue)
-        children = self._children.get(key)
-        if children is None:
-            children = self._children[key] = _Children(self, *key)
-        return children
+    def _of(self, job: ClaimedJob) -> _Series:
+        message = job.message
+        key = (message.task, message.queue)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = _Series()
+        return series
 
     # -- the observer ----------------------------------------------------------------
 
@@ -310,24 +380,25 @@ class Metrics(WorkerObserver):
         if job.attempt == 1:
             message = job.message
             due = message.eta if message.eta > 0 else job.enqueued_at + message.delay
-            self._of(job).wait.observe(max(0.0, time.time() - due))
+            wait = time.time() - due
+            self._of(job).wait.observe(wait if wait > 0 else 0.0)
 
     def job_finished(self, job: ClaimedJob, outcome: JobOutcome, duration: float) -> None:
-        children = self._of(job)
-        children.outcomes[outcome].inc()
-        children.duration.observe(duration)
+        series = self._of(job)
+        series.outcomes[outcome] += 1
+        series.duration.observe(duration)
 
     def schema_mismatch(self, job: ClaimedJob) -> None:
-        self._of(job).mismatches.inc()
+        self._of(job).mismatches += 1
 
     def lease_lost(self, job: ClaimedJob) -> None:
-        self._of(job).lease_losses.inc()
+        self._of(job).lease_losses += 1
 
     def broker_error(self, operation: str, error: BaseException) -> None:
-        self.broker_errors.labels(operation).inc()
+        self._broker_errors[operation] = self._broker_errors.get(operation, 0) + 1
 
     def stalled_recovered(self, count: int) -> None:
-        self.stalled.inc(count)
+        self._stalled += count
 
     # -- serving -----------------------------------------------------------------------
 

@@ -103,36 +103,48 @@ class WorkerObserver:
 
 
 class Observers(WorkerObserver):
-    """Several observers as one; an observer that raises is logged once and skipped."""
+    """Several observers as one; an observer that raises is logged once and skipped.
+
+    The per-job methods are written out (no dispatch by name): they run twice per job.
+    """
 
     def __init__(self, observers: Sequence[WorkerObserver] = ()) -> None:
         self.observers = list(observers)
         self._complained: set[int] = set()
+
+    def _failed(self, observer: WorkerObserver, method: str) -> None:
+        if id(observer) not in self._complained:
+            self._complained.add(id(observer))
+            log.exception(
+                "observer %r raised in %s (logged once; its errors are ignored)", observer, method
+            )
+
+    def job_started(self, job: ClaimedJob) -> None:
+        for observer in self.observers:
+            try:
+                observer.job_started(job)
+            except Exception:
+                self._failed(observer, "job_started")
+
+    def job_finished(self, job: ClaimedJob, outcome: JobOutcome, duration: float) -> None:
+        for observer in self.observers:
+            try:
+                observer.job_finished(job, outcome, duration)
+            except Exception:
+                self._failed(observer, "job_finished")
 
     def _each(self, method: str, *args: Any) -> None:
         for observer in self.observers:
             try:
                 getattr(observer, method)(*args)
             except Exception:
-                if id(observer) not in self._complained:
-                    self._complained.add(id(observer))
-                    log.exception(
-                        "observer %r raised in %s (logged once; its errors are ignored)",
-                        observer,
-                        method,
-                    )
+                self._failed(observer, method)
 
     def worker_started(self, worker: Worker[Any, Any]) -> None:
         self._each("worker_started", worker)
 
     def worker_stopped(self, worker: Worker[Any, Any]) -> None:
         self._each("worker_stopped", worker)
-
-    def job_started(self, job: ClaimedJob) -> None:
-        self._each("job_started", job)
-
-    def job_finished(self, job: ClaimedJob, outcome: JobOutcome, duration: float) -> None:
-        self._each("job_finished", job, outcome, duration)
 
     def schema_mismatch(self, job: ClaimedJob) -> None:
         self._each("schema_mismatch", job)
