@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from typedq import App, Backoff, JobFailed
-from typedq.broker.base import ClaimedJob
+from typedq.broker.base import ClaimedJob, JobMessage, new_claim_id
 from typedq.metrics import Metrics
 from typedq.observe import JobOutcome, WorkerObserver
 
@@ -131,3 +131,38 @@ async def test_metrics_in_a_users_registry_scraped_from_a_thread_and_from_the_lo
         assert _queue_gauge(after, "default", "scheduled") is None
         # Counted once the worker has settled the job (it has, once it stopped).
         assert 'typedq_jobs_total{outcome="completed",queue="default",task="maybe"} 1.0' in after
+
+
+def test_histograms_count_a_value_on_a_bound_in_that_bucket_and_add_up() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    job = ClaimedJob(
+        message=JobMessage(id="j1", task="t", queue="q", payload=b""),
+        token=new_claim_id(),
+        attempt=2,  # not a first attempt: no queue wait observed
+        enqueued_at=0.0,
+    )
+    for seconds in (0.001, 0.5, 1000.0):
+        metrics.job_finished(job, JobOutcome.COMPLETED, seconds)
+    metrics.broker_error("claim", RuntimeError("x"))
+    metrics.stalled_recovered(2)
+    found = {
+        (s.name, s.labels.get("le", "")): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+        if s.labels.get("task", "t") == "t"
+    }
+    bucket = "typedq_job_duration_seconds_bucket"
+    assert found[(bucket, "0.001")] == 1  # a value on a bound counts in that bucket
+    assert found[(bucket, "0.25")] == 1
+    assert found[(bucket, "0.5")] == 2
+    assert found[(bucket, "300.0")] == 2
+    assert found[(bucket, "+Inf")] == 3
+    assert found[("typedq_job_duration_seconds_count", "")] == 3
+    assert found[("typedq_job_duration_seconds_sum", "")] == pytest.approx(1000.501)
+    assert found[("typedq_queue_wait_seconds_count", "")] == 0
+    text = generate_latest(registry).decode()
+    assert 'typedq_jobs_total{outcome="completed",queue="q",task="t"} 3.0' in text
+    assert 'typedq_jobs_total{outcome="failed",queue="q",task="t"} 0.0' in text
+    assert found[("typedq_broker_errors_total", "")] == 1
+    assert found[("typedq_stalled_recovered_total", "")] == 2
