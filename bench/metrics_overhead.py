@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 
 from bench.redis_bench import ROOT, app, fresh, noop, payload, records, redis_server, wait_done
 
@@ -71,10 +72,15 @@ def worker(url: str, concurrency: int, metrics: bool) -> Iterator[tuple[int | No
         proc.wait(timeout=30)
 
 
+def fetch(port: int) -> bytes:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        body: bytes = r.read()
+    return body
+
+
 def scrape_every(seconds: float, port: int, stop: threading.Event, scrapes: list[int]) -> None:
     while not stop.wait(seconds):
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            scrapes.append(len(r.read()))
+        scrapes.append(len(fetch(port)))
 
 
 async def one_run(
@@ -105,8 +111,12 @@ async def one_run(
             stop.set()
             if scraper is not None:
                 scraper.join()
-        if scraper is not None and not scrapes:
-            raise RuntimeError("no scrape answered during the run")
+        # One scrape after the run: the series are there (a run shorter than the
+        # interval is checked too).
+        if port is not None and b"typedq_jobs_total" not in await anyio.to_thread.run_sync(
+            fetch, port
+        ):
+            raise RuntimeError("the scrape has no typedq_jobs_total")
         cpu = cpu_seconds(pid) - cpu_before
     done = await records(ids)
     span = max(r.finished_at for r in done) - min(r.enqueued_at for r in done)
