@@ -1,7 +1,8 @@
-#!lua
+#!lua flags=allow-oom
 -- The worker registry. 'beat': store a worker's info for ttl ms (a heartbeat) and add
 -- its queues to the queue registry; 'drop': remove it (a clean shutdown). Either way,
--- expired entries of the index are pruned (bounded).
+-- expired entries of the index are pruned (bounded). allow-oom: a worker draining a
+-- full Redis stays listed (an entry replaces the last one: one small key per worker).
 -- KEYS[1] = workers (zset id -> expiry, µs), KEYS[2] = queues (set)
 -- ARGV: P, op, worker id, ttl (ms), info (msgpack WorkerInfo), queue...
 local op, id, ttl = ARGV[2], ARGV[3], tonumber(ARGV[4])
