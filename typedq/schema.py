@@ -34,7 +34,7 @@ def model_schema(codec: Codec[Any], *, mode: str = "validation") -> dict[str, An
     tp = codec.type
     if tp is type(None):
         return {"type": "null"}
-    if issubclass(tp, pydantic.BaseModel):
+    if isinstance(tp, type) and issubclass(tp, pydantic.BaseModel):
         return tp.model_json_schema(
             mode="serialization" if mode == "serialization" else "validation"
         )
