@@ -31,7 +31,7 @@ def model_schema(codec: Codec[Any], *, mode: str = "validation") -> dict[str, An
     :param codec: the task's input or output codec
     :param mode: Pydantic's schema mode; msgspec has one schema for both directions
     """
-    tp = codec.type
+    tp: object = codec.type  # a model, None, or list[Model] for a fan-in callback
     if tp is type(None):
         return {"type": "null"}
     if isinstance(tp, type) and issubclass(tp, pydantic.BaseModel):
