@@ -6,12 +6,14 @@ typedq/broker/flow.py), so each of these depends on the broker as much as on the
 
 from __future__ import annotations
 
+import io
 import random
 from collections import Counter
 from typing import Any
 
 import anyio
 import pytest
+from rich.console import Console
 
 from tests.support import TEST_DEADLINE, In, Out, PIn, POut
 from typedq import (
@@ -19,12 +21,14 @@ from typedq import (
     ConfigError,
     Failed,
     FailureReason,
+    FailureRecord,
     JobCancelled,
     JobFailed,
     JobState,
     Ok,
     QueueFull,
 )
+from typedq.inspector import Inspector, render_flow
 
 pytestmark = pytest.mark.anyio
 
@@ -382,3 +386,68 @@ def test_types_that_do_not_meet_are_refused_when_built() -> None:
         loose.map([In(1)]).then(c)
     with pytest.raises(ConfigError, match="Ok"):
         loose.map([In(1)]).collect(c)
+
+
+async def test_inspect_shows_a_flow_and_where_it_stands(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def check(x: In) -> Out:
+        if x.n == 2:
+            raise Boom("two")
+        return Out(x.n)
+
+    @app.task
+    async def report(outcomes: list[Ok[Out] | Failed]) -> In:
+        return In(len(outcomes))
+
+    @app.task
+    async def last(x: In) -> Out:
+        return Out(x.n)
+
+    tool = Inspector(app.client, ["default"])
+    async with app:
+        job = await check.map(In(i) for i in range(4)).collect(report).then(last).enqueue()
+        running = await tool.flow(job.id)
+        assert running is not None
+        assert (running.running, running.members, running.members_pending) == (True, 4, 4)
+        assert running.member_states == {JobState.WAITING: 4}
+        assert [s.state for s in running.steps if s is not None] == [JobState.SCHEDULED] * 2
+        with anyio.fail_after(TEST_DEADLINE):
+            async with app.worker(concurrency=2):
+                assert await job.result(timeout=10) == Out(4)
+        ended = await tool.flow(job.id)
+        assert await tool.flow(f"{job.id}.m0") is None  # a member is not a flow's job
+        out = io.StringIO()
+        assert ended is not None
+        render_flow(Console(file=out, width=200), ended)
+    assert (ended.running, ended.state, ended.members_pending) == (False, JobState.COMPLETED, -1)
+    assert ended.member_states == {JobState.COMPLETED: 3, JobState.FAILED: 1}
+    assert [m.id for m in ended.failed_members] == [f"{job.id}.m2"]
+    assert [s.task for s in ended.steps if s is not None] == ["report", "last"]
+    text = out.getvalue()
+    assert f"flow {job.id}: completed (ended)" in text
+    assert "fan-out: 4 members (3 completed, 1 failed)" in text
+    assert f"member {job.id}.m2: failed: error: two" in text
+
+
+async def test_a_list_input_task_enqueued_directly(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def total(outs: list[Out]) -> Out:
+        return Out(sum(o.n for o in outs))
+
+    @app.task
+    async def count_ok(outcomes: list[Ok[POut] | Failed]) -> Out:
+        return Out(sum(isinstance(o, Ok) and len(o.value.label) for o in outcomes))
+
+    record = FailureRecord(
+        reason=FailureReason.ERROR, error_type="E", message="m", attempt=1, retryable=False
+    )
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await total.enqueue([Out(1), Out(2), Out(3)])
+            assert await job.result(timeout=10) == Out(6)
+            mixed = [Ok(POut(label="abc")), Failed(record), Ok(POut(label="de"))]
+            assert await (await count_ok.enqueue(mixed)).result(timeout=10) == Out(5)

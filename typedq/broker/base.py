@@ -31,7 +31,7 @@ import msgspec
 from ..errors import BrokerError, ConfigError, QueueFull
 
 if TYPE_CHECKING:
-    from .flow import FlowSpec
+    from .flow import FlowSpec, FlowState
 
 __all__ = [
     "CLAIM_RECORD_TTL",
@@ -297,6 +297,11 @@ class Broker(abc.ABC):
         would pass ``max_queue_length``: nothing of it was stored).
         """
         raise ConfigError(f"{type(self).__name__} does not support workflows")
+
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        """The shape and progress of the flow whose job is ``flow_id``; None if it is no
+        flow's (or its job is gone)."""
+        return None
 
     @abc.abstractmethod
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:

@@ -59,6 +59,7 @@ __all__ = [
     "FLOW_BROKEN_MESSAGE",
     "HELD_AT",
     "FlowSpec",
+    "FlowState",
     "collect_element",
     "fan_in_payload",
     "member_id",
@@ -92,6 +93,19 @@ class FlowSpec(msgspec.Struct, frozen=True, kw_only=True):
     fan_out: bool = False
     collector: bool = False
     collect: bool = False
+
+
+class FlowState(msgspec.Struct, frozen=True, kw_only=True):
+    """A flow's shape and where it stands (``typedq inspect``).
+
+    :ivar steps: single steps (the last is the flow's own job, or its collector)
+    :ivar members: fan-out members
+    :ivar pending: members not settled yet; -1 once the flow has ended
+    """
+
+    steps: int
+    members: int
+    pending: int
 
 
 def step_id(flow_id: str, index: int, steps: int) -> str:

@@ -46,6 +46,7 @@ from .flow import (
     FLOW_BROKEN_MESSAGE,
     HELD_AT,
     FlowSpec,
+    FlowState,
     collect_element,
     fan_in_payload,
     member_id,
@@ -76,6 +77,7 @@ class _Job:
         "finished_at",
         "flow_id",
         "flow_member",
+        "flow_shape",
         "flow_step",
         "lease_until",
         "message",
@@ -113,6 +115,8 @@ class _Job:
         self.flow_id: str | None = None
         self.flow_member = -1
         self.flow_step = -1
+        #: On a flow's own job: (steps, members), for inspect after the flow ended.
+        self.flow_shape: tuple[int, int] | None = None
 
     def snapshot(self) -> JobRecord:
         return JobRecord(
@@ -143,6 +147,7 @@ class _Flow:
         "members",
         "outcomes",
         "remaining",
+        "settled",
         "steps",
     )
 
@@ -155,6 +160,7 @@ class _Flow:
         self.remaining = self.members
         #: Per member: its fan-in element (result bytes, or a collect element).
         self.outcomes: list[bytes | None] = [None] * self.members
+        self.settled = bytearray(self.members)
         #: The first failed member by index: (index, final state, record).
         self.failed: tuple[int, JobState, bytes | None] | None = None
 
@@ -737,6 +743,8 @@ class MemoryBroker(Broker):
         for index, message in enumerate(spec.steps):
             job = self._new_job(message, now, spec.id)
             job.flow_step = index
+            if index == len(spec.steps) - 1:
+                job.flow_shape = (len(spec.steps), len(spec.members))
             if index == 0 and not spec.fan_out:
                 self._to_waiting(job, keep_order=True)
             else:
@@ -763,10 +771,9 @@ class MemoryBroker(Broker):
             return  # the flow has ended: a late member or a cancelled step
         if job.flow_member >= 0:
             index = job.flow_member
-            if flow.outcomes[index] is not None or (
-                flow.failed is not None and flow.failed[0] == index
-            ):
-                return
+            if flow.settled[index]:
+                return  # settled before (a retried member): counted once
+            flow.settled[index] = 1
             ok = state is JobState.COMPLETED
             if flow.collect:
                 flow.outcomes[index] = collect_element(result if ok else None, error)
@@ -836,10 +843,15 @@ class MemoryBroker(Broker):
             )
             self._to_final(job, state if error is not None else JobState.CANCELLED, now)
 
-    def flow_state(self, flow_id: str) -> tuple[int, int] | None:
-        """(members still running, members) of a running flow, else None (for inspect)."""
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        self._check()
         flow = self._flows.get(flow_id)
-        return None if flow is None else (flow.remaining, flow.members)
+        if flow is not None:
+            return FlowState(steps=flow.steps, members=flow.members, pending=flow.remaining)
+        job = self._jobs.get(flow_id)
+        if job is None or job.flow_shape is None:
+            return None
+        return FlowState(steps=job.flow_shape[0], members=job.flow_shape[1], pending=-1)
 
     # -- operations ------------------------------------------------------------------
 

@@ -83,14 +83,17 @@ for fi, f in ipairs(flows) do
       for k = 0, f.steps - 1 do
         local at = f.at + 4 * f.n + 6 * k
         local id, q, prio = ARGV[at], ARGV[at + 1], ARGV[at + 2]
+        -- The flow's own job keeps the flow's shape (for inspect, after the record ends).
+        local shape = {}
+        if k == f.steps - 1 then shape = {'fS', f.steps, 'fn', f.n} end
         if k == 0 and not f.fan_out then
-          store(id, q, prio, ARGV[at + 3], {'s', 'w', 'fl', fid, 'fs', k})
+          store(id, q, prio, ARGV[at + 3], {'s', 'w', 'fl', fid, 'fs', k, unpack(shape)})
           push_waiting(q, prio, id, false)
           count(q, 'w', 1)
           work_queues[q] = true
         else
-          store(id, q, prio, ARGV[at + 3],
-            {'s', 's', 'r', HELD_US, 'fl', fid, 'fs', k, 'mh', ARGV[at + 4], 'mt', ARGV[at + 5]})
+          store(id, q, prio, ARGV[at + 3], {'s', 's', 'r', HELD_US, 'fl', fid, 'fs', k,
+            'mh', ARGV[at + 4], 'mt', ARGV[at + 5], unpack(shape)})
           redis.call('ZADD', k_sched(q), HELD_US, id)
           count(q, 's', 1)
         end

@@ -47,7 +47,7 @@ from ..base import (
     RetryOutcome,
     check_claim_id,
 )
-from ..flow import FlowSpec
+from ..flow import FlowSpec, FlowState
 from ..keys import STATE_LETTERS, Keys
 from .codec import (
     FINISH,
@@ -442,6 +442,13 @@ class RedisBroker(Broker):
             for group, reply in zip(groups, replies, strict=True)
             for spec, answer in zip(group, reply, strict=True)
         ]
+
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        reply = await self._eval("flow_info", [], [self.keys.prefix, flow_id])
+        if not isinstance(reply, list):
+            return None
+        steps, members, pending = (int(v) for v in reply)
+        return FlowState(steps=steps, members=members, pending=pending)
 
     def _flow_call(
         self, group: Sequence[FlowSpec], args: list[Any]
