@@ -449,5 +449,9 @@ async def test_a_list_input_task_enqueued_directly(app_name: str, broker_url: st
         async with app, app.worker(concurrency=2):
             job = await total.enqueue([Out(1), Out(2), Out(3)])
             assert await job.result(timeout=10) == Out(6)
-            mixed = [Ok(POut(label="abc")), Failed(record), Ok(POut(label="de"))]
+            mixed: list[Ok[POut] | Failed] = [
+                Ok(POut(label="abc")),
+                Failed(record),
+                Ok(POut(label="de")),
+            ]
             assert await (await count_ok.enqueue(mixed)).result(timeout=10) == Out(5)
