@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from rich.console import Console
 
@@ -455,3 +456,32 @@ async def test_a_list_input_task_enqueued_directly(app_name: str, broker_url: st
                 Ok(POut(label="de")),
             ]
             assert await (await count_ok.enqueue(mixed)).result(timeout=10) == Out(5)
+
+
+class Blob(msgspec.Struct, frozen=True):
+    text: str
+
+
+async def test_large_results_are_handed_off_whole(app_name: str, broker_url: str) -> None:
+    """Results of every msgpack size class (bin 8/16/32, arrays past 15 and 65535 bytes)."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def grow(x: In) -> Blob:
+        return Blob("x" * x.n)
+
+    @app.task
+    async def measure(b: Blob) -> Out:
+        return Out(len(b.text))
+
+    @app.task
+    async def total(blobs: list[Blob]) -> Out:
+        return Out(sum(len(b.text) for b in blobs))
+
+    sizes = [0, 200, 300, 70_000, 100_000]
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=4):
+            jobs = [await grow.then(measure).enqueue(In(n)) for n in sizes]
+            assert [await job.result(timeout=10) for job in jobs] == [Out(n) for n in sizes]
+            fan = await grow.map(In(5000 + i) for i in range(20)).then(total).enqueue()
+            assert await fan.result(timeout=10) == Out(sum(5000 + i for i in range(20)))
