@@ -47,7 +47,10 @@ async def test_the_flow_record_lives_while_the_flow_runs(redis_server: RedisProc
         job = await double.map(N(i) for i in range(5)).then(add).enqueue()
         record = await raw.hgetall(keys.flow(job.id))
         assert {k: record[k] for k in (b"S", b"n", b"c")} == {b"S": b"1", b"n": b"5", b"c": b"5"}
-        held = await raw.hmget(keys.job(job.id), "s", "fl", "fs", "mh", "mt")
+        held = [
+            bytes(v or b"") if not isinstance(v, str) else v.encode()
+            for v in await raw.hmget(keys.job(job.id), "s", "fl", "fs", "mh", "mt")
+        ]
         assert held[:3] == [b"s", job.id.encode(), b"0"]
         # The body around its (empty) payload, where the hand-off splices the result in.
         assert held[3] + b"\xc4\x00" + held[4] == await raw.hget(keys.job(job.id), "m")
