@@ -485,3 +485,22 @@ async def test_large_results_are_handed_off_whole(app_name: str, broker_url: str
             assert [await job.result(timeout=10) for job in jobs] == [Out(n) for n in sizes]
             fan = await grow.map(In(5000 + i) for i in range(20)).then(total).enqueue()
             assert await fan.result(timeout=10) == Out(sum(5000 + i for i in range(20)))
+
+
+async def test_a_flow_whose_derived_id_is_taken_is_refused(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def one(x: In) -> In:
+        return x  # pragma: no cover
+
+    @app.task
+    async def two(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    async with app:
+        await one.enqueue(In(0), job_id="taken.0")
+        with pytest.raises(ConfigError, match=r"'taken\.0' of flow 'taken' is taken"):
+            await one.then(two).enqueue(In(1), job_id="taken")
+        counts = await app.broker.counts("default")
+    assert counts[JobState.WAITING] + counts[JobState.SCHEDULED] == 1  # nothing stored

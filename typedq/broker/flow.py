@@ -62,6 +62,7 @@ __all__ = [
     "FlowState",
     "collect_element",
     "fan_in_payload",
+    "id_taken",
     "member_id",
     "msgpack_array_header",
     "msgpack_bin",
@@ -106,6 +107,14 @@ class FlowState(msgspec.Struct, frozen=True, kw_only=True):
     steps: int
     members: int
     pending: int
+
+
+def id_taken(job_id: str, flow_id: str) -> str:
+    """The refusal of a flow one of whose derived ids another job already has."""
+    return (
+        f"job id {job_id!r} of flow {flow_id!r} is taken by another job: nothing of the flow "
+        "was stored; enqueue it under another id"
+    )
 
 
 def step_id(flow_id: str, index: int, steps: int) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import anyio
 import msgspec
 
-from ..errors import NotConnected, QueueFull
+from ..errors import ConfigError, NotConnected, QueueFull
 from .base import (
     CLAIM_RECORD_TTL,
     Broker,
@@ -49,6 +49,7 @@ from .flow import (
     FlowState,
     collect_element,
     fan_in_payload,
+    id_taken,
     member_id,
     step_id,
 )
@@ -711,7 +712,7 @@ class MemoryBroker(Broker):
         for spec in flows:
             try:
                 out.append(self._enqueue_flow(spec))
-            except QueueFull as exc:
+            except (QueueFull, ConfigError) as exc:
                 out.append(exc)
         self.wake()
         return out
@@ -720,6 +721,9 @@ class MemoryBroker(Broker):
         if spec.id in self._jobs:
             return EnqueueOutcome(spec.id, False)
         jobs = [*spec.members, *spec.steps]
+        taken = next((m.id for m in jobs if m.id in self._jobs), None)
+        if taken is not None:
+            raise ConfigError(id_taken(taken, spec.id))
         limit = self.settings.max_queue_length
         if limit:
             adding: dict[str, int] = defaultdict(int)

@@ -9,7 +9,8 @@
 -- ARGV: P, max_queue_length, m, then m flows, each:
 --   id, steps S, members n, fan_out ('0'/'1'), collector ('0'/'1'), policy ('a'/'c'),
 --   n x (id, queue, priority, body), S x (id, queue, priority, body, head, tail)
--- Returns per flow: 1 created, 0 existed, or 'TYPEDQ_QUEUE_FULL q pending extra limit'.
+-- Returns per flow: 1 created, 0 existed, or why it was refused:
+-- 'TYPEDQ_QUEUE_FULL q pending extra limit' or 'TYPEDQ_FLOW_ID_TAKEN id'.
 local limit, m = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not limit or not is_int(m) or m < 0 then return bad_args('flow_enqueue') end
 local flows = {}
@@ -57,7 +58,14 @@ for fi, f in ipairs(flows) do
       local q = ARGV[at + 1]
       adding[q] = (adding[q] or 0) + 1
     end
-    if limit > 0 then
+    -- A derived id (F.m<i>, F.<k>) taken by another job: refused, nothing stored.
+    for i = 0, f.n + f.steps - 2 do
+      local at = f.at + 4 * math.min(i, f.n) + 6 * math.max(0, i - f.n)
+      if not refused and redis.call('EXISTS', k_job(ARGV[at])) == 1 then
+        refused = 'TYPEDQ_FLOW_ID_TAKEN ' .. ARGV[at]
+      end
+    end
+    if limit > 0 and not refused then
       for q, extra in pairs(adding) do
         local c = redis.call('HMGET', k_counts(q), 'w', 's')
         local pending = (tonumber(c[1]) or 0) + (tonumber(c[2]) or 0) + (added[q] or 0)
