@@ -752,7 +752,10 @@ class MemoryBroker(Broker):
             if index == 0 and not spec.fan_out:
                 self._to_waiting(job, keep_order=True)
             else:
-                self._to_scheduled(job, HELD_AT)
+                # Held: scheduled, but outside the due-time heap, so no clock (however
+                # far a test's fake clock moves) ever promotes it; only the hand-off does.
+                self._move(job, JobState.SCHEDULED)
+                job.run_at = HELD_AT
         if spec.fan_out and not spec.members:
             self._fan_in(flow, now)
         return EnqueueOutcome(spec.id, True)
