@@ -1,4 +1,5 @@
-"""Workflows on Redis, as stored: the flow record lives only while its flow runs.
+"""Workflows on Redis, as stored: the flow record lives only while its flow runs, and a
+re-sent flow enqueue answers what its first copy did.
 
 The behaviour is the contract suite's (tests/contract/test_workflows.py, both brokers);
 this looks at the keys, to show the flow state stays bounded.
@@ -11,10 +12,11 @@ import msgspec
 import pytest
 
 from tests.redis_harness import RedisProcess, flushall
-from tests.redis_support import raw_redis
+from tests.redis_support import broker_at, raw_redis
 from tests.support import TEST_DEADLINE
 from typedq import App, JobState
-from typedq.broker.flow import HELD_AT
+from typedq.broker.base import EnqueueOutcome, JobMessage
+from typedq.broker.flow import HELD_AT, FlowSpec
 from typedq.broker.keys import Keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio]
@@ -63,3 +65,24 @@ async def test_the_flow_record_lives_while_the_flow_runs(redis_server: RedisProc
         assert await job.status() is JobState.COMPLETED
         flows = [k async for k in raw.scan_iter(keys.flow("*"))]
     assert flows == []
+
+
+async def test_a_resent_flow_enqueue_answers_created(
+    redis_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-sent ``flow_enqueue`` (its reply was lost) stores nothing again and answers
+    what the first copy answered."""
+    flushall(redis_server.port)
+    first_step = JobMessage(id="f1.0", task="t", queue="q", payload=b"\x91\x01")
+    last_step = JobMessage(id="f1", task="t", queue="q", payload=b"")
+    spec = FlowSpec(id="f1", steps=(first_step, last_step))
+    tokens = iter(["f1f1f1f1", "f1f1f1f1", "f2f2f2f2"])
+    monkeypatch.setattr("typedq.broker.redis.broker._request_token", lambda: next(tokens))
+    async with broker_at(redis_server.url, "resend") as broker:
+        first = await broker.enqueue_flows([spec])
+        again = await broker.enqueue_flows([spec])  # the same call, re-sent
+        other = await broker.enqueue_flows([spec])  # a new call: the flow exists
+        counts = await broker.counts("q")
+    assert first == again == [EnqueueOutcome("f1", True)]
+    assert other == [EnqueueOutcome("f1", False)]
+    assert (counts[JobState.WAITING], counts[JobState.SCHEDULED]) == (1, 1)

@@ -5,7 +5,9 @@
 -- the flow record P f:<F>. A flow whose id exists stores nothing (0); one whose jobs
 -- would pass max_queue_length stores nothing and answers its QueueFull text.
 -- Refused at maxmemory (no allow-oom flag), like enqueue.
--- KEYS[1] = seq
+-- A re-sent call (same request record: lost reply, client retry) returns the first
+-- copy's answer, so the flows it created still answer created = 1.
+-- KEYS[1] = seq, KEYS[2] = this call's request record (P r:<request token>)
 -- ARGV: P, max_queue_length, m, then m flows, each:
 --   id, steps S, members n, fan_out ('0'/'1'), collector ('0'/'1'), policy ('a'/'c'),
 --   n x (id, queue, priority, body), S x (id, queue, priority, body, head, tail)
@@ -36,6 +38,13 @@ for _ = 1, m do
   flows[#flows + 1] = f
 end
 if b - 1 ~= #ARGV then return bad_args('flow_enqueue') end
+
+local prev = redis.pcall('GET', KEYS[2])
+if type(prev) == 'string' and #prev == m then
+  local again = {}
+  for i = 1, m do again[i] = string.byte(prev, i) - 48 end
+  return again
+end
 
 local now = now_us()
 local added = {}
@@ -116,6 +125,13 @@ for fi, f in ipairs(flows) do
     end
   end
 end
+-- Remembered only when every flow got a 0/1 answer (a refused one stored nothing, and
+-- a re-sent copy decides it again).
+local digits = {}
+for i = 1, m do
+  if type(out[i]) == 'number' then digits[i] = tostring(out[i]) end
+end
+if #digits == m and m > 0 then redis.call('SET', KEYS[2], table.concat(digits), 'PX', REQ_TTL_MS) end
 flush_counts()
 publish()
 return out

@@ -454,7 +454,7 @@ class RedisBroker(Broker):
         self, group: Sequence[FlowSpec], args: list[Any]
     ) -> tuple[str, Sequence[str], Sequence[Any]]:
         head = [self.keys.prefix, self.settings.max_queue_length, len(group)]
-        return "flow_enqueue", [self.keys.seq], head + args
+        return "flow_enqueue", [self.keys.seq, self.keys.request(_request_token())], head + args
 
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
         if not ids:
