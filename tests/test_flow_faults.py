@@ -78,7 +78,8 @@ async def _kill_once_started(ledger: aioredis.Redis, victim: subprocess.Popen[by
             _str(line).endswith(f" {victim.pid}") for line in await ledger.lrange("started", 0, -1)
         ):
             await anyio.sleep(0.02)
-    await anyio.sleep(0.15)  # mid-flow: the victim holds leases on running steps
+    # Handlers sleep 0.2 s: the victim is still running the ones it just started.
+    await anyio.sleep(0.1)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
 
@@ -94,7 +95,7 @@ async def test_chains_survive_a_sigkilled_worker(redis_server: RedisProcess) -> 
     chain = flow_app.step.then(flow_app.step).then(flow_app.step).then(flow_app.step)
     with _workers(redis_server, 2) as (victim, survivor):
         async with _producer(redis_server) as ledger:
-            jobs = [await chain.enqueue(Work(n=100 * i, sleep=0.05)) for i in range(40)]
+            jobs = [await chain.enqueue(Work(n=100 * i, sleep=0.2)) for i in range(40)]
             await _kill_once_started(ledger, victim)
             with anyio.fail_after(60):
                 results = [await job.result() for job in jobs]
@@ -105,11 +106,12 @@ async def test_chains_survive_a_sigkilled_worker(redis_server: RedisProcess) -> 
                 if _str(line).endswith(f" {victim.pid}")
             }
             assert survivor.poll() is None
-    assert results == [Work(n=100 * i + 4, sleep=0.05) for i in range(40)]
+    assert results == [Work(n=100 * i + 4, sleep=0.2) for i in range(40)]
     every_step = {f"{job.id}.{k}" for job in jobs for k in range(3)} | {job.id for job in jobs}
     assert set(runs) == every_step  # every step ran, none was lost or made up
     twice = {job_id for job_id, n in runs.items() if n > 1}
     assert set(runs.values()) <= {1, 2}
+    assert twice  # the kill hit running steps, which ran again elsewhere
     assert twice <= victim_ids  # only what the killed worker was running ran again
 
 
@@ -118,7 +120,7 @@ async def test_fan_ins_survive_a_sigkilled_worker(redis_server: RedisProcess) ->
     with _workers(redis_server, 2) as (victim, survivor):
         async with _producer(redis_server) as ledger:
             jobs = [
-                await flow_app.square.map(Work(n=f + i, sleep=0.03) for i in range(30))
+                await flow_app.square.map(Work(n=f + i, sleep=0.2) for i in range(30))
                 .then(flow_app.gather)
                 .enqueue()
                 for f in range(10)
@@ -137,8 +139,10 @@ async def test_fan_ins_survive_a_sigkilled_worker(redis_server: RedisProcess) ->
     assert results == [Work(n=sum((f + i) ** 2 for i in range(30)) * 1000 + 30) for f in range(10)]
     members = {f"{job.id}.m{i}" for job in jobs for i in range(30)}
     assert set(runs) == members | {job.id for job in jobs}
+    twice = {job_id for job_id, n in runs.items() if n > 1}
     assert set(runs.values()) <= {1, 2}
-    assert {job_id for job_id, n in runs.items() if n > 1} <= victim_ids
+    assert twice  # the kill hit running members, which ran again elsewhere
+    assert twice <= victim_ids
     # Each callback was made runnable once: it ran once, or twice only if the killed
     # worker was running it.
     assert set(callbacks) == {job.id for job in jobs}
