@@ -504,3 +504,37 @@ async def test_a_flow_whose_derived_id_is_taken_is_refused(app_name: str, broker
             await one.then(two).enqueue(In(1), job_id="taken")
         counts = await app.broker.counts("default")
     assert counts[JobState.WAITING] + counts[JobState.SCHEDULED] == 1  # nothing stored
+
+
+async def test_steps_on_other_queues_and_priorities(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="fast", priority=5)
+    async def first(x: In) -> In:
+        return In(x.n + 1)
+
+    @app.task(queue="slow")
+    async def member(x: In) -> Out:
+        return Out(x.n * 2)
+
+    @app.task(queue="fast", priority=-3)
+    async def total(outs: list[Out]) -> In:
+        return In(sum(o.n for o in outs))
+
+    @app.task(queue="slow")
+    async def last(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            chain = await first.then(last).enqueue(In(1))
+            fan = await member.map(In(i) for i in range(4)).then(total).then(last).enqueue()
+            assert (await app.broker.counts("fast"))[JobState.WAITING] == 1
+            assert (await app.broker.counts("slow"))[JobState.WAITING] == 4
+            assert (await app.broker.counts("slow"))[JobState.SCHEDULED] == 2
+            assert (await app.broker.counts("fast"))[JobState.SCHEDULED] == 1
+            async with app.worker(concurrency=4):
+                assert await chain.result(timeout=10) == Out(2)
+                assert await fan.result(timeout=10) == Out(12)
+            info = await total.job(f"{fan.id}.0").info()
+    assert (info.queue, info.priority, info.status) == ("fast", -3, JobState.COMPLETED)
