@@ -375,4 +375,6 @@ def test_cli_shows_a_flow(redis_server: RedisProcess, app_name: str) -> None:
     assert data["members_pending"] == 3
     missing = inspect(*target, "--flow", "nope")
     assert missing.returncode == 2
-    assert "no workflow has the job id 'nope'" in missing.stderr
+    assert "job 'nope' belongs to no workflow" in missing.stderr
+    by_member = json.loads(inspect(*target, "--flow", f"{flow_id}.m1", "--json").stdout)
+    assert by_member["id"] == flow_id

@@ -448,7 +448,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--limit", type=int, default=20, help="jobs listed per queue")
     inspect.add_argument(
-        "--flow", default=None, metavar="ID", help="show the workflow whose job id is ID"
+        "--flow",
+        default=None,
+        metavar="ID",
+        help="show the workflow of job ID (the flow's job, a step or a member)",
     )
     actions = inspect.add_mutually_exclusive_group()
     for action in ("retry", "cancel", "purge"):
@@ -583,7 +586,7 @@ def _inspect(args: argparse.Namespace) -> int:
             if args.flow is not None:
                 flow = await tool.flow(args.flow)
                 if flow is None:
-                    raise ConfigError(f"no workflow has the job id {args.flow!r}")
+                    raise ConfigError(f"job {args.flow!r} belongs to no workflow")
                 if args.json:
                     print(msgspec.json.format(msgspec.json.encode(flow), indent=2).decode())
                 else:

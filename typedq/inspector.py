@@ -163,12 +163,14 @@ class Inspector:
             jobs=await self.jobs(state, limit=limit),
         )
 
-    async def flow(self, flow_id: str) -> FlowView | None:
-        """The workflow whose job is ``flow_id`` (see :mod:`typedq.workflow`), or None."""
+    async def flow(self, job_id: str) -> FlowView | None:
+        """The workflow (see :mod:`typedq.workflow`) that the job ``job_id`` belongs to
+        (the flow's own job, a step or a member), or None."""
         broker = self.client.broker
-        shape = await broker.flow_state(flow_id)
+        shape = await broker.flow_state(job_id)
         if shape is None:
             return None
+        flow_id = shape.id
         steps = await broker.get([step_id(flow_id, k, shape.steps) for k in range(shape.steps)])
         states: dict[JobState, int] = {}
         failed: list[JobView] = []

@@ -418,7 +418,10 @@ async def test_inspect_shows_a_flow_and_where_it_stands(app_name: str, broker_ur
             async with app.worker(concurrency=2):
                 assert await job.result(timeout=10) == Out(4)
         ended = await tool.flow(job.id)
-        assert await tool.flow(f"{job.id}.m0") is None  # a member is not a flow's job
+        by_member = await tool.flow(f"{job.id}.m0")  # any job of the flow finds it
+        assert by_member is not None
+        assert by_member.id == job.id
+        assert await tool.flow("no-such-job") is None
         out = io.StringIO()
         assert ended is not None
         render_flow(Console(file=out, width=200), ended)

@@ -299,8 +299,8 @@ class Broker(abc.ABC):
         raise ConfigError(f"{type(self).__name__} does not support workflows")
 
     async def flow_state(self, flow_id: str) -> FlowState | None:
-        """The shape and progress of the flow whose job is ``flow_id``; None if it is no
-        flow's (or its job is gone)."""
+        """The shape and progress of the flow that the job ``flow_id`` belongs to (the
+        flow's own job, a step or a member); None if it is no flow's (or it is gone)."""
         return None
 
     @abc.abstractmethod

@@ -99,11 +99,13 @@ class FlowSpec(msgspec.Struct, frozen=True, kw_only=True):
 class FlowState(msgspec.Struct, frozen=True, kw_only=True):
     """A flow's shape and where it stands (``typedq inspect``).
 
+    :ivar id: the flow's id (its own job's)
     :ivar steps: single steps (the last is the flow's own job, or its collector)
     :ivar members: fan-out members
     :ivar pending: members not settled yet; -1 once the flow has ended
     """
 
+    id: str
     steps: int
     members: int
     pending: int

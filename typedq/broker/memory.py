@@ -852,13 +852,18 @@ class MemoryBroker(Broker):
 
     async def flow_state(self, flow_id: str) -> FlowState | None:
         self._check()
+        job = self._jobs.get(flow_id)
+        if job is not None and job.flow_id is not None:
+            flow_id = job.flow_id
         flow = self._flows.get(flow_id)
         if flow is not None:
-            return FlowState(steps=flow.steps, members=flow.members, pending=flow.remaining)
-        job = self._jobs.get(flow_id)
-        if job is None or job.flow_shape is None:
+            return FlowState(
+                id=flow_id, steps=flow.steps, members=flow.members, pending=flow.remaining
+            )
+        own = self._jobs.get(flow_id)
+        if own is None or own.flow_shape is None:
             return None
-        return FlowState(steps=job.flow_shape[0], members=job.flow_shape[1], pending=-1)
+        return FlowState(id=flow_id, steps=own.flow_shape[0], members=own.flow_shape[1], pending=-1)
 
     # -- operations ------------------------------------------------------------------
 

@@ -447,8 +447,8 @@ class RedisBroker(Broker):
         reply = await self._eval("flow_info", [], [self.keys.prefix, flow_id])
         if not isinstance(reply, list):
             return None
-        steps, members, pending = (int(v) for v in reply)
-        return FlowState(steps=steps, members=members, pending=pending)
+        steps, members, pending = (int(v) for v in reply[:3])
+        return FlowState(id=text(reply[3]), steps=steps, members=members, pending=pending)
 
     def _flow_call(
         self, group: Sequence[FlowSpec], args: list[Any]
