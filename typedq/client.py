@@ -63,7 +63,7 @@ class Client:
         )
         # Workflows (typedq.workflow): concurrent flow enqueues share a broker call too.
         self._flow_enqueuer: Batcher[FlowSpec, EnqueueOutcome | Exception] = Batcher(
-            self.broker.enqueue_flows, max_batch=64, name="flow enqueue batcher"
+            self._enqueue_flow_batch, max_batch=64, name="flow enqueue batcher"
         )
         self._stack: contextlib.AsyncExitStack | None = None
         self._users = 0
@@ -138,6 +138,9 @@ class Client:
         # For envelopes already checked (TaskBase.message): the check is not repeated.
         self._require()
         return await self._enqueuer.submit(message)
+
+    async def _enqueue_flow_batch(self, specs: list[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        return await self.broker.enqueue_flows(specs)
 
     async def _enqueue_flow(self, spec: FlowSpec) -> EnqueueOutcome:
         """Store one workflow (built by :mod:`typedq.workflow`); concurrent calls share a
