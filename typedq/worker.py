@@ -53,6 +53,7 @@ from .errors import BrokerUnavailable, ConfigError, FailureRecord
 from .execution import Executor, Running
 from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
 from .resources import Resource, open_resources
+from .schedule import Schedule, Scheduler
 from .settling import GaveUp, Settler
 from .task import Task, TIn, TOut
 
@@ -108,6 +109,8 @@ class Worker(Generic[TIn, TOut]):
         more before they are abandoned)
     """
 
+    _schedules: list[Schedule[Any]]
+
     def __init__(
         self,
         task: Task[TIn, TOut],
@@ -135,6 +138,9 @@ class Worker(Generic[TIn, TOut]):
                 "them all with app.worker()"
             )
         self._setup(owner, {task.name: task}, [task.queue], concurrency=concurrency, grace=grace)
+        # Only this task's schedules; the app's others are not this worker's to reconcile.
+        self._schedules = [s for s in owner.schedules.values() if s.task is task]
+        self._prune_schedules = False
 
     @classmethod
     def _for_app(
@@ -146,6 +152,8 @@ class Worker(Generic[TIn, TOut]):
         worker._setup(
             app, dict(app.tasks), queues or app.queues, concurrency=concurrency, grace=grace
         )
+        worker._schedules = list(app.schedules.values())
+        worker._prune_schedules = True
         return worker
 
     def _setup(
@@ -195,6 +203,10 @@ class Worker(Generic[TIn, TOut]):
         self._serve_scope: anyio.CancelScope | None = None
         self._tg: TaskGroup | None = None
         self._outer_tg: TaskGroup | None = None
+        self._schedules = []
+        self._prune_schedules = False
+        #: The scheduler's scope (typedq.schedule): shutdown cancels it first.
+        self._scheduler_scope = anyio.CancelScope()
         self._executor = Executor(
             tasks,
             worker_id=self.id,
@@ -341,11 +353,14 @@ class Worker(Generic[TIn, TOut]):
                 tg.start_soon(self._lease_loop)
                 tg.start_soon(self._reaper_loop)
                 tg.start_soon(self._cancel_loop)
+                if self._schedules:
+                    tg.start_soon(self._run_scheduler)
                 task_status.started()
 
     async def _shutdown(self) -> None:
         assert self._claim_done is not None
         self._stopping = True
+        self._scheduler_scope.cancel()
         if self._wait_scope is not None:
             self._wait_scope.cancel()
         # 1. Grace: in-flight jobs may finish.
@@ -512,6 +527,14 @@ class Worker(Generic[TIn, TOut]):
                     self.id,
                     exc,
                 )
+
+    async def _run_scheduler(self) -> None:
+        """Fire this worker's schedules until shutdown (every worker may; each tick is
+        enqueued once however many do)."""
+        with self._scheduler_scope:
+            await Scheduler(
+                self.app.broker, self._schedules, prune=self._prune_schedules, worker_id=self.id
+            ).run()
 
     # -- leases, reaper, cancellation --------------------------------------------------
 
