@@ -69,11 +69,15 @@ async def test_sync_starts_at_broker_now_and_keeps_equal_digests(
     async with connected(app_name, broker_url) as broker:
         now = await broker.broker_time_us()
         assert abs(now / S - time.time()) < 5
-        a, b = await broker.sync_schedules([("a", "d1"), ("b", "d1")], prune=True)
+        a, _b = await broker.sync_schedules([("a", "d1"), ("b", "d1")], prune=True)
         assert (a.name, a.digest, a.fired, a.skipped, a.last_job) == ("a", "d1", 0, 0, "")
         assert now <= a.last_tick_us <= await broker.broker_time_us()
         # Move "a" on, then reconcile again with the same digest: its state is kept.
-        (fired, state) = (await broker.fire_schedules([firing(a, [a.last_tick_us - S], new_last=a.last_tick_us + 1)]))[0]
+        (fired, state) = (
+            await broker.fire_schedules(
+                [firing(a, [a.last_tick_us - S], new_last=a.last_tick_us + 1)]
+            )
+        )[0]
         assert fired is FireOutcome.FIRED
         assert state is not None
         (again,) = await broker.sync_schedules([("a", "d1")], prune=False)
@@ -173,16 +177,19 @@ async def test_overlap_skip_while_the_previous_tick_runs(app_name: str, broker_u
         state = await fresh_state(broker)
         t1, t2, t3 = (state.last_tick_us + i for i in (1, 2, 3))
         (r1,) = await broker.fire_schedules([firing(state, [t1], overlap="skip")])
-        assert r1[0] is FireOutcome.FIRED and r1[1] is not None
+        assert r1[0] is FireOutcome.FIRED
+        assert r1[1] is not None
         running = await claim_one(broker)
         (r2,) = await broker.fire_schedules([firing(r1[1], [t2], overlap="skip")])
-        assert r2[0] is FireOutcome.OVERLAP_SKIPPED and r2[1] is not None
+        assert r2[0] is FireOutcome.OVERLAP_SKIPPED
+        assert r2[1] is not None
         assert (r2[1].last_tick_us, r2[1].fired, r2[1].skipped) == (t2, 1, 1)
         assert r2[1].last_job == f"schedule:s:{t1}"
         assert (await broker.counts("q"))[JobState.WAITING] == 0
         await broker.complete([Completion(running.message.id, running.token, b"")])
         (r3,) = await broker.fire_schedules([firing(r2[1], [t3], overlap="skip")])
-        assert r3[0] is FireOutcome.FIRED and r3[1] is not None
+        assert r3[0] is FireOutcome.FIRED
+        assert r3[1] is not None
         assert (r3[1].fired, r3[1].skipped, r3[1].last_job) == (2, 1, f"schedule:s:{t3}")
 
 
@@ -193,7 +200,8 @@ async def test_overlap_queue_holds_until_the_previous_tick_finishes(
         state = await fresh_state(broker)
         t1, t2 = state.last_tick_us + 1, state.last_tick_us + 2
         (r1,) = await broker.fire_schedules([firing(state, [t1], overlap="queue")])
-        assert r1[0] is FireOutcome.FIRED and r1[1] is not None
+        assert r1[0] is FireOutcome.FIRED
+        assert r1[1] is not None
         # Waiting counts as unfinished, as running does.
         (held,) = await broker.fire_schedules([firing(r1[1], [t2], overlap="queue")])
         assert held == (FireOutcome.HELD, r1[1])
@@ -202,7 +210,8 @@ async def test_overlap_queue_holds_until_the_previous_tick_finishes(
         assert held == (FireOutcome.HELD, r1[1])
         await broker.complete([Completion(running.message.id, running.token, b"")])
         (r2,) = await broker.fire_schedules([firing(r1[1], [t2], overlap="queue")])
-        assert r2[0] is FireOutcome.FIRED and r2[1] is not None
+        assert r2[0] is FireOutcome.FIRED
+        assert r2[1] is not None
         assert (r2[1].fired, r2[1].skipped) == (2, 0)
         assert (await one(broker, f"schedule:s:{t2}")).state is JobState.WAITING
 
@@ -225,7 +234,8 @@ async def test_a_full_queue_skips_the_tick(app_name: str, broker_url: str) -> No
         (r1,) = await broker.fire_schedules([firing(state, [t1])])
         assert r1[1] is not None
         (r2,) = await broker.fire_schedules([firing(r1[1], [t2])])
-        assert r2[0] is FireOutcome.FULL and r2[1] is not None
+        assert r2[0] is FireOutcome.FULL
+        assert r2[1] is not None
         assert (r2[1].last_tick_us, r2[1].fired, r2[1].skipped) == (t2, 1, 1)
         assert (await broker.counts("q"))[JobState.WAITING] == 1
 
@@ -238,7 +248,8 @@ async def test_catch_up_fires_several_ticks_in_one_step(app_name: str, broker_ur
         (result,) = await broker.fire_schedules(
             [firing(state, ticks, new_last=new_last, skipped=2)]
         )
-        assert result[0] is FireOutcome.FIRED and result[1] is not None
+        assert result[0] is FireOutcome.FIRED
+        assert result[1] is not None
         assert (result[1].fired, result[1].skipped, result[1].last_tick_us) == (3, 2, new_last)
         claimed = await broker.claim(["q"], 10, worker_id="w", lease=10)
         assert [c.message.scheduled_for for c in claimed] == [t / S for t in ticks]
