@@ -48,6 +48,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from mypy.expandtype import expand_type
+from mypy.maptype import map_instance_to_supertype
 from mypy.nodes import (
     ARG_POS,
     FUNC_NO_INFO,
@@ -65,8 +67,6 @@ from mypy.nodes import (
     Statement,
     TypeInfo,
 )
-from mypy.expandtype import expand_type
-from mypy.maptype import map_instance_to_supertype
 from mypy.options import Options
 from mypy.plugin import MethodSigContext, Plugin
 from mypy.types import (
