@@ -60,7 +60,7 @@ def workers(
         stop_workers(procs)
 
 
-def _counts(raw: Mapping[bytes, bytes]) -> dict[float, int]:
+def _counts(raw: Mapping[bytes | str, bytes | str]) -> dict[float, int]:
     return {float(k): int(v) for k, v in raw.items()}
 
 
