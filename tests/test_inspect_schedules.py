@@ -31,7 +31,7 @@ async def test_schedules_with_next_and_last_fire_times(app_name: str, broker_url
 
     every = app.schedule(poll, In(1), every=60)
     cron = app.schedule(poll, In(1), cron="30 7 * * 1", tz="Europe/Paris", name="weekly")
-    waiting = app.schedule(poll, In(1), every=5, name="waiting")
+    app.schedule(poll, In(1), every=5, name="waiting")
     with anyio.fail_after(TEST_DEADLINE):
         async with app:
             broker = app.broker
