@@ -22,7 +22,7 @@ from typedq import App, ConfigError, JobContext
 from typedq.broker.base import BrokerSettings
 from typedq.broker.memory import MemoryBroker
 from typedq.schedule import MAX_FIRE, Schedule, plan, tick_job_id
-from typedq.testing import FakeClock
+from typedq.testing import FakeClock, run_worker
 
 S = 1_000_000
 #: 3 s into a 10 s interval.
@@ -451,3 +451,25 @@ async def test_a_single_task_worker_runs_only_that_tasks_schedules() -> None:
         async with app, Worker(first):
             await e.settle()
             assert [s.name for s in await e.broker.schedule_states()] == ["first.every-10s"]
+
+
+@pytest.mark.anyio
+async def test_the_testing_harness_waits_for_due_ticks() -> None:
+    app = make_app()
+    ran: list[float] = []
+
+    @app.task
+    async def digest(x: In, ctx: JobContext) -> None:
+        assert ctx.scheduled_for is not None
+        ran.append(ctx.scheduled_for)
+
+    app.schedule(digest, In(1), cron="0 8 * * *", tz="Europe/Paris")
+    start = datetime(2026, 6, 1, 12, tzinfo=UTC).timestamp()
+    async with run_worker(app, clock=FakeClock(start)) as harness:
+        await harness.idle()
+        assert ran == []
+        await harness.advance(24 * 3600)
+        await harness.idle()
+        assert [datetime.fromtimestamp(t, UTC).isoformat() for t in ran] == [
+            "2026-06-02T06:00:00+00:00"  # 08:00 in Paris (CEST)
+        ]
