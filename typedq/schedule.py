@@ -389,8 +389,8 @@ class Scheduler:
         now = await self.broker.broker_time_us()
         firings: list[TickFiring] = []
         for name, schedule in self.schedules.items():
-            state = self.states[name]
-            if state.digest != schedule.digest:
+            state = self.states.get(name)
+            if state is None or state.digest != schedule.digest:
                 # Another definition holds the state (a worker of another version reset
                 # it): that version fires it, never this one from a stale definition.
                 continue
