@@ -111,3 +111,78 @@ async def test_a_new_schedule_does_not_fire_past_ticks(app_name: str, broker_url
             async with app.worker():
                 await drive.ticks(2, lambda: len(ran) >= 1)
         assert min(ran) > start
+
+
+async def test_overlap_skip_and_queue_while_the_previous_tick_runs(
+    app_name: str, broker_url: str
+) -> None:
+    async with driven(app_name, broker_url) as drive:
+        app = drive.app()
+        started: dict[str, list[float]] = {"skip": [], "queue": []}
+        release = anyio.Event()
+
+        @app.task
+        async def slow(x: In, ctx: JobContext) -> None:
+            assert ctx.scheduled_for is not None
+            started["skip" if x.n == 0 else "queue"].append(ctx.scheduled_for)
+            await release.wait()
+
+        app.schedule(slow, In(0), every=drive.every, overlap="skip", name="skip")
+        # grace of one interval: a tick held longer is a missed tick (missed="once").
+        app.schedule(slow, In(1), every=drive.every, overlap="queue", name="queue", grace=0)
+        async with app, app.worker(concurrency=8), app.worker(concurrency=8):
+            await anyio.sleep(0.05)
+            await drive.ticks(1, lambda: len(started["skip"]) == 1 and len(started["queue"]) == 1)
+            await drive.ticks(4, lambda: True)  # four more ticks while both first runs block
+            during = {k: list(v) for k, v in started.items()}
+            states = {s.name: s for s in await app.broker.schedule_states()}
+            release.set()
+            await drive.ticks(0, lambda: len(started["queue"]) >= 2)
+            await drive.ticks(1, lambda: len(started["skip"]) >= 2)
+        assert during == {"skip": started["skip"][:1], "queue": started["queue"][:1]}
+        assert states["skip"].skipped >= 3  # the ticks that came while the first one ran
+        assert states["skip"].fired == 1
+        assert states["queue"].skipped == 0  # held, not skipped
+        assert states["queue"].fired == 1
+        # The held ticks were planned when the first run finished: those past grace=0 are
+        # missed ticks (missed="once": the newest of them fires), none of the early ones.
+        assert started["queue"][1] >= started["queue"][0] + 3 * drive.every
+        assert started["skip"][1] >= started["skip"][0] + 4 * drive.every
+
+
+async def test_a_changed_definition_restarts_from_now(app_name: str, broker_url: str) -> None:
+    async with driven(app_name, broker_url) as drive:
+        ran: list[tuple[int, float]] = []
+
+        def version(n: int) -> App:
+            app = drive.app()
+
+            @app.task(name="poll")
+            async def poll(x: In, ctx: JobContext) -> None:
+                assert ctx.scheduled_for is not None
+                ran.append((x.n, ctx.scheduled_for))
+
+            app.schedule(poll, In(n), every=drive.every, name="poll", missed=100, grace=0)
+            return app
+
+        v1 = version(1)
+        async with v1, v1.worker():
+            await anyio.sleep(0.05)
+            await drive.ticks(2, lambda: len(ran) >= 1)
+        await drive.ticks(4, lambda: True)  # nothing runs for four ticks
+        v2 = version(2)
+        async with v2:
+            restarted = await v2.broker.broker_time_us() / 1e6
+            async with v2.worker():
+                await anyio.sleep(0.05)
+                await drive.ticks(2, lambda: any(n == 2 for n, _ in ran))
+            (state,) = await v2.broker.schedule_states()
+        # Version 1's missed ticks were not caught up (its missed=100 would have): version
+        # 2 started from its own start, with counts of its own.
+        assert {n for n, _ in ran} == {1, 2}
+        v2_ticks = [tick for n, tick in ran if n == 2]
+        assert all(tick > restarted for tick in v2_ticks)
+        assert state.digest == v2.schedules["poll"].digest
+        assert state.skipped == 0
+        # (a tick fired while the worker stopped may not have run)
+        assert len(v2_ticks) <= state.fired <= len(v2_ticks) + 1

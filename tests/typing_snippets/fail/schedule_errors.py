@@ -20,9 +20,8 @@ INVOICE = SendInvoice(customer_id=1, invoice_id=7)
 
 app.schedule(send_digest, RECEIPT, every=30)  # E: arg-type "Receipt"; expected "SendInvoice"
 app.schedule(thumbnail, INVOICE, cron="0 8 * * *")  # E: arg-type "SendInvoice"; expected "Image"
-app.schedule(
-    send_digest, {"customer_id": 1, "invoice_id": 7}, every=30
-)  # E: arg-type "dict[str, int]"
+RAW = {"customer_id": 1, "invoice_id": 7}
+app.schedule(send_digest, RAW, every=30)  # E: arg-type "dict[str, int]"
 app.schedule(send_digest, every=30)  # E: call-arg Missing positional argument "payload"
 app.schedule(send_digest, INVOICE, every="30s")  # E: arg-type "every"
 app.schedule(send_digest, INVOICE, every=30, missed="all")  # E: arg-type "missed"
