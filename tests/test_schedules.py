@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from tests.support import In, Out
-from typedq import App, ConfigError, JobContext
+from typedq import App, BrokerUnavailable, ConfigError, JobContext
 from typedq.broker.base import BrokerSettings
 from typedq.broker.memory import MemoryBroker
 from typedq.schedule import MAX_FIRE, Schedule, plan, tick_job_id
@@ -473,3 +473,54 @@ async def test_the_testing_harness_waits_for_due_ticks() -> None:
         assert [datetime.fromtimestamp(t, UTC).isoformat() for t in ran] == [
             "2026-06-02T06:00:00+00:00"  # 08:00 in Paris (CEST)
         ]
+
+
+class FlakyClockBroker(MemoryBroker):
+    """An embedded broker whose clock cannot be read, for the first few reads and the
+    first few sleeps (an outage)."""
+
+    def __init__(self, clock: FakeClock, *, reads: int, sleeps: int) -> None:
+        super().__init__(BrokerSettings(namespace="sched"), clock=clock)
+        self.reads = reads
+        self.sleeps = sleeps
+
+    @property
+    def failures(self) -> int:
+        return self.reads + self.sleeps
+
+    async def broker_time_us(self) -> int:
+        if self.reads > 0:
+            self.reads -= 1
+            raise BrokerUnavailable("injected: the broker's clock could not be read")
+        return await super().broker_time_us()
+
+    async def sleep_until_us(self, when_us: int) -> None:
+        if self.sleeps > 0:
+            self.sleeps -= 1
+            raise BrokerUnavailable("injected: the broker's clock could not be read")
+        await super().sleep_until_us(when_us)
+
+
+@pytest.mark.anyio
+async def test_the_scheduler_outlives_broker_errors() -> None:
+    clock = FakeClock(T0)
+    broker = FlakyClockBroker(clock, reads=2, sleeps=3)
+    app = make_app(broker=broker)
+    ran: list[float] = []
+
+    @app.task
+    async def poll(x: In, ctx: JobContext) -> None:
+        assert ctx.scheduled_for is not None
+        ran.append(ctx.scheduled_for)
+
+    app.schedule(poll, In(1), every=10)
+    with anyio.fail_after(20):
+        async with app, app.worker() as worker:
+            while broker.failures:  # noqa: ASYNC110 - the scheduler consumes the failures
+                await anyio.sleep(0.05)
+            clock.advance(10)
+            broker.wake()
+            while not ran:  # noqa: ASYNC110 - the worker runs the tick
+                await anyio.sleep(0.01)
+            assert worker.running <= 1
+    assert ran == [T0 + 7]

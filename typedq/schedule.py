@@ -322,8 +322,8 @@ class Scheduler:
 
     Each round reads the broker's time, plans every schedule whose next tick is due,
     and sends the plans in one call; the broker applies each atomically only if the
-    schedule's state is still what this scheduler read (else another worker did it:
-    the state is read again). Between rounds it sleeps until the next tick by the
+    schedule's state is still what this scheduler read (else another worker did it,
+    and the broker answers with the state as it is now). Between rounds it sleeps until the next tick by the
     broker's clock (waking early when a held tick's previous job finishes, or on
     shutdown: cancel the task running :meth:`run`).
 
@@ -375,7 +375,13 @@ class Scheduler:
                 )
                 await anyio.sleep(backoff)
                 continue
-            await self._sleep(wake)
+            try:
+                await self._sleep(wake)
+            except Exception as exc:
+                # The clock or a finish could not be asked for (an outage): look again
+                # soon; the next step reports a lasting failure.
+                log.debug("worker %s: scheduler sleep failed (%s)", self.worker_id, exc)
+                await anyio.sleep(0.5)
 
     async def sync(self) -> None:
         """Reconcile the broker's schedule states with these definitions (by digest)."""
