@@ -524,3 +524,13 @@ async def test_the_scheduler_outlives_broker_errors() -> None:
                 await anyio.sleep(0.01)
             assert worker.running <= 1
     assert ran == [T0 + 7]
+
+
+def test_default_grace_is_one_interval_at_most_a_minute() -> None:
+    assert _schedule(every=10).grace == 10.0
+    assert _schedule(every=3600).grace == 60.0
+    assert _schedule(cron="0 8 * * *").grace == 60.0
+    assert _schedule(every=10, grace=0).grace == 0.0
+    # Back from a 30 s pause with every=1: one missed tick fires ("once"), not thirty.
+    result = _plan(_schedule(every=1), 100.0, 130.5)
+    assert result == ([129.0, 130.0], 28, 130.0)

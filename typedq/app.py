@@ -256,7 +256,7 @@ class App(AppBase):
         name: str | None = None,
         tz: str | ZoneInfo | None = None,
         missed: Missed = "once",
-        grace: float | timedelta = 60.0,
+        grace: float | timedelta | None = None,
         max_lateness: float | timedelta | None = None,
         overlap: Overlap = "allow",
     ) -> Schedule[TIn]:
@@ -278,7 +278,8 @@ class App(AppBase):
         :param tz: the time zone of the cron expression (IANA name or ZoneInfo; default UTC)
         :param missed: ticks missed while no worker ran (later than ``grace``): ``"skip"``
             them, fire the newest ``"once"``, or an int N: fire the newest N
-        :param grace: seconds after its time within which a tick is on time
+        :param grace: seconds after its time within which a tick is on time (default:
+            the interval, at most 60 s; 60 s for cron)
         :param max_lateness: never fire a tick later than this after its time (it is
             skipped and counted); None: no bound
         :param overlap: while the previous tick's job is unfinished: ``"allow"`` firing,

@@ -96,7 +96,8 @@ class Schedule(Generic[TIn]):
         Unix epoch, so every process agrees on them: ``every=30`` fires at :00 and :30)
     :ivar tz: the time zone the cron expression is read in
     :ivar missed: the policy for ticks missed while nothing ran
-    :ivar grace: seconds after its time within which a tick counts as on time
+    :ivar grace: seconds after its time within which a tick counts as on time (default:
+        the interval, at most 60 s; 60 s for cron)
     :ivar max_lateness: ticks later than this are never fired (skipped and counted)
     :ivar overlap: the policy for a tick while the previous tick's job is unfinished
     :ivar digest: a hash of the definition; a change restarts the schedule's state
@@ -128,7 +129,7 @@ class Schedule(Generic[TIn]):
         name: str | None = None,
         tz: str | ZoneInfo | None = None,
         missed: Missed = "once",
-        grace: float | timedelta = _DEFAULT_GRACE,
+        grace: float | timedelta | None = None,
         max_lateness: float | timedelta | None = None,
         overlap: Overlap = "allow",
     ) -> None:
@@ -194,7 +195,12 @@ class Schedule(Generic[TIn]):
                 f"{_MAX_CATCH_UP} (catch up that many missed ticks)"
             )
         self.missed: Missed = missed
-        self.grace = _seconds("grace", grace, label, zero=True)
+        if grace is None:
+            # One interval at most: a worker back from a pause fires the ticks of that
+            # pause by the `missed` policy, not as a burst of "on time" ones.
+            self.grace = min(_DEFAULT_GRACE, self.every) if self.every else _DEFAULT_GRACE
+        else:
+            self.grace = _seconds("grace", grace, label, zero=True)
         self.max_lateness = (
             None if max_lateness is None else _seconds("max_lateness", max_lateness, label)
         )
