@@ -215,8 +215,9 @@ class Worker(Generic[TIn, TOut]):
         self._serve_scope: anyio.CancelScope | None = None
         self._tg: TaskGroup | None = None
         self._outer_tg: TaskGroup | None = None
-        #: The scheduler's scope (typedq.schedule): shutdown cancels it first.
-        self._scheduler_scope = anyio.CancelScope()
+        #: The scheduler's scope (typedq.schedule): shutdown cancels it first. Made where
+        #: the scheduler runs (a cancel scope needs a running event loop).
+        self._scheduler_scope: anyio.CancelScope | None = None
         self._executor = Executor(
             tasks,
             worker_id=self.id,
@@ -370,7 +371,8 @@ class Worker(Generic[TIn, TOut]):
     async def _shutdown(self) -> None:
         assert self._claim_done is not None
         self._stopping = True
-        self._scheduler_scope.cancel()
+        if self._scheduler_scope is not None:
+            self._scheduler_scope.cancel()
         if self._wait_scope is not None:
             self._wait_scope.cancel()
         # 1. Grace: in-flight jobs may finish.
@@ -541,7 +543,9 @@ class Worker(Generic[TIn, TOut]):
     async def _run_scheduler(self) -> None:
         """Fire this worker's schedules until shutdown (every worker may; each tick is
         enqueued once however many do)."""
-        with self._scheduler_scope:
+        with anyio.CancelScope() as self._scheduler_scope:
+            if self._stopping:
+                self._scheduler_scope.cancel()
             await Scheduler(
                 self.app.broker, self._schedules, prune=self._prune_schedules, worker_id=self.id
             ).run()
