@@ -57,6 +57,8 @@ def test_declaration_defaults_and_names() -> None:
     assert daily.tz == ZoneInfo("Europe/Paris")
     assert set(app.schedules) == {every.name, daily.name, td.name}
     assert every.digest != app.schedule(poll, In(2), every=30, name="other").digest
+    assert app.schedule(poll, In(1), every=1_000_000).name == "poll.every-1000000s"
+    assert app.schedule(poll, In(1), every=0.25).name == "poll.every-0.25s"
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ import math
 import numbers
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, get_origin
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio
@@ -149,7 +149,8 @@ class Schedule(Generic[TIn]):
             if self._every_us < 1000:
                 raise ConfigError(f"{label}: every={every!r} must be at least 0.001 seconds")
             self.every = self._every_us / _US
-            spec = f"every-{self.every:g}s"
+            # Plain decimals (no exponent: "1e+06" is not a name).
+            spec = f"every-{self.every:.6f}".rstrip("0").rstrip(".") + "s"
         else:
             if not isinstance(cron, str):
                 raise ConfigError(f"{label}: cron={cron!r} must be a string like '0 8 * * *'")
@@ -177,10 +178,13 @@ class Schedule(Generic[TIn]):
                 ) from None
         if self.every is not None and tz is not None:
             raise ConfigError(f"{label}: tz= applies to cron schedules; drop it for every=")
-        if not isinstance(payload, task.input.type):
+        expected = task.input.type
+        # (an input such as list[Model] is checked as a list here, its items by encoding)
+        if not isinstance(payload, get_origin(expected) or expected):
+            wanted = getattr(expected, "__name__", str(expected))
             raise ConfigError(
                 f"{label}: the payload is a {type(payload).__name__}, but task {task.name!r} "
-                f"takes a {task.input.type.__name__}; pass a {task.input.type.__name__}"
+                f"takes a {wanted}; pass a {wanted}"
             )
         # Encoded once, now: a payload that does not encode fails at declaration.
         self._payload_bytes = task.input.encode(payload)
