@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .broker.base import Broker
     from .client import Client
     from .resources import Resource
+    from .schedule import Schedule
 
 __all__ = [
     "UNSET",
@@ -108,6 +109,8 @@ class Registry(Protocol):
     def queues(self) -> list[str]: ...
     @property
     def resources(self) -> tuple[Resource[Any], ...]: ...
+    @property
+    def schedules(self) -> Mapping[str, Schedule[Any]]: ...
 
 
 class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
