@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .broker.base import Broker
     from .client import Client
     from .resources import Resource
+    from .schedule import Schedule
     from .workflow import Chain, FanOut
 
 __all__ = [
@@ -121,6 +122,8 @@ class Registry(Protocol):
     def queues(self) -> list[str]: ...
     @property
     def resources(self) -> tuple[Resource[Any], ...]: ...
+    @property
+    def schedules(self) -> Mapping[str, Schedule[Any]]: ...
 
 
 class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):

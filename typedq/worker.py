@@ -53,6 +53,7 @@ from .errors import BrokerUnavailable, ConfigError, FailureRecord
 from .execution import Executor, Running
 from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
 from .resources import Resource, open_resources
+from .schedule import Schedule, Scheduler
 from .settling import GaveUp, Settler
 from .task import Registry, Task, TaskBase, TIn, TOut
 
@@ -106,6 +107,9 @@ class Worker(Generic[TIn, TOut]):
         and handed back (sync handlers, which cannot be cancelled, get at most one lease
         more before they are abandoned)
     """
+
+    _schedules: list[Schedule[Any]]
+    _prune_schedules: bool
 
     @overload
     def __init__(
@@ -161,12 +165,18 @@ class Worker(Generic[TIn, TOut]):
                 )
             tasks: dict[str, Task[Any, Any]] = {task.name: task}
             queues = [task.queue]
+            # Only this task's schedules: the app's others are not this worker's to
+            # reconcile (nor to prune).
+            self._schedules = [s for s in app.schedules.values() if s.task is task]
+            self._prune_schedules = False
         else:
             app = target
             if not app.tasks:
                 raise ConfigError(f"app {app.name!r} has no tasks: register some with @app.task")
             tasks = dict(app.tasks)
             queues = list(queues or app.queues)
+            self._schedules = list(app.schedules.values())
+            self._prune_schedules = True
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
         if grace < 0:
@@ -205,6 +215,9 @@ class Worker(Generic[TIn, TOut]):
         self._serve_scope: anyio.CancelScope | None = None
         self._tg: TaskGroup | None = None
         self._outer_tg: TaskGroup | None = None
+        #: The scheduler's scope (typedq.schedule): shutdown cancels it first. Made where
+        #: the scheduler runs (a cancel scope needs a running event loop).
+        self._scheduler_scope: anyio.CancelScope | None = None
         self._executor = Executor(
             tasks,
             worker_id=self.id,
@@ -351,11 +364,15 @@ class Worker(Generic[TIn, TOut]):
                 tg.start_soon(self._lease_loop)
                 tg.start_soon(self._reaper_loop)
                 tg.start_soon(self._cancel_loop)
+                if self._schedules:
+                    tg.start_soon(self._run_scheduler)
                 task_status.started()
 
     async def _shutdown(self) -> None:
         assert self._claim_done is not None
         self._stopping = True
+        if self._scheduler_scope is not None:
+            self._scheduler_scope.cancel()
         if self._wait_scope is not None:
             self._wait_scope.cancel()
         # 1. Grace: in-flight jobs may finish.
@@ -522,6 +539,16 @@ class Worker(Generic[TIn, TOut]):
                     self.id,
                     exc,
                 )
+
+    async def _run_scheduler(self) -> None:
+        """Fire this worker's schedules until shutdown (every worker may; each tick is
+        enqueued once however many do)."""
+        with anyio.CancelScope() as self._scheduler_scope:
+            if self._stopping:
+                self._scheduler_scope.cancel()
+            await Scheduler(
+                self.app.broker, self._schedules, prune=self._prune_schedules, worker_id=self.id
+            ).run()
 
     # -- leases, reaper, cancellation --------------------------------------------------
 

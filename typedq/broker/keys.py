@@ -38,6 +38,9 @@ The layout (``P`` is the prefix)::
                                    collector, ``pol`` fan-in policy, per member ``d<i>``
                                    settled and ``r<i>`` its fan-in element, ``fi fst fe``
                                    the first failed member; deleted when the flow ends
+    P schedules           hash     schedule name -> its state (typedq.schedule):
+                                   'digest|last_tick|fired_at|fired|skipped|last_job';
+                                   one field per declared schedule (pruned at start-up)
     P r:<token>           string   a request record (60 s TTL) keyed by the token the
                                    client made for one call: a claim's token and ids,
                                    an enqueue's created flags ('0'/'1' per job), a
@@ -50,7 +53,7 @@ Channels: ``P ev:w`` (a queue got work: space-separated queue names), ``P ev:d``
 asked to cancel: its id).
 
 The job body (``m``): a msgpack array ``[task, payload, fingerprint, priority,
-max_retries, timeout, eta, delay]`` with trailing default values left out; the id
+max_retries, timeout, eta, delay, scheduled_for]`` with trailing default values left out; the id
 (from the key) and the queue (from the record) complete it into the JobMessage. Old
 records that hold a whole encoded JobMessage are still read.
 
@@ -106,6 +109,7 @@ class Keys:
         "done_failed",
         "epoch",
         "prefix",
+        "schedules",
         "seq",
         "work_channel",
     )
@@ -115,6 +119,7 @@ class Keys:
         p = self.prefix
         self.epoch = p + "epoch"
         self.seq = p + "seq"
+        self.schedules = p + "schedules"
         self.active = p + "active"
         self.done_completed = p + "done:c"
         self.done_failed = p + "done:f"

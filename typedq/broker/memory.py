@@ -33,12 +33,15 @@ from .base import (
     EnqueueOutcome,
     Failure,
     FinishOutcome,
+    FireOutcome,
     JobMessage,
     JobRecord,
     JobState,
     LeaseStatus,
     Release,
     RetryOutcome,
+    ScheduleState,
+    TickFiring,
     check_claim_id,
     new_claim_id,
 )
@@ -203,6 +206,8 @@ class MemoryBroker(Broker):
         self._claims: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
         #: Running workflows by flow id.
         self._flows: dict[str, _Flow] = {}
+        #: Schedule states by name (typedq.schedule).
+        self._schedules: dict[str, ScheduleState] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -347,6 +352,9 @@ class MemoryBroker(Broker):
 
     async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         self._check()
+        return self._enqueue(messages)
+
+    def _enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         for message in messages:
             # What a networked broker refuses when it encodes the envelope: the
             # embedded one refuses it too (and stores nothing of the batch).
@@ -675,6 +683,93 @@ class MemoryBroker(Broker):
         if expired:
             self.wake()
         return len(expired)
+
+    # -- schedules ---------------------------------------------------------------------
+
+    def _now_us(self) -> int:
+        return round(self.clock() * 1_000_000)
+
+    async def broker_time_us(self) -> int:
+        self._check()
+        return self._now_us()
+
+    async def sleep_until_us(self, when_us: int) -> None:
+        self._check()
+        delta = (when_us - self._now_us()) / 1_000_000
+        if delta <= 0:
+            return
+        # Woken by wake() too: a fake clock that moves says so through it.
+        assert self._work is not None
+        with anyio.move_on_after(delta):
+            await self._work.wait()
+
+    async def sync_schedules(
+        self, schedules: Sequence[tuple[str, str]], *, prune: bool
+    ) -> list[ScheduleState]:
+        self._check()
+        now = self._now_us()
+        if prune:
+            keep = {name for name, _ in schedules}
+            for name in [n for n in self._schedules if n not in keep]:
+                del self._schedules[name]
+        states = []
+        for name, digest in schedules:
+            state = self._schedules.get(name)
+            if state is None or state.digest != digest:
+                state = self._schedules[name] = ScheduleState(
+                    name=name, digest=digest, last_tick_us=now
+                )
+            states.append(state)
+        return states
+
+    async def fire_schedules(
+        self, firings: Sequence[TickFiring]
+    ) -> list[tuple[FireOutcome, ScheduleState | None]]:
+        self._check()
+        return [self._fire(firing) for firing in firings]
+
+    def _fire(self, f: TickFiring) -> tuple[FireOutcome, ScheduleState | None]:
+        state = self._schedules.get(f.name)
+        now = self._now_us()
+        if (
+            state is None
+            or state.digest != f.digest
+            or state.last_tick_us != f.expected_last_us
+            or f.new_last_us <= f.expected_last_us
+            or f.new_last_us > now  # a tick is never fired before its time, by our clock
+        ):
+            return FireOutcome.STALE, state
+        if f.messages and f.overlap != "allow" and state.last_job:
+            previous = self._jobs.get(state.last_job)
+            if previous is not None and not previous.state.is_final:
+                if f.overlap == "queue":
+                    return FireOutcome.HELD, state
+                state = self._schedules[f.name] = msgspec.structs.replace(
+                    state,
+                    last_tick_us=f.new_last_us,
+                    skipped=state.skipped + f.skipped + len(f.messages),
+                )
+                return FireOutcome.OVERLAP_SKIPPED, state
+        outcome = FireOutcome.FIRED
+        fired = len(f.messages)
+        if f.messages:
+            try:
+                self._enqueue(f.messages)
+            except QueueFull:
+                outcome, fired = FireOutcome.FULL, 0
+        state = self._schedules[f.name] = msgspec.structs.replace(
+            state,
+            last_tick_us=f.new_last_us,
+            last_job=f.messages[-1].id if fired else state.last_job,
+            last_fired_us=now if fired else state.last_fired_us,
+            fired=state.fired + fired,
+            skipped=state.skipped + f.skipped + len(f.messages) - fired,
+        )
+        return outcome, state
+
+    async def schedule_states(self) -> list[ScheduleState]:
+        self._check()
+        return [self._schedules[name] for name in sorted(self._schedules)]
 
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         self._check()

@@ -72,6 +72,7 @@ from .errors import broker_error, scrub
 from .flows import flow_args, flow_outcome
 from .health import EpochWatch, MemoryWatch, check_config, log
 from .listener import Notifications
+from .schedules import ScheduleOps
 from .scripts import SCRIPTS
 
 __all__ = ["RedisBroker"]
@@ -87,7 +88,7 @@ def _request_token() -> str:
     return secrets.token_hex(8)
 
 
-class RedisBroker(Broker):
+class RedisBroker(ScheduleOps, Broker):
     """The durable broker on Redis 7+ (standalone, or one Redis Cluster slot per app).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA
@@ -253,6 +254,17 @@ class RedisBroker(Broker):
                 "`await broker.connect()` for a broker used on its own)"
             )
         return self._redis
+
+    async def _redis_time_us(self) -> int:
+        """Redis ``TIME`` in integer microseconds (schedules: the broker's clock)."""
+        with self._translate("time"):
+            seconds, micro = await self._conn().time()
+        return int(seconds) * MICRO + int(micro)
+
+    async def _hgetall(self, key: str) -> dict[Any, Any]:
+        with self._translate("hgetall"):
+            reply: dict[Any, Any] = await self._conn().hgetall(key)
+        return reply
 
     # -- errors and scripts ------------------------------------------------------------
 
