@@ -54,6 +54,10 @@ __all__ = ["MemoryBroker"]
 
 _encode = msgspec.msgpack.Encoder().encode
 
+#: A limit gate: (queue, 'r' for rate | 'c' for concurrency, task, key).
+_Gate = tuple[str, str, str, str]
+_MICRO = 1_000_000
+
 
 class _Job:
     __slots__ = (
@@ -70,6 +74,7 @@ class _Job:
         "progress",
         "result",
         "run_at",
+        "slot",
         "stalls",
         "started_at",
         "state",
@@ -96,6 +101,8 @@ class _Job:
         self.active_token: str | None = None
         self.done_token: str | None = None  # the token whose finish/fail last took effect
         self.lease_until = 0.0
+        #: The concurrency slot (task, key) this job holds while active, if any.
+        self.slot: tuple[str, str] | None = None
 
     def snapshot(self) -> JobRecord:
         return JobRecord(
@@ -150,6 +157,13 @@ class MemoryBroker(Broker):
         self._finish_waiters: dict[str, anyio.Event] = {}
         #: Recent claims by claim id: (when, job ids), oldest first.
         self._claims: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
+        # Limits (typedq.limits): GCRA's theoretical arrival time per rate bucket (µs of
+        # `clock`), the ids holding each concurrency slot, and the waiting jobs parked
+        # by a closed gate (queue, 'r' | 'c', task, key) with the time it opens.
+        self._tat: dict[tuple[str, str], int] = {}
+        self._slots: dict[tuple[str, str], set[str]] = {}
+        self._parked: dict[_Gate, list[tuple[int, int, int, str]]] = {}
+        self._gates: dict[_Gate, float] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -224,6 +238,7 @@ class MemoryBroker(Broker):
 
     def _to_final(self, job: _Job, state: JobState, now: float) -> None:
         self._active.pop(job.message.id, None)
+        self._free_slot(job)
         self._move(job, state)
         job.finished_at = now
         job.lease_until = 0.0
@@ -409,6 +424,9 @@ class MemoryBroker(Broker):
             ]
         now = self.clock()
         self._promote_due(now)
+        now_us = round(now * _MICRO)
+        if self._gates:
+            self._unpark(queues, now_us)
         lease_until = time.monotonic() + lease
         claimed: list[ClaimedJob] = []
         while len(claimed) < limit:
@@ -421,6 +439,8 @@ class MemoryBroker(Broker):
                 break
             heapq.heappop(self._waiting[self._jobs[best[3]].message.queue])
             job = self._jobs[best[3]]
+            if self.limits and not self._admit(job, best, now_us):
+                continue  # parked by its closed gate; the claim goes on with other jobs
             self._move(job, JobState.ACTIVE)
             job.attempt += 1
             job.active_token = f"{claim_id}.{len(claimed) + 1}"
@@ -432,6 +452,69 @@ class MemoryBroker(Broker):
         if claimed:
             self._claims[claim_id] = (time.monotonic(), [c.message.id for c in claimed])
         return claimed
+
+    # -- limits (typedq.limits) -------------------------------------------------------
+
+    def _admit(self, job: _Job, entry: tuple[int, int, int, str], now_us: int) -> bool:
+        """Take ``job``'s rate token and concurrency slot, or park it by its closed gate.
+
+        The same rules as the Redis claim script: concurrency first, then GCRA.
+        """
+        message = job.message
+        spec = self.limits.get(message.task)
+        if spec is None:
+            return True
+        slot = (message.task, message.concurrency_key)
+        if spec.concurrency and len(self._slots.get(slot, ())) >= spec.concurrency:
+            self._park((message.queue, "c", *slot), entry, float("inf"))
+            return False
+        if spec.interval_us:
+            bucket = (message.task, message.rate_key)
+            tat = max(self._tat.get(bucket, 0), now_us)
+            if tat - spec.tolerance_us > now_us:
+                self._park((message.queue, "r", *bucket), entry, tat - spec.tolerance_us)
+                return False
+            self._tat[bucket] = tat + spec.interval_us
+        if spec.concurrency:
+            self._slots.setdefault(slot, set()).add(message.id)
+            job.slot = slot
+        return True
+
+    def _park(self, gate: _Gate, entry: tuple[int, int, int, str], opens_us: float) -> None:
+        heapq.heappush(self._parked.setdefault(gate, []), entry)
+        self._gates[gate] = opens_us
+
+    def _unpark(self, queues: Sequence[str], now_us: int) -> None:
+        """Put the jobs of the open gates of ``queues`` back among the waiting jobs (their
+        heap entries keep their place); the claim admits or parks them again."""
+        wanted = set(queues)
+        for gate in [g for g, opens in self._gates.items() if opens <= now_us and g[0] in wanted]:
+            del self._gates[gate]
+            heap = self._waiting[gate[0]]
+            for entry in self._parked.pop(gate, ()):
+                heapq.heappush(heap, entry)
+
+    def _free_slot(self, job: _Job) -> None:
+        """Release the concurrency slot ``job`` holds and open the gate of its key."""
+        slot = job.slot
+        if slot is None:
+            return
+        job.slot = None
+        holders = self._slots.get(slot)
+        if holders is not None:
+            holders.discard(job.message.id)
+            if not holders:
+                del self._slots[slot]
+        gate = (job.message.queue, "c", *slot)
+        if gate in self._gates:
+            self._gates[gate] = 0.0
+            self.wake()
+
+    def _next_gate(self, queues: Sequence[str]) -> float | None:
+        """When (seconds of `clock`) the earliest gate of ``queues`` opens, if one will."""
+        times = [opens for gate, opens in self._gates.items() if gate[0] in queues]
+        earliest = min(times, default=float("inf"))
+        return None if earliest == float("inf") else earliest / _MICRO
 
     @staticmethod
     def _claimed(job: _Job) -> ClaimedJob:
@@ -461,6 +544,8 @@ class MemoryBroker(Broker):
         if any(self._head(queue) is not None for queue in list(self._waiting)):
             return True
         now = self.clock()
+        if any(opens <= now * _MICRO for opens in self._gates.values()):
+            return True
         return any(
             run_at <= now
             and (job := self._jobs.get(job_id)) is not None
@@ -473,9 +558,9 @@ class MemoryBroker(Broker):
         """Seconds until something in ``queues`` may be claimable (0 = now)."""
         if any(self._head(q) is not None for q in queues):
             return 0.0
-        run_at = self._next_run_at()
-        if run_at is not None:
-            return max(0.0, run_at - self.clock())
+        due = [t for t in (self._next_run_at(), self._next_gate(queues)) if t is not None]
+        if due:
+            return max(0.0, min(due) - self.clock())
         return float("inf")
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
@@ -533,7 +618,10 @@ class MemoryBroker(Broker):
                     self._to_final(job, state, now)
                 else:
                     self._active.pop(job.message.id, None)
+                    self._free_slot(job)
                     job.active_token = None
+                    if item.refund:
+                        job.attempt -= 1  # put back unspent (RateLimited)
                     if item.retry_delay > 0:
                         self._to_scheduled(job, now + item.retry_delay)
                     else:
@@ -549,6 +637,7 @@ class MemoryBroker(Broker):
             job, outcome = self._fenced(item.id, item.token)
             if job is not None:
                 self._active.pop(job.message.id, None)
+                self._free_slot(job)
                 job.active_token = None
                 job.done_token = item.token
                 job.attempt -= 1  # handed back unrun: the attempt was not spent
@@ -615,8 +704,12 @@ class MemoryBroker(Broker):
                 self._to_final(job, JobState.CANCELLED if cancelled else JobState.FAILED, now)
             else:
                 self._active.pop(job.message.id, None)
+                self._free_slot(job)
                 job.active_token = None
                 self._to_waiting(job, keep_order=True)
+        now_us = now * _MICRO
+        for bucket in [b for b, tat in self._tat.items() if tat < now_us]:
+            del self._tat[bucket]  # a bucket past its TAT is as good as new
         if expired:
             self.wake()
         return len(expired)
@@ -634,6 +727,7 @@ class MemoryBroker(Broker):
     def _delete(self, job: _Job) -> None:
         del self._jobs[job.message.id]
         self._active.pop(job.message.id, None)
+        self._free_slot(job)
         self._counts[job.message.queue][job.state] -= 1
         if job.state.is_final:
             self._finished[job.state].pop(job.message.id, None)
