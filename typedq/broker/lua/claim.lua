@@ -6,20 +6,45 @@
 -- claims in flight), so a re-sent claim (lost reply, client retry) returns the same
 -- jobs instead of claiming more. Runs at maxmemory (allow-oom): draining frees memory.
 -- KEYS[1] = active, KEYS[2] = seq, KEYS[3] = this claim's record (P r:<claim token>)
--- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...
+-- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...,
+--       [nl, then nl x (task, interval_us, tolerance_us, concurrency)]
 -- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
 --          attempt, enqueued_at_us, stalls, queue}
 -- A claimed job string (see keys.py) becomes the job hash.
+--
+-- Limits (typedq/limits.py), only when the caller names tasks with limits (nl > 0;
+-- otherwise none of this runs): a popped job whose task is limited is admitted only
+-- if its concurrency bucket has a free slot and its rate bucket conforms (GCRA on
+-- this clock); else it is parked by that gate, still waiting, and the claim goes on
+-- with the jobs behind it. Open gates give their parked jobs back to the waiting
+-- lists (at their old place) before the claim pops; the answer's next_due includes
+-- the earliest gate opening, so the worker sleeps exactly until then.
 local limit, lease, token, worker, nq =
   tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
 if not is_int(limit) or limit < 0 or not lease or lease <= 0 or token == ''
-    or not is_int(nq) or nq < 1 or #ARGV ~= 6 + nq then
+    or not is_int(nq) or nq < 1 or #ARGV < 6 + nq then
   return bad_args('claim')
 end
 local queues = {}
 for i = 1, nq do
   if ARGV[6 + i] == '' then return bad_args('claim') end
   queues[i] = ARGV[6 + i]
+end
+local cfg, has_limits = {}, false
+if #ARGV > 6 + nq then
+  local base = 7 + nq
+  local nl = tonumber(ARGV[base])
+  if not is_int(nl) or nl < 0 or #ARGV ~= base + 4 * nl then return bad_args('claim') end
+  for i = 0, nl - 1 do
+    local b = base + 1 + 4 * i
+    local iv, tol, cc = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    if ARGV[b] == '' or not is_int(iv) or iv < 0 or not is_int(tol) or tol < 0
+        or not is_int(cc) or cc < 0 then
+      return bad_args('claim')
+    end
+    cfg[ARGV[b]] = {iv, tol, cc}
+    has_limits = true
+  end
 end
 
 local now = now_us()
@@ -72,6 +97,106 @@ for _, q in ipairs(queues) do
       end
     end
     redis.call('ZREM', sk, unpack(due))
+  end
+end
+
+-- Limits. The task, limits, rate key and concurrency key of a job body (msgpack
+-- array [task, payload, ..., delay, rate_key, concurrency_key], see redis.py); nil
+-- for a task this claim does not limit.
+local function limits_of(body)
+  local ok, t = pcall(cmsgpack.unpack, body)
+  if not ok or type(t) ~= 'table' or type(t[1]) ~= 'string' then return nil end
+  local c = cfg[t[1]]
+  if not c then return nil end
+  local rk, ck = t[9], t[10]
+  if type(rk) ~= 'string' then rk = '' end
+  if type(ck) ~= 'string' then ck = '' end
+  return t[1], c, rk, ck
+end
+
+local function park(q, gate, prio, id, opens)
+  redis.call('LPUSH', k_gate(q, gate), prio .. '|' .. id)
+  redis.call('ZADD', k_gates(q), opens, gate)
+end
+
+-- Admit a job (take its rate token and concurrency slot) or park it by its closed
+-- gate: concurrency first, then GCRA. Returns admitted, and the slot it holds (or nil).
+local function admit(id, q, prio, body)
+  local task, c, rk, ck = limits_of(body)
+  if not task then return true, nil end
+  local slot
+  if c[3] > 0 then
+    slot = task .. '|' .. ck
+    if redis.call('SCARD', k_slots(slot)) >= c[3] then
+      park(q, 'c|' .. slot, prio, id, '+inf')
+      return false, nil
+    end
+  end
+  if c[1] > 0 then
+    local rkey = k_rate(task, rk)
+    local tat = tonumber(redis.call('GET', rkey)) or 0
+    if tat < now then tat = now end
+    if tat - c[2] > now then
+      park(q, 'r|' .. task .. '|' .. rk, prio, id, tat - c[2])
+      return false, nil
+    end
+    local nt = tat + c[1]
+    -- Past its TAT a bucket is as good as new: let the key expire then.
+    redis.call('SET', rkey, string.format('%d', nt), 'PX', math.floor((nt - now) / 1000) + 1)
+  end
+  if slot then redis.call('SADD', k_slots(slot), id) end
+  return true, slot
+end
+
+-- How many jobs an open gate's bucket admits now (nil: this claim does not limit its
+-- task), and when it opens next.
+local function allowance(gate)
+  local kind, task, key = string.match(gate, '^([rc])|([^|]*)|(.*)$')
+  local c = task and cfg[task]
+  if not c then return nil end
+  if kind == 'c' then
+    if c[3] == 0 then return nil end
+    return math.max(0, c[3] - redis.call('SCARD', k_slots(task .. '|' .. key))), '+inf'
+  end
+  if c[1] == 0 then return nil end
+  local tat = tonumber(redis.call('GET', k_rate(task, key))) or 0
+  if tat < now then tat = now end
+  local opens = tat - c[2]
+  if opens > now then return 0, opens end
+  return math.floor((now - opens) / c[1]) + 1, opens
+end
+
+-- Open gates give back as many parked jobs as their bucket admits (bounded by this
+-- claim's limit), at their old place among the waiting jobs; a gate whose bucket is
+-- still closed gets its true opening time.
+if has_limits and limit > 0 then
+  for _, q in ipairs(queues) do
+    local gk = k_gates(q)
+    for _, gate in ipairs(redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64)) do
+      local lk = k_gate(q, gate)
+      local n, opens = allowance(gate)
+      if n == nil or n > limit then n = limit end
+      if n == 0 then
+        redis.call('ZADD', gk, opens, gate)
+      else
+        local back = {}
+        for _, e in ipairs(redis.call('RPOP', lk, n) or {}) do
+          local prio, id = string.match(e, '^(%-?%d+)|(.*)$')
+          if prio then
+            -- A job that left waiting meanwhile goes back as a dead entry, first (its
+            -- cancel or remove counted it stale; whoever pops it consumes that).
+            local r = read_job(id, 's', 'q', 'p', 'o')
+            local order = 0
+            if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then
+              order = tonumber(r[4]) or 0
+            end
+            back[#back + 1] = {id, q, prio, order}
+          end
+        end
+        push_back_in_order(back)
+        if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', gk, gate) end
+      end
+    end
   end
 end
 
@@ -135,10 +260,17 @@ local function activate(id, q, prio)
     -- A stale entry: the job left waiting meanwhile (or waits in another queue or
     -- at another priority level).
     if r[1] ~= 'w' or (r[2] and r[2] ~= q) or sane_prio(r[7]) ~= prio then return end
+    local slot
+    if has_limits then
+      local ok
+      ok, slot = admit(id, q, prio, r[3] or '')
+      if not ok then return end
+    end
     claimed = claimed + 1
     local attempt = (tonumber(r[4]) or 0) + 1
     local tok = token .. '.' .. claimed
     redis.call('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', now, 'w', worker)
+    if slot then redis.call('HSET', jk, 'ck', slot) end
     local n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = attempt, tonumber(r[5]) or 0, tonumber(r[6]) or 0, q
@@ -154,6 +286,12 @@ local function activate(id, q, prio)
     else
       f = {s = 'w', q = q, o = 0, e = now, p = false, r = false, m = ''}
     end
+    local slot
+    if has_limits then
+      local ok
+      ok, slot = admit(id, q, prio, f.m)
+      if not ok then return end
+    end
     claimed = claimed + 1
     local tok = token .. '.' .. claimed
     redis.call('DEL', jk)
@@ -162,6 +300,7 @@ local function activate(id, q, prio)
     fields[6] = 'a'  -- the state
     fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', 1, 't', tok
     fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', now, 'w', worker
+    if slot then fields[n + 9], fields[n + 10] = 'ck', slot end
     redis.call('HSET', jk, unpack(fields))
     n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
@@ -215,6 +354,15 @@ if claimed < limit then
     for _, q in ipairs(queues) do
       local t = redis.call('ZRANGE', k_sched(q), 0, 0, 'WITHSCORES')
       if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
+    end
+    if has_limits then
+      for _, q in ipairs(queues) do
+        local t = redis.call('ZRANGE', k_gates(q), 0, 0, 'WITHSCORES')
+        local opens = #t > 0 and tonumber(t[2])
+        if opens and opens < math.huge and (not next_due or opens < next_due) then
+          next_due = opens
+        end
+      end
     end
     if next_due then out[1] = math.max(0, next_due - now) end
   end
