@@ -112,10 +112,6 @@ def python_for(system: str) -> Path:
     return ensure_venv(system)
 
 
-def typedq_has_redis() -> bool:
-    return (ROOT / "typedq" / "broker" / "redis.py").exists()
-
-
 @contextlib.contextmanager
 def code_tree(worktree: bool) -> Iterator[tuple[Path, str]]:
     """The directory adapters run from, and a description of the typedq code in it.
@@ -330,9 +326,6 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         for w in ("single", "bulk", "e2e", "drain"):
             sizes[w] = args.n
     systems = [s for s in args.systems.split(",") if s]
-    if "typedq" in systems and not typedq_has_redis():
-        print("[note] typedq/broker/redis.py does not exist yet: running typedq-memory instead")
-        systems[systems.index("typedq")] = "typedq-memory"
     workloads = [w for w in args.workloads.split(",") if w]
     for system in systems:
         python_for(system)
