@@ -53,7 +53,8 @@ async def started_us(broker: Broker, ids: list[str]) -> list[int]:
     records = await broker.get(ids)
     out = []
     for record in records:
-        assert record is not None and record.started_at > 0
+        assert record is not None
+        assert record.started_at > 0
         out.append(round(record.started_at * 1_000_000))
     return out
 
@@ -187,9 +188,7 @@ def keyed(job_id: str, key: str = "k") -> JobMessage:
     return msgspec.structs.replace(msg(job_id=job_id, task="t"), concurrency_key=key)
 
 
-async def test_a_slot_is_freed_by_complete_fail_and_release(
-    app_name: str, broker_url: str
-) -> None:
+async def test_a_slot_is_freed_by_complete_fail_and_release(app_name: str, broker_url: str) -> None:
     async with connected(app_name, broker_url) as broker:
         broker.set_limits({"t": LimitSpec(concurrency=1)})
         await broker.enqueue([keyed(f"j{i}") for i in range(4)] + [keyed("other", "k2")])
@@ -245,10 +244,13 @@ async def test_a_claim_says_when_the_next_rate_slot_opens(app_name: str, broker_
         with anyio.fail_after(TEST_DEADLINE / 2):
             while not claimed:
                 await broker.wait_for_jobs(["q"], TEST_DEADLINE)
-                claimed = [j.message.id for j in await broker.claim(["q"], 2, worker_id="w", lease=30)]
+                claimed = [
+                    j.message.id for j in await broker.claim(["q"], 2, worker_id="w", lease=30)
+                ]
         assert claimed == ["b"]
         records = await broker.get(["a", "b"])
-        assert records[0] is not None and records[1] is not None
+        assert records[0] is not None
+        assert records[1] is not None
         gap = records[1].started_at - records[0].started_at
         assert gap >= 0.3 - 1e-6  # the invariant itself, on the broker's clock
 
@@ -276,3 +278,33 @@ async def test_rate_limited_puts_the_job_back_without_spending_an_attempt(
     # retries=0, yet it ran three times: the two 429s spent no attempt.
     assert attempts == [1, 1, 1]
 
+
+async def test_keys_are_read_from_bodies_with_every_field_set(
+    app_name: str, broker_url: str
+) -> None:
+    # A body with every envelope field set (a 300-byte payload, a long fingerprint, a
+    # priority, retries, a timeout) and keys too long for a short string: the claim
+    # still finds each job's keys behind them.
+    long_a, long_b = "tenant-" + "a" * 60, "tenant-" + "b" * 60
+
+    def full(job_id: str, key: str) -> JobMessage:
+        return JobMessage(
+            id=job_id,
+            task="t",
+            queue="q",
+            payload=b"\x01" * 300,
+            fingerprint="f" * 40,
+            priority=-70000,
+            max_retries=100000,
+            timeout=2.5,
+            rate_key=key,
+            concurrency_key=key,
+        )
+
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(concurrency=1, interval_us=60_000_000)})
+        await broker.enqueue([full("a1", long_a), full("a2", long_a), full("b1", long_b)])
+        claimed = await broker.claim(["q"], 3, worker_id="w", lease=30)
+        assert sorted(j.message.id for j in claimed) == ["a1", "b1"]
+        assert claimed[0].message.concurrency_key in (long_a, long_b)
+        assert await broker.claim(["q"], 3, worker_id="w", lease=30) == []

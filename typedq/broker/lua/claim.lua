@@ -100,18 +100,71 @@ for _, q in ipairs(queues) do
   end
 end
 
--- Limits. The task, limits, rate key and concurrency key of a job body (msgpack
--- array [task, payload, ..., delay, rate_key, concurrency_key], see redis.py); nil
--- for a task this claim does not limit.
+-- Limits. A job body is a msgpack array [task, payload, fingerprint, priority,
+-- max_retries, timeout, eta, delay, rate_key, concurrency_key] with trailing defaults
+-- left out (see redis/codec.py). Redis' cmsgpack cannot read msgpack bin values (the
+-- payload), so the few fields needed are read here by skipping over the others.
+local function mp_uint(s, i, n)
+  local v = 0
+  for k = i, i + n - 1 do v = v * 256 + (string.byte(s, k) or 0) end
+  return v
+end
+
+-- The offset after the scalar at `i` (nil: not a scalar a body holds).
+local function mp_skip(s, i)
+  local b = string.byte(s, i)
+  if not b then return nil end
+  if b <= 0x7f or b >= 0xe0 or b == 0xc0 or b == 0xc2 or b == 0xc3 then return i + 1 end
+  if b >= 0xa0 and b <= 0xbf then return i + 1 + b - 0xa0 end
+  if b == 0xc4 or b == 0xd9 then return i + 2 + mp_uint(s, i + 1, 1) end
+  if b == 0xc5 or b == 0xda then return i + 3 + mp_uint(s, i + 1, 2) end
+  if b == 0xc6 or b == 0xdb then return i + 5 + mp_uint(s, i + 1, 4) end
+  if b == 0xcc or b == 0xd0 then return i + 2 end
+  if b == 0xcd or b == 0xd1 then return i + 3 end
+  if b == 0xca or b == 0xce or b == 0xd2 then return i + 5 end
+  if b == 0xcb or b == 0xcf or b == 0xd3 then return i + 9 end
+  return nil
+end
+
+-- The string at `i` and the offset after it (nil: not a string).
+local function mp_str(s, i)
+  local b = string.byte(s, i)
+  if not b then return nil end
+  local len, at
+  if b >= 0xa0 and b <= 0xbf then len, at = b - 0xa0, i + 1
+  elseif b == 0xd9 then len, at = mp_uint(s, i + 1, 1), i + 2
+  elseif b == 0xda then len, at = mp_uint(s, i + 1, 2), i + 3
+  else return nil end
+  return string.sub(s, at, at + len - 1), at + len
+end
+
+-- The task, its limits, the rate key and the concurrency key of a job body; nil for a
+-- task this claim does not limit. A limited body whose keys cannot be read uses the
+-- task-wide buckets ('').
 local function limits_of(body)
-  local ok, t = pcall(cmsgpack.unpack, body)
-  if not ok or type(t) ~= 'table' or type(t[1]) ~= 'string' then return nil end
-  local c = cfg[t[1]]
+  local b = string.byte(body, 1)
+  if not b then return nil end
+  local n, i
+  if b >= 0x90 and b <= 0x9f then n, i = b - 0x90, 2
+  elseif b == 0xdc then n, i = mp_uint(body, 2, 2), 4
+  else return nil end
+  if n < 1 then return nil end
+  local task
+  task, i = mp_str(body, i)
+  local c = task and cfg[task]
   if not c then return nil end
-  local rk, ck = t[9], t[10]
-  if type(rk) ~= 'string' then rk = '' end
-  if type(ck) ~= 'string' then ck = '' end
-  return t[1], c, rk, ck
+  local keys = {'', ''}
+  if n >= 9 then
+    for _ = 2, 8 do
+      i = i and mp_skip(body, i)
+    end
+    for k = 1, math.min(n - 8, 2) do
+      local v
+      if i then v, i = mp_str(body, i) end
+      keys[k] = v or ''
+    end
+  end
+  return task, c, keys[1], keys[2]
 end
 
 local function park(q, gate, prio, id, opens)
