@@ -29,7 +29,7 @@ class Tenant(msgspec.Struct, frozen=True):
         (RateLimit(5, per=float("nan")), "per must be a number of seconds above 0"),
         (RateLimit(5, per=float("inf")), "per must be a number of seconds above 0"),
         (RateLimit(5, per="1"), "per must be a number of seconds"),  # type: ignore[arg-type]
-        (RateLimit(5, burst=0), "burst must be an int from 1"),
+        (RateLimit(5, burst=-1), "burst must be an int from 0"),
         (RateLimit(5, key="tenant"), "key must be a function"),  # type: ignore[arg-type]
     ],
 )
@@ -116,8 +116,9 @@ def test_a_key_function_must_return_a_str_or_an_int() -> None:
 
 
 def test_the_broker_spec_of_a_rate_limit() -> None:
-    spec = LimitSpec.of(RateLimit(3, per=1.0, burst=2), ConcurrencyLimit(4))
-    assert spec == LimitSpec(interval_us=333_334, tolerance_us=333_334, concurrency=4)
+    spec = LimitSpec.of(RateLimit(3, per=0.25, burst=2), ConcurrencyLimit(4))
+    assert spec == LimitSpec(rate=5, per_us=250_000, concurrency=4)
+    assert LimitSpec.of(None, ConcurrencyLimit(1)) == LimitSpec(concurrency=1)
     assert LimitSpec.of(None, None) is None
 
 

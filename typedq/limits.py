@@ -21,16 +21,24 @@ How it is enforced (see docs/limits.md for the whole story):
   earliest gate opens and the worker sleeps exactly that long. A concurrency gate opens
   when a slot is released (complete, fail, release, stall recovery, removal).
 
-The rate algorithm is GCRA (the generic cell rate algorithm) on the broker's clock in
-integer microseconds: emission interval ``T = ceil(per / limit)``, tolerance
-``tau = (burst - 1) * T``, and per bucket one number, the theoretical arrival time
-``TAT``. A start at ``now`` conforms when ``TAT - tau <= now``; it sets
-``TAT = max(TAT, now) + T``. With the default ``burst=1`` (``tau = 0``) two starts of a
-bucket are at least ``T`` apart, so any window of ``per`` seconds (``limit * T`` or
-less) holds at most ``limit`` starts -- also right after an idle period, which a token
-bucket filled to ``limit`` does not guarantee (it allows ``2 * limit - 1`` in the
-first window). ``burst=b`` lets ``b`` starts go back to back after an idle period; then
-a window of ``per`` seconds holds at most ``limit + b - 1`` starts.
+The rate algorithm is an exact sliding window (a log of start times), on the broker's
+clock in integer microseconds. A bucket keeps the start times of its last ``per``
+seconds; a job may start at ``now`` only while fewer than ``limit`` starts lie in
+``(now - per, now]``, and its start is added. Claim: no half-open window
+``[t, t + per)`` ever holds more than ``limit`` starts. Proof: if one held ``limit + 1``,
+take the last of them, ``s``; the other ``limit`` lie in ``[t, s]``, inside
+``(s - per, s]`` because ``t > s - per``, so ``s`` was refused. This holds right after an
+idle period too: a token bucket of capacity ``limit`` (or GCRA with a burst) lets
+``limit`` start at the end of one window and ``limit`` more as it refills, up to
+``2 * limit - 1`` in one window, the edge burst users of rate-limited APIs get 429s
+for. Unlike GCRA with no burst (one start every ``per / limit`` seconds, at most one per
+claim), it lets a claim start up to ``limit`` jobs at once, so a limit that does not
+bind costs one sorted-set write per start and never slows a worker to one job per
+round trip. State: at most ``limit`` start times per bucket, only for buckets that
+started a job in the last ``per`` seconds (the key expires after ``per``).
+
+``burst=b`` (opt-in, default 0) relaxes the invariant: up to ``limit + b`` starts in a
+window of ``per`` seconds.
 """
 
 from __future__ import annotations
@@ -79,9 +87,9 @@ class RateLimit(Generic[M]):
     :param key: a function of the task's input model; each key value gets its own
         limit (``key=lambda m: m.tenant``). Checked by mypy against the handler's input
         type with the typedq mypy plugin.
-    :param burst: opt-in: how many starts may go back to back after an idle period
-        (default 1: no window of ``per`` seconds ever sees more than ``limit`` starts;
-        with ``burst=b`` a window may see up to ``limit + b - 1``)
+    :param burst: opt-in relaxation: extra starts a window may hold (default 0: no
+        window of ``per`` seconds ever sees more than ``limit`` starts; with ``burst=b``
+        up to ``limit + b``)
 
     Checked when the task is declared: bad values raise :class:`~typedq.errors.ConfigError`.
     """
@@ -94,7 +102,7 @@ class RateLimit(Generic[M]):
         *,
         per: float = 1.0,
         key: Callable[[M], str | int] | None = None,
-        burst: int = 1,
+        burst: int = 0,
     ) -> None:
         self.limit = limit
         self.per = per
@@ -103,7 +111,7 @@ class RateLimit(Generic[M]):
 
     def __repr__(self) -> str:
         keyed = ", key=..." if self.key is not None else ""
-        burst = f", burst={self.burst}" if self.burst != 1 else ""
+        burst = f", burst={self.burst}" if self.burst != 0 else ""
         return f"RateLimit({self.limit!r}, per={self.per!r}{keyed}{burst})"
 
     def check(self, task: str) -> None:
@@ -123,9 +131,9 @@ class RateLimit(Generic[M]):
                 f"{where}: per must be a number of seconds above 0 and at most {MAX_PER:.0f}, "
                 f"got {self.per!r} (e.g. per=1.0)"
             )
-        if not _is_int(self.burst) or not 1 <= int(self.burst) <= MAX_LIMIT:
+        if not _is_int(self.burst) or not 0 <= int(self.burst) <= MAX_LIMIT:
             raise ConfigError(
-                f"{where}: burst must be an int from 1 to {MAX_LIMIT}, got {self.burst!r} "
+                f"{where}: burst must be an int from 0 to {MAX_LIMIT}, got {self.burst!r} "
                 "(leave it out for the strict default)"
             )
         if self.key is not None and not callable(self.key):
@@ -134,9 +142,9 @@ class RateLimit(Generic[M]):
             )
 
     @property
-    def interval_us(self) -> int:
-        """GCRA's emission interval in microseconds, rounded up (never faster than asked)."""
-        return max(1, math.ceil(float(self.per) * _MICRO / int(self.limit)))
+    def per_us(self) -> int:
+        """The window in microseconds, rounded up (never more starts than asked)."""
+        return max(1, math.ceil(float(self.per) * _MICRO))
 
 
 class ConcurrencyLimit(Generic[M]):
@@ -188,13 +196,13 @@ def check_limit_option(task: str, option: str, value: object, kind: type[Any]) -
 class LimitSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What a broker needs to know of one task's limits (the worker registers it).
 
-    :param interval_us: GCRA emission interval (0: no rate limit)
-    :param tolerance_us: GCRA tolerance, ``(burst - 1) * interval_us``
+    :param rate: starts allowed per window and bucket, ``limit + burst`` (0: no rate limit)
+    :param per_us: the window in microseconds
     :param concurrency: jobs running at once per key (0: no concurrency limit)
     """
 
-    interval_us: int = 0
-    tolerance_us: int = 0
+    rate: int = 0
+    per_us: int = 0
     concurrency: int = 0
 
     @classmethod
@@ -204,10 +212,9 @@ class LimitSpec(msgspec.Struct, frozen=True, kw_only=True):
         """The spec of a task's declared limits, or None when it declares none."""
         if rate is None and concurrency is None:
             return None
-        interval = rate.interval_us if rate is not None else 0
         return cls(
-            interval_us=interval,
-            tolerance_us=(int(rate.burst) - 1) * interval if rate is not None else 0,
+            rate=int(rate.limit) + int(rate.burst) if rate is not None else 0,
+            per_us=rate.per_us if rate is not None else 0,
             concurrency=int(concurrency.limit) if concurrency is not None else 0,
         )
 

@@ -40,8 +40,8 @@ The layout (``P`` is the prefix)::
     P q:<queue>:g:<gate>  list     the waiting jobs a gate parked, '<prio>|<id>', FIFO;
                                    still waiting (counted, cancellable), never claimed
                                    and put back: the claim skips past them
-    P rl:<task>|<key>     string   a rate bucket's GCRA theoretical arrival time (µs),
-                                   expiring once it is in the past
+    P rl:<task>|<key>     zset     a rate bucket's starts in its window: '<id>@<µs>' ->
+                                   start time (µs); expires ``per`` after its last start
     P cc:<task>|<key>     set      ids of the active jobs holding a concurrency slot
                                    (the job hash's ``ck`` names it)
     P r:<token>           string   a request record (60 s TTL) keyed by the token the
@@ -160,7 +160,7 @@ class Keys:
         return f"{self.prefix}q:{queue}:g:{gate}"
 
     def rate(self, task: str, key: str) -> str:
-        """A rate bucket's GCRA state (theoretical arrival time, µs)."""
+        """A rate bucket's start times within its window (sliding-window log)."""
         return f"{self.prefix}rl:{task}|{key}"
 
     def slots(self, task: str, key: str) -> str:

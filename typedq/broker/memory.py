@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Sequence
 
 import anyio
@@ -157,10 +157,10 @@ class MemoryBroker(Broker):
         self._finish_waiters: dict[str, anyio.Event] = {}
         #: Recent claims by claim id: (when, job ids), oldest first.
         self._claims: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
-        # Limits (typedq.limits): GCRA's theoretical arrival time per rate bucket (µs of
+        # Limits (typedq.limits): each rate bucket's start times in its window (µs of
         # `clock`), the ids holding each concurrency slot, and the waiting jobs parked
         # by a closed gate (queue, 'r' | 'c', task, key) with the time it opens.
-        self._tat: dict[tuple[str, str], int] = {}
+        self._starts: dict[tuple[str, str], deque[int]] = {}
         self._slots: dict[tuple[str, str], set[str]] = {}
         self._parked: dict[_Gate, list[tuple[int, int, int, str]]] = {}
         self._gates: dict[_Gate, float] = {}
@@ -458,7 +458,7 @@ class MemoryBroker(Broker):
     def _admit(self, job: _Job, entry: tuple[int, int, int, str], now_us: int) -> bool:
         """Take ``job``'s rate token and concurrency slot, or park it by its closed gate.
 
-        The same rules as the Redis claim script: concurrency first, then GCRA.
+        The same rules as the Redis claim script: concurrency first, then the sliding window.
         """
         message = job.message
         spec = self.limits.get(message.task)
@@ -468,17 +468,28 @@ class MemoryBroker(Broker):
         if spec.concurrency and len(self._slots.get(slot, ())) >= spec.concurrency:
             self._park((message.queue, "c", *slot), entry, float("inf"))
             return False
-        if spec.interval_us:
+        if spec.rate:
             bucket = (message.task, message.rate_key)
-            tat = max(self._tat.get(bucket, 0), now_us)
-            if tat - spec.tolerance_us > now_us:
-                self._park((message.queue, "r", *bucket), entry, tat - spec.tolerance_us)
+            starts = self._window(bucket, spec.per_us, now_us)
+            if len(starts) >= spec.rate:
+                # Open once the start `rate` places back leaves the window.
+                opens = starts[len(starts) - spec.rate] + spec.per_us
+                self._park((message.queue, "r", *bucket), entry, opens)
                 return False
-            self._tat[bucket] = tat + spec.interval_us
+            starts.append(now_us)
         if spec.concurrency:
             self._slots.setdefault(slot, set()).add(message.id)
             job.slot = slot
         return True
+
+    def _window(self, bucket: tuple[str, str], per_us: int, now_us: int) -> deque[int]:
+        """The bucket's start times in ``(now - per, now]``, oldest first (older ones go)."""
+        starts = self._starts.get(bucket)
+        if starts is None:
+            starts = self._starts[bucket] = deque()
+        while starts and starts[0] <= now_us - per_us:
+            starts.popleft()
+        return starts
 
     def _park(self, gate: _Gate, entry: tuple[int, int, int, str], opens_us: float) -> None:
         heapq.heappush(self._parked.setdefault(gate, []), entry)
@@ -708,8 +719,10 @@ class MemoryBroker(Broker):
                 job.active_token = None
                 self._to_waiting(job, keep_order=True)
         now_us = now * _MICRO
-        for bucket in [b for b, tat in self._tat.items() if tat < now_us]:
-            del self._tat[bucket]  # a bucket past its TAT is as good as new
+        windows = {spec.per_us for spec in self.limits.values() if spec.rate}
+        longest = max(windows, default=0)
+        for bucket in [b for b, s in self._starts.items() if not s or s[-1] <= now_us - longest]:
+            del self._starts[bucket]  # nothing left in any window: as good as new
         if expired:
             self.wake()
         return len(expired)

@@ -7,15 +7,15 @@
 -- jobs instead of claiming more. Runs at maxmemory (allow-oom): draining frees memory.
 -- KEYS[1] = active, KEYS[2] = seq, KEYS[3] = this claim's record (P r:<claim token>)
 -- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...,
---       [nl, then nl x (task, interval_us, tolerance_us, concurrency)]
+--       [nl, then nl x (task, rate, per_us, concurrency)]
 -- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
 --          attempt, enqueued_at_us, stalls, queue}
 -- A claimed job string (see keys.py) becomes the job hash.
 --
 -- Limits (typedq/limits.py), only when the caller names tasks with limits (nl > 0;
 -- otherwise none of this runs): a popped job whose task is limited is admitted only
--- if its concurrency bucket has a free slot and its rate bucket conforms (GCRA on
--- this clock); else it is parked by that gate, still waiting, and the claim goes on
+-- if its concurrency bucket has a free slot and its rate bucket's window holds fewer
+-- than `rate` starts (a sliding-window log on this clock); else it is parked by that gate, still waiting, and the claim goes on
 -- with the jobs behind it. Open gates give their parked jobs back to the waiting
 -- lists (at their old place) before the claim pops; the answer's next_due includes
 -- the earliest gate opening, so the worker sleeps exactly until then.
@@ -37,12 +37,12 @@ if #ARGV > 6 + nq then
   if not is_int(nl) or nl < 0 or #ARGV ~= base + 4 * nl then return bad_args('claim') end
   for i = 0, nl - 1 do
     local b = base + 1 + 4 * i
-    local iv, tol, cc = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-    if ARGV[b] == '' or not is_int(iv) or iv < 0 or not is_int(tol) or tol < 0
-        or not is_int(cc) or cc < 0 then
+    local rate, per, cc = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    if ARGV[b] == '' or not is_int(rate) or rate < 0 or not is_int(per) or per < 0
+        or (rate > 0 and per < 1) or not is_int(cc) or cc < 0 then
       return bad_args('claim')
     end
-    cfg[ARGV[b]] = {iv, tol, cc}
+    cfg[ARGV[b]] = {rate, per, cc}
     has_limits = true
   end
 end
@@ -172,8 +172,27 @@ local function park(q, gate, prio, id, opens)
   redis.call('ZADD', k_gates(q), opens, gate)
 end
 
--- Admit a job (take its rate token and concurrency slot) or park it by its closed
--- gate: concurrency first, then GCRA. Returns admitted, and the slot it holds (or nil).
+-- A rate bucket's starts in (now - per, now], counted once per claim (older ones go).
+local windows = {}
+local function window(rkey, per)
+  local n = windows[rkey]
+  if not n then
+    redis.call('ZREMRANGEBYSCORE', rkey, '-inf', string.format('%d', now - per))
+    n = redis.call('ZCARD', rkey)
+    windows[rkey] = n
+  end
+  return n
+end
+
+-- When a full window (n >= rate starts) opens: once the start `rate` places back leaves.
+local function window_opens(rkey, n, rate, per)
+  local t = redis.call('ZRANGE', rkey, n - rate, n - rate, 'WITHSCORES')
+  if #t == 0 then return now end
+  return tonumber(t[2]) + per
+end
+
+-- Admit a job (take its place in the rate window and a concurrency slot) or park it by
+-- its closed gate: concurrency first, then rate. Returns admitted, and the slot it holds.
 local function admit(id, q, prio, body)
   local task, c, rk, ck = limits_of(body)
   if not task then return true, nil end
@@ -187,15 +206,16 @@ local function admit(id, q, prio, body)
   end
   if c[1] > 0 then
     local rkey = k_rate(task, rk)
-    local tat = tonumber(redis.call('GET', rkey)) or 0
-    if tat < now then tat = now end
-    if tat - c[2] > now then
-      park(q, 'r|' .. task .. '|' .. rk, prio, id, tat - c[2])
+    local n = window(rkey, c[2])
+    if n >= c[1] then
+      park(q, 'r|' .. task .. '|' .. rk, prio, id, window_opens(rkey, n, c[1], c[2]))
       return false, nil
     end
-    local nt = tat + c[1]
-    -- Past its TAT a bucket is as good as new: let the key expire then.
-    redis.call('SET', rkey, string.format('%d', nt), 'PX', math.floor((nt - now) / 1000) + 1)
+    local at = string.format('%d', now)
+    redis.call('ZADD', rkey, at, id .. '@' .. at)
+    windows[rkey] = n + 1
+    -- Once its last start leaves the window, a bucket is as good as new: it expires.
+    redis.call('PEXPIRE', rkey, math.floor(c[2] / 1000) + 1)
   end
   if slot then redis.call('SADD', k_slots(slot), id) end
   return true, slot
@@ -212,11 +232,10 @@ local function allowance(gate)
     return math.max(0, c[3] - redis.call('SCARD', k_slots(task .. '|' .. key))), '+inf'
   end
   if c[1] == 0 then return nil end
-  local tat = tonumber(redis.call('GET', k_rate(task, key))) or 0
-  if tat < now then tat = now end
-  local opens = tat - c[2]
-  if opens > now then return 0, opens end
-  return math.floor((now - opens) / c[1]) + 1, opens
+  local rkey = k_rate(task, key)
+  local n = window(rkey, c[2])
+  if n >= c[1] then return 0, window_opens(rkey, n, c[1], c[2]) end
+  return c[1] - n, now
 end
 
 -- Open gates give back as many parked jobs as their bucket admits (bounded by this

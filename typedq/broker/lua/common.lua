@@ -15,7 +15,7 @@ local function k_stale(q) return P .. 'q:' .. q .. ':z' end
 local function k_req(tok) return P .. 'r:' .. tok end
 -- Limits (typedq/limits.py): a queue's gates (zset gate -> when it opens, µs; +inf: when
 -- a concurrency slot frees), the waiting entries a gate parked ('<prio>|<id>', FIFO),
--- a rate bucket's GCRA theoretical arrival time, a concurrency bucket's slot holders.
+-- a rate bucket's start times in its window (zset), a concurrency bucket's slot holders.
 -- A gate is '<r|c>|<task>|<key>'; a slot name ('ck' of the job hash) '<task>|<key>'.
 local function k_gates(q) return P .. 'q:' .. q .. ':G' end
 local function k_gate(q, gate) return P .. 'q:' .. q .. ':g:' .. gate end

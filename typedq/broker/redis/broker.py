@@ -531,7 +531,7 @@ class RedisBroker(Broker):
             # per limited task); without any, the script skips all limit work.
             args.append(len(self.limits))
             for task, spec in self.limits.items():
-                args += (task, spec.interval_us, spec.tolerance_us, spec.concurrency)
+                args += (task, spec.rate, spec.per_us, spec.concurrency)
         return keys, args
 
     async def _claimed(self, queues: Sequence[str], reply: Any, worker_id: str) -> list[ClaimedJob]:
