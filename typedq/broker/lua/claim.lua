@@ -173,7 +173,7 @@ local function park(q, gate, prio, id, opens)
 end
 
 -- A rate bucket's starts in (now - per, now], counted once per claim (older ones go).
-local windows = {}
+local windows, expiring = {}, {}
 local function window(rkey, per)
   local n = windows[rkey]
   if not n then
@@ -213,9 +213,13 @@ local function admit(id, q, prio, body)
     end
     local at = string.format('%d', now)
     redis.call('ZADD', rkey, at, id .. '@' .. at)
+    if not expiring[rkey] then
+      expiring[rkey] = true
+      -- Once its last start leaves the window, a bucket is as good as new: it expires
+      -- (set once per bucket and claim: all of this claim's starts share `now`).
+      redis.call('PEXPIRE', rkey, math.floor(c[2] / 1000) + 1)
+    end
     windows[rkey] = n + 1
-    -- Once its last start leaves the window, a bucket is as good as new: it expires.
-    redis.call('PEXPIRE', rkey, math.floor(c[2] / 1000) + 1)
   end
   if slot then redis.call('SADD', k_slots(slot), id) end
   return true, slot

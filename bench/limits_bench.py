@@ -1,0 +1,165 @@
+"""typedq on Redis: what rate and concurrency limits cost, and how exact a rate limit is.
+
+Run: ``.venv/bin/python -m bench.limits_bench [--quick] [--rounds N]``. Prints:
+
+- drain throughput (20,000 pre-filled no-op jobs, one worker process at concurrency 16)
+  with no limit, with a rate limit that never binds (``RateLimit(1_000_000, per=1.0)``),
+  with a concurrency limit that never binds (``ConcurrencyLimit(10_000)``) and with
+  both; runs interleaved, median of ``--rounds`` (default 3);
+- rate-limit accuracy: ``RateLimit(50, per=1.0)`` across two worker processes over 250
+  jobs; the worst one-second window of the start times Redis recorded (its own clock),
+  and the rate achieved between the first and the last start.
+
+The worker processes run this module's ``app`` (``python -m typedq worker
+bench.limits_bench:app``); ``$LIMITS_BENCH_MODE`` picks the limits its one task declares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+
+import anyio
+import msgspec
+
+from bench.redis_bench import ROOT, flush, redis_server
+from typedq import App, ConcurrencyLimit, JobState, RateLimit, Retention
+from typedq.broker.base import JobRecord
+
+app = App("limitsbench", lease=30.0, retention=Retention(completed_max=1_000_000))
+
+MODE = os.environ.get("LIMITS_BENCH_MODE", "none")
+RATE: RateLimit[object] | None = {
+    "rate": RateLimit(1_000_000, per=1.0),
+    "both": RateLimit(1_000_000, per=1.0),
+    "paced": RateLimit(50, per=1.0),
+}.get(MODE)
+CONCURRENCY: ConcurrencyLimit[object] | None = (
+    ConcurrencyLimit(10_000) if MODE in ("concurrency", "both") else None
+)
+
+
+class Payload(msgspec.Struct, frozen=True):
+    """About 100 bytes encoded, like the other benchmarks' payload."""
+
+    n: int
+    customer: str = "customer-0000000001"
+    note: str = "x" * 60
+
+
+@app.task(rate_limit=RATE, concurrency=CONCURRENCY)
+async def work(item: Payload) -> None:
+    """A no-op: what is measured is the queue."""
+
+
+def worker(url: str, mode: str, concurrency: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LIMITS_BENCH_MODE": mode}
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "typedq", "--log-level", "WARNING", "worker"),
+            *("bench.limits_bench:app", "--concurrency", str(concurrency), "--broker", url),
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=30)
+
+
+async def wait_done(total: int) -> None:
+    while (await app.broker.counts("default"))[JobState.COMPLETED] < total:  # noqa: ASYNC110
+        await anyio.sleep(0.02)
+
+
+async def records(ids: Sequence[str]) -> list[JobRecord]:
+    out: list[JobRecord] = []
+    for i in range(0, len(ids), 1000):
+        out += [r for r in await app.broker.get(ids[i : i + 1000]) if r is not None]
+    return out
+
+
+async def drain(url: str, mode: str, total: int) -> float:
+    await flush(url)
+    async with app:
+        jobs = await work.enqueue_many(Payload(i) for i in range(total))
+        procs = [worker(url, mode, 16)]
+        try:
+            await wait_done(total)
+        finally:
+            stop(procs)
+        done = await records([j.id for j in jobs])
+    return len(done) / (max(r.finished_at for r in done) - min(r.started_at for r in done))
+
+
+def worst_window(starts_us: Sequence[int], window_us: int) -> int:
+    starts = sorted(starts_us)
+    worst, lo = 0, 0
+    for hi, t in enumerate(starts):
+        while starts[lo] <= t - window_us:
+            lo += 1
+        worst = max(worst, hi - lo + 1)
+    return worst
+
+
+async def accuracy(url: str, total: int) -> tuple[int, float, dict[str, int]]:
+    await flush(url)
+    async with app:
+        procs = [worker(url, "paced", 16) for _ in range(2)]
+        try:
+            await anyio.sleep(1.0)  # both processes up and claiming before the jobs come
+            jobs = await work.enqueue_many(Payload(i) for i in range(total))
+            await wait_done(total)
+        finally:
+            stop(procs)
+        done = await records([j.id for j in jobs])
+    starts = sorted(round(r.started_at * 1_000_000) for r in done)
+    per_process: dict[str, int] = {}
+    for r in done:
+        pid = (r.worker_id or "?").split(".")[-2]
+        per_process[pid] = per_process.get(pid, 0) + 1
+    rate = (len(starts) - 1) / ((starts[-1] - starts[0]) / 1_000_000)
+    return worst_window(starts, 1_000_000), rate, per_process
+
+
+def modes() -> Iterator[str]:
+    yield from ("none", "rate", "concurrency", "both")
+
+
+async def main(quick: bool, rounds: int) -> None:
+    total = 2_000 if quick else 20_000
+    with redis_server() as url:
+        app.use_broker(url)
+        results: dict[str, list[float]] = {m: [] for m in modes()}
+        for _ in range(rounds):
+            for mode in modes():
+                results[mode].append(await drain(url, mode, total))
+        base = statistics.median(results["none"])
+        for mode, rates in results.items():
+            median = statistics.median(rates)
+            print(
+                f"drain {total:,} C=16  {mode:<12} {median:9,.0f} jobs/s "
+                f"({median / base:6.1%} of no limit; runs: {', '.join(f'{r:,.0f}' for r in rates)})",
+                flush=True,
+            )
+        worst, rate, per_process = await accuracy(url, 250)
+        print(
+            f"RateLimit(50, per=1.0), 2 processes, 250 jobs: worst 1-second window {worst} "
+            f"starts (limit 50); {rate:.1f} starts/s first to last; per process {per_process}"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 jobs per drain")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    anyio.run(main, args.quick, args.rounds)
