@@ -9,7 +9,9 @@ import pytest
 
 from tests.support import In, Out
 from typedq import App, ConcurrencyLimit, ConfigError, RateLimit, RateLimited
+from typedq.cli import load_app
 from typedq.limits import LimitSpec
+from typedq.stubgen import generate
 
 
 class Tenant(msgspec.Struct, frozen=True):
@@ -126,3 +128,15 @@ def test_the_broker_spec_of_a_rate_limit() -> None:
 def test_rate_limited_needs_a_finite_delay(bad: Any) -> None:
     with pytest.raises(ValueError, match="finite number >= 0"):
         RateLimited(retry_after=bad)
+
+
+def test_stubs_say_that_they_cannot_compute_limit_keys() -> None:
+    text = generate(
+        load_app("tests.stubfix.limited:app"), target="tests.stubfix.limited:app", out="x.py"
+    )
+    note = "# The worker limits this task per key (concurrency); a stub cannot compute keys"
+    assert text.count(note) == 1
+    # The note sits on the keyed task only (just above it), not on the task-wide one.
+    lines = text.splitlines()
+    hold = next(i for i, line in enumerate(lines) if line.startswith("hold: TaskStub["))
+    assert any(line.startswith(note) for line in lines[hold - 3 : hold])
