@@ -309,3 +309,19 @@ async def test_keys_are_read_from_bodies_with_every_field_set(
         assert sorted(j.message.id for j in claimed) == ["a1", "b1"]
         assert claimed[0].message.concurrency_key in (long_a, long_b)
         assert await broker.claim(["q"], 3, worker_id="w", lease=30) == []
+
+
+async def test_parked_jobs_come_back_after_a_limit_is_dropped(
+    app_name: str, broker_url: str
+) -> None:
+    # A deploy removed the limit while jobs were parked by it: once their gate opens,
+    # claims that know no limit still give them back.
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(concurrency=1)})
+        await broker.enqueue([keyed("a"), keyed("b"), keyed("c")])
+        (a,) = await broker.claim(["q"], 3, worker_id="w", lease=30)
+        assert await broker.claim(["q"], 3, worker_id="w", lease=30) == []
+        broker.limits = {}
+        await broker.complete([Completion("a", a.token, b"")])
+        claimed = await broker.claim(["q"], 3, worker_id="w", lease=30)
+        assert sorted(j.message.id for j in claimed) == ["b", "c"]

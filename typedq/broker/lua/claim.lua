@@ -244,11 +244,19 @@ end
 
 -- Open gates give back as many parked jobs as their bucket admits (bounded by this
 -- claim's limit), at their old place among the waiting jobs; a gate whose bucket is
--- still closed gets its true opening time.
-if has_limits and limit > 0 then
+-- still closed gets its true opening time. A claim without limits looks too (one
+-- EXISTS per queue): after a deploy that dropped a limit, its parked jobs still come
+-- back (a gate of a task this claim does not limit gives back as many as it asks for).
+local gated = {}
+for _, q in ipairs(queues) do
+  gated[q] = has_limits or redis.call('EXISTS', k_gates(q)) == 1
+end
+if limit > 0 then
   for _, q in ipairs(queues) do
     local gk = k_gates(q)
-    for _, gate in ipairs(redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64)) do
+    local open = {}
+    if gated[q] then open = redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64) end
+    for _, gate in ipairs(open) do
       local lk = k_gate(q, gate)
       local n, opens = allowance(gate)
       if n == nil or n > limit then n = limit end
@@ -431,8 +439,8 @@ if claimed < limit then
       local t = redis.call('ZRANGE', k_sched(q), 0, 0, 'WITHSCORES')
       if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
     end
-    if has_limits then
-      for _, q in ipairs(queues) do
+    for _, q in ipairs(queues) do
+      if gated[q] then
         local t = redis.call('ZRANGE', k_gates(q), 0, 0, 'WITHSCORES')
         local opens = #t > 0 and tonumber(t[2])
         if opens and opens < math.huge and (not next_due or opens < next_due) then
