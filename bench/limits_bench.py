@@ -6,6 +6,8 @@ Run: ``.venv/bin/python -m bench.limits_bench [--quick] [--rounds N]``. Prints:
   with no limit, with a rate limit that never binds (``RateLimit(1_000_000, per=1.0)``),
   with a concurrency limit that never binds (``ConcurrencyLimit(10_000)``) and with
   both; runs interleaved, median of ``--rounds`` (default 3);
+- the broker alone: claim-and-complete cycles of 16 jobs in this process, 20,000 jobs,
+  with and without those limits (no worker runtime, so less noise);
 - rate-limit accuracy: ``RateLimit(50, per=1.0)`` across two worker processes over 250
   jobs; the worst one-second window of the start times Redis recorded (its own clock),
   and the rate achieved between the first and the last start.
@@ -21,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 
 import anyio
@@ -28,7 +31,8 @@ import msgspec
 
 from bench.redis_bench import ROOT, flush, redis_server
 from typedq import App, ConcurrencyLimit, JobState, RateLimit, Retention
-from typedq.broker.base import JobRecord
+from typedq.broker.base import Completion, JobRecord
+from typedq.limits import LimitSpec
 
 app = App("limitsbench", lease=30.0, retention=Retention(completed_max=1_000_000))
 
@@ -130,6 +134,35 @@ async def accuracy(url: str, total: int) -> tuple[int, float, dict[str, int]]:
     return worst_window(starts, 1_000_000), rate, per_process
 
 
+async def cycles(url: str, mode: str, total: int) -> float:
+    """Jobs/s of a bare claim/complete loop (batches of 16) on the broker."""
+    await flush(url)
+    limited = App("limitsbench", lease=30.0, retention=Retention(completed_max=1_000_000))
+    limited.use_broker(url)
+    async with limited:
+        broker = limited.broker
+        spec = LimitSpec.of(
+            RateLimit(1_000_000, per=1.0) if mode in ("rate", "both") else None,
+            ConcurrencyLimit(10_000) if mode in ("concurrency", "both") else None,
+        )
+        if spec is not None:
+            broker.set_limits({"work": spec})
+        for i in range(0, total, 1000):
+            await broker.enqueue([work.message(Payload(n)) for n in range(i, i + 1000)])
+        done = 0
+        started = time.perf_counter()
+        claimed = await broker.claim(["default"], 16, worker_id="bench", lease=30)
+        while claimed:
+            done += len(claimed)
+            finished = [Completion(c.message.id, c.token, b"") for c in claimed]
+            _, claimed = await broker.complete_and_claim(
+                finished, ["default"], 16, worker_id="bench", lease=30
+            )
+        elapsed = time.perf_counter() - started
+    assert done == total, (done, total)
+    return total / elapsed
+
+
 def modes() -> Iterator[str]:
     yield from ("none", "rate", "concurrency", "both")
 
@@ -148,6 +181,18 @@ async def main(quick: bool, rounds: int) -> None:
             print(
                 f"drain {total:,} C=16  {mode:<12} {median:9,.0f} jobs/s "
                 f"({median / base:6.1%} of no limit; runs: {', '.join(f'{r:,.0f}' for r in rates)})",
+                flush=True,
+            )
+        cycle: dict[str, list[float]] = {m: [] for m in modes()}
+        for _ in range(rounds):
+            for mode in modes():
+                cycle[mode].append(await cycles(url, mode, total))
+        base = statistics.median(cycle["none"])
+        for mode, rates in cycle.items():
+            median = statistics.median(rates)
+            print(
+                f"broker claim+complete x16 {mode:<12} {median:9,.0f} jobs/s "
+                f"({median / base:6.1%}; runs: {', '.join(f'{r:,.0f}' for r in rates)})",
                 flush=True,
             )
         worst, rate, per_process = await accuracy(url, 250)
