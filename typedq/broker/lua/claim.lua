@@ -184,6 +184,17 @@ local function window(rkey, per)
   return n
 end
 
+-- How many slots of a concurrency bucket are held, read once per claim.
+local holders = {}
+local function held(slot)
+  local n = holders[slot]
+  if not n then
+    n = redis.call('SCARD', k_slots(slot))
+    holders[slot] = n
+  end
+  return n
+end
+
 -- When a full window (n >= rate starts) opens: once the start `rate` places back leaves.
 local function window_opens(rkey, n, rate, per)
   local t = redis.call('ZRANGE', rkey, n - rate, n - rate, 'WITHSCORES')
@@ -199,7 +210,7 @@ local function admit(id, q, prio, body)
   local slot
   if c[3] > 0 then
     slot = task .. '|' .. ck
-    if redis.call('SCARD', k_slots(slot)) >= c[3] then
+    if held(slot) >= c[3] then
       park(q, 'c|' .. slot, prio, id, '+inf')
       return false, nil
     end
@@ -221,7 +232,10 @@ local function admit(id, q, prio, body)
     end
     windows[rkey] = n + 1
   end
-  if slot then redis.call('SADD', k_slots(slot), id) end
+  if slot then
+    redis.call('SADD', k_slots(slot), id)
+    holders[slot] = holders[slot] + 1
+  end
   return true, slot
 end
 
@@ -233,7 +247,7 @@ local function allowance(gate)
   if not c then return nil end
   if kind == 'c' then
     if c[3] == 0 then return nil end
-    return math.max(0, c[3] - redis.call('SCARD', k_slots(task .. '|' .. key))), '+inf'
+    return math.max(0, c[3] - held(task .. '|' .. key)), '+inf'
   end
   if c[1] == 0 then return nil end
   local rkey = k_rate(task, key)
