@@ -11,18 +11,14 @@ from snip import Image, Receipt, SendInvoice, app
 from typedq import ConcurrencyLimit, RateLimit
 
 
-# P: ok key= needs the mypy plugin
-@app.task(
-    rate_limit=RateLimit(5, per=1.0, key=lambda inv: inv.tenant)
-)  # E: attr-defined "SendInvoice" has no attribute "tenant"
+# E: attr-defined "SendInvoice" has no attribute "tenant"  # P: ok key= needs the mypy plugin
+@app.task(rate_limit=RateLimit(5, per=1.0, key=lambda inv: inv.tenant))
 async def unknown_field(invoice: SendInvoice) -> Receipt:
     return Receipt(receipt_id="r", total_cents=1)
 
 
-# P: ok key= needs the mypy plugin
-@app.task(
-    concurrency=ConcurrencyLimit(2, key=lambda image: image.customer)
-)  # E: attr-defined "Image" has no attribute "customer"
+# E: attr-defined "Image" has no attribute "customer"  # P: ok key= needs the mypy plugin
+@app.task(concurrency=ConcurrencyLimit(2, key=lambda image: image.customer))
 async def unknown_field_concurrency(image: Image) -> None:
     pass
 
