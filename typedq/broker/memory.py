@@ -496,14 +496,31 @@ class MemoryBroker(Broker):
         self._gates[gate] = opens_us
 
     def _unpark(self, queues: Sequence[str], now_us: int) -> None:
-        """Put the jobs of the open gates of ``queues`` back among the waiting jobs (their
-        heap entries keep their place); the claim admits or parks them again."""
+        """Give the open gates of ``queues`` back as many of their parked jobs as their
+        bucket admits now, best first (heap entries keep their place); the claim admits
+        or parks them again. A gate whose task this broker does not limit (any more)
+        gives back all of them."""
         wanted = set(queues)
         for gate in [g for g, opens in self._gates.items() if opens <= now_us and g[0] in wanted]:
-            del self._gates[gate]
-            heap = self._waiting[gate[0]]
-            for entry in self._parked.pop(gate, ()):
-                heapq.heappush(heap, entry)
+            queue, kind, task, key = gate
+            parked = self._parked.get(gate, [])
+            spec = self.limits.get(task)
+            room, opens = len(parked), 0.0
+            if spec is not None and kind == "c" and spec.concurrency:
+                room = spec.concurrency - len(self._slots.get((task, key), ()))
+                opens = float("inf")
+            elif spec is not None and kind == "r" and spec.rate:
+                starts = self._window((task, key), spec.per_us, now_us)
+                room = spec.rate - len(starts)
+                opens = starts[len(starts) - spec.rate] + spec.per_us if room <= 0 else now_us
+            heap = self._waiting[queue]
+            for _ in range(max(0, min(room, len(parked)))):
+                heapq.heappush(heap, heapq.heappop(parked))
+            if parked and room <= 0:
+                self._gates[gate] = opens
+            elif not parked:
+                del self._gates[gate]
+                self._parked.pop(gate, None)
 
     def _free_slot(self, job: _Job) -> None:
         """Release the concurrency slot ``job`` holds and open the gate of its key."""
