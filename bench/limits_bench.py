@@ -7,7 +7,8 @@ Run: ``.venv/bin/python -m bench.limits_bench [--quick] [--rounds N]``. Prints:
   with a concurrency limit that never binds (``ConcurrencyLimit(10_000)``) and with
   both; runs interleaved, median of ``--rounds`` (default 3);
 - the broker alone: claim-and-complete cycles of 16 jobs in this process, 20,000 jobs,
-  with and without those limits (no worker runtime, so less noise);
+  with and without those limits (no worker runtime, so less noise), and the CPU time
+  redis-server spent per job (``INFO cpu``; steadier than wall time on a busy machine);
 - rate-limit accuracy: ``RateLimit(50, per=1.0)`` across two worker processes over 250
   jobs; the worst one-second window of the start times Redis recorded (its own clock),
   and the rate achieved between the first and the last start.
@@ -28,6 +29,7 @@ from collections.abc import Iterator, Sequence
 
 import anyio
 import msgspec
+import redis.asyncio as aioredis
 
 from bench.redis_bench import ROOT, flush, redis_server
 from typedq import App, ConcurrencyLimit, JobState, RateLimit, Retention
@@ -134,8 +136,19 @@ async def accuracy(url: str, total: int) -> tuple[int, float, dict[str, int]]:
     return worst_window(starts, 1_000_000), rate, per_process
 
 
-async def cycles(url: str, mode: str, total: int) -> float:
-    """Jobs/s of a bare claim/complete loop (batches of 16) on the broker."""
+async def redis_cpu(url: str) -> float:
+    """Seconds of CPU redis-server has used (user + system, main thread and children)."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        info = await client.info("cpu")
+    finally:
+        await client.aclose()
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def cycles(url: str, mode: str, total: int) -> tuple[float, float]:
+    """Jobs/s of a bare claim/complete loop (batches of 16) on the broker, and
+    redis-server CPU microseconds per job."""
     await flush(url)
     limited = App("limitsbench", lease=30.0, retention=Retention(completed_max=1_000_000))
     limited.use_broker(url)
@@ -150,6 +163,7 @@ async def cycles(url: str, mode: str, total: int) -> float:
         for i in range(0, total, 1000):
             await broker.enqueue([work.message(Payload(n)) for n in range(i, i + 1000)])
         done = 0
+        cpu = await redis_cpu(url)
         started = time.perf_counter()
         claimed = await broker.claim(["default"], 16, worker_id="bench", lease=30)
         while claimed:
@@ -159,46 +173,62 @@ async def cycles(url: str, mode: str, total: int) -> float:
                 finished, ["default"], 16, worker_id="bench", lease=30
             )
         elapsed = time.perf_counter() - started
+        cpu = await redis_cpu(url) - cpu
     assert done == total, (done, total)
-    return total / elapsed
+    return total / elapsed, cpu / total * 1e6
 
 
 def modes() -> Iterator[str]:
     yield from ("none", "rate", "concurrency", "both")
 
 
-async def main(quick: bool, rounds: int) -> None:
+async def main(quick: bool, rounds: int, parts: set[str]) -> None:
     total = 2_000 if quick else 20_000
     with redis_server() as url:
         app.use_broker(url)
-        results: dict[str, list[float]] = {m: [] for m in modes()}
-        for _ in range(rounds):
-            for mode in modes():
-                results[mode].append(await drain(url, mode, total))
-        base = statistics.median(results["none"])
-        for mode, rates in results.items():
-            median = statistics.median(rates)
+        if "drain" in parts:
+            await drains(url, total, rounds)
+        if "broker" in parts:
+            await broker_cycles(url, total, rounds)
+        if "accuracy" in parts:
+            worst, rate, per_process = await accuracy(url, 250)
             print(
-                f"drain {total:,} C=16  {mode:<12} {median:9,.0f} jobs/s "
-                f"({median / base:6.1%} of no limit; runs: {', '.join(f'{r:,.0f}' for r in rates)})",
-                flush=True,
+                f"RateLimit(50, per=1.0), 2 processes, 250 jobs: worst 1-second window "
+                f"{worst} starts (limit 50); {rate:.1f} starts/s first to last; "
+                f"per process {per_process}"
             )
-        cycle: dict[str, list[float]] = {m: [] for m in modes()}
-        for _ in range(rounds):
-            for mode in modes():
-                cycle[mode].append(await cycles(url, mode, total))
-        base = statistics.median(cycle["none"])
-        for mode, rates in cycle.items():
-            median = statistics.median(rates)
-            print(
-                f"broker claim+complete x16 {mode:<12} {median:9,.0f} jobs/s "
-                f"({median / base:6.1%}; runs: {', '.join(f'{r:,.0f}' for r in rates)})",
-                flush=True,
-            )
-        worst, rate, per_process = await accuracy(url, 250)
+
+
+async def drains(url: str, total: int, rounds: int) -> None:
+    results: dict[str, list[float]] = {m: [] for m in modes()}
+    for _ in range(rounds):
+        for mode in modes():
+            results[mode].append(await drain(url, mode, total))
+    base = statistics.median(results["none"])
+    for mode, rates in results.items():
+        median = statistics.median(rates)
         print(
-            f"RateLimit(50, per=1.0), 2 processes, 250 jobs: worst 1-second window {worst} "
-            f"starts (limit 50); {rate:.1f} starts/s first to last; per process {per_process}"
+            f"drain {total:,} C=16  {mode:<12} {median:9,.0f} jobs/s "
+            f"({median / base:6.1%} of no limit; runs: {', '.join(f'{r:,.0f}' for r in rates)})",
+            flush=True,
+        )
+
+
+async def broker_cycles(url: str, total: int, rounds: int) -> None:
+    cycle: dict[str, list[tuple[float, float]]] = {m: [] for m in modes()}
+    for _ in range(rounds):
+        for mode in modes():
+            cycle[mode].append(await cycles(url, mode, total))
+    base = statistics.median(r for r, _ in cycle["none"])
+    base_cpu = statistics.median(c for _, c in cycle["none"])
+    for mode, runs in cycle.items():
+        median = statistics.median(r for r, _ in runs)
+        cpu = statistics.median(c for _, c in runs)
+        print(
+            f"broker claim+complete x16 {mode:<12} {median:9,.0f} jobs/s ({median / base:6.1%}); "
+            f"redis CPU {cpu:5.1f} us/job ({cpu / base_cpu:6.1%}); "
+            f"runs: {', '.join(f'{r:,.0f}' for r, _ in runs)}",
+            flush=True,
         )
 
 
@@ -206,5 +236,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2,000 jobs per drain")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--parts", default="drain,broker,accuracy", help="comma-separated: drain,broker,accuracy"
+    )
     args = parser.parse_args()
-    anyio.run(main, args.quick, args.rounds)
+    anyio.run(main, args.quick, args.rounds, set(args.parts.split(",")))
