@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from .backoff import Backoff
 from .broker.base import Broker, BrokerSettings, Retention
@@ -26,9 +26,7 @@ from .task import (
     TOut,
     handler_types,
 )
-
-if TYPE_CHECKING:
-    from .worker import Worker
+from .worker import Worker
 
 __all__ = ["App"]
 
@@ -168,7 +166,7 @@ class App(AppBase):
                 )
             task: Task[Any, Any] = Task(
                 handler,
-                owner=self,
+                app=self,
                 options=options,
                 input_type=input_type,
                 output_type=output_type,
@@ -264,6 +262,4 @@ class App(AppBase):
         :param queues: which queues to take jobs from (default: every queue of the app)
         :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
         """
-        from .worker import Worker
-
-        return Worker._for_app(self, concurrency=concurrency, queues=queues, grace=grace)
+        return Worker(self, concurrency=concurrency, queues=queues, grace=grace)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -219,6 +219,17 @@ class AppBase:
         if self._client.connected:
             raise ConfigError(f"cannot change the broker of a connected {type(self).__name__}")
         self._client = Client(broker, name=self.name, settings=self.settings)
+
+    @contextlib.contextmanager
+    def using_broker(self, broker: str | Broker) -> Iterator[Self]:
+        """Point at ``broker`` for the block (only while not connected), then back at the
+        one before: ``with app.using_broker(MemoryBroker(...)): async with app: ...``."""
+        previous = self._client
+        self.use_broker(broker)
+        try:
+            yield self
+        finally:
+            self._client = previous
 
     async def __aenter__(self) -> Self:
         await self._client.__aenter__()

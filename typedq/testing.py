@@ -130,17 +130,13 @@ async def run_worker(
         raise ConfigError("run_worker needs an app that is not connected yet")
     clock = clock or FakeClock()
     broker = MemoryBroker(app.settings, clock=clock)
-    previous = app.client
-    app.use_broker(broker)
-    try:
+    with app.using_broker(broker):
         async with app:
             worker = app.worker(concurrency=concurrency, grace=grace)
             for double in resources:
                 worker.provide(double.resource, double.value)
             async with worker:
                 yield Harness(app, worker, broker, clock)
-    finally:
-        app._client = previous
 
 
 def job_context(
