@@ -22,7 +22,14 @@ from typedq import (
     RateLimit,
     RateLimited,
 )
-from typedq.broker.base import Broker, Completion, Failure, JobMessage, Release
+from typedq.broker.base import (
+    Broker,
+    CancelOutcome,
+    Completion,
+    Failure,
+    JobMessage,
+    Release,
+)
 from typedq.limits import LimitSpec
 
 pytestmark = pytest.mark.anyio
@@ -325,3 +332,41 @@ async def test_parked_jobs_come_back_after_a_limit_is_dropped(
         await broker.complete([Completion("a", a.token, b"")])
         claimed = await broker.claim(["q"], 3, worker_id="w", lease=30)
         assert sorted(j.message.id for j in claimed) == ["b", "c"]
+
+
+async def test_parked_jobs_can_be_cancelled_and_purged(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(rate=1, per_us=60_000_000)})
+        await broker.enqueue([msg(job_id=i, task="t") for i in ("a", "b", "c", "d")])
+        (a,) = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        assert a.message.id == "a"
+        assert await broker.claim(["q"], 4, worker_id="w", lease=30) == []  # b, c, d parked
+        assert await broker.cancel("b") is CancelOutcome.CANCELLED
+        assert await broker.purge("q", [JobState.WAITING]) == 2
+        counts = await broker.counts("q")
+        assert counts[JobState.WAITING] == 0
+        assert counts[JobState.CANCELLED] == 1
+        assert await broker.get(["c", "d"]) == [None, None]
+        # The limit no longer binds (dropped): nothing parked is left to come back.
+        broker.limits = {}
+        await broker.complete([Completion("a", a.token, b"")])
+        assert await broker.claim(["q"], 4, worker_id="w", lease=30) == []
+
+
+async def test_a_parked_id_cancelled_removed_and_enqueued_again_runs_once(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(concurrency=1)})
+        await broker.enqueue([keyed("a"), keyed("b")])
+        (a,) = await broker.claim(["q"], 2, worker_id="w", lease=30)
+        assert await broker.claim(["q"], 2, worker_id="w", lease=30) == []  # b parked
+        assert await broker.cancel("b") is CancelOutcome.CANCELLED
+        assert await broker.remove(["b"]) == [True]
+        await broker.enqueue([keyed("b")])
+        assert await broker.claim(["q"], 2, worker_id="w", lease=30) == []  # a holds the slot
+        await broker.complete([Completion("a", a.token, b"")])
+        (b,) = await broker.claim(["q"], 2, worker_id="w", lease=30)
+        assert b.message.id == "b"
+        assert await broker.claim(["q"], 2, worker_id="w", lease=30) == []
+        assert (await broker.counts("q"))[JobState.WAITING] == 0

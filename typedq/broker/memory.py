@@ -513,10 +513,17 @@ class MemoryBroker(Broker):
                 starts = self._window((task, key), spec.per_us, now_us)
                 room = spec.rate - len(starts)
                 opens = starts[len(starts) - spec.rate] + spec.per_us if room <= 0 else now_us
+            closed = room <= 0
             heap = self._waiting[queue]
-            for _ in range(max(0, min(room, len(parked)))):
-                heapq.heappush(heap, heapq.heappop(parked))
-            if parked and room <= 0:
+            while parked and room > 0:
+                entry = heapq.heappop(parked)
+                job = self._jobs.get(entry[3])
+                if job is not None and job.version == entry[2] and job.state is JobState.WAITING:
+                    heapq.heappush(heap, entry)
+                    room -= 1  # (an entry of a job that left waiting is dropped)
+            if parked and closed:
+                # Full now (so someone holds a slot or a recent start): closed until then.
+                # Otherwise it stays open and the next claim counts again.
                 self._gates[gate] = opens
             elif not parked:
                 del self._gates[gate]
