@@ -370,3 +370,15 @@ async def test_a_parked_id_cancelled_removed_and_enqueued_again_runs_once(
         assert b.message.id == "b"
         assert await broker.claim(["q"], 2, worker_id="w", lease=30) == []
         assert (await broker.counts("q"))[JobState.WAITING] == 0
+
+
+async def test_parked_jobs_are_listed_as_waiting(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(rate=1, per_us=60_000_000)})
+        await broker.enqueue([msg(job_id=i, task="t") for i in ("a", "b", "c")])
+        await broker.enqueue([msg(job_id="free", task="other")])
+        claimed = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["a"]
+        assert await broker.claim(["q"], 1, worker_id="w", lease=30) != []  # "free"; b, c parked
+        assert sorted(await broker.list_jobs("q", JobState.WAITING)) == ["b", "c"]
+        assert await broker.list_jobs("q", JobState.WAITING, offset=1, limit=1) in (["b"], ["c"])
