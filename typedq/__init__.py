@@ -37,6 +37,9 @@ from .errors import TypedqError as TypedqError
 from .job import Job as Job
 from .job import JobInfo as JobInfo
 from .job import JobStatus as JobStatus
+from .limits import ConcurrencyLimit as ConcurrencyLimit
+from .limits import RateLimit as RateLimit
+from .limits import RateLimited as RateLimited
 from .producer import Producer as Producer
 from .producer import TaskStub as TaskStub
 from .resources import Resource as Resource
@@ -58,6 +61,7 @@ __all__ = [
     "BrokerError",
     "BrokerUnavailable",
     "Client",
+    "ConcurrencyLimit",
     "ConfigError",
     "EncodeError",
     "Enqueuer",
@@ -79,6 +83,8 @@ __all__ = [
     "PayloadTooLarge",
     "Producer",
     "QueueFull",
+    "RateLimit",
+    "RateLimited",
     "RedisDataLost",
     "Reject",
     "Resource",
