@@ -448,6 +448,12 @@ def _parser() -> argparse.ArgumentParser:
         "--state", default=None, choices=[s.value for s in JobState], help="jobs to list or act on"
     )
     inspect.add_argument("--limit", type=int, default=20, help="jobs listed per queue")
+    inspect.add_argument(
+        "--flow",
+        default=None,
+        metavar="ID",
+        help="show the workflow of job ID (the flow's job, a step or a member)",
+    )
     actions = inspect.add_mutually_exclusive_group()
     for action in ("retry", "cancel", "purge"):
         actions.add_argument(
@@ -580,6 +586,15 @@ def _inspect(args: argparse.Namespace) -> int:
         client = Client(broker, name=name, settings=settings)
         async with client:
             tool = inspector.Inspector(client, queues, schedules=schedules)
+            if args.flow is not None:
+                flow = await tool.flow(args.flow)
+                if flow is None:
+                    raise ConfigError(f"job {args.flow!r} belongs to no workflow")
+                if args.json:
+                    print(msgspec.json.format(msgspec.json.encode(flow), indent=2).decode())
+                else:
+                    inspector.render_flow(out, flow)
+                return 0
             if not chosen:
                 overview = await tool.overview(state or JobState.FAILED, limit=args.limit)
                 if args.json:

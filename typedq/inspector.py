@@ -21,6 +21,7 @@ from rich.table import Table
 
 from .broker import redact_url
 from .broker.base import CancelOutcome, JobRecord, JobState, ScheduleState
+from .broker.flow import member_id, step_id
 from .client import Client
 from .errors import ConfigError, FailureRecord
 from .job import decode_failure
@@ -30,12 +31,14 @@ __all__ = [
     "ACTIONS",
     "Action",
     "ActionReport",
+    "FlowView",
     "Inspector",
     "JobView",
     "Overview",
     "ScheduleView",
     "all_done",
     "render_action",
+    "render_flow",
     "render_overview",
     "render_schedules",
 ]
@@ -106,6 +109,27 @@ class Overview(msgspec.Struct, frozen=True, kw_only=True):
     state: JobState
     jobs: list[JobView]
     schedules: list[ScheduleView] = []
+
+
+class FlowView(msgspec.Struct, frozen=True, kw_only=True):
+    """A workflow as ``inspect --flow ID`` shows it: its shape and where it stands.
+
+    :ivar state: the flow's own job's state (its last step, or a fan-out's collector)
+    :ivar running: False once the flow has ended (completed, failed or cancelled)
+    :ivar members: fan-out members (0 for a chain); ``members_pending`` of them have not
+        settled (-1 once the flow has ended), ``member_states`` counts them per state
+    :ivar steps: each single step in order (``None`` for a step whose job is gone)
+    :ivar failed_members: up to 10 failed or cancelled members, with their records
+    """
+
+    id: str
+    state: JobState | None
+    running: bool
+    members: int
+    members_pending: int
+    member_states: dict[JobState, int]
+    steps: list[JobView | None]
+    failed_members: list[JobView]
 
 
 class ActionReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -192,6 +216,37 @@ class Inspector:
             state=state,
             jobs=await self.jobs(state, limit=limit),
             schedules=await self.schedules(),
+        )
+
+    async def flow(self, job_id: str) -> FlowView | None:
+        """The workflow (see :mod:`typedq.workflow`) that the job ``job_id`` belongs to
+        (the flow's own job, a step or a member), or None."""
+        broker = self.client.broker
+        shape = await broker.flow_state(job_id)
+        if shape is None:
+            return None
+        flow_id = shape.id
+        steps = await broker.get([step_id(flow_id, k, shape.steps) for k in range(shape.steps)])
+        states: dict[JobState, int] = {}
+        failed: list[JobView] = []
+        for start in range(0, shape.members, PAGE):
+            ids = [member_id(flow_id, i) for i in range(start, min(start + PAGE, shape.members))]
+            for record in await broker.get(ids):
+                if record is None:
+                    continue
+                states[record.state] = states.get(record.state, 0) + 1
+                if record.state in (JobState.FAILED, JobState.CANCELLED) and len(failed) < 10:
+                    failed.append(_view(record))
+        own = steps[-1]
+        return FlowView(
+            id=flow_id,
+            state=None if own is None else own.state,
+            running=shape.pending >= 0,
+            members=shape.members,
+            members_pending=shape.pending,
+            member_states=states,
+            steps=[None if r is None else _view(r) for r in steps],
+            failed_members=failed,
         )
 
     async def act(self, action: Action, ids: Sequence[str]) -> ActionReport:
@@ -359,6 +414,38 @@ def render_overview(console: Console, overview: Overview) -> None:
             "-" if error is None else f"{error.error_type}: {error.message}",
         )
     console.print(jobs)
+
+
+def render_flow(console: Console, flow: FlowView) -> None:
+    """Draw a workflow: its fan-out members per state, then each step."""
+    where = "running" if flow.running else "ended"
+    state = "-" if flow.state is None else flow.state.value
+    console.print(f"flow {flow.id}: {state} ({where})")
+    if flow.members:
+        counts = ", ".join(f"{n} {s.value}" for s, n in sorted(flow.member_states.items()))
+        pending = f"; {flow.members_pending} not settled" if flow.members_pending >= 0 else ""
+        console.print(f"fan-out: {flow.members} members ({counts or 'gone'}{pending})")
+    table = Table(title="steps", title_justify="left")
+    for column in ("#", "id", "task", "state", "attempt", "error"):
+        table.add_column(column, overflow="fold")
+    for k, step in enumerate(flow.steps):
+        if step is None:
+            table.add_row(str(k), "-", "-", "gone", "-", "-")
+            continue
+        error = step.error
+        table.add_row(
+            str(k),
+            step.id,
+            step.task,
+            step.state.value,
+            str(step.attempt),
+            "-" if error is None else f"{error.reason.value}: {error.message}",
+        )
+    console.print(table)
+    for member in flow.failed_members:
+        error = member.error
+        message = "-" if error is None else f"{error.reason.value}: {error.message}"
+        console.print(f"member {member.id}: {member.state.value}: {message}")
 
 
 def render_schedules(console: Console, schedules: Sequence[ScheduleView]) -> None:

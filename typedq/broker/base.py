@@ -25,11 +25,15 @@ import secrets
 from collections.abc import Mapping, Sequence
 from enum import IntEnum, StrEnum
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..errors import BrokerError, QueueFull
+from ..errors import BrokerError, ConfigError, QueueFull
 from ..limits import LimitSpec
+
+if TYPE_CHECKING:
+    from .flow import FlowSpec, FlowState
 
 __all__ = [
     "CLAIM_RECORD_TTL",
@@ -366,6 +370,20 @@ class Broker(abc.ABC):
             except (QueueFull, BrokerError) as exc:
                 results.append(exc)
         return results
+
+    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        """Store workflows (:mod:`typedq.broker.flow`), each atomically with all its jobs.
+
+        Per flow: its outcome (``created`` is False when a job with the flow's id already
+        existed: nothing was stored) or the error that refused it (QueueFull when its jobs
+        would pass ``max_queue_length``: nothing of it was stored).
+        """
+        raise ConfigError(f"{type(self).__name__} does not support workflows")
+
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        """The shape and progress of the flow that the job ``flow_id`` belongs to (the
+        flow's own job, a step or a member); None if it is no flow's (or it is gone)."""
+        return None
 
     @abc.abstractmethod
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:

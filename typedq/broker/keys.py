@@ -33,6 +33,11 @@ The layout (``P`` is the prefix)::
                                    id is claimed where a fresh job would be
     P q:<queue>:s         zset     scheduled ids -> run_at (µs)
     P q:<queue>:n         hash     state letter -> number of jobs (O(1) counts)
+    P f:<flow id>         hash     a running workflow (typedq/broker/flow.py): ``S`` steps,
+                                   ``n`` members, ``c`` members not settled, ``col``
+                                   collector, ``pol`` fan-in policy, per member ``d<i>``
+                                   settled and ``r<i>`` its fan-in element, ``fi fst fe``
+                                   the first failed member; deleted when the flow ends
     P schedules           hash     schedule name -> its state (typedq.schedule):
                                    'digest|last_tick|fired_at|fired|skipped|last_job';
                                    one field per declared schedule (pruned at start-up)
@@ -77,7 +82,9 @@ Job hash fields: ``m`` body, ``q`` queue, ``p`` priority (absent = 0),
 ``a`` attempt, ``k`` stalls, ``ck`` the concurrency slot held, ``t`` lease token, ``d`` token of the last fenced
 transition, ``st`` started_at, ``fa`` finished_at, ``w`` worker id, ``cr`` cancel
 requested, ``res`` result, ``err`` FailureRecord, ``pg`` progress. Times are
-integer microseconds of the Redis clock.
+integer microseconds of the Redis clock. A job of a workflow (always a hash) adds ``fl``
+flow id, ``fm`` member index or ``fs`` step index, while held ``mh``/``mt`` (its body
+around the payload), and on the flow's own job ``fS``/``fn`` (the flow's shape).
 
 The Lua scripts derive per-job and per-queue names from the prefix with the helper
 functions of ``lua/common.lua``, which mirror this module; a test checks that both
@@ -156,6 +163,10 @@ class Keys:
     def stale(self, queue: str) -> str:
         """The hash counting stale waiting entries of ``queue`` by ``'<prio>|<id>'``."""
         return f"{self.prefix}q:{queue}:z"
+
+    def flow(self, flow_id: str) -> str:
+        """The record of a running workflow (its counter and fan-in results)."""
+        return f"{self.prefix}f:{flow_id}"
 
     def gates(self, queue: str) -> str:
         """The zset of ``queue``'s limit gates that parked jobs, by opening time."""

@@ -23,10 +23,11 @@ local touched_f, touched_x = 0, 0
 for i = 0, n - 1 do
   local b = 5 + 6 * i
   local id, tok, mode, delay = ARGV[b], ARGV[b + 1], ARGV[b + 3], tonumber(ARGV[b + 4])
-  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p', 'ck', 'a')
+  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p', 'ck', 'a', 'fl', 'fm', 'fs')
   if not r then
     out[i + 1] = not_active_answer(id)
   elseif r[1] == 'a' and r[2] == tok then
+    flow_link_of(id, r[9], r[10], r[11])
     local jk = k_job(id)
     local q = r[4] or ''
     redis.call('HSET', jk, 'err', ARGV[b + 2], 'd', tok)

@@ -47,6 +47,7 @@ from ..base import (
     RetryOutcome,
     check_claim_id,
 )
+from ..flow import FlowSpec, FlowState
 from ..keys import STATE_LETTERS, Keys
 from .codec import (
     FINISH,
@@ -68,6 +69,7 @@ from .connection import (
     make_client,
 )
 from .errors import broker_error, scrub
+from .flows import flow_args, flow_outcome
 from .health import EpochWatch, MemoryWatch, check_config, log
 from .listener import Notifications
 from .schedules import ScheduleOps
@@ -421,6 +423,50 @@ class RedisBroker(ScheduleOps, Broker):
                     )
             i = j
         return results
+
+    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        """Store workflows: one ``flow_enqueue`` script per group of flows (up to ~8 MB
+        of bodies), pipelined in one round trip; each flow is stored atomically, whole."""
+        if not flows:
+            self._conn()
+            return []
+        if self._epoch.is_due():
+            await self.check_epoch()
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+        groups: list[list[FlowSpec]] = []
+        args: list[Any] = []
+        group: list[FlowSpec] = []
+        size = 0
+        for spec in flows:
+            more, extra = flow_args(spec)
+            if group and size + extra > _PIPELINE_BYTES:
+                groups.append(group)
+                calls.append(self._flow_call(group, args))
+                group, args, size = [], [], 0
+            group.append(spec)
+            args += more
+            size += extra
+        groups.append(group)
+        calls.append(self._flow_call(group, args))
+        replies = await self._eval_pipelined(calls)
+        return [
+            flow_outcome(spec, answer)
+            for group, reply in zip(groups, replies, strict=True)
+            for spec, answer in zip(group, reply, strict=True)
+        ]
+
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        reply = await self._eval("flow_info", [], [self.keys.prefix, flow_id])
+        if not isinstance(reply, list):
+            return None
+        steps, members, pending = (int(v) for v in reply[:3])
+        return FlowState(id=text(reply[3]), steps=steps, members=members, pending=pending)
+
+    def _flow_call(
+        self, group: Sequence[FlowSpec], args: list[Any]
+    ) -> tuple[str, Sequence[str], Sequence[Any]]:
+        head = [self.keys.prefix, self.settings.max_queue_length, len(group)]
+        return "flow_enqueue", [self.keys.seq, self.keys.request(_request_token())], head + args
 
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
         if not ids:
