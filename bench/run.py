@@ -133,11 +133,6 @@ def python_for(system: str) -> Path:
     return ensure_venv(system)
 
 
-def typedq_has_redis() -> bool:
-    broker = ROOT / "typedq" / "broker"
-    return (broker / "redis.py").exists() or (broker / "redis" / "__init__.py").exists()
-
-
 @contextlib.contextmanager
 def code_tree(worktree: bool) -> Iterator[tuple[Path, str]]:
     """The directory adapters run from, and a description of the typedq code in it.
@@ -379,9 +374,6 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     if args.flow_window:
         sizes["flow_window"] = args.flow_window
     systems = [s for s in args.systems.split(",") if s]
-    if "typedq" in systems and not typedq_has_redis():
-        print("[note] typedq/broker/redis.py does not exist yet: running typedq-memory instead")
-        systems[systems.index("typedq")] = "typedq-memory"
     workloads = [w for w in args.workloads.split(",") if w]
     for system in systems:
         python_for(system)

@@ -21,7 +21,6 @@ from tests import redis_support
 from tests.redis_harness import RedisProcess, flushall, redis_process
 from tests.redis_support import Item, message, raw_redis
 from typedq import App, BrokerError, BrokerUnavailable, FailureReason, JobFailed, JobState
-from typedq.broker import redis as redis_module
 from typedq.broker.base import (
     BrokerSettings,
     CancelOutcome,
@@ -33,6 +32,7 @@ from typedq.broker.base import (
     Retention,
 )
 from typedq.broker.redis import CONNECT_TIMEOUT, RETRIES, SOCKET_TIMEOUT, RedisBroker
+from typedq.broker.redis import health as redis_health
 from typedq.errors import FailureRecord
 from typedq.names import new_job_id
 from typedq.task import DEFAULT_QUEUE
@@ -351,7 +351,9 @@ async def test_resent_claim_returns_the_same_jobs(
     async with broker_at(url) as broker:
         await broker.enqueue([message(f"j{i}") for i in range(10)])
         # The same claim token twice: what a re-sent EVALSHA looks like to Redis.
-        monkeypatch.setattr("typedq.broker.redis.secrets.token_hex", lambda _: "feedfacefeedface")
+        monkeypatch.setattr(
+            "typedq.broker.redis.broker.secrets.token_hex", lambda _: "feedfacefeedface"
+        )
         first = await broker.claim(["q"], 4, worker_id="w", lease=30)
         again = await broker.claim(["q"], 4, worker_id="w", lease=30)
         assert [c.message.id for c in first] == ["j0", "j1", "j2", "j3"]
@@ -613,7 +615,7 @@ async def test_eviction_policy_warning(url: str, caplog: pytest.LogCaptureFixtur
 
 async def test_persistence_warning(url: str, caplog: pytest.LogCaptureFixture) -> None:
     # The session server runs with `--appendonly no --save ""`: no persistence at all.
-    redis_module._WARNED.clear()  # warned once per process and address: maybe already
+    redis_health.WARNED.clear()  # warned once per process and address: maybe already
     with caplog.at_level(logging.WARNING, logger="typedq.broker.redis"):
         async with broker_at(url):
             pass

@@ -1,5 +1,5 @@
 """Redis client errors reach users as typedq errors, through the one table in
-``typedq/broker/redis.py`` (``_ERRORS``): each row's type, and the order of rows where
+``typedq/broker/redis/errors.py`` (``ERRORS``): each row's type, and the order of rows where
 redis-py's exceptions subclass each other.
 
 The broker is connected to a real redis-server (for its address and key prefix); the

@@ -324,7 +324,7 @@ async def test_flushall_is_reported_once_by_every_client() -> None:
 
 
 async def test_producers_notice_on_enqueue(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("typedq.broker.redis.EPOCH_CHECK_INTERVAL", 0.0)
+    monkeypatch.setattr("typedq.broker.redis.health.EPOCH_CHECK_INTERVAL", 0.0)
     with redis_process() as server:
         broker = RedisBroker(server.url, BrokerSettings(namespace="ep"))
         await broker.connect()

@@ -191,7 +191,7 @@ async def test_a_worker_drains_a_full_redis_and_says_so(
     """Defect 2: at maxmemory the worker still claims, completes, retries and recovers
     every job (retention frees the memory), enqueues are refused until then, and the
     worker logs one warning at the limit and one info line below it again."""
-    monkeypatch.setattr("typedq.broker.redis.MEMORY_CHECK_INTERVAL", 0.2)
+    monkeypatch.setattr("typedq.broker.redis.health.MEMORY_CHECK_INTERVAL", 0.2)
     caplog.set_level(logging.INFO, logger="typedq.broker.redis")
     admin = fill_to_maxmemory(small_redis.port)
     app = App(

@@ -34,6 +34,8 @@ from .errors import Reject as Reject
 from .errors import ResultTimeout as ResultTimeout
 from .errors import Retry as Retry
 from .errors import TypedqError as TypedqError
+from .fanin import Failed as Failed
+from .fanin import Ok as Ok
 from .job import Job as Job
 from .job import JobInfo as JobInfo
 from .job import JobStatus as JobStatus
@@ -46,6 +48,9 @@ from .task import UNSET as UNSET
 from .task import Enqueuer as Enqueuer
 from .task import Task as Task
 from .worker import Worker as Worker
+from .workflow import Chain as Chain
+from .workflow import FanOut as FanOut
+from .workflow import Flow as Flow
 
 __version__ = "0.1.0"
 
@@ -56,12 +61,16 @@ __all__ = [
     "Backoff",
     "BrokerError",
     "BrokerUnavailable",
+    "Chain",
     "Client",
     "ConfigError",
     "EncodeError",
     "Enqueuer",
+    "Failed",
     "FailureReason",
     "FailureRecord",
+    "FanOut",
+    "Flow",
     "InvalidName",
     "InvalidOption",
     "InvalidPayload",
@@ -74,6 +83,7 @@ __all__ = [
     "JobState",
     "JobStatus",
     "NotConnected",
+    "Ok",
     "PartialEnqueue",
     "PayloadTooLarge",
     "Producer",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import (
@@ -43,10 +43,11 @@ from .options import (
     check_seconds_option,
     where,
 )
-from .serde import Codec, codec_for, is_model_type, optional_model
+from .serde import Codec, codec_for, is_input_type, is_model_type, optional_model
 
 if TYPE_CHECKING:
     from .client import Client
+    from .workflow import Chain, FanOut
 
 __all__ = [
     "UNSET",
@@ -58,9 +59,21 @@ __all__ = [
     "Unset",
 ]
 
-TIn = TypeVar("TIn", bound=msgspec.Struct | pydantic.BaseModel)
+#: A task's input: a model, or a list of models (a fan-in callback, :mod:`typedq.workflow`).
+TIn = TypeVar(
+    "TIn",
+    bound=msgspec.Struct | pydantic.BaseModel | Sequence[msgspec.Struct | pydantic.BaseModel],
+)
 TOut = TypeVar("TOut", bound=msgspec.Struct | pydantic.BaseModel | None)
-TIn_contra = TypeVar("TIn_contra", bound=msgspec.Struct | pydantic.BaseModel, contravariant=True)
+TIn_contra = TypeVar(
+    "TIn_contra",
+    bound=msgspec.Struct | pydantic.BaseModel | Sequence[msgspec.Struct | pydantic.BaseModel],
+    contravariant=True,
+)
+#: The next step's output (``then``).
+TNext = TypeVar("TNext", bound=msgspec.Struct | pydantic.BaseModel | None)
+#: A task's output as the next step's input (``then``).
+TMid = TypeVar("TMid", bound=msgspec.Struct | pydantic.BaseModel)
 
 
 class Unset(Enum):
@@ -402,6 +415,28 @@ class TaskBase(Generic[TIn, TOut]):
             raise
         return [self._job(o.id, created=o.created) for o in outcomes]
 
+    # -- workflows (typedq.workflow) --------------------------------------------------
+
+    def then(self: TaskBase[TIn, TMid], task: TaskBase[TMid, TNext]) -> Chain[TIn, TNext]:
+        """A chain: this task, then ``task`` on its result (mypy: ``task`` must take this
+        task's output). ``await chain.enqueue(payload)`` gives the last step's ``Job``.
+
+        :raises ConfigError: the types do not meet (for callers mypy does not check)
+        """
+        from .workflow import Chain
+
+        return Chain([self, task])
+
+    def map(self, inputs: Iterable[TIn]) -> FanOut[TOut]:
+        """A fan-out of this task over ``inputs``: ``await fan.enqueue()`` gives
+        ``Job[list[TOut]]`` (results in input order); ``fan.then(callback)`` fans in.
+
+        Every input is checked and encoded here, so a bad one fails this call.
+        """
+        from .workflow import FanOut
+
+        return FanOut(self, inputs)
+
 
 class Task(TaskBase[TIn, TOut]):
     """A registered handler with typed input ``TIn`` and output ``TOut``.
@@ -483,10 +518,11 @@ def handler_types(fn: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
             f"it takes {len(params)} positional parameters"
         )
     input_type = hints.get(params[0].name)
-    if not is_model_type(input_type):
+    if not is_input_type(input_type):
         raise ConfigError(
             f"handler {where}: parameter {params[0].name!r} is annotated {input_type!r}, "
-            "but must be a msgspec.Struct or pydantic.BaseModel subclass"
+            "but must be a msgspec.Struct or pydantic.BaseModel subclass, or a list of one "
+            "(list[Model], or list[Ok[Model] | Failed] for a collecting fan-in)"
         )
     if "return" not in hints:
         raise ConfigError(f"handler {where} needs a return annotation (a model, or None)")

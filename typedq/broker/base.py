@@ -24,10 +24,14 @@ import abc
 import secrets
 from collections.abc import Sequence
 from enum import IntEnum, StrEnum
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..errors import BrokerError, QueueFull
+from ..errors import BrokerError, ConfigError, QueueFull
+
+if TYPE_CHECKING:
+    from .flow import FlowSpec
 
 __all__ = [
     "CLAIM_RECORD_TTL",
@@ -284,6 +288,15 @@ class Broker(abc.ABC):
             except (QueueFull, BrokerError) as exc:
                 results.append(exc)
         return results
+
+    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        """Store workflows (:mod:`typedq.broker.flow`), each atomically with all its jobs.
+
+        Per flow: its outcome (``created`` is False when a job with the flow's id already
+        existed: nothing was stored) or the error that refused it (QueueFull when its jobs
+        would pass ``max_queue_length``: nothing of it was stored).
+        """
+        raise ConfigError(f"{type(self).__name__} does not support workflows")
 
     @abc.abstractmethod
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:

@@ -42,8 +42,18 @@ from .base import (
     check_claim_id,
     new_claim_id,
 )
+from .flow import (
+    FLOW_BROKEN_MESSAGE,
+    HELD_AT,
+    FlowSpec,
+    collect_element,
+    fan_in_payload,
+    member_id,
+    step_id,
+)
 from .records import (
     CANCELLED_ON_HAND_BACK,
+    CANCELLED_WITH_FLOW,
     CANCELLED_WORKER_LOST,
     broker_failure,
     cancelled_while,
@@ -64,6 +74,9 @@ class _Job:
         "enqueued_at",
         "error",
         "finished_at",
+        "flow_id",
+        "flow_member",
+        "flow_step",
         "lease_until",
         "message",
         "order",
@@ -96,6 +109,10 @@ class _Job:
         self.active_token: str | None = None
         self.done_token: str | None = None  # the token whose finish/fail last took effect
         self.lease_until = 0.0
+        #: The workflow this job belongs to, and its place: member index or step index.
+        self.flow_id: str | None = None
+        self.flow_member = -1
+        self.flow_step = -1
 
     def snapshot(self) -> JobRecord:
         return JobRecord(
@@ -113,6 +130,33 @@ class _Job:
             cancel_requested=self.cancel_requested,
             worker_id=self.worker_id,
         )
+
+
+class _Flow:
+    """A running workflow (see :mod:`typedq.broker.flow`); dropped when it ends."""
+
+    __slots__ = (
+        "collect",
+        "collector",
+        "failed",
+        "id",
+        "members",
+        "outcomes",
+        "remaining",
+        "steps",
+    )
+
+    def __init__(self, spec: FlowSpec) -> None:
+        self.id = spec.id
+        self.members = len(spec.members)
+        self.steps = len(spec.steps)
+        self.collector = spec.collector
+        self.collect = spec.collect
+        self.remaining = self.members
+        #: Per member: its fan-in element (result bytes, or a collect element).
+        self.outcomes: list[bytes | None] = [None] * self.members
+        #: The first failed member by index: (index, final state, record).
+        self.failed: tuple[int, JobState, bytes | None] | None = None
 
 
 class MemoryBroker(Broker):
@@ -150,6 +194,8 @@ class MemoryBroker(Broker):
         self._finish_waiters: dict[str, anyio.Event] = {}
         #: Recent claims by claim id: (when, job ids), oldest first.
         self._claims: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
+        #: Running workflows by flow id.
+        self._flows: dict[str, _Flow] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -232,6 +278,8 @@ class MemoryBroker(Broker):
         waiter = self._finish_waiters.pop(job.message.id, None)
         if waiter is not None:
             waiter.set()
+        if job.flow_id is not None:
+            self._flow_settled(job, job.state, job.result, job.error, now)
         self._trim(state, now)
 
     def _trim(self, state: JobState, now: float) -> None:
@@ -640,6 +688,158 @@ class MemoryBroker(Broker):
         waiter = self._finish_waiters.pop(job.message.id, None)
         if waiter is not None:
             waiter.set()
+        if job.flow_id is not None and not job.state.is_final:
+            now = self.clock()
+            record = _encode(
+                broker_failure(
+                    "flow_broken", FLOW_BROKEN_MESSAGE, attempt=job.attempt, failed_at=now
+                )
+            )
+            self._flow_settled(job, JobState.FAILED, None, record, now)
+
+    # -- workflows (see typedq.broker.flow) ------------------------------------------
+
+    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        self._check()
+        out: list[EnqueueOutcome | Exception] = []
+        for spec in flows:
+            try:
+                out.append(self._enqueue_flow(spec))
+            except QueueFull as exc:
+                out.append(exc)
+        self.wake()
+        return out
+
+    def _enqueue_flow(self, spec: FlowSpec) -> EnqueueOutcome:
+        if spec.id in self._jobs:
+            return EnqueueOutcome(spec.id, False)
+        jobs = [*spec.members, *spec.steps]
+        limit = self.settings.max_queue_length
+        if limit:
+            adding: dict[str, int] = defaultdict(int)
+            for message in jobs:
+                adding[message.queue] += 1
+            for queue, extra in adding.items():
+                counts = self._counts[queue]
+                pending = counts[JobState.WAITING] + counts[JobState.SCHEDULED]
+                if pending + extra > limit:
+                    raise QueueFull(
+                        f"queue {queue!r} holds {pending} pending jobs; this flow's {extra} "
+                        f"jobs would pass max_queue_length={limit}"
+                    )
+        now = self.clock()
+        flow = _Flow(spec)
+        self._flows[spec.id] = flow
+        for index, message in enumerate(spec.members):
+            job = self._new_job(message, now, spec.id)
+            job.flow_member = index
+            self._to_waiting(job, keep_order=True)
+        for index, message in enumerate(spec.steps):
+            job = self._new_job(message, now, spec.id)
+            job.flow_step = index
+            if index == 0 and not spec.fan_out:
+                self._to_waiting(job, keep_order=True)
+            else:
+                self._to_scheduled(job, HELD_AT)
+        if spec.fan_out and not spec.members:
+            self._fan_in(flow, now)
+        return EnqueueOutcome(spec.id, True)
+
+    def _new_job(self, message: JobMessage, now: float, flow_id: str) -> _Job:
+        # A job id taken by an unrelated job is replaced in no case: flow ids are fresh.
+        job = _Job(message, now, self._next())
+        job.flow_id = flow_id
+        self._jobs[message.id] = job
+        self._counts[message.queue][JobState.WAITING] += 1  # _move subtracts from it
+        return job
+
+    def _flow_settled(
+        self, job: _Job, state: JobState, result: bytes | None, error: bytes | None, now: float
+    ) -> None:
+        """A job of a flow reached a final state (or was removed): hand off or end."""
+        assert job.flow_id is not None
+        flow = self._flows.get(job.flow_id)
+        if flow is None:
+            return  # the flow has ended: a late member or a cancelled step
+        if job.flow_member >= 0:
+            index = job.flow_member
+            if flow.outcomes[index] is not None or (
+                flow.failed is not None and flow.failed[0] == index
+            ):
+                return
+            ok = state is JobState.COMPLETED
+            if flow.collect:
+                flow.outcomes[index] = collect_element(result if ok else None, error)
+            elif ok:
+                flow.outcomes[index] = result
+            elif flow.failed is None or index < flow.failed[0]:
+                flow.failed = (index, state, error)
+            flow.remaining -= 1
+            if flow.remaining == 0:
+                self._fan_in(flow, now)
+            return
+        if state is JobState.COMPLETED:
+            if job.flow_step == flow.steps - 1:
+                del self._flows[flow.id]
+            else:
+                self._release(flow, job.flow_step + 1, result or b"\xc0", now)
+        elif job.flow_step == flow.steps - 1:
+            # The flow's own job ended first (cancelled, removed): stop everything else.
+            self._end_flow(flow, JobState.CANCELLED, None, now)
+        else:
+            self._end_flow(flow, state, error, now)
+
+    def _fan_in(self, flow: _Flow, now: float) -> None:
+        if flow.failed is not None:
+            _, state, error = flow.failed
+            self._end_flow(flow, state, error, now)
+            return
+        payload = fan_in_payload([o or b"\xc0" for o in flow.outcomes])
+        flow.outcomes = []
+        self._release(flow, 0, payload, now)
+
+    def _release(self, flow: _Flow, index: int, payload: bytes, now: float) -> None:
+        """Give held step ``index`` its input: waiting now (or, a collector, completed)."""
+        job = self._jobs.get(step_id(flow.id, index, flow.steps))
+        if job is None or job.state is not JobState.SCHEDULED:
+            record = _encode(
+                broker_failure("flow_broken", FLOW_BROKEN_MESSAGE, attempt=0, failed_at=now)
+            )
+            self._end_flow(flow, JobState.FAILED, record, now)
+            return
+        if flow.collector and index == flow.steps - 1:
+            job.result = payload
+            self._to_final(job, JobState.COMPLETED, now)  # the flow's job: ends the flow
+            return
+        job.message = msgspec.structs.replace(job.message, payload=payload)
+        self._to_waiting(job, keep_order=False)
+        self.wake()
+
+    def _end_flow(self, flow: _Flow, state: JobState, error: bytes | None, now: float) -> None:
+        """End a flow that did not complete: every job of it not yet final ends in ``state``
+        with ``error`` (None: a cancel record); a running one is asked to cancel."""
+        self._flows.pop(flow.id, None)
+        ids = [member_id(flow.id, i) for i in range(flow.members)]
+        ids += [step_id(flow.id, k, flow.steps) for k in range(flow.steps)]
+        for job_id in ids:
+            job = self._jobs.get(job_id)
+            if job is None or job.state.is_final:
+                continue
+            if job.state is JobState.ACTIVE:
+                job.cancel_requested = True
+                assert self._cancels is not None
+                self._cancels.set()
+                self._cancels = anyio.Event()
+                continue
+            job.error = error or _encode(
+                broker_failure("cancelled", CANCELLED_WITH_FLOW, attempt=job.attempt, failed_at=now)
+            )
+            self._to_final(job, state if error is not None else JobState.CANCELLED, now)
+
+    def flow_state(self, flow_id: str) -> tuple[int, int] | None:
+        """(members still running, members) of a running flow, else None (for inspect)."""
+        flow = self._flows.get(flow_id)
+        return None if flow is None else (flow.remaining, flow.members)
 
     # -- operations ------------------------------------------------------------------
 

@@ -10,10 +10,12 @@ if #ARGV ~= 5 or q == '' or not is_int(budget) or budget < 1 or not is_int(curso
 end
 local removed = 0
 local function drop(id)
+  local link = flow_link(id)
   redis.call('DEL', k_job(id))
   count(q, state, -1)
   removed = removed + 1
   done_ids[#done_ids + 1] = id
+  flow_removed(link, state)
 end
 local next_cursor = -1
 if state == 'w' then

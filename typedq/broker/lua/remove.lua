@@ -19,9 +19,11 @@ for i = 3, #ARGV do
     elseif s == 's' then redis.call('ZREM', k_sched(q), id)
     elseif s == 'a' then redis.call('ZREM', KEYS[1], id)
     elseif done_key[s] then redis.call('ZREM', done_key[s], id) end
+    local link = flow_link(id)
     redis.call('DEL', k_job(id))
     count(q, s, -1)
     done_ids[#done_ids + 1] = id
+    flow_removed(link, s)
     out[i - 2] = 1
   else
     out[i - 2] = 0

@@ -1,0 +1,152 @@
+"""What the Redis broker stores and reads back: job bodies, times, reply values.
+
+A job that no worker has claimed yet is one Redis string holding a short text header and
+the compact job body (:class:`Body`): the envelope without its id (the key says it) and
+its queue (the record says it), trailing default fields left out. Times travel to and
+from the scripts as integer microseconds (:func:`us`), which Lua's doubles hold exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from ..base import FinishOutcome, JobMessage, JobState, LeaseStatus
+from ..keys import STATE_LETTERS
+
+__all__ = [
+    "FINISH",
+    "LEASE",
+    "MAX_TTL_US",
+    "MICRO",
+    "STATES",
+    "Body",
+    "as_int",
+    "decode_job",
+    "encode",
+    "encode_body",
+    "from_us",
+    "mb",
+    "text",
+    "us",
+    "utc",
+]
+
+MICRO = 1_000_000
+#: "Forever" that still fits a Lua double exactly.
+MAX_TTL_US = 2**52
+#: A state letter as the scripts store it -> the state.
+STATES = {letter: JobState(name) for name, letter in STATE_LETTERS.items()}
+#: A script's numeric answer -> the outcome.
+FINISH = list(FinishOutcome)
+LEASE = list(LeaseStatus)
+
+encode = msgspec.msgpack.Encoder().encode
+_decode_message = msgspec.msgpack.Decoder(JobMessage).decode
+
+
+class Body(msgspec.Struct, frozen=True, array_like=True):
+    """What Redis stores of a JobMessage: all but the id (the key says it) and the
+    queue (the record says it). Trailing default values are left out when encoding."""
+
+    task: str
+    payload: bytes
+    fingerprint: str = ""
+    priority: int = 0
+    max_retries: int = -1
+    timeout: float = -1.0
+    eta: float = 0.0
+    delay: float = 0.0
+
+
+_decode_body = msgspec.msgpack.Decoder(Body).decode
+_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0)
+
+
+def encode_body(m: JobMessage) -> bytes:
+    """The stored body of ``m``: its fields but id and queue, trailing defaults left out."""
+    fields = [m.task, m.payload, m.fingerprint, m.priority, m.max_retries, m.timeout, m.eta]
+    fields.append(m.delay)
+    n = len(fields)
+    while n > 2 and fields[n - 1] == _BODY_DEFAULTS[n - 1]:
+        n -= 1
+    return encode(fields[:n])
+
+
+def decode_job(job_id: str, queue: str, raw: bytes) -> JobMessage:
+    """The JobMessage of a stored body; raises msgspec errors for bytes that are not one."""
+    try:
+        b = _decode_body(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        # A record written before bodies: the whole encoded JobMessage.
+        try:
+            message = _decode_message(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+        else:
+            if message.id == job_id:
+                return message
+        raise
+    return JobMessage(
+        id=job_id,
+        task=b.task,
+        queue=queue,
+        payload=b.payload,
+        fingerprint=b.fingerprint,
+        priority=b.priority,
+        eta=b.eta,
+        delay=b.delay,
+        max_retries=b.max_retries,
+        timeout=b.timeout,
+    )
+
+
+def us(seconds: float) -> int:
+    """Seconds as integer microseconds, total: NaN and negatives are 0, +inf and huge
+    values are :data:`MAX_TTL_US` (never an exception on the settle path)."""
+    try:
+        micro = float(seconds) * MICRO
+    except OverflowError:  # an int too large for a float
+        return MAX_TTL_US if seconds > 0 else 0
+    except (TypeError, ValueError):
+        return 0
+    if not micro > 0:  # also NaN
+        return 0
+    if micro >= MAX_TTL_US:
+        return MAX_TTL_US
+    return int(micro)
+
+
+def from_us(value: Any) -> float:
+    """Integer microseconds from a script reply as seconds; 0.0 for nil or garbage."""
+    if value is None:
+        return 0.0
+    try:
+        return int(value) / MICRO
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def as_int(value: Any, default: int = 0) -> int:
+    """A reply value as an int, ``default`` when it is not one."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def text(value: Any) -> str:
+    """A reply value as text (bytes decoded as UTF-8, bad bytes replaced)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def utc(seconds: float) -> str:
+    """Epoch seconds as a UTC time for messages."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def mb(n: int) -> str:
+    """Bytes as megabytes for messages."""
+    return f"{n / 1_048_576:.1f} MB"

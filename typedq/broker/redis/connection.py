@@ -1,0 +1,116 @@
+"""Connections to Redis: client settings, and the fixes they need.
+
+Client settings (under test in tests/test_redis_faults.py): socket timeout 5 s, connect
+timeout 2 s, TCP keepalive, health checks every 10 s, and at most :data:`RETRIES`
+automatic retries on connection errors and timeouts with jittered exponential backoff
+(50 ms to 1 s). Automatic retries are safe because every script is idempotent when re-sent
+(see :mod:`typedq.broker.redis`).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import anyio
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "HEALTH_CHECK_INTERVAL",
+    "MAX_CONNECTIONS",
+    "RETRIES",
+    "SOCKET_TIMEOUT",
+    "answers_plain_text",
+    "make_client",
+]
+
+#: Seconds a command may wait for its reply before it counts as failed.
+SOCKET_TIMEOUT = 5.0
+#: Seconds to open a connection.
+CONNECT_TIMEOUT = 2.0
+#: Idle seconds after which a pooled connection is PINGed before use.
+HEALTH_CHECK_INTERVAL = 10
+#: Automatic retries of a command on ConnectionError/TimeoutError (scripts are idempotent).
+RETRIES = 3
+#: Connections in the command pool; callers beyond it wait (bounded) for one.
+MAX_CONNECTIONS = 64
+
+
+def make_client(
+    url: str, *, client_name: str, max_connections: int, health_check_interval: int
+) -> aioredis.Redis:
+    """A client for ``url`` with typedq's settings (raises ValueError for a bad URL).
+
+    redis-py options in the URL's query override the defaults; a ``rediss://`` URL
+    verifies the server's name unless the URL says otherwise.
+    """
+    keepalive: dict[int, int] = {}
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            keepalive[option] = value
+    tls: dict[str, Any] = {}
+    if url.startswith("rediss://") and "ssl_check_hostname" not in url:
+        # Fail closed: verify the server's name, whatever the redis-py version's default.
+        tls = {"ssl_check_hostname": True, "ssl_cert_reqs": "required"}
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        **tls,
+        max_connections=max_connections,
+        timeout=SOCKET_TIMEOUT,
+        socket_timeout=SOCKET_TIMEOUT,
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        socket_keepalive=True,
+        socket_keepalive_options=keepalive,
+        health_check_interval=health_check_interval,
+        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), RETRIES),
+        client_name=client_name,
+    )
+    return aioredis.Redis(connection_pool=_with_lost_send_fix(pool))
+
+
+async def answers_plain_text(host: str, port: int) -> bool:
+    """True when ``host:port`` answers a plain-text ``PING`` like Redis does.
+
+    Tells a ``rediss://`` URL pointing at a Redis without TLS (the usual mistake: it stays
+    silent during the TLS handshake, which redis-py reports as a timeout) from other
+    handshake failures.
+    """
+    try:
+        with anyio.fail_after(CONNECT_TIMEOUT):
+            async with await anyio.connect_tcp(host, port) as stream:
+                await stream.send(b"PING\r\n")
+                reply = await stream.receive(64)
+    except (OSError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError):
+        return False
+    return reply[:1] in (b"+", b"-")
+
+
+class _LostSendIsConnectionError:
+    """Mixed into redis-py's connection class: a send on a connection that was just lost fails
+    with ConnectionResetError, which redis-py turns into the ConnectionError it retries.
+
+    On Python 3.12 to 3.13.5, ``writelines`` on a selector transport whose connection is lost
+    raises AttributeError (``_loop`` is already None; python/cpython#136234), where ``write``
+    would drop the data and let ``drain`` report the loss. redis-py sends with ``writelines``,
+    so a connection cut by the network escaped its retries and our error handling as a bare
+    AttributeError. The method only writes to the socket: an AttributeError there means the
+    transport was torn down.
+    """
+
+    async def _send_packed_command(self, command: Any) -> None:
+        try:
+            await super()._send_packed_command(command)  # type: ignore[misc]
+        except AttributeError as exc:
+            raise ConnectionResetError(f"connection lost while sending ({exc})") from exc
+
+
+def _with_lost_send_fix(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
+    """``pool``, making its connections with :class:`_LostSendIsConnectionError` mixed in
+    (whatever class the URL chose: TCP, TLS or Unix socket)."""
+    base = pool.connection_class
+    pool.connection_class = type(base.__name__, (_LostSendIsConnectionError, base), {})
+    return pool

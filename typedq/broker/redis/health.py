@@ -1,0 +1,186 @@
+"""What the Redis broker watches about its server: configuration, data loss, maxmemory.
+
+- Configuration, at connect: an eviction policy other than ``noeviction`` (Redis may evict
+  job data), and no persistence typedq can see (a restart loses every job).
+- Data loss: on connect the broker writes the app's epoch key if it is missing and
+  remembers its value; :class:`EpochWatch` notices when it vanished or changed (a restart
+  without persistence, FLUSHALL, a failover to an empty replica), logs one error and
+  records :class:`~typedq.errors.RedisDataLost`; the broker carries on with the new epoch.
+  Looked at, at most every :data:`EPOCH_CHECK_INTERVAL` seconds, by a worker's recovery
+  pass and before an enqueue.
+- Maxmemory: :class:`MemoryWatch` reads ``INFO memory`` at most every
+  :data:`MEMORY_CHECK_INTERVAL` seconds (a worker's recovery pass) and logs one warning
+  when Redis reaches maxmemory and one info line when it is below again.
+
+This module decides and words; the broker does the I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from ...errors import RedisDataLost
+from .codec import as_int, mb, text, utc
+
+__all__ = [
+    "EPOCH_CHECK_INTERVAL",
+    "MEMORY_CHECK_INTERVAL",
+    "EpochWatch",
+    "MemoryWatch",
+    "check_config",
+]
+
+log = logging.getLogger("typedq.broker.redis")
+
+#: At most one check of the epoch key per this many seconds (recovery passes and enqueues).
+EPOCH_CHECK_INTERVAL = 2.0
+#: At most one look at ``INFO memory`` (is Redis at maxmemory?) per this many seconds.
+MEMORY_CHECK_INTERVAL = 5.0
+#: Used memory at or over this share of maxmemory counts as "at maxmemory" (Redis
+#: refuses writes just past the limit; a little slack catches it before the refusal).
+_FULL_AT = 0.98
+#: ... and below this share as "below maxmemory again" (a margin, so one warning per
+#: episode instead of one per pass while memory hovers around the limit).
+_BELOW_AT = 0.95
+
+#: Persistence warnings already given in this process, as (address, kind): producers
+#: and inspect runs connect often, and the setting rarely changes; once is enough.
+WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(where: str, kind: str, message: str, *args: Any) -> None:
+    if (where, kind) not in WARNED:
+        WARNED.add((where, kind))
+        log.warning(message, *args)
+
+
+def check_config(where: str, memory: dict[str, Any], persistence: dict[str, Any]) -> None:
+    """Warn about settings that lose jobs, from ``INFO memory`` and ``INFO persistence``."""
+    policy = memory.get("maxmemory_policy")
+    if policy is not None and text(policy) != "noeviction":
+        log.warning(
+            "%s has maxmemory-policy %s: Redis may evict job data and leases under "
+            "memory pressure; set `maxmemory-policy noeviction` for a task queue",
+            where,
+            text(policy),
+        )
+    if as_int(persistence.get("aof_enabled"), 1) != 0:
+        return
+    # INFO cannot show the `save` setting (and CONFIG GET is often denied): no
+    # snapshot since Redis started is the sign that RDB is off too.
+    if as_int(persistence.get("rdb_saves"), 0) == 0:
+        _warn_once(
+            where,
+            "persistence",
+            "%s runs without persistence that typedq can see (appendonly no, and no "
+            "RDB snapshot since it started): a restart loses every job; typedq will "
+            "report it as RedisDataLost. Set `appendonly yes` for a task queue",
+            where,
+        )
+    else:
+        _warn_once(
+            where,
+            "persistence",
+            "%s runs with RDB snapshots only (appendonly no): a crash loses the jobs "
+            "enqueued and finished since the last snapshot. Set `appendonly yes` for a "
+            "task queue",
+            where,
+        )
+
+
+class EpochWatch:
+    """The app's epoch key as last seen; notices when Redis lost the app's data."""
+
+    def __init__(self, namespace: str, epoch_key: str) -> None:
+        self.namespace = namespace
+        self.epoch_key = epoch_key
+        self.known: str | None = None
+        self.seen_at = 0.0
+        self.due = 0.0
+        #: The last loss of data noticed, or None.
+        self.data_lost: RedisDataLost | None = None
+
+    def is_due(self) -> bool:
+        """True when the next look is due."""
+        return time.monotonic() >= self.due
+
+    def looking(self) -> None:
+        """A look starts now: the next one is due in :data:`EPOCH_CHECK_INTERVAL` seconds."""
+        self.due = time.monotonic() + EPOCH_CHECK_INTERVAL
+
+    def saw(self, epoch: str, candidate: str, where: str) -> bool:
+        """Take the epoch the script answered (it wrote ``candidate`` if the key was
+        missing); False, logged and recorded in :attr:`data_lost`, when it is not the one
+        seen last."""
+        known, seen_at = self.known, self.seen_at
+        self.known, self.seen_at = epoch, time.time()
+        if known is None or epoch == known:
+            return True
+        created = as_int(epoch.partition("-")[0])
+        how = "vanished" if epoch.endswith("-" + candidate) else f"changed to {epoch!r}"
+        self.data_lost = RedisDataLost(
+            f"{where} lost its data: the epoch key {self.epoch_key} was {known!r} "
+            f"when last seen at {utc(seen_at)} and has {how} (new epoch written at "
+            f"{utc(created)}). Redis restarted without persistence, was flushed "
+            "(FLUSHALL/FLUSHDB) or failed over to an empty replica: the jobs of app "
+            f"{self.namespace!r} enqueued before it are gone (waiting, scheduled "
+            "and running jobs, results, failure records), and running jobs end as "
+            "NOT_FOUND. Continuing with the new epoch; set `appendonly yes` to survive "
+            "restarts"
+        )
+        log.error("%s", self.data_lost)
+        return False
+
+
+class MemoryWatch:
+    """Whether Redis was at maxmemory at the last look, and when to look again."""
+
+    def __init__(self) -> None:
+        self.at_maxmemory = False
+        self.due = 0.0
+
+    def is_due(self) -> bool:
+        """True when the next look is due."""
+        return time.monotonic() >= self.due
+
+    def looking(self) -> None:
+        """A look starts now: the next one is due in :data:`MEMORY_CHECK_INTERVAL` seconds."""
+        self.due = time.monotonic() + MEMORY_CHECK_INTERVAL
+
+    def denied(self) -> None:
+        """The ACL user may not run INFO: denied once, denied always; stop asking."""
+        self.due = math.inf
+
+    def saw(self, info: dict[str, Any], where: str) -> bool:
+        """Take ``INFO memory``; True when Redis is at maxmemory (logged on each change)."""
+        used, limit = as_int(info.get("used_memory")), as_int(info.get("maxmemory"))
+        if limit <= 0:
+            full = False
+        elif self.at_maxmemory:
+            full = used >= limit * _BELOW_AT
+        else:
+            full = used >= limit * _FULL_AT
+        if full and not self.at_maxmemory:
+            policy = text(info.get("maxmemory_policy", b"noeviction"))
+            log.warning(
+                "%s is at maxmemory (used %s of %s, policy %s): enqueues are refused; "
+                "workers keep draining (claim, complete, fail, recover still run) and "
+                "memory comes back as retention removes finished jobs. Raise maxmemory or "
+                "lower the retention (completed_ttl/completed_max) to recover sooner",
+                where,
+                mb(used),
+                mb(limit),
+                policy,
+            )
+        elif self.at_maxmemory and not full:
+            log.info(
+                "%s is below maxmemory again (used %s of %s): enqueues are accepted",
+                where,
+                mb(used),
+                mb(limit),
+            )
+        self.at_maxmemory = full
+        return full
