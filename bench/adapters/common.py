@@ -365,6 +365,7 @@ class WorkerProcess:
         argv = self.a.worker_argv(self.concurrency)
         if argv is None:  # in-process worker: the recorder of this process counts
             RECORDER.__init__()  # type: ignore[misc]
+            FLOWS.__init__()  # type: ignore[misc]
             self.task = asyncio.ensure_future(
                 self.a.run_worker_in_process(self.concurrency, self.stop_event)
             )
@@ -515,7 +516,6 @@ async def w_flow(
     host, port = transport.get_extra_info("sockname")[:2]
     os.environ["BENCH_NOTIFY"] = f"{host}:{port}"
     os.environ["BENCH_FLOWS"] = workload
-    FLOWS.__init__()  # type: ignore[misc]  # in-process workers count here
     worker = WorkerProcess(a, n, concurrency)
     worker.start()
     try:
