@@ -49,7 +49,7 @@ SYSTEMS = ["typedq", "arq", "saq", "streaq", "taskiq", "bullmq", "celery"]
 WORKLOADS = ["single", "bulk", "e2e", "drain", "memory", "chain", "fanin"]
 FLOW_WORKLOADS = ("chain", "fanin")
 
-FULL = {
+FULL: dict[str, Any] = {
     "single": 10_000,
     "bulk": 10_000,
     "e2e": 20_000,
@@ -64,7 +64,7 @@ FULL = {
     "reps": 3,
     "memory_reps": 1,
 }
-QUICK = {
+QUICK: dict[str, Any] = {
     "single": 1_000,
     "bulk": 1_000,
     "e2e": 1_000,
@@ -289,9 +289,9 @@ def run_one(
 
 def describe(result: dict[str, Any]) -> str:
     if "unsupported" in result:
-        return result["unsupported"]
+        return str(result["unsupported"])
     if "error" in result:
-        return "ERROR " + result["error"].strip().splitlines()[-1][:200]
+        return "ERROR " + str(result["error"]).strip().splitlines()[-1][:200]
     r = result["result"]
     if "tasks_per_s" in r:
         return (
@@ -579,10 +579,10 @@ def markdown(data: dict[str, Any]) -> str:
 
 def plot(src: Path, dest: Path) -> None:
     """Runs inside bench/.venvs/plot (matplotlib is never a typedq dependency)."""
-    import matplotlib
+    import matplotlib  # type: ignore[import-not-found, unused-ignore]  # only in the plot venv
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
 
     data = json.loads(src.read_text())
     systems: list[str] = data["systems"]

@@ -139,10 +139,11 @@ class FlowRecorder:
         self.out = os.environ.get("BENCH_OUT", "")
         notify = os.environ.get("BENCH_NOTIFY", "")
         self.notify: tuple[str, int] | None = None
+        self.sock: socket.socket | None = None
         if notify:
             host, _, port = notify.rpartition(":")
             self.notify = (host, int(port))
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.tasks = 0
         self.flows = 0
         self.latencies: list[float] = []  # chain: enqueue -> last link; fanin: last member -> cb
@@ -151,6 +152,11 @@ class FlowRecorder:
         self.last = 0.0
         self.lock = threading.Lock()  # Celery runs handlers in threads
         self.reported = False
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
     def task(self, now: float) -> None:
         with self.lock:
@@ -170,7 +176,7 @@ class FlowRecorder:
             if total is not None:
                 self.totals.append(total)
             flows = self.flows
-            if self.notify is not None:
+            if self.sock is not None and self.notify is not None:
                 with contextlib.suppress(OSError):
                     self.sock.sendto(str(flows).encode(), self.notify)
             if self.reported or flows < self.n or self.n <= 0:
