@@ -639,7 +639,7 @@ def draw_png(json_path: Path, png_path: Path) -> None:
     if proc.returncode != 0:
         print(f"[plot] failed: {proc.stderr[-2000:]}")
     else:
-        print(f"[plot] wrote {png_path.relative_to(ROOT)}")
+        print(f"[plot] wrote {png_path}")
 
 
 def main() -> None:

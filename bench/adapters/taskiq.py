@@ -68,8 +68,8 @@ async def callback(results: list[dict[str, Any]], t: float) -> None:
 
 FLOW_API = {
     "chain": "taskiq_pipelines.Pipeline(broker, link).call_next(link) x 9, .kiq(payload)",
-    "fanin": "Pipeline(broker, source).map(member, check_interval=0.01).call_next(callback): "
-    "2 extra tasks per fan-out (source, wait_tasks poller), not counted",
+    "fanin": f"Pipeline(broker, source).map(member, check_interval={CHECK_INTERVAL})"
+    ".call_next(callback): 2 extra tasks per fan-out (source, wait_tasks poller), not counted",
 }
 
 
