@@ -63,7 +63,9 @@ pytest: $(STAMP) redis-server
 ## The whole pytest suite on every interpreter in PYTHONS, one after another (2 cores: three
 ## suites at once would only slow each other and stretch their timing margins), each in its own
 ## .venv-X.Y except PYTHON's version, which reuses .venv. An interpreter that is not installed
-## is skipped with a banner, repeated in the summary; none found fails. Times include set-up.
+## fails the target (after the others ran), with a banner naming it and the way out
+## (PYTHONS=...): `make test` passing means every interpreter in PYTHONS passed. Times
+## include set-up.
 pytest-all: redis-server
 	@ran=; failed=; skipped=; \
 	own=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || own=; \
@@ -91,8 +93,9 @@ pytest-all: redis-server
 	done; \
 	echo "===== pytest passed on:$${ran:- (none)}"; \
 	[ -z "$$failed" ] || echo "!!!!! pytest FAILED on:$$failed" >&2; \
-	[ -z "$$skipped" ] || echo "!!!!! pytest NOT RUN on Python$$skipped (not installed)" >&2; \
-	[ -z "$$failed" ] && [ -n "$$ran" ]
+	[ -z "$$skipped" ] || echo "!!!!! pytest NOT RUN on Python$$skipped (not installed):" \
+	     "install it (pyenv install X.Y) or choose the interpreters: make test PYTHONS=python3" >&2; \
+	[ -z "$$failed" ] && [ -z "$$skipped" ] && [ -n "$$ran" ]
 
 ## Everything CI checks: lint, mypy --strict and the stubs once (on $(PYTHON)), then the whole
 ## test suite on every interpreter in PYTHONS (3.11, 3.12, 3.13).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime, timedelta
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import anyio.from_thread
@@ -32,6 +32,7 @@ from typedq import (
     NotConnected,
     PartialEnqueue,
     PayloadTooLarge,
+    Producer,
     QueueFull,
     ResultTimeout,
     Worker,
@@ -466,10 +467,24 @@ async def test_worker_configuration_errors(app_name: str) -> None:
 
     with pytest.raises(ConfigError):
         app.worker(concurrency=0)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="also carries tasks \\['second'\\]"):
         Worker(first)  # its queue also carries `second`, which it cannot run
     with pytest.raises(ConfigError):
         App(app_name, broker=MEMORY, lease=0)
+    with pytest.raises(ConfigError, match="queues"):
+        Worker(app, queues="shared")  # a str is a Sequence[str]: caught at run time
+    # A producer stub has no handler: refused by its type, whatever it is bound to.
+    stub = Producer(app_name, broker=MEMORY).task("first", In, Out, queue="shared")
+    with pytest.raises(ConfigError, match="is a producer stub"):
+        Worker(cast(Any, stub))
+    # Worker(app) is what app.worker() returns: every task, every queue of the app.
+    whole = Worker(app, concurrency=3)
+    assert (sorted(whole.tasks), whole.queues, whole.concurrency) == (
+        ["first", "second"],
+        ["shared"],
+        3,
+    )
+    assert sorted(app.worker(queues=["shared", "other"]).queues) == ["other", "shared"]
 
 
 async def test_enqueue_many_queue_full_is_raised_as_itself(app_name: str) -> None:

@@ -44,6 +44,7 @@ from .producer import TaskStub as TaskStub
 from .resources import Resource as Resource
 from .resources import ResourceError as ResourceError
 from .resources import Resources as Resources
+from .schedule import Schedule as Schedule
 from .task import UNSET as UNSET
 from .task import Enqueuer as Enqueuer
 from .task import Task as Task
@@ -96,6 +97,7 @@ __all__ = [
     "ResultTimeout",
     "Retention",
     "Retry",
+    "Schedule",
     "Task",
     "TaskStub",
     "TypedqError",

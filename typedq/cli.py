@@ -53,6 +53,7 @@ from .broker import redact_url
 from .broker.base import JobState
 from .client import DEFAULT_BROKER_ENV, Client
 from .errors import BrokerUnavailable, ConfigError, TypedqError
+from .schedule import Schedule
 from .schema import app_schema as schema_of
 from .worker import Worker
 
@@ -447,6 +448,12 @@ def _parser() -> argparse.ArgumentParser:
         "--state", default=None, choices=[s.value for s in JobState], help="jobs to list or act on"
     )
     inspect.add_argument("--limit", type=int, default=20, help="jobs listed per queue")
+    inspect.add_argument(
+        "--flow",
+        default=None,
+        metavar="ID",
+        help="show the workflow of job ID (the flow's job, a step or a member)",
+    )
     actions = inspect.add_mutually_exclusive_group()
     for action in ("retry", "cancel", "purge"):
         actions.add_argument(
@@ -554,10 +561,12 @@ def _inspect(args: argparse.Namespace) -> int:
             raise ConfigError(f"--app {args.app_name!r} differs from {args.target}'s {app.name!r}")
         name, settings, queues = app.name, app.settings, args.queue or app.queues
         broker = args.broker or app.client.url
+        schedules: list[Schedule[Any]] | None = list(app.schedules.values())
     else:
         if not args.app_name:
             raise ConfigError("give MODULE:APP, or --app NAME with --broker URL")
         name, settings, queues = args.app_name, None, args.queue or ["default"]
+        schedules = None
         broker = args.broker or os.environ.get(DEFAULT_BROKER_ENV) or ""
         if not broker:
             raise ConfigError(f"give --broker URL (or set {DEFAULT_BROKER_ENV}) with --app")
@@ -576,7 +585,16 @@ def _inspect(args: argparse.Namespace) -> int:
     async def run() -> int:
         client = Client(broker, name=name, settings=settings)
         async with client:
-            tool = inspector.Inspector(client, queues)
+            tool = inspector.Inspector(client, queues, schedules=schedules)
+            if args.flow is not None:
+                flow = await tool.flow(args.flow)
+                if flow is None:
+                    raise ConfigError(f"job {args.flow!r} belongs to no workflow")
+                if args.json:
+                    print(msgspec.json.format(msgspec.json.encode(flow), indent=2).decode())
+                else:
+                    inspector.render_flow(out, flow)
+                return 0
             if not chosen:
                 overview = await tool.overview(state or JobState.FAILED, limit=args.limit)
                 if args.json:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -63,7 +63,7 @@ class Client:
         )
         # Workflows (typedq.workflow): concurrent flow enqueues share a broker call too.
         self._flow_enqueuer: Batcher[FlowSpec, EnqueueOutcome | Exception] = Batcher(
-            self.broker.enqueue_flows, max_batch=64, name="flow enqueue batcher"
+            self._enqueue_flow_batch, max_batch=64, name="flow enqueue batcher"
         )
         self._stack: contextlib.AsyncExitStack | None = None
         self._users = 0
@@ -138,6 +138,9 @@ class Client:
         # For envelopes already checked (TaskBase.message): the check is not repeated.
         self._require()
         return await self._enqueuer.submit(message)
+
+    async def _enqueue_flow_batch(self, specs: list[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        return await self.broker.enqueue_flows(specs)
 
     async def _enqueue_flow(self, spec: FlowSpec) -> EnqueueOutcome:
         """Store one workflow (built by :mod:`typedq.workflow`); concurrent calls share a
@@ -237,6 +240,17 @@ class AppBase:
         if self._client.connected:
             raise ConfigError(f"cannot change the broker of a connected {type(self).__name__}")
         self._client = Client(broker, name=self.name, settings=self.settings)
+
+    @contextlib.contextmanager
+    def using_broker(self, broker: str | Broker) -> Iterator[Self]:
+        """Point at ``broker`` for the block (only while not connected), then back at the
+        one before: ``with app.using_broker(MemoryBroker(...)): async with app: ...``."""
+        previous = self._client
+        self.use_broker(broker)
+        try:
+            yield self
+        finally:
+            self._client = previous
 
     async def __aenter__(self) -> Self:
         await self._client.__aenter__()

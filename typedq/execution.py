@@ -319,6 +319,7 @@ class Executor:
             enqueued_at=claimed.enqueued_at,
             worker_id=self.worker_id,
             report=lambda data: self._progress(claimed, data),
+            scheduled_for=message.scheduled_for or None,
         )
         got: tuple[bool, Any] | None = None
         with anyio.CancelScope() as scope:

@@ -48,6 +48,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from mypy.expandtype import expand_type
+from mypy.maptype import map_instance_to_supertype
 from mypy.nodes import (
     ARG_POS,
     FUNC_NO_INFO,
@@ -81,6 +83,7 @@ from mypy.types import (
 __all__ = ["TypedqPlugin", "plugin"]
 
 APP_FULLNAME = "typedq.app.App"
+TASK_FULLNAME = "typedq.task.Task"
 
 
 # Attributes of compound statements that hold nested blocks (if/while/for/with/try/match).
@@ -149,7 +152,7 @@ class TypedqPlugin(Plugin):
         # Subclasses of App name their own class here. Only claim App and its subclasses:
         # another library's `.task` hook (a plugin later in the list) must still run.
         class_name, _, method = fullname.rpartition(".")
-        if method != "task":
+        if method not in ("task", "schedule"):
             return None
         if class_name != APP_FULLNAME:
             symbol = self.lookup_fully_qualified(class_name)
@@ -157,7 +160,38 @@ class TypedqPlugin(Plugin):
                 return None
             if not symbol.node.has_base(APP_FULLNAME):
                 return None
-        return self._narrow_key
+        return self._narrow_key if method == "task" else self._bind_payload
+
+    def _bind_payload(self, ctx: MethodSigContext) -> FunctionLike:
+        """``app.schedule(task, payload)``: the payload's type is the task's input model.
+
+        Declared as ``(task: Task[TIn, Any], payload: TIn)``, a payload of another model
+        leaves mypy unable to solve ``TIn`` ("Cannot infer value of type parameter").
+        Bound from the task alone, the payload gets the usual ``arg-type`` error naming
+        both models.
+        """
+        sig = ctx.default_signature
+        if not ctx.args or not ctx.args[0] or not isinstance(sig, CallableType):
+            return sig
+        task_type = get_proper_type(ctx.api.get_expression_type(ctx.args[0][0]))
+        if not isinstance(task_type, Instance) or not task_type.type.has_base(TASK_FULLNAME):
+            return sig
+        task_info = self.lookup_fully_qualified(TASK_FULLNAME)
+        if task_info is None or not isinstance(task_info.node, TypeInfo):
+            return sig
+        as_task = map_instance_to_supertype(task_type, task_info.node)
+        if not as_task.args:
+            return sig
+        model = as_task.args[0]
+        if has_type_vars(model) or isinstance(get_proper_type(model), AnyType):
+            return sig
+        bound = [v for v in sig.variables if v.name == "TIn"]
+        if len(bound) != 1:
+            return sig
+        expanded = get_proper_type(expand_type(sig, {bound[0].id: model}))
+        if not isinstance(expanded, CallableType):
+            return sig
+        return expanded.copy_modified(variables=[v for v in sig.variables if v.name != "TIn"])
 
     def _narrow_key(self, ctx: MethodSigContext) -> FunctionLike:
         sig = ctx.default_signature

@@ -46,12 +46,18 @@ from .options import (
 from .serde import Codec, codec_for, is_input_type, is_model_type, optional_model
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .broker.base import Broker
     from .client import Client
+    from .resources import Resource
+    from .schedule import Schedule
     from .workflow import Chain, FanOut
 
 __all__ = [
     "UNSET",
     "Enqueuer",
+    "Registry",
     "Task",
     "TaskBase",
     "TaskDecorator",
@@ -96,6 +102,28 @@ class _Owner(Protocol):
 
     @property
     def client(self) -> Client: ...
+
+
+class Registry(Protocol):
+    """What a registered :class:`Task` belongs to, as a worker sees it: an
+    :class:`~typedq.App` (this keeps the worker independent of the App class)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def client(self) -> Client: ...
+    @property
+    def broker(self) -> Broker: ...
+    @property
+    def lease(self) -> float: ...
+    @property
+    def tasks(self) -> Mapping[str, Task[Any, Any]]: ...
+    @property
+    def queues(self) -> list[str]: ...
+    @property
+    def resources(self) -> tuple[Resource[Any], ...]: ...
+    @property
+    def schedules(self) -> Mapping[str, Schedule[Any]]: ...
 
 
 class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -444,13 +472,15 @@ class Task(TaskBase[TIn, TOut]):
     Calling the task runs the handler directly (for unit tests) and returns an
     awaitable of its result, whether the handler is ``async def`` or plain ``def``.
     Enqueueing is inherited from :class:`TaskBase`.
+
+    :param app: the app it is registered in (workers of that app run it)
     """
 
     def __init__(
         self,
         fn: Callable[..., Any],
         *,
-        owner: _Owner,
+        app: Registry,
         options: TaskOptions,
         input_type: type[TIn],
         output_type: type[TOut],
@@ -458,13 +488,14 @@ class Task(TaskBase[TIn, TOut]):
         max_payload_bytes: int | None = None,
     ) -> None:
         super().__init__(
-            owner=owner,
+            owner=app,
             options=options,
             input_type=input_type,
             output_type=output_type,
             key=key,
             max_payload_bytes=max_payload_bytes,
         )
+        self.app = app
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
         self.takes_context = _count_params(fn) >= 2

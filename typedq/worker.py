@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar, overload
 
 import anyio
 import anyio.to_thread
@@ -53,11 +53,9 @@ from .errors import BrokerUnavailable, ConfigError, FailureRecord
 from .execution import Executor, Running
 from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
 from .resources import Resource, open_resources
+from .schedule import Schedule, Scheduler
 from .settling import GaveUp, Settler
-from .task import Task, TIn, TOut
-
-if TYPE_CHECKING:
-    from .app import App
+from .task import Registry, Task, TaskBase, TIn, TOut
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -98,70 +96,92 @@ class Worker(Generic[TIn, TOut]):
     """Runs jobs: ``async with Worker(send_invoice, concurrency=8): ...``.
 
     ``Worker(task)`` runs one task and is typed by it (``Worker[SendInvoice, Receipt]``);
-    ``app.worker()`` runs every task of an app. Leaving the block, ``stop()``, or
-    cancelling ``run()`` is a graceful shutdown.
+    ``Worker(app)`` (what ``app.worker()`` returns) runs every task of an app. Leaving the
+    block, ``stop()``, or cancelling ``run()`` is a graceful shutdown.
 
-    :param task: the task to run
+    :param target: the task to run, or the app whose tasks to run (a producer stub is
+        refused: a worker needs the handler)
     :param concurrency: how many jobs run at once
+    :param queues: with an app, the queues to take jobs from (default: every queue of it)
     :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
         and handed back (sync handlers, which cannot be cancelled, get at most one lease
         more before they are abandoned)
     """
 
+    _schedules: list[Schedule[Any]]
+    _prune_schedules: bool
+
+    @overload
     def __init__(
-        self,
-        task: Task[TIn, TOut],
+        self, target: Task[TIn, TOut], /, *, concurrency: int = 16, grace: float = 10.0
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: Worker[Any, Any],
+        target: Registry,
         /,
         *,
         concurrency: int = 16,
+        queues: Sequence[str] | None = None,
+        grace: float = 10.0,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        target: Task[TIn, TOut] | Registry,
+        /,
+        *,
+        concurrency: int = 16,
+        queues: Sequence[str] | None = None,
         grace: float = 10.0,
     ) -> None:
-        from .app import App
-
-        owner = task._owner
-        if not isinstance(owner, App):
+        if isinstance(target, TaskBase) and not isinstance(target, Task):
             raise ConfigError(
-                f"{task!r} is a producer stub: workers run tasks registered with @app.task"
+                f"{target!r} is a producer stub: workers run tasks registered with @app.task"
             )
-        # A worker fails jobs whose task it does not know, so it must not consume a queue
-        # that also carries tasks it cannot run.
-        others = sorted(
-            t.name for t in owner.tasks.values() if t.queue == task.queue and t.name != task.name
-        )
-        if others:
+        if isinstance(queues, str):
             raise ConfigError(
-                f"queue {task.queue!r} also carries tasks {others} that Worker({task.name}) "
-                f"cannot run; give {task.name!r} its own queue (@app.task(queue=...)) or run "
-                "them all with app.worker()"
+                f"queues must be a list of queue names, got the string {queues!r}; "
+                f"pass queues=[{queues!r}]"
             )
-        self._setup(owner, {task.name: task}, [task.queue], concurrency=concurrency, grace=grace)
-
-    @classmethod
-    def _for_app(
-        cls, app: App, *, concurrency: int, queues: list[str] | None, grace: float
-    ) -> Worker[Any, Any]:
-        if not app.tasks:
-            raise ConfigError(f"app {app.name!r} has no tasks: register some with @app.task")
-        worker: Worker[Any, Any] = cls.__new__(cls)
-        worker._setup(
-            app, dict(app.tasks), queues or app.queues, concurrency=concurrency, grace=grace
-        )
-        return worker
-
-    def _setup(
-        self,
-        app: App,
-        tasks: dict[str, Task[Any, Any]],
-        queues: Sequence[str],
-        *,
-        concurrency: int,
-        grace: float,
-    ) -> None:
+        if isinstance(target, Task):
+            if queues is not None:
+                raise ConfigError(
+                    f"Worker({target.name}) runs the queue of its task ({target.queue!r}); "
+                    "queues= is for a worker of a whole app: app.worker(queues=[...])"
+                )
+            task: Task[Any, Any] = target
+            app = task.app
+            # A worker fails jobs whose task it does not know, so it must not consume a
+            # queue that also carries tasks it cannot run.
+            others = sorted(
+                t.name for t in app.tasks.values() if t.queue == task.queue and t.name != task.name
+            )
+            if others:
+                raise ConfigError(
+                    f"queue {task.queue!r} also carries tasks {others} that "
+                    f"Worker({task.name}) cannot run; give {task.name!r} its own queue "
+                    "(@app.task(queue=...)) or run them all with app.worker()"
+                )
+            tasks: dict[str, Task[Any, Any]] = {task.name: task}
+            queues = [task.queue]
+            # Only this task's schedules: the app's others are not this worker's to
+            # reconcile (nor to prune).
+            self._schedules = [s for s in app.schedules.values() if s.task is task]
+            self._prune_schedules = False
+        else:
+            app = target
+            if not app.tasks:
+                raise ConfigError(f"app {app.name!r} has no tasks: register some with @app.task")
+            tasks = dict(app.tasks)
+            queues = list(queues or app.queues)
+            self._schedules = list(app.schedules.values())
+            self._prune_schedules = True
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
         if grace < 0:
             raise ConfigError(f"grace must be >= 0, got {grace}")
-        self.app = app
+        self.app: Registry = app
         self.tasks = tasks
         self.queues = list(queues)
         self.concurrency = concurrency
@@ -195,6 +215,9 @@ class Worker(Generic[TIn, TOut]):
         self._serve_scope: anyio.CancelScope | None = None
         self._tg: TaskGroup | None = None
         self._outer_tg: TaskGroup | None = None
+        #: The scheduler's scope (typedq.schedule): shutdown cancels it first. Made where
+        #: the scheduler runs (a cancel scope needs a running event loop).
+        self._scheduler_scope: anyio.CancelScope | None = None
         self._executor = Executor(
             tasks,
             worker_id=self.id,
@@ -341,11 +364,15 @@ class Worker(Generic[TIn, TOut]):
                 tg.start_soon(self._lease_loop)
                 tg.start_soon(self._reaper_loop)
                 tg.start_soon(self._cancel_loop)
+                if self._schedules:
+                    tg.start_soon(self._run_scheduler)
                 task_status.started()
 
     async def _shutdown(self) -> None:
         assert self._claim_done is not None
         self._stopping = True
+        if self._scheduler_scope is not None:
+            self._scheduler_scope.cancel()
         if self._wait_scope is not None:
             self._wait_scope.cancel()
         # 1. Grace: in-flight jobs may finish.
@@ -512,6 +539,16 @@ class Worker(Generic[TIn, TOut]):
                     self.id,
                     exc,
                 )
+
+    async def _run_scheduler(self) -> None:
+        """Fire this worker's schedules until shutdown (every worker may; each tick is
+        enqueued once however many do)."""
+        with anyio.CancelScope() as self._scheduler_scope:
+            if self._stopping:
+                self._scheduler_scope.cancel()
+            await Scheduler(
+                self.app.broker, self._schedules, prune=self._prune_schedules, worker_id=self.id
+            ).run()
 
     # -- leases, reaper, cancellation --------------------------------------------------
 

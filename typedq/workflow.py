@@ -49,8 +49,8 @@ _Model = msgspec.Struct | pydantic.BaseModel
 _Input = msgspec.Struct | pydantic.BaseModel | Sequence[msgspec.Struct | pydantic.BaseModel]
 
 A = TypeVar("A", bound=_Input)
+#: A step's output, as the next step's input (or, in a list, a fan-in callback's).
 M = TypeVar("M", bound=_Model)
-MM = TypeVar("MM", bound=_Model)
 B = TypeVar("B", bound=msgspec.Struct | pydantic.BaseModel | None)
 TIn = TypeVar("TIn", bound=_Input)
 TOut = TypeVar("TOut")
@@ -193,7 +193,7 @@ class FanOut(Generic[TOut]):
     def __len__(self) -> int:
         return len(self._payloads)
 
-    def then(self: FanOut[MM], task: TaskBase[list[MM], B]) -> Flow[B]:
+    def then(self: FanOut[M], task: TaskBase[list[M], B]) -> Flow[B]:
         """Fan in: once every member has settled, ``task`` gets their results in input order.
 
         If a member failed (after its retries) the flow fails with the first failed
@@ -202,7 +202,7 @@ class FanOut(Generic[TOut]):
         _check_fan_in(self._task, task, collect=False)
         return Flow(self, [task], collect=False)
 
-    def collect(self: FanOut[MM], task: TaskBase[list[Ok[MM] | Failed], B]) -> Flow[B]:
+    def collect(self: FanOut[M], task: TaskBase[list[Ok[M] | Failed], B]) -> Flow[B]:
         """Fan in every member's outcome: ``task`` runs once all have settled, whatever
         their fate, and gets ``Ok(result)`` or ``Failed(record)`` per member, in input order.
         """

@@ -6,12 +6,15 @@ typedq/broker/flow.py), so each of these depends on the broker as much as on the
 
 from __future__ import annotations
 
+import io
 import random
 from collections import Counter
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
+from rich.console import Console
 
 from tests.support import TEST_DEADLINE, In, Out, PIn, POut
 from typedq import (
@@ -19,12 +22,14 @@ from typedq import (
     ConfigError,
     Failed,
     FailureReason,
+    FailureRecord,
     JobCancelled,
     JobFailed,
     JobState,
     Ok,
     QueueFull,
 )
+from typedq.inspector import Inspector, render_flow
 
 pytestmark = pytest.mark.anyio
 
@@ -382,3 +387,157 @@ def test_types_that_do_not_meet_are_refused_when_built() -> None:
         loose.map([In(1)]).then(c)
     with pytest.raises(ConfigError, match="Ok"):
         loose.map([In(1)]).collect(c)
+
+
+async def test_inspect_shows_a_flow_and_where_it_stands(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def check(x: In) -> Out:
+        if x.n == 2:
+            raise Boom("two")
+        return Out(x.n)
+
+    @app.task
+    async def report(outcomes: list[Ok[Out] | Failed]) -> In:
+        return In(len(outcomes))
+
+    @app.task
+    async def last(x: In) -> Out:
+        return Out(x.n)
+
+    tool = Inspector(app.client, ["default"])
+    async with app:
+        job = await check.map(In(i) for i in range(4)).collect(report).then(last).enqueue()
+        running = await tool.flow(job.id)
+        assert running is not None
+        assert (running.running, running.members, running.members_pending) == (True, 4, 4)
+        assert running.member_states == {JobState.WAITING: 4}
+        assert [s.state for s in running.steps if s is not None] == [JobState.SCHEDULED] * 2
+        with anyio.fail_after(TEST_DEADLINE):
+            async with app.worker(concurrency=2):
+                assert await job.result(timeout=10) == Out(4)
+        ended = await tool.flow(job.id)
+        by_member = await tool.flow(f"{job.id}.m0")  # any job of the flow finds it
+        assert by_member is not None
+        assert by_member.id == job.id
+        assert await tool.flow("no-such-job") is None
+        out = io.StringIO()
+        assert ended is not None
+        render_flow(Console(file=out, width=200), ended)
+    assert (ended.running, ended.state, ended.members_pending) == (False, JobState.COMPLETED, -1)
+    assert ended.member_states == {JobState.COMPLETED: 3, JobState.FAILED: 1}
+    assert [m.id for m in ended.failed_members] == [f"{job.id}.m2"]
+    assert [s.task for s in ended.steps if s is not None] == ["report", "last"]
+    text = out.getvalue()
+    assert f"flow {job.id}: completed (ended)" in text
+    assert "fan-out: 4 members (3 completed, 1 failed)" in text
+    assert f"member {job.id}.m2: failed: error: two" in text
+
+
+async def test_a_list_input_task_enqueued_directly(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def total(outs: list[Out]) -> Out:
+        return Out(sum(o.n for o in outs))
+
+    @app.task
+    async def count_ok(outcomes: list[Ok[POut] | Failed]) -> Out:
+        return Out(sum(isinstance(o, Ok) and len(o.value.label) for o in outcomes))
+
+    record = FailureRecord(
+        reason=FailureReason.ERROR, error_type="E", message="m", attempt=1, retryable=False
+    )
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await total.enqueue([Out(1), Out(2), Out(3)])
+            assert await job.result(timeout=10) == Out(6)
+            mixed: list[Ok[POut] | Failed] = [
+                Ok(POut(label="abc")),
+                Failed(record),
+                Ok(POut(label="de")),
+            ]
+            assert await (await count_ok.enqueue(mixed)).result(timeout=10) == Out(5)
+
+
+class Blob(msgspec.Struct, frozen=True):
+    text: str
+
+
+async def test_large_results_are_handed_off_whole(app_name: str, broker_url: str) -> None:
+    """Results of every msgpack size class (bin 8/16/32, arrays past 15 and 65535 bytes)."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def grow(x: In) -> Blob:
+        return Blob("x" * x.n)
+
+    @app.task
+    async def measure(b: Blob) -> Out:
+        return Out(len(b.text))
+
+    @app.task
+    async def total(blobs: list[Blob]) -> Out:
+        return Out(sum(len(b.text) for b in blobs))
+
+    sizes = [0, 200, 300, 70_000, 100_000]
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=4):
+            jobs = [await grow.then(measure).enqueue(In(n)) for n in sizes]
+            assert [await job.result(timeout=10) for job in jobs] == [Out(n) for n in sizes]
+            fan = await grow.map(In(5000 + i) for i in range(20)).then(total).enqueue()
+            assert await fan.result(timeout=10) == Out(sum(5000 + i for i in range(20)))
+
+
+async def test_a_flow_whose_derived_id_is_taken_is_refused(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def one(x: In) -> In:
+        return x  # pragma: no cover
+
+    @app.task
+    async def two(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    async with app:
+        await one.enqueue(In(0), job_id="taken.0")
+        with pytest.raises(ConfigError, match=r"'taken\.0' of flow 'taken' is taken"):
+            await one.then(two).enqueue(In(1), job_id="taken")
+        counts = await app.broker.counts("default")
+    assert counts[JobState.WAITING] + counts[JobState.SCHEDULED] == 1  # nothing stored
+
+
+async def test_steps_on_other_queues_and_priorities(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="fast", priority=5)
+    async def first(x: In) -> In:
+        return In(x.n + 1)
+
+    @app.task(queue="slow")
+    async def member(x: In) -> Out:
+        return Out(x.n * 2)
+
+    @app.task(queue="fast", priority=-3)
+    async def total(outs: list[Out]) -> In:
+        return In(sum(o.n for o in outs))
+
+    @app.task(queue="slow")
+    async def last(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            chain = await first.then(last).enqueue(In(1))
+            fan = await member.map(In(i) for i in range(4)).then(total).then(last).enqueue()
+            assert (await app.broker.counts("fast"))[JobState.WAITING] == 1
+            assert (await app.broker.counts("slow"))[JobState.WAITING] == 4
+            assert (await app.broker.counts("slow"))[JobState.SCHEDULED] == 2
+            assert (await app.broker.counts("fast"))[JobState.SCHEDULED] == 1
+            async with app.worker(concurrency=4):
+                assert await chain.result(timeout=10) == Out(2)
+                assert await fan.result(timeout=10) == Out(12)
+            info = await total.job(f"{fan.id}.0").info()
+    assert (info.queue, info.priority, info.status) == ("fast", -3, JobState.COMPLETED)

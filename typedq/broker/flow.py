@@ -59,8 +59,10 @@ __all__ = [
     "FLOW_BROKEN_MESSAGE",
     "HELD_AT",
     "FlowSpec",
+    "FlowState",
     "collect_element",
     "fan_in_payload",
+    "id_taken",
     "member_id",
     "msgpack_array_header",
     "msgpack_bin",
@@ -92,6 +94,29 @@ class FlowSpec(msgspec.Struct, frozen=True, kw_only=True):
     fan_out: bool = False
     collector: bool = False
     collect: bool = False
+
+
+class FlowState(msgspec.Struct, frozen=True, kw_only=True):
+    """A flow's shape and where it stands (``typedq inspect``).
+
+    :ivar id: the flow's id (its own job's)
+    :ivar steps: single steps (the last is the flow's own job, or its collector)
+    :ivar members: fan-out members
+    :ivar pending: members not settled yet; -1 once the flow has ended
+    """
+
+    id: str
+    steps: int
+    members: int
+    pending: int
+
+
+def id_taken(job_id: str, flow_id: str) -> str:
+    """The refusal of a flow one of whose derived ids another job already has."""
+    return (
+        f"job id {job_id!r} of flow {flow_id!r} is taken by another job: nothing of the flow "
+        "was stored; enqueue it under another id"
+    )
 
 
 def step_id(flow_id: str, index: int, steps: int) -> str:

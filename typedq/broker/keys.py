@@ -33,6 +33,14 @@ The layout (``P`` is the prefix)::
                                    id is claimed where a fresh job would be
     P q:<queue>:s         zset     scheduled ids -> run_at (µs)
     P q:<queue>:n         hash     state letter -> number of jobs (O(1) counts)
+    P f:<flow id>         hash     a running workflow (typedq/broker/flow.py): ``S`` steps,
+                                   ``n`` members, ``c`` members not settled, ``col``
+                                   collector, ``pol`` fan-in policy, per member ``d<i>``
+                                   settled and ``r<i>`` its fan-in element, ``fi fst fe``
+                                   the first failed member; deleted when the flow ends
+    P schedules           hash     schedule name -> its state (typedq.schedule):
+                                   'digest|last_tick|fired_at|fired|skipped|last_job';
+                                   one field per declared schedule (pruned at start-up)
     P r:<token>           string   a request record (60 s TTL) keyed by the token the
                                    client made for one call: a claim's token and ids,
                                    an enqueue's created flags ('0'/'1' per job), a
@@ -45,7 +53,7 @@ Channels: ``P ev:w`` (a queue got work: space-separated queue names), ``P ev:d``
 asked to cancel: its id).
 
 The job body (``m``): a msgpack array ``[task, payload, fingerprint, priority,
-max_retries, timeout, eta, delay]`` with trailing default values left out; the id
+max_retries, timeout, eta, delay, scheduled_for]`` with trailing default values left out; the id
 (from the key) and the queue (from the record) complete it into the JobMessage. Old
 records that hold a whole encoded JobMessage are still read.
 
@@ -62,7 +70,9 @@ Job hash fields: ``m`` body, ``q`` queue, ``p`` priority (absent = 0),
 ``a`` attempt, ``k`` stalls, ``t`` lease token, ``d`` token of the last fenced
 transition, ``st`` started_at, ``fa`` finished_at, ``w`` worker id, ``cr`` cancel
 requested, ``res`` result, ``err`` FailureRecord, ``pg`` progress. Times are
-integer microseconds of the Redis clock.
+integer microseconds of the Redis clock. A job of a workflow (always a hash) adds ``fl``
+flow id, ``fm`` member index or ``fs`` step index, while held ``mh``/``mt`` (its body
+around the payload), and on the flow's own job ``fS``/``fn`` (the flow's shape).
 
 The Lua scripts derive per-job and per-queue names from the prefix with the helper
 functions of ``lua/common.lua``, which mirror this module; a test checks that both
@@ -99,6 +109,7 @@ class Keys:
         "done_failed",
         "epoch",
         "prefix",
+        "schedules",
         "seq",
         "work_channel",
     )
@@ -108,6 +119,7 @@ class Keys:
         p = self.prefix
         self.epoch = p + "epoch"
         self.seq = p + "seq"
+        self.schedules = p + "schedules"
         self.active = p + "active"
         self.done_completed = p + "done:c"
         self.done_failed = p + "done:f"
@@ -139,6 +151,10 @@ class Keys:
     def stale(self, queue: str) -> str:
         """The hash counting stale waiting entries of ``queue`` by ``'<prio>|<id>'``."""
         return f"{self.prefix}q:{queue}:z"
+
+    def flow(self, flow_id: str) -> str:
+        """The record of a running workflow (its counter and fan-in results)."""
+        return f"{self.prefix}f:{flow_id}"
 
     def request(self, token: str) -> str:
         """The record of one call (claim, enqueue, cancel) under its client-made token:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import anyio
 import msgspec
 
-from ..errors import NotConnected, QueueFull
+from ..errors import ConfigError, NotConnected, QueueFull
 from .base import (
     CLAIM_RECORD_TTL,
     Broker,
@@ -33,12 +33,15 @@ from .base import (
     EnqueueOutcome,
     Failure,
     FinishOutcome,
+    FireOutcome,
     JobMessage,
     JobRecord,
     JobState,
     LeaseStatus,
     Release,
     RetryOutcome,
+    ScheduleState,
+    TickFiring,
     check_claim_id,
     new_claim_id,
 )
@@ -46,8 +49,10 @@ from .flow import (
     FLOW_BROKEN_MESSAGE,
     HELD_AT,
     FlowSpec,
+    FlowState,
     collect_element,
     fan_in_payload,
+    id_taken,
     member_id,
     step_id,
 )
@@ -76,6 +81,7 @@ class _Job:
         "finished_at",
         "flow_id",
         "flow_member",
+        "flow_shape",
         "flow_step",
         "lease_until",
         "message",
@@ -113,6 +119,8 @@ class _Job:
         self.flow_id: str | None = None
         self.flow_member = -1
         self.flow_step = -1
+        #: On a flow's own job: (steps, members), for inspect after the flow ended.
+        self.flow_shape: tuple[int, int] | None = None
 
     def snapshot(self) -> JobRecord:
         return JobRecord(
@@ -143,6 +151,7 @@ class _Flow:
         "members",
         "outcomes",
         "remaining",
+        "settled",
         "steps",
     )
 
@@ -155,6 +164,7 @@ class _Flow:
         self.remaining = self.members
         #: Per member: its fan-in element (result bytes, or a collect element).
         self.outcomes: list[bytes | None] = [None] * self.members
+        self.settled = bytearray(self.members)
         #: The first failed member by index: (index, final state, record).
         self.failed: tuple[int, JobState, bytes | None] | None = None
 
@@ -196,6 +206,8 @@ class MemoryBroker(Broker):
         self._claims: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
         #: Running workflows by flow id.
         self._flows: dict[str, _Flow] = {}
+        #: Schedule states by name (typedq.schedule).
+        self._schedules: dict[str, ScheduleState] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -340,6 +352,9 @@ class MemoryBroker(Broker):
 
     async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         self._check()
+        return self._enqueue(messages)
+
+    def _enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         for message in messages:
             # What a networked broker refuses when it encodes the envelope: the
             # embedded one refuses it too (and stores nothing of the batch).
@@ -669,6 +684,93 @@ class MemoryBroker(Broker):
             self.wake()
         return len(expired)
 
+    # -- schedules ---------------------------------------------------------------------
+
+    def _now_us(self) -> int:
+        return round(self.clock() * 1_000_000)
+
+    async def broker_time_us(self) -> int:
+        self._check()
+        return self._now_us()
+
+    async def sleep_until_us(self, when_us: int) -> None:
+        self._check()
+        delta = (when_us - self._now_us()) / 1_000_000
+        if delta <= 0:
+            return
+        # Woken by wake() too: a fake clock that moves says so through it.
+        assert self._work is not None
+        with anyio.move_on_after(delta):
+            await self._work.wait()
+
+    async def sync_schedules(
+        self, schedules: Sequence[tuple[str, str]], *, prune: bool
+    ) -> list[ScheduleState]:
+        self._check()
+        now = self._now_us()
+        if prune:
+            keep = {name for name, _ in schedules}
+            for name in [n for n in self._schedules if n not in keep]:
+                del self._schedules[name]
+        states = []
+        for name, digest in schedules:
+            state = self._schedules.get(name)
+            if state is None or state.digest != digest:
+                state = self._schedules[name] = ScheduleState(
+                    name=name, digest=digest, last_tick_us=now
+                )
+            states.append(state)
+        return states
+
+    async def fire_schedules(
+        self, firings: Sequence[TickFiring]
+    ) -> list[tuple[FireOutcome, ScheduleState | None]]:
+        self._check()
+        return [self._fire(firing) for firing in firings]
+
+    def _fire(self, f: TickFiring) -> tuple[FireOutcome, ScheduleState | None]:
+        state = self._schedules.get(f.name)
+        now = self._now_us()
+        if (
+            state is None
+            or state.digest != f.digest
+            or state.last_tick_us != f.expected_last_us
+            or f.new_last_us <= f.expected_last_us
+            or f.new_last_us > now  # a tick is never fired before its time, by our clock
+        ):
+            return FireOutcome.STALE, state
+        if f.messages and f.overlap != "allow" and state.last_job:
+            previous = self._jobs.get(state.last_job)
+            if previous is not None and not previous.state.is_final:
+                if f.overlap == "queue":
+                    return FireOutcome.HELD, state
+                state = self._schedules[f.name] = msgspec.structs.replace(
+                    state,
+                    last_tick_us=f.new_last_us,
+                    skipped=state.skipped + f.skipped + len(f.messages),
+                )
+                return FireOutcome.OVERLAP_SKIPPED, state
+        outcome = FireOutcome.FIRED
+        fired = len(f.messages)
+        if f.messages:
+            try:
+                self._enqueue(f.messages)
+            except QueueFull:
+                outcome, fired = FireOutcome.FULL, 0
+        state = self._schedules[f.name] = msgspec.structs.replace(
+            state,
+            last_tick_us=f.new_last_us,
+            last_job=f.messages[-1].id if fired else state.last_job,
+            last_fired_us=now if fired else state.last_fired_us,
+            fired=state.fired + fired,
+            skipped=state.skipped + f.skipped + len(f.messages) - fired,
+        )
+        return outcome, state
+
+    async def schedule_states(self) -> list[ScheduleState]:
+        self._check()
+        return [self._schedules[name] for name in sorted(self._schedules)]
+
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         self._check()
         wanted = set(states)
@@ -705,7 +807,7 @@ class MemoryBroker(Broker):
         for spec in flows:
             try:
                 out.append(self._enqueue_flow(spec))
-            except QueueFull as exc:
+            except (QueueFull, ConfigError) as exc:
                 out.append(exc)
         self.wake()
         return out
@@ -714,6 +816,9 @@ class MemoryBroker(Broker):
         if spec.id in self._jobs:
             return EnqueueOutcome(spec.id, False)
         jobs = [*spec.members, *spec.steps]
+        taken = next((m.id for m in jobs if m.id in self._jobs), None)
+        if taken is not None:
+            raise ConfigError(id_taken(taken, spec.id))
         limit = self.settings.max_queue_length
         if limit:
             adding: dict[str, int] = defaultdict(int)
@@ -737,10 +842,15 @@ class MemoryBroker(Broker):
         for index, message in enumerate(spec.steps):
             job = self._new_job(message, now, spec.id)
             job.flow_step = index
+            if index == len(spec.steps) - 1:
+                job.flow_shape = (len(spec.steps), len(spec.members))
             if index == 0 and not spec.fan_out:
                 self._to_waiting(job, keep_order=True)
             else:
-                self._to_scheduled(job, HELD_AT)
+                # Held: scheduled, but outside the due-time heap, so no clock (however
+                # far a test's fake clock moves) ever promotes it; only the hand-off does.
+                self._move(job, JobState.SCHEDULED)
+                job.run_at = HELD_AT
         if spec.fan_out and not spec.members:
             self._fan_in(flow, now)
         return EnqueueOutcome(spec.id, True)
@@ -763,10 +873,9 @@ class MemoryBroker(Broker):
             return  # the flow has ended: a late member or a cancelled step
         if job.flow_member >= 0:
             index = job.flow_member
-            if flow.outcomes[index] is not None or (
-                flow.failed is not None and flow.failed[0] == index
-            ):
-                return
+            if flow.settled[index]:
+                return  # settled before (a retried member): counted once
+            flow.settled[index] = 1
             ok = state is JobState.COMPLETED
             if flow.collect:
                 flow.outcomes[index] = collect_element(result if ok else None, error)
@@ -836,10 +945,20 @@ class MemoryBroker(Broker):
             )
             self._to_final(job, state if error is not None else JobState.CANCELLED, now)
 
-    def flow_state(self, flow_id: str) -> tuple[int, int] | None:
-        """(members still running, members) of a running flow, else None (for inspect)."""
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        self._check()
+        job = self._jobs.get(flow_id)
+        if job is not None and job.flow_id is not None:
+            flow_id = job.flow_id
         flow = self._flows.get(flow_id)
-        return None if flow is None else (flow.remaining, flow.members)
+        if flow is not None:
+            return FlowState(
+                id=flow_id, steps=flow.steps, members=flow.members, pending=flow.remaining
+            )
+        own = self._jobs.get(flow_id)
+        if own is None or own.flow_shape is None:
+            return None
+        return FlowState(id=flow_id, steps=own.flow_shape[0], members=own.flow_shape[1], pending=-1)
 
     # -- operations ------------------------------------------------------------------
 

@@ -16,8 +16,10 @@ async def send_invoice(invoice: SendInvoice) -> Receipt:
 # P: reportAssignmentType "Worker[SendInvoice, Receipt]" is not assignable to declared type
 swapped: Worker[Receipt, SendInvoice] = Worker(send_invoice)
 wrong_task: Task[Receipt, Receipt] = send_invoice  # E: assignment
-# E: arg-type "Callable[..., Any]"; expected "Task[SendInvoice, Receipt]"
-# P: reportArgumentType "(...) -> Any" cannot be assigned  # P: reportUnknownVariableType
+# E: call-overload No overload variant of "Worker" matches argument type "Callable[..., Any]"
+# P: reportCallIssue No overloads for "__init__"  # P: reportArgumentType "(...) -> Any"
 not_a_task: Worker[SendInvoice, Receipt] = Worker(send_invoice.fn)
 not_a_model: Worker[int, Receipt]  # E: type-var Type argument "int" of "Worker"
-bad_concurrency = Worker(send_invoice, concurrency="8")  # E: arg-type "concurrency"
+# E: call-overload matches argument types "Task[SendInvoice, Receipt]", "str"
+# P: reportCallIssue No overloads  # P: reportArgumentType parameter "concurrency"
+bad_concurrency = Worker(send_invoice, concurrency="8")

@@ -238,6 +238,13 @@ end
 -- A job of a workflow settled: hand off or end the flow (defined with the workflow
 -- helpers at the end of this file).
 local flow_settle
+-- Per job id, its flow link {fl, fm, fs} or false, when the script already read it
+-- (complete and fail do, with the fields they read anyway): finalize then needs no
+-- read of its own.
+local flow_links = {}
+local function flow_link_of(id, fl, fm, fs)
+  if fl then flow_links[id] = {fl, fm, fs} else flow_links[id] = false end
+end
 
 -- Move an active/waiting/scheduled job to a final state. A workflow's job (fields
 -- fl/fm/fs, see typedq/broker/flow.py) hands off to the rest of its flow here, in the
@@ -250,8 +257,12 @@ local function finalize(id, q, from, state, done_key, now)
   count(q, from, -1)
   count(q, state, 1)
   done_ids[#done_ids + 1] = id
-  local fl = redis.call('HMGET', jk, 'fl', 'fm', 'fs')
-  if fl[1] then
+  local fl = flow_links[id]
+  if fl == nil then
+    fl = redis.call('HMGET', jk, 'fl', 'fm', 'fs')
+    if not fl[1] then fl = false end
+  end
+  if fl then
     local out = redis.call('HMGET', jk, 'res', 'err')
     flow_settle(fl[1], fl[2], fl[3], state, out[1], out[2], now)
   end

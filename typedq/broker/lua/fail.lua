@@ -22,10 +22,11 @@ local touched_f, touched_x = 0, 0
 for i = 0, n - 1 do
   local b = 5 + 6 * i
   local id, tok, mode, delay = ARGV[b], ARGV[b + 1], ARGV[b + 3], tonumber(ARGV[b + 4])
-  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p')
+  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p', 'fl', 'fm', 'fs')
   if not r then
     out[i + 1] = not_active_answer(id)
   elseif r[1] == 'a' and r[2] == tok then
+    flow_link_of(id, r[7], r[8], r[9])
     local jk = k_job(id)
     local q = r[4] or ''
     redis.call('HSET', jk, 'err', ARGV[b + 2], 'd', tok)

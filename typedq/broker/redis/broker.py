@@ -47,7 +47,7 @@ from ..base import (
     RetryOutcome,
     check_claim_id,
 )
-from ..flow import FlowSpec
+from ..flow import FlowSpec, FlowState
 from ..keys import STATE_LETTERS, Keys
 from .codec import (
     FINISH,
@@ -72,6 +72,7 @@ from .errors import broker_error, scrub
 from .flows import flow_args, flow_outcome
 from .health import EpochWatch, MemoryWatch, check_config, log
 from .listener import Notifications
+from .schedules import ScheduleOps
 from .scripts import SCRIPTS
 
 __all__ = ["RedisBroker"]
@@ -87,7 +88,7 @@ def _request_token() -> str:
     return secrets.token_hex(8)
 
 
-class RedisBroker(Broker):
+class RedisBroker(ScheduleOps, Broker):
     """The durable broker on Redis 7+ (standalone, or one Redis Cluster slot per app).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA
@@ -253,6 +254,17 @@ class RedisBroker(Broker):
                 "`await broker.connect()` for a broker used on its own)"
             )
         return self._redis
+
+    async def _redis_time_us(self) -> int:
+        """Redis ``TIME`` in integer microseconds (schedules: the broker's clock)."""
+        with self._translate("time"):
+            seconds, micro = await self._conn().time()
+        return int(seconds) * MICRO + int(micro)
+
+    async def _hgetall(self, key: str) -> dict[Any, Any]:
+        with self._translate("hgetall"):
+            reply: dict[Any, Any] = await self._conn().hgetall(key)
+        return reply
 
     # -- errors and scripts ------------------------------------------------------------
 
@@ -443,11 +455,18 @@ class RedisBroker(Broker):
             for spec, answer in zip(group, reply, strict=True)
         ]
 
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        reply = await self._eval("flow_info", [], [self.keys.prefix, flow_id])
+        if not isinstance(reply, list):
+            return None
+        steps, members, pending = (int(v) for v in reply[:3])
+        return FlowState(id=text(reply[3]), steps=steps, members=members, pending=pending)
+
     def _flow_call(
         self, group: Sequence[FlowSpec], args: list[Any]
     ) -> tuple[str, Sequence[str], Sequence[Any]]:
         head = [self.keys.prefix, self.settings.max_queue_length, len(group)]
-        return "flow_enqueue", [self.keys.seq], head + args
+        return "flow_enqueue", [self.keys.seq, self.keys.request(_request_token())], head + args
 
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
         if not ids:

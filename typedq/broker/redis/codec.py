@@ -59,16 +59,17 @@ class Body(msgspec.Struct, frozen=True, array_like=True):
     timeout: float = -1.0
     eta: float = 0.0
     delay: float = 0.0
+    scheduled_for: float = 0.0
 
 
 _decode_body = msgspec.msgpack.Decoder(Body).decode
-_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0)
+_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0, 0.0)
 
 
 def encode_body(m: JobMessage) -> bytes:
     """The stored body of ``m``: its fields but id and queue, trailing defaults left out."""
     fields = [m.task, m.payload, m.fingerprint, m.priority, m.max_retries, m.timeout, m.eta]
-    fields.append(m.delay)
+    fields += (m.delay, m.scheduled_for)
     n = len(fields)
     while n > 2 and fields[n - 1] == _BODY_DEFAULTS[n - 1]:
         n -= 1
@@ -100,6 +101,7 @@ def decode_job(job_id: str, queue: str, raw: bytes) -> JobMessage:
         delay=b.delay,
         max_retries=b.max_retries,
         timeout=b.timeout,
+        scheduled_for=b.scheduled_for,
     )
 
 

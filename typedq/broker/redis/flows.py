@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import QueueFull
+from ...errors import ConfigError, QueueFull
 from ...names import check_job_id, check_name
 from ..base import EnqueueOutcome, JobMessage
-from ..flow import FlowSpec
+from ..flow import FlowSpec, id_taken
 from .codec import encode, encode_body
 
 __all__ = ["flow_args", "flow_outcome", "split_body"]
@@ -59,6 +59,8 @@ def flow_outcome(spec: FlowSpec, reply: Any) -> EnqueueOutcome | Exception:
     """One flow's answer: created, existed, or refused (QueueFull)."""
     if isinstance(reply, bytes | str):
         detail = reply.decode() if isinstance(reply, bytes) else reply
+        if detail.startswith("TYPEDQ_FLOW_ID_TAKEN"):
+            return ConfigError(id_taken(detail.split()[1], spec.id))
         _, queue, pending, extra, limit = detail.split()
         return QueueFull(
             f"queue {queue!r} holds {pending} pending jobs; this flow's {extra} jobs would "
