@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from tests.support import In, Out
-from typedq import App, BrokerUnavailable, ConfigError, JobContext
+from typedq import App, BrokerUnavailable, ConcurrencyLimit, ConfigError, JobContext, RateLimit
 from typedq.broker.base import BrokerSettings
 from typedq.broker.memory import MemoryBroker
 from typedq.schedule import MAX_FIRE, Schedule, plan, tick_job_id
@@ -156,6 +156,24 @@ def test_interval_ticks_are_on_the_epoch_grid() -> None:
     assert tick_job_id(sched.name, 5) == "schedule:poll.every-10s:5"
     message = sched.message(1_800_000_010 * S)
     assert message.id == f"schedule:poll.every-10s:{1_800_000_010 * S}"
+    assert message.scheduled_for == 1_800_000_010.0
+
+
+def test_a_schedules_jobs_carry_the_tasks_limit_keys() -> None:
+    """A tick's job is the task's own envelope of the payload: per-key limits apply."""
+    app = make_app()
+
+    @app.task(
+        rate_limit=RateLimit(5, per=1.0, key=lambda x: f"r{x.n}"),
+        concurrency=ConcurrencyLimit(1, key=lambda x: f"c{x.n}"),
+    )
+    async def limited(x: In) -> None: ...
+
+    direct = limited.message(In(7))
+    message = app.schedule(limited, In(7), every=10).message(1_800_000_010 * S)
+    assert (message.rate_key, message.concurrency_key) == (direct.rate_key, direct.concurrency_key)
+    assert message.rate_key
+    assert message.concurrency_key
     assert message.scheduled_for == 1_800_000_010.0
 
 

@@ -39,6 +39,9 @@ from .fanin import Ok as Ok
 from .job import Job as Job
 from .job import JobInfo as JobInfo
 from .job import JobStatus as JobStatus
+from .limits import ConcurrencyLimit as ConcurrencyLimit
+from .limits import RateLimit as RateLimit
+from .limits import RateLimited as RateLimited
 from .producer import Producer as Producer
 from .producer import TaskStub as TaskStub
 from .resources import Resource as Resource
@@ -64,6 +67,7 @@ __all__ = [
     "BrokerUnavailable",
     "Chain",
     "Client",
+    "ConcurrencyLimit",
     "ConfigError",
     "EncodeError",
     "Enqueuer",
@@ -89,6 +93,8 @@ __all__ = [
     "PayloadTooLarge",
     "Producer",
     "QueueFull",
+    "RateLimit",
+    "RateLimited",
     "RedisDataLost",
     "Reject",
     "Resource",

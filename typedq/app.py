@@ -12,6 +12,7 @@ from .backoff import Backoff
 from .broker.base import Broker, BrokerSettings, Retention
 from .client import DEFAULT_MAX_PAYLOAD, AppBase
 from .errors import ConfigError
+from .limits import ConcurrencyLimit, RateLimit
 from .names import check_name
 from .resources import Resource, Resources, check_factory
 from .schedule import Missed, Overlap, Schedule
@@ -111,6 +112,8 @@ class App(AppBase):
         priority: int = 0,
         errors: tuple[type[Any], ...] = (),
         key: Callable[[Any], str] | None = None,
+        rate_limit: RateLimit[Any] | None = None,
+        concurrency: ConcurrencyLimit[Any] | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -125,6 +128,8 @@ class App(AppBase):
         priority: int = 0,
         errors: tuple[type[Any], ...] = (),
         key: Callable[[Any], str] | None = None,
+        rate_limit: RateLimit[Any] | None = None,
+        concurrency: ConcurrencyLimit[Any] | None = None,
     ) -> Any:
         """Register a handler as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
 
@@ -140,6 +145,11 @@ class App(AppBase):
         :param priority: default priority; higher runs first
         :param errors: domain error models the handler may raise with ``Reject``
         :param key: derive the job id from the input, so equal keys dedupe
+        :param rate_limit: at most ``limit`` starts per ``per`` seconds, across every
+            worker (per key with ``key=``): :class:`~typedq.RateLimit`
+        :param concurrency: at most ``limit`` running at once (per key with ``key=``),
+            across every worker: :class:`~typedq.ConcurrencyLimit`
+        :raises ConfigError: a bad limit (naming the task and the fix)
         """
 
         def register(handler: Callable[..., Any]) -> Task[Any, Any]:
@@ -166,6 +176,8 @@ class App(AppBase):
                 output_type=output_type,
                 key=key,
                 max_payload_bytes=self.max_payload_bytes,
+                rate_limit=rate_limit,
+                concurrency=concurrency,
             )
             self._tasks[options.name] = task
             return task

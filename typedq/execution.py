@@ -43,6 +43,7 @@ from .errors import (
     Reject,
     Retry,
 )
+from .limits import RateLimited
 from .outcomes import (
     Abandon,
     Attempt,
@@ -393,6 +394,12 @@ class Executor:
         )
 
     def _handler_error(self, claimed: ClaimedJob, task: Task[Any, Any], exc: Exception) -> Fail:
+        if isinstance(exc, RateLimited):
+            # An external rate limit: back to the queue after retry_after, attempt unspent.
+            record = self._failure(
+                claimed, FailureReason.ERROR, "RateLimited", describe(exc), retryable=True, exc=exc
+            )
+            return Fail(record, retry_delay=safe_retry_delay(exc.retry_after), refund=True)
         if isinstance(exc, Retry):
             record = self._failure(
                 claimed, FailureReason.ERROR, "Retry", describe(exc), retryable=True, exc=exc

@@ -1,5 +1,12 @@
 """A mypy plugin that checks ``@app.task(key=...)`` against the handler's input model.
 
+It also checks the key functions of the limits, ``rate_limit=RateLimit(..., key=...)``
+and ``concurrency=ConcurrencyLimit(..., key=...)``: those are generic in the model their
+key reads (``RateLimit[M]``), and the plugin narrows the parameter ``RateLimit[Any]`` to
+``RateLimit[ThatModel]``, so mypy infers the constructor call in that context and checks
+the lambda body against the handler's input type. (A limit built beforehand and stored
+in a variable is checked where it is built, against what its own annotation says.)
+
 Enable it next to pydantic's in the mypy configuration::
 
     [mypy]
@@ -84,6 +91,10 @@ __all__ = ["TypedqPlugin", "plugin"]
 
 APP_FULLNAME = "typedq.app.App"
 TASK_FULLNAME = "typedq.task.Task"
+#: The generic limit classes whose model parameter the plugin narrows.
+LIMIT_FULLNAMES = frozenset({"typedq.limits.RateLimit", "typedq.limits.ConcurrencyLimit"})
+#: The App.task parameters that take them.
+LIMIT_PARAMETERS = ("rate_limit", "concurrency")
 
 
 # Attributes of compound statements that hold nested blocks (if/while/for/with/try/match).
@@ -204,12 +215,17 @@ class TypedqPlugin(Plugin):
         model = _input_type(handler) if handler is not None else None
         if model is None:
             return sig
+        arg_types = list(sig.arg_types)
         position = sig.arg_names.index("key")
         key_type = _with_parameter(sig.arg_types[position], model)
-        if key_type is None:
-            return sig
-        arg_types = list(sig.arg_types)
-        arg_types[position] = key_type
+        if key_type is not None:
+            arg_types[position] = key_type
+        for name in LIMIT_PARAMETERS:
+            if name in sig.arg_names:
+                position = sig.arg_names.index(name)
+                limit_type = _with_model(sig.arg_types[position], model)
+                if limit_type is not None:
+                    arg_types[position] = limit_type
         return sig.copy_modified(arg_types=arg_types)
 
     def _handler(self, api: object, call: CallExpr) -> FuncDef | None:
@@ -245,6 +261,28 @@ def _with_parameter(declared: Type, model: Type) -> Type | None:
         callable_item = get_proper_type(item)
         if isinstance(callable_item, CallableType) and len(callable_item.arg_types) == 1:
             new_items.append(callable_item.copy_modified(arg_types=[model]))
+            replaced = True
+        else:
+            new_items.append(item)
+    if not replaced:
+        return None
+    return UnionType.make_union(new_items, declared.line, declared.column)
+
+
+def _with_model(declared: Type, model: Type) -> Type | None:
+    """``RateLimit[Any] | None`` (or ConcurrencyLimit) with its model replaced by ``model``."""
+    proper = get_proper_type(declared)
+    items = proper.items if isinstance(proper, UnionType) else [declared]
+    replaced = False
+    new_items: list[Type] = []
+    for item in items:
+        instance = get_proper_type(item)
+        if (
+            isinstance(instance, Instance)
+            and instance.type.fullname in LIMIT_FULLNAMES
+            and len(instance.args) == 1
+        ):
+            new_items.append(instance.copy_modified(args=[model]))
             replaced = True
         else:
             new_items.append(item)

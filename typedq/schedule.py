@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, get_origin
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import anyio
+import msgspec
 from cronsim import CronSim, CronSimError
 
 from .broker.base import FireOutcome, JobMessage, ScheduleState, TickFiring
@@ -106,6 +107,7 @@ class Schedule(Generic[TIn]):
     __slots__ = (
         "_every_us",
         "_payload_bytes",
+        "_template",
         "cron",
         "digest",
         "every",
@@ -186,8 +188,11 @@ class Schedule(Generic[TIn]):
                 f"{label}: the payload is a {type(payload).__name__}, but task {task.name!r} "
                 f"takes a {wanted}; pass a {wanted}"
             )
-        # Encoded once, now: a payload that does not encode fails at declaration.
-        self._payload_bytes = task.input.encode(payload)
+        # Encoded once, now: a payload that does not encode fails at declaration. The
+        # template is the task's own envelope of it (limit keys included); each tick
+        # gives it its id and tick time.
+        self._template = task.message(payload)
+        self._payload_bytes = self._template.payload
         self.payload = payload
         if missed not in ("skip", "once") and not (
             isinstance(missed, int)
@@ -260,14 +265,8 @@ class Schedule(Generic[TIn]):
 
     def message(self, tick_us: int) -> JobMessage:
         """The job of one tick: a deterministic id, and the tick time it was for."""
-        return JobMessage(
-            id=tick_job_id(self.name, tick_us),
-            task=self.task.name,
-            queue=self.task.queue,
-            payload=self._payload_bytes,
-            fingerprint=self.task.input.fingerprint,
-            priority=self.task.options.priority,
-            scheduled_for=tick_us / _US,
+        return msgspec.structs.replace(
+            self._template, id=tick_job_id(self.name, tick_us), scheduled_for=tick_us / _US
         )
 
 

@@ -329,6 +329,19 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
             lines.append(
                 "# The worker derives job ids from the input (key=): pass job_id= to dedupe."
             )
+        keyed = [
+            option
+            for option, limit in (
+                ("rate_limit", task.rate_limit),
+                ("concurrency", task.concurrency),
+            )
+            if limit is not None and limit.key is not None
+        ]
+        if keyed:
+            lines.append(
+                f"# The worker limits this task per key ({', '.join(keyed)}); a stub cannot "
+                "compute keys: its jobs share the task-wide bucket (docs/limits.md)."
+            )
         lines += [
             f"{variables[task.name]}: TaskStub[{inputs[task.name]}, {output}"
             f"{' | None' if inner else ''}] = {producer}.task(",

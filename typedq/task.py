@@ -33,6 +33,7 @@ from .broker.base import JobMessage
 from .context import JobContext
 from .errors import ConfigError, InvalidOption, PartialEnqueue
 from .job import Job
+from .limits import ConcurrencyLimit, RateLimit, check_limit_option, limit_key
 from .names import check_job_id, check_name, key_job_id, new_job_id
 from .options import (
     MAX_PRIORITY,
@@ -263,6 +264,9 @@ class TaskBase(Generic[TIn, TOut]):
     :param output_type: the output model, or ``type(None)``
     :param key: derive the job id from the input, so equal keys dedupe
     :param max_payload_bytes: the largest encoded input accepted
+    :param rate_limit: the task's rate limit; its key function runs here, at the
+        producer, and the key travels in the envelope
+    :param concurrency: the task's concurrency limit (its key, likewise)
     """
 
     def __init__(
@@ -274,11 +278,17 @@ class TaskBase(Generic[TIn, TOut]):
         output_type: type[TOut],
         key: Callable[[TIn], str] | None = None,
         max_payload_bytes: int | None = None,
+        rate_limit: RateLimit[TIn] | None = None,
+        concurrency: ConcurrencyLimit[TIn] | None = None,
     ) -> None:
         self.options = options
         self.name = options.name
         self.queue = options.queue
         self.key = key
+        check_limit_option(self.name, "rate_limit", rate_limit, RateLimit)
+        check_limit_option(self.name, "concurrency", concurrency, ConcurrencyLimit)
+        self.rate_limit = rate_limit
+        self.concurrency = concurrency
         self.input: Codec[TIn] = codec_for(input_type, max_bytes=max_payload_bytes)
         self.output: Codec[TOut] = codec_for(output_type)
         self._owner = owner
@@ -359,6 +369,12 @@ class TaskBase(Generic[TIn, TOut]):
             delay=options.delay,
             max_retries=options.max_retries,
             timeout=options.timeout,
+            rate_key=limit_key(self.name, self.rate_limit.key, payload)
+            if self.rate_limit is not None
+            else "",
+            concurrency_key=limit_key(self.name, self.concurrency.key, payload)
+            if self.concurrency is not None
+            else "",
         )
 
     def _job(self, job_id: str, *, created: bool) -> Job[TOut]:
@@ -486,6 +502,8 @@ class Task(TaskBase[TIn, TOut]):
         output_type: type[TOut],
         key: Callable[[TIn], str] | None = None,
         max_payload_bytes: int | None = None,
+        rate_limit: RateLimit[TIn] | None = None,
+        concurrency: ConcurrencyLimit[TIn] | None = None,
     ) -> None:
         super().__init__(
             owner=app,
@@ -494,6 +512,8 @@ class Task(TaskBase[TIn, TOut]):
             output_type=output_type,
             key=key,
             max_payload_bytes=max_payload_bytes,
+            rate_limit=rate_limit,
+            concurrency=concurrency,
         )
         self.app = app
         self.fn = fn

@@ -51,6 +51,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from .broker.base import ClaimedJob, LeaseStatus, Release, new_claim_id
 from .errors import BrokerUnavailable, ConfigError, FailureRecord
 from .execution import Executor, Running
+from .limits import LimitSpec
 from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
 from .resources import Resource, open_resources
 from .schedule import Schedule, Scheduler
@@ -325,6 +326,14 @@ class Worker(Generic[TIn, TOut]):
         if self._started:
             raise RuntimeError("a Worker runs once; make a new one")
         self._started = True
+        # The broker enforces the tasks' limits inside every claim (typedq.limits).
+        limits = {
+            name: spec
+            for name, task in self.tasks.items()
+            if (spec := LimitSpec.of(task.rate_limit, task.concurrency)) is not None
+        }
+        if limits:
+            self.app.broker.set_limits(limits)
         self._stop = anyio.Event()
         self._changed = anyio.Event()
         self._claim_done = anyio.Event()

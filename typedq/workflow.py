@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, cast
 
 import msgspec
 import pydantic
@@ -36,6 +36,7 @@ from .broker.flow import FlowSpec, member_id, step_id
 from .errors import ConfigError
 from .fanin import Failed, Ok
 from .job import Job
+from .limits import limit_key
 from .names import check_job_id, new_job_id
 from .serde import Codec, codec_for, is_model_type, list_item
 
@@ -86,14 +87,49 @@ def _client(tasks: Iterable[TaskBase[Any, Any]]) -> Client:
     return next(iter(clients.values()))
 
 
-def _envelope(task: TaskBase[Any, Any], job_id: str, payload: bytes) -> JobMessage:
+def _check_held(task: TaskBase[Any, Any]) -> None:
+    """A step whose input is an earlier step's result is stored before its input exists,
+    and the broker never decodes a result: a limit keyed on the input cannot apply."""
+    for what, limit in (("rate_limit", task.rate_limit), ("concurrency", task.concurrency)):
+        if limit is not None and limit.key is not None:
+            raise ConfigError(
+                f"{_describe(task)} has a {what} keyed on its input, so it cannot run after "
+                "another step of a flow (its key would come from a result the broker does "
+                "not decode): use it as the first step or a fan-out, or a limit without key="
+            )
+
+
+class _Given(NamedTuple):
+    """A payload known at enqueue: its bytes and the limit keys it gives."""
+
+    payload: bytes
+    rate_key: str
+    concurrency_key: str
+
+
+def _given(task: TaskBase[Any, Any], model: Any) -> _Given:
+    rate, conc = task.rate_limit, task.concurrency
+    return _Given(
+        task.input.encode(model),
+        limit_key(task.name, rate.key, model) if rate is not None else "",
+        limit_key(task.name, conc.key, model) if conc is not None else "",
+    )
+
+
+#: A held step's: no payload yet (and no limit key, see _check_held).
+_HELD = _Given(b"", "", "")
+
+
+def _envelope(task: TaskBase[Any, Any], job_id: str, given: _Given = _HELD) -> JobMessage:
     return JobMessage(
         id=job_id,
         task=task.name,
         queue=task.queue,
-        payload=payload,
+        payload=given.payload,
         fingerprint=task.input.fingerprint,
         priority=task.options.priority,
+        rate_key=given.rate_key,
+        concurrency_key=given.concurrency_key,
     )
 
 
@@ -131,6 +167,7 @@ class Chain(Generic[TIn, TOut]):
             raise ConfigError("a chain has at least two steps")
         for prev, task in itertools.pairwise(steps):
             _check_next(prev, task)
+            _check_held(task)
         _client(steps)
         self._steps = tuple(steps)
 
@@ -151,8 +188,9 @@ class Chain(Generic[TIn, TOut]):
         first = self._steps[0]
         n = len(self._steps)
         flow_id = _flow_id(job_id, f"{{}}.{n - 2}")
+        given = _given(first, payload)
         steps = [
-            _envelope(task, step_id(flow_id, k, n), first.input.encode(payload) if k == 0 else b"")
+            _envelope(task, step_id(flow_id, k, n), given if k == 0 else _HELD)
             for k, task in enumerate(self._steps)
         ]
         return FlowSpec(id=flow_id, steps=tuple(steps))
@@ -185,7 +223,7 @@ class FanOut(Generic[TOut]):
             )
         self._task = task
         # Encoded (checked: model class, size) now: a bad input fails here, not later.
-        self._payloads = [task.input.encode(item) for item in inputs]
+        self._payloads = [_given(task, item) for item in inputs]
 
     def __repr__(self) -> str:
         return f"FanOut({self._task.name!r} x {len(self._payloads)})"
@@ -218,7 +256,7 @@ class FanOut(Generic[TOut]):
     def spec(self, *, job_id: str | None = None) -> FlowSpec:
         """The flow as the broker stores it."""
         flow_id = _flow_id(job_id, f"{{}}.m{max(len(self._payloads) - 1, 0)}")
-        collector = _envelope(self._task, flow_id, b"")
+        collector = _envelope(self._task, flow_id)
         return FlowSpec(
             id=flow_id,
             steps=(collector,),
@@ -250,6 +288,8 @@ class Flow(Generic[TOut]):
     ) -> None:
         for prev, task in itertools.pairwise(steps):
             _check_next(prev, task)
+        for task in steps:
+            _check_held(task)
         _client([fan._task, *steps])
         self._fan = fan
         self._steps = tuple(steps)
@@ -268,9 +308,7 @@ class Flow(Generic[TOut]):
         n = len(self._steps)
         longest = max(f"{{}}.m{max(len(self._fan) - 1, 0)}", f"{{}}.{n - 1}", key=len)
         flow_id = _flow_id(job_id, longest)
-        steps = tuple(
-            _envelope(task, step_id(flow_id, k, n), b"") for k, task in enumerate(self._steps)
-        )
+        steps = tuple(_envelope(task, step_id(flow_id, k, n)) for k, task in enumerate(self._steps))
         return FlowSpec(
             id=flow_id,
             steps=steps,

@@ -19,6 +19,7 @@ from rich.console import Console
 from tests.support import TEST_DEADLINE, In, Out, PIn, POut
 from typedq import (
     App,
+    ConcurrencyLimit,
     ConfigError,
     Failed,
     FailureReason,
@@ -28,6 +29,7 @@ from typedq import (
     JobState,
     Ok,
     QueueFull,
+    RateLimit,
 )
 from typedq.inspector import Inspector, render_flow
 
@@ -541,3 +543,39 @@ async def test_steps_on_other_queues_and_priorities(app_name: str, broker_url: s
                 assert await fan.result(timeout=10) == Out(12)
             info = await total.job(f"{fan.id}.0").info()
     assert (info.queue, info.priority, info.status) == ("fast", -3, JobState.COMPLETED)
+
+
+async def test_limits_apply_to_flow_steps(app_name: str, broker_url: str) -> None:
+    """Jobs of a flow are ordinary jobs to the limits: a fan-out's members and a chain's
+    first step carry their keys; a later step may have a limit without key."""
+    app = App(app_name, broker=broker_url)
+    running: Counter[int] = Counter()
+    peak: Counter[int] = Counter()
+
+    @app.task(concurrency=ConcurrencyLimit(1, key=lambda x: x.n % 2))
+    async def one_per_parity(x: In) -> Out:
+        running[x.n % 2] += 1
+        peak[x.n % 2] = max(peak[x.n % 2], running[x.n % 2])
+        await anyio.sleep(0.01)
+        running[x.n % 2] -= 1
+        return Out(x.n)
+
+    @app.task(rate_limit=RateLimit(1000, per=1.0))
+    async def total(outs: list[Out]) -> In:
+        return In(sum(o.n for o in outs))
+
+    @app.task
+    async def ident(x: In) -> In:
+        return x  # pragma: no cover
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            fan = await one_per_parity.map(In(i) for i in range(8)).then(total).enqueue()
+            (member,) = await app.broker.get([f"{fan.id}.m3"])
+            assert member is not None
+            assert member.message.concurrency_key == "1"
+            async with app.worker(concurrency=8):
+                assert await fan.result(timeout=10) == In(28)
+    assert peak == Counter({0: 1, 1: 1})
+    with pytest.raises(ConfigError, match="keyed on its input"):
+        ident.then(one_per_parity)  # its key would come from ident's result

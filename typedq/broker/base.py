@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import abc
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import IntEnum, StrEnum
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from ..errors import BrokerError, ConfigError, QueueFull
+from ..limits import LimitSpec
 
 if TYPE_CHECKING:
     from .flow import FlowSpec, FlowState
@@ -115,6 +117,11 @@ class JobMessage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     max_retries: int = -1
     #: Per-attempt timeout in seconds; ``-1`` means "the task's default", 0 none.
     timeout: float = -1.0
+    #: The rate-limit bucket of the job within its task (``""``: the task-wide one);
+    #: computed by the producer from ``RateLimit(key=...)`` (see typedq.limits).
+    rate_key: str = ""
+    #: The concurrency-limit bucket of the job within its task (``""``: task-wide).
+    concurrency_key: str = ""
     #: The tick (epoch seconds) of the schedule that enqueued this job; 0 = not scheduled.
     scheduled_for: float = 0.0
 
@@ -151,7 +158,9 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
 
     ``retry_delay`` is None for a final failure; otherwise the job is scheduled again
     after that many seconds (0 = waiting at once). ``cancelled`` ends the job in the
-    ``cancelled`` state instead of ``failed``.
+    ``cancelled`` state instead of ``failed``. ``refund`` (with a ``retry_delay``) gives
+    the attempt back: the next run has the same attempt number (a handler that raised
+    :class:`~typedq.limits.RateLimited`).
     """
 
     id: str
@@ -159,6 +168,7 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
     error: bytes
     retry_delay: float | None = None
     cancelled: bool = False
+    refund: bool = False
 
 
 class Release(msgspec.Struct, frozen=True):
@@ -314,6 +324,18 @@ class Broker(abc.ABC):
     """A job store and dispatcher. Methods are coroutine functions; batches in, batches out."""
 
     settings: BrokerSettings
+    #: The limits of the tasks this process's workers run, by task name
+    #: (:meth:`set_limits`); the claim enforces them. Empty: a claim costs nothing more.
+    limits: Mapping[str, LimitSpec] = MappingProxyType({})
+
+    def set_limits(self, limits: Mapping[str, LimitSpec]) -> None:
+        """Declare the rate and concurrency limits of tasks (a worker does, at start-up).
+
+        Every later ``claim`` of this broker object enforces them atomically with the
+        claim (see :mod:`typedq.limits`); a task not named here is not limited by this
+        process's claims. Merged with earlier calls (workers of one app share a broker).
+        """
+        self.limits = MappingProxyType({**self.limits, **limits})
 
     @abc.abstractmethod
     async def connect(self) -> None:

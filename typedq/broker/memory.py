@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Sequence
 
 import anyio
@@ -69,6 +69,10 @@ __all__ = ["MemoryBroker"]
 
 _encode = msgspec.msgpack.Encoder().encode
 
+#: A limit gate: (queue, 'r' for rate | 'c' for concurrency, task, key).
+_Gate = tuple[str, str, str, str]
+_MICRO = 1_000_000
+
 
 class _Job:
     __slots__ = (
@@ -89,6 +93,7 @@ class _Job:
         "progress",
         "result",
         "run_at",
+        "slot",
         "stalls",
         "started_at",
         "state",
@@ -121,6 +126,8 @@ class _Job:
         self.flow_step = -1
         #: On a flow's own job: (steps, members), for inspect after the flow ended.
         self.flow_shape: tuple[int, int] | None = None
+        #: The concurrency slot (task, key) this job holds while active, if any.
+        self.slot: tuple[str, str] | None = None
 
     def snapshot(self) -> JobRecord:
         return JobRecord(
@@ -208,6 +215,13 @@ class MemoryBroker(Broker):
         self._flows: dict[str, _Flow] = {}
         #: Schedule states by name (typedq.schedule).
         self._schedules: dict[str, ScheduleState] = {}
+        # Limits (typedq.limits): each rate bucket's start times in its window (µs of
+        # `clock`), the ids holding each concurrency slot, and the waiting jobs parked
+        # by a closed gate (queue, 'r' | 'c', task, key) with the time it opens.
+        self._starts: dict[tuple[str, str], deque[int]] = {}
+        self._slots: dict[tuple[str, str], set[str]] = {}
+        self._parked: dict[_Gate, list[tuple[int, int, int, str]]] = {}
+        self._gates: dict[_Gate, float] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -282,6 +296,7 @@ class MemoryBroker(Broker):
 
     def _to_final(self, job: _Job, state: JobState, now: float) -> None:
         self._active.pop(job.message.id, None)
+        self._free_slot(job)
         self._move(job, state)
         job.finished_at = now
         job.lease_until = 0.0
@@ -472,6 +487,9 @@ class MemoryBroker(Broker):
             ]
         now = self.clock()
         self._promote_due(now)
+        now_us = round(now * _MICRO)
+        if self._gates:
+            self._unpark(queues, now_us)
         lease_until = time.monotonic() + lease
         claimed: list[ClaimedJob] = []
         while len(claimed) < limit:
@@ -484,6 +502,8 @@ class MemoryBroker(Broker):
                 break
             heapq.heappop(self._waiting[self._jobs[best[3]].message.queue])
             job = self._jobs[best[3]]
+            if self.limits and not self._admit(job, best, now_us):
+                continue  # parked by its closed gate; the claim goes on with other jobs
             self._move(job, JobState.ACTIVE)
             job.attempt += 1
             job.active_token = f"{claim_id}.{len(claimed) + 1}"
@@ -495,6 +515,104 @@ class MemoryBroker(Broker):
         if claimed:
             self._claims[claim_id] = (time.monotonic(), [c.message.id for c in claimed])
         return claimed
+
+    # -- limits (typedq.limits) -------------------------------------------------------
+
+    def _admit(self, job: _Job, entry: tuple[int, int, int, str], now_us: int) -> bool:
+        """Take ``job``'s rate token and concurrency slot, or park it by its closed gate.
+
+        The same rules as the Redis claim script: concurrency first, then the sliding window.
+        """
+        message = job.message
+        spec = self.limits.get(message.task)
+        if spec is None:
+            return True
+        slot = (message.task, message.concurrency_key)
+        if spec.concurrency and len(self._slots.get(slot, ())) >= spec.concurrency:
+            self._park((message.queue, "c", *slot), entry, float("inf"))
+            return False
+        if spec.rate:
+            bucket = (message.task, message.rate_key)
+            starts = self._window(bucket, spec.per_us, now_us)
+            if len(starts) >= spec.rate:
+                # Open once the start `rate` places back leaves the window.
+                opens = starts[len(starts) - spec.rate] + spec.per_us
+                self._park((message.queue, "r", *bucket), entry, opens)
+                return False
+            starts.append(now_us)
+        if spec.concurrency:
+            self._slots.setdefault(slot, set()).add(message.id)
+            job.slot = slot
+        return True
+
+    def _window(self, bucket: tuple[str, str], per_us: int, now_us: int) -> deque[int]:
+        """The bucket's start times in ``(now - per, now]``, oldest first (older ones go)."""
+        starts = self._starts.get(bucket)
+        if starts is None:
+            starts = self._starts[bucket] = deque()
+        while starts and starts[0] <= now_us - per_us:
+            starts.popleft()
+        return starts
+
+    def _park(self, gate: _Gate, entry: tuple[int, int, int, str], opens_us: float) -> None:
+        heapq.heappush(self._parked.setdefault(gate, []), entry)
+        self._gates[gate] = opens_us
+
+    def _unpark(self, queues: Sequence[str], now_us: int) -> None:
+        """Give the open gates of ``queues`` back as many of their parked jobs as their
+        bucket admits now, best first (heap entries keep their place); the claim admits
+        or parks them again. A gate whose task this broker does not limit (any more)
+        gives back all of them."""
+        wanted = set(queues)
+        for gate in [g for g, opens in self._gates.items() if opens <= now_us and g[0] in wanted]:
+            queue, kind, task, key = gate
+            parked = self._parked.get(gate, [])
+            spec = self.limits.get(task)
+            room, opens = len(parked), 0.0
+            if spec is not None and kind == "c" and spec.concurrency:
+                room = spec.concurrency - len(self._slots.get((task, key), ()))
+                opens = float("inf")
+            elif spec is not None and kind == "r" and spec.rate:
+                starts = self._window((task, key), spec.per_us, now_us)
+                room = spec.rate - len(starts)
+                opens = starts[len(starts) - spec.rate] + spec.per_us if room <= 0 else now_us
+            closed = room <= 0
+            heap = self._waiting[queue]
+            while parked and room > 0:
+                entry = heapq.heappop(parked)
+                job = self._jobs.get(entry[3])
+                if job is not None and job.version == entry[2] and job.state is JobState.WAITING:
+                    heapq.heappush(heap, entry)
+                    room -= 1  # (an entry of a job that left waiting is dropped)
+            if parked and closed:
+                # Full now (so someone holds a slot or a recent start): closed until then.
+                # Otherwise it stays open and the next claim counts again.
+                self._gates[gate] = opens
+            elif not parked:
+                del self._gates[gate]
+                self._parked.pop(gate, None)
+
+    def _free_slot(self, job: _Job) -> None:
+        """Release the concurrency slot ``job`` holds and open the gate of its key."""
+        slot = job.slot
+        if slot is None:
+            return
+        job.slot = None
+        holders = self._slots.get(slot)
+        if holders is not None:
+            holders.discard(job.message.id)
+            if not holders:
+                del self._slots[slot]
+        gate = (job.message.queue, "c", *slot)
+        if gate in self._gates:
+            self._gates[gate] = 0.0
+            self.wake()
+
+    def _next_gate(self, queues: Sequence[str]) -> float | None:
+        """When (seconds of `clock`) the earliest gate of ``queues`` opens, if one will."""
+        times = [opens for gate, opens in self._gates.items() if gate[0] in queues]
+        earliest = min(times, default=float("inf"))
+        return None if earliest == float("inf") else earliest / _MICRO
 
     @staticmethod
     def _claimed(job: _Job) -> ClaimedJob:
@@ -524,6 +642,8 @@ class MemoryBroker(Broker):
         if any(self._head(queue) is not None for queue in list(self._waiting)):
             return True
         now = self.clock()
+        if any(opens <= now * _MICRO for opens in self._gates.values()):
+            return True
         return any(
             run_at <= now
             and (job := self._jobs.get(job_id)) is not None
@@ -536,9 +656,9 @@ class MemoryBroker(Broker):
         """Seconds until something in ``queues`` may be claimable (0 = now)."""
         if any(self._head(q) is not None for q in queues):
             return 0.0
-        run_at = self._next_run_at()
-        if run_at is not None:
-            return max(0.0, run_at - self.clock())
+        due = [t for t in (self._next_run_at(), self._next_gate(queues)) if t is not None]
+        if due:
+            return max(0.0, min(due) - self.clock())
         return float("inf")
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
@@ -596,7 +716,10 @@ class MemoryBroker(Broker):
                     self._to_final(job, state, now)
                 else:
                     self._active.pop(job.message.id, None)
+                    self._free_slot(job)
                     job.active_token = None
+                    if item.refund:
+                        job.attempt -= 1  # put back unspent (RateLimited)
                     if item.retry_delay > 0:
                         self._to_scheduled(job, now + item.retry_delay)
                     else:
@@ -612,6 +735,7 @@ class MemoryBroker(Broker):
             job, outcome = self._fenced(item.id, item.token)
             if job is not None:
                 self._active.pop(job.message.id, None)
+                self._free_slot(job)
                 job.active_token = None
                 job.done_token = item.token
                 job.attempt -= 1  # handed back unrun: the attempt was not spent
@@ -678,8 +802,14 @@ class MemoryBroker(Broker):
                 self._to_final(job, JobState.CANCELLED if cancelled else JobState.FAILED, now)
             else:
                 self._active.pop(job.message.id, None)
+                self._free_slot(job)
                 job.active_token = None
                 self._to_waiting(job, keep_order=True)
+        now_us = now * _MICRO
+        windows = {spec.per_us for spec in self.limits.values() if spec.rate}
+        longest = max(windows, default=0)
+        for bucket in [b for b, s in self._starts.items() if not s or s[-1] <= now_us - longest]:
+            del self._starts[bucket]  # nothing left in any window: as good as new
         if expired:
             self.wake()
         return len(expired)
@@ -784,6 +914,7 @@ class MemoryBroker(Broker):
     def _delete(self, job: _Job) -> None:
         del self._jobs[job.message.id]
         self._active.pop(job.message.id, None)
+        self._free_slot(job)
         self._counts[job.message.queue][job.state] -= 1
         if job.state.is_final:
             self._finished[job.state].pop(job.message.id, None)

@@ -13,6 +13,14 @@ local function k_sched(q) return P .. 'q:' .. q .. ':s' end
 local function k_counts(q) return P .. 'q:' .. q .. ':n' end
 local function k_stale(q) return P .. 'q:' .. q .. ':z' end
 local function k_req(tok) return P .. 'r:' .. tok end
+-- Limits (typedq/limits.py): a queue's gates (zset gate -> when it opens, µs; +inf: when
+-- a concurrency slot frees), the waiting entries a gate parked ('<prio>|<id>', FIFO),
+-- a rate bucket's start times in its window (zset), a concurrency bucket's slot holders.
+-- A gate is '<r|c>|<task>|<key>'; a slot name ('ck' of the job hash) '<task>|<key>'.
+local function k_gates(q) return P .. 'q:' .. q .. ':G' end
+local function k_gate(q, gate) return P .. 'q:' .. q .. ':g:' .. gate end
+local function k_rate(task, key) return P .. 'rl:' .. task .. '|' .. key end
+local function k_slots(slot) return P .. 'cc:' .. slot end
 local CH_WORK = P .. 'ev:w'
 local CH_DONE = P .. 'ev:d'
 local CH_CANCEL = P .. 'ev:x'
@@ -265,6 +273,21 @@ local function finalize(id, q, from, state, done_key, now)
   if fl then
     local out = redis.call('HMGET', jk, 'res', 'err')
     flow_settle(fl[1], fl[2], fl[3], state, out[1], out[2], now)
+  end
+end
+
+-- Release the concurrency slot `slot` (the job hash's 'ck', nil: none) that job `id`
+-- of queue `q` holds, and open the gate of that key so parked jobs are claimed again.
+-- Every way out of 'active' calls it (complete, fail, release, recovery, remove, purge).
+local function free_slot(id, q, slot)
+  if not slot then return end
+  redis.call('SREM', k_slots(slot), id)
+  redis.call('HDEL', k_job(id), 'ck')
+  local gk, gate = k_gates(q), 'c|' .. slot
+  local s = redis.call('ZSCORE', gk, gate)
+  if s and tonumber(s) ~= 0 then
+    redis.call('ZADD', gk, 0, gate)
+    work_queues[q] = true
   end
 end
 

@@ -584,6 +584,12 @@ class RedisBroker(ScheduleOps, Broker):
             len(queues),
             *queues,
         ]
+        if self.limits:
+            # The limits of this process's tasks travel with every claim (a few numbers
+            # per limited task); without any, the script skips all limit work.
+            args.append(len(self.limits))
+            for task, spec in self.limits.items():
+                args += (task, spec.rate, spec.per_us, spec.concurrency)
         return keys, args
 
     async def _claimed(self, queues: Sequence[str], reply: Any, worker_id: str) -> list[ClaimedJob]:
@@ -705,7 +711,7 @@ class RedisBroker(ScheduleOps, Broker):
             elif item.retry_delay is None:
                 mode, delay = "f", 0
             else:
-                mode, delay = "r", us(item.retry_delay)
+                mode, delay = "l" if item.refund else "r", us(item.retry_delay)
             args += (item.id, item.token, item.error, mode, delay, "")
         reply = await self._eval(
             "fail",
