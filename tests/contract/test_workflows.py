@@ -31,6 +31,7 @@ from typedq import (
     QueueFull,
     RateLimit,
 )
+from typedq.broker.base import Completion
 from typedq.inspector import Inspector, render_flow
 
 pytestmark = pytest.mark.anyio
@@ -579,3 +580,32 @@ async def test_limits_apply_to_flow_steps(app_name: str, broker_url: str) -> Non
     assert peak == Counter({0: 1, 1: 1})
     with pytest.raises(ConfigError, match="keyed on its input"):
         ident.then(one_per_parity)  # its key would come from ident's result
+
+
+async def test_a_released_step_goes_before_jobs_enqueued_after_its_flow(
+    app_name: str, broker_url: str
+) -> None:
+    """A chain's next step waits at the head of its priority level: a flow under way
+    finishes before work enqueued since (else a callback queues behind every newer job)."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def double(x: In) -> In:
+        return In(x.n * 2)
+
+    @app.task
+    async def plus_one(x: In) -> Out:
+        return Out(x.n + 1)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            job = await double.then(plus_one).enqueue(In(1))
+            later = [await plus_one.enqueue(In(i)) for i in range(5)]
+            broker = app.broker
+            (first,) = await broker.claim(["default"], 1, worker_id="w", lease=30)
+            assert first.message.task == "double"
+            result = double.output.encode(In(2))
+            await broker.complete([Completion(first.message.id, first.token, result)])
+            claimed = await broker.claim(["default"], 10, worker_id="w", lease=30)
+            assert [c.message.id for c in claimed] == [job.id] + [j.id for j in later]
+            assert claimed[0].message.payload == result

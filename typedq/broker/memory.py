@@ -279,9 +279,13 @@ class MemoryBroker(Broker):
         self._versions += 1
         job.version = self._versions
 
-    def _to_waiting(self, job: _Job, *, keep_order: bool) -> None:
+    def _to_waiting(self, job: _Job, *, keep_order: bool, at_head: bool = False) -> None:
+        """Waiting: at its old place (``keep_order``), at the tail of its priority level,
+        or at its head (``at_head``: the latest so placed first out)."""
         self._move(job, JobState.WAITING)
-        if not keep_order:
+        if at_head:
+            job.order = -self._next()
+        elif not keep_order:
             job.order = self._next()
         job.run_at = 0.0
         heapq.heappush(
@@ -1052,7 +1056,9 @@ class MemoryBroker(Broker):
             self._to_final(job, JobState.COMPLETED, now)  # the flow's job: ends the flow
             return
         job.message = msgspec.structs.replace(job.message, payload=payload)
-        self._to_waiting(job, keep_order=False)
+        # At the head of its priority level (the latest released first, like a push at
+        # the head of the Redis level list): a flow under way finishes before new work.
+        self._to_waiting(job, keep_order=False, at_head=True)
         self.wake()
 
     def _end_flow(self, flow: _Flow, state: JobState, error: bytes | None, now: float) -> None:
