@@ -46,24 +46,35 @@ RESULTS = BENCH / "results"
 PROJECT_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 SYSTEMS = ["typedq", "arq", "saq", "streaq", "taskiq", "bullmq", "celery"]
-WORKLOADS = ["single", "bulk", "e2e", "drain", "memory"]
+WORKLOADS = ["single", "bulk", "e2e", "drain", "memory", "chain", "fanin"]
+FLOW_WORKLOADS = ("chain", "fanin")
 
-FULL = {
+FULL: dict[str, Any] = {
     "single": 10_000,
     "bulk": 10_000,
     "e2e": 20_000,
     "drain": 20_000,
     "memory": 1_000_000,
+    "chain": 2_000,  # chains of flow_size links
+    "fanin": 2_000,  # fan-outs of flow_size members + a fan-in callback
+    "flow_size": 10,
+    "flow_concurrency": 16,
+    "flow_window": 32,
     "concurrency": [1, 4, 16, 64],
     "reps": 3,
     "memory_reps": 1,
 }
-QUICK = {
+QUICK: dict[str, Any] = {
     "single": 1_000,
     "bulk": 1_000,
     "e2e": 1_000,
     "drain": 1_000,
     "memory": 10_000,
+    "chain": 20,
+    "fanin": 20,
+    "flow_size": 10,
+    "flow_concurrency": 16,
+    "flow_window": 32,
     "concurrency": [1, 16],
     "reps": 1,
     "memory_reps": 1,
@@ -80,6 +91,16 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
     ],
     "drain": [("jobs_per_s", "jobs/s", True)],
     "memory": [("bytes_per_job", "bytes/job", False)],
+    "chain": [
+        ("tasks_per_s", "tasks/s", True),
+        ("p50_ms", "chain p50 ms", False),
+        ("p95_ms", "chain p95 ms", False),
+    ],
+    "fanin": [
+        ("tasks_per_s", "tasks/s", True),
+        ("p50_ms", "callback p50 ms", False),
+        ("p95_ms", "callback p95 ms", False),
+    ],
 }
 
 
@@ -204,6 +225,16 @@ def cases(sizes: dict[str, Any], workloads: list[str]) -> list[tuple[str, str, d
             out.append(("drain", w, {"workload": w, "n": sizes[w], "concurrency": 16}))
         elif w == "memory":
             out.append(("memory", w, {"workload": w, "n": sizes[w]}))
+        elif w in FLOW_WORKLOADS:
+            params = {
+                "workload": w,
+                "n": sizes[w],
+                "size": sizes["flow_size"],
+                "concurrency": sizes["flow_concurrency"],
+                "producers": 4,
+                "window": sizes["flow_window"],
+            }
+            out.append((w, w, params))
     return out
 
 
@@ -248,6 +279,8 @@ def run_one(
         tail = (stderr or stdout)[-2000:]
         return {"system": system, "params": params, "error": f"exit {proc.returncode}: {tail}"}
     result: dict[str, Any] = json.loads(lines[-1])
+    if "error" in result:
+        result["stderr_tail"] = stderr[-2000:]
     result["system"] = system
     result["wall_s"] = time.monotonic() - started
     result["loadavg_1m_before"] = load
@@ -255,9 +288,16 @@ def run_one(
 
 
 def describe(result: dict[str, Any]) -> str:
+    if "unsupported" in result:
+        return str(result["unsupported"])
     if "error" in result:
-        return "ERROR " + result["error"].strip().splitlines()[-1][:200]
+        return "ERROR " + str(result["error"]).strip().splitlines()[-1][:200]
     r = result["result"]
+    if "tasks_per_s" in r:
+        return (
+            f"{r['tasks_per_s']:,.0f} tasks/s, p50 {r['p50_ms']:,.1f} ms, p95 {r['p95_ms']:,.1f} ms"
+            f" ({r['tasks_counted']:,} of {r['tasks']:,} tasks counted)"
+        )
     if "bytes_per_job" in r:
         return f"{r['bytes_per_job']:,.0f} bytes/job"
     extra = ""
@@ -304,6 +344,9 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]
             "reps": len(ok),
             "errors": [i["error"][-300:] for i in items if "error" in i],
         }
+        unsupported = [i["unsupported"] for i in items if "unsupported" in i]
+        if unsupported:
+            cell["unsupported"] = unsupported[0]
         for key in ok[0] if ok else {}:
             values = [r[key] for r in ok if isinstance(r.get(key), int | float)]
             if values:
@@ -325,6 +368,11 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     if args.n:
         for w in ("single", "bulk", "e2e", "drain"):
             sizes[w] = args.n
+    if args.flows:
+        for w in FLOW_WORKLOADS:
+            sizes[w] = args.flows
+    if args.flow_window:
+        sizes["flow_window"] = args.flow_window
     systems = [s for s in args.systems.split(",") if s]
     workloads = [w for w in args.workloads.split(",") if w]
     for system in systems:
@@ -380,9 +428,19 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
         "versions": versions,
         "bulk_api": {r["system"]: r.get("bulk_api", "") for r in runs if "bulk_api" in r},
         "notes": {r["system"]: r.get("notes", "") for r in runs if "notes" in r},
+        "flow_api": flow_apis(runs),
         "medians": aggregate(runs),
         "runs": runs,
     }
+
+
+def flow_apis(runs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """{system: {workload: the workflow API it used, or "n/a: reason"}}"""
+    out: dict[str, dict[str, str]] = {}
+    for run in runs:
+        if "flow_api" in run:
+            out.setdefault(run["system"], {})[run["params"]["workload"]] = run["flow_api"]
+    return out
 
 
 # -- reporting -----------------------------------------------------------------------------
@@ -399,6 +457,12 @@ def case_label(case: str, sizes: dict[str, Any]) -> str:
         return f"drain C=16 ({sizes['drain']:,} pre-filled)"
     if case == "memory":
         return f"memory at N={sizes['memory']:,} waiting"
+    if case == "chain":
+        c = sizes["flow_concurrency"]
+        return f"chain ({sizes['chain']:,} chains of {sizes['flow_size']}, C={c})"
+    if case == "fanin":
+        c = sizes["flow_concurrency"]
+        return f"fan-in ({sizes['fanin']:,} fan-outs of {sizes['flow_size']} + callback, C={c})"
     return case
 
 
@@ -434,7 +498,10 @@ def table_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 cell = cells.get(system, {})
                 value = cell.get(key)
                 if value is None:
-                    row.append("error" if cell.get("errors") else "-")
+                    if cell.get("unsupported"):
+                        row.append("n/a")
+                    else:
+                        row.append("error" if cell.get("errors") else "-")
                     continue
                 text = fmt(value, key)
                 if system != reference and ref is not None and reference == "typedq":
@@ -512,10 +579,10 @@ def markdown(data: dict[str, Any]) -> str:
 
 def plot(src: Path, dest: Path) -> None:
     """Runs inside bench/.venvs/plot (matplotlib is never a typedq dependency)."""
-    import matplotlib
+    import matplotlib  # type: ignore[import-not-found, unused-ignore]  # only in the plot venv
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
 
     data = json.loads(src.read_text())
     systems: list[str] = data["systems"]
@@ -529,6 +596,9 @@ def plot(src: Path, dest: Path) -> None:
         ("end-to-end: jobs/s by concurrency", e2e_cases, "jobs_per_s", False),
         ("end-to-end: p50 latency ms (log)", e2e_cases, "p50_ms", True),
         ("memory: bytes per waiting job", ["memory"], "bytes_per_job", False),
+        ("chain: tasks/s", ["chain"], "tasks_per_s", False),
+        ("fan-in: tasks/s", ["fanin"], "tasks_per_s", False),
+        ("fan-in: callback p50 ms after last member", ["fanin"], "p50_ms", False),
     ]
     panels = [p for p in panels if any(c in medians for c in p[1])]
     cols = 3
@@ -569,7 +639,7 @@ def draw_png(json_path: Path, png_path: Path) -> None:
     if proc.returncode != 0:
         print(f"[plot] failed: {proc.stderr[-2000:]}")
     else:
-        print(f"[plot] wrote {png_path.relative_to(ROOT)}")
+        print(f"[plot] wrote {png_path}")
 
 
 def main() -> None:
@@ -583,6 +653,10 @@ def main() -> None:
     parser.add_argument("--concurrency", default="", help="end-to-end C values, e.g. 1,4,16,64")
     parser.add_argument("--n", type=int, default=0, help="override N of the timed workloads")
     parser.add_argument("--memory-n", type=int, default=0, help="waiting jobs for `memory`")
+    parser.add_argument("--flows", type=int, default=0, help="override N of chain and fanin")
+    parser.add_argument(
+        "--flow-window", type=int, default=0, help="flows in flight at most (default 32)"
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     parser.add_argument("--no-plot", action="store_true")

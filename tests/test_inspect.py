@@ -338,3 +338,43 @@ async def test_cli_progress_bar_draws_on_a_terminal(
     assert report.done == 30
     assert "purge waiting jobs" in screen.getvalue()
     assert "30/30" in screen.getvalue()
+
+
+class Part(msgspec.Struct, frozen=True):
+    n: int
+
+
+@pytest.mark.redis
+def test_cli_shows_a_flow(redis_server: RedisProcess, app_name: str) -> None:
+    flushall(redis_server.port)
+    url = redis_server.url
+
+    async def fill() -> str:
+        app = App(app_name, broker=url)
+
+        @app.task
+        async def double(p: Part) -> Part:
+            return Part(p.n * 2)
+
+        @app.task
+        async def add(parts: list[Part]) -> Part:
+            return Part(sum(p.n for p in parts))
+
+        async with app:
+            job = await double.map(Part(i) for i in range(3)).then(add).enqueue()
+            return job.id  # no worker: the members wait, the callback is held
+
+    flow_id = anyio.run(fill)
+    target = ["--broker", url, "--app", app_name]
+    shown = inspect(*target, "--flow", flow_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"flow {flow_id}: scheduled (running)" in shown.stdout
+    assert "fan-out: 3 members (3 waiting; 3 not settled)" in shown.stdout
+    data = json.loads(inspect(*target, "--flow", flow_id, "--json").stdout)
+    assert data["steps"][0]["task"] == "add"
+    assert data["members_pending"] == 3
+    missing = inspect(*target, "--flow", "nope")
+    assert missing.returncode == 2
+    assert "job 'nope' belongs to no workflow" in missing.stderr
+    by_member = json.loads(inspect(*target, "--flow", f"{flow_id}.m1", "--json").stdout)
+    assert by_member["id"] == flow_id

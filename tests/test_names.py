@@ -171,6 +171,9 @@ def test_task_options_are_range_checked(option: str, value: Any) -> None:
         {"max_retries": -2},
         {"timeout": -0.5},
         {"timeout": math.nan},
+        {"rate_key": "a|b"},
+        {"concurrency_key": "x" * 201},
+        {"concurrency_key": "{tag}"},
     ],
 )
 def test_hand_built_envelopes_are_checked(fields: dict[str, Any]) -> None:

@@ -85,7 +85,9 @@ async def client_commands(url: str) -> AsyncIterator[list[str]]:
 async def test_lua_key_names_match_the_keys_module(url: str) -> None:
     async with broker_at(url, "layout") as broker:
         k = broker.keys
-        names = await broker._eval("keys", [], [k.prefix, "q1", "-3", "job-1", "tok1"])
+        names = await broker._eval(
+            "keys", [], [k.prefix, "q1", "-3", "job-1", "tok1", "c|t1|k:1", "t1", "k:1"]
+        )
         assert [n.decode() for n in names] == [
             k.job("job-1"),
             k.levels("q1"),
@@ -97,6 +99,10 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.work_channel,
             k.done_channel,
             k.cancel_channel,
+            k.gates("q1"),
+            k.gate("q1", "c|t1|k:1"),
+            k.rate("t1", "k:1"),
+            k.slots("t1", "k:1"),
         ]
     async with raw_redis(url) as raw:
         async with broker_at(url, "layout") as broker:

@@ -289,3 +289,64 @@ def test_schema_for_one_task() -> None:
     result = run("schema", BILLING, "--task", "refund")
     assert result.returncode == 0, result.stderr
     assert list(json.loads(result.stdout)["tasks"]) == ["refund"]
+
+
+def test_stub_and_schema_of_list_inputs() -> None:
+    """Fan-in callbacks take ``list[Model]`` (or ``list[Ok[Model] | Failed]``): the stub
+    declares them so mypy checks a producer's chain through it, and the schema exports them."""
+    out = ROOT / "tests" / "stubfix" / "generated_flow_stub_under_test.py"
+    try:
+        result = run("stubs", "tests.stubfix.flows:app", "--out", str(out.relative_to(ROOT)))
+        assert result.returncode == 0, result.stderr
+        text = out.read_text()
+        assert "tally: TaskStub[list[Outer.Inner], Item_models_b] = app.task(" in text
+        assert "report: TaskStub[list[Ok[Outer.Inner] | Failed], Gone] = app.task(" in text
+        assert "skus: TaskStub[list[Item_models_a], None] = app.task(" in text
+        producer = out.with_name("generated_flow_producer_under_test.py")
+        producer.write_text(
+            "from tests.stubfix.generated_flow_stub_under_test import Item_models_a, check, tally\n"
+            "from tests.stubfix.generated_flow_stub_under_test import report\n\n\n"
+            "async def go() -> None:\n"
+            "    job = await check.map([Item_models_a(sku='a')]).then(tally).enqueue()\n"
+            "    print(job)\n"
+            "    print(check.map([]).collect(report))\n"
+            "    check.map([]).then(report)  # type: ignore[arg-type]\n"
+        )
+        try:
+            for tool in (["ruff", "check"], ["ruff", "format", "--check"]):
+                lint = subprocess.run(
+                    [sys.executable, "-m", *tool, str(out)],
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                assert lint.returncode == 0, lint.stdout + lint.stderr
+            typed = subprocess.run(
+                [sys.executable, "-m", "mypy", "--no-incremental", str(out), str(producer)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert typed.returncode == 0, typed.stdout
+        finally:
+            producer.unlink(missing_ok=True)
+        imported = python(
+            "import tests.stubfix.generated_flow_stub_under_test as s\n"
+            "from tests.stubfix.flows import app\n"
+            "for name in ('tally', 'report', 'skus'):\n"
+            "    print(getattr(s, name).input.fingerprint == app.tasks[name].input.fingerprint)"
+        )
+        assert imported.stdout.split() == ["True", "True", "True"], imported.stderr
+    finally:
+        out.unlink(missing_ok=True)
+    schema = run("schema", "tests.stubfix.flows:app")
+    assert schema.returncode == 0, schema.stderr
+    tasks = json.loads(schema.stdout)["tasks"]
+    assert tasks["tally"]["input_model"] == "list[tests.stubfix.models_a.Outer.Inner]"
+    assert tasks["tally"]["input"]["type"] == "array"
+    assert tasks["tally"]["input"]["items"]["title"] == "Inner"
+    assert tasks["skus"]["input"]["items"] == {"$ref": "#/$defs/Item"}
+    assert "Item" in tasks["skus"]["input"]["$defs"]
+    assert tasks["report"]["input"]["items"]["anyOf"][0]["prefixItems"][0] == {"const": "ok"}

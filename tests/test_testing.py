@@ -14,6 +14,10 @@ from typedq.testing import FakeClock, run_worker
 pytestmark = pytest.mark.anyio
 
 
+class Num(msgspec.Struct, frozen=True):
+    n: int
+
+
 class Order(msgspec.Struct):
     order_id: int
 
@@ -93,3 +97,29 @@ def test_fake_clock_only_moves_forward() -> None:
     assert clock() == 7.5
     with pytest.raises(ValueError, match="forward"):
         clock.advance(-1)
+
+
+async def test_workflows_run_in_the_harness_and_no_clock_releases_a_held_step() -> None:
+    app = App("harness-flows")
+    ran: list[int] = []
+
+    @app.task(retries=1, backoff=Backoff(kind="fixed", base=60, jitter=0.0))
+    async def gate(x: Num, ctx: JobContext) -> Num:
+        ran.append(x.n)
+        if ctx.attempt == 1:
+            raise RuntimeError("not yet")  # retried after the fake clock moves
+        return Num(x.n + 1)
+
+    @app.task(retries=0)
+    async def after(x: Num) -> Num:
+        ran.append(x.n)
+        return Num(x.n * 10)
+
+    async with run_worker(app) as harness:
+        job = await gate.then(after).enqueue(Num(1))
+        await harness.idle()
+        assert ran == [1]  # the first attempt failed; its retry is due in a minute
+        # Far past any real run_at (and the held step's): only the hand-off releases it.
+        await harness.advance(1e10)
+        assert await job.result(timeout=5) == Num(20)
+    assert ran == [1, 1, 2]

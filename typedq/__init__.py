@@ -34,18 +34,27 @@ from .errors import Reject as Reject
 from .errors import ResultTimeout as ResultTimeout
 from .errors import Retry as Retry
 from .errors import TypedqError as TypedqError
+from .fanin import Failed as Failed
+from .fanin import Ok as Ok
 from .job import Job as Job
 from .job import JobInfo as JobInfo
 from .job import JobStatus as JobStatus
+from .limits import ConcurrencyLimit as ConcurrencyLimit
+from .limits import RateLimit as RateLimit
+from .limits import RateLimited as RateLimited
 from .producer import Producer as Producer
 from .producer import TaskStub as TaskStub
 from .resources import Resource as Resource
 from .resources import ResourceError as ResourceError
 from .resources import Resources as Resources
+from .schedule import Schedule as Schedule
 from .task import UNSET as UNSET
 from .task import Enqueuer as Enqueuer
 from .task import Task as Task
 from .worker import Worker as Worker
+from .workflow import Chain as Chain
+from .workflow import FanOut as FanOut
+from .workflow import Flow as Flow
 
 __version__ = "0.1.0"
 
@@ -56,12 +65,17 @@ __all__ = [
     "Backoff",
     "BrokerError",
     "BrokerUnavailable",
+    "Chain",
     "Client",
+    "ConcurrencyLimit",
     "ConfigError",
     "EncodeError",
     "Enqueuer",
+    "Failed",
     "FailureReason",
     "FailureRecord",
+    "FanOut",
+    "Flow",
     "InvalidName",
     "InvalidOption",
     "InvalidPayload",
@@ -74,10 +88,13 @@ __all__ = [
     "JobState",
     "JobStatus",
     "NotConnected",
+    "Ok",
     "PartialEnqueue",
     "PayloadTooLarge",
     "Producer",
     "QueueFull",
+    "RateLimit",
+    "RateLimited",
     "RedisDataLost",
     "Reject",
     "Resource",
@@ -86,6 +103,7 @@ __all__ = [
     "ResultTimeout",
     "Retention",
     "Retry",
+    "Schedule",
     "Task",
     "TaskStub",
     "TypedqError",

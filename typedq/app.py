@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import timedelta
 from typing import Any, TypeVar, overload
+from zoneinfo import ZoneInfo
 
 from .backoff import Backoff
 from .broker.base import Broker, BrokerSettings, Retention
 from .client import DEFAULT_MAX_PAYLOAD, AppBase
 from .errors import ConfigError
+from .limits import ConcurrencyLimit, RateLimit
 from .names import check_name
 from .resources import Resource, Resources, check_factory
+from .schedule import Missed, Overlap, Schedule
 from .task import (
     DEFAULT_QUEUE,
     AsyncContextHandler,
@@ -71,6 +75,7 @@ class App(AppBase):
         self.lease = lease
         self._tasks: dict[str, Task[Any, Any]] = {}
         self._resources: dict[str, Resource[Any]] = {}
+        self._schedules: dict[str, Schedule[Any]] = {}
 
     def __repr__(self) -> str:
         return f"App({self.name!r}, tasks={sorted(self._tasks)})"
@@ -107,6 +112,8 @@ class App(AppBase):
         priority: int = 0,
         errors: tuple[type[Any], ...] = (),
         key: Callable[[Any], str] | None = None,
+        rate_limit: RateLimit[Any] | None = None,
+        concurrency: ConcurrencyLimit[Any] | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -121,6 +128,8 @@ class App(AppBase):
         priority: int = 0,
         errors: tuple[type[Any], ...] = (),
         key: Callable[[Any], str] | None = None,
+        rate_limit: RateLimit[Any] | None = None,
+        concurrency: ConcurrencyLimit[Any] | None = None,
     ) -> Any:
         """Register a handler as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
 
@@ -136,6 +145,11 @@ class App(AppBase):
         :param priority: default priority; higher runs first
         :param errors: domain error models the handler may raise with ``Reject``
         :param key: derive the job id from the input, so equal keys dedupe
+        :param rate_limit: at most ``limit`` starts per ``per`` seconds, across every
+            worker (per key with ``key=``): :class:`~typedq.RateLimit`
+        :param concurrency: at most ``limit`` running at once (per key with ``key=``),
+            across every worker: :class:`~typedq.ConcurrencyLimit`
+        :raises ConfigError: a bad limit (naming the task and the fix)
         """
 
         def register(handler: Callable[..., Any]) -> Task[Any, Any]:
@@ -162,6 +176,8 @@ class App(AppBase):
                 output_type=output_type,
                 key=key,
                 max_payload_bytes=self.max_payload_bytes,
+                rate_limit=rate_limit,
+                concurrency=concurrency,
             )
             self._tasks[options.name] = task
             return task
@@ -234,6 +250,80 @@ class App(AppBase):
         handle: Resource[Any] = Resource(fn, name=name, app=self.name)
         self._resources[name] = handle
         return handle
+
+    # -- schedules -------------------------------------------------------------------
+
+    @property
+    def schedules(self) -> Mapping[str, Schedule[Any]]:
+        """The declared schedules by name."""
+        return dict(self._schedules)
+
+    def schedule(
+        self,
+        task: Task[TIn, Any],
+        payload: TIn,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        name: str | None = None,
+        tz: str | ZoneInfo | None = None,
+        missed: Missed = "once",
+        grace: float | timedelta | None = None,
+        max_lateness: float | timedelta | None = None,
+        overlap: Overlap = "allow",
+    ) -> Schedule[TIn]:
+        """Enqueue ``task`` with ``payload`` on every tick of a cron expression or interval.
+
+        ``app.schedule(send_digest, Digest(kind="daily"), cron="0 8 * * *")`` or
+        ``app.schedule(poll_feeds, PollFeeds(), every=30)``. Workers of this app run the
+        schedules; each tick is enqueued exactly once however many workers run, by the
+        broker's clock. The handler reads its tick from ``ctx.scheduled_for``. See
+        docs/schedules.md.
+
+        :param task: a task of this app
+        :param payload: the input each tick enqueues (the task's input model)
+        :param cron: a five-field cron expression (minute hour day month weekday)
+        :param every: an interval (seconds or timedelta); ticks are multiples of it since
+            the Unix epoch
+        :param name: the schedule's identity (default ``<task>.every-<n>s`` or
+            ``<task>.cron-<hash>``); renaming a schedule starts it afresh
+        :param tz: the time zone of the cron expression (IANA name or ZoneInfo; default UTC)
+        :param missed: ticks missed while no worker ran (later than ``grace``): ``"skip"``
+            them, fire the newest ``"once"``, or an int N: fire the newest N
+        :param grace: seconds after its time within which a tick is on time (default:
+            the interval, at most 60 s; 60 s for cron)
+        :param max_lateness: never fire a tick later than this after its time (it is
+            skipped and counted); None: no bound
+        :param overlap: while the previous tick's job is unfinished: ``"allow"`` firing,
+            ``"skip"`` the tick, or ``"queue"`` it until that job finishes
+        :raises ConfigError: both or neither of ``cron``/``every``, an invalid cron
+            expression, ``every <= 0``, a payload of another model, a task of another
+            app, or a name already taken
+        """
+        if task._owner is not self:
+            raise ConfigError(
+                f"schedule of task {task.name!r}: the task belongs to another app; schedule "
+                f"it on that app, or register it with @{self.name}.task"
+            )
+        sched: Schedule[TIn] = Schedule(
+            task,
+            payload,
+            cron=cron,
+            every=every,
+            name=name,
+            tz=tz,
+            missed=missed,
+            grace=grace,
+            max_lateness=max_lateness,
+            overlap=overlap,
+        )
+        if sched.name in self._schedules:
+            raise ConfigError(
+                f"app {self.name!r} already has a schedule named {sched.name!r}; pass "
+                "app.schedule(..., name='<another name>') to declare a second one"
+            )
+        self._schedules[sched.name] = sched
+        return sched
 
     # -- workers -------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from .broker import redact_url
 from .broker.base import JobState
 from .client import DEFAULT_BROKER_ENV, Client
 from .errors import BrokerUnavailable, ConfigError, TypedqError
+from .schedule import Schedule
 from .schema import app_schema as schema_of
 from .worker import Worker
 
@@ -519,6 +520,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--limit", type=int, default=20, help="jobs listed per queue")
     inspect.add_argument(
+        "--flow",
+        default=None,
+        metavar="ID",
+        help="show the workflow of job ID (the flow's job, a step or a member)",
+    )
+    inspect.add_argument(
         "--job", default=None, metavar="ID", help="show one job in full (payload, result, error)"
     )
     inspect.add_argument(
@@ -631,11 +638,13 @@ def _inspect(args: argparse.Namespace) -> int:
             raise ConfigError(f"--app {args.app_name!r} differs from {args.target}'s {app.name!r}")
         name, settings, queues = app.name, app.settings, args.queue or app.queues
         broker = args.broker or app.client.url
+        schedules: list[Schedule[Any]] | None = list(app.schedules.values())
     else:
         if not args.app_name:
             raise ConfigError("give MODULE:APP, or --app NAME with --broker URL")
         # No queues given: the broker's queue registry names them (in `run` below).
         name, settings, queues = args.app_name, None, list(args.queue)
+        schedules = None
         broker = args.broker or os.environ.get(DEFAULT_BROKER_ENV) or ""
         if not broker:
             raise ConfigError(f"give --broker URL (or set {DEFAULT_BROKER_ENV}) with --app")
@@ -643,7 +652,11 @@ def _inspect(args: argparse.Namespace) -> int:
     state = JobState(args.state) if args.state else None
     if args.limit < 0:
         raise ConfigError(f"--limit must be >= 0, got {args.limit}")
-    views = [flag for flag, on in (("--job", args.job), ("--workers", args.workers)) if on]
+    views = [
+        flag
+        for flag, on in (("--job", args.job), ("--workers", args.workers), ("--flow", args.flow))
+        if on
+    ]
     if len(views) > 1 or (views and (chosen or state is not None)):
         others = views[1:] + [f"--{a}" for a in chosen] + (["--state"] if state else [])
         raise ConfigError(f"{views[0]} cannot be combined with {', '.join(others)}")
@@ -660,7 +673,18 @@ def _inspect(args: argparse.Namespace) -> int:
     async def run() -> int:
         client = Client(broker, name=name, settings=settings)
         async with client:
-            tool = inspector.Inspector(client, queues or await _discover_queues(client))
+            tool = inspector.Inspector(
+                client, queues or await _discover_queues(client), schedules=schedules
+            )
+            if args.flow is not None:
+                flow = await tool.flow(args.flow)
+                if flow is None:
+                    raise ConfigError(f"job {args.flow!r} belongs to no workflow")
+                if args.json:
+                    print(msgspec.json.format(msgspec.json.encode(flow), indent=2).decode())
+                else:
+                    inspector.render_flow(out, flow)
+                return 0
             if args.job:
                 detail = await tool.job(args.job)
                 if detail is None:

@@ -18,6 +18,7 @@ import anyio
 from .batching import Batcher
 from .broker import broker_from_url, redact_url
 from .broker.base import Broker, BrokerSettings, EnqueueOutcome, JobMessage
+from .broker.flow import FlowSpec
 from .errors import ConfigError, NotConnected, PartialEnqueue
 from .names import check_name
 from .options import check_message
@@ -60,6 +61,10 @@ class Client:
         self._enqueuer: Batcher[JobMessage, EnqueueOutcome] = Batcher(
             self._enqueue_batch, max_batch=batch_size, name="enqueue batcher"
         )
+        # Workflows (typedq.workflow): concurrent flow enqueues share a broker call too.
+        self._flow_enqueuer: Batcher[FlowSpec, EnqueueOutcome | Exception] = Batcher(
+            self._enqueue_flow_batch, max_batch=64, name="flow enqueue batcher"
+        )
         self._stack: contextlib.AsyncExitStack | None = None
         self._users = 0
 
@@ -89,6 +94,7 @@ class Client:
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
             await tg.start(self._enqueuer.run)
+            await tg.start(self._flow_enqueuer.run)
         except BaseException:
             self._users -= 1
             await stack.aclose()
@@ -132,6 +138,21 @@ class Client:
         # For envelopes already checked (TaskBase.message): the check is not repeated.
         self._require()
         return await self._enqueuer.submit(message)
+
+    async def _enqueue_flow_batch(self, specs: list[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        return await self.broker.enqueue_flows(specs)
+
+    async def _enqueue_flow(self, spec: FlowSpec) -> EnqueueOutcome:
+        """Store one workflow (built by :mod:`typedq.workflow`); concurrent calls share a
+        broker round trip.
+
+        :raises QueueFull: its jobs would pass ``max_queue_length`` (nothing stored)
+        """
+        self._require()
+        outcome = await self._flow_enqueuer.submit(spec)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     async def enqueue_many(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         """Enqueue many jobs in chunks of ``batch_size``; one outcome per message, in order.

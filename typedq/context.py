@@ -35,6 +35,8 @@ class JobContext:
     :ivar attempt: 1 for the first run, 2 for the first retry, ...
     :ivar enqueued_at: when it was enqueued (broker clock, epoch seconds)
     :ivar worker_id: the worker running it (``"local"`` when the task is called directly)
+    :ivar scheduled_for: the tick (epoch seconds, broker clock) of the schedule that
+        enqueued the job (``app.schedule``), or None for a job not made by a schedule
 
     :param resources: the opened resources :meth:`get` reads; by default those of the
         worker running this code (none outside a worker)
@@ -48,6 +50,7 @@ class JobContext:
         "job_id",
         "last_progress",
         "queue",
+        "scheduled_for",
         "task",
         "worker_id",
     )
@@ -63,6 +66,7 @@ class JobContext:
         worker_id: str = "local",
         report: Callable[[bytes], Coroutine[Any, Any, None]] | None = None,
         resources: Resources | None = None,
+        scheduled_for: float | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -70,6 +74,7 @@ class JobContext:
         self.attempt = attempt
         self.enqueued_at = enqueued_at
         self.worker_id = worker_id
+        self.scheduled_for = scheduled_for
         self.last_progress: Any = None
         self._report = report
         # Captured now, in the task that runs the attempt: a sync handler's thread then

@@ -216,6 +216,7 @@ class FailureReason(StrEnum):
     STALLED = "stalled"  # the job's lease expired too many times (worker lost)
     CANCELLED = "cancelled"  # job.cancel() was called
     DECODE_ERROR = "decode_error"  # the broker held bytes that are not a job envelope
+    FLOW_BROKEN = "flow_broken"  # a job of its workflow was removed before it finished
 
 
 class FailureRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -43,6 +43,7 @@ from .errors import (
     Reject,
     Retry,
 )
+from .limits import RateLimited
 from .logs import job_fields
 from .outcomes import (
     Abandon,
@@ -322,6 +323,7 @@ class Executor:
             enqueued_at=claimed.enqueued_at,
             worker_id=self.worker_id,
             report=lambda data: self._progress(claimed, data),
+            scheduled_for=message.scheduled_for or None,
         )
         got: tuple[bool, Any] | None = None
         with anyio.CancelScope() as scope:
@@ -395,6 +397,12 @@ class Executor:
         )
 
     def _handler_error(self, claimed: ClaimedJob, task: Task[Any, Any], exc: Exception) -> Fail:
+        if isinstance(exc, RateLimited):
+            # An external rate limit: back to the queue after retry_after, attempt unspent.
+            record = self._failure(
+                claimed, FailureReason.ERROR, "RateLimited", describe(exc), retryable=True, exc=exc
+            )
+            return Fail(record, retry_delay=safe_retry_delay(exc.retry_after), refund=True)
         if isinstance(exc, Retry):
             record = self._failure(
                 claimed, FailureReason.ERROR, "Retry", describe(exc), retryable=True, exc=exc

@@ -22,23 +22,29 @@ from rich.console import Console
 from rich.table import Table
 
 from .broker import redact_url
-from .broker.base import CancelOutcome, JobRecord, JobState, WorkerInfo
+from .broker.base import CancelOutcome, JobRecord, JobState, ScheduleState, WorkerInfo
+from .broker.flow import member_id, step_id
 from .client import Client
 from .errors import ConfigError, FailureRecord
 from .job import decode_failure
+from .schedule import Schedule
 
 __all__ = [
     "ACTIONS",
     "Action",
     "ActionReport",
+    "FlowView",
     "Inspector",
     "JobDetail",
     "JobView",
     "Overview",
+    "ScheduleView",
     "all_done",
     "render_action",
+    "render_flow",
     "render_job",
     "render_overview",
+    "render_schedules",
     "render_workers",
 ]
 
@@ -89,14 +95,64 @@ class JobDetail(msgspec.Struct, frozen=True, kw_only=True):
     cancel_requested: bool = False
 
 
+class ScheduleView(msgspec.Struct, frozen=True, kw_only=True):
+    """One schedule as ``inspect`` shows it (times: epoch seconds, broker clock).
+
+    ``status`` is ``"ok"``; ``"changed"`` when the broker's state belongs to another
+    definition (workers of another version run it); ``"not started"`` when no worker
+    has reconciled it yet; ``"not declared"`` for a state the inspected app does not
+    declare (left by a removed schedule until a worker prunes it), or when no app was
+    given to compare with.
+    """
+
+    name: str
+    task: str | None
+    every: float | None
+    cron: str | None
+    tz: str | None
+    status: str
+    #: The next tick (None: unknown without the app's declaration).
+    next_fire: float | None
+    #: The newest tick handled (fired or skipped).
+    last_tick: float | None
+    #: When the newest fired tick was enqueued.
+    last_fired: float | None
+    last_job: str | None
+    fired: int
+    skipped: int
+
+
 class Overview(msgspec.Struct, frozen=True, kw_only=True):
-    """Counts per state per queue, and the jobs of one state (failed by default)."""
+    """Counts per state per queue, the jobs of one state (failed by default), and the
+    app's schedules."""
 
     app: str
     broker: str
     counts: dict[str, dict[JobState, int]]
     state: JobState
     jobs: list[JobView]
+    schedules: list[ScheduleView] = []
+
+
+class FlowView(msgspec.Struct, frozen=True, kw_only=True):
+    """A workflow as ``inspect --flow ID`` shows it: its shape and where it stands.
+
+    :ivar state: the flow's own job's state (its last step, or a fan-out's collector)
+    :ivar running: False once the flow has ended (completed, failed or cancelled)
+    :ivar members: fan-out members (0 for a chain); ``members_pending`` of them have not
+        settled (-1 once the flow has ended), ``member_states`` counts them per state
+    :ivar steps: each single step in order (``None`` for a step whose job is gone)
+    :ivar failed_members: up to 10 failed or cancelled members, with their records
+    """
+
+    id: str
+    state: JobState | None
+    running: bool
+    members: int
+    members_pending: int
+    member_states: dict[JobState, int]
+    steps: list[JobView | None]
+    failed_members: list[JobView]
 
 
 class ActionReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -155,13 +211,35 @@ class Inspector:
 
     :param client: connected to the app's broker, with the app's name
     :param queues: the queues to look at (the app's queues)
+    :param schedules: the app's declared schedules (next fire times need them); None
+        lists the broker's schedule states alone
     """
 
-    def __init__(self, client: Client, queues: Sequence[str]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        queues: Sequence[str],
+        *,
+        schedules: Sequence[Schedule[Any]] | None = None,
+    ) -> None:
         if not queues:
             raise ConfigError("inspect needs at least one queue (--queue NAME)")
         self.client = client
         self.queues = sorted(set(queues))
+        self.declared = None if schedules is None else {s.name: s for s in schedules}
+
+    async def schedules(self) -> list[ScheduleView]:
+        """The schedules with their next and last fire times, by name."""
+        broker = self.client.broker
+        states = {s.name: s for s in await broker.schedule_states()}
+        declared = self.declared or {}
+        if not states and not declared:
+            return []
+        now = await broker.broker_time_us()
+        return [
+            _schedule_view(name, states.get(name), declared.get(name), now)
+            for name in sorted(states.keys() | declared.keys())
+        ]
 
     async def counts(self) -> dict[str, dict[JobState, int]]:
         """Jobs per state, per queue."""
@@ -184,6 +262,38 @@ class Inspector:
             counts=await self.counts(),
             state=state,
             jobs=await self.jobs(state, limit=limit),
+            schedules=await self.schedules(),
+        )
+
+    async def flow(self, job_id: str) -> FlowView | None:
+        """The workflow (see :mod:`typedq.workflow`) that the job ``job_id`` belongs to
+        (the flow's own job, a step or a member), or None."""
+        broker = self.client.broker
+        shape = await broker.flow_state(job_id)
+        if shape is None:
+            return None
+        flow_id = shape.id
+        steps = await broker.get([step_id(flow_id, k, shape.steps) for k in range(shape.steps)])
+        states: dict[JobState, int] = {}
+        failed: list[JobView] = []
+        for start in range(0, shape.members, PAGE):
+            ids = [member_id(flow_id, i) for i in range(start, min(start + PAGE, shape.members))]
+            for record in await broker.get(ids):
+                if record is None:
+                    continue
+                states[record.state] = states.get(record.state, 0) + 1
+                if record.state in (JobState.FAILED, JobState.CANCELLED) and len(failed) < 10:
+                    failed.append(_view(record))
+        own = steps[-1]
+        return FlowView(
+            id=flow_id,
+            state=None if own is None else own.state,
+            running=shape.pending >= 0,
+            members=shape.members,
+            members_pending=shape.pending,
+            member_states=states,
+            steps=[None if r is None else _view(r) for r in steps],
+            failed_members=failed,
         )
 
     async def job(self, job_id: str) -> JobDetail | None:
@@ -271,6 +381,44 @@ class Inspector:
         return {i: cancelled[i] for i in ids}
 
 
+def _seconds(us: int) -> float | None:
+    return us / 1_000_000 if us else None
+
+
+def _schedule_view(
+    name: str,
+    state: ScheduleState | None,
+    declared: Schedule[Any] | None,
+    now_us: int,
+) -> ScheduleView:
+    if declared is None:
+        status = "not declared"
+    elif state is None:
+        status = "not started"
+    elif state.digest != declared.digest:
+        status = "changed"
+    else:
+        status = "ok"
+    next_fire = None
+    if declared is not None:
+        start = now_us if state is None or status != "ok" else max(state.last_tick_us, now_us)
+        next_fire = declared.next_tick(start) / 1_000_000
+    return ScheduleView(
+        name=name,
+        task=declared.task.name if declared is not None else None,
+        every=declared.every if declared is not None else None,
+        cron=declared.cron if declared is not None else None,
+        tz=str(declared.tz) if declared is not None and declared.cron else None,
+        status=status,
+        next_fire=next_fire,
+        last_tick=_seconds(state.last_tick_us) if state is not None else None,
+        last_fired=_seconds(state.last_fired_us) if state is not None else None,
+        last_job=(state.last_job or None) if state is not None else None,
+        fired=state.fired if state is not None else 0,
+        skipped=state.skipped if state is not None else 0,
+    )
+
+
 _DONE = {"retried", "purged", CancelOutcome.CANCELLED.value, CancelOutcome.REQUESTED.value}
 
 
@@ -337,6 +485,8 @@ def render_overview(console: Console, overview: Overview, *, limit: int | None =
     for queue, by_state in sorted(overview.counts.items()):
         counts.add_row(queue, *(str(by_state.get(s, 0)) for s in JobState))
     console.print(counts)
+    if overview.schedules:
+        render_schedules(console, overview.schedules)
     wanted = overview.state.value
     total = sum(by_state.get(overview.state, 0) for by_state in overview.counts.values())
     if limit == 0:
@@ -380,6 +530,64 @@ def render_overview(console: Console, overview: Overview, *, limit: int | None =
                 )
         jobs.add_row(*cells)
     console.print(jobs)
+
+
+def render_flow(console: Console, flow: FlowView) -> None:
+    """Draw a workflow: its fan-out members per state, then each step."""
+    where = "running" if flow.running else "ended"
+    state = "-" if flow.state is None else flow.state.value
+    console.print(f"flow {flow.id}: {state} ({where})")
+    if flow.members:
+        counts = ", ".join(f"{n} {s.value}" for s, n in sorted(flow.member_states.items()))
+        pending = f"; {flow.members_pending} not settled" if flow.members_pending >= 0 else ""
+        console.print(f"fan-out: {flow.members} members ({counts or 'gone'}{pending})")
+    table = Table(title="steps", title_justify="left")
+    for column in ("#", "id", "task", "state", "attempt", "error"):
+        table.add_column(column, overflow="fold")
+    for k, step in enumerate(flow.steps):
+        if step is None:
+            table.add_row(str(k), "-", "-", "gone", "-", "-")
+            continue
+        error = step.error
+        table.add_row(
+            str(k),
+            step.id,
+            step.task,
+            step.state.value,
+            str(step.attempt),
+            "-" if error is None else f"{error.reason.value}: {error.message}",
+        )
+    console.print(table)
+    for member in flow.failed_members:
+        error = member.error
+        message = "-" if error is None else f"{error.reason.value}: {error.message}"
+        console.print(f"member {member.id}: {member.state.value}: {message}")
+
+
+def render_schedules(console: Console, schedules: Sequence[ScheduleView]) -> None:
+    """Draw the schedules table: next and last fire times (UTC), counts, status."""
+    table = Table(title="schedules", title_justify="left")
+    for column in ("name", "task", "spec", "next fire", "last fired", "fired", "skipped"):
+        table.add_column(column, overflow="fold")
+    table.add_column("status")
+    for s in schedules:
+        if s.cron is not None:
+            spec = f"cron {s.cron}" + (f" ({s.tz})" if s.tz and s.tz != "UTC" else "")
+        elif s.every is not None:
+            spec = f"every {s.every:g}s"
+        else:
+            spec = "-"
+        table.add_row(
+            s.name,
+            s.task or "-",
+            spec,
+            _when(s.next_fire or 0.0),
+            _when(s.last_fired or 0.0),
+            str(s.fired),
+            str(s.skipped),
+            s.status,
+        )
+    console.print(table)
 
 
 def render_action(console: Console, report: ActionReport) -> None:

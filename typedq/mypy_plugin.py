@@ -1,5 +1,12 @@
 """A mypy plugin that checks ``@app.task(key=...)`` against the handler's input model.
 
+It also checks the key functions of the limits, ``rate_limit=RateLimit(..., key=...)``
+and ``concurrency=ConcurrencyLimit(..., key=...)``: those are generic in the model their
+key reads (``RateLimit[M]``), and the plugin narrows the parameter ``RateLimit[Any]`` to
+``RateLimit[ThatModel]``, so mypy infers the constructor call in that context and checks
+the lambda body against the handler's input type. (A limit built beforehand and stored
+in a variable is checked where it is built, against what its own annotation says.)
+
 Enable it next to pydantic's in the mypy configuration::
 
     [mypy]
@@ -48,6 +55,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from mypy.expandtype import expand_type
+from mypy.maptype import map_instance_to_supertype
 from mypy.nodes import (
     ARG_POS,
     FUNC_NO_INFO,
@@ -81,6 +90,11 @@ from mypy.types import (
 __all__ = ["TypedqPlugin", "plugin"]
 
 APP_FULLNAME = "typedq.app.App"
+TASK_FULLNAME = "typedq.task.Task"
+#: The generic limit classes whose model parameter the plugin narrows.
+LIMIT_FULLNAMES = frozenset({"typedq.limits.RateLimit", "typedq.limits.ConcurrencyLimit"})
+#: The App.task parameters that take them.
+LIMIT_PARAMETERS = ("rate_limit", "concurrency")
 
 
 # Attributes of compound statements that hold nested blocks (if/while/for/with/try/match).
@@ -149,7 +163,7 @@ class TypedqPlugin(Plugin):
         # Subclasses of App name their own class here. Only claim App and its subclasses:
         # another library's `.task` hook (a plugin later in the list) must still run.
         class_name, _, method = fullname.rpartition(".")
-        if method != "task":
+        if method not in ("task", "schedule"):
             return None
         if class_name != APP_FULLNAME:
             symbol = self.lookup_fully_qualified(class_name)
@@ -157,7 +171,38 @@ class TypedqPlugin(Plugin):
                 return None
             if not symbol.node.has_base(APP_FULLNAME):
                 return None
-        return self._narrow_key
+        return self._narrow_key if method == "task" else self._bind_payload
+
+    def _bind_payload(self, ctx: MethodSigContext) -> FunctionLike:
+        """``app.schedule(task, payload)``: the payload's type is the task's input model.
+
+        Declared as ``(task: Task[TIn, Any], payload: TIn)``, a payload of another model
+        leaves mypy unable to solve ``TIn`` ("Cannot infer value of type parameter").
+        Bound from the task alone, the payload gets the usual ``arg-type`` error naming
+        both models.
+        """
+        sig = ctx.default_signature
+        if not ctx.args or not ctx.args[0] or not isinstance(sig, CallableType):
+            return sig
+        task_type = get_proper_type(ctx.api.get_expression_type(ctx.args[0][0]))
+        if not isinstance(task_type, Instance) or not task_type.type.has_base(TASK_FULLNAME):
+            return sig
+        task_info = self.lookup_fully_qualified(TASK_FULLNAME)
+        if task_info is None or not isinstance(task_info.node, TypeInfo):
+            return sig
+        as_task = map_instance_to_supertype(task_type, task_info.node)
+        if not as_task.args:
+            return sig
+        model = as_task.args[0]
+        if has_type_vars(model) or isinstance(get_proper_type(model), AnyType):
+            return sig
+        bound = [v for v in sig.variables if v.name == "TIn"]
+        if len(bound) != 1:
+            return sig
+        expanded = get_proper_type(expand_type(sig, {bound[0].id: model}))
+        if not isinstance(expanded, CallableType):
+            return sig
+        return expanded.copy_modified(variables=[v for v in sig.variables if v.name != "TIn"])
 
     def _narrow_key(self, ctx: MethodSigContext) -> FunctionLike:
         sig = ctx.default_signature
@@ -170,12 +215,17 @@ class TypedqPlugin(Plugin):
         model = _input_type(handler) if handler is not None else None
         if model is None:
             return sig
+        arg_types = list(sig.arg_types)
         position = sig.arg_names.index("key")
         key_type = _with_parameter(sig.arg_types[position], model)
-        if key_type is None:
-            return sig
-        arg_types = list(sig.arg_types)
-        arg_types[position] = key_type
+        if key_type is not None:
+            arg_types[position] = key_type
+        for name in LIMIT_PARAMETERS:
+            if name in sig.arg_names:
+                position = sig.arg_names.index(name)
+                limit_type = _with_model(sig.arg_types[position], model)
+                if limit_type is not None:
+                    arg_types[position] = limit_type
         return sig.copy_modified(arg_types=arg_types)
 
     def _handler(self, api: object, call: CallExpr) -> FuncDef | None:
@@ -211,6 +261,28 @@ def _with_parameter(declared: Type, model: Type) -> Type | None:
         callable_item = get_proper_type(item)
         if isinstance(callable_item, CallableType) and len(callable_item.arg_types) == 1:
             new_items.append(callable_item.copy_modified(arg_types=[model]))
+            replaced = True
+        else:
+            new_items.append(item)
+    if not replaced:
+        return None
+    return UnionType.make_union(new_items, declared.line, declared.column)
+
+
+def _with_model(declared: Type, model: Type) -> Type | None:
+    """``RateLimit[Any] | None`` (or ConcurrencyLimit) with its model replaced by ``model``."""
+    proper = get_proper_type(declared)
+    items = proper.items if isinstance(proper, UnionType) else [declared]
+    replaced = False
+    new_items: list[Type] = []
+    for item in items:
+        instance = get_proper_type(item)
+        if (
+            isinstance(instance, Instance)
+            and instance.type.fullname in LIMIT_FULLNAMES
+            and len(instance.args) == 1
+        ):
+            new_items.append(instance.copy_modified(args=[model]))
             replaced = True
         else:
             new_items.append(item)

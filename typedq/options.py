@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from datetime import timedelta
 from typing import Final
 
@@ -36,6 +37,9 @@ MIN_PRIORITY: Final = -(2**31)
 MAX_PRIORITY: Final = 2**31 - 1
 #: The most retries a task or a job may ask for.
 MAX_RETRIES: Final = 2**31 - 1
+#: A limit key in an envelope (``""``: the task-wide bucket); limit_key() makes them.
+_LIMIT_KEY = re.compile(r"[A-Za-z0-9_.:-]{0,200}")
+
 #: The longest delay or timeout, and the latest eta (epoch seconds): about 126 years.
 MAX_SECONDS: Final = 4_000_000_000.0
 
@@ -105,4 +109,11 @@ def check_message(message: JobMessage) -> JobMessage:
         check_int_option("max_retries", message.max_retries, 0, MAX_RETRIES, subject=what)
     if message.timeout not in (-1.0, 0.0):
         check_seconds_option("timeout", message.timeout, positive=True, subject=what)
+    for field in ("rate_key", "concurrency_key"):
+        value = getattr(message, field)
+        if not (isinstance(value, str) and _LIMIT_KEY.fullmatch(value)):
+            raise InvalidOption(
+                f"{what}: {field}={value!r} is not a limit key: use up to 200 characters "
+                "from A-Z a-z 0-9 _ . : - (typedq.limits.limit_key makes one from any value)"
+            )
     return message

@@ -54,6 +54,8 @@ class Fail:
     record: FailureRecord
     retry_delay: float | None = None
     cancelled: bool = False
+    #: Put back without spending the attempt (the handler raised RateLimited).
+    refund: bool = False
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ def model_schema(codec: Codec[Any], *, mode: str = "validation") -> dict[str, An
     :param codec: the task's input or output codec
     :param mode: Pydantic's schema mode; msgspec has one schema for both directions
     """
-    tp = codec.type
+    tp: object = codec.type  # a model, None, or list[Model] for a fan-in callback
     if tp is type(None):
         return {"type": "null"}
-    if issubclass(tp, pydantic.BaseModel):
+    if isinstance(tp, type) and issubclass(tp, pydantic.BaseModel):
         return tp.model_json_schema(
             mode="serialization" if mode == "serialization" else "validation"
         )

@@ -20,7 +20,15 @@ import pydantic
 
 from .errors import ConfigError, EncodeError, InvalidPayload, PayloadTooLarge
 
-__all__ = ["Codec", "Model", "codec_for", "is_model_type", "optional_model"]
+__all__ = [
+    "Codec",
+    "Model",
+    "codec_for",
+    "is_input_type",
+    "is_model_type",
+    "list_item",
+    "optional_model",
+]
 
 #: What may cross the queue as a task's input (and, or ``None``, its output).
 Model: TypeAlias = msgspec.Struct | pydantic.BaseModel
@@ -48,12 +56,51 @@ def optional_model(tp: object) -> type[Any] | None:
     return None
 
 
+def list_item(tp: object) -> tuple[type[Any], bool] | None:
+    """For ``list[M]``: ``(M, False)``; for ``list[Ok[M] | Failed]`` (a collecting fan-in's
+    input, :mod:`typedq.fanin`): ``(M, True)``; anything else: ``None``."""
+    if typing.get_origin(tp) is not list:
+        return None
+    (arg,) = typing.get_args(tp) or (None,)
+    if is_model_type(arg):
+        return cast(type[Any], arg), False
+    from .fanin import Failed, Ok
+
+    if typing.get_origin(arg) in (typing.Union, types.UnionType):
+        members = typing.get_args(arg)
+        oks = [m for m in members if typing.get_origin(m) is Ok]
+        if len(members) == 2 and Failed in members and len(oks) == 1:
+            (inner,) = typing.get_args(oks[0])
+            if is_model_type(inner):
+                return cast(type[Any], inner), True
+    return None
+
+
+def is_input_type(tp: object) -> bool:
+    """What a task may take: a model, ``list[Model]`` or ``list[Ok[Model] | Failed]``."""
+    return is_model_type(tp) or list_item(tp) is not None
+
+
+_raw_list = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_raw_outcomes = msgspec.msgpack.Decoder(list[tuple[str, msgspec.Raw]])
+
+
 class Codec(Generic[T]):
-    """Encodes values of one model type to msgpack bytes and validates them back."""
+    """Encodes values of one model type to msgpack bytes and validates them back.
+
+    The type may also be ``list[Model]`` (a msgpack array of the model's encodings) or
+    ``list[Ok[Model] | Failed]`` (elements ``["ok", model]`` / ``["failed", record]``).
+    """
 
     def __init__(self, tp: type[T], *, max_bytes: int | None = None) -> None:
         self.type = tp
         self.max_bytes = max_bytes
+        item = list_item(tp)
+        #: For a list type: the codec of its items' model, and whether items are outcomes.
+        self._items: Codec[Any] | None = None if item is None else codec_for(item[0])
+        self._outcomes = item is not None and item[1]
+        if item is not None:
+            tp = cast(type[T], item[0])
         self._is_none = tp is type(None)
         # `Model | None`: None travels as msgpack nil, anything else as the model.
         inner = optional_model(tp)
@@ -77,10 +124,14 @@ class Codec(Generic[T]):
         if self._is_none:
             return "None"
         name = f"{self._model.__module__}.{self._model.__qualname__}"
+        if self._items is not None:
+            return f"list[Ok[{name}] | Failed]" if self._outcomes else f"list[{name}]"
         return f"{name} | None" if self._optional else name
 
     def encode(self, value: T) -> bytes:
         """Serialize ``value``; raise EncodeError or PayloadTooLarge naming what is wrong."""
+        if self._items is not None:
+            return self._encode_list(value)
         if self._is_none or (self._optional and value is None):
             if value is not None:
                 raise EncodeError(f"expected None, got {type(value).__qualname__}")
@@ -106,6 +157,8 @@ class Codec(Generic[T]):
         """Validate ``data`` into the model; raise InvalidPayload naming the bad field."""
         if self.max_bytes is not None and len(data) > self.max_bytes:
             raise PayloadTooLarge(len(data), self.max_bytes, f"{self._model.__qualname__} payload")
+        if self._items is not None:
+            return self._decode_list(data)
         if self._optional and data == _NONE:
             return cast(T, None)
         try:
@@ -125,9 +178,67 @@ class Codec(Generic[T]):
         except pydantic.ValidationError as exc:
             raise InvalidPayload(_pydantic_message(self._model.__qualname__, exc)) from None
 
+    def _encode_list(self, value: object) -> bytes:
+        from .broker.flow import collect_element, fan_in_payload
+        from .fanin import Failed, Ok
+
+        assert self._items is not None
+        if not isinstance(value, list):
+            raise EncodeError(f"expected a list for {self.name}, got {type(value).__qualname__}")
+        parts: list[bytes] = []
+        for item in value:
+            if not self._outcomes:
+                parts.append(self._items.encode(item))
+            elif isinstance(item, Ok):
+                parts.append(collect_element(self._items.encode(item.value), None))
+            elif isinstance(item, Failed):
+                parts.append(collect_element(None, _encoder.encode(item.error)))
+            else:
+                raise EncodeError(f"expected Ok or Failed items, got {type(item).__qualname__}")
+        data = fan_in_payload(parts)
+        if self.max_bytes is not None and len(data) > self.max_bytes:
+            raise PayloadTooLarge(len(data), self.max_bytes, f"{self.name} payload")
+        return data
+
+    def _decode_list(self, data: bytes) -> T:
+        from .errors import FailureRecord
+        from .fanin import Failed, Ok
+
+        items = self._items
+        assert items is not None
+        try:
+            if not self._outcomes:
+                return cast(T, [items.decode(raw) for raw in _raw_list.decode(data)])
+            out: list[Ok[Any] | Failed] = []
+            for index, (tag, raw) in enumerate(_raw_outcomes.decode(data)):
+                if tag == "ok":
+                    out.append(Ok(items.decode(raw)))
+                elif tag == "failed":
+                    out.append(Failed(msgspec.msgpack.decode(raw, type=FailureRecord)))
+                else:
+                    raise InvalidPayload(f"{self.name}: item {index} has tag {tag!r}")
+            return cast(T, out)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise InvalidPayload(f"{self.name}: {exc}") from None
+
     @cached_property
     def json_schema(self) -> dict[str, Any]:
         """The JSON Schema of the model (for producers in other languages)."""
+        if self._items is not None:
+            inner = dict(self._items.json_schema)
+            defs = inner.pop("$defs", None)
+            item: dict[str, Any] = inner
+            if self._outcomes:
+                item = {
+                    "anyOf": [
+                        {"type": "array", "prefixItems": [{"const": "ok"}, inner]},
+                        {"type": "array", "prefixItems": [{"const": "failed"}, {"type": "object"}]},
+                    ]
+                }
+            array: dict[str, Any] = {"type": "array", "items": item}
+            if defs is not None:
+                array["$defs"] = defs
+            return array
         if self._is_none:
             return {"type": "null"}
         if self._optional:

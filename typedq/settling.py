@@ -204,6 +204,7 @@ class Settler:
             # delay: one odd number must not fail the batch it travels in.
             retry_delay=safe_retry_delay(outcome.retry_delay),
             cancelled=outcome.cancelled,
+            refund=outcome.refund,
         )
         result = await self._persist(claimed, "failure", lambda: self._failer.submit(failure))
         if outcome.cancelled:

@@ -31,7 +31,7 @@ from typing import Any
 from .app import App
 from .backoff import Backoff
 from .errors import ConfigError
-from .serde import optional_model
+from .serde import list_item, optional_model
 from .task import Task
 
 __all__ = [
@@ -227,7 +227,8 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
 
     models: list[tuple[type[Any], str, Task[Any, Any]]] = []
     for task in selected:
-        models.append((task.input.type, "input", task))
+        item = list_item(task.input.type)  # list[Model] inputs: the model is imported
+        models.append((item[0] if item else task.input.type, "input", task))
         returned = optional_model(task.output.type) or task.output.type
         if returned is not type(None):
             models.append((returned, "output", task))
@@ -257,6 +258,19 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
             )
         names.models[tp] = f"{local}.{rest}" if rest else local
 
+    inputs: dict[str, str] = {}
+    collects = False
+    for task in selected:
+        item = list_item(task.input.type)
+        if item is None:
+            inputs[task.name] = names.models[task.input.type]
+        else:
+            model = names.models[item[0]]
+            collects = collects or item[1]
+            inputs[task.name] = f"list[Ok[{model}] | Failed]" if item[1] else f"list[{model}]"
+    if collects:
+        names.claim("Ok")
+        names.claim("Failed")
     producer = names.claim(_identifier(target.partition(":")[2].split(".")[-1] or "app"))
     variables = {t.name: names.claim(_identifier(t.fn.__name__)) for t in selected}
 
@@ -274,6 +288,7 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
         "",
         "from typedq import (",
         "    Backoff,",
+        *(["    Failed,", "    Ok,"] if collects else []),
         "    Producer,",
         "    TaskStub,",
         ")",
@@ -314,11 +329,24 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
             lines.append(
                 "# The worker derives job ids from the input (key=): pass job_id= to dedupe."
             )
+        keyed = [
+            option
+            for option, limit in (
+                ("rate_limit", task.rate_limit),
+                ("concurrency", task.concurrency),
+            )
+            if limit is not None and limit.key is not None
+        ]
+        if keyed:
+            lines.append(
+                f"# The worker limits this task per key ({', '.join(keyed)}); a stub cannot "
+                "compute keys: its jobs share the task-wide bucket (docs/limits.md)."
+            )
         lines += [
-            f"{variables[task.name]}: TaskStub[{names.models[task.input.type]}, {output}"
+            f"{variables[task.name]}: TaskStub[{inputs[task.name]}, {output}"
             f"{' | None' if inner else ''}] = {producer}.task(",
             f"    {_literal(task.name, what)},",
-            f"    {names.models[task.input.type]},",
+            f"    {inputs[task.name]},",
             f"    {'type(None)' if output == 'None' else output},",
             *(["    optional_output=True,"] if inner else []),
             f"    queue={_literal(options.queue, what)},",

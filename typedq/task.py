@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import (
@@ -33,6 +33,7 @@ from .broker.base import JobMessage
 from .context import JobContext
 from .errors import ConfigError, InvalidOption, PartialEnqueue
 from .job import Job
+from .limits import ConcurrencyLimit, RateLimit, check_limit_option, limit_key
 from .names import check_job_id, check_name, key_job_id, new_job_id
 from .options import (
     MAX_PRIORITY,
@@ -43,7 +44,7 @@ from .options import (
     check_seconds_option,
     where,
 )
-from .serde import Codec, codec_for, is_model_type, optional_model
+from .serde import Codec, codec_for, is_input_type, is_model_type, optional_model
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from .broker.base import Broker
     from .client import Client
     from .resources import Resource
+    from .schedule import Schedule
+    from .workflow import Chain, FanOut
 
 __all__ = [
     "UNSET",
@@ -63,9 +66,21 @@ __all__ = [
     "Unset",
 ]
 
-TIn = TypeVar("TIn", bound=msgspec.Struct | pydantic.BaseModel)
+#: A task's input: a model, or a list of models (a fan-in callback, :mod:`typedq.workflow`).
+TIn = TypeVar(
+    "TIn",
+    bound=msgspec.Struct | pydantic.BaseModel | Sequence[msgspec.Struct | pydantic.BaseModel],
+)
 TOut = TypeVar("TOut", bound=msgspec.Struct | pydantic.BaseModel | None)
-TIn_contra = TypeVar("TIn_contra", bound=msgspec.Struct | pydantic.BaseModel, contravariant=True)
+TIn_contra = TypeVar(
+    "TIn_contra",
+    bound=msgspec.Struct | pydantic.BaseModel | Sequence[msgspec.Struct | pydantic.BaseModel],
+    contravariant=True,
+)
+#: The next step's output (``then``).
+TNext = TypeVar("TNext", bound=msgspec.Struct | pydantic.BaseModel | None)
+#: A task's output as the next step's input (``then``).
+TMid = TypeVar("TMid", bound=msgspec.Struct | pydantic.BaseModel)
 
 
 class Unset(Enum):
@@ -108,6 +123,8 @@ class Registry(Protocol):
     def queues(self) -> list[str]: ...
     @property
     def resources(self) -> tuple[Resource[Any], ...]: ...
+    @property
+    def schedules(self) -> Mapping[str, Schedule[Any]]: ...
 
 
 class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -247,6 +264,9 @@ class TaskBase(Generic[TIn, TOut]):
     :param output_type: the output model, or ``type(None)``
     :param key: derive the job id from the input, so equal keys dedupe
     :param max_payload_bytes: the largest encoded input accepted
+    :param rate_limit: the task's rate limit; its key function runs here, at the
+        producer, and the key travels in the envelope
+    :param concurrency: the task's concurrency limit (its key, likewise)
     """
 
     def __init__(
@@ -258,11 +278,17 @@ class TaskBase(Generic[TIn, TOut]):
         output_type: type[TOut],
         key: Callable[[TIn], str] | None = None,
         max_payload_bytes: int | None = None,
+        rate_limit: RateLimit[TIn] | None = None,
+        concurrency: ConcurrencyLimit[TIn] | None = None,
     ) -> None:
         self.options = options
         self.name = options.name
         self.queue = options.queue
         self.key = key
+        check_limit_option(self.name, "rate_limit", rate_limit, RateLimit)
+        check_limit_option(self.name, "concurrency", concurrency, ConcurrencyLimit)
+        self.rate_limit = rate_limit
+        self.concurrency = concurrency
         self.input: Codec[TIn] = codec_for(input_type, max_bytes=max_payload_bytes)
         self.output: Codec[TOut] = codec_for(output_type)
         self._owner = owner
@@ -343,6 +369,12 @@ class TaskBase(Generic[TIn, TOut]):
             delay=options.delay,
             max_retries=options.max_retries,
             timeout=options.timeout,
+            rate_key=limit_key(self.name, self.rate_limit.key, payload)
+            if self.rate_limit is not None
+            else "",
+            concurrency_key=limit_key(self.name, self.concurrency.key, payload)
+            if self.concurrency is not None
+            else "",
         )
 
     def _job(self, job_id: str, *, created: bool) -> Job[TOut]:
@@ -427,6 +459,28 @@ class TaskBase(Generic[TIn, TOut]):
             raise
         return [self._job(o.id, created=o.created) for o in outcomes]
 
+    # -- workflows (typedq.workflow) --------------------------------------------------
+
+    def then(self: TaskBase[TIn, TMid], task: TaskBase[TMid, TNext]) -> Chain[TIn, TNext]:
+        """A chain: this task, then ``task`` on its result (mypy: ``task`` must take this
+        task's output). ``await chain.enqueue(payload)`` gives the last step's ``Job``.
+
+        :raises ConfigError: the types do not meet (for callers mypy does not check)
+        """
+        from .workflow import Chain
+
+        return Chain([self, task])
+
+    def map(self, inputs: Iterable[TIn]) -> FanOut[TOut]:
+        """A fan-out of this task over ``inputs``: ``await fan.enqueue()`` gives
+        ``Job[list[TOut]]`` (results in input order); ``fan.then(callback)`` fans in.
+
+        Every input is checked and encoded here, so a bad one fails this call.
+        """
+        from .workflow import FanOut
+
+        return FanOut(self, inputs)
+
 
 class Task(TaskBase[TIn, TOut]):
     """A registered handler with typed input ``TIn`` and output ``TOut``.
@@ -448,6 +502,8 @@ class Task(TaskBase[TIn, TOut]):
         output_type: type[TOut],
         key: Callable[[TIn], str] | None = None,
         max_payload_bytes: int | None = None,
+        rate_limit: RateLimit[TIn] | None = None,
+        concurrency: ConcurrencyLimit[TIn] | None = None,
     ) -> None:
         super().__init__(
             owner=app,
@@ -456,6 +512,8 @@ class Task(TaskBase[TIn, TOut]):
             output_type=output_type,
             key=key,
             max_payload_bytes=max_payload_bytes,
+            rate_limit=rate_limit,
+            concurrency=concurrency,
         )
         self.app = app
         self.fn = fn
@@ -511,10 +569,11 @@ def handler_types(fn: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
             f"it takes {len(params)} positional parameters"
         )
     input_type = hints.get(params[0].name)
-    if not is_model_type(input_type):
+    if not is_input_type(input_type):
         raise ConfigError(
             f"handler {where}: parameter {params[0].name!r} is annotated {input_type!r}, "
-            "but must be a msgspec.Struct or pydantic.BaseModel subclass"
+            "but must be a msgspec.Struct or pydantic.BaseModel subclass, or a list of one "
+            "(list[Model], or list[Ok[Model] | Failed] for a collecting fan-in)"
         )
     if "return" not in hints:
         raise ConfigError(f"handler {where} needs a return annotation (a model, or None)")

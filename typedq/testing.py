@@ -75,7 +75,8 @@ class Harness:
         await anyio.lowlevel.checkpoint()
 
     async def idle(self, timeout: float = 10.0) -> None:
-        """Wait until nothing is waiting, running, or scheduled at or before now.
+        """Wait until nothing is waiting, running, or scheduled at or before now, and no
+        schedule of the app (``app.schedule``) has a tick due that was not handled.
 
         Jobs scheduled in the (fake) future do not count: ``advance`` makes them due.
 
@@ -94,7 +95,21 @@ class Harness:
             counts = await self.broker.counts(queue)
             if counts[JobState.WAITING] or counts[JobState.ACTIVE]:
                 return False
-        return not self.broker.has_due_jobs()
+        return not self.broker.has_due_jobs() and not await self._tick_due()
+
+    async def _tick_due(self) -> bool:
+        """True while a schedule of the app has a due tick its scheduler has not handled."""
+        if not self.app.schedules:
+            return False
+        states = {s.name: s for s in await self.broker.schedule_states()}
+        now = await self.broker.broker_time_us()
+        for schedule in self.app.schedules.values():
+            state = states.get(schedule.name)
+            if state is None or state.digest != schedule.digest:
+                return True  # not reconciled yet
+            if schedule.next_tick(state.last_tick_us) <= now:
+                return True
+        return False
 
     async def counts(self) -> dict[JobState, int]:
         """Jobs per state, summed over the worker's queues."""

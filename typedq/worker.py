@@ -51,10 +51,12 @@ from anyio.abc import TaskGroup, TaskStatus
 from .broker.base import ClaimedJob, LeaseStatus, Release, WorkerInfo, new_claim_id
 from .errors import BrokerUnavailable, ConfigError, FailureRecord
 from .execution import Executor, Running
+from .limits import LimitSpec
 from .logs import job_fields
 from .observe import Observers, WorkerObserver, outcome_of
 from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
 from .resources import Resource, open_resources
+from .schedule import Schedule, Scheduler
 from .settling import GaveUp, Settler
 from .task import Registry, Task, TaskBase, TIn, TOut
 
@@ -108,6 +110,9 @@ class Worker(Generic[TIn, TOut]):
         and handed back (sync handlers, which cannot be cancelled, get at most one lease
         more before they are abandoned)
     """
+
+    _schedules: list[Schedule[Any]]
+    _prune_schedules: bool
 
     @overload
     def __init__(
@@ -163,12 +168,18 @@ class Worker(Generic[TIn, TOut]):
                 )
             tasks: dict[str, Task[Any, Any]] = {task.name: task}
             queues = [task.queue]
+            # Only this task's schedules: the app's others are not this worker's to
+            # reconcile (nor to prune).
+            self._schedules = [s for s in app.schedules.values() if s.task is task]
+            self._prune_schedules = False
         else:
             app = target
             if not app.tasks:
                 raise ConfigError(f"app {app.name!r} has no tasks: register some with @app.task")
             tasks = dict(app.tasks)
             queues = list(queues or app.queues)
+            self._schedules = list(app.schedules.values())
+            self._prune_schedules = True
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
         if grace < 0:
@@ -213,6 +224,9 @@ class Worker(Generic[TIn, TOut]):
         self._serve_scope: anyio.CancelScope | None = None
         self._tg: TaskGroup | None = None
         self._outer_tg: TaskGroup | None = None
+        #: The scheduler's scope (typedq.schedule): shutdown cancels it first. Made where
+        #: the scheduler runs (a cancel scope needs a running event loop).
+        self._scheduler_scope: anyio.CancelScope | None = None
         self._executor = Executor(
             tasks,
             worker_id=self.id,
@@ -321,6 +335,14 @@ class Worker(Generic[TIn, TOut]):
             raise RuntimeError("a Worker runs once; make a new one")
         self._started = True
         self.started_at = time.time()
+        # The broker enforces the tasks' limits inside every claim (typedq.limits).
+        limits = {
+            name: spec
+            for name, task in self.tasks.items()
+            if (spec := LimitSpec.of(task.rate_limit, task.concurrency)) is not None
+        }
+        if limits:
+            self.app.broker.set_limits(limits)
         self._stop = anyio.Event()
         self._changed = anyio.Event()
         self._claim_done = anyio.Event()
@@ -365,11 +387,15 @@ class Worker(Generic[TIn, TOut]):
                 tg.start_soon(self._reaper_loop)
                 tg.start_soon(self._cancel_loop)
                 tg.start_soon(self._heartbeat_loop)
+                if self._schedules:
+                    tg.start_soon(self._run_scheduler)
                 task_status.started()
 
     async def _shutdown(self) -> None:
         assert self._claim_done is not None
         self._stopping = True
+        if self._scheduler_scope is not None:
+            self._scheduler_scope.cancel()
         if self._wait_scope is not None:
             self._wait_scope.cancel()
         # 1. Grace: in-flight jobs may finish.
@@ -540,6 +566,16 @@ class Worker(Generic[TIn, TOut]):
                     self.id,
                     exc,
                 )
+
+    async def _run_scheduler(self) -> None:
+        """Fire this worker's schedules until shutdown (every worker may; each tick is
+        enqueued once however many do)."""
+        with anyio.CancelScope() as self._scheduler_scope:
+            if self._stopping:
+                self._scheduler_scope.cancel()
+            await Scheduler(
+                self.app.broker, self._schedules, prune=self._prune_schedules, worker_id=self.id
+            ).run()
 
     # -- leases, reaper, cancellation --------------------------------------------------
 

@@ -34,11 +34,20 @@ class WorkerSettings:
     poll_delay = float(os.environ.get("BENCH_ARQ_POLL_DELAY", "0.01"))
 
 
+FLOW_API = {
+    "chain": "n/a: arq has no workflow API (no chain, dependency or callback primitive); a chain "
+    "would be each handler enqueueing the next job itself, which is not a native flow",
+    "fanin": "n/a: arq has no group/chord or job dependencies; a fan-in would need a hand-made "
+    "counter, which is not a native flow",
+}
+
+
 class ArqAdapter:
     name = "arq"
     version = version("arq")
     bulk_api = "gather of enqueue_job (no bulk API)"
     notes = f"worker: `arq WorkerSettings`, max_jobs=C, poll_delay={WorkerSettings.poll_delay}"
+    flow_api = FLOW_API
 
     def __init__(self) -> None:
         self.pool: ArqRedis | None = None

@@ -10,6 +10,13 @@ Worker processes are the peers' own (their CLI where they have one); their handl
 (``customer_id == -1``): it marks the worker as ready and is not counted. Once the worker has
 run ``$BENCH_N`` counted jobs it writes a summary to ``$BENCH_OUT`` (atomically) and the driver
 stops it with SIGTERM.
+
+Workflow workloads (``chain``, ``fanin``) use each system's native workflow API: the adapter
+enqueues one whole flow per call (:meth:`Adapter.enqueue_chain`, :meth:`Adapter.enqueue_fanin`),
+and its handlers call :func:`link_done`, :func:`member_finished` and :func:`callback_started`,
+which count tasks and flows in the worker process (:class:`FlowRecorder`). Each finished flow is
+also reported to the driver over a loopback UDP datagram (``$BENCH_NOTIFY``), which keeps at
+most ``window`` flows in flight, so latencies measure hand-offs, not an unbounded backlog.
 """
 
 from __future__ import annotations
@@ -119,6 +126,113 @@ def hit(customer_id: int, t_enqueued: float) -> None:
     RECORDER.hit(customer_id, t_enqueued)
 
 
+class FlowRecorder:
+    """Counts workflow tasks and finished flows in a worker process.
+
+    ``$BENCH_N`` flows are expected; when the last one finishes the summary goes to
+    ``$BENCH_OUT`` (atomically). Every finished flow sends the cumulative count of finished
+    flows to ``$BENCH_NOTIFY`` (``host:port``, UDP): a lost datagram is made good by the next.
+    """
+
+    def __init__(self) -> None:
+        self.n = int(os.environ.get("BENCH_N", "0"))
+        self.out = os.environ.get("BENCH_OUT", "")
+        notify = os.environ.get("BENCH_NOTIFY", "")
+        self.notify: tuple[str, int] | None = None
+        self.sock: socket.socket | None = None
+        if notify:
+            host, _, port = notify.rpartition(":")
+            self.notify = (host, int(port))
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.tasks = 0
+        self.flows = 0
+        self.latencies: list[float] = []  # chain: enqueue -> last link; fanin: last member -> cb
+        self.totals: list[float] = []  # fanin: enqueue -> callback start
+        self.first = 0.0
+        self.last = 0.0
+        self.lock = threading.Lock()  # Celery runs handlers in threads
+        self.reported = False
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def task(self, now: float) -> None:
+        with self.lock:
+            if not self.tasks:
+                self.first = now
+            self.tasks += 1
+            self.last = max(self.last, now)
+
+    def flow(self, now: float, latency: float, total: float | None = None) -> None:
+        with self.lock:
+            if not self.tasks:
+                self.first = now
+            self.tasks += 1
+            self.last = max(self.last, now)
+            self.flows += 1
+            self.latencies.append(latency)
+            if total is not None:
+                self.totals.append(total)
+            flows = self.flows
+            if self.sock is not None and self.notify is not None:
+                with contextlib.suppress(OSError):
+                    self.sock.sendto(str(flows).encode(), self.notify)
+            if self.reported or flows < self.n or self.n <= 0:
+                return
+            self.reported = True
+            lat = sorted(self.latencies)
+            tot = sorted(self.totals)
+            summary = {
+                "count": flows,
+                "tasks": self.tasks,
+                "first": self.first,
+                "last": self.last,
+                "p50": _pct(lat, 50),
+                "p95": _pct(lat, 95),
+                "p99": _pct(lat, 99),
+            }
+            if tot:
+                summary.update(total_p50=_pct(tot, 50), total_p95=_pct(tot, 95))
+            _write_atomic(self.out, json.dumps(summary))
+
+
+FLOWS = FlowRecorder()
+
+
+def link_done(k: int, links: int, t_enqueued: float) -> None:
+    """Called by a chain link at its end: ``k`` is its 0-based position in a chain of ``links``.
+
+    The last link finishes its chain: latency = now - the chain's enqueue time.
+    """
+    now = time.time()
+    if k >= links - 1:
+        FLOWS.flow(now, now - t_enqueued)
+    else:
+        FLOWS.task(now)
+
+
+def member_finished() -> float:
+    """Called by a fan-out member at its end; returns its finish time, which the member passes
+    on in its result so that the callback can tell when the last member finished."""
+    now = time.time()
+    FLOWS.task(now)
+    return now
+
+
+def callback_started(
+    t_enqueued: float, member_finishes: Sequence[float], started: float | None = None
+) -> None:
+    """Called by a fan-in callback with the finish times its members returned: latency = the
+    callback's start - the last member's finish. A callback that must first fetch its members'
+    results from its broker takes ``started = time.time()`` as its first statement and passes it.
+    """
+    now = time.time() if started is None else started
+    last_member = max(member_finishes) if member_finishes else now
+    FLOWS.flow(now, now - last_member, now - t_enqueued)
+
+
 # -- the producer side ------------------------------------------------------------------------
 
 
@@ -140,6 +254,24 @@ class Adapter(Protocol):
         ...
 
     async def run_worker_in_process(self, concurrency: int, stop: asyncio.Event) -> None: ...
+
+
+class FlowAdapter(Adapter, Protocol):
+    """A system with a native workflow API (the ``chain`` and ``fanin`` workloads).
+
+    ``flow_api`` says, per workload, which API is used, or starts with ``"n/a"`` and gives the
+    reason the system has none (then the enqueue method is never called).
+    """
+
+    flow_api: dict[str, str]
+
+    async def enqueue_chain(self, i: int, t: float, links: int) -> None:
+        """Enqueue chain ``i`` of ``links`` links (enqueue time ``t``) as one native flow."""
+        ...
+
+    async def enqueue_fanin(self, i: int, t: float, members: int) -> None:
+        """Enqueue fan-out ``i`` of ``members`` members with its fan-in callback."""
+        ...
 
 
 def _redis_info_memory(url: str) -> int:
@@ -239,6 +371,7 @@ class WorkerProcess:
         argv = self.a.worker_argv(self.concurrency)
         if argv is None:  # in-process worker: the recorder of this process counts
             RECORDER.__init__()  # type: ignore[misc]
+            FLOWS.__init__()  # type: ignore[misc]
             self.task = asyncio.ensure_future(
                 self.a.run_worker_in_process(self.concurrency, self.stop_event)
             )
@@ -349,6 +482,84 @@ async def w_memory(a: Adapter, n: int) -> dict[str, Any]:
     }
 
 
+class _FlowFeedback(asyncio.DatagramProtocol):
+    """Receives the worker's cumulative count of finished flows; frees that many window slots."""
+
+    def __init__(self, window: asyncio.Semaphore) -> None:
+        self.window = window
+        self.done = 0
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        with contextlib.suppress(ValueError):
+            count = int(data)
+            while self.done < count:
+                self.done += 1
+                self.window.release()
+
+
+FLOW_TASKS = {"chain": lambda size: size, "fanin": lambda size: size + 1}
+
+
+async def w_flow(
+    a: FlowAdapter,
+    workload: str,
+    n: int,
+    size: int,
+    concurrency: int,
+    producers: int,
+    window: int,
+) -> dict[str, Any]:
+    """n flows (chains of `size` links, or fan-outs of `size` members with a callback) from
+    `producers` loops, each awaiting one flow enqueue at a time, with at most `window` flows
+    unfinished; the worker runs at `concurrency`. The clock runs from the first enqueue to the
+    last task's finish."""
+    enqueue = a.enqueue_chain if workload == "chain" else a.enqueue_fanin
+    slots = asyncio.Semaphore(window)
+    loop = asyncio.get_running_loop()
+    transport, feedback = await loop.create_datagram_endpoint(
+        lambda: _FlowFeedback(slots), local_addr=("127.0.0.1", 0)
+    )
+    host, port = transport.get_extra_info("sockname")[:2]
+    os.environ["BENCH_NOTIFY"] = f"{host}:{port}"
+    os.environ["BENCH_FLOWS"] = workload
+    worker = WorkerProcess(a, n, concurrency)
+    worker.start()
+    try:
+        await worker.ready()
+        counter = iter(range(n))
+
+        async def producer() -> None:
+            for i in counter:
+                await slots.acquire()
+                await enqueue(i, time.time(), size)
+
+        started = time.time()
+        await asyncio.gather(*(producer() for _ in range(producers)))
+        enqueued = time.time() - started
+        res = await worker.wait_file(worker.out, timeout=max(120.0, n * size / 50))
+    finally:
+        transport.close()
+        await worker.stop()
+    elapsed = res["last"] - started
+    tasks = n * FLOW_TASKS[workload](size)
+    out = {
+        "tasks_per_s": tasks / elapsed,
+        "flows_per_s": n / elapsed,
+        "elapsed_s": elapsed,
+        "enqueue_s": enqueued,
+        "tasks": tasks,
+        "tasks_counted": res["tasks"],
+        "window": window,
+        "p50_ms": res["p50"] * 1000,
+        "p95_ms": res["p95"] * 1000,
+        "p99_ms": res["p99"] * 1000,
+    }
+    if "total_p50" in res:
+        out.update(total_p50_ms=res["total_p50"] * 1000, total_p95_ms=res["total_p95"] * 1000)
+    del feedback
+    return out
+
+
 async def _run(a: Adapter, params: dict[str, Any]) -> dict[str, Any]:
     workload = params["workload"]
     n = int(params["n"])
@@ -358,6 +569,8 @@ async def _run(a: Adapter, params: dict[str, Any]) -> dict[str, Any]:
         "e2e": lambda: w_e2e(a, n, int(params.get("producers", 4)), int(params["concurrency"])),
         "drain": lambda: w_drain(a, n, int(params.get("concurrency", 16))),
         "memory": lambda: w_memory(a, n),
+        "chain": lambda: _flow(a, params),
+        "fanin": lambda: _flow(a, params),
     }
     await a.connect()
     try:
@@ -365,6 +578,24 @@ async def _run(a: Adapter, params: dict[str, Any]) -> dict[str, Any]:
     finally:
         await a.close()
     return result
+
+
+def _flow(a: Adapter, params: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+    return w_flow(
+        a,  # type: ignore[arg-type]  # main() checked flow_api
+        params["workload"],
+        int(params["n"]),
+        int(params["size"]),
+        int(params.get("concurrency", 16)),
+        int(params.get("producers", 4)),
+        int(params.get("window", 32)),
+    )
+
+
+def flow_api(a: Adapter, workload: str) -> str:
+    """What the adapter uses for a workflow workload, or ``n/a: reason``."""
+    apis: dict[str, str] = getattr(a, "flow_api", {})
+    return apis.get(workload, "n/a: the adapter does not implement it")
 
 
 def main(a: Adapter, argv: Sequence[str] | None = None) -> None:
@@ -378,6 +609,12 @@ def main(a: Adapter, argv: Sequence[str] | None = None) -> None:
         "notes": a.notes,
         "params": params,
     }
+    if params["workload"] in FLOW_TASKS:
+        out["flow_api"] = flow_api(a, params["workload"])
+        if out["flow_api"].startswith("n/a"):
+            out["unsupported"] = out["flow_api"]
+            print(json.dumps(out), flush=True)
+            return
     try:
         out["result"] = asyncio.run(_run(a, params))
     except Exception as exc:

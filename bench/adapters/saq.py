@@ -31,11 +31,19 @@ settings = {
 }
 
 
+FLOW_API = {
+    "chain": "n/a: SAQ has no chain, dependency or callback primitive in 0.26.4",
+    "fanin": "n/a: SAQ's Queue.map enqueues and then awaits every result in the caller (the "
+    "producer), with no broker-side fan-in or callback",
+}
+
+
 class SaqAdapter:
     name = "saq"
     version = version("saq")
     bulk_api = "gather of enqueue (no bulk API)"
     notes = "worker: `saq settings`, concurrency=C; defaults otherwise"
+    flow_api = FLOW_API
 
     def __init__(self) -> None:
         self.queue: Queue | None = None

@@ -4,6 +4,13 @@ Producer: ``await noop.enqueue(Payload(...))`` (concurrent calls are auto-batche
 ``await noop.enqueue_many(batch)``. Worker: the ``typedq worker`` CLI in its own process, or,
 for ``memory://`` (the embedded broker cannot be shared between processes), ``app.worker()`` in
 the producer's process.
+
+Workflows use typedq's typed flow API: a chain is ``link.then(link)...`` (built once, a
+``Chain[Link, Link]``) enqueued with ``await chain.enqueue(Link(...))``; a fan-in is
+``await member.map(members).then(fanin_callback).enqueue()``, whose callback takes
+``list[Done]``. Both are stored in one broker call per flow (concurrent flow enqueues are
+auto-batched); the hand-off to the next step and the fan-in counter run inside the broker's
+completion script.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Any
 import msgspec
 
 import typedq
-from typedq import App
+from typedq import App, Chain
 
 from . import common
 
@@ -38,11 +45,69 @@ async def noop(payload: Payload) -> None:
     common.hit(payload.customer_id, payload.t)
 
 
+class Link(msgspec.Struct):
+    flow: int
+    k: int
+    links: int
+    t: float
+    note: str
+
+
+class Member(msgspec.Struct):
+    flow: int
+    m: int
+    t: float
+    note: str
+
+
+class Done(msgspec.Struct):
+    flow: int
+    m: int
+    t: float
+    finished: float
+
+
+@app.task
+async def link(payload: Link) -> Link:
+    common.link_done(payload.k, payload.links, payload.t)
+    return Link(payload.flow, payload.k + 1, payload.links, payload.t, payload.note)
+
+
+@app.task
+async def member(payload: Member) -> Done:
+    return Done(payload.flow, payload.m, payload.t, common.member_finished())
+
+
+@app.task
+async def fanin_callback(done: list[Done]) -> None:
+    common.callback_started(done[0].t if done else 0.0, [d.finished for d in done])
+
+
+_CHAINS: dict[int, Chain[Link, Link]] = {}
+
+
+def chain_of(links: int) -> Chain[Link, Link]:
+    """``link.then(link)...``: a chain of ``links`` links (built once per length)."""
+    if links not in _CHAINS:
+        chain = link.then(link)
+        for _ in range(links - 2):
+            chain = chain.then(link)
+        _CHAINS[links] = chain
+    return _CHAINS[links]
+
+
+FLOW_API = {
+    "chain": "link.then(link)... (Chain[Link, Link]), await chain.enqueue(Link(...))",
+    "fanin": "await member.map(items).then(fanin_callback).enqueue() (callback: list[Done])",
+}
+
+
 class TypedqAdapter:
     name = "typedq"
     version = typedq.__version__
     bulk_api = "Task.enqueue_many"
     notes = "msgspec Struct payload; worker: `typedq worker --concurrency C`; default retention"
+    flow_api = FLOW_API
 
     def __init__(self) -> None:
         self.in_process = BROKER_URL.startswith("memory://")
@@ -64,6 +129,13 @@ class TypedqAdapter:
 
     async def enqueue_batch(self, payloads: list[Any]) -> None:
         await noop.enqueue_many(payloads)
+
+    async def enqueue_chain(self, i: int, t: float, links: int) -> None:
+        await chain_of(links).enqueue(Link(i, 0, links, t, common.NOTE))
+
+    async def enqueue_fanin(self, i: int, t: float, members: int) -> None:
+        items = [Member(i, m, t, common.NOTE) for m in range(members)]
+        await member.map(items).then(fanin_callback).enqueue()
 
     def worker_argv(self, concurrency: int) -> list[str] | None:
         if self.in_process:

@@ -22,12 +22,18 @@ from __future__ import annotations
 
 import abc
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import IntEnum, StrEnum
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..errors import BrokerError, QueueFull
+from ..errors import BrokerError, ConfigError, QueueFull
+from ..limits import LimitSpec
+
+if TYPE_CHECKING:
+    from .flow import FlowSpec, FlowState
 
 __all__ = [
     "CLAIM_RECORD_TTL",
@@ -38,6 +44,7 @@ __all__ = [
     "Completion",
     "EnqueueOutcome",
     "Failure",
+    "FireOutcome",
     "FinishOutcome",
     "JobMessage",
     "JobRecord",
@@ -48,6 +55,8 @@ __all__ = [
     "Retention",
     "RetryOutcome",
     "WorkerInfo",
+    "ScheduleState",
+    "TickFiring",
     "check_claim_id",
     "new_claim_id",
 ]
@@ -110,6 +119,13 @@ class JobMessage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     max_retries: int = -1
     #: Per-attempt timeout in seconds; ``-1`` means "the task's default", 0 none.
     timeout: float = -1.0
+    #: The rate-limit bucket of the job within its task (``""``: the task-wide one);
+    #: computed by the producer from ``RateLimit(key=...)`` (see typedq.limits).
+    rate_key: str = ""
+    #: The concurrency-limit bucket of the job within its task (``""``: task-wide).
+    concurrency_key: str = ""
+    #: The tick (epoch seconds) of the schedule that enqueued this job; 0 = not scheduled.
+    scheduled_for: float = 0.0
 
 
 class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -144,7 +160,9 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
 
     ``retry_delay`` is None for a final failure; otherwise the job is scheduled again
     after that many seconds (0 = waiting at once). ``cancelled`` ends the job in the
-    ``cancelled`` state instead of ``failed``.
+    ``cancelled`` state instead of ``failed``. ``refund`` (with a ``retry_delay``) gives
+    the attempt back: the next run has the same attempt number (a handler that raised
+    :class:`~typedq.limits.RateLimited`).
     """
 
     id: str
@@ -152,6 +170,7 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
     error: bytes
     retry_delay: float | None = None
     cancelled: bool = False
+    refund: bool = False
 
 
 class Release(msgspec.Struct, frozen=True):
@@ -198,6 +217,61 @@ class RetryOutcome(StrEnum):
     RETRIED = "retried"  # was failed or cancelled: waiting again, with a fresh attempt count
     NOT_RETRYABLE = "not_retryable"  # is waiting, scheduled, active or completed: unchanged
     NOT_FOUND = "not_found"
+
+
+class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
+    """What the broker keeps of one schedule (bounded: one record per declared schedule).
+
+    Times are integer microseconds of the broker's clock.
+    """
+
+    name: str
+    #: The hash of the definition this state belongs to.
+    digest: str
+    #: The newest tick handled (fired or skipped); at a (re)start, the broker's now.
+    last_tick_us: int
+    #: The job of the newest fired tick ("" before the first).
+    last_job: str = ""
+    #: When (broker clock) the newest tick was fired; 0 = never.
+    last_fired_us: int = 0
+    fired: int = 0
+    skipped: int = 0
+
+
+class FireOutcome(StrEnum):
+    """The answer to one :class:`TickFiring`."""
+
+    #: The jobs were enqueued (if any) and the state moved to ``new_last_us``.
+    FIRED = "fired"
+    #: The state no longer held ``expected_last_us`` / ``digest`` (another worker fired
+    #: these ticks, or another definition reset it): nothing changed.
+    STALE = "stale"
+    #: overlap="skip" and the previous tick's job is unfinished: the ticks are counted
+    #: as skipped and the state moved on.
+    OVERLAP_SKIPPED = "overlap_skipped"
+    #: overlap="queue" and the previous tick's job is unfinished: nothing changed.
+    HELD = "held"
+    #: The queue is at max_queue_length: the ticks are counted as skipped, state moved on.
+    FULL = "full"
+
+
+class TickFiring(msgspec.Struct, frozen=True, kw_only=True):
+    """Fire some ticks of a schedule, atomically, if its state is still as read.
+
+    The broker checks the state's digest and ``last_tick_us`` against ``digest`` and
+    ``expected_last_us`` (compare and set), applies the overlap policy against the job
+    of the newest fired tick, enqueues ``messages`` (deterministic ids: an existing id
+    is not replaced) and records ``new_last_us``, all in one step.
+    """
+
+    name: str
+    digest: str
+    expected_last_us: int
+    new_last_us: int
+    messages: list[JobMessage]
+    #: Due ticks the scheduler's policies dropped (added to the skipped count).
+    skipped: int = 0
+    overlap: str = "allow"
 
 
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -281,6 +355,18 @@ class Broker(abc.ABC):
     """A job store and dispatcher. Methods are coroutine functions; batches in, batches out."""
 
     settings: BrokerSettings
+    #: The limits of the tasks this process's workers run, by task name
+    #: (:meth:`set_limits`); the claim enforces them. Empty: a claim costs nothing more.
+    limits: Mapping[str, LimitSpec] = MappingProxyType({})
+
+    def set_limits(self, limits: Mapping[str, LimitSpec]) -> None:
+        """Declare the rate and concurrency limits of tasks (a worker does, at start-up).
+
+        Every later ``claim`` of this broker object enforces them atomically with the
+        claim (see :mod:`typedq.limits`); a task not named here is not limited by this
+        process's claims. Merged with earlier calls (workers of one app share a broker).
+        """
+        self.limits = MappingProxyType({**self.limits, **limits})
 
     @abc.abstractmethod
     async def connect(self) -> None:
@@ -315,6 +401,20 @@ class Broker(abc.ABC):
             except (QueueFull, BrokerError) as exc:
                 results.append(exc)
         return results
+
+    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        """Store workflows (:mod:`typedq.broker.flow`), each atomically with all its jobs.
+
+        Per flow: its outcome (``created`` is False when a job with the flow's id already
+        existed: nothing was stored) or the error that refused it (QueueFull when its jobs
+        would pass ``max_queue_length``: nothing of it was stored).
+        """
+        raise ConfigError(f"{type(self).__name__} does not support workflows")
+
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        """The shape and progress of the flow that the job ``flow_id`` belongs to (the
+        flow's own job, a step or a member); None if it is no flow's (or it is gone)."""
+        return None
 
     @abc.abstractmethod
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
@@ -430,6 +530,40 @@ class Broker(abc.ABC):
 
         Safe to run from any number of workers at once: each job is recovered once.
         """
+
+    # -- schedules (typedq.schedule) ---------------------------------------------------
+
+    async def broker_time_us(self) -> int:
+        """The broker's clock, integer microseconds since the epoch (Redis ``TIME``)."""
+        raise BrokerError(f"{type(self).__name__} does not support schedules")
+
+    async def sleep_until_us(self, when_us: int) -> None:
+        """Sleep until the broker's clock reaches ``when_us``, or a little less (the
+        caller checks the time again). Cancel the caller's scope to wake early."""
+        raise BrokerError(f"{type(self).__name__} does not support schedules")
+
+    async def sync_schedules(
+        self, schedules: Sequence[tuple[str, str]], *, prune: bool
+    ) -> list[ScheduleState]:
+        """Reconcile schedule states with definitions ``(name, digest)``, atomically.
+
+        A schedule with no state, or a state of another digest, gets a fresh one starting
+        at the broker's now (nothing fires from stale state); an equal digest keeps its
+        state. ``prune`` deletes the states of every schedule not listed. Returns the
+        states of the listed schedules, in order.
+        """
+        raise BrokerError(f"{type(self).__name__} does not support schedules")
+
+    async def fire_schedules(
+        self, firings: Sequence[TickFiring]
+    ) -> list[tuple[FireOutcome, ScheduleState | None]]:
+        """Apply each firing atomically (see :class:`TickFiring`); per firing its outcome
+        and the schedule's state afterwards (``None``: the schedule has no state)."""
+        raise BrokerError(f"{type(self).__name__} does not support schedules")
+
+    async def schedule_states(self) -> list[ScheduleState]:
+        """Every schedule state the broker holds, by name."""
+        raise BrokerError(f"{type(self).__name__} does not support schedules")
 
     @abc.abstractmethod
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:

@@ -36,6 +36,25 @@ The layout (``P`` is the prefix)::
     P workers             zset     worker registry: worker id -> heartbeat expiry (µs)
     P wk:<worker id>      string   a worker's msgpack WorkerInfo, expiring with its heartbeat
     P queues              set      queue registry: every queue a worker registered
+    P f:<flow id>         hash     a running workflow (typedq/broker/flow.py): ``S`` steps,
+                                   ``n`` members, ``c`` members not settled, ``col``
+                                   collector, ``pol`` fan-in policy, per member ``d<i>``
+                                   settled and ``r<i>`` its fan-in element, ``fi fst fe``
+                                   the first failed member; deleted when the flow ends
+    P schedules           hash     schedule name -> its state (typedq.schedule):
+                                   'digest|last_tick|fired_at|fired|skipped|last_job';
+                                   one field per declared schedule (pruned at start-up)
+    P q:<queue>:G         zset     limit gates (typedq.limits) that parked waiting jobs
+                                   -> when the gate opens (µs; +inf until a concurrency
+                                   slot frees, 0 once one did); a gate is
+                                   '<r|c>|<task>|<key>' (rate or concurrency)
+    P q:<queue>:g:<gate>  list     the waiting jobs a gate parked, '<prio>|<id>', FIFO;
+                                   still waiting (counted, cancellable), never claimed
+                                   and put back: the claim skips past them
+    P rl:<task>|<key>     zset     a rate bucket's starts in its window: '<id>@<µs>' ->
+                                   start time (µs); expires ``per`` after its last start
+    P cc:<task>|<key>     set      ids of the active jobs holding a concurrency slot
+                                   (the job hash's ``ck`` names it)
     P r:<token>           string   a request record (60 s TTL) keyed by the token the
                                    client made for one call: a claim's token and ids,
                                    an enqueue's created flags ('0'/'1' per job), a
@@ -48,8 +67,9 @@ Channels: ``P ev:w`` (a queue got work: space-separated queue names), ``P ev:d``
 asked to cancel: its id).
 
 The job body (``m``): a msgpack array ``[task, payload, fingerprint, priority,
-max_retries, timeout, eta, delay]`` with trailing default values left out; the id
-(from the key) and the queue (from the record) complete it into the JobMessage. Old
+max_retries, timeout, eta, delay, rate_key, concurrency_key, scheduled_for]`` with trailing
+default values left out; the id (from the key) and the queue (from the record) complete it
+into the JobMessage. Old
 records that hold a whole encoded JobMessage are still read.
 
 The job string (memory: one key, no hash, about 300 bytes for a 100-byte payload
@@ -62,10 +82,12 @@ scheduled. Every other field of a job string is absent (attempt 0, no stalls, ..
 
 Job hash fields: ``m`` body, ``q`` queue, ``p`` priority (absent = 0),
 ``s`` state letter (``w s a c f x``), ``o`` order, ``e`` enqueued_at, ``r`` run_at,
-``a`` attempt, ``k`` stalls, ``t`` lease token, ``d`` token of the last fenced
+``a`` attempt, ``k`` stalls, ``ck`` the concurrency slot held, ``t`` lease token, ``d`` token of the last fenced
 transition, ``st`` started_at, ``fa`` finished_at, ``w`` worker id, ``cr`` cancel
 requested, ``res`` result, ``err`` FailureRecord, ``pg`` progress. Times are
-integer microseconds of the Redis clock.
+integer microseconds of the Redis clock. A job of a workflow (always a hash) adds ``fl``
+flow id, ``fm`` member index or ``fs`` step index, while held ``mh``/``mt`` (its body
+around the payload), and on the flow's own job ``fS``/``fn`` (the flow's shape).
 
 The Lua scripts derive per-job and per-queue names from the prefix with the helper
 functions of ``lua/common.lua``, which mirror this module; a test checks that both
@@ -103,6 +125,7 @@ class Keys:
         "epoch",
         "prefix",
         "queues",
+        "schedules",
         "seq",
         "work_channel",
         "workers",
@@ -113,6 +136,7 @@ class Keys:
         p = self.prefix
         self.epoch = p + "epoch"
         self.seq = p + "seq"
+        self.schedules = p + "schedules"
         self.active = p + "active"
         self.done_completed = p + "done:c"
         self.done_failed = p + "done:f"
@@ -146,6 +170,26 @@ class Keys:
     def stale(self, queue: str) -> str:
         """The hash counting stale waiting entries of ``queue`` by ``'<prio>|<id>'``."""
         return f"{self.prefix}q:{queue}:z"
+
+    def flow(self, flow_id: str) -> str:
+        """The record of a running workflow (its counter and fan-in results)."""
+        return f"{self.prefix}f:{flow_id}"
+
+    def gates(self, queue: str) -> str:
+        """The zset of ``queue``'s limit gates that parked jobs, by opening time."""
+        return f"{self.prefix}q:{queue}:G"
+
+    def gate(self, queue: str, gate: str) -> str:
+        """The list of waiting jobs one limit gate of ``queue`` parked."""
+        return f"{self.prefix}q:{queue}:g:{gate}"
+
+    def rate(self, task: str, key: str) -> str:
+        """A rate bucket's start times within its window (sliding-window log)."""
+        return f"{self.prefix}rl:{task}|{key}"
+
+    def slots(self, task: str, key: str) -> str:
+        """The set of active job ids holding a concurrency slot of one bucket."""
+        return f"{self.prefix}cc:{task}|{key}"
 
     def request(self, token: str) -> str:
         """The record of one call (claim, enqueue, cancel) under its client-made token:

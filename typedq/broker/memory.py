@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Sequence
 
 import anyio
 import msgspec
 
-from ..errors import NotConnected, QueueFull
+from ..errors import ConfigError, NotConnected, QueueFull
 from ..names import check_worker_id
 from .base import (
     CLAIM_RECORD_TTL,
@@ -34,6 +34,7 @@ from .base import (
     EnqueueOutcome,
     Failure,
     FinishOutcome,
+    FireOutcome,
     JobMessage,
     JobRecord,
     JobState,
@@ -41,12 +42,26 @@ from .base import (
     QueueStats,
     Release,
     RetryOutcome,
+    ScheduleState,
+    TickFiring,
     WorkerInfo,
     check_claim_id,
     new_claim_id,
 )
+from .flow import (
+    FLOW_BROKEN_MESSAGE,
+    HELD_AT,
+    FlowSpec,
+    FlowState,
+    collect_element,
+    fan_in_payload,
+    id_taken,
+    member_id,
+    step_id,
+)
 from .records import (
     CANCELLED_ON_HAND_BACK,
+    CANCELLED_WITH_FLOW,
     CANCELLED_WORKER_LOST,
     broker_failure,
     cancelled_while,
@@ -56,6 +71,10 @@ from .records import (
 __all__ = ["MemoryBroker"]
 
 _encode = msgspec.msgpack.Encoder().encode
+
+#: A limit gate: (queue, 'r' for rate | 'c' for concurrency, task, key).
+_Gate = tuple[str, str, str, str]
+_MICRO = 1_000_000
 
 
 class _Job:
@@ -67,12 +86,17 @@ class _Job:
         "enqueued_at",
         "error",
         "finished_at",
+        "flow_id",
+        "flow_member",
+        "flow_shape",
+        "flow_step",
         "lease_until",
         "message",
         "order",
         "progress",
         "result",
         "run_at",
+        "slot",
         "stalls",
         "started_at",
         "state",
@@ -99,6 +123,14 @@ class _Job:
         self.active_token: str | None = None
         self.done_token: str | None = None  # the token whose finish/fail last took effect
         self.lease_until = 0.0
+        #: The workflow this job belongs to, and its place: member index or step index.
+        self.flow_id: str | None = None
+        self.flow_member = -1
+        self.flow_step = -1
+        #: On a flow's own job: (steps, members), for inspect after the flow ended.
+        self.flow_shape: tuple[int, int] | None = None
+        #: The concurrency slot (task, key) this job holds while active, if any.
+        self.slot: tuple[str, str] | None = None
 
     def snapshot(self) -> JobRecord:
         return JobRecord(
@@ -116,6 +148,35 @@ class _Job:
             cancel_requested=self.cancel_requested,
             worker_id=self.worker_id,
         )
+
+
+class _Flow:
+    """A running workflow (see :mod:`typedq.broker.flow`); dropped when it ends."""
+
+    __slots__ = (
+        "collect",
+        "collector",
+        "failed",
+        "id",
+        "members",
+        "outcomes",
+        "remaining",
+        "settled",
+        "steps",
+    )
+
+    def __init__(self, spec: FlowSpec) -> None:
+        self.id = spec.id
+        self.members = len(spec.members)
+        self.steps = len(spec.steps)
+        self.collector = spec.collector
+        self.collect = spec.collect
+        self.remaining = self.members
+        #: Per member: its fan-in element (result bytes, or a collect element).
+        self.outcomes: list[bytes | None] = [None] * self.members
+        self.settled = bytearray(self.members)
+        #: The first failed member by index: (index, final state, record).
+        self.failed: tuple[int, JobState, bytes | None] | None = None
 
 
 class MemoryBroker(Broker):
@@ -156,6 +217,17 @@ class MemoryBroker(Broker):
         #: The worker registry: id -> (expiry on the monotonic clock, info).
         self._workers: dict[str, tuple[float, WorkerInfo]] = {}
         self._queues: set[str] = set()
+        #: Running workflows by flow id.
+        self._flows: dict[str, _Flow] = {}
+        #: Schedule states by name (typedq.schedule).
+        self._schedules: dict[str, ScheduleState] = {}
+        # Limits (typedq.limits): each rate bucket's start times in its window (µs of
+        # `clock`), the ids holding each concurrency slot, and the waiting jobs parked
+        # by a closed gate (queue, 'r' | 'c', task, key) with the time it opens.
+        self._starts: dict[tuple[str, str], deque[int]] = {}
+        self._slots: dict[tuple[str, str], set[str]] = {}
+        self._parked: dict[_Gate, list[tuple[int, int, int, str]]] = {}
+        self._gates: dict[_Gate, float] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -213,9 +285,13 @@ class MemoryBroker(Broker):
         self._versions += 1
         job.version = self._versions
 
-    def _to_waiting(self, job: _Job, *, keep_order: bool) -> None:
+    def _to_waiting(self, job: _Job, *, keep_order: bool, at_head: bool = False) -> None:
+        """Waiting: at its old place (``keep_order``), at the tail of its priority level,
+        or at its head (``at_head``: the latest so placed first out)."""
         self._move(job, JobState.WAITING)
-        if not keep_order:
+        if at_head:
+            job.order = -self._next()
+        elif not keep_order:
             job.order = self._next()
         job.run_at = 0.0
         heapq.heappush(
@@ -230,6 +306,7 @@ class MemoryBroker(Broker):
 
     def _to_final(self, job: _Job, state: JobState, now: float) -> None:
         self._active.pop(job.message.id, None)
+        self._free_slot(job)
         self._move(job, state)
         job.finished_at = now
         job.lease_until = 0.0
@@ -238,6 +315,8 @@ class MemoryBroker(Broker):
         waiter = self._finish_waiters.pop(job.message.id, None)
         if waiter is not None:
             waiter.set()
+        if job.flow_id is not None:
+            self._flow_settled(job, job.state, job.result, job.error, now)
         self._trim(state, now)
 
     def _trim(self, state: JobState, now: float) -> None:
@@ -298,6 +377,9 @@ class MemoryBroker(Broker):
 
     async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         self._check()
+        return self._enqueue(messages)
+
+    def _enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         for message in messages:
             # What a networked broker refuses when it encodes the envelope: the
             # embedded one refuses it too (and stores nothing of the batch).
@@ -415,6 +497,9 @@ class MemoryBroker(Broker):
             ]
         now = self.clock()
         self._promote_due(now)
+        now_us = round(now * _MICRO)
+        if self._gates:
+            self._unpark(queues, now_us)
         lease_until = time.monotonic() + lease
         claimed: list[ClaimedJob] = []
         while len(claimed) < limit:
@@ -427,6 +512,8 @@ class MemoryBroker(Broker):
                 break
             heapq.heappop(self._waiting[self._jobs[best[3]].message.queue])
             job = self._jobs[best[3]]
+            if self.limits and not self._admit(job, best, now_us):
+                continue  # parked by its closed gate; the claim goes on with other jobs
             self._move(job, JobState.ACTIVE)
             job.attempt += 1
             job.active_token = f"{claim_id}.{len(claimed) + 1}"
@@ -438,6 +525,104 @@ class MemoryBroker(Broker):
         if claimed:
             self._claims[claim_id] = (time.monotonic(), [c.message.id for c in claimed])
         return claimed
+
+    # -- limits (typedq.limits) -------------------------------------------------------
+
+    def _admit(self, job: _Job, entry: tuple[int, int, int, str], now_us: int) -> bool:
+        """Take ``job``'s rate token and concurrency slot, or park it by its closed gate.
+
+        The same rules as the Redis claim script: concurrency first, then the sliding window.
+        """
+        message = job.message
+        spec = self.limits.get(message.task)
+        if spec is None:
+            return True
+        slot = (message.task, message.concurrency_key)
+        if spec.concurrency and len(self._slots.get(slot, ())) >= spec.concurrency:
+            self._park((message.queue, "c", *slot), entry, float("inf"))
+            return False
+        if spec.rate:
+            bucket = (message.task, message.rate_key)
+            starts = self._window(bucket, spec.per_us, now_us)
+            if len(starts) >= spec.rate:
+                # Open once the start `rate` places back leaves the window.
+                opens = starts[len(starts) - spec.rate] + spec.per_us
+                self._park((message.queue, "r", *bucket), entry, opens)
+                return False
+            starts.append(now_us)
+        if spec.concurrency:
+            self._slots.setdefault(slot, set()).add(message.id)
+            job.slot = slot
+        return True
+
+    def _window(self, bucket: tuple[str, str], per_us: int, now_us: int) -> deque[int]:
+        """The bucket's start times in ``(now - per, now]``, oldest first (older ones go)."""
+        starts = self._starts.get(bucket)
+        if starts is None:
+            starts = self._starts[bucket] = deque()
+        while starts and starts[0] <= now_us - per_us:
+            starts.popleft()
+        return starts
+
+    def _park(self, gate: _Gate, entry: tuple[int, int, int, str], opens_us: float) -> None:
+        heapq.heappush(self._parked.setdefault(gate, []), entry)
+        self._gates[gate] = opens_us
+
+    def _unpark(self, queues: Sequence[str], now_us: int) -> None:
+        """Give the open gates of ``queues`` back as many of their parked jobs as their
+        bucket admits now, best first (heap entries keep their place); the claim admits
+        or parks them again. A gate whose task this broker does not limit (any more)
+        gives back all of them."""
+        wanted = set(queues)
+        for gate in [g for g, opens in self._gates.items() if opens <= now_us and g[0] in wanted]:
+            queue, kind, task, key = gate
+            parked = self._parked.get(gate, [])
+            spec = self.limits.get(task)
+            room, opens = len(parked), 0.0
+            if spec is not None and kind == "c" and spec.concurrency:
+                room = spec.concurrency - len(self._slots.get((task, key), ()))
+                opens = float("inf")
+            elif spec is not None and kind == "r" and spec.rate:
+                starts = self._window((task, key), spec.per_us, now_us)
+                room = spec.rate - len(starts)
+                opens = starts[len(starts) - spec.rate] + spec.per_us if room <= 0 else now_us
+            closed = room <= 0
+            heap = self._waiting[queue]
+            while parked and room > 0:
+                entry = heapq.heappop(parked)
+                job = self._jobs.get(entry[3])
+                if job is not None and job.version == entry[2] and job.state is JobState.WAITING:
+                    heapq.heappush(heap, entry)
+                    room -= 1  # (an entry of a job that left waiting is dropped)
+            if parked and closed:
+                # Full now (so someone holds a slot or a recent start): closed until then.
+                # Otherwise it stays open and the next claim counts again.
+                self._gates[gate] = opens
+            elif not parked:
+                del self._gates[gate]
+                self._parked.pop(gate, None)
+
+    def _free_slot(self, job: _Job) -> None:
+        """Release the concurrency slot ``job`` holds and open the gate of its key."""
+        slot = job.slot
+        if slot is None:
+            return
+        job.slot = None
+        holders = self._slots.get(slot)
+        if holders is not None:
+            holders.discard(job.message.id)
+            if not holders:
+                del self._slots[slot]
+        gate = (job.message.queue, "c", *slot)
+        if gate in self._gates:
+            self._gates[gate] = 0.0
+            self.wake()
+
+    def _next_gate(self, queues: Sequence[str]) -> float | None:
+        """When (seconds of `clock`) the earliest gate of ``queues`` opens, if one will."""
+        times = [opens for gate, opens in self._gates.items() if gate[0] in queues]
+        earliest = min(times, default=float("inf"))
+        return None if earliest == float("inf") else earliest / _MICRO
 
     @staticmethod
     def _claimed(job: _Job) -> ClaimedJob:
@@ -467,6 +652,8 @@ class MemoryBroker(Broker):
         if any(self._head(queue) is not None for queue in list(self._waiting)):
             return True
         now = self.clock()
+        if any(opens <= now * _MICRO for opens in self._gates.values()):
+            return True
         return any(
             run_at <= now
             and (job := self._jobs.get(job_id)) is not None
@@ -479,9 +666,9 @@ class MemoryBroker(Broker):
         """Seconds until something in ``queues`` may be claimable (0 = now)."""
         if any(self._head(q) is not None for q in queues):
             return 0.0
-        run_at = self._next_run_at()
-        if run_at is not None:
-            return max(0.0, run_at - self.clock())
+        due = [t for t in (self._next_run_at(), self._next_gate(queues)) if t is not None]
+        if due:
+            return max(0.0, min(due) - self.clock())
         return float("inf")
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
@@ -539,7 +726,10 @@ class MemoryBroker(Broker):
                     self._to_final(job, state, now)
                 else:
                     self._active.pop(job.message.id, None)
+                    self._free_slot(job)
                     job.active_token = None
+                    if item.refund:
+                        job.attempt -= 1  # put back unspent (RateLimited)
                     if item.retry_delay > 0:
                         self._to_scheduled(job, now + item.retry_delay)
                     else:
@@ -555,6 +745,7 @@ class MemoryBroker(Broker):
             job, outcome = self._fenced(item.id, item.token)
             if job is not None:
                 self._active.pop(job.message.id, None)
+                self._free_slot(job)
                 job.active_token = None
                 job.done_token = item.token
                 job.attempt -= 1  # handed back unrun: the attempt was not spent
@@ -621,11 +812,104 @@ class MemoryBroker(Broker):
                 self._to_final(job, JobState.CANCELLED if cancelled else JobState.FAILED, now)
             else:
                 self._active.pop(job.message.id, None)
+                self._free_slot(job)
                 job.active_token = None
                 self._to_waiting(job, keep_order=True)
+        now_us = now * _MICRO
+        windows = {spec.per_us for spec in self.limits.values() if spec.rate}
+        longest = max(windows, default=0)
+        for bucket in [b for b, s in self._starts.items() if not s or s[-1] <= now_us - longest]:
+            del self._starts[bucket]  # nothing left in any window: as good as new
         if expired:
             self.wake()
         return len(expired)
+
+    # -- schedules ---------------------------------------------------------------------
+
+    def _now_us(self) -> int:
+        return round(self.clock() * 1_000_000)
+
+    async def broker_time_us(self) -> int:
+        self._check()
+        return self._now_us()
+
+    async def sleep_until_us(self, when_us: int) -> None:
+        self._check()
+        delta = (when_us - self._now_us()) / 1_000_000
+        if delta <= 0:
+            return
+        # Woken by wake() too: a fake clock that moves says so through it.
+        assert self._work is not None
+        with anyio.move_on_after(delta):
+            await self._work.wait()
+
+    async def sync_schedules(
+        self, schedules: Sequence[tuple[str, str]], *, prune: bool
+    ) -> list[ScheduleState]:
+        self._check()
+        now = self._now_us()
+        if prune:
+            keep = {name for name, _ in schedules}
+            for name in [n for n in self._schedules if n not in keep]:
+                del self._schedules[name]
+        states = []
+        for name, digest in schedules:
+            state = self._schedules.get(name)
+            if state is None or state.digest != digest:
+                state = self._schedules[name] = ScheduleState(
+                    name=name, digest=digest, last_tick_us=now
+                )
+            states.append(state)
+        return states
+
+    async def fire_schedules(
+        self, firings: Sequence[TickFiring]
+    ) -> list[tuple[FireOutcome, ScheduleState | None]]:
+        self._check()
+        return [self._fire(firing) for firing in firings]
+
+    def _fire(self, f: TickFiring) -> tuple[FireOutcome, ScheduleState | None]:
+        state = self._schedules.get(f.name)
+        now = self._now_us()
+        if (
+            state is None
+            or state.digest != f.digest
+            or state.last_tick_us != f.expected_last_us
+            or f.new_last_us <= f.expected_last_us
+            or f.new_last_us > now  # a tick is never fired before its time, by our clock
+        ):
+            return FireOutcome.STALE, state
+        if f.messages and f.overlap != "allow" and state.last_job:
+            previous = self._jobs.get(state.last_job)
+            if previous is not None and not previous.state.is_final:
+                if f.overlap == "queue":
+                    return FireOutcome.HELD, state
+                state = self._schedules[f.name] = msgspec.structs.replace(
+                    state,
+                    last_tick_us=f.new_last_us,
+                    skipped=state.skipped + f.skipped + len(f.messages),
+                )
+                return FireOutcome.OVERLAP_SKIPPED, state
+        outcome = FireOutcome.FIRED
+        fired = len(f.messages)
+        if f.messages:
+            try:
+                self._enqueue(f.messages)
+            except QueueFull:
+                outcome, fired = FireOutcome.FULL, 0
+        state = self._schedules[f.name] = msgspec.structs.replace(
+            state,
+            last_tick_us=f.new_last_us,
+            last_job=f.messages[-1].id if fired else state.last_job,
+            last_fired_us=now if fired else state.last_fired_us,
+            fired=state.fired + fired,
+            skipped=state.skipped + f.skipped + len(f.messages) - fired,
+        )
+        return outcome, state
+
+    async def schedule_states(self) -> list[ScheduleState]:
+        self._check()
+        return [self._schedules[name] for name in sorted(self._schedules)]
 
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         self._check()
@@ -640,12 +924,184 @@ class MemoryBroker(Broker):
     def _delete(self, job: _Job) -> None:
         del self._jobs[job.message.id]
         self._active.pop(job.message.id, None)
+        self._free_slot(job)
         self._counts[job.message.queue][job.state] -= 1
         if job.state.is_final:
             self._finished[job.state].pop(job.message.id, None)
         waiter = self._finish_waiters.pop(job.message.id, None)
         if waiter is not None:
             waiter.set()
+        if job.flow_id is not None and not job.state.is_final:
+            now = self.clock()
+            record = _encode(
+                broker_failure(
+                    "flow_broken", FLOW_BROKEN_MESSAGE, attempt=job.attempt, failed_at=now
+                )
+            )
+            self._flow_settled(job, JobState.FAILED, None, record, now)
+
+    # -- workflows (see typedq.broker.flow) ------------------------------------------
+
+    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        self._check()
+        out: list[EnqueueOutcome | Exception] = []
+        for spec in flows:
+            try:
+                out.append(self._enqueue_flow(spec))
+            except (QueueFull, ConfigError) as exc:
+                out.append(exc)
+        self.wake()
+        return out
+
+    def _enqueue_flow(self, spec: FlowSpec) -> EnqueueOutcome:
+        if spec.id in self._jobs:
+            return EnqueueOutcome(spec.id, False)
+        jobs = [*spec.members, *spec.steps]
+        taken = next((m.id for m in jobs if m.id in self._jobs), None)
+        if taken is not None:
+            raise ConfigError(id_taken(taken, spec.id))
+        limit = self.settings.max_queue_length
+        if limit:
+            adding: dict[str, int] = defaultdict(int)
+            for message in jobs:
+                adding[message.queue] += 1
+            for queue, extra in adding.items():
+                counts = self._counts[queue]
+                pending = counts[JobState.WAITING] + counts[JobState.SCHEDULED]
+                if pending + extra > limit:
+                    raise QueueFull(
+                        f"queue {queue!r} holds {pending} pending jobs; this flow's {extra} "
+                        f"jobs would pass max_queue_length={limit}"
+                    )
+        now = self.clock()
+        flow = _Flow(spec)
+        self._flows[spec.id] = flow
+        for index, message in enumerate(spec.members):
+            job = self._new_job(message, now, spec.id)
+            job.flow_member = index
+            self._to_waiting(job, keep_order=True)
+        for index, message in enumerate(spec.steps):
+            job = self._new_job(message, now, spec.id)
+            job.flow_step = index
+            if index == len(spec.steps) - 1:
+                job.flow_shape = (len(spec.steps), len(spec.members))
+            if index == 0 and not spec.fan_out:
+                self._to_waiting(job, keep_order=True)
+            else:
+                # Held: scheduled, but outside the due-time heap, so no clock (however
+                # far a test's fake clock moves) ever promotes it; only the hand-off does.
+                self._move(job, JobState.SCHEDULED)
+                job.run_at = HELD_AT
+        if spec.fan_out and not spec.members:
+            self._fan_in(flow, now)
+        return EnqueueOutcome(spec.id, True)
+
+    def _new_job(self, message: JobMessage, now: float, flow_id: str) -> _Job:
+        # A job id taken by an unrelated job is replaced in no case: flow ids are fresh.
+        job = _Job(message, now, self._next())
+        job.flow_id = flow_id
+        self._jobs[message.id] = job
+        self._counts[message.queue][JobState.WAITING] += 1  # _move subtracts from it
+        return job
+
+    def _flow_settled(
+        self, job: _Job, state: JobState, result: bytes | None, error: bytes | None, now: float
+    ) -> None:
+        """A job of a flow reached a final state (or was removed): hand off or end."""
+        assert job.flow_id is not None
+        flow = self._flows.get(job.flow_id)
+        if flow is None:
+            return  # the flow has ended: a late member or a cancelled step
+        if job.flow_member >= 0:
+            index = job.flow_member
+            if flow.settled[index]:
+                return  # settled before (a retried member): counted once
+            flow.settled[index] = 1
+            ok = state is JobState.COMPLETED
+            if flow.collect:
+                flow.outcomes[index] = collect_element(result if ok else None, error)
+            elif ok:
+                flow.outcomes[index] = result
+            elif flow.failed is None or index < flow.failed[0]:
+                flow.failed = (index, state, error)
+            flow.remaining -= 1
+            if flow.remaining == 0:
+                self._fan_in(flow, now)
+            return
+        if state is JobState.COMPLETED:
+            if job.flow_step == flow.steps - 1:
+                del self._flows[flow.id]
+            else:
+                self._release(flow, job.flow_step + 1, result or b"\xc0", now)
+        elif job.flow_step == flow.steps - 1:
+            # The flow's own job ended first (cancelled, removed): stop everything else.
+            self._end_flow(flow, JobState.CANCELLED, None, now)
+        else:
+            self._end_flow(flow, state, error, now)
+
+    def _fan_in(self, flow: _Flow, now: float) -> None:
+        if flow.failed is not None:
+            _, state, error = flow.failed
+            self._end_flow(flow, state, error, now)
+            return
+        payload = fan_in_payload([o or b"\xc0" for o in flow.outcomes])
+        flow.outcomes = []
+        self._release(flow, 0, payload, now)
+
+    def _release(self, flow: _Flow, index: int, payload: bytes, now: float) -> None:
+        """Give held step ``index`` its input: waiting now (or, a collector, completed)."""
+        job = self._jobs.get(step_id(flow.id, index, flow.steps))
+        if job is None or job.state is not JobState.SCHEDULED:
+            record = _encode(
+                broker_failure("flow_broken", FLOW_BROKEN_MESSAGE, attempt=0, failed_at=now)
+            )
+            self._end_flow(flow, JobState.FAILED, record, now)
+            return
+        if flow.collector and index == flow.steps - 1:
+            job.result = payload
+            self._to_final(job, JobState.COMPLETED, now)  # the flow's job: ends the flow
+            return
+        job.message = msgspec.structs.replace(job.message, payload=payload)
+        # At the head of its priority level (the latest released first, like a push at
+        # the head of the Redis level list): a flow under way finishes before new work.
+        self._to_waiting(job, keep_order=False, at_head=True)
+        self.wake()
+
+    def _end_flow(self, flow: _Flow, state: JobState, error: bytes | None, now: float) -> None:
+        """End a flow that did not complete: every job of it not yet final ends in ``state``
+        with ``error`` (None: a cancel record); a running one is asked to cancel."""
+        self._flows.pop(flow.id, None)
+        ids = [member_id(flow.id, i) for i in range(flow.members)]
+        ids += [step_id(flow.id, k, flow.steps) for k in range(flow.steps)]
+        for job_id in ids:
+            job = self._jobs.get(job_id)
+            if job is None or job.state.is_final:
+                continue
+            if job.state is JobState.ACTIVE:
+                job.cancel_requested = True
+                assert self._cancels is not None
+                self._cancels.set()
+                self._cancels = anyio.Event()
+                continue
+            job.error = error or _encode(
+                broker_failure("cancelled", CANCELLED_WITH_FLOW, attempt=job.attempt, failed_at=now)
+            )
+            self._to_final(job, state if error is not None else JobState.CANCELLED, now)
+
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        self._check()
+        job = self._jobs.get(flow_id)
+        if job is not None and job.flow_id is not None:
+            flow_id = job.flow_id
+        flow = self._flows.get(flow_id)
+        if flow is not None:
+            return FlowState(
+                id=flow_id, steps=flow.steps, members=flow.members, pending=flow.remaining
+            )
+        own = self._jobs.get(flow_id)
+        if own is None or own.flow_shape is None:
+            return None
+        return FlowState(id=flow_id, steps=own.flow_shape[0], members=own.flow_shape[1], pending=-1)
 
     # -- operations ------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from ..errors import FailureReason, FailureRecord
 
 __all__ = [
     "CANCELLED_ON_HAND_BACK",
+    "CANCELLED_WITH_FLOW",
     "CANCELLED_WORKER_LOST",
     "BrokerFailure",
     "broker_failure",
@@ -25,12 +26,16 @@ __all__ = [
 ]
 
 #: What a broker finalises a job as: cancelled, or failed because its lease kept expiring.
-BrokerFailure = Literal["cancelled", "stalled"]
+BrokerFailure = Literal["cancelled", "stalled", "flow_broken"]
 
 _KINDS: dict[BrokerFailure, tuple[FailureReason, str]] = {
     "cancelled": (FailureReason.CANCELLED, "JobCancelled"),
     "stalled": (FailureReason.STALLED, "WorkerLost"),
+    "flow_broken": (FailureReason.FLOW_BROKEN, "FlowBroken"),
 }
+
+#: A job of a workflow was cancelled because the flow ended (cancelled or failed) first.
+CANCELLED_WITH_FLOW = "cancelled with its flow"
 
 #: A cancel was requested while the job ran, and its worker handed it back unrun.
 CANCELLED_ON_HAND_BACK = "cancelled while its worker handed it back"

@@ -6,20 +6,45 @@
 -- claims in flight), so a re-sent claim (lost reply, client retry) returns the same
 -- jobs instead of claiming more. Runs at maxmemory (allow-oom): draining frees memory.
 -- KEYS[1] = active, KEYS[2] = seq, KEYS[3] = this claim's record (P r:<claim token>)
--- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...
+-- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...,
+--       [nl, then nl x (task, rate, per_us, concurrency)]
 -- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
 --          attempt, enqueued_at_us, stalls, queue}
 -- A claimed job string (see keys.py) becomes the job hash.
+--
+-- Limits (typedq/limits.py), only when the caller names tasks with limits (nl > 0;
+-- otherwise none of this runs): a popped job whose task is limited is admitted only
+-- if its concurrency bucket has a free slot and its rate bucket's window holds fewer
+-- than `rate` starts (a sliding-window log on this clock); else it is parked by that gate, still waiting, and the claim goes on
+-- with the jobs behind it. Open gates give their parked jobs back to the waiting
+-- lists (at their old place) before the claim pops; the answer's next_due includes
+-- the earliest gate opening, so the worker sleeps exactly until then.
 local limit, lease, token, worker, nq =
   tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
 if not is_int(limit) or limit < 0 or not lease or lease <= 0 or token == ''
-    or not is_int(nq) or nq < 1 or #ARGV ~= 6 + nq then
+    or not is_int(nq) or nq < 1 or #ARGV < 6 + nq then
   return bad_args('claim')
 end
 local queues = {}
 for i = 1, nq do
   if ARGV[6 + i] == '' then return bad_args('claim') end
   queues[i] = ARGV[6 + i]
+end
+local cfg, has_limits = {}, false
+if #ARGV > 6 + nq then
+  local base = 7 + nq
+  local nl = tonumber(ARGV[base])
+  if not is_int(nl) or nl < 0 or #ARGV ~= base + 4 * nl then return bad_args('claim') end
+  for i = 0, nl - 1 do
+    local b = base + 1 + 4 * i
+    local rate, per, cc = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    if ARGV[b] == '' or not is_int(rate) or rate < 0 or not is_int(per) or per < 0
+        or (rate > 0 and per < 1) or not is_int(cc) or cc < 0 then
+      return bad_args('claim')
+    end
+    cfg[ARGV[b]] = {rate, per, cc}
+    has_limits = true
+  end
 end
 
 local now = now_us()
@@ -72,6 +97,204 @@ for _, q in ipairs(queues) do
       end
     end
     redis.call('ZREM', sk, unpack(due))
+  end
+end
+
+-- Limits. A job body is a msgpack array [task, payload, fingerprint, priority,
+-- max_retries, timeout, eta, delay, rate_key, concurrency_key] with trailing defaults
+-- left out (see redis/codec.py). Redis' cmsgpack cannot read msgpack bin values (the
+-- payload), so the few fields needed are read here by skipping over the others.
+local function mp_uint(s, i, n)
+  local v = 0
+  for k = i, i + n - 1 do v = v * 256 + (string.byte(s, k) or 0) end
+  return v
+end
+
+-- The offset after the scalar at `i` (nil: not a scalar a body holds).
+local function mp_skip(s, i)
+  local b = string.byte(s, i)
+  if not b then return nil end
+  if b <= 0x7f or b >= 0xe0 or b == 0xc0 or b == 0xc2 or b == 0xc3 then return i + 1 end
+  if b >= 0xa0 and b <= 0xbf then return i + 1 + b - 0xa0 end
+  if b == 0xc4 or b == 0xd9 then return i + 2 + mp_uint(s, i + 1, 1) end
+  if b == 0xc5 or b == 0xda then return i + 3 + mp_uint(s, i + 1, 2) end
+  if b == 0xc6 or b == 0xdb then return i + 5 + mp_uint(s, i + 1, 4) end
+  if b == 0xcc or b == 0xd0 then return i + 2 end
+  if b == 0xcd or b == 0xd1 then return i + 3 end
+  if b == 0xca or b == 0xce or b == 0xd2 then return i + 5 end
+  if b == 0xcb or b == 0xcf or b == 0xd3 then return i + 9 end
+  return nil
+end
+
+-- The string at `i` and the offset after it (nil: not a string).
+local function mp_str(s, i)
+  local b = string.byte(s, i)
+  if not b then return nil end
+  local len, at
+  if b >= 0xa0 and b <= 0xbf then len, at = b - 0xa0, i + 1
+  elseif b == 0xd9 then len, at = mp_uint(s, i + 1, 1), i + 2
+  elseif b == 0xda then len, at = mp_uint(s, i + 1, 2), i + 3
+  else return nil end
+  return string.sub(s, at, at + len - 1), at + len
+end
+
+-- The task, its limits, the rate key and the concurrency key of a job body; nil for a
+-- task this claim does not limit. A limited body whose keys cannot be read uses the
+-- task-wide buckets ('').
+local function limits_of(body)
+  local b = string.byte(body, 1)
+  if not b then return nil end
+  local n, i
+  if b >= 0x90 and b <= 0x9f then n, i = b - 0x90, 2
+  elseif b == 0xdc then n, i = mp_uint(body, 2, 2), 4
+  else return nil end
+  if n < 1 then return nil end
+  local task
+  task, i = mp_str(body, i)
+  local c = task and cfg[task]
+  if not c then return nil end
+  local keys = {'', ''}
+  if n >= 9 then
+    for _ = 2, 8 do
+      i = i and mp_skip(body, i)
+    end
+    for k = 1, math.min(n - 8, 2) do
+      local v
+      if i then v, i = mp_str(body, i) end
+      keys[k] = v or ''
+    end
+  end
+  return task, c, keys[1], keys[2]
+end
+
+local function park(q, gate, prio, id, opens)
+  redis.call('LPUSH', k_gate(q, gate), prio .. '|' .. id)
+  redis.call('ZADD', k_gates(q), opens, gate)
+end
+
+-- A rate bucket's starts in (now - per, now], counted once per claim (older ones go).
+local windows, expiring = {}, {}
+local function window(rkey, per)
+  local n = windows[rkey]
+  if not n then
+    redis.call('ZREMRANGEBYSCORE', rkey, '-inf', string.format('%d', now - per))
+    n = redis.call('ZCARD', rkey)
+    windows[rkey] = n
+  end
+  return n
+end
+
+-- How many slots of a concurrency bucket are held, read once per claim.
+local holders = {}
+local function held(slot)
+  local n = holders[slot]
+  if not n then
+    n = redis.call('SCARD', k_slots(slot))
+    holders[slot] = n
+  end
+  return n
+end
+
+-- When a full window (n >= rate starts) opens: once the start `rate` places back leaves.
+local function window_opens(rkey, n, rate, per)
+  local t = redis.call('ZRANGE', rkey, n - rate, n - rate, 'WITHSCORES')
+  if #t == 0 then return now end
+  return tonumber(t[2]) + per
+end
+
+-- Admit a job (take its place in the rate window and a concurrency slot) or park it by
+-- its closed gate: concurrency first, then rate. Returns admitted, and the slot it holds.
+local function admit(id, q, prio, body)
+  local task, c, rk, ck = limits_of(body)
+  if not task then return true, nil end
+  local slot
+  if c[3] > 0 then
+    slot = task .. '|' .. ck
+    if held(slot) >= c[3] then
+      park(q, 'c|' .. slot, prio, id, '+inf')
+      return false, nil
+    end
+  end
+  if c[1] > 0 then
+    local rkey = k_rate(task, rk)
+    local n = window(rkey, c[2])
+    if n >= c[1] then
+      park(q, 'r|' .. task .. '|' .. rk, prio, id, window_opens(rkey, n, c[1], c[2]))
+      return false, nil
+    end
+    local at = string.format('%d', now)
+    redis.call('ZADD', rkey, at, id .. '@' .. at)
+    if not expiring[rkey] then
+      expiring[rkey] = true
+      -- Once its last start leaves the window, a bucket is as good as new: it expires
+      -- (set once per bucket and claim: all of this claim's starts share `now`).
+      redis.call('PEXPIRE', rkey, math.floor(c[2] / 1000) + 1)
+    end
+    windows[rkey] = n + 1
+  end
+  if slot then
+    redis.call('SADD', k_slots(slot), id)
+    holders[slot] = holders[slot] + 1
+  end
+  return true, slot
+end
+
+-- How many jobs an open gate's bucket admits now (nil: this claim does not limit its
+-- task), and when it opens next.
+local function allowance(gate)
+  local kind, task, key = string.match(gate, '^([rc])|([^|]*)|(.*)$')
+  local c = task and cfg[task]
+  if not c then return nil end
+  if kind == 'c' then
+    if c[3] == 0 then return nil end
+    return math.max(0, c[3] - held(task .. '|' .. key)), '+inf'
+  end
+  if c[1] == 0 then return nil end
+  local rkey = k_rate(task, key)
+  local n = window(rkey, c[2])
+  if n >= c[1] then return 0, window_opens(rkey, n, c[1], c[2]) end
+  return c[1] - n, now
+end
+
+-- Open gates give back as many parked jobs as their bucket admits (bounded by this
+-- claim's limit), at their old place among the waiting jobs; a gate whose bucket is
+-- still closed gets its true opening time. A claim without limits looks too (one
+-- EXISTS per queue): after a deploy that dropped a limit, its parked jobs still come
+-- back (a gate of a task this claim does not limit gives back as many as it asks for).
+local gated = {}
+for _, q in ipairs(queues) do
+  gated[q] = has_limits or redis.call('EXISTS', k_gates(q)) == 1
+end
+if limit > 0 then
+  for _, q in ipairs(queues) do
+    local gk = k_gates(q)
+    local open = {}
+    if gated[q] then open = redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64) end
+    for _, gate in ipairs(open) do
+      local lk = k_gate(q, gate)
+      local n, opens = allowance(gate)
+      if n == nil or n > limit then n = limit end
+      if n == 0 then
+        redis.call('ZADD', gk, opens, gate)
+      else
+        local back = {}
+        for _, e in ipairs(redis.call('RPOP', lk, n) or {}) do
+          local prio, id = string.match(e, '^(%-?%d+)|(.*)$')
+          if prio then
+            -- A job that left waiting meanwhile goes back as a dead entry, first (its
+            -- cancel or remove counted it stale; whoever pops it consumes that).
+            local r = read_job(id, 's', 'q', 'p', 'o')
+            local order = 0
+            if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then
+              order = tonumber(r[4]) or 0
+            end
+            back[#back + 1] = {id, q, prio, order}
+          end
+        end
+        push_back_in_order(back)
+        if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', gk, gate) end
+      end
+    end
   end
 end
 
@@ -135,10 +358,17 @@ local function activate(id, q, prio)
     -- A stale entry: the job left waiting meanwhile (or waits in another queue or
     -- at another priority level).
     if r[1] ~= 'w' or (r[2] and r[2] ~= q) or sane_prio(r[7]) ~= prio then return end
+    local slot
+    if has_limits then
+      local ok
+      ok, slot = admit(id, q, prio, r[3] or '')
+      if not ok then return end
+    end
     claimed = claimed + 1
     local attempt = (tonumber(r[4]) or 0) + 1
     local tok = token .. '.' .. claimed
     redis.call('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', now, 'w', worker)
+    if slot then redis.call('HSET', jk, 'ck', slot) end
     local n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = attempt, tonumber(r[5]) or 0, tonumber(r[6]) or 0, q
@@ -154,6 +384,12 @@ local function activate(id, q, prio)
     else
       f = {s = 'w', q = q, o = 0, e = now, p = false, r = false, m = ''}
     end
+    local slot
+    if has_limits then
+      local ok
+      ok, slot = admit(id, q, prio, f.m)
+      if not ok then return end
+    end
     claimed = claimed + 1
     local tok = token .. '.' .. claimed
     redis.call('DEL', jk)
@@ -162,6 +398,7 @@ local function activate(id, q, prio)
     fields[6] = 'a'  -- the state
     fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', 1, 't', tok
     fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', now, 'w', worker
+    if slot then fields[n + 9], fields[n + 10] = 'ck', slot end
     redis.call('HSET', jk, unpack(fields))
     n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
@@ -215,6 +452,15 @@ if claimed < limit then
     for _, q in ipairs(queues) do
       local t = redis.call('ZRANGE', k_sched(q), 0, 0, 'WITHSCORES')
       if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
+    end
+    for _, q in ipairs(queues) do
+      if gated[q] then
+        local t = redis.call('ZRANGE', k_gates(q), 0, 0, 'WITHSCORES')
+        local opens = #t > 0 and tonumber(t[2])
+        if opens and opens < math.huge and (not next_due or opens < next_due) then
+          next_due = opens
+        end
+      end
     end
     if next_due then out[1] = math.max(0, next_due - now) end
   end

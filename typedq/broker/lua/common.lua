@@ -13,6 +13,14 @@ local function k_sched(q) return P .. 'q:' .. q .. ':s' end
 local function k_counts(q) return P .. 'q:' .. q .. ':n' end
 local function k_stale(q) return P .. 'q:' .. q .. ':z' end
 local function k_req(tok) return P .. 'r:' .. tok end
+-- Limits (typedq/limits.py): a queue's gates (zset gate -> when it opens, µs; +inf: when
+-- a concurrency slot frees), the waiting entries a gate parked ('<prio>|<id>', FIFO),
+-- a rate bucket's start times in its window (zset), a concurrency bucket's slot holders.
+-- A gate is '<r|c>|<task>|<key>'; a slot name ('ck' of the job hash) '<task>|<key>'.
+local function k_gates(q) return P .. 'q:' .. q .. ':G' end
+local function k_gate(q, gate) return P .. 'q:' .. q .. ':g:' .. gate end
+local function k_rate(task, key) return P .. 'rl:' .. task .. '|' .. key end
+local function k_slots(slot) return P .. 'cc:' .. slot end
 local CH_WORK = P .. 'ev:w'
 local CH_DONE = P .. 'ev:d'
 local CH_CANCEL = P .. 'ev:x'
@@ -235,14 +243,52 @@ local function publish()
   if #qs > 0 then redis.call('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
 end
 
--- Move an active/waiting/scheduled job to a final state.
+-- A job of a workflow settled: hand off or end the flow (defined with the workflow
+-- helpers at the end of this file).
+local flow_settle
+-- Per job id, its flow link {fl, fm, fs} or false, when the script already read it
+-- (complete and fail do, with the fields they read anyway): finalize then needs no
+-- read of its own.
+local flow_links = {}
+local function flow_link_of(id, fl, fm, fs)
+  if fl then flow_links[id] = {fl, fm, fs} else flow_links[id] = false end
+end
+
+-- Move an active/waiting/scheduled job to a final state. A workflow's job (fields
+-- fl/fm/fs, see typedq/broker/flow.py) hands off to the rest of its flow here, in the
+-- same script as its own transition.
 local function finalize(id, q, from, state, done_key, now)
-  redis.call('HSET', k_job(id), 's', state, 'fa', now)
-  redis.call('HDEL', k_job(id), 't')
+  local jk = k_job(id)
+  redis.call('HSET', jk, 's', state, 'fa', now)
+  redis.call('HDEL', jk, 't')
   redis.call('ZADD', done_key, now, id)
   count(q, from, -1)
   count(q, state, 1)
   done_ids[#done_ids + 1] = id
+  local fl = flow_links[id]
+  if fl == nil then
+    fl = redis.call('HMGET', jk, 'fl', 'fm', 'fs')
+    if not fl[1] then fl = false end
+  end
+  if fl then
+    local out = redis.call('HMGET', jk, 'res', 'err')
+    flow_settle(fl[1], fl[2], fl[3], state, out[1], out[2], now)
+  end
+end
+
+-- Release the concurrency slot `slot` (the job hash's 'ck', nil: none) that job `id`
+-- of queue `q` holds, and open the gate of that key so parked jobs are claimed again.
+-- Every way out of 'active' calls it (complete, fail, release, recovery, remove, purge).
+local function free_slot(id, q, slot)
+  if not slot then return end
+  redis.call('SREM', k_slots(slot), id)
+  redis.call('HDEL', k_job(id), 'ck')
+  local gk, gate = k_gates(q), 'c|' .. slot
+  local s = redis.call('ZSCORE', gk, gate)
+  if s and tonumber(s) ~= 0 then
+    redis.call('ZADD', gk, 0, gate)
+    work_queues[q] = true
+  end
 end
 
 -- Milliseconds a request record (a claim's jobs, an enqueue's or a cancel's answer)
@@ -272,4 +318,180 @@ local function take_stale(q, prio, id)
   if not c then return false end
   if c <= 1 then redis.call('HDEL', sk, field) else redis.call('HINCRBY', sk, field, -1) end
   return true
+end
+
+-- Workflows (typedq/broker/flow.py). A flow F keeps, while it runs, the hash P f:<F>:
+-- S steps, n members, c members not settled, col '1' when the last step is a
+-- collector, pol 'c' for the collecting fan-in; per member i: d<i> (settled) and r<i>
+-- (its fan-in element); fi/fst/fe: the first failed member (index, state, record).
+-- Member i is the job F.m<i>, step k is F.<k>, the last step is F itself. A held step
+-- is scheduled at HELD_US with its body split around the payload (mh, mt).
+local HELD_US = 9000000000000000
+local FLOW_BROKEN = 'a job of this flow was removed before it finished'
+local function k_flow(f) return P .. 'f:' .. f end
+local function k_done(state) return P .. 'done:' .. state end
+local function flow_step_id(f, k, steps)
+  if k == steps - 1 then return f end
+  return f .. '.' .. k
+end
+
+local function be_bytes(n, width)
+  local t = {}
+  for i = width, 1, -1 do
+    t[i] = string.char(n % 256)
+    n = math.floor(n / 256)
+  end
+  return table.concat(t)
+end
+
+local function msgpack_bin(s)
+  local n = #s
+  if n < 256 then return '\196' .. string.char(n) .. s end
+  if n < 65536 then return '\197' .. be_bytes(n, 2) .. s end
+  return '\198' .. be_bytes(n, 4) .. s
+end
+
+local function msgpack_array_header(n)
+  if n < 16 then return string.char(144 + n) end
+  if n < 65536 then return '\220' .. be_bytes(n, 2) end
+  return '\221' .. be_bytes(n, 4)
+end
+
+-- End a flow that did not complete: every job of it not final yet ends in `state`
+-- with record `err` (nil: cancelled with the flow); a running one is asked to cancel.
+local function flow_end(f, state, err, now)
+  local fk = k_flow(f)
+  local meta = redis.call('HMGET', fk, 'S', 'n')
+  if not meta[1] then return end
+  redis.call('DEL', fk)
+  local steps, n = tonumber(meta[1]), tonumber(meta[2])
+  local ids = {}
+  for i = 0, n - 1 do ids[#ids + 1] = f .. '.m' .. i end
+  for k = 0, steps - 1 do ids[#ids + 1] = flow_step_id(f, k, steps) end
+  for _, id in ipairs(ids) do
+    local r = read_hash(id, 's', 'q', 'p', 'a')
+    if r then
+      local s, q = r[1], r[2] or ''
+      if s == 'a' then
+        redis.call('HSET', k_job(id), 'cr', 1)
+        redis.call('PUBLISH', CH_CANCEL, id)
+      elseif s == 'w' or s == 's' then
+        if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else redis.call('ZREM', k_sched(q), id) end
+        local st = 'x'
+        local e = err
+        if e then st = state else
+          e = failure_record('cancelled', 'JobCancelled', 'cancelled with its flow',
+            tonumber(r[4]) or 0, nil, now)
+        end
+        redis.call('HSET', k_job(id), 'err', e)
+        finalize(id, q, s, st, k_done(st), now)
+      end
+    end
+  end
+end
+
+-- Give held step k its input: waiting now, or (a collector) completed with it.
+local function flow_release(f, k, steps, collector, payload, now)
+  local id = flow_step_id(f, k, steps)
+  local jk = k_job(id)
+  local r = read_hash(id, 's', 'q', 'mh', 'mt', 'p')
+  if not r or r[1] ~= 's' or not r[3] then
+    flow_end(f, 'f', failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now), now)
+    return
+  end
+  local q = r[2] or ''
+  redis.call('ZREM', k_sched(q), id)
+  redis.call('HDEL', jk, 'mh', 'mt', 'r')
+  if collector and k == steps - 1 then
+    redis.call('HSET', jk, 'res', payload)
+    finalize(id, q, 's', 'c', k_done('c'), now)
+    return
+  end
+  -- At the head of its priority level: a flow under way finishes before new work starts,
+  -- instead of its next step or callback queueing behind the members of every flow
+  -- enqueued since (O(1); the embedded broker does the same).
+  redis.call('HSET', jk, 'm', r[3] .. msgpack_bin(payload) .. r[4], 's', 'w')
+  push_waiting(q, sane_prio(r[5]), id, true)
+  count(q, 's', -1)
+  count(q, 'w', 1)
+  work_queues[q] = true
+end
+
+-- Every member settled: fail the flow (a member failed, default policy) or release
+-- step 0 with the msgpack array of the members' elements, in input order.
+local function flow_fan_in(f, steps, n, collector, now)
+  local fk = k_flow(f)
+  local failed = redis.call('HMGET', fk, 'fi', 'fst', 'fe')
+  if failed[1] then
+    flow_end(f, failed[2], failed[3], now)
+    return
+  end
+  local parts = {msgpack_array_header(n)}
+  for s = 0, n - 1, 1000 do
+    local names = {}
+    for i = s, math.min(s + 999, n - 1) do names[#names + 1] = 'r' .. i end
+    local vals = redis.call('HMGET', fk, unpack(names))
+    for j = 1, #vals do parts[#parts + 1] = vals[j] or '\192' end
+  end
+  -- The payload carries the results now: the flow record keeps only its shape.
+  redis.call('DEL', fk)
+  redis.call('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0')
+  flow_release(f, 0, steps, collector, table.concat(parts), now)
+end
+
+flow_settle = function(f, fm, fs, state, res, err, now)
+  local fk = k_flow(f)
+  local meta = redis.call('HMGET', fk, 'S', 'n', 'col', 'pol')
+  if not meta[1] then return end  -- the flow has ended: a late member or a cancelled step
+  local steps, collector = tonumber(meta[1]), meta[3] == '1'
+  if fm then
+    local i = tonumber(fm)
+    if redis.call('HSETNX', fk, 'd' .. i, 1) == 0 then return end
+    if meta[4] == 'c' then
+      if state == 'c' then
+        redis.call('HSET', fk, 'r' .. i, '\146\162ok' .. (res or '\192'))
+      else
+        redis.call('HSET', fk, 'r' .. i, '\146\166failed' .. (err or '\192'))
+      end
+    elseif state == 'c' then
+      redis.call('HSET', fk, 'r' .. i, res or '\192')
+    else
+      local fi = tonumber(redis.call('HGET', fk, 'fi'))
+      if not fi or i < fi then
+        redis.call('HSET', fk, 'fi', i, 'fst', state, 'fe', err or '\192')
+      end
+    end
+    if redis.call('HINCRBY', fk, 'c', -1) == 0 then
+      flow_fan_in(f, steps, tonumber(meta[2]), collector, now)
+    end
+    return
+  end
+  local k = tonumber(fs)
+  if state == 'c' then
+    if k == steps - 1 then
+      redis.call('DEL', fk)
+    else
+      flow_release(f, k + 1, steps, collector, res or '\192', now)
+    end
+  elseif k == steps - 1 then
+    flow_end(f, 'x', nil, now)  -- the flow's own job ended first (cancel): stop the rest
+  else
+    flow_end(f, state, err, now)
+  end
+end
+
+-- The flow link of a job about to be deleted (remove, purge): nil for a job of no flow.
+local function flow_link(id)
+  local r = redis.pcall('HMGET', k_job(id), 'fl', 'fm', 'fs')
+  if type(r) ~= 'table' or r.err or not r[1] then return nil end
+  return r
+end
+
+-- A job of a flow was deleted (after its key is gone) in state `s`: when it had not
+-- finished, its flow treats it as failed with reason flow_broken, never waits for it.
+local function flow_removed(link, s)
+  if not link or s == 'c' or s == 'f' or s == 'x' then return end
+  local now = now_us()
+  flow_settle(link[1], link[2], link[3], 'f', nil,
+    failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now), now)
 end

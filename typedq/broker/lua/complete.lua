@@ -12,12 +12,14 @@ local out = {}
 for i = 0, n - 1 do
   local b = 5 + 3 * i
   local id, tok = ARGV[b], ARGV[b + 1]
-  local r = read_hash(id, 's', 't', 'd', 'q')
+  local r = read_hash(id, 's', 't', 'd', 'q', 'ck', 'fl', 'fm', 'fs')
   if not r then
     out[i + 1] = not_active_answer(id)
   elseif r[1] == 'a' and r[2] == tok then
+    flow_link_of(id, r[6], r[7], r[8])
     redis.call('HSET', k_job(id), 'res', ARGV[b + 2], 'd', tok)
     redis.call('ZREM', KEYS[1], id)
+    free_slot(id, r[4] or '', r[5])
     finalize(id, r[4] or '', 'a', 'c', KEYS[2], now)
     out[i + 1] = 0
   elseif r[3] == tok then

@@ -1,6 +1,7 @@
 #!lua flags=allow-oom
 -- Record failed attempts, fenced by token (outcomes as in complete.lua).
 -- mode 'r': retry after delay_us (0 = waiting at once) unless a cancel was requested;
+-- 'l': like 'r', but the attempt is given back (RateLimited: not spent);
 -- 'f': failed for good; 'x': cancelled. A non-empty `message` replaces the stored
 -- envelope (a job whose bytes could not be decoded gets a readable one).
 -- KEYS[1] = active, KEYS[2] = done:f, KEYS[3] = done:x, KEYS[4] = seq
@@ -12,7 +13,7 @@ end
 for i = 0, n - 1 do
   local b = 5 + 6 * i
   local mode = ARGV[b + 3]
-  if (mode ~= 'r' and mode ~= 'f' and mode ~= 'x') or not tonumber(ARGV[b + 4]) then
+  if (mode ~= 'r' and mode ~= 'l' and mode ~= 'f' and mode ~= 'x') or not tonumber(ARGV[b + 4]) then
     return bad_args('fail')
   end
 end
@@ -22,15 +23,17 @@ local touched_f, touched_x = 0, 0
 for i = 0, n - 1 do
   local b = 5 + 6 * i
   local id, tok, mode, delay = ARGV[b], ARGV[b + 1], ARGV[b + 3], tonumber(ARGV[b + 4])
-  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p')
+  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p', 'ck', 'a', 'fl', 'fm', 'fs')
   if not r then
     out[i + 1] = not_active_answer(id)
   elseif r[1] == 'a' and r[2] == tok then
+    flow_link_of(id, r[9], r[10], r[11])
     local jk = k_job(id)
     local q = r[4] or ''
     redis.call('HSET', jk, 'err', ARGV[b + 2], 'd', tok)
     if ARGV[b + 5] ~= '' then redis.call('HSET', jk, 'm', ARGV[b + 5]) end
     redis.call('ZREM', KEYS[1], id)
+    free_slot(id, q, r[7])
     if mode == 'x' or r[5] then
       finalize(id, q, 'a', 'x', KEYS[3], now)
       touched_x = touched_x + 1
@@ -39,6 +42,9 @@ for i = 0, n - 1 do
       touched_f = touched_f + 1
     else
       redis.call('HDEL', jk, 't')
+      if mode == 'l' then
+        redis.call('HSET', jk, 'a', math.max(0, (tonumber(r[8]) or 1) - 1))
+      end
       if delay > 0 then
         redis.call('HSET', jk, 's', 's', 'r', now + delay)
         redis.call('ZADD', k_sched(q), now + delay, id)

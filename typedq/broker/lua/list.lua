@@ -2,7 +2,8 @@
 -- Ids of up to `limit` jobs of one queue in one state, skipping `offset` (for inspect).
 -- waiting: claim order (priority levels, then list order; `offset` counts list
 -- positions, so stale entries make pages a little shorter; a stale entry is never
--- listed: only a job's live entry, the newest of its level, is); scheduled: due time;
+-- listed: only a job's live entry, the newest of its level, is), then the jobs limit
+-- gates parked (typedq.limits); scheduled: due time;
 -- active: start time (the global lease set is scanned, bounded); final states:
 -- most recently finished first (the global finished set is scanned, bounded).
 -- KEYS[1] = active, KEYS[2] = done:c, KEYS[3] = done:f, KEYS[4] = done:x
@@ -36,6 +37,31 @@ if state == 'w' then
           if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio
               and (not redis.call('HGET', sk, prio .. '|' .. id)
                 or redis.call('LPOS', lk, id) == first + i - 1) then
+            out[#out + 1] = id
+          end
+        end
+      end
+      pos = pos + len
+      if pos >= offset + limit then break end
+    end
+  end
+  -- Then the waiting jobs a limit gate parked (typedq.limits), gate by gate, each
+  -- gate's in the order it gives them back.
+  if pos < offset + limit then
+    local seen = {}
+    for _, id in ipairs(out) do seen[id] = true end
+    for _, gate in ipairs(redis.call('ZRANGE', k_gates(q), 0, 999)) do
+      local lk = k_gate(q, gate)
+      local len = redis.call('LLEN', lk)
+      local a, b = math.max(offset, pos), math.min(offset + limit, pos + len)
+      if a < b then
+        local first = len - (b - pos)
+        local entries = redis.call('LRANGE', lk, first, len - 1 - (a - pos))
+        for i = #entries, 1, -1 do
+          local prio, id = string.match(entries[i], '^(%-?%d+)|(.*)$')
+          local r = prio and read_job(id, 's', 'q', 'p')
+          if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio and not seen[id] then
+            seen[id] = true
             out[#out + 1] = id
           end
         end

@@ -10,14 +10,33 @@ if #ARGV ~= 5 or q == '' or not is_int(budget) or budget < 1 or not is_int(curso
 end
 local removed = 0
 local function drop(id)
+  local link = flow_link(id)
   redis.call('DEL', k_job(id))
   count(q, state, -1)
   removed = removed + 1
   done_ids[#done_ids + 1] = id
+  flow_removed(link, state)
 end
 local next_cursor = -1
 if state == 'w' then
   local seen = 0
+  -- Jobs parked by a closed limit gate first (see claim.lua), like list entries.
+  local gk = k_gates(q)
+  while seen < budget do
+    local g = redis.call('ZRANGE', gk, 0, 0)
+    if #g == 0 then break end
+    local lk = k_gate(q, g[1])
+    local popped = redis.call('RPOP', lk, budget - seen) or {}
+    for _, e in ipairs(popped) do
+      seen = seen + 1
+      local prio, id = string.match(e, '^(%-?%d+)|(.*)$')
+      if prio and not take_stale(q, prio, id) then
+        local r = read_job(id, 's', 'q', 'p')
+        if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then drop(id) end
+      end
+    end
+    if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', gk, g[1]) end
+  end
   while seen < budget do
     local t = redis.call('ZRANGE', k_levels(q), 0, 0)
     if #t == 0 then break end
@@ -54,9 +73,10 @@ else
   -- Global sets shared by every queue: scan a window, keep the others' entries.
   local ids = redis.call('ZRANGE', zkey, cursor, cursor + budget - 1)
   for _, id in ipairs(ids) do
-    local r = read_job(id, 's', 'q')
+    local r = read_job(id, 's', 'q', 'ck')
     if r and r[1] == state and r[2] == q then
       redis.call('ZREM', zkey, id)
+      if state == 'a' then free_slot(id, q, r[3]) end
       drop(id)
     end
   end

@@ -23,11 +23,12 @@ if limit > 0 then
     'LIMIT', 0, limit)
   for _, id in ipairs(expired) do
     redis.call('ZREM', KEYS[1], id)
-    local r = read_hash(id, 's', 'q', 'a', 'k', 'cr', 'w', 'p', 'o')
+    local r = read_hash(id, 's', 'q', 'a', 'k', 'cr', 'w', 'p', 'o', 'ck')
     if r and r[1] == 'a' then
       recovered = recovered + 1
       local jk = k_job(id)
       local q = r[2] or ''
+      free_slot(id, q, r[9])
       local stalls = (tonumber(r[4]) or 0) + 1
       local attempt = tonumber(r[3]) or 0
       redis.call('HSET', jk, 'k', stalls)

@@ -13,13 +13,14 @@ local back = {}
 local touched_x = 0
 for i = 0, n - 1 do
   local id, tok = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
-  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o', 'w')
+  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o', 'w', 'ck')
   if not r then
     out[i + 1] = not_active_answer(id)
   elseif r[1] == 'a' and r[2] == tok then
     local jk = k_job(id)
     local q = r[4] or ''
     redis.call('ZREM', KEYS[1], id)
+    free_slot(id, q, r[10])
     local attempt = math.max(0, (tonumber(r[7]) or 1) - 1)
     redis.call('HSET', jk, 'd', tok, 'a', attempt)
     if r[5] then

@@ -11,17 +11,21 @@ local done_key = {c = KEYS[2], f = KEYS[3], x = KEYS[4]}
 local out = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
-  local r = read_job(id, 's', 'q', 'p')
+  local r = read_job(id, 's', 'q', 'p', 'ck')
   local s = r and r[1]
   if s and (states == '' or string.find(states, s, 1, true)) then
     local q = r[2] or ''
     if s == 'w' then mark_stale(q, sane_prio(r[3]), id)
     elseif s == 's' then redis.call('ZREM', k_sched(q), id)
-    elseif s == 'a' then redis.call('ZREM', KEYS[1], id)
+    elseif s == 'a' then
+      redis.call('ZREM', KEYS[1], id)
+      free_slot(id, q, r[4])
     elseif done_key[s] then redis.call('ZREM', done_key[s], id) end
+    local link = flow_link(id)
     redis.call('DEL', k_job(id))
     count(q, s, -1)
     done_ids[#done_ids + 1] = id
+    flow_removed(link, s)
     out[i - 2] = 1
   else
     out[i - 2] = 0

@@ -49,6 +49,7 @@ from ..base import (
     WorkerInfo,
     check_claim_id,
 )
+from ..flow import FlowSpec, FlowState
 from ..keys import STATE_LETTERS, Keys
 from .codec import (
     FINISH,
@@ -70,8 +71,10 @@ from .connection import (
     make_client,
 )
 from .errors import broker_error, scrub
+from .flows import flow_args, flow_outcome
 from .health import EpochWatch, MemoryWatch, check_config, log
 from .listener import Notifications
+from .schedules import ScheduleOps
 from .scripts import SCRIPTS
 
 __all__ = ["RedisBroker"]
@@ -87,7 +90,7 @@ def _request_token() -> str:
     return secrets.token_hex(8)
 
 
-class RedisBroker(Broker):
+class RedisBroker(ScheduleOps, Broker):
     """The durable broker on Redis 7+ (standalone, or one Redis Cluster slot per app).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA
@@ -254,6 +257,17 @@ class RedisBroker(Broker):
             )
         return self._redis
 
+    async def _redis_time_us(self) -> int:
+        """Redis ``TIME`` in integer microseconds (schedules: the broker's clock)."""
+        with self._translate("time"):
+            seconds, micro = await self._conn().time()
+        return int(seconds) * MICRO + int(micro)
+
+    async def _hgetall(self, key: str) -> dict[Any, Any]:
+        with self._translate("hgetall"):
+            reply: dict[Any, Any] = await self._conn().hgetall(key)
+        return reply
+
     # -- errors and scripts ------------------------------------------------------------
 
     def _raise(self, exc: BaseException, op: str) -> NoReturn:
@@ -412,6 +426,50 @@ class RedisBroker(Broker):
             i = j
         return results
 
+    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        """Store workflows: one ``flow_enqueue`` script per group of flows (up to ~8 MB
+        of bodies), pipelined in one round trip; each flow is stored atomically, whole."""
+        if not flows:
+            self._conn()
+            return []
+        if self._epoch.is_due():
+            await self.check_epoch()
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+        groups: list[list[FlowSpec]] = []
+        args: list[Any] = []
+        group: list[FlowSpec] = []
+        size = 0
+        for spec in flows:
+            more, extra = flow_args(spec)
+            if group and size + extra > _PIPELINE_BYTES:
+                groups.append(group)
+                calls.append(self._flow_call(group, args))
+                group, args, size = [], [], 0
+            group.append(spec)
+            args += more
+            size += extra
+        groups.append(group)
+        calls.append(self._flow_call(group, args))
+        replies = await self._eval_pipelined(calls)
+        return [
+            flow_outcome(spec, answer)
+            for group, reply in zip(groups, replies, strict=True)
+            for spec, answer in zip(group, reply, strict=True)
+        ]
+
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        reply = await self._eval("flow_info", [], [self.keys.prefix, flow_id])
+        if not isinstance(reply, list):
+            return None
+        steps, members, pending = (int(v) for v in reply[:3])
+        return FlowState(id=text(reply[3]), steps=steps, members=members, pending=pending)
+
+    def _flow_call(
+        self, group: Sequence[FlowSpec], args: list[Any]
+    ) -> tuple[str, Sequence[str], Sequence[Any]]:
+        head = [self.keys.prefix, self.settings.max_queue_length, len(group)]
+        return "flow_enqueue", [self.keys.seq, self.keys.request(_request_token())], head + args
+
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
         if not ids:
             self._conn()
@@ -528,6 +586,12 @@ class RedisBroker(Broker):
             len(queues),
             *queues,
         ]
+        if self.limits:
+            # The limits of this process's tasks travel with every claim (a few numbers
+            # per limited task); without any, the script skips all limit work.
+            args.append(len(self.limits))
+            for task, spec in self.limits.items():
+                args += (task, spec.rate, spec.per_us, spec.concurrency)
         return keys, args
 
     async def _claimed(self, queues: Sequence[str], reply: Any, worker_id: str) -> list[ClaimedJob]:
@@ -649,7 +713,7 @@ class RedisBroker(Broker):
             elif item.retry_delay is None:
                 mode, delay = "f", 0
             else:
-                mode, delay = "r", us(item.retry_delay)
+                mode, delay = "l" if item.refund else "r", us(item.retry_delay)
             args += (item.id, item.token, item.error, mode, delay, "")
         reply = await self._eval(
             "fail",

@@ -59,16 +59,21 @@ class Body(msgspec.Struct, frozen=True, array_like=True):
     timeout: float = -1.0
     eta: float = 0.0
     delay: float = 0.0
+    #: Limit buckets (typedq.limits); the claim script reads them at indexes 9 and 10.
+    rate_key: str = ""
+    concurrency_key: str = ""
+    #: The schedule tick (typedq.schedule); after the limit keys, which Lua reads by index.
+    scheduled_for: float = 0.0
 
 
 _decode_body = msgspec.msgpack.Decoder(Body).decode
-_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0)
+_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0, "", "", 0.0)
 
 
 def encode_body(m: JobMessage) -> bytes:
     """The stored body of ``m``: its fields but id and queue, trailing defaults left out."""
     fields = [m.task, m.payload, m.fingerprint, m.priority, m.max_retries, m.timeout, m.eta]
-    fields.append(m.delay)
+    fields += (m.delay, m.rate_key, m.concurrency_key, m.scheduled_for)
     n = len(fields)
     while n > 2 and fields[n - 1] == _BODY_DEFAULTS[n - 1]:
         n -= 1
@@ -100,6 +105,9 @@ def decode_job(job_id: str, queue: str, raw: bytes) -> JobMessage:
         delay=b.delay,
         max_retries=b.max_retries,
         timeout=b.timeout,
+        rate_key=b.rate_key,
+        concurrency_key=b.concurrency_key,
+        scheduled_for=b.scheduled_for,
     )
 
 

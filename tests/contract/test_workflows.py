@@ -1,0 +1,611 @@
+"""Workflows on every broker: chains, fan-out, fan-in, failure policy, cancel, bounds.
+
+The hand-off between steps happens inside the broker's completion path (see
+typedq/broker/flow.py), so each of these depends on the broker as much as on the API.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from collections import Counter
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+from rich.console import Console
+
+from tests.support import TEST_DEADLINE, In, Out, PIn, POut
+from typedq import (
+    App,
+    ConcurrencyLimit,
+    ConfigError,
+    Failed,
+    FailureReason,
+    FailureRecord,
+    JobCancelled,
+    JobFailed,
+    JobState,
+    Ok,
+    QueueFull,
+    RateLimit,
+)
+from typedq.broker.base import Completion
+from typedq.inspector import Inspector, render_flow
+
+pytestmark = pytest.mark.anyio
+
+
+class Boom(Exception):
+    pass
+
+
+async def test_chain_of_ten_steps(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    seen: list[int] = []
+
+    @app.task
+    async def step(x: In) -> In:
+        seen.append(x.n)
+        return In(x.n + 1)
+
+    @app.task
+    def finish(x: In) -> Out:
+        return Out(x.n * 10)
+
+    flow = step.then(step)
+    for _ in range(7):
+        flow = flow.then(step)
+    chain = flow.then(finish)
+    assert len(chain.steps) == 10
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=4):
+            job = await chain.enqueue(In(0))
+            assert await job.result(timeout=10) == Out(90)
+    assert seen == list(range(9))  # nine steps, each on the previous one's result
+
+
+async def test_three_hundred_chains_at_once(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def double(x: In) -> In:
+        return In(x.n * 2)
+
+    @app.task
+    async def plus_one(x: In) -> Out:
+        return Out(x.n + 1)
+
+    chain = double.then(double).then(plus_one)
+    results: dict[int, Out] = {}
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=16):
+            jobs = {}
+
+            async def start(i: int) -> None:
+                jobs[i] = await chain.enqueue(In(i))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(300):
+                    tg.start_soon(start, i)
+            for i, job in jobs.items():
+                results[i] = await job.result(timeout=15)
+    assert results == {i: Out(4 * i + 1) for i in range(300)}
+
+
+async def test_failing_middle_step_fails_the_flow(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    ran: list[str] = []
+
+    @app.task
+    async def first(x: In) -> In:
+        ran.append("first")
+        return x
+
+    @app.task(retries=1)
+    async def broken(x: In) -> In:
+        ran.append("broken")
+        raise Boom(f"no {x.n}")
+
+    @app.task
+    async def last(x: In) -> Out:
+        ran.append("last")
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await first.then(broken).then(last).enqueue(In(7))
+            with pytest.raises(JobFailed) as caught:
+                await job.result(timeout=10)
+            middle = broken.job(f"{job.id}.1")
+            with pytest.raises(JobFailed) as step_error:
+                await middle.result(timeout=1)
+            assert await job.status() is JobState.FAILED
+    record = caught.value.record
+    assert record.reason is FailureReason.ERROR
+    assert record.message == "no 7"
+    assert record.attempt == 2  # the step's retries ran first
+    assert record == step_error.value.record
+    assert ran == ["first", "broken", "broken"]
+
+
+async def test_fan_out_results_in_input_order(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def square(x: In) -> Out:
+        await anyio.sleep(random.random() / 100)  # finish out of order
+        return Out(x.n * x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=8):
+            job = await square.map(In(i) for i in range(60)).enqueue()
+            assert await job.result(timeout=10) == [Out(i * i) for i in range(60)]
+
+
+async def test_twenty_fan_ins_call_each_callback_once(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    calls: Counter[int] = Counter()
+
+    @app.task
+    async def square(x: In) -> Out:
+        await anyio.sleep(random.random() / 200)
+        return Out(x.n * x.n)
+
+    @app.task
+    async def total(outs: list[Out]) -> Out:
+        calls[outs[0].n] += 1
+        return Out(sum(o.n for o in outs))
+
+    with anyio.fail_after(TEST_DEADLINE * 2):
+        async with app, app.worker(concurrency=16):
+            jobs = [
+                await square.map(In(1000 * f + i) for i in range(50)).then(total).enqueue()
+                for f in range(20)
+            ]
+            results = [await job.result(timeout=20) for job in jobs]
+    assert results == [Out(sum((1000 * f + i) ** 2 for i in range(50))) for f in range(20)]
+    assert calls == Counter({(1000 * f) ** 2: 1 for f in range(20)})
+
+
+async def test_fan_in_then_more_steps_with_pydantic_models(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def label(x: PIn) -> POut:
+        return POut(label=f"{x.name}x{x.qty}")
+
+    @app.task
+    async def join(labels: list[POut]) -> PIn:
+        return PIn(name=",".join(p.label for p in labels), qty=len(labels))
+
+    @app.task
+    async def shout(x: PIn) -> POut:
+        return POut(label=x.name.upper())
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=4):
+            items = [PIn(name=n, qty=i) for i, n in enumerate("abc")]
+            job = await label.map(items).then(join).then(shout).enqueue()
+            assert await job.result(timeout=10) == POut(label="AX0,BX1,CX2")
+
+
+async def test_member_failure_fails_the_fan_in(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    settled: list[int] = []
+    callback_ran = False
+
+    @app.task
+    async def check(x: In) -> Out:
+        settled.append(x.n)
+        if x.n in (3, 5):
+            raise Boom(f"bad {x.n}")
+        return Out(x.n)
+
+    @app.task
+    async def total(outs: list[Out]) -> Out:
+        nonlocal callback_ran
+        callback_ran = True
+        return Out(len(outs))
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=4):
+            job = await check.map(In(i) for i in range(10)).then(total).enqueue()
+            with pytest.raises(JobFailed) as caught:
+                await job.result(timeout=10)
+            assert sorted(settled) == list(range(10))  # every member settled first
+    assert caught.value.record.message == "bad 3"  # the first failed member, by index
+    assert not callback_ran
+
+
+async def test_collecting_fan_in_gets_every_outcome(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def check(x: In) -> Out:
+        if x.n % 3 == 0:
+            raise Boom(f"bad {x.n}")
+        return Out(x.n)
+
+    @app.task
+    async def report(outcomes: list[Ok[Out] | Failed]) -> In:
+        good = sum(o.value.n for o in outcomes if isinstance(o, Ok))
+        bad = [o.error.message for o in outcomes if isinstance(o, Failed)]
+        return In(good * 1000 + len(bad))
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=4):
+            job = await check.map(In(i) for i in range(7)).collect(report).enqueue()
+            assert await job.result(timeout=10) == In((1 + 2 + 4 + 5) * 1000 + 3)
+
+
+async def test_cancel_a_running_flow(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    started = anyio.Event()
+    cancelled = anyio.Event()
+    later: list[int] = []
+
+    @app.task
+    async def hang(x: In) -> In:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+        return x  # pragma: no cover
+
+    @app.task
+    async def after(x: In) -> Out:
+        later.append(x.n)
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await hang.then(after).enqueue(In(1))
+            await started.wait()
+            assert await job.cancel()
+            await cancelled.wait()
+            with pytest.raises(JobCancelled):
+                await job.result(timeout=5)
+            first = hang.job(f"{job.id}.0")
+            with pytest.raises(JobCancelled):
+                await first.result(timeout=5)
+    assert later == []
+
+
+async def test_cancel_a_fan_out_cancels_waiting_members(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:  # no worker: every member is waiting
+            job = await square.map(In(i) for i in range(5)).enqueue()
+            assert (await app.broker.counts("default"))[JobState.WAITING] == 5
+            assert await job.cancel()
+            with pytest.raises(JobCancelled):
+                await job.result(timeout=5)
+            counts = await app.broker.counts("default")
+    assert counts[JobState.WAITING] == 0
+    assert counts[JobState.CANCELLED] == 6  # 5 members and the flow's own job
+
+
+async def test_empty_fan_out_completes_with_an_empty_list(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    got: list[list[Out]] = []
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    @app.task
+    async def total(outs: list[Out]) -> Out:
+        got.append(outs)
+        return Out(len(outs))
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            bare = await square.map([]).enqueue()
+            assert await bare.result(timeout=5) == []
+            async with app.worker(concurrency=1):
+                job = await square.map([]).then(total).enqueue()
+                assert await job.result(timeout=5) == Out(0)
+    assert got == [[]]
+
+
+async def test_oversize_fan_out_is_refused_whole(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url, max_queue_length=20)
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    async with app:
+        with pytest.raises(QueueFull):
+            await square.map(In(i) for i in range(25)).enqueue()
+        counts = await app.broker.counts("default")
+        assert sum(counts.values()) == 0
+        job = await square.map(In(i) for i in range(10)).enqueue()  # fits: stored
+        assert await job.status() is JobState.SCHEDULED
+
+
+async def test_flow_id_is_idempotent(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def one(x: In) -> In:
+        return x
+
+    @app.task
+    async def two(x: In) -> Out:
+        return Out(x.n)
+
+    async with app:
+        first = await one.then(two).enqueue(In(1), job_id="flow-1")
+        again = await one.then(two).enqueue(In(1), job_id="flow-1")
+        assert (first.created, again.created) == (True, False)
+        assert first.id == again.id == "flow-1"
+        counts = await app.broker.counts("default")
+    assert counts[JobState.WAITING] + counts[JobState.SCHEDULED] == 2
+
+
+async def test_removed_member_fails_the_flow(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n)
+
+    async with app:
+        job = await square.map(In(i) for i in range(3)).enqueue()
+        assert await app.broker.remove([f"{job.id}.m1"]) == [True]
+        async with app.worker(concurrency=2):
+            with pytest.raises(JobFailed) as caught:
+                await job.result(timeout=10)
+    assert caught.value.record.reason is FailureReason.FLOW_BROKEN
+
+
+def test_types_that_do_not_meet_are_refused_when_built() -> None:
+    app = App("untyped")
+
+    @app.task
+    async def a(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    @app.task
+    async def b(x: PIn) -> POut:
+        return POut(label="")  # pragma: no cover
+
+    @app.task
+    async def c(xs: list[POut]) -> Out:
+        return Out(0)  # pragma: no cover
+
+    loose: Any = a
+    with pytest.raises(ConfigError, match="a chain step's input must be"):
+        loose.then(b)
+    with pytest.raises(ConfigError, match=r"list\[tests.support.Out\]"):
+        loose.map([In(1)]).then(c)
+    with pytest.raises(ConfigError, match="Ok"):
+        loose.map([In(1)]).collect(c)
+
+
+async def test_inspect_shows_a_flow_and_where_it_stands(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def check(x: In) -> Out:
+        if x.n == 2:
+            raise Boom("two")
+        return Out(x.n)
+
+    @app.task
+    async def report(outcomes: list[Ok[Out] | Failed]) -> In:
+        return In(len(outcomes))
+
+    @app.task
+    async def last(x: In) -> Out:
+        return Out(x.n)
+
+    tool = Inspector(app.client, ["default"])
+    async with app:
+        job = await check.map(In(i) for i in range(4)).collect(report).then(last).enqueue()
+        running = await tool.flow(job.id)
+        assert running is not None
+        assert (running.running, running.members, running.members_pending) == (True, 4, 4)
+        assert running.member_states == {JobState.WAITING: 4}
+        assert [s.state for s in running.steps if s is not None] == [JobState.SCHEDULED] * 2
+        with anyio.fail_after(TEST_DEADLINE):
+            async with app.worker(concurrency=2):
+                assert await job.result(timeout=10) == Out(4)
+        ended = await tool.flow(job.id)
+        by_member = await tool.flow(f"{job.id}.m0")  # any job of the flow finds it
+        assert by_member is not None
+        assert by_member.id == job.id
+        assert await tool.flow("no-such-job") is None
+        out = io.StringIO()
+        assert ended is not None
+        render_flow(Console(file=out, width=200), ended)
+    assert (ended.running, ended.state, ended.members_pending) == (False, JobState.COMPLETED, -1)
+    assert ended.member_states == {JobState.COMPLETED: 3, JobState.FAILED: 1}
+    assert [m.id for m in ended.failed_members] == [f"{job.id}.m2"]
+    assert [s.task for s in ended.steps if s is not None] == ["report", "last"]
+    text = out.getvalue()
+    assert f"flow {job.id}: completed (ended)" in text
+    assert "fan-out: 4 members (3 completed, 1 failed)" in text
+    assert f"member {job.id}.m2: failed: error: two" in text
+
+
+async def test_a_list_input_task_enqueued_directly(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def total(outs: list[Out]) -> Out:
+        return Out(sum(o.n for o in outs))
+
+    @app.task
+    async def count_ok(outcomes: list[Ok[POut] | Failed]) -> Out:
+        return Out(sum(isinstance(o, Ok) and len(o.value.label) for o in outcomes))
+
+    record = FailureRecord(
+        reason=FailureReason.ERROR, error_type="E", message="m", attempt=1, retryable=False
+    )
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await total.enqueue([Out(1), Out(2), Out(3)])
+            assert await job.result(timeout=10) == Out(6)
+            mixed: list[Ok[POut] | Failed] = [
+                Ok(POut(label="abc")),
+                Failed(record),
+                Ok(POut(label="de")),
+            ]
+            assert await (await count_ok.enqueue(mixed)).result(timeout=10) == Out(5)
+
+
+class Blob(msgspec.Struct, frozen=True):
+    text: str
+
+
+async def test_large_results_are_handed_off_whole(app_name: str, broker_url: str) -> None:
+    """Results of every msgpack size class (bin 8/16/32, arrays past 15 and 65535 bytes)."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def grow(x: In) -> Blob:
+        return Blob("x" * x.n)
+
+    @app.task
+    async def measure(b: Blob) -> Out:
+        return Out(len(b.text))
+
+    @app.task
+    async def total(blobs: list[Blob]) -> Out:
+        return Out(sum(len(b.text) for b in blobs))
+
+    sizes = [0, 200, 300, 70_000, 100_000]
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=4):
+            jobs = [await grow.then(measure).enqueue(In(n)) for n in sizes]
+            assert [await job.result(timeout=10) for job in jobs] == [Out(n) for n in sizes]
+            fan = await grow.map(In(5000 + i) for i in range(20)).then(total).enqueue()
+            assert await fan.result(timeout=10) == Out(sum(5000 + i for i in range(20)))
+
+
+async def test_a_flow_whose_derived_id_is_taken_is_refused(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def one(x: In) -> In:
+        return x  # pragma: no cover
+
+    @app.task
+    async def two(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    async with app:
+        await one.enqueue(In(0), job_id="taken.0")
+        with pytest.raises(ConfigError, match=r"'taken\.0' of flow 'taken' is taken"):
+            await one.then(two).enqueue(In(1), job_id="taken")
+        counts = await app.broker.counts("default")
+    assert counts[JobState.WAITING] + counts[JobState.SCHEDULED] == 1  # nothing stored
+
+
+async def test_steps_on_other_queues_and_priorities(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="fast", priority=5)
+    async def first(x: In) -> In:
+        return In(x.n + 1)
+
+    @app.task(queue="slow")
+    async def member(x: In) -> Out:
+        return Out(x.n * 2)
+
+    @app.task(queue="fast", priority=-3)
+    async def total(outs: list[Out]) -> In:
+        return In(sum(o.n for o in outs))
+
+    @app.task(queue="slow")
+    async def last(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            chain = await first.then(last).enqueue(In(1))
+            fan = await member.map(In(i) for i in range(4)).then(total).then(last).enqueue()
+            assert (await app.broker.counts("fast"))[JobState.WAITING] == 1
+            assert (await app.broker.counts("slow"))[JobState.WAITING] == 4
+            assert (await app.broker.counts("slow"))[JobState.SCHEDULED] == 2
+            assert (await app.broker.counts("fast"))[JobState.SCHEDULED] == 1
+            async with app.worker(concurrency=4):
+                assert await chain.result(timeout=10) == Out(2)
+                assert await fan.result(timeout=10) == Out(12)
+            info = await total.job(f"{fan.id}.0").info()
+    assert (info.queue, info.priority, info.status) == ("fast", -3, JobState.COMPLETED)
+
+
+async def test_limits_apply_to_flow_steps(app_name: str, broker_url: str) -> None:
+    """Jobs of a flow are ordinary jobs to the limits: a fan-out's members and a chain's
+    first step carry their keys; a later step may have a limit without key."""
+    app = App(app_name, broker=broker_url)
+    running: Counter[int] = Counter()
+    peak: Counter[int] = Counter()
+
+    @app.task(concurrency=ConcurrencyLimit(1, key=lambda x: x.n % 2))
+    async def one_per_parity(x: In) -> Out:
+        running[x.n % 2] += 1
+        peak[x.n % 2] = max(peak[x.n % 2], running[x.n % 2])
+        await anyio.sleep(0.01)
+        running[x.n % 2] -= 1
+        return Out(x.n)
+
+    @app.task(rate_limit=RateLimit(1000, per=1.0))
+    async def total(outs: list[Out]) -> In:
+        return In(sum(o.n for o in outs))
+
+    @app.task
+    async def ident(x: In) -> In:
+        return x  # pragma: no cover
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            fan = await one_per_parity.map(In(i) for i in range(8)).then(total).enqueue()
+            (member,) = await app.broker.get([f"{fan.id}.m3"])
+            assert member is not None
+            assert member.message.concurrency_key == "1"
+            async with app.worker(concurrency=8):
+                assert await fan.result(timeout=10) == In(28)
+    assert peak == Counter({0: 1, 1: 1})
+    with pytest.raises(ConfigError, match="keyed on its input"):
+        ident.then(one_per_parity)  # its key would come from ident's result
+
+
+async def test_a_released_step_goes_before_jobs_enqueued_after_its_flow(
+    app_name: str, broker_url: str
+) -> None:
+    """A chain's next step waits at the head of its priority level: a flow under way
+    finishes before work enqueued since (else a callback queues behind every newer job)."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def double(x: In) -> In:
+        return In(x.n * 2)
+
+    @app.task
+    async def plus_one(x: In) -> Out:
+        return Out(x.n + 1)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            job = await double.then(plus_one).enqueue(In(1))
+            later = [await plus_one.enqueue(In(i)) for i in range(5)]
+            broker = app.broker
+            (first,) = await broker.claim(["default"], 1, worker_id="w", lease=30)
+            assert first.message.task == "double"
+            result = double.output.encode(In(2))
+            await broker.complete([Completion(first.message.id, first.token, result)])
+            claimed = await broker.claim(["default"], 10, worker_id="w", lease=30)
+            assert [c.message.id for c in claimed] == [job.id] + [j.id for j in later]
+            assert claimed[0].message.payload == result

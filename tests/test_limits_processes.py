@@ -1,0 +1,101 @@
+"""Limits across real worker processes on Redis (typedq.limits).
+
+The rate-limit invariant is asserted on the start times Redis recorded (its own clock),
+not on wall-clock durations.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import anyio
+import pytest
+import redis
+
+from tests.contract.test_limits import worst_window
+from tests.limits_app import Hold, Tick, app, hold, paced
+from tests.redis_harness import RedisProcess, flushall
+from tests.support import spawn_worker, stop_workers
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
+
+LEDGER_DB = 15
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the Redis client is asyncio-based
+
+
+@pytest.fixture
+def url(redis_server: RedisProcess) -> Iterator[str]:
+    flushall(redis_server.port)
+    yield redis_server.url
+    app.use_broker("memory://")
+
+
+def ledger_url(redis_server: RedisProcess) -> str:
+    return f"redis://127.0.0.1:{redis_server.port}/{LEDGER_DB}"
+
+
+def start(url: str, redis_server: RedisProcess, concurrency: int) -> subprocess.Popen[bytes]:
+    return spawn_worker(
+        "tests.limits_app:app",
+        url,
+        concurrency=concurrency,
+        env={"TYPEDQ_TEST_LEDGER": ledger_url(redis_server), "TYPEDQ_TEST_LEASE": "1.0"},
+    )
+
+
+async def test_a_rate_limit_holds_across_two_worker_processes(
+    url: str, redis_server: RedisProcess
+) -> None:
+    workers = [start(url, redis_server, 16) for _ in range(2)]
+    try:
+        app.use_broker(url)
+        async with app:
+            with anyio.fail_after(60):
+                jobs = await paced.enqueue_many(Tick(i) for i in range(220))
+                for job in jobs:
+                    await job.result(timeout=60)
+            records = await app.broker.get([j.id for j in jobs])
+    finally:
+        stop_workers(workers)
+    starts = []
+    for record in records:
+        assert record is not None
+        starts.append(round(record.started_at * 1_000_000))
+    # No one-second window (on Redis' clock) holds more than 50 starts.
+    assert worst_window(starts, 1_000_000) <= 50
+
+
+async def test_a_killed_workers_concurrency_slot_frees_with_its_lease(
+    url: str, redis_server: RedisProcess
+) -> None:
+    ledger = redis.Redis(port=redis_server.port, db=LEDGER_DB)
+    first = start(url, redis_server, 4)
+    workers = [first]
+    try:
+        app.use_broker(url)
+        async with app:
+            with anyio.fail_after(60):
+                stuck = await hold.enqueue(Hold("acme", 0, hang=60.0))
+                # Its handler started in the first process (the ledger says so).
+                await anyio.to_thread.run_sync(lambda: ledger.blpop(["started:hold"], timeout=30))
+                # The first process holds acme's only slot; the rest of acme's jobs
+                # wait for it, another customer's do not.
+                workers.append(start(url, redis_server, 4))
+                queued = await hold.enqueue_many(Hold("acme", i) for i in range(1, 6))
+                other = await hold.enqueue(Hold("other", 0))
+                await other.result(timeout=30)
+                first.kill()  # SIGKILL: the slot is freed only by the lease expiring
+                first.wait()
+                for job in [stuck, *queued]:
+                    await job.result(timeout=30)
+    finally:
+        stop_workers(workers)
+    peaks = [int(p) for p in ledger.lrange("peaks:acme", 0, -1)]
+    assert max(peaks) == 1  # never two of acme's jobs at once, across both processes
+    assert int(ledger.hget("runs", stuck.id) or 0) == 2  # killed once, then run again
+    ledger.flushdb()

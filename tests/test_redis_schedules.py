@@ -1,0 +1,120 @@
+"""Redis specifics of schedules: the scripts check their arguments before writing, state
+bytes typedq did not write are replaced at reconciliation, each firing is one script, and
+the job body carries the tick."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests import redis_support
+from tests.redis_harness import RedisProcess, flushall
+from tests.redis_support import raw_redis
+from typedq import BrokerError
+from typedq.broker.base import FireOutcome, JobMessage, TickFiring
+from typedq.broker.redis import RedisBroker
+
+pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """redis-py is asyncio-only."""
+    return "asyncio"
+
+
+@pytest.fixture
+def url(redis_server: RedisProcess) -> str:
+    flushall(redis_server.port)
+    return redis_server.url
+
+
+@contextlib.asynccontextmanager
+async def broker_at(url: str, **settings: Any) -> AsyncIterator[RedisBroker]:
+    async with redis_support.broker_at(url, "rs", deadline=30, **settings) as broker:
+        yield broker
+
+
+def tick(name: str, tick_us: int, queue: str = "q") -> JobMessage:
+    return JobMessage(
+        id=f"schedule:{name}:{tick_us}",
+        task="t",
+        queue=queue,
+        payload=b"\x90",
+        scheduled_for=tick_us / 1e6,
+    )
+
+
+async def test_fire_checks_its_arguments_before_writing(url: str) -> None:
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        (state,) = await broker.sync_schedules([("s", "d")], prune=False)
+        before = {key async for key in raw.scan_iter("*")}
+        stored = await raw.hget(k.schedules, "s")
+        last = state.last_tick_us
+        good = [f"schedule:s:{last}", "q", "0", b"\x92\xa1t\xc4\x00"]
+        bad = [f"schedule:s:{last - 1}", "bad|queue", "0", b"\x92\xa1t\xc4\x00"]
+        head = [k.prefix, 0, "s", "d", last, last + 1, 0, "allow", 2]
+        with pytest.raises(BrokerError, match="malformed arguments"):
+            await broker._eval("schedule_fire", [k.schedules, k.seq], [*head, *good, *bad])
+        bad_overlap = [k.prefix, 0, "s", "d", last, last + 1, 0, "sometimes", 1, *good]
+        with pytest.raises(BrokerError, match="malformed arguments"):
+            await broker._eval("schedule_fire", [k.schedules, k.seq], bad_overlap)
+        with pytest.raises(BrokerError, match="malformed arguments"):
+            await broker._eval("schedule_sync", [k.schedules], [k.prefix, "1", 1, "s", "a|b"])
+        assert {key async for key in raw.scan_iter("*")} == before
+        assert await raw.hget(k.schedules, "s") == stored
+
+
+async def test_state_bytes_typedq_did_not_write_are_replaced(url: str) -> None:
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        await raw.hset(broker.keys.schedules, "s", "garbage")
+        stale = TickFiring(
+            name="s", digest="d", expected_last_us=0, new_last_us=1, messages=[tick("s", 1)]
+        )
+        assert await broker.fire_schedules([stale]) == [(FireOutcome.STALE, None)]
+        assert await broker.schedule_states() == []  # unreadable: not listed
+        (state,) = await broker.sync_schedules([("s", "d")], prune=False)
+        assert (state.digest, state.fired, state.last_job) == ("d", 0, "")
+        assert [s.name for s in await broker.schedule_states()] == ["s"]
+
+
+async def test_each_firing_is_one_script_and_the_body_carries_the_tick(url: str) -> None:
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        states = await broker.sync_schedules([("a", "d"), ("b", "d")], prune=True)
+        firings = [
+            TickFiring(
+                name=s.name,
+                digest="d",
+                expected_last_us=s.last_tick_us,
+                new_last_us=s.last_tick_us,
+                messages=[tick(s.name, s.last_tick_us)],
+            )
+            for s in states
+        ]
+        # new_last must move forward: both answer stale, nothing written.
+        results = await broker.fire_schedules(firings)
+        assert [r[0] for r in results] == [FireOutcome.STALE, FireOutcome.STALE]
+        stats = await raw.info("commandstats")
+        before = int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+        firings = [
+            TickFiring(
+                name=f.name,
+                digest="d",
+                expected_last_us=f.expected_last_us,
+                new_last_us=f.expected_last_us + 1,
+                messages=f.messages,
+            )
+            for f in firings
+        ]
+        results = await broker.fire_schedules(firings)
+        assert [r[0] for r in results] == [FireOutcome.FIRED, FireOutcome.FIRED]
+        stats = await raw.info("commandstats")
+        assert int(stats.get("cmdstat_evalsha", {}).get("calls", 0)) == before + 2
+        # The stored job body carries the tick (a trailing field of the body).
+        (record,) = await broker.get([firings[0].messages[0].id])
+        assert record is not None
+        assert record.message == firings[0].messages[0]

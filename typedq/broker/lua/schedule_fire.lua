@@ -1,0 +1,107 @@
+#!lua
+-- Fire ticks of one schedule (typedq.schedule), atomically and at most once: only if
+-- the schedule's state still holds the definition digest and last tick the scheduler
+-- read (compare and set), apply the overlap policy against the job of the newest fired
+-- tick, enqueue the ticks' jobs (waiting now; an existing id is not replaced) and move
+-- the state to the new last tick, all in this one script. Ticks are never fired before
+-- their time by the Redis clock. Refused at maxmemory (it adds jobs).
+-- The state is one field of the schedules hash: 'digest|last|fired_at|fired|skipped|last_job'
+-- (integer µs of the Redis clock; job ids hold no '|').
+-- KEYS[1] = schedules hash, KEYS[2] = seq
+-- ARGV: P, max_queue_length, name, digest, expected_last, new_last, skipped, overlap,
+--       n, then n x (id, queue, priority, body)
+-- Returns {outcome, state or false}: outcome 'fired' | 'stale' | 'overlap_skipped' |
+-- 'held' | 'full'.
+local limit, n = tonumber(ARGV[2]), tonumber(ARGV[9])
+local name, digest, overlap = ARGV[3], ARGV[4], ARGV[8]
+if not limit or not is_int(n) or n < 0 or #ARGV ~= 9 + 4 * n or name == ''
+    or not is_int(ARGV[5]) or not is_int(ARGV[6]) or not is_int(ARGV[7])
+    or (overlap ~= 'allow' and overlap ~= 'skip' and overlap ~= 'queue') then
+  return bad_args('schedule_fire')
+end
+for i = 0, n - 1 do
+  local b = 10 + 4 * i
+  if ARGV[b] == '' or ARGV[b + 1] == '' or string.find(ARGV[b + 1], '|', 1, true)
+      or not is_int(ARGV[b + 2]) then
+    return bad_args('schedule_fire')
+  end
+end
+
+local cur = redis.call('HGET', KEYS[1], name)
+if not cur then return {'stale', false} end
+local d, last, fired_at, fired, skipped, last_job =
+  string.match(cur, '^([^|]*)|(%-?%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
+if not d then return {'stale', false} end
+local now = now_us()
+if d ~= digest or last ~= ARGV[5] or tonumber(ARGV[6]) <= tonumber(last)
+    or tonumber(ARGV[6]) > now then
+  return {'stale', cur}
+end
+fired, skipped = tonumber(fired), tonumber(skipped) + tonumber(ARGV[7])
+
+local function save(outcome)
+  local state = digest .. '|' .. ARGV[6] .. '|' .. fired_at .. '|' .. string.format('%d', fired)
+    .. '|' .. string.format('%d', skipped) .. '|' .. last_job
+  redis.call('HSET', KEYS[1], name, state)
+  return {outcome, state}
+end
+
+if n > 0 and overlap ~= 'allow' and last_job ~= '' then
+  local r = read_job(last_job, 's')
+  if r and (r[1] == 'w' or r[1] == 's' or r[1] == 'a') then
+    if overlap == 'queue' then return {'held', cur} end
+    skipped = skipped + n
+    return save('overlap_skipped')
+  end
+end
+
+if n == 0 then return save('fired') end
+
+-- Only the jobs this call creates count against max_queue_length.
+local fresh, new = 0, {}
+for i = 0, n - 1 do
+  local id = ARGV[10 + 4 * i]
+  if redis.call('EXISTS', k_job(id)) == 0 then
+    new[i] = true
+    fresh = fresh + 1
+  end
+end
+if limit > 0 and fresh > 0 then
+  local adding = {}
+  for i = 0, n - 1 do
+    if new[i] then
+      local q = ARGV[11 + 4 * i]
+      adding[q] = (adding[q] or 0) + 1
+    end
+  end
+  for q, extra in pairs(adding) do
+    local c = redis.call('HMGET', k_counts(q), 'w', 's')
+    if (tonumber(c[1]) or 0) + (tonumber(c[2]) or 0) + extra > limit then
+      skipped = skipped + n
+      return save('full')
+    end
+  end
+end
+
+-- Validated: from here on, only writes.
+local order = 0
+if fresh > 0 then order = redis.call('INCRBY', KEYS[2], fresh) - fresh end
+for i = 0, n - 1 do
+  local b = 10 + 4 * i
+  if new[i] then
+    local id, q, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2]
+    order = order + 1
+    local f = {s = 'w', q = q, o = order, e = now, p = prio ~= '0' and prio, r = false,
+      m = ARGV[b + 3]}
+    redis.call('SET', k_job(id), pack_rec(f))
+    push_waiting(q, prio, id, false)
+    count(q, 'w', 1)
+    work_queues[q] = true
+  end
+end
+fired = fired + n
+fired_at = string.format('%d', now)
+last_job = ARGV[10 + 4 * (n - 1)]
+flush_counts()
+publish()
+return save('fired')
