@@ -171,6 +171,41 @@ def _single(exc: BaseException) -> BaseException:
 async def _run_worker(app: App, args: argparse.Namespace) -> int:
     queues = [q for q in args.queues.split(",") if q] if args.queues else None
     worker = app.worker(concurrency=args.concurrency, queues=queues, grace=args.grace)
+    worker.heartbeat = args.heartbeat
+    server = _serve_metrics(worker, args) if args.metrics_port is not None else None
+    try:
+        return await _run_until_signalled(app, worker, args)
+    finally:
+        if server is not None:
+            server.shutdown()
+
+
+def _serve_metrics(worker: Worker[Any, Any], args: argparse.Namespace) -> Any:
+    """Serve ``/metrics`` for ``worker`` on ``--metrics-port`` (see :mod:`typedq.metrics`)."""
+    try:
+        from prometheus_client import CollectorRegistry, ProcessCollector
+    except ImportError:
+        raise ConfigError(
+            "--metrics-port needs prometheus-client: pip install 'typedq[metrics]'"
+        ) from None
+    from .metrics import Metrics
+
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    metrics = Metrics(registry)
+    metrics.attach(worker)
+    try:
+        port, server = metrics.serve(args.metrics_port, args.metrics_addr)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: {exc.strerror}; "
+            "choose another --metrics-port"
+        ) from None
+    log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
+    return server
+
+
+async def _run_until_signalled(app: App, worker: Worker[Any, Any], args: argparse.Namespace) -> int:
     signals = _Signals(worker)
     async with anyio.create_task_group() as tg:
         signals.scope = tg.cancel_scope
@@ -308,6 +343,8 @@ _ENV_DEFAULTS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "queues": ("TYPEDQ_QUEUES", str, ""),
     "grace": ("TYPEDQ_GRACE", float, 10.0),
     "wait_for_broker": ("TYPEDQ_WAIT_FOR_BROKER", float, 0.0),
+    "log_format": ("TYPEDQ_LOG_FORMAT", str, "text"),
+    "heartbeat": ("TYPEDQ_HEARTBEAT", float, 10.0),
 }
 
 
@@ -334,6 +371,10 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
             ) from None
     if args.broker and args.command not in ("worker", "inspect"):
         raise ConfigError(f"--broker is for worker and inspect, not {args.command}")
+    if args.log_format not in ("text", "json"):
+        raise ConfigError(f"log format {args.log_format!r} is not text or json")
+    if getattr(args, "heartbeat", 1.0) <= 0:
+        raise ConfigError(f"--heartbeat must be > 0 seconds, got {args.heartbeat}")
     level = args.log_level
     if logging.getLevelNamesMapping().get(level.upper()) is None:
         source = (
@@ -353,6 +394,8 @@ variable, the variable over the built-in default):
   TYPEDQ_QUEUES            worker --queues
   TYPEDQ_GRACE             worker --grace
   TYPEDQ_WAIT_FOR_BROKER   worker --wait-for-broker
+  TYPEDQ_LOG_FORMAT        --log-format
+  TYPEDQ_HEARTBEAT         worker --heartbeat
 """
 
 
@@ -368,11 +411,16 @@ def _parser() -> argparse.ArgumentParser:
     broker_help = (
         f"broker URL, e.g. redis://HOST:PORT/DB (default: the app's; env {DEFAULT_BROKER_ENV})"
     )
+    format_help = _env_help("log_format", "log line format: text, or json (one object per line)")
     parser.add_argument("--log-level", default=None, help=log_help)
+    parser.add_argument("--log-format", default=None, choices=["text", "json"], help=format_help)
     parser.add_argument("--broker", default=None, help=broker_help + "; worker and inspect")
     # The same options after the subcommand; SUPPRESS keeps a value given before it.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default=argparse.SUPPRESS, help=log_help)
+    common.add_argument(
+        "--log-format", default=argparse.SUPPRESS, choices=["text", "json"], help=format_help
+    )
     with_broker = argparse.ArgumentParser(add_help=False)
     with_broker.add_argument("--broker", default=argparse.SUPPRESS, help=broker_help)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -404,6 +452,29 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help=_env_help("wait_for_broker", "at start, retry an unreachable broker for this long"),
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://ADDR:PORT/metrics (0: a free port; "
+        "needs typedq[metrics])",
+    )
+    worker.add_argument(
+        "--metrics-addr",
+        default="0.0.0.0",  # noqa: S104 - a scraper runs elsewhere
+        metavar="ADDR",
+        help="address the metrics server listens on (default: 0.0.0.0)",
+    )
+    worker.add_argument(
+        "--heartbeat",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=_env_help(
+            "heartbeat", "seconds between worker-registry heartbeats (expiry: 3 missed)"
+        ),
     )
 
     stubs = sub.add_parser(
@@ -453,6 +524,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="ID",
         help="show the workflow of job ID (the flow's job, a step or a member)",
+    )
+    inspect.add_argument(
+        "--job", default=None, metavar="ID", help="show one job in full (payload, result, error)"
+    )
+    inspect.add_argument(
+        "--workers", action="store_true", help="list the live workers (the worker registry)"
     )
     actions = inspect.add_mutually_exclusive_group()
     for action in ("retry", "cancel", "purge"):
@@ -565,13 +642,24 @@ def _inspect(args: argparse.Namespace) -> int:
     else:
         if not args.app_name:
             raise ConfigError("give MODULE:APP, or --app NAME with --broker URL")
-        name, settings, queues = args.app_name, None, args.queue or ["default"]
+        # No queues given: the broker's queue registry names them (in `run` below).
+        name, settings, queues = args.app_name, None, list(args.queue)
         schedules = None
         broker = args.broker or os.environ.get(DEFAULT_BROKER_ENV) or ""
         if not broker:
             raise ConfigError(f"give --broker URL (or set {DEFAULT_BROKER_ENV}) with --app")
     chosen = [a for a in inspector.ACTIONS if getattr(args, a) is not None]
     state = JobState(args.state) if args.state else None
+    if args.limit < 0:
+        raise ConfigError(f"--limit must be >= 0, got {args.limit}")
+    views = [
+        flag
+        for flag, on in (("--job", args.job), ("--workers", args.workers), ("--flow", args.flow))
+        if on
+    ]
+    if len(views) > 1 or (views and (chosen or state is not None)):
+        others = views[1:] + [f"--{a}" for a in chosen] + (["--state"] if state else [])
+        raise ConfigError(f"{views[0]} cannot be combined with {', '.join(others)}")
     if chosen and not getattr(args, chosen[0]) and state is None:
         raise ConfigError(f"--{chosen[0]} needs job ids, or --state STATE for every job in it")
     if chosen and getattr(args, chosen[0]) and state is not None:
@@ -585,7 +673,9 @@ def _inspect(args: argparse.Namespace) -> int:
     async def run() -> int:
         client = Client(broker, name=name, settings=settings)
         async with client:
-            tool = inspector.Inspector(client, queues, schedules=schedules)
+            tool = inspector.Inspector(
+                client, queues or await _discover_queues(client), schedules=schedules
+            )
             if args.flow is not None:
                 flow = await tool.flow(args.flow)
                 if flow is None:
@@ -595,12 +685,29 @@ def _inspect(args: argparse.Namespace) -> int:
                 else:
                     inspector.render_flow(out, flow)
                 return 0
+            if args.job:
+                detail = await tool.job(args.job)
+                if detail is None:
+                    raise ConfigError(f"no job {args.job!r} in app {name!r} (finished jobs "
+                                      "expire by the app's retention)")  # fmt: skip
+                if args.json:
+                    print(msgspec.json.format(msgspec.json.encode(detail), indent=2).decode())
+                else:
+                    inspector.render_job(out, detail)
+                return 0
+            if args.workers:
+                workers = await tool.workers()
+                if args.json:
+                    print(msgspec.json.format(msgspec.json.encode(workers), indent=2).decode())
+                else:
+                    inspector.render_workers(out, name, workers)
+                return 0
             if not chosen:
                 overview = await tool.overview(state or JobState.FAILED, limit=args.limit)
                 if args.json:
                     print(msgspec.json.format(msgspec.json.encode(overview), indent=2).decode())
                 else:
-                    inspector.render_overview(out, overview)
+                    inspector.render_overview(out, overview, limit=args.limit)
                 return 0
             action = chosen[0]
             if state is None:
@@ -614,6 +721,15 @@ def _inspect(args: argparse.Namespace) -> int:
             return 0 if inspector.all_done(report) else 1
 
     return anyio.run(run)
+
+
+async def _discover_queues(client: Client) -> list[str]:
+    """Every queue the broker's queue registry knows (``default`` when it knows none)."""
+    try:
+        found = await client.broker.list_queues()
+    except NotImplementedError:
+        found = []
+    return found or ["default"]
 
 
 async def _with_progress(
@@ -651,10 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"typedq: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _configure_logging(args.log_level.upper(), args.log_format)
     if args.command == "worker":
         return _exit_past_threads(_worker(args))
     try:
@@ -670,6 +783,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _configure_logging(level: str, style: str) -> None:
+    """The root logger's handler: text lines, or one JSON object per line."""
+    if style == "json":
+        from .logs import JsonFormatter
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=level, handlers=[handler])
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _exit_past_threads(code: int) -> int:

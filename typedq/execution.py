@@ -44,6 +44,7 @@ from .errors import (
     Retry,
 )
 from .limits import RateLimited
+from .logs import job_fields
 from .outcomes import (
     Abandon,
     Attempt,
@@ -245,9 +246,11 @@ class Executor:
     def _defect(self, claimed: ClaimedJob, exc: Exception) -> Fail:
         """A defect on the way (ours or a model's): the job still gets a record."""
         log.exception(
-            "job %s (%s): unexpected error while running it; recording a failure",
+            "job %s (%s) attempt %d: unexpected error while running it; recording a failure",
             claimed.message.id,
             claimed.message.task,
+            claimed.attempt,
+            extra=job_fields(claimed, self.worker_id),
         )
         return Fail(
             minimal_failure(

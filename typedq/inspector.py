@@ -10,17 +10,19 @@ as ``rich`` tables; the CLI prints the same structures as JSON with ``--json``.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 import anyio
 import msgspec
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from .broker import redact_url
-from .broker.base import CancelOutcome, JobRecord, JobState, ScheduleState
+from .broker.base import CancelOutcome, JobRecord, JobState, ScheduleState, WorkerInfo
 from .broker.flow import member_id, step_id
 from .client import Client
 from .errors import ConfigError, FailureRecord
@@ -33,14 +35,17 @@ __all__ = [
     "ActionReport",
     "FlowView",
     "Inspector",
+    "JobDetail",
     "JobView",
     "Overview",
     "ScheduleView",
     "all_done",
     "render_action",
     "render_flow",
+    "render_job",
     "render_overview",
     "render_schedules",
+    "render_workers",
 ]
 
 Action = Literal["retry", "cancel", "purge"]
@@ -70,6 +75,24 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     enqueued_at: float
     finished_at: float
     error: FailureRecord | None = None
+    #: When a scheduled job is due (0 otherwise), and when the current attempt started.
+    run_at: float = 0.0
+    started_at: float = 0.0
+
+
+class JobDetail(msgspec.Struct, frozen=True, kw_only=True):
+    """One job in full (``typedq inspect --job ID``): its view, payload, result, error
+    record (the last failed attempt's, with its traceback) and progress. Payload,
+    result and progress are the stored msgpack decoded to plain data (as JSON shows
+    them); None when absent."""
+
+    job: JobView
+    payload: Any = None
+    result: Any = None
+    progress: Any = None
+    stalls: int = 0
+    worker_id: str | None = None
+    cancel_requested: bool = False
 
 
 class ScheduleView(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,6 +179,30 @@ def _view(record: JobRecord) -> JobView:
         enqueued_at=record.enqueued_at,
         finished_at=record.finished_at,
         error=error,
+        run_at=record.run_at,
+        started_at=record.started_at,
+    )
+
+
+def _plain(data: bytes | None) -> Any:
+    """Stored msgpack as plain data; a note instead when it does not decode."""
+    if data is None:
+        return None
+    try:
+        return msgspec.msgpack.decode(data)
+    except msgspec.DecodeError:
+        return f"<{len(data)} bytes that are not msgpack>"
+
+
+def _detail(record: JobRecord) -> JobDetail:
+    return JobDetail(
+        job=_view(record),
+        payload=_plain(record.message.payload),
+        result=_plain(record.result),
+        progress=_plain(record.progress),
+        stalls=record.stalls,
+        worker_id=record.worker_id,
+        cancel_requested=record.cancel_requested,
     )
 
 
@@ -248,6 +295,15 @@ class Inspector:
             steps=[None if r is None else _view(r) for r in steps],
             failed_members=failed,
         )
+
+    async def job(self, job_id: str) -> JobDetail | None:
+        """One job in full, or None when there is no such job (any queue of the app)."""
+        (record,) = await self.client.broker.get([job_id])
+        return None if record is None else _detail(record)
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The live workers of the app (those whose heartbeat has not expired)."""
+        return await self.client.broker.list_workers()
 
     async def act(self, action: Action, ids: Sequence[str]) -> ActionReport:
         """Retry, cancel or purge the jobs with these ids (any queue of the app)."""
@@ -379,14 +435,49 @@ def all_done(report: ActionReport) -> bool:
 # -- rendering -----------------------------------------------------------------------
 
 
-def _when(epoch: float) -> str:
+def _when(epoch: float, *, short: bool = False) -> str:
     if not epoch or not math.isfinite(epoch):
         return "-"
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(epoch, UTC).strftime(
+        "%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M:%S"
+    )
 
 
-def render_overview(console: Console, overview: Overview) -> None:
-    """Draw the counts table and the jobs table."""
+def _clip(job_id: str, width: int) -> str:
+    """``job_id`` cut to ``width`` from the left: the end of an id (a ULID's random
+    part, a key-derived id's key) tells jobs apart; ``--json`` shows ids in full."""
+    if len(job_id) <= width:
+        return job_id
+    return "…" + job_id[-(width - 1) :]
+
+
+def _short_type(error_type: str) -> str:
+    """``pkg.module.CardDeclined`` -> ``CardDeclined``."""
+    return error_type.rpartition(".")[2] or error_type
+
+
+def _error_text(error: FailureRecord) -> str:
+    """The error in one cell: the short type name, then the message, without saying the
+    type twice when the message already starts with it."""
+    short = _short_type(error.error_type)
+    message = error.message
+    for name in (error.error_type, short):
+        if message == name or message.startswith((f"{name}:", f"{name}(")):
+            return message
+    return f"{short}: {message}" if message else short
+
+
+#: What the jobs table shows as the job's time, per state: (column title, field).
+_WHEN: dict[JobState, tuple[str, str]] = {
+    JobState.WAITING: ("enqueued", "enqueued_at"),
+    JobState.SCHEDULED: ("due", "run_at"),
+    JobState.ACTIVE: ("started", "started_at"),
+}
+
+
+def render_overview(console: Console, overview: Overview, *, limit: int | None = None) -> None:
+    """Draw the counts table and the jobs table (ids truncated to fit: ``--json`` has
+    them in full). ``limit`` is how many jobs were asked for (0: none listed)."""
     counts = Table(title=f"app {overview.app!r} on {overview.broker}", title_justify="left")
     counts.add_column("queue", style="bold")
     for state in JobState:
@@ -396,23 +487,48 @@ def render_overview(console: Console, overview: Overview) -> None:
     console.print(counts)
     if overview.schedules:
         render_schedules(console, overview.schedules)
-    if not overview.jobs:
-        console.print(f"no {overview.state.value} jobs")
-        return
-    jobs = Table(title=f"{overview.state.value} jobs", title_justify="left")
-    for column in ("id", "task", "queue", "attempt", "finished", "reason", "error"):
-        jobs.add_column(column, overflow="fold")
-    for job in overview.jobs:
-        error = job.error
-        jobs.add_row(
-            job.id,
-            job.task,
-            job.queue,
-            str(job.attempt),
-            _when(job.finished_at),
-            "-" if error is None else error.reason.value,
-            "-" if error is None else f"{error.error_type}: {error.message}",
+    wanted = overview.state.value
+    total = sum(by_state.get(overview.state, 0) for by_state in overview.counts.values())
+    if limit == 0:
+        console.print(
+            f"{wanted} jobs: {total}; none listed (--limit 0): raise --limit to list them"
         )
+        return
+    if not overview.jobs:
+        console.print(f"no {wanted} jobs")
+        return
+    title, field = _WHEN.get(overview.state, ("finished", "finished_at"))
+    shown = f"{wanted} jobs"
+    if len(overview.jobs) < total:
+        shown += f" ({len(overview.jobs)} of {total})"
+    wide = console.width >= 120
+    id_width = 26 if wide else 14
+    jobs = Table(title=shown, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    jobs.add_column("id", no_wrap=True, min_width=min(id_width, 10))
+    jobs.add_column("task", no_wrap=True, overflow="ellipsis", max_width=24 if wide else 12)
+    if len(overview.counts) > 1:
+        jobs.add_column("queue", no_wrap=True, overflow="ellipsis", max_width=16 if wide else 8)
+    jobs.add_column("try", justify="right", no_wrap=True)
+    jobs.add_column(title, no_wrap=True)
+    show_errors = any(job.error is not None for job in overview.jobs)
+    if show_errors:
+        if wide:
+            jobs.add_column("reason", no_wrap=True)
+        jobs.add_column("error", overflow="fold", ratio=1)
+    for job in overview.jobs:
+        cells = [_clip(job.id, id_width), job.task]
+        if len(overview.counts) > 1:
+            cells.append(job.queue)
+        cells += [str(job.attempt), _when(getattr(job, field), short=not wide)]
+        if show_errors:
+            error = job.error
+            if wide:
+                cells += ["-", "-"] if error is None else [error.reason.value, _error_text(error)]
+            else:
+                cells.append(
+                    "-" if error is None else f"{error.reason.value}: {_error_text(error)}"
+                )
+        jobs.add_row(*cells)
     console.print(jobs)
 
 
@@ -488,4 +604,105 @@ def render_action(console: Console, report: ActionReport) -> None:
     table.add_column("outcome")
     for job_id, outcome in shown.items():
         table.add_row(job_id, outcome)
+    console.print(table)
+
+
+def render_job(console: Console, detail: JobDetail) -> None:
+    """Draw one job in full: its facts, payload, result, progress and error record."""
+    from rich.syntax import Syntax
+
+    job = detail.job
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")
+    rows: list[tuple[str, str]] = [
+        ("id", job.id),
+        ("task", job.task),
+        ("queue", job.queue),
+        ("state", job.state.value + (" (cancel requested)" if detail.cancel_requested else "")),
+        ("attempt", str(job.attempt) + (f" ({detail.stalls} stalls)" if detail.stalls else "")),
+        ("priority", str(job.priority)),
+        ("enqueued", _when(job.enqueued_at)),
+    ]
+    if job.run_at:
+        rows.append(("due", _when(job.run_at)))
+    if job.started_at:
+        rows.append(("started", _when(job.started_at)))
+    if job.finished_at:
+        rows.append(("finished", _when(job.finished_at)))
+    if detail.worker_id:
+        rows.append(("worker", detail.worker_id))
+    for name, value in rows:
+        facts.add_row(name, value)
+    console.print(facts)
+    for name, value in (
+        ("payload", detail.payload),
+        ("result", detail.result),
+        ("progress", detail.progress),
+    ):
+        if value is not None:
+            console.print(f"[bold]{name}[/bold]")
+            console.print(_json_text(value), soft_wrap=True, markup=False, highlight=False)
+    error = job.error
+    if error is not None:
+        console.print(f"[bold]error[/bold] (attempt {error.attempt}, {error.reason.value})")
+        console.print(_error_text(error), soft_wrap=True, markup=False, highlight=False)
+        if error.domain_type:
+            console.print(f"domain error: {error.domain_type}", markup=False, highlight=False)
+        if error.traceback:
+            console.print(Syntax(error.traceback.rstrip(), "pytb", word_wrap=True))
+
+
+def _json_text(value: Any) -> str:
+    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+
+
+def _ago(epoch: float, now: float) -> str:
+    if not epoch or not math.isfinite(epoch):
+        return "-"
+    seconds = max(0.0, now - epoch)
+    if seconds < 60:
+        return f"{seconds:.0f}s ago"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m ago"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h ago"
+    return f"{seconds / 86400:.1f}d ago"
+
+
+def render_workers(console: Console, app: str, workers: Sequence[WorkerInfo]) -> None:
+    """Draw the live workers (ids truncated to fit: ``--json`` has them in full)."""
+    if not workers:
+        console.print(f"no live workers of app {app!r}")
+        return
+    now = time.time()
+    wide = console.width >= 120
+    table = Table(
+        title=f"live workers of app {app!r}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("id", no_wrap=True)
+    table.add_column("host", no_wrap=True)
+    table.add_column("pid", justify="right", no_wrap=True)
+    table.add_column("queues", overflow="fold", ratio=1)
+    table.add_column("busy", justify="right", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("beat", no_wrap=True)
+    if wide:
+        table.add_column("version", no_wrap=True)
+    for worker in workers:
+        cells = [
+            _clip(worker.id, 40 if wide else 14),
+            _clip(worker.host, 24 if wide else 10),
+            str(worker.pid),
+            ", ".join(worker.queues),
+            f"{worker.in_flight}/{worker.concurrency}",
+            _ago(worker.started_at, now),
+            _ago(worker.heartbeat_at, now),
+        ]
+        if wide:
+            cells.append(worker.version)
+        table.add_row(*cells)
     console.print(table)

@@ -17,10 +17,11 @@ import time
 
 from .errors import InvalidName
 
-__all__ = ["check_job_id", "check_name", "key_job_id", "new_job_id"]
+__all__ = ["check_job_id", "check_name", "check_worker_id", "key_job_id", "new_job_id"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
+_WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,299}")
 # A readable key that looks like a digest is hashed too, so no key's readable id can
 # equal another key's hashed one.
 _DIGEST_LIKE = re.compile(r"h[0-9a-f]{32}")
@@ -48,6 +49,17 @@ def check_job_id(job_id: object) -> str:
             "starting with a letter or digit"
         )
     return job_id
+
+
+def check_worker_id(worker_id: object) -> str:
+    """Return ``worker_id`` if it fits ``[A-Za-z0-9][A-Za-z0-9_.:-]{0,299}`` (a host name,
+    a pid and hex digits: ``Worker.id``), else raise InvalidName."""
+    if not (isinstance(worker_id, str) and _WORKER_ID.fullmatch(worker_id)):
+        raise InvalidName(
+            f"invalid worker id {worker_id!r}: use 1-300 characters from A-Z a-z 0-9 _ . : - "
+            "starting with a letter or digit"
+        )
+    return worker_id
 
 
 def new_job_id() -> str:

@@ -36,6 +36,7 @@ from .broker.base import (
     new_claim_id,
 )
 from .errors import BrokerError, BrokerUnavailable, FailureRecord
+from .logs import job_fields
 from .outcomes import (
     Abandon,
     Complete,
@@ -49,6 +50,7 @@ from .outcomes import (
 )
 
 if TYPE_CHECKING:
+    from .observe import WorkerObserver
     from .worker import WorkerStats
 
 __all__ = ["GaveUp", "Settler"]
@@ -103,6 +105,8 @@ class Settler:
         self._start = start
         self._gave_up = False
         self._give_up: anyio.Event | None = None
+        #: Told about lost leases and broker errors (set by the worker; None: nobody).
+        self.observer: WorkerObserver | None = None
         self._completer: Batcher[Completion, FinishOutcome] = Batcher(
             self._complete_batch, name="completion batcher"
         )
@@ -152,23 +156,29 @@ class Settler:
 
     def _lease_lost(self, claimed: ClaimedJob) -> None:
         self.stats.lease_lost += 1
+        if self.observer is not None:
+            self.observer.lease_lost(claimed)
         log.warning(
-            "worker %s: lost the lease of job %s (%s); its result is discarded",
+            "worker %s: lost the lease of job %s (%s) attempt %d; its result is discarded",
             self.worker_id,
             claimed.message.id,
             claimed.message.task,
+            claimed.attempt,
+            extra=job_fields(claimed, self.worker_id),
         )
 
     def _abandoned(self, claimed: ClaimedJob) -> None:
         self.stats.abandoned += 1
         log.warning(
-            "worker %s: abandoned job %s (%s) at shutdown: its sync handler's thread "
-            "still runs and cannot be stopped; the job comes back when its lease "
+            "worker %s: abandoned job %s (%s) attempt %d at shutdown: its sync handler's "
+            "thread still runs and cannot be stopped; the job comes back when its lease "
             "expires (within %.0fs of this worker stopping)",
             self.worker_id,
             claimed.message.id,
             claimed.message.task,
+            claimed.attempt,
             self.lease,
+            extra=job_fields(claimed, self.worker_id),
         )
 
     async def _hand_back(self, claimed: ClaimedJob) -> None:
@@ -203,23 +213,23 @@ class Settler:
             self.stats.retried += 1
         else:
             self.stats.failed += 1
-            log.info(
-                "job %s (%s) failed: %s: %s",
-                claimed.message.id,
-                claimed.message.task,
-                outcome.record.reason.value,
-                outcome.record.message,
-            )
+        if result is not FinishOutcome.LEASE_LOST:
+            _log_failure(claimed, outcome, self.worker_id)
         self._check(claimed, result)
 
     def _check(self, claimed: ClaimedJob, result: FinishOutcome) -> None:
         if result is FinishOutcome.LEASE_LOST:
             self.stats.finish_rejected += 1
+            if self.observer is not None:
+                self.observer.lease_lost(claimed)
             log.warning(
-                "worker %s: job %s (%s) was finished by the lease owner; ours was rejected",
+                "worker %s: job %s (%s) attempt %d was finished by the lease owner; ours "
+                "was rejected",
                 self.worker_id,
                 claimed.message.id,
                 claimed.message.task,
+                claimed.attempt,
+                extra=job_fields(claimed, self.worker_id),
             )
 
     def _encode_record(self, claimed: ClaimedJob, record: FailureRecord) -> bytes:
@@ -228,12 +238,14 @@ class Settler:
         except Exception as exc:
             # A message msgpack cannot carry (a lone surrogate, say): keep what can be.
             log.warning(
-                "worker %s: job %s (%s): its failure record could not be encoded (%s); "
-                "storing a minimal one",
+                "worker %s: job %s (%s) attempt %d: its failure record could not be encoded "
+                "(%s); storing a minimal one",
                 self.worker_id,
                 claimed.message.id,
                 claimed.message.task,
+                claimed.attempt,
                 describe(exc),
+                extra=job_fields(claimed, self.worker_id),
             )
             return _encode(
                 minimal_failure(
@@ -279,6 +291,8 @@ class Settler:
                 return await send()
             except BrokerError as exc:
                 tries += 1
+                if self.observer is not None:
+                    self.observer.broker_error("settle", exc)
                 if isinstance(exc, BrokerUnavailable):
                     refused_since = None
                 else:
@@ -291,14 +305,16 @@ class Settler:
                     raise GaveUp from exc
                 if tries == 1 or tries % 10 == 0:
                     log.warning(
-                        "worker %s: could not record the %s of job %s (%s): %s; retrying "
-                        "(try %d; the job keeps its slot and lease meanwhile)",
+                        "worker %s: could not record the %s of job %s (%s) attempt %d: %s; "
+                        "retrying (try %d; the job keeps its slot and lease meanwhile)",
                         self.worker_id,
                         what,
                         claimed.message.id,
                         claimed.message.task,
+                        claimed.attempt,
                         exc,
                         tries,
+                        extra=job_fields(claimed, self.worker_id),
                     )
                 delay = await self._backoff(delay)
 
@@ -361,3 +377,35 @@ class Settler:
 
     async def _fail_batch(self, items: list[Failure]) -> list[FinishOutcome]:
         return list(await self._broker().fail(items))
+
+
+def _log_failure(claimed: ClaimedJob, outcome: Fail, worker_id: str) -> None:
+    """Log a recorded failed attempt: WARNING when a retry is scheduled, ERROR when the
+    failure is final, INFO for a cancel; with the record's traceback when it has one."""
+    record = outcome.record
+    if outcome.cancelled:
+        level, what = logging.INFO, "was cancelled"
+    elif outcome.retry_delay is not None:
+        delay = outcome.retry_delay
+        shown = f"{delay:.3g}" if delay < 100 else f"{delay:.0f}"
+        level, what = logging.WARNING, f"failed; retry in {shown}s"
+    else:
+        level, what = logging.ERROR, "failed for good"
+    if not log.isEnabledFor(level):
+        return
+    text = f"{record.reason.value}: {record.error_type}: {record.message}"
+    if record.traceback:
+        text = f"{text}\n{record.traceback.rstrip()}"
+    fields = job_fields(claimed, worker_id)
+    fields["reason"] = record.reason.value
+    fields["error_type"] = record.error_type
+    log.log(
+        level,
+        "job %s (%s) attempt %d %s: %s",
+        claimed.message.id,
+        claimed.message.task,
+        claimed.attempt,
+        what,
+        text,
+        extra=fields,
+    )

@@ -48,10 +48,12 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
-from .broker.base import ClaimedJob, LeaseStatus, Release, new_claim_id
+from .broker.base import ClaimedJob, LeaseStatus, Release, WorkerInfo, new_claim_id
 from .errors import BrokerUnavailable, ConfigError, FailureRecord
 from .execution import Executor, Running
 from .limits import LimitSpec
+from .logs import job_fields
+from .observe import Observers, WorkerObserver, outcome_of
 from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
 from .resources import Resource, open_resources
 from .schedule import Schedule, Scheduler
@@ -192,6 +194,12 @@ class Worker(Generic[TIn, TOut]):
         self.reaper_interval = min(app.lease / 2, 5.0)
         self.id = f"{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}"
         self.stats = WorkerStats()
+        #: Told what this worker does (``observe``); None: nobody listens.
+        self._observer: Observers | None = None
+        #: Seconds between heartbeats into the broker's worker registry; the entry
+        #: expires after three missed ones.
+        self.heartbeat = 10.0
+        self.started_at = 0.0
         #: Test doubles standing in for resources (``provide``): not opened.
         self._provided: dict[Resource[Any], Any] = {}
         #: Cancelled by stop(): a resource hanging while it opens must not hang the worker.
@@ -326,6 +334,7 @@ class Worker(Generic[TIn, TOut]):
         if self._started:
             raise RuntimeError("a Worker runs once; make a new one")
         self._started = True
+        self.started_at = time.time()
         # The broker enforces the tasks' limits inside every claim (typedq.limits).
         limits = {
             name: spec
@@ -356,12 +365,16 @@ class Worker(Generic[TIn, TOut]):
                 self.queues,
                 self.concurrency,
             )
+            if self._observer is not None:
+                self._observer.worker_started(self)
             task_status.started()
             try:
                 await self._stop.wait()
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._shutdown()
+                if self._observer is not None:
+                    self._observer.worker_stopped(self)
 
     async def _serve(self, *, task_status: TaskStatus[None]) -> None:
         with anyio.CancelScope(shield=True) as scope:
@@ -373,6 +386,7 @@ class Worker(Generic[TIn, TOut]):
                 tg.start_soon(self._lease_loop)
                 tg.start_soon(self._reaper_loop)
                 tg.start_soon(self._cancel_loop)
+                tg.start_soon(self._heartbeat_loop)
                 if self._schedules:
                     tg.start_soon(self._run_scheduler)
                 task_status.started()
@@ -414,12 +428,14 @@ class Worker(Generic[TIn, TOut]):
             await self._until(lambda: not self._running)
         for running in self._running.values():
             log.warning(
-                "worker %s: stopped without settling job %s (%s); it comes back when its "
-                "lease expires (within %.0fs)",
+                "worker %s: stopped without settling job %s (%s) attempt %d; it comes back "
+                "when its lease expires (within %.0fs)",
                 self.id,
                 running.claimed.message.id,
                 running.claimed.message.task,
+                running.claimed.attempt,
                 self.lease,
+                extra=job_fields(running.claimed, self.id),
             )
         if self._orphans:
             log.warning(
@@ -495,6 +511,8 @@ class Worker(Generic[TIn, TOut]):
                         self.queues, limit, worker_id=self.id, lease=self.lease, claim_id=claim_id
                     )
                 except Exception as exc:
+                    if self._observer is not None:
+                        self._observer.broker_error("claim", exc)
                     if not isinstance(exc, BrokerUnavailable):
                         pending = None  # the broker answered: nothing was claimed
                     elif outage_since is None:
@@ -611,6 +629,8 @@ class Worker(Generic[TIn, TOut]):
                 [(r.claimed.message.id, r.claimed.token) for r in running], self.lease
             )
         except Exception as exc:
+            if self._observer is not None:
+                self._observer.broker_error("renew", exc)
             log.warning("worker %s: lease renewal failed: %s", self.id, exc)
             if time.monotonic() - self._renewed_at > self.lease:
                 # Our leases may have expired by now and another worker may hold these
@@ -641,8 +661,12 @@ class Worker(Generic[TIn, TOut]):
             try:
                 recovered = await self.app.broker.recover_stalled()
             except Exception as exc:
+                if self._observer is not None:
+                    self._observer.broker_error("recover", exc)
                 log.warning("worker %s: stalled-job recovery failed: %s", self.id, exc)
             else:
+                if recovered and self._observer is not None:
+                    self._observer.stalled_recovered(recovered)
                 if recovered:
                     log.warning(
                         "worker %s: recovered %d jobs whose lease expired", self.id, recovered
@@ -669,15 +693,38 @@ class Worker(Generic[TIn, TOut]):
 
     async def _run_job(self, claimed: ClaimedJob, running: Running) -> None:
         job_id, task = claimed.message.id, claimed.message.task
+        observer = self._observer
+        debug = log.isEnabledFor(logging.DEBUG)
+        if observer is not None:
+            observer.job_started(claimed)
+        if debug:
+            log.debug(
+                "job %s (%s) attempt %d started",
+                job_id,
+                task,
+                claimed.attempt,
+                extra=job_fields(claimed, self.id),
+            )
+        began = time.monotonic() if debug or observer is not None else 0.0
         try:
             try:
                 attempt = await self._executor.attempt(claimed, running)
                 if attempt.fingerprint_mismatch is not None:
                     self._count_mismatch(task, *attempt.fingerprint_mismatch)
+                    if observer is not None:
+                        observer.schema_mismatch(claimed)
                 outcome: Outcome = attempt.outcome
             except Exception as exc:
-                log.exception("worker %s: job %s (%s): attempt failed", self.id, job_id, task)
+                log.exception(
+                    "worker %s: job %s (%s) attempt %d: attempt failed",
+                    self.id,
+                    job_id,
+                    task,
+                    claimed.attempt,
+                    extra=job_fields(claimed, self.id),
+                )
                 outcome = Fail(self._minimal(claimed, exc, "could not run this job"))
+            ended = time.monotonic() if debug or observer is not None else 0.0
             try:
                 await self._settler.settle(claimed, outcome)
             except GaveUp:
@@ -688,30 +735,50 @@ class Worker(Generic[TIn, TOut]):
                 # Last resort: the job still gets a (minimal) failure record rather than
                 # sitting claimed until its lease expires and counting as a stall.
                 log.exception(
-                    "worker %s: could not record the outcome of job %s (%s); recording a "
-                    "minimal failure instead",
+                    "worker %s: could not record the outcome of job %s (%s) attempt %d; "
+                    "recording a minimal failure instead",
                     self.id,
                     job_id,
                     task,
+                    claimed.attempt,
+                    extra=job_fields(claimed, self.id),
                 )
-                await self._settler.settle(
-                    claimed, Fail(self._minimal(claimed, exc, "could not record the outcome"))
-                )
+                outcome = Fail(self._minimal(claimed, exc, "could not record the outcome"))
+                await self._settler.settle(claimed, outcome)
+            if observer is not None or debug:
+                how = outcome_of(outcome)
+                if observer is not None:
+                    observer.job_finished(claimed, how, ended - began)
+                if debug:
+                    log.debug(
+                        "job %s (%s) attempt %d finished: %s in %.3fs",
+                        job_id,
+                        task,
+                        claimed.attempt,
+                        how.value,
+                        ended - began,
+                        extra=job_fields(claimed, self.id),
+                    )
         except GaveUp:
             self.stats.settles_given_up += 1
             log.warning(
-                "worker %s: shutdown gave up recording the outcome of job %s (%s); it comes "
-                "back when its lease expires",
+                "worker %s: shutdown gave up recording the outcome of job %s (%s) attempt %d; "
+                "it comes back when its lease expires",
                 self.id,
                 job_id,
                 task,
+                claimed.attempt,
+                extra=job_fields(claimed, self.id),
             )
         except Exception:
             log.exception(
-                "worker %s: job %s (%s) could not be settled; it comes back when its lease expires",
+                "worker %s: job %s (%s) attempt %d could not be settled; it comes back when "
+                "its lease expires",
                 self.id,
                 job_id,
                 task,
+                claimed.attempt,
+                extra=job_fields(claimed, self.id),
             )
         finally:
             del self._running[claimed.token]
@@ -720,12 +787,14 @@ class Worker(Generic[TIn, TOut]):
                 self._orphans[claimed.token] = running
                 self.stats.orphaned_threads += 1
                 log.warning(
-                    "worker %s: job %s (%s): its attempt ended but its sync handler's thread "
-                    "still runs (threads cannot be stopped); it holds a slot until it "
-                    "returns, and its result will be discarded",
+                    "worker %s: job %s (%s) attempt %d: its attempt ended but its sync "
+                    "handler's thread still runs (threads cannot be stopped); it holds a slot "
+                    "until it returns, and its result will be discarded",
                     self.id,
                     job_id,
                     task,
+                    claimed.attempt,
+                    extra=job_fields(claimed, self.id),
                 )
             self._notify()
 
@@ -753,14 +822,81 @@ class Worker(Generic[TIn, TOut]):
         """A handler thread returned (in the event loop): free its slot if it held one."""
         if self._orphans.pop(running.claimed.token, None) is not None:
             log.info(
-                "worker %s: the thread of job %s (%s) returned after its attempt ended; "
-                "its result was discarded",
+                "worker %s: the thread of job %s (%s) attempt %d returned after its attempt "
+                "ended; its result was discarded",
                 self.id,
                 running.claimed.message.id,
                 running.claimed.message.task,
+                running.claimed.attempt,
+                extra=job_fields(running.claimed, self.id),
             )
         if self._changed is not None:
             self._notify()
 
     async def _report_progress(self, claimed: ClaimedJob, data: bytes) -> None:
         await self.app.broker.set_progress(claimed.message.id, claimed.token, data)
+
+    # -- observers and the worker registry ---------------------------------------------
+
+    def observe(self, observer: WorkerObserver) -> Self:
+        """Tell ``observer`` what this worker does (see :mod:`typedq.observe`); call it
+        before the worker starts. :meth:`typedq.metrics.Metrics.attach` calls it."""
+        if self._started:
+            raise RuntimeError("observe() must be called before the worker starts")
+        if self._observer is None:
+            self._observer = Observers()
+            self._settler.observer = self._observer
+        self._observer.observers.append(observer)
+        return self
+
+    def info(self) -> WorkerInfo:
+        """This worker as the broker's worker registry lists it."""
+        return WorkerInfo(
+            id=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=list(self.queues),
+            concurrency=self.concurrency,
+            in_flight=len(self._running),
+            started_at=self.started_at,
+            heartbeat_at=time.time(),
+            version=_version(),
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        """Keep this worker in the broker's registry (``typedq inspect --workers``): an
+        entry every ``heartbeat`` seconds that expires after three missed ones, removed
+        at shutdown."""
+        broker = self.app.broker
+        failing = False
+        try:
+            while True:
+                try:
+                    await broker.register_worker(self.info(), ttl=3 * self.heartbeat)
+                except NotImplementedError:
+                    return  # a broker without a registry
+                except Exception as exc:
+                    if self._observer is not None:
+                        self._observer.broker_error("heartbeat", exc)
+                    # Once per outage: the claim loop already reports an unreachable broker.
+                    (log.debug if failing else log.warning)(
+                        "worker %s: heartbeat failed (the worker registry may not list it): %s",
+                        self.id,
+                        exc,
+                    )
+                    failing = True
+                else:
+                    failing = False
+                await anyio.sleep(self.heartbeat)
+        finally:
+            with anyio.move_on_after(2.0, shield=True):
+                try:
+                    await broker.unregister_worker(self.id)
+                except Exception as exc:
+                    log.debug("worker %s: could not leave the registry: %s", self.id, exc)
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__

@@ -50,9 +50,11 @@ __all__ = [
     "JobRecord",
     "JobState",
     "LeaseStatus",
+    "QueueStats",
     "Release",
     "Retention",
     "RetryOutcome",
+    "WorkerInfo",
     "ScheduleState",
     "TickFiring",
     "check_claim_id",
@@ -302,6 +304,35 @@ class Retention(msgspec.Struct, frozen=True, kw_only=True):
     completed_max: int = 10_000
     failed_ttl: float = 7 * 24 * 3600.0
     failed_max: int = 100_000
+
+
+class QueueStats(msgspec.Struct, frozen=True, kw_only=True):
+    """A queue at a glance (``queue_stats``): jobs per state, and how long the job that
+    has waited longest has been waiting."""
+
+    queue: str
+    counts: dict[JobState, int]
+    #: Seconds (broker clock) the longest-waiting claimable job has waited: since its
+    #: enqueue for a waiting job, since its due time for a due scheduled job not yet
+    #: moved to waiting. 0 when nothing waits.
+    oldest_waiting: float = 0.0
+
+
+class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A live worker as the broker's worker registry holds it (``typedq inspect --workers``)."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    #: Jobs it ran at its last heartbeat.
+    in_flight: int
+    #: When it started and when it last reported (epoch seconds, the worker's clock).
+    started_at: float
+    heartbeat_at: float
+    #: The typedq version it runs.
+    version: str
 
 
 class BrokerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -575,3 +606,32 @@ class Broker(abc.ABC):
             kept; ``None`` deletes in any state. Deleting an active job makes its
             worker's finish answer ``NOT_FOUND``; a waiter on it is woken.
         """
+
+    # -- observability (metrics, the worker and queue registries) --------------------
+
+    async def queue_stats(self, queues: Sequence[str]) -> list[QueueStats]:
+        """Counts per state and the oldest waiting job's age, per queue, in one call (what
+        a metrics scrape asks). This default calls ``counts`` per queue and reports no
+        age; the brokers of typedq answer in one round trip."""
+        return [QueueStats(queue=q, counts=await self.counts(q)) for q in queues]
+
+    async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
+        """Add or refresh ``info`` in the worker registry for ``ttl`` seconds (a worker's
+        heartbeat); its queues join the queue registry for good.
+
+        :raises NotImplementedError: the broker keeps no registry
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove a worker from the registry (a clean shutdown); unknown ids are ignored."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        """The workers whose last heartbeat has not expired, by id."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+
+    async def list_queues(self) -> list[str]:
+        """Every queue a worker ever registered (and, where the broker knows it cheaply,
+        every queue that holds jobs), sorted."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no queue registry")

@@ -33,6 +33,9 @@ The layout (``P`` is the prefix)::
                                    id is claimed where a fresh job would be
     P q:<queue>:s         zset     scheduled ids -> run_at (µs)
     P q:<queue>:n         hash     state letter -> number of jobs (O(1) counts)
+    P workers             zset     worker registry: worker id -> heartbeat expiry (µs)
+    P wk:<worker id>      string   a worker's msgpack WorkerInfo, expiring with its heartbeat
+    P queues              set      queue registry: every queue a worker registered
     P f:<flow id>         hash     a running workflow (typedq/broker/flow.py): ``S`` steps,
                                    ``n`` members, ``c`` members not settled, ``col``
                                    collector, ``pol`` fan-in policy, per member ``d<i>``
@@ -121,9 +124,11 @@ class Keys:
         "done_failed",
         "epoch",
         "prefix",
+        "queues",
         "schedules",
         "seq",
         "work_channel",
+        "workers",
     )
 
     def __init__(self, namespace: str) -> None:
@@ -139,6 +144,8 @@ class Keys:
         self.work_channel = p + "ev:w"
         self.done_channel = p + "ev:d"
         self.cancel_channel = p + "ev:x"
+        self.workers = p + "workers"
+        self.queues = p + "queues"
 
     def job(self, job_id: str) -> str:
         """The key of one job (a string until the job is claimed or cancelled, then a hash)."""
@@ -188,3 +195,7 @@ class Keys:
         """The record of one call (claim, enqueue, cancel) under its client-made token:
         a re-sent script returns the answer it holds instead of acting again."""
         return f"{self.prefix}r:{token}"
+
+    def worker(self, worker_id: str) -> str:
+        """The key of one worker's registry entry."""
+        return f"{self.prefix}wk:{worker_id}"

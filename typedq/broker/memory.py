@@ -23,6 +23,7 @@ import anyio
 import msgspec
 
 from ..errors import ConfigError, NotConnected, QueueFull
+from ..names import check_worker_id
 from .base import (
     CLAIM_RECORD_TTL,
     Broker,
@@ -38,10 +39,12 @@ from .base import (
     JobRecord,
     JobState,
     LeaseStatus,
+    QueueStats,
     Release,
     RetryOutcome,
     ScheduleState,
     TickFiring,
+    WorkerInfo,
     check_claim_id,
     new_claim_id,
 )
@@ -211,6 +214,9 @@ class MemoryBroker(Broker):
         self._finish_waiters: dict[str, anyio.Event] = {}
         #: Recent claims by claim id: (when, job ids), oldest first.
         self._claims: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
+        #: The worker registry: id -> (expiry on the monotonic clock, info).
+        self._workers: dict[str, tuple[float, WorkerInfo]] = {}
+        self._queues: set[str] = set()
         #: Running workflows by flow id.
         self._flows: dict[str, _Flow] = {}
         #: Schedule states by name (typedq.schedule).
@@ -1159,3 +1165,60 @@ class MemoryBroker(Broker):
                 self._delete(job)
             removed.append(ok)
         return removed
+
+    # -- observability -------------------------------------------------------------
+
+    async def queue_stats(self, queues: Sequence[str]) -> list[QueueStats]:
+        self._check()
+        now = self.clock()
+        oldest: dict[str, float] = {}
+        wanted = set(queues)
+        for queue in wanted:
+            for _, _, version, job_id in self._waiting.get(queue, ()):
+                job = self._jobs.get(job_id)
+                if job is not None and job.version == version and job.state is JobState.WAITING:
+                    oldest[queue] = min(oldest.get(queue, now), job.enqueued_at)
+        # Due jobs not promoted yet (promotion happens at claim) are waiting too.
+        for run_at, version, job_id in self._scheduled:
+            if run_at <= now:
+                job = self._jobs.get(job_id)
+                if (
+                    job is not None
+                    and job.version == version
+                    and job.message.queue in wanted
+                    and job.state is JobState.SCHEDULED
+                ):
+                    queue = job.message.queue
+                    oldest[queue] = min(oldest.get(queue, now), run_at)
+        return [
+            QueueStats(
+                queue=q,
+                counts=dict(self._counts[q]) if q in self._counts else dict.fromkeys(JobState, 0),
+                oldest_waiting=max(0.0, now - oldest[q]) if q in oldest else 0.0,
+            )
+            for q in queues
+        ]
+
+    def _live_workers(self) -> dict[str, tuple[float, WorkerInfo]]:
+        now = time.monotonic()
+        for worker_id in [w for w, (until, _) in self._workers.items() if until <= now]:
+            del self._workers[worker_id]
+        return self._workers
+
+    async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
+        self._check()
+        check_worker_id(info.id)
+        self._live_workers()[info.id] = (time.monotonic() + ttl, info)
+        self._queues.update(info.queues)
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        self._check()
+        self._workers.pop(worker_id, None)
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        self._check()
+        return [info for _, (_, info) in sorted(self._live_workers().items())]
+
+    async def list_queues(self) -> list[str]:
+        self._check()
+        return sorted(self._queues | {q for q, c in self._counts.items() if any(c.values())})

@@ -23,7 +23,8 @@ Maxmemory: at the limit (``noeviction``), Redis refuses enqueues (and progress
 writes) whole, with :class:`~typedq.errors.BrokerError` naming maxmemory; every
 script that moves, finishes or deletes jobs (claim, complete, fail, release, renew,
 recover, cancel, retry, remove, purge) carries ``#!lua flags=allow-oom`` and keeps
-running, so workers drain the backlog and retention frees memory. A worker's
+running, so workers drain the backlog and retention frees memory; so does a worker's
+registry heartbeat (one small key per worker), so a draining worker stays listed. A worker's
 recovery pass looks at ``INFO memory`` at most every :data:`MEMORY_CHECK_INTERVAL`
 seconds and logs one warning when Redis reaches maxmemory and one info line when it
 is below again.

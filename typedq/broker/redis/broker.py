@@ -28,7 +28,7 @@ from ...errors import (
     NotConnected,
     RedisDataLost,
 )
-from ...names import check_job_id, check_name
+from ...names import check_job_id, check_name, check_worker_id
 from .. import redact_url
 from ..base import (
     Broker,
@@ -43,8 +43,10 @@ from ..base import (
     JobRecord,
     JobState,
     LeaseStatus,
+    QueueStats,
     Release,
     RetryOutcome,
+    WorkerInfo,
     check_claim_id,
 )
 from ..flow import FlowSpec, FlowState
@@ -821,3 +823,51 @@ class RedisBroker(ScheduleOps, Broker):
             [k.prefix, letters, *ids],
         )
         return [bool(r) for r in reply]
+
+    # -- observability -------------------------------------------------------------
+
+    async def queue_stats(self, queues: Sequence[str]) -> list[QueueStats]:
+        if not queues:
+            self._conn()
+            return []
+        k = self.keys
+        reply = await self._eval("queue_stats", [k.counts(q) for q in queues], [k.prefix, *queues])
+        stats = []
+        for i, queue in enumerate(queues):
+            flat, age = reply[2 * i], reply[2 * i + 1]
+            counts = dict.fromkeys(JobState, 0)
+            for letter, value in zip(flat[::2], flat[1::2], strict=True):
+                state = STATES.get(text(letter))
+                if state is not None:
+                    counts[state] = max(0, as_int(value))
+            stats.append(QueueStats(queue=queue, counts=counts, oldest_waiting=from_us(age)))
+        return stats
+
+    async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
+        check_worker_id(info.id)
+        k = self.keys
+        await self._eval(
+            "worker",
+            [k.workers, k.queues],
+            [k.prefix, "beat", info.id, max(1, round(ttl * 1000)), encode(info), *info.queues],
+        )
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        k = self.keys
+        await self._eval("worker", [k.workers, k.queues], [k.prefix, "drop", worker_id, 0])
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        k = self.keys
+        reply = await self._eval("workers", [k.workers, k.queues], [k.prefix, "w"])
+        workers = []
+        for raw in reply:
+            try:
+                workers.append(msgspec.msgpack.decode(raw, type=WorkerInfo))
+            except msgspec.DecodeError:
+                continue  # an entry of another typedq version
+        return sorted(workers, key=lambda w: w.id)
+
+    async def list_queues(self) -> list[str]:
+        k = self.keys
+        reply = await self._eval("workers", [k.workers, k.queues], [k.prefix, "q"])
+        return sorted(text(q) for q in reply)

@@ -1,0 +1,201 @@
+"""``typedq inspect`` output: tables that fit 80 columns (ids clipped, full in JSON), the
+due time of scheduled jobs, errors without their type said twice, ``--limit 0``, the
+``--job ID`` detail view and the ``--workers`` listing."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from rich.console import Console
+
+from typedq import App, FailureReason, FailureRecord, JobFailed, JobState
+from typedq.broker.base import WorkerInfo
+from typedq.inspector import (
+    Inspector,
+    JobView,
+    Overview,
+    render_job,
+    render_overview,
+    render_workers,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Order(msgspec.Struct, frozen=True):
+    n: int
+
+
+def screen(width: int = 80) -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=width, force_terminal=False), out
+
+
+def view(job_id: str, error: FailureRecord | None, **fields: float) -> JobView:
+    return JobView(
+        id=job_id,
+        task="charge_customer_card",
+        queue="billing",
+        state=JobState.FAILED,
+        attempt=3,
+        priority=0,
+        enqueued_at=time.time() - 60,
+        finished_at=time.time(),
+        error=error,
+        **fields,
+    )
+
+
+def record(error_type: str, message: str) -> FailureRecord:
+    return FailureRecord(
+        reason=FailureReason.DOMAIN_ERROR,
+        error_type=error_type,
+        message=message,
+        attempt=3,
+        retryable=False,
+    )
+
+
+def test_failed_jobs_fit_80_columns_with_clipped_ids_and_single_type_names() -> None:
+    long_id = "charge_customer_card:customer-000042-invoice-000007"
+    jobs = [
+        view(long_id, record("shop.errors.CardDeclined", "CardDeclined(code='insufficient')")),
+        view("01M8Q8Y4H1FDMH9E8TMJWNNAG9", record("ValueError", "bad amount")),
+    ]
+    overview = Overview(
+        app="shop",
+        broker="redis://localhost:6379/0",
+        counts={"billing": {JobState.FAILED: 2}},
+        state=JobState.FAILED,
+        jobs=jobs,
+    )
+    console, out = screen(80)
+    render_overview(console, overview)
+    text = out.getvalue()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    rows = [line for line in text.splitlines() if "…" in line]
+    assert len(rows) == 2  # each id on one line, clipped
+    # The end of an id tells jobs apart: that is the part shown.
+    assert "…" + long_id[-13:] in text
+    assert "…" + "01M8Q8Y4H1FDMH9E8TMJWNNAG9"[-13:] in text
+    # Wide terminals show ids in full, and the errors on one line each.
+    console, out = screen(160)
+    render_overview(console, overview)
+    text = out.getvalue()
+    assert "01M8Q8Y4H1FDMH9E8TMJWNNAG9" in text
+    assert "…" + long_id[-25:] in text  # longer ids than a ULID are clipped here too
+    assert "CardDeclined(code='insufficient')" in text
+    assert text.count("CardDeclined") == 1  # not "CardDeclined: CardDeclined(...)"
+    assert "shop.errors" not in text
+    assert "ValueError: bad amount" in text
+
+
+def test_scheduled_jobs_show_their_due_time_and_limit_0_says_none_were_listed() -> None:
+    due = 1_900_000_000.0  # 2030-03-17 17:46:40 UTC
+    scheduled = msgspec.structs.replace(
+        view("01M8Q8Y4H1FDMH9E8TMJWNNAG9", None, run_at=due), state=JobState.SCHEDULED
+    )
+    overview = Overview(
+        app="shop",
+        broker="memory://",
+        counts={"billing": {JobState.SCHEDULED: 1}},
+        state=JobState.SCHEDULED,
+        jobs=[scheduled],
+    )
+    console, out = screen(120)
+    render_overview(console, overview)
+    assert "due" in out.getvalue()
+    assert "2030-03-17 17:46:40" in out.getvalue()
+    console, out = screen(80)
+    render_overview(console, msgspec.structs.replace(overview, jobs=[]), limit=0)
+    assert "scheduled jobs: 1; none listed (--limit 0)" in out.getvalue()
+    assert "no scheduled jobs" not in out.getvalue()
+
+
+@pytest.mark.anyio
+async def test_job_detail_shows_payload_error_record_and_traceback() -> None:
+    app = App("inspectjob", broker="memory://")
+
+    @app.task(retries=0)
+    async def charge(order: Order) -> Order:
+        raise RuntimeError(f"gateway down for order {order.n}")
+
+    async with app:
+        job = await charge.enqueue(Order(n=41))
+        async with app.worker(concurrency=1):
+            with contextlib.suppress(JobFailed):
+                await job.result(timeout=10)
+        tool = Inspector(app.client, ["default"])
+        detail = await tool.job(job.id)
+        assert await tool.job("no-such-job") is None
+    assert detail is not None
+    assert detail.payload == {"n": 41}
+    assert detail.job.state is JobState.FAILED
+    assert detail.job.error is not None
+    assert detail.job.error.traceback is not None
+    console, out = screen(80)
+    render_job(console, detail)
+    text = out.getvalue()
+    assert job.id in text  # the detail view never clips the id
+    assert '"n": 41' in text
+    assert "RuntimeError: gateway down for order 41" in text
+    assert "Traceback (most recent call last)" in text
+    assert "error (attempt 1, error)" in text
+
+
+def test_workers_table_fits_80_columns() -> None:
+    now = time.time()
+    workers = [
+        WorkerInfo(
+            id=f"worker-host-{i}.example.internal.1234{i}.abcdef",
+            host=f"worker-host-{i}.example.internal",
+            pid=12340 + i,
+            queues=["billing", "reports"],
+            concurrency=64,
+            in_flight=i,
+            started_at=now - 3600,
+            heartbeat_at=now - 2,
+            version="0.1.0",
+        )
+        for i in range(2)
+    ]
+    console, out = screen(80)
+    render_workers(console, "shop", workers)
+    text = out.getvalue()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "12341" in text
+    assert "1/64" in text
+    assert "1.0h ago" in text
+    console, out = screen(80)
+    render_workers(console, "shop", [])
+    assert "no live workers of app 'shop'" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--limit", "-1"], "--limit must be >= 0, got -1"),
+        (["--workers", "--retry", "x"], "--workers cannot be combined with --retry"),
+        (["--job", "x", "--workers"], "--job cannot be combined with --workers"),
+        (["--job", "nope"], "no job 'nope' in app 'x'"),
+    ],
+)
+def test_inspect_view_errors_are_one_clear_line(args: list[str], message: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "typedq", "inspect", "--app", "x", "--broker", "memory://", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if "typedq: error" in line]
+    assert len(errors) == 1, result.stderr
+    assert message in errors[0]
