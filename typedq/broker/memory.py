@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import anyio
 import msgspec
@@ -299,6 +299,18 @@ class MemoryBroker(Broker):
             (-job.message.priority, job.order, job.version, job.message.id),
         )
 
+    def _check_room(self, adding: Mapping[str, int], limit: int, what: str) -> None:
+        """Raise QueueFull when adding ``adding[queue]`` jobs would pass ``limit`` pending
+        (waiting + scheduled) jobs in a queue; ``what`` names them (``{extra}``: how many)."""
+        for queue, extra in adding.items():
+            counts = self._counts[queue]
+            pending = counts[JobState.WAITING] + counts[JobState.SCHEDULED]
+            if pending + extra > limit:
+                raise QueueFull(
+                    f"queue {queue!r} holds {pending} pending jobs; "
+                    f"{what.format(extra=extra)} would pass max_queue_length={limit}"
+                )
+
     def _to_scheduled(self, job: _Job, run_at: float) -> None:
         self._move(job, JobState.SCHEDULED)
         job.run_at = run_at
@@ -399,14 +411,7 @@ class MemoryBroker(Broker):
                 if message.id not in self._jobs and message.id not in fresh:
                     fresh.add(message.id)
                     adding[message.queue] += 1
-            for queue, extra in adding.items():
-                counts = self._counts[queue]
-                pending = counts[JobState.WAITING] + counts[JobState.SCHEDULED]
-                if pending + extra > limit:
-                    raise QueueFull(
-                        f"queue {queue!r} holds {pending} pending jobs; adding {extra} would "
-                        f"pass max_queue_length={limit}"
-                    )
+            self._check_room(adding, limit, "adding {extra}")
         outcomes = []
         for message in messages:
             if message.id in self._jobs:
@@ -965,14 +970,7 @@ class MemoryBroker(Broker):
             adding: dict[str, int] = defaultdict(int)
             for message in jobs:
                 adding[message.queue] += 1
-            for queue, extra in adding.items():
-                counts = self._counts[queue]
-                pending = counts[JobState.WAITING] + counts[JobState.SCHEDULED]
-                if pending + extra > limit:
-                    raise QueueFull(
-                        f"queue {queue!r} holds {pending} pending jobs; this flow's {extra} "
-                        f"jobs would pass max_queue_length={limit}"
-                    )
+            self._check_room(adding, limit, "this flow's {extra} jobs")
         now = self.clock()
         flow = _Flow(spec)
         self._flows[spec.id] = flow
