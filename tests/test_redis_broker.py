@@ -25,6 +25,7 @@ from typedq.broker.base import (
     BrokerSettings,
     CancelOutcome,
     Completion,
+    Failure,
     FinishOutcome,
     JobMessage,
     LeaseStatus,
@@ -86,7 +87,9 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
     async with broker_at(url, "layout") as broker:
         k = broker.keys
         names = await broker._eval(
-            "keys", [], [k.prefix, "q1", "-3", "job-1", "tok1", "c|t1|k:1", "t1", "k:1"]
+            "keys",
+            [],
+            [k.prefix, "q1", "-3", "job-1", "tok1", "c|t1|k:1", "t1", "k:1", "29000000"],
         )
         assert [n.decode() for n in names] == [
             k.job("job-1"),
@@ -103,6 +106,7 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.gate("q1", "c|t1|k:1"),
             k.rate("t1", "k:1"),
             k.slots("t1", "k:1"),
+            k.minute("q1", 29000000),
         ]
     async with raw_redis(url) as raw:
         async with broker_at(url, "layout") as broker:
@@ -280,6 +284,29 @@ async def test_records_of_the_previous_layout_are_still_read(url: str) -> None:
         assert record.message == old
         (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
         assert job.message == old
+
+
+async def test_a_job_failed_before_the_error_history_reads_its_last_record(url: str) -> None:
+    """A job hash written before ``eh`` existed (or garbage there): its one record is its
+    history; a later failure appends to it."""
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        await broker.enqueue([message("old-2")])
+        (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        await broker.fail([Failure(id="old-2", token=job.token, error=b"new", retry_delay=0.0)])
+        await raw.hdel(k.job("old-2"), "eh")
+        (record,) = await broker.get(["old-2"])
+        assert record is not None
+        assert record.errors == (b"new",)
+        await raw.hset(k.job("old-2"), "eh", b"garbage")
+        (record,) = await broker.get(["old-2"])
+        assert record is not None
+        assert record.errors == (b"new",)
+        (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        await broker.fail([Failure(id="old-2", token=job.token, error=b"next")])
+        (record,) = await broker.get(["old-2"])
+        assert record is not None
+        assert record.errors == (b"new", b"next")
 
 
 async def test_enqueue_checks_its_arguments_before_writing(url: str) -> None:
