@@ -16,6 +16,7 @@ import pytest
 from rich.console import Console
 
 from typedq import App, FailureReason, FailureRecord, JobFailed, JobState
+from typedq.backoff import Backoff
 from typedq.broker.base import WorkerInfo
 from typedq.inspector import (
     Inspector,
@@ -154,7 +155,7 @@ async def test_job_detail_shows_payload_error_record_and_traceback() -> None:
 async def test_job_detail_shows_every_failed_attempt_with_its_traceback() -> None:
     app = App("inspectattempts", broker="memory://")
 
-    @app.task(retries=2, backoff=0)
+    @app.task(retries=2, backoff=Backoff(kind="fixed", base=0))
     async def charge(order: Order) -> Order:
         raise RuntimeError(f"gateway down, try {order.n}")
 

@@ -25,7 +25,7 @@ from .broker import redact_url
 from .broker.base import CancelOutcome, JobRecord, JobState, ScheduleState, WorkerInfo
 from .broker.flow import member_id, step_id
 from .client import Client
-from .errors import ConfigError, FailureRecord
+from .errors import BrokerDataError, ConfigError, FailureRecord
 from .job import decode_failure
 from .schedule import Schedule
 
@@ -40,6 +40,7 @@ __all__ = [
     "Overview",
     "ScheduleView",
     "all_done",
+    "attempt_records",
     "render_action",
     "render_flow",
     "render_job",
@@ -196,6 +197,17 @@ def _plain(data: bytes | None) -> Any:
         return f"<{len(data)} bytes that are not msgpack>"
 
 
+def attempt_records(record: JobRecord) -> list[FailureRecord]:
+    """Every failed attempt's record of a job, oldest first (unreadable ones left out)."""
+    out = []
+    for raw in record.errors:
+        try:
+            out.append(decode_failure(raw, record.message.id))
+        except BrokerDataError:
+            continue
+    return out
+
+
 def _detail(record: JobRecord) -> JobDetail:
     return JobDetail(
         job=_view(record),
@@ -205,7 +217,7 @@ def _detail(record: JobRecord) -> JobDetail:
         stalls=record.stalls,
         worker_id=record.worker_id,
         cancel_requested=record.cancel_requested,
-        attempts=[decode_failure(raw, record.message.id) for raw in record.errors],
+        attempts=attempt_records(record),
     )
 
 
