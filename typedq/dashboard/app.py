@@ -31,6 +31,7 @@ from ..broker.base import JobState
 from ..client import Client
 from ..errors import TypedqError
 from ..inspector import ACTIONS
+from ..producer import Producer
 from .chart import throughput_svg
 from .forms import form_fields, parse_form
 from .security import COOKIE, Guard
@@ -357,7 +358,7 @@ def _field(form: FormData, name: str) -> str:
 
 
 def create_app(
-    target: App | Client,
+    target: App | Producer | Client,
     *,
     token: str | None = None,
     queues: list[str] | None = None,
@@ -366,7 +367,9 @@ def create_app(
     """The dashboard of ``target``'s app as an ASGI app.
 
     :param target: the App (its tasks' input schemas give payload tables and re-run
-        forms) or a :class:`~typedq.Client` of its broker (``--broker URL --app NAME``)
+        forms), a :class:`~typedq.Producer` of it (a service that enqueues through
+        generated stubs: the same, from the stubs' models), or a :class:`~typedq.Client`
+        of its broker (``--broker URL --app NAME``: payloads as plain data, no re-run)
     :param token: the operator token; without one the dashboard is read-only (no action
         offered, every POST answers 403)
     :param queues: the queues to show besides those the broker's registry knows

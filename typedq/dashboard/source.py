@@ -18,8 +18,9 @@ from ..client import Client
 from ..errors import FailureRecord
 from ..inspector import FlowView, Inspector, ScheduleView, attempt_records
 from ..job import decode_failure
+from ..producer import Producer
 from ..schedule import Schedule
-from ..task import Task
+from ..task import TaskBase
 
 __all__ = ["JobPage", "QueuePage", "QueueRow", "Source"]
 
@@ -89,18 +90,27 @@ def plain(data: bytes | None) -> Any:
 class Source:
     """The dashboard's view of one app.
 
-    :param target: the App (tasks, schedules and queues known) or a Client of the app's
-        broker (queues from the broker's registry; no re-run, payloads without schema)
+    :param target: the App (tasks, schedules and queues known), a Producer of it (its
+        declared tasks: generated stubs), or a Client of the app's broker (queues from the
+        broker's registry; no re-run, payloads without schema)
     :param queues: the queues to show (default: the app's and the broker's registry)
     """
 
-    def __init__(self, target: App | Client, *, queues: Sequence[str] = ()) -> None:
+    def __init__(self, target: App | Producer | Client, *, queues: Sequence[str] = ()) -> None:
+        self.tasks: Mapping[str, TaskBase[Any, Any]]
+        self.schedules: list[Schedule[Any]] | None
         if isinstance(target, App):
             self.client = target.client
             self.name = target.name
-            self.tasks: Mapping[str, Task[Any, Any]] = target.tasks
-            self.schedules: list[Schedule[Any]] | None = list(target.schedules.values())
+            self.tasks = target.tasks
+            self.schedules = list(target.schedules.values())
             self.declared_queues = list(queues) or target.queues
+        elif isinstance(target, Producer):
+            self.client = target.client
+            self.name = target.name
+            self.tasks = target.tasks
+            self.schedules = None
+            self.declared_queues = list(queues) or sorted({t.queue for t in self.tasks.values()})
         else:
             self.client = target
             self.name = target.name
