@@ -152,6 +152,7 @@ async def test_without_a_token_every_post_is_refused(jobs: Jobs) -> None:
             (f"/jobs/{jobs.failed}/rerun", {"field.order": "1"}),
             ("/queues/billing/purge", {"state": "failed"}),
             ("/login", {"token": TOKEN}),
+            ("/logout", {}),
         ]:
             r = await http.post(path, data=data)
             assert r.status_code == 403, path

@@ -295,6 +295,8 @@ class Dashboard:
         return response
 
     async def logout(self, request: Request) -> Response:
+        if self.guard.read_only:
+            return self.problem(request, 403, "this dashboard is read-only (no token configured)")
         base = request.scope.get("root_path", "")
         response = RedirectResponse(f"{base}/", status_code=303)
         response.delete_cookie(COOKIE, path=f"{base}/")
