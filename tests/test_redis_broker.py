@@ -544,6 +544,40 @@ async def test_script_cache_flush_mid_run_is_invisible(url: str) -> None:
         assert (await app.broker.counts(DEFAULT_QUEUE))[JobState.COMPLETED] == 2000
 
 
+# -- throughput rollups -----------------------------------------------------------------
+
+
+async def test_rollups_are_one_write_per_queue_per_script_call(url: str) -> None:
+    """A batch of completions and failures adds to its queue's minute hash once per
+    counter, not once per job, and the hash expires (bounded history)."""
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        await broker.enqueue([message(f"r{i}") for i in range(60)])
+        jobs = await broker.claim(["q"], 60, worker_id="w", lease=30)
+        await raw.config_resetstat()
+        done = [Completion(j.message.id, j.token, b"\xc0") for j in jobs[:50]]
+        assert await broker.complete(done) == [FinishOutcome.OK] * 50
+        stats = await raw.info("commandstats")
+        expires = stats.get("cmdstat_expire", {}).get("calls", 0)
+        increments = stats["cmdstat_hincrby"]["calls"]
+        # One EXPIRE for the minute hash; HINCRBY: the rollup's 'c' and the counts' two
+        # states (active -1, completed +1), whatever the batch size.
+        assert expires == 1
+        assert increments == 3
+        failures = [
+            Failure(id=j.message.id, token=j.token, error=b"e", retry_delay=None if i % 2 else 0.0)
+            for i, j in enumerate(jobs[50:])
+        ]
+        await broker.fail(failures)
+        (minutes,) = await broker.history(["q"], minutes=2)
+        assert sum(m.completed for m in minutes) == 50
+        assert sum(m.failed for m in minutes) == 5
+        assert sum(m.retried for m in minutes) == 5
+        minute_keys = [k async for k in raw.scan_iter(broker.keys.minute("q", 0)[:-1] + "*")]
+        assert minute_keys
+        for key in minute_keys:
+            assert 24 * 3600 < await raw.ttl(key) <= 25 * 3600
+
+
 # -- retention ------------------------------------------------------------------------
 
 
