@@ -15,7 +15,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint typecheck pytest pytest-all check-python stubs-check redis-server bench soak clean
+.PHONY: demo test lint typecheck pytest pytest-all check-python stubs-check redis-server chromium bench soak clean
 
 # One line instead of pip's "requires a different Python" (or a bare AssertionError).
 CHECK_PYTHON = v=$$($(PYTHON) -V 2>&1) || v="not found"; \
@@ -41,6 +41,13 @@ redis-server:
 	  echo "installing redis-server and openssl (Debian packages)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server openssl >/dev/null; }
 
+# The dashboard's browser tests drive Debian's chromium (headless) with Playwright; they fail,
+# never skip, without it. Playwright never downloads a browser of its own here.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (Debian package) for the dashboard's browser tests"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
 ## Run the quickstart end to end on the embedded broker (no server needed).
 demo: $(STAMP)
 	TYPEDQ_BROKER= $(BIN)/python examples/quickstart.py
@@ -57,7 +64,7 @@ stubs-check: $(STAMP)
 	$(BIN)/python -m typedq stubs --check $(filter-out stubs/__init__.py,$(wildcard stubs/*.py))
 
 ## The whole pytest suite on $(PYTHON), in .venv.
-pytest: $(STAMP) redis-server
+pytest: $(STAMP) redis-server chromium
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 ## The whole pytest suite on every interpreter in PYTHONS, one after another (2 cores: three
@@ -66,7 +73,7 @@ pytest: $(STAMP) redis-server
 ## fails the target (after the others ran), with a banner naming it and the way out
 ## (PYTHONS=...): `make test` passing means every interpreter in PYTHONS passed. Times
 ## include set-up.
-pytest-all: redis-server
+pytest-all: redis-server chromium
 	@ran=; failed=; skipped=; \
 	own=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || own=; \
 	for want in $(PYTHONS); do \
@@ -104,7 +111,7 @@ test: lint typecheck stubs-check pytest-all
 ## While developing: lint, mypy --strict, and the tests not marked slow (process-level fault
 ## tests, network faults, shutdown with lease waits). `make test` still runs everything.
 .PHONY: test-fast
-test-fast: lint typecheck redis-server
+test-fast: lint typecheck redis-server chromium
 	$(BIN)/pytest -q -m "not slow"
 
 ## Soak (not part of `make test`): 100,000 jobs over ~10 minutes under mixed faults (SIGKILL,

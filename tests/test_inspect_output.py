@@ -16,6 +16,7 @@ import pytest
 from rich.console import Console
 
 from typedq import App, FailureReason, FailureRecord, JobFailed, JobState
+from typedq.backoff import Backoff
 from typedq.broker.base import WorkerInfo
 from typedq.inspector import (
     Inspector,
@@ -147,7 +148,32 @@ async def test_job_detail_shows_payload_error_record_and_traceback() -> None:
     assert '"n": 41' in text
     assert "RuntimeError: gateway down for order 41" in text
     assert "Traceback (most recent call last)" in text
-    assert "error (attempt 1, error)" in text
+    assert "error (attempt 1, error, " in text
+
+
+@pytest.mark.anyio
+async def test_job_detail_shows_every_failed_attempt_with_its_traceback() -> None:
+    app = App("inspectattempts", broker="memory://")
+
+    @app.task(retries=2, backoff=Backoff(kind="fixed", base=0))
+    async def charge(order: Order) -> Order:
+        raise RuntimeError(f"gateway down, try {order.n}")
+
+    async with app:
+        job = await charge.enqueue(Order(n=7))
+        async with app.worker(concurrency=1):
+            with contextlib.suppress(JobFailed):
+                await job.result(timeout=10)
+        detail = await Inspector(app.client, ["default"]).job(job.id)
+    assert detail is not None
+    assert [a.attempt for a in detail.attempts] == [1, 2, 3]
+    console, out = screen(100)
+    render_job(console, detail)
+    text = out.getvalue()
+    assert "attempt 1 failed (attempt 1, error" in text
+    assert "attempt 2 failed (attempt 2, error" in text
+    assert "error (attempt 3, error" in text
+    assert text.count("Traceback (most recent call last)") == 3
 
 
 def test_workers_table_fits_80_columns() -> None:

@@ -25,6 +25,7 @@ from typedq.broker.base import (
     BrokerSettings,
     CancelOutcome,
     Completion,
+    Failure,
     FinishOutcome,
     JobMessage,
     LeaseStatus,
@@ -86,7 +87,9 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
     async with broker_at(url, "layout") as broker:
         k = broker.keys
         names = await broker._eval(
-            "keys", [], [k.prefix, "q1", "-3", "job-1", "tok1", "c|t1|k:1", "t1", "k:1"]
+            "keys",
+            [],
+            [k.prefix, "q1", "-3", "job-1", "tok1", "c|t1|k:1", "t1", "k:1", "29000000"],
         )
         assert [n.decode() for n in names] == [
             k.job("job-1"),
@@ -103,6 +106,7 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.gate("q1", "c|t1|k:1"),
             k.rate("t1", "k:1"),
             k.slots("t1", "k:1"),
+            k.minute("q1", 29000000),
         ]
     async with raw_redis(url) as raw:
         async with broker_at(url, "layout") as broker:
@@ -280,6 +284,29 @@ async def test_records_of_the_previous_layout_are_still_read(url: str) -> None:
         assert record.message == old
         (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
         assert job.message == old
+
+
+async def test_a_job_failed_before_the_error_history_reads_its_last_record(url: str) -> None:
+    """A job hash written before ``eh`` existed (or garbage there): its one record is its
+    history; a later failure appends to it."""
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        await broker.enqueue([message("old-2")])
+        (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        await broker.fail([Failure(id="old-2", token=job.token, error=b"new", retry_delay=0.0)])
+        await raw.hdel(k.job("old-2"), "eh")
+        (record,) = await broker.get(["old-2"])
+        assert record is not None
+        assert record.errors == (b"new",)
+        await raw.hset(k.job("old-2"), "eh", b"garbage")
+        (record,) = await broker.get(["old-2"])
+        assert record is not None
+        assert record.errors == (b"new",)
+        (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        await broker.fail([Failure(id="old-2", token=job.token, error=b"next")])
+        (record,) = await broker.get(["old-2"])
+        assert record is not None
+        assert record.errors == (b"new", b"next")
 
 
 async def test_enqueue_checks_its_arguments_before_writing(url: str) -> None:
@@ -515,6 +542,40 @@ async def test_script_cache_flush_mid_run_is_invisible(url: str) -> None:
                 await job.result(timeout=20)
             tg.cancel_scope.cancel()
         assert (await app.broker.counts(DEFAULT_QUEUE))[JobState.COMPLETED] == 2000
+
+
+# -- throughput rollups -----------------------------------------------------------------
+
+
+async def test_rollups_are_one_write_per_queue_per_script_call(url: str) -> None:
+    """A batch of completions and failures adds to its queue's minute hash once per
+    counter, not once per job, and the hash expires (bounded history)."""
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        await broker.enqueue([message(f"r{i}") for i in range(60)])
+        jobs = await broker.claim(["q"], 60, worker_id="w", lease=30)
+        await raw.config_resetstat()
+        done = [Completion(j.message.id, j.token, b"\xc0") for j in jobs[:50]]
+        assert await broker.complete(done) == [FinishOutcome.OK] * 50
+        stats = await raw.info("commandstats")
+        expires = stats.get("cmdstat_expire", {}).get("calls", 0)
+        increments = stats["cmdstat_hincrby"]["calls"]
+        # One EXPIRE for the minute hash; HINCRBY: the rollup's 'c' and the counts' two
+        # states (active -1, completed +1), whatever the batch size.
+        assert expires == 1
+        assert increments == 3
+        failures = [
+            Failure(id=j.message.id, token=j.token, error=b"e", retry_delay=None if i % 2 else 0.0)
+            for i, j in enumerate(jobs[50:])
+        ]
+        await broker.fail(failures)
+        (minutes,) = await broker.history(["q"], minutes=2)
+        assert sum(m.completed for m in minutes) == 50
+        assert sum(m.failed for m in minutes) == 5
+        assert sum(m.retried for m in minutes) == 5
+        minute_keys = [k async for k in raw.scan_iter(broker.keys.minute("q", 0)[:-1] + "*")]
+        assert minute_keys
+        for key in minute_keys:
+            assert 24 * 3600 < await raw.ttl(key) <= 25 * 3600
 
 
 # -- retention ------------------------------------------------------------------------

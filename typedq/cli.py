@@ -52,6 +52,7 @@ from .app import App
 from .broker import redact_url
 from .broker.base import JobState
 from .client import DEFAULT_BROKER_ENV, Client
+from .dashboard import cli as dashboard_cli
 from .errors import BrokerUnavailable, ConfigError, TypedqError
 from .schedule import Schedule
 from .schema import app_schema as schema_of
@@ -409,8 +410,8 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"{variable}={raw!r} is not {kind}; fix or unset it (or give the flag)"
             ) from None
-    if args.broker and args.command not in ("worker", "inspect"):
-        raise ConfigError(f"--broker is for worker and inspect, not {args.command}")
+    if args.broker and args.command not in ("worker", "inspect", "dashboard"):
+        raise ConfigError(f"--broker is for worker, inspect and dashboard, not {args.command}")
     if args.log_format not in ("text", "json"):
         raise ConfigError(f"log format {args.log_format!r} is not text or json")
     if getattr(args, "processes", 1) < 1:
@@ -597,6 +598,7 @@ def _parser() -> argparse.ArgumentParser:
             help=f"{action} these jobs, or with --state every job in that state",
         )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    dashboard_cli.add_parser(sub, [common, with_broker])
     return parser
 
 
@@ -833,6 +835,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _schema(args)
         elif args.command == "inspect":
             return _inspect(args)
+        elif args.command == "dashboard":
+            return dashboard_cli.run(args)
     except TypedqError as exc:
         print(f"typedq: error: {exc}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ from .broker import redact_url
 from .broker.base import CancelOutcome, JobRecord, JobState, ScheduleState, WorkerInfo
 from .broker.flow import member_id, step_id
 from .client import Client
-from .errors import ConfigError, FailureRecord
+from .errors import BrokerDataError, ConfigError, FailureRecord
 from .job import decode_failure
 from .schedule import Schedule
 
@@ -40,6 +40,7 @@ __all__ = [
     "Overview",
     "ScheduleView",
     "all_done",
+    "attempt_records",
     "render_action",
     "render_flow",
     "render_job",
@@ -93,6 +94,8 @@ class JobDetail(msgspec.Struct, frozen=True, kw_only=True):
     stalls: int = 0
     worker_id: str | None = None
     cancel_requested: bool = False
+    #: Every failed attempt's record, oldest first (the broker keeps the last 10).
+    attempts: list[FailureRecord] = []
 
 
 class ScheduleView(msgspec.Struct, frozen=True, kw_only=True):
@@ -194,6 +197,17 @@ def _plain(data: bytes | None) -> Any:
         return f"<{len(data)} bytes that are not msgpack>"
 
 
+def attempt_records(record: JobRecord) -> list[FailureRecord]:
+    """Every failed attempt's record of a job, oldest first (unreadable ones left out)."""
+    out = []
+    for raw in record.errors:
+        try:
+            out.append(decode_failure(raw, record.message.id))
+        except BrokerDataError:
+            continue
+    return out
+
+
 def _detail(record: JobRecord) -> JobDetail:
     return JobDetail(
         job=_view(record),
@@ -203,6 +217,7 @@ def _detail(record: JobRecord) -> JobDetail:
         stalls=record.stalls,
         worker_id=record.worker_id,
         cancel_requested=record.cancel_requested,
+        attempts=attempt_records(record),
     )
 
 
@@ -643,9 +658,18 @@ def render_job(console: Console, detail: JobDetail) -> None:
         if value is not None:
             console.print(f"[bold]{name}[/bold]")
             console.print(_json_text(value), soft_wrap=True, markup=False, highlight=False)
-    error = job.error
-    if error is not None:
-        console.print(f"[bold]error[/bold] (attempt {error.attempt}, {error.reason.value})")
+    # Earlier attempts first (the last one is the job's error, drawn below).
+    earlier = detail.attempts
+    if job.error is not None and earlier and earlier[-1] == job.error:
+        earlier = earlier[:-1]
+    records = [(f"attempt {e.attempt} failed", e) for e in earlier]
+    if job.error is not None:
+        records.append(("error", job.error))
+    for title, error in records:
+        console.print(
+            f"[bold]{title}[/bold] (attempt {error.attempt}, {error.reason.value}, "
+            f"{_when(error.failed_at)})"
+        )
         console.print(_error_text(error), soft_wrap=True, markup=False, highlight=False)
         if error.domain_type:
             console.print(f"domain error: {error.domain_type}", markup=False, highlight=False)

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLAIM_RECORD_TTL",
+    "ERROR_HISTORY",
+    "HISTORY_MINUTES",
     "Broker",
     "BrokerSettings",
     "CancelOutcome",
@@ -50,6 +52,7 @@ __all__ = [
     "JobRecord",
     "JobState",
     "LeaseStatus",
+    "MinuteRollup",
     "QueueStats",
     "Release",
     "Retention",
@@ -64,6 +67,13 @@ __all__ = [
 
 #: Seconds a broker remembers a claim by its id (longer than any client's retries).
 CLAIM_RECORD_TTL = 60.0
+
+
+#: How many attempts' FailureRecords a job keeps (``JobRecord.errors``), newest last.
+ERROR_HISTORY = 10
+
+#: How many minutes of throughput rollups a broker keeps per queue (24 hours).
+HISTORY_MINUTES = 1440
 
 
 def new_claim_id() -> str:
@@ -292,6 +302,21 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     stalls: int = 0
     cancel_requested: bool = False
     worker_id: str | None = None
+    #: Every failed attempt's encoded FailureRecord, oldest first, the last
+    #: :data:`ERROR_HISTORY` of them (kept across ``retry``). A job stored before the
+    #: history existed has only its ``error`` here.
+    errors: tuple[bytes, ...] = ()
+
+
+class MinuteRollup(msgspec.Struct, frozen=True):
+    """What one queue did in one minute (``Broker.history``), by the broker's clock."""
+
+    #: The minute's start, epoch seconds (a multiple of 60).
+    minute: int
+    #: Jobs that completed, failed for good, and failed an attempt and were retried.
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
 
 
 class Retention(msgspec.Struct, frozen=True, kw_only=True):
@@ -614,6 +639,19 @@ class Broker(abc.ABC):
         a metrics scrape asks). This default calls ``counts`` per queue and reports no
         age; the brokers of typedq answer in one round trip."""
         return [QueueStats(queue=q, counts=await self.counts(q)) for q in queues]
+
+    async def history(self, queues: Sequence[str], minutes: int = 60) -> list[list[MinuteRollup]]:
+        """Per queue, the last ``minutes`` minutes' rollups, oldest first, one per minute
+        (zeros where nothing happened), the current minute last.
+
+        The rollups are kept in the broker (so they survive restarts of workers and
+        dashboards), bounded to :data:`HISTORY_MINUTES`; every completion, final failure
+        and retry counts in the minute it happened.
+
+        :raises ValueError: ``minutes`` is not between 1 and :data:`HISTORY_MINUTES`
+        :raises NotImplementedError: the broker keeps no rollups
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no throughput history")
 
     async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
         """Add or refresh ``info`` in the worker registry for ``ttl`` seconds (a worker's

@@ -33,6 +33,10 @@ The layout (``P`` is the prefix)::
                                    id is claimed where a fresh job would be
     P q:<queue>:s         zset     scheduled ids -> run_at (µs)
     P q:<queue>:n         hash     state letter -> number of jobs (O(1) counts)
+    P q:<queue>:h:<minute> hash    throughput rollup of one minute (minutes since the
+                                   epoch, Redis clock): ``c`` completed, ``f`` failed for
+                                   good, ``r`` retried; written once per queue per script
+                                   call, expires 25 h after its last write (24 h shown)
     P workers             zset     worker registry: worker id -> heartbeat expiry (µs)
     P wk:<worker id>      string   a worker's msgpack WorkerInfo, expiring with its heartbeat
     P queues              set      queue registry: every queue a worker registered
@@ -84,7 +88,9 @@ Job hash fields: ``m`` body, ``q`` queue, ``p`` priority (absent = 0),
 ``s`` state letter (``w s a c f x``), ``o`` order, ``e`` enqueued_at, ``r`` run_at,
 ``a`` attempt, ``k`` stalls, ``ck`` the concurrency slot held, ``t`` lease token, ``d`` token of the last fenced
 transition, ``st`` started_at, ``fa`` finished_at, ``w`` worker id, ``cr`` cancel
-requested, ``res`` result, ``err`` FailureRecord, ``pg`` progress. Times are
+requested, ``res`` result, ``err`` FailureRecord, ``eh`` every failed attempt's
+FailureRecord (a msgpack array of their bytes, the last 10; absent on jobs stored before
+it), ``pg`` progress. Times are
 integer microseconds of the Redis clock. A job of a workflow (always a hash) adds ``fl``
 flow id, ``fm`` member index or ``fs`` step index, while held ``mh``/``mt`` (its body
 around the payload), and on the flow's own job ``fS``/``fn`` (the flow's shape).
@@ -166,6 +172,10 @@ class Keys:
     def counts(self, queue: str) -> str:
         """The hash of job counts per state of ``queue``."""
         return f"{self.prefix}q:{queue}:n"
+
+    def minute(self, queue: str, minute: int) -> str:
+        """The throughput rollup hash of ``queue`` for one minute (minutes since the epoch)."""
+        return f"{self.prefix}q:{queue}:h:{minute}"
 
     def stale(self, queue: str) -> str:
         """The hash counting stale waiting entries of ``queue`` by ``'<prio>|<id>'``."""

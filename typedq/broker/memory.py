@@ -26,6 +26,8 @@ from ..errors import ConfigError, NotConnected, QueueFull
 from ..names import check_worker_id
 from .base import (
     CLAIM_RECORD_TTL,
+    ERROR_HISTORY,
+    HISTORY_MINUTES,
     Broker,
     BrokerSettings,
     CancelOutcome,
@@ -39,6 +41,7 @@ from .base import (
     JobRecord,
     JobState,
     LeaseStatus,
+    MinuteRollup,
     QueueStats,
     Release,
     RetryOutcome,
@@ -85,6 +88,7 @@ class _Job:
         "done_token",
         "enqueued_at",
         "error",
+        "errors",
         "finished_at",
         "flow_id",
         "flow_member",
@@ -116,6 +120,8 @@ class _Job:
         self.finished_at = 0.0
         self.result: bytes | None = None
         self.error: bytes | None = None
+        #: Every failed attempt's record, oldest first, at most ERROR_HISTORY.
+        self.errors: tuple[bytes, ...] = ()
         self.progress: bytes | None = None
         self.stalls = 0
         self.cancel_requested = False
@@ -147,7 +153,13 @@ class _Job:
             stalls=self.stalls,
             cancel_requested=self.cancel_requested,
             worker_id=self.worker_id,
+            errors=self.errors,
         )
+
+    def add_error(self, record: bytes) -> None:
+        """A failed attempt's record: the job's error, and the last of its history."""
+        self.error = record
+        self.errors = (*self.errors, record)[-ERROR_HISTORY:]
 
 
 class _Flow:
@@ -228,6 +240,9 @@ class MemoryBroker(Broker):
         self._slots: dict[tuple[str, str], set[str]] = {}
         self._parked: dict[_Gate, list[tuple[int, int, int, str]]] = {}
         self._gates: dict[_Gate, float] = {}
+        #: Throughput rollups: queue -> minute (minutes since the epoch) -> [completed,
+        #: failed, retried]; minutes older than HISTORY_MINUTES are pruned as new ones start.
+        self._rollups: dict[str, dict[int, list[int]]] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -324,12 +339,27 @@ class MemoryBroker(Broker):
         job.lease_until = 0.0
         job.active_token = None
         self._finished[state][job.message.id] = now
+        if state is JobState.COMPLETED:
+            self._roll(job.message.queue, 0, now)
+        elif state is JobState.FAILED:
+            self._roll(job.message.queue, 1, now)
         waiter = self._finish_waiters.pop(job.message.id, None)
         if waiter is not None:
             waiter.set()
         if job.flow_id is not None:
             self._flow_settled(job, job.state, job.result, job.error, now)
         self._trim(state, now)
+
+    def _roll(self, queue: str, field: int, now: float) -> None:
+        """Count a completion (0), final failure (1) or retry (2) in ``now``'s minute."""
+        minute = int(now // 60)
+        minutes = self._rollups.setdefault(queue, {})
+        row = minutes.get(minute)
+        if row is None:
+            for old in [m for m in minutes if m <= minute - HISTORY_MINUTES]:
+                del minutes[old]
+            row = minutes[minute] = [0, 0, 0]
+        row[field] += 1
 
     def _trim(self, state: JobState, now: float) -> None:
         retention = self.settings.retention
@@ -720,7 +750,7 @@ class MemoryBroker(Broker):
         for item in items:
             job, outcome = self._fenced(item.id, item.token)
             if job is not None:
-                job.error = item.error
+                job.add_error(item.error)
                 job.done_token = item.token
                 if item.cancelled or (item.retry_delay is None) or job.cancel_requested:
                     state = (
@@ -733,6 +763,7 @@ class MemoryBroker(Broker):
                     self._active.pop(job.message.id, None)
                     self._free_slot(job)
                     job.active_token = None
+                    self._roll(job.message.queue, 2, now)
                     if item.refund:
                         job.attempt -= 1  # put back unspent (RateLimited)
                     if item.retry_delay > 0:
@@ -803,7 +834,7 @@ class MemoryBroker(Broker):
             job.done_token = None
             if job.cancel_requested or job.stalls > self.settings.max_stalls:
                 cancelled = job.cancel_requested
-                job.error = _encode(
+                record = _encode(
                     broker_failure(
                         "cancelled" if cancelled else "stalled",
                         CANCELLED_WORKER_LOST
@@ -814,6 +845,10 @@ class MemoryBroker(Broker):
                         failed_at=now,
                     )
                 )
+                if cancelled:
+                    job.error = record
+                else:
+                    job.add_error(record)
                 self._to_final(job, JobState.CANCELLED if cancelled else JobState.FAILED, now)
             else:
                 self._active.pop(job.message.id, None)
@@ -1196,6 +1231,22 @@ class MemoryBroker(Broker):
             )
             for q in queues
         ]
+
+    async def history(self, queues: Sequence[str], minutes: int = 60) -> list[list[MinuteRollup]]:
+        self._check()
+        if not 1 <= minutes <= HISTORY_MINUTES:
+            raise ValueError(f"minutes must be 1 to {HISTORY_MINUTES}, not {minutes}")
+        now = int(self.clock() // 60)
+        out = []
+        for queue in queues:
+            rows = self._rollups.get(queue, {})
+            out.append(
+                [
+                    MinuteRollup(m * 60, *rows.get(m, (0, 0, 0)))
+                    for m in range(now - minutes + 1, now + 1)
+                ]
+            )
+        return out
 
     def _live_workers(self) -> dict[str, tuple[float, WorkerInfo]]:
         now = time.monotonic()

@@ -21,6 +21,11 @@ local function k_gates(q) return P .. 'q:' .. q .. ':G' end
 local function k_gate(q, gate) return P .. 'q:' .. q .. ':g:' .. gate end
 local function k_rate(task, key) return P .. 'rl:' .. task .. '|' .. key end
 local function k_slots(slot) return P .. 'cc:' .. slot end
+-- Throughput rollups: per queue and minute (minutes since the epoch, Redis clock) a
+-- hash c/f/r (completed, failed for good, retried) that expires ROLLUP_TTL_S after it
+-- was last written, so the history is bounded (24 h) and survives restarts.
+local function k_minute(q, minute) return P .. 'q:' .. q .. ':h:' .. minute end
+local ROLLUP_TTL_S = 25 * 3600
 local CH_WORK = P .. 'ev:w'
 local CH_DONE = P .. 'ev:d'
 local CH_CANCEL = P .. 'ev:x'
@@ -122,7 +127,26 @@ local function count(q, state, d)
   if not m then m = {}; deltas[q] = m end
   m[state] = (m[state] or 0) + d
 end
+-- Per-queue rollup deltas (completed/failed/retried), written once per queue at the end
+-- of a script, like the count deltas.
+local rollups = {}
+local function roll(q, field)
+  local m = rollups[q]
+  if not m then m = {}; rollups[q] = m end
+  m[field] = (m[field] or 0) + 1
+end
+local function flush_rollups()
+  if next(rollups) == nil then return end
+  local minute = string.format('%d', math.floor(now_us() / 60000000))
+  for q, m in pairs(rollups) do
+    local hk = k_minute(q, minute)
+    for f, d in pairs(m) do redis.call('HINCRBY', hk, f, d) end
+    redis.call('EXPIRE', hk, ROLLUP_TTL_S)
+  end
+  rollups = {}
+end
 local function flush_counts()
+  flush_rollups()
   for q, m in pairs(deltas) do
     for s, d in pairs(m) do
       -- Never below zero, even after bytes that typedq did not write were dropped.
@@ -264,6 +288,7 @@ local function finalize(id, q, from, state, done_key, now)
   redis.call('ZADD', done_key, now, id)
   count(q, from, -1)
   count(q, state, 1)
+  if state == 'c' or state == 'f' then roll(q, state) end
   done_ids[#done_ids + 1] = id
   local fl = flow_links[id]
   if fl == nil then
@@ -494,4 +519,43 @@ local function flow_removed(link, s)
   local now = now_us()
   flow_settle(link[1], link[2], link[3], 'f', nil,
     failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now), now)
+end
+
+-- Every attempt's FailureRecord, oldest first, at most ERR_HISTORY: the job hash's 'eh',
+-- a msgpack array of bin strings (the records' bytes). Sets 'err' (the newest) too.
+-- Lua's cmsgpack has no bin type: the array is read here (nil: not one written here).
+local ERR_HISTORY = 10
+local function be_int(s, at, width)
+  local n = 0
+  for i = at, at + width - 1 do n = n * 256 + string.byte(s, i) end
+  return n
+end
+local function read_bins(s)
+  local b = string.byte(s, 1)
+  local n, at
+  if b and b >= 144 and b <= 159 then n, at = b - 144, 2
+  elseif b == 220 and #s >= 3 then n, at = be_int(s, 2, 2), 4
+  else return nil end
+  local out = {}
+  for _ = 1, n do
+    local t = string.byte(s, at)
+    local w = (t == 196 and 1) or (t == 197 and 2) or (t == 198 and 4)
+    if not w or at + w > #s then return nil end
+    local len = be_int(s, at + 1, w)
+    out[#out + 1] = string.sub(s, at + 1 + w, at + w + len)
+    at = at + 1 + w + len
+  end
+  return out
+end
+local function add_error(id, rec)
+  local jk = k_job(id)
+  -- A job failed before 'eh' existed (or garbage there): its last record starts it.
+  local old = redis.call('HMGET', jk, 'eh', 'err')
+  local list = old[1] and read_bins(old[1])
+  if not list then list = old[2] and {old[2]} or {} end
+  list[#list + 1] = rec
+  local first = math.max(1, #list - ERR_HISTORY + 1)
+  local parts = {msgpack_array_header(#list - first + 1)}
+  for i = first, #list do parts[#parts + 1] = msgpack_bin(list[i]) end
+  redis.call('HSET', jk, 'err', rec, 'eh', table.concat(parts))
 end

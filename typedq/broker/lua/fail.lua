@@ -30,7 +30,8 @@ for i = 0, n - 1 do
     flow_link_of(id, r[9], r[10], r[11])
     local jk = k_job(id)
     local q = r[4] or ''
-    redis.call('HSET', jk, 'err', ARGV[b + 2], 'd', tok)
+    add_error(id, ARGV[b + 2])
+    redis.call('HSET', jk, 'd', tok)
     if ARGV[b + 5] ~= '' then redis.call('HSET', jk, 'm', ARGV[b + 5]) end
     redis.call('ZREM', KEYS[1], id)
     free_slot(id, q, r[7])
@@ -55,6 +56,7 @@ for i = 0, n - 1 do
         count(q, 'w', 1)
       end
       count(q, 'a', -1)
+      roll(q, 'r')
       work_queues[q] = true
     end
     out[i + 1] = 0

@@ -38,7 +38,7 @@ if limit > 0 then
           'cancelled; its worker was lost before it confirmed', attempt, r[6], now))
         finalize(id, q, 'a', 'x', KEYS[4], now)
       elseif stalls > max_stalls then
-        redis.call('HSET', jk, 'err', failure_record('stalled', 'WorkerLost', string.format(
+        add_error(id, failure_record('stalled', 'WorkerLost', string.format(
           "the job's lease expired %d times (worker lost %d times, possible poison pill); "
           .. 'limit max_stalls=%d', stalls, stalls, max_stalls), attempt, r[6], now))
         finalize(id, q, 'a', 'f', KEYS[3], now)

@@ -31,6 +31,7 @@ from ...errors import (
 from ...names import check_job_id, check_name, check_worker_id
 from .. import redact_url
 from ..base import (
+    HISTORY_MINUTES,
     Broker,
     BrokerSettings,
     CancelOutcome,
@@ -43,6 +44,7 @@ from ..base import (
     JobRecord,
     JobState,
     LeaseStatus,
+    MinuteRollup,
     QueueStats,
     Release,
     RetryOutcome,
@@ -480,7 +482,7 @@ class RedisBroker(ScheduleOps, Broker):
     def _record(self, job_id: str, row: Any) -> JobRecord | None:
         if not isinstance(row, list):
             return None
-        s, m, a, e, r, st, fa, res, err, pg, k, cr, w, q = row
+        s, m, a, e, r, st, fa, res, err, pg, k, cr, w, q, eh = row
         state = STATES.get(text(s))
         if state is None:
             return None
@@ -503,6 +505,7 @@ class RedisBroker(ScheduleOps, Broker):
             stalls=as_int(k),
             cancel_requested=bool(cr),
             worker_id=None if w is None else text(w),
+            errors=_error_history(eh, err),
         )
 
     async def wait_finished(self, job_id: str, timeout: float | None) -> JobRecord | None:
@@ -843,6 +846,25 @@ class RedisBroker(ScheduleOps, Broker):
             stats.append(QueueStats(queue=queue, counts=counts, oldest_waiting=from_us(age)))
         return stats
 
+    async def history(self, queues: Sequence[str], minutes: int = 60) -> list[list[MinuteRollup]]:
+        if not 1 <= minutes <= HISTORY_MINUTES:
+            raise ValueError(f"minutes must be 1 to {HISTORY_MINUTES}, not {minutes}")
+        if not queues:
+            self._conn()
+            return []
+        k = self.keys
+        reply = await self._eval(
+            "history", [k.counts(q) for q in queues], [k.prefix, minutes, *queues]
+        )
+        first = (as_int(reply[0]) - minutes + 1) * 60
+        out = []
+        for row in reply[1:]:
+            values = [as_int(v) for v in row]
+            out.append(
+                [MinuteRollup(first + 60 * i, *values[3 * i : 3 * i + 3]) for i in range(minutes)]
+            )
+        return out
+
     async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
         check_worker_id(info.id)
         k = self.keys
@@ -871,3 +893,17 @@ class RedisBroker(ScheduleOps, Broker):
         k = self.keys
         reply = await self._eval("workers", [k.workers, k.queues], [k.prefix, "q"])
         return sorted(text(q) for q in reply)
+
+
+_decode_history = msgspec.msgpack.Decoder(list[bytes]).decode
+
+
+def _error_history(raw: bytes | None, last: bytes | None) -> tuple[bytes, ...]:
+    """The job hash's ``eh`` (a msgpack array of records); a job stored before the
+    history existed (or garbage there) has just its last record."""
+    if raw is not None:
+        try:
+            return tuple(_decode_history(raw))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+    return () if last is None else (last,)

@@ -1,0 +1,328 @@
+"""The dashboard's pages and actions: request handlers rendering Jinja2 templates.
+
+:class:`Dashboard` holds the :class:`~typedq.dashboard.source.Source` it reads and the
+:class:`~typedq.dashboard.security.Guard` that decides who may act; :func:`create_app`
+(``typedq.dashboard.app``) routes requests to it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+import msgspec
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from ..broker import redact_url
+from ..broker.base import JobState
+from ..errors import TypedqError
+from ..inspector import ACTIONS
+from .chart import throughput_svg
+from .forms import form_fields, parse_form
+from .security import COOKIE, Guard
+from .source import Source
+
+__all__ = ["Dashboard", "Handler"]
+
+#: A request handler.
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _when(epoch: float) -> str:
+    if not epoch:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
+
+
+def _ago(seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("typedq.dashboard", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["when"] = _when
+    env.filters["ago"] = _ago
+    env.filters["json"] = _json
+    env.filters["q"] = lambda s: quote(str(s), safe=":")
+    env.globals["STATES"] = list(JobState)
+    env.globals["chart"] = throughput_svg
+    return env
+
+
+class Dashboard:
+    """The request handlers of one dashboard (see :func:`create_app`)."""
+
+    def __init__(self, source: Source, guard: Guard, title: str) -> None:
+        self.source = source
+        self.guard = guard
+        self.title = title
+        self.env = _environment()
+
+    # -- rendering -------------------------------------------------------------------
+
+    def render(
+        self, request: Request, template: str, status: int = 200, **context: Any
+    ) -> Response:
+        session = self.guard.session(request.cookies.get(COOKIE))
+        base = request.scope.get("root_path", "")
+        html = self.env.get_template(template).render(
+            base=base,
+            app_name=self.source.name,
+            title=self.title,
+            broker=redact_url(self.source.client.url),
+            read_only=self.guard.read_only,
+            can_act=session is not None,
+            csrf=self.guard.csrf(session) if session else "",
+            notice=request.query_params.get("done", ""),
+            partial=request.headers.get("x-partial") == "1",
+            here=request.url.path,
+            **context,
+        )
+        return HTMLResponse(html, status_code=status, headers={"cache-control": "no-store"})
+
+    def problem(self, request: Request, status: int, message: str) -> Response:
+        return self.render(
+            request, "problem.html", status, message=message, heading=_REASON[status]
+        )
+
+    def guarded(self, handler: Handler) -> Handler:
+        """Wrap a page handler: a broker or input problem is one message, never a trace."""
+
+        async def page(request: Request) -> Response:
+            if not self.source.client.connected:
+                return self.problem(
+                    request,
+                    503,
+                    "the dashboard's app is not connected: enter `async with app` in the "
+                    "service's lifespan (typedq dashboard does it for you)",
+                )
+            try:
+                return await handler(request)
+            except TypedqError as exc:
+                return self.problem(request, 400, str(exc))
+
+        return page
+
+    def action(self, handler: Handler) -> Handler:
+        """Wrap an action: 403 unless logged in with the token and the form's CSRF token
+        matches the session's."""
+
+        async def act(request: Request) -> Response:
+            form = await request.form()
+            csrf = form.get("csrf")
+            if not self.guard.allows(
+                request.cookies.get(COOKIE), csrf if isinstance(csrf, str) else None
+            ):
+                return self.problem(
+                    request,
+                    403,
+                    "this dashboard is read-only (no token configured)"
+                    if self.guard.read_only
+                    else "log in with the dashboard token, and act from the dashboard's own pages",
+                )
+            request.state.form = form
+            return await handler(request)
+
+        return self.guarded(act)
+
+    def back(self, request: Request, path: str, done: str) -> Response:
+        base = request.scope.get("root_path", "")
+        return RedirectResponse(f"{base}{path}?{urlencode({'done': done})}", status_code=303)
+
+    # -- pages -----------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        rows = await self.source.overview()
+        return self.render(request, "overview.html", rows=rows, refresh=5)
+
+    async def queue(self, request: Request) -> Response:
+        queue = request.path_params["queue"]
+        params = request.query_params
+        try:
+            state = JobState(params.get("state", "waiting"))
+            offset = max(0, int(params.get("offset", "0")))
+        except ValueError:
+            return self.problem(request, 400, "state must be a job state and offset a number")
+        task = params.get("task", "")
+        page = await self.source.queue_page(queue, state, offset=offset, task=task)
+        (stats,) = await self.source.client.broker.queue_stats([queue])
+        tasks = sorted(t.name for t in self.source.tasks.values() if t.queue == queue)
+        return self.render(
+            request,
+            "queue.html",
+            page=page,
+            stats=stats,
+            tasks=tasks,
+            refresh=5,
+            purgeable=[s for s in JobState if stats.counts.get(s, 0)],
+        )
+
+    async def job(self, request: Request, *, status: int = 200, problem: str = "") -> Response:
+        job_id = request.path_params["job_id"]
+        page = await self.source.job(job_id)
+        if page is None:
+            return self.problem(
+                request, 404, f"no job {job_id!r} (finished jobs expire by the app's retention)"
+            )
+        fields = form_fields(page.schema, page.payload)
+        record = page.record
+        timeline = [(record.enqueued_at, "enqueued")]
+        timeline += [
+            (a.failed_at, f"attempt {a.attempt} failed: {a.error_type}") for a in page.attempts
+        ]
+        if record.run_at:
+            timeline.append((record.run_at, "due"))
+        if record.started_at:
+            timeline.append((record.started_at, f"attempt {record.attempt} started"))
+        if record.finished_at:
+            timeline.append((record.finished_at, record.state.value))
+        timeline.sort(key=lambda item: item[0])
+        return self.render(
+            request,
+            "job.html",
+            status,
+            page=page,
+            record=record,
+            fields=fields,
+            timeline=timeline,
+            problem=problem,
+            refresh=0 if record.state.is_final else 2,
+            retryable=record.state in ACTIONS["retry"],
+            cancellable=record.state in ACTIONS["cancel"],
+            rerunnable=page.schema is not None,
+        )
+
+    async def flows(self, request: Request) -> Response:
+        wanted = request.query_params.get("id", "").strip()
+        if wanted:
+            base = request.scope.get("root_path", "")
+            return RedirectResponse(f"{base}/flows/{quote(wanted, safe=':')}", status_code=303)
+        return self.render(request, "flows.html", flow=None, asked="")
+
+    async def flow(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        flow = await self.source.flow(job_id)
+        if flow is None:
+            return self.render(request, "flows.html", 404, flow=None, asked=job_id)
+        return self.render(
+            request, "flows.html", flow=flow, asked=job_id, refresh=5 if flow.running else 0
+        )
+
+    async def schedules(self, request: Request) -> Response:
+        views = await self.source.schedule_views()
+        return self.render(request, "schedules.html", schedules=views)
+
+    async def workers(self, request: Request) -> Response:
+        workers = await self.source.workers()
+        return self.render(request, "workers.html", workers=workers, now=time.time(), refresh=5)
+
+    async def login_page(self, request: Request) -> Response:
+        if self.guard.read_only:
+            return self.problem(request, 404, "this dashboard is read-only: it has no login")
+        return self.render(
+            request, "login.html", next=request.query_params.get("next", ""), failed=False
+        )
+
+    async def login(self, request: Request) -> Response:
+        if self.guard.read_only:
+            return self.problem(request, 403, "this dashboard is read-only (no token configured)")
+        form = await request.form()
+        token, target = _field(form, "token"), _field(form, "next")
+        if not self.guard.check_token(token):
+            return self.render(request, "login.html", 403, next=target, failed=True)
+        base = request.scope.get("root_path", "")
+        # Only a path of this dashboard: never an open redirect.
+        if not (target.startswith(f"{base}/") and not target.startswith("//")):
+            target = f"{base}/"
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(
+            COOKIE,
+            self.guard.new_session(),
+            httponly=True,
+            samesite="strict",
+            path=f"{base}/",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        if self.guard.read_only:
+            return self.problem(request, 403, "this dashboard is read-only (no token configured)")
+        base = request.scope.get("root_path", "")
+        response = RedirectResponse(f"{base}/", status_code=303)
+        response.delete_cookie(COOKIE, path=f"{base}/")
+        return response
+
+    # -- actions -----------------------------------------------------------------------
+
+    async def retry(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        report = await self.source.inspector(await self.source.queues()).act("retry", [job_id])
+        return self.back(
+            request, f"/jobs/{quote(job_id, safe=':')}", f"retry: {report.outcomes[job_id]}"
+        )
+
+    async def cancel(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        report = await self.source.inspector(await self.source.queues()).act("cancel", [job_id])
+        return self.back(
+            request, f"/jobs/{quote(job_id, safe=':')}", f"cancel: {report.outcomes[job_id]}"
+        )
+
+    async def purge(self, request: Request) -> Response:
+        queue = request.path_params["queue"]
+        try:
+            state = JobState(_field(request.state.form, "state"))
+        except ValueError:
+            return self.problem(request, 400, "choose the state whose jobs to purge")
+        report = await self.source.inspector([queue]).act_on_state("purge", state)
+        return self.back(
+            request, f"/queues/{quote(queue, safe=':')}", f"purged {report.done} {state.value} jobs"
+        )
+
+    async def rerun(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        page = await self.source.job(job_id)
+        if page is None:
+            return self.problem(request, 404, f"no job {job_id!r}")
+        task = self.source.tasks.get(page.record.message.task)
+        if task is None:
+            return self.problem(
+                request, 400, f"task {page.record.message.task!r} is not in this app"
+            )
+        fields = form_fields(page.schema, page.payload)
+        try:
+            data = parse_form(
+                fields, {k: v for k, v in request.state.form.items() if isinstance(v, str)}
+            )
+            value = task.input.decode(msgspec.msgpack.encode(data))
+        except (ValueError, TypedqError) as exc:
+            return await self.job(request, status=400, problem=f"not re-run: {exc}")
+        job = await task.enqueue(value)
+        return self.back(request, f"/jobs/{quote(job.id, safe=':')}", f"re-run of {job_id}")
+
+
+_REASON = {400: "Bad request", 403: "Forbidden", 404: "Not found", 503: "Not connected"}
+
+
+def _field(form: FormData, name: str) -> str:
+    value = form.get(name)
+    return value if isinstance(value, str) else ""
