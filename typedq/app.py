@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 from zoneinfo import ZoneInfo
 
 from .backoff import Backoff
@@ -31,6 +31,9 @@ from .task import (
 )
 from .worker import Worker
 
+if TYPE_CHECKING:
+    from .tracing import Tracing
+
 __all__ = ["App"]
 
 T = TypeVar("T")
@@ -45,7 +48,9 @@ class App(AppBase):
     :param lease: seconds a worker's claim lasts without renewal (renewed every third of it)
     :param max_stalls: lease expiries after which a job fails with reason ``stalled``
     :param retention: bounds on kept finished jobs (memory stays bounded)
-    :param max_queue_length: refuse enqueues past this many pending jobs per queue (0 = no cap)
+    :param max_queue_length: refuse enqueues past this many pending jobs per queue (0 = no cap)    :param tracing: OpenTelemetry spans for enqueues and for this app's workers: True
+        (the global TracerProvider) or a :class:`~typedq.tracing.Tracing`; needs
+        ``pip install 'typedq[otel]'``; off by default (see docs/observability.md)
     """
 
     def __init__(
@@ -58,6 +63,7 @@ class App(AppBase):
         max_stalls: int = 3,
         retention: Retention | None = None,
         max_queue_length: int = 0,
+        tracing: bool | Tracing = False,
     ) -> None:
         if lease <= 0:
             raise ConfigError(f"lease must be > 0 seconds, got {lease}")
@@ -71,6 +77,7 @@ class App(AppBase):
                 max_queue_length=max_queue_length,
             ),
             max_payload_bytes=max_payload_bytes,
+            tracing=tracing,
         )
         self.lease = lease
         self._tasks: dict[str, Task[Any, Any]] = {}

@@ -126,6 +126,9 @@ class JobMessage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     concurrency_key: str = ""
     #: The tick (epoch seconds) of the schedule that enqueued this job; 0 = not scheduled.
     scheduled_for: float = 0.0
+    #: The producer's trace context (typedq.tracing): the propagator's carrier as
+    #: ``key=value`` lines (W3C ``traceparent``/``tracestate`` by default); "" = none.
+    trace_context: str = ""
 
 
 class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):

@@ -67,7 +67,7 @@ Channels: ``P ev:w`` (a queue got work: space-separated queue names), ``P ev:d``
 asked to cancel: its id).
 
 The job body (``m``): a msgpack array ``[task, payload, fingerprint, priority,
-max_retries, timeout, eta, delay, rate_key, concurrency_key, scheduled_for]`` with trailing
+max_retries, timeout, eta, delay, rate_key, concurrency_key, scheduled_for, trace_context]`` with trailing
 default values left out; the id (from the key) and the queue (from the record) complete it
 into the JobMessage. Old
 records that hold a whole encoded JobMessage are still read.
