@@ -103,6 +103,8 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.gate("q1", "c|t1|k:1"),
             k.rate("t1", "k:1"),
             k.slots("t1", "k:1"),
+            k.events("q1"),
+            k.events_config("q1"),
         ]
     async with raw_redis(url) as raw:
         async with broker_at(url, "layout") as broker:

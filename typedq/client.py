@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
@@ -24,6 +24,8 @@ from .names import check_name
 from .options import check_message
 
 if TYPE_CHECKING:
+    from .events import EventStream
+    from .task import TaskBase, TOut
     from .tracing import Tracing
 
 __all__ = ["DEFAULT_BROKER_ENV", "DEFAULT_MAX_PAYLOAD", "AppBase", "Client"]
@@ -274,6 +276,23 @@ class AppBase:
             yield self
         finally:
             self._client = previous
+
+    def events(
+        self, task: TaskBase[Any, TOut], *, after: int | None = None, replay: bool = False
+    ) -> EventStream[TOut]:
+        """The completion events of ``task``, typed by it: ``async for event in
+        app.events(send_invoice)`` yields :class:`~typedq.events.CompletedEvent` (with
+        the typed result), :class:`~typedq.events.FailedEvent` (with the record) and
+        :class:`~typedq.events.EventGap` (fell behind the stream's cap). See
+        :mod:`typedq.events`.
+
+        :param task: a task (or stub) of this app
+        :param after: resume after this event number (``event.seq``)
+        :param replay: start at the oldest event the stream still holds, not now
+        """
+        from .events import EventStream
+
+        return EventStream(self._client, task, after=after, replay=replay)
 
     async def __aenter__(self) -> Self:
         await self._client.__aenter__()

@@ -359,6 +359,10 @@ class Worker(Generic[TIn, TOut]):
             ),
             anyio.create_task_group() as outer,
         ):
+            if getattr(self.app, "event_streams", False):
+                # Before any claim: every job this worker finishes has its event.
+                for queue in self.queues:
+                    await self.app.broker.enable_events(queue)
             await outer.start(self._serve)
             log.info(
                 "worker %s started: tasks=%s queues=%s concurrency=%d",

@@ -43,6 +43,7 @@ __all__ = [
     "ClaimedJob",
     "Completion",
     "EnqueueOutcome",
+    "EventRead",
     "Failure",
     "FireOutcome",
     "FinishOutcome",
@@ -50,6 +51,7 @@ __all__ = [
     "JobRecord",
     "JobState",
     "LeaseStatus",
+    "QueueEvent",
     "QueueStats",
     "Release",
     "Retention",
@@ -346,12 +348,46 @@ class BrokerSettings(msgspec.Struct, frozen=True, kw_only=True):
     :param retention: bounds on finished jobs
     :param max_queue_length: enqueues beyond this many waiting+scheduled jobs per queue
         are refused with QueueFull (0 = unbounded)
+    :param events_max: about how many events a queue's event stream keeps (typedq.events)
     """
 
     namespace: str = "typedq"
     max_stalls: int = 3
     retention: Retention = Retention()
     max_queue_length: int = 0
+    events_max: int = 10_000
+
+
+class QueueEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One job of a queue reached a final state (typedq.events), as the broker wrote it.
+
+    :ivar seq: the event's number in its queue's stream (1, 2, ...; never reused)
+    :ivar id: the job's id
+    :ivar task: the job's task
+    :ivar state: completed, failed or cancelled
+    :ivar data: the encoded result (completed) or FailureRecord (failed, cancelled);
+        ``b""`` when the job has none
+    :ivar attempt: the attempt that ended it (0: none ran)
+    """
+
+    seq: int
+    id: str
+    task: str
+    state: JobState
+    data: bytes = b""
+    attempt: int = 0
+
+
+class EventRead(msgspec.Struct, frozen=True, kw_only=True):
+    """What one read of a queue's event stream found.
+
+    :ivar events: the events after the position asked for, oldest first
+    :ivar missed: events after that position that the stream no longer holds (it is
+        capped: a reader fell behind by more than the cap); they come before ``events``
+    """
+
+    events: list[QueueEvent]
+    missed: int = 0
 
 
 class Broker(abc.ABC):
@@ -638,3 +674,24 @@ class Broker(abc.ABC):
         """Every queue a worker ever registered (and, where the broker knows it cheaply,
         every queue that holds jobs), sorted."""
         raise NotImplementedError(f"{type(self).__name__} keeps no queue registry")
+
+    # -- events (typedq.events) ----------------------------------------------------------
+
+    async def enable_events(self, queue: str) -> int:
+        """Start (or keep) writing ``queue``'s event stream, capped near
+        ``settings.events_max``: every job of the queue that reaches a final state from
+        now on adds a :class:`QueueEvent`. Idempotent.
+
+        :return: the number of the last event written so far (0: none yet)
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no event streams")
+
+    async def read_events(
+        self, queue: str, after: int, *, timeout: float, limit: int = 500
+    ) -> EventRead:
+        """The events of ``queue`` numbered after ``after`` (at most ``limit``), waiting
+        up to ``timeout`` seconds for one when there is none yet (never polling).
+
+        ``missed`` counts the events after ``after`` that the cap already dropped.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no event streams")

@@ -9,4 +9,6 @@ if #ARGV >= 8 then
   out[#out + 1] = k_rate(ARGV[7], ARGV[8])
   out[#out + 1] = k_slots(ARGV[7] .. '|' .. ARGV[8])
 end
+out[#out + 1] = k_events(ARGV[2])
+out[#out + 1] = k_events_cfg(ARGV[2])
 return out

@@ -37,12 +37,14 @@ from ..base import (
     ClaimedJob,
     Completion,
     EnqueueOutcome,
+    EventRead,
     Failure,
     FinishOutcome,
     JobMessage,
     JobRecord,
     JobState,
     LeaseStatus,
+    QueueEvent,
     QueueStats,
     Release,
     RetryOutcome,
@@ -67,6 +69,7 @@ from .codec import (
 from .connection import (
     HEALTH_CHECK_INTERVAL,
     MAX_CONNECTIONS,
+    SOCKET_TIMEOUT,
     answers_plain_text,
     make_client,
 )
@@ -871,3 +874,49 @@ class RedisBroker(ScheduleOps, Broker):
         k = self.keys
         reply = await self._eval("workers", [k.workers, k.queues], [k.prefix, "q"])
         return sorted(text(q) for q in reply)
+
+    # -- events (typedq.events) ----------------------------------------------------------
+
+    async def enable_events(self, queue: str) -> int:
+        key = self.keys.events_config(check_name("queue", queue))
+        with self._translate("enable_events"):
+            async with self._conn().pipeline(transaction=True) as pipe:
+                pipe.hset(key, "cap", max(1, int(self.settings.events_max)))
+                pipe.hget(key, "n")
+                _, last = await pipe.execute()
+        return as_int(last)
+
+    async def read_events(
+        self, queue: str, after: int, *, timeout: float, limit: int = 500
+    ) -> EventRead:
+        key = self.keys.events(check_name("queue", queue))
+        # XREAD BLOCK holds one pooled connection while it waits; it must answer before
+        # the socket timeout, so a long wait is several reads (each returns at once when
+        # an event comes: no polling).
+        block = max(1, min(int(timeout * 1000), int(SOCKET_TIMEOUT * 1000) - 1000))
+        with self._translate("read_events"):
+            reply: Any = await self._conn().xread(
+                {key: f"{max(0, after)}-1"}, count=max(1, limit), block=block
+            )
+        # RESP2 (the default): [[key, entries]]; nothing new: None.
+        entries: list[Any] = reply[0][1] if reply else []
+        events = []
+        for entry_id, fields in entries:
+            seq = as_int(text(entry_id).partition("-")[0])
+            f = {text(k): v for k, v in fields.items()}
+            state = STATES.get(text(f.get("s", b"")))
+            if state is None:
+                continue
+            data = f.get("d", b"")
+            events.append(
+                QueueEvent(
+                    seq=seq,
+                    id=text(f.get("i", b"")),
+                    task=text(f.get("k", b"")),
+                    state=state,
+                    data=data if isinstance(data, bytes) else str(data).encode(),
+                    attempt=as_int(f.get("a")),
+                )
+            )
+        missed = events[0].seq - after - 1 if events and events[0].seq > after + 1 else 0
+        return EventRead(events=events, missed=missed)
