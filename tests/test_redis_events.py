@@ -6,6 +6,8 @@ The behaviour is the contract suite's (tests/contract/test_events.py, both broke
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -48,7 +50,7 @@ async def test_the_stream_of_a_queue_as_stored(redis_server: RedisProcess) -> No
     await _finish(redis_server.url, "evon", ["a", "bad1"])
     keys = Keys("evon")
     async with raw_redis(redis_server.url) as raw:
-        entries = await raw.xrange(keys.events("q"))
+        entries: Any = await raw.xrange(keys.events("q"))
         assert [e[0] for e in entries] == [b"1-1", b"2-1"]
         assert [e[1] for e in entries] == [
             {b"i": b"a", b"k": b"t", b"s": b"c", b"d": b"\xc0", b"a": b"1"},
@@ -74,6 +76,7 @@ async def test_the_stream_is_capped(redis_server: RedisProcess) -> None:
         length = await raw.xlen(keys.events("q"))
         # MAXLEN ~ trims whole stream nodes (stream-node-max-entries, 100 by default).
         assert 10 <= length <= 10 + 100
-        [(last_id, last)] = await raw.xrevrange(keys.events("q"), count=1)
+        newest: Any = await raw.xrevrange(keys.events("q"), count=1)
+        [(last_id, last)] = newest
     assert last_id == b"1000-1"
     assert msgspec.msgpack.decode(last[b"d"]) is None

@@ -49,6 +49,7 @@ async def test_completed_and_failed_events_are_typed_and_in_order(
         got = await _take(events, 4)
         broken_events = await _take(app.events(broken, replay=True), 1)
     one, two, failed, four = got
+    assert isinstance(one, CompletedEvent)
     assert one == CompletedEvent(
         seq=one.seq, job_id=jobs[0].id, task="double", result=Out(2), attempt=1
     )
@@ -107,7 +108,9 @@ async def test_from_now_replay_and_resume(app_name: str, broker_url: str) -> Non
                 await late.result(timeout=TEST_DEADLINE)
                 [after_subscribe] = await _take(now, 1)
             replayed = await _take(app.events(echo, replay=True), 4)
-            resumed = await _take(app.events(echo, after=replayed[1].seq), 2)
+            second = replayed[1]
+            assert isinstance(second, CompletedEvent)
+            resumed = await _take(app.events(echo, after=second.seq), 2)
     assert isinstance(after_subscribe, CompletedEvent)
     assert after_subscribe.job_id == late.id  # nothing from before the subscription
     ids = [j.id for j in (*first, late)]
