@@ -11,8 +11,8 @@ import time
 import anyio
 import pytest
 
-from tests.support import claim_one, connected, msg, sleep_until
-from typedq import InvalidName, JobState
+from tests.support import In, Out, claim_one, connected, msg, sleep_until
+from typedq import App, InvalidName, JobState
 from typedq.broker.base import WorkerInfo
 
 pytestmark = pytest.mark.anyio
@@ -114,3 +114,30 @@ async def test_registry_refuses_a_worker_id_that_cannot_be_a_key(
         with pytest.raises(InvalidName, match="invalid worker id 'a b'"):
             await broker.register_worker(info("a b", ["q"]), ttl=10)
         assert await broker.list_workers() == []
+
+
+async def test_queues_a_producer_enqueued_to_are_registered(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="mail")
+    async def send(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task(queue="bulk")
+    async def bulk(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task(queue="steps")
+    async def step(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task(queue="steps2")
+    async def after(x: Out) -> Out:
+        return x
+
+    async with app:  # no worker anywhere: only producers know these queues
+        await send.enqueue(In(n=1))
+        await bulk.enqueue_many([In(n=1), In(n=2)])
+        await step.then(after).enqueue(In(n=3))
+        # Retention may drop every job of a queue: the registry keeps the queue.
+        assert {"mail", "bulk", "steps", "steps2"} <= set(await app.broker.list_queues())

@@ -671,8 +671,8 @@ class Broker(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
 
     async def list_queues(self) -> list[str]:
-        """Every queue a worker ever registered (and, where the broker knows it cheaply,
-        every queue that holds jobs), sorted."""
+        """Every queue a worker ever registered or this app's producers ever enqueued to
+        (each producer process adds a queue at its first enqueue to it), sorted."""
         raise NotImplementedError(f"{type(self).__name__} keeps no queue registry")
 
     # -- events (typedq.events) ----------------------------------------------------------

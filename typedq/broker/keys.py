@@ -35,7 +35,8 @@ The layout (``P`` is the prefix)::
     P q:<queue>:n         hash     state letter -> number of jobs (O(1) counts)
     P workers             zset     worker registry: worker id -> heartbeat expiry (µs)
     P wk:<worker id>      string   a worker's msgpack WorkerInfo, expiring with its heartbeat
-    P queues              set      queue registry: every queue a worker registered
+    P queues              set      queue registry: every queue a worker registered or a
+                                   producer process enqueued to (SADD at its first enqueue)
     P f:<flow id>         hash     a running workflow (typedq/broker/flow.py): ``S`` steps,
                                    ``n`` members, ``c`` members not settled, ``col``
                                    collector, ``pol`` fan-in policy, per member ``d<i>``

@@ -453,6 +453,7 @@ class MemoryBroker(Broker):
             job = _Job(message, now, self._next())
             self._jobs[message.id] = job
             self._counts[message.queue][JobState.WAITING] += 1  # _move subtracts from it
+            self._queues.add(message.queue)  # the queue registry: producers' queues too
             run_at = (
                 message.eta
                 if message.eta > 0
@@ -1033,6 +1034,7 @@ class MemoryBroker(Broker):
         job.flow_id = flow_id
         self._jobs[message.id] = job
         self._counts[message.queue][JobState.WAITING] += 1  # _move subtracts from it
+        self._queues.add(message.queue)
         return job
 
     def _flow_settled(

@@ -12,7 +12,7 @@ import contextlib
 import math
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import anyio
@@ -113,6 +113,9 @@ class RedisBroker(ScheduleOps, Broker):
         self._where = "Redis"
         self._password: str | None = None
         self._epoch = EpochWatch(settings.namespace, self.keys.epoch)
+        #: Queues this process already added to the queue registry (at its first enqueue
+        #: to each, so producer-only queues are discovered too).
+        self._registered: set[str] = set()
         self._memory = MemoryWatch()
 
     def __repr__(self) -> str:
@@ -344,7 +347,21 @@ class RedisBroker(ScheduleOps, Broker):
         if self._epoch.is_due():
             await self.check_epoch()
         created = await self._eval("enqueue", keys, args)
+        await self._register_queues(messages)
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
+
+    async def _register_queues(self, messages: Iterable[JobMessage]) -> None:
+        """Add the queues of ``messages`` (just stored) that this process had not
+        enqueued to yet to the queue registry: one SADD the first time, nothing after.
+        After the enqueue, so an unreachable Redis is met (and retried) once, not twice."""
+        new = {m.queue for m in messages} - self._registered
+        if not new:
+            return
+        try:
+            await self._conn().sadd(self.keys.queues, *sorted(new))
+        except (rexc.RedisError, OSError):
+            return  # the enqueue meets (and reports) the same trouble; next time again
+        self._registered |= new
 
     def _enqueue_call(self, messages: Sequence[JobMessage]) -> tuple[list[str], list[Any], int]:
         """Keys and arguments of one enqueue script, and the bytes of its job bodies."""
@@ -377,6 +394,20 @@ class RedisBroker(ScheduleOps, Broker):
         calls = [self._enqueue_call(batch) if batch else None for batch in batches]
         if self._epoch.is_due() and any(calls):
             await self.check_epoch()
+        results = await self._enqueue_batches(batches, calls)
+        await self._register_queues(
+            m
+            for batch, r in zip(batches, results, strict=True)
+            if isinstance(r, list)
+            for m in batch
+        )
+        return results
+
+    async def _enqueue_batches(
+        self,
+        batches: Sequence[Sequence[JobMessage]],
+        calls: list[tuple[list[str], list[Any], int] | None],
+    ) -> list[list[EnqueueOutcome] | Exception]:
         results: list[list[EnqueueOutcome] | Exception] = []
         i = 0
         while i < len(batches):
@@ -454,11 +485,18 @@ class RedisBroker(ScheduleOps, Broker):
         groups.append(group)
         calls.append(self._flow_call(group, args))
         replies = await self._eval_pipelined(calls)
-        return [
+        outcomes = [
             flow_outcome(spec, answer)
             for group, reply in zip(groups, replies, strict=True)
             for spec, answer in zip(group, reply, strict=True)
         ]
+        await self._register_queues(
+            m
+            for spec, outcome in zip(flows, outcomes, strict=True)
+            if not isinstance(outcome, Exception)
+            for m in (*spec.members, *spec.steps)
+        )
+        return outcomes
 
     async def flow_state(self, flow_id: str) -> FlowState | None:
         reply = await self._eval("flow_info", [], [self.keys.prefix, flow_id])
