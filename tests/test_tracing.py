@@ -26,7 +26,7 @@ from tests import trace_app
 from tests.cli_process import TypedqProcess
 from tests.redis_harness import RedisProcess, flushall
 from tests.support import TEST_DEADLINE, In, Out
-from typedq import App, Backoff, ConfigError, JobContext, JobFailed, Producer
+from typedq import App, Backoff, ConfigError, JobContext, JobFailed, Producer, QueueFull
 from typedq.broker.base import JobMessage
 from typedq.broker.redis.codec import decode_job, encode, encode_body
 from typedq.tracing import Tracing, decode_carrier, encode_carrier
@@ -259,6 +259,26 @@ async def test_enqueue_many_is_one_send_span(
         j.id for j in jobs
     )
     assert {_parent_id(s) for s in processes} == {_ids(send)[1]}
+
+
+async def test_a_refused_enqueue_is_an_error_send_span(
+    app_name: str, broker_url: str, tracing: Tracing, exporter: InMemorySpanExporter
+) -> None:
+    app = App(app_name, broker=broker_url, tracing=tracing, max_queue_length=1)
+
+    @app.task
+    async def echo(x: In) -> Out:
+        return Out(x.n)
+
+    async with app:
+        await echo.enqueue(In(n=1))
+        with pytest.raises(QueueFull):
+            await echo.enqueue(In(n=2))
+    ok, refused = exporter.get_finished_spans()
+    assert ok.status.status_code is StatusCode.UNSET
+    assert refused.status.status_code is StatusCode.ERROR
+    assert [e.name for e in refused.events] == ["exception"]
+    assert str((refused.events[0].attributes or {})["exception.type"]).endswith("QueueFull")
 
 
 async def test_no_span_and_no_context_when_tracing_is_off(
