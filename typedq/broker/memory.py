@@ -1210,7 +1210,11 @@ class MemoryBroker(Broker):
             for _, _, version, job_id in self._waiting.get(queue, ()):
                 job = self._jobs.get(job_id)
                 if job is not None and job.version == version and job.state is JobState.WAITING:
-                    oldest[queue] = min(oldest.get(queue, now), job.enqueued_at)
+                    # Waiting since it became due: a job enqueued with a delay or an
+                    # eta (moved to waiting since) did not wait before that.
+                    m = job.message
+                    due = m.eta if m.eta > 0 else job.enqueued_at + m.delay
+                    oldest[queue] = min(oldest.get(queue, now), max(job.enqueued_at, due))
         # Due jobs not promoted yet (promotion happens at claim) are waiting too.
         for run_at, version, job_id in self._scheduled:
             if run_at <= now:
