@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 
+from tests import obs_app
+from tests.cli_process import TypedqProcess
 from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import broker_at, message, raw_redis
+from tests.support import TEST_DEADLINE
+from typedq import CompletedEvent, Producer
 from typedq.broker.base import Completion, Failure, JobState
 from typedq.broker.keys import Keys
 
@@ -80,3 +85,30 @@ async def test_the_stream_is_capped(redis_server: RedisProcess) -> None:
         [(last_id, last)] = newest
     assert last_id == b"1000-1"
     assert msgspec.msgpack.decode(last[b"d"]) is None
+
+
+def test_a_producer_follows_the_events_of_a_worker_process(redis_server: RedisProcess) -> None:
+    flushall(redis_server.port)
+    process = TypedqProcess("worker", "tests.obs_app:app", "--broker", redis_server.url)
+
+    async def follow() -> tuple[list[str], list[Any]]:
+        producer = Producer(obs_app.app.name, broker=redis_server.url)
+        ok = producer.task("ok", obs_app.Item, obs_app.Item, queue="fast")
+        async with producer, producer.events(ok) as events:
+            jobs = [await ok.enqueue(obs_app.Item(n=n)) for n in range(20)]
+            got: list[Any] = []
+            with anyio.fail_after(TEST_DEADLINE):
+                async for event in events:
+                    got.append(event)
+                    if len(got) == len(jobs):
+                        break
+        return [j.id for j in jobs], got
+
+    try:
+        process.wait_for("started")
+        ids, got = anyio.run(follow)
+    finally:
+        process.close()
+    assert all(isinstance(e, CompletedEvent) for e in got)
+    assert sorted(e.job_id for e in got) == sorted(ids)
+    assert {e.job_id: e.result for e in got} == {i: obs_app.Item(n=n) for n, i in enumerate(ids)}
