@@ -116,6 +116,7 @@ class RedisBroker(ScheduleOps, Broker):
         #: Queues this process already added to the queue registry (at its first enqueue
         #: to each, so producer-only queues are discovered too).
         self._registered: set[str] = set()
+        self._register_failed: dict[str, float] = {}
         self._memory = MemoryWatch()
 
     def __repr__(self) -> str:
@@ -346,21 +347,26 @@ class RedisBroker(ScheduleOps, Broker):
         keys, args, _ = self._enqueue_call(messages)
         if self._epoch.is_due():
             await self.check_epoch()
-        created = await self._eval("enqueue", keys, args)
         await self._register_queues(messages)
+        created = await self._eval("enqueue", keys, args)
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
 
     async def _register_queues(self, messages: Iterable[JobMessage]) -> None:
-        """Add the queues of ``messages`` (just stored) that this process had not
-        enqueued to yet to the queue registry: one SADD the first time, nothing after.
-        After the enqueue, so an unreachable Redis is met (and retried) once, not twice."""
+        """Add the queues of ``messages`` that this process has not enqueued to yet to
+        the queue registry: one SADD the first time, nothing after. A failed SADD is
+        not retried for a minute (the enqueue meets the same trouble and reports it)."""
         new = {m.queue for m in messages} - self._registered
+        if not new:
+            return
+        now = time.monotonic()
+        new -= {q for q, until in self._register_failed.items() if until > now}
         if not new:
             return
         try:
             await self._conn().sadd(self.keys.queues, *sorted(new))
         except (rexc.RedisError, OSError):
-            return  # the enqueue meets (and reports) the same trouble; next time again
+            self._register_failed.update(dict.fromkeys(new, now + 60.0))
+            return
         self._registered |= new
 
     def _enqueue_call(self, messages: Sequence[JobMessage]) -> tuple[list[str], list[Any], int]:
@@ -394,20 +400,7 @@ class RedisBroker(ScheduleOps, Broker):
         calls = [self._enqueue_call(batch) if batch else None for batch in batches]
         if self._epoch.is_due() and any(calls):
             await self.check_epoch()
-        results = await self._enqueue_batches(batches, calls)
-        await self._register_queues(
-            m
-            for batch, r in zip(batches, results, strict=True)
-            if isinstance(r, list)
-            for m in batch
-        )
-        return results
-
-    async def _enqueue_batches(
-        self,
-        batches: Sequence[Sequence[JobMessage]],
-        calls: list[tuple[list[str], list[Any], int] | None],
-    ) -> list[list[EnqueueOutcome] | Exception]:
+        await self._register_queues(m for batch in batches for m in batch)
         results: list[list[EnqueueOutcome] | Exception] = []
         i = 0
         while i < len(batches):
@@ -468,6 +461,7 @@ class RedisBroker(ScheduleOps, Broker):
             return []
         if self._epoch.is_due():
             await self.check_epoch()
+        await self._register_queues(m for f in flows for m in (*f.members, *f.steps))
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
         groups: list[list[FlowSpec]] = []
         args: list[Any] = []
@@ -485,18 +479,11 @@ class RedisBroker(ScheduleOps, Broker):
         groups.append(group)
         calls.append(self._flow_call(group, args))
         replies = await self._eval_pipelined(calls)
-        outcomes = [
+        return [
             flow_outcome(spec, answer)
             for group, reply in zip(groups, replies, strict=True)
             for spec, answer in zip(group, reply, strict=True)
         ]
-        await self._register_queues(
-            m
-            for spec, outcome in zip(flows, outcomes, strict=True)
-            if not isinstance(outcome, Exception)
-            for m in (*spec.members, *spec.steps)
-        )
-        return outcomes
 
     async def flow_state(self, flow_id: str) -> FlowState | None:
         reply = await self._eval("flow_info", [], [self.keys.prefix, flow_id])
