@@ -55,6 +55,7 @@ from .client import DEFAULT_BROKER_ENV, Client
 from .errors import BrokerUnavailable, ConfigError, TypedqError
 from .schedule import Schedule
 from .schema import app_schema as schema_of
+from .supervisor import SUPERVISOR_ENV, stop_with_parent, watch_parent, write_metrics_port
 from .worker import Worker
 
 if TYPE_CHECKING:
@@ -147,6 +148,8 @@ def _worker(args: argparse.Namespace) -> int:
                 "this warning)",
                 DEFAULT_BROKER_ENV,
             )
+        if args.processes > 1:
+            return _supervise(args, url)
         log.info("app %r on %s", app.name, redact_url(url))
         return anyio.run(_run_worker, app, args)
     except KeyboardInterrupt:
@@ -159,6 +162,38 @@ def _worker(args: argparse.Namespace) -> int:
             raise
         print(f"typedq: error: {error}", file=sys.stderr)
         return 2
+
+
+def _supervise(args: argparse.Namespace, url: str) -> int:
+    """``--processes N``: run N copies of this worker command under a supervisor."""
+    from .supervisor import Supervisor, child_command
+
+    if url.startswith("memory:"):
+        raise ConfigError(
+            "--processes needs a broker the processes share, and memory:// lives inside one "
+            "process: give --broker redis://HOST:PORT/DB (or set TYPEDQ_BROKER)"
+        )
+    command = child_command(
+        args.app,
+        [
+            ("--broker", args.broker),
+            ("--concurrency", args.concurrency),
+            ("--queues", args.queues or None),
+            ("--grace", args.grace),
+            ("--wait-for-broker", args.wait_for_broker),
+            ("--heartbeat", args.heartbeat),
+            ("--log-level", args.log_level),
+            ("--log-format", args.log_format),
+        ],
+    )
+    log.info("app %r on %s: %d worker processes", args.app, redact_url(url), args.processes)
+    supervisor = Supervisor(
+        command,
+        args.processes,
+        metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr,
+    )
+    return anyio.run(supervisor.run)
 
 
 def _single(exc: BaseException) -> BaseException:
@@ -202,6 +237,7 @@ def _serve_metrics(worker: Worker[Any, Any], args: argparse.Namespace) -> Any:
             "choose another --metrics-port"
         ) from None
     log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
+    write_metrics_port(port)
     return server
 
 
@@ -210,6 +246,9 @@ async def _run_until_signalled(app: App, worker: Worker[Any, Any], args: argpars
     async with anyio.create_task_group() as tg:
         signals.scope = tg.cancel_scope
         tg.start_soon(signals.listen)
+        supervisor = os.environ.get(SUPERVISOR_ENV)
+        if supervisor and not stop_with_parent(int(supervisor)):
+            tg.start_soon(watch_parent, int(supervisor), lambda: signals.on_signal("orphaned"))
         async with _connected(app.client, args.wait_for_broker):
             # No await between these two lines: a signal handled after this sees a
             # worker whose stop() takes effect (run() sets itself up before awaiting).
@@ -345,6 +384,7 @@ _ENV_DEFAULTS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "wait_for_broker": ("TYPEDQ_WAIT_FOR_BROKER", float, 0.0),
     "log_format": ("TYPEDQ_LOG_FORMAT", str, "text"),
     "heartbeat": ("TYPEDQ_HEARTBEAT", float, 10.0),
+    "processes": ("TYPEDQ_PROCESSES", int, 1),
 }
 
 
@@ -373,6 +413,8 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
         raise ConfigError(f"--broker is for worker and inspect, not {args.command}")
     if args.log_format not in ("text", "json"):
         raise ConfigError(f"log format {args.log_format!r} is not text or json")
+    if getattr(args, "processes", 1) < 1:
+        raise ConfigError(f"--processes must be >= 1, got {args.processes}")
     if getattr(args, "heartbeat", 1.0) <= 0:
         raise ConfigError(f"--heartbeat must be > 0 seconds, got {args.heartbeat}")
     level = args.log_level
@@ -396,6 +438,7 @@ variable, the variable over the built-in default):
   TYPEDQ_WAIT_FOR_BROKER   worker --wait-for-broker
   TYPEDQ_LOG_FORMAT        --log-format
   TYPEDQ_HEARTBEAT         worker --heartbeat
+  TYPEDQ_PROCESSES         worker --processes
 """
 
 
@@ -474,6 +517,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=_env_help(
             "heartbeat", "seconds between worker-registry heartbeats (expiry: 3 missed)"
+        ),
+    )
+
+    worker.add_argument(
+        "--processes",
+        "-p",
+        type=int,
+        default=None,
+        metavar="N",
+        help=_env_help(
+            "processes",
+            "worker processes, each with --concurrency slots, supervised by this one "
+            "(signals passed on, crashed ones restarted)",
         ),
     )
 
