@@ -107,6 +107,8 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.rate("t1", "k:1"),
             k.slots("t1", "k:1"),
             k.minute("q1", 29000000),
+            k.events("q1"),
+            k.events_config("q1"),
         ]
     async with raw_redis(url) as raw:
         async with broker_at(url, "layout") as broker:
@@ -139,7 +141,10 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.waiting("other", 0),
             k.counts("q"),
             k.counts("other"),
+            k.queues,
         }
+        # The queue registry learned both queues from the enqueues (no worker ran).
+        assert await raw.smembers(k.queues) == {b"q", b"other"}
         # Jobs no worker has claimed are strings; the claimed one is a hash.
         assert job.message.id == "b"
         types = {i: await raw.type(k.job(i)) for i in "abcd"}
@@ -360,7 +365,9 @@ async def test_enqueue_many_has_no_per_job_round_trip(url: str) -> None:
     # One script call per chunk of 500; besides, only the handshakes of the few
     # pooled connections that send the chunks concurrently.
     assert sent.count("EVALSHA") == 20
-    others = [c for c in sent if c != "EVALSHA"]
+    # The process's first enqueue to the queue adds it to the queue registry, once.
+    assert sent.count("SADD") == 1
+    others = [c for c in sent if c not in ("EVALSHA", "SADD")]
     assert set(others) <= {"HELLO", "CLIENT", "PING", "SELECT"}
     assert len(others) <= 40
 

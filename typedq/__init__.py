@@ -34,6 +34,10 @@ from .errors import Reject as Reject
 from .errors import ResultTimeout as ResultTimeout
 from .errors import Retry as Retry
 from .errors import TypedqError as TypedqError
+from .events import CompletedEvent as CompletedEvent
+from .events import EventGap as EventGap
+from .events import EventStream as EventStream
+from .events import FailedEvent as FailedEvent
 from .fanin import Failed as Failed
 from .fanin import Ok as Ok
 from .job import Job as Job
@@ -67,11 +71,15 @@ __all__ = [
     "BrokerUnavailable",
     "Chain",
     "Client",
+    "CompletedEvent",
     "ConcurrencyLimit",
     "ConfigError",
     "EncodeError",
     "Enqueuer",
+    "EventGap",
+    "EventStream",
     "Failed",
+    "FailedEvent",
     "FailureReason",
     "FailureRecord",
     "FanOut",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 from zoneinfo import ZoneInfo
 
 from .backoff import Backoff
@@ -14,6 +14,7 @@ from .client import DEFAULT_MAX_PAYLOAD, AppBase
 from .errors import ConfigError
 from .limits import ConcurrencyLimit, RateLimit
 from .names import check_name
+from .options import check_int_option
 from .resources import Resource, Resources, check_factory
 from .schedule import Missed, Overlap, Schedule
 from .task import (
@@ -31,6 +32,9 @@ from .task import (
 )
 from .worker import Worker
 
+if TYPE_CHECKING:
+    from .tracing import Tracing
+
 __all__ = ["App"]
 
 T = TypeVar("T")
@@ -45,7 +49,12 @@ class App(AppBase):
     :param lease: seconds a worker's claim lasts without renewal (renewed every third of it)
     :param max_stalls: lease expiries after which a job fails with reason ``stalled``
     :param retention: bounds on kept finished jobs (memory stays bounded)
-    :param max_queue_length: refuse enqueues past this many pending jobs per queue (0 = no cap)
+    :param max_queue_length: refuse enqueues past this many pending jobs per queue (0 = no cap)    :param tracing: OpenTelemetry spans for enqueues and for this app's workers: True
+        (the global TracerProvider) or a :class:`~typedq.tracing.Tracing`; needs
+        ``pip install 'typedq[otel]'``; off by default (see docs/observability.md)
+    :param event_streams: workers turn their queues' event streams on at start-up (else
+        the first ``app.events(...)`` does; see :mod:`typedq.events`)
+    :param events_max: about how many events each queue's event stream keeps
     """
 
     def __init__(
@@ -58,9 +67,13 @@ class App(AppBase):
         max_stalls: int = 3,
         retention: Retention | None = None,
         max_queue_length: int = 0,
+        tracing: bool | Tracing = False,
+        event_streams: bool = False,
+        events_max: int = 10_000,
     ) -> None:
         if lease <= 0:
             raise ConfigError(f"lease must be > 0 seconds, got {lease}")
+        check_int_option("events_max", events_max, 1, 2**31 - 1, subject=f"App({name!r})")
         super().__init__(
             name,
             broker=broker,
@@ -69,10 +82,14 @@ class App(AppBase):
                 max_stalls=max_stalls,
                 retention=retention or Retention(),
                 max_queue_length=max_queue_length,
+                events_max=events_max,
             ),
             max_payload_bytes=max_payload_bytes,
+            tracing=tracing,
         )
         self.lease = lease
+        #: Workers turn their queues' event streams on at start-up (typedq.events).
+        self.event_streams = event_streams
         self._tasks: dict[str, Task[Any, Any]] = {}
         self._resources: dict[str, Resource[Any]] = {}
         self._schedules: dict[str, Schedule[Any]] = {}

@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
@@ -22,6 +22,11 @@ from .broker.flow import FlowSpec
 from .errors import ConfigError, NotConnected, PartialEnqueue
 from .names import check_name
 from .options import check_message
+
+if TYPE_CHECKING:
+    from .events import EventStream
+    from .task import TaskBase, TOut
+    from .tracing import Tracing
 
 __all__ = ["DEFAULT_BROKER_ENV", "DEFAULT_MAX_PAYLOAD", "AppBase", "Client"]
 
@@ -40,6 +45,9 @@ class Client:
     :param name: the app namespace; must match the worker's ``App(name)``
     :param settings: broker-wide settings (the App passes its own)
     :param batch_size: the most enqueues coalesced into one broker call
+    :param tracing: OpenTelemetry spans for enqueues (and, for an App, its workers):
+        True, or a :class:`~typedq.tracing.Tracing`; needs ``typedq[otel]`` (see
+        docs/observability.md)
     """
 
     def __init__(
@@ -49,8 +57,11 @@ class Client:
         name: str = "typedq",
         settings: BrokerSettings | None = None,
         batch_size: int = 500,
+        tracing: bool | Tracing = False,
     ) -> None:
         self.name = check_name("app", name)
+        #: The app's tracing (typedq.tracing); None: off, and the job path pays nothing.
+        self.tracing: Tracing | None = load_tracing(tracing)
         settings = settings or BrokerSettings(namespace=name)
         if broker is None:
             broker = os.environ.get(DEFAULT_BROKER_ENV) or "memory://"
@@ -137,6 +148,8 @@ class Client:
     async def _enqueue(self, message: JobMessage) -> EnqueueOutcome:
         # For envelopes already checked (TaskBase.message): the check is not repeated.
         self._require()
+        if self.tracing is not None:
+            return await self.tracing.send(message, self._enqueuer.submit)
         return await self._enqueuer.submit(message)
 
     async def _enqueue_flow_batch(self, specs: list[FlowSpec]) -> list[EnqueueOutcome | Exception]:
@@ -149,7 +162,10 @@ class Client:
         :raises QueueFull: its jobs would pass ``max_queue_length`` (nothing stored)
         """
         self._require()
-        outcome = await self._flow_enqueuer.submit(spec)
+        if self.tracing is not None:
+            outcome = await self.tracing.send_flow(spec, self._flow_enqueuer.submit)
+        else:
+            outcome = await self._flow_enqueuer.submit(spec)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -179,6 +195,11 @@ class Client:
         self._require()
         if not messages:
             return []
+        if self.tracing is not None:
+            return await self.tracing.send_many(messages, self._send_many)
+        return await self._send_many(messages)
+
+    async def _send_many(self, messages: list[JobMessage]) -> list[EnqueueOutcome]:
         size = self._enqueuer.max_batch
         chunks = [messages[i : i + size] for i in range(0, len(messages), size)]
         # One call for every chunk: the broker stores them in order (FIFO across chunks)
@@ -210,6 +231,7 @@ class AppBase:
     :param broker: a URL or a Broker; ``None`` uses ``$TYPEDQ_BROKER``, else ``memory://``
     :param settings: broker-wide settings for this namespace
     :param max_payload_bytes: the largest encoded input accepted by ``enqueue``
+    :param tracing: OpenTelemetry spans (see :class:`Client`)
     """
 
     def __init__(
@@ -219,11 +241,12 @@ class AppBase:
         broker: str | Broker | None,
         settings: BrokerSettings,
         max_payload_bytes: int,
+        tracing: bool | Tracing = False,
     ) -> None:
         self.name = check_name("app", name)
         self.settings = settings
         self.max_payload_bytes = max_payload_bytes
-        self._client = Client(broker, name=name, settings=settings)
+        self._client = Client(broker, name=name, settings=settings, tracing=tracing)
 
     @property
     def client(self) -> Client:
@@ -239,7 +262,9 @@ class AppBase:
         """Point at another broker; only while not connected."""
         if self._client.connected:
             raise ConfigError(f"cannot change the broker of a connected {type(self).__name__}")
-        self._client = Client(broker, name=self.name, settings=self.settings)
+        self._client = Client(
+            broker, name=self.name, settings=self.settings, tracing=self._client.tracing or False
+        )
 
     @contextlib.contextmanager
     def using_broker(self, broker: str | Broker) -> Iterator[Self]:
@@ -252,6 +277,23 @@ class AppBase:
         finally:
             self._client = previous
 
+    def events(
+        self, task: TaskBase[Any, TOut], *, after: int | None = None, replay: bool = False
+    ) -> EventStream[TOut]:
+        """The completion events of ``task``, typed by it: ``async for event in
+        app.events(send_invoice)`` yields :class:`~typedq.events.CompletedEvent` (with
+        the typed result), :class:`~typedq.events.FailedEvent` (with the record) and
+        :class:`~typedq.events.EventGap` (fell behind the stream's cap). See
+        :mod:`typedq.events`.
+
+        :param task: a task (or stub) of this app
+        :param after: resume after this event number (``event.seq``)
+        :param replay: start at the oldest event the stream still holds, not now
+        """
+        from .events import EventStream
+
+        return EventStream(self._client, task, after=after, replay=replay)
+
     async def __aenter__(self) -> Self:
         await self._client.__aenter__()
         return self
@@ -263,3 +305,19 @@ class AppBase:
         tb: TracebackType | None,
     ) -> None:
         await self._client.__aexit__(exc_type, exc, tb)
+
+
+def load_tracing(option: bool | Tracing) -> Tracing | None:
+    """The ``tracing=`` option as a Tracing, or None when off (nothing imported then).
+
+    :raises ConfigError: tracing asked for without the ``otel`` extra installed
+    """
+    if option is False or option is None:
+        return None
+    try:
+        from .tracing import tracing_from
+    except ImportError as exc:
+        raise ConfigError(
+            f"tracing needs OpenTelemetry ({exc}); install it with: pip install 'typedq[otel]'"
+        ) from None
+    return tracing_from(option)

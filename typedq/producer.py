@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 from .backoff import Backoff
 from .broker.base import Broker, BrokerSettings
@@ -39,6 +39,9 @@ from .serde import Model
 from .task import DEFAULT_QUEUE, TaskBase, TaskOptions, TIn, TOut, _Owner
 
 __all__ = ["Producer", "TaskStub"]
+
+if TYPE_CHECKING:
+    from .tracing import Tracing
 
 log = logging.getLogger("typedq.producer")
 
@@ -115,7 +118,9 @@ class Producer(AppBase):
     :param name: the worker's ``App`` name (the key namespace)
     :param broker: a URL or a Broker; ``None`` uses ``$TYPEDQ_BROKER``, else ``memory://``
     :param max_payload_bytes: the largest encoded input accepted by ``enqueue``
-    :param max_queue_length: the worker app's queue bound (enqueues past it raise QueueFull)
+    :param max_queue_length: the worker app's queue bound (enqueues past it raise QueueFull)    :param tracing: OpenTelemetry spans for enqueues and for this app's workers: True
+        (the global TracerProvider) or a :class:`~typedq.tracing.Tracing`; needs
+        ``pip install 'typedq[otel]'``; off by default (see docs/observability.md)
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class Producer(AppBase):
         broker: str | Broker | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
         max_queue_length: int = 0,
+        tracing: bool | Tracing = False,
     ) -> None:
         super().__init__(
             name,
@@ -133,6 +139,7 @@ class Producer(AppBase):
                 namespace=check_name("app", name), max_queue_length=max_queue_length
             ),
             max_payload_bytes=max_payload_bytes,
+            tracing=tracing,
         )
         self._tasks: dict[str, TaskStub[Any, Any]] = {}
 

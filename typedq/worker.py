@@ -196,6 +196,8 @@ class Worker(Generic[TIn, TOut]):
         self.stats = WorkerStats()
         #: Told what this worker does (``observe``); None: nobody listens.
         self._observer: Observers | None = None
+        #: The app's OpenTelemetry tracing (typedq.tracing); None: off.
+        self._tracing = app.client.tracing
         #: Seconds between heartbeats into the broker's worker registry; the entry
         #: expires after three missed ones.
         self.heartbeat = 10.0
@@ -360,6 +362,10 @@ class Worker(Generic[TIn, TOut]):
             ),
             anyio.create_task_group() as outer,
         ):
+            if getattr(self.app, "event_streams", False):
+                # Before any claim: every job this worker finishes has its event.
+                for queue in self.queues:
+                    await self.app.broker.enable_events(queue)
             await outer.start(self._serve)
             log.info(
                 "worker %s started: tasks=%s queues=%s concurrency=%d",
@@ -714,6 +720,7 @@ class Worker(Generic[TIn, TOut]):
                 extra=job_fields(claimed, self.id),
             )
         began = time.monotonic() if debug or observer is not None else 0.0
+        traced = self._tracing.process(claimed) if self._tracing is not None else None
         try:
             try:
                 attempt = await self._executor.attempt(claimed, running)
@@ -722,7 +729,11 @@ class Worker(Generic[TIn, TOut]):
                     if observer is not None:
                         observer.schema_mismatch(claimed)
                 outcome: Outcome = attempt.outcome
-            except Exception as exc:
+            except BaseException as exc:
+                if traced is not None:
+                    traced.end(None)
+                if not isinstance(exc, Exception):
+                    raise
                 log.exception(
                     "worker %s: job %s (%s) attempt %d: attempt failed",
                     self.id,
@@ -732,6 +743,9 @@ class Worker(Generic[TIn, TOut]):
                     extra=job_fields(claimed, self.id),
                 )
                 outcome = Fail(self._minimal(claimed, exc, "could not run this job"))
+            else:
+                if traced is not None:
+                    traced.end(outcome)
             ended = time.monotonic() if debug or observer is not None else 0.0
             try:
                 await self._settler.settle(claimed, outcome)

@@ -11,8 +11,8 @@ import time
 import anyio
 import pytest
 
-from tests.support import claim_one, connected, msg, sleep_until
-from typedq import InvalidName, JobState
+from tests.support import In, Out, claim_one, connected, msg, sleep_until
+from typedq import App, InvalidName, JobState
 from typedq.broker.base import WorkerInfo
 
 pytestmark = pytest.mark.anyio
@@ -84,6 +84,24 @@ async def test_queue_stats_counts_a_due_scheduled_job_from_its_due_time(
         assert stats.oldest_waiting <= time.time() - due + 1.0
 
 
+async def test_a_scheduled_job_moved_to_waiting_ages_from_its_due_time(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([msg(queue="q", priority=5)])
+        enqueued = time.time()
+        await broker.enqueue([msg(queue="q", delay=2.0)])
+        await broker.enqueue([msg(queue="q", priority=1, eta=enqueued + 2.0)])
+        await sleep_until(enqueued + 2.2)
+        # The claim moves the due jobs to waiting, and takes the higher-priority one.
+        claimed = await claim_one(broker, "q")
+        assert claimed.message.priority == 5
+        (stats,) = await broker.queue_stats(["q"])
+        assert stats.counts[JobState.WAITING] == 2
+        # Each has waited since it became due (~0.2 s), not since its enqueue (~2.2 s).
+        assert 0.1 <= stats.oldest_waiting < 1.5
+
+
 async def test_registry_lists_live_workers_and_ages_out_expired_ones(
     app_name: str, broker_url: str
 ) -> None:
@@ -114,3 +132,30 @@ async def test_registry_refuses_a_worker_id_that_cannot_be_a_key(
         with pytest.raises(InvalidName, match="invalid worker id 'a b'"):
             await broker.register_worker(info("a b", ["q"]), ttl=10)
         assert await broker.list_workers() == []
+
+
+async def test_queues_a_producer_enqueued_to_are_registered(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="mail")
+    async def send(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task(queue="bulk")
+    async def bulk(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task(queue="steps")
+    async def step(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task(queue="steps2")
+    async def after(x: Out) -> Out:
+        return x
+
+    async with app:  # no worker anywhere: only producers know these queues
+        await send.enqueue(In(n=1))
+        await bulk.enqueue_many([In(n=1), In(n=2)])
+        await step.then(after).enqueue(In(n=3))
+        # Retention may drop every job of a queue: the registry keeps the queue.
+        assert {"mail", "bulk", "steps", "steps2"} <= set(await app.broker.list_queues())

@@ -45,6 +45,7 @@ __all__ = [
     "ClaimedJob",
     "Completion",
     "EnqueueOutcome",
+    "EventRead",
     "Failure",
     "FireOutcome",
     "FinishOutcome",
@@ -53,6 +54,7 @@ __all__ = [
     "JobState",
     "LeaseStatus",
     "MinuteRollup",
+    "QueueEvent",
     "QueueStats",
     "Release",
     "Retention",
@@ -136,6 +138,9 @@ class JobMessage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     concurrency_key: str = ""
     #: The tick (epoch seconds) of the schedule that enqueued this job; 0 = not scheduled.
     scheduled_for: float = 0.0
+    #: The producer's trace context (typedq.tracing): the propagator's carrier as
+    #: ``key=value`` lines (W3C ``traceparent``/``tracestate`` by default); "" = none.
+    trace_context: str = ""
 
 
 class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -368,12 +373,46 @@ class BrokerSettings(msgspec.Struct, frozen=True, kw_only=True):
     :param retention: bounds on finished jobs
     :param max_queue_length: enqueues beyond this many waiting+scheduled jobs per queue
         are refused with QueueFull (0 = unbounded)
+    :param events_max: about how many events a queue's event stream keeps (typedq.events)
     """
 
     namespace: str = "typedq"
     max_stalls: int = 3
     retention: Retention = Retention()
     max_queue_length: int = 0
+    events_max: int = 10_000
+
+
+class QueueEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One job of a queue reached a final state (typedq.events), as the broker wrote it.
+
+    :ivar seq: the event's number in its queue's stream (1, 2, ...; never reused)
+    :ivar id: the job's id
+    :ivar task: the job's task
+    :ivar state: completed, failed or cancelled
+    :ivar data: the encoded result (completed) or FailureRecord (failed, cancelled);
+        ``b""`` when the job has none
+    :ivar attempt: the attempt that ended it (0: none ran)
+    """
+
+    seq: int
+    id: str
+    task: str
+    state: JobState
+    data: bytes = b""
+    attempt: int = 0
+
+
+class EventRead(msgspec.Struct, frozen=True, kw_only=True):
+    """What one read of a queue's event stream found.
+
+    :ivar events: the events after the position asked for, oldest first
+    :ivar missed: events after that position that the stream no longer holds (it is
+        capped: a reader fell behind by more than the cap); they come before ``events``
+    """
+
+    events: list[QueueEvent]
+    missed: int = 0
 
 
 class Broker(abc.ABC):
@@ -670,6 +709,27 @@ class Broker(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
 
     async def list_queues(self) -> list[str]:
-        """Every queue a worker ever registered (and, where the broker knows it cheaply,
-        every queue that holds jobs), sorted."""
+        """Every queue a worker ever registered or this app's producers ever enqueued to
+        (each producer process adds a queue at its first enqueue to it), sorted."""
         raise NotImplementedError(f"{type(self).__name__} keeps no queue registry")
+
+    # -- events (typedq.events) ----------------------------------------------------------
+
+    async def enable_events(self, queue: str) -> int:
+        """Start (or keep) writing ``queue``'s event stream, capped near
+        ``settings.events_max``: every job of the queue that reaches a final state from
+        now on adds a :class:`QueueEvent`. Idempotent.
+
+        :return: the number of the last event written so far (0: none yet)
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no event streams")
+
+    async def read_events(
+        self, queue: str, after: int, *, timeout: float, limit: int = 500
+    ) -> EventRead:
+        """The events of ``queue`` numbered after ``after`` (at most ``limit``), waiting
+        up to ``timeout`` seconds for one when there is none yet (never polling).
+
+        ``missed`` counts the events after ``after`` that the cap already dropped.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no event streams")

@@ -39,7 +39,8 @@ The layout (``P`` is the prefix)::
                                    call, expires 25 h after its last write (24 h shown)
     P workers             zset     worker registry: worker id -> heartbeat expiry (µs)
     P wk:<worker id>      string   a worker's msgpack WorkerInfo, expiring with its heartbeat
-    P queues              set      queue registry: every queue a worker registered
+    P queues              set      queue registry: every queue a worker registered or a
+                                   producer process enqueued to (SADD at its first enqueue)
     P f:<flow id>         hash     a running workflow (typedq/broker/flow.py): ``S`` steps,
                                    ``n`` members, ``c`` members not settled, ``col``
                                    collector, ``pol`` fan-in policy, per member ``d<i>``
@@ -52,6 +53,13 @@ The layout (``P`` is the prefix)::
                                    -> when the gate opens (µs; +inf until a concurrency
                                    slot frees, 0 once one did); a gate is
                                    '<r|c>|<task>|<key>' (rate or concurrency)
+    P q:<queue>:E         hash     the queue's event stream is on (typedq.events): ``cap``
+                                   (about how many events it keeps) and ``n`` the number
+                                   of the last event written; written by enable_events
+    P q:<queue>:e         stream   the queue's events, entry id ``<n>-1``: ``i`` job id,
+                                   ``k`` task, ``s`` final state letter, ``d`` result or
+                                   failure record, ``a`` attempt; XADD MAXLEN ~ cap in
+                                   the scripts' finalize (only while ``E`` exists)
     P q:<queue>:g:<gate>  list     the waiting jobs a gate parked, '<prio>|<id>', FIFO;
                                    still waiting (counted, cancellable), never claimed
                                    and put back: the claim skips past them
@@ -71,7 +79,7 @@ Channels: ``P ev:w`` (a queue got work: space-separated queue names), ``P ev:d``
 asked to cancel: its id).
 
 The job body (``m``): a msgpack array ``[task, payload, fingerprint, priority,
-max_retries, timeout, eta, delay, rate_key, concurrency_key, scheduled_for]`` with trailing
+max_retries, timeout, eta, delay, rate_key, concurrency_key, scheduled_for, trace_context]`` with trailing
 default values left out; the id (from the key) and the queue (from the record) complete it
 into the JobMessage. Old
 records that hold a whole encoded JobMessage are still read.
@@ -192,6 +200,14 @@ class Keys:
     def gate(self, queue: str, gate: str) -> str:
         """The list of waiting jobs one limit gate of ``queue`` parked."""
         return f"{self.prefix}q:{queue}:g:{gate}"
+
+    def events(self, queue: str) -> str:
+        """The capped stream of ``queue``'s events (typedq.events)."""
+        return f"{self.prefix}q:{queue}:e"
+
+    def events_config(self, queue: str) -> str:
+        """The hash that turns ``queue``'s event stream on: its cap and last event number."""
+        return f"{self.prefix}q:{queue}:E"
 
     def rate(self, task: str, key: str) -> str:
         """A rate bucket's start times within its window (sliding-window log)."""

@@ -34,6 +34,7 @@ from .base import (
     ClaimedJob,
     Completion,
     EnqueueOutcome,
+    EventRead,
     Failure,
     FinishOutcome,
     FireOutcome,
@@ -42,6 +43,7 @@ from .base import (
     JobState,
     LeaseStatus,
     MinuteRollup,
+    QueueEvent,
     QueueStats,
     Release,
     RetryOutcome,
@@ -243,6 +245,11 @@ class MemoryBroker(Broker):
         #: Throughput rollups: queue -> minute (minutes since the epoch) -> [completed,
         #: failed, retried]; minutes older than HISTORY_MINUTES are pruned as new ones start.
         self._rollups: dict[str, dict[int, list[int]]] = {}
+        #: Event streams (typedq.events) by queue: a ring of the last events_max events,
+        #: the last event number, and the readers waiting for the next event.
+        self._events: dict[str, deque[QueueEvent]] = {}
+        self._event_seq: dict[str, int] = {}
+        self._event_waiters: dict[str, anyio.Event] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -270,6 +277,9 @@ class MemoryBroker(Broker):
         for event in self._finish_waiters.values():
             event.set()
         self._finish_waiters.clear()
+        for event in self._event_waiters.values():
+            event.set()
+        self._event_waiters.clear()
 
     def _check(self) -> None:
         if not self._connected:
@@ -346,6 +356,9 @@ class MemoryBroker(Broker):
         waiter = self._finish_waiters.pop(job.message.id, None)
         if waiter is not None:
             waiter.set()
+        ring = self._events.get(job.message.queue)
+        if ring is not None:
+            self._emit(ring, job, state)
         if job.flow_id is not None:
             self._flow_settled(job, job.state, job.result, job.error, now)
         self._trim(state, now)
@@ -360,6 +373,26 @@ class MemoryBroker(Broker):
                 del minutes[old]
             row = minutes[minute] = [0, 0, 0]
         row[field] += 1
+
+    def _emit(self, ring: deque[QueueEvent], job: _Job, state: JobState) -> None:
+        queue = job.message.queue
+        seq = self._event_seq[queue] = self._event_seq[queue] + 1
+        data = job.result if state is JobState.COMPLETED else job.error
+        ring.append(
+            QueueEvent(
+                seq=seq,
+                id=job.message.id,
+                task=job.message.task,
+                state=state,
+                data=data or b"",
+                attempt=job.attempt,
+            )
+        )
+        while len(ring) > self.settings.events_max:
+            ring.popleft()
+        waiter = self._event_waiters.pop(queue, None)
+        if waiter is not None:
+            waiter.set()
 
     def _trim(self, state: JobState, now: float) -> None:
         retention = self.settings.retention
@@ -450,6 +483,7 @@ class MemoryBroker(Broker):
             job = _Job(message, now, self._next())
             self._jobs[message.id] = job
             self._counts[message.queue][JobState.WAITING] += 1  # _move subtracts from it
+            self._queues.add(message.queue)  # the queue registry: producers' queues too
             run_at = (
                 message.eta
                 if message.eta > 0
@@ -1035,6 +1069,7 @@ class MemoryBroker(Broker):
         job.flow_id = flow_id
         self._jobs[message.id] = job
         self._counts[message.queue][JobState.WAITING] += 1  # _move subtracts from it
+        self._queues.add(message.queue)
         return job
 
     def _flow_settled(
@@ -1210,7 +1245,11 @@ class MemoryBroker(Broker):
             for _, _, version, job_id in self._waiting.get(queue, ()):
                 job = self._jobs.get(job_id)
                 if job is not None and job.version == version and job.state is JobState.WAITING:
-                    oldest[queue] = min(oldest.get(queue, now), job.enqueued_at)
+                    # Waiting since it became due: a job enqueued with a delay or an
+                    # eta (moved to waiting since) did not wait before that.
+                    m = job.message
+                    due = m.eta if m.eta > 0 else job.enqueued_at + m.delay
+                    oldest[queue] = min(oldest.get(queue, now), max(job.enqueued_at, due))
         # Due jobs not promoted yet (promotion happens at claim) are waiting too.
         for run_at, version, job_id in self._scheduled:
             if run_at <= now:
@@ -1271,3 +1310,27 @@ class MemoryBroker(Broker):
     async def list_queues(self) -> list[str]:
         self._check()
         return sorted(self._queues | {q for q, c in self._counts.items() if any(c.values())})
+
+    async def enable_events(self, queue: str) -> int:
+        self._check()
+        self._events.setdefault(queue, deque())
+        return self._event_seq.setdefault(queue, 0)
+
+    async def read_events(
+        self, queue: str, after: int, *, timeout: float, limit: int = 500
+    ) -> EventRead:
+        self._check()
+        if self._event_seq.get(queue, 0) <= after:
+            waiter = self._event_waiters.get(queue)
+            if waiter is None:
+                waiter = self._event_waiters[queue] = anyio.Event()
+            with anyio.move_on_after(timeout):
+                await waiter.wait()
+            self._check()
+        ring = self._events.get(queue)
+        if not ring or ring[-1].seq <= after:
+            return EventRead(events=[])
+        # The ring's numbers are consecutive: the first one after `after` is found by index.
+        start = max(0, after + 1 - ring[0].seq)
+        events = [ring[i] for i in range(start, min(len(ring), start + limit))]
+        return EventRead(events=events, missed=max(0, events[0].seq - after - 1))

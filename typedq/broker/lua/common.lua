@@ -26,6 +26,9 @@ local function k_slots(slot) return P .. 'cc:' .. slot end
 -- was last written, so the history is bounded (24 h) and survives restarts.
 local function k_minute(q, minute) return P .. 'q:' .. q .. ':h:' .. minute end
 local ROLLUP_TTL_S = 25 * 3600
+-- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
+local function k_events(q) return P .. 'q:' .. q .. ':e' end
+local function k_events_cfg(q) return P .. 'q:' .. q .. ':E' end
 local CH_WORK = P .. 'ev:w'
 local CH_DONE = P .. 'ev:d'
 local CH_CANCEL = P .. 'ev:x'
@@ -281,6 +284,37 @@ end
 -- Move an active/waiting/scheduled job to a final state. A workflow's job (fields
 -- fl/fm/fs, see typedq/broker/flow.py) hands off to the rest of its flow here, in the
 -- same script as its own transition.
+-- The task name at the head of a job body ([task, payload, ...], msgpack): a fixstr or
+-- str8 right after the array header; '' for anything else (a pre-body record).
+local function body_task(m)
+  if not m then return '' end
+  local b = string.byte(m, 2)
+  if b and b >= 0xa0 and b <= 0xbf then return string.sub(m, 3, 2 + b - 0xa0) end
+  if b == 0xd9 then return string.sub(m, 4, 3 + (string.byte(m, 3) or 0)) end
+  return ''
+end
+
+-- Job `id` of queue `q` reached final state `state`: when the queue's event stream is
+-- on, add its event '<n>-1' (n: the queue's next event number), capped near its 'cap'.
+-- One HGET per queue per call when it is off.
+local events_cap = {}
+local function emit_event(id, q, state)
+  local cap = events_cap[q]
+  if cap == nil then
+    cap = tonumber(redis.call('HGET', k_events_cfg(q), 'cap')) or false
+    events_cap[q] = cap
+  end
+  if not cap then return end
+  local r = redis.call('HMGET', k_job(id), 'm', 'res', 'err', 'a')
+  local data = r[3]
+  if state == 'c' then data = r[2] end
+  local n = redis.call('HINCRBY', k_events_cfg(q), 'n', 1)
+  -- pcall: an entry id at or below the stream's last (its config was deleted and made
+  -- again) loses that event rather than aborting the transition half done.
+  redis.pcall('XADD', k_events(q), 'MAXLEN', '~', cap, n .. '-1', 'i', id, 'k',
+    body_task(r[1]), 's', state, 'd', data or '', 'a', r[4] or '0')
+end
+
 local function finalize(id, q, from, state, done_key, now)
   local jk = k_job(id)
   redis.call('HSET', jk, 's', state, 'fa', now)
@@ -290,6 +324,7 @@ local function finalize(id, q, from, state, done_key, now)
   count(q, state, 1)
   if state == 'c' or state == 'f' then roll(q, state) end
   done_ids[#done_ids + 1] = id
+  emit_event(id, q, state)
   local fl = flow_links[id]
   if fl == nil then
     fl = redis.call('HMGET', jk, 'fl', 'fm', 'fs')

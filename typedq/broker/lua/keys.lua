@@ -10,4 +10,6 @@ if #ARGV >= 8 then
   out[#out + 1] = k_slots(ARGV[7] .. '|' .. ARGV[8])
 end
 if #ARGV >= 9 then out[#out + 1] = k_minute(ARGV[2], ARGV[9]) end
+out[#out + 1] = k_events(ARGV[2])
+out[#out + 1] = k_events_cfg(ARGV[2])
 return out

@@ -2,12 +2,59 @@
 -- Counts per state and the age of the longest-waiting job, per queue (a metrics
 -- scrape: one round trip for every queue). The oldest waiting job of a priority level
 -- is its head (the right end of its list; the first live entry among the last
--- HEAD_SCAN, stale entries skipped); its age counts from its enqueue time. A due
--- scheduled job not yet moved to waiting counts from its due time.
+-- HEAD_SCAN, stale entries skipped); its age counts from when it became due: its
+-- enqueue time, or the time its delay or eta named (a scheduled job moved to waiting
+-- has waited since then, not since its enqueue). A due scheduled job not yet moved to
+-- waiting counts from its due time too.
 -- KEYS: the counts hash of each queue (declared for routing; read by name below)
 -- ARGV: P, queue...
 -- Returns per queue: its counts hash as a flat list, then the age in microseconds.
 local HEAD_SCAN = 16
+
+-- Reading a job body (msgpack) without decoding it (cmsgpack knows no bin type):
+-- the index after the item at `i` (nil for what a body never holds), and the number
+-- at `i` (floats, positive fixints; nil otherwise).
+local function mp_skip(m, i)
+  local b = string.byte(m, i)
+  if not b then return nil end
+  if b <= 0x7f or b >= 0xe0 or b == 0xc0 or b == 0xc2 or b == 0xc3 then return i + 1 end
+  if b >= 0xa0 and b <= 0xbf then return i + 1 + (b - 0xa0) end
+  if b == 0xd9 or b == 0xc4 then return i + 2 + (string.byte(m, i + 1) or 0) end
+  if b == 0xda or b == 0xc5 then return i + 3 + struct.unpack('>I2', m, i + 1) end
+  if b == 0xdb or b == 0xc6 then return i + 5 + struct.unpack('>I4', m, i + 1) end
+  if b == 0xcc or b == 0xd0 then return i + 2 end
+  if b == 0xcd or b == 0xd1 then return i + 3 end
+  if b == 0xce or b == 0xd2 or b == 0xca then return i + 5 end
+  if b == 0xcf or b == 0xd3 or b == 0xcb then return i + 9 end
+  return nil
+end
+
+local function mp_number(m, i)
+  local b = string.byte(m, i)
+  if b == 0xcb and #m >= i + 8 then return (struct.unpack('>d', m, i + 1)) end
+  if b == 0xca and #m >= i + 4 then return (struct.unpack('>f', m, i + 1)) end
+  if b and b <= 0x7f then return b end
+  return nil
+end
+
+-- When a waiting job enqueued at `e` (µs) became due: the eta or delay of its body `m`
+-- (fields 7 and 8, seconds); a body of fewer fields has neither and is not read.
+local function due_us(e, m)
+  local n = m and string.byte(m, 1)
+  if not n or n < 0x97 or n > 0x9f then return e end
+  local i = 2
+  for _ = 1, 6 do
+    i = mp_skip(m, i)
+    if not i then return e end
+  end
+  local eta = mp_number(m, i)
+  if eta and eta > 0 then return math.max(e, math.floor(eta * 1000000)) end
+  i = mp_skip(m, i)
+  local delay = i and mp_number(m, i)
+  if delay and delay > 0 then return e + math.floor(delay * 1000000) end
+  return e
+end
+
 local now = now_us()
 local out = {}
 for i = 2, #ARGV do
@@ -18,9 +65,10 @@ for i = 2, #ARGV do
     if redis.call('TYPE', lk).ok == 'list' then
       local ids = redis.call('LRANGE', lk, -HEAD_SCAN, -1)
       for j = #ids, 1, -1 do
-        local r = read_job(ids[j], 's', 'q', 'e')
+        local r = read_job(ids[j], 's', 'q', 'e', 'm')
         if r and r[1] == 'w' and r[2] == q then
           local e = tonumber(r[3])
+          if e then e = due_us(e, r[4]) end
           if e and (not oldest or e < oldest) then oldest = e end
           break
         end

@@ -12,7 +12,7 @@ import contextlib
 import math
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import anyio
@@ -38,6 +38,7 @@ from ..base import (
     ClaimedJob,
     Completion,
     EnqueueOutcome,
+    EventRead,
     Failure,
     FinishOutcome,
     JobMessage,
@@ -45,6 +46,7 @@ from ..base import (
     JobState,
     LeaseStatus,
     MinuteRollup,
+    QueueEvent,
     QueueStats,
     Release,
     RetryOutcome,
@@ -69,6 +71,7 @@ from .codec import (
 from .connection import (
     HEALTH_CHECK_INTERVAL,
     MAX_CONNECTIONS,
+    SOCKET_TIMEOUT,
     answers_plain_text,
     make_client,
 )
@@ -112,6 +115,10 @@ class RedisBroker(ScheduleOps, Broker):
         self._where = "Redis"
         self._password: str | None = None
         self._epoch = EpochWatch(settings.namespace, self.keys.epoch)
+        #: Queues this process already added to the queue registry (at its first enqueue
+        #: to each, so producer-only queues are discovered too).
+        self._registered: set[str] = set()
+        self._register_failed: dict[str, float] = {}
         self._memory = MemoryWatch()
 
     def __repr__(self) -> str:
@@ -342,8 +349,27 @@ class RedisBroker(ScheduleOps, Broker):
         keys, args, _ = self._enqueue_call(messages)
         if self._epoch.is_due():
             await self.check_epoch()
+        await self._register_queues(messages)
         created = await self._eval("enqueue", keys, args)
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
+
+    async def _register_queues(self, messages: Iterable[JobMessage]) -> None:
+        """Add the queues of ``messages`` that this process has not enqueued to yet to
+        the queue registry: one SADD the first time, nothing after. A failed SADD is
+        not retried for a minute (the enqueue meets the same trouble and reports it)."""
+        new = {m.queue for m in messages} - self._registered
+        if not new:
+            return
+        now = time.monotonic()
+        new -= {q for q, until in self._register_failed.items() if until > now}
+        if not new:
+            return
+        try:
+            await self._conn().sadd(self.keys.queues, *sorted(new))
+        except (rexc.RedisError, OSError):
+            self._register_failed.update(dict.fromkeys(new, now + 60.0))
+            return
+        self._registered |= new
 
     def _enqueue_call(self, messages: Sequence[JobMessage]) -> tuple[list[str], list[Any], int]:
         """Keys and arguments of one enqueue script, and the bytes of its job bodies."""
@@ -376,6 +402,7 @@ class RedisBroker(ScheduleOps, Broker):
         calls = [self._enqueue_call(batch) if batch else None for batch in batches]
         if self._epoch.is_due() and any(calls):
             await self.check_epoch()
+        await self._register_queues(m for batch in batches for m in batch)
         results: list[list[EnqueueOutcome] | Exception] = []
         i = 0
         while i < len(batches):
@@ -436,6 +463,7 @@ class RedisBroker(ScheduleOps, Broker):
             return []
         if self._epoch.is_due():
             await self.check_epoch()
+        await self._register_queues(m for f in flows for m in (*f.members, *f.steps))
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
         groups: list[list[FlowSpec]] = []
         args: list[Any] = []
@@ -893,6 +921,52 @@ class RedisBroker(ScheduleOps, Broker):
         k = self.keys
         reply = await self._eval("workers", [k.workers, k.queues], [k.prefix, "q"])
         return sorted(text(q) for q in reply)
+
+    # -- events (typedq.events) ----------------------------------------------------------
+
+    async def enable_events(self, queue: str) -> int:
+        key = self.keys.events_config(check_name("queue", queue))
+        with self._translate("enable_events"):
+            async with self._conn().pipeline(transaction=True) as pipe:
+                pipe.hset(key, "cap", max(1, int(self.settings.events_max)))
+                pipe.hget(key, "n")
+                _, last = await pipe.execute()
+        return as_int(last)
+
+    async def read_events(
+        self, queue: str, after: int, *, timeout: float, limit: int = 500
+    ) -> EventRead:
+        key = self.keys.events(check_name("queue", queue))
+        # XREAD BLOCK holds one pooled connection while it waits; it must answer before
+        # the socket timeout, so a long wait is several reads (each returns at once when
+        # an event comes: no polling).
+        block = max(1, min(int(timeout * 1000), int(SOCKET_TIMEOUT * 1000) - 1000))
+        with self._translate("read_events"):
+            reply: Any = await self._conn().xread(
+                {key: f"{max(0, after)}-1"}, count=max(1, limit), block=block
+            )
+        # RESP2 (the default): [[key, entries]]; nothing new: None.
+        entries: list[Any] = reply[0][1] if reply else []
+        events = []
+        for entry_id, fields in entries:
+            seq = as_int(text(entry_id).partition("-")[0])
+            f = {text(k): v for k, v in fields.items()}
+            state = STATES.get(text(f.get("s", b"")))
+            if state is None:
+                continue
+            data = f.get("d", b"")
+            events.append(
+                QueueEvent(
+                    seq=seq,
+                    id=text(f.get("i", b"")),
+                    task=text(f.get("k", b"")),
+                    state=state,
+                    data=data if isinstance(data, bytes) else str(data).encode(),
+                    attempt=as_int(f.get("a")),
+                )
+            )
+        missed = events[0].seq - after - 1 if events and events[0].seq > after + 1 else 0
+        return EventRead(events=events, missed=missed)
 
 
 _decode_history = msgspec.msgpack.Decoder(list[bytes]).decode

@@ -22,7 +22,7 @@ _EMPTY_BIN = b"\xc4\x00"
 def split_body(message: JobMessage) -> tuple[bytes, bytes, bytes]:
     """(body, head, tail) of a held step: ``body == head + bin(b"") + tail``."""
     body = encode_body(message)
-    head_len = 1 + len(encode(message.task))  # fixarray header (at most 8 fields), task
+    head_len = 1 + len(encode(message.task))  # fixarray header (at most 15 fields), task
     head, rest = body[:head_len], body[head_len:]
     if not rest.startswith(_EMPTY_BIN):
         raise ValueError(f"step {message.id!r} of a flow must have an empty payload")

@@ -1,0 +1,159 @@
+"""What tracing costs: end-to-end throughput and the worker's CPU per job at C=16 with
+tracing off, on with no TracerProvider (no-op spans) and on with the SDK, runs
+interleaved (off, noop, sdk, off, ...), median of each.
+
+Run: ``.venv/bin/python -m bench.tracing_overhead [--rounds 3] [--total 20000]``.
+
+The workload is bench/redis_bench.py's end-to-end one (4 producers of single enqueues,
+a no-op async handler, one worker process running bench/tracing_app.py). The producer
+traces in the same mode as the worker, so process spans have a remote parent. Before
+the runs it prints the in-process CPU per job of a process span (start + end) in each
+mode: the deterministic part of the cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import anyio
+
+from bench.metrics_overhead import cpu_seconds
+from bench.redis_bench import ROOT, fresh, payload, records, redis_server, wait_done
+from bench.tracing_app import app, configure, noop
+
+MODES = ("off", "noop", "sdk")
+
+
+@contextlib.contextmanager
+def worker(url: str, concurrency: int, mode: str) -> Iterator[int]:
+    """A worker process tracing in ``mode``; yields its pid."""
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "typedq", "--log-level", "INFO", "worker"),
+            *("bench.tracing_app:app", "--concurrency", str(concurrency), "--broker", url),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TYPEDQ_BENCH_TRACING": mode},
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if " started: " in line:
+            break
+    drain = threading.Thread(target=proc.stderr.read, daemon=True)
+    drain.start()
+    try:
+        yield proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+async def one_run(url: str, total: int, concurrency: int, mode: str) -> tuple[float, float]:
+    """Throughput (jobs/s) and the worker process's CPU seconds per job."""
+    ids: list[str] = []
+    per = total // 4
+    with worker(url, concurrency, mode) as pid:
+        cpu_before = cpu_seconds(pid)
+
+        async def produce(base: int) -> None:
+            for i in range(base, base + per):
+                ids.append((await noop.enqueue(payload(i))).id)
+
+        async with anyio.create_task_group() as tg:
+            for p in range(4):
+                tg.start_soon(produce, p * per)
+        await wait_done(per * 4)
+        cpu = cpu_seconds(pid) - cpu_before
+    done = await records(ids)
+    span = max(r.finished_at for r in done) - min(r.enqueued_at for r in done)
+    return len(done) / span, cpu / len(done)
+
+
+async def main(rounds: int, total: int, concurrency: int) -> None:
+    rates: dict[str, list[float]] = {m: [] for m in MODES}
+    cpus: dict[str, list[float]] = {m: [] for m in MODES}
+    with redis_server() as url:
+        app.use_broker(url)
+        for r in range(rounds):
+            for mode in MODES:
+                # The producer traces in the same mode (its own SDK provider, not the
+                # global one), so the worker's process spans have a remote parent.
+                configure(mode, install=False)
+                async with fresh(url):
+                    rate, cpu = await one_run(url, total, concurrency, mode)
+                rates[mode].append(rate)
+                cpus[mode].append(cpu)
+                print(
+                    f"round {r + 1} tracing {mode:4} {rate:8,.0f} jobs/s, "
+                    f"worker CPU {cpu * 1e6:6.1f} µs/job",
+                    flush=True,
+                )
+    off, cpu_off = statistics.median(rates["off"]), statistics.median(cpus["off"])
+    for mode in MODES[1:]:
+        on, cpu_on = statistics.median(rates[mode]), statistics.median(cpus[mode])
+        print(
+            f"median of {rounds}, {mode}: {on:,.0f} jobs/s vs off {off:,.0f} "
+            f"({100 * (on - off) / off:+.1f}%); worker CPU per job {cpu_on * 1e6:.1f} µs vs "
+            f"{cpu_off * 1e6:.1f} µs ({100 * (cpu_on - cpu_off) / cpu_off:+.1f}%) "
+            f"(C={concurrency}, {total} jobs)"
+        )
+
+
+def per_job_cost(mode: str, jobs: int = 50_000) -> float:
+    """CPU seconds of one process span (start, make current, end) in ``mode``,
+    in-process, no broker; ``off`` is the worker's ``is None`` test."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from typedq.broker.base import ClaimedJob, JobMessage
+    from typedq.outcomes import Complete
+    from typedq.tracing import Tracing
+
+    tracing: Tracing | None = None
+    if mode == "noop":
+        tracing = Tracing()
+    elif mode == "sdk":
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
+        tracing = Tracing(provider)
+    context = "traceparent=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    claimed = ClaimedJob(
+        message=JobMessage(
+            id="j1", task="noop", queue="default", payload=b"", trace_context=context
+        ),
+        token="t",  # noqa: S106  # a lease token, not a password
+        attempt=1,
+        enqueued_at=time.time(),
+    )
+    outcome = Complete(b"\xc0")
+    start = time.process_time()
+    for _ in range(jobs):
+        traced = tracing.process(claimed) if tracing is not None else None
+        if traced is not None:
+            traced.end(outcome)
+    return (time.process_time() - start) / jobs
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--total", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--micro", action="store_true", help="only the in-process CPU per job")
+    ns = parser.parse_args()
+    for m in MODES:
+        print(f"process span, {m:4}: {per_job_cost(m) * 1e6:6.2f} µs of CPU per job (in-process)")
+    if not ns.micro:
+        anyio.run(main, ns.rounds, ns.total, ns.concurrency)
