@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
@@ -19,14 +19,11 @@ from .batching import Batcher
 from .broker import broker_from_url, redact_url
 from .broker.base import Broker, BrokerSettings, EnqueueOutcome, JobMessage
 from .broker.flow import FlowSpec
-from .errors import ConfigError, NotConnected, PartialEnqueue
+from .errors import NotConnected, PartialEnqueue
 from .names import check_name
 from .options import check_message
 
-__all__ = ["DEFAULT_BROKER_ENV", "DEFAULT_MAX_PAYLOAD", "AppBase", "Client"]
-
-#: The default cap on an encoded payload, in bytes (1 MiB).
-DEFAULT_MAX_PAYLOAD = 1024 * 1024
+__all__ = ["DEFAULT_BROKER_ENV", "Client"]
 
 #: The environment variable that names the broker URL when none is given.
 DEFAULT_BROKER_ENV = "TYPEDQ_BROKER"
@@ -201,65 +198,3 @@ class Client:
         if len(errors) == len(chunks):
             raise errors[0]
         raise PartialEnqueue(messages, outcomes, errors) from errors[0]
-
-
-class AppBase:
-    """What :class:`~typedq.App` and :class:`~typedq.Producer` share: a namespace and a client.
-
-    :param name: the namespace of every key and queue
-    :param broker: a URL or a Broker; ``None`` uses ``$TYPEDQ_BROKER``, else ``memory://``
-    :param settings: broker-wide settings for this namespace
-    :param max_payload_bytes: the largest encoded input accepted by ``enqueue``
-    """
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        broker: str | Broker | None,
-        settings: BrokerSettings,
-        max_payload_bytes: int,
-    ) -> None:
-        self.name = check_name("app", name)
-        self.settings = settings
-        self.max_payload_bytes = max_payload_bytes
-        self._client = Client(broker, name=name, settings=settings)
-
-    @property
-    def client(self) -> Client:
-        """The producer-side client (connected inside ``async with``)."""
-        return self._client
-
-    @property
-    def broker(self) -> Broker:
-        """The broker this namespace talks to."""
-        return self._client.broker
-
-    def use_broker(self, broker: str | Broker) -> None:
-        """Point at another broker; only while not connected."""
-        if self._client.connected:
-            raise ConfigError(f"cannot change the broker of a connected {type(self).__name__}")
-        self._client = Client(broker, name=self.name, settings=self.settings)
-
-    @contextlib.contextmanager
-    def using_broker(self, broker: str | Broker) -> Iterator[Self]:
-        """Point at ``broker`` for the block (only while not connected), then back at the
-        one before: ``with app.using_broker(MemoryBroker(...)): async with app: ...``."""
-        previous = self._client
-        self.use_broker(broker)
-        try:
-            yield self
-        finally:
-            self._client = previous
-
-    async def __aenter__(self) -> Self:
-        await self._client.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._client.__aexit__(exc_type, exc, tb)
