@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -72,6 +73,14 @@ def inspect_command(args: argparse.Namespace) -> int:
     out = Console(soft_wrap=False)
     err = Console(stderr=True)
 
+    def show(value: object, render: Callable[[], None]) -> int:
+        """Print ``value`` as JSON (``--json``) or as ``render`` draws it; exit status 0."""
+        if args.json:
+            print(msgspec.json.format(msgspec.json.encode(value), indent=2).decode())
+        else:
+            render()
+        return 0
+
     async def run() -> int:
         client = Client(broker, name=name, settings=settings)
         async with client:
@@ -82,51 +91,30 @@ def inspect_command(args: argparse.Namespace) -> int:
                 flow = await tool.flow(args.flow)
                 if flow is None:
                     raise ConfigError(f"job {args.flow!r} belongs to no workflow")
-                if args.json:
-                    _print_json(flow)
-                else:
-                    inspector.render_flow(out, flow)
-                return 0
+                return show(flow, lambda: inspector.render_flow(out, flow))
             if args.job:
                 detail = await tool.job(args.job)
                 if detail is None:
                     raise ConfigError(f"no job {args.job!r} in app {name!r} (finished jobs "
                                       "expire by the app's retention)")  # fmt: skip
-                if args.json:
-                    _print_json(detail)
-                else:
-                    inspector.render_job(out, detail)
-                return 0
+                return show(detail, lambda: inspector.render_job(out, detail))
             if args.workers:
                 workers = await tool.workers()
-                if args.json:
-                    _print_json(workers)
-                else:
-                    inspector.render_workers(out, name, workers)
-                return 0
+                return show(workers, lambda: inspector.render_workers(out, name, workers))
             if not chosen:
                 overview = await tool.overview(state or JobState.FAILED, limit=args.limit)
-                if args.json:
-                    _print_json(overview)
-                else:
-                    inspector.render_overview(out, overview, limit=args.limit)
-                return 0
+                return show(
+                    overview, lambda: inspector.render_overview(out, overview, limit=args.limit)
+                )
             action = chosen[0]
             if state is None:
                 report = await tool.act(action, getattr(args, action))
             else:
                 report = await _with_progress(tool, action, state, err, quiet=args.json)
-            if args.json:
-                _print_json(report)
-            else:
-                inspector.render_action(out, report)
+            show(report, lambda: inspector.render_action(out, report))
             return 0 if inspector.all_done(report) else 1
 
     return anyio.run(run)
-
-
-def _print_json(value: object) -> None:
-    print(msgspec.json.format(msgspec.json.encode(value), indent=2).decode())
 
 
 async def _discover_queues(client: Client) -> list[str]:
