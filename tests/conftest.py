@@ -58,6 +58,11 @@ BACKENDS = [
     pytest.param(("memory", "trio"), id="memory-trio"),
     pytest.param(("redis", "asyncio"), id="redis-asyncio", marks=pytest.mark.redis),
 ]
+#: Each broker once (the embedded one under asyncio): for broker-level tests whose runs on
+#: the embedded broker are the same under trio and asyncio (it is deterministic and they
+#: drive it step by step), with ``@pytest.mark.parametrize("_broker_backend", EACH_BROKER,
+#: indirect=True)``. Trio keeps its runs in the contract suite and the runtime tests.
+EACH_BROKER = [BACKENDS[0], BACKENDS[2]]
 
 
 @pytest.fixture(params=BACKENDS)
