@@ -116,12 +116,16 @@ def redis_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def worker_process(url: str, concurrency: int) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(
+    url: str, concurrency: int, processes: int = 1
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``typedq worker`` for this app (``processes`` > 1: under its supervisor)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "typedq", "--log-level", "WARNING", "worker"),
             *("bench.redis_bench:app", "--concurrency", str(concurrency), "--broker", url),
+            *("--processes", str(processes)),
         ],
         env=env,
         cwd=ROOT,
@@ -206,9 +210,9 @@ async def end_to_end(url: str, total: int, concurrency: int) -> tuple[float, flo
     return len(done) / span, pct(latency, 0.5), pct(latency, 0.95)
 
 
-async def drain(url: str, total: int, concurrency: int = 16) -> float:
+async def drain(url: str, total: int, concurrency: int = 16, processes: int = 1) -> float:
     jobs = await noop.enqueue_many([payload(i) for i in range(total)])
-    with worker_process(url, concurrency):
+    with worker_process(url, concurrency, processes):
         await wait_done(total)
     done = await records([j.id for j in jobs])
     return len(done) / (max(r.finished_at for r in done) - min(r.started_at for r in done))

@@ -55,6 +55,7 @@ _ENV_DEFAULTS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "wait_for_broker": ("TYPEDQ_WAIT_FOR_BROKER", float, 0.0),
     "log_format": ("TYPEDQ_LOG_FORMAT", str, "text"),
     "heartbeat": ("TYPEDQ_HEARTBEAT", float, 10.0),
+    "processes": ("TYPEDQ_PROCESSES", int, 1),
 }
 
 
@@ -83,6 +84,8 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
         raise ConfigError(f"--broker is for worker and inspect, not {args.command}")
     if args.log_format not in ("text", "json"):
         raise ConfigError(f"log format {args.log_format!r} is not text or json")
+    if getattr(args, "processes", 1) < 1:
+        raise ConfigError(f"--processes must be >= 1, got {args.processes}")
     if getattr(args, "heartbeat", 1.0) <= 0:
         raise ConfigError(f"--heartbeat must be > 0 seconds, got {args.heartbeat}")
     level = args.log_level
@@ -106,6 +109,7 @@ variable, the variable over the built-in default):
   TYPEDQ_WAIT_FOR_BROKER   worker --wait-for-broker
   TYPEDQ_LOG_FORMAT        --log-format
   TYPEDQ_HEARTBEAT         worker --heartbeat
+  TYPEDQ_PROCESSES         worker --processes
 """
 
 
@@ -184,6 +188,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=_env_help(
             "heartbeat", "seconds between worker-registry heartbeats (expiry: 3 missed)"
+        ),
+    )
+
+    worker.add_argument(
+        "--processes",
+        "-p",
+        type=int,
+        default=None,
+        metavar="N",
+        help=_env_help(
+            "processes",
+            "worker processes, each with --concurrency slots, supervised by this one "
+            "(signals passed on, crashed ones restarted)",
         ),
     )
 

@@ -32,6 +32,7 @@ from .broker import redact_url
 from .cli_common import load_app
 from .client import DEFAULT_BROKER_ENV, Client
 from .errors import BrokerUnavailable, ConfigError, TypedqError
+from .supervisor import SUPERVISOR_ENV, stop_with_parent, watch_parent, write_metrics_port
 from .worker import Worker
 
 __all__ = ["exit_past_threads", "worker_command"]
@@ -55,6 +56,8 @@ def worker_command(args: argparse.Namespace) -> int:
                 "this warning)",
                 DEFAULT_BROKER_ENV,
             )
+        if args.processes > 1:
+            return _supervise(args, url)
         log.info("app %r on %s", app.name, redact_url(url))
         return anyio.run(_run_worker, app, args)
     except KeyboardInterrupt:
@@ -67,6 +70,38 @@ def worker_command(args: argparse.Namespace) -> int:
             raise
         print(f"typedq: error: {error}", file=sys.stderr)
         return 2
+
+
+def _supervise(args: argparse.Namespace, url: str) -> int:
+    """``--processes N``: run N copies of this worker command under a supervisor."""
+    from .supervisor import Supervisor, child_command
+
+    if url.startswith("memory:"):
+        raise ConfigError(
+            "--processes needs a broker the processes share, and memory:// lives inside one "
+            "process: give --broker redis://HOST:PORT/DB (or set TYPEDQ_BROKER)"
+        )
+    command = child_command(
+        args.app,
+        [
+            ("--broker", args.broker),
+            ("--concurrency", args.concurrency),
+            ("--queues", args.queues or None),
+            ("--grace", args.grace),
+            ("--wait-for-broker", args.wait_for_broker),
+            ("--heartbeat", args.heartbeat),
+            ("--log-level", args.log_level),
+            ("--log-format", args.log_format),
+        ],
+    )
+    log.info("app %r on %s: %d worker processes", args.app, redact_url(url), args.processes)
+    supervisor = Supervisor(
+        command,
+        args.processes,
+        metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr,
+    )
+    return anyio.run(supervisor.run)
 
 
 def _single(exc: BaseException) -> BaseException:
@@ -110,6 +145,7 @@ def _serve_metrics(worker: Worker[Any, Any], args: argparse.Namespace) -> Any:
             "choose another --metrics-port"
         ) from None
     log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
+    write_metrics_port(port)
     return server
 
 
@@ -118,6 +154,9 @@ async def _run_until_signalled(app: App, worker: Worker[Any, Any], args: argpars
     async with anyio.create_task_group() as tg:
         signals.scope = tg.cancel_scope
         tg.start_soon(signals.listen)
+        supervisor = os.environ.get(SUPERVISOR_ENV)
+        if supervisor and not stop_with_parent(int(supervisor)):
+            tg.start_soon(watch_parent, int(supervisor), lambda: signals.on_signal("orphaned"))
         async with _connected(app.client, args.wait_for_broker):
             # No await between these two lines: a signal handled after this sees a
             # worker whose stop() takes effect (run() sets itself up before awaiting).

@@ -326,18 +326,21 @@ class Executor:
             scheduled_for=message.scheduled_for or None,
         )
         got: tuple[bool, Any] | None = None
-        with anyio.CancelScope() as scope:
+        # One scope for both ways an attempt is interrupted: its deadline is the timeout,
+        # and cancelling it is a cancel, a lost lease or a shutdown (each sets
+        # running.cancel_reason first, which is how _interrupted tells them apart).
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        with anyio.CancelScope(deadline=deadline) as scope:
             running.scope = scope
             if running.cancel_reason is not None:
                 scope.cancel()
-            with anyio.move_on_after(timeout) as deadline:
-                try:
-                    got = (True, await self._call(task, payload, ctx, running))
-                except Exception as exc:
-                    got = (False, exc)
-                finally:
-                    running.in_handler = False
-        return got, deadline.deadline
+            try:
+                got = (True, await self._call(task, payload, ctx, running))
+            except Exception as exc:
+                got = (False, exc)
+            finally:
+                running.in_handler = False
+        return got, deadline
 
     async def _interrupted(
         self,

@@ -208,6 +208,9 @@ class Worker(Generic[TIn, TOut]):
         #: Running jobs by claim token (one job id may briefly have two claims: a retry
         #: claimed again before the previous attempt finished cleaning up).
         self._running: dict[str, Running] = {}
+        #: The attempts in _running by job id (normally one; more when a lease was lost
+        #: and the broker handed the job back to this worker).
+        self._by_job: dict[str, list[Running]] = {}
         #: Attempts already settled whose handler thread still runs (timed out, lease
         #: lost): each holds a slot until its thread returns.
         self._orphans: dict[str, Running] = {}
@@ -586,16 +589,21 @@ class Worker(Generic[TIn, TOut]):
         for claimed in jobs:
             # The broker handed us a job this worker still runs under an older claim:
             # that claim's lease was lost (the loop was blocked, say).
-            for stale in self._holders(claimed.message.id):
+            job_id = claimed.message.id
+            holders = self._by_job.get(job_id)
+            if holders is None:
+                holders = self._by_job[job_id] = []
+            for stale in holders:
                 stale.mark_lost()
             running = self._running[claimed.token] = Running(claimed)
+            holders.append(running)
             if self._cancelling:
                 # A claim that was in flight when shutdown cancelled the rest: hand back.
                 running.cancel("shutdown")
             self._tg.start_soon(self._run_job, claimed, running)
 
     def _holders(self, job_id: str) -> list[Running]:
-        return [r for r in self._running.values() if r.claimed.message.id == job_id]
+        return list(self._by_job.get(job_id, ()))
 
     async def _lease_loop(self) -> None:
         while True:
@@ -782,6 +790,10 @@ class Worker(Generic[TIn, TOut]):
             )
         finally:
             del self._running[claimed.token]
+            holders = self._by_job[job_id]
+            holders.remove(running)
+            if not holders:
+                del self._by_job[job_id]
             if running.thread_alive:
                 # The attempt is over but its thread is not: keep its slot taken.
                 self._orphans[claimed.token] = running
