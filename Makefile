@@ -6,10 +6,17 @@
 #         pythonX.Y on PATH) or an interpreter's name or path.
 #         One interpreter only: make test PYTHONS=python3
 # PYTEST_ARGS passed to pytest, e.g. make test PYTEST_ARGS="-x tests/test_cli.py"
+# PYTEST_JOBS pytest-xdist processes for `make pytest` / `make test` / `make test-fast` (each
+#         with its own redis-server); PYTEST_JOBS=0 runs the suite in one process.
 PYTHON  ?= python3
 PYTHONS ?= 3.11 3.12 3.13
 PYENV_ROOT ?= $(HOME)/.pyenv
 PYTEST_ARGS ?=
+# Two: most of the suite's time is spent waiting (leases, grace periods, worker processes,
+# faults), so two processes on two cores overlap those waits; each test file stays in one
+# process (--dist loadfile), so a file's session set-up runs once.
+PYTEST_JOBS ?= 2
+PYTEST_XDIST = $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
@@ -65,7 +72,7 @@ stubs-check: $(STAMP)
 
 ## The whole pytest suite on $(PYTHON), in .venv.
 pytest: $(STAMP) redis-server chromium
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 ## The whole pytest suite on every interpreter in PYTHONS, one after another (2 cores: three
 ## suites at once would only slow each other and stretch their timing margins), each in its own
@@ -112,7 +119,7 @@ test: lint typecheck stubs-check pytest-all
 ## tests, network faults, shutdown with lease waits). `make test` still runs everything.
 .PHONY: test-fast
 test-fast: lint typecheck redis-server chromium
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q $(PYTEST_XDIST) -m "not slow"
 
 ## Soak (not part of `make test`): 100,000 jobs over ~10 minutes under mixed faults (SIGKILL,
 ## Redis restart on AOF, CLIENT KILL, proxy blackholes), then the history checker.

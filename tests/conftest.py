@@ -8,13 +8,31 @@ is asyncio-based). A fresh app name per test keeps tests apart on the shared ser
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
 from tests.redis_harness import REDIS_SERVER, RedisProcess, flushall
 
 _names = itertools.count()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` first (their files, under ``--dist loadfile``): the long
+    fault suites then overlap the many short files instead of ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport() -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Captured output as valid UTF-8: a test may log a lone surrogate (a handler's
+    exception message), and pytest-xdist cannot send such a string between processes."""
+    report = yield
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +58,11 @@ BACKENDS = [
     pytest.param(("memory", "trio"), id="memory-trio"),
     pytest.param(("redis", "asyncio"), id="redis-asyncio", marks=pytest.mark.redis),
 ]
+#: Each broker once (the embedded one under asyncio): for broker-level tests whose runs on
+#: the embedded broker are the same under trio and asyncio (it is deterministic and they
+#: drive it step by step), with ``@pytest.mark.parametrize("_broker_backend", EACH_BROKER,
+#: indirect=True)``. Trio keeps its runs in the contract suite and the runtime tests.
+EACH_BROKER = [BACKENDS[0], BACKENDS[2]]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -8,6 +8,7 @@ directly, so faults never blind the judge.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import signal
@@ -128,7 +129,21 @@ class FaultRun:
         app = netfault_app.app
         app.use_broker(self.worker_url)
         started = time.monotonic()
-        async with app:
+        async with contextlib.AsyncExitStack() as stack:
+            # The faults are already on: one may hit the producer's connect (a dropped
+            # reply to its script loading), which is not retried; connect again, as a
+            # producer service would.
+            # (A deadline, not fail_after: the connected client's scopes outlive this loop.)
+            give_up = time.monotonic() + 120
+            while True:
+                try:
+                    await stack.enter_async_context(app)
+                    break
+                except TypedqError as exc:
+                    if time.monotonic() > give_up:
+                        raise
+                    log.info("connecting the producer failed (%s); trying again", exc)
+                    await anyio.sleep(0.2)
             for offset in range(0, total, chunk):
                 messages = [
                     netfault_app.tick.message(

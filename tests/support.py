@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import anyio
 import msgspec
 import pydantic
+from anyio.abc import TaskStatus
 
 from typedq import App, BrokerUnavailable, JobState
 from typedq.broker import broker_from_url
@@ -252,8 +253,14 @@ class FaultyBroker(Broker):
     async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
         return await self.inner.get(ids)
 
-    async def wait_finished(self, job_id: str, timeout: float | None) -> JobRecord | None:
-        return await self.inner.wait_finished(job_id, timeout)
+    async def wait_finished(
+        self,
+        job_id: str,
+        timeout: float | None,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> JobRecord | None:
+        return await self.inner.wait_finished(job_id, timeout, task_status=task_status)
 
     async def cancel(self, job_id: str) -> CancelOutcome:
         return await self.inner.cancel(job_id)
@@ -307,8 +314,10 @@ class FaultyBroker(Broker):
     async def cancel_requests(self, ids: Sequence[str]) -> list[str]:
         return await self.inner.cancel_requests(ids)
 
-    async def wait_cancel_requests(self, timeout: float) -> None:
-        await self.inner.wait_cancel_requests(timeout)
+    async def wait_cancel_requests(
+        self, timeout: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        await self.inner.wait_cancel_requests(timeout, task_status=task_status)
 
     async def recover_stalled(self, limit: int = 1000) -> int:
         return await self.inner.recover_stalled(limit)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import anyio
 import pytest
 
+from tests.conftest import EACH_BROKER
 from tests.model import QueueFullError, QueueModel, Snapshot
 from tests.support import TEST_DEADLINE, connected, msg
 from typedq import JobState, QueueFull
@@ -324,6 +325,9 @@ async def open_broker(
         await memory.close()
 
 
+# The same seed drives the embedded broker (on a FakeClock) down the same path under trio
+# as under asyncio: once per broker is enough.
+@pytest.mark.parametrize("_broker_backend", EACH_BROKER, indirect=True)
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_broker_follows_the_model(app_name: str, broker_url: str, seed: int) -> None:
     model = QueueModel(max_stalls=MAX_STALLS, max_queue_length=MAX_QUEUE_LENGTH)

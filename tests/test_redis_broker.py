@@ -16,6 +16,7 @@ import anyio
 import msgspec
 import pytest
 import redis.asyncio as aioredis
+from anyio.abc import TaskStatus
 
 from tests import redis_support
 from tests.redis_harness import RedisProcess, flushall, redis_process
@@ -28,6 +29,7 @@ from typedq.broker.base import (
     Failure,
     FinishOutcome,
     JobMessage,
+    JobRecord,
     LeaseStatus,
     Release,
     Retention,
@@ -720,13 +722,12 @@ async def test_waiters_survive_a_pubsub_reconnect(url: str) -> None:
         await broker.enqueue([message("a")])
         got: list[JobState | None] = []
 
-        async def wait() -> None:
-            record = await broker.wait_finished("a", 10)
+        async def wait(*, task_status: TaskStatus[None]) -> None:
+            record = await broker.wait_finished("a", 10, task_status=task_status)
             got.append(None if record is None else record.state)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            await anyio.sleep(0.2)
+            await tg.start(wait)  # subscribed
             await raw.client_kill_filter(_type="pubsub")
             await anyio.sleep(0.2)
             (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
@@ -764,13 +765,15 @@ async def test_least_privilege_acl_user(url: str, redis_server: RedisProcess) ->
                 (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
                 assert await broker.renew([("a", job.token)], 30) == [LeaseStatus.OK]
 
-                async def finish() -> None:
-                    await anyio.sleep(0.1)
-                    await broker.complete([Completion("a", job.token, b"ok")])
+                finished: list[JobRecord | None] = []
+
+                async def wait(*, task_status: TaskStatus[None]) -> None:
+                    finished.append(await broker.wait_finished("a", 5, task_status=task_status))
 
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(finish)
-                    record = await broker.wait_finished("a", 5)
+                    await tg.start(wait)  # subscribed (the done channel is in the ACL)
+                    await broker.complete([Completion("a", job.token, b"ok")])
+                (record,) = finished
                 assert record is not None
                 assert record.state is JobState.COMPLETED
                 assert await broker.recover_stalled() == 0

@@ -23,6 +23,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BILLING = "examples.billing.tasks:app"
 
 
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One mypy cache for this file's runs: typedq itself is analysed once, not per run
+    (a fresh directory, so nothing from outside the session is reused)."""
+    return tmp_path_factory.mktemp("stubs-mypy-cache")
+
+
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m typedq ARGS`` in the project root, no broker configured."""
     return subprocess.run(
@@ -143,7 +150,7 @@ def test_regenerating_from_the_header_fixes_a_stale_file(tmp_path: Path) -> None
 # -- the generated module is clean ------------------------------------------------------------
 
 
-def test_generated_stub_with_aliases_and_nesting_is_ruff_and_mypy_clean() -> None:
+def test_generated_stub_with_aliases_and_nesting_is_ruff_and_mypy_clean(mypy_cache: Path) -> None:
     # Written inside the project so ruff and mypy use its configuration (first-party
     # detection included); removed afterwards.
     out = ROOT / "tests" / "stubfix" / "generated_stub_under_test.py"
@@ -167,7 +174,7 @@ def test_generated_stub_with_aliases_and_nesting_is_ruff_and_mypy_clean() -> Non
             )
             assert lint.returncode == 0, lint.stdout + lint.stderr
         typed = subprocess.run(
-            [sys.executable, "-m", "mypy", "--no-incremental", str(out)],
+            [sys.executable, "-m", "mypy", "--cache-dir", str(mypy_cache), str(out)],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -291,7 +298,7 @@ def test_schema_for_one_task() -> None:
     assert list(json.loads(result.stdout)["tasks"]) == ["refund"]
 
 
-def test_stub_and_schema_of_list_inputs() -> None:
+def test_stub_and_schema_of_list_inputs(mypy_cache: Path) -> None:
     """Fan-in callbacks take ``list[Model]`` (or ``list[Ok[Model] | Failed]``): the stub
     declares them so mypy checks a producer's chain through it, and the schema exports them."""
     out = ROOT / "tests" / "stubfix" / "generated_flow_stub_under_test.py"
@@ -323,7 +330,15 @@ def test_stub_and_schema_of_list_inputs() -> None:
                 )
                 assert lint.returncode == 0, lint.stdout + lint.stderr
             typed = subprocess.run(
-                [sys.executable, "-m", "mypy", "--no-incremental", str(out), str(producer)],
+                [
+                    sys.executable,
+                    "-m",
+                    "mypy",
+                    "--cache-dir",
+                    str(mypy_cache),
+                    str(out),
+                    str(producer),
+                ],
                 cwd=ROOT,
                 capture_output=True,
                 text=True,

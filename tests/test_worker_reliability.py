@@ -20,6 +20,7 @@ import anyio.from_thread
 import msgspec
 import pydantic
 import pytest
+from anyio.abc import TaskStatus
 
 from tests.support import TEST_DEADLINE, FaultyBroker, In, Out
 from typedq import (
@@ -664,11 +665,13 @@ class OutageBroker(FaultyBroker):
         self._gate("cancel_requests")
         return await super().cancel_requests(ids)
 
-    async def wait_cancel_requests(self, timeout: float) -> None:
+    async def wait_cancel_requests(
+        self, timeout: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         if self.down:
             await anyio.sleep(min(timeout, 0.1))
             self._gate("wait_cancel_requests")
-        await super().wait_cancel_requests(timeout)
+        await super().wait_cancel_requests(timeout, task_status=task_status)
 
     async def recover_stalled(self, limit: int = 1000) -> int:
         self._gate("recover_stalled")

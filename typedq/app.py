@@ -4,27 +4,26 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
-from zoneinfo import ZoneInfo
 
-from .backoff import Backoff
+from typing_extensions import Unpack
+
+from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
-from .client import DEFAULT_MAX_PAYLOAD, AppBase
 from .errors import ConfigError
 from .limits import ConcurrencyLimit, RateLimit
 from .names import check_name
 from .options import check_int_option
 from .resources import Resource, Resources, check_factory
-from .schedule import Missed, Overlap, Schedule
+from .schedule import Schedule, ScheduleOptions
 from .task import (
-    DEFAULT_QUEUE,
     AsyncContextHandler,
     AsyncHandler,
     SyncContextHandler,
     SyncHandler,
     Task,
     TaskDecorator,
+    TaskDefaults,
     TaskOptions,
     TIn,
     TOut,
@@ -49,7 +48,8 @@ class App(AppBase):
     :param lease: seconds a worker's claim lasts without renewal (renewed every third of it)
     :param max_stalls: lease expiries after which a job fails with reason ``stalled``
     :param retention: bounds on kept finished jobs (memory stays bounded)
-    :param max_queue_length: refuse enqueues past this many pending jobs per queue (0 = no cap)    :param tracing: OpenTelemetry spans for enqueues and for this app's workers: True
+    :param max_queue_length: refuse enqueues past this many pending jobs per queue (0 = no cap)
+    :param tracing: OpenTelemetry spans for enqueues and for this app's workers: True
         (the global TracerProvider) or a :class:`~typedq.tracing.Tracing`; needs
         ``pip install 'typedq[otel]'``; off by default (see docs/observability.md)
     :param event_streams: workers turn their queues' event streams on at start-up (else
@@ -122,15 +122,10 @@ class App(AppBase):
         self,
         *,
         name: str | None = None,
-        queue: str = DEFAULT_QUEUE,
-        retries: int = 0,
-        backoff: Backoff | None = None,
-        timeout: float | None = None,
-        priority: int = 0,
-        errors: tuple[type[Any], ...] = (),
         key: Callable[[Any], str] | None = None,
         rate_limit: RateLimit[Any] | None = None,
         concurrency: ConcurrencyLimit[Any] | None = None,
+        **defaults: Unpack[TaskDefaults],
     ) -> TaskDecorator: ...
 
     def task(
@@ -138,21 +133,19 @@ class App(AppBase):
         fn: Callable[..., Any] | None = None,
         *,
         name: str | None = None,
-        queue: str = DEFAULT_QUEUE,
-        retries: int = 0,
-        backoff: Backoff | None = None,
-        timeout: float | None = None,
-        priority: int = 0,
-        errors: tuple[type[Any], ...] = (),
         key: Callable[[Any], str] | None = None,
         rate_limit: RateLimit[Any] | None = None,
         concurrency: ConcurrencyLimit[Any] | None = None,
+        **defaults: Unpack[TaskDefaults],
     ) -> Any:
         """Register a handler as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
 
         The handler takes one model (msgspec Struct or Pydantic model) and optionally a
         :class:`~typedq.JobContext`, and returns a model or ``None``; it may be
         ``async def`` or plain ``def`` (run in a worker thread).
+
+        The options ``queue`` to ``errors`` are :class:`~typedq.task.TaskDefaults`
+        (``Producer.task`` takes the same).
 
         :param name: the task name (default: the function's ``__name__``)
         :param queue: the queue its jobs go to
@@ -171,15 +164,7 @@ class App(AppBase):
 
         def register(handler: Callable[..., Any]) -> Task[Any, Any]:
             input_type, output_type = handler_types(handler)
-            options = TaskOptions(
-                name=name or handler.__name__,
-                queue=queue,
-                retries=retries,
-                backoff=backoff or Backoff(),
-                timeout=timeout,
-                priority=priority,
-                errors=tuple(errors),
-            )
+            options = TaskOptions.of(name or handler.__name__, defaults)
             if options.name in self._tasks:
                 raise ConfigError(
                     f"app {self.name!r} already has a task named {options.name!r}; "
@@ -276,18 +261,7 @@ class App(AppBase):
         return dict(self._schedules)
 
     def schedule(
-        self,
-        task: Task[TIn, Any],
-        payload: TIn,
-        *,
-        cron: str | None = None,
-        every: float | timedelta | None = None,
-        name: str | None = None,
-        tz: str | ZoneInfo | None = None,
-        missed: Missed = "once",
-        grace: float | timedelta | None = None,
-        max_lateness: float | timedelta | None = None,
-        overlap: Overlap = "allow",
+        self, task: Task[TIn, Any], payload: TIn, **options: Unpack[ScheduleOptions]
     ) -> Schedule[TIn]:
         """Enqueue ``task`` with ``payload`` on every tick of a cron expression or interval.
 
@@ -322,18 +296,7 @@ class App(AppBase):
                 f"schedule of task {task.name!r}: the task belongs to another app; schedule "
                 f"it on that app, or register it with @{self.name}.task"
             )
-        sched: Schedule[TIn] = Schedule(
-            task,
-            payload,
-            cron=cron,
-            every=every,
-            name=name,
-            tz=tz,
-            missed=missed,
-            grace=grace,
-            max_lateness=max_lateness,
-            overlap=overlap,
-        )
+        sched: Schedule[TIn] = Schedule(task, payload, **options)
         if sched.name in self._schedules:
             raise ConfigError(
                 f"app {self.name!r} already has a schedule named {sched.name!r}; pass "

@@ -1,16 +1,9 @@
 """The ``typedq`` command line (also ``python -m typedq``).
 
-``typedq worker MODULE:APP`` runs a worker process. It connects first: an unreachable
-broker is one line and exit status 2, or, with ``--wait-for-broker SECONDS``, retried
-with a logged backoff until then. Without a broker (no ``--broker``, no
-``$TYPEDQ_BROKER``) it warns that ``memory://`` is private to the process. The first
-SIGTERM or SIGINT starts a graceful shutdown (stop claiming, let in-flight jobs finish
-within ``--grace``, then cancel and hand them back; sync handlers' threads get at most
-one lease more, then are abandoned); the second names the jobs still held and skips
-the waits; the third exits at once with status 130 (the jobs come back by lease
-expiry). The process exits even when a sync handler's thread never returns: threads
-cannot be stopped, so the worker command ends the process with ``os._exit`` once logs
-are flushed.
+This module holds the parser, the options and ``main``; ``typedq worker MODULE:APP``
+(a worker process: connecting, signals, shutdown) is :mod:`typedq.cli_worker`, ``typedq
+inspect`` is :mod:`typedq.cli_inspect`, and loading ``MODULE:APP`` is
+:mod:`typedq.cli_common`.
 
 ``typedq stubs MODULE:APP --out stubs/NAME.py`` writes typed producer stubs (without
 ``--out``, or with ``--out -``, it prints them; ``--check`` exits 1 with a diff when the
@@ -30,347 +23,25 @@ that left some job untouched exit 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import logging
 import os
-import signal
 import sys
-import threading
-import time
-import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import anyio
-import msgspec
+from typing import Any
 
 from . import __version__, stubgen
-from .app import App
-from .broker import redact_url
 from .broker.base import JobState
-from .client import DEFAULT_BROKER_ENV, Client
+from .cli_common import load_app
+from .cli_inspect import inspect_command
+from .cli_worker import exit_past_threads, worker_command
+from .client import DEFAULT_BROKER_ENV
 from .dashboard import cli as dashboard_cli
-from .errors import BrokerUnavailable, ConfigError, TypedqError
-from .schedule import Schedule
+from .errors import ConfigError, TypedqError
 from .schema import app_schema as schema_of
-from .supervisor import SUPERVISOR_ENV, stop_with_parent, watch_parent, write_metrics_port
-from .worker import Worker
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from . import inspector
 
 __all__ = ["load_app", "main"]
-
-log = logging.getLogger("typedq.cli")
-
-
-def load_app(target: str) -> App:
-    """Import ``module:attribute`` (from the command line, never from broker data)."""
-    module_name, sep, attribute = target.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ConfigError(f"expected MODULE:APP (e.g. examples.quickstart:app), got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: the current project is importable
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
-            raise ConfigError(f"cannot import module {module_name!r}: {exc}") from exc
-        raise ConfigError(_import_failure(module_name, exc)) from exc
-    except TypedqError:
-        raise
-    except Exception as exc:
-        # The module itself is broken: say where, in one line, instead of a traceback.
-        raise ConfigError(_import_failure(module_name, exc)) from exc
-    app: Any = module
-    for part in attribute.split("."):
-        app = getattr(app, part, None)
-        if app is None:
-            raise ConfigError(f"module {module_name!r} has no attribute {attribute!r}")
-    if not isinstance(app, App):
-        raise ConfigError(f"{target} is a {type(app).__qualname__}, not a typedq.App")
-    return app
-
-
-def _import_failure(module_name: str, exc: BaseException) -> str:
-    """``cannot import M: FILE:LINE: Type: message``, FILE:LINE where it was raised.
-
-    The innermost frame of the user's project (under the current directory, outside
-    typedq) is the useful one; failing that, the innermost real file.
-    """
-    where = ""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        where = f"{_shown_path(exc.filename)}:{exc.lineno}: "
-    else:
-        frames = [
-            f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")
-        ]
-        here = os.getcwd() + os.sep
-        package = str(Path(__file__).resolve().parent) + os.sep
-        own = [
-            f for f in frames if f.filename.startswith(here) and not f.filename.startswith(package)
-        ]
-        chosen = own or frames
-        frame = chosen[-1] if chosen else None
-        if frame is not None:
-            where = f"{_shown_path(frame.filename)}:{frame.lineno}: "
-    message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
-    return f"cannot import {module_name}: {where}{type(exc).__name__}: {message}"
-
-
-def _shown_path(filename: str) -> str:
-    """A path relative to the current directory when it is inside it."""
-    try:
-        return str(Path(filename).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return filename
-
-
-# -- the worker command ----------------------------------------------------------------
-
-
-def _worker(args: argparse.Namespace) -> int:
-    try:
-        app = load_app(args.app)
-        if args.broker:
-            app.use_broker(args.broker)
-        url = app.client.url
-        chosen = args.broker or os.environ.get(DEFAULT_BROKER_ENV)
-        if url.startswith("memory:") and not chosen:
-            log.warning(
-                "no broker given: this worker uses memory://, the embedded broker inside "
-                "this process, so no other process can enqueue jobs for it. Give "
-                "--broker redis://HOST:PORT/DB or set %s (--broker memory:// silences "
-                "this warning)",
-                DEFAULT_BROKER_ENV,
-            )
-        if args.processes > 1:
-            return _supervise(args, url)
-        log.info("app %r on %s", app.name, redact_url(url))
-        return anyio.run(_run_worker, app, args)
-    except KeyboardInterrupt:
-        return 130
-    except BaseException as exc:
-        error = _single(exc)
-        if isinstance(error, KeyboardInterrupt):
-            return 130
-        if not isinstance(error, TypedqError):
-            raise
-        print(f"typedq: error: {error}", file=sys.stderr)
-        return 2
-
-
-def _supervise(args: argparse.Namespace, url: str) -> int:
-    """``--processes N``: run N copies of this worker command under a supervisor."""
-    from .supervisor import Supervisor, child_command
-
-    if url.startswith("memory:"):
-        raise ConfigError(
-            "--processes needs a broker the processes share, and memory:// lives inside one "
-            "process: give --broker redis://HOST:PORT/DB (or set TYPEDQ_BROKER)"
-        )
-    command = child_command(
-        args.app,
-        [
-            ("--broker", args.broker),
-            ("--concurrency", args.concurrency),
-            ("--queues", args.queues or None),
-            ("--grace", args.grace),
-            ("--wait-for-broker", args.wait_for_broker),
-            ("--heartbeat", args.heartbeat),
-            ("--log-level", args.log_level),
-            ("--log-format", args.log_format),
-        ],
-    )
-    log.info("app %r on %s: %d worker processes", args.app, redact_url(url), args.processes)
-    supervisor = Supervisor(
-        command,
-        args.processes,
-        metrics_port=args.metrics_port,
-        metrics_addr=args.metrics_addr,
-    )
-    return anyio.run(supervisor.run)
-
-
-def _single(exc: BaseException) -> BaseException:
-    """The one exception inside (nested) exception groups of one, or ``exc`` itself."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
-async def _run_worker(app: App, args: argparse.Namespace) -> int:
-    queues = [q for q in args.queues.split(",") if q] if args.queues else None
-    worker = app.worker(concurrency=args.concurrency, queues=queues, grace=args.grace)
-    worker.heartbeat = args.heartbeat
-    server = _serve_metrics(worker, args) if args.metrics_port is not None else None
-    try:
-        return await _run_until_signalled(app, worker, args)
-    finally:
-        if server is not None:
-            server.shutdown()
-
-
-def _serve_metrics(worker: Worker[Any, Any], args: argparse.Namespace) -> Any:
-    """Serve ``/metrics`` for ``worker`` on ``--metrics-port`` (see :mod:`typedq.metrics`)."""
-    try:
-        from prometheus_client import CollectorRegistry, ProcessCollector
-    except ImportError:
-        raise ConfigError(
-            "--metrics-port needs prometheus-client: pip install 'typedq[metrics]'"
-        ) from None
-    from .metrics import Metrics
-
-    registry = CollectorRegistry()
-    ProcessCollector(registry=registry)
-    metrics = Metrics(registry)
-    metrics.attach(worker)
-    try:
-        port, server = metrics.serve(args.metrics_port, args.metrics_addr)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: {exc.strerror}; "
-            "choose another --metrics-port"
-        ) from None
-    log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
-    write_metrics_port(port)
-    return server
-
-
-async def _run_until_signalled(app: App, worker: Worker[Any, Any], args: argparse.Namespace) -> int:
-    signals = _Signals(worker)
-    async with anyio.create_task_group() as tg:
-        signals.scope = tg.cancel_scope
-        tg.start_soon(signals.listen)
-        supervisor = os.environ.get(SUPERVISOR_ENV)
-        if supervisor and not stop_with_parent(int(supervisor)):
-            tg.start_soon(watch_parent, int(supervisor), lambda: signals.on_signal("orphaned"))
-        async with _connected(app.client, args.wait_for_broker):
-            # No await between these two lines: a signal handled after this sees a
-            # worker whose stop() takes effect (run() sets itself up before awaiting).
-            signals.running = True
-            await worker.run()  # returns once the shutdown is complete
-        tg.cancel_scope.cancel()  # stop listening for signals
-    return signals.code
-
-
-@contextlib.asynccontextmanager
-async def _connected(client: Client, wait: float) -> AsyncIterator[None]:
-    """Connect ``client``; while the broker is unreachable, retry for ``wait`` seconds
-    (one line per try), then give up with one line naming the broker and the fix."""
-    deadline = time.monotonic() + wait
-    delay = 0.5
-    tries = 0
-    async with contextlib.AsyncExitStack() as stack:
-        while True:
-            tries += 1
-            try:
-                await stack.enter_async_context(client)
-                break
-            except BrokerUnavailable as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise BrokerUnavailable(_unreachable(client.url, exc, wait, tries)) from None
-                pause = min(delay, left)
-                log.warning(
-                    "try %d: %s; retrying in %.1fs (--wait-for-broker: %.0fs left)",
-                    tries,
-                    str(exc).rstrip("."),
-                    pause,
-                    left,
-                )
-                await anyio.sleep(pause)
-                delay = min(delay * 2, 5.0)
-        if tries > 1:
-            log.info("reached the broker %s on try %d", redact_url(client.url), tries)
-        yield
-
-
-def _unreachable(url: str, exc: BrokerUnavailable, wait: float, tries: int) -> str:
-    if wait > 0:
-        waited = f"gave up after {tries} tries in {wait:g}s: "
-        fix = "start it, check the URL (--broker or $TYPEDQ_BROKER), or wait longer"
-    else:
-        waited = ""
-        fix = (
-            "start it, check the URL (--broker or $TYPEDQ_BROKER), or pass "
-            "--wait-for-broker SECONDS to wait for it"
-        )
-    return f"cannot reach the broker {redact_url(url)}: {waited}{str(exc).rstrip('.')}; {fix}"
-
-
-class _Signals:
-    """SIGTERM/SIGINT for ``typedq worker``: the first stops gracefully, the second
-    skips the grace, the third exits at once (the jobs come back by lease expiry)."""
-
-    def __init__(self, worker: Worker[Any, Any]) -> None:
-        self.worker = worker
-        self.scope: anyio.CancelScope | None = None
-        #: True once worker.run() has been entered; before that a signal just exits.
-        self.running = False
-        self.count = 0
-        self.code = 0
-
-    async def listen(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                self.on_signal(signal.Signals(signum).name)
-
-    def on_signal(self, name: str) -> None:
-        self.count += 1
-        worker = self.worker
-        if not self.running:
-            log.warning("%s: stopped before the worker started (nothing was claimed)", name)
-            self.code = 130
-            assert self.scope is not None
-            self.scope.cancel()
-        elif self.count == 1:
-            log.info(
-                "%s: shutting down gracefully: no new claims; %d running jobs have up to "
-                "%.1fs (--grace) to finish. A second signal skips the grace",
-                name,
-                len(worker.in_flight()),
-                worker.grace,
-            )
-            worker.stop()
-        elif self.count == 2:
-            jobs = worker.in_flight()
-            if jobs:
-                log.warning(
-                    "second %s: skipping the grace; cancelling and handing back %d jobs "
-                    "still running: %s (a sync handler's thread cannot be stopped: its "
-                    "job comes back when its lease expires). A third signal exits at once",
-                    name,
-                    len(jobs),
-                    _jobs_text(jobs),
-                )
-            else:
-                log.warning("second %s: skipping the grace; no jobs left to wait for", name)
-            worker.stop(force=True)
-        else:
-            jobs = worker.in_flight()
-            log.warning(
-                "third %s: exiting now (status 130)%s",
-                name,
-                f"; {len(jobs)} unsettled jobs come back when their leases expire "
-                f"(within {worker.lease:g}s): {_jobs_text(jobs)}"
-                if jobs
-                else "",
-            )
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(130)
-
-
-def _jobs_text(jobs: list[tuple[str, str]], most: int = 10) -> str:
-    shown = ", ".join(f"{job_id} ({task})" for job_id, task in jobs[:most])
-    return shown if len(jobs) <= most else f"{shown} and {len(jobs) - most} more"
 
 
 # -- options ----------------------------------------------------------------------------
@@ -685,138 +356,6 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from . import inspector  # imported here: rich loads only for inspect
-
-    if args.target:
-        app = load_app(args.target)
-        if args.app_name and args.app_name != app.name:
-            raise ConfigError(f"--app {args.app_name!r} differs from {args.target}'s {app.name!r}")
-        name, settings, queues = app.name, app.settings, args.queue or app.queues
-        broker = args.broker or app.client.url
-        schedules: list[Schedule[Any]] | None = list(app.schedules.values())
-    else:
-        if not args.app_name:
-            raise ConfigError("give MODULE:APP, or --app NAME with --broker URL")
-        # No queues given: the broker's queue registry names them (in `run` below).
-        name, settings, queues = args.app_name, None, list(args.queue)
-        schedules = None
-        broker = args.broker or os.environ.get(DEFAULT_BROKER_ENV) or ""
-        if not broker:
-            raise ConfigError(f"give --broker URL (or set {DEFAULT_BROKER_ENV}) with --app")
-    chosen = [a for a in inspector.ACTIONS if getattr(args, a) is not None]
-    state = JobState(args.state) if args.state else None
-    if args.limit < 0:
-        raise ConfigError(f"--limit must be >= 0, got {args.limit}")
-    views = [
-        flag
-        for flag, on in (("--job", args.job), ("--workers", args.workers), ("--flow", args.flow))
-        if on
-    ]
-    if len(views) > 1 or (views and (chosen or state is not None)):
-        others = views[1:] + [f"--{a}" for a in chosen] + (["--state"] if state else [])
-        raise ConfigError(f"{views[0]} cannot be combined with {', '.join(others)}")
-    if chosen and not getattr(args, chosen[0]) and state is None:
-        raise ConfigError(f"--{chosen[0]} needs job ids, or --state STATE for every job in it")
-    if chosen and getattr(args, chosen[0]) and state is not None:
-        raise ConfigError(f"--{chosen[0]} takes job ids or --state, not both")
-    if broker.startswith("memory:"):
-        log.warning("memory:// is this process's own embedded broker: it holds no other jobs")
-
-    out = Console(soft_wrap=False)
-    err = Console(stderr=True)
-
-    async def run() -> int:
-        client = Client(broker, name=name, settings=settings)
-        async with client:
-            tool = inspector.Inspector(
-                client, queues or await _discover_queues(client), schedules=schedules
-            )
-            if args.flow is not None:
-                flow = await tool.flow(args.flow)
-                if flow is None:
-                    raise ConfigError(f"job {args.flow!r} belongs to no workflow")
-                if args.json:
-                    print(msgspec.json.format(msgspec.json.encode(flow), indent=2).decode())
-                else:
-                    inspector.render_flow(out, flow)
-                return 0
-            if args.job:
-                detail = await tool.job(args.job)
-                if detail is None:
-                    raise ConfigError(f"no job {args.job!r} in app {name!r} (finished jobs "
-                                      "expire by the app's retention)")  # fmt: skip
-                if args.json:
-                    print(msgspec.json.format(msgspec.json.encode(detail), indent=2).decode())
-                else:
-                    inspector.render_job(out, detail)
-                return 0
-            if args.workers:
-                workers = await tool.workers()
-                if args.json:
-                    print(msgspec.json.format(msgspec.json.encode(workers), indent=2).decode())
-                else:
-                    inspector.render_workers(out, name, workers)
-                return 0
-            if not chosen:
-                overview = await tool.overview(state or JobState.FAILED, limit=args.limit)
-                if args.json:
-                    print(msgspec.json.format(msgspec.json.encode(overview), indent=2).decode())
-                else:
-                    inspector.render_overview(out, overview, limit=args.limit)
-                return 0
-            action = chosen[0]
-            if state is None:
-                report = await tool.act(action, getattr(args, action))
-            else:
-                report = await _with_progress(tool, action, state, err, quiet=args.json)
-            if args.json:
-                print(msgspec.json.format(msgspec.json.encode(report), indent=2).decode())
-            else:
-                inspector.render_action(out, report)
-            return 0 if inspector.all_done(report) else 1
-
-    return anyio.run(run)
-
-
-async def _discover_queues(client: Client) -> list[str]:
-    """Every queue the broker's queue registry knows (``default`` when it knows none)."""
-    try:
-        found = await client.broker.list_queues()
-    except NotImplementedError:
-        found = []
-    return found or ["default"]
-
-
-async def _with_progress(
-    tool: inspector.Inspector,
-    action: inspector.Action,
-    state: JobState,
-    console: Console,
-    *,
-    quiet: bool,
-) -> inspector.ActionReport:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        console=console,
-        transient=True,
-        disable=quiet or not console.is_terminal,
-    )
-    with progress:
-        bar = progress.add_task(f"{action} {state.value} jobs", total=None)
-
-        def update(done: int, total: int) -> None:
-            progress.update(bar, completed=done, total=total)
-
-        return await tool.act_on_state(action, state, progress=update)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args = _parser().parse_args(argv)
@@ -827,14 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _configure_logging(args.log_level.upper(), args.log_format)
     if args.command == "worker":
-        return _exit_past_threads(_worker(args))
+        return exit_past_threads(worker_command(args))
     try:
         if args.command == "stubs":
             return _stubs(args)
         elif args.command == "schema":
             return _schema(args)
         elif args.command == "inspect":
-            return _inspect(args)
+            return inspect_command(args)
         elif args.command == "dashboard":
             return dashboard_cli.run(args)
     except TypedqError as exc:
@@ -855,30 +394,3 @@ def _configure_logging(level: str, style: str) -> None:
         logging.basicConfig(level=level, handlers=[handler])
     else:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def _exit_past_threads(code: int) -> int:
-    """Return ``code``, or end the process with it if handler threads still run.
-
-    A sync handler that never returns keeps its (non-daemon) thread alive, and the
-    interpreter would wait for it forever at exit. The worker has already abandoned
-    those jobs (they come back by lease expiry), so flush the logs and leave.
-    """
-    deadline = time.monotonic() + 1.0
-    lingering = []
-    for thread in threading.enumerate():
-        if thread is threading.main_thread() or thread.daemon:
-            continue
-        # Idle pool threads are told to stop when the event loop ends: let them.
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
-            lingering.append(thread)
-    if not lingering:
-        return code
-    log.warning(
-        "exiting with %d handler threads still running (they cannot be stopped)", len(lingering)
-    )
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -81,6 +81,7 @@ from mypy.types import (
     CallableType,
     FunctionLike,
     Instance,
+    ProperType,
     Type,
     UnionType,
     get_proper_type,
@@ -253,42 +254,40 @@ def _input_type(handler: FuncDef) -> Type | None:
 
 def _with_parameter(declared: Type, model: Type) -> Type | None:
     """``Callable[[Any], str] | None`` with its callable's parameter replaced by ``model``."""
-    proper = get_proper_type(declared)
-    items = proper.items if isinstance(proper, UnionType) else [declared]
-    replaced = False
-    new_items: list[Type] = []
-    for item in items:
-        callable_item = get_proper_type(item)
-        if isinstance(callable_item, CallableType) and len(callable_item.arg_types) == 1:
-            new_items.append(callable_item.copy_modified(arg_types=[model]))
-            replaced = True
-        else:
-            new_items.append(item)
-    if not replaced:
+
+    def replace(item: ProperType) -> Type | None:
+        if isinstance(item, CallableType) and len(item.arg_types) == 1:
+            return item.copy_modified(arg_types=[model])
         return None
-    return UnionType.make_union(new_items, declared.line, declared.column)
+
+    return _replace_items(declared, replace)
 
 
 def _with_model(declared: Type, model: Type) -> Type | None:
     """``RateLimit[Any] | None`` (or ConcurrencyLimit) with its model replaced by ``model``."""
+
+    def replace(item: ProperType) -> Type | None:
+        if (
+            isinstance(item, Instance)
+            and item.type.fullname in LIMIT_FULLNAMES
+            and len(item.args) == 1
+        ):
+            return item.copy_modified(args=[model])
+        return None
+
+    return _replace_items(declared, replace)
+
+
+def _replace_items(declared: Type, replace: Callable[[ProperType], Type | None]) -> Type | None:
+    """``declared`` (a union or a single type) with each item that ``replace`` rewrites
+    replaced; None when it rewrites none (the caller keeps the declared type)."""
     proper = get_proper_type(declared)
     items = proper.items if isinstance(proper, UnionType) else [declared]
-    replaced = False
-    new_items: list[Type] = []
-    for item in items:
-        instance = get_proper_type(item)
-        if (
-            isinstance(instance, Instance)
-            and instance.type.fullname in LIMIT_FULLNAMES
-            and len(instance.args) == 1
-        ):
-            new_items.append(instance.copy_modified(args=[model]))
-            replaced = True
-        else:
-            new_items.append(item)
-    if not replaced:
+    new_items = [replace(get_proper_type(item)) for item in items]
+    if all(item is None for item in new_items):
         return None
-    return UnionType.make_union(new_items, declared.line, declared.column)
+    merged = [old if new is None else new for old, new in zip(items, new_items, strict=True)]
+    return UnionType.make_union(merged, declared.line, declared.column)
 
 
 def plugin(version: str) -> type[TypedqPlugin]:

@@ -30,13 +30,14 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
-from .backoff import Backoff
+from typing_extensions import Unpack
+
+from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings
-from .client import DEFAULT_MAX_PAYLOAD, AppBase
 from .errors import ConfigError
 from .names import check_name
 from .serde import Model
-from .task import DEFAULT_QUEUE, TaskBase, TaskOptions, TIn, TOut, _Owner
+from .task import TaskBase, TaskDefaults, TaskOptions, TIn, TOut, _Owner
 
 __all__ = ["Producer", "TaskStub"]
 
@@ -159,13 +160,8 @@ class Producer(AppBase):
         output_type: type[TOut],
         *,
         optional_output: Literal[False] = False,
-        queue: str = DEFAULT_QUEUE,
-        retries: int = 0,
-        backoff: Backoff | None = None,
-        timeout: float | None = None,
-        priority: int = 0,
-        errors: tuple[type[Any], ...] = (),
         fingerprint: str | None = None,
+        **defaults: Unpack[TaskDefaults],
     ) -> TaskStub[TIn, TOut]: ...
     @overload
     def task(
@@ -175,13 +171,8 @@ class Producer(AppBase):
         output_type: type[M],
         *,
         optional_output: Literal[True],
-        queue: str = DEFAULT_QUEUE,
-        retries: int = 0,
-        backoff: Backoff | None = None,
-        timeout: float | None = None,
-        priority: int = 0,
-        errors: tuple[type[Any], ...] = (),
         fingerprint: str | None = None,
+        **defaults: Unpack[TaskDefaults],
     ) -> TaskStub[TIn, M | None]: ...
 
     def task(
@@ -191,13 +182,8 @@ class Producer(AppBase):
         output_type: type[Any],
         *,
         optional_output: bool = False,
-        queue: str = DEFAULT_QUEUE,
-        retries: int = 0,
-        backoff: Backoff | None = None,
-        timeout: float | None = None,
-        priority: int = 0,
-        errors: tuple[type[Any], ...] = (),
         fingerprint: str | None = None,
+        **defaults: Unpack[TaskDefaults],
     ) -> TaskStub[Any, Any]:
         """Declare a task the worker registers with ``@app.task``.
 
@@ -205,6 +191,10 @@ class Producer(AppBase):
         :param input_type: its input model
         :param output_type: its output model, or ``type(None)``
         :param optional_output: the handler returns ``output_type | None``
+
+        The options ``queue`` to ``errors`` are :class:`~typedq.task.TaskDefaults`, as
+        the worker's ``@app.task`` takes them:
+
         :param queue: the queue its jobs go to
         :param retries: the worker's default retries (informative: the worker decides)
         :param backoff: the worker's default backoff (informative)
@@ -214,15 +204,7 @@ class Producer(AppBase):
         :param fingerprint: the input schema's fingerprint when the stub was generated
         :raises ConfigError: a name declared twice, a non-model type, a bad option
         """
-        options = TaskOptions(
-            name=name,
-            queue=queue,
-            retries=retries,
-            backoff=backoff or Backoff(),
-            timeout=timeout,
-            priority=priority,
-            errors=tuple(errors),
-        )
+        options = TaskOptions.of(name, defaults)
         if name in self._tasks:
             raise ConfigError(f"producer {self.name!r} already declares a task named {name!r}")
         if optional_output:

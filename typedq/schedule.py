@@ -28,6 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import anyio
 import msgspec
 from cronsim import CronSim, CronSimError
+from typing_extensions import TypedDict, Unpack
 
 from .broker.base import FireOutcome, JobMessage, ScheduleState, TickFiring
 from .errors import BrokerUnavailable, ConfigError
@@ -43,6 +44,7 @@ __all__ = [
     "Overlap",
     "Plan",
     "Schedule",
+    "ScheduleOptions",
     "Scheduler",
     "plan",
     "tick_job_id",
@@ -56,6 +58,22 @@ Missed = Literal["skip", "once"] | int
 #: What a tick does while the previous tick's job is unfinished: ``"allow"`` fires it
 #: anyway, ``"skip"`` drops it (counted), ``"queue"`` waits for that job to finish.
 Overlap = Literal["skip", "queue", "allow"]
+
+
+class ScheduleOptions(TypedDict, total=False):
+    """How a schedule fires: what :meth:`App.schedule <typedq.App.schedule>` (and
+    :class:`Schedule`) take after the task and payload. Exactly one of ``cron`` and
+    ``every`` is required; the others are optional (see ``App.schedule`` for each)."""
+
+    cron: str | None
+    every: float | timedelta | None
+    name: str | None
+    tz: str | ZoneInfo | None
+    missed: Missed
+    grace: float | timedelta | None
+    max_lateness: float | timedelta | None
+    overlap: Overlap
+
 
 _US = 1_000_000
 #: At most this many ticks are enqueued by one step of a schedule (the newest win).
@@ -122,19 +140,15 @@ class Schedule(Generic[TIn]):
     )
 
     def __init__(
-        self,
-        task: Task[TIn, Any],
-        payload: TIn,
-        *,
-        cron: str | None = None,
-        every: float | timedelta | None = None,
-        name: str | None = None,
-        tz: str | ZoneInfo | None = None,
-        missed: Missed = "once",
-        grace: float | timedelta | None = None,
-        max_lateness: float | timedelta | None = None,
-        overlap: Overlap = "allow",
+        self, task: Task[TIn, Any], payload: TIn, **options: Unpack[ScheduleOptions]
     ) -> None:
+        cron, every, name = options.get("cron"), options.get("every"), options.get("name")
+        tz, grace, max_lateness = (
+            options.get("tz"),
+            options.get("grace"),
+            options.get("max_lateness"),
+        )
+        missed, overlap = options.get("missed", "once"), options.get("overlap", "allow")
         label = f"schedule {name!r}" if name else f"schedule of task {task.name!r}"
         if (cron is None) == (every is None):
             raise ConfigError(

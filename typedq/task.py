@@ -27,6 +27,7 @@ from typing import (
 
 import msgspec
 import pydantic
+from typing_extensions import TypedDict, Unpack
 
 from .backoff import Backoff
 from .broker.base import JobMessage
@@ -57,11 +58,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UNSET",
+    "BatchOptions",
+    "EnqueueOptions",
     "Enqueuer",
     "Registry",
     "Task",
     "TaskBase",
     "TaskDecorator",
+    "TaskDefaults",
     "TaskOptions",
     "Unset",
 ]
@@ -98,6 +102,24 @@ UNSET: Final = Unset.UNSET
 DEFAULT_QUEUE: Final = "default"
 
 
+class BatchOptions(TypedDict, total=False):
+    """The per-call options of ``enqueue_many`` (and of ``enqueue``, which takes
+    :class:`EnqueueOptions`); each is optional. See :meth:`TaskBase.enqueue`."""
+
+    delay: float | timedelta
+    eta: datetime | float | None
+    priority: int | Unset
+
+
+class EnqueueOptions(BatchOptions, total=False):
+    """The per-call options of ``enqueue`` and ``message``; each is optional, and one not
+    given keeps the task's default. See :meth:`TaskBase.enqueue`."""
+
+    job_id: str | None
+    retries: int | Unset
+    timeout: float | Unset | None
+
+
 class _Owner(Protocol):
     """What a task is bound to: an App or a producer-only Client."""
 
@@ -127,6 +149,19 @@ class Registry(Protocol):
     def schedules(self) -> Mapping[str, Schedule[Any]]: ...
 
 
+class TaskDefaults(TypedDict, total=False):
+    """The task options ``@app.task(...)`` and ``Producer.task(...)`` both take (a task's
+    defaults; see :class:`TaskOptions`). Each is optional: an option not given keeps the
+    default of :class:`TaskOptions` (``backoff=None`` too)."""
+
+    queue: str
+    retries: int
+    backoff: Backoff | None
+    timeout: float | None
+    priority: int
+    errors: tuple[type[Any], ...]
+
+
 class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
     """A task's defaults; per-call options to ``enqueue`` override some of them.
 
@@ -146,6 +181,22 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
     timeout: float | None = None
     priority: int = 0
     errors: tuple[type[Any], ...] = ()
+
+    @classmethod
+    def of(cls, name: str, given: TaskDefaults) -> TaskOptions:
+        """The options named ``name`` with the defaults ``given`` (the rest as declared here).
+
+        :raises ConfigError: an option out of its range, naming the task and the option
+        """
+        return cls(
+            name=name,
+            queue=given.get("queue", DEFAULT_QUEUE),
+            retries=given.get("retries", 0),
+            backoff=given.get("backoff") or Backoff(),
+            timeout=given.get("timeout"),
+            priority=given.get("priority", 0),
+            errors=tuple(given.get("errors", ())),
+        )
 
     def __post_init__(self) -> None:
         check_name("task", self.name)
@@ -206,17 +257,7 @@ class Enqueuer(Protocol[TIn_contra, TOut]):
         """The queue its jobs go to."""
         ...
 
-    def message(
-        self,
-        payload: TIn_contra,
-        *,
-        delay: float | timedelta = ...,
-        eta: datetime | float | None = ...,
-        priority: int | Unset = ...,
-        job_id: str | None = ...,
-        retries: int | Unset = ...,
-        timeout: float | Unset | None = ...,
-    ) -> JobMessage:
+    def message(self, payload: TIn_contra, **options: Unpack[EnqueueOptions]) -> JobMessage:
         """Build the envelope ``enqueue`` would send."""
         ...
 
@@ -224,27 +265,12 @@ class Enqueuer(Protocol[TIn_contra, TOut]):
         """A handle on an existing job of this task, by id."""
         ...
 
-    async def enqueue(
-        self,
-        payload: TIn_contra,
-        *,
-        delay: float | timedelta = ...,
-        eta: datetime | float | None = ...,
-        priority: int | Unset = ...,
-        job_id: str | None = ...,
-        retries: int | Unset = ...,
-        timeout: float | Unset | None = ...,
-    ) -> Job[TOut]:
+    async def enqueue(self, payload: TIn_contra, **options: Unpack[EnqueueOptions]) -> Job[TOut]:
         """Enqueue one job and return its handle."""
         ...
 
     async def enqueue_many(
-        self,
-        payloads: Iterable[TIn_contra],
-        *,
-        delay: float | timedelta = ...,
-        eta: datetime | float | None = ...,
-        priority: int | Unset = ...,
+        self, payloads: Iterable[TIn_contra], **options: Unpack[BatchOptions]
     ) -> list[Job[TOut]]:
         """Enqueue many jobs in few round trips."""
         ...
@@ -301,38 +327,30 @@ class TaskBase(Generic[TIn, TOut]):
 
     # -- producing --------------------------------------------------------------
 
-    def message(
-        self,
-        payload: TIn,
-        *,
-        delay: float | timedelta = 0.0,
-        eta: datetime | float | None = None,
-        priority: int | Unset = UNSET,
-        job_id: str | None = None,
-        retries: int | Unset = UNSET,
-        timeout: float | Unset | None = UNSET,
-    ) -> JobMessage:
+    def message(self, payload: TIn, **options: Unpack[EnqueueOptions]) -> JobMessage:
         """Build the envelope ``enqueue`` would send (validated and encoded).
 
         :raises InvalidOption: a number out of its range (see :meth:`enqueue`)
         """
         # Every option is checked before the payload is encoded or anything is sent,
         # so a bad number fails this call alone, with a message naming it.
-        options = self._options(delay, eta, priority, retries, timeout)
-        return self._build(payload, job_id, options)
+        checked = self._options(
+            options, options.get("retries", UNSET), options.get("timeout", UNSET)
+        )
+        return self._build(payload, options.get("job_id"), checked)
 
     def _options(
         self,
-        delay: float | timedelta,
-        eta: datetime | float | None,
-        priority: int | Unset,
+        options: BatchOptions,
         retries: int | Unset,
         timeout: float | Unset | None,
     ) -> _CallOptions:
-        """The per-call options, checked and in envelope form."""
+        """The per-call options, checked and in envelope form (not given: the defaults)."""
         subject = f"task {self.name!r}"
-        delay_s = check_seconds_option("delay", delay, subject=subject)
+        delay_s = check_seconds_option("delay", options.get("delay", 0.0), subject=subject)
+        eta = options.get("eta")
         eta_s = 0.0 if eta is None else _epoch(eta, subject)
+        priority = options.get("priority", UNSET)
         prio = (
             self.options.priority
             if isinstance(priority, Unset)
@@ -386,17 +404,7 @@ class TaskBase(Generic[TIn, TOut]):
         """A handle on an existing job of this task, by id."""
         return self._job(check_job_id(job_id), created=False)
 
-    async def enqueue(
-        self,
-        payload: TIn,
-        *,
-        delay: float | timedelta = 0.0,
-        eta: datetime | float | None = None,
-        priority: int | Unset = UNSET,
-        job_id: str | None = None,
-        retries: int | Unset = UNSET,
-        timeout: float | Unset | None = UNSET,
-    ) -> Job[TOut]:
+    async def enqueue(self, payload: TIn, **options: Unpack[EnqueueOptions]) -> Job[TOut]:
         """Enqueue one job and return its handle.
 
         Concurrent calls are coalesced into one broker round trip.
@@ -416,25 +424,12 @@ class TaskBase(Generic[TIn, TOut]):
             is sent, and concurrent enqueues are not affected)
         :raises PayloadTooLarge, EncodeError, InvalidName, NotConnected, QueueFull:
         """
-        message = self.message(
-            payload,
-            delay=delay,
-            eta=eta,
-            priority=priority,
-            job_id=job_id,
-            retries=retries,
-            timeout=timeout,
-        )
+        message = self.message(payload, **options)
         outcome = await self._owner.client._enqueue(message)  # checked by message()
         return self._job(outcome.id, created=outcome.created)
 
     async def enqueue_many(
-        self,
-        payloads: Iterable[TIn],
-        *,
-        delay: float | timedelta = 0.0,
-        eta: datetime | float | None = None,
-        priority: int | Unset = UNSET,
+        self, payloads: Iterable[TIn], **options: Unpack[BatchOptions]
     ) -> list[Job[TOut]]:
         """Enqueue many jobs in few round trips; the jobs come back in input order.
 
@@ -450,8 +445,8 @@ class TaskBase(Generic[TIn, TOut]):
             duplicates (then ``task.job(id)`` gives their handles)
         :raises QueueFull, BrokerError: every chunk was refused (nothing was stored)
         """
-        options = self._options(delay, eta, priority, UNSET, UNSET)  # checked once for all
-        messages = [self._build(payload, None, options) for payload in payloads]
+        checked = self._options(options, UNSET, UNSET)  # checked once for all
+        messages = [self._build(payload, None, checked) for payload in payloads]
         try:
             outcomes = await self._owner.client._enqueue_many(messages)  # checked
         except PartialEnqueue as exc:

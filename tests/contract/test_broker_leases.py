@@ -11,6 +11,7 @@ import time
 import anyio
 import msgspec
 import pytest
+from anyio.abc import TaskStatus
 
 from tests.support import (
     TEST_DEADLINE,
@@ -307,13 +308,13 @@ async def test_cancel_active_is_requested(app_name: str, broker_url: str) -> Non
 
         woke = anyio.Event()
 
-        async def listener() -> None:
-            await broker.wait_cancel_requests(10)
+        async def listener(*, task_status: TaskStatus[None]) -> None:
+            await broker.wait_cancel_requests(10, task_status=task_status)
             woke.set()
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(listener)
-            await anyio.sleep(0.05)  # let the listener block
+            await tg.start(listener)  # armed: subscribed, so the request below wakes it
+            assert not woke.is_set()
             assert await broker.cancel("a") is CancelOutcome.REQUESTED
             with anyio.fail_after(2):
                 await woke.wait()
@@ -495,15 +496,14 @@ async def test_wait_finished_returns_on_completion(app_name: str, broker_url: st
         got: list[object] = []
         both = anyio.Event()
 
-        async def waiter() -> None:
-            got.append(await broker.wait_finished("w", 30))
+        async def waiter(*, task_status: TaskStatus[None]) -> None:
+            got.append(await broker.wait_finished("w", 30, task_status=task_status))
             if len(got) == 2:
                 both.set()
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter)
-            tg.start_soon(waiter)  # two waiters on one job
-            await anyio.sleep(0.05)
+            await tg.start(waiter)
+            await tg.start(waiter)  # two waiters on one job, both armed
             assert got == []
             start = time.monotonic()
             await broker.complete([Completion("w", claimed.token, b"ok")])
@@ -527,13 +527,13 @@ async def test_wait_finished_returns_on_failure(app_name: str, broker_url: str) 
         claimed = await claim_one(broker)
         result: list[object] = []
 
-        async def waiter() -> None:
-            result.append(await broker.wait_finished("f", 30))
+        async def waiter(*, task_status: TaskStatus[None]) -> None:
+            result.append(await broker.wait_finished("f", 30, task_status=task_status))
 
         with anyio.fail_after(2):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(waiter)
-                await anyio.sleep(0.05)
+                await tg.start(waiter)
+                assert result == []
                 await broker.fail([Failure(id="f", token=claimed.token, error=record_bytes())])
         (record,) = result
         assert getattr(record, "state", None) is JobState.FAILED

@@ -27,12 +27,15 @@ from enum import IntEnum, StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+import anyio
 import msgspec
 
 from ..errors import BrokerError, ConfigError, QueueFull
 from ..limits import LimitSpec
 
 if TYPE_CHECKING:
+    from anyio.abc import TaskStatus
+
     from .flow import FlowSpec, FlowState
 
 __all__ = [
@@ -485,10 +488,20 @@ class Broker(abc.ABC):
         """Snapshots of the jobs, ``None`` for unknown (or expired) ids."""
 
     @abc.abstractmethod
-    async def wait_finished(self, job_id: str, timeout: float | None) -> JobRecord | None:
+    async def wait_finished(
+        self,
+        job_id: str,
+        timeout: float | None,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> JobRecord | None:
         """Wait, without polling, until the job is final; return it, or ``None`` on timeout.
 
         Returns ``None`` at once if the job does not exist.
+
+        :param task_status: ``started()`` once the wait is armed: from then on, the job
+            reaching a final state wakes it (on Redis: once subscribed). Tests start it
+            with ``await tg.start(...)`` instead of sleeping until it listens.
         """
 
     @abc.abstractmethod
@@ -581,11 +594,17 @@ class Broker(abc.ABC):
         """Which of the given active job ids have a pending cancel request."""
 
     @abc.abstractmethod
-    async def wait_cancel_requests(self, timeout: float) -> None:
+    async def wait_cancel_requests(
+        self, timeout: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Return soon after any ``cancel`` of a running job, or after ``timeout``.
 
         Lets a worker react to ``job.cancel()`` at once; ``renew`` answering
-        ``CANCEL_REQUESTED`` is the backstop.
+        ``CANCEL_REQUESTED`` is the backstop. It may also return early with nothing
+        requested (e.g. when its subscription is made or remade): callers look again.
+
+        :param task_status: ``started()`` once the wait is armed: from then on, a cancel
+            request wakes it (on Redis: once subscribed to the cancel channel).
         """
 
     @abc.abstractmethod

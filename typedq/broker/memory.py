@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import anyio
 import msgspec
+from anyio.abc import TaskStatus
 
 from ..errors import ConfigError, NotConnected, QueueFull
 from ..names import check_worker_id
@@ -501,8 +502,16 @@ class MemoryBroker(Broker):
         self._check()
         return [job.snapshot() if (job := self._jobs.get(i)) is not None else None for i in ids]
 
-    async def wait_finished(self, job_id: str, timeout: float | None) -> JobRecord | None:
+    async def wait_finished(
+        self,
+        job_id: str,
+        timeout: float | None,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> JobRecord | None:
         self._check()
+        # Armed at once: nothing below awaits before the event is registered.
+        task_status.started()
         job = self._jobs.get(job_id)
         if job is None:
             return None
@@ -850,9 +859,12 @@ class MemoryBroker(Broker):
         self._check()
         return [i for i in ids if (job := self._active.get(i)) is not None and job.cancel_requested]
 
-    async def wait_cancel_requests(self, timeout: float) -> None:
+    async def wait_cancel_requests(
+        self, timeout: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         self._check()
         assert self._cancels is not None
+        task_status.started()
         with anyio.move_on_after(timeout):
             await self._cancels.wait()
 

@@ -19,6 +19,7 @@ import anyio
 import msgspec
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
+from anyio.abc import TaskStatus
 
 from ...errors import (
     BrokerError,
@@ -536,11 +537,20 @@ class RedisBroker(ScheduleOps, Broker):
             errors=_error_history(eh, err),
         )
 
-    async def wait_finished(self, job_id: str, timeout: float | None) -> JobRecord | None:
+    async def wait_finished(
+        self,
+        job_id: str,
+        timeout: float | None,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> JobRecord | None:
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         self._conn()
         with self._notes.done_waiter(job_id) as waiter:
             await self._notes.subscribe(self.keys.done_channel, wait=deadline)
+            # Subscribed and registered: a finish announced from now on wakes the waiter,
+            # and one announced before is seen by the first look below.
+            task_status.started()
             while True:
                 # A fresh event before each look, so a notice that lands between the
                 # read and the wait still wakes us.
@@ -775,9 +785,11 @@ class RedisBroker(ScheduleOps, Broker):
         reply = await self._eval("cancel_requests", [], [self.keys.prefix, *ids])
         return [text(i) for i in reply]
 
-    async def wait_cancel_requests(self, timeout: float) -> None:
+    async def wait_cancel_requests(
+        self, timeout: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         self._conn()
-        await self._notes.wait_cancel(timeout)
+        await self._notes.wait_cancel(timeout, task_status=task_status)
 
     async def recover_stalled(self, limit: int = 1000) -> int:
         if self._epoch.is_due():

@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import redis.asyncio as aioredis
+from anyio.abc import TaskStatus
 
 from ..keys import Keys
 from .codec import MICRO, text
@@ -168,10 +169,25 @@ class Notifications:
 
     # -- cancel requests and finished jobs -------------------------------------------
 
-    async def wait_cancel(self, timeout: float) -> None:
-        """Return soon after a cancel request is published, or after ``timeout``."""
-        event = self._cancel_event
-        await self.subscribe(self.keys.cancel_channel)
+    async def wait_cancel(
+        self, timeout: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Return soon after a cancel request is published, or after ``timeout``.
+
+        :param task_status: ``started()`` once subscribed to the cancel channel (or, if the
+            subscription is not confirmed in time, when giving up on it)
+        """
+        if task_status is anyio.TASK_STATUS_IGNORED:
+            # Taken before subscribing: the first subscription's confirmation wakes this
+            # wait too (the caller looks again), so a request made meanwhile is not missed.
+            event = self._cancel_event
+            await self.subscribe(self.keys.cancel_channel)
+        else:
+            # Someone waits until this wait is armed: once the subscription is confirmed,
+            # only what is published from then on (or a resubscription) wakes it.
+            await self.subscribe(self.keys.cancel_channel, wait=time.monotonic() + timeout)
+            event = self._cancel_event
+            task_status.started()
         with anyio.move_on_after(timeout):
             await event.wait()
 
