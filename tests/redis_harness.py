@@ -113,3 +113,126 @@ def flushall(port: int) -> None:
 
 
 __all__ = ["REDIS_SERVER", "RedisProcess", "flushall", "free_port", "redis_process"]
+
+
+REDIS_CLI = shutil.which("redis-cli")
+
+
+def _command(port: int, *words: str, timeout: float = 5.0) -> bytes:
+    """One command over a raw socket; its raw reply (the harness does not use the client
+    under test)."""
+    payload = f"*{len(words)}\r\n".encode()
+    for w in words:
+        payload += f"${len(w.encode())}\r\n{w}\r\n".encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            data += chunk
+            if not chunk or data.endswith(b"\r\n"):
+                # A bulk reply may arrive in pieces: read until its announced length.
+                if data.startswith(b"$"):
+                    head, _, body = data.partition(b"\r\n")
+                    if len(body) < int(head[1:]) + 2:
+                        continue
+                return data
+
+
+def cluster_port() -> int:
+    """A free port for a cluster node: at most 55535, with its bus port (+10000) free too."""
+    for _ in range(1000):
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+class RedisCluster:
+    """A local Redis Cluster: ``primaries`` primaries with one replica each, every node a
+    :class:`RedisProcess` with ``--cluster-enabled yes``, joined by
+    ``redis-cli --cluster create``; ready once every node reports ``cluster_state:ok``."""
+
+    def __init__(self, primaries: int = 3) -> None:
+        self.nodes = [
+            RedisProcess(extra=("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"))
+            for _ in range(2 * primaries)
+        ]
+        self.primaries = primaries
+        for node in self.nodes:
+            node.port = cluster_port()
+            node.extra += ("--cluster-config-file", str(node.dir / "nodes.conf"))
+
+    @property
+    def url(self) -> str:
+        """``redis+cluster://`` naming the first primaries (the client discovers the rest)."""
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[: self.primaries])
+        return f"redis+cluster://{hosts}"
+
+    def start(self) -> None:
+        if REDIS_CLI is None:
+            raise RuntimeError("redis-cli is not installed: `apt-get install redis-tools`")
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            [
+                REDIS_CLI,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                "--cluster-replicas",
+                "1",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+        self.wait_ok()
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Until every live node reports ``cluster_state:ok`` and knows every node."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for node in self.nodes:
+                if node.proc is None:
+                    continue
+                with contextlib.suppress(OSError):
+                    info = _command(node.port, "CLUSTER", "INFO")
+                    states.append(
+                        b"cluster_state:ok" in info
+                        and f"cluster_known_nodes:{len(self.nodes)}".encode() in info
+                    )
+            if states and all(states):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the local Redis Cluster did not reach cluster_state:ok")
+
+    def primary_ports(self) -> list[int]:
+        """The ports of the nodes that are primaries now."""
+        ports = []
+        for node in self.nodes:
+            if node.proc is not None:
+                with contextlib.suppress(OSError):
+                    if _command(node.port, "ROLE").startswith(b"*3\r\n$6\r\nmaster"):
+                        ports.append(node.port)
+        return ports
+
+    def flushall(self) -> None:
+        """FLUSHALL on every primary (replicas follow)."""
+        for port in self.primary_ports():
+            reply = _command(port, "FLUSHALL")
+            if not reply.startswith(b"+OK"):
+                raise RuntimeError(f"FLUSHALL on {port} failed: {reply!r}")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
