@@ -155,16 +155,22 @@ def cluster_port() -> int:
 
 
 class RedisCluster:
-    """A local Redis Cluster: ``primaries`` primaries with one replica each, every node a
+    """A local Redis Cluster: ``primaries`` primaries with ``replicas`` replicas each, every node a
     :class:`RedisProcess` with ``--cluster-enabled yes``, joined by
     ``redis-cli --cluster create``; ready once every node reports ``cluster_state:ok``."""
 
-    def __init__(self, primaries: int = 3) -> None:
+    def __init__(self, primaries: int = 3, replicas: int = 1) -> None:
         self.nodes = [
-            RedisProcess(extra=("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"))
-            for _ in range(2 * primaries)
+            RedisProcess(
+                extra=(
+                    *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
+                    *("--repl-diskless-sync-delay", "0"),
+                )
+            )
+            for _ in range(primaries * (1 + replicas))
         ]
         self.primaries = primaries
+        self.replicas = replicas
         for node in self.nodes:
             node.port = cluster_port()
             node.extra += ("--cluster-config-file", str(node.dir / "nodes.conf"))
@@ -187,7 +193,7 @@ class RedisCluster:
                 "create",
                 *(f"127.0.0.1:{n.port}" for n in self.nodes),
                 "--cluster-replicas",
-                "1",
+                str(self.replicas),
                 "--cluster-yes",
             ],
             check=True,
@@ -211,10 +217,25 @@ class RedisCluster:
                         b"cluster_state:ok" in info
                         and f"cluster_known_nodes:{len(self.nodes)}".encode() in info
                     )
-            if states and all(states):
+            if states and all(states) and self._replicas_connected():
                 return
             time.sleep(0.1)
         raise RuntimeError("the local Redis Cluster did not reach cluster_state:ok")
+
+    def _replicas_connected(self) -> bool:
+        """Every replica the cluster should have is attached to its primary and in sync."""
+        replicas = 0
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            with contextlib.suppress(OSError):
+                role = _command(node.port, "ROLE")
+                if role.startswith(b"*5\r\n$5\r\nslave"):
+                    if b"connected" not in role:
+                        return False
+                    replicas += 1
+        live = sum(1 for n in self.nodes if n.proc is not None)
+        return replicas == live - self.primaries
 
     def primary_ports(self) -> list[int]:
         """The ports of the nodes that are primaries now."""
@@ -236,3 +257,41 @@ class RedisCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+def _bulk(reply: bytes) -> str:
+    """The text of a bulk-string reply."""
+    head, _, body = reply.partition(b"\r\n")
+    return body[: int(head[1:])].decode()
+
+
+def failover_slot(cluster: RedisCluster, slot: int, timeout: float = 30.0) -> tuple[int, int]:
+    """``CLUSTER FAILOVER`` (a manual, graceful failover) of the primary serving ``slot``
+    to its replica; returns (old primary port, new primary port) once the replica serves
+    the slot and every node reports ``cluster_state:ok``."""
+    live = [n.port for n in cluster.nodes if n.proc is not None]
+    nodes = _bulk(_command(live[0], "CLUSTER", "NODES")).splitlines()
+    by_id: dict[str, tuple[int, list[str]]] = {}
+    for line in nodes:
+        fields = line.split()
+        port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        by_id[fields[0]] = (port, fields)
+    primary = None
+    for node_id, (port, fields) in by_id.items():
+        if "master" in fields[2]:
+            for spec in fields[8:]:
+                lo, _, hi = spec.partition("-")
+                if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
+                    primary = (node_id, port)
+    assert primary is not None, f"no primary serves slot {slot}"
+    replica = next(p for p, f in by_id.values() if f[3] == primary[0])
+    reply = _command(replica, "CLUSTER", "FAILOVER")
+    if not reply.startswith(b"+OK"):
+        raise RuntimeError(f"CLUSTER FAILOVER on {replica} failed: {reply!r}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _command(replica, "ROLE").startswith(b"*3\r\n$6\r\nmaster"):
+            cluster.wait_ok(timeout=max(1.0, deadline - time.monotonic()))
+            return primary[1], replica
+        time.sleep(0.05)
+    raise RuntimeError(f"the replica on {replica} did not take over slot {slot}")
