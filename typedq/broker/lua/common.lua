@@ -9,7 +9,16 @@ local P = ARGV[1]
 -- 'typedq:{<namespace>' : the app prefix without its closing '}:'.
 local PQ = string.sub(P, 1, #P - 2)
 
-local function k_q(q) return PQ .. ':' .. q .. '}:' end
+-- A queue's key prefix, built once per queue and script.
+local qprefix = {}
+local function k_q(q)
+  local p = qprefix[q]
+  if not p then
+    p = PQ .. ':' .. q .. '}:'
+    qprefix[q] = p
+  end
+  return p
+end
 local function k_job(q, id) return k_q(q) .. 'j:' .. id end
 local function k_levels(q) return k_q(q) .. 'p' end
 local function k_wait(q, prio) return k_q(q) .. 'w:' .. prio end
