@@ -256,7 +256,7 @@ async def test_replies_lost_in_a_server_stall_are_answered_as_the_first_time(
             await anyio.sleep(0.1)
 
             async def cancel() -> None:
-                results["cancel"] = await broker.cancel("victim")
+                results["cancel"] = await broker.cancel("victim", queue="q")
 
             async def enqueue() -> None:
                 results["enqueue"] = await broker.enqueue(fresh)
