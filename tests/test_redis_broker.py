@@ -30,6 +30,7 @@ from typedq.broker.base import (
     LeaseStatus,
     Release,
     Retention,
+    RetryOutcome,
 )
 from typedq.broker.redis import CONNECT_TIMEOUT, RETRIES, SOCKET_TIMEOUT, RedisBroker
 from typedq.broker.redis import health as redis_health
@@ -747,3 +748,27 @@ async def test_stalled_job_fails_with_a_decodable_record(url: str) -> None:
         assert failure.worker_id == "w-lost"
         assert failure.attempt == 1
         assert failure.failed_at == pytest.approx(time.time(), abs=60)
+
+
+async def test_a_job_id_is_unique_per_queue(url: str) -> None:
+    """A job is found through its queue: one id may name a job in each of two queues;
+    a queue hint finds each, and without one the first queue by name answers."""
+    async with broker_at(url, "perqueue") as broker:
+        created = await broker.enqueue([message("same", queue="b"), message("same", queue="a")])
+        assert [o.created for o in created] == [True, True]
+        # Dedup by id holds within a queue.
+        assert [o.created for o in await broker.enqueue([message("same", queue="a")])] == [False]
+        (in_a,) = await broker.get(["same"], queue="a")
+        (in_b,) = await broker.get(["same"], queue="b")
+        assert in_a is not None
+        assert in_b is not None
+        assert (in_a.message.queue, in_b.message.queue) == ("a", "b")
+        (either,) = await broker.get(["same"])
+        assert either is not None
+        assert either.message.queue == "a"
+        assert await broker.cancel("same", queue="b") is CancelOutcome.CANCELLED
+        assert (await broker.counts("a"))[JobState.WAITING] == 1
+        # An unknown id, with or without its queue.
+        assert await broker.get(["nope"]) == [None]
+        assert await broker.cancel("nope") is CancelOutcome.NOT_FOUND
+        assert await broker.retry(["nope"], queue="a") == [RetryOutcome.NOT_FOUND]

@@ -97,12 +97,14 @@ def _request_token() -> str:
 
 
 class RedisBroker(ScheduleOps, Broker):
-    """The durable broker on Redis 7+ (standalone, or one Redis Cluster slot per app).
+    """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA
         and client certificates as ``?ssl_ca_certs=...`` query options) or
         ``unix:///path?db=0``; redis-py connection options in the query override
-        the defaults of :mod:`typedq.broker.redis.connection`
+        the defaults of :mod:`typedq.broker.redis.connection`. Redis Cluster:
+        ``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+cluster``
+        for TLS)
     :param settings: namespace, retention, stall limit and queue bounds
     """
 
