@@ -297,7 +297,7 @@ async def test_a_job_id_with_colons_works(broker_url: str, app_name: str) -> Non
                 raw = aioredis.Redis.from_url(broker_url)
                 try:
                     # The id ends the key, after the queue's hash tag.
-                    assert await raw.exists(f"typedq:{{{app_name}:default}}:j:order:123") == 1
+                    assert await raw.exists(f"tq:{{{app_name}:default}}order:123") == 1
                 finally:
                     await raw.aclose()
             async with app.worker(concurrency=1):

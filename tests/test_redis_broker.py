@@ -114,7 +114,7 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.slots("q1", "t1", "k:1"),
         ]
         # Every key of a queue carries the queue's hash tag, nothing else's.
-        assert all(n.decode().startswith("typedq:{layout:q1}:") for n in names[:7])
+        assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])
     async with raw_redis(url) as raw:
         async with broker_at(url, "layout") as broker:
             await broker.enqueue([message("a"), message("b", queue="other", priority=2)])
@@ -151,7 +151,7 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.counts("other"),
         }
         for key in keys - {k.epoch, k.queues}:
-            assert key.startswith(("typedq:{layout:q}:", "typedq:{layout:other}:"))
+            assert key.startswith(("tq:{layout:q}", "tq:{layout:other}"))
         # Jobs no worker has claimed are strings; the claimed one is a hash.
         assert job.message.id == "b"
         queue_of = {"a": "q", "b": "other", "c": "other", "d": "q"}
@@ -705,7 +705,7 @@ async def test_least_privilege_acl_user(url: str, redis_server: RedisProcess) ->
         execute: Any = raw.execute_command  # untyped in redis-py
         await execute(
             "ACL", "SETUSER", "app1", "reset", "on", ">pw1", "~typedq:{app1}:*",
-            "~typedq:{app1:*", "&typedq:{app1}:*", "-@all", "+@read", "+@write", "+@scripting",
+            "~tq:{app1:*", "&typedq:{app1}:*", "-@all", "+@read", "+@write", "+@scripting",
             "+@connection", "+@pubsub", "-@dangerous", "+time", "+info",
         )  # fmt: skip
         try:

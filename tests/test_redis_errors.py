@@ -38,7 +38,7 @@ def anyio_backend() -> str:
         (
             rexc.NoPermissionError("NOPERM"),
             BrokerError,
-            "~typedq:{errs}:* ~typedq:{errs:* and &typedq:{errs}:*",
+            "~typedq:{errs}:* ~tq:{errs:* and &typedq:{errs}:*",
         ),
         (rexc.ResponseError("TYPEDQ_QUEUE_FULL q 10 1 10"), QueueFull, "max_queue_length=10"),
         (rexc.ResponseError("ERR odd"), BrokerError, "op failed: ERR odd"),

@@ -1,6 +1,6 @@
 """Every Redis key and channel name of the Redis broker, built in one place.
 
-Every key of one queue shares the prefix ``typedq:{<namespace>:<queue>}:``; the braces are
+Every key of one queue shares the prefix ``tq:{<namespace>:<queue>}``; the braces are
 a Redis Cluster hash tag, so all keys of a queue live in one slot (every Lua script that
 works on one queue may touch any of them atomically) and different queues land on
 different slots, so on Redis Cluster they spread over the shards. The few app-wide keys
@@ -9,8 +9,9 @@ job's path. Names that go into keys (namespace, queue, job id) are checked by
 :mod:`typedq.names` before they get here: none contains braces, ``|``, glob characters
 or whitespace, and namespaces and queue names contain no ``:`` (so ``{<ns>:<queue>}``
 never equals another app's or queue's tag). A job id may contain ``:`` (key-derived ids
-are ``<task>:<key>``), but it only ever ends a key after ``j:``, so two names still
-never share a key.
+are ``<task>:<key>``), but it only ever ends a key right after the tag's ``}`` and starts
+with a letter or digit, so two names still never share a key. Per-queue keys start with
+``tq:`` (not ``typedq:``): a job key is there once per job, and its length is memory.
 
 A job is found through its queue: a job id is unique *per queue* (enqueue deduplicates
 by id within the job's queue; two queues may hold jobs of the same id, and key-derived
@@ -18,7 +19,9 @@ ids ``<task>:<key>`` are unique per task, whose jobs go to its queue). Callers t
 the queue (job handles, the worker) pass it; without it (``typedq inspect --job ID``)
 the broker looks in every queue of the queue registry.
 
-The per-queue layout (``Q`` is ``typedq:{<namespace>:<queue>}:``)::
+The per-queue layout (``Q`` is ``tq:{<namespace>:<queue>}:``; a job's key is the tag and
+its id, ``tq:{<namespace>:<queue>}<id>``, short because there is one per job: a job id
+starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
 
     Q e                   string   the queue's epoch '<unix time>-<random>', written once
                                    (SET NX) when a process first uses the queue; it
@@ -28,7 +31,7 @@ The per-queue layout (``Q`` is ``typedq:{<namespace>:<queue>}:``)::
     Q a                   zset     active ids -> lease deadline (µs, Redis clock)
     Q d:c|d:f|d:x         zset     id -> finished_at (µs): completed / failed / cancelled,
                                    for retention by age and count (per queue)
-    Q j:<id>              string   a job no worker has claimed yet (waiting or scheduled
+    J <id>                string   a job no worker has claimed yet (waiting or scheduled
                                    since enqueue): the compact record below
                           hash     any other job (fields below); claim and cancel turn
                                    the string into the hash
@@ -173,8 +176,8 @@ class Keys:
         self.queues = p + "queues"
 
     def queue_prefix(self, queue: str) -> str:
-        """The prefix of every key of ``queue``: ``typedq:{<namespace>:<queue>}:``."""
-        return f"typedq:{{{self.namespace}:{queue}}}:"
+        """The prefix of the keys of ``queue`` but its jobs': ``tq:{<namespace>:<queue>}:``."""
+        return f"tq:{{{self.namespace}:{queue}}}:"
 
     def queue_epoch(self, queue: str) -> str:
         """The epoch of ``queue``'s slot (data-loss detection per shard)."""
@@ -194,7 +197,7 @@ class Keys:
 
     def job(self, queue: str, job_id: str) -> str:
         """The key of one job (a string until the job is claimed or cancelled, then a hash)."""
-        return f"{self.queue_prefix(queue)}j:{job_id}"
+        return f"tq:{{{self.namespace}:{queue}}}{job_id}"
 
     def levels(self, queue: str) -> str:
         """The zset of priority levels that have waiting jobs in ``queue``."""

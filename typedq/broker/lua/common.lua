@@ -6,8 +6,8 @@
 -- derives their keys here from the queue (the caller declares a key of that queue's
 -- slot in KEYS). Every helper of a queue's key takes the queue name first.
 local P = ARGV[1]
--- 'typedq:{<namespace>' : the app prefix without its closing '}:'.
-local PQ = string.sub(P, 1, #P - 2)
+-- 'tq:{<namespace>' : what every queue's keys start with ('typedq:{' is 8 characters).
+local PQ = 'tq:{' .. string.sub(P, 9, #P - 2)
 
 -- A queue's key prefix, built once per queue and script.
 local qprefix = {}
@@ -19,7 +19,17 @@ local function k_q(q)
   end
   return p
 end
-local function k_job(q, id) return k_q(q) .. 'j:' .. id end
+-- A job's key: the queue's tag and the id (no separator: an id starts with a letter or
+-- digit, every other key of the queue continues the tag with ':').
+local jprefix = {}
+local function k_job(q, id)
+  local p = jprefix[q]
+  if not p then
+    p = PQ .. ':' .. q .. '}'
+    jprefix[q] = p
+  end
+  return p .. id
+end
 local function k_levels(q) return k_q(q) .. 'p' end
 local function k_wait(q, prio) return k_q(q) .. 'w:' .. prio end
 local function k_sched(q) return k_q(q) .. 's' end

@@ -68,7 +68,7 @@ def broker_error(
     for types, error, message in ERRORS:
         if isinstance(exc, types):
             # The app's keys, and its queues' (hash tags '{<namespace>:<queue>}').
-            tags = prefix[:-2] + ":" if prefix.endswith("}:") else prefix
+            tags = "tq:" + prefix.removeprefix("typedq:")[:-2] + ":"
             return error(
                 message.format(where=where, op=op, detail=detail, prefix=prefix, tags=tags)
             )
