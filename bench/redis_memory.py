@@ -44,7 +44,7 @@ async def main(jobs: int, priority: int, delay: float) -> None:
             after = int((await client.info("memory"))["used_memory"])
             assert first is not None
             keys = app.broker.keys  # type: ignore[attr-defined]
-            job_key = keys.job(first)
+            job_key = keys.job("default", first)
             size = await client.memory_usage(job_key)
             kind = text(await client.type(job_key))
             encoding = text(await client.object("encoding", job_key))

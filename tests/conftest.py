@@ -1,8 +1,8 @@
 """Shared fixtures: anyio backends, a session redis-server, and an App per broker.
 
 Brokers are parametrized: every test that takes ``broker_url`` runs on the embedded
-broker (under asyncio and trio) and on a real redis-server (asyncio only: redis-py
-is asyncio-based). A fresh app name per test keeps tests apart on the shared server.
+broker (under asyncio and trio), on a real redis-server and on a real local Redis
+Cluster (asyncio only: redis-py is asyncio-based; marker ``cluster``). A fresh app name per test keeps tests apart on the shared server.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests.redis_harness import REDIS_SERVER, RedisProcess, flushall
+from tests.redis_harness import REDIS_SERVER, RedisCluster, RedisProcess, flushall
 
 _names = itertools.count()
 
@@ -46,6 +46,19 @@ def redis_server() -> Iterator[RedisProcess]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """One local Redis Cluster (3 primaries, 3 replicas) for the whole session."""
+    if REDIS_SERVER is None:
+        pytest.fail("redis-server is not installed; `make test` installs it (apt-get)")
+    cluster = RedisCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Broker-independent async tests run under both anyio backends."""
@@ -57,6 +70,11 @@ BACKENDS = [
     pytest.param(("memory", "asyncio"), id="memory-asyncio"),
     pytest.param(("memory", "trio"), id="memory-trio"),
     pytest.param(("redis", "asyncio"), id="redis-asyncio", marks=pytest.mark.redis),
+    pytest.param(
+        ("cluster", "asyncio"),
+        id="cluster-asyncio",
+        marks=[pytest.mark.redis, pytest.mark.cluster],
+    ),
 ]
 #: Each broker once (the embedded one under asyncio): for broker-level tests whose runs on
 #: the embedded broker are the same under trio and asyncio (it is deterministic and they
@@ -79,10 +97,15 @@ def broker_backend_name(_broker_backend: tuple[str, str]) -> str:
 
 @pytest.fixture
 def broker_url(_broker_backend: tuple[str, str], request: pytest.FixtureRequest) -> str:
-    """``memory://`` or the session redis-server's URL (flushed before the test)."""
+    """``memory://``, the session redis-server's URL or the session Redis Cluster's
+    (flushed before the test)."""
     kind = _broker_backend[0]
     if kind == "memory":
         return "memory://"
+    if kind == "cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        cluster.flushall()
+        return cluster.url
     server: RedisProcess = request.getfixturevalue("redis_server")
     flushall(server.port)
     return server.url

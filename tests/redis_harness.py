@@ -113,3 +113,185 @@ def flushall(port: int) -> None:
 
 
 __all__ = ["REDIS_SERVER", "RedisProcess", "flushall", "free_port", "redis_process"]
+
+
+REDIS_CLI = shutil.which("redis-cli")
+
+
+def _command(port: int, *words: str, timeout: float = 5.0) -> bytes:
+    """One command over a raw socket; its raw reply (the harness does not use the client
+    under test)."""
+    payload = f"*{len(words)}\r\n".encode()
+    for w in words:
+        payload += f"${len(w.encode())}\r\n{w}\r\n".encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            data += chunk
+            if not chunk or data.endswith(b"\r\n"):
+                # A bulk reply may arrive in pieces: read until its announced length.
+                if data.startswith(b"$"):
+                    head, _, body = data.partition(b"\r\n")
+                    if len(body) < int(head[1:]) + 2:
+                        continue
+                return data
+
+
+def cluster_port() -> int:
+    """A free port for a cluster node: at most 55535, with its bus port (+10000) free too."""
+    for _ in range(1000):
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+class RedisCluster:
+    """A local Redis Cluster: ``primaries`` primaries with ``replicas`` replicas each, every node a
+    :class:`RedisProcess` with ``--cluster-enabled yes``, joined by
+    ``redis-cli --cluster create``; ready once every node reports ``cluster_state:ok``."""
+
+    def __init__(self, primaries: int = 3, replicas: int = 1) -> None:
+        self.nodes = [
+            RedisProcess(
+                extra=(
+                    *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
+                    *("--repl-diskless-sync-delay", "0"),
+                )
+            )
+            for _ in range(primaries * (1 + replicas))
+        ]
+        self.primaries = primaries
+        self.replicas = replicas
+        for node in self.nodes:
+            node.port = cluster_port()
+            node.extra += ("--cluster-config-file", str(node.dir / "nodes.conf"))
+
+    @property
+    def url(self) -> str:
+        """``redis+cluster://`` naming the first primaries (the client discovers the rest)."""
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[: self.primaries])
+        return f"redis+cluster://{hosts}"
+
+    def start(self) -> None:
+        if REDIS_CLI is None:
+            raise RuntimeError("redis-cli is not installed: `apt-get install redis-tools`")
+        for node in self.nodes:
+            node.start()
+        subprocess.run(
+            [
+                REDIS_CLI,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+        self.wait_ok()
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Until every live node reports ``cluster_state:ok`` and knows every node."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for node in self.nodes:
+                if node.proc is None:
+                    continue
+                with contextlib.suppress(OSError):
+                    info = _command(node.port, "CLUSTER", "INFO")
+                    states.append(
+                        b"cluster_state:ok" in info
+                        and f"cluster_known_nodes:{len(self.nodes)}".encode() in info
+                    )
+            if states and all(states) and self._replicas_connected():
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the local Redis Cluster did not reach cluster_state:ok")
+
+    def _replicas_connected(self) -> bool:
+        """Every replica the cluster should have is attached to its primary and in sync."""
+        replicas = 0
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            with contextlib.suppress(OSError):
+                role = _command(node.port, "ROLE")
+                if role.startswith(b"*5\r\n$5\r\nslave"):
+                    if b"connected" not in role:
+                        return False
+                    replicas += 1
+        live = sum(1 for n in self.nodes if n.proc is not None)
+        return replicas == live - self.primaries
+
+    def primary_ports(self) -> list[int]:
+        """The ports of the nodes that are primaries now."""
+        ports = []
+        for node in self.nodes:
+            if node.proc is not None:
+                with contextlib.suppress(OSError):
+                    if _command(node.port, "ROLE").startswith(b"*3\r\n$6\r\nmaster"):
+                        ports.append(node.port)
+        return ports
+
+    def flushall(self) -> None:
+        """FLUSHALL on every primary (replicas follow)."""
+        for port in self.primary_ports():
+            reply = _command(port, "FLUSHALL")
+            if not reply.startswith(b"+OK"):
+                raise RuntimeError(f"FLUSHALL on {port} failed: {reply!r}")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def _bulk(reply: bytes) -> str:
+    """The text of a bulk-string reply."""
+    head, _, body = reply.partition(b"\r\n")
+    return body[: int(head[1:])].decode()
+
+
+def failover_slot(cluster: RedisCluster, slot: int, timeout: float = 30.0) -> tuple[int, int]:
+    """``CLUSTER FAILOVER`` (a manual, graceful failover) of the primary serving ``slot``
+    to its replica; returns (old primary port, new primary port) once the replica serves
+    the slot and every node reports ``cluster_state:ok``."""
+    live = [n.port for n in cluster.nodes if n.proc is not None]
+    nodes = _bulk(_command(live[0], "CLUSTER", "NODES")).splitlines()
+    by_id: dict[str, tuple[int, list[str]]] = {}
+    for line in nodes:
+        fields = line.split()
+        port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        by_id[fields[0]] = (port, fields)
+    primary = None
+    for node_id, (port, fields) in by_id.items():
+        if "master" in fields[2]:
+            for spec in fields[8:]:
+                lo, _, hi = spec.partition("-")
+                if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
+                    primary = (node_id, port)
+    assert primary is not None, f"no primary serves slot {slot}"
+    replica = next(p for p, f in by_id.values() if f[3] == primary[0])
+    reply = _command(replica, "CLUSTER", "FAILOVER")
+    if not reply.startswith(b"+OK"):
+        raise RuntimeError(f"CLUSTER FAILOVER on {replica} failed: {reply!r}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _command(replica, "ROLE").startswith(b"*3\r\n$6\r\nmaster"):
+            cluster.wait_ok(timeout=max(1.0, deadline - time.monotonic()))
+            return primary[1], replica
+        time.sleep(0.05)
+    raise RuntimeError(f"the replica on {replica} did not take over slot {slot}")

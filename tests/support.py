@@ -250,20 +250,21 @@ class FaultyBroker(Broker):
     async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         return await self.inner.enqueue(messages)
 
-    async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
-        return await self.inner.get(ids)
+    async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
+        return await self.inner.get(ids, queue=queue)
 
     async def wait_finished(
         self,
         job_id: str,
         timeout: float | None,
         *,
+        queue: str | None = None,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> JobRecord | None:
-        return await self.inner.wait_finished(job_id, timeout, task_status=task_status)
+        return await self.inner.wait_finished(job_id, timeout, queue=queue, task_status=task_status)
 
-    async def cancel(self, job_id: str) -> CancelOutcome:
-        return await self.inner.cancel(job_id)
+    async def cancel(self, job_id: str, *, queue: str | None = None) -> CancelOutcome:
+        return await self.inner.cancel(job_id, queue=queue)
 
     async def counts(self, queue: str) -> dict[JobState, int]:
         return await self.inner.counts(queue)

@@ -293,10 +293,11 @@ async def test_a_job_id_with_colons_works(broker_url: str, app_name: str) -> Non
             assert job.created
             assert not (await echo.enqueue(In(8), job_id="order:123")).created
             assert await echo.job("order:123").status() is JobState.WAITING
-            if broker_url.startswith("redis"):
+            if broker_url.startswith("redis://"):
                 raw = aioredis.Redis.from_url(broker_url)
                 try:
-                    assert await raw.exists(f"typedq:{{{app_name}}}:j:order:123") == 1
+                    # The id ends the key, after the queue's hash tag.
+                    assert await raw.exists(f"tq:{{{app_name}:default}}order:123") == 1
                 finally:
                     await raw.aclose()
             async with app.worker(concurrency=1):

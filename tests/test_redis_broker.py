@@ -33,6 +33,7 @@ from typedq.broker.base import (
     LeaseStatus,
     Release,
     Retention,
+    RetryOutcome,
 )
 from typedq.broker.redis import CONNECT_TIMEOUT, RETRIES, SOCKET_TIMEOUT, RedisBroker
 from typedq.broker.redis import health as redis_health
@@ -94,24 +95,34 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             [k.prefix, "q1", "-3", "job-1", "tok1", "c|t1|k:1", "t1", "k:1", "29000000"],
         )
         assert [n.decode() for n in names] == [
-            k.job("job-1"),
+            k.job("q1", "job-1"),
             k.levels("q1"),
             k.waiting("q1", -3),
             k.scheduled("q1"),
             k.counts("q1"),
             k.stale("q1"),
-            k.request("tok1"),
+            k.request("q1", "tok1"),
             k.work_channel,
             k.done_channel,
             k.cancel_channel,
+            k.active("q1"),
+            k.done("q1", "c"),
+            k.done("q1", "f"),
+            k.done("q1", "x"),
+            k.seq("q1"),
+            k.queue_epoch("q1"),
+            k.flow("q1", "job-1"),
+            k.worker("job-1"),
             k.gates("q1"),
             k.gate("q1", "c|t1|k:1"),
-            k.rate("t1", "k:1"),
-            k.slots("t1", "k:1"),
+            k.rate("q1", "t1", "k:1"),
+            k.slots("q1", "t1", "k:1"),
             k.minute("q1", 29000000),
             k.events("q1"),
             k.events_config("q1"),
         ]
+        # Every key of a queue carries the queue's hash tag, nothing else's.
+        assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])
     async with raw_redis(url) as raw:
         async with broker_at(url, "layout") as broker:
             await broker.enqueue([message("a"), message("b", queue="other", priority=2)])
@@ -120,22 +131,25 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             assert await broker.cancel("d") is CancelOutcome.CANCELLED
         keys = {k.decode() async for k in raw.scan_iter("*")}
         # Request records (a minute's TTL): two enqueues, the claim, the cancel.
-        requests = {k for k in keys if k.startswith(broker.keys.request(""))}
+        requests = {k for k in keys if ":r:" in k}
         assert len(requests) == 4
         assert all(0 < ttl <= 60_000 for ttl in [await raw.pttl(k) for k in requests])
         keys -= requests
-        # One hash tag for the whole app: the same cluster slot for every key.
-        assert all(k.startswith("typedq:{layout}:") for k in keys)
+        # One hash tag per queue (its cluster slot); the app's few keys under the app's.
         k = broker.keys
         assert keys == {
             k.epoch,
-            k.seq,
-            k.active,
-            k.done_cancelled,
-            k.job("a"),
-            k.job("b"),
-            k.job("c"),
-            k.job("d"),
+            k.queues,
+            k.queue_epoch("q"),
+            k.queue_epoch("other"),
+            k.seq("q"),
+            k.seq("other"),
+            k.active("other"),
+            k.done("q", "x"),
+            k.job("q", "a"),
+            k.job("other", "b"),
+            k.job("other", "c"),
+            k.job("q", "d"),
             k.levels("q"),
             k.waiting("q", 0),
             k.stale("q"),
@@ -147,9 +161,12 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
         }
         # The queue registry learned both queues from the enqueues (no worker ran).
         assert await raw.smembers(k.queues) == {b"q", b"other"}
+        for key in keys - {k.epoch, k.queues}:
+            assert key.startswith(("tq:{layout:q}", "tq:{layout:other}"))
         # Jobs no worker has claimed are strings; the claimed one is a hash.
         assert job.message.id == "b"
-        types = {i: await raw.type(k.job(i)) for i in "abcd"}
+        queue_of = {"a": "q", "b": "other", "c": "other", "d": "q"}
+        types = {i: await raw.type(k.job(queue_of[i], i)) for i in "abcd"}
         assert types == {"a": b"string", "b": b"hash", "c": b"string", "d": b"hash"}
         # The cancelled job's list entry stays behind, counted as stale.
         assert await raw.hgetall(k.stale("q")) == {b"0|d": b"1"}
@@ -170,12 +187,12 @@ def bench_like(job_id: str, **fields: Any) -> JobMessage:
 async def test_a_job_is_one_compact_string_until_claimed(url: str) -> None:
     async with broker_at(url) as broker, raw_redis(url) as raw:
         m = bench_like(new_job_id())
-        key = broker.keys.job(m.id)
+        key = broker.keys.job("q", m.id)
         await broker.enqueue([m])
         assert await raw.type(key) == b"string"
         text = await raw.get(key)
         assert isinstance(text, bytes)
-        assert text.startswith(b"wq|")
+        assert text.startswith(b"w|")  # the key names the queue; the record does not
         assert m.id.encode() not in text  # the key names the job; the body does not repeat it
         # ~280 bytes; the same job as a hash (its envelope over hash-max-listpack-value,
         # so hashtable-encoded) took ~690.
@@ -228,7 +245,7 @@ async def test_cancelling_a_job_string_leaves_a_job_hash(url: str) -> None:
         assert await broker.cancel("s1") == CancelOutcome.CANCELLED
         assert await broker.cancel("s1") == CancelOutcome.ALREADY_FINAL
         for job_id in ("w1", "s1"):
-            assert await raw.type(broker.keys.job(job_id)) == b"hash"
+            assert await raw.type(broker.keys.job("q", job_id)) == b"hash"
             (record,) = await broker.get([job_id])
             assert record is not None
             assert record.state is JobState.CANCELLED
@@ -251,7 +268,7 @@ async def test_job_strings_and_job_hashes_wait_in_one_queue(url: str) -> None:
         await broker.enqueue([message(f"j{i}") for i in range(4)])
         (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
         await broker.release([Release("j0", first.token)])  # a hash again at the head
-        types = [await raw.type(broker.keys.job(f"j{i}")) for i in range(4)]
+        types = [await raw.type(broker.keys.job("q", f"j{i}")) for i in range(4)]
         assert types == [b"hash", b"string", b"string", b"string"]
         assert await broker.list_jobs("q", JobState.WAITING) == ["j0", "j1", "j2", "j3"]
         assert await broker.remove(["j0", "j2"], states=[JobState.WAITING]) == [True, True]
@@ -280,13 +297,13 @@ async def test_records_of_the_previous_layout_are_still_read(url: str) -> None:
         k = broker.keys
         old = message("old-1", priority=2)
         await raw.hset(
-            k.job("old-1"),
+            k.job("q", "old-1"),
             mapping={"m": msgspec.msgpack.encode(old), "q": "q", "s": "w", "o": 1, "e": 1, "p": 2},
         )
         await raw.lpush(k.waiting("q", 2), "old-1")
         await raw.zadd(k.levels("q"), {"2": -2})
         await raw.hset(k.counts("q"), "w", 1)
-        (record,) = await broker.get(["old-1"])
+        (record,) = await broker.get(["old-1"], queue="q")
         assert record is not None
         assert record.message == old
         (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
@@ -301,11 +318,11 @@ async def test_a_job_failed_before_the_error_history_reads_its_last_record(url: 
         await broker.enqueue([message("old-2")])
         (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
         await broker.fail([Failure(id="old-2", token=job.token, error=b"new", retry_delay=0.0)])
-        await raw.hdel(k.job("old-2"), "eh")
+        await raw.hdel(k.job("q", "old-2"), "eh")
         (record,) = await broker.get(["old-2"])
         assert record is not None
         assert record.errors == (b"new",)
-        await raw.hset(k.job("old-2"), "eh", b"garbage")
+        await raw.hset(k.job("q", "old-2"), "eh", b"garbage")
         (record,) = await broker.get(["old-2"])
         assert record is not None
         assert record.errors == (b"new",)
@@ -321,13 +338,13 @@ async def test_enqueue_checks_its_arguments_before_writing(url: str) -> None:
         k = broker.keys
         await broker.enqueue([message("a")])
         before = {key async for key in raw.scan_iter("*")}
-        seq = await raw.get(k.seq)
+        seq = await raw.get(k.seq("q"))
         good = ["b", "q", "0", 0, 0, b"\x92\xa1t\xc4\x00"]
         bad = ["c", "bad|queue", "0", 0, 0, b"\x92\xa1t\xc4\x00"]
         with pytest.raises(BrokerError, match="malformed arguments"):
-            await broker._eval("enqueue", [k.seq], [k.prefix, 0, 2, *good, *bad])
+            await broker._eval("enqueue", [k.seq("q")], [k.prefix, 0, 2, *good, *bad])
         assert {key async for key in raw.scan_iter("*")} == before
-        assert await raw.get(k.seq) == seq
+        assert await raw.get(k.seq("q")) == seq
 
 
 # -- round trips ----------------------------------------------------------------------
@@ -364,10 +381,10 @@ async def test_enqueue_many_has_no_per_job_round_trip(url: str) -> None:
         counts = await app.broker.counts(DEFAULT_QUEUE)
     assert len({j.id for j in jobs}) == 10_000
     assert counts[JobState.WAITING] == 10_000
-    # One script call per chunk of 500; besides, only the handshakes of the few
-    # pooled connections that send the chunks concurrently.
-    assert sent.count("EVALSHA") == 20
-    # The process's first enqueue to the queue adds it to the queue registry, once.
+    # One script call per chunk of 500, and the first use of the queue (the queue
+    # registry and the queue's epoch); besides, only the handshakes of the few pooled
+    # connections that send the chunks concurrently.
+    assert sent.count("EVALSHA") == 20 + 1
     assert sent.count("SADD") == 1
     others = [c for c in sent if c not in ("EVALSHA", "SADD")]
     assert set(others) <= {"HELLO", "CLIENT", "PING", "SELECT"}
@@ -492,20 +509,20 @@ async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(url: str) -> 
         bad_field = await record.enqueue(Item(n=100))
         (claimed,) = await broker.claim([DEFAULT_QUEUE], 1, worker_id="w", lease=30)
         assert await broker.release([Release(bad_field.id, claimed.token)]) == [FinishOutcome.OK]
-        assert await raw.type(keys.job(bad_field.id)) == b"hash"
-        await raw.hset(keys.job(bad_field.id), "m", b"\xc1\xff not msgpack")
+        assert await raw.type(keys.job(DEFAULT_QUEUE, bad_field.id)) == b"hash"
+        await raw.hset(keys.job(DEFAULT_QUEUE, bad_field.id), "m", b"\xc1\xff not msgpack")
         before = await record.enqueue_many([Item(n=i) for i in range(5)])
         # A job string with a well-formed header and a garbage body.
         bad_body = await record.enqueue(Item(n=102))
-        text = await raw.get(keys.job(bad_body.id))
+        text = await raw.get(keys.job(DEFAULT_QUEUE, bad_body.id))
         assert isinstance(text, bytes)
         header = b"|".join(text.split(b"|")[:6]) + b"|"
-        await raw.set(keys.job(bad_body.id), header + b"\x93garbage")
+        await raw.set(keys.job(DEFAULT_QUEUE, bad_body.id), header + b"\x93garbage")
         # A job string replaced by bytes that are no job record at all.
         bad_key = await record.enqueue(Item(n=101))
-        await raw.set(keys.job(bad_key.id), b"\x80garbage")
+        await raw.set(keys.job(DEFAULT_QUEUE, bad_key.id), b"\x80garbage")
         # Ids pushed straight into the queue: one with no job, one with junk bytes.
-        await raw.set(keys.job("junk-1"), b"{not a job")
+        await raw.set(keys.job(DEFAULT_QUEUE, "junk-1"), b"{not a job")
         await raw.lpush(keys.waiting(DEFAULT_QUEUE, 0), "ghost-1", "junk-1")
         assert (await broker.get([bad_body.id]))[0] is not None
         assert await broker.get([bad_key.id]) == [None]
@@ -598,12 +615,12 @@ async def test_retention_bounds_finished_jobs(url: str) -> None:
             await broker.complete([Completion(j.message.id, j.token, b"") for j in jobs])
         counts = await broker.counts("q")
         assert counts[JobState.COMPLETED] == 50
-        assert await raw.zcard(broker.keys.done_completed) == 50
+        assert await raw.zcard(broker.keys.done("q", "c")) == 50
         # The newest 50 are kept, the rest are gone for good.
         assert (await broker.get(["j299"]))[0] is not None
         assert await broker.get(["j0"]) == [None]
         # Besides the jobs, only the fixed keys and request records (which expire).
-        requests = [k async for k in raw.scan_iter(broker.keys.request("*"))]
+        requests = [k async for k in raw.scan_iter(broker.keys.request("q", "*"))]
         assert await raw.dbsize() - len(requests) < 60
         assert all(0 < ttl <= 60_000 for ttl in [await raw.pttl(k) for k in requests])
 
@@ -755,7 +772,7 @@ async def test_least_privilege_acl_user(url: str, redis_server: RedisProcess) ->
         execute: Any = raw.execute_command  # untyped in redis-py
         await execute(
             "ACL", "SETUSER", "app1", "reset", "on", ">pw1", "~typedq:{app1}:*",
-            "&typedq:{app1}:*", "-@all", "+@read", "+@write", "+@scripting",
+            "~tq:{app1:*", "&typedq:{app1}:*", "-@all", "+@read", "+@write", "+@scripting",
             "+@connection", "+@pubsub", "-@dangerous", "+time", "+info",
         )  # fmt: skip
         try:
@@ -800,3 +817,27 @@ async def test_stalled_job_fails_with_a_decodable_record(url: str) -> None:
         assert failure.worker_id == "w-lost"
         assert failure.attempt == 1
         assert failure.failed_at == pytest.approx(time.time(), abs=60)
+
+
+async def test_a_job_id_is_unique_per_queue(url: str) -> None:
+    """A job is found through its queue: one id may name a job in each of two queues;
+    a queue hint finds each, and without one the first queue by name answers."""
+    async with broker_at(url, "perqueue") as broker:
+        created = await broker.enqueue([message("same", queue="b"), message("same", queue="a")])
+        assert [o.created for o in created] == [True, True]
+        # Dedup by id holds within a queue.
+        assert [o.created for o in await broker.enqueue([message("same", queue="a")])] == [False]
+        (in_a,) = await broker.get(["same"], queue="a")
+        (in_b,) = await broker.get(["same"], queue="b")
+        assert in_a is not None
+        assert in_b is not None
+        assert (in_a.message.queue, in_b.message.queue) == ("a", "b")
+        (either,) = await broker.get(["same"])
+        assert either is not None
+        assert either.message.queue == "a"
+        assert await broker.cancel("same", queue="b") is CancelOutcome.CANCELLED
+        assert (await broker.counts("a"))[JobState.WAITING] == 1
+        # An unknown id, with or without its queue.
+        assert await broker.get(["nope"]) == [None]
+        assert await broker.cancel("nope") is CancelOutcome.NOT_FOUND
+        assert await broker.retry(["nope"], queue="a") == [RetryOutcome.NOT_FOUND]

@@ -35,7 +35,11 @@ def anyio_backend() -> str:
         (ConnectionResetError("reset"), BrokerUnavailable, "is unreachable (op)"),
         # OutOfMemoryError and NoPermissionError are ResponseErrors: matched first.
         (rexc.OutOfMemoryError("OOM"), BrokerError, "at maxmemory"),
-        (rexc.NoPermissionError("NOPERM"), BrokerError, "~typedq:{errs}:* and &typedq:{errs}:*"),
+        (
+            rexc.NoPermissionError("NOPERM"),
+            BrokerError,
+            "~typedq:{errs}:* ~tq:{errs:* and &typedq:{errs}:*",
+        ),
         (rexc.ResponseError("TYPEDQ_QUEUE_FULL q 10 1 10"), QueueFull, "max_queue_length=10"),
         (rexc.ResponseError("ERR odd"), BrokerError, "op failed: ERR odd"),
     ],

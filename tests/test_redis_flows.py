@@ -47,23 +47,23 @@ async def test_the_flow_record_lives_while_the_flow_runs(redis_server: RedisProc
 
     async with app, raw_redis(redis_server.url) as raw:
         job = await double.map(N(i) for i in range(5)).then(add).enqueue()
-        record = await raw.hgetall(keys.flow(job.id))
+        record = await raw.hgetall(keys.flow("default", job.id))
         assert {k: record[k] for k in (b"S", b"n", b"c")} == {b"S": b"1", b"n": b"5", b"c": b"5"}
         held = [
             bytes(v or b"") if not isinstance(v, str) else v.encode()
-            for v in await raw.hmget(keys.job(job.id), "s", "fl", "fs", "mh", "mt")
+            for v in await raw.hmget(keys.job("default", job.id), "s", "fl", "fs", "mh", "mt")
         ]
         assert held[:3] == [b"s", job.id.encode(), b"0"]
         # The body around its (empty) payload, where the hand-off splices the result in.
-        assert held[3] + b"\xc4\x00" + held[4] == await raw.hget(keys.job(job.id), "m")
+        assert held[3] + b"\xc4\x00" + held[4] == await raw.hget(keys.job("default", job.id), "m")
         assert (await job.info()).run_at == HELD_AT
         with anyio.fail_after(TEST_DEADLINE):
             async with app.worker(concurrency=2):
                 assert await job.result(timeout=10) == N(20)
-        assert await raw.exists(keys.flow(job.id)) == 0
-        assert await raw.hmget(keys.job(job.id), "mh", "mt") == [None, None]
+        assert await raw.exists(keys.flow("default", job.id)) == 0
+        assert await raw.hmget(keys.job("default", job.id), "mh", "mt") == [None, None]
         assert await job.status() is JobState.COMPLETED
-        flows = [k async for k in raw.scan_iter(keys.flow("*"))]
+        flows = [k async for k in raw.scan_iter(keys.flow("default", "*"))]
     assert flows == []
 
 

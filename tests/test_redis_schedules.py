@@ -59,10 +59,10 @@ async def test_fire_checks_its_arguments_before_writing(url: str) -> None:
         bad = [f"schedule:s:{last - 1}", "bad|queue", "0", b"\x92\xa1t\xc4\x00"]
         head = [k.prefix, 0, "s", "d", last, last + 1, 0, "allow", 2]
         with pytest.raises(BrokerError, match="malformed arguments"):
-            await broker._eval("schedule_fire", [k.schedules, k.seq], [*head, *good, *bad])
+            await broker._eval("schedule_fire", [k.schedules, k.seq("q")], [*head, *good, *bad])
         bad_overlap = [k.prefix, 0, "s", "d", last, last + 1, 0, "sometimes", 1, *good]
         with pytest.raises(BrokerError, match="malformed arguments"):
-            await broker._eval("schedule_fire", [k.schedules, k.seq], bad_overlap)
+            await broker._eval("schedule_fire", [k.schedules, k.seq("q")], bad_overlap)
         with pytest.raises(BrokerError, match="malformed arguments"):
             await broker._eval("schedule_sync", [k.schedules], [k.prefix, "1", 1, "s", "a|b"])
         assert {key async for key in raw.scan_iter("*")} == before

@@ -67,9 +67,11 @@ class Job(Generic[TOut]):
     :ivar id: the job id
     :ivar task: the task name
     :ivar created: False when an enqueue was deduplicated onto an existing job
+    :ivar queue: the job's queue when known (the task's): the broker looks for the job
+        only there (a job id is unique per queue); None looks in every queue
     """
 
-    __slots__ = ("_client", "_errors", "_out", "created", "id", "task")
+    __slots__ = ("_client", "_errors", "_out", "created", "id", "queue", "task")
 
     def __init__(
         self,
@@ -80,8 +82,10 @@ class Job(Generic[TOut]):
         errors: tuple[type[Any], ...] = (),
         *,
         created: bool = True,
+        queue: str | None = None,
     ) -> None:
         self._client = client
+        self.queue = queue
         self.id = job_id
         self.task = task
         self._out = output
@@ -98,7 +102,7 @@ class Job(Generic[TOut]):
         return hash(self.id)
 
     async def _record(self) -> JobRecord:
-        (record,) = await self._client.broker.get([self.id])
+        (record,) = await self._client.broker.get([self.id], queue=self.queue)
         if record is None:
             raise JobNotFound(
                 f"job {self.id} of task {self.task!r} does not exist (never enqueued, purged, "
@@ -137,7 +141,7 @@ class Job(Generic[TOut]):
         :raises ResultTimeout: ``timeout`` ran out first (a ``TimeoutError``)
         :raises JobNotFound: there is no such job
         """
-        record = await self._client.broker.wait_finished(self.id, timeout)
+        record = await self._client.broker.wait_finished(self.id, timeout, queue=self.queue)
         if record is None:
             current = await self._record()  # raises JobNotFound when it is gone
             raise ResultTimeout(
@@ -169,5 +173,5 @@ class Job(Generic[TOut]):
 
         :return: False when the job had already finished (or does not exist)
         """
-        outcome = await self._client.broker.cancel(self.id)
+        outcome = await self._client.broker.cancel(self.id, queue=self.queue)
         return outcome in (CancelOutcome.CANCELLED, CancelOutcome.REQUESTED)

@@ -397,7 +397,13 @@ class TaskBase(Generic[TIn, TOut]):
 
     def _job(self, job_id: str, *, created: bool) -> Job[TOut]:
         return Job(
-            self._owner.client, job_id, self.name, self.output, self.options.errors, created=created
+            self._owner.client,
+            job_id,
+            self.name,
+            self.output,
+            self.options.errors,
+            created=created,
+            queue=self.options.queue,
         )
 
     def job(self, job_id: str) -> Job[TOut]:

@@ -150,7 +150,15 @@ async def _store(
     spec: FlowSpec, client: Client, task: str, output: Codec[TOut], errors: tuple[type[Any], ...]
 ) -> Job[TOut]:
     outcome = await client._enqueue_flow(spec)
-    return Job(client, outcome.id, task, output, errors, created=outcome.created)
+    return Job(
+        client,
+        outcome.id,
+        task,
+        output,
+        errors,
+        created=outcome.created,
+        queue=spec.steps[-1].queue,
+    )
 
 
 class Chain(Generic[TIn, TOut]):

@@ -14,19 +14,20 @@ __all__ = ["Broker", "BrokerSettings", "broker_from_url", "redact_url"]
 
 
 def broker_from_url(url: str, settings: BrokerSettings) -> Broker:
-    """Make the broker a URL names: ``memory://`` or ``redis://`` / ``rediss://``."""
+    """Make the broker a URL names: ``memory://``, ``redis://`` / ``rediss://`` or
+    ``redis+cluster://`` / ``rediss+cluster://``."""
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         from .memory import MemoryBroker
 
         return MemoryBroker(settings)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         from .redis import RedisBroker
 
         return RedisBroker(url, settings)
     raise ConfigError(
         f"unknown broker URL {redact_url(url)!r}: use memory:// (embedded), "
-        "redis://host:port/db or rediss://host:port/db"
+        "redis://host:port/db, rediss://host:port/db or redis+cluster://host:port[,host:port...]"
     )
 
 

@@ -478,14 +478,22 @@ class Broker(abc.ABC):
         """
         raise ConfigError(f"{type(self).__name__} does not support workflows")
 
-    async def flow_state(self, flow_id: str) -> FlowState | None:
+    async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
         """The shape and progress of the flow that the job ``flow_id`` belongs to (the
-        flow's own job, a step or a member); None if it is no flow's (or it is gone)."""
+        flow's own job, a step or a member); None if it is no flow's (or it is gone).
+
+        :param queue: the job's queue, when the caller knows it (see :meth:`get`)"""
         return None
 
     @abc.abstractmethod
-    async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
-        """Snapshots of the jobs, ``None`` for unknown (or expired) ids."""
+    async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
+        """Snapshots of the jobs, ``None`` for unknown (or expired) ids.
+
+        :param queue: the queue of every job in ``ids``, when the caller knows it (a job
+            handle does): a broker that finds jobs through their queue (Redis) looks
+            only there. Without it such a broker looks in every queue it knows. A job id
+            is unique per queue.
+        """
 
     @abc.abstractmethod
     async def wait_finished(
@@ -493,11 +501,12 @@ class Broker(abc.ABC):
         job_id: str,
         timeout: float | None,
         *,
+        queue: str | None = None,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> JobRecord | None:
         """Wait, without polling, until the job is final; return it, or ``None`` on timeout.
 
-        Returns ``None`` at once if the job does not exist.
+        Returns ``None`` at once if the job does not exist. ``queue``: as for :meth:`get`.
 
         :param task_status: ``started()`` once the wait is armed: from then on, the job
             reaching a final state wakes it (on Redis: once subscribed). Tests start it
@@ -505,8 +514,9 @@ class Broker(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def cancel(self, job_id: str) -> CancelOutcome:
-        """Cancel a waiting/scheduled job, or ask the worker running it to cancel it."""
+    async def cancel(self, job_id: str, *, queue: str | None = None) -> CancelOutcome:
+        """Cancel a waiting/scheduled job, or ask the worker running it to cancel it.
+        ``queue``: as for :meth:`get`."""
 
     @abc.abstractmethod
     async def counts(self, queue: str) -> dict[JobState, int]:
@@ -669,8 +679,9 @@ class Broker(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def retry(self, ids: Sequence[str]) -> list[RetryOutcome]:
+    async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
         """Put failed or cancelled jobs back to ``waiting`` at once, each atomically.
+        ``queue``: as for :meth:`get`.
 
         A retried job keeps its id, envelope and priority; its attempt and stall counts
         start again from zero (the task's retry budget applies afresh), and its finish
@@ -680,9 +691,14 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def remove(
-        self, ids: Sequence[str], *, states: Sequence[JobState] | None = None
+        self,
+        ids: Sequence[str],
+        *,
+        states: Sequence[JobState] | None = None,
+        queue: str | None = None,
     ) -> list[bool]:
         """Delete jobs (their data and every index entry); True for each one deleted.
+        ``queue``: as for :meth:`get`.
 
         :param states: delete a job only while it is in one of these states (checked
             atomically with the delete), so a job that moved on since it was listed is

@@ -1,96 +1,125 @@
 """Every Redis key and channel name of the Redis broker, built in one place.
 
-All names of one app share the prefix ``typedq:{<namespace>}:``. The braces are a
-Redis Cluster hash tag, so every key of an app lives in one slot and every Lua
-script may touch any of them atomically. Names that go into keys (namespace, queue,
-job id) are checked by :mod:`typedq.names` before they get here: none contains
-braces, ``|``, glob characters or whitespace, and namespaces and queue names contain
-no ``:``. A job id may contain ``:`` (key-derived ids are ``<task>:<key>``), but it
-only ever ends a key after ``j:``, so two names still never share a key.
+Every key of one queue shares the prefix ``tq:{<namespace>:<queue>}``; the braces are
+a Redis Cluster hash tag, so all keys of a queue live in one slot (every Lua script that
+works on one queue may touch any of them atomically) and different queues land on
+different slots, so on Redis Cluster they spread over the shards. The few app-wide keys
+(registries, schedules, the app's epoch) share ``typedq:{<namespace>}:``; none is on a
+job's path. Names that go into keys (namespace, queue, job id) are checked by
+:mod:`typedq.names` before they get here: none contains braces, ``|``, glob characters
+or whitespace, and namespaces and queue names contain no ``:`` (so ``{<ns>:<queue>}``
+never equals another app's or queue's tag). A job id may contain ``:`` (key-derived ids
+are ``<task>:<key>``), but it only ever ends a key right after the tag's ``}`` and starts
+with a letter or digit, so two names still never share a key. Per-queue keys start with
+``tq:`` (not ``typedq:``): a job key is there once per job, and its length is memory.
 
-The layout (``P`` is the prefix)::
+A job is found through its queue: a job id is unique *per queue* (enqueue deduplicates
+by id within the job's queue; two queues may hold jobs of the same id, and key-derived
+ids ``<task>:<key>`` are unique per task, whose jobs go to its queue). Callers that know
+the queue (job handles, the worker) pass it; without it (``typedq inspect --job ID``)
+the broker looks in every queue of the queue registry.
 
-    P epoch               string   '<unix time>-<random>', written once (SET NX) when an
-                                   app first connects; it vanishes or changes only when
-                                   Redis loses its data (restart without persistence,
-                                   FLUSHALL, failover to an empty replica)
-    P seq                 string   order counter (FIFO among equal priorities)
-    P active              zset     id -> lease deadline (µs, Redis clock)
-    P done:c|done:f|done:x zset    id -> finished_at (µs): completed / failed / cancelled,
-                                   for retention by age and count
-    P j:<id>              string   a job no worker has claimed yet (waiting or scheduled
+The per-queue layout (``Q`` is ``tq:{<namespace>:<queue>}:``; a job's key is the tag and
+its id, ``tq:{<namespace>:<queue>}<id>``, short because there is one per job: a job id
+starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
+
+    Q e                   string   the queue's epoch '<unix time>-<random>', written once
+                                   (SET NX) when a process first uses the queue; it
+                                   vanishes or changes only when the shard holding the
+                                   queue loses its data (see below)
+    Q o                   string   order counter (FIFO among equal priorities)
+    Q a                   zset     active ids -> lease deadline (µs, Redis clock)
+    Q d:c|d:f|d:x         zset     id -> finished_at (µs): completed / failed / cancelled,
+                                   for retention by age and count (per queue)
+    J <id>                string   a job no worker has claimed yet (waiting or scheduled
                                    since enqueue): the compact record below
                           hash     any other job (fields below); claim and cancel turn
                                    the string into the hash
-    P q:<queue>:p         zset     priority levels that have waiting jobs (score -priority)
-    P q:<queue>:w:<prio>  list     waiting ids of one level (LPUSH at the tail, RPOP
+    Q p                   zset     priority levels that have waiting jobs (score -priority)
+    Q w:<prio>            list     waiting ids of one level (LPUSH at the tail, RPOP
                                    the head); entries of jobs that left ``waiting``
                                    without being popped (cancel, remove) stay behind
-    P q:<queue>:z         hash     '<prio>|<id>' -> number of such stale entries of the
+    Q z                   hash     '<prio>|<id>' -> number of such stale entries of the
                                    id in that level; whoever pops an entry with a count
                                    consumes one and skips it (a job's stale entries in
                                    a level always precede its live one), so a re-used
                                    id is claimed where a fresh job would be
-    P q:<queue>:s         zset     scheduled ids -> run_at (µs)
-    P q:<queue>:n         hash     state letter -> number of jobs (O(1) counts)
-    P q:<queue>:h:<minute> hash    throughput rollup of one minute (minutes since the
+    Q s                   zset     scheduled ids -> run_at (µs)
+    Q n                   hash     state letter -> number of jobs (O(1) counts)
+    Q h:<minute>          hash     throughput rollup of one minute (minutes since the
                                    epoch, Redis clock): ``c`` completed, ``f`` failed for
                                    good, ``r`` retried; written once per queue per script
                                    call, expires 25 h after its last write (24 h shown)
-    P workers             zset     worker registry: worker id -> heartbeat expiry (µs)
-    P wk:<worker id>      string   a worker's msgpack WorkerInfo, expiring with its heartbeat
-    P queues              set      queue registry: every queue a worker registered or a
-                                   producer process enqueued to (SADD at its first enqueue)
-    P f:<flow id>         hash     a running workflow (typedq/broker/flow.py): ``S`` steps,
-                                   ``n`` members, ``c`` members not settled, ``col``
-                                   collector, ``pol`` fan-in policy, per member ``d<i>``
-                                   settled and ``r<i>`` its fan-in element, ``fi fst fe``
-                                   the first failed member; deleted when the flow ends
-    P schedules           hash     schedule name -> its state (typedq.schedule):
-                                   'digest|last_tick|fired_at|fired|skipped|last_job';
-                                   one field per declared schedule (pruned at start-up)
-    P q:<queue>:G         zset     limit gates (typedq.limits) that parked waiting jobs
-                                   -> when the gate opens (µs; +inf until a concurrency
-                                   slot frees, 0 once one did); a gate is
-                                   '<r|c>|<task>|<key>' (rate or concurrency)
-    P q:<queue>:E         hash     the queue's event stream is on (typedq.events): ``cap``
+    Q E                   hash     the queue's event stream is on (typedq.events): ``cap``
                                    (about how many events it keeps) and ``n`` the number
                                    of the last event written; written by enable_events
-    P q:<queue>:e         stream   the queue's events, entry id ``<n>-1``: ``i`` job id,
+    Q ev                  stream   the queue's events, entry id ``<n>-1``: ``i`` job id,
                                    ``k`` task, ``s`` final state letter, ``d`` result or
                                    failure record, ``a`` attempt; XADD MAXLEN ~ cap in
                                    the scripts' finalize (only while ``E`` exists)
-    P q:<queue>:g:<gate>  list     the waiting jobs a gate parked, '<prio>|<id>', FIFO;
+    Q f:<flow id>         hash     a running workflow (typedq/broker/flow.py), on the
+                                   queue of the flow's own job: ``S`` steps, ``n``
+                                   members, ``c`` members not settled, ``col`` collector,
+                                   ``pol`` fan-in policy, ``mq``/``sq`` the members' and
+                                   steps' queues (space-separated; one name when all
+                                   share it), per member ``d<i>`` settled and ``r<i>``
+                                   its fan-in element, ``fi fst fe`` the first failed
+                                   member; deleted when the flow ends
+    Q G                   zset     limit gates (typedq.limits) that parked waiting jobs
+                                   -> when the gate opens (µs; +inf until a concurrency
+                                   slot frees, 0 once one did); a gate is
+                                   '<r|c>|<task>|<key>' (rate or concurrency)
+    Q g:<gate>            list     the waiting jobs a gate parked, '<prio>|<id>', FIFO;
                                    still waiting (counted, cancellable), never claimed
                                    and put back: the claim skips past them
-    P rl:<task>|<key>     zset     a rate bucket's starts in its window: '<id>@<µs>' ->
-                                   start time (µs); expires ``per`` after its last start
-    P cc:<task>|<key>     set      ids of the active jobs holding a concurrency slot
+    Q rl:<task>|<key>     zset     a rate bucket's starts in its window: '<id>@<µs>' ->
+                                   start time (µs); expires ``per`` after its last start.
+                                   Limits hold per task and queue (a task's jobs go to
+                                   its queue)
+    Q cc:<task>|<key>     set      ids of the active jobs holding a concurrency slot
                                    (the job hash's ``ck`` names it)
-    P r:<token>           string   a request record (60 s TTL) keyed by the token the
-                                   client made for one call: a claim's token and ids,
-                                   an enqueue's created flags ('0'/'1' per job), a
-                                   cancel's answer; a re-sent script (lost reply,
-                                   automatic retry) finds it and returns the first
-                                   copy's answer
+    Q r:<token>           string   a request record (60 s TTL) keyed by the token the
+                                   client made for one call, on the slot the call ran
+                                   on: a claim's token and '<queue>|<id>' lines, an
+                                   enqueue's created flags ('0'/'1' per job), a cancel's
+                                   answer; a re-sent script (lost reply, automatic
+                                   retry) finds it and returns the first copy's answer
 
-Channels: ``P ev:w`` (a queue got work: space-separated queue names), ``P ev:d``
-(jobs reached a final state: space-separated ids), ``P ev:x`` (a running job was
-asked to cancel: its id).
+The app-wide layout (``P`` is ``typedq:{<namespace>}:``)::
+
+    P epoch               string   the app's epoch (as ``Q e``), written at connect
+    P workers             zset     worker registry: worker id -> heartbeat expiry (µs)
+    P wk:<worker id>      string   a worker's msgpack WorkerInfo, expiring with its heartbeat
+    P queues              set      queue registry: every queue a worker served or a
+                                   producer enqueued to (added once per queue and process)
+    P schedules           hash     schedule name -> its state (typedq.schedule):
+                                   'digest|last_tick|fired_at|fired|skipped|last_job';
+                                   one field per declared schedule (pruned at start-up)
+
+Data loss: each shard may lose its data on its own (a failover to an empty replica).
+The broker checks the app's epoch and the epoch of every queue it uses (at connect,
+then at most every few seconds): a vanished or changed one means the slot holding it
+lost its data, and is reported as :class:`~typedq.errors.RedisDataLost` naming that key.
+
+Channels (not keys; app-wide): ``P ev:w`` (a queue got work: space-separated queue
+names), ``P ev:d`` (jobs reached a final state: space-separated ids), ``P ev:x`` (a
+running job was asked to cancel: its id).
 
 The job body (``m``): a msgpack array ``[task, payload, fingerprint, priority,
-max_retries, timeout, eta, delay, rate_key, concurrency_key, scheduled_for, trace_context]`` with trailing
-default values left out; the id (from the key) and the queue (from the record) complete it
-into the JobMessage. Old
-records that hold a whole encoded JobMessage are still read.
+max_retries, timeout, eta, delay, rate_key, concurrency_key, scheduled_for,
+trace_context]`` with trailing
+default values left out; the id and the queue (from the key) complete it into the
+JobMessage. Old records that hold a whole encoded JobMessage are still read.
 
 The job string (memory: one key, no hash, about 300 bytes for a 100-byte payload
 instead of ~700 for a hash whose body is over ``hash-max-listpack-value``)::
 
-    <state><queue>|<order>|<enqueued_at>|<priority>|<run_at>|<body>
+    <state>|<order>|<enqueued_at>|<priority>|<run_at>|<body>
 
 ``state`` is ``w`` or ``s``; ``priority`` is empty for 0 and ``run_at`` unless
 scheduled. Every other field of a job string is absent (attempt 0, no stalls, ...).
+Records of the previous layout carry the queue name after the state letter
+(``<state><queue>|...``) and are still read.
 
 Job hash fields: ``m`` body, ``q`` queue, ``p`` priority (absent = 0),
 ``s`` state letter (``w s a c f x``), ``o`` order, ``e`` enqueued_at, ``r`` run_at,
@@ -100,12 +129,18 @@ requested, ``res`` result, ``err`` FailureRecord, ``eh`` every failed attempt's
 FailureRecord (a msgpack array of their bytes, the last 10; absent on jobs stored before
 it), ``pg`` progress. Times are
 integer microseconds of the Redis clock. A job of a workflow (always a hash) adds ``fl``
-flow id, ``fm`` member index or ``fs`` step index, while held ``mh``/``mt`` (its body
-around the payload), and on the flow's own job ``fS``/``fn`` (the flow's shape).
+flow id, ``fq`` the queue of the flow's own job (where the flow record is), ``fm``
+member index or ``fs`` step index, while held ``mh``/``mt`` (its body around the
+payload), and on the flow's own job ``fS``/``fn`` (the flow's shape).
 
-The Lua scripts derive per-job and per-queue names from the prefix with the helper
-functions of ``lua/common.lua``, which mirror this module; a test checks that both
-agree.
+The Lua scripts derive per-job and per-queue names with the helper functions of
+``lua/common.lua`` (``k_job(q, id)``, ``k_counts(q)``, ...), which mirror this module;
+a test checks that both agree. Scripts get the app prefix as ``ARGV[1]`` and declare a
+key of the slot they work on first in ``KEYS`` (Redis Cluster routes by it).
+
+The previous layout (every key under ``P``, e.g. ``P j:<id>``, ``P q:<queue>:w:<prio>``,
+``P active``, ``P seq``) is migrated at connect on standalone Redis
+(:mod:`typedq.broker.redis.migrate`).
 """
 
 from __future__ import annotations
@@ -130,97 +165,111 @@ class Keys:
     """
 
     __slots__ = (
-        "active",
         "cancel_channel",
-        "done_cancelled",
         "done_channel",
-        "done_completed",
-        "done_failed",
         "epoch",
+        "namespace",
         "prefix",
         "queues",
         "schedules",
-        "seq",
         "work_channel",
         "workers",
     )
 
     def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        #: The app-wide prefix ``typedq:{<namespace>}:`` (``ARGV[1]`` of every script).
         self.prefix = f"typedq:{{{namespace}}}:"
         p = self.prefix
         self.epoch = p + "epoch"
-        self.seq = p + "seq"
         self.schedules = p + "schedules"
-        self.active = p + "active"
-        self.done_completed = p + "done:c"
-        self.done_failed = p + "done:f"
-        self.done_cancelled = p + "done:x"
         self.work_channel = p + "ev:w"
         self.done_channel = p + "ev:d"
         self.cancel_channel = p + "ev:x"
         self.workers = p + "workers"
         self.queues = p + "queues"
 
-    def job(self, job_id: str) -> str:
+    def queue_prefix(self, queue: str) -> str:
+        """The prefix of the keys of ``queue`` but its jobs': ``tq:{<namespace>:<queue>}:``."""
+        return f"tq:{{{self.namespace}:{queue}}}:"
+
+    def queue_epoch(self, queue: str) -> str:
+        """The epoch of ``queue``'s slot (data-loss detection per shard)."""
+        return self.queue_prefix(queue) + "e"
+
+    def seq(self, queue: str) -> str:
+        """The order counter of ``queue``."""
+        return self.queue_prefix(queue) + "o"
+
+    def active(self, queue: str) -> str:
+        """The zset of ``queue``'s active job ids by lease deadline."""
+        return self.queue_prefix(queue) + "a"
+
+    def done(self, queue: str, letter: str) -> str:
+        """The zset of ``queue``'s finished jobs of one final state (``c f x``)."""
+        return f"{self.queue_prefix(queue)}d:{letter}"
+
+    def job(self, queue: str, job_id: str) -> str:
         """The key of one job (a string until the job is claimed or cancelled, then a hash)."""
-        return f"{self.prefix}j:{job_id}"
+        return f"tq:{{{self.namespace}:{queue}}}{job_id}"
 
     def levels(self, queue: str) -> str:
         """The zset of priority levels that have waiting jobs in ``queue``."""
-        return f"{self.prefix}q:{queue}:p"
+        return self.queue_prefix(queue) + "p"
 
     def waiting(self, queue: str, priority: int) -> str:
         """The list of waiting job ids of one priority level of ``queue``."""
-        return f"{self.prefix}q:{queue}:w:{priority}"
+        return f"{self.queue_prefix(queue)}w:{priority}"
 
     def scheduled(self, queue: str) -> str:
         """The zset of scheduled job ids of ``queue`` by run time."""
-        return f"{self.prefix}q:{queue}:s"
+        return self.queue_prefix(queue) + "s"
 
     def counts(self, queue: str) -> str:
         """The hash of job counts per state of ``queue``."""
-        return f"{self.prefix}q:{queue}:n"
+        return self.queue_prefix(queue) + "n"
 
     def minute(self, queue: str, minute: int) -> str:
         """The throughput rollup hash of ``queue`` for one minute (minutes since the epoch)."""
-        return f"{self.prefix}q:{queue}:h:{minute}"
+        return f"{self.queue_prefix(queue)}h:{minute}"
 
     def stale(self, queue: str) -> str:
         """The hash counting stale waiting entries of ``queue`` by ``'<prio>|<id>'``."""
-        return f"{self.prefix}q:{queue}:z"
+        return self.queue_prefix(queue) + "z"
 
-    def flow(self, flow_id: str) -> str:
-        """The record of a running workflow (its counter and fan-in results)."""
-        return f"{self.prefix}f:{flow_id}"
+    def flow(self, queue: str, flow_id: str) -> str:
+        """The record of a running workflow, on the queue of the flow's own job."""
+        return f"{self.queue_prefix(queue)}f:{flow_id}"
 
     def gates(self, queue: str) -> str:
         """The zset of ``queue``'s limit gates that parked jobs, by opening time."""
-        return f"{self.prefix}q:{queue}:G"
+        return self.queue_prefix(queue) + "G"
 
     def gate(self, queue: str, gate: str) -> str:
         """The list of waiting jobs one limit gate of ``queue`` parked."""
-        return f"{self.prefix}q:{queue}:g:{gate}"
+        return f"{self.queue_prefix(queue)}g:{gate}"
 
     def events(self, queue: str) -> str:
         """The capped stream of ``queue``'s events (typedq.events)."""
-        return f"{self.prefix}q:{queue}:e"
+        return self.queue_prefix(queue) + "ev"
 
     def events_config(self, queue: str) -> str:
         """The hash that turns ``queue``'s event stream on: its cap and last event number."""
-        return f"{self.prefix}q:{queue}:E"
+        return self.queue_prefix(queue) + "E"
 
-    def rate(self, task: str, key: str) -> str:
+    def rate(self, queue: str, task: str, key: str) -> str:
         """A rate bucket's start times within its window (sliding-window log)."""
-        return f"{self.prefix}rl:{task}|{key}"
+        return f"{self.queue_prefix(queue)}rl:{task}|{key}"
 
-    def slots(self, task: str, key: str) -> str:
+    def slots(self, queue: str, task: str, key: str) -> str:
         """The set of active job ids holding a concurrency slot of one bucket."""
-        return f"{self.prefix}cc:{task}|{key}"
+        return f"{self.queue_prefix(queue)}cc:{task}|{key}"
 
-    def request(self, token: str) -> str:
-        """The record of one call (claim, enqueue, cancel) under its client-made token:
-        a re-sent script returns the answer it holds instead of acting again."""
-        return f"{self.prefix}r:{token}"
+    def request(self, queue: str, token: str) -> str:
+        """The record of one call (claim, enqueue, cancel) under its client-made token,
+        on the slot of ``queue``: a re-sent script returns the answer it holds instead
+        of acting again."""
+        return f"{self.queue_prefix(queue)}r:{token}"
 
     def worker(self, worker_id: str) -> str:
         """The key of one worker's registry entry."""

@@ -498,7 +498,7 @@ class MemoryBroker(Broker):
         self.wake()
         return outcomes
 
-    async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
+    async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
         self._check()
         return [job.snapshot() if (job := self._jobs.get(i)) is not None else None for i in ids]
 
@@ -507,6 +507,7 @@ class MemoryBroker(Broker):
         job_id: str,
         timeout: float | None,
         *,
+        queue: str | None = None,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> JobRecord | None:
         self._check()
@@ -524,7 +525,7 @@ class MemoryBroker(Broker):
             job = self._jobs.get(job_id)
         return job.snapshot() if job is not None and job.state.is_final else None
 
-    async def cancel(self, job_id: str) -> CancelOutcome:
+    async def cancel(self, job_id: str, *, queue: str | None = None) -> CancelOutcome:
         self._check()
         job = self._jobs.get(job_id)
         if job is None:
@@ -1168,7 +1169,7 @@ class MemoryBroker(Broker):
             )
             self._to_final(job, state if error is not None else JobState.CANCELLED, now)
 
-    async def flow_state(self, flow_id: str) -> FlowState | None:
+    async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
         self._check()
         job = self._jobs.get(flow_id)
         if job is not None and job.flow_id is not None:
@@ -1205,7 +1206,7 @@ class MemoryBroker(Broker):
             jobs.sort(key=lambda j: (j.started_at, j.order))
         return [j.message.id for j in jobs[offset : offset + limit]]
 
-    async def retry(self, ids: Sequence[str]) -> list[RetryOutcome]:
+    async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
         self._check()
         outcomes = []
         for job_id in ids:
@@ -1232,7 +1233,11 @@ class MemoryBroker(Broker):
         return outcomes
 
     async def remove(
-        self, ids: Sequence[str], *, states: Sequence[JobState] | None = None
+        self,
+        ids: Sequence[str],
+        *,
+        states: Sequence[JobState] | None = None,
+        queue: str | None = None,
     ) -> list[bool]:
         self._check()
         wanted = None if states is None else set(states)

@@ -1,20 +1,20 @@
 #!lua flags=allow-oom
 -- Cancel a waiting or scheduled job, or ask the worker running it to cancel it.
 -- A re-sent call (same request record) returns the first copy's answer.
--- KEYS[1] = done:x, KEYS[2] = this call's request record (P r:<request token>)
--- ARGV: P, failed_ttl_us, failed_max, id
+-- KEYS[1] = this call's request record (on the job's queue's slot)
+-- ARGV: P, queue, failed_ttl_us, failed_max, id
 -- Returns 'cancelled', 'requested', 'already_final' or 'not_found'.
-local ttl, cap, id = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-if not ttl or not is_int(cap) or #ARGV ~= 4 or id == '' then return bad_args('cancel') end
-local prev = redis.pcall('GET', KEYS[2])
+local q, ttl, cap, id = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+if not ttl or not is_int(cap) or #ARGV ~= 5 or id == '' or q == '' then return bad_args('cancel') end
+local prev = redis.pcall('GET', KEYS[1])
 if prev == 'cancelled' or prev == 'requested' then return prev end
-local r = read_job(id, 's', 'q', 'a', 'p')
+local r = read_job(q, id, 's', 'q', 'a', 'p')
 if not r then return 'not_found' end
-local s, q = r[1], r[2] or ''
+local s = r[1]
 if s == 'c' or s == 'f' or s == 'x' then return 'already_final' end
 if s == 'a' then
-  redis.call('HSET', k_job(id), 'cr', 1)
-  redis.call('SET', KEYS[2], 'requested', 'PX', REQ_TTL_MS)
+  redis.call('HSET', k_job(q, id), 'cr', 1)
+  redis.call('SET', KEYS[1], 'requested', 'PX', REQ_TTL_MS)
   redis.call('PUBLISH', CH_CANCEL, id)
   return 'requested'
 end
@@ -29,12 +29,12 @@ end
 -- deletion keeps cancel O(1) on long queues). A job string becomes the hash its
 -- final state needs.
 if s == 'w' then mark_stale(q, sane_prio(r[4]), id) end
-to_hash(id)
-redis.call('HSET', k_job(id), 'err', failure_record(
+to_hash(q, id)
+redis.call('HSET', k_job(q, id), 'err', failure_record(
   'cancelled', 'JobCancelled', 'cancelled while ' .. state_name, tonumber(r[3]) or 0, nil, now))
-finalize(id, q, s, 'x', KEYS[1], now)
-trim('x', KEYS[1], now, ttl, cap, 100)
-redis.call('SET', KEYS[2], 'cancelled', 'PX', REQ_TTL_MS)
+finalize(id, q, s, 'x', now)
+trim(q, 'x', now, ttl, cap, 100)
+redis.call('SET', KEYS[1], 'cancelled', 'PX', REQ_TTL_MS)
 flush_counts()
 publish()
 return 'cancelled'

@@ -5,7 +5,9 @@
 -- claim is recorded under that token (not under the worker: one worker has several
 -- claims in flight), so a re-sent claim (lost reply, client retry) returns the same
 -- jobs instead of claiming more. Runs at maxmemory (allow-oom): draining frees memory.
--- KEYS[1] = active, KEYS[2] = seq, KEYS[3] = this claim's record (P r:<claim token>)
+-- KEYS[1] = the first queue's active zset, KEYS[2] = its order counter, KEYS[3] = this
+-- claim's record (on the first queue's slot; lines '<queue>|<id>'). On Redis Cluster a
+-- claim names one queue; on standalone Redis one claim may take from several.
 -- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...,
 --       [nl, then nl x (task, rate, per_us, concurrency)]
 -- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
@@ -54,13 +56,14 @@ local out = {-1}
 local prev = redis.pcall('GET', KEYS[3])
 if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' then
   local prefix = token .. '.'
-  for id in string.gmatch(string.sub(prev, #token + 2), '[^\n]+') do
-    local r = read_hash(id, 's', 't', 'm', 'a', 'e', 'k', 'q')
+  for line in string.gmatch(string.sub(prev, #token + 2), '[^\n]+') do
+    local q, id = string.match(line, '^([^|]*)|(.*)$')
+    local r = q and read_hash(q, id, 's', 't', 'm', 'a', 'e', 'k', 'q')
     if r and r[1] == 'a' and r[2] and string.sub(r[2], 1, #prefix) == prefix then
       local n = #out
       out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', r[2]
       out[n + 4], out[n + 5], out[n + 6] = tonumber(r[4]) or 1, tonumber(r[5]) or 0, tonumber(r[6]) or 0
-      out[n + 7] = r[7] or ''
+      out[n + 7] = r[7] or q
     end
   end
   return out
@@ -71,12 +74,12 @@ for _, q in ipairs(queues) do
   local sk = k_sched(q)
   local due = redis.call('ZRANGEBYSCORE', sk, '-inf', now, 'LIMIT', 0, 1000)
   if #due > 0 then
-    local order = redis.call('INCRBY', KEYS[2], #due) - #due
+    local order = redis.call('INCRBY', k_seq(q), #due) - #due
     for i, id in ipairs(due) do
-      local jk = k_job(id)
+      local jk = k_job(q, id)
       local ty, prio = redis.call('TYPE', jk).ok, nil
       if ty == 'string' then
-        local f = parse_rec(redis.call('GET', jk))
+        local f = parse_rec(redis.call('GET', jk), q)
         if f and f.s == 's' and f.q == q then
           f.s, f.o, f.r = 'w', order + i, false
           redis.call('SET', jk, pack_rec(f))
@@ -186,11 +189,12 @@ end
 
 -- How many slots of a concurrency bucket are held, read once per claim.
 local holders = {}
-local function held(slot)
-  local n = holders[slot]
+local function held(q, slot)
+  local sk = k_slots(q, slot)
+  local n = holders[sk]
   if not n then
-    n = redis.call('SCARD', k_slots(slot))
-    holders[slot] = n
+    n = redis.call('SCARD', sk)
+    holders[sk] = n
   end
   return n
 end
@@ -210,13 +214,13 @@ local function admit(id, q, prio, body)
   local slot
   if c[3] > 0 then
     slot = task .. '|' .. ck
-    if held(slot) >= c[3] then
+    if held(q, slot) >= c[3] then
       park(q, 'c|' .. slot, prio, id, '+inf')
       return false, nil
     end
   end
   if c[1] > 0 then
-    local rkey = k_rate(task, rk)
+    local rkey = k_rate(q, task, rk)
     local n = window(rkey, c[2])
     if n >= c[1] then
       park(q, 'r|' .. task .. '|' .. rk, prio, id, window_opens(rkey, n, c[1], c[2]))
@@ -233,24 +237,25 @@ local function admit(id, q, prio, body)
     windows[rkey] = n + 1
   end
   if slot then
-    redis.call('SADD', k_slots(slot), id)
-    holders[slot] = holders[slot] + 1
+    local sk = k_slots(q, slot)
+    redis.call('SADD', sk, id)
+    holders[sk] = holders[sk] + 1
   end
   return true, slot
 end
 
 -- How many jobs an open gate's bucket admits now (nil: this claim does not limit its
 -- task), and when it opens next.
-local function allowance(gate)
+local function allowance(q, gate)
   local kind, task, key = string.match(gate, '^([rc])|([^|]*)|(.*)$')
   local c = task and cfg[task]
   if not c then return nil end
   if kind == 'c' then
     if c[3] == 0 then return nil end
-    return math.max(0, c[3] - held(task .. '|' .. key)), '+inf'
+    return math.max(0, c[3] - held(q, task .. '|' .. key)), '+inf'
   end
   if c[1] == 0 then return nil end
-  local rkey = k_rate(task, key)
+  local rkey = k_rate(q, task, key)
   local n = window(rkey, c[2])
   if n >= c[1] then return 0, window_opens(rkey, n, c[1], c[2]) end
   return c[1] - n, now
@@ -272,7 +277,7 @@ if limit > 0 then
     if gated[q] then open = redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64) end
     for _, gate in ipairs(open) do
       local lk = k_gate(q, gate)
-      local n, opens = allowance(gate)
+      local n, opens = allowance(q, gate)
       if n == nil or n > limit then n = limit end
       if n == 0 then
         redis.call('ZADD', gk, opens, gate)
@@ -283,7 +288,7 @@ if limit > 0 then
           if prio then
             -- A job that left waiting meanwhile goes back as a dead entry, first (its
             -- cancel or remove counted it stale; whoever pops it consumes that).
-            local r = read_job(id, 's', 'q', 'p', 'o')
+            local r = read_job(q, id, 's', 'q', 'p', 'o')
             local order = 0
             if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then
               order = tonumber(r[4]) or 0
@@ -312,16 +317,17 @@ end
 local claimed, pops = 0, 0
 local max_pops = limit + 1000  -- stale entries are skipped, but not without bound
 
--- The order of a level's head job, for comparing queues. Stale entries at the head
--- are popped first (they would compare with their id's newer order): nil when the
--- list ran empty. An entry with no readable job compares as oldest (activate decides).
+-- The enqueue time of a level's head job, for comparing queues (each queue numbers
+-- its own jobs, so their orders do not compare). Stale entries at the head are popped
+-- first: nil when the list ran empty. An entry with no readable job compares as
+-- oldest (activate decides).
 local function head_order(q, prio, lk)
   while pops < max_pops do
     local id = redis.call('LINDEX', lk, -1)
     if not id then return nil end
     local stale = take_stale(q, prio, id)
     if not stale then
-      local r = read_job(id, 's', 'q', 'p', 'o')
+      local r = read_job(q, id, 's', 'q', 'p', 'e')
       if not r then return 0 end
       if r[1] == 'w' and (not r[2] or r[2] == q) and sane_prio(r[3]) == prio then
         return tonumber(r[4]) or 0
@@ -349,7 +355,7 @@ local function activate(id, q, prio)
   -- A counted stale entry (the job left waiting, maybe came back under this id):
   -- consumed and skipped, so the job is claimed only through its live entry.
   if take_stale(q, prio, id) then return end
-  local jk = k_job(id)
+  local jk = k_job(q, id)
   local ty = redis.call('TYPE', jk).ok
   if ty == 'none' then return end  -- an id with no job behind it: dropped
   local f
@@ -375,7 +381,7 @@ local function activate(id, q, prio)
   else
     if ty == 'string' then
       local raw = redis.call('GET', jk)
-      f = parse_rec(raw)
+      f = parse_rec(raw, q)
       if f and (f.s ~= 'w' or f.q ~= q or sane_prio(f.p) ~= prio) then return end  -- stale
       -- Bytes that are not a job: keep them as the job's body, so the worker fails
       -- this job with reason decode_error instead of losing it. (They most likely
@@ -404,10 +410,10 @@ local function activate(id, q, prio)
     out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
   end
-  redis.call('ZADD', KEYS[1], lease_until, id)
+  redis.call('ZADD', k_active(q), lease_until, id)
   count(q, 'w', -1)
   count(q, 'a', 1)
-  ids[#ids + 1] = id
+  ids[#ids + 1] = q .. '|' .. id
 end
 
 while claimed < limit and pops < max_pops do

@@ -1,34 +1,64 @@
 -- typedq common prelude, inserted by the loader right after each script's shebang.
 -- ARGV[1] is always the app's key prefix 'typedq:{<namespace>}:'. The key helpers
--- below mirror typedq/broker/keys.py (a test checks that both agree). Per-job and
--- per-queue keys are derived here because a script learns which jobs and queues
--- it touches only while it runs; they share the app's hash tag, so they live in
--- the same cluster slot as the declared KEYS.
+-- below mirror typedq/broker/keys.py (a test checks that both agree). Every key of a
+-- queue shares the queue's hash tag '{<namespace>:<queue>}', so one queue's keys live
+-- in one cluster slot; a script learns which jobs it touches only while it runs and
+-- derives their keys here from the queue (the caller declares a key of that queue's
+-- slot in KEYS). Every helper of a queue's key takes the queue name first.
 local P = ARGV[1]
+-- 'tq:{<namespace>' : what every queue's keys start with ('typedq:{' is 8 characters).
+local PQ = 'tq:{' .. string.sub(P, 9, #P - 2)
 
-local function k_job(id) return P .. 'j:' .. id end
-local function k_levels(q) return P .. 'q:' .. q .. ':p' end
-local function k_wait(q, prio) return P .. 'q:' .. q .. ':w:' .. prio end
-local function k_sched(q) return P .. 'q:' .. q .. ':s' end
-local function k_counts(q) return P .. 'q:' .. q .. ':n' end
-local function k_stale(q) return P .. 'q:' .. q .. ':z' end
-local function k_req(tok) return P .. 'r:' .. tok end
+-- A queue's key prefix, built once per queue and script.
+local qprefix = {}
+local function k_q(q)
+  local p = qprefix[q]
+  if not p then
+    p = PQ .. ':' .. q .. '}:'
+    qprefix[q] = p
+  end
+  return p
+end
+-- A job's key: the queue's tag and the id (no separator: an id starts with a letter or
+-- digit, every other key of the queue continues the tag with ':').
+local jprefix = {}
+local function k_job(q, id)
+  local p = jprefix[q]
+  if not p then
+    p = PQ .. ':' .. q .. '}'
+    jprefix[q] = p
+  end
+  return p .. id
+end
+local function k_levels(q) return k_q(q) .. 'p' end
+local function k_wait(q, prio) return k_q(q) .. 'w:' .. prio end
+local function k_sched(q) return k_q(q) .. 's' end
+local function k_counts(q) return k_q(q) .. 'n' end
+local function k_stale(q) return k_q(q) .. 'z' end
+local function k_active(q) return k_q(q) .. 'a' end
+local function k_done(q, state) return k_q(q) .. 'd:' .. state end
+local function k_seq(q) return k_q(q) .. 'o' end
+local function k_qepoch(q) return k_q(q) .. 'e' end
+local function k_req(q, tok) return k_q(q) .. 'r:' .. tok end
+local function k_flow(q, f) return k_q(q) .. 'f:' .. f end
 -- Limits (typedq/limits.py): a queue's gates (zset gate -> when it opens, µs; +inf: when
 -- a concurrency slot frees), the waiting entries a gate parked ('<prio>|<id>', FIFO),
 -- a rate bucket's start times in its window (zset), a concurrency bucket's slot holders.
 -- A gate is '<r|c>|<task>|<key>'; a slot name ('ck' of the job hash) '<task>|<key>'.
-local function k_gates(q) return P .. 'q:' .. q .. ':G' end
-local function k_gate(q, gate) return P .. 'q:' .. q .. ':g:' .. gate end
-local function k_rate(task, key) return P .. 'rl:' .. task .. '|' .. key end
-local function k_slots(slot) return P .. 'cc:' .. slot end
+local function k_gates(q) return k_q(q) .. 'G' end
+local function k_gate(q, gate) return k_q(q) .. 'g:' .. gate end
+local function k_rate(q, task, key) return k_q(q) .. 'rl:' .. task .. '|' .. key end
+local function k_slots(q, slot) return k_q(q) .. 'cc:' .. slot end
+-- App-wide names (off the job path).
+local function k_worker(id) return P .. 'wk:' .. id end
 -- Throughput rollups: per queue and minute (minutes since the epoch, Redis clock) a
 -- hash c/f/r (completed, failed for good, retried) that expires ROLLUP_TTL_S after it
 -- was last written, so the history is bounded (24 h) and survives restarts.
-local function k_minute(q, minute) return P .. 'q:' .. q .. ':h:' .. minute end
+local function k_minute(q, minute) return k_q(q) .. 'h:' .. minute end
 local ROLLUP_TTL_S = 25 * 3600
 -- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
-local function k_events(q) return P .. 'q:' .. q .. ':e' end
-local function k_events_cfg(q) return P .. 'q:' .. q .. ':E' end
+local function k_events(q) return k_q(q) .. 'ev' end
+local function k_events_cfg(q) return k_q(q) .. 'E' end
 local CH_WORK = P .. 'ev:w'
 local CH_DONE = P .. 'ev:d'
 local CH_CANCEL = P .. 'ev:x'
@@ -50,12 +80,15 @@ local function is_int(v)
 end
 
 -- A job no worker has claimed yet is one string (see keys.py):
---   <state><queue>|<order>|<enqueued_at>|<priority>|<run_at>|<body>
--- with state 'w' or 's', priority empty for 0, run_at empty unless scheduled.
--- Anything else in a job string is bytes typedq did not write (parse_rec: nil).
-local function parse_rec(v)
-  local s, q, o, e, p, r, at = string.match(v, '^([ws])([^|]+)|(%d+)|(%d+)|(%-?%d*)|(%d*)|()')
+--   <state>|<order>|<enqueued_at>|<priority>|<run_at>|<body>
+-- with state 'w' or 's', priority empty for 0, run_at empty unless scheduled. The
+-- queue is the key's (`q`); records of the previous layout name it after the state
+-- letter and are still read. Anything else in a job string is bytes typedq did not
+-- write (parse_rec: nil).
+local function parse_rec(v, q)
+  local s, rq, o, e, p, r, at = string.match(v, '^([ws])([^|]*)|(%d+)|(%d+)|(%-?%d*)|(%d*)|()')
   if not s then return nil end
+  if rq ~= '' then q = rq end
   if p == '' then p = false end
   if r == '' then r = false end
   return {s = s, q = q, o = o, e = e, p = p, r = r, m = string.sub(v, at)}
@@ -67,7 +100,7 @@ local function int_text(v)
 end
 
 local function pack_rec(f)
-  return f.s .. f.q .. '|' .. int_text(f.o) .. '|' .. int_text(f.e) .. '|' .. (f.p or '')
+  return f.s .. '|' .. int_text(f.o) .. '|' .. int_text(f.e) .. '|' .. (f.p or '')
     .. '|' .. (f.r and int_text(f.r) or '') .. '|' .. f.m
 end
 
@@ -82,23 +115,23 @@ end
 -- Read fields of a job that must be a hash to matter (active or finished: the
 -- fenced transitions, recovery, retention). nil when the key is missing or holds
 -- another type: a read never aborts a script.
-local function read_hash(id, ...)
-  local r = redis.pcall('HMGET', k_job(id), ...)
+local function read_hash(q, id, ...)
+  local r = redis.pcall('HMGET', k_job(q, id), ...)
   if type(r) ~= 'table' or r.err or not r[1] then return nil end
   return r
 end
 
 -- Read fields of a job in any state: a hash, or a job string (its absent fields
 -- read as false, like HMGET's). nil when there is no job or bytes typedq did not write.
-local function read_job(id, ...)
-  local jk = k_job(id)
+local function read_job(q, id, ...)
+  local jk = k_job(q, id)
   local ty = redis.call('TYPE', jk).ok
   if ty == 'hash' then
     local r = redis.call('HMGET', jk, ...)
     if not r[1] then return nil end
     return r
   elseif ty == 'string' then
-    local f = parse_rec(redis.call('GET', jk))
+    local f = parse_rec(redis.call('GET', jk), q)
     if not f then return nil end
     local names, out = {...}, {}
     for i = 1, #names do out[i] = f[names[i]] or false end
@@ -108,10 +141,10 @@ local function read_job(id, ...)
 end
 
 -- Before a job's fields change: a job string becomes the job hash (no-op for a hash).
-local function to_hash(id)
-  local jk = k_job(id)
+local function to_hash(q, id)
+  local jk = k_job(q, id)
   if redis.call('TYPE', jk).ok ~= 'string' then return end
-  local f = parse_rec(redis.call('GET', jk))
+  local f = parse_rec(redis.call('GET', jk), q)
   if not f then return end
   redis.call('DEL', jk)
   redis.call('HSET', jk, unpack(rec_fields(f)))
@@ -200,7 +233,7 @@ local function push_back_in_order(back)
         local stale = 0
         if has_stale then stale = tonumber(redis.call('HGET', sk, g.prio .. '|' .. id)) or 0 end
         seen[id] = (seen[id] or 0) + 1
-        local r = read_job(id, 's', 'q', 'p', 'o')
+        local r = read_job(g.q, id, 's', 'q', 'p', 'o')
         if seen[id] <= stale or not r or r[1] ~= 'w' or (r[2] and r[2] ~= g.q)
             or sane_prio(r[3]) ~= g.prio then
           dead[#dead + 1] = id
@@ -225,8 +258,8 @@ end
 -- The answer of a fenced finish for a job that has no job hash: a job that exists but
 -- was never claimed (still a job string) is not ours to finish (LEASE_LOST, as for
 -- any job that is not active under the token); no job at all is NOT_FOUND.
-local function not_active_answer(id)
-  if redis.call('EXISTS', k_job(id)) == 1 then return 2 end
+local function not_active_answer(q, id)
+  if redis.call('EXISTS', k_job(q, id)) == 1 then return 2 end
   return 3
 end
 
@@ -242,9 +275,10 @@ local function failure_record(reason, error_type, message, attempt, worker, now)
   return cmsgpack.pack(rec)
 end
 
--- Retention: drop the oldest finished jobs of one state while there are more
--- than `cap` or they are older than `ttl`; at most `budget` per call (bounded work).
-local function trim(state, zkey, now, ttl, cap, budget)
+-- Retention: drop the oldest finished jobs of one state of queue `q` while there are
+-- more than `cap` or they are older than `ttl`; at most `budget` per call (bounded work).
+local function trim(q, state, now, ttl, cap, budget)
+  local zkey = k_done(q, state)
   local over = redis.call('ZCARD', zkey) - cap
   local expired = redis.call('ZCOUNT', zkey, '-inf', '(' .. string.format('%d', now - ttl))
   local n = math.max(over, expired)
@@ -252,10 +286,10 @@ local function trim(state, zkey, now, ttl, cap, budget)
   if n > budget then n = budget end
   local popped = redis.call('ZPOPMIN', zkey, n)
   for i = 1, #popped, 2 do
-    local r = read_hash(popped[i], 's', 'q')
+    local r = read_hash(q, popped[i], 's')
     if r and r[1] == state then
-      redis.call('DEL', k_job(popped[i]))
-      if r[2] then count(r[2], state, -1) end
+      redis.call('DEL', k_job(q, popped[i]))
+      count(q, state, -1)
     end
   end
   return n
@@ -273,12 +307,13 @@ end
 -- A job of a workflow settled: hand off or end the flow (defined with the workflow
 -- helpers at the end of this file).
 local flow_settle
--- Per job id, its flow link {fl, fm, fs} or false, when the script already read it
--- (complete and fail do, with the fields they read anyway): finalize then needs no
--- read of its own.
+-- Per job key, its flow link {fl, fm, fs, fq} or false, when the script already read
+-- it (complete and fail do, with the fields they read anyway): finalize then needs no
+-- read of its own. `fq` is the queue of the flow's own job (where the flow record is;
+-- absent on jobs of the previous layout: the job's own queue).
 local flow_links = {}
-local function flow_link_of(id, fl, fm, fs)
-  if fl then flow_links[id] = {fl, fm, fs} else flow_links[id] = false end
+local function flow_link_of(q, id, fl, fm, fs, fq)
+  if fl then flow_links[k_job(q, id)] = {fl, fm, fs, fq or q} else flow_links[k_job(q, id)] = false end
 end
 
 -- Move an active/waiting/scheduled job to a final state. A workflow's job (fields
@@ -305,7 +340,7 @@ local function emit_event(id, q, state)
     events_cap[q] = cap
   end
   if not cap then return end
-  local r = redis.call('HMGET', k_job(id), 'm', 'res', 'err', 'a')
+  local r = redis.call('HMGET', k_job(q, id), 'm', 'res', 'err', 'a')
   local data = r[3]
   if state == 'c' then data = r[2] end
   local n = redis.call('HINCRBY', k_events_cfg(q), 'n', 1)
@@ -315,8 +350,9 @@ local function emit_event(id, q, state)
     body_task(r[1]), 's', state, 'd', data or '', 'a', r[4] or '0')
 end
 
-local function finalize(id, q, from, state, done_key, now)
-  local jk = k_job(id)
+local function finalize(id, q, from, state, now)
+  local jk = k_job(q, id)
+  local done_key = k_done(q, state)
   redis.call('HSET', jk, 's', state, 'fa', now)
   redis.call('HDEL', jk, 't')
   redis.call('ZADD', done_key, now, id)
@@ -325,14 +361,14 @@ local function finalize(id, q, from, state, done_key, now)
   if state == 'c' or state == 'f' then roll(q, state) end
   done_ids[#done_ids + 1] = id
   emit_event(id, q, state)
-  local fl = flow_links[id]
+  local fl = flow_links[jk]
   if fl == nil then
-    fl = redis.call('HMGET', jk, 'fl', 'fm', 'fs')
-    if not fl[1] then fl = false end
+    fl = redis.call('HMGET', jk, 'fl', 'fm', 'fs', 'fq')
+    if not fl[1] then fl = false elseif not fl[4] then fl[4] = q end
   end
   if fl then
     local out = redis.call('HMGET', jk, 'res', 'err')
-    flow_settle(fl[1], fl[2], fl[3], state, out[1], out[2], now)
+    flow_settle(fl[4], fl[1], fl[2], fl[3], state, out[1], out[2], now)
   end
 end
 
@@ -341,8 +377,8 @@ end
 -- Every way out of 'active' calls it (complete, fail, release, recovery, remove, purge).
 local function free_slot(id, q, slot)
   if not slot then return end
-  redis.call('SREM', k_slots(slot), id)
-  redis.call('HDEL', k_job(id), 'ck')
+  redis.call('SREM', k_slots(q, slot), id)
+  redis.call('HDEL', k_job(q, id), 'ck')
   local gk, gate = k_gates(q), 'c|' .. slot
   local s = redis.call('ZSCORE', gk, gate)
   if s and tonumber(s) ~= 0 then
@@ -380,19 +416,45 @@ local function take_stale(q, prio, id)
   return true
 end
 
--- Workflows (typedq/broker/flow.py). A flow F keeps, while it runs, the hash P f:<F>:
--- S steps, n members, c members not settled, col '1' when the last step is a
--- collector, pol 'c' for the collecting fan-in; per member i: d<i> (settled) and r<i>
--- (its fan-in element); fi/fst/fe: the first failed member (index, state, record).
--- Member i is the job F.m<i>, step k is F.<k>, the last step is F itself. A held step
--- is scheduled at HELD_US with its body split around the payload (mh, mt).
+-- Workflows (typedq/broker/flow.py). A flow F keeps, while it runs, the hash f:<F> on
+-- the queue of its own job (`fq`): S steps, n members, c members not settled, col '1'
+-- when the last step is a collector, pol 'c' for the collecting fan-in, mq/sq the
+-- members' and steps' queues (space-separated, or one name when all share it); per
+-- member i: d<i> (settled) and r<i> (its fan-in element); fi/fst/fe: the first failed
+-- member (index, state, record). Member i is the job F.m<i>, step k is F.<k>, the last
+-- step is F itself. A held step is scheduled at HELD_US with its body split around the
+-- payload (mh, mt). Every job of a flow holds fl (F) and fq.
 local HELD_US = 9000000000000000
 local FLOW_BROKEN = 'a job of this flow was removed before it finished'
-local function k_flow(f) return P .. 'f:' .. f end
-local function k_done(state) return P .. 'done:' .. state end
 local function flow_step_id(f, k, steps)
   if k == steps - 1 then return f end
   return f .. '.' .. k
+end
+
+-- The queues of a flow record's 'mq'/'sq' list as a table (entry i+1 for index i),
+-- `count` entries; every entry `fq` when the list is absent, the one name when it
+-- holds one.
+local function flow_queues(list, count, fq)
+  local t = {}
+  if list and list ~= '' then
+    for name in string.gmatch(list, '[^ ]+') do t[#t + 1] = name end
+  end
+  local fill = fq
+  if #t == 1 then fill = t[1] end
+  if #t ~= count then
+    t = {}
+    for i = 1, count do t[i] = fill end
+  end
+  return t
+end
+
+-- The space-separated list of queues as a flow record stores it (one name when equal).
+local function flow_queue_list(queues)
+  if #queues == 0 then return '' end
+  local same = true
+  for i = 2, #queues do if queues[i] ~= queues[1] then same = false; break end end
+  if same then return queues[1] end
+  return table.concat(queues, ' ')
 end
 
 local function be_bytes(n, width)
@@ -419,21 +481,23 @@ end
 
 -- End a flow that did not complete: every job of it not final yet ends in `state`
 -- with record `err` (nil: cancelled with the flow); a running one is asked to cancel.
-local function flow_end(f, state, err, now)
-  local fk = k_flow(f)
-  local meta = redis.call('HMGET', fk, 'S', 'n')
+local function flow_end(fq, f, state, err, now)
+  local fk = k_flow(fq, f)
+  local meta = redis.call('HMGET', fk, 'S', 'n', 'mq', 'sq')
   if not meta[1] then return end
   redis.call('DEL', fk)
   local steps, n = tonumber(meta[1]), tonumber(meta[2])
   local ids = {}
-  for i = 0, n - 1 do ids[#ids + 1] = f .. '.m' .. i end
-  for k = 0, steps - 1 do ids[#ids + 1] = flow_step_id(f, k, steps) end
-  for _, id in ipairs(ids) do
-    local r = read_hash(id, 's', 'q', 'p', 'a')
+  local mq, sq = flow_queues(meta[3], n, fq), flow_queues(meta[4], steps, fq)
+  for i = 0, n - 1 do ids[#ids + 1] = {f .. '.m' .. i, mq[i + 1]} end
+  for k = 0, steps - 1 do ids[#ids + 1] = {flow_step_id(f, k, steps), sq[k + 1]} end
+  for _, job in ipairs(ids) do
+    local id, q = job[1], job[2]
+    local r = read_hash(q, id, 's', 'q', 'p', 'a')
     if r then
-      local s, q = r[1], r[2] or ''
+      local s = r[1]
       if s == 'a' then
-        redis.call('HSET', k_job(id), 'cr', 1)
+        redis.call('HSET', k_job(q, id), 'cr', 1)
         redis.call('PUBLISH', CH_CANCEL, id)
       elseif s == 'w' or s == 's' then
         if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else redis.call('ZREM', k_sched(q), id) end
@@ -443,28 +507,28 @@ local function flow_end(f, state, err, now)
           e = failure_record('cancelled', 'JobCancelled', 'cancelled with its flow',
             tonumber(r[4]) or 0, nil, now)
         end
-        redis.call('HSET', k_job(id), 'err', e)
-        finalize(id, q, s, st, k_done(st), now)
+        redis.call('HSET', k_job(q, id), 'err', e)
+        finalize(id, q, s, st, now)
       end
     end
   end
 end
 
 -- Give held step k its input: waiting now, or (a collector) completed with it.
-local function flow_release(f, k, steps, collector, payload, now)
+local function flow_release(fq, f, k, steps, collector, payload, now)
   local id = flow_step_id(f, k, steps)
-  local jk = k_job(id)
-  local r = read_hash(id, 's', 'q', 'mh', 'mt', 'p')
+  local q = flow_queues(redis.call('HGET', k_flow(fq, f), 'sq'), steps, fq)[k + 1]
+  local jk = k_job(q, id)
+  local r = read_hash(q, id, 's', 'q', 'mh', 'mt', 'p')
   if not r or r[1] ~= 's' or not r[3] then
-    flow_end(f, 'f', failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now), now)
+    flow_end(fq, f, 'f', failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now), now)
     return
   end
-  local q = r[2] or ''
   redis.call('ZREM', k_sched(q), id)
   redis.call('HDEL', jk, 'mh', 'mt', 'r')
   if collector and k == steps - 1 then
     redis.call('HSET', jk, 'res', payload)
-    finalize(id, q, 's', 'c', k_done('c'), now)
+    finalize(id, q, 's', 'c', now)
     return
   end
   -- At the head of its priority level: a flow under way finishes before new work starts,
@@ -479,11 +543,11 @@ end
 
 -- Every member settled: fail the flow (a member failed, default policy) or release
 -- step 0 with the msgpack array of the members' elements, in input order.
-local function flow_fan_in(f, steps, n, collector, now)
-  local fk = k_flow(f)
+local function flow_fan_in(fq, f, steps, n, collector, now)
+  local fk = k_flow(fq, f)
   local failed = redis.call('HMGET', fk, 'fi', 'fst', 'fe')
   if failed[1] then
-    flow_end(f, failed[2], failed[3], now)
+    flow_end(fq, f, failed[2], failed[3], now)
     return
   end
   local parts = {msgpack_array_header(n)}
@@ -494,13 +558,15 @@ local function flow_fan_in(f, steps, n, collector, now)
     for j = 1, #vals do parts[#parts + 1] = vals[j] or '\192' end
   end
   -- The payload carries the results now: the flow record keeps only its shape.
+  local where = redis.call('HMGET', fk, 'mq', 'sq')
   redis.call('DEL', fk)
-  redis.call('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0')
-  flow_release(f, 0, steps, collector, table.concat(parts), now)
+  redis.call('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0',
+    'mq', where[1] or '', 'sq', where[2] or '')
+  flow_release(fq, f, 0, steps, collector, table.concat(parts), now)
 end
 
-flow_settle = function(f, fm, fs, state, res, err, now)
-  local fk = k_flow(f)
+flow_settle = function(fq, f, fm, fs, state, res, err, now)
+  local fk = k_flow(fq, f)
   local meta = redis.call('HMGET', fk, 'S', 'n', 'col', 'pol')
   if not meta[1] then return end  -- the flow has ended: a late member or a cancelled step
   local steps, collector = tonumber(meta[1]), meta[3] == '1'
@@ -522,7 +588,7 @@ flow_settle = function(f, fm, fs, state, res, err, now)
       end
     end
     if redis.call('HINCRBY', fk, 'c', -1) == 0 then
-      flow_fan_in(f, steps, tonumber(meta[2]), collector, now)
+      flow_fan_in(fq, f, steps, tonumber(meta[2]), collector, now)
     end
     return
   end
@@ -531,19 +597,20 @@ flow_settle = function(f, fm, fs, state, res, err, now)
     if k == steps - 1 then
       redis.call('DEL', fk)
     else
-      flow_release(f, k + 1, steps, collector, res or '\192', now)
+      flow_release(fq, f, k + 1, steps, collector, res or '\192', now)
     end
   elseif k == steps - 1 then
-    flow_end(f, 'x', nil, now)  -- the flow's own job ended first (cancel): stop the rest
+    flow_end(fq, f, 'x', nil, now)  -- the flow's own job ended first (cancel): stop the rest
   else
-    flow_end(f, state, err, now)
+    flow_end(fq, f, state, err, now)
   end
 end
 
 -- The flow link of a job about to be deleted (remove, purge): nil for a job of no flow.
-local function flow_link(id)
-  local r = redis.pcall('HMGET', k_job(id), 'fl', 'fm', 'fs')
+local function flow_link(q, id)
+  local r = redis.pcall('HMGET', k_job(q, id), 'fl', 'fm', 'fs', 'fq')
   if type(r) ~= 'table' or r.err or not r[1] then return nil end
+  if not r[4] then r[4] = q end
   return r
 end
 
@@ -552,7 +619,7 @@ end
 local function flow_removed(link, s)
   if not link or s == 'c' or s == 'f' or s == 'x' then return end
   local now = now_us()
-  flow_settle(link[1], link[2], link[3], 'f', nil,
+  flow_settle(link[4], link[1], link[2], link[3], 'f', nil,
     failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now), now)
 end
 
@@ -582,8 +649,8 @@ local function read_bins(s)
   end
   return out
 end
-local function add_error(id, rec)
-  local jk = k_job(id)
+local function add_error(q, id, rec)
+  local jk = k_job(q, id)
   -- A job failed before 'eh' existed (or garbage there): its last record starts it.
   local old = redis.call('HMGET', jk, 'eh', 'err')
   local list = old[1] and read_bins(old[1])

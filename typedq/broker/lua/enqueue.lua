@@ -5,7 +5,9 @@
 -- Refused at maxmemory (no allow-oom flag): enqueues are what fills Redis.
 -- A re-sent call (same request record: lost reply, client retry) returns the first
 -- copy's answer, so the jobs it created still answer created = 1.
--- KEYS[1] = seq, KEYS[2] = this call's request record (P r:<request token>)
+-- KEYS[1] = the first job's queue's order counter, KEYS[2] = this call's request record
+-- (on that queue's slot). On Redis Cluster every job of a call is of one queue.
+-- Each queue's order counter numbers its own jobs.
 -- ARGV: P, max_queue_length, n, then n x (id, queue, priority, eta_us, delay_us, body)
 local limit, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not limit or not is_int(n) or n < 0 or #ARGV ~= 3 + 6 * n then return bad_args('enqueue') end
@@ -32,12 +34,13 @@ local seen = {}
 for i = 0, n - 1 do
   local b = 4 + 6 * i
   local id, q = ARGV[b], ARGV[b + 1]
-  if not seen[id] and redis.call('EXISTS', k_job(id)) == 0 then
+  local key = q .. '|' .. id
+  if not seen[key] and redis.call('EXISTS', k_job(q, id)) == 0 then
     new[i] = true
     fresh = fresh + 1
     adding[q] = (adding[q] or 0) + 1
   end
-  seen[id] = true
+  seen[key] = true
 end
 if limit > 0 then
   for q, extra in pairs(adding) do
@@ -50,8 +53,8 @@ if limit > 0 then
 end
 
 -- Validated: from here on, only writes.
-local order = 0
-if fresh > 0 then order = redis.call('INCRBY', KEYS[1], fresh) - fresh end
+local orders = {}
+for q, extra in pairs(adding) do orders[q] = redis.call('INCRBY', k_seq(q), extra) - extra end
 local out = {}
 local lists, list_order = {}, {}
 for i = 0, n - 1 do
@@ -61,7 +64,8 @@ for i = 0, n - 1 do
     local eta, delay = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
     local run_at = 0
     if eta > 0 then run_at = eta elseif delay > 0 then run_at = now + delay end
-    order = order + 1
+    local order = orders[q] + 1
+    orders[q] = order
     local f = {s = 'w', q = q, o = order, e = now, p = prio ~= '0' and prio, r = false,
       m = ARGV[b + 5]}
     if run_at > now then
@@ -79,7 +83,7 @@ for i = 0, n - 1 do
       l[#l + 1] = id
       count(q, 'w', 1)
     end
-    redis.call('SET', k_job(id), pack_rec(f))
+    redis.call('SET', k_job(q, id), pack_rec(f))
     work_queues[q] = true
     out[i + 1] = 1
   else

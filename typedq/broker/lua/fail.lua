@@ -4,14 +4,15 @@
 -- 'l': like 'r', but the attempt is given back (RateLimited: not spent);
 -- 'f': failed for good; 'x': cancelled. A non-empty `message` replaces the stored
 -- envelope (a job whose bytes could not be decoded gets a readable one).
--- KEYS[1] = active, KEYS[2] = done:f, KEYS[3] = done:x, KEYS[4] = seq
--- ARGV: P, failed_ttl_us, failed_max, n, then n x (id, token, error, mode, delay_us, message)
-local ttl, cap, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-if not ttl or not is_int(cap) or not is_int(n) or n < 0 or #ARGV ~= 4 + 6 * n then
+-- KEYS[1] = the queue's active zset (the slot this runs on)
+-- ARGV: P, queue, failed_ttl_us, failed_max, n, then n x (id, token, error, mode, delay_us,
+--       message)
+local q, ttl, cap, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if q == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0 or #ARGV ~= 5 + 6 * n then
   return bad_args('fail')
 end
 for i = 0, n - 1 do
-  local b = 5 + 6 * i
+  local b = 6 + 6 * i
   local mode = ARGV[b + 3]
   if (mode ~= 'r' and mode ~= 'l' and mode ~= 'f' and mode ~= 'x') or not tonumber(ARGV[b + 4]) then
     return bad_args('fail')
@@ -21,25 +22,24 @@ local now = now_us()
 local out = {}
 local touched_f, touched_x = 0, 0
 for i = 0, n - 1 do
-  local b = 5 + 6 * i
+  local b = 6 + 6 * i
   local id, tok, mode, delay = ARGV[b], ARGV[b + 1], ARGV[b + 3], tonumber(ARGV[b + 4])
-  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p', 'ck', 'a', 'fl', 'fm', 'fs')
+  local r = read_hash(q, id, 's', 't', 'd', 'q', 'cr', 'p', 'ck', 'a', 'fl', 'fm', 'fs', 'fq')
   if not r then
-    out[i + 1] = not_active_answer(id)
+    out[i + 1] = not_active_answer(q, id)
   elseif r[1] == 'a' and r[2] == tok then
-    flow_link_of(id, r[9], r[10], r[11])
-    local jk = k_job(id)
-    local q = r[4] or ''
-    add_error(id, ARGV[b + 2])
+    flow_link_of(q, id, r[9], r[10], r[11], r[12])
+    local jk = k_job(q, id)
+    add_error(q, id, ARGV[b + 2])
     redis.call('HSET', jk, 'd', tok)
     if ARGV[b + 5] ~= '' then redis.call('HSET', jk, 'm', ARGV[b + 5]) end
-    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZREM', k_active(q), id)
     free_slot(id, q, r[7])
     if mode == 'x' or r[5] then
-      finalize(id, q, 'a', 'x', KEYS[3], now)
+      finalize(id, q, 'a', 'x', now)
       touched_x = touched_x + 1
     elseif mode == 'f' then
-      finalize(id, q, 'a', 'f', KEYS[2], now)
+      finalize(id, q, 'a', 'f', now)
       touched_f = touched_f + 1
     else
       redis.call('HDEL', jk, 't')
@@ -51,7 +51,7 @@ for i = 0, n - 1 do
         redis.call('ZADD', k_sched(q), now + delay, id)
         count(q, 's', 1)
       else
-        redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', KEYS[4]))
+        redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', k_seq(q)))
         push_waiting(q, sane_prio(r[6]), id, false)
         count(q, 'w', 1)
       end
@@ -66,8 +66,8 @@ for i = 0, n - 1 do
     out[i + 1] = 2
   end
 end
-if touched_f > 0 then trim('f', KEYS[2], now, ttl, cap, touched_f + 100) end
-if touched_x > 0 then trim('x', KEYS[3], now, ttl, cap, touched_x + 100) end
+if touched_f > 0 then trim(q, 'f', now, ttl, cap, touched_f + 100) end
+if touched_x > 0 then trim(q, 'x', now, ttl, cap, touched_x + 100) end
 flush_counts()
 publish()
 return out

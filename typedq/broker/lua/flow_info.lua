@@ -2,13 +2,15 @@
 -- The shape of a flow and where it stands (typedq inspect): {steps, members, members
 -- not settled (-1 once the flow has ended), flow id}, or 0 when the job is no flow's.
 -- The id may be the flow's own job's, a step's or a member's.
--- ARGV: P, job id
-if #ARGV ~= 2 or ARGV[2] == '' then return bad_args('flow_info') end
-local f = ARGV[2]
-local link = read_hash(f, 'fl')
-if link and link[1] then f = link[1] end
-local meta = redis.call('HMGET', k_flow(f), 'S', 'n', 'c')
+-- KEYS[1] = the job's key
+-- ARGV: P, queue, job id
+if #ARGV ~= 3 or ARGV[2] == '' or ARGV[3] == '' then return bad_args('flow_info') end
+local q, f = ARGV[2], ARGV[3]
+local fq = q
+local link = read_hash(q, f, 'fl', 'fq')
+if link and link[1] then f, fq = link[1], link[2] or q end
+local meta = redis.call('HMGET', k_flow(fq, f), 'S', 'n', 'c')
 if meta[1] then return {tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3]), f} end
-local shape = read_hash(f, 'fS', 'fn')
+local shape = read_hash(fq, f, 'fS', 'fn')
 if not shape or not shape[1] or not shape[2] then return 0 end
 return {tonumber(shape[1]), tonumber(shape[2]), -1, f}

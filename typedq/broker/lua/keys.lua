@@ -1,15 +1,18 @@
 #!lua flags=no-writes
 -- For tests only: the key names common.lua derives, to check them against keys.py.
 -- ARGV: P, queue, priority, id, request token[, gate, task, limit key[, minute]]
-local out = {k_job(ARGV[4]), k_levels(ARGV[2]), k_wait(ARGV[2], ARGV[3]), k_sched(ARGV[2]),
-  k_counts(ARGV[2]), k_stale(ARGV[2]), k_req(ARGV[5]), CH_WORK, CH_DONE, CH_CANCEL}
+local q = ARGV[2]
+local out = {k_job(q, ARGV[4]), k_levels(q), k_wait(q, ARGV[3]), k_sched(q),
+  k_counts(q), k_stale(q), k_req(q, ARGV[5]), CH_WORK, CH_DONE, CH_CANCEL,
+  k_active(q), k_done(q, 'c'), k_done(q, 'f'), k_done(q, 'x'), k_seq(q), k_qepoch(q),
+  k_flow(q, ARGV[4]), k_worker(ARGV[4])}
 if #ARGV >= 8 then
-  out[#out + 1] = k_gates(ARGV[2])
-  out[#out + 1] = k_gate(ARGV[2], ARGV[6])
-  out[#out + 1] = k_rate(ARGV[7], ARGV[8])
-  out[#out + 1] = k_slots(ARGV[7] .. '|' .. ARGV[8])
+  out[#out + 1] = k_gates(q)
+  out[#out + 1] = k_gate(q, ARGV[6])
+  out[#out + 1] = k_rate(q, ARGV[7], ARGV[8])
+  out[#out + 1] = k_slots(q, ARGV[7] .. '|' .. ARGV[8])
 end
-if #ARGV >= 9 then out[#out + 1] = k_minute(ARGV[2], ARGV[9]) end
-out[#out + 1] = k_events(ARGV[2])
-out[#out + 1] = k_events_cfg(ARGV[2])
+if #ARGV >= 9 then out[#out + 1] = k_minute(q, ARGV[9]) end
+out[#out + 1] = k_events(q)
+out[#out + 1] = k_events_cfg(q)
 return out

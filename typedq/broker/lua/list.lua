@@ -6,7 +6,7 @@
 -- gates parked (typedq.limits); scheduled: due time;
 -- active: start time (the global lease set is scanned, bounded); final states:
 -- most recently finished first (the global finished set is scanned, bounded).
--- KEYS[1] = active, KEYS[2] = done:c, KEYS[3] = done:f, KEYS[4] = done:x
+-- KEYS[1] = the queue's active zset
 -- ARGV: P, queue, state letter, offset, limit
 local q, state, offset, limit = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 if #ARGV ~= 5 or q == '' or not is_int(offset) or offset < 0 or not is_int(limit) or limit < 0 then
@@ -15,8 +15,8 @@ end
 local SCAN = 20000
 local out = {}
 local function ours(id, s)
-  local r = read_job(id, 's', 'q')
-  return r and r[1] == s and r[2] == q
+  local r = read_job(q, id, 's')
+  return r and r[1] == s
 end
 if limit == 0 then return out end
 if state == 'w' then
@@ -33,7 +33,7 @@ if state == 'w' then
         local sk = k_stale(q)
         for i = #ids, 1, -1 do
           local id = ids[i]
-          local r = read_job(id, 's', 'q', 'p')
+          local r = read_job(q, id, 's', 'q', 'p')
           if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio
               and (not redis.call('HGET', sk, prio .. '|' .. id)
                 or redis.call('LPOS', lk, id) == first + i - 1) then
@@ -59,7 +59,7 @@ if state == 'w' then
         local entries = redis.call('LRANGE', lk, first, len - 1 - (a - pos))
         for i = #entries, 1, -1 do
           local prio, id = string.match(entries[i], '^(%-?%d+)|(.*)$')
-          local r = prio and read_job(id, 's', 'q', 'p')
+          local r = prio and read_job(q, id, 's', 'q', 'p')
           if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio and not seen[id] then
             seen[id] = true
             out[#out + 1] = id
@@ -76,9 +76,9 @@ elseif state == 's' then
   end
 elseif state == 'a' then
   local found = {}
-  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, SCAN - 1)) do
-    local r = read_hash(id, 's', 'q', 'st', 'o')
-    if r and r[1] == 'a' and r[2] == q then
+  for _, id in ipairs(redis.call('ZRANGE', k_active(q), 0, SCAN - 1)) do
+    local r = read_hash(q, id, 's', 'q', 'st', 'o')
+    if r and r[1] == 'a' then
       found[#found + 1] = {id, tonumber(r[3]) or 0, tonumber(r[4]) or 0}
     end
   end
@@ -89,8 +89,8 @@ elseif state == 'a' then
   for i = offset + 1, math.min(#found, offset + limit) do out[#out + 1] = found[i][1] end
 else
   local zkey
-  if state == 'c' then zkey = KEYS[2] elseif state == 'f' then zkey = KEYS[3]
-  elseif state == 'x' then zkey = KEYS[4] else return bad_args('list') end
+  if state == 'c' or state == 'f' or state == 'x' then zkey = k_done(q, state)
+  else return bad_args('list') end
   local skipped, start = 0, 0
   while #out < limit and start < SCAN + offset do
     local ids = redis.call('ZREVRANGE', zkey, start, start + 999)

@@ -65,10 +65,10 @@ for i = 2, #ARGV do
     if redis.call('TYPE', lk).ok == 'list' then
       local ids = redis.call('LRANGE', lk, -HEAD_SCAN, -1)
       for j = #ids, 1, -1 do
-        local r = read_job(ids[j], 's', 'q', 'e', 'm')
-        if r and r[1] == 'w' and r[2] == q then
-          local e = tonumber(r[3])
-          if e then e = due_us(e, r[4]) end
+        local r = read_job(q, ids[j], 's', 'e', 'm')
+        if r and r[1] == 'w' then
+          local e = tonumber(r[2])
+          if e then e = due_us(e, r[3]) end
           if e and (not oldest or e < oldest) then oldest = e end
           break
         end

@@ -3,31 +3,32 @@
 -- recovered once however many workers race (one atomic script). The stall count
 -- is bumped; past max_stalls the job fails with reason 'stalled', and a job whose
 -- cancel was requested is cancelled.
--- KEYS[1] = active, KEYS[2] = done:c, KEYS[3] = done:f, KEYS[4] = done:x
--- ARGV: P, limit, max_stalls, completed_ttl_us, completed_max, failed_ttl_us, failed_max
-local limit, max_stalls = tonumber(ARGV[2]), tonumber(ARGV[3])
-local cttl, ccap, fttl, fcap = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-if not is_int(limit) or limit < 0 or not is_int(max_stalls) or not cttl or not is_int(ccap)
-    or not fttl or not is_int(fcap) or #ARGV ~= 7 then
+-- KEYS[1] = the queue's active zset
+-- ARGV: P, queue, limit, max_stalls, completed_ttl_us, completed_max, failed_ttl_us,
+--       failed_max
+local q, limit, max_stalls = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local cttl, ccap, fttl, fcap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+if q == '' or not is_int(limit) or limit < 0 or not is_int(max_stalls) or not cttl
+    or not is_int(ccap) or not fttl or not is_int(fcap) or #ARGV ~= 8 then
   return bad_args('recover')
 end
 local now = now_us()
-trim('c', KEYS[2], now, cttl, ccap, 1000)
-trim('f', KEYS[3], now, fttl, fcap, 1000)
-trim('x', KEYS[4], now, fttl, fcap, 1000)
+local active = k_active(q)
+trim(q, 'c', now, cttl, ccap, 1000)
+trim(q, 'f', now, fttl, fcap, 1000)
+trim(q, 'x', now, fttl, fcap, 1000)
 
 local recovered = 0
 local back = {}
 if limit > 0 then
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now),
+  local expired = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. string.format('%d', now),
     'LIMIT', 0, limit)
   for _, id in ipairs(expired) do
-    redis.call('ZREM', KEYS[1], id)
-    local r = read_hash(id, 's', 'q', 'a', 'k', 'cr', 'w', 'p', 'o', 'ck')
+    redis.call('ZREM', active, id)
+    local r = read_hash(q, id, 's', 'q', 'a', 'k', 'cr', 'w', 'p', 'o', 'ck')
     if r and r[1] == 'a' then
       recovered = recovered + 1
-      local jk = k_job(id)
-      local q = r[2] or ''
+      local jk = k_job(q, id)
       free_slot(id, q, r[9])
       local stalls = (tonumber(r[4]) or 0) + 1
       local attempt = tonumber(r[3]) or 0
@@ -36,12 +37,12 @@ if limit > 0 then
       if r[5] then
         redis.call('HSET', jk, 'err', failure_record('cancelled', 'JobCancelled',
           'cancelled; its worker was lost before it confirmed', attempt, r[6], now))
-        finalize(id, q, 'a', 'x', KEYS[4], now)
+        finalize(id, q, 'a', 'x', now)
       elseif stalls > max_stalls then
-        add_error(id, failure_record('stalled', 'WorkerLost', string.format(
+        add_error(q, id, failure_record('stalled', 'WorkerLost', string.format(
           "the job's lease expired %d times (worker lost %d times, possible poison pill); "
           .. 'limit max_stalls=%d', stalls, stalls, max_stalls), attempt, r[6], now))
-        finalize(id, q, 'a', 'f', KEYS[3], now)
+        finalize(id, q, 'a', 'f', now)
       else
         redis.call('HSET', jk, 's', 'w')
         back[#back + 1] = {id, q, sane_prio(r[7]), tonumber(r[8]) or 0}

@@ -1,10 +1,10 @@
 #!lua flags=allow-oom
 -- Hand claimed jobs back unrun (worker shutdown): waiting again at their old place,
 -- the attempt not spent; cancelled instead if a cancel was requested meanwhile.
--- KEYS[1] = active, KEYS[2] = done:x
--- ARGV: P, failed_ttl_us, failed_max, n, then n x (id, token)
-local ttl, cap, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-if not ttl or not is_int(cap) or not is_int(n) or n < 0 or #ARGV ~= 4 + 2 * n then
+-- KEYS[1] = the queue's active zset
+-- ARGV: P, queue, failed_ttl_us, failed_max, n, then n x (id, token)
+local q, ttl, cap, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if q == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0 or #ARGV ~= 5 + 2 * n then
   return bad_args('release')
 end
 local now = now_us()
@@ -12,14 +12,13 @@ local out = {}
 local back = {}
 local touched_x = 0
 for i = 0, n - 1 do
-  local id, tok = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
-  local r = read_hash(id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o', 'w', 'ck')
+  local id, tok = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
+  local r = read_hash(q, id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o', 'w', 'ck')
   if not r then
-    out[i + 1] = not_active_answer(id)
+    out[i + 1] = not_active_answer(q, id)
   elseif r[1] == 'a' and r[2] == tok then
-    local jk = k_job(id)
-    local q = r[4] or ''
-    redis.call('ZREM', KEYS[1], id)
+    local jk = k_job(q, id)
+    redis.call('ZREM', k_active(q), id)
     free_slot(id, q, r[10])
     local attempt = math.max(0, (tonumber(r[7]) or 1) - 1)
     redis.call('HSET', jk, 'd', tok, 'a', attempt)
@@ -27,7 +26,7 @@ for i = 0, n - 1 do
       -- A final state carries its record: Job.result() decodes it.
       redis.call('HSET', jk, 'err', failure_record('cancelled', 'JobCancelled',
         'cancelled while its worker handed it back', attempt, r[9], now))
-      finalize(id, q, 'a', 'x', KEYS[2], now)
+      finalize(id, q, 'a', 'x', now)
       touched_x = touched_x + 1
     else
       redis.call('HSET', jk, 's', 'w')
@@ -45,7 +44,7 @@ for i = 0, n - 1 do
   end
 end
 push_back_in_order(back)
-if touched_x > 0 then trim('x', KEYS[2], now, ttl, cap, touched_x + 100) end
+if touched_x > 0 then trim(q, 'x', now, ttl, cap, touched_x + 100) end
 flush_counts()
 publish()
 return out

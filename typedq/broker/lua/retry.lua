@@ -1,28 +1,29 @@
 #!lua flags=allow-oom
 -- Put failed or cancelled jobs back to waiting (tail of their level, fresh attempt
 -- and stall counts; finish time, result, error, progress cleared).
--- KEYS[1] = seq, KEYS[2] = done:f, KEYS[3] = done:x
--- ARGV: P, ids...
+-- KEYS[1] = the queue's order counter
+-- ARGV: P, queue, ids...
 -- Returns per id: 'retried', 'not_retryable' or 'not_found'.
-if #ARGV < 1 then return bad_args('retry') end
+if #ARGV < 2 or ARGV[2] == '' then return bad_args('retry') end
+local q = ARGV[2]
 local out = {}
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local id = ARGV[i]
-  local r = read_job(id, 's', 'q', 'p')
+  local r = read_job(q, id, 's', 'q', 'p')
   if not r then
-    out[i - 1] = 'not_found'
+    out[i - 2] = 'not_found'
   elseif r[1] ~= 'f' and r[1] ~= 'x' then
-    out[i - 1] = 'not_retryable'
+    out[i - 2] = 'not_retryable'
   else
-    local jk, q = k_job(id), r[2] or ''
-    if r[1] == 'f' then redis.call('ZREM', KEYS[2], id) else redis.call('ZREM', KEYS[3], id) end
+    local jk = k_job(q, id)
+    redis.call('ZREM', k_done(q, r[1]), id)
     redis.call('HDEL', jk, 'a', 'k', 'st', 'fa', 'res', 'err', 'pg', 'cr', 'w', 't', 'd', 'r')
-    redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', KEYS[1]))
+    redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', k_seq(q)))
     push_waiting(q, sane_prio(r[3]), id, false)
     count(q, r[1], -1)
     count(q, 'w', 1)
     work_queues[q] = true
-    out[i - 1] = 'retried'
+    out[i - 2] = 'retried'
   end
 end
 flush_counts()

@@ -7,7 +7,7 @@
 -- their time by the Redis clock. Refused at maxmemory (it adds jobs).
 -- The state is one field of the schedules hash: 'digest|last|fired_at|fired|skipped|last_job'
 -- (integer µs of the Redis clock; job ids hold no '|').
--- KEYS[1] = schedules hash, KEYS[2] = seq
+-- KEYS[1] = schedules hash (app-wide), KEYS[2] = the order counter of the jobs' queue
 -- ARGV: P, max_queue_length, name, digest, expected_last, new_last, skipped, overlap,
 --       n, then n x (id, queue, priority, body)
 -- Returns {outcome, state or false}: outcome 'fired' | 'stale' | 'overlap_skipped' |
@@ -47,7 +47,7 @@ local function save(outcome)
 end
 
 if n > 0 and overlap ~= 'allow' and last_job ~= '' then
-  local r = read_job(last_job, 's')
+  local r = read_job(ARGV[11], last_job, 's')
   if r and (r[1] == 'w' or r[1] == 's' or r[1] == 'a') then
     if overlap == 'queue' then return {'held', cur} end
     skipped = skipped + n
@@ -61,7 +61,7 @@ if n == 0 then return save('fired') end
 local fresh, new = 0, {}
 for i = 0, n - 1 do
   local id = ARGV[10 + 4 * i]
-  if redis.call('EXISTS', k_job(id)) == 0 then
+  if redis.call('EXISTS', k_job(ARGV[11 + 4 * i], id)) == 0 then
     new[i] = true
     fresh = fresh + 1
   end
@@ -84,16 +84,23 @@ if limit > 0 and fresh > 0 then
 end
 
 -- Validated: from here on, only writes.
-local order = 0
-if fresh > 0 then order = redis.call('INCRBY', KEYS[2], fresh) - fresh end
+local orders = {}
+for i = 0, n - 1 do
+  if new[i] then
+    local q = ARGV[11 + 4 * i]
+    orders[q] = (orders[q] or 0) + 1
+  end
+end
+for q, extra in pairs(orders) do orders[q] = redis.call('INCRBY', k_seq(q), extra) - extra end
 for i = 0, n - 1 do
   local b = 10 + 4 * i
   if new[i] then
     local id, q, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2]
-    order = order + 1
+    local order = orders[q] + 1
+    orders[q] = order
     local f = {s = 'w', q = q, o = order, e = now, p = prio ~= '0' and prio, r = false,
       m = ARGV[b + 3]}
-    redis.call('SET', k_job(id), pack_rec(f))
+    redis.call('SET', k_job(q, id), pack_rec(f))
     push_waiting(q, prio, id, false)
     count(q, 'w', 1)
     work_queues[q] = true

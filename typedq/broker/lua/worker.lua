@@ -8,7 +8,7 @@
 local op, id, ttl = ARGV[2], ARGV[3], tonumber(ARGV[4])
 if id == nil or id == '' or (op ~= 'beat' and op ~= 'drop') then return bad_args('worker') end
 local now = now_us()
-local wk = P .. 'wk:' .. id
+local wk = k_worker(id)
 if op == 'beat' then
   if not is_int(ttl) or ttl <= 0 or ARGV[5] == nil then return bad_args('worker') end
   redis.call('SET', wk, ARGV[5], 'PX', ttl)
@@ -21,6 +21,6 @@ end
 local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 100)
 for _, g in ipairs(gone) do
   redis.call('ZREM', KEYS[1], g)
-  redis.call('DEL', P .. 'wk:' .. g)
+  redis.call('DEL', k_worker(g))
 end
 return 1

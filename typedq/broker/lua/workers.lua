@@ -8,7 +8,7 @@ if ARGV[2] ~= 'w' then return bad_args('workers') end
 local now = now_us()
 local out = {}
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'LIMIT', 0, 10000)) do
-  local v = redis.call('GET', P .. 'wk:' .. id)
+  local v = redis.call('GET', k_worker(id))
   if v then out[#out + 1] = v end
 end
 return out

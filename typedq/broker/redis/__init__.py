@@ -2,7 +2,9 @@
 
 Every state transition is one Lua script from ``lua/`` (loaded once, run by SHA,
 re-sent as EVAL on ``NOSCRIPT``), so a job is never half-moved. Key names live in
-:mod:`typedq.broker.keys`; every key of an app shares its hash tag.
+:mod:`typedq.broker.keys`; every key of a queue shares the queue's hash tag
+(``{<app>:<queue>}``), so on Redis Cluster (``redis+cluster://``) queues spread over the
+shards and each script runs on the one slot of its queue.
 
 Waiting for work, for results and for cancel requests blocks on one dedicated
 pub/sub connection per broker (no polling; :mod:`.listener`): scripts ``PUBLISH`` when a queue gets

@@ -9,10 +9,11 @@ and pub/sub wake-ups in :mod:`.listener`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import secrets
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import anyio
@@ -70,16 +71,21 @@ from .codec import (
     us,
 )
 from .connection import (
+    CLUSTER_SCHEMES,
     HEALTH_CHECK_INTERVAL,
     MAX_CONNECTIONS,
     SOCKET_TIMEOUT,
     answers_plain_text,
+    cluster_nodes,
+    cluster_sub_url,
     make_client,
+    make_cluster_client,
 )
 from .errors import broker_error, scrub
 from .flows import flow_args, flow_outcome
-from .health import EpochWatch, MemoryWatch, check_config, log
+from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .listener import Notifications
+from .migrate import migrate_layout
 from .schedules import ScheduleOps
 from .scripts import SCRIPTS
 
@@ -97,12 +103,14 @@ def _request_token() -> str:
 
 
 class RedisBroker(ScheduleOps, Broker):
-    """The durable broker on Redis 7+ (standalone, or one Redis Cluster slot per app).
+    """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA
         and client certificates as ``?ssl_ca_certs=...`` query options) or
         ``unix:///path?db=0``; redis-py connection options in the query override
-        the defaults of :mod:`typedq.broker.redis.connection`
+        the defaults of :mod:`typedq.broker.redis.connection`. Redis Cluster:
+        ``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+cluster``
+        for TLS)
     :param settings: namespace, retention, stall limit and queue bounds
     """
 
@@ -116,11 +124,14 @@ class RedisBroker(ScheduleOps, Broker):
         self._where = "Redis"
         self._password: str | None = None
         self._epoch = EpochWatch(settings.namespace, self.keys.epoch)
-        #: Queues this process already added to the queue registry (at its first enqueue
-        #: to each, so producer-only queues are discovered too).
-        self._registered: set[str] = set()
-        self._register_failed: dict[str, float] = {}
         self._memory = MemoryWatch()
+        # Queues this broker has used (registered in the queue registry, epoch watched).
+        self._queues_seen: set[str] = set()
+        #: True on Redis Cluster (``redis+cluster://``): one script call per slot.
+        self.cluster = False
+        # Jobs this broker claimed and has not settled: lease token -> (id, queue), so
+        # the worker's settles find each job's queue without a search.
+        self._held: dict[str, tuple[str, str]] = {}
 
     def __repr__(self) -> str:
         return f"RedisBroker({redact_url(self.url)!r}, namespace={self.settings.namespace!r})"
@@ -141,6 +152,9 @@ class RedisBroker(ScheduleOps, Broker):
         if self._redis is not None:
             return
         name = f"typedq:{self.settings.namespace}"
+        if self.url.partition("://")[0] in CLUSTER_SCHEMES:
+            await self._connect_cluster(name)
+            return
         try:
             self._redis = make_client(
                 self.url,
@@ -167,8 +181,37 @@ class RedisBroker(ScheduleOps, Broker):
             await self.close()
             raise
 
+    async def _connect_cluster(self, name: str) -> None:
+        """Connect to Redis Cluster (``redis+cluster://``): a cluster client for commands
+        and scripts (each script call names keys of one slot: one queue), and a plain
+        connection to the first node for pub/sub (a PUBLISH reaches every node)."""
+        self.cluster = True
+        try:
+            nodes, _, self._password, _ = cluster_nodes(self.url)
+            self._redis = make_cluster_client(
+                self.url, client_name=name, max_connections=MAX_CONNECTIONS
+            )
+            self._sub_client = make_client(
+                cluster_sub_url(self.url),
+                client_name=name,
+                max_connections=2,
+                health_check_interval=0,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"bad Redis Cluster URL {redact_url(self.url)!r}: {exc}") from None
+        self._where = "Redis Cluster at " + ",".join(f"{h}:{p}" for h, p in nodes)
+        self._notes.open(self._sub_client, where=self._where, password=self._password)
+        try:
+            await self._startup_checks()
+        except BaseException:
+            await self.close()
+            raise
+
     async def _startup_checks(self) -> None:
         redis = self._conn()
+        if self.cluster:
+            await self._cluster_checks()
+            return
         try:
             await redis.ping()
         except (rexc.RedisError, OSError) as exc:
@@ -195,7 +238,37 @@ class RedisBroker(ScheduleOps, Broker):
             for source, _ in SCRIPTS.values():
                 pipe.script_load(source)
             await pipe.execute()
-        self._epoch.known = None
+        self._epoch.reset()
+        self._queues_seen.clear()
+        await migrate_layout(self)
+        await self.check_epoch()
+
+    async def _cluster_checks(self) -> None:
+        """Connect-time checks on Redis Cluster: every primary answers and is configured
+        for a task queue, the known queues' keys each map to one slot, no data of the
+        previous layout, the epochs. Scripts are not pre-loaded: the first EVALSHA on a
+        node meets NOSCRIPT and is re-sent as EVAL (so after a failover or a reshard)."""
+        redis: Any = self._conn()
+        try:
+            await redis.initialize()
+            memory = await redis.info("memory", target_nodes=redis.PRIMARIES)
+            persistence = await redis.info("persistence", target_nodes=redis.PRIMARIES)
+        except rexc.NoPermissionError:
+            log.warning(
+                "%s: INFO is not allowed for this user; skipped the config checks", self._where
+            )
+        except (rexc.RedisError, OSError) as exc:
+            self._raise(exc, "connect")
+        else:
+            for node, info in memory.items():
+                check_config(self._where, info, persistence.get(node, {}))
+        queues = await self.known_queues()
+        problems = check_slots(self.keys, queues)
+        if problems:
+            raise ConfigError(problems)
+        self._epoch.reset()
+        self._queues_seen.clear()
+        await migrate_layout(self)
         await self.check_epoch()
 
     async def _tls_failure(self, exc: BaseException) -> BrokerError:
@@ -227,9 +300,124 @@ class RedisBroker(ScheduleOps, Broker):
         recovery pass (``recover_stalled``) and before an enqueue.
         """
         self._epoch.looking()
-        candidate = secrets.token_hex(8)
-        epoch = text(await self._eval("epoch", [self.keys.epoch], [self.keys.prefix, candidate]))
-        return self._epoch.saw(epoch, candidate, self._where)
+        keys = [self.keys.epoch, *(self.keys.queue_epoch(q) for q in sorted(self._queues_seen))]
+        return await self._check_epochs(keys)
+
+    async def _check_epochs(self, keys: Sequence[str]) -> bool:
+        candidates = [secrets.token_hex(8) for _ in keys]
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = [
+            ("epoch", [key], [self.keys.prefix, candidate])
+            for key, candidate in zip(keys, candidates, strict=True)
+        ]
+        replies = await self._eval_many(calls)
+        seen = [
+            (key, text(epoch), candidate)
+            for key, epoch, candidate in zip(keys, replies, candidates, strict=True)
+        ]
+        return self._epoch.saw(seen, self._where)
+
+    async def _note_queues(self, queues: Sequence[str]) -> None:
+        """First use of a queue by this broker: add it to the queue registry (so an id
+        given without its queue is looked for there) and start watching its epoch."""
+        new = sorted(q for q in dict.fromkeys(queues) if q not in self._queues_seen)
+        if not new:
+            return
+        if self.cluster:
+            problems = check_slots(self.keys, new)
+            if problems:
+                raise ConfigError(problems)
+        with self._translate("queue registry"):
+            await self._conn().sadd(self.keys.queues, *new)
+        self._queues_seen.update(new)
+        await self._check_epochs([self.keys.queue_epoch(q) for q in new])
+
+    async def known_queues(self) -> list[str]:
+        """Every queue of the queue registry and every queue this broker used, sorted."""
+        with self._translate("queue registry"):
+            members = await self._conn().smembers(self.keys.queues)
+        return sorted({text(q) for q in members} | self._queues_seen)
+
+    async def _locate(self, ids: Sequence[str]) -> dict[str, str]:
+        """Job id -> its queue, for ids given without one: looked for in every known
+        queue at once (one EXISTS per queue and id, one round trip). A job id is unique
+        per queue; an id found in several queues maps to the first by name."""
+        unique = list(dict.fromkeys(ids))
+        queues = await self.known_queues()
+        if not unique or not queues:
+            return {}
+        pipe = self._conn().pipeline(transaction=False)
+        pairs = [(q, i) for q in queues for i in unique]
+        for q, i in pairs:
+            pipe.exists(self.keys.job(q, i))
+        with self._translate("locate"):
+            found = await pipe.execute()
+        where: dict[str, str] = {}
+        for (q, i), hit in zip(pairs, found, strict=True):
+            if hit and i not in where:
+                where[i] = q
+        return where
+
+    async def _queues_of(self, ids: Sequence[str], queue: str | None) -> list[str | None]:
+        """The queue of each id: ``queue`` when given, else looked up (None: no such job)."""
+        if queue is not None:
+            check_name("queue", queue)
+            return [queue] * len(ids)
+        where = await self._locate(ids)
+        return [where.get(i) for i in ids]
+
+    async def _held_queues(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        """The queue of each (id, token) this broker claimed; others looked up."""
+        out: list[str | None] = []
+        missing: list[str] = []
+        for job_id, token in pairs:
+            held = self._held.get(token)
+            if held is not None and held[0] == job_id:
+                out.append(held[1])
+            else:
+                out.append(None)
+                missing.append(job_id)
+        if missing:
+            where = await self._locate(missing)
+            out = [
+                q if q is not None else where.get(job_id)
+                for q, (job_id, _) in zip(out, pairs, strict=True)
+            ]
+        return out
+
+    async def _eval_many(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Several scripts, each on its own slot: one round trip (pipelined, in order)."""
+        if len(calls) == 1:
+            name, keys, args = calls[0]
+            return [await self._eval(name, keys, args)]
+        return await self._eval_pipelined(calls)
+
+    async def _per_queue(
+        self,
+        name: str,
+        queues: Sequence[str | None],
+        call: Any,
+        missing: Any,
+    ) -> list[Any]:
+        """Run script ``name`` once per queue over the items of that queue, in one round
+        trip; per item its answer in input order. ``call(queue, indexes)`` builds (keys,
+        args) and the script answers a list with one entry per item; items with no
+        queue (no such job) answer ``missing``."""
+        groups: dict[str, list[int]] = {}
+        for i, q in enumerate(queues):
+            if q is not None:
+                groups.setdefault(q, []).append(i)
+        out: list[Any] = [missing] * len(queues)
+        if not groups:
+            self._conn()
+            return out
+        calls = [(name, *call(q, idx)) for q, idx in groups.items()]
+        replies = await self._eval_many(calls)
+        for idx, reply in zip(groups.values(), replies, strict=True):
+            for i, answer in zip(idx, reply, strict=True):
+                out[i] = answer
+        return out
 
     async def check_memory(self) -> bool:
         """Look at ``INFO memory``; True when Redis is at maxmemory.
@@ -242,6 +430,15 @@ class RedisBroker(ScheduleOps, Broker):
         """
         self._memory.looking()
         try:
+            if self.cluster:
+                redis: Any = self._conn()
+                per_node = await redis.info("memory", target_nodes=redis.PRIMARIES)
+                # The fullest primary decides (a queue on it is refused first).
+                info = max(
+                    per_node.values(),
+                    key=lambda i: as_int(i.get("used_memory")) / max(1, as_int(i.get("maxmemory"))),
+                )
+                return self._memory.saw(info, self._where)
             info = await self._conn().info("memory")
         except rexc.NoPermissionError:
             self._memory.denied()
@@ -347,30 +544,29 @@ class RedisBroker(ScheduleOps, Broker):
         if not messages:
             self._conn()
             return []
+        queues = [m.queue for m in messages]
+        if self.cluster and len(set(queues)) > 1:
+            # One script per queue (one slot each), in one round trip: each queue's jobs
+            # are stored atomically, the batch as a whole is not.
+            for m in messages:
+                check_job_id(m.id)
+                check_name("queue", m.queue)
+            await self._note_queues(queues)
+            if self._epoch.is_due():
+                await self.check_epoch()
+            created = await self._per_queue(
+                "enqueue",
+                queues,
+                lambda q, idx: self._enqueue_call([messages[i] for i in idx])[:2],
+                0,
+            )
+            return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
         keys, args, _ = self._enqueue_call(messages)
+        await self._note_queues(queues)
         if self._epoch.is_due():
             await self.check_epoch()
-        await self._register_queues(messages)
         created = await self._eval("enqueue", keys, args)
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
-
-    async def _register_queues(self, messages: Iterable[JobMessage]) -> None:
-        """Add the queues of ``messages`` that this process has not enqueued to yet to
-        the queue registry: one SADD the first time, nothing after. A failed SADD is
-        not retried for a minute (the enqueue meets the same trouble and reports it)."""
-        new = {m.queue for m in messages} - self._registered
-        if not new:
-            return
-        now = time.monotonic()
-        new -= {q for q, until in self._register_failed.items() if until > now}
-        if not new:
-            return
-        try:
-            await self._conn().sadd(self.keys.queues, *sorted(new))
-        except (rexc.RedisError, OSError):
-            self._register_failed.update(dict.fromkeys(new, now + 60.0))
-            return
-        self._registered |= new
 
     def _enqueue_call(self, messages: Sequence[JobMessage]) -> tuple[list[str], list[Any], int]:
         """Keys and arguments of one enqueue script, and the bytes of its job bodies."""
@@ -382,7 +578,8 @@ class RedisBroker(ScheduleOps, Broker):
             body = encode_body(m)
             size += len(body)
             args += (m.id, m.queue, str(int(m.priority)), us(m.eta), us(m.delay), body)
-        return [self.keys.seq, self.keys.request(_request_token())], args, size
+        first = messages[0].queue
+        return [self.keys.seq(first), self.keys.request(first, _request_token())], args, size
 
     async def enqueue_batches(
         self, batches: Sequence[Sequence[JobMessage]]
@@ -400,10 +597,13 @@ class RedisBroker(ScheduleOps, Broker):
         and after it get a :class:`BrokerUnavailable` each: those may or may not be
         stored, and sending them again with the same ids is safe (ids deduplicate).
         """
+        if self.cluster:
+            # A batch may span slots: each is stored by enqueue (one script per queue).
+            return await super().enqueue_batches(batches)
         calls = [self._enqueue_call(batch) if batch else None for batch in batches]
+        await self._note_queues([m.queue for batch in batches for m in batch])
         if self._epoch.is_due() and any(calls):
             await self.check_epoch()
-        await self._register_queues(m for batch in batches for m in batch)
         results: list[list[EnqueueOutcome] | Exception] = []
         i = 0
         while i < len(batches):
@@ -462,9 +662,11 @@ class RedisBroker(ScheduleOps, Broker):
         if not flows:
             self._conn()
             return []
+        await self._note_queues([m.queue for spec in flows for m in (*spec.members, *spec.steps)])
         if self._epoch.is_due():
             await self.check_epoch()
-        await self._register_queues(m for f in flows for m in (*f.members, *f.steps))
+        if self.cluster:
+            return await self._enqueue_flows_per_slot(flows)
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
         groups: list[list[FlowSpec]] = []
         args: list[Any] = []
@@ -488,8 +690,43 @@ class RedisBroker(ScheduleOps, Broker):
             for spec, answer in zip(group, reply, strict=True)
         ]
 
-    async def flow_state(self, flow_id: str) -> FlowState | None:
-        reply = await self._eval("flow_info", [], [self.keys.prefix, flow_id])
+    async def _enqueue_flows_per_slot(
+        self, flows: Sequence[FlowSpec]
+    ) -> list[EnqueueOutcome | Exception]:
+        """Workflows on Redis Cluster: one script per flow (its own slot), pipelined. A
+        flow whose jobs are on several queues (several slots) is refused with a
+        ConfigError: its hand-off across slots is not built yet."""
+        out: list[EnqueueOutcome | Exception | None] = []
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+        at: list[int] = []
+        for spec in flows:
+            queues = {m.queue for m in (*spec.members, *spec.steps)}
+            if len(queues) > 1:
+                out.append(
+                    ConfigError(
+                        f"flow {spec.id!r} has jobs on queues {', '.join(sorted(queues))}: on "
+                        "Redis Cluster every job of a flow must be on one queue (one slot) "
+                        "for now; put its tasks on one queue"
+                    )
+                )
+                continue
+            args, _ = flow_args(spec)
+            at.append(len(out))
+            out.append(None)
+            calls.append(self._flow_call([spec], args))
+        if calls:
+            replies = await self._eval_many(calls)
+            for i, reply in zip(at, replies, strict=True):
+                out[i] = flow_outcome(flows[i], reply[0])
+        return [o for o in out if o is not None]
+
+    async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
+        (where,) = await self._queues_of([flow_id], queue)
+        if where is None:
+            return None
+        reply = await self._eval(
+            "flow_info", [self.keys.job(where, flow_id)], [self.keys.prefix, where, flow_id]
+        )
         if not isinstance(reply, list):
             return None
         steps, members, pending = (int(v) for v in reply[:3])
@@ -499,14 +736,34 @@ class RedisBroker(ScheduleOps, Broker):
         self, group: Sequence[FlowSpec], args: list[Any]
     ) -> tuple[str, Sequence[str], Sequence[Any]]:
         head = [self.keys.prefix, self.settings.max_queue_length, len(group)]
-        return "flow_enqueue", [self.keys.seq, self.keys.request(_request_token())], head + args
+        first = group[0].steps[-1].queue
+        keys = [self.keys.seq(first), self.keys.request(first, _request_token())]
+        return "flow_enqueue", keys, head + args
 
-    async def get(self, ids: Sequence[str]) -> list[JobRecord | None]:
+    async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
         if not ids:
             self._conn()
             return []
-        rows = await self._eval("get", [], [self.keys.prefix, *ids])
-        return [self._record(job_id, row) for job_id, row in zip(ids, rows, strict=True)]
+        if queue is not None:
+            check_name("queue", queue)
+            rows = await self._eval(
+                "get", [self.keys.counts(queue)], [self.keys.prefix, queue, *ids]
+            )
+            return [self._record(job_id, row) for job_id, row in zip(ids, rows, strict=True)]
+        # No queue given: look in every known queue at once (one script per queue, one
+        # round trip); an id found in several queues answers the first by name.
+        queues = await self.known_queues()
+        if not queues:
+            return [None] * len(ids)
+        replies = await self._eval_many(
+            [("get", [self.keys.counts(q)], [self.keys.prefix, q, *ids]) for q in queues]
+        )
+        out: list[JobRecord | None] = [None] * len(ids)
+        for rows in replies:
+            for i, (job_id, row) in enumerate(zip(ids, rows, strict=True)):
+                if out[i] is None:
+                    out[i] = self._record(job_id, row)
+        return out
 
     def _record(self, job_id: str, row: Any) -> JobRecord | None:
         if not isinstance(row, list):
@@ -542,10 +799,15 @@ class RedisBroker(ScheduleOps, Broker):
         job_id: str,
         timeout: float | None,
         *,
+        queue: str | None = None,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> JobRecord | None:
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         self._conn()
+        if queue is None:
+            (queue,) = await self._queues_of([job_id], None)
+            if queue is None:
+                return None
         with self._notes.done_waiter(job_id) as waiter:
             await self._notes.subscribe(self.keys.done_channel, wait=deadline)
             # Subscribed and registered: a finish announced from now on wakes the waiter,
@@ -555,7 +817,7 @@ class RedisBroker(ScheduleOps, Broker):
                 # A fresh event before each look, so a notice that lands between the
                 # read and the wait still wakes us.
                 waiter.event = anyio.Event()
-                (record,) = await self.get([job_id])
+                (record,) = await self.get([job_id], queue=queue)
                 if record is None or record.state.is_final:
                     return record
                 remaining = deadline - time.monotonic()
@@ -564,12 +826,15 @@ class RedisBroker(ScheduleOps, Broker):
                 with anyio.move_on_after(remaining):
                     await waiter.event.wait()
 
-    async def cancel(self, job_id: str) -> CancelOutcome:
+    async def cancel(self, job_id: str, *, queue: str | None = None) -> CancelOutcome:
         ttl, cap = self._retention(completed=False)
+        (where,) = await self._queues_of([job_id], queue)
+        if where is None:
+            return CancelOutcome.NOT_FOUND
         outcome = await self._eval(
             "cancel",
-            [self.keys.done_cancelled, self.keys.request(_request_token())],
-            [self.keys.prefix, ttl, cap, job_id],
+            [self.keys.request(where, _request_token())],
+            [self.keys.prefix, where, ttl, cap, job_id],
         )
         return CancelOutcome(text(outcome))
 
@@ -594,11 +859,53 @@ class RedisBroker(ScheduleOps, Broker):
         lease: float,
         claim_id: str | None = None,
     ) -> list[ClaimedJob]:
+        await self._note_queues(queues)
+        if self.cluster and len(queues) > 1:
+            return await self._claim_per_slot(
+                queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+            )
         keys, args = self._claim_call(
             queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
         )
         reply = await self._eval("claim", keys, args)
         return await self._claimed(queues, reply, worker_id)
+
+    async def _claim_per_slot(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None,
+    ) -> list[ClaimedJob]:
+        """A claim over several queues on Redis Cluster: one script per queue (each its
+        own slot), in the order the queues are given, each for what the ones before left
+        of ``limit`` (never more jobs than asked for). A re-sent claim (same id) re-sends
+        each queue's claim with an id derived from it, which answers the same jobs."""
+        self._notes.claim_sent(queues)
+        merged: list[Any] = [-1]
+        got = 0
+        dues: list[int] = []
+        for queue in queues:
+            sub_id = None
+            if claim_id is not None:
+                sub_id = hashlib.blake2b(
+                    f"{check_claim_id(claim_id)}|{queue}".encode(), digest_size=16
+                ).hexdigest()
+            keys, args = self._claim_call(
+                [queue], max(0, limit - got), worker_id=worker_id, lease=lease, claim_id=sub_id
+            )
+            reply = await self._eval("claim", keys, args)
+            dues.append(int(reply[0]))
+            merged.extend(reply[1:])
+            got += (len(reply) - 1) // 7
+            self._notes.claim_answered([queue], int(reply[0]))
+        if 0 in dues:
+            merged[0] = 0
+        elif any(d > 0 for d in dues):
+            merged[0] = min(d for d in dues if d > 0)
+        return await self._claimed(queues, merged, worker_id)
 
     def _claim_call(
         self,
@@ -617,7 +924,8 @@ class RedisBroker(ScheduleOps, Broker):
         # has several claims in flight (claim loop, complete_and_claim), and a re-send
         # of one must find its own record, not a sibling's. The worker re-sends a claim
         # whose answer it lost with the same id (and redis-py re-sends the script).
-        keys = [self.keys.active, self.keys.seq, self.keys.request(token)]
+        first = queues[0]
+        keys = [self.keys.active(first), self.keys.seq(first), self.keys.request(first, token)]
         args: list[Any] = [
             self.keys.prefix,
             max(0, limit),
@@ -643,6 +951,7 @@ class RedisBroker(ScheduleOps, Broker):
         for i in range(1, len(reply), 7):
             job_id, raw, tok, attempt, enqueued, stalls, queue = reply[i : i + 7]
             job_id, tok = text(job_id), text(tok)
+            self._held[tok] = (job_id, text(queue))
             try:
                 message = decode_job(job_id, text(queue), raw)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -697,26 +1006,43 @@ class RedisBroker(ScheduleOps, Broker):
         if not leases:
             self._conn()
             return []
-        args: list[Any] = [self.keys.prefix, max(1, us(lease)), len(leases)]
-        for job_id, token in leases:
-            args += (job_id, token)
-        reply = await self._eval("renew", [self.keys.active], args)
+        queues = await self._held_queues(leases)
+
+        def call(queue: str, idx: list[int]) -> tuple[list[str], list[Any]]:
+            args: list[Any] = [self.keys.prefix, queue, max(1, us(lease)), len(idx)]
+            for i in idx:
+                args += leases[i]
+            return [self.keys.active(queue)], args
+
+        reply = await self._per_queue("renew", queues, call, 1)
         return [LEASE[int(s)] for s in reply]
 
     async def complete(self, items: Sequence[Completion]) -> list[FinishOutcome]:
         if not items:
             self._conn()
             return []
-        keys, args = self._complete_call(items)
-        reply = await self._eval("complete", keys, args)
+        queues = await self._held_queues([(c.id, c.token) for c in items])
+        reply = await self._per_queue(
+            "complete", queues, lambda q, idx: self._complete_call(q, [items[i] for i in idx]), 3
+        )
+        return self._settled(items, reply)
+
+    def _settled(
+        self, items: Sequence[Completion | Failure | Release], reply: Sequence[Any]
+    ) -> list[FinishOutcome]:
+        """Finish outcomes; the settled jobs are no longer held by this broker."""
+        for item in items:
+            self._held.pop(item.token, None)
         return [FINISH[int(o)] for o in reply]
 
-    def _complete_call(self, items: Sequence[Completion]) -> tuple[list[str], list[Any]]:
+    def _complete_call(
+        self, queue: str, items: Sequence[Completion]
+    ) -> tuple[list[str], list[Any]]:
         ttl, cap = self._retention(completed=True)
-        args: list[Any] = [self.keys.prefix, ttl, cap, len(items)]
+        args: list[Any] = [self.keys.prefix, queue, ttl, cap, len(items)]
         for item in items:
             args += (item.id, item.token, item.result)
-        return [self.keys.active, self.keys.done_completed], args
+        return [self.keys.active(queue)], args
 
     async def complete_and_claim(
         self,
@@ -733,57 +1059,100 @@ class RedisBroker(ScheduleOps, Broker):
             return await super().complete_and_claim(
                 items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
             )
-        complete_keys, complete_args = self._complete_call(items)
+        held = await self._held_queues([(c.id, c.token) for c in items])
+        if (
+            len(set(held)) != 1
+            or held[0] is None
+            or set(queues) - self._queues_seen
+            or (self.cluster and len(queues) > 1)
+        ):
+            return await super().complete_and_claim(
+                items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+            )
+        complete_keys, complete_args = self._complete_call(held[0], items)
         claim_keys, claim_args = self._claim_call(
             queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
         )
         done, reply = await self._eval_pipelined(
             [("complete", complete_keys, complete_args), ("claim", claim_keys, claim_args)]
         )
-        return [FINISH[int(o)] for o in done], await self._claimed(queues, reply, worker_id)
+        return self._settled(items, done), await self._claimed(queues, reply, worker_id)
 
     async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
         if not items:
             self._conn()
             return []
         ttl, cap = self._retention(completed=False)
-        args: list[Any] = [self.keys.prefix, ttl, cap, len(items)]
-        for item in items:
-            if item.cancelled:
-                mode, delay = "x", 0
-            elif item.retry_delay is None:
-                mode, delay = "f", 0
-            else:
-                mode, delay = "l" if item.refund else "r", us(item.retry_delay)
-            args += (item.id, item.token, item.error, mode, delay, "")
-        reply = await self._eval(
-            "fail",
-            [self.keys.active, self.keys.done_failed, self.keys.done_cancelled, self.keys.seq],
-            args,
-        )
-        return [FINISH[int(o)] for o in reply]
+        queues = await self._held_queues([(f.id, f.token) for f in items])
+
+        def call(queue: str, idx: list[int]) -> tuple[list[str], list[Any]]:
+            args: list[Any] = [self.keys.prefix, queue, ttl, cap, len(idx)]
+            for i in idx:
+                item = items[i]
+                if item.cancelled:
+                    mode, delay = "x", 0
+                elif item.retry_delay is None:
+                    mode, delay = "f", 0
+                else:
+                    mode, delay = "l" if item.refund else "r", us(item.retry_delay)
+                args += (item.id, item.token, item.error, mode, delay, "")
+            return [self.keys.active(queue)], args
+
+        reply = await self._per_queue("fail", queues, call, 3)
+        return self._settled(items, reply)
 
     async def release(self, items: Sequence[Release]) -> list[FinishOutcome]:
         if not items:
             self._conn()
             return []
         ttl, cap = self._retention(completed=False)
-        args: list[Any] = [self.keys.prefix, ttl, cap, len(items)]
-        for item in items:
-            args += (item.id, item.token)
-        reply = await self._eval("release", [self.keys.active, self.keys.done_cancelled], args)
-        return [FINISH[int(o)] for o in reply]
+        queues = await self._held_queues([(r.id, r.token) for r in items])
+
+        def call(queue: str, idx: list[int]) -> tuple[list[str], list[Any]]:
+            args: list[Any] = [self.keys.prefix, queue, ttl, cap, len(idx)]
+            for i in idx:
+                args += (items[i].id, items[i].token)
+            return [self.keys.active(queue)], args
+
+        reply = await self._per_queue("release", queues, call, 3)
+        return self._settled(items, reply)
 
     async def set_progress(self, job_id: str, token: str, progress: bytes) -> bool:
-        ok = await self._eval("progress", [], [self.keys.prefix, job_id, token, progress])
+        (queue,) = await self._held_queues([(job_id, token)])
+        if queue is None:
+            self._conn()
+            return False
+        ok = await self._eval(
+            "progress",
+            [self.keys.job(queue, job_id)],
+            [self.keys.prefix, queue, job_id, token, progress],
+        )
         return bool(ok)
 
     async def cancel_requests(self, ids: Sequence[str]) -> list[str]:
         if not ids:
             self._conn()
             return []
-        reply = await self._eval("cancel_requests", [], [self.keys.prefix, *ids])
-        return [text(i) for i in reply]
+        mine = {job_id: queue for job_id, queue in self._held.values()}
+        queues: list[str | None] = [mine.get(i) for i in ids]
+        if None in queues:
+            where = await self._locate([i for i, q in zip(ids, queues, strict=True) if q is None])
+            queues = [
+                q if q is not None else where.get(i) for i, q in zip(ids, queues, strict=True)
+            ]
+        groups: dict[str, list[str]] = {}
+        for job_id, queue in zip(ids, queues, strict=True):
+            if queue is not None:
+                groups.setdefault(queue, []).append(job_id)
+        if not groups:
+            return []
+        replies = await self._eval_many(
+            [
+                ("cancel_requests", [self.keys.active(q)], [self.keys.prefix, q, *group])
+                for q, group in groups.items()
+            ]
+        )
+        return [text(i) for reply in replies for i in reply]
 
     async def wait_cancel_requests(
         self, timeout: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -799,12 +1168,21 @@ class RedisBroker(ScheduleOps, Broker):
         cttl, ccap = self._retention(completed=True)
         fttl, fcap = self._retention(completed=False)
         k = self.keys
-        recovered = await self._eval(
-            "recover",
-            [k.active, k.done_completed, k.done_failed, k.done_cancelled],
-            [k.prefix, max(0, limit), self.settings.max_stalls, cttl, ccap, fttl, fcap],
+        # Every queue's leases (any worker recovers any queue's stalled jobs).
+        queues = await self.known_queues()
+        if not queues:
+            return 0
+        replies = await self._eval_many(
+            [
+                (
+                    "recover",
+                    [k.active(q)],
+                    [k.prefix, q, max(0, limit), self.settings.max_stalls, cttl, ccap, fttl, fcap],
+                )
+                for q in queues
+            ]
         )
-        return int(recovered)
+        return sum(int(r) for r in replies)
 
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         k = self.keys
@@ -814,7 +1192,7 @@ class RedisBroker(ScheduleOps, Broker):
             while cursor >= 0:
                 n, cursor = await self._eval(
                     "purge",
-                    [k.active, k.done_completed, k.done_failed, k.done_cancelled],
+                    [k.active(queue)],
                     [k.prefix, queue, STATE_LETTERS[state.value], 1000, cursor],
                 )
                 removed += int(n)
@@ -829,7 +1207,7 @@ class RedisBroker(ScheduleOps, Broker):
         k = self.keys
         ids = await self._eval(
             "list",
-            [k.active, k.done_completed, k.done_failed, k.done_cancelled],
+            [k.active(queue)],
             [
                 k.prefix,
                 queue,
@@ -840,18 +1218,26 @@ class RedisBroker(ScheduleOps, Broker):
         )
         return [text(i) for i in ids]
 
-    async def retry(self, ids: Sequence[str]) -> list[RetryOutcome]:
+    async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
         if not ids:
             self._conn()
             return []
         k = self.keys
-        reply = await self._eval(
-            "retry", [k.seq, k.done_failed, k.done_cancelled], [k.prefix, *ids]
+        queues = await self._queues_of(ids, queue)
+        reply = await self._per_queue(
+            "retry",
+            queues,
+            lambda q, idx: ([k.seq(q)], [k.prefix, q, *(ids[i] for i in idx)]),
+            "not_found",
         )
         return [RetryOutcome(text(o)) for o in reply]
 
     async def remove(
-        self, ids: Sequence[str], *, states: Sequence[JobState] | None = None
+        self,
+        ids: Sequence[str],
+        *,
+        states: Sequence[JobState] | None = None,
+        queue: str | None = None,
     ) -> list[bool]:
         if not ids:
             self._conn()
@@ -860,10 +1246,12 @@ class RedisBroker(ScheduleOps, Broker):
         letters = "" if states is None else "".join(STATE_LETTERS[s.value] for s in states)
         if states is not None and not letters:
             return [False] * len(ids)
-        reply = await self._eval(
+        queues = await self._queues_of(ids, queue)
+        reply = await self._per_queue(
             "remove",
-            [k.active, k.done_completed, k.done_failed, k.done_cancelled],
-            [k.prefix, letters, *ids],
+            queues,
+            lambda q, idx: ([k.active(q)], [k.prefix, q, letters, *(ids[i] for i in idx)]),
+            0,
         )
         return [bool(r) for r in reply]
 
@@ -874,7 +1262,13 @@ class RedisBroker(ScheduleOps, Broker):
             self._conn()
             return []
         k = self.keys
-        reply = await self._eval("queue_stats", [k.counts(q) for q in queues], [k.prefix, *queues])
+        if self.cluster:
+            parts = await self._eval_many(
+                [("queue_stats", [k.counts(q)], [k.prefix, q]) for q in queues]
+            )
+            reply = [item for part in parts for item in part]
+        else:
+            reply = await self._eval("queue_stats", [k.counts(queues[0])], [k.prefix, *queues])
         stats = []
         for i, queue in enumerate(queues):
             flat, age = reply[2 * i], reply[2 * i + 1]
@@ -893,9 +1287,15 @@ class RedisBroker(ScheduleOps, Broker):
             self._conn()
             return []
         k = self.keys
-        reply = await self._eval(
-            "history", [k.counts(q) for q in queues], [k.prefix, minutes, *queues]
-        )
+        if self.cluster:
+            # One script per queue (one slot each), in one round trip; each answers its
+            # current minute first (the same one, barring a minute turning over between).
+            parts = await self._eval_many(
+                [("history", [k.counts(q)], [k.prefix, minutes, q]) for q in queues]
+            )
+            reply = [parts[0][0], *(part[1] for part in parts)]
+        else:
+            reply = await self._eval("history", [k.counts(queues[0])], [k.prefix, minutes, *queues])
         first = (as_int(reply[0]) - minutes + 1) * 60
         out = []
         for row in reply[1:]:
@@ -939,7 +1339,9 @@ class RedisBroker(ScheduleOps, Broker):
     async def enable_events(self, queue: str) -> int:
         key = self.keys.events_config(check_name("queue", queue))
         with self._translate("enable_events"):
-            async with self._conn().pipeline(transaction=True) as pipe:
+            # Not a MULTI: a Redis Cluster pipeline has none, and both commands touch one
+            # key (the event number only ever grows, so reading it after the HSET is safe).
+            async with self._conn().pipeline(transaction=False) as pipe:
                 pipe.hset(key, "cap", max(1, int(self.settings.events_max)))
                 pipe.hget(key, "n")
                 _, last = await pipe.execute()

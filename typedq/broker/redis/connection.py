@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import socket
 from typing import Any
+from urllib.parse import quote, unquote
 
 import anyio
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 __all__ = [
+    "CLUSTER_SCHEMES",
     "CONNECT_TIMEOUT",
     "HEALTH_CHECK_INTERVAL",
     "MAX_CONNECTIONS",
     "RETRIES",
     "SOCKET_TIMEOUT",
     "answers_plain_text",
+    "cluster_nodes",
+    "cluster_sub_url",
     "make_client",
+    "make_cluster_client",
 ]
 
 #: Seconds a command may wait for its reply before it counts as failed.
@@ -114,3 +120,68 @@ def _with_lost_send_fix(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPoo
     base = pool.connection_class
     pool.connection_class = type(base.__name__, (_LostSendIsConnectionError, base), {})
     return pool
+
+
+#: URL schemes of Redis Cluster (``rediss+cluster`` speaks TLS).
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], str | None, str | None, bool]:
+    """The nodes, user, password and TLS flag of ``redis+cluster://[user:pw@]h:p[,h:p...]``
+    (raises ValueError naming what is wrong)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in CLUSTER_SCHEMES:
+        raise ValueError("a cluster URL starts with redis+cluster:// or rediss+cluster://")
+    rest = rest.split("?", 1)[0]
+    netloc, _, path = rest.partition("/")
+    if path not in ("", "0"):
+        raise ValueError("Redis Cluster has only database 0")
+    user: str | None = None
+    password: str | None = None
+    if "@" in netloc:
+        creds, netloc = netloc.rsplit("@", 1)
+        name, has_pw, pw = creds.partition(":")
+        user, password = unquote(name) or None, unquote(pw) if has_pw else None
+    nodes: list[tuple[str, int]] = []
+    for part in netloc.split(","):
+        host, colon, port = part.strip().rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise ValueError(f"{part!r} is not host:port")
+        nodes.append((host.strip("[]"), int(port)))
+    return nodes, user, password, scheme == "rediss+cluster"
+
+
+def make_cluster_client(url: str, *, client_name: str, max_connections: int) -> Any:
+    """A Redis Cluster client for ``url`` with typedq's timeouts and retries (MOVED/ASK
+    and a primary's failover are followed by redis-py: it re-reads the slot map)."""
+    nodes, user, password, tls = cluster_nodes(url)
+    keepalive: dict[int, int] = {}
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            keepalive[option] = value
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+        username=user,
+        password=password,
+        ssl=tls,
+        max_connections=max_connections,
+        socket_timeout=SOCKET_TIMEOUT,
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        socket_keepalive=True,
+        socket_keepalive_options=keepalive,
+        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), RETRIES),
+        client_name=client_name,
+    )
+
+
+def cluster_sub_url(url: str) -> str:
+    """A plain ``redis://`` (``rediss://``) URL of the first node of a cluster URL: the
+    pub/sub connection (typedq's channels are not keys; a ``PUBLISH`` on any node of a
+    cluster reaches subscribers on every node)."""
+    nodes, user, password, tls = cluster_nodes(url)
+    host, port = nodes[0]
+    creds = ""
+    if user or password:
+        creds = f"{quote(user or '', safe='')}:{quote(password or '', safe='')}@"
+    return f"{'rediss' if tls else 'redis'}://{creds}{host}:{port}/0"

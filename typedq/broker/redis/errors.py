@@ -35,8 +35,8 @@ ERRORS: tuple[
     (
         rexc.NoPermissionError,
         BrokerError,
-        "{where} denied {op} to this ACL user: {detail}. The user needs ~{prefix}* and "
-        "&{prefix}*, +@read +@write +@scripting +@pubsub +time +info",
+        "{where} denied {op} to this ACL user: {detail}. The user needs ~{prefix}* "
+        "~{tags}* and &{prefix}*, +@read +@write +@scripting +@pubsub +time +info",
     ),
     (
         rexc.OutOfMemoryError,
@@ -67,5 +67,9 @@ def broker_error(
         )
     for types, error, message in ERRORS:
         if isinstance(exc, types):
-            return error(message.format(where=where, op=op, detail=detail, prefix=prefix))
+            # The app's keys, and its queues' (hash tags '{<namespace>:<queue>}').
+            tags = "tq:" + prefix.removeprefix("typedq:")[:-2] + ":"
+            return error(
+                message.format(where=where, op=op, detail=detail, prefix=prefix, tags=tags)
+            )
     return BrokerError(f"{where}: {op} failed: {detail}")

@@ -3,9 +3,12 @@
 - Configuration, at connect: an eviction policy other than ``noeviction`` (Redis may evict
   job data), and no persistence typedq can see (a restart loses every job).
 - Data loss: on connect the broker writes the app's epoch key if it is missing and
-  remembers its value; :class:`EpochWatch` notices when it vanished or changed (a restart
-  without persistence, FLUSHALL, a failover to an empty replica), logs one error and
-  records :class:`~typedq.errors.RedisDataLost`; the broker carries on with the new epoch.
+  remembers its value, and so for the epoch key of each queue it uses (a queue's keys
+  live in one slot; on Redis Cluster each shard can lose its data on its own);
+  :class:`EpochWatch` notices when one vanished or changed (a restart without
+  persistence, FLUSHALL, a failover to an empty replica), logs one error naming the key
+  and records :class:`~typedq.errors.RedisDataLost`; the broker carries on with the new
+  epoch.
   Looked at, at most every :data:`EPOCH_CHECK_INTERVAL` seconds, by a worker's recovery
   pass and before an enqueue.
 - Maxmemory: :class:`MemoryWatch` reads ``INFO memory`` at most every
@@ -20,13 +23,18 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from redis.crc import key_slot
+
 from ...errors import RedisDataLost
+from ..keys import Keys
 from .codec import as_int, mb, text, utc
 
 __all__ = [
     "EPOCH_CHECK_INTERVAL",
+    "check_slots",
     "MEMORY_CHECK_INTERVAL",
     "EpochWatch",
     "MemoryWatch",
@@ -91,17 +99,61 @@ def check_config(where: str, memory: dict[str, Any], persistence: dict[str, Any]
         )
 
 
+def check_slots(keys: Keys, queues: Sequence[str]) -> str | None:
+    """On Redis Cluster: None when every key of each queue maps to the queue's one slot,
+    else one line naming the keys that do not (a script on a queue may touch any of its
+    keys, so they must share a slot)."""
+    bad: list[str] = []
+    for queue in queues:
+        names = [
+            keys.job(queue, "id"),
+            keys.levels(queue),
+            keys.waiting(queue, 0),
+            keys.scheduled(queue),
+            keys.counts(queue),
+            keys.stale(queue),
+            keys.active(queue),
+            keys.done(queue, "c"),
+            keys.seq(queue),
+            keys.queue_epoch(queue),
+            keys.gates(queue),
+            keys.gate(queue, "c|t|k"),
+            keys.rate(queue, "t", "k"),
+            keys.slots(queue, "t", "k"),
+            keys.flow(queue, "id"),
+            keys.request(queue, "tok"),
+        ]
+        slot = key_slot(names[0].encode())
+        bad += [
+            f"{n} (slot {key_slot(n.encode())}, not {slot})"
+            for n in names
+            if key_slot(n.encode()) != slot
+        ]
+    if not bad:
+        return None
+    return (
+        f"these keys of a queue would not map to its one Redis Cluster slot: {', '.join(bad)}; "
+        "check the app and queue names (no braces)"
+    )
+
+
 class EpochWatch:
-    """The app's epoch key as last seen; notices when Redis lost the app's data."""
+    """The epochs last seen: the app's, and one per queue this broker uses (each queue's
+    keys live in one slot, and on Redis Cluster each shard can lose its data on its
+    own); notices when one vanished or changed."""
 
     def __init__(self, namespace: str, epoch_key: str) -> None:
         self.namespace = namespace
         self.epoch_key = epoch_key
-        self.known: str | None = None
-        self.seen_at = 0.0
+        #: Epoch key -> the value seen last, and when (unix time).
+        self.known: dict[str, tuple[str, float]] = {}
         self.due = 0.0
         #: The last loss of data noticed, or None.
         self.data_lost: RedisDataLost | None = None
+
+    def reset(self) -> None:
+        """Forget every epoch seen (a new connection)."""
+        self.known.clear()
 
     def is_due(self) -> bool:
         """True when the next look is due."""
@@ -111,25 +163,34 @@ class EpochWatch:
         """A look starts now: the next one is due in :data:`EPOCH_CHECK_INTERVAL` seconds."""
         self.due = time.monotonic() + EPOCH_CHECK_INTERVAL
 
-    def saw(self, epoch: str, candidate: str, where: str) -> bool:
-        """Take the epoch the script answered (it wrote ``candidate`` if the key was
-        missing); False, logged and recorded in :attr:`data_lost`, when it is not the one
-        seen last."""
-        known, seen_at = self.known, self.seen_at
-        self.known, self.seen_at = epoch, time.time()
-        if known is None or epoch == known:
+    def saw(self, seen: list[tuple[str, str, str]], where: str) -> bool:
+        """Take the epochs the scripts answered, as (key, epoch, candidate) (a script
+        wrote ``candidate`` if its key was missing); False, logged once and recorded in
+        :attr:`data_lost`, when one is not the one seen last."""
+        now = time.time()
+        lost: list[tuple[str, str, float, str, str]] = []
+        for key, epoch, candidate in seen:
+            before = self.known.get(key)
+            self.known[key] = (epoch, now)
+            if before is not None and before[0] != epoch:
+                lost.append((key, before[0], before[1], epoch, candidate))
+        if not lost:
             return True
+        key, known, seen_at, epoch, candidate = lost[0]
         created = as_int(epoch.partition("-")[0])
         how = "vanished" if epoch.endswith("-" + candidate) else f"changed to {epoch!r}"
+        more = ""
+        if len(lost) > 1:
+            more = f" (so did {len(lost) - 1} more: {', '.join(k for k, *_ in lost[1:])})"
         self.data_lost = RedisDataLost(
-            f"{where} lost its data: the epoch key {self.epoch_key} was {known!r} "
+            f"{where} lost its data: the epoch key {key} was {known!r} "
             f"when last seen at {utc(seen_at)} and has {how} (new epoch written at "
-            f"{utc(created)}). Redis restarted without persistence, was flushed "
+            f"{utc(created)}){more}. Redis restarted without persistence, was flushed "
             "(FLUSHALL/FLUSHDB) or failed over to an empty replica: the jobs of app "
-            f"{self.namespace!r} enqueued before it are gone (waiting, scheduled "
-            "and running jobs, results, failure records), and running jobs end as "
-            "NOT_FOUND. Continuing with the new epoch; set `appendonly yes` to survive "
-            "restarts"
+            f"{self.namespace!r} in the slots of these keys enqueued before it are gone "
+            "(waiting, scheduled and running jobs, results, failure records), and running "
+            "jobs end as NOT_FOUND. Continuing with the new epoch; set `appendonly yes` to "
+            "survive restarts"
         )
         log.error("%s", self.data_lost)
         return False

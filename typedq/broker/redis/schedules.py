@@ -4,7 +4,10 @@ Each schedule's state is one field of the app's ``schedules`` hash (see
 :mod:`typedq.broker.keys`). Reconciling and firing are one Lua script each
 (``schedule_sync.lua``, ``schedule_fire.lua``); firing enqueues a tick's jobs in the
 same script that moves the state on, compare-and-set, so a tick is enqueued once
-however many workers fire it. Time is Redis ``TIME``.
+however many workers fire it. On Redis Cluster the states and the jobs are in different
+slots: firing checks the state, stores the jobs (ids derived from schedule and tick: a
+racing scheduler's copies are the same jobs) and then moves the state, compare and set
+(``schedule_commit.lua``). Time is Redis ``TIME``.
 """
 
 from __future__ import annotations
@@ -14,8 +17,17 @@ from typing import Any
 
 import anyio
 
+from ...errors import QueueFull
 from ...names import check_job_id, check_name
-from ..base import BrokerSettings, FireOutcome, ScheduleState, TickFiring
+from ..base import (
+    BrokerSettings,
+    EnqueueOutcome,
+    FireOutcome,
+    JobMessage,
+    JobRecord,
+    ScheduleState,
+    TickFiring,
+)
 from ..keys import Keys
 from .codec import MICRO, as_int, encode_body, text
 
@@ -46,6 +58,7 @@ class ScheduleOps:
 
     keys: Keys
     settings: BrokerSettings
+    cluster: bool
 
     async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         raise NotImplementedError  # pragma: no cover - RedisBroker's own
@@ -81,6 +94,8 @@ class ScheduleOps:
     ) -> list[tuple[FireOutcome, ScheduleState | None]]:
         if not firings:
             return []
+        if self.cluster:
+            return [await self._fire_on_cluster(f) for f in firings]
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
         for f in firings:
             args: list[Any] = [
@@ -98,17 +113,69 @@ class ScheduleOps:
                 check_job_id(m.id)
                 check_name("queue", m.queue)
                 args += (m.id, m.queue, str(int(m.priority)), encode_body(m))
-            calls.append(("schedule_fire", [self.keys.schedules, self.keys.seq], args))
+            keys = [self.keys.schedules]
+            if f.messages:
+                keys.append(self.keys.seq(f.messages[0].queue))
+            calls.append(("schedule_fire", keys, args))
+        await self._note_queues([m.queue for f in firings for m in f.messages])
         replies = await self._eval_pipelined(calls)
         return [
             (FireOutcome(text(outcome)), parse_state(f.name, raw))
             for f, (outcome, raw) in zip(firings, replies, strict=True)
         ]
 
+    async def _fire_on_cluster(self, f: TickFiring) -> tuple[FireOutcome, ScheduleState | None]:
+        """One firing on Redis Cluster, where the schedule states (the app's slot) and the
+        ticks' jobs (their queue's slot) cannot change in one script: check the state
+        (compare), apply the overlap policy, store the jobs (ids derived from schedule and
+        tick, so a racing scheduler's copies are the same jobs), then move the state
+        (compare and set): exactly one scheduler's move wins, the others answer stale."""
+        name = check_name("schedule", f.name)
+        n = len(f.messages)
+        for m in f.messages:
+            check_job_id(m.id)
+            check_name("queue", m.queue)
+
+        async def commit(mode: str) -> tuple[str, Any]:
+            args = [self.keys.prefix, name, f.digest, f.expected_last_us, f.new_last_us]
+            args += [f.skipped, mode, n, f.messages[-1].id if f.messages else ""]
+            outcome, raw = await self._eval("schedule_commit", [self.keys.schedules], args)
+            return text(outcome), raw
+
+        outcome, raw = await commit("check")
+        if outcome == "stale":
+            return FireOutcome.STALE, parse_state(f.name, raw)
+        if n and f.overlap != "allow":
+            last_job = text(raw).rsplit("|", 1)[-1]
+            if last_job:
+                (record,) = await self.get([last_job], queue=f.messages[0].queue)
+                if record is not None and not record.state.is_final:
+                    if f.overlap == "queue":
+                        return FireOutcome.HELD, parse_state(f.name, raw)
+                    outcome, raw = await commit("overlap_skipped")
+                    return FireOutcome(outcome), parse_state(f.name, raw)
+        if n:
+            try:
+                await self.enqueue(list(f.messages))
+            except QueueFull:
+                outcome, raw = await commit("full")
+                return FireOutcome(outcome), parse_state(f.name, raw)
+        outcome, raw = await commit("fired")
+        return FireOutcome(outcome), parse_state(f.name, raw)
+
+    async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
+        raise NotImplementedError  # pragma: no cover - RedisBroker's own
+
+    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
+        raise NotImplementedError  # pragma: no cover - RedisBroker's own
+
     async def schedule_states(self) -> list[ScheduleState]:
         raw: dict[Any, Any] = await self._hgetall(self.keys.schedules)
         states = [parse_state(text(name), value) for name, value in raw.items()]
         return sorted((s for s in states if s is not None), key=lambda s: s.name)
+
+    async def _note_queues(self, queues: Sequence[str]) -> None:
+        raise NotImplementedError  # pragma: no cover - RedisBroker's own
 
     async def _hgetall(self, key: str) -> dict[Any, Any]:
         raise NotImplementedError  # pragma: no cover - RedisBroker's own
