@@ -10,6 +10,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .app import App
@@ -78,3 +79,16 @@ def _shown_path(filename: str) -> str:
         return str(Path(filename).resolve().relative_to(Path.cwd()))
     except ValueError:
         return filename
+
+
+def metrics_module() -> ModuleType:
+    """:mod:`typedq.metrics`, or one line saying that ``--metrics-port`` needs the extra."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "--metrics-port needs prometheus-client: pip install 'typedq[metrics]'"
+        ) from None
+    from . import metrics
+
+    return metrics

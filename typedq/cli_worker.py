@@ -29,7 +29,7 @@ import anyio
 
 from .app import App
 from .broker import redact_url
-from .cli_common import load_app
+from .cli_common import load_app, metrics_module
 from .client import DEFAULT_BROKER_ENV, Client
 from .errors import BrokerUnavailable, ConfigError, TypedqError
 from .supervisor import SUPERVISOR_ENV, stop_with_parent, watch_parent, write_metrics_port
@@ -125,25 +125,16 @@ async def _run_worker(app: App, args: argparse.Namespace) -> int:
 
 def _serve_metrics(worker: Worker[Any, Any], args: argparse.Namespace) -> Any:
     """Serve ``/metrics`` for ``worker`` on ``--metrics-port`` (see :mod:`typedq.metrics`)."""
-    try:
-        from prometheus_client import CollectorRegistry, ProcessCollector
-    except ImportError:
-        raise ConfigError(
-            "--metrics-port needs prometheus-client: pip install 'typedq[metrics]'"
-        ) from None
+    metrics_module()  # one line when the extra is missing
+    from prometheus_client import CollectorRegistry, ProcessCollector
+
     from .metrics import Metrics
 
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     metrics = Metrics(registry)
     metrics.attach(worker)
-    try:
-        port, server = metrics.serve(args.metrics_port, args.metrics_addr)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: {exc.strerror}; "
-            "choose another --metrics-port"
-        ) from None
+    port, server = metrics.serve(args.metrics_port, args.metrics_addr)
     log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
     write_metrics_port(port)
     return server

@@ -74,7 +74,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
         "typedq.metrics needs prometheus-client: pip install 'typedq[metrics]'"
     ) from exc
 
-__all__ = ["DURATION_BUCKETS", "WAIT_BUCKETS", "Metrics", "QueueCollector"]
+__all__ = ["DURATION_BUCKETS", "WAIT_BUCKETS", "Metrics", "QueueCollector", "serve_registry"]
 
 log = logging.getLogger("typedq.metrics")
 
@@ -409,9 +409,29 @@ class Metrics(WorkerObserver):
         :param port: 0 picks a free port
         :return: the port it listens on, and the server (``server.shutdown()`` stops it)
         """
-        from prometheus_client import start_http_server
-
         if self.registry is None:
             raise ConfigError("Metrics(registry=None) has no registry to serve")
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        return int(server.server_port), server
+        return serve_registry(self.registry, port, addr)
+
+
+def serve_registry(
+    registry: CollectorRegistry,
+    port: int,
+    addr: str = "0.0.0.0",  # noqa: S104 - a scraper runs elsewhere
+) -> tuple[int, Any]:
+    """Serve ``/metrics`` of ``registry`` over HTTP in a daemon thread (``typedq worker
+    --metrics-port``, and the ``--processes`` supervisor's group endpoint).
+
+    :param port: 0 picks a free port
+    :return: the port it listens on, and the server (``server.shutdown()`` stops it)
+    :raises ConfigError: the address cannot be served (one line: the port is taken, ...)
+    """
+    from prometheus_client import start_http_server
+
+    try:
+        server, _thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {addr}:{port}: {exc.strerror}; choose another --metrics-port"
+        ) from None
+    return int(server.server_port), server

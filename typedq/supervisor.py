@@ -239,34 +239,23 @@ class Supervisor:
     # -- metrics -----------------------------------------------------------------------
 
     def _serve_metrics(self) -> None:
-        try:
-            from prometheus_client import CollectorRegistry, start_http_server
-        except ImportError:
-            from .errors import ConfigError
+        from .cli_common import metrics_module
 
-            raise ConfigError(
-                "--metrics-port needs prometheus-client: pip install 'typedq[metrics]'"
-            ) from None
+        metrics_module()  # one line when the extra is missing
+        from prometheus_client import CollectorRegistry
+
+        from .metrics import serve_registry
+
         registry = CollectorRegistry()
         registry.register(GroupCollector(self))
         assert self.metrics_port is not None
-        try:
-            server, _thread = start_http_server(
-                self.metrics_port, addr=self.metrics_addr, registry=registry
-            )
-        except OSError as exc:
-            from .errors import ConfigError
-
-            raise ConfigError(
-                f"cannot serve metrics on {self.metrics_addr}:{self.metrics_port}: "
-                f"{exc.strerror}; choose another --metrics-port"
-            ) from None
+        port, server = serve_registry(registry, self.metrics_port, self.metrics_addr)
         self._server = server
         log.info(
             "serving the metrics of %d worker processes on http://%s:%d/metrics",
             len(self.children),
             self.metrics_addr,
-            server.server_port,
+            port,
         )
 
     def child_metrics_ports(self) -> list[int]:

@@ -18,18 +18,11 @@ local name, digest, mode, n = ARGV[2], ARGV[3], ARGV[7], tonumber(ARGV[8])
 if mode ~= 'check' and mode ~= 'fired' and mode ~= 'overlap_skipped' and mode ~= 'full' then
   return bad_args('schedule_commit')
 end
-local cur = redis.call('HGET', KEYS[1], name)
-if not cur then return {'stale', false} end
-local d, last, fired_at, fired, skipped, last_job =
-  string.match(cur, '^([^|]*)|(%-?%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
-if not d then return {'stale', false} end
-local now = now_us()
-if d ~= digest or last ~= ARGV[4] or tonumber(ARGV[5]) <= tonumber(last)
-    or tonumber(ARGV[5]) > now then
-  return {'stale', cur}
-end
+local st = schedule_state(KEYS[1], name, digest, ARGV[4], ARGV[5])
+if st.stale then return st.stale end
+local cur, fired_at, fired, last_job, now = st.cur, st.fired_at, st.fired, st.last_job, st.now
 if mode == 'check' then return {'ok', cur} end
-fired, skipped = tonumber(fired), tonumber(skipped) + tonumber(ARGV[6])
+local skipped = st.skipped + tonumber(ARGV[6])
 if mode == 'fired' then
   if n > 0 then
     fired = fired + n

@@ -27,17 +27,10 @@ for i = 0, n - 1 do
   end
 end
 
-local cur = redis.call('HGET', KEYS[1], name)
-if not cur then return {'stale', false} end
-local d, last, fired_at, fired, skipped, last_job =
-  string.match(cur, '^([^|]*)|(%-?%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
-if not d then return {'stale', false} end
-local now = now_us()
-if d ~= digest or last ~= ARGV[5] or tonumber(ARGV[6]) <= tonumber(last)
-    or tonumber(ARGV[6]) > now then
-  return {'stale', cur}
-end
-fired, skipped = tonumber(fired), tonumber(skipped) + tonumber(ARGV[7])
+local st = schedule_state(KEYS[1], name, digest, ARGV[5], ARGV[6])
+if st.stale then return st.stale end
+local cur, fired_at, fired, last_job, now = st.cur, st.fired_at, st.fired, st.last_job, st.now
+local skipped = st.skipped + tonumber(ARGV[7])
 
 local function save(outcome)
   local state = digest .. '|' .. ARGV[6] .. '|' .. fired_at .. '|' .. string.format('%d', fired)
