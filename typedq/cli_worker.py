@@ -48,6 +48,8 @@ def worker_command(args: argparse.Namespace) -> int:
             app.use_broker(args.broker)
         url = app.client.url
         chosen = args.broker or os.environ.get(DEFAULT_BROKER_ENV)
+        if args.processes > 1:
+            return _supervise(args, url)  # refuses memory:// in one line
         if url.startswith("memory:") and not chosen:
             log.warning(
                 "no broker given: this worker uses memory://, the embedded broker inside "
@@ -56,8 +58,6 @@ def worker_command(args: argparse.Namespace) -> int:
                 "this warning)",
                 DEFAULT_BROKER_ENV,
             )
-        if args.processes > 1:
-            return _supervise(args, url)
         log.info("app %r on %s", app.name, redact_url(url))
         return anyio.run(_run_worker, app, args)
     except KeyboardInterrupt:
