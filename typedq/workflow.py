@@ -124,7 +124,7 @@ def _envelope(task: TaskBase[Any, Any], job_id: str, given: _Given = _HELD) -> J
     return JobMessage(
         id=job_id,
         task=task.name,
-        queue=task.queue,
+        queue=task.queue_for(job_id),
         payload=given.payload,
         fingerprint=task.input.fingerprint,
         priority=task.options.priority,
