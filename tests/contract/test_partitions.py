@@ -74,3 +74,30 @@ async def test_dedup_by_id_and_cancel_on_a_partitioned_queue(
             assert await first.status() is JobState.CANCELLED
             async with app.worker(concurrency=2):
                 assert await keyed[0].result(timeout=10) == Out(9)
+
+
+async def test_a_flow_of_a_partitioned_task_stays_in_one_partition(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="hot", partitions=8)
+    async def step(x: In) -> In:
+        return In(x.n + 1)
+
+    @app.task(queue="hot", partitions=8)
+    async def total(xs: list[In]) -> Out:
+        return Out(sum(x.n for x in xs))
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=4):
+            chain = step.then(step).then(step)
+            spec = chain.spec(In(0), job_id="flow-1")
+            # Every job of a flow goes to the partition of the flow id (one slot on a cluster).
+            assert {m.queue for m in spec.steps} == {step.queue_for("flow-1")}
+            jobs = [await chain.enqueue(In(i), job_id=f"flow-{i}") for i in range(6)]
+            assert [j.queue for j in jobs] == [step.queue_for(f"flow-{i}") for i in range(6)]
+            assert [await j.result(timeout=10) for j in jobs] == [In(i + 3) for i in range(6)]
+            fan = step.map([In(i) for i in range(5)]).then(total)
+            done = await fan.enqueue()
+            assert await done.result(timeout=10) == Out(sum(range(1, 6)))
