@@ -22,6 +22,7 @@ from typedq.inspector import (
     Inspector,
     JobView,
     Overview,
+    partition_totals,
     render_job,
     render_overview,
     render_workers,
@@ -96,6 +97,32 @@ def test_failed_jobs_fit_80_columns_with_clipped_ids_and_single_type_names() -> 
     assert text.count("CardDeclined") == 1  # not "CardDeclined: CardDeclined(...)"
     assert "shop.errors" not in text
     assert "ValueError: bad amount" in text
+
+
+def test_partitions_are_listed_and_summed_under_their_queue() -> None:
+    counts = {
+        "emails.p0": {JobState.WAITING: 2, JobState.FAILED: 1},
+        "emails.p1": {JobState.WAITING: 3},
+        "emails.p2": {},
+        "other": {JobState.WAITING: 7},
+        "lonely.p0": {JobState.WAITING: 1},
+    }
+    totals = partition_totals(counts)
+    assert totals == {"emails": (3, {JobState.WAITING: 5, JobState.FAILED: 1}, "emails.p2")}
+    overview = Overview(
+        app="shop", broker="memory://", counts=counts, state=JobState.FAILED, jobs=[]
+    )
+    console, out = screen(120)
+    render_overview(console, overview)
+    lines = out.getvalue().splitlines()
+    total_row = next(line for line in lines if "emails (3 partitions)" in line)
+    cells = [cell.strip() for cell in total_row.split("│")][1:-1]
+    assert cells == ["emails (3 partitions)", "5", "0", "0", "0", "1", "0"]
+    # Right after the last partition, before the next queue.
+    at = lines.index(total_row)
+    assert "emails.p2" in lines[at - 1]
+    assert "lonely.p0" in lines[at + 1]
+    assert not any("lonely (" in line for line in lines)  # one partition: no total
 
 
 def test_scheduled_jobs_show_their_due_time_and_limit_0_says_none_were_listed() -> None:

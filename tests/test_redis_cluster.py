@@ -17,7 +17,7 @@ from redis.crc import key_slot
 from tests import redis_app
 from tests.redis_harness import RedisCluster, RedisProcess, failover_slot, flushall
 from tests.redis_support import broker_at, message
-from tests.support import spawn_worker, stop_workers
+from tests.support import In, spawn_worker, stop_workers
 from typedq import App, ConfigError
 from typedq.broker.base import Completion, JobState
 from typedq.broker.keys import Keys
@@ -81,6 +81,34 @@ async def test_the_keys_of_8_queues_spread_over_every_primary(
     assert set(holders.values()) == set(on)  # every primary holds some queue
     # The app-wide keys (registries, epoch) are on the app's own slot.
     assert any(k.epoch in names and k.queues in names for names in on.values())
+
+
+async def test_a_partitioned_queue_spreads_its_jobs_over_every_primary(
+    url: str, redis_cluster: RedisCluster
+) -> None:
+    app = App("parted", broker=url)
+
+    @app.task(queue="emails", partitions=8)
+    async def send(x: In) -> None:
+        return None
+
+    async with app:
+        jobs = await send.enqueue_many(In(i) for i in range(64))
+    by_partition = {j.queue for j in jobs}
+    assert by_partition == set(app.queues)  # 64 ids reach all 8 partitions
+    on = await keys_per_primary(redis_cluster)
+    keys = Keys("parted")
+    holders = {
+        port
+        for port, names in on.items()
+        for job in jobs
+        if keys.job(send.queue_for(job.id), job.id) in names
+    }
+    assert holders == set(on)  # every primary holds some of the queue's jobs
+    found = sum(
+        keys.job(send.queue_for(j.id), j.id) in names for j in jobs for names in on.values()
+    )
+    assert found == 64  # each job once, on the primary of its partition's slot
 
 
 async def test_the_startup_check_names_keys_off_the_queue_slot() -> None:

@@ -164,6 +164,8 @@ def test_generated_stub_with_aliases_and_nesting_is_ruff_and_mypy_clean(mypy_cac
         assert "maybe: TaskStub[Item_models_a, Gone | None] = app.task(" in text
         assert "    optional_output=True,\n" in text
         assert "max_queue_length=100," in text
+        assert "    partitions=4,\n" in text
+        assert text.count("partitions=") == 1  # only where it is not 1
         for tool in (["ruff", "check"], ["ruff", "format", "--check"]):
             lint = subprocess.run(
                 [sys.executable, "-m", *tool, str(out)],
@@ -185,12 +187,14 @@ def test_generated_stub_with_aliases_and_nesting_is_ruff_and_mypy_clean(mypy_cac
             "import tests.stubfix.generated_stub_under_test as s\n"
             "from tests.stubfix.tasks import app\n"
             "print(s.class_.name, s.class_.queue, s.b_item.options.priority)\n"
+            "print(s.b_item.queues == app.tasks['b_item'].queues)\n"
             "print(s.maybe.output.name, s.maybe.output.type == app.tasks['maybe'].output.type)"
         )
         assert imported.stdout.split() == [
             "a.item",
             "q-1",
             "5",
+            "True",
             "tests.stubfix.models_b.Gone",
             "|",
             "None",

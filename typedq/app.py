@@ -27,6 +27,7 @@ from .task import (
     TaskOptions,
     TIn,
     TOut,
+    check_partitions,
     handler_types,
 )
 from .worker import Worker
@@ -106,8 +107,9 @@ class App(AppBase):
 
     @property
     def queues(self) -> list[str]:
-        """Every queue some task of this app uses, sorted."""
-        return sorted({t.queue for t in self._tasks.values()})
+        """Every queue some task of this app stores jobs in, sorted: a partitioned
+        queue's partitions (``emails.p0`` ...) stand for it."""
+        return sorted({q for t in self._tasks.values() for q in t.queues})
 
     @overload
     def task(self, fn: AsyncContextHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
@@ -144,7 +146,7 @@ class App(AppBase):
         :class:`~typedq.JobContext`, and returns a model or ``None``; it may be
         ``async def`` or plain ``def`` (run in a worker thread).
 
-        The options ``queue`` to ``errors`` are :class:`~typedq.task.TaskDefaults`
+        The options ``queue`` to ``partitions`` are :class:`~typedq.task.TaskDefaults`
         (``Producer.task`` takes the same).
 
         :param name: the task name (default: the function's ``__name__``)
@@ -154,6 +156,9 @@ class App(AppBase):
         :param timeout: seconds per attempt, ``None`` for no limit
         :param priority: default priority; higher runs first
         :param errors: domain error models the handler may raise with ``Reject``
+        :param partitions: split the queue into this many sub-queues (``emails.p0`` ...,
+            1 to 256; see :class:`~typedq.task.TaskOptions`); workers of the queue claim
+            from all of them in turn
         :param key: derive the job id from the input, so equal keys dedupe
         :param rate_limit: at most ``limit`` starts per ``per`` seconds, across every
             worker (per key with ``key=``): :class:`~typedq.RateLimit`
@@ -170,6 +175,7 @@ class App(AppBase):
                     f"app {self.name!r} already has a task named {options.name!r}; "
                     "pass @app.task(name=...) to register another"
                 )
+            check_partitions(options, [t.options for t in self._tasks.values()])
             task: Task[Any, Any] = Task(
                 handler,
                 app=self,

@@ -18,6 +18,7 @@ from .cli_common import load_app
 from .client import DEFAULT_BROKER_ENV, Client
 from .errors import ConfigError
 from .schedule import Schedule
+from .task import expand_queues
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -39,7 +40,8 @@ def inspect_command(args: argparse.Namespace) -> int:
         app = load_app(args.target)
         if args.app_name and args.app_name != app.name:
             raise ConfigError(f"--app {args.app_name!r} differs from {args.target}'s {app.name!r}")
-        name, settings, queues = app.name, app.settings, args.queue or app.queues
+        queues = expand_queues(app.tasks.values(), args.queue) if args.queue else app.queues
+        name, settings = app.name, app.settings
         broker = args.broker or app.client.url
         schedules: list[Schedule[Any]] | None = list(app.schedules.values())
     else:

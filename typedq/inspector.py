@@ -10,8 +10,9 @@ as ``rich`` tables; the CLI prints the same structures as JSON with ``--json``.
 from __future__ import annotations
 
 import math
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -490,6 +491,38 @@ _WHEN: dict[JobState, tuple[str, str]] = {
 }
 
 
+_PARTITION = re.compile(r"(.+)\.p(0|[1-9][0-9]{0,2})")
+
+
+def _partition_of(queue: str) -> tuple[str, int] | None:
+    """``("emails", 3)`` for ``emails.p3`` (a partition's name), else None."""
+    match = _PARTITION.fullmatch(queue)
+    return None if match is None else (match[1], int(match[2]))
+
+
+def partition_totals(
+    counts: Mapping[str, Mapping[JobState, int]],
+) -> dict[str, tuple[int, dict[JobState, int], str]]:
+    """The counts of each partitioned queue summed over its partitions (those of ``counts``
+    named ``<queue>.p<n>``, at least two): ``{queue: (partitions, counts, last partition
+    in sorted order)}``."""
+    groups: dict[str, list[str]] = {}
+    for queue in counts:
+        parent = _partition_of(queue)
+        if parent is not None:
+            groups.setdefault(parent[0], []).append(queue)
+    totals: dict[str, tuple[int, dict[JobState, int], str]] = {}
+    for name, members in groups.items():
+        if len(members) < 2:
+            continue
+        summed: dict[JobState, int] = {}
+        for member in members:
+            for state, n in counts[member].items():
+                summed[state] = summed.get(state, 0) + n
+        totals[name] = (len(members), summed, max(members))
+    return totals
+
+
 def render_overview(console: Console, overview: Overview, *, limit: int | None = None) -> None:
     """Draw the counts table and the jobs table (ids truncated to fit: ``--json`` has
     them in full). ``limit`` is how many jobs were asked for (0: none listed)."""
@@ -497,8 +530,17 @@ def render_overview(console: Console, overview: Overview, *, limit: int | None =
     counts.add_column("queue", style="bold")
     for state in JobState:
         counts.add_column(state.value, justify="right")
+    totals = partition_totals(overview.counts)
     for queue, by_state in sorted(overview.counts.items()):
         counts.add_row(queue, *(str(by_state.get(s, 0)) for s in JobState))
+        parent = _partition_of(queue)
+        if parent is not None and parent[0] in totals and queue == totals[parent[0]][2]:
+            n, summed, _ = totals[parent[0]]
+            counts.add_row(
+                f"{parent[0]} ({n} partitions)",
+                *(str(summed.get(s, 0)) for s in JobState),
+                style="italic",
+            )
     console.print(counts)
     if overview.schedules:
         render_schedules(console, overview.schedules)

@@ -6,6 +6,11 @@ tags), glob characters, whitespace or control bytes. Names (app, queue, task) ho
 ``:`` either; job ids may (``order:123``): an id is only ever the last part of a key
 (``...j:<id>``), and key-derived ids are ``<task>:<key>``, so the ``:`` after the task
 name keeps every task's ids apart.
+
+A partitioned queue (``@app.task(queue="emails", partitions=8)``) is stored as the
+sub-queues ``emails.p0`` ... ``emails.p7``; :func:`partition_queue` picks one from a
+stable hash of the job id. The form ``<queue>.p<n>`` is reserved for the partitions
+of a partitioned queue ``<queue>`` (the app refuses a task queue named so).
 """
 
 from __future__ import annotations
@@ -17,7 +22,19 @@ import time
 
 from .errors import InvalidName
 
-__all__ = ["check_job_id", "check_name", "check_worker_id", "key_job_id", "new_job_id"]
+__all__ = [
+    "MAX_PARTITIONS",
+    "check_job_id",
+    "check_name",
+    "check_worker_id",
+    "key_job_id",
+    "new_job_id",
+    "partition_queue",
+    "partition_queues",
+]
+
+#: The most partitions a queue may be split into.
+MAX_PARTITIONS = 256
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}")
@@ -88,3 +105,24 @@ def key_job_id(task: str, key: str) -> str:
         return candidate
     digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
     return f"{task}:h{digest}"
+
+
+def partition_queues(queue: str, partitions: int) -> list[str]:
+    """The queues a queue split into ``partitions`` is stored as, in partition order:
+    ``<queue>.p0`` ... (``[queue]`` itself when ``partitions`` is 1)."""
+    if partitions == 1:
+        return [queue]
+    return [f"{queue}.p{i}" for i in range(partitions)]
+
+
+def partition_queue(queue: str, partitions: int, job_id: str) -> str:
+    """The partition of ``queue`` (split into ``partitions``) that job ``job_id`` goes to.
+
+    A stable hash of the id (BLAKE2b, the same in every process and version), so a
+    re-sent enqueue with the same id reaches the same partition and deduplicates there,
+    and the key-derived ids of one key (``<task>:<key>``) all keep to one partition.
+    """
+    if partitions == 1:
+        return queue
+    digest = hashlib.blake2b(job_id.encode(), digest_size=8).digest()
+    return f"{queue}.p{int.from_bytes(digest, 'big') % partitions}"

@@ -37,7 +37,7 @@ from .broker.base import Broker, BrokerSettings
 from .errors import ConfigError
 from .names import check_name
 from .serde import Model
-from .task import TaskBase, TaskDefaults, TaskOptions, TIn, TOut, _Owner
+from .task import TaskBase, TaskDefaults, TaskOptions, TIn, TOut, _Owner, check_partitions
 
 __all__ = ["Producer", "TaskStub"]
 
@@ -192,7 +192,7 @@ class Producer(AppBase):
         :param output_type: its output model, or ``type(None)``
         :param optional_output: the handler returns ``output_type | None``
 
-        The options ``queue`` to ``errors`` are :class:`~typedq.task.TaskDefaults`, as
+        The options ``queue`` to ``partitions`` are :class:`~typedq.task.TaskDefaults`, as
         the worker's ``@app.task`` takes them:
 
         :param queue: the queue its jobs go to
@@ -201,12 +201,15 @@ class Producer(AppBase):
         :param timeout: the worker's default timeout (informative)
         :param priority: the default priority of jobs enqueued here
         :param errors: the declared domain error models (decoded into ``JobFailed.error``)
+        :param partitions: the worker's partitions of the queue (must match: the producer
+            picks the partition each job goes to)
         :param fingerprint: the input schema's fingerprint when the stub was generated
         :raises ConfigError: a name declared twice, a non-model type, a bad option
         """
         options = TaskOptions.of(name, defaults)
         if name in self._tasks:
             raise ConfigError(f"producer {self.name!r} already declares a task named {name!r}")
+        check_partitions(options, [t.options for t in self._tasks.values()])
         if optional_output:
             output_type = cast(type[Any], output_type | None)
         stub: TaskStub[Any, Any] = TaskStub(

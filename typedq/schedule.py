@@ -279,8 +279,12 @@ class Schedule(Generic[TIn]):
 
     def message(self, tick_us: int) -> JobMessage:
         """The job of one tick: a deterministic id, and the tick time it was for."""
+        job_id = tick_job_id(self.name, tick_us)
         return msgspec.structs.replace(
-            self._template, id=tick_job_id(self.name, tick_us), scheduled_for=tick_us / _US
+            self._template,
+            id=job_id,
+            queue=self.task.queue_for(job_id),
+            scheduled_for=tick_us / _US,
         )
 
 

@@ -72,6 +72,25 @@ class GaveUp(Exception):
     """Shutdown stopped re-sending an outcome the broker did not take."""
 
 
+class QueueRotation:
+    """A worker's queues in a new order for each claim: each claim starts one queue
+    further on, so a backend that claims queue by queue (Redis Cluster: one script per
+    slot, each for what the ones before left) drains no queue (no partition of a
+    partitioned queue) before the others."""
+
+    def __init__(self, queues: Sequence[str]) -> None:
+        self.queues = list(queues)
+        self._turn = 0
+
+    def next(self) -> list[str]:
+        """The queues starting one further on than the previous call's."""
+        if len(self.queues) < 2:
+            return self.queues
+        start = self._turn % len(self.queues)
+        self._turn += 1
+        return self.queues[start:] + self.queues[:start]
+
+
 class Settler:
     """Records a worker's outcomes with its broker and counts them in its stats.
 
@@ -99,6 +118,7 @@ class Settler:
         self._broker = broker
         self.worker_id = worker_id
         self.queues = list(queues)
+        self._rotation = QueueRotation(queues)
         self.lease = lease
         self.stats = stats
         self._stopping = stopping
@@ -352,12 +372,13 @@ class Settler:
         of orphaning them. Gives up (raising) at shutdown; its completions are then
         re-sent one by one by their submitters."""
         claim_id = new_claim_id()
+        queues = self._rotation.next()  # kept for the re-sends of this claim
         delay = 0.05
         while True:
             try:
                 return await self._broker().complete_and_claim(
                     items,
-                    self.queues,
+                    queues,
                     len(items),
                     worker_id=self.worker_id,
                     lease=self.lease,

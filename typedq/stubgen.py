@@ -354,6 +354,7 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
             f"    backoff={_backoff(options.backoff, '    ', task.name)},",
             f"    timeout={_literal(options.timeout, f'{what} timeout')},",
             f"    priority={_literal(options.priority, what)},",
+            *([f"    partitions={options.partitions!r},"] if options.partitions != 1 else []),
             f"    errors={_tuple([names.models[e] for e in options.errors], '    ')},",
             f"    fingerprint={_literal(task.input.fingerprint, what)},",
             ")",

@@ -35,7 +35,15 @@ from .context import JobContext
 from .errors import ConfigError, InvalidOption, PartialEnqueue
 from .job import Job
 from .limits import ConcurrencyLimit, RateLimit, check_limit_option, limit_key
-from .names import check_job_id, check_name, key_job_id, new_job_id
+from .names import (
+    MAX_PARTITIONS,
+    check_job_id,
+    check_name,
+    key_job_id,
+    new_job_id,
+    partition_queue,
+    partition_queues,
+)
 from .options import (
     MAX_PRIORITY,
     MAX_RETRIES,
@@ -160,6 +168,7 @@ class TaskDefaults(TypedDict, total=False):
     timeout: float | None
     priority: int
     errors: tuple[type[Any], ...]
+    partitions: int
 
 
 class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -172,6 +181,10 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
     :param timeout: seconds per attempt; ``None`` for no limit
     :param priority: higher runs first among waiting jobs of the queue
     :param errors: domain error models the handler may raise with ``Reject``
+    :param partitions: split the queue into this many sub-queues ``<queue>.p0`` ...
+        (1 to :data:`~typedq.names.MAX_PARTITIONS`; 1: the plain queue), each job going
+        to the one a stable hash of its id picks; on Redis Cluster they spread over
+        shards. Priorities and FIFO hold per partition.
     """
 
     name: str
@@ -181,6 +194,7 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
     timeout: float | None = None
     priority: int = 0
     errors: tuple[type[Any], ...] = ()
+    partitions: int = 1
 
     @classmethod
     def of(cls, name: str, given: TaskDefaults) -> TaskOptions:
@@ -196,6 +210,7 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
             timeout=given.get("timeout"),
             priority=given.get("priority", 0),
             errors=tuple(given.get("errors", ())),
+            partitions=given.get("partitions", 1),
         )
 
     def __post_init__(self) -> None:
@@ -204,6 +219,13 @@ class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
         subject = f"task {self.name!r}"
         check_int_option("retries", self.retries, 0, MAX_RETRIES, subject=subject)
         check_int_option("priority", self.priority, MIN_PRIORITY, MAX_PRIORITY, subject=subject)
+        check_int_option("partitions", self.partitions, 1, MAX_PARTITIONS, subject=subject)
+        longest = partition_queues(self.queue, self.partitions)[-1]
+        if len(longest) > 128:
+            raise ConfigError(
+                f"{subject}: queue {self.queue!r} is too long for {self.partitions} partitions "
+                f"({longest!r} passes 128 characters); use a shorter queue name"
+            )
         if self.timeout is not None:
             check_seconds_option("timeout", self.timeout, positive=True, subject=subject)
         for error in self.errors:
@@ -379,7 +401,7 @@ class TaskBase(Generic[TIn, TOut]):
         return JobMessage(
             id=job_id,
             task=self.name,
-            queue=self.queue,
+            queue=self.queue_for(job_id),
             payload=self.input.encode(payload),
             fingerprint=self.input.fingerprint,
             priority=options.priority,
@@ -403,8 +425,18 @@ class TaskBase(Generic[TIn, TOut]):
             self.output,
             self.options.errors,
             created=created,
-            queue=self.options.queue,
+            queue=self.queue_for(job_id),
         )
+
+    def queue_for(self, job_id: str) -> str:
+        """The queue job ``job_id`` of this task is stored in: the task's queue, or the
+        partition of it the id hashes to (see :func:`~typedq.names.partition_queue`)."""
+        return partition_queue(self.queue, self.options.partitions, job_id)
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues this task's jobs are stored in: its queue, or its partitions."""
+        return partition_queues(self.queue, self.options.partitions)
 
     def job(self, job_id: str) -> Job[TOut]:
         """A handle on an existing job of this task, by id."""
@@ -612,3 +644,35 @@ class TaskDecorator(Protocol):
     def __call__(self, fn: SyncContextHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
     @overload
     def __call__(self, fn: SyncHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
+
+
+def check_partitions(new: TaskOptions, others: Iterable[TaskOptions]) -> None:
+    """Refuse a task whose queue clashes with the partitions of the app's other tasks.
+
+    Tasks sharing a queue must split it alike, and no task's queue may be a partition
+    of another task's partitioned queue (``<queue>.p<n>`` is reserved for those).
+
+    :raises ConfigError: naming both tasks and the fix
+    """
+    for other in others:
+        if other.queue == new.queue and other.partitions != new.partitions:
+            raise ConfigError(
+                f"task {new.name!r}: queue {new.queue!r} has partitions={other.partitions} "
+                f"for task {other.name!r}; give every task of a queue the same partitions="
+            )
+        for a, b in ((new, other), (other, new)):
+            if a.partitions > 1 and b.queue in partition_queues(a.queue, a.partitions):
+                raise ConfigError(
+                    f"task {b.name!r}: queue {b.queue!r} is a partition of task {a.name!r}'s "
+                    f"queue {a.queue!r} (partitions={a.partitions}); rename the queue"
+                )
+
+
+def expand_queues(tasks: Iterable[TaskBase[Any, Any]], queues: Iterable[str]) -> list[str]:
+    """``queues`` with each partitioned queue of ``tasks`` replaced by its partitions
+    (``["emails"]`` -> ``["emails.p0", ..., "emails.p7"]``), without repeats."""
+    split = {t.queue: t.queues for t in tasks if t.options.partitions > 1}
+    out: dict[str, None] = {}
+    for queue in queues:
+        out.update(dict.fromkeys(split.get(queue, [queue])))
+    return list(out)

@@ -57,8 +57,8 @@ from .observe import Observers, WorkerObserver, outcome_of
 from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
 from .resources import Resource, open_resources
 from .schedule import Schedule, Scheduler
-from .settling import GaveUp, Settler
-from .task import Registry, Task, TaskBase, TIn, TOut
+from .settling import GaveUp, QueueRotation, Settler
+from .task import Registry, Task, TaskBase, TIn, TOut, expand_queues
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -167,7 +167,7 @@ class Worker(Generic[TIn, TOut]):
                     "(@app.task(queue=...)) or run them all with app.worker()"
                 )
             tasks: dict[str, Task[Any, Any]] = {task.name: task}
-            queues = [task.queue]
+            queues = task.queues
             # Only this task's schedules: the app's others are not this worker's to
             # reconcile (nor to prune).
             self._schedules = [s for s in app.schedules.values() if s.task is task]
@@ -177,7 +177,7 @@ class Worker(Generic[TIn, TOut]):
             if not app.tasks:
                 raise ConfigError(f"app {app.name!r} has no tasks: register some with @app.task")
             tasks = dict(app.tasks)
-            queues = list(queues or app.queues)
+            queues = expand_queues(app.tasks.values(), queues) if queues else app.queues
             self._schedules = list(app.schedules.values())
             self._prune_schedules = True
         if concurrency < 1:
@@ -502,7 +502,9 @@ class Worker(Generic[TIn, TOut]):
         # re-sent with the same id, which returns the jobs its first copy claimed and
         # claims nothing more. A fresh claim instead would leave those jobs claimed and
         # unrun until their lease expired (a stall without a dead worker).
-        pending: tuple[str, int] | None = None
+        pending: tuple[str, int, list[str]] | None = None
+        # Each claim starts at the next queue (fair across queues and partitions).
+        rotation = QueueRotation(self.queues)
         # When claims started failing because the broker was unreachable (None: they
         # do not), so the first claim answered afterwards can say the outage is over.
         outage_since: float | None = None
@@ -513,11 +515,11 @@ class Worker(Generic[TIn, TOut]):
                     if free <= 0:
                         await self._wait(None)
                         continue
-                    pending = (new_claim_id(), free)
-                claim_id, limit = pending
+                    pending = (new_claim_id(), free, rotation.next())
+                claim_id, limit, queues = pending
                 try:
                     jobs = await broker.claim(
-                        self.queues, limit, worker_id=self.id, lease=self.lease, claim_id=claim_id
+                        queues, limit, worker_id=self.id, lease=self.lease, claim_id=claim_id
                     )
                 except Exception as exc:
                     if self._observer is not None:
@@ -551,7 +553,7 @@ class Worker(Generic[TIn, TOut]):
         finally:
             self._claim_done.set()
 
-    async def _hand_back_lost_claim(self, claim_id: str, limit: int) -> None:
+    async def _hand_back_lost_claim(self, claim_id: str, limit: int, queues: list[str]) -> None:
         """At shutdown, a claim whose answer was lost may hold jobs: fetch them by
         re-sending it and hand them straight back (bounded; else they come back when
         their lease expires)."""
@@ -559,7 +561,7 @@ class Worker(Generic[TIn, TOut]):
         with anyio.move_on_after(min(self.lease, 5.0)):
             try:
                 jobs = await broker.claim(
-                    self.queues, limit, worker_id=self.id, lease=self.lease, claim_id=claim_id
+                    queues, limit, worker_id=self.id, lease=self.lease, claim_id=claim_id
                 )
                 if jobs:
                     await broker.release([Release(j.message.id, j.token) for j in jobs])

@@ -120,11 +120,15 @@ def _given(task: TaskBase[Any, Any], model: Any) -> _Given:
 _HELD = _Given(b"", "", "")
 
 
-def _envelope(task: TaskBase[Any, Any], job_id: str, given: _Given = _HELD) -> JobMessage:
+def _envelope(
+    task: TaskBase[Any, Any], flow_id: str, job_id: str, given: _Given = _HELD
+) -> JobMessage:
+    # A partitioned task's jobs of one flow all go to the partition of the flow's id,
+    # so the flow stays on one queue (one slot on Redis Cluster).
     return JobMessage(
         id=job_id,
         task=task.name,
-        queue=task.queue,
+        queue=task.queue_for(flow_id),
         payload=given.payload,
         fingerprint=task.input.fingerprint,
         priority=task.options.priority,
@@ -198,7 +202,7 @@ class Chain(Generic[TIn, TOut]):
         flow_id = _flow_id(job_id, f"{{}}.{n - 2}")
         given = _given(first, payload)
         steps = [
-            _envelope(task, step_id(flow_id, k, n), given if k == 0 else _HELD)
+            _envelope(task, flow_id, step_id(flow_id, k, n), given if k == 0 else _HELD)
             for k, task in enumerate(self._steps)
         ]
         return FlowSpec(id=flow_id, steps=tuple(steps))
@@ -257,14 +261,14 @@ class FanOut(Generic[TOut]):
 
     def _members(self, flow_id: str) -> tuple[JobMessage, ...]:
         return tuple(
-            _envelope(self._task, member_id(flow_id, i), payload)
+            _envelope(self._task, flow_id, member_id(flow_id, i), payload)
             for i, payload in enumerate(self._payloads)
         )
 
     def spec(self, *, job_id: str | None = None) -> FlowSpec:
         """The flow as the broker stores it."""
         flow_id = _flow_id(job_id, f"{{}}.m{max(len(self._payloads) - 1, 0)}")
-        collector = _envelope(self._task, flow_id)
+        collector = _envelope(self._task, flow_id, flow_id)
         return FlowSpec(
             id=flow_id,
             steps=(collector,),
@@ -316,7 +320,9 @@ class Flow(Generic[TOut]):
         n = len(self._steps)
         longest = max(f"{{}}.m{max(len(self._fan) - 1, 0)}", f"{{}}.{n - 1}", key=len)
         flow_id = _flow_id(job_id, longest)
-        steps = tuple(_envelope(task, step_id(flow_id, k, n)) for k, task in enumerate(self._steps))
+        steps = tuple(
+            _envelope(task, flow_id, step_id(flow_id, k, n)) for k, task in enumerate(self._steps)
+        )
         return FlowSpec(
             id=flow_id,
             steps=steps,

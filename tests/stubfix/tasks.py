@@ -17,6 +17,7 @@ async def class_(item: models_a.Item) -> models_a.Outer.Inner:
 
 @app.task(
     queue="q-2",
+    partitions=4,
     priority=5,
     timeout=2.5,
     backoff=Backoff(kind="fixed", base=0.5, jitter=0.0),

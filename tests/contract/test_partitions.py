@@ -1,0 +1,103 @@
+"""Partitioned queues on every broker: ``@app.task(queue=..., partitions=N)`` stores each
+job in the partition its id hashes to, job handles find it there, dedup by id holds,
+and a worker of the queue runs the jobs of every partition."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from tests.support import TEST_DEADLINE, In, Out
+from typedq import App, JobState
+from typedq.names import partition_queue
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_jobs_of_a_partitioned_task_complete_and_handles_find_them(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="emails", partitions=4)
+    async def send(x: In) -> Out:
+        return Out(x.n * 2)
+
+    partitions = [f"emails.p{i}" for i in range(4)]
+    assert app.queues == partitions
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            jobs = await send.enqueue_many(In(i) for i in range(40))
+            for job in jobs:
+                assert job.queue == partition_queue("emails", 4, job.id)
+                assert await job.status() is JobState.WAITING
+            waiting = [(await app.broker.counts(q)).get(JobState.WAITING, 0) for q in partitions]
+            assert sum(waiting) == 40
+            assert all(n > 0 for n in waiting)  # 40 ids spread over all 4 partitions
+            # A worker asked for the parent queue serves every partition.
+            async with app.worker(queues=["emails"], concurrency=4) as worker:
+                assert worker.queues == partitions
+                results = [await job.result(timeout=10) for job in jobs]
+            assert results == [Out(i * 2) for i in range(40)]
+            # A handle made from the id alone finds the job in its partition.
+            again = send.job(jobs[7].id)
+            assert again.queue == jobs[7].queue
+            assert await again.status() is JobState.COMPLETED
+            assert await again.result(timeout=1) == Out(14)
+
+
+async def test_dedup_by_id_and_cancel_on_a_partitioned_queue(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="hot", partitions=8, key=lambda x: str(x.n))
+    async def work(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            first = await work.enqueue(In(5), job_id="order-5")
+            second = await work.enqueue(In(6), job_id="order-5")
+            assert first.created
+            assert not second.created
+            assert second.id == first.id
+            assert second.queue == first.queue
+            keyed = [await work.enqueue(In(9)) for _ in range(3)]
+            assert [j.created for j in keyed] == [True, False, False]
+            assert {j.queue for j in keyed} == {partition_queue("hot", 8, "work:9")}
+            total = 0
+            for q in app.queues:
+                total += (await app.broker.counts(q)).get(JobState.WAITING, 0)
+            assert total == 2
+            assert await first.cancel()
+            assert await first.status() is JobState.CANCELLED
+            async with app.worker(concurrency=2):
+                assert await keyed[0].result(timeout=10) == Out(9)
+
+
+async def test_a_flow_of_a_partitioned_task_stays_in_one_partition(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="hot", partitions=8)
+    async def step(x: In) -> In:
+        return In(x.n + 1)
+
+    @app.task(queue="hot", partitions=8)
+    async def total(xs: list[In]) -> Out:
+        return Out(sum(x.n for x in xs))
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=4):
+            chain = step.then(step).then(step)
+            spec = chain.spec(In(0), job_id="flow-1")
+            # Every job of a flow goes to the partition of the flow id (one slot on a cluster).
+            assert {m.queue for m in spec.steps} == {step.queue_for("flow-1")}
+            jobs = [await chain.enqueue(In(i), job_id=f"flow-{i}") for i in range(6)]
+            assert [j.queue for j in jobs] == [step.queue_for(f"flow-{i}") for i in range(6)]
+            assert [await j.result(timeout=10) for j in jobs] == [In(i + 3) for i in range(6)]
+            fan = step.map([In(i) for i in range(5)]).then(total)
+            done = await fan.enqueue()
+            assert await done.result(timeout=10) == Out(sum(range(1, 6)))

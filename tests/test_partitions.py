@@ -1,0 +1,102 @@
+"""Partition choice and validation of ``partitions=`` (no broker needed)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.support import In, Out
+from typedq import App, ConfigError, Producer
+from typedq.names import check_name, partition_queue, partition_queues
+from typedq.settling import QueueRotation
+from typedq.task import expand_queues
+
+
+def test_the_partition_is_a_stable_hash_of_the_job_id() -> None:
+    # Pinned values: the hash must not change across processes or versions, or a
+    # re-sent enqueue would land in another partition and escape dedup.
+    assert partition_queue("emails", 8, "a") == "emails.p7"
+    assert partition_queue("emails", 8, "order:1") == "emails.p6"
+    assert partition_queue("emails", 1, "a") == "emails"
+    assert partition_queues("emails", 1) == ["emails"]
+    assert partition_queues("emails", 3) == ["emails.p0", "emails.p1", "emails.p2"]
+    for q in partition_queues("x" * 123, 256):
+        check_name("queue", q)
+
+
+def test_partitions_spread_ids_evenly() -> None:
+    spread = Counter(partition_queue("q", 8, f"job-{i}") for i in range(8000))
+    assert sorted(spread) == partition_queues("q", 8)
+    assert min(spread.values()) > 800  # 1000 each on average
+
+
+@pytest.mark.parametrize("bad", [0, 257, -1, True, 2.0, "8"])
+def test_partitions_out_of_range_is_one_line(bad: object) -> None:
+    app = App("parts")
+    options: dict[str, Any] = {"partitions": bad}  # bad values on purpose, untyped
+    with pytest.raises(ConfigError, match="partitions=") as err:
+
+        @app.task(queue="emails", **options)
+        async def send(x: In) -> Out:
+            return Out(x.n)
+
+    assert "\n" not in str(err.value)
+
+
+def test_tasks_of_one_queue_must_split_it_alike_and_partitions_are_reserved() -> None:
+    app = App("parts")
+
+    @app.task(queue="emails", partitions=4)
+    async def a(x: In) -> Out:
+        return Out(x.n)
+
+    with pytest.raises(ConfigError, match="same partitions="):
+
+        @app.task(queue="emails", partitions=2)
+        async def b(x: In) -> Out:
+            return Out(x.n)
+
+    with pytest.raises(ConfigError, match="is a partition of"):
+
+        @app.task(queue="emails.p3")
+        async def c(x: In) -> Out:
+            return Out(x.n)
+
+    @app.task(queue="emails", partitions=4)
+    async def d(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task(queue="other")
+    async def e(x: In) -> Out:
+        return Out(x.n)
+
+    assert app.queues == [*partition_queues("emails", 4), "other"]
+    assert expand_queues(app.tasks.values(), ["other", "emails"]) == [
+        "other",
+        *partition_queues("emails", 4),
+    ]
+    assert d.queues == partition_queues("emails", 4)
+    assert app.worker(queues=["emails"]).queues == partition_queues("emails", 4)
+
+
+def test_producer_stubs_route_like_the_worker() -> None:
+    app = App("parts")
+
+    @app.task(queue="emails", partitions=8)
+    async def send(x: In) -> Out:
+        return Out(x.n)
+
+    producer = Producer("parts")
+    stub = producer.task("send", In, Out, queue="emails", partitions=8)
+    for job_id in ("a", "b", "c", "send:k"):
+        assert stub.message(In(1), job_id=job_id).queue == send.queue_for(job_id)
+        assert send.message(In(1), job_id=job_id).queue == send.queue_for(job_id)
+
+
+def test_claims_rotate_over_the_queues() -> None:
+    rotation = QueueRotation(["a", "b", "c"])
+    assert [rotation.next()[0] for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
+    assert rotation.next() == ["a", "b", "c"]
+    assert QueueRotation(["x"]).next() == ["x"]
