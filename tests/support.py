@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -320,8 +320,8 @@ class FaultyBroker(Broker):
     ) -> None:
         await self.inner.wait_cancel_requests(timeout, task_status=task_status)
 
-    async def recover_stalled(self, limit: int = 1000) -> int:
-        return await self.inner.recover_stalled(limit)
+    async def recover_stalled(self, limit: int = 1000, *, holding: Collection[str] = ()) -> int:
+        return await self.inner.recover_stalled(limit, holding=holding)
 
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         return await self.inner.purge(queue, states)

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import anyio
@@ -673,9 +673,9 @@ class OutageBroker(FaultyBroker):
             self._gate("wait_cancel_requests")
         await super().wait_cancel_requests(timeout, task_status=task_status)
 
-    async def recover_stalled(self, limit: int = 1000) -> int:
+    async def recover_stalled(self, limit: int = 1000, *, holding: Collection[str] = ()) -> int:
         self._gate("recover_stalled")
-        return await super().recover_stalled(limit)
+        return await super().recover_stalled(limit, holding=holding)
 
 
 @pytest.mark.slow  # an outage of more than two real leases

@@ -675,7 +675,11 @@ class Worker(Generic[TIn, TOut]):
                 await anyio.sleep(self.reaper_interval)
                 continue
             try:
-                recovered = await self.app.broker.recover_stalled()
+                # Never our own running jobs, even if our renewal was late (the loop
+                # was blocked, or this process not scheduled in time): recovering them
+                # would run them a second time here.
+                holding = [r.claimed.message.id for r in self._running.values() if not r.lost]
+                recovered = await self.app.broker.recover_stalled(holding=holding)
             except Exception as exc:
                 if self._observer is not None:
                     self._observer.broker_error("recover", exc)

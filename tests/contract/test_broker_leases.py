@@ -94,6 +94,28 @@ async def test_renew_keeps_the_lease_alive(app_name: str, broker_url: str) -> No
         assert await broker.renew([lease], LEASE) == [LeaseStatus.LOST]
 
 
+async def test_recovery_leaves_the_callers_own_jobs_alone(app_name: str, broker_url: str) -> None:
+    """A worker's reaper passes the jobs it runs: a lease it renewed late (its loop was
+    blocked) must not make it recover, and run a second time, its own job."""
+    async with connected(app_name, broker_url, lease=LEASE) as broker:
+        await broker.enqueue([msg(job_id="mine"), msg(job_id="theirs")])
+        mine = await claim_one(broker, lease=LEASE)
+        theirs = await claim_one(broker, lease=LEASE, worker_id="w2")
+        assert {mine.message.id, theirs.message.id} == {"mine", "theirs"}
+        await expire()
+        assert await broker.recover_stalled(holding=[mine.message.id]) == 1
+        assert (await one(broker, mine.message.id)).state is JobState.ACTIVE
+        assert (await one(broker, theirs.message.id)).state is JobState.WAITING
+        # The late renewal still holds, and the lease is the caller's again.
+        assert await broker.renew([(mine.message.id, mine.token)], 10) == [LeaseStatus.OK]
+        assert await broker.recover_stalled() == 0
+        # Another worker's pass (it does not hold the job) recovers an expired lease.
+        await broker.renew([(mine.message.id, mine.token)], LEASE)
+        await expire()
+        assert await broker.recover_stalled() == 1
+        assert (await one(broker, mine.message.id)).state is JobState.WAITING
+
+
 # -- fencing -----------------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from enum import IntEnum, StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -618,10 +618,17 @@ class Broker(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def recover_stalled(self, limit: int = 1000) -> int:
+    async def recover_stalled(self, limit: int = 1000, *, holding: Collection[str] = ()) -> int:
         """Recover up to ``limit`` jobs whose lease expired; return how many.
 
         Safe to run from any number of workers at once: each job is recovered once.
+
+        :param holding: ids of the jobs the caller itself runs and renews (a worker's
+            reaper passes its own): left alone even when their lease has expired. The
+            caller is late renewing them (its loop was blocked, or its process was not
+            scheduled for a moment), and recovering them would run them a second time on
+            the same worker; another worker's pass still recovers them if the caller
+            really stopped renewing.
         """
 
     # -- schedules (typedq.schedule) ---------------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import anyio
 import msgspec
@@ -869,13 +869,18 @@ class MemoryBroker(Broker):
         with anyio.move_on_after(timeout):
             await self._cancels.wait()
 
-    async def recover_stalled(self, limit: int = 1000) -> int:
+    async def recover_stalled(self, limit: int = 1000, *, holding: Collection[str] = ()) -> int:
         self._check()
         now = self.clock()
         for state in self._finished:
             self._trim(state, now)
         deadline = time.monotonic()
-        expired = [job for job in self._active.values() if job.lease_until < deadline][:limit]
+        mine = set(holding)
+        expired = [
+            job
+            for job in self._active.values()
+            if job.lease_until < deadline and job.message.id not in mine
+        ][:limit]
         for job in expired:
             job.stalls += 1
             job.done_token = None

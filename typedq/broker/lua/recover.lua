@@ -5,11 +5,12 @@
 -- cancel was requested is cancelled.
 -- KEYS[1] = the queue's active zset
 -- ARGV: P, queue, limit, max_stalls, completed_ttl_us, completed_max, failed_ttl_us,
---       failed_max
+--       failed_max, ids the caller holds and renews itself (left alone: see
+--       Broker.recover_stalled's `holding`)...
 local q, limit, max_stalls = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local cttl, ccap, fttl, fcap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 if q == '' or not is_int(limit) or limit < 0 or not is_int(max_stalls) or not cttl
-    or not is_int(ccap) or not fttl or not is_int(fcap) or #ARGV ~= 8 then
+    or not is_int(ccap) or not fttl or not is_int(fcap) or #ARGV < 8 then
   return bad_args('recover')
 end
 local now = now_us()
@@ -23,9 +24,14 @@ local back = {}
 if limit > 0 then
   local expired = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. string.format('%d', now),
     'LIMIT', 0, limit)
+  local holding = {}
+  for i = 9, #ARGV do holding[ARGV[i]] = true end
   for _, id in ipairs(expired) do
-    redis.call('ZREM', active, id)
-    local r = read_hash(q, id, 's', 'q', 'a', 'k', 'cr', 'w', 'p', 'o', 'ck')
+    local r = false
+    if not holding[id] then
+      redis.call('ZREM', active, id)
+      r = read_hash(q, id, 's', 'q', 'a', 'k', 'cr', 'w', 'p', 'o', 'ck')
+    end
     if r and r[1] == 'a' then
       recovered = recovered + 1
       local jk = k_job(q, id)

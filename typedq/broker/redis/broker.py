@@ -13,7 +13,7 @@ import hashlib
 import math
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NoReturn
 
 import anyio
@@ -1160,7 +1160,7 @@ class RedisBroker(ScheduleOps, Broker):
         self._conn()
         await self._notes.wait_cancel(timeout, task_status=task_status)
 
-    async def recover_stalled(self, limit: int = 1000) -> int:
+    async def recover_stalled(self, limit: int = 1000, *, holding: Collection[str] = ()) -> int:
         if self._epoch.is_due():
             await self.check_epoch()
         if self._memory.is_due():
@@ -1170,6 +1170,7 @@ class RedisBroker(ScheduleOps, Broker):
         k = self.keys
         # Every queue's leases (any worker recovers any queue's stalled jobs).
         queues = await self.known_queues()
+        mine = sorted(set(holding))
         if not queues:
             return 0
         replies = await self._eval_many(
@@ -1177,7 +1178,10 @@ class RedisBroker(ScheduleOps, Broker):
                 (
                     "recover",
                     [k.active(q)],
-                    [k.prefix, q, max(0, limit), self.settings.max_stalls, cttl, ccap, fttl, fcap],
+                    [
+                        *(k.prefix, q, max(0, limit), self.settings.max_stalls),
+                        *(cttl, ccap, fttl, fcap, *mine),
+                    ],
                 )
                 for q in queues
             ]
