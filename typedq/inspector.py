@@ -188,8 +188,9 @@ def _view(record: JobRecord) -> JobView:
     )
 
 
-def _plain(data: bytes | None) -> Any:
-    """Stored msgpack as plain data; a note instead when it does not decode."""
+def plain_data(data: bytes | None) -> Any:
+    """Stored msgpack as plain data; a note instead when it does not decode (the
+    inspector's job view and the dashboard's)."""
     if data is None:
         return None
     try:
@@ -212,9 +213,9 @@ def attempt_records(record: JobRecord) -> list[FailureRecord]:
 def _detail(record: JobRecord) -> JobDetail:
     return JobDetail(
         job=_view(record),
-        payload=_plain(record.message.payload),
-        result=_plain(record.result),
-        progress=_plain(record.progress),
+        payload=plain_data(record.message.payload),
+        result=plain_data(record.result),
+        progress=plain_data(record.progress),
         stalls=record.stalls,
         worker_id=record.worker_id,
         cancel_requested=record.cancel_requested,

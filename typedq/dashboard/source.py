@@ -16,7 +16,7 @@ from ..app import App
 from ..broker.base import JobRecord, JobState, MinuteRollup, QueueStats, WorkerInfo
 from ..client import Client
 from ..errors import FailureRecord
-from ..inspector import FlowView, Inspector, ScheduleView, attempt_records
+from ..inspector import FlowView, Inspector, ScheduleView, attempt_records, plain_data
 from ..job import decode_failure
 from ..producer import Producer
 from ..schedule import Schedule
@@ -75,16 +75,6 @@ class JobPage(msgspec.Struct, frozen=True, kw_only=True):
     flow_id: str | None
     #: The input's JSON Schema when the dashboard knows the task (re-run offered).
     schema: dict[str, Any] | None
-
-
-def plain(data: bytes | None) -> Any:
-    """Stored msgpack as plain data; a note when it does not decode."""
-    if data is None:
-        return None
-    try:
-        return msgspec.msgpack.decode(data)
-    except msgspec.DecodeError:
-        return f"<{len(data)} bytes that are not msgpack>"
 
 
 class Source:
@@ -213,9 +203,9 @@ class Source:
             schema = model_schema(task.input)
         return JobPage(
             record=record,
-            payload=plain(record.message.payload),
-            result=plain(record.result),
-            progress=plain(record.progress),
+            payload=plain_data(record.message.payload),
+            result=plain_data(record.result),
+            progress=plain_data(record.progress),
             error=error,
             attempts=attempt_records(record),
             flow_id=None if flow is None else flow.id,
