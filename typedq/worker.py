@@ -677,9 +677,10 @@ class Worker(Generic[TIn, TOut]):
             try:
                 # Never our own running jobs, even if our renewal was late (the loop
                 # was blocked, or this process not scheduled in time): recovering them
-                # would run them a second time here.
-                holding = [r.claimed.message.id for r in self._running.values() if not r.lost]
-                recovered = await self.app.broker.recover_stalled(holding=holding)
+                # would run them a second time here. A live view, read when the call
+                # is sent: a job claimed while this call waited (its handler may then
+                # block the loop past its lease) is left alone too.
+                recovered = await self.app.broker.recover_stalled(holding=self._by_job.keys())
             except Exception as exc:
                 if self._observer is not None:
                     self._observer.broker_error("recover", exc)

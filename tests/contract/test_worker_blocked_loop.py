@@ -17,7 +17,10 @@ from typedq import App, JobContext, JobState
 
 pytestmark = pytest.mark.anyio
 
-LEASE = 0.3
+# Short enough that the handler's block outlasts it three times over, long enough that a
+# busy CI machine not scheduling the worker process for a moment does not (that would be
+# a real lease expiry, which may run a job again by design).
+LEASE = 0.6
 
 
 async def test_blocked_loop_runs_the_job_once_and_is_reported(

@@ -628,7 +628,8 @@ class Broker(abc.ABC):
             caller is late renewing them (its loop was blocked, or its process was not
             scheduled for a moment), and recovering them would run them a second time on
             the same worker; another worker's pass still recovers them if the caller
-            really stopped renewing.
+            really stopped renewing. Read when the call is sent (after any other
+            round trip it makes first), so a live view (``dict.keys()``) stays current.
         """
 
     # -- schedules (typedq.schedule) ---------------------------------------------------

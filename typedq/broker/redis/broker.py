@@ -1170,7 +1170,7 @@ class RedisBroker(ScheduleOps, Broker):
         k = self.keys
         # Every queue's leases (any worker recovers any queue's stalled jobs).
         queues = await self.known_queues()
-        mine = sorted(set(holding))
+        mine = sorted(set(holding))  # read now, after the await (see the base class)
         if not queues:
             return 0
         replies = await self._eval_many(
