@@ -1261,18 +1261,23 @@ class RedisBroker(ScheduleOps, Broker):
 
     # -- observability -------------------------------------------------------------
 
+    async def _over_queues(self, name: str, queues: Sequence[str], extra: list[Any]) -> list[Any]:
+        """Read-only script ``name`` (ARGV: P, *extra, queue...) over ``queues``: one call
+        on standalone Redis, one per queue (its own slot) on Cluster, in one round trip;
+        the replies in order, each covering its queues in order."""
+        k = self.keys
+        if self.cluster:
+            return await self._eval_many(
+                [(name, [k.counts(q)], [k.prefix, *extra, q]) for q in queues]
+            )
+        return [await self._eval(name, [k.counts(queues[0])], [k.prefix, *extra, *queues])]
+
     async def queue_stats(self, queues: Sequence[str]) -> list[QueueStats]:
         if not queues:
             self._conn()
             return []
-        k = self.keys
-        if self.cluster:
-            parts = await self._eval_many(
-                [("queue_stats", [k.counts(q)], [k.prefix, q]) for q in queues]
-            )
-            reply = [item for part in parts for item in part]
-        else:
-            reply = await self._eval("queue_stats", [k.counts(queues[0])], [k.prefix, *queues])
+        parts = await self._over_queues("queue_stats", queues, [])
+        reply = [item for part in parts for item in part]
         stats = []
         for i, queue in enumerate(queues):
             flat, age = reply[2 * i], reply[2 * i + 1]
@@ -1290,19 +1295,12 @@ class RedisBroker(ScheduleOps, Broker):
         if not queues:
             self._conn()
             return []
-        k = self.keys
-        if self.cluster:
-            # One script per queue (one slot each), in one round trip; each answers its
-            # current minute first (the same one, barring a minute turning over between).
-            parts = await self._eval_many(
-                [("history", [k.counts(q)], [k.prefix, minutes, q]) for q in queues]
-            )
-            reply = [parts[0][0], *(part[1] for part in parts)]
-        else:
-            reply = await self._eval("history", [k.counts(queues[0])], [k.prefix, minutes, *queues])
-        first = (as_int(reply[0]) - minutes + 1) * 60
+        # Each reply starts with its current minute (on Cluster one per queue: the same
+        # one, barring a minute turning over between them), then a row per queue.
+        parts = await self._over_queues("history", queues, [minutes])
+        first = (as_int(parts[0][0]) - minutes + 1) * 60
         out = []
-        for row in reply[1:]:
+        for row in (row for part in parts for row in part[1:]):
             values = [as_int(v) for v in row]
             out.append(
                 [MinuteRollup(first + 60 * i, *values[3 * i : 3 * i + 3]) for i in range(minutes)]
