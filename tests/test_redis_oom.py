@@ -234,7 +234,11 @@ async def test_a_worker_drains_a_full_redis_and_says_so(
                 # Polling is fine here: the worker changes the state.
                 while await pending(broker):  # noqa: ASYNC110
                     await anyio.sleep(0.1)
-                assert await enqueue_refused(broker) is False
+                # Retention frees the memory of the finished jobs: enqueues come back
+                # (within the test's deadline; the last settles' trims may still be on
+                # their way when the counts reach zero).
+                while await enqueue_refused(broker):  # noqa: ASYNC110
+                    await anyio.sleep(0.1)
                 # The worker's recovery pass notices the memory came back.
                 while not any("below maxmemory again" in r.message for r in caplog.records):  # noqa: ASYNC110
                     await anyio.sleep(0.1)
