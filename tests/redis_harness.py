@@ -3,24 +3,52 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REDIS_SERVER = shutil.which("redis-server")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+# Servers started by the tests listen below the kernel's ephemeral range (32768 and up on
+# Linux): a port handed out by bind(0) is one an outgoing client connection may take a moment
+# later, which made a redis-server fail with "Address already in use" under load.
+_SERVER_PORTS = (20000, 32000)
+_CLUSTER_PORTS = (10000, 22000)  # the cluster bus port (+10000) stays below 32768 too
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(span: tuple[int, int] = _SERVER_PORTS) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, outside the ephemeral range."""
+    for _ in range(1000):
+        port = random.randrange(*span)
+        if _bindable(port):
+            return port
+    raise RuntimeError(f"no free port in {span[0]}..{span[1]}")
+
+
+def _bind_failed(log: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return "Address already in use" in log.read_text()
+    return False
+
+
+class _PortTaken(Exception):
+    """redis-server could not listen: the port was taken after it was chosen."""
 
 
 class RedisProcess:
@@ -37,13 +65,33 @@ class RedisProcess:
         self.appendonly = appendonly
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
+        self.choose_port: Callable[[], int] = free_port
+        self._started = False
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        """Start (or restart, on the same port) and wait for PING. Before the first successful
+        start, a port another process took in the meantime is replaced by a new one."""
+        for _ in range(10):
+            try:
+                self._start_once()
+            except _PortTaken:
+                if self._started:
+                    raise RuntimeError(
+                        f"port {self.port} was taken while redis-server was down"
+                    ) from None
+                self.port = self.choose_port()
+                continue
+            self._started = True
+            return
+        raise RuntimeError("redis-server found no free port in 10 tries")
+
+    def _start_once(self) -> None:
         assert REDIS_SERVER is not None
+        (self.dir / "redis.log").unlink(missing_ok=True)
         args = [
             REDIS_SERVER,
             "--bind",
@@ -70,6 +118,9 @@ class RedisProcess:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if _bind_failed(self.dir / "redis.log"):
+                    self.proc = None
+                    raise _PortTaken
                 raise RuntimeError(f"redis-server exited: {(self.dir / 'redis.log').read_text()}")
             with (
                 contextlib.suppress(OSError),
@@ -140,17 +191,11 @@ def _command(port: int, *words: str, timeout: float = 5.0) -> bytes:
 
 
 def cluster_port() -> int:
-    """A free port for a cluster node: at most 55535, with its bus port (+10000) free too."""
+    """A free port for a cluster node with its bus port (+10000) free too."""
     for _ in range(1000):
-        port = free_port()
-        if port > 55535:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
+        port = free_port(_CLUSTER_PORTS)
+        if _bindable(port + 10000):
+            return port
     raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
@@ -173,6 +218,7 @@ class RedisCluster:
         self.replicas = replicas
         for node in self.nodes:
             node.port = cluster_port()
+            node.choose_port = cluster_port
             node.extra += ("--cluster-config-file", str(node.dir / "nodes.conf"))
 
     @property
