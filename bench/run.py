@@ -45,8 +45,10 @@ VENVS = BENCH / ".venvs"
 RESULTS = BENCH / "results"
 PROJECT_PYTHON = ROOT / ".venv" / "bin" / "python"
 
-SYSTEMS = ["typedq", "arq", "saq", "streaq", "taskiq", "bullmq", "celery"]
-WORKLOADS = ["single", "bulk", "e2e", "drain", "memory", "chain", "fanin"]
+SYSTEMS = ["typedq", "arq", "saq", "streaq", "taskiq", "bullmq", "celery", "raw"]
+# Not peers: reference floors, shown in the table but never the "best peer".
+FLOORS = ("raw",)
+WORKLOADS = ["single", "bulk", "e2e", "drain", "latency", "memory", "chain", "fanin"]
 FLOW_WORKLOADS = ("chain", "fanin")
 
 FULL: dict[str, Any] = {
@@ -54,6 +56,8 @@ FULL: dict[str, Any] = {
     "bulk": 10_000,
     "e2e": 20_000,
     "drain": 20_000,
+    "latency": 20_000,  # offered at latency_rate jobs/s: 20 s
+    "latency_rate": 1_000,
     "memory": 1_000_000,
     "chain": 2_000,  # chains of flow_size links
     "fanin": 2_000,  # fan-outs of flow_size members + a fan-in callback
@@ -69,6 +73,8 @@ QUICK: dict[str, Any] = {
     "bulk": 1_000,
     "e2e": 1_000,
     "drain": 1_000,
+    "latency": 1_000,
+    "latency_rate": 1_000,
     "memory": 10_000,
     "chain": 20,
     "fanin": 20,
@@ -88,6 +94,17 @@ METRICS: dict[str, list[tuple[str, str, bool]]] = {
         ("jobs_per_s", "jobs/s", True),
         ("p50_ms", "p50 ms", False),
         ("p95_ms", "p95 ms", False),
+        ("worker_cpu_ms_per_1k", "worker CPU ms/1k jobs", False),
+        ("redis_cpu_ms_per_1k", "Redis CPU ms/1k jobs", False),
+        ("producer_cpu_ms_per_1k", "producer CPU ms/1k jobs", False),
+    ],
+    "latency": [
+        ("p50_ms", "p50 ms", False),
+        ("p99_ms", "p99 ms", False),
+        ("p999_ms", "p99.9 ms", False),
+        ("late_sends", "late sends", False),
+        ("worker_cpu_ms_per_1k", "worker CPU ms/1k jobs", False),
+        ("redis_cpu_ms_per_1k", "Redis CPU ms/1k jobs", False),
     ],
     "drain": [("jobs_per_s", "jobs/s", True)],
     "memory": [("bytes_per_job", "bytes/job", False)],
@@ -128,7 +145,7 @@ def ensure_venv(name: str) -> Path:
 
 
 def python_for(system: str) -> Path:
-    if system.startswith("typedq"):
+    if system.startswith("typedq") or system in FLOORS:
         return PROJECT_PYTHON
     return ensure_venv(system)
 
@@ -223,6 +240,10 @@ def cases(sizes: dict[str, Any], workloads: list[str]) -> list[tuple[str, str, d
                 out.append((f"e2e_c{c}", w, params))
         elif w == "drain":
             out.append(("drain", w, {"workload": w, "n": sizes[w], "concurrency": 16}))
+        elif w == "latency":
+            rate = sizes["latency_rate"]
+            params = {"workload": w, "n": sizes[w], "rate": rate, "concurrency": 16}
+            out.append(("latency", w, params))
         elif w == "memory":
             out.append(("memory", w, {"workload": w, "n": sizes[w]}))
         elif w in FLOW_WORKLOADS:
@@ -297,6 +318,11 @@ def describe(result: dict[str, Any]) -> str:
         return (
             f"{r['tasks_per_s']:,.0f} tasks/s, p50 {r['p50_ms']:,.1f} ms, p95 {r['p95_ms']:,.1f} ms"
             f" ({r['tasks_counted']:,} of {r['tasks']:,} tasks counted)"
+        )
+    if "offered_per_s" in r:
+        return (
+            f"p50 {r['p50_ms']:,.2f} ms, p99 {r['p99_ms']:,.2f} ms, p99.9 {r['p999_ms']:,.2f} ms,"
+            f" {r['late_sends']:,} late sends"
         )
     if "bytes_per_job" in r:
         return f"{r['bytes_per_job']:,.0f} bytes/job"
@@ -455,6 +481,9 @@ def case_label(case: str, sizes: dict[str, Any]) -> str:
         return f"end-to-end C={case[5:]} ({sizes['e2e']:,}, 4 producers)"
     if case == "drain":
         return f"drain C=16 ({sizes['drain']:,} pre-filled)"
+    if case == "latency":
+        rate = sizes["latency_rate"]
+        return f"open-loop latency, {rate:,} jobs/s offered, C=16 ({sizes['latency']:,} jobs)"
     if case == "memory":
         return f"memory at N={sizes['memory']:,} waiting"
     if case == "chain":
@@ -477,6 +506,8 @@ def fmt(value: float | None, key: str) -> str:
     if value is None:
         return "-"
     if key.endswith("_ms"):
+        if value < 10:
+            return f"{value:,.2f}"
         return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
     return f"{value:,.0f}"
 
@@ -486,7 +517,7 @@ def table_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     systems: list[str] = data["systems"]
     medians = data["medians"]
     reference = "typedq" if "typedq" in systems else systems[0]
-    peers_ = [s for s in systems if not s.startswith("typedq")]
+    peers_ = [s for s in systems if not s.startswith("typedq") and s not in FLOORS]
     header = ["workload", "metric", *systems, "best peer", "typedq vs best"]
     rows: list[list[str]] = []
     for case, cells in medians.items():

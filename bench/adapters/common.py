@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -89,6 +90,8 @@ class Recorder:
                             "p50": _pct(lat, 50),
                             "p95": _pct(lat, 95),
                             "p99": _pct(lat, 99),
+                            "p999": _pct(lat, 99.9),
+                            "max": lat[-1],
                         }
                     ),
                 )
@@ -274,11 +277,11 @@ class FlowAdapter(Adapter, Protocol):
         ...
 
 
-def _redis_info_memory(url: str) -> int:
-    """``used_memory`` from INFO over a raw socket (no client library needed)."""
+def _redis_info(url: str, section: str) -> dict[str, str]:
+    """One INFO section over a raw socket (no client library needed)."""
     parts = urlsplit(url)
     with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 10) as s:
-        s.sendall(b"INFO memory\r\n")
+        s.sendall(f"INFO {section}\r\n".encode())
         data = b""
         while b"\r\n" not in data:
             data += s.recv(65536)
@@ -286,10 +289,80 @@ def _redis_info_memory(url: str) -> int:
         size = int(header[1:])
         while len(rest) < size + 2:
             rest += s.recv(65536)
-    for line in rest.decode().splitlines():
-        if line.startswith("used_memory:"):
-            return int(line.split(":", 1)[1])
-    raise RuntimeError("INFO memory has no used_memory")
+    return dict(line.split(":", 1) for line in rest.decode().splitlines() if ":" in line)
+
+
+def _redis_info_memory(url: str) -> int:
+    """``used_memory`` from INFO."""
+    return int(_redis_info(url, "memory")["used_memory"])
+
+
+# -- CPU accounting: what a run cost the producer, the worker process(es) and Redis ----------
+
+
+def _tree_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its live descendants (Linux /proc):
+    some workers run their handlers in child processes (taskiq, the typedq supervisor)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()  # after "pid (comm)"
+        parent[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    total = 0.0
+    for p in cpu:
+        q = p
+        while q > 1:
+            if q == pid:
+                total += cpu[p]
+                break
+            q = parent.get(q, 0)
+    return total
+
+
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _redis_cpu() -> float:
+    info = _redis_info(REDIS_URL, "cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+class CpuMeter:
+    """CPU seconds spent between :meth:`start` and :meth:`stop` by the producer (this process),
+    the worker process tree and redis-server; per job in ms per 1,000 jobs."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+        self.begin: tuple[float, float | None, float] = (0.0, None, 0.0)
+
+    def _sample(self) -> tuple[float, float | None, float]:
+        proc = self.worker.proc
+        worker = _tree_cpu(proc.pid) if proc is not None else None
+        return _self_cpu(), worker, _redis_cpu()
+
+    def start(self) -> None:
+        self.begin = self._sample()
+
+    def stop(self, jobs: int) -> dict[str, float]:
+        end = self._sample()
+        per_1k = 1000.0 * 1000.0 / jobs  # seconds -> ms, per 1,000 jobs
+        out = {
+            "producer_cpu_ms_per_1k": (end[0] - self.begin[0]) * per_1k,
+            "redis_cpu_ms_per_1k": (end[2] - self.begin[2]) * per_1k,
+        }
+        if end[1] is not None and self.begin[1] is not None:
+            out["worker_cpu_ms_per_1k"] = (end[1] - self.begin[1]) * per_1k
+        return out
 
 
 async def _timed(coro: Awaitable[None]) -> float:
@@ -434,10 +507,13 @@ async def w_e2e(a: Adapter, n: int, producers: int, concurrency: int) -> dict[st
             for i in counter:
                 await a.enqueue(a.make(i, time.time()))
 
+        meter = CpuMeter(worker)
+        meter.start()
         started = time.time()
         await asyncio.gather(*(producer() for _ in range(producers)))
         enqueued = time.time() - started
         res = await worker.wait_file(worker.out, timeout=max(120.0, n / 50))
+        cpu = meter.stop(n)
     finally:
         await worker.stop()
     elapsed = res["last"] - started
@@ -448,6 +524,62 @@ async def w_e2e(a: Adapter, n: int, producers: int, concurrency: int) -> dict[st
         "p50_ms": res["p50"] * 1000,
         "p95_ms": res["p95"] * 1000,
         "p99_ms": res["p99"] * 1000,
+        **cpu,
+    }
+
+
+async def w_latency(a: Adapter, n: int, rate: float, concurrency: int) -> dict[str, Any]:
+    """Open loop: job i is due at ``start + i / rate`` by the clock, whatever the previous
+    enqueues are doing (each is sent as its own task), and its latency counts from that
+    intended time, so a slow enqueue cannot hide its own delay (no coordinated omission).
+    Latency = intended send -> the no-op handler's end (for a no-op handler, the pickup).
+    A send more than 1 ms behind its time is counted as late; a job that never finishes fails
+    the run (the worker reports only once all ``n`` finished)."""
+    worker = WorkerProcess(a, n, concurrency)
+    worker.start()
+    late = 0
+    try:
+        await worker.ready()
+        meter = CpuMeter(worker)
+        meter.start()
+        sends: set[asyncio.Task[None]] = set()
+        errors: list[BaseException] = []
+
+        def sent(task: asyncio.Task[None]) -> None:
+            sends.discard(task)
+            exc = None if task.cancelled() else task.exception()
+            if exc is not None:
+                errors.append(exc)
+
+        start_clock = time.perf_counter() + 0.05
+        start_epoch = time.time() + 0.05
+        for i in range(n):
+            due = start_clock + i / rate
+            wait = due - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            elif wait < -0.001:
+                late += 1
+            task = asyncio.ensure_future(a.enqueue(a.make(i, start_epoch + i / rate)))
+            sends.add(task)
+            task.add_done_callback(sent)
+        if sends:
+            await asyncio.gather(*sends, return_exceptions=True)
+        if errors:
+            raise errors[0]
+        res = await worker.wait_file(worker.out, timeout=max(60.0, 2 * n / rate))
+        cpu = meter.stop(n)
+    finally:
+        await worker.stop()
+    return {
+        "offered_per_s": rate,
+        "jobs": n,
+        "late_sends": late,
+        "p50_ms": res["p50"] * 1000,
+        "p99_ms": res["p99"] * 1000,
+        "p999_ms": res["p999"] * 1000,
+        "max_ms": res["max"] * 1000,
+        **cpu,
     }
 
 
@@ -568,6 +700,9 @@ async def _run(a: Adapter, params: dict[str, Any]) -> dict[str, Any]:
         "bulk": lambda: w_bulk(a, n, int(params.get("batch", 100))),
         "e2e": lambda: w_e2e(a, n, int(params.get("producers", 4)), int(params["concurrency"])),
         "drain": lambda: w_drain(a, n, int(params.get("concurrency", 16))),
+        "latency": lambda: w_latency(
+            a, n, float(params.get("rate", 1000)), int(params.get("concurrency", 16))
+        ),
         "memory": lambda: w_memory(a, n),
         "chain": lambda: _flow(a, params),
         "fanin": lambda: _flow(a, params),
