@@ -449,11 +449,17 @@ class MemoryBroker(Broker):
 
     def _finish(self, job: _Job, state: JobState, now: float) -> None:
         """Final ``state`` without the rollup and retention, which a batch applies once."""
-        job_id = job.message.id
+        message = job.message
+        job_id = message.id
         self._active.pop(job_id, None)
         if job.slot is not None:
             self._free_slot(job)
-        self._move(job, state)
+        counts = self._counts[message.queue]  # _move, inlined: this runs once per job
+        counts[job.state] -= 1
+        counts[state] += 1
+        job.state = state
+        self._versions += 1
+        job.version = self._versions
         job.finished_at = now
         job.lease_until = 0.0
         job.active_token = None
@@ -463,11 +469,11 @@ class MemoryBroker(Broker):
             if waiter is not None:
                 waiter.set()
         if self._events:
-            ring = self._events.get(job.message.queue)
+            ring = self._events.get(message.queue)
             if ring is not None:
                 self._emit(ring, job, state)
         if job.flow_id is not None:
-            self._flow_settled(job, job.state, job.result, job.error, now)
+            self._flow_settled(job, state, job.result, job.error, now)
 
     def _roll(self, queue: str, field: int, now: float, count: int = 1) -> None:
         """Count ``count`` completions (0), final failures (1) or retries (2) in ``now``'s
@@ -509,15 +515,20 @@ class MemoryBroker(Broker):
         else:
             ttl, cap = retention.failed_ttl, retention.failed_max
         finished = self._finished[state]
-        expired = now - ttl
         jobs = self._jobs
+        all_counts = self._counts
+        # Past the count bound: the oldest go, without looking at their age.
+        for _ in range(len(finished) - cap):
+            job = jobs.pop(finished.popitem(last=False)[0])
+            all_counts[job.message.queue][state] -= 1
+        expired = now - ttl
         while finished:
             job_id, finished_at = next(iter(finished.items()))
-            if len(finished) <= cap and finished_at > expired:
+            if finished_at > expired:
                 break
-            finished.popitem(last=False)
+            del finished[job_id]
             job = jobs.pop(job_id)
-            self._counts[job.message.queue][state] -= 1
+            all_counts[job.message.queue][state] -= 1
 
     def _promote_due(self, now: float) -> None:
         scheduled = self._scheduled
