@@ -6,6 +6,7 @@ that steps back, fit the id grammar, and sort in creation order within a process
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -84,6 +85,7 @@ def test_two_blocks_of_one_millisecond_start_apart() -> None:
     assert (one.head, one.start) != (two.head, two.start)  # 80 fresh random bits each
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
 def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
     # In a fresh interpreter (no threads, so fork is safe) with a clock that never moves:
     # without the fork hook, parent and child would count on from the same block.
