@@ -330,7 +330,7 @@ class MemoryBroker(Broker):
         self._cancels: anyio.Event | None = None
         self._finish_waiters: dict[str, anyio.Event] = {}
         #: Recent claims by claim id: (when, job ids), oldest first.
-        self._claims: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
+        self._claims: OrderedDict[str, tuple[float, tuple[str, ...]]] = OrderedDict()
         #: The worker registry: id -> (expiry on the monotonic clock, info).
         self._workers: dict[str, tuple[float, WorkerInfo]] = {}
         self._queues: set[str] = set()
@@ -813,7 +813,8 @@ class MemoryBroker(Broker):
             )
         self._versions = version
         if claimed:
-            self._claims[claim_id] = (time.monotonic(), ids)
+            # A tuple of strings: the GC stops tracking it, though it is kept a minute.
+            self._claims[claim_id] = (time.monotonic(), tuple(ids))
         return claimed
 
     # -- limits (typedq.limits) -------------------------------------------------------
@@ -925,7 +926,7 @@ class MemoryBroker(Broker):
             stalls=job.stalls,
         )
 
-    def _claim_record(self, claim_id: str) -> list[str] | None:
+    def _claim_record(self, claim_id: str) -> tuple[str, ...] | None:
         """The job ids a claim with this id took, while it is remembered; drops the
         records older than CLAIM_RECORD_TTL (oldest first: they are kept in order)."""
         expired = time.monotonic() - CLAIM_RECORD_TTL
