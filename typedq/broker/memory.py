@@ -123,9 +123,6 @@ class _Level:
             return heapq.heappop(late)
         return fifo.popleft()
 
-    def __len__(self) -> int:
-        return len(self.fifo) + len(self.late)
-
 
 class _WaitLine:
     """The waiting entries of one queue, best first: a level per priority.
