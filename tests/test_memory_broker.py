@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import gc
+import random
+
 import msgspec
 import pytest
 
-from typedq import App, Client, JobState
-from typedq.broker.base import BrokerSettings, CancelOutcome, JobMessage
-from typedq.broker.memory import MemoryBroker
+from typedq import App, Client, JobState, QueueFull, Retention
+from typedq.broker.base import (
+    BrokerSettings,
+    CancelOutcome,
+    Completion,
+    FinishOutcome,
+    JobMessage,
+    Release,
+)
+from typedq.broker.memory import MemoryBroker, _WaitLine
 from typedq.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -90,5 +100,129 @@ async def test_entries_never_outlive_many_incarnations_of_an_id() -> None:
         claimed = await broker.claim(["q"], 10, worker_id="w", lease=60)
         assert claimed[0].message.id == "y"
         assert [c.message.payload for c in claimed] == [b"", b"last"]
+    finally:
+        await broker.close()
+
+
+def _entry(priority: int, order: int, version: int) -> tuple[int, int, int, str]:
+    return (-priority, order, version, f"j{order}")
+
+
+def test_wait_line_gives_entries_best_first_whatever_the_push_order() -> None:
+    """Priority levels with a FIFO and a heap for out-of-order entries: the line must
+    always give the smallest entry, as the one heap it replaces did."""
+    rng = random.Random(7)
+    line = _WaitLine()
+    model: list[tuple[int, int, int, str]] = []
+    order = version = 0
+    for _ in range(20_000):
+        action = rng.random()
+        if action < 0.45:  # a new job: the highest order yet
+            order += 1
+            version += 1
+            entry = _entry(rng.choice((-1, 0, 0, 0, 5)), order, version)
+        elif action < 0.55:  # at the head of its level (a released flow step)
+            version += 1
+            entry = _entry(rng.choice((0, 5)), -version, version)
+        elif action < 0.65 and order:  # back at an old place (handed back)
+            version += 1
+            entry = _entry(rng.choice((-1, 0, 5)), rng.randint(1, order), version)
+        else:
+            best = line.peek()
+            taken = line.pop()
+            assert best == taken == (min(model) if model else None)
+            if taken is not None:
+                model.remove(taken)
+            continue
+        line.push(entry)
+        model.append(entry)
+        assert bool(line) == bool(model)
+    assert sorted(line) == sorted(model)
+    while model:
+        assert line.pop() == min(model)
+        model.remove(min(model))
+    assert not line
+    assert line.pop() is None
+    assert line.peek() is None
+
+
+async def test_stored_jobs_stay_out_of_the_cyclic_gc() -> None:
+    """A full collection must not walk every stored job (it did: 100k jobs made each full
+    pass ~10x longer); a job refers to nothing that refers back to it."""
+    broker = MemoryBroker()
+    await broker.connect()
+    try:
+        await broker.enqueue(
+            [JobMessage(id=f"j{i}", task="t", queue="q", payload=b"") for i in range(3)]
+        )
+        (claimed, *_) = await broker.claim(["q"], 1, worker_id="w", lease=60)
+        await broker.complete([Completion(claimed.message.id, claimed.token, b"r")])
+        jobs = [broker._jobs[f"j{i}"] for i in range(3)]
+        assert [job.state for job in jobs] == [
+            JobState.COMPLETED,
+            JobState.WAITING,
+            JobState.WAITING,
+        ]
+        assert not any(gc.is_tracked(job) for job in jobs)
+    finally:
+        await broker.close()
+
+
+async def test_a_settle_batch_larger_than_the_bound_keeps_the_newest() -> None:
+    broker = MemoryBroker(BrokerSettings(retention=Retention(completed_max=3)))
+    await broker.connect()
+    try:
+        ids = [f"j{i}" for i in range(10)]
+        await broker.enqueue([JobMessage(id=i, task="t", queue="q", payload=b"") for i in ids])
+        claimed = await broker.claim(["q"], 10, worker_id="w", lease=60)
+        completions = [Completion(c.message.id, c.token, b"") for c in claimed]
+        assert await broker.complete(completions) == [FinishOutcome.OK] * 10
+        assert (await broker.counts("q"))[JobState.COMPLETED] == 3
+        assert [r is not None for r in await broker.get(ids)] == [False] * 7 + [True] * 3
+        # Re-sent completions of the kept jobs are recognised, the dropped ones are gone.
+        again = await broker.complete(completions[6:])
+        assert again == [FinishOutcome.NOT_FOUND] + [FinishOutcome.ALREADY_FINISHED] * 3
+        (minute,) = (await broker.history(["q"], 1))[0]
+        assert minute.completed == 10
+    finally:
+        await broker.close()
+
+
+async def test_enqueue_batches_answers_each_batch() -> None:
+    broker = MemoryBroker(BrokerSettings(max_queue_length=3))
+    await broker.connect()
+    try:
+
+        def batch(*ids: str) -> list[JobMessage]:
+            return [JobMessage(id=i, task="t", queue="q", payload=b"") for i in ids]
+
+        first, full, last = await broker.enqueue_batches(
+            [batch("a", "b"), batch("c", "d"), batch("e")]
+        )
+        assert isinstance(first, list)
+        assert [o.id for o in first] == ["a", "b"]
+        assert isinstance(full, QueueFull)  # the batch that did not fit, alone
+        assert isinstance(last, list)
+        assert [o.id for o in last] == ["e"]
+        claimed = await broker.claim(["q"], 10, worker_id="w", lease=60)
+        assert [c.message.id for c in claimed] == ["a", "b", "e"]
+    finally:
+        await broker.close()
+
+
+async def test_handed_back_jobs_return_to_their_place_among_newer_ones() -> None:
+    broker = MemoryBroker()
+    await broker.connect()
+    try:
+        ids = ["a", "b", "c", "d", "e"]
+        await broker.enqueue([JobMessage(id=i, task="t", queue="q", payload=b"") for i in ids])
+        a, b, c = await broker.claim(["q"], 3, worker_id="w", lease=60)
+        # a goes back before d (the head of the line), c between the head and the tail.
+        assert await broker.release([Release(a.message.id, a.token)]) == [FinishOutcome.OK]
+        assert await broker.release([Release(c.message.id, c.token)]) == [FinishOutcome.OK]
+        await broker.enqueue([JobMessage(id="f", task="t", queue="q", payload=b"")])
+        assert await broker.release([Release(b.message.id, b.token)]) == [FinishOutcome.OK]
+        claimed = await broker.claim(["q"], 10, worker_id="w", lease=60)
+        assert [j.message.id for j in claimed] == ["a", "b", "c", "d", "e", "f"]
     finally:
         await broker.close()

@@ -16,6 +16,7 @@ of a partitioned queue ``<queue>`` (the app refuses a task queue named so).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import time
@@ -79,17 +80,82 @@ def check_worker_id(worker_id: object) -> str:
     return worker_id
 
 
-def new_job_id() -> str:
-    """A new ULID: 26 characters, sortable by creation time, 80 random bits.
+# Job ids: ULID-shaped (26 Crockford base-32 characters, 48 bits of milliseconds then 80
+# bits), made cheaply. Per millisecond a process draws one random 80-bit start, and the ids
+# of that millisecond count up from it (a "monotonic ULID"): one urandom call per
+# millisecond instead of one per id, and no per-id base-32 loop (the last 8 characters
+# come from a table of character pairs). Unique across processes and restarts like a ULID
+# (a fresh random start each millisecond, 2**79 apart on average); unique within a
+# process by the counter; sortable by creation time, and in creation order within a process.
+_PAIRS = tuple(a + b for a in _CROCKFORD for b in _CROCKFORD)  # 10 bits -> 2 characters
+#: The counter part: the low 40 bits of each millisecond's start are at most 2**39, so
+#: counting up (2**39 ids within one millisecond is out of reach) never carries into the
+#: random bits above them.
+_LOW_START = 1 << 39
 
-    Ids are made by the client so that a re-sent enqueue is recognised as the same job.
-    """
-    value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
+
+def _b32(value: int, length: int) -> str:
     chars = []
-    for _ in range(26):
+    for _ in range(length):
         chars.append(_CROCKFORD[value & 31])
         value >>= 5
     return "".join(reversed(chars))
+
+
+class _IdBlock:
+    """The ids of one millisecond of one process: a fixed head, then a counter."""
+
+    __slots__ = ("counter", "head", "ms", "run", "start")
+
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+        random = int.from_bytes(os.urandom(10), "big")
+        # 10 characters of time and 8 random ones (40 bits), then the 40-bit counter part.
+        self.head = _b32(ms, 10) + _b32(random >> 40, 8)
+        self.start = random & (_LOW_START - 1)
+        self.counter = itertools.count()
+        #: (counter value >> 10, the id up to its last two characters) of the 1024 ids
+        #: last made: one tuple, replaced whole, so threads always read a matching pair.
+        self.run: tuple[int, str] = (-1, "")
+
+
+_id_block = _IdBlock(-1)
+_time_ns = time.time_ns
+
+
+def _forget_id_block() -> None:
+    # A forked child must not go on counting from its parent's block (same ids).
+    global _id_block
+    _id_block = _IdBlock(-1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_id_block)
+
+
+def new_job_id() -> str:
+    """A new ULID: 26 characters, sortable by creation time, 80 bits after the time.
+
+    Ids are made by the client so that a re-sent enqueue is recognised as the same job.
+    Within one millisecond a process counts up from a random start (a monotonic ULID),
+    so ids stay unique across processes and restarts and cost no random draw each.
+    Thread-safe without a lock: ``next`` on a counter is atomic, and two threads that
+    both start a block for the same millisecond draw different random heads.
+    """
+    global _id_block
+    ms = _time_ns() // 1_000_000
+    block = _id_block
+    if block.ms != ms:
+        block = _id_block = _IdBlock(ms)
+    n = block.start + next(block.counter)
+    run = block.run
+    if run[0] != n >> 10:
+        high = n >> 10
+        run = block.run = (
+            high,
+            block.head + _PAIRS[high >> 20] + _PAIRS[(high >> 10) & 1023] + _PAIRS[high & 1023],
+        )
+    return run[1] + _PAIRS[n & 1023]
 
 
 def key_job_id(task: str, key: str) -> str:

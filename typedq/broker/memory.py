@@ -1,11 +1,16 @@
 """The embedded broker (``memory://``): in-process, same semantics as Redis.
 
-Everything lives in dicts and heaps owned by one event loop; no locks are needed
-because no method awaits while it changes state. Heaps use lazy deletion: an entry is
-live only while its ``version`` matches the job's, so a job that moves on simply
-leaves a stale entry behind to be skipped. Versions come from one broker-wide
-counter, never restart per job: a job re-created under the id of a removed one can
-never match an entry its predecessor left behind.
+Everything lives in dicts, deques and heaps owned by one event loop; no locks are
+needed because no method awaits while it changes state. Waiting jobs stand in a line per
+queue (a FIFO per priority level, :class:`_WaitLine`), scheduled ones in a heap by due
+time. Both use lazy deletion: an entry is live only while its ``version`` matches the
+job's, so a job that moves on simply leaves a stale entry behind to be skipped. Versions
+come from one broker-wide counter, never restart per job: a job re-created under the id
+of a removed one can never match an entry its predecessor left behind.
+
+The job path costs O(1) per job with no per-job await, call into anyio or Event: a batch
+is enqueued in one pass, a claim takes up to n jobs off the front of the line, and a
+batch of completions updates the minute's rollup and applies retention once.
 
 Two clocks: delays, ETAs, timestamps and retention use ``clock`` (wall time by
 default; :mod:`typedq.testing` swaps in a fake one and moves it forward), while leases
@@ -14,10 +19,11 @@ use the monotonic clock, because a lease measures whether a worker is alive.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import time
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 import anyio
 import msgspec
@@ -76,70 +82,163 @@ from .records import (
 
 __all__ = ["MemoryBroker"]
 
+
+#: A waiting job's place: (-priority, order, version, id); the smallest runs first.
+_Entry = tuple[int, int, int, str]
+
+
+class _Level:
+    """The entries of one priority level of a queue, in order.
+
+    Jobs mostly arrive in order (a new job's order is above every other's) or at the head
+    (a flow's released step): those go to the ends of ``fifo``, O(1) both ways. The rest
+    (a job handed back to its old place) go to the small heap ``late``; the next entry is
+    the smaller of the two heads.
+    """
+
+    __slots__ = ("fifo", "late")
+
+    def __init__(self) -> None:
+        self.fifo: deque[_Entry] = deque()
+        self.late: list[_Entry] = []
+
+    def push(self, entry: _Entry) -> None:
+        fifo = self.fifo
+        if not fifo or entry[1] > fifo[-1][1]:
+            fifo.append(entry)
+        elif entry[1] < fifo[0][1]:
+            fifo.appendleft(entry)
+        else:
+            heapq.heappush(self.late, entry)
+
+    def peek(self) -> _Entry:
+        fifo, late = self.fifo, self.late
+        if late and (not fifo or late[0] < fifo[0]):
+            return late[0]
+        return fifo[0]
+
+    def pop(self) -> _Entry:
+        fifo, late = self.fifo, self.late
+        if late and (not fifo or late[0] < fifo[0]):
+            return heapq.heappop(late)
+        return fifo.popleft()
+
+
+class _WaitLine:
+    """The waiting entries of one queue, best first: a level per priority.
+
+    Taking the next entry is O(1) (plus the number of priority levels in use, which is
+    small), where one heap of every waiting job costs O(log n) tuple comparisons a job.
+    Entries are never removed out of turn: like the heap before, an entry whose job has
+    moved on (its version no longer matches) is skipped when it comes up.
+    """
+
+    __slots__ = ("keys", "levels")
+
+    def __init__(self) -> None:
+        #: -priority -> level; ``keys`` holds the levels' keys in ascending order.
+        self.levels: dict[int, _Level] = {}
+        self.keys: list[int] = []
+
+    def push(self, entry: _Entry) -> None:
+        self.level(entry[0]).push(entry)
+
+    def level(self, key: int) -> _Level:
+        """The level of ``key`` (-priority), made if missing."""
+        level = self.levels.get(key)
+        if level is None:
+            level = self.levels[key] = _Level()
+            bisect.insort(self.keys, key)
+        return level
+
+    def peek(self) -> _Entry | None:
+        """The best entry, or None when empty."""
+        keys = self.keys
+        return self.levels[keys[0]].peek() if keys else None
+
+    def pop(self) -> _Entry | None:
+        """Take the best entry (None when empty); an emptied level goes."""
+        keys = self.keys
+        if not keys:
+            return None
+        key = keys[0]
+        level = self.levels[key]
+        entry = level.pop()
+        if not level.fifo and not level.late:
+            del self.levels[key]
+            del keys[0]
+        return entry
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def __iter__(self) -> Iterator[_Entry]:
+        for level in self.levels.values():
+            yield from level.fifo
+            yield from level.late
+
+
+def _best(line: _WaitLine) -> _Entry:
+    entry = line.peek()
+    assert entry is not None  # only non-empty lines are compared
+    return entry
+
+
 _encode = msgspec.msgpack.Encoder().encode
 
 #: A limit gate: (queue, 'r' for rate | 'c' for concurrency, task, key).
 _Gate = tuple[str, str, str, str]
 _MICRO = 1_000_000
+_OK = FinishOutcome.OK
 
 
-class _Job:
-    __slots__ = (
-        "active_token",
-        "attempt",
-        "cancel_requested",
-        "done_token",
-        "enqueued_at",
-        "error",
-        "errors",
-        "finished_at",
-        "flow_id",
-        "flow_member",
-        "flow_shape",
-        "flow_step",
-        "lease_until",
-        "message",
-        "order",
-        "progress",
-        "result",
-        "run_at",
-        "slot",
-        "stalls",
-        "started_at",
-        "state",
-        "version",
-        "worker_id",
-    )
+# Hot-path constants: an enum member read off its class costs an attribute lookup each time.
+_WAITING = JobState.WAITING
+_SCHEDULED = JobState.SCHEDULED
+_ACTIVE = JobState.ACTIVE
+_COMPLETED = JobState.COMPLETED
+_FAILED = JobState.FAILED
+_CANCELLED = JobState.CANCELLED
 
-    def __init__(self, message: JobMessage, enqueued_at: float, order: int) -> None:
-        self.message = message
-        self.state = JobState.WAITING
-        self.attempt = 0
-        self.enqueued_at = enqueued_at
-        self.order = order
-        self.version = 0
-        self.run_at = 0.0
-        self.started_at = 0.0
-        self.finished_at = 0.0
-        self.result: bytes | None = None
-        self.error: bytes | None = None
-        #: Every failed attempt's record, oldest first, at most ERROR_HISTORY.
-        self.errors: tuple[bytes, ...] = ()
-        self.progress: bytes | None = None
-        self.stalls = 0
-        self.cancel_requested = False
-        self.worker_id: str | None = None
-        self.active_token: str | None = None
-        self.done_token: str | None = None  # the token whose finish/fail last took effect
-        self.lease_until = 0.0
-        #: The workflow this job belongs to, and its place: member index or step index.
-        self.flow_id: str | None = None
-        self.flow_member = -1
-        self.flow_step = -1
-        #: On a flow's own job: (steps, members), for inspect after the flow ended.
-        self.flow_shape: tuple[int, int] | None = None
-        #: The concurrency slot (task, key) this job holds while active, if any.
-        self.slot: tuple[str, str] | None = None
+
+class _Job(msgspec.Struct, gc=False):
+    """A job as the broker holds it.
+
+    A Struct rather than a class with ``__slots__``: built in C (a stored job costs a
+    fraction of a Python ``__init__``), and ``gc=False`` keeps the stored jobs out of the
+    cyclic garbage collector, whose full passes would otherwise walk every one of them
+    (a job refers to nothing that refers back to it, so no cycle can go through one).
+    """
+
+    message: JobMessage
+    enqueued_at: float
+    order: int
+    version: int = 0
+    state: JobState = _WAITING
+    attempt: int = 0
+    run_at: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    result: bytes | None = None
+    error: bytes | None = None
+    #: Every failed attempt's record, oldest first, at most ERROR_HISTORY.
+    errors: tuple[bytes, ...] = ()
+    progress: bytes | None = None
+    stalls: int = 0
+    cancel_requested: bool = False
+    worker_id: str | None = None
+    active_token: str | None = None
+    #: The token whose finish/fail last took effect.
+    done_token: str | None = None
+    lease_until: float = 0.0
+    #: The workflow this job belongs to, and its place: member index or step index.
+    flow_id: str | None = None
+    flow_member: int = -1
+    flow_step: int = -1
+    #: On a flow's own job: (steps, members), for inspect after the flow ended.
+    flow_shape: tuple[int, int] | None = None
+    #: The concurrency slot (task, key) this job holds while active, if any.
+    slot: tuple[str, str] | None = None
 
     def snapshot(self) -> JobRecord:
         return JobRecord(
@@ -210,7 +309,7 @@ class MemoryBroker(Broker):
         self.settings = settings or BrokerSettings()
         self.clock = clock
         self._jobs: dict[str, _Job] = {}
-        self._waiting: dict[str, list[tuple[int, int, int, str]]] = defaultdict(list)
+        self._waiting: dict[str, _WaitLine] = defaultdict(_WaitLine)
         self._scheduled: list[tuple[float, int, str]] = []
         self._active: dict[str, _Job] = {}
         self._finished: dict[JobState, OrderedDict[str, float]] = {
@@ -228,7 +327,7 @@ class MemoryBroker(Broker):
         self._cancels: anyio.Event | None = None
         self._finish_waiters: dict[str, anyio.Event] = {}
         #: Recent claims by claim id: (when, job ids), oldest first.
-        self._claims: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
+        self._claims: OrderedDict[str, tuple[float, tuple[str, ...]]] = OrderedDict()
         #: The worker registry: id -> (expiry on the monotonic clock, info).
         self._workers: dict[str, tuple[float, WorkerInfo]] = {}
         self._queues: set[str] = set()
@@ -320,9 +419,8 @@ class MemoryBroker(Broker):
         elif not keep_order:
             job.order = self._next()
         job.run_at = 0.0
-        heapq.heappush(
-            self._waiting[job.message.queue],
-            (-job.message.priority, job.order, job.version, job.message.id),
+        self._waiting[job.message.queue].push(
+            (-job.message.priority, job.order, job.version, job.message.id)
         )
 
     def _check_room(self, adding: Mapping[str, int], limit: int, what: str) -> None:
@@ -343,29 +441,45 @@ class MemoryBroker(Broker):
         heapq.heappush(self._scheduled, (run_at, job.version, job.message.id))
 
     def _to_final(self, job: _Job, state: JobState, now: float) -> None:
-        self._active.pop(job.message.id, None)
-        self._free_slot(job)
-        self._move(job, state)
+        """Final ``state``, counted in the minute's rollup, with retention applied."""
+        self._finish(job, state, now)
+        if state is _COMPLETED:
+            self._roll(job.message.queue, 0, now)
+        elif state is _FAILED:
+            self._roll(job.message.queue, 1, now)
+        self._trim(state, now)
+
+    def _finish(self, job: _Job, state: JobState, now: float) -> None:
+        """Final ``state`` without the rollup and retention, which a batch applies once."""
+        message = job.message
+        job_id = message.id
+        self._active.pop(job_id, None)
+        if job.slot is not None:
+            self._free_slot(job)
+        counts = self._counts[message.queue]  # _move, inlined: this runs once per job
+        counts[job.state] -= 1
+        counts[state] += 1
+        job.state = state
+        self._versions += 1
+        job.version = self._versions
         job.finished_at = now
         job.lease_until = 0.0
         job.active_token = None
-        self._finished[state][job.message.id] = now
-        if state is JobState.COMPLETED:
-            self._roll(job.message.queue, 0, now)
-        elif state is JobState.FAILED:
-            self._roll(job.message.queue, 1, now)
-        waiter = self._finish_waiters.pop(job.message.id, None)
-        if waiter is not None:
-            waiter.set()
-        ring = self._events.get(job.message.queue)
-        if ring is not None:
-            self._emit(ring, job, state)
+        self._finished[state][job_id] = now
+        if self._finish_waiters:
+            waiter = self._finish_waiters.pop(job_id, None)
+            if waiter is not None:
+                waiter.set()
+        if self._events:
+            ring = self._events.get(message.queue)
+            if ring is not None:
+                self._emit(ring, job, state)
         if job.flow_id is not None:
-            self._flow_settled(job, job.state, job.result, job.error, now)
-        self._trim(state, now)
+            self._flow_settled(job, state, job.result, job.error, now)
 
-    def _roll(self, queue: str, field: int, now: float) -> None:
-        """Count a completion (0), final failure (1) or retry (2) in ``now``'s minute."""
+    def _roll(self, queue: str, field: int, now: float, count: int = 1) -> None:
+        """Count ``count`` completions (0), final failures (1) or retries (2) in ``now``'s
+        minute."""
         minute = int(now // 60)
         minutes = self._rollups.setdefault(queue, {})
         row = minutes.get(minute)
@@ -373,7 +487,7 @@ class MemoryBroker(Broker):
             for old in [m for m in minutes if m <= minute - HISTORY_MINUTES]:
                 del minutes[old]
             row = minutes[minute] = [0, 0, 0]
-        row[field] += 1
+        row[field] += count
 
     def _emit(self, ring: deque[QueueEvent], job: _Job, state: JobState) -> None:
         queue = job.message.queue
@@ -396,19 +510,27 @@ class MemoryBroker(Broker):
             waiter.set()
 
     def _trim(self, state: JobState, now: float) -> None:
+        """Drop the oldest finished jobs of ``state`` past its count or age bound."""
         retention = self.settings.retention
-        if state is JobState.COMPLETED:
+        if state is _COMPLETED:
             ttl, cap = retention.completed_ttl, retention.completed_max
         else:
             ttl, cap = retention.failed_ttl, retention.failed_max
         finished = self._finished[state]
+        jobs = self._jobs
+        all_counts = self._counts
+        # Past the count bound: the oldest go, without looking at their age.
+        for _ in range(len(finished) - cap):
+            job = jobs.pop(finished.popitem(last=False)[0])
+            all_counts[job.message.queue][state] -= 1
+        expired = now - ttl
         while finished:
             job_id, finished_at = next(iter(finished.items()))
-            if len(finished) <= cap and finished_at > now - ttl:
+            if finished_at > expired:
                 break
-            finished.popitem(last=False)
-            job = self._jobs.pop(job_id)
-            self._counts[job.message.queue][state] -= 1
+            del finished[job_id]
+            job = jobs.pop(job_id)
+            all_counts[job.message.queue][state] -= 1
 
     def _promote_due(self, now: float) -> None:
         scheduled = self._scheduled
@@ -429,14 +551,15 @@ class MemoryBroker(Broker):
             heapq.heappop(scheduled)
         return None
 
-    def _head(self, queue: str) -> tuple[int, int, int, str] | None:
-        heap = self._waiting.get(queue)
-        while heap:
-            entry = heap[0]
+    def _head(self, queue: str) -> _Entry | None:
+        line = self._waiting.get(queue)
+        while line:
+            entry = line.peek()
+            assert entry is not None
             job = self._jobs.get(entry[3])
-            if job is not None and job.version == entry[2] and job.state is JobState.WAITING:
+            if job is not None and job.version == entry[2] and job.state is _WAITING:
                 return entry
-            heapq.heappop(heap)
+            line.pop()
         return None
 
     def _fenced(self, job_id: str, token: str) -> tuple[_Job | None, FinishOutcome]:
@@ -453,7 +576,25 @@ class MemoryBroker(Broker):
 
     async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         self._check()
-        return self._enqueue(messages)
+        outcomes = self._enqueue(messages)
+        self.wake()
+        return outcomes
+
+    async def enqueue_batches(
+        self, batches: Sequence[Sequence[JobMessage]]
+    ) -> list[list[EnqueueOutcome] | Exception]:
+        # All the batches in one call, and one wake-up for them all.
+        self._check()
+        results: list[list[EnqueueOutcome] | Exception] = []
+        try:
+            for batch in batches:
+                try:
+                    results.append(self._enqueue(batch))
+                except QueueFull as exc:
+                    results.append(exc)
+        finally:
+            self.wake()
+        return results
 
     def _enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         for message in messages:
@@ -476,26 +617,51 @@ class MemoryBroker(Broker):
                     fresh.add(message.id)
                     adding[message.queue] += 1
             self._check_room(adding, limit, "adding {extra}")
-        outcomes = []
+        # One pass, no per-job calls: the job, its heap entry and its outcome. Counters
+        # and per-queue lookups live in locals and are stored back once.
+        jobs = self._jobs
+        all_counts = self._counts
+        waiting = self._waiting
+        scheduled = self._scheduled
+        seq = self._seq
+        version = self._versions
+        outcomes: list[EnqueueOutcome] = []
+        append = outcomes.append
+        last_queue = None
+        last_key = 0
+        counts: dict[JobState, int] = {}
+        fifo: deque[_Entry] | None = None  # the level of (last_queue, last_key), once used
         for message in messages:
-            if message.id in self._jobs:
-                outcomes.append(EnqueueOutcome(message.id, False))
+            job_id = message.id
+            if job_id in jobs:
+                append(EnqueueOutcome(job_id, False))
                 continue
-            job = _Job(message, now, self._next())
-            self._jobs[message.id] = job
-            self._counts[message.queue][JobState.WAITING] += 1  # _move subtracts from it
-            self._queues.add(message.queue)  # the queue registry: producers' queues too
-            run_at = (
-                message.eta
-                if message.eta > 0
-                else (now + message.delay if message.delay > 0 else 0.0)
-            )
+            queue = message.queue
+            key = -message.priority
+            if queue != last_queue:
+                last_queue, last_key, fifo = queue, key, None
+                counts = all_counts[queue]
+                self._queues.add(queue)  # the queue registry: producers' queues too
+            elif key != last_key:
+                last_key, fifo = key, None
+            seq += 1
+            version += 1
+            eta = message.eta
+            run_at = eta if eta > 0 else (now + message.delay if message.delay > 0 else 0.0)
             if run_at > now:
-                self._to_scheduled(job, run_at)
+                jobs[job_id] = _Job(message, now, seq, version, _SCHEDULED, run_at=run_at)
+                counts[_SCHEDULED] += 1
+                heapq.heappush(scheduled, (run_at, version, job_id))
             else:
-                self._to_waiting(job, keep_order=True)
-            outcomes.append(EnqueueOutcome(message.id, True))
-        self.wake()
+                jobs[job_id] = _Job(message, now, seq, version)
+                counts[_WAITING] += 1
+                if fifo is None:
+                    fifo = waiting[queue].level(key).fifo
+                # A new order is above every order given before: the tail of its level.
+                fifo.append((key, seq, version, job_id))
+            append(EnqueueOutcome(job_id, True))
+        self._seq = seq
+        self._versions = version
         return outcomes
 
     async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
@@ -563,6 +729,16 @@ class MemoryBroker(Broker):
         claim_id: str | None = None,
     ) -> list[ClaimedJob]:
         self._check()
+        return self._claim(queues, limit, worker_id, lease, claim_id)
+
+    def _claim(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None,
+    ) -> list[ClaimedJob]:
         claim_id = new_claim_id() if claim_id is None else check_claim_id(claim_id)
         record = self._claim_record(claim_id)
         if record is not None:
@@ -575,34 +751,67 @@ class MemoryBroker(Broker):
                 and (job.active_token or "").startswith(prefix)
             ]
         now = self.clock()
-        self._promote_due(now)
+        if self._scheduled:
+            self._promote_due(now)
         now_us = round(now * _MICRO)
         if self._gates:
             self._unpark(queues, now_us)
+        limits = self.limits
         lease_until = time.monotonic() + lease
+        # Take the best entry of the queues' lines until `limit` jobs are taken: O(1) per
+        # job for one queue, O(queues) for several. A stale entry (the job moved on since
+        # it was pushed) is dropped on the way, which is all that lazy deletion asks.
+        lines = [line for queue in queues if (line := self._waiting.get(queue))]
+        jobs = self._jobs
+        active = self._active
+        all_counts = self._counts
+        version = self._versions
         claimed: list[ClaimedJob] = []
-        while len(claimed) < limit:
-            best: tuple[int, int, int, str] | None = None
-            for queue in queues:
-                head = self._head(queue)
-                if head is not None and (best is None or head < best):
-                    best = head
-            if best is None:
-                break
-            heapq.heappop(self._waiting[self._jobs[best[3]].message.queue])
-            job = self._jobs[best[3]]
-            if self.limits and not self._admit(job, best, now_us):
+        ids: list[str] = []
+        last_queue = None
+        counts: dict[JobState, int] = {}
+        while lines and len(claimed) < limit:
+            line = lines[0] if len(lines) == 1 else min(lines, key=_best)
+            entry = line.pop()
+            if not line:
+                lines = [other for other in lines if other is not line]
+            if entry is None:
+                continue
+            job = jobs.get(entry[3])
+            if job is None or job.version != entry[2] or job.state is not _WAITING:
+                continue
+            if limits and not self._admit(job, entry, now_us):
                 continue  # parked by its closed gate; the claim goes on with other jobs
-            self._move(job, JobState.ACTIVE)
+            message = job.message
+            if message.queue != last_queue:
+                last_queue = message.queue
+                counts = all_counts[last_queue]
+            counts[_WAITING] -= 1
+            counts[_ACTIVE] += 1
+            version += 1
+            job.version = version
+            job.state = _ACTIVE
             job.attempt += 1
-            job.active_token = f"{claim_id}.{len(claimed) + 1}"
+            token = job.active_token = f"{claim_id}.{len(claimed) + 1}"
             job.lease_until = lease_until
             job.started_at = now
             job.worker_id = worker_id
-            self._active[job.message.id] = job
-            claimed.append(self._claimed(job))
+            job_id = message.id
+            active[job_id] = job
+            ids.append(job_id)
+            claimed.append(
+                ClaimedJob(
+                    message=message,
+                    token=token,
+                    attempt=job.attempt,
+                    enqueued_at=job.enqueued_at,
+                    stalls=job.stalls,
+                )
+            )
+        self._versions = version
         if claimed:
-            self._claims[claim_id] = (time.monotonic(), [c.message.id for c in claimed])
+            # A tuple of strings: the GC stops tracking it, though it is kept a minute.
+            self._claims[claim_id] = (time.monotonic(), tuple(ids))
         return claimed
 
     # -- limits (typedq.limits) -------------------------------------------------------
@@ -666,12 +875,12 @@ class MemoryBroker(Broker):
                 room = spec.rate - len(starts)
                 opens = starts[len(starts) - spec.rate] + spec.per_us if room <= 0 else now_us
             closed = room <= 0
-            heap = self._waiting[queue]
+            line = self._waiting[queue]
             while parked and room > 0:
                 entry = heapq.heappop(parked)
                 job = self._jobs.get(entry[3])
                 if job is not None and job.version == entry[2] and job.state is JobState.WAITING:
-                    heapq.heappush(heap, entry)
+                    line.push(entry)
                     room -= 1  # (an entry of a job that left waiting is dropped)
             if parked and closed:
                 # Full now (so someone holds a slot or a recent start): closed until then.
@@ -714,7 +923,7 @@ class MemoryBroker(Broker):
             stalls=job.stalls,
         )
 
-    def _claim_record(self, claim_id: str) -> list[str] | None:
+    def _claim_record(self, claim_id: str) -> tuple[str, ...] | None:
         """The job ids a claim with this id took, while it is remembered; drops the
         records older than CLAIM_RECORD_TTL (oldest first: they are kept in order)."""
         expired = time.monotonic() - CLAIM_RECORD_TTL
@@ -776,33 +985,64 @@ class MemoryBroker(Broker):
 
     async def complete(self, items: Sequence[Completion]) -> list[FinishOutcome]:
         self._check()
+        return self._complete(items)
+
+    async def complete_and_claim(
+        self,
+        items: Sequence[Completion],
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None = None,
+    ) -> tuple[list[FinishOutcome], list[ClaimedJob]]:
+        self._check()
+        outcomes = self._complete(items)
+        claimed = self._claim(queues, limit, worker_id, lease, claim_id) if limit else []
+        return outcomes, claimed
+
+    def _complete(self, items: Sequence[Completion]) -> list[FinishOutcome]:
         now = self.clock()
-        outcomes = []
+        jobs = self._jobs
+        outcomes: list[FinishOutcome] = []
+        done: dict[str, int] = {}  # completions per queue, for the minute's rollup
         for item in items:
-            job, outcome = self._fenced(item.id, item.token)
-            if job is not None:
+            job = jobs.get(item.id)
+            token = item.token
+            if job is not None and job.state is _ACTIVE and job.active_token == token:
                 job.result = item.result
-                job.done_token = item.token
-                self._to_final(job, JobState.COMPLETED, now)
-            outcomes.append(outcome)
+                job.done_token = token
+                self._finish(job, _COMPLETED, now)
+                queue = job.message.queue
+                done[queue] = done.get(queue, 0) + 1
+                outcomes.append(_OK)
+            else:
+                outcomes.append(self._fenced(item.id, token)[1])
+        # Once per batch, not per job: the rollup, and retention (the batch's jobs count
+        # against the bound once they are all in).
+        for queue, count in done.items():
+            self._roll(queue, 0, now, count)
+        if done:
+            self._trim(_COMPLETED, now)
         return outcomes
 
     async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
         self._check()
         now = self.clock()
         outcomes = []
+        ended: set[JobState] = set()
         for item in items:
             job, outcome = self._fenced(item.id, item.token)
             if job is not None:
                 job.add_error(item.error)
                 job.done_token = item.token
                 if item.cancelled or (item.retry_delay is None) or job.cancel_requested:
-                    state = (
-                        JobState.CANCELLED
-                        if item.cancelled or job.cancel_requested
-                        else JobState.FAILED
-                    )
-                    self._to_final(job, state, now)
+                    state = _CANCELLED if item.cancelled or job.cancel_requested else _FAILED
+                    self._finish(job, state, now)
+                    if state is _FAILED:
+                        self._roll(job.message.queue, 1, now)
+                    ended.add(state)
                 else:
                     self._active.pop(job.message.id, None)
                     self._free_slot(job)
@@ -815,6 +1055,8 @@ class MemoryBroker(Broker):
                     else:
                         self._to_waiting(job, keep_order=False)
             outcomes.append(outcome)
+        for state in ended:
+            self._trim(state, now)
         self.wake()
         return outcomes
 
@@ -987,6 +1229,7 @@ class MemoryBroker(Broker):
         if f.messages:
             try:
                 self._enqueue(f.messages)
+                self.wake()
             except QueueFull:
                 outcome, fired = FireOutcome.FULL, 0
         state = self._schedules[f.name] = msgspec.structs.replace(
@@ -1264,7 +1507,7 @@ class MemoryBroker(Broker):
         oldest: dict[str, float] = {}
         wanted = set(queues)
         for queue in wanted:
-            for _, _, version, job_id in self._waiting.get(queue, ()):
+            for _, _, version, job_id in self._waiting.get(queue) or ():
                 job = self._jobs.get(job_id)
                 if job is not None and job.version == version and job.state is JobState.WAITING:
                     # Waiting since it became due: a job enqueued with a delay or an

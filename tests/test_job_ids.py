@@ -1,0 +1,113 @@
+"""new_job_id: ULID-shaped ids, counted up within a millisecond from a random start.
+
+Ids must stay unique across threads, across processes (forks included) and across a clock
+that steps back, fit the id grammar, and sort in creation order within a process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from typedq import names
+from typedq.names import check_job_id, new_job_id
+
+CROCKFORD = set("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
+
+
+@pytest.fixture
+def frozen_ms(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the id clock read the nanoseconds in the returned one-item list."""
+    now = [1_800_000_000_000 * 1_000_000]
+    monkeypatch.setattr(names, "_time_ns", lambda: now[0])
+    monkeypatch.setattr(names, "_id_block", names._IdBlock(-1))
+    return now
+
+
+def test_ids_fit_the_grammar_and_are_ulid_shaped() -> None:
+    ids = [new_job_id() for _ in range(5000)]
+    for job_id in ids:
+        assert check_job_id(job_id) == job_id
+        assert len(job_id) == 26
+        assert set(job_id) <= CROCKFORD
+    assert len(set(ids)) == len(ids)
+
+
+def test_ids_sort_in_creation_order_and_carry_the_time(frozen_ms: list[int]) -> None:
+    ids = []
+    for step in range(3):
+        ids += [new_job_id() for _ in range(3000)]  # several runs of 1024 within a ms
+        frozen_ms[0] += 1_000_000 * (step + 1)
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+    ms = 1_800_000_000_000
+    decoded = 0
+    for char in ids[0][:10]:
+        decoded = decoded * 32 + "0123456789ABCDEFGHJKMNPQRSTVWXYZ".index(char)
+    assert decoded == ms  # the first 10 characters are the milliseconds, like a ULID
+
+
+def test_a_clock_that_steps_back_still_gives_new_ids(frozen_ms: list[int]) -> None:
+    first = [new_job_id() for _ in range(100)]
+    frozen_ms[0] -= 5_000_000
+    back = [new_job_id() for _ in range(100)]
+    frozen_ms[0] += 5_000_000  # the first millisecond again: a fresh random start
+    again = [new_job_id() for _ in range(100)]
+    assert len(set(first + back + again)) == 300
+    assert again[0][:10] == first[0][:10]
+
+
+def test_threads_sharing_a_millisecond_never_share_an_id(frozen_ms: list[int]) -> None:
+    made: list[list[str]] = [[] for _ in range(4)]
+
+    def make(out: list[str]) -> None:
+        for _ in range(20_000):
+            out.append(new_job_id())
+
+    threads = [threading.Thread(target=make, args=(out,)) for out in made]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    everything = [job_id for out in made for job_id in out]
+    assert len(everything) == 80_000
+    assert len(set(everything)) == 80_000
+
+
+def test_two_blocks_of_one_millisecond_start_apart() -> None:
+    one, two = names._IdBlock(42), names._IdBlock(42)
+    assert one.head[:10] == two.head[:10]  # the same millisecond
+    assert (one.head, one.start) != (two.head, two.start)  # 80 fresh random bits each
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
+    # In a fresh interpreter (no threads, so fork is safe) with a clock that never moves:
+    # without the fork hook, parent and child would count on from the same block.
+    script = textwrap.dedent(
+        """
+        import os
+        from typedq import names
+        names._time_ns = lambda: 1_800_000_000_000 * 1_000_000
+        names.new_job_id()  # the parent starts its block before the fork
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(write, "\\n".join(names.new_job_id() for _ in range(50)).encode())
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        child = set(os.read(read, 1 << 16).decode().split())
+        parent = {names.new_job_id() for _ in range(50)}
+        print(len(child), len(parent), len(child & parent))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["50", "50", "0"]
