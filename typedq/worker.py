@@ -4,7 +4,7 @@ Lifecycle of a job in a worker:
 
 1. The claim loop asks the broker for at most as many jobs as there are free slots
    (capacity first, then claim), so a claimed job starts at once.
-2. ``concurrency`` long-lived runner tasks take claimed jobs off an in-memory stream
+2. ``concurrency`` long-lived runner tasks take claimed jobs off an in-memory queue
    (no task spawned per job). Each job runs in a fresh copy of the runner's contextvars
    context (:func:`typedq.execution.run_in_context`), as if it had a task of its own, and
    its handler in its own cancel scope (whose deadline is the job's timeout), so
@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import math
 import os
 import secrets
 import socket
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -53,7 +52,6 @@ from typing import Any, Generic, Self, TypeVar, overload
 import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .broker.base import ClaimedJob, LeaseStatus, Release, WorkerInfo, new_claim_id
 from .errors import BrokerUnavailable, ConfigError, FailureRecord
@@ -233,8 +231,13 @@ class Worker(Generic[TIn, TOut]):
         #: waits for that (the claim loop for a free slot, shutdown for no jobs left):
         #: a finishing job then costs nothing when nobody waits.
         self._changed: anyio.Event | None = None
-        #: Claimed jobs on their way to the runners (made by _serve).
-        self._jobs: MemoryObjectSendStream[tuple[ClaimedJob, Running]] | None = None
+        #: Claimed jobs on their way to the runners. Never longer than a few: at most
+        #: `concurrency` jobs run, and a refill claims only for slots its completions
+        #: free (their runners take the new jobs next).
+        self._queued: deque[tuple[ClaimedJob, Running]] = deque()
+        #: What wakes each runner waiting for a job (a plain deque and events: an anyio
+        #: memory stream costs several times more per blocked receive).
+        self._idle: list[anyio.Event] = []
         self._claim_done: anyio.Event | None = None
         self._phase_scope: anyio.CancelScope | None = None
         self._wait_scope: anyio.CancelScope | None = None
@@ -399,16 +402,11 @@ class Worker(Generic[TIn, TOut]):
     async def _serve(self, *, task_status: TaskStatus[None]) -> None:
         with anyio.CancelScope(shield=True) as scope:
             self._serve_scope = scope
-            # Never full: at most `concurrency` jobs run, and a refill claims only for
-            # slots its completions free (their runners take the new jobs next).
-            send, jobs = anyio.create_memory_object_stream[tuple[ClaimedJob, Running]](math.inf)
-            async with send, anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as tg:
                 self._tg = tg
-                self._jobs = send
                 await tg.start(self._settler.run)
                 for _ in range(self.concurrency):
-                    tg.start_soon(self._runner, jobs.clone())
-                jobs.close()
+                    tg.start_soon(self._runner)
                 tg.start_soon(self._claim_loop)
                 tg.start_soon(self._lease_loop)
                 tg.start_soon(self._reaper_loop)
@@ -616,7 +614,6 @@ class Worker(Generic[TIn, TOut]):
 
     def _start(self, jobs: Sequence[ClaimedJob]) -> None:
         """Hand newly claimed jobs to the runners."""
-        assert self._jobs is not None
         self.stats.claimed += len(jobs)
         for claimed in jobs:
             # The broker handed us a job this worker still runs under an older claim:
@@ -632,7 +629,9 @@ class Worker(Generic[TIn, TOut]):
             if self._cancelling:
                 # A claim that was in flight when shutdown cancelled the rest: hand back.
                 running.cancel("shutdown")
-            self._jobs.send_nowait((claimed, running))
+            self._queued.append((claimed, running))
+            if self._idle:
+                self._idle.pop().set()
 
     def _holders(self, job_id: str) -> list[Running]:
         return list(self._by_job.get(job_id, ()))
@@ -736,13 +735,19 @@ class Worker(Generic[TIn, TOut]):
 
     # -- running one job ---------------------------------------------------------------
 
-    async def _runner(self, jobs: MemoryObjectReceiveStream[tuple[ClaimedJob, Running]]) -> None:
+    async def _runner(self) -> None:
         """One of the worker's ``concurrency`` runners: runs claimed jobs one at a time,
         each in a fresh copy of this task's context, so what a job sets in contextvars
         (its span, a handler's own variables) is its own, as in a task of its own."""
-        async with jobs:
-            async for claimed, running in jobs:
-                await run_in_context(contextvars.copy_context(), self._run_job(claimed, running))
+        queued = self._queued
+        while True:
+            if not queued:
+                wake = anyio.Event()
+                self._idle.append(wake)
+                await wake.wait()
+                continue
+            claimed, running = queued.popleft()
+            await run_in_context(contextvars.copy_context(), self._run_job(claimed, running))
 
     async def _run_job(self, claimed: ClaimedJob, running: Running) -> None:
         job_id, task = claimed.message.id, claimed.message.task
