@@ -764,7 +764,10 @@ class Worker(Generic[TIn, TOut]):
                 extra=job_fields(claimed, self.id),
             )
         began = time.monotonic() if debug or observer is not None else 0.0
-        traced = self._tracing.process(claimed) if self._tracing is not None else None
+        # The job runs in a context of its own (_runner): its span stays current in it.
+        traced = (
+            self._tracing.process(claimed, own_context=True) if self._tracing is not None else None
+        )
         try:
             try:
                 attempt = await self._executor.attempt(claimed, running)
