@@ -103,6 +103,8 @@ class Tracing:
     def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
         self.tracer = trace.get_tracer("typedq", _version(), tracer_provider=tracer_provider)
         self._provider = tracer_provider
+        #: Set once the provider is known to be a real one (see _noop).
+        self._real = False
         #: The process spans' names and fixed attributes per (queue, task), built once.
         self._process_spans: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
         #: The last envelope context extracted (with the propagator it was extracted
@@ -117,8 +119,14 @@ class Tracing:
     def _noop(self) -> bool:
         """Whether spans are the API's no-ops (no SDK installed): nothing records them,
         so none is made; only a context that came with the job is passed on."""
+        if self._real:
+            return False
         provider = self._provider if self._provider is not None else trace.get_tracer_provider()
-        return isinstance(provider, _NOOP_PROVIDERS)
+        if isinstance(provider, _NOOP_PROVIDERS):
+            return True
+        # A real provider stays: the global one is set once and never replaced.
+        self._real = True
+        return False
 
     def _context(self) -> str:
         carrier: dict[str, str] = {}
