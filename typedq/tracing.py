@@ -30,7 +30,15 @@ A workflow is one trace: every step, member and callback carries the context of 
 flow's ``send`` span, so their process spans are its children (siblings of each other,
 not a chain of parents: a released step's context is fixed at enqueue). The fan-in
 callback therefore shares the members' trace; it carries no links to them, since the
-members' spans do not exist when the flow is enqueued.
+members' spans do not exist when the flow is enqueued (the members' envelopes hold the
+flow's send context, the callback's parent already), and nothing carries a member's
+process span context to the callback.
+
+Cost: with no SDK installed (the API's no-op provider) no span is made at all; only a
+context that came with the job is made current. With the SDK, a span that is not
+sampled costs the SDK's sampling decision and nothing else of ours (no outcome
+attributes); the per-span floor that remains is the SDK's (docs/observability.md has
+the figures and the sampler to use on busy queues).
 """
 
 from __future__ import annotations
