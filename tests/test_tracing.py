@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -341,8 +341,6 @@ def test_the_carrier_survives_the_envelope() -> None:
 )
 def test_a_process_span_has_the_parent_the_propagator_extracts(carried: str) -> None:
     """The lone-traceparent shortcut gives the parent the global propagator gives."""
-    from opentelemetry import propagate
-
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -371,6 +369,26 @@ def test_a_process_span_has_the_parent_the_propagator_extracts(carried: str) -> 
         else:
             assert span.parent is None
     assert trace.get_current_span() is trace.INVALID_SPAN  # detached again
+
+
+def test_without_an_sdk_no_span_is_made_and_a_carried_context_passes_on() -> None:
+    tracing = Tracing(trace.NoOpTracerProvider())
+    parent = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+
+    def claimed(carried: str) -> ClaimedJob:
+        message = JobMessage(id="j1", task="t", queue="q", payload=b"", trace_context=carried)
+        return ClaimedJob(message=message, token="t", attempt=1, enqueued_at=time.time())  # noqa: S106
+
+    assert tracing.process(claimed("")) is None  # nothing came with the job: nothing to do
+    traced = tracing.process(claimed(f"traceparent={parent}"))
+    assert traced is not None
+    current = trace.get_current_span().get_span_context()
+    assert (current.trace_id, current.span_id) == (int("1" * 32, 16), int("2" * 16, 16))
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    assert carrier["traceparent"] == parent  # an enqueue in the handler continues the trace
+    traced.end(Complete(b"\xc0"))
+    assert trace.get_current_span() is trace.INVALID_SPAN
 
 
 # -- across processes ------------------------------------------------------------------
