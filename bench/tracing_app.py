@@ -3,7 +3,10 @@ bench/tracing_overhead.py's worker process.
 
 ``off``: no tracing (the default). ``noop``: ``tracing=True`` with no TracerProvider
 configured (the API's no-op spans). ``sdk``: the OpenTelemetry SDK with a
-BatchSpanProcessor exporting to nowhere (what a real setup costs, less the network).
+BatchSpanProcessor exporting to nowhere (what a real setup costs, less the network),
+recording every span. ``sampled``: the same with the sampler docs/observability.md
+recommends for busy queues, ``ParentBased(TraceIdRatioBased(0.1))`` (one trace in ten
+recorded, decided where the trace starts and followed by the worker).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def configure(mode: str, *, install: bool = True) -> None:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from typedq.tracing import Tracing
 
@@ -36,8 +40,9 @@ def configure(mode: str, *, install: bool = True) -> None:
             return SpanExportResult.SUCCESS
 
     provider = None
-    if mode == "sdk":
-        provider = TracerProvider()
+    if mode in ("sdk", "sampled"):
+        sampler = ParentBased(TraceIdRatioBased(0.1)) if mode == "sampled" else None
+        provider = TracerProvider(sampler=sampler)
         provider.add_span_processor(BatchSpanProcessor(Nowhere()))
         if install:
             trace.set_tracer_provider(provider)

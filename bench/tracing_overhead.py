@@ -1,6 +1,7 @@
 """What tracing costs: end-to-end throughput and the worker's CPU per job at C=16 with
-tracing off, on with no TracerProvider (no-op spans) and on with the SDK, runs
-interleaved (off, noop, sdk, off, ...), median of each.
+tracing off, on with no TracerProvider (no-op spans), on with the SDK recording every
+span, and on with the SDK sampling one trace in ten (``ParentBased(TraceIdRatioBased
+(0.1))``), runs interleaved (off, noop, sdk, sampled, off, ...), median of each.
 
 Run: ``.venv/bin/python -m bench.tracing_overhead [--rounds 3] [--total 20000]``.
 
@@ -30,7 +31,7 @@ from bench.metrics_overhead import cpu_seconds
 from bench.redis_bench import ROOT, fresh, payload, records, redis_server, wait_done
 from bench.tracing_app import app, configure, noop
 
-MODES = ("off", "noop", "sdk")
+MODES = ("off", "noop", "sdk", "sampled")
 
 
 @contextlib.contextmanager
@@ -112,10 +113,14 @@ async def main(rounds: int, total: int, concurrency: int) -> None:
 
 def per_job_cost(mode: str, jobs: int = 50_000) -> float:
     """CPU seconds of one process span (start, make current, end) in ``mode``,
-    in-process, no broker; ``off`` is the worker's ``is None`` test."""
+    in-process, no broker; ``off`` is the worker's ``is None`` test. As when the producer
+    traces in the same mode, each job carries a trace context of its own (single
+    enqueues): sampled (``sdk``), one in ten sampled (``sampled``), none (``noop``: a
+    producer without the SDK writes none)."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from typedq.broker.base import ClaimedJob, JobMessage
     from typedq.outcomes import Complete
@@ -124,23 +129,34 @@ def per_job_cost(mode: str, jobs: int = 50_000) -> float:
     tracing: Tracing | None = None
     if mode == "noop":
         tracing = Tracing()
-    elif mode == "sdk":
-        provider = TracerProvider()
+    elif mode in ("sdk", "sampled"):
+        sampler = ParentBased(TraceIdRatioBased(0.1)) if mode == "sampled" else None
+        provider = TracerProvider(sampler=sampler)
         provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
         tracing = Tracing(provider)
-    context = "traceparent=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    claimed = ClaimedJob(
-        message=JobMessage(
-            id="j1", task="noop", queue="default", payload=b"", trace_context=context
-        ),
-        token="t",  # noqa: S106  # a lease token, not a password
-        attempt=1,
-        enqueued_at=time.time(),
-    )
+    claimed = [
+        ClaimedJob(
+            message=JobMessage(
+                id=f"j{i}",
+                task="noop",
+                queue="default",
+                payload=b"",
+                trace_context=""
+                if mode == "noop"
+                else f"traceparent=00-{i + 1:032x}-b7ad6b7169203331-"
+                f"{'00' if mode == 'sampled' and i % 10 else '01'}",
+            ),
+            token="t",  # noqa: S106  # a lease token, not a password
+            attempt=1,
+            enqueued_at=time.time(),
+        )
+        for i in range(1000)
+    ]
     outcome = Complete(b"\xc0")
     start = time.process_time()
-    for _ in range(jobs):
-        traced = tracing.process(claimed) if tracing is not None else None
+    for i in range(jobs):
+        job = claimed[i % 1000]
+        traced = tracing.process(job) if tracing is not None else None
         if traced is not None:
             traced.end(outcome)
     return (time.process_time() - start) / jobs

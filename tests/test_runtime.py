@@ -8,6 +8,7 @@ happens before any I/O (names, payload size, connection).
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,8 @@ from typing import Any, cast
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
 import pytest
 
 from tests.support import TEST_DEADLINE, Big, In, Out, PIn, POut, count
@@ -141,6 +144,65 @@ async def test_job_context_and_progress(app_name: str) -> None:
     assert sync_ctx.job_id == sync_job.id
     assert sync_ctx.queue == "s"
     assert sync_ctx.last_progress == [5, "half"]
+
+
+_job_var: contextvars.ContextVar[int | None] = contextvars.ContextVar("job_var", default=None)
+
+
+async def test_each_job_runs_in_its_own_context(app_name: str) -> None:
+    """Jobs share long-lived runners, yet what one job sets in a contextvar is its own:
+    the next job on the same runner starts without it, and a sync handler's thread and
+    a child task see the value of the job that started them."""
+    app = make_app(app_name)
+    seen: list[tuple[int, int | None, int | None, int | None]] = []
+
+    def in_thread() -> int | None:
+        return _job_var.get()
+
+    @app.task
+    async def mark(x: In) -> Out:
+        before = _job_var.get()
+        _job_var.set(x.n)
+        await anyio.lowlevel.checkpoint()
+        child: list[int | None] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: _append(child))
+        seen.append((x.n, before, await anyio.to_thread.run_sync(in_thread), child[0]))
+        return Out(x.n)
+
+    async def _append(into: list[int | None]) -> None:
+        into.append(_job_var.get())
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=1):
+            jobs = [await mark.enqueue(In(n)) for n in range(1, 6)]
+            assert [await j.result(timeout=10) for j in jobs] == [Out(n) for n in range(1, 6)]
+    assert sorted(seen) == [(n, None, n, n) for n in range(1, 6)]
+    assert _job_var.get() is None
+
+
+async def test_cancelling_one_job_stops_only_its_handler(app_name: str) -> None:
+    app = make_app(app_name)
+    started = {1: anyio.Event(), 2: anyio.Event()}
+    release = anyio.Event()
+
+    @app.task
+    async def wait(x: In) -> Out:
+        started[x.n].set()
+        await release.wait()
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            first, second = await wait.enqueue(In(1)), await wait.enqueue(In(2))
+            await started[1].wait()
+            await started[2].wait()
+            assert await first.cancel() is True
+            with pytest.raises(JobCancelled):
+                await first.result(timeout=10)
+            assert await second.status() is JobState.ACTIVE
+            release.set()
+            assert await second.result(timeout=10) == Out(2)
 
 
 async def test_cancel_sync_handler_cooperatively(app_name: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -27,8 +27,9 @@ from tests.cli_process import TypedqProcess
 from tests.redis_harness import RedisProcess, flushall
 from tests.support import TEST_DEADLINE, In, Out
 from typedq import App, Backoff, ConfigError, JobContext, JobFailed, Producer, QueueFull
-from typedq.broker.base import JobMessage
+from typedq.broker.base import ClaimedJob, JobMessage
 from typedq.broker.redis.codec import decode_job, encode, encode_body
+from typedq.outcomes import Complete
 from typedq.tracing import Tracing, decode_carrier, encode_carrier
 
 pytestmark = pytest.mark.anyio
@@ -325,6 +326,69 @@ def test_the_carrier_survives_the_envelope() -> None:
     old = encode(["t", b"\x90", "fp", 0, -1, -1.0, 0.0, 0.0, "rk", "ck", 5.0])
     assert decode_job("j1", "q", old).trace_context == ""
     assert msgspec.msgpack.decode(encode_body(message))[-1] == message.trace_context
+
+
+@pytest.mark.parametrize(
+    "carried",
+    [
+        "traceparent=00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+        "traceparent=00-" + "a" * 32 + "-" + "b" * 16 + "-00",
+        "traceparent=00-" + "0" * 32 + "-" + "2" * 16 + "-01",  # invalid: no parent
+        "traceparent=01-" + "1" * 32 + "-" + "2" * 16 + "-01",  # another version
+        "traceparent=00-" + "1" * 32 + "-" + "2" * 16 + "-01\ntracestate=a=b",
+        "traceparent=00-" + "1" * 32 + "-" + "2" * 16 + "-01\nbaggage=k=v",
+    ],
+)
+def test_a_process_span_has_the_parent_the_propagator_extracts(carried: str) -> None:
+    """The lone-traceparent shortcut gives the parent the global propagator gives."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider)
+    claimed = ClaimedJob(
+        message=JobMessage(id="j1", task="t", queue="q", payload=b"", trace_context=carried),
+        token="t",  # noqa: S106  # a lease token, not a password
+        attempt=1,
+        enqueued_at=time.time(),
+    )
+    for _ in range(2):  # the second one comes from the last-context cache
+        traced = tracing.process(claimed)
+        assert traced is not None
+        traced.end(Complete(b"\xc0"))
+    expected = trace.get_current_span(propagate.extract(decode_carrier(carried))).get_span_context()
+    spans = exporter.get_finished_spans()
+    if expected.is_valid and not expected.trace_flags.sampled:
+        assert spans == ()  # the default sampler follows the parent: not recorded
+    else:
+        assert len(spans) == 2
+    for span in spans:
+        if expected.is_valid:
+            assert span.parent == expected
+            assert span.context is not None
+            assert span.context.trace_id == expected.trace_id
+        else:
+            assert span.parent is None
+    assert trace.get_current_span() is trace.INVALID_SPAN  # detached again
+
+
+def test_without_an_sdk_no_span_is_made_and_a_carried_context_passes_on() -> None:
+    tracing = Tracing(trace.NoOpTracerProvider())
+    parent = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+
+    def claimed(carried: str) -> ClaimedJob:
+        message = JobMessage(id="j1", task="t", queue="q", payload=b"", trace_context=carried)
+        return ClaimedJob(message=message, token="t", attempt=1, enqueued_at=time.time())  # noqa: S106
+
+    assert tracing.process(claimed("")) is None  # nothing came with the job: nothing to do
+    traced = tracing.process(claimed(f"traceparent={parent}"))
+    assert traced is not None
+    current = trace.get_current_span().get_span_context()
+    assert (current.trace_id, current.span_id) == (int("1" * 32, 16), int("2" * 16, 16))
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    assert carrier["traceparent"] == parent  # an enqueue in the handler continues the trace
+    traced.end(Complete(b"\xc0"))
+    assert trace.get_current_span() is trace.INVALID_SPAN
 
 
 # -- across processes ------------------------------------------------------------------

@@ -300,7 +300,7 @@ async def test_an_unexpected_error_in_the_runtime_still_records_the_job(
     ran: list[int] = []
 
     @app.task(retries=0)
-    async def task(x: In) -> Out:
+    async def task(x: In, ctx: JobContext) -> Out:  # a context: the worker builds one
         ran.append(x.n)
         raise ValueError("handler failed")
 

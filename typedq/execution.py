@@ -19,13 +19,15 @@ meanwhile), because handing the job on while its code still runs would run it tw
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 import threading
 import time
 import traceback
-from collections.abc import Callable, Coroutine
-from typing import Any, Literal
+import types
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -61,9 +63,11 @@ from .outcomes import (
 from .serde import codec_for
 from .task import Task
 
-__all__ = ["CancelReason", "Executor", "Running"]
+__all__ = ["CancelReason", "Executor", "Running", "run_in_context"]
 
 log = logging.getLogger("typedq.worker")
+
+T = TypeVar("T")
 
 _TRACEBACK_LIMIT = 8192
 
@@ -147,6 +151,39 @@ class Running:
         """Until the thread returns, the lease is lost, or shutdown gives up on it."""
         if self._wake is not None and self.thread_alive and not (self.lost or self.abandoned):
             await self._wake.wait()
+
+
+@types.coroutine
+def run_in_context(
+    context: contextvars.Context, coro: Coroutine[Any, Any, T]
+) -> Generator[Any, Any, T]:
+    """Await ``coro`` in the current task with each of its steps run in ``context``.
+
+    What a task spawned with its own copy of the context would give, without spawning
+    one: the contextvars the coroutine sets stay in ``context``, and anything it starts
+    from there (a thread, a child task) inherits ``context``. Cancellation and the event
+    loop's messages pass through unchanged (what the loop sends or throws in is sent or
+    thrown into ``coro``), so cancel scopes entered in ``coro`` work as in any await.
+    """
+    send, throw = coro.send, coro.throw
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            if error is None:
+                yielded = context.run(send, value)
+            else:
+                thrown, error = error, None
+                yielded = context.run(throw, thrown)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]  # the coroutine's T
+        try:
+            value = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            error = exc
 
 
 def _type_name(exc: BaseException) -> str:
@@ -314,17 +351,8 @@ class Executor:
             when it was interrupted (timeout, cancel, lost lease, shutdown); and the
             deadline of the timeout
         """
-        message = claimed.message
-        ctx = JobContext(
-            job_id=message.id,
-            task=task.name,
-            queue=message.queue,
-            attempt=claimed.attempt,
-            enqueued_at=claimed.enqueued_at,
-            worker_id=self.worker_id,
-            report=lambda data: self._progress(claimed, data),
-            scheduled_for=message.scheduled_for or None,
-        )
+        # A handler that takes no context gets none: nothing to build for it.
+        args = (payload, self._context(claimed, task)) if task.takes_context else (payload,)
         got: tuple[bool, Any] | None = None
         # One scope for both ways an attempt is interrupted: its deadline is the timeout,
         # and cancelling it is a cancel, a lost lease or a shutdown (each sets
@@ -335,7 +363,7 @@ class Executor:
             if running.cancel_reason is not None:
                 scope.cancel()
             try:
-                got = (True, await self._call(task, payload, ctx, running))
+                got = (True, await self._call(task, args, running))
             except Exception as exc:
                 got = (False, exc)
             finally:
@@ -458,13 +486,23 @@ class Executor:
             cancelled=True,
         )
 
-    async def _call(
-        self, task: Task[Any, Any], payload: Any, ctx: JobContext, running: Running
-    ) -> Any:
+    def _context(self, claimed: ClaimedJob, task: Task[Any, Any]) -> JobContext:
+        message = claimed.message
+        return JobContext(
+            job_id=message.id,
+            task=task.name,
+            queue=message.queue,
+            attempt=claimed.attempt,
+            enqueued_at=claimed.enqueued_at,
+            worker_id=self.worker_id,
+            report=lambda data: self._progress(claimed, data),
+            scheduled_for=message.scheduled_for or None,
+        )
+
+    async def _call(self, task: Task[Any, Any], args: tuple[Any, ...], running: Running) -> Any:
         if task.is_async:
             running.in_handler = True
-            return await task.invoke(payload, ctx)
-        args = (payload, ctx) if task.takes_context else (payload,)
+            return await task.fn(*args)
         return await self._call_in_thread(task.fn, args, running)
 
     async def _call_in_thread(

@@ -30,18 +30,38 @@ A workflow is one trace: every step, member and callback carries the context of 
 flow's ``send`` span, so their process spans are its children (siblings of each other,
 not a chain of parents: a released step's context is fixed at enqueue). The fan-in
 callback therefore shares the members' trace; it carries no links to them, since the
-members' spans do not exist when the flow is enqueued.
+members' spans do not exist when the flow is enqueued (the members' envelopes hold the
+flow's send context, the callback's parent already), and nothing carries a member's
+process span context to the callback.
+
+Cost: with no SDK installed (the API's no-op provider) no span is made at all; only a
+context that came with the job is made current. With the SDK, a span that is not
+sampled costs the SDK's sampling decision and nothing else of ours (no outcome
+attributes); the per-span floor that remains is the SDK's (docs/observability.md has
+the figures and the sampler to use on busy queues).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import Span, SpanKind, StatusCode, TracerProvider
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    TraceFlags,
+    TracerProvider,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .broker.base import ClaimedJob, JobMessage
 from .observe import outcome_of
@@ -90,9 +110,31 @@ class Tracing:
 
     def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
         self.tracer = trace.get_tracer("typedq", _version(), tracer_provider=tracer_provider)
+        self._provider = tracer_provider
+        #: Set once the provider is known to be a real one (see _noop).
+        self._real = False
+        #: The process spans' names and fixed attributes per (queue, task), built once.
+        self._process_spans: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        #: The last envelope context extracted (with the propagator it was extracted
+        #: by) and what it gave: the jobs of one enqueue_many or one flow carry the
+        #: same one.
+        self._last_carried: tuple[str, object] = ("", None)
+        self._last_parent = otel_context.Context()
 
     def __repr__(self) -> str:
         return f"Tracing({self.tracer!r})"
+
+    def _noop(self) -> bool:
+        """Whether spans are the API's no-ops (no SDK installed): nothing records them,
+        so none is made; only a context that came with the job is passed on."""
+        if self._real:
+            return False
+        provider = self._provider if self._provider is not None else trace.get_tracer_provider()
+        if isinstance(provider, _NOOP_PROVIDERS):
+            return True
+        # A real provider stays: the global one is set once and never replaced.
+        self._real = True
+        return False
 
     def _context(self) -> str:
         carrier: dict[str, str] = {}
@@ -152,25 +194,96 @@ class Tracing:
 
     # -- worker side -------------------------------------------------------------------
 
-    def process(self, claimed: ClaimedJob) -> Processing:
+    def process(self, claimed: ClaimedJob, *, own_context: bool = False) -> Processing | None:
         """Start the ``process {queue}`` span of an attempt and make it current; the
-        caller ends it with :meth:`Processing.end` in the same task."""
+        caller ends it with :meth:`Processing.end` in the same task (None: there is no
+        span to end, the tracer is a no-op).
+
+        :param own_context: the attempt runs in a contextvars context of its own that is
+            dropped after it (the worker's runners): the span is made current without
+            keeping a token to restore the previous context at the end
+        """
         message = claimed.message
-        parent = otel_context.Context()
-        if message.trace_context:
-            parent = propagate.extract(decode_carrier(message.trace_context), context=parent)
-        attributes = _attributes("process", message.queue)
-        attributes["messaging.message.id"] = message.id
-        attributes["typedq.task"] = message.task
-        attributes["typedq.attempt"] = claimed.attempt
+        carried = message.trace_context
+        if carried:
+            key = (carried, propagate.get_global_textmap())
+            if key == self._last_carried:
+                parent = self._last_parent
+            else:
+                parent = _lone_traceparent(carried, key[1]) or propagate.extract(
+                    decode_carrier(carried), context=_EMPTY
+                )
+                self._last_carried, self._last_parent = key, parent
+        else:
+            parent = _EMPTY
+        if self._noop():
+            # No span, but the producer's context is passed on (an enqueue in the
+            # handler continues the trace, as a no-op span would have done).
+            if not carried:
+                return None
+            token = otel_context.attach(parent)
+            return None if own_context else Processing(trace.INVALID_SPAN, token)
+        spec = self._process_spans.get((message.queue, message.task))
+        if spec is None:
+            fixed = _attributes("process", message.queue)
+            fixed["typedq.task"] = message.task
+            spec = self._process_spans[message.queue, message.task] = (
+                f"process {message.queue}",
+                fixed,
+            )
+        name, fixed = spec
+        attributes = {
+            **fixed,
+            "messaging.message.id": message.id,
+            "typedq.attempt": claimed.attempt,
+        }
         span = self.tracer.start_span(
-            f"process {message.queue}",
+            name,
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes=attributes,
         )
         token = otel_context.attach(trace.set_span_in_context(span, parent))
-        return Processing(span, token)
+        return Processing(span, None if own_context else token)
+
+
+_EMPTY = otel_context.Context()
+_NOOP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+#: What the default propagators (W3C trace context and baggage) write for a span with no
+#: trace state and no baggage: the common envelope, parsed here without the propagator.
+_TRACEPARENT = re.compile(r"traceparent=00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+#: Whether a global propagator is the default one, by identity (checked once each).
+_DEFAULT_TEXTMAP: dict[int, bool] = {}
+
+
+def _is_default_textmap(textmap: object) -> bool:
+    known = _DEFAULT_TEXTMAP.get(id(textmap))
+    if known is None:
+        parts = getattr(textmap, "_propagators", None)  # CompositePropagator's list
+        known = (
+            type(textmap) is CompositePropagator
+            and isinstance(parts, list | tuple)
+            and all(type(p) in (TraceContextTextMapPropagator, W3CBaggagePropagator) for p in parts)
+        )
+        _DEFAULT_TEXTMAP[id(textmap)] = known
+    return known
+
+
+def _lone_traceparent(carried: str, textmap: object) -> otel_context.Context | None:
+    """The context the default propagators extract from a carrier holding only a
+    version-00 ``traceparent`` (what they inject without trace state or baggage), made
+    directly; None for anything else (the propagator then extracts it)."""
+    match = _TRACEPARENT.fullmatch(carried)
+    if match is None or not _is_default_textmap(textmap):
+        return None
+    trace_id, span_id = int(match[1], 16), int(match[2], 16)
+    if not trace_id or not span_id:
+        return None
+    remote = SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(match[3], 16))
+    )
+    return trace.set_span_in_context(NonRecordingSpan(remote), _EMPTY)
 
 
 def _attributes(operation: str, queue: str) -> dict[str, Any]:
@@ -193,14 +306,20 @@ class Processing:
 
     __slots__ = ("span", "token")
 
-    def __init__(self, span: Span, token: object) -> None:
+    def __init__(self, span: Span, token: object | None) -> None:
         self.span = span
+        #: Restores the context current before the span (None: the attempt's context is
+        #: its own and is dropped after it).
         self.token = token
 
     def end(self, outcome: Outcome | None) -> None:
         """End the span with ``outcome`` (None: the attempt was interrupted)."""
-        otel_context.detach(self.token)  # type: ignore[arg-type]  # the token attach() gave
+        if self.token is not None:
+            otel_context.detach(self.token)  # type: ignore[arg-type]  # attach() gave it
         span = self.span
+        if not span.is_recording():
+            span.end()  # not sampled: nothing to record
+            return
         if outcome is None:
             span.set_status(StatusCode.ERROR, "interrupted")
             span.end()

@@ -4,7 +4,11 @@ Lifecycle of a job in a worker:
 
 1. The claim loop asks the broker for at most as many jobs as there are free slots
    (capacity first, then claim), so a claimed job starts at once.
-2. Each job runs in its own cancel scope; a per-job timeout is a nested scope.
+2. ``concurrency`` long-lived runner tasks take claimed jobs off an in-memory queue
+   (no task spawned per job). Each job runs in a fresh copy of the runner's contextvars
+   context (:func:`typedq.execution.run_in_context`), as if it had a task of its own, and
+   its handler in its own cancel scope (whose deadline is the job's timeout), so
+   cancelling one job stops only that job's handler.
 3. The lease loop renews every running job's lease in one call, every third of the
    lease. A lease reported lost cancels the handler and its result is never written;
    a cancel request (``job.cancel()``) cancels it and records ``cancelled``.
@@ -33,12 +37,13 @@ down mid-write.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import secrets
 import socket
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -50,7 +55,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from .broker.base import ClaimedJob, LeaseStatus, Release, WorkerInfo, new_claim_id
 from .errors import BrokerUnavailable, ConfigError, FailureRecord
-from .execution import Executor, Running
+from .execution import Executor, Running, run_in_context
 from .limits import LimitSpec
 from .logs import job_fields
 from .observe import Observers, WorkerObserver, outcome_of
@@ -222,7 +227,17 @@ class Worker(Generic[TIn, TOut]):
         self._force_stop = False
         self._started = False
         self._stop: anyio.Event | None = None
+        #: Set when a job leaves _running or a thread returns, made only while someone
+        #: waits for that (the claim loop for a free slot, shutdown for no jobs left):
+        #: a finishing job then costs nothing when nobody waits.
         self._changed: anyio.Event | None = None
+        #: Claimed jobs on their way to the runners. Never longer than a few: at most
+        #: `concurrency` jobs run, and a refill claims only for slots its completions
+        #: free (their runners take the new jobs next).
+        self._queued: deque[tuple[ClaimedJob, Running]] = deque()
+        #: What wakes each runner waiting for a job (a plain deque and events: an anyio
+        #: memory stream costs several times more per blocked receive).
+        self._idle: list[anyio.Event] = []
         self._claim_done: anyio.Event | None = None
         self._phase_scope: anyio.CancelScope | None = None
         self._wait_scope: anyio.CancelScope | None = None
@@ -349,7 +364,6 @@ class Worker(Generic[TIn, TOut]):
         if limits:
             self.app.broker.set_limits(limits)
         self._stop = anyio.Event()
-        self._changed = anyio.Event()
         self._claim_done = anyio.Event()
         self._opening = anyio.CancelScope()
         # Resources open after the broker connects and before any claim; they close
@@ -391,6 +405,8 @@ class Worker(Generic[TIn, TOut]):
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 await tg.start(self._settler.run)
+                for _ in range(self.concurrency):
+                    tg.start_soon(self._runner)
                 tg.start_soon(self._claim_loop)
                 tg.start_soon(self._lease_loop)
                 tg.start_soon(self._reaper_loop)
@@ -463,13 +479,20 @@ class Worker(Generic[TIn, TOut]):
 
     async def _until(self, done: Callable[[], bool]) -> None:
         while not done():
-            assert self._changed is not None
-            await self._changed.wait()
+            await self._changed_event().wait()
+
+    def _changed_event(self) -> anyio.Event:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        return self._changed
 
     def _notify(self) -> None:
-        assert self._changed is not None
-        self._changed.set()
-        self._changed = anyio.Event()
+        """Wake whoever waits for a change in running jobs, if it may be the one it
+        waits for: a free slot (the claim loop) or any change while stopping."""
+        changed = self._changed
+        if changed is not None and (self._stopping or self.free_slots > 0):
+            self._changed = None
+            changed.set()
 
     # -- claiming --------------------------------------------------------------------
 
@@ -488,9 +511,8 @@ class Worker(Generic[TIn, TOut]):
                     await anyio.sleep(min(seconds or 5.0, 1.0))
             elif seconds is not None:
                 await anyio.sleep(seconds)
-            else:
-                assert self._changed is not None
-                await self._changed.wait()
+            elif self.free_slots <= 0:
+                await self._changed_event().wait()
         self._wait_scope = None
 
     async def _claim_loop(self) -> None:
@@ -591,8 +613,7 @@ class Worker(Generic[TIn, TOut]):
     # -- leases, reaper, cancellation --------------------------------------------------
 
     def _start(self, jobs: Sequence[ClaimedJob]) -> None:
-        """Run newly claimed jobs, each in its own task."""
-        assert self._tg is not None
+        """Hand newly claimed jobs to the runners."""
         self.stats.claimed += len(jobs)
         for claimed in jobs:
             # The broker handed us a job this worker still runs under an older claim:
@@ -608,7 +629,9 @@ class Worker(Generic[TIn, TOut]):
             if self._cancelling:
                 # A claim that was in flight when shutdown cancelled the rest: hand back.
                 running.cancel("shutdown")
-            self._tg.start_soon(self._run_job, claimed, running)
+            self._queued.append((claimed, running))
+            if self._idle:
+                self._idle.pop().set()
 
     def _holders(self, job_id: str) -> list[Running]:
         return list(self._by_job.get(job_id, ()))
@@ -712,6 +735,20 @@ class Worker(Generic[TIn, TOut]):
 
     # -- running one job ---------------------------------------------------------------
 
+    async def _runner(self) -> None:
+        """One of the worker's ``concurrency`` runners: runs claimed jobs one at a time,
+        each in a fresh copy of this task's context, so what a job sets in contextvars
+        (its span, a handler's own variables) is its own, as in a task of its own."""
+        queued = self._queued
+        while True:
+            if not queued:
+                wake = anyio.Event()
+                self._idle.append(wake)
+                await wake.wait()
+                continue
+            claimed, running = queued.popleft()
+            await run_in_context(contextvars.copy_context(), self._run_job(claimed, running))
+
     async def _run_job(self, claimed: ClaimedJob, running: Running) -> None:
         job_id, task = claimed.message.id, claimed.message.task
         observer = self._observer
@@ -727,7 +764,10 @@ class Worker(Generic[TIn, TOut]):
                 extra=job_fields(claimed, self.id),
             )
         began = time.monotonic() if debug or observer is not None else 0.0
-        traced = self._tracing.process(claimed) if self._tracing is not None else None
+        # The job runs in a context of its own (_runner): its span stays current in it.
+        traced = (
+            self._tracing.process(claimed, own_context=True) if self._tracing is not None else None
+        )
         try:
             try:
                 attempt = await self._executor.attempt(claimed, running)
@@ -863,8 +903,7 @@ class Worker(Generic[TIn, TOut]):
                 running.claimed.attempt,
                 extra=job_fields(running.claimed, self.id),
             )
-        if self._changed is not None:
-            self._notify()
+        self._notify()
 
     async def _report_progress(self, claimed: ClaimedJob, data: bytes) -> None:
         await self.app.broker.set_progress(claimed.message.id, claimed.token, data)
