@@ -52,11 +52,63 @@ local now = now_us()
 local added = {}
 local out = {}
 
+-- Batched writes (a fan-out of n members costs O(1) commands beyond its n HSETs): each
+-- flow reserves its jobs' order numbers with one INCRBY per queue and pushes its
+-- waiting jobs with one LPUSH per level list (in the same order as one push per job).
+local CHUNK = 1000  -- ids per LPUSH / keys per EXISTS (well below Lua's unpack limit)
+local orders = {}
+local function next_order(q)
+  local o = orders[q]
+  o.next = o.next + 1
+  return o.next
+end
+local pushes, push_order = {}, {}
+local function push_later(q, prio, id)
+  local lk = k_wait(q, prio)
+  local p = pushes[lk]
+  if not p then
+    p = {q = q, prio = prio, ids = {}}
+    pushes[lk] = p
+    push_order[#push_order + 1] = lk
+  end
+  p.ids[#p.ids + 1] = id
+end
+local function flush_pushes()
+  for _, lk in ipairs(push_order) do
+    local p = pushes[lk]
+    for s = 1, #p.ids, CHUNK do
+      redis.call('LPUSH', lk, unpack(p.ids, s, math.min(s + CHUNK - 1, #p.ids)))
+    end
+    redis.call('ZADD', k_levels(p.q), -tonumber(p.prio), p.prio)
+  end
+  pushes, push_order = {}, {}
+end
+
 local function store(id, q, prio, body, fields)
-  local t = {'m', body, 'q', q, 'o', redis.call('INCR', k_seq(q)), 'e', now}
+  local t = {'m', body, 'q', q, 'o', next_order(q), 'e', now}
   if prio ~= '0' then t[#t + 1] = 'p'; t[#t + 1] = prio end
   for _, v in ipairs(fields) do t[#t + 1] = v end
   redis.call('HSET', k_job(q, id), unpack(t))
+end
+
+-- Is any of the flow's derived ids (F.m<i>, F.<k>, the last step's F excluded) taken by
+-- another job? One EXISTS per CHUNK keys; the first taken id only when one is.
+local function first_taken(f)
+  local total = f.n + f.steps - 1
+  for s = 0, total - 1, CHUNK do
+    local keys = {}
+    for i = s, math.min(s + CHUNK, total) - 1 do
+      local at = f.at + 4 * math.min(i, f.n) + 6 * math.max(0, i - f.n)
+      keys[#keys + 1] = k_job(ARGV[at + 1], ARGV[at])
+    end
+    if redis.call('EXISTS', unpack(keys)) > 0 then
+      for i = s, math.min(s + CHUNK, total) - 1 do
+        local at = f.at + 4 * math.min(i, f.n) + 6 * math.max(0, i - f.n)
+        if redis.call('EXISTS', k_job(ARGV[at + 1], ARGV[at])) == 1 then return ARGV[at] end
+      end
+    end
+  end
+  return nil
 end
 
 for fi, f in ipairs(flows) do
@@ -71,12 +123,8 @@ for fi, f in ipairs(flows) do
       adding[q] = (adding[q] or 0) + 1
     end
     -- A derived id (F.m<i>, F.<k>) taken by another job: refused, nothing stored.
-    for i = 0, f.n + f.steps - 2 do
-      local at = f.at + 4 * math.min(i, f.n) + 6 * math.max(0, i - f.n)
-      if not refused and redis.call('EXISTS', k_job(ARGV[at + 1], ARGV[at])) == 1 then
-        refused = 'TYPEDQ_FLOW_ID_TAKEN ' .. ARGV[at]
-      end
-    end
+    local taken = first_taken(f)
+    if taken then refused = 'TYPEDQ_FLOW_ID_TAKEN ' .. taken end
     if limit > 0 and not refused then
       for q, extra in pairs(adding) do
         local c = redis.call('HMGET', k_counts(q), 'w', 's')
@@ -90,15 +138,20 @@ for fi, f in ipairs(flows) do
     if refused then
       out[fi] = refused
     else
-      for q, extra in pairs(adding) do added[q] = (added[q] or 0) + extra end
+      for q, extra in pairs(adding) do
+        added[q] = (added[q] or 0) + extra
+        -- This flow's order numbers on q: the `extra` after the counter's current value.
+        orders[q] = {next = redis.call('INCRBY', k_seq(q), extra) - extra}
+      end
       local fid = f.id
       local mq, sq = {}, {}
+      local held = {}
       for i = 0, f.n - 1 do
         local at = f.at + 4 * i
         local id, q, prio = ARGV[at], ARGV[at + 1], ARGV[at + 2]
         mq[#mq + 1] = q
         store(id, q, prio, ARGV[at + 3], {'s', 'w', 'fl', fid, 'fq', fq, 'fm', i})
-        push_waiting(q, prio, id, false)
+        push_later(q, prio, id)
         count(q, 'w', 1)
         work_queues[q] = true
       end
@@ -106,21 +159,28 @@ for fi, f in ipairs(flows) do
         local at = f.at + 4 * f.n + 6 * k
         local id, q, prio = ARGV[at], ARGV[at + 1], ARGV[at + 2]
         sq[#sq + 1] = q
-        -- The flow's own job keeps the flow's shape (for inspect, after the record ends).
+      end
+      for k = 0, f.steps - 1 do
+        local at = f.at + 4 * f.n + 6 * k
+        local id, q, prio = ARGV[at], ARGV[at + 1], ARGV[at + 2]
+        -- The flow's own job keeps the flow's shape (for inspect, after the record ends,
+        -- and for a retry that resumes the flow: the steps' queues).
         local shape = {}
-        if k == f.steps - 1 then shape = {'fS', f.steps, 'fn', f.n} end
+        if k == f.steps - 1 then shape = {'fS', f.steps, 'fn', f.n, 'fsq', flow_queue_list(sq)} end
         if k == 0 and not f.fan_out then
           store(id, q, prio, ARGV[at + 3], {'s', 'w', 'fl', fid, 'fq', fq, 'fs', k, unpack(shape)})
-          push_waiting(q, prio, id, false)
+          push_later(q, prio, id)
           count(q, 'w', 1)
           work_queues[q] = true
         else
           store(id, q, prio, ARGV[at + 3], {'s', 's', 'r', HELD_US, 'fl', fid, 'fq', fq, 'fs', k,
             'mh', ARGV[at + 4], 'mt', ARGV[at + 5], unpack(shape)})
-          redis.call('ZADD', k_sched(q), HELD_US, id)
+          held[#held + 1] = {q, id}
           count(q, 's', 1)
         end
       end
+      for _, h in ipairs(held) do redis.call('ZADD', k_sched(h[1]), HELD_US, h[2]) end
+      flush_pushes()
       local pol = 'a'
       if f.pol == 'c' then pol = 'c' end
       local col = '0'
