@@ -3,7 +3,8 @@
 -- and stall counts; finish time, result, error, progress cleared).
 -- KEYS[1] = the queue's order counter
 -- ARGV: P, queue, ids...
--- Returns per id: 'retried', 'not_retryable' or 'not_found'.
+-- Returns per id: 'retried', 'not_retryable', 'in_flow' (a workflow's job that cannot
+-- run again alone, see flow_retry) or 'not_found'. A workflow's step resumes its flow.
 if #ARGV < 2 or ARGV[2] == '' then return bad_args('retry') end
 local q = ARGV[2]
 local out = {}
@@ -14,6 +15,8 @@ for i = 3, #ARGV do
     out[i - 2] = 'not_found'
   elseif r[1] ~= 'f' and r[1] ~= 'x' then
     out[i - 2] = 'not_retryable'
+  elseif flow_retry(q, id) then
+    out[i - 2] = 'in_flow'  -- see flow_retry (common.lua): a flow's job retried alone
   else
     local jk = k_job(q, id)
     redis.call('ZREM', k_done(q, r[1]), id)
