@@ -32,7 +32,7 @@ from typedq import (
     RateLimit,
 )
 from typedq.broker.base import Completion, RetryOutcome
-from typedq.inspector import Inspector, render_flow
+from typedq.inspector import Inspector, render_flow, render_job
 
 pytestmark = pytest.mark.anyio
 
@@ -721,3 +721,50 @@ async def test_a_fan_out_member_is_not_retried_alone(app_name: str, broker_url: 
             assert await app.broker.retry([member, job.id]) == [RetryOutcome.IN_FLOW] * 2
             assert await check.job(member).status() is JobState.FAILED
             assert await job.status() is JobState.FAILED
+
+
+async def test_held_steps_say_what_they_wait_for(app_name: str, broker_url: str) -> None:
+    """A held step is ``scheduled`` (the six states of the spec) and inspect says which
+    step of which flow it waits for, instead of a due time centuries away."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n * x.n)
+
+    @app.task
+    async def total(outs: list[Out]) -> In:
+        return In(sum(o.n for o in outs))
+
+    @app.task
+    async def last(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task
+    async def plus(x: Out) -> Out:
+        return Out(x.n + 1)
+
+    tool = Inspector(app.client, ["default"])
+    async with app:  # no worker: everything after the first step stays held
+        chain = await square.then(plus).enqueue(In(3))
+        fan = await square.map(In(i) for i in range(3)).then(total).then(last).enqueue()
+        assert await chain.status() is JobState.SCHEDULED
+        detail = await tool.job(chain.id)
+        assert detail is not None
+        assert detail.job.waits_for == f"waiting for step 0 ({chain.id}.0) of flow {chain.id}"
+        flow = await tool.flow(fan.id)
+        assert flow is not None
+        assert [s.waits_for for s in flow.steps if s is not None] == [
+            f"waiting for the fan-out (3 members) of flow {fan.id}",
+            f"waiting for step 0 ({fan.id}.0) of flow {fan.id}",
+        ]
+        first = await tool.job(f"{chain.id}.0")  # waiting: waits on nothing
+        assert first is not None
+        assert first.job.waits_for == ""
+        out = io.StringIO()
+        render_job(Console(file=out, width=200), detail)
+        render_flow(Console(file=out, width=200), flow)
+    text = out.getvalue()
+    assert f"scheduled (waiting for step 0 ({chain.id}.0) of flow {chain.id})" in text
+    assert not [line for line in text.splitlines() if line.startswith("due")]
+    assert f"scheduled (waiting for the fan-out (3 members) of flow {fan.id})" in text
