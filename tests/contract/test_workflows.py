@@ -768,3 +768,38 @@ async def test_held_steps_say_what_they_wait_for(app_name: str, broker_url: str)
     assert f"scheduled (waiting for step 0 ({chain.id}.0) of flow {chain.id})" in text
     assert not [line for line in text.splitlines() if line.startswith("due")]
     assert f"scheduled (waiting for the fan-out (3 members) of flow {fan.id})" in text
+
+
+async def test_retrying_a_failed_fan_in_callback_resumes_its_flow(
+    app_name: str, broker_url: str
+) -> None:
+    """The callback's payload (the members' results) is kept with it: retried, it runs on
+    the same results and the steps after it run."""
+    app = App(app_name, broker=broker_url)
+    fixed = False
+    got: list[list[int]] = []
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n * x.n)
+
+    @app.task
+    async def total(outs: list[Out]) -> In:
+        got.append([o.n for o in outs])
+        if not fixed:
+            raise Boom("not yet")
+        return In(sum(o.n for o in outs))
+
+    @app.task
+    async def last(x: In) -> Out:
+        return Out(x.n + 1)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await square.map(In(i) for i in range(4)).then(total).then(last).enqueue()
+            with pytest.raises(JobFailed):
+                await job.result(timeout=10)
+            fixed = True
+            assert await app.broker.retry([f"{job.id}.0"]) == [RetryOutcome.RETRIED]
+            assert await job.result(timeout=10) == Out(1 + 4 + 9 + 1)
+    assert got == [[0, 1, 4, 9]] * 2
