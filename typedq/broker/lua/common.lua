@@ -535,8 +535,7 @@ local function flow_release(fq, f, k, steps, collector, payload, now, sq)
   end
   -- At the head of its priority level: a flow under way finishes before new work starts,
   -- instead of its next step or callback queueing behind the members of every flow
-  -- enqueued since (O(1); the embedded broker does the same). The wake-up for it is
-  -- published by this same script (work_queues).
+  -- enqueued since (O(1); the embedded broker does the same).
   redis.call('HDEL', jk, 'mh', 'mt', 'r')
   redis.call('HSET', jk, 'm', r[3] .. msgpack_bin(payload) .. r[4], 's', 'w')
   push_waiting(q, sane_prio(r[5]), id, true)
@@ -546,8 +545,8 @@ local function flow_release(fq, f, k, steps, collector, payload, now, sq)
 end
 
 -- Every member settled: fail the flow (a member failed, default policy) or release
--- step 0 with the msgpack array of the members' elements, in input order. The record
--- is read in one HMGET (up to 1000 members; more in further ones of 1000).
+-- step 0 with the msgpack array of the members' elements, in input order (one HMGET
+-- per 1000 members).
 local function flow_fan_in(fq, f, steps, n, collector, now)
   local fk = k_flow(fq, f)
   local names = {'fi', 'fst', 'fe', 'mq', 'sq'}
@@ -580,9 +579,7 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now)
   local steps, collector = tonumber(meta[1]), meta[3] == '1'
   if fm then
     local i = tonumber(fm)
-    -- r<i> is both the member's element and its "settled" mark (set once: a member
-    -- that settles again, retried, is not counted twice); a failed member's is '' under
-    -- the default policy (the flow fails, no payload is built).
+    -- r<i>: its element and its settled mark (set once); '' for a failed one ('a').
     local el = ''
     if meta[4] == 'c' then
       if state == 'c' then el = '\146\162ok' .. (res or '\192')
@@ -614,46 +611,6 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now)
   else
     flow_end(fq, f, state, err, now)
   end
-end
-
--- A failed or cancelled job of a workflow is retried (retry.lua): nil when it may go
--- back to waiting, else the answer 'in_flow' (nothing changed). A step that ran, of a
--- flow that has ended, resumes its flow: the later steps (ended with it, never run,
--- still held: 'mh') are held again and the flow record is made again, so the step's
--- completion hands off as the first time and the flow's own job completes. Refused: a
--- fan-out member (its flow fanned in or failed without it, and the other members'
--- results are gone), a step that never ran (retry the one that failed), a job of a
--- flow that is running (resumed already), or a flow whose later steps are gone.
-local function flow_retry(q, id)
-  local r = read_hash(q, id, 'fl', 'fm', 'fs', 'fq', 'mh')
-  if not r or not r[1] then return nil end
-  local f, fq = r[1], r[4] or q
-  if r[2] or r[5] or not r[3] then return 'in_flow' end
-  local fk = k_flow(fq, f)
-  if redis.call('EXISTS', fk) == 1 then return 'in_flow' end
-  local shape = read_hash(fq, f, 'fS', 'fn', 'fsq')
-  if not shape or not tonumber(shape[1]) then return 'in_flow' end
-  local steps, k = tonumber(shape[1]), tonumber(r[3])
-  local sq = flow_queues(shape[3], steps, fq)
-  local later = {}
-  for j = k + 1, steps - 1 do
-    local jid, jq = flow_step_id(f, j, steps), sq[j + 1]
-    local s = read_hash(jq, jid, 's', 'mh')
-    if not s or (s[1] ~= 'f' and s[1] ~= 'x') or not s[2] then return 'in_flow' end
-    later[#later + 1] = {jid, jq, s[1]}
-  end
-  for _, j in ipairs(later) do
-    local jid, jq, st = j[1], j[2], j[3]
-    redis.call('ZREM', k_done(jq, st), jid)
-    redis.call('HDEL', k_job(jq, jid), 'err', 'fa')
-    redis.call('HSET', k_job(jq, jid), 's', 's', 'r', HELD_US)
-    redis.call('ZADD', k_sched(jq), HELD_US, jid)
-    count(jq, st, -1)
-    count(jq, 's', 1)
-  end
-  redis.call('HSET', fk, 'S', steps, 'n', tonumber(shape[2]) or 0, 'c', 0, 'col', '0',
-    'pol', 'a', 'mq', '', 'sq', shape[3] or '')
-  return nil
 end
 
 -- The flow link of a job about to be deleted (remove, purge): nil for a job of no flow.
