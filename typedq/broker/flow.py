@@ -43,6 +43,12 @@ step's own transition:
 - a job of the flow is removed before it finished: a member settles as failed, a step
   fails the rest, with reason ``flow_broken``. Nothing waits forever.
 
+Retry (``Broker.retry``) of a step that failed or was cancelled, in a flow that has ended,
+resumes the flow: the later steps its end stopped (still held: never released) are held
+again and the flow record is made again, in the same atomic call; the step's completion
+then hands off as the first time. A fan-out member, a step that never ran, or a job of a
+running flow answers ``RetryOutcome.IN_FLOW`` and is left as it is.
+
 The flow record is deleted when the flow ends; the jobs themselves are bounded by the
 ordinary result retention. A fan-out of 0 members fans in at enqueue (payload ``[]``).
 """
