@@ -223,6 +223,20 @@ async def test_actions_need_the_token_and_the_session_csrf(jobs: Jobs, tmp_path:
         assert (await http.post(f"/jobs/{new_id}/cancel", data={"csrf": csrf})).status_code == 403
 
 
+async def test_a_held_flow_step_says_what_it_waits_for(dash_broker: str) -> None:
+    """A chain's later step is ``scheduled`` while it waits: its page and its flow's say
+    for which step of which flow, instead of a due time."""
+    with app.using_broker(dash_broker), anyio.fail_after(30):
+        async with app:
+            chain = await report.then(total).enqueue(Report(n=5))  # no worker: step 0 waits
+            async with client() as http:
+                waits = f"waiting for step 0 ({chain.id}.0) of flow {chain.id}"
+                r = await http.get(f"/jobs/{chain.id}")
+                assert f"scheduled ({waits})" in r.text
+                r = await http.get(f"/flows/{chain.id}")
+                assert f"({waits})" in r.text
+
+
 async def test_a_queue_page_pages_without_loading_every_job(dash_broker: str) -> None:
     with app.using_broker(dash_broker), anyio.fail_after(30):
         async with app:

@@ -40,7 +40,7 @@ def screen(width: int = 80) -> tuple[Console, io.StringIO]:
     return Console(file=out, width=width, force_terminal=False), out
 
 
-def view(job_id: str, error: FailureRecord | None, **fields: float) -> JobView:
+def view(job_id: str, error: FailureRecord | None, *, run_at: float = 0.0) -> JobView:
     return JobView(
         id=job_id,
         task="charge_customer_card",
@@ -51,7 +51,7 @@ def view(job_id: str, error: FailureRecord | None, **fields: float) -> JobView:
         enqueued_at=time.time() - 60,
         finished_at=time.time(),
         error=error,
-        **fields,
+        run_at=run_at,
     )
 
 

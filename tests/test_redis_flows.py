@@ -7,6 +7,8 @@ this looks at the keys, to show the flow state stays bounded.
 
 from __future__ import annotations
 
+import random
+
 import anyio
 import msgspec
 import pytest
@@ -14,8 +16,8 @@ import pytest
 from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import broker_at, raw_redis
 from tests.support import TEST_DEADLINE
-from typedq import App, JobState
-from typedq.broker.base import EnqueueOutcome, JobMessage
+from typedq import App, ConfigError, JobState
+from typedq.broker.base import ClaimedJob, Completion, EnqueueOutcome, JobMessage
 from typedq.broker.flow import HELD_AT, FlowSpec
 from typedq.broker.keys import Keys
 
@@ -86,3 +88,41 @@ async def test_a_resent_flow_enqueue_answers_created(
     assert first == again == [EnqueueOutcome("f1", True)]
     assert other == [EnqueueOutcome("f1", False)]
     assert (counts[JobState.WAITING], counts[JobState.SCHEDULED]) == (1, 1)
+
+
+async def test_a_fan_out_past_one_chunk_of_ids(redis_server: RedisProcess) -> None:
+    """The enqueue script checks ids (EXISTS) and pushes members (LPUSH) 1,000 at a time,
+    and the fan-in reads the results 1,000 at a time: a member id taken past the first
+    chunk refuses the flow whole, and 2,500 members are claimed in input order and fanned
+    in in input order."""
+    flushall(redis_server.port)
+    app = App("bigfan", broker=redis_server.url)
+
+    @app.task
+    async def double(x: N) -> N:
+        return N(x.n * 2)  # pragma: no cover
+
+    size = 2500
+    async with app:
+        broker = app.broker
+        await double.enqueue(N(-1), job_id="big.m1700")
+        with pytest.raises(ConfigError, match=r"'big\.m1700' of flow 'big' is taken"):
+            await double.map(N(i) for i in range(size)).enqueue(job_id="big")
+        counts = await broker.counts("default")
+        assert counts[JobState.WAITING] + counts[JobState.SCHEDULED] == 1  # nothing stored
+        assert await broker.remove(["big.m1700"]) == [True]
+        job = await double.map(N(i) for i in range(size)).enqueue(job_id="big")
+        claimed: list[ClaimedJob] = []
+        while len(claimed) < size:
+            got = await broker.claim(["default"], 500, worker_id="w", lease=30)
+            assert got
+            claimed += got
+        assert [c.message.id for c in claimed] == [f"big.m{i}" for i in range(size)]
+        done = [
+            Completion(c.message.id, c.token, double.output.encode(N(i * 2)))
+            for i, c in enumerate(claimed)
+        ]
+        random.Random(7).shuffle(done)  # members finish in any order
+        for start in range(0, size, 300):
+            await broker.complete(done[start : start + 300])
+        assert await job.result(timeout=10) == [N(i * 2) for i in range(size)]

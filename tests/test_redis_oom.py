@@ -25,6 +25,7 @@ from typedq.broker.base import (
     RetryOutcome,
 )
 from typedq.broker.redis import RedisBroker
+from typedq.broker.redis.scripts import SCRIPTS
 from typedq.task import DEFAULT_QUEUE
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio]
@@ -89,8 +90,13 @@ async def test_enqueue_at_maxmemory_is_refused_whole_and_clearly(
 
 
 def fill_to_maxmemory(port: int, headroom: int = 2_000_000) -> redis.Redis:
-    """A client of the server, whose maxmemory is set ``headroom`` bytes above use."""
+    """A client of the server, whose maxmemory is set ``headroom`` bytes above use.
+
+    typedq's scripts are loaded first: they take about 1 MB of the server's memory, so
+    measured without them the headroom would depend on the size of the scripts."""
     admin = redis.Redis(port=port)
+    for source, _ in SCRIPTS.values():
+        admin.script_load(source)
     used = int(admin.info("memory")["used_memory"])
     admin.config_set("maxmemory", used + headroom)
     return admin

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from .broker import redact_url
 from .broker.base import CancelOutcome, JobRecord, JobState, ScheduleState, WorkerInfo
-from .broker.flow import member_id, step_id
+from .broker.flow import HELD_AT, member_id, step_id, waits_for
 from .client import Client
 from .errors import BrokerDataError, ConfigError, FailureRecord
 from .job import decode_failure
@@ -80,6 +80,9 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     #: When a scheduled job is due (0 otherwise), and when the current attempt started.
     run_at: float = 0.0
     started_at: float = 0.0
+    #: A held workflow step (state ``scheduled``): what it waits on, e.g. "waiting for
+    #: step 1 (F.1) of flow F" (see typedq.broker.flow.waits_for); "" otherwise.
+    waits_for: str = ""
 
 
 class JobDetail(msgspec.Struct, frozen=True, kw_only=True):
@@ -302,6 +305,14 @@ class Inspector:
                 if record.state in (JobState.FAILED, JobState.CANCELLED) and len(failed) < 10:
                     failed.append(_view(record))
         own = steps[-1]
+        views = [
+            None
+            if r is None
+            else msgspec.structs.replace(
+                _view(r), waits_for=waits_for(shape, r.message.id, r.run_at)
+            )
+            for r in steps
+        ]
         return FlowView(
             id=flow_id,
             state=None if own is None else own.state,
@@ -309,14 +320,24 @@ class Inspector:
             members=shape.members,
             members_pending=shape.pending,
             member_states=states,
-            steps=[None if r is None else _view(r) for r in steps],
+            steps=views,
             failed_members=failed,
         )
 
     async def job(self, job_id: str) -> JobDetail | None:
         """One job in full, or None when there is no such job (any queue of the app)."""
         (record,) = await self.client.broker.get([job_id])
-        return None if record is None else _detail(record)
+        if record is None:
+            return None
+        detail = _detail(record)
+        if record.run_at >= HELD_AT:
+            flow = await self.client.broker.flow_state(job_id)
+            if flow is not None:
+                view = msgspec.structs.replace(
+                    detail.job, waits_for=waits_for(flow, job_id, record.run_at)
+                )
+                detail = msgspec.structs.replace(detail, job=view)
+        return detail
 
     async def workers(self) -> list[WorkerInfo]:
         """The live workers of the app (those whose heartbeat has not expired)."""
@@ -611,7 +632,7 @@ def render_flow(console: Console, flow: FlowView) -> None:
             str(k),
             step.id,
             step.task,
-            step.state.value,
+            step.state.value + (f" ({step.waits_for})" if step.waits_for else ""),
             str(step.attempt),
             "-" if error is None else f"{error.reason.value}: {error.message}",
         )
@@ -677,12 +698,17 @@ def render_job(console: Console, detail: JobDetail) -> None:
         ("id", job.id),
         ("task", job.task),
         ("queue", job.queue),
-        ("state", job.state.value + (" (cancel requested)" if detail.cancel_requested else "")),
+        (
+            "state",
+            job.state.value
+            + (" (cancel requested)" if detail.cancel_requested else "")
+            + (f" ({job.waits_for})" if job.waits_for else ""),
+        ),
         ("attempt", str(job.attempt) + (f" ({detail.stalls} stalls)" if detail.stalls else "")),
         ("priority", str(job.priority)),
         ("enqueued", _when(job.enqueued_at)),
     ]
-    if job.run_at:
+    if job.run_at and not job.waits_for:
         rows.append(("due", _when(job.run_at)))
     if job.started_at:
         rows.append(("started", _when(job.started_at)))

@@ -31,8 +31,8 @@ from typedq import (
     QueueFull,
     RateLimit,
 )
-from typedq.broker.base import Completion
-from typedq.inspector import Inspector, render_flow
+from typedq.broker.base import Completion, RetryOutcome
+from typedq.inspector import Inspector, render_flow, render_job
 
 pytestmark = pytest.mark.anyio
 
@@ -617,3 +617,189 @@ async def test_a_released_step_goes_before_jobs_enqueued_after_its_flow(
             claimed = await broker.claim(["default"], 10, worker_id="w", lease=30)
             assert [c.message.id for c in claimed] == [job.id] + [j.id for j in later]
             assert claimed[0].message.payload == result
+
+
+async def test_retrying_the_failed_step_resumes_its_flow(app_name: str, broker_url: str) -> None:
+    """Retrying the step that failed a chain runs it again and then the steps its failure
+    stopped: the flow's own job completes. A step that never ran is not retried alone."""
+    app = App(app_name, broker=broker_url)
+    ran: list[str] = []
+    fixed = False
+
+    @app.task
+    async def first(x: In) -> In:
+        ran.append("first")
+        return In(x.n + 1)
+
+    @app.task
+    async def flaky(x: In) -> In:
+        ran.append("flaky")
+        if not fixed:
+            raise Boom("not yet")
+        return In(x.n * 10)
+
+    @app.task
+    async def last(x: In) -> Out:
+        ran.append("last")
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await first.then(flaky).then(last).enqueue(In(1))
+            with pytest.raises(JobFailed):
+                await job.result(timeout=10)
+            broker = app.broker
+            # The last step never ran (it ended with its flow): not retried alone.
+            assert await broker.retry([job.id]) == [RetryOutcome.IN_FLOW]
+            assert await job.status() is JobState.FAILED
+            fixed = True
+            assert await broker.retry([f"{job.id}.1"]) == [RetryOutcome.RETRIED]
+            assert await job.result(timeout=10) == Out(20)
+            assert await job.status() is JobState.COMPLETED
+            state = await broker.flow_state(job.id)
+            assert state is not None
+            assert state.pending == -1  # the flow has ended again
+            # Done now: nothing of the flow is retryable.
+            assert await broker.retry([f"{job.id}.1"]) == [RetryOutcome.NOT_RETRYABLE]
+    assert ran == ["first", "flaky", "flaky", "last"]
+
+
+async def test_retrying_a_cancelled_step_resumes_a_cancelled_flow(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+    started = anyio.Event()
+    hang_once = True
+
+    @app.task
+    async def slow(x: In) -> In:
+        if hang_once:
+            started.set()
+            await anyio.sleep_forever()
+        return In(x.n + 1)
+
+    @app.task
+    async def after(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await slow.then(after).enqueue(In(4))
+            await started.wait()
+            assert await job.cancel()
+            with pytest.raises(JobCancelled):
+                await job.result(timeout=5)
+            first = slow.job(f"{job.id}.0")
+            with pytest.raises(JobCancelled):
+                await first.result(timeout=5)
+            hang_once = False
+            assert await app.broker.retry([first.id]) == [RetryOutcome.RETRIED]
+            assert await job.result(timeout=10) == Out(5)
+
+
+async def test_a_fan_out_member_is_not_retried_alone(app_name: str, broker_url: str) -> None:
+    """A failed member's flow failed without it and its siblings' results are not kept:
+    retrying the member (or the callback that never ran) is refused, nothing changes."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def check(x: In) -> Out:
+        if x.n == 2:
+            raise Boom("bad 2")
+        return Out(x.n)
+
+    @app.task
+    async def total(outs: list[Out]) -> Out:
+        return Out(len(outs))
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await check.map(In(i) for i in range(4)).then(total).enqueue()
+            with pytest.raises(JobFailed):
+                await job.result(timeout=10)
+            member = f"{job.id}.m2"
+            assert await app.broker.retry([member, job.id]) == [RetryOutcome.IN_FLOW] * 2
+            assert await check.job(member).status() is JobState.FAILED
+            assert await job.status() is JobState.FAILED
+
+
+async def test_held_steps_say_what_they_wait_for(app_name: str, broker_url: str) -> None:
+    """A held step is ``scheduled`` (the six states of the spec) and inspect says which
+    step of which flow it waits for, instead of a due time centuries away."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n * x.n)
+
+    @app.task
+    async def total(outs: list[Out]) -> In:
+        return In(sum(o.n for o in outs))
+
+    @app.task
+    async def last(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task
+    async def plus(x: Out) -> Out:
+        return Out(x.n + 1)
+
+    tool = Inspector(app.client, ["default"])
+    async with app:  # no worker: everything after the first step stays held
+        chain = await square.then(plus).enqueue(In(3))
+        fan = await square.map(In(i) for i in range(3)).then(total).then(last).enqueue()
+        assert await chain.status() is JobState.SCHEDULED
+        detail = await tool.job(chain.id)
+        assert detail is not None
+        assert detail.job.waits_for == f"waiting for step 0 ({chain.id}.0) of flow {chain.id}"
+        flow = await tool.flow(fan.id)
+        assert flow is not None
+        assert [s.waits_for for s in flow.steps if s is not None] == [
+            f"waiting for the fan-out (3 members) of flow {fan.id}",
+            f"waiting for step 0 ({fan.id}.0) of flow {fan.id}",
+        ]
+        first = await tool.job(f"{chain.id}.0")  # waiting: waits on nothing
+        assert first is not None
+        assert first.job.waits_for == ""
+        out = io.StringIO()
+        render_job(Console(file=out, width=200), detail)
+        render_flow(Console(file=out, width=200), flow)
+    text = out.getvalue()
+    assert f"scheduled (waiting for step 0 ({chain.id}.0) of flow {chain.id})" in text
+    assert not [line for line in text.splitlines() if line.startswith("due")]
+    assert f"scheduled (waiting for the fan-out (3 members) of flow {fan.id})" in text
+
+
+async def test_retrying_a_failed_fan_in_callback_resumes_its_flow(
+    app_name: str, broker_url: str
+) -> None:
+    """The callback's payload (the members' results) is kept with it: retried, it runs on
+    the same results and the steps after it run."""
+    app = App(app_name, broker=broker_url)
+    fixed = False
+    got: list[list[int]] = []
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n * x.n)
+
+    @app.task
+    async def total(outs: list[Out]) -> In:
+        got.append([o.n for o in outs])
+        if not fixed:
+            raise Boom("not yet")
+        return In(sum(o.n for o in outs))
+
+    @app.task
+    async def last(x: In) -> Out:
+        return Out(x.n + 1)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await square.map(In(i) for i in range(4)).then(total).then(last).enqueue()
+            with pytest.raises(JobFailed):
+                await job.result(timeout=10)
+            fixed = True
+            assert await app.broker.retry([f"{job.id}.0"]) == [RetryOutcome.RETRIED]
+            assert await job.result(timeout=10) == Out(1 + 4 + 9 + 1)
+    assert got == [[0, 1, 4, 9]] * 2

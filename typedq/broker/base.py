@@ -235,6 +235,11 @@ class RetryOutcome(StrEnum):
     RETRIED = "retried"  # was failed or cancelled: waiting again, with a fresh attempt count
     NOT_RETRYABLE = "not_retryable"  # is waiting, scheduled, active or completed: unchanged
     NOT_FOUND = "not_found"
+    #: A workflow's job that cannot run again on its own (unchanged): a fan-out member,
+    #: a step that never ran, or a job of a flow that is running; re-enqueue the flow.
+    #: (The step of an ended flow that failed or was cancelled is retried, and resumes
+    #: its flow: see typedq.broker.flow.)
+    IN_FLOW = "in_flow"
 
 
 class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):

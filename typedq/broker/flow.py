@@ -43,6 +43,12 @@ step's own transition:
 - a job of the flow is removed before it finished: a member settles as failed, a step
   fails the rest, with reason ``flow_broken``. Nothing waits forever.
 
+Retry (``Broker.retry``) of a step that failed or was cancelled, in a flow that has ended,
+resumes the flow: the later steps its end stopped (still held: never released) are held
+again and the flow record is made again, in the same atomic call; the step's completion
+then hands off as the first time. A fan-out member, a step that never ran, or a job of a
+running flow answers ``RetryOutcome.IN_FLOW`` and is left as it is.
+
 The flow record is deleted when the flow ends; the jobs themselves are bounded by the
 ordinary result retention. A fan-out of 0 members fans in at enqueue (payload ``[]``).
 """
@@ -67,6 +73,7 @@ __all__ = [
     "msgpack_array_header",
     "msgpack_bin",
     "step_id",
+    "waits_for",
 ]
 
 #: ``run_at`` (epoch seconds) of a held step: beyond any ETA a job may have.
@@ -109,6 +116,26 @@ class FlowState(msgspec.Struct, frozen=True, kw_only=True):
     steps: int
     members: int
     pending: int
+
+
+def waits_for(flow: FlowState, job_id: str, run_at: float) -> str:
+    """What a held step waits on, for people (``typedq inspect``, the dashboard):
+    ``"waiting for step 1 (F.1) of flow F"`` or ``"waiting for the fan-out (10 members)
+    of flow F"``; ``""`` for a job that is not a held step of ``flow``.
+
+    A held step's state is ``scheduled`` (the states are the six of the spec, and a held
+    step behaves like one: not claimable, counted as pending); its ``run_at`` is
+    :data:`HELD_AT`, which is how it is told apart from a delayed job.
+    """
+    if run_at < HELD_AT:
+        return ""
+    index = next((k for k in range(flow.steps) if step_id(flow.id, k, flow.steps) == job_id), -1)
+    if index < 0:
+        return ""
+    if index == 0:
+        return f"waiting for the fan-out ({flow.members} members) of flow {flow.id}"
+    before = step_id(flow.id, index - 1, flow.steps)
+    return f"waiting for step {index - 1} ({before}) of flow {flow.id}"
 
 
 def id_taken(job_id: str, flow_id: str) -> str:

@@ -1417,6 +1417,50 @@ class MemoryBroker(Broker):
             )
             self._to_final(job, state if error is not None else JobState.CANCELLED, now)
 
+    def _flow_retry(self, job: _Job) -> bool:
+        """A failed or cancelled job of a flow is retried: may it run again? A step that
+        ran, of a flow that has ended, resumes the flow (its later steps, ended with it
+        and never run, are held again); a fan-out member, a step that never ran, a job
+        of a running flow or of a flow whose later steps are gone may not (see the Redis
+        twin, ``flow_retry`` in common.lua)."""
+        assert job.flow_id is not None
+        if job.flow_member >= 0 or job.flow_id in self._flows:
+            return False
+        if not job.message.payload:
+            return False  # held when its flow ended: never ran (a payload is never b"")
+        own = self._jobs.get(job.flow_id)
+        if own is None or own.flow_shape is None:
+            return False
+        steps, members = own.flow_shape
+        later = [
+            self._jobs.get(step_id(job.flow_id, k, steps)) for k in range(job.flow_step + 1, steps)
+        ]
+        held: list[_Job] = []
+        for step in later:
+            if step is None or step.state not in (JobState.FAILED, JobState.CANCELLED):
+                return False
+            if step.message.payload:
+                return False  # ran (released): not a step this flow's end stopped
+            held.append(step)
+        for step in held:
+            self._finished[step.state].pop(step.message.id, None)
+            step.error = None
+            step.finished_at = 0.0
+            self._move(step, JobState.SCHEDULED)
+            step.run_at = HELD_AT
+        flow = _Flow(FlowSpec(id=job.flow_id, steps=tuple(self._flow_steps(job.flow_id, steps))))
+        flow.members = members
+        self._flows[job.flow_id] = flow
+        return True
+
+    def _flow_steps(self, flow_id: str, steps: int) -> list[JobMessage]:
+        out = []
+        for k in range(steps):
+            step = self._jobs.get(step_id(flow_id, k, steps))
+            assert step is not None
+            out.append(step.message)
+        return out
+
     async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
         self._check()
         job = self._jobs.get(flow_id)
@@ -1464,6 +1508,9 @@ class MemoryBroker(Broker):
                 continue
             if job.state not in (JobState.FAILED, JobState.CANCELLED):
                 outcomes.append(RetryOutcome.NOT_RETRYABLE)
+                continue
+            if job.flow_id is not None and not self._flow_retry(job):
+                outcomes.append(RetryOutcome.IN_FLOW)
                 continue
             self._finished[job.state].pop(job_id, None)
             job.attempt = 0

@@ -14,6 +14,7 @@ import msgspec
 
 from ..app import App
 from ..broker.base import JobRecord, JobState, MinuteRollup, QueueStats, WorkerInfo
+from ..broker.flow import waits_for
 from ..client import Client
 from ..errors import FailureRecord
 from ..inspector import FlowView, Inspector, ScheduleView, attempt_records, plain_data
@@ -75,6 +76,8 @@ class JobPage(msgspec.Struct, frozen=True, kw_only=True):
     flow_id: str | None
     #: The input's JSON Schema when the dashboard knows the task (re-run offered).
     schema: dict[str, Any] | None
+    #: A held workflow step: what it waits on (typedq.broker.flow.waits_for); "" otherwise.
+    waits_for: str = ""
 
 
 class Source:
@@ -210,6 +213,7 @@ class Source:
             attempts=attempt_records(record),
             flow_id=None if flow is None else flow.id,
             schema=schema,
+            waits_for="" if flow is None else waits_for(flow, job_id, record.run_at),
         )
 
     async def flow(self, job_id: str) -> FlowView | None:

@@ -420,7 +420,7 @@ end
 -- the queue of its own job (`fq`): S steps, n members, c members not settled, col '1'
 -- when the last step is a collector, pol 'c' for the collecting fan-in, mq/sq the
 -- members' and steps' queues (space-separated, or one name when all share it); per
--- member i: d<i> (settled) and r<i> (its fan-in element); fi/fst/fe: the first failed
+-- member i: r<i> once it settled (its fan-in element); fi/fst/fe: the first failed
 -- member (index, state, record). Member i is the job F.m<i>, step k is F.<k>, the last
 -- step is F itself. A held step is scheduled at HELD_US with its body split around the
 -- payload (mh, mt). Every job of a flow holds fl (F) and fq.
@@ -514,10 +514,12 @@ local function flow_end(fq, f, state, err, now)
   end
 end
 
--- Give held step k its input: waiting now, or (a collector) completed with it.
-local function flow_release(fq, f, k, steps, collector, payload, now)
+-- Give held step k its input: waiting now, or (a collector) completed with it. `sq`: the
+-- flow record's 'sq' when the caller read it already (nil: read here).
+local function flow_release(fq, f, k, steps, collector, payload, now, sq)
   local id = flow_step_id(f, k, steps)
-  local q = flow_queues(redis.call('HGET', k_flow(fq, f), 'sq'), steps, fq)[k + 1]
+  if sq == nil then sq = redis.call('HGET', k_flow(fq, f), 'sq') end
+  local q = flow_queues(sq, steps, fq)[k + 1]
   local jk = k_job(q, id)
   local r = read_hash(q, id, 's', 'q', 'mh', 'mt', 'p')
   if not r or r[1] ~= 's' or not r[3] then
@@ -525,8 +527,8 @@ local function flow_release(fq, f, k, steps, collector, payload, now)
     return
   end
   redis.call('ZREM', k_sched(q), id)
-  redis.call('HDEL', jk, 'mh', 'mt', 'r')
   if collector and k == steps - 1 then
+    redis.call('HDEL', jk, 'mh', 'mt', 'r')
     redis.call('HSET', jk, 'res', payload)
     finalize(id, q, 's', 'c', now)
     return
@@ -534,6 +536,7 @@ local function flow_release(fq, f, k, steps, collector, payload, now)
   -- At the head of its priority level: a flow under way finishes before new work starts,
   -- instead of its next step or callback queueing behind the members of every flow
   -- enqueued since (O(1); the embedded broker does the same).
+  redis.call('HDEL', jk, 'mh', 'mt', 'r')
   redis.call('HSET', jk, 'm', r[3] .. msgpack_bin(payload) .. r[4], 's', 'w')
   push_waiting(q, sane_prio(r[5]), id, true)
   count(q, 's', -1)
@@ -542,27 +545,31 @@ local function flow_release(fq, f, k, steps, collector, payload, now)
 end
 
 -- Every member settled: fail the flow (a member failed, default policy) or release
--- step 0 with the msgpack array of the members' elements, in input order.
+-- step 0 with the msgpack array of the members' elements, in input order (one HMGET
+-- per 1000 members).
 local function flow_fan_in(fq, f, steps, n, collector, now)
   local fk = k_flow(fq, f)
-  local failed = redis.call('HMGET', fk, 'fi', 'fst', 'fe')
-  if failed[1] then
-    flow_end(fq, f, failed[2], failed[3], now)
+  local names = {'fi', 'fst', 'fe', 'mq', 'sq'}
+  local first = math.min(n, 1000)
+  for i = 0, first - 1 do names[#names + 1] = 'r' .. i end
+  local vals = redis.call('HMGET', fk, unpack(names))
+  if vals[1] then
+    flow_end(fq, f, vals[2], vals[3], now)
     return
   end
   local parts = {msgpack_array_header(n)}
-  for s = 0, n - 1, 1000 do
-    local names = {}
-    for i = s, math.min(s + 999, n - 1) do names[#names + 1] = 'r' .. i end
-    local vals = redis.call('HMGET', fk, unpack(names))
-    for j = 1, #vals do parts[#parts + 1] = vals[j] or '\192' end
+  for j = 6, #vals do parts[#parts + 1] = vals[j] or '\192' end
+  for s = first, n - 1, 1000 do
+    local more = {}
+    for i = s, math.min(s + 999, n - 1) do more[#more + 1] = 'r' .. i end
+    local got = redis.call('HMGET', fk, unpack(more))
+    for j = 1, #got do parts[#parts + 1] = got[j] or '\192' end
   end
   -- The payload carries the results now: the flow record keeps only its shape.
-  local where = redis.call('HMGET', fk, 'mq', 'sq')
   redis.call('DEL', fk)
   redis.call('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0',
-    'mq', where[1] or '', 'sq', where[2] or '')
-  flow_release(fq, f, 0, steps, collector, table.concat(parts), now)
+    'mq', vals[4] or '', 'sq', vals[5] or '')
+  flow_release(fq, f, 0, steps, collector, table.concat(parts), now, vals[5] or false)
 end
 
 flow_settle = function(fq, f, fm, fs, state, res, err, now)
@@ -572,16 +579,16 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now)
   local steps, collector = tonumber(meta[1]), meta[3] == '1'
   if fm then
     local i = tonumber(fm)
-    if redis.call('HSETNX', fk, 'd' .. i, 1) == 0 then return end
+    -- r<i>: its element and its settled mark (set once); '' for a failed one ('a').
+    local el = ''
     if meta[4] == 'c' then
-      if state == 'c' then
-        redis.call('HSET', fk, 'r' .. i, '\146\162ok' .. (res or '\192'))
-      else
-        redis.call('HSET', fk, 'r' .. i, '\146\166failed' .. (err or '\192'))
-      end
+      if state == 'c' then el = '\146\162ok' .. (res or '\192')
+      else el = '\146\166failed' .. (err or '\192') end
     elseif state == 'c' then
-      redis.call('HSET', fk, 'r' .. i, res or '\192')
-    else
+      el = res or '\192'
+    end
+    if redis.call('HSETNX', fk, 'r' .. i, el) == 0 then return end
+    if meta[4] ~= 'c' and state ~= 'c' then
       local fi = tonumber(redis.call('HGET', fk, 'fi'))
       if not fi or i < fi then
         redis.call('HSET', fk, 'fi', i, 'fst', state, 'fe', err or '\192')

@@ -11,7 +11,7 @@ from typing import Any
 from ...errors import ConfigError, QueueFull
 from ...names import check_job_id, check_name
 from ..base import EnqueueOutcome, JobMessage
-from ..flow import FlowSpec, id_taken
+from ..flow import FlowSpec, id_taken, member_id
 from .codec import encode, encode_body
 
 __all__ = ["flow_args", "flow_outcome", "split_body"]
@@ -30,20 +30,36 @@ def split_body(message: JobMessage) -> tuple[bytes, bytes, bytes]:
 
 
 def flow_args(spec: FlowSpec) -> tuple[list[Any], int]:
-    """The arguments of one flow in ``flow_enqueue.lua``, and the bytes of its bodies."""
+    """The arguments of one flow in ``flow_enqueue.lua``, and the bytes of its bodies.
+
+    A fan-out's members are one task's jobs: one queue, one priority, ids derived from
+    the flow's (``F.m<i>``), so each member travels as its body alone.
+    """
+    members = spec.members
+    queue, priority = "", "0"
+    if members:
+        queue, priority = check_name("queue", members[0].queue), str(int(members[0].priority))
     args: list[Any] = [
         check_job_id(spec.id),
         len(spec.steps),
-        len(spec.members),
+        len(members),
         "1" if spec.fan_out else "0",
         "1" if spec.collector else "0",
         "c" if spec.collect else "a",
+        queue,
+        priority,
     ]
     size = 0
-    for m in spec.members:
+    for i, m in enumerate(members):
+        if m.queue != members[0].queue or m.priority != members[0].priority:
+            raise ValueError(f"the members of flow {spec.id!r} must share one queue and priority")
+        if m.id != member_id(spec.id, i):
+            raise ValueError(
+                f"member {i} of flow {spec.id!r} must have id {member_id(spec.id, i)!r}"
+            )
         body = encode_body(m)
         size += len(body)
-        args += (check_job_id(m.id), check_name("queue", m.queue), str(int(m.priority)), body)
+        args.append(body)
     for k, m in enumerate(spec.steps):
         if k == 0 and not spec.fan_out:
             body, head, tail = encode_body(m), b"", b""
