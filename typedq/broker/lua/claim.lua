@@ -9,9 +9,14 @@
 -- claim's record (on the first queue's slot; lines '<queue>|<id>'). On Redis Cluster a
 -- claim names one queue; on standalone Redis one claim may take from several.
 -- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...,
---       [nl, then nl x (task, rate, per_us, concurrency)]
+--       [nl, then nl x (task, rate, per_us, concurrency),
+--        [ns, then ns x (queue, completed_ttl_us, completed_max, n, n x (id, token, result))]]
 -- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
 --          attempt, enqueued_at_us, stalls, queue}
+-- With a settle section (ns > 0: the worker's completions, whose slots this claim
+-- refills): those jobs are completed first, as complete.lua does, and the answer is
+-- {the claim's answer as above, {outcome per completion, in order}}. One script per
+-- job in a worker's steady state instead of two.
 -- A claimed job string (see keys.py) becomes the job hash.
 --
 -- Limits (typedq/limits.py), only when the caller names tasks with limits (nl > 0;
@@ -33,10 +38,27 @@ for i = 1, nq do
   queues[i] = ARGV[6 + i]
 end
 local cfg, has_limits = {}, false
+local settles = nil  -- {queue, ttl, cap, first ARGV index, n} per settled queue
 if #ARGV > 6 + nq then
   local base = 7 + nq
   local nl = tonumber(ARGV[base])
-  if not is_int(nl) or nl < 0 or #ARGV ~= base + 4 * nl then return bad_args('claim') end
+  if not is_int(nl) or nl < 0 or #ARGV < base + 4 * nl then return bad_args('claim') end
+  local at = base + 4 * nl + 1
+  if #ARGV >= at then
+    local ns = tonumber(ARGV[at])
+    if not is_int(ns) or ns < 0 then return bad_args('claim') end
+    settles, at = {}, at + 1
+    for _ = 1, ns do
+      local sq, ttl, cap, n = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
+        tonumber(ARGV[at + 3])
+      if not sq or sq == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0 then
+        return bad_args('claim')
+      end
+      settles[#settles + 1] = {sq, ttl, cap, at + 4, n}
+      at = at + 4 + 3 * n
+    end
+    if #ARGV ~= at - 1 then return bad_args('claim') end
+  end
   for i = 0, nl - 1 do
     local b = base + 1 + 4 * i
     local rate, per, cc = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
@@ -52,6 +74,28 @@ end
 local now = now_us()
 local out = {-1}
 
+-- The completions first (their slots are what this claim fills). A re-sent call answers
+-- them ALREADY_FINISHED and its claim's jobs below, like a re-sent pipeline of both.
+local settled = nil
+if settles then
+  settled = {}
+  for _, g in ipairs(settles) do
+    local sq, b = g[1], g[4]
+    for i = 0, g[5] - 1 do
+      local a = b + 3 * i
+      settled[#settled + 1] = complete_one(sq, ARGV[a], ARGV[a + 1], ARGV[a + 2], now)
+    end
+    trim(sq, 'c', now, g[2], g[3], g[5] + 100)
+  end
+end
+-- The answer: with a settle section, the claim's and the completions' outcomes.
+local function answer()
+  if not settled then return out end
+  flush_counts()
+  publish()
+  return {out, settled}
+end
+
 -- A re-sent claim: hand back what the first copy claimed (still ours), nothing new.
 local prev = redis.pcall('GET', KEYS[3])
 if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' then
@@ -66,7 +110,7 @@ if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' t
       out[n + 7] = r[7] or q
     end
   end
-  return out
+  return answer()
 end
 
 -- Promote due scheduled jobs (bounded per call; the rest next time).
@@ -471,5 +515,6 @@ if claimed < limit then
     if next_due then out[1] = math.max(0, next_due - now) end
   end
 end
+if settled then return answer() end
 flush_counts()
 return out

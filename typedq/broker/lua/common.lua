@@ -53,7 +53,7 @@ local function k_slots(q, slot) return k_q(q) .. 'cc:' .. slot end
 local function k_worker(id) return P .. 'wk:' .. id end
 -- Throughput rollups: per queue and minute (minutes since the epoch, Redis clock) a
 -- hash c/f/r (completed, failed for good, retried) that expires ROLLUP_TTL_S after it
--- was last written, so the history is bounded (24 h) and survives restarts.
+-- was first written, so the history is bounded (24 h) and survives restarts.
 local function k_minute(q, minute) return k_q(q) .. 'h:' .. minute end
 local ROLLUP_TTL_S = 25 * 3600
 -- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
@@ -176,8 +176,15 @@ local function flush_rollups()
   local minute = string.format('%d', math.floor(now_us() / 60000000))
   for q, m in pairs(rollups) do
     local hk = k_minute(q, minute)
-    for f, d in pairs(m) do redis.call('HINCRBY', hk, f, d) end
-    redis.call('EXPIRE', hk, ROLLUP_TTL_S)
+    local fresh = false
+    -- A counter that equals its delta was just made (counters only grow): the hash may
+    -- be new, so it gets its TTL. Every hash is made with one of its counters, and the
+    -- minute's writes all fall within that minute: one EXPIRE per counter and minute
+    -- instead of one per call (the TTL counts from the first write, not the last).
+    for f, d in pairs(m) do
+      if redis.call('HINCRBY', hk, f, d) == d then fresh = true end
+    end
+    if fresh then redis.call('EXPIRE', hk, ROLLUP_TTL_S) end
   end
   rollups = {}
 end
@@ -385,6 +392,24 @@ local function free_slot(id, q, slot)
     redis.call('ZADD', gk, 0, gate)
     work_queues[q] = true
   end
+end
+
+-- Complete job `id` of queue `q` under token `tok` with result `res`, fenced (complete.lua,
+-- and a claim that settles its worker's completions first). The outcome: 0 OK,
+-- 1 ALREADY_FINISHED (same token: a re-sent request), 2 LEASE_LOST, 3 NOT_FOUND.
+local function complete_one(q, id, tok, res, now)
+  local r = read_hash(q, id, 's', 't', 'd', 'ck', 'fl', 'fm', 'fs', 'fq')
+  if not r then return not_active_answer(q, id) end
+  if r[1] == 'a' and r[2] == tok then
+    flow_link_of(q, id, r[5], r[6], r[7], r[8])
+    redis.call('HSET', k_job(q, id), 'res', res, 'd', tok)
+    redis.call('ZREM', k_active(q), id)
+    free_slot(id, q, r[4])
+    finalize(id, q, 'a', 'c', now)
+    return 0
+  end
+  if r[3] == tok then return 1 end
+  return 2
 end
 
 -- Milliseconds a request record (a claim's jobs, an enqueue's or a cancel's answer)
