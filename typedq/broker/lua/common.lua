@@ -357,10 +357,15 @@ local function emit_event(id, q, state)
     body_task(r[1]), 's', state, 'd', data or '', 'a', r[4] or '0')
 end
 
-local function finalize(id, q, from, state, now)
+-- `extra`: more field/value pairs to write with the state (one HSET instead of two).
+local function finalize(id, q, from, state, now, extra)
   local jk = k_job(q, id)
   local done_key = k_done(q, state)
-  redis.call('HSET', jk, 's', state, 'fa', now)
+  if extra then
+    redis.call('HSET', jk, 's', state, 'fa', now, unpack(extra))
+  else
+    redis.call('HSET', jk, 's', state, 'fa', now)
+  end
   redis.call('HDEL', jk, 't')
   redis.call('ZADD', done_key, now, id)
   count(q, from, -1)
@@ -402,10 +407,9 @@ local function complete_one(q, id, tok, res, now)
   if not r then return not_active_answer(q, id) end
   if r[1] == 'a' and r[2] == tok then
     flow_link_of(q, id, r[5], r[6], r[7], r[8])
-    redis.call('HSET', k_job(q, id), 'res', res, 'd', tok)
     redis.call('ZREM', k_active(q), id)
     free_slot(id, q, r[4])
-    finalize(id, q, 'a', 'c', now)
+    finalize(id, q, 'a', 'c', now, {'res', res, 'd', tok})
     return 0
   end
   if r[3] == tok then return 1 end
