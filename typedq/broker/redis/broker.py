@@ -1115,7 +1115,7 @@ class RedisBroker(ScheduleOps, Broker):
         call per job in a worker's steady state. On standalone Redis one call whatever
         queues the completions and the claim are on; on Redis Cluster one call per queue
         (its slot), all sent at once (see :meth:`_claim_per_slot`)."""
-        if not items or limit <= 0:
+        if not items or limit <= 0 or not queues:
             return await super().complete_and_claim(
                 items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
             )
