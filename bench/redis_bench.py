@@ -13,7 +13,9 @@ Run: ``.venv/bin/python -m bench.redis_bench [--quick] [--workloads e2e,drain]
 
 End-to-end and drain also print Redis' own cost from ``INFO commandstats`` (reset
 before the run; see :func:`redis_cost`): the milliseconds Redis spent on commands per
-1,000 jobs, and the script calls and all commands per job, producers included.
+1,000 jobs, and the script calls and all commands per job, producers included; and
+the CPU time per job of the worker process and of redis-server (steadier than jobs/s
+on a shared machine).
 
 The payload is a ~100-byte msgpack struct. Workers are separate processes
 (``python -m typedq worker bench.redis_bench:app``) so producer and worker each get
@@ -159,6 +161,26 @@ async def reset_stats(url: str) -> None:
         await client.aclose()
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (Linux ``/proc``; 0 elsewhere).
+    On a shared machine CPU per job is steadier than jobs per second."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def redis_cpu(url: str) -> float:
+    """Redis' own CPU seconds (``INFO cpu``: commands, networking, everything)."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        info = await client.info("cpu")
+    finally:
+        await client.aclose()
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 async def redis_cost(url: str, jobs: int) -> str:
     """Redis' command time per 1,000 jobs and calls per job since :func:`reset_stats`.
 
@@ -230,9 +252,10 @@ async def bulk_enqueue(total: int, batch: int = 100) -> tuple[float, float]:
 async def end_to_end(url: str, total: int, concurrency: int) -> tuple[float, float, float, str]:
     ids: list[str] = []
     per = total // 4
-    with worker_process(url, concurrency):
+    with worker_process(url, concurrency) as proc:
         await anyio.sleep(1.0)  # let the worker connect before the clock starts
         await reset_stats(url)
+        cpu = process_cpu(proc.pid), await redis_cpu(url)
 
         async def produce(base: int) -> None:
             for i in range(base, base + per):
@@ -243,6 +266,9 @@ async def end_to_end(url: str, total: int, concurrency: int) -> tuple[float, flo
                 tg.start_soon(produce, p * per)
         await wait_done(per * 4)
         cost = await redis_cost(url, per * 4)
+        worker_us = (process_cpu(proc.pid) - cpu[0]) / (per * 4) * 1e6
+        redis_us = (await redis_cpu(url) - cpu[1]) / (per * 4) * 1e6
+        cost += f"; CPU µs/job: worker {worker_us:.0f}, redis-server {redis_us:.0f}"
     done = await records(ids)
     latency = [r.finished_at - r.enqueued_at for r in done]
     span = max(r.finished_at for r in done) - min(r.enqueued_at for r in done)
@@ -254,9 +280,14 @@ async def drain(
 ) -> tuple[float, str]:
     jobs = await noop.enqueue_many([payload(i) for i in range(total)])
     await reset_stats(url)
-    with worker_process(url, concurrency, processes):
+    redis_before = await redis_cpu(url)
+    with worker_process(url, concurrency, processes) as proc:
         await wait_done(total)
         cost = await redis_cost(url, total)
+        cpu = (await redis_cpu(url) - redis_before) / total * 1e6
+        # Worker start-up (imports, connect) included: it is no part of the job path.
+        worker_us = process_cpu(proc.pid) / total * 1e6
+        cost += f"; CPU µs/job: worker {worker_us:.0f} (start-up included), redis-server {cpu:.0f}"
     done = await records([j.id for j in jobs])
     rate = len(done) / (max(r.finished_at for r in done) - min(r.started_at for r in done))
     return rate, cost
