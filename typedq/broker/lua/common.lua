@@ -65,9 +65,12 @@ local CH_CANCEL = P .. 'ev:x'
 
 -- Every timestamp, lease deadline and delay uses the Redis clock, in integer
 -- microseconds (exact in a Lua double).
+-- The last time read (nil: none yet), for bookkeeping that needs no fresher one.
+local last_now = nil
 local function now_us()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  last_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return last_now
 end
 
 local function bad_args(script)
@@ -173,7 +176,8 @@ local function roll(q, field)
 end
 local function flush_rollups()
   if next(rollups) == nil then return end
-  local minute = string.format('%d', math.floor(now_us() / 60000000))
+  -- The minute of the script's own clock reading (one TIME call fewer per script).
+  local minute = string.format('%d', math.floor((last_now or now_us()) / 60000000))
   for q, m in pairs(rollups) do
     local hk = k_minute(q, minute)
     local fresh = false
