@@ -391,6 +391,74 @@ async def test_enqueue_many_has_no_per_job_round_trip(url: str) -> None:
     assert len(others) <= 40
 
 
+# -- calls per job --------------------------------------------------------------------
+
+
+async def test_a_worker_makes_one_script_call_per_job_in_the_steady_state(url: str) -> None:
+    """Concurrency 1 with jobs waiting: each job costs one script call (its completion
+    and the claim of the next job are one claim script) and no other round trip; the
+    lease, recovery and heartbeat calls are periodic, not per job."""
+    app = App("steady", broker=url)
+    ran = 0
+    # Jobs 50 and 350 wait in their handler until let go: nothing is sent while they
+    # wait, so the commands watched in between are those of jobs 51 to 350 exactly.
+    reached = {50: anyio.Event(), 350: anyio.Event()}
+    go = {50: anyio.Event(), 350: anyio.Event()}
+
+    @app.task
+    async def noop(item: Item) -> None:
+        nonlocal ran
+        ran += 1
+        if ran in reached:
+            reached[ran].set()
+            await go[ran].wait()
+
+    async with app:
+        await noop.enqueue_many([Item(n=i) for i in range(400)])
+        with anyio.fail_after(60):
+            async with app.worker(concurrency=1):
+                await reached[50].wait()
+                async with client_commands(url) as sent:
+                    go[50].set()
+                    await reached[350].wait()
+                go[350].set()
+    scripts = sent.count("EVALSHA") + sent.count("EVAL")
+    # 300 jobs: the settle of each of jobs 50 to 349 claims the next one. A periodic
+    # call (lease renewal, recovery pass, worker heartbeat) may fall in the window too.
+    assert 300 <= scripts <= 303, f"{scripts} script calls for 300 jobs"
+    others = [c for c in sent if c not in ("EVALSHA", "EVAL")]
+    assert len(others) <= 3, f"round trips besides scripts: {others}"
+
+
+async def test_complete_and_claim_over_several_queues_is_one_script_call(url: str) -> None:
+    """Standalone Redis: completions on several queues (a partitioned queue's worker) and
+    the claim that refills their slots are one script call."""
+    queues = ["q.p0", "q.p1", "q.p2"]
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        await broker.enqueue([message(f"{q}-{i}", queue=q) for q in queues for i in range(2)])
+        held = await broker.claim(queues, 3, worker_id="w", lease=30)
+        assert len({j.message.queue for j in held}) >= 2
+        before = await evalsha_calls(raw)
+        outcomes, jobs = await broker.complete_and_claim(
+            [Completion(j.message.id, j.token, b"\xc0") for j in held],
+            queues,
+            3,
+            worker_id="w",
+            lease=30,
+        )
+        assert await evalsha_calls(raw) - before == 1
+        assert outcomes == [FinishOutcome.OK] * 3
+        everything = {f"{q}-{i}" for q in queues for i in range(2)}
+        assert {j.message.id for j in jobs} == everything - {j.message.id for j in held}
+        for job in held:
+            (record,) = await broker.get([job.message.id], queue=job.message.queue)
+            assert record is not None
+            assert record.state is JobState.COMPLETED
+        stats = await broker.queue_stats(queues)
+        assert sum(s.counts[JobState.ACTIVE] for s in stats) == 3
+        assert sum(s.counts[JobState.WAITING] for s in stats) == 0
+
+
 # -- idempotent re-sends (a lost reply, then the client's automatic retry) ------------
 
 

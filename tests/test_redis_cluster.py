@@ -19,7 +19,7 @@ from tests.redis_harness import RedisCluster, RedisProcess, failover_slot, flush
 from tests.redis_support import broker_at, message
 from tests.support import In, spawn_worker, stop_workers
 from typedq import App, ConfigError
-from typedq.broker.base import Completion, JobState
+from typedq.broker.base import Completion, FinishOutcome, JobState
 from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.codec import text
@@ -109,6 +109,41 @@ async def test_a_partitioned_queue_spreads_its_jobs_over_every_primary(
         keys.job(send.queue_for(j.id), j.id) in names for j in jobs for names in on.values()
     )
     assert found == 64  # each job once, on the primary of its partition's slot
+
+
+async def test_complete_and_claim_over_several_queues_is_one_call_per_queue(url: str) -> None:
+    """A multi-queue worker's settle on Cluster: each queue's completions and its share of
+    the claim go in one script on that queue's slot, all sent at once; the calls together
+    never take more jobs than asked for, and a queue that ran short leaves its share to
+    the others (a second round)."""
+    queues = ["a", "b", "c", "d"]
+    async with broker_at(url, "multi") as broker:
+        await broker.enqueue([message(f"{q}{i}", queue=q) for q in queues for i in range(3)])
+        await broker.enqueue([message(f"x{i}", queue="a") for i in range(6)])
+        held = await broker.claim(queues, 4, worker_id="w", lease=30)
+        assert sorted(j.message.queue for j in held) == queues  # a share of 1 each
+        done = [Completion(j.message.id, j.token, b"\xc0") for j in held]
+        outcomes, jobs = await broker.complete_and_claim(
+            done, queues, 8, worker_id="w", lease=30, claim_id="c" * 32
+        )
+        assert outcomes == [FinishOutcome.OK] * 4
+        assert len(jobs) == 8
+        assert {j.message.id for j in jobs}.isdisjoint({j.message.id for j in held})
+        # Only queue a has jobs left (6): b, c and d run short in the first round and a
+        # gives the rest in the second.
+        rest = await broker.claim(queues, 8, worker_id="w", lease=30)
+        stats = await broker.queue_stats(queues)
+        assert sorted(j.message.id for j in rest) == [f"x{i}" for i in range(6)]
+        assert sum(s.counts[JobState.ACTIVE] for s in stats) == 14
+        assert sum(s.counts[JobState.COMPLETED] for s in stats) == 4
+        assert sum(s.counts[JobState.WAITING] for s in stats) == 0
+        # A re-sent settle (same claim id) claims nothing more: it answers its jobs again.
+        again, jobs_again = await broker.complete_and_claim(
+            done, queues, 8, worker_id="w", lease=30, claim_id="c" * 32
+        )
+        assert again == [FinishOutcome.ALREADY_FINISHED] * 4
+        assert sorted(j.message.id for j in jobs_again) == sorted(j.message.id for j in jobs)
+        assert sum(s.counts[JobState.ACTIVE] for s in await broker.queue_stats(queues)) == 14
 
 
 async def test_the_startup_check_names_keys_off_the_queue_slot() -> None:

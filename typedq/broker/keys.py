@@ -49,7 +49,7 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
     Q h:<minute>          hash     throughput rollup of one minute (minutes since the
                                    epoch, Redis clock): ``c`` completed, ``f`` failed for
                                    good, ``r`` retried; written once per queue per script
-                                   call, expires 25 h after its last write (24 h shown)
+                                   call, expires 25 h after its first write (24 h shown)
     Q E                   hash     the queue's event stream is on (typedq.events): ``cap``
                                    (about how many events it keeps) and ``n`` the number
                                    of the last event written; written by enable_events

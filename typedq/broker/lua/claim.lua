@@ -9,9 +9,14 @@
 -- claim's record (on the first queue's slot; lines '<queue>|<id>'). On Redis Cluster a
 -- claim names one queue; on standalone Redis one claim may take from several.
 -- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...,
---       [nl, then nl x (task, rate, per_us, concurrency)]
+--       [nl, then nl x (task, rate, per_us, concurrency),
+--        [ns, then ns x (queue, completed_ttl_us, completed_max, n, n x (id, token, result))]]
 -- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
 --          attempt, enqueued_at_us, stalls, queue}
+-- With a settle section (ns > 0: the worker's completions, whose slots this claim
+-- refills): those jobs are completed first, as complete.lua does, and the answer is
+-- {the claim's answer as above, {outcome per completion, in order}}. One script per
+-- job in a worker's steady state instead of two.
 -- A claimed job string (see keys.py) becomes the job hash.
 --
 -- Limits (typedq/limits.py), only when the caller names tasks with limits (nl > 0;
@@ -33,10 +38,27 @@ for i = 1, nq do
   queues[i] = ARGV[6 + i]
 end
 local cfg, has_limits = {}, false
+local settles = nil  -- {queue, ttl, cap, first ARGV index, n} per settled queue
 if #ARGV > 6 + nq then
   local base = 7 + nq
   local nl = tonumber(ARGV[base])
-  if not is_int(nl) or nl < 0 or #ARGV ~= base + 4 * nl then return bad_args('claim') end
+  if not is_int(nl) or nl < 0 or #ARGV < base + 4 * nl then return bad_args('claim') end
+  local at = base + 4 * nl + 1
+  if #ARGV >= at then
+    local ns = tonumber(ARGV[at])
+    if not is_int(ns) or ns < 0 then return bad_args('claim') end
+    settles, at = {}, at + 1
+    for _ = 1, ns do
+      local sq, ttl, cap, n = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
+        tonumber(ARGV[at + 3])
+      if not sq or sq == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0 then
+        return bad_args('claim')
+      end
+      settles[#settles + 1] = {sq, ttl, cap, at + 4, n}
+      at = at + 4 + 3 * n
+    end
+    if #ARGV ~= at - 1 then return bad_args('claim') end
+  end
   for i = 0, nl - 1 do
     local b = base + 1 + 4 * i
     local rate, per, cc = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
@@ -52,6 +74,28 @@ end
 local now = now_us()
 local out = {-1}
 
+-- The completions first (their slots are what this claim fills). A re-sent call answers
+-- them ALREADY_FINISHED and its claim's jobs below, like a re-sent pipeline of both.
+local settled = nil
+if settles then
+  settled = {}
+  for _, g in ipairs(settles) do
+    local sq, b = g[1], g[4]
+    for i = 0, g[5] - 1 do
+      local a = b + 3 * i
+      settled[#settled + 1] = complete_one(sq, ARGV[a], ARGV[a + 1], ARGV[a + 2], now)
+    end
+    trim(sq, 'c', now, g[2], g[3], g[5] + 100)
+  end
+end
+-- The answer: with a settle section, the claim's and the completions' outcomes.
+local function answer()
+  if not settled then return out end
+  flush_counts()
+  publish()
+  return {out, settled}
+end
+
 -- A re-sent claim: hand back what the first copy claimed (still ours), nothing new.
 local prev = redis.pcall('GET', KEYS[3])
 if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' then
@@ -66,7 +110,7 @@ if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' t
       out[n + 7] = r[7] or q
     end
   end
-  return out
+  return answer()
 end
 
 -- Promote due scheduled jobs (bounded per call; the rest next time).
@@ -103,162 +147,175 @@ for _, q in ipairs(queues) do
   end
 end
 
--- Limits. A job body is a msgpack array [task, payload, fingerprint, priority,
--- max_retries, timeout, eta, delay, rate_key, concurrency_key] with trailing defaults
--- left out (see redis/codec.py). Redis' cmsgpack cannot read msgpack bin values (the
--- payload), so the few fields needed are read here by skipping over the others.
-local function mp_uint(s, i, n)
-  local v = 0
-  for k = i, i + n - 1 do v = v * 256 + (string.byte(s, k) or 0) end
-  return v
+-- Which queues have gates (parked jobs): a claim without limits looks too (one EXISTS
+-- per queue), so after a deploy that dropped a limit its parked jobs still come back.
+local gated, any_gated = {}, false
+for _, q in ipairs(queues) do
+  gated[q] = has_limits or redis.call('EXISTS', k_gates(q)) == 1
+  if gated[q] then any_gated = true end
 end
 
--- The offset after the scalar at `i` (nil: not a scalar a body holds).
-local function mp_skip(s, i)
-  local b = string.byte(s, i)
-  if not b then return nil end
-  if b <= 0x7f or b >= 0xe0 or b == 0xc0 or b == 0xc2 or b == 0xc3 then return i + 1 end
-  if b >= 0xa0 and b <= 0xbf then return i + 1 + b - 0xa0 end
-  if b == 0xc4 or b == 0xd9 then return i + 2 + mp_uint(s, i + 1, 1) end
-  if b == 0xc5 or b == 0xda then return i + 3 + mp_uint(s, i + 1, 2) end
-  if b == 0xc6 or b == 0xdb then return i + 5 + mp_uint(s, i + 1, 4) end
-  if b == 0xcc or b == 0xd0 then return i + 2 end
-  if b == 0xcd or b == 0xd1 then return i + 3 end
-  if b == 0xca or b == 0xce or b == 0xd2 then return i + 5 end
-  if b == 0xcb or b == 0xcf or b == 0xd3 then return i + 9 end
-  return nil
-end
-
--- The string at `i` and the offset after it (nil: not a string).
-local function mp_str(s, i)
-  local b = string.byte(s, i)
-  if not b then return nil end
-  local len, at
-  if b >= 0xa0 and b <= 0xbf then len, at = b - 0xa0, i + 1
-  elseif b == 0xd9 then len, at = mp_uint(s, i + 1, 1), i + 2
-  elseif b == 0xda then len, at = mp_uint(s, i + 1, 2), i + 3
-  else return nil end
-  return string.sub(s, at, at + len - 1), at + len
-end
-
--- The task, its limits, the rate key and the concurrency key of a job body; nil for a
--- task this claim does not limit. A limited body whose keys cannot be read uses the
--- task-wide buckets ('').
-local function limits_of(body)
-  local b = string.byte(body, 1)
-  if not b then return nil end
-  local n, i
-  if b >= 0x90 and b <= 0x9f then n, i = b - 0x90, 2
-  elseif b == 0xdc then n, i = mp_uint(body, 2, 2), 4
-  else return nil end
-  if n < 1 then return nil end
-  local task
-  task, i = mp_str(body, i)
-  local c = task and cfg[task]
-  if not c then return nil end
-  local keys = {'', ''}
-  if n >= 9 then
-    for _ = 2, 8 do
-      i = i and mp_skip(body, i)
-    end
-    for k = 1, math.min(n - 8, 2) do
-      local v
-      if i then v, i = mp_str(body, i) end
-      keys[k] = v or ''
-    end
+-- The limit helpers (admit, allowance), made only when this claim limits tasks or a
+-- queue has gates: most claims have neither and skip making a dozen closures.
+local admit, allowance
+if any_gated then
+  -- Limits. A job body is a msgpack array [task, payload, fingerprint, priority,
+  -- max_retries, timeout, eta, delay, rate_key, concurrency_key] with trailing defaults
+  -- left out (see redis/codec.py). Redis' cmsgpack cannot read msgpack bin values (the
+  -- payload), so the few fields needed are read here by skipping over the others.
+  local function mp_uint(s, i, n)
+    local v = 0
+    for k = i, i + n - 1 do v = v * 256 + (string.byte(s, k) or 0) end
+    return v
   end
-  return task, c, keys[1], keys[2]
-end
 
-local function park(q, gate, prio, id, opens)
-  redis.call('LPUSH', k_gate(q, gate), prio .. '|' .. id)
-  redis.call('ZADD', k_gates(q), opens, gate)
-end
-
--- A rate bucket's starts in (now - per, now], counted once per claim (older ones go).
-local windows, expiring = {}, {}
-local function window(rkey, per)
-  local n = windows[rkey]
-  if not n then
-    redis.call('ZREMRANGEBYSCORE', rkey, '-inf', string.format('%d', now - per))
-    n = redis.call('ZCARD', rkey)
-    windows[rkey] = n
+  -- The offset after the scalar at `i` (nil: not a scalar a body holds).
+  local function mp_skip(s, i)
+    local b = string.byte(s, i)
+    if not b then return nil end
+    if b <= 0x7f or b >= 0xe0 or b == 0xc0 or b == 0xc2 or b == 0xc3 then return i + 1 end
+    if b >= 0xa0 and b <= 0xbf then return i + 1 + b - 0xa0 end
+    if b == 0xc4 or b == 0xd9 then return i + 2 + mp_uint(s, i + 1, 1) end
+    if b == 0xc5 or b == 0xda then return i + 3 + mp_uint(s, i + 1, 2) end
+    if b == 0xc6 or b == 0xdb then return i + 5 + mp_uint(s, i + 1, 4) end
+    if b == 0xcc or b == 0xd0 then return i + 2 end
+    if b == 0xcd or b == 0xd1 then return i + 3 end
+    if b == 0xca or b == 0xce or b == 0xd2 then return i + 5 end
+    if b == 0xcb or b == 0xcf or b == 0xd3 then return i + 9 end
+    return nil
   end
-  return n
-end
 
--- How many slots of a concurrency bucket are held, read once per claim.
-local holders = {}
-local function held(q, slot)
-  local sk = k_slots(q, slot)
-  local n = holders[sk]
-  if not n then
-    n = redis.call('SCARD', sk)
-    holders[sk] = n
+  -- The string at `i` and the offset after it (nil: not a string).
+  local function mp_str(s, i)
+    local b = string.byte(s, i)
+    if not b then return nil end
+    local len, at
+    if b >= 0xa0 and b <= 0xbf then len, at = b - 0xa0, i + 1
+    elseif b == 0xd9 then len, at = mp_uint(s, i + 1, 1), i + 2
+    elseif b == 0xda then len, at = mp_uint(s, i + 1, 2), i + 3
+    else return nil end
+    return string.sub(s, at, at + len - 1), at + len
   end
-  return n
-end
 
--- When a full window (n >= rate starts) opens: once the start `rate` places back leaves.
-local function window_opens(rkey, n, rate, per)
-  local t = redis.call('ZRANGE', rkey, n - rate, n - rate, 'WITHSCORES')
-  if #t == 0 then return now end
-  return tonumber(t[2]) + per
-end
-
--- Admit a job (take its place in the rate window and a concurrency slot) or park it by
--- its closed gate: concurrency first, then rate. Returns admitted, and the slot it holds.
-local function admit(id, q, prio, body)
-  local task, c, rk, ck = limits_of(body)
-  if not task then return true, nil end
-  local slot
-  if c[3] > 0 then
-    slot = task .. '|' .. ck
-    if held(q, slot) >= c[3] then
-      park(q, 'c|' .. slot, prio, id, '+inf')
-      return false, nil
+  -- The task, its limits, the rate key and the concurrency key of a job body; nil for a
+  -- task this claim does not limit. A limited body whose keys cannot be read uses the
+  -- task-wide buckets ('').
+  local function limits_of(body)
+    local b = string.byte(body, 1)
+    if not b then return nil end
+    local n, i
+    if b >= 0x90 and b <= 0x9f then n, i = b - 0x90, 2
+    elseif b == 0xdc then n, i = mp_uint(body, 2, 2), 4
+    else return nil end
+    if n < 1 then return nil end
+    local task
+    task, i = mp_str(body, i)
+    local c = task and cfg[task]
+    if not c then return nil end
+    local keys = {'', ''}
+    if n >= 9 then
+      for _ = 2, 8 do
+        i = i and mp_skip(body, i)
+      end
+      for k = 1, math.min(n - 8, 2) do
+        local v
+        if i then v, i = mp_str(body, i) end
+        keys[k] = v or ''
+      end
     end
+    return task, c, keys[1], keys[2]
   end
-  if c[1] > 0 then
-    local rkey = k_rate(q, task, rk)
-    local n = window(rkey, c[2])
-    if n >= c[1] then
-      park(q, 'r|' .. task .. '|' .. rk, prio, id, window_opens(rkey, n, c[1], c[2]))
-      return false, nil
-    end
-    local at = string.format('%d', now)
-    redis.call('ZADD', rkey, at, id .. '@' .. at)
-    if not expiring[rkey] then
-      expiring[rkey] = true
-      -- Once its last start leaves the window, a bucket is as good as new: it expires
-      -- (set once per bucket and claim: all of this claim's starts share `now`).
-      redis.call('PEXPIRE', rkey, math.floor(c[2] / 1000) + 1)
-    end
-    windows[rkey] = n + 1
+
+  local function park(q, gate, prio, id, opens)
+    redis.call('LPUSH', k_gate(q, gate), prio .. '|' .. id)
+    redis.call('ZADD', k_gates(q), opens, gate)
   end
-  if slot then
+
+  -- A rate bucket's starts in (now - per, now], counted once per claim (older ones go).
+  local windows, expiring = {}, {}
+  local function window(rkey, per)
+    local n = windows[rkey]
+    if not n then
+      redis.call('ZREMRANGEBYSCORE', rkey, '-inf', string.format('%d', now - per))
+      n = redis.call('ZCARD', rkey)
+      windows[rkey] = n
+    end
+    return n
+  end
+
+  -- How many slots of a concurrency bucket are held, read once per claim.
+  local holders = {}
+  local function held(q, slot)
     local sk = k_slots(q, slot)
-    redis.call('SADD', sk, id)
-    holders[sk] = holders[sk] + 1
+    local n = holders[sk]
+    if not n then
+      n = redis.call('SCARD', sk)
+      holders[sk] = n
+    end
+    return n
   end
-  return true, slot
-end
 
--- How many jobs an open gate's bucket admits now (nil: this claim does not limit its
--- task), and when it opens next.
-local function allowance(q, gate)
-  local kind, task, key = string.match(gate, '^([rc])|([^|]*)|(.*)$')
-  local c = task and cfg[task]
-  if not c then return nil end
-  if kind == 'c' then
-    if c[3] == 0 then return nil end
-    return math.max(0, c[3] - held(q, task .. '|' .. key)), '+inf'
+  -- When a full window (n >= rate starts) opens: once the start `rate` places back leaves.
+  local function window_opens(rkey, n, rate, per)
+    local t = redis.call('ZRANGE', rkey, n - rate, n - rate, 'WITHSCORES')
+    if #t == 0 then return now end
+    return tonumber(t[2]) + per
   end
-  if c[1] == 0 then return nil end
-  local rkey = k_rate(q, task, key)
-  local n = window(rkey, c[2])
-  if n >= c[1] then return 0, window_opens(rkey, n, c[1], c[2]) end
-  return c[1] - n, now
+
+  -- Admit a job (take its place in the rate window and a concurrency slot) or park it by
+  -- its closed gate: concurrency first, then rate. Returns admitted, and the slot it holds.
+  admit = function(id, q, prio, body)
+    local task, c, rk, ck = limits_of(body)
+    if not task then return true, nil end
+    local slot
+    if c[3] > 0 then
+      slot = task .. '|' .. ck
+      if held(q, slot) >= c[3] then
+        park(q, 'c|' .. slot, prio, id, '+inf')
+        return false, nil
+      end
+    end
+    if c[1] > 0 then
+      local rkey = k_rate(q, task, rk)
+      local n = window(rkey, c[2])
+      if n >= c[1] then
+        park(q, 'r|' .. task .. '|' .. rk, prio, id, window_opens(rkey, n, c[1], c[2]))
+        return false, nil
+      end
+      local at = string.format('%d', now)
+      redis.call('ZADD', rkey, at, id .. '@' .. at)
+      if not expiring[rkey] then
+        expiring[rkey] = true
+        -- Once its last start leaves the window, a bucket is as good as new: it expires
+        -- (set once per bucket and claim: all of this claim's starts share `now`).
+        redis.call('PEXPIRE', rkey, math.floor(c[2] / 1000) + 1)
+      end
+      windows[rkey] = n + 1
+    end
+    if slot then
+      local sk = k_slots(q, slot)
+      redis.call('SADD', sk, id)
+      holders[sk] = holders[sk] + 1
+    end
+    return true, slot
+  end
+
+  -- How many jobs an open gate's bucket admits now (nil: this claim does not limit its
+  -- task), and when it opens next.
+  allowance = function(q, gate)
+    local kind, task, key = string.match(gate, '^([rc])|([^|]*)|(.*)$')
+    local c = task and cfg[task]
+    if not c then return nil end
+    if kind == 'c' then
+      if c[3] == 0 then return nil end
+      return math.max(0, c[3] - held(q, task .. '|' .. key)), '+inf'
+    end
+    if c[1] == 0 then return nil end
+    local rkey = k_rate(q, task, key)
+    local n = window(rkey, c[2])
+    if n >= c[1] then return 0, window_opens(rkey, n, c[1], c[2]) end
+    return c[1] - n, now
+  end
 end
 
 -- Open gates give back as many parked jobs as their bucket admits (bounded by this
@@ -266,10 +323,6 @@ end
 -- still closed gets its true opening time. A claim without limits looks too (one
 -- EXISTS per queue): after a deploy that dropped a limit, its parked jobs still come
 -- back (a gate of a task this claim does not limit gives back as many as it asks for).
-local gated = {}
-for _, q in ipairs(queues) do
-  gated[q] = has_limits or redis.call('EXISTS', k_gates(q)) == 1
-end
 if limit > 0 then
   for _, q in ipairs(queues) do
     local gk = k_gates(q)
@@ -471,5 +524,6 @@ if claimed < limit then
     if next_due then out[1] = math.max(0, next_due - now) end
   end
 end
+if settled then return answer() end
 flush_counts()
 return out

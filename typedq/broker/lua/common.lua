@@ -53,7 +53,7 @@ local function k_slots(q, slot) return k_q(q) .. 'cc:' .. slot end
 local function k_worker(id) return P .. 'wk:' .. id end
 -- Throughput rollups: per queue and minute (minutes since the epoch, Redis clock) a
 -- hash c/f/r (completed, failed for good, retried) that expires ROLLUP_TTL_S after it
--- was last written, so the history is bounded (24 h) and survives restarts.
+-- was first written, so the history is bounded (24 h) and survives restarts.
 local function k_minute(q, minute) return k_q(q) .. 'h:' .. minute end
 local ROLLUP_TTL_S = 25 * 3600
 -- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
@@ -65,9 +65,12 @@ local CH_CANCEL = P .. 'ev:x'
 
 -- Every timestamp, lease deadline and delay uses the Redis clock, in integer
 -- microseconds (exact in a Lua double).
+-- The last time read (nil: none yet), for bookkeeping that needs no fresher one.
+local last_now = nil
 local function now_us()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  last_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return last_now
 end
 
 local function bad_args(script)
@@ -173,11 +176,19 @@ local function roll(q, field)
 end
 local function flush_rollups()
   if next(rollups) == nil then return end
-  local minute = string.format('%d', math.floor(now_us() / 60000000))
+  -- The minute of the script's own clock reading (one TIME call fewer per script).
+  local minute = string.format('%d', math.floor((last_now or now_us()) / 60000000))
   for q, m in pairs(rollups) do
     local hk = k_minute(q, minute)
-    for f, d in pairs(m) do redis.call('HINCRBY', hk, f, d) end
-    redis.call('EXPIRE', hk, ROLLUP_TTL_S)
+    local fresh = false
+    -- A counter that equals its delta was just made (counters only grow): the hash may
+    -- be new, so it gets its TTL. Every hash is made with one of its counters, and the
+    -- minute's writes all fall within that minute: one EXPIRE per counter and minute
+    -- instead of one per call (the TTL counts from the first write, not the last).
+    for f, d in pairs(m) do
+      if redis.call('HINCRBY', hk, f, d) == d then fresh = true end
+    end
+    if fresh then redis.call('EXPIRE', hk, ROLLUP_TTL_S) end
   end
   rollups = {}
 end
@@ -350,10 +361,15 @@ local function emit_event(id, q, state)
     body_task(r[1]), 's', state, 'd', data or '', 'a', r[4] or '0')
 end
 
-local function finalize(id, q, from, state, now)
+-- `extra`: more field/value pairs to write with the state (one HSET instead of two).
+local function finalize(id, q, from, state, now, extra)
   local jk = k_job(q, id)
   local done_key = k_done(q, state)
-  redis.call('HSET', jk, 's', state, 'fa', now)
+  if extra then
+    redis.call('HSET', jk, 's', state, 'fa', now, unpack(extra))
+  else
+    redis.call('HSET', jk, 's', state, 'fa', now)
+  end
   redis.call('HDEL', jk, 't')
   redis.call('ZADD', done_key, now, id)
   count(q, from, -1)
@@ -385,6 +401,23 @@ local function free_slot(id, q, slot)
     redis.call('ZADD', gk, 0, gate)
     work_queues[q] = true
   end
+end
+
+-- Complete job `id` of queue `q` under token `tok` with result `res`, fenced (complete.lua,
+-- and a claim that settles its worker's completions first). The outcome: 0 OK,
+-- 1 ALREADY_FINISHED (same token: a re-sent request), 2 LEASE_LOST, 3 NOT_FOUND.
+local function complete_one(q, id, tok, res, now)
+  local r = read_hash(q, id, 's', 't', 'd', 'ck', 'fl', 'fm', 'fs', 'fq')
+  if not r then return not_active_answer(q, id) end
+  if r[1] == 'a' and r[2] == tok then
+    flow_link_of(q, id, r[5], r[6], r[7], r[8])
+    redis.call('ZREM', k_active(q), id)
+    free_slot(id, q, r[4])
+    finalize(id, q, 'a', 'c', now, {'res', res, 'd', tok})
+    return 0
+  end
+  if r[3] == tok then return 1 end
+  return 2
 end
 
 -- Milliseconds a request record (a claim's jobs, an enqueue's or a cancel's answer)

@@ -319,9 +319,9 @@ class RedisBroker(ScheduleOps, Broker):
     async def _note_queues(self, queues: Sequence[str]) -> None:
         """First use of a queue by this broker: add it to the queue registry (so an id
         given without its queue is looked for there) and start watching its epoch."""
+        if self._queues_seen.issuperset(queues):
+            return  # the usual case: a claim or enqueue of known queues costs a set lookup
         new = sorted(q for q in dict.fromkeys(queues) if q not in self._queues_seen)
-        if not new:
-            return
         if self.cluster:
             problems = check_slots(self.keys, new)
             if problems:
@@ -861,9 +861,10 @@ class RedisBroker(ScheduleOps, Broker):
     ) -> list[ClaimedJob]:
         await self._note_queues(queues)
         if self.cluster and len(queues) > 1:
-            return await self._claim_per_slot(
+            jobs, _ = await self._claim_per_slot(
                 queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
             )
+            return jobs
         keys, args = self._claim_call(
             queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
         )
@@ -878,34 +879,80 @@ class RedisBroker(ScheduleOps, Broker):
         worker_id: str,
         lease: float,
         claim_id: str | None,
-    ) -> list[ClaimedJob]:
+        settles: Sequence[tuple[str, Sequence[Completion]]] = (),
+    ) -> tuple[list[ClaimedJob], dict[str, list[Any]]]:
         """A claim over several queues on Redis Cluster: one script per queue (each its
-        own slot), in the order the queues are given, each for what the ones before left
-        of ``limit`` (never more jobs than asked for). A re-sent claim (same id) re-sends
-        each queue's claim with an id derived from it, which answers the same jobs."""
+        own slot), all sent at once (redis-py sends each node its calls concurrently).
+        ``limit`` is split over the queues in the order given (the first ones get the
+        remainder), so the calls together never take more jobs than asked for; when some
+        queue had fewer jobs than its share, the rest of ``limit`` is asked again of the
+        queues that filled theirs (another round, still concurrent). ``settles`` (queue,
+        completions) go with that queue's first call (completed before it claims), or
+        alone as a complete script for a queue not claimed from. A re-sent claim (same
+        id) derives the same id per queue and round, which answers the same jobs.
+
+        The claimed jobs, and per settled queue the completions' outcomes in order."""
         self._notes.claim_sent(queues)
-        merged: list[Any] = [-1]
-        got = 0
+        pending = {q: list(group) for q, group in settles}
+        outcomes: dict[str, list[Any]] = {}
+        merged: list[Any] = [-1]  # one claim answer for all the calls
         dues: list[int] = []
-        for queue in queues:
-            sub_id = None
-            if claim_id is not None:
-                sub_id = hashlib.blake2b(
-                    f"{check_claim_id(claim_id)}|{queue}".encode(), digest_size=16
-                ).hexdigest()
-            keys, args = self._claim_call(
-                [queue], max(0, limit - got), worker_id=worker_id, lease=lease, claim_id=sub_id
-            )
-            reply = await self._eval("claim", keys, args)
-            dues.append(int(reply[0]))
-            merged.extend(reply[1:])
-            got += (len(reply) - 1) // 7
-            self._notes.claim_answered([queue], int(reply[0]))
+        # Queues still worth asking, and how many jobs are still wanted of them.
+        asking, wanted, rnd = list(dict.fromkeys(queues)), max(0, limit), 0
+        while asking and (wanted > 0 or pending):
+            base, extra = divmod(wanted, len(asking))
+            shares = {q: base + (1 if i < extra else 0) for i, q in enumerate(asking)}
+            calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+            what: list[tuple[str, str, int]] = []  # (kind, queue, share) per call
+            for q in [*asking, *(q for q in pending if q not in shares)]:
+                share = shares.get(q, 0)
+                group = pending.pop(q, [])
+                if q not in shares:
+                    keys, args = self._complete_call(q, group)
+                    calls.append(("complete", keys, args))
+                    what.append(("complete", q, 0))
+                    continue
+                if share == 0 and not group:
+                    continue
+                sub_id = None
+                if claim_id is not None:
+                    sub_id = hashlib.blake2b(
+                        f"{check_claim_id(claim_id)}|{q}|{rnd}".encode(), digest_size=16
+                    ).hexdigest()
+                keys, args = self._claim_call(
+                    [q],
+                    share,
+                    worker_id=worker_id,
+                    lease=lease,
+                    claim_id=sub_id,
+                    settles=[(q, group)] if group else (),
+                )
+                calls.append(("claim", keys, args))
+                what.append(("settle" if group else "claim", q, share))
+            if not calls:
+                break
+            replies = await self._eval_many(calls)
+            short: set[str] = set()
+            for (kind, q, share), reply in zip(what, replies, strict=True):
+                if kind == "complete":
+                    outcomes[q] = list(reply)
+                    continue
+                if kind == "settle":
+                    reply, outcomes[q] = reply[0], list(reply[1])
+                dues.append(int(reply[0]))
+                merged.extend(reply[1:])
+                got = (len(reply) - 1) // 7
+                wanted -= got
+                if got < share:
+                    short.add(q)  # it has no more for now
+            # Next round: the queues that gave all they were asked and those not asked
+            # yet (a share of 0: fewer jobs wanted than queues), in the order given.
+            asking, rnd = [q for q in asking if q not in short], rnd + 1
         if 0 in dues:
             merged[0] = 0
         elif any(d > 0 for d in dues):
             merged[0] = min(d for d in dues if d > 0)
-        return await self._claimed(queues, merged, worker_id)
+        return await self._claimed(queues, merged, worker_id), outcomes
 
     def _claim_call(
         self,
@@ -915,7 +962,10 @@ class RedisBroker(ScheduleOps, Broker):
         worker_id: str,
         lease: float,
         claim_id: str | None,
+        settles: Sequence[tuple[str, Sequence[Completion]]] = (),
     ) -> tuple[list[str], list[Any]]:
+        """Keys and arguments of one claim script; ``settles`` (queue, completions) are
+        completed by the same script before it claims (its answer is then the pair)."""
         if not queues:
             raise ConfigError("claim needs at least one queue")
         self._notes.claim_sent(queues)
@@ -935,12 +985,19 @@ class RedisBroker(ScheduleOps, Broker):
             len(queues),
             *queues,
         ]
-        if self.limits:
+        if self.limits or settles:
             # The limits of this process's tasks travel with every claim (a few numbers
             # per limited task); without any, the script skips all limit work.
             args.append(len(self.limits))
             for task, spec in self.limits.items():
                 args += (task, spec.rate, spec.per_us, spec.concurrency)
+        if settles:
+            ttl, cap = self._retention(completed=True)
+            args.append(len(settles))
+            for queue, group in settles:
+                args += (queue, ttl, cap, len(group))
+                for item in group:
+                    args += (item.id, item.token, item.result)
         return keys, args
 
     async def _claimed(self, queues: Sequence[str], reply: Any, worker_id: str) -> list[ClaimedJob]:
@@ -1054,28 +1111,50 @@ class RedisBroker(ScheduleOps, Broker):
         lease: float,
         claim_id: str | None = None,
     ) -> tuple[list[FinishOutcome], list[ClaimedJob]]:
-        """Both scripts in one pipelined round trip; Redis runs the completion first."""
-        if not items or limit <= 0:
+        """The completions and the claim in one script call, which completes first: one
+        call per job in a worker's steady state. On standalone Redis one call whatever
+        queues the completions and the claim are on; on Redis Cluster one call per queue
+        (its slot), all sent at once (see :meth:`_claim_per_slot`)."""
+        if not items or limit <= 0 or not queues:
             return await super().complete_and_claim(
                 items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
             )
         held = await self._held_queues([(c.id, c.token) for c in items])
-        if (
-            len(set(held)) != 1
-            or held[0] is None
-            or set(queues) - self._queues_seen
-            or (self.cluster and len(queues) > 1)
-        ):
-            return await super().complete_and_claim(
-                items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+        await self._note_queues(queues)
+        groups: dict[str, list[int]] = {}
+        for i, q in enumerate(held):
+            if q is not None:
+                groups.setdefault(q, []).append(i)
+        settles = [(q, [items[i] for i in idx]) for q, idx in groups.items()]
+        done: list[Any] = [3] * len(items)  # NOT_FOUND: no queue holds the job
+        if self.cluster and (len(queues) > 1 or set(groups) - {queues[0]}):
+            jobs, by_queue = await self._claim_per_slot(
+                queues,
+                limit,
+                worker_id=worker_id,
+                lease=lease,
+                claim_id=claim_id,
+                settles=settles,
             )
-        complete_keys, complete_args = self._complete_call(held[0], items)
-        claim_keys, claim_args = self._claim_call(
-            queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+            for q, idx in groups.items():
+                for i, outcome in zip(idx, by_queue[q], strict=True):
+                    done[i] = outcome
+            return self._settled(items, done), jobs
+        if not settles:
+            outcomes = self._settled(items, done)
+            jobs = await self.claim(
+                queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+            )
+            return outcomes, jobs
+        keys, args = self._claim_call(
+            queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id, settles=settles
         )
-        done, reply = await self._eval_pipelined(
-            [("complete", complete_keys, complete_args), ("claim", claim_keys, claim_args)]
-        )
+        reply, settled = await self._eval("claim", keys, args)
+        at = 0
+        for idx in groups.values():
+            for i in idx:
+                done[i] = settled[at]
+                at += 1
         return self._settled(items, done), await self._claimed(queues, reply, worker_id)
 
     async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
