@@ -12,7 +12,15 @@ in order, so only the culprit gets the error. The items must therefore be safe t
 send twice, which enqueue (ids fixed by the client), complete and fail (fenced by
 token) are. Should the first few items each fail alone exactly as the batch did, the
 refusal is the broker's own (a read-only replica, say) and the rest fail with it, so
-a broker in trouble never gets a round trip per item.
+a broker in trouble never gets a round trip per item. The callers of a batch re-sent
+item by item get their answers together, once the last item has its own.
+
+A caller that stops waiting (cancelled) does not take its item back: it may be in the
+broker's hands already, so it is sent with its batch and its answer dropped.
+
+Cost per item is a list append and a wait on its batch's one event: batches wait in a
+plain deque, ``max_in_flight`` long-lived sender tasks take them, and a sender that
+has nothing to do parks on an event of its own that a new batch sets (issue 13).
 """
 
 from __future__ import annotations
@@ -111,11 +119,12 @@ class Batcher(Generic[I, R]):
         self.name = name
         self._batch_wide = batch_wide
         self._running = False
-        # The cheap path (issue 13): a plain deque of batches not yet sent and
-        # ``max_in_flight`` long-lived senders, instead of a memory object stream, an
-        # event per item and a task per batch. A sender with nothing to do parks on its
-        # own event in ``_idle``; a new batch wakes one of them, so a lone item is sent
-        # at once, and a busy sender takes the next batch when its send returns.
+        # Batches not yet sent, oldest first; only the last one is open to new items.
+        # (A deque and events rather than an anyio memory stream, an event per item and
+        # a task per batch: a blocked stream receive costs several times more.) A
+        # sender with nothing to do parks on its own event in ``_idle``; a new batch
+        # wakes one of them, so a lone item is sent at once, and a busy sender takes the
+        # next batch when its send returns.
         self._pending: deque[_Batch[I, R]] = deque()
         self._idle: deque[anyio.Event] = deque()
 
@@ -240,11 +249,11 @@ class Batcher(Generic[I, R]):
         if not self._running:
             raise NotConnected(f"{self.name} is not running: use `async with app:` first")
         pending = self._pending
-        if pending and len(batch := pending[-1].items) < self.max_batch:
+        if pending and len(items := pending[-1].items) < self.max_batch:
             open_batch = pending[-1]
-            index = len(batch)
-            batch.append(item)
-        else:
+            index = len(items)
+            items.append(item)
+        else:  # a new batch: wake a parked sender, if any (else a busy one takes it next)
             open_batch = _Batch()
             open_batch.items.append(item)
             index = 0
