@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from typedq import BrokerUnavailable, NotConnected, QueueFull, RedisDataLost
@@ -282,3 +284,140 @@ async def test_a_culprit_first_in_its_batch_still_fails_alone() -> None:
     async with running(send, max_in_flight=1) as batcher:
         answers = await submit_all(batcher, items)
     assert [i for i, a in answers.items() if isinstance(a, Exception)] == [-1]
+
+
+# -- senders, waiting callers and stopping (the deque-and-senders batcher) -------------
+
+
+async def test_every_sender_is_used_when_batches_queue_up() -> None:
+    """Work for several batches wakes several senders: up to max_in_flight at once."""
+    send = FakeSend(latency=0.01)
+    async with running(send, max_batch=5, max_in_flight=3) as batcher:
+        answers = await submit_all(batcher, list(range(60)))
+    assert answers == {i: i * 2 for i in range(60)}
+    assert send.peak_in_flight == 3
+    assert max(len(batch) for batch in send.batches) <= 5
+
+
+async def test_items_submitted_while_busy_go_together_in_order() -> None:
+    """With the one sender busy, items that arrive go as one batch once it frees, in order."""
+    release = anyio.Event()
+    batches: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        if len(batches) == 1:
+            await release.wait()
+        return [i * 2 for i in items]
+
+    answers: dict[int, int] = {}
+    async with running(send, max_in_flight=1) as batcher:
+
+        async def one(i: int) -> None:
+            answers[i] = await batcher.submit(i)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, 0)
+            await wait_until(lambda: len(batches) == 1)
+            for i in range(1, 8):
+                tg.start_soon(one, i)
+                # One at a time, so the order they arrive in is known (trio shuffles
+                # tasks started together).
+                await wait_until(partial(is_pending, batcher, i))
+            release.set()
+    assert batches == [[0], list(range(1, 8))]
+    assert answers == {i: i * 2 for i in range(8)}
+
+
+async def test_a_cancelled_caller_leaves_its_batch_mates_answered() -> None:
+    """A caller that stops waiting does not disturb the others: its item is still sent
+    (it may be in the broker's hands already) and its neighbours get their answers."""
+    release = anyio.Event()
+    send_calls: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        send_calls.append(list(items))
+        await release.wait()
+        return [i * 2 for i in items]
+
+    answers: dict[int, int] = {}
+    async with running(send, max_in_flight=1) as batcher:
+
+        async def one(i: int) -> None:
+            answers[i] = await batcher.submit(i)
+
+        impatient = anyio.CancelScope()
+
+        async def cancelled_caller() -> None:
+            with impatient:
+                await batcher.submit(3)
+
+        async with anyio.create_task_group() as tg:
+            for i in (1, 2):
+                tg.start_soon(one, i)
+            tg.start_soon(cancelled_caller)
+            await wait_until(lambda: len(send_calls) == 1)
+            impatient.cancel()
+            await anyio.sleep(0.01)  # the cancelled caller is gone, the send goes on
+            release.set()
+    assert sorted(send_calls[0]) == [1, 2, 3]
+    assert len(send_calls) == 1
+    assert answers == {1: 2, 2: 4}
+
+
+async def test_stopping_while_re_sending_keeps_the_answers_already_got() -> None:
+    """Stopped half-way through a one-by-one re-send: the items answered keep their
+    answer, the item being sent and those after it get NotConnected."""
+    batches: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        if len(items) > 1:
+            raise ValueError("one bad item")
+        if len(batches) == 4:  # the third item re-sent alone never gets an answer
+            await anyio.sleep_forever()
+        return [i * 2 for i in items]
+
+    answers: dict[int, int | Exception] = {}
+    batcher: Batcher[int, int] = Batcher(send, max_in_flight=1)
+
+    async def one(i: int) -> None:
+        try:
+            answers[i] = await batcher.submit(i)
+        except Exception as exc:
+            answers[i] = exc
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as outer, anyio.create_task_group() as inner:
+            await inner.start(batcher.run)
+            for i in range(1, 6):
+                outer.start_soon(one, i)
+            await anyio.sleep(0.05)
+            inner.cancel_scope.cancel()
+    first, second, *rest = batches[0]
+    assert len(batches[0]) == 5
+    assert answers[first] == first * 2
+    assert answers[second] == second * 2
+    assert all(isinstance(answers[i], NotConnected) for i in rest)
+
+
+async def test_the_batcher_runs_again_after_a_stop() -> None:
+    send = FakeSend(latency=0)
+    batcher: Batcher[int, int] = Batcher(send, max_in_flight=2)
+    for round_ in range(3):
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                await tg.start(batcher.run)
+                answers = await submit_all(batcher, list(range(round_ * 10, round_ * 10 + 10)))
+                assert answers == {i: i * 2 for i in range(round_ * 10, round_ * 10 + 10)}
+                tg.cancel_scope.cancel()
+
+
+def is_pending(batcher: Batcher[int, int], item: int) -> bool:
+    return any(item in batch.items for batch in batcher._pending)
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    """Yield to the other tasks until ``condition`` holds (the test's fail_after bounds it)."""
+    while not condition():
+        await anyio.lowlevel.checkpoint()

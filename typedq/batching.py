@@ -12,19 +12,26 @@ in order, so only the culprit gets the error. The items must therefore be safe t
 send twice, which enqueue (ids fixed by the client), complete and fail (fenced by
 token) are. Should the first few items each fail alone exactly as the batch did, the
 refusal is the broker's own (a read-only replica, say) and the rest fail with it, so
-a broker in trouble never gets a round trip per item.
+a broker in trouble never gets a round trip per item. The callers of a batch re-sent
+item by item get their answers together, once the last item has its own.
+
+A caller that stops waiting (cancelled) does not take its item back: it may be in the
+broker's hands already, so it is sent with its batch and its answer dropped.
+
+Cost per item is a list append and a wait on its batch's one event: batches wait in a
+plain deque, ``max_in_flight`` long-lived sender tasks take them, and a sender that
+has nothing to do parks on an event of its own that a new batch sets (issue 13).
 """
 
 from __future__ import annotations
 
 import logging
-import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .errors import BrokerUnavailable, NotConnected, QueueFull, RedisDataLost
 
@@ -36,13 +43,31 @@ I = TypeVar("I")  # noqa: E741 -- item
 R = TypeVar("R")
 
 
-class _Slot(Generic[R]):
-    __slots__ = ("done", "error", "value")
+class _Batch(Generic[I, R]):
+    """Items gathered for one send, and their outcome.
+
+    Callers join the open batch at the tail of the line and wait on its one event (an
+    event per batch, not per item); they read their answer by their index in it.
+    """
+
+    __slots__ = ("done", "error", "errors", "items", "results")
 
     def __init__(self) -> None:
+        self.items: list[I] = []
         self.done = anyio.Event()
-        self.value: R | None = None
+        self.results: Sequence[R] = ()
+        #: The error of every item (the whole batch failed), else None.
         self.error: BaseException | None = None
+        #: Item by item answers when the batch was re-sent one item at a time: an
+        #: item's error, or None when ``results`` holds its value.
+        self.errors: list[BaseException | None] | None = None
+
+    def answer(self, index: int) -> R:
+        if self.error is not None:
+            raise self.error
+        if self.errors is not None and (error := self.errors[index]) is not None:
+            raise error
+        return self.results[index]
 
 
 #: Re-sending a failed batch item by item stops when this many first items fail exactly
@@ -93,142 +118,150 @@ class Batcher(Generic[I, R]):
         self.max_in_flight = max_in_flight
         self.name = name
         self._batch_wide = batch_wide
-        self._sender: MemoryObjectSendStream[tuple[I, _Slot[R]]] | None = None
+        self._running = False
+        # Batches not yet sent, oldest first; only the last one is open to new items.
+        # (A deque and events rather than an anyio memory stream, an event per item and
+        # a task per batch: a blocked stream receive costs several times more.) A
+        # sender with nothing to do parks on its own event in ``_idle``; a new batch
+        # wakes one of them, so a lone item is sent at once, and a busy sender takes the
+        # next batch when its send returns.
+        self._pending: deque[_Batch[I, R]] = deque()
+        self._idle: deque[anyio.Event] = deque()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Flush submitted items until cancelled. Runs in its owner's task group."""
-        sender, receiver = anyio.create_memory_object_stream[tuple[I, _Slot[R]]](math.inf)
-        # A semaphore, not a CapacityLimiter: the flusher acquires, the delivering task releases.
-        limiter = anyio.Semaphore(self.max_in_flight)
         try:
             async with anyio.create_task_group() as tg:
-                self._sender = sender
+                for _ in range(self.max_in_flight):
+                    tg.start_soon(self._sender)
+                self._running = True
                 task_status.started()
-                await self._flush_forever(receiver, limiter, tg)
         finally:
-            self._sender = None
-            sender.close()
+            self._running = False
+            self._idle.clear()
             # Anything still queued will never be sent: fail it instead of hanging.
-            while True:
-                try:
-                    _, slot = receiver.receive_nowait()
-                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                    break
-                slot.error = NotConnected(f"{self.name} closed before the item was sent")
-                slot.done.set()
-            receiver.close()
+            while self._pending:
+                batch = self._pending.popleft()
+                batch.error = NotConnected(f"{self.name} closed before the item was sent")
+                batch.done.set()
 
-    async def _flush_forever(
-        self,
-        receiver: MemoryObjectReceiveStream[tuple[I, _Slot[R]]],
-        limiter: anyio.Semaphore,
-        tg: anyio.abc.TaskGroup,
-    ) -> None:
+    async def _sender(self) -> None:
+        pending = self._pending
         while True:
-            # A free slot first, then an item: an item taken off the stream while waiting
-            # for a slot would be neither sent nor failed if the batcher stopped meanwhile.
-            await limiter.acquire()
-            try:
-                first = await receiver.receive()
-            except BaseException:
-                limiter.release()
-                raise
-            batch = [first]
-            while len(batch) < self.max_batch:
+            if not pending:
+                wake = anyio.Event()
+                self._idle.append(wake)
                 try:
-                    batch.append(receiver.receive_nowait())
-                except anyio.WouldBlock:
-                    break
-            tg.start_soon(self._deliver, batch, limiter)
+                    await wake.wait()
+                finally:
+                    if not wake.is_set():  # cancelled while parked
+                        self._idle.remove(wake)
+                continue
+            # Taken and sent with no await in between: a batch is either still in
+            # ``_pending`` (failed by run() on stop) or being delivered (failed here).
+            batch = pending.popleft()
+            if pending and self._idle:
+                self._idle.popleft().set()  # more work than this sender: wake another
+            await self._deliver(batch)
 
-    async def _deliver(self, batch: list[tuple[I, _Slot[R]]], limiter: anyio.Semaphore) -> None:
+    async def _deliver(self, batch: _Batch[I, R]) -> None:
         try:
             try:
-                results = await self._send([item for item, _ in batch])
+                results = await self._send(batch.items)
             except Exception as exc:
-                if len(batch) == 1 or self._batch_wide(exc):
+                if len(batch.items) == 1 or self._batch_wide(exc):
                     raise
                 log.warning(
                     "%s: a batch of %d items failed (%s); re-sending them one by one so "
                     "only the item at fault gets the error",
                     self.name,
-                    len(batch),
+                    len(batch.items),
                     _describe(exc),
                 )
                 await self._one_by_one(batch, exc)
             else:
-                self._settle(batch, results)
+                if len(results) != len(batch.items):
+                    raise RuntimeError(
+                        f"sent {len(batch.items)} items but got {len(results)} results"
+                    )
+                batch.results = results
         except BaseException as exc:
             self._fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
-            limiter.release()
+            batch.done.set()
 
-    async def _one_by_one(self, batch: list[tuple[I, _Slot[R]]], batch_error: Exception) -> None:
+    async def _one_by_one(self, batch: _Batch[I, R], batch_error: Exception) -> None:
         # In order, one at a time: the items keep their relative order (FIFO of enqueues).
         # A backstop for refusals no predicate knows (a read-only replica, say): when the
         # first items all fail exactly as the batch did, the broker refuses everything,
-        # so the rest get that error without a round trip each.
+        # so the rest get that error without a round trip each. The callers are answered
+        # together when the last item is done (one event per batch).
+        items = batch.items
+        results: list[R | None] = [None] * len(items)
+        errors: list[BaseException | None] = [None] * len(items)
+        batch.results = results  # type: ignore[assignment]  # None only where errors say so
+        batch.errors = errors
         same_as_batch = 0
         any_sent = False
-        for index, (item, slot) in enumerate(batch):
-            try:
-                (result,) = await self._send([item])
-            except Exception as exc:
-                slot.error = exc
-                slot.done.set()
-                if any_sent or _describe(exc) != _describe(batch_error):
-                    continue
-                same_as_batch += 1
-                if same_as_batch >= SAME_FAILURES_BEFORE_GIVING_UP:
-                    log.warning(
-                        "%s: the first %d items failed alone as the whole batch did (%s): "
-                        "failing the other %d without re-sending them",
-                        self.name,
-                        same_as_batch,
-                        _describe(exc),
-                        len(batch) - index - 1,
-                    )
-                    for _, rest in batch[index + 1 :]:
-                        rest.error = exc
-                        rest.done.set()
-                    return
-            else:
-                any_sent = True
-                slot.value = result
-                slot.done.set()
+        index = 0
+        try:
+            for index, item in enumerate(items):
+                try:
+                    (result,) = await self._send([item])
+                except Exception as exc:
+                    errors[index] = exc
+                    if any_sent or _describe(exc) != _describe(batch_error):
+                        continue
+                    same_as_batch += 1
+                    if same_as_batch >= SAME_FAILURES_BEFORE_GIVING_UP:
+                        log.warning(
+                            "%s: the first %d items failed alone as the whole batch did "
+                            "(%s): failing the other %d without re-sending them",
+                            self.name,
+                            same_as_batch,
+                            _describe(exc),
+                            len(items) - index - 1,
+                        )
+                        errors[index + 1 :] = [exc] * (len(items) - index - 1)
+                        return
+                else:
+                    any_sent = True
+                    results[index] = result
+        except BaseException as exc:
+            # Stopped half-way: the items answered keep their answer, the rest fail.
+            errors[index:] = [self._stop_error(exc)] * (len(items) - index)
+            raise
 
-    @staticmethod
-    def _settle(batch: list[tuple[I, _Slot[R]]], results: Sequence[R]) -> None:
-        if len(results) != len(batch):
-            raise RuntimeError(f"sent {len(batch)} items but got {len(results)} results")
-        for (_, slot), result in zip(batch, results, strict=True):
-            slot.value = result
-            slot.done.set()
-
-    def _fail(self, batch: list[tuple[I, _Slot[R]]], exc: BaseException) -> None:
+    def _stop_error(self, exc: BaseException) -> BaseException:
         # A cancellation belongs to this task; the submitters get a plain error.
-        error = (
-            exc
-            if isinstance(exc, Exception)
-            else NotConnected(f"{self.name} stopped while the item was being sent")
-        )
-        for _, slot in batch:
-            if not slot.done.is_set():
-                slot.error = error
-                slot.done.set()
+        if isinstance(exc, Exception):
+            return exc
+        return NotConnected(f"{self.name} stopped while the item was being sent")
+
+    def _fail(self, batch: _Batch[I, R], exc: BaseException) -> None:
+        if batch.errors is None:  # else _one_by_one answered each item itself
+            batch.error = self._stop_error(exc)
 
     async def submit(self, item: I) -> R:
         """Send ``item`` in the next batch and return its result."""
-        if self._sender is None:
+        if not self._running:
             raise NotConnected(f"{self.name} is not running: use `async with app:` first")
-        slot: _Slot[R] = _Slot()
-        self._sender.send_nowait((item, slot))
-        await slot.done.wait()
-        if slot.error is not None:
-            raise slot.error
-        return slot.value  # type: ignore[return-value]  # set together with done
+        pending = self._pending
+        if pending and len(items := pending[-1].items) < self.max_batch:
+            open_batch = pending[-1]
+            index = len(items)
+            items.append(item)
+        else:  # a new batch: wake a parked sender, if any (else a busy one takes it next)
+            open_batch = _Batch()
+            open_batch.items.append(item)
+            index = 0
+            pending.append(open_batch)
+            if self._idle:
+                self._idle.popleft().set()
+        await open_batch.done.wait()
+        return open_batch.answer(index)
 
     async def submit_many(self, items: Sequence[I], *, chunk: int | None = None) -> list[R]:
         """Send ``items`` in chunks concurrently (up to ``max_in_flight`` at once).
