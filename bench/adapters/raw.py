@@ -76,7 +76,13 @@ class RawAdapter:
         self.client: aioredis.Redis | None = None
 
     async def connect(self) -> None:
-        self.client = aioredis.Redis.from_url(common.REDIS_URL, max_connections=64)
+        # A blocking pool: the open-loop workload may have more sends outstanding than
+        # connections when Redis falls behind; they wait for a connection, as a real producer's
+        # would, instead of failing with "Too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
+            common.REDIS_URL, max_connections=64, timeout=None
+        )
+        self.client = aioredis.Redis(connection_pool=pool)
 
     async def close(self) -> None:
         if self.client is not None:
