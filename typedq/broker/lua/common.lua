@@ -59,9 +59,14 @@ local ROLLUP_TTL_S = 25 * 3600
 -- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
 local function k_events(q) return k_q(q) .. 'ev' end
 local function k_events_cfg(q) return k_q(q) .. 'E' end
+-- Wake-up channels. Standalone Redis: the app-wide channels below, PUBLISH. Redis
+-- Cluster: scripts.py turns SHARDED on; each queue then has its own channels in its own
+-- slot ('<queue prefix>ev:<w|d|x>'), and SPUBLISH reaches only the shard holding it.
+local SHARDED = false
 local CH_WORK = P .. 'ev:w'
 local CH_DONE = P .. 'ev:d'
 local CH_CANCEL = P .. 'ev:x'
+local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
 
 -- Every timestamp, lease deadline and delay uses the Redis clock, in integer
 -- microseconds (exact in a Lua double).
@@ -296,8 +301,26 @@ local function trim(q, state, now, ttl, cap, budget)
 end
 
 local done_ids = {}
+-- Sharded (Redis Cluster): the finished ids per queue, for each queue's own channel.
+local done_by_q = {}
+local function note_done(q, id)
+  done_ids[#done_ids + 1] = id
+  if SHARDED then
+    local t = done_by_q[q]
+    if not t then t = {}; done_by_q[q] = t end
+    t[#t + 1] = id
+  end
+end
+local function publish_cancel(q, id)
+  if SHARDED then redis.call('SPUBLISH', qch(q, 'x'), id) else redis.call('PUBLISH', CH_CANCEL, id) end
+end
 local work_queues = {}
 local function publish()
+  if SHARDED then
+    for q, ids in pairs(done_by_q) do redis.call('SPUBLISH', qch(q, 'd'), table.concat(ids, ' ')) end
+    for q in pairs(work_queues) do redis.call('SPUBLISH', qch(q, 'w'), q) end
+    return
+  end
   if #done_ids > 0 then redis.call('PUBLISH', CH_DONE, table.concat(done_ids, ' ')) end
   local qs = {}
   for q in pairs(work_queues) do qs[#qs + 1] = q end
@@ -359,7 +382,7 @@ local function finalize(id, q, from, state, now)
   count(q, from, -1)
   count(q, state, 1)
   if state == 'c' or state == 'f' then roll(q, state) end
-  done_ids[#done_ids + 1] = id
+  note_done(q, id)
   emit_event(id, q, state)
   local fl = flow_links[jk]
   if fl == nil then
@@ -498,7 +521,7 @@ local function flow_end(fq, f, state, err, now)
       local s = r[1]
       if s == 'a' then
         redis.call('HSET', k_job(q, id), 'cr', 1)
-        redis.call('PUBLISH', CH_CANCEL, id)
+        publish_cancel(q, id)
       elseif s == 'w' or s == 's' then
         if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else redis.call('ZREM', k_sched(q), id) end
         local st = 'x'

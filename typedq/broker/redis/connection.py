@@ -28,7 +28,7 @@ __all__ = [
     "SOCKET_TIMEOUT",
     "answers_plain_text",
     "cluster_nodes",
-    "cluster_sub_url",
+    "cluster_node_url",
     "make_client",
     "make_cluster_client",
 ]
@@ -175,13 +175,14 @@ def make_cluster_client(url: str, *, client_name: str, max_connections: int) -> 
     )
 
 
-def cluster_sub_url(url: str) -> str:
-    """A plain ``redis://`` (``rediss://``) URL of the first node of a cluster URL: the
-    pub/sub connection (typedq's channels are not keys; a ``PUBLISH`` on any node of a
-    cluster reaches subscribers on every node)."""
-    nodes, user, password, tls = cluster_nodes(url)
-    host, port = nodes[0]
+def cluster_node_url(url: str, host: str, port: int) -> str:
+    """A plain ``redis://`` (``rediss://``) URL of one node of a cluster URL, with its
+    credentials: the sharded pub/sub connection to the node that owns some queue's slot
+    (see :mod:`typedq.broker.redis.listener`)."""
+    _, user, password, tls = cluster_nodes(url)
     creds = ""
     if user or password:
         creds = f"{quote(user or '', safe='')}:{quote(password or '', safe='')}@"
+    if ":" in host:
+        host = f"[{host}]"
     return f"{'rediss' if tls else 'redis'}://{creds}{host}:{port}/0"

@@ -3,7 +3,9 @@
 Every state transition is one script. Each file starts with a ``#!lua`` shebang (its
 flags, such as ``allow-oom``); ``common.lua`` (shared helpers) is inserted after it, so
 each script is self-contained and runs by its SHA1 (``EVALSHA``), re-sent as ``EVAL``
-when Redis answers ``NOSCRIPT``.
+when Redis answers ``NOSCRIPT``. Redis Cluster runs the sharded variant
+(:data:`SHARDED_SCRIPTS`): the same scripts with ``SHARDED`` on in ``common.lua``, so
+their wake-ups go to each queue's own channel with ``SPUBLISH``.
 """
 
 from __future__ import annotations
@@ -11,13 +13,24 @@ from __future__ import annotations
 import hashlib
 from importlib import resources
 
-__all__ = ["SCRIPTS", "load_scripts"]
+__all__ = ["SCRIPTS", "SHARDED_SCRIPTS", "load_scripts"]
+
+#: The line of ``common.lua`` that the sharded variant turns on.
+_SHARDED_OFF = "local SHARDED = false\n"
 
 
-def load_scripts() -> dict[str, tuple[str, str]]:
-    """Read ``lua/*.lua``, insert ``common.lua`` after each shebang; name -> (source, sha1)."""
+def load_scripts(*, sharded: bool = False) -> dict[str, tuple[str, str]]:
+    """Read ``lua/*.lua``, insert ``common.lua`` after each shebang; name -> (source, sha1).
+
+    :param sharded: the Redis Cluster variant (wake-ups by ``SPUBLISH`` on per-queue
+        channels)
+    """
     folder = resources.files("typedq.broker").joinpath("lua")
     common = folder.joinpath("common.lua").read_text("utf-8")
+    if _SHARDED_OFF not in common:
+        raise RuntimeError(f"typedq/broker/lua/common.lua must hold {_SHARDED_OFF!r}")
+    if sharded:
+        common = common.replace(_SHARDED_OFF, "local SHARDED = true\n", 1)
     scripts: dict[str, tuple[str, str]] = {}
     for entry in folder.iterdir():
         name = entry.name
@@ -35,3 +48,5 @@ def load_scripts() -> dict[str, tuple[str, str]]:
 
 #: Script name (the file name without ``.lua``) -> (source, sha1).
 SCRIPTS = load_scripts()
+#: The same for Redis Cluster (sharded pub/sub wake-ups).
+SHARDED_SCRIPTS = load_scripts(sharded=True)
