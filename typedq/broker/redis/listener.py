@@ -586,6 +586,12 @@ class Notifications:
             elif kind == "sunsubscribe" and channel in shard.channels:
                 # We did not ask for it: Redis dropped the subscription because the
                 # slot left this node (failover, resharding). Subscribe at the new owner.
+                log.info(
+                    "%s: %s left %s (failover or resharding); subscribing at its new owner",
+                    self._where,
+                    channel,
+                    shard.name,
+                )
                 shard.channels.discard(channel)
                 shard.pending.discard(channel)
                 self._refresh = True
