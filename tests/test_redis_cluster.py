@@ -137,6 +137,18 @@ async def test_the_startup_check_names_keys_off_the_queue_slot() -> None:
     assert "typedq:{app}:q0:z" in problem
     assert "one Redis Cluster slot" in problem
 
+    class AppWideChannel(Keys):
+        __slots__ = ()
+
+        def queue_channel(self, queue: str, kind: str) -> str:
+            return f"{self.prefix}ev:{kind}"  # a script on q0 could not SPUBLISH there
+
+    problem = check_slots(AppWideChannel("app"), ["q0", "emails"])
+    assert problem is not None
+    assert "typedq:{app}:ev:w (slot" in problem
+    assert "typedq:{app}:ev:x (slot" in problem
+    assert "\n" not in problem
+
 
 async def test_a_bad_cluster_url_is_one_clear_line() -> None:
     app = App("badurl", broker="redis+cluster://127.0.0.1:notaport")
