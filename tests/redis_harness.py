@@ -311,11 +311,14 @@ def _bulk(reply: bytes) -> str:
     return body[: int(head[1:])].decode()
 
 
-def _slot_nodes(cluster: RedisCluster, slot: int) -> tuple[str, int, list[int]]:
-    """The id and port of the primary serving ``slot`` (as a live node sees the cluster)
-    and the ports of its replicas."""
-    live = [n.port for n in cluster.nodes if n.proc is not None]
-    nodes = _bulk(_command(live[0], "CLUSTER", "NODES")).splitlines()
+def _slot_nodes(
+    cluster: RedisCluster, slot: int, *, asking: int | None = None
+) -> tuple[str, int, list[int]]:
+    """The id and port of the primary serving ``slot`` (as the node on port ``asking``, by
+    default the first live one, sees the cluster) and the ports of its replicas."""
+    if asking is None:
+        asking = next(n.port for n in cluster.nodes if n.proc is not None)
+    nodes = _bulk(_command(asking, "CLUSTER", "NODES")).splitlines()
     by_id: dict[str, tuple[int, list[str]]] = {}
     for line in nodes:
         fields = line.split()
@@ -396,6 +399,12 @@ def failover_slot(cluster: RedisCluster, slot: int, timeout: float = 60.0) -> tu
         while time.monotonic() < attempt_ends:
             if _command(replica, "ROLE").startswith(b"*3\r\n$6\r\nmaster"):
                 cluster.wait_ok(timeout=max(1.0, deadline - time.monotonic()))
-                return old, replica
+                # ... and every node has heard of it (gossip takes a moment).
+                while time.monotonic() < deadline:
+                    live = [n.port for n in cluster.nodes if n.proc is not None]
+                    if all(_slot_nodes(cluster, slot, asking=p)[1] == replica for p in live):
+                        return old, replica
+                    time.sleep(0.05)
+                break
             time.sleep(0.05)
     raise RuntimeError(f"the replica on {replica} did not take over slot {slot}")

@@ -157,43 +157,74 @@ async def test_a_bad_cluster_url_is_one_clear_line() -> None:
             pass
 
 
-def queue_off_the_first_node(cluster: RedisCluster, keys: Keys) -> str:
-    """A queue whose slot is served by another primary than the URL's first node (the one
+def queues_off_the_first_node(cluster: RedisCluster, keys: Keys) -> tuple[str, str]:
+    """Two queues whose slots are served by one primary, not the URL's first node (the one
     plain pub/sub would have used)."""
     first = cluster.nodes[0].port
+    by_owner: dict[int, list[str]] = {}
     for i in range(100):
         queue = f"q{i}"
-        if slot_owner(cluster, key_slot(keys.counts(queue).encode())) != first:
-            return queue
-    raise AssertionError("every queue tried is on the first node")
+        owner = slot_owner(cluster, key_slot(keys.counts(queue).encode()))
+        if owner != first:
+            found = by_owner.setdefault(owner, [])
+            found.append(queue)
+            if len(found) == 2:
+                return found[0], found[1]
+    raise AssertionError("no primary but the first serves two of the queues tried")
+
+
+async def confirmed(broker: RedisBroker, channels: list[str], times: int) -> None:
+    """Until the broker's listener has read ``times`` confirmations of each subscription
+    (the first, then one per re-subscription): none is left to wake a waiter later."""
+    notes = broker._notes
+    with anyio.fail_after(30):
+        while any(notes.confirmed.get(c, 0) < times for c in channels):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
 
 
 async def subscribed_on_shard(cluster: RedisCluster, channel: str) -> None:
-    """Until exactly one client is subscribed to the sharded ``channel``, on the primary
-    serving its slot."""
-    slot = key_slot(channel.encode())
+    """Until exactly one client is subscribed to the sharded ``channel`` in the whole
+    cluster (Redis accepts it only on a node of the shard serving its slot: the primary,
+    or a replica, which gets the shard's messages too)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if shard_subscribers(slot_owner(cluster, slot), channel) == 1:
+        live = [n.port for n in cluster.nodes if n.proc is not None]
+        if sum(shard_subscribers(port, channel) for port in live) == 1:
             return
         await anyio.sleep(0.02)
-    raise AssertionError(f"nobody subscribed to {channel} on the primary of slot {slot}")
+    raise AssertionError(f"not one subscriber to {channel} in the cluster")
 
 
 async def woken_with_no_poll(
-    cluster: RedisCluster, worker: RedisBroker, producer: RedisBroker, queue: str, job_id: str
+    cluster: RedisCluster,
+    worker: RedisBroker,
+    producer: RedisBroker,
+    queue: str,
+    job_id: str,
+    *,
+    times: int = 1,
 ) -> None:
     """The worker waits for work on ``queue`` with an hour's poll fallback; the producer
     enqueues ``job_id`` there; only the wake-up can end the wait. Then the job's producer
     waits (an hour, no polling either) for it to finish and is woken when the worker
-    completes it, and a cancel request reaches the worker as soon as it is made."""
+    completes it, and a cancel request reaches the worker as soon as it is made.
+
+    :param times: the subscriptions were confirmed this many times already (2: once
+        re-made)
+    """
     keys = worker.keys
+    work, cancel = keys.queue_channel(queue, "w"), keys.queue_channel(queue, "x")
     # Subscribed (the first wait may return at once: a new subscription counts as a
-    # wake-up), and a claim finds nothing: the next wait lasts until a notice.
+    # wake-up), every confirmation read, and a claim finds nothing: the next wait lasts
+    # until a notice.
     await worker.wait_for_jobs([queue], 0.01)
-    await subscribed_on_shard(cluster, keys.queue_channel(queue, "w"))
     assert await worker.claim([queue], 1, worker_id="w", lease=30) == []
-    await subscribed_on_shard(cluster, keys.queue_channel(queue, "x"))
+    await confirmed(worker, [work, cancel], times)
+    if times > 1:
+        await confirmed(producer, [keys.queue_channel(queue, "d")], times)
+    for channel in (work, cancel):
+        await subscribed_on_shard(cluster, channel)
+    assert await worker.claim([queue], 1, worker_id="w", lease=30) == []
     woke = anyio.Event()
 
     async def wait_for_work() -> None:
@@ -233,19 +264,24 @@ async def test_a_worker_on_another_shard_is_woken_by_sharded_pubsub(
     """Wake-ups travel on the queue's own shard (SPUBLISH/SSUBSCRIBE), not as a
     cluster-wide PUBLISH through the first node."""
     keys = Keys("wake")
-    queue = queue_off_the_first_node(redis_cluster, keys)
+    queue, other = queues_off_the_first_node(redis_cluster, keys)
     async with broker_at(url, "wake") as worker, broker_at(url, "wake") as producer:
         await woken_with_no_poll(redis_cluster, worker, producer, queue, "j1")
         for node in redis_cluster.nodes:
             # No plain subscription anywhere: the app-wide channels are for standalone Redis.
             assert subscribers(node.port, keys.work_channel) == 0
             assert subscribers(node.port, keys.done_channel) == 0
-        # The node drops the pub/sub connections: the listener connects and subscribes again.
+        # A second queue on that node: its one connection holds channels of two slots.
+        await worker.wait_for_jobs([other], 0.01)
+        await confirmed(worker, [keys.queue_channel(other, "w")], 1)
+        # The node drops the pub/sub connections: the listener connects and subscribes
+        # every channel again, slot by slot.
         owner = slot_owner(redis_cluster, key_slot(keys.counts(queue).encode()))
         kill_pubsub_clients(owner)
         assert shard_subscribers(owner, keys.queue_channel(queue, "w")) == 0
-        await subscribed_on_shard(redis_cluster, keys.queue_channel(queue, "w"))
-        await woken_with_no_poll(redis_cluster, worker, producer, queue, "j2")
+        await confirmed(worker, [keys.queue_channel(other, "w")], 2)
+        await subscribed_on_shard(redis_cluster, keys.queue_channel(other, "w"))
+        await woken_with_no_poll(redis_cluster, worker, producer, queue, "j2", times=2)
 
 
 @pytest.mark.slow
@@ -253,7 +289,7 @@ async def test_wake_ups_survive_a_failover_of_the_queue_shard(
     url: str, redis_cluster: RedisCluster
 ) -> None:
     keys = Keys("wakefo")
-    queue = queue_off_the_first_node(redis_cluster, keys)
+    queue, _ = queues_off_the_first_node(redis_cluster, keys)
     slot = key_slot(keys.counts(queue).encode())
     async with (
         broker_at(url, "wakefo", deadline=120) as worker,
@@ -263,10 +299,9 @@ async def test_wake_ups_survive_a_failover_of_the_queue_shard(
         old, new = await anyio.to_thread.run_sync(failover_slot, redis_cluster, slot)
         assert old != new
         assert slot_owner(redis_cluster, slot) == new
-        # The listener follows the slot to its new primary by itself (nothing else was
-        # sent to the cluster since the failover).
-        await subscribed_on_shard(redis_cluster, keys.queue_channel(queue, "w"))
-        await woken_with_no_poll(redis_cluster, worker, producer, queue, "j2")
+        # The listeners follow the slot to its new primary by themselves (nothing else
+        # was sent to the cluster since the failover).
+        await woken_with_no_poll(redis_cluster, worker, producer, queue, "j2", times=2)
 
 
 async def test_scripts_flushed_on_a_primary_mid_run_still_run(

@@ -59,13 +59,10 @@ local ROLLUP_TTL_S = 25 * 3600
 -- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
 local function k_events(q) return k_q(q) .. 'ev' end
 local function k_events_cfg(q) return k_q(q) .. 'E' end
--- Wake-up channels. Standalone Redis: the app-wide channels below, PUBLISH. Redis
--- Cluster: scripts.py turns SHARDED on; each queue then has its own channels in its own
--- slot ('<queue prefix>ev:<w|d|x>'), and SPUBLISH reaches only the shard holding it.
-local SHARDED = false
 local CH_WORK = P .. 'ev:w'
 local CH_DONE = P .. 'ev:d'
 local CH_CANCEL = P .. 'ev:x'
+-- A queue's own channels (Redis Cluster, see sharded.lua).
 local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
 
 -- Every timestamp, lease deadline and delay uses the Redis clock, in integer
@@ -301,31 +298,16 @@ local function trim(q, state, now, ttl, cap, budget)
 end
 
 local done_ids = {}
--- Sharded (Redis Cluster): the finished ids per queue, for each queue's own channel.
-local done_by_q = {}
-local function note_done(q, id)
-  done_ids[#done_ids + 1] = id
-  if SHARDED then
-    local t = done_by_q[q]
-    if not t then t = {}; done_by_q[q] = t end
-    t[#t + 1] = id
-  end
-end
-local function publish_cancel(q, id)
-  if SHARDED then redis.call('SPUBLISH', qch(q, 'x'), id) else redis.call('PUBLISH', CH_CANCEL, id) end
-end
 local work_queues = {}
+local function note_done(q, id) done_ids[#done_ids + 1] = id end
+local function publish_cancel(q, id) redis.call('PUBLISH', CH_CANCEL, id) end
 local function publish()
-  if SHARDED then
-    for q, ids in pairs(done_by_q) do redis.call('SPUBLISH', qch(q, 'd'), table.concat(ids, ' ')) end
-    for q in pairs(work_queues) do redis.call('SPUBLISH', qch(q, 'w'), q) end
-    return
-  end
   if #done_ids > 0 then redis.call('PUBLISH', CH_DONE, table.concat(done_ids, ' ')) end
   local qs = {}
   for q in pairs(work_queues) do qs[#qs + 1] = q end
   if #qs > 0 then redis.call('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
 end
+--@sharded
 
 -- A job of a workflow settled: hand off or end the flow (defined with the workflow
 -- helpers at the end of this file).

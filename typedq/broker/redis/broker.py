@@ -201,11 +201,14 @@ class RedisBroker(ScheduleOps, Broker):
         self._where = "Redis Cluster at " + ",".join(f"{h}:{p}" for h, p in nodes)
 
         def node_client(host: str, port: int) -> aioredis.Redis:
+            # No automatic reconnect: redis-py would re-subscribe every channel in one
+            # SSUBSCRIBE (refused across slots) on the same node (the slot may have moved).
             return make_client(
                 cluster_node_url(url, host, port),
                 client_name=name,
                 max_connections=2,
                 health_check_interval=0,
+                retries=0,
             )
 
         self._notes.open_sharded(

@@ -46,12 +46,20 @@ MAX_CONNECTIONS = 64
 
 
 def make_client(
-    url: str, *, client_name: str, max_connections: int, health_check_interval: int
+    url: str,
+    *,
+    client_name: str,
+    max_connections: int,
+    health_check_interval: int,
+    retries: int = RETRIES,
 ) -> aioredis.Redis:
     """A client for ``url`` with typedq's settings (raises ValueError for a bad URL).
 
     redis-py options in the URL's query override the defaults; a ``rediss://`` URL
     verifies the server's name unless the URL says otherwise.
+
+    :param retries: automatic retries on connection errors (0 for a sharded pub/sub
+        connection: a lost one is re-placed by the listener, which knows the slot map)
     """
     keepalive: dict[int, int] = {}
     for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
@@ -72,7 +80,7 @@ def make_client(
         socket_keepalive=True,
         socket_keepalive_options=keepalive,
         health_check_interval=health_check_interval,
-        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), RETRIES),
+        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), retries),
         client_name=client_name,
     )
     return aioredis.Redis(connection_pool=_with_lost_send_fix(pool))

@@ -113,6 +113,9 @@ class Notifications:
         }
         # Queues claimed from (sharded: whose cancel channels a worker listens to).
         self._claimed: set[str] = set()
+        #: Channel -> how many times Redis confirmed its subscription (re-subscriptions
+        #: after a lost connection or a moved slot included): for diagnostics and tests.
+        self.confirmed: dict[str, int] = {}
         self._where = "Redis"
         self._password: str | None = None
         self._pubsub: Any = None
@@ -385,6 +388,7 @@ class Notifications:
         ready = self._sub_ready.get(channel)
         if ready is not None:
             ready.set()
+        self.confirmed[channel] = self.confirmed.get(channel, 0) + 1
         self._lost(channel)
 
     def _lost(self, channel: str) -> None:
@@ -495,17 +499,22 @@ class Notifications:
             channels = set(self._unrouted)
             try:
                 manager = self._cluster.nodes_manager
-                if self._refresh:
+                refreshed = self._refresh
+                if refreshed:
                     # The slot map may be stale (a node failed, a slot moved): re-read it.
                     await manager.initialize()
                     self._refresh = False
+                checked: set[str] = set()
                 for channel in channels:
                     node = manager.get_node_from_slot(key_slot(channel.encode()))
                     shard = self._shards.get(node.name)
+                    if (shard is None or refreshed) and node.name not in checked:
+                        await self._check_primary(node)
+                        checked.add(node.name)
                     if shard is None:
                         shard = self._start_shard(node.name, node.host, node.port)
                     shard.add(channel)
-                self._unrouted.difference_update(channels)
+                    self._unrouted.discard(channel)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -517,6 +526,15 @@ class Notifications:
                         self._where,
                         scrub(str(exc), self._password),
                     )
+
+    async def _check_primary(self, node: Any) -> None:
+        """Raise unless ``node`` says it is a primary. The slot map just read may come from
+        a node that has not heard of a failover yet; its old primary, now a replica,
+        accepts ``SSUBSCRIBE`` too, but a subscriber there was seen to miss the new
+        primary's messages, so channels go to primaries only."""
+        role = await self._cluster.execute_command("ROLE", target_nodes=node)
+        if not role or text(role[0]) != "master":
+            raise RuntimeError(f"{node.name} is no longer a primary (the slot map is stale)")
 
     def _start_shard(self, name: str, host: str, port: int) -> _Shard:
         assert self._node_client is not None

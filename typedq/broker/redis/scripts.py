@@ -4,8 +4,9 @@ Every state transition is one script. Each file starts with a ``#!lua`` shebang 
 flags, such as ``allow-oom``); ``common.lua`` (shared helpers) is inserted after it, so
 each script is self-contained and runs by its SHA1 (``EVALSHA``), re-sent as ``EVAL``
 when Redis answers ``NOSCRIPT``. Redis Cluster runs the sharded variant
-(:data:`SHARDED_SCRIPTS`): the same scripts with ``SHARDED`` on in ``common.lua``, so
-their wake-ups go to each queue's own channel with ``SPUBLISH``.
+(:data:`SHARDED_SCRIPTS`): ``sharded.lua`` takes the place of the ``--@sharded`` line of
+``common.lua``, so the wake-ups go to each queue's own channels with ``SPUBLISH``. The
+standalone scripts carry none of it (the script cache counts against maxmemory).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from importlib import resources
 
 __all__ = ["SCRIPTS", "SHARDED_SCRIPTS", "load_scripts"]
 
-#: The line of ``common.lua`` that the sharded variant turns on.
-_SHARDED_OFF = "local SHARDED = false\n"
+#: The line of ``common.lua`` where the sharded variant inserts ``sharded.lua``.
+_SHARDED_AT = "--@sharded\n"
+#: Files of ``lua/`` that are parts of every script, not scripts.
+_PARTS = ("common.lua", "sharded.lua")
 
 
 def load_scripts(*, sharded: bool = False) -> dict[str, tuple[str, str]]:
@@ -27,14 +30,15 @@ def load_scripts(*, sharded: bool = False) -> dict[str, tuple[str, str]]:
     """
     folder = resources.files("typedq.broker").joinpath("lua")
     common = folder.joinpath("common.lua").read_text("utf-8")
-    if _SHARDED_OFF not in common:
-        raise RuntimeError(f"typedq/broker/lua/common.lua must hold {_SHARDED_OFF!r}")
+    if _SHARDED_AT not in common:
+        raise RuntimeError(f"typedq/broker/lua/common.lua must hold {_SHARDED_AT!r}")
     if sharded:
-        common = common.replace(_SHARDED_OFF, "local SHARDED = true\n", 1)
+        part = folder.joinpath("sharded.lua").read_text("utf-8")
+        common = common.replace(_SHARDED_AT, part, 1)
     scripts: dict[str, tuple[str, str]] = {}
     for entry in folder.iterdir():
         name = entry.name
-        if not name.endswith(".lua") or name == "common.lua":
+        if not name.endswith(".lua") or name in _PARTS:
             continue
         text = entry.read_text("utf-8")
         shebang, _, body = text.partition("\n")
