@@ -504,17 +504,19 @@ class Notifications:
                     # The slot map may be stale (a node failed, a slot moved): re-read it.
                     await manager.initialize()
                     self._refresh = False
-                checked: set[str] = set()
+                by_node: dict[str, tuple[Any, list[str]]] = {}
                 for channel in channels:
                     node = manager.get_node_from_slot(key_slot(channel.encode()))
-                    shard = self._shards.get(node.name)
-                    if (shard is None or refreshed) and node.name not in checked:
-                        await self._check_primary(node)
-                        checked.add(node.name)
+                    by_node.setdefault(node.name, (node, []))[1].append(channel)
+                for name, (node, placed) in by_node.items():
+                    shard = self._shards.get(name)
+                    if shard is None or refreshed:
+                        await self._check_owner(node, {key_slot(c.encode()) for c in placed})
                     if shard is None:
-                        shard = self._start_shard(node.name, node.host, node.port)
-                    shard.add(channel)
-                    self._unrouted.discard(channel)
+                        shard = self._start_shard(name, node.host, node.port)
+                    for channel in placed:
+                        shard.add(channel)
+                        self._unrouted.discard(channel)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -527,14 +529,18 @@ class Notifications:
                         scrub(str(exc), self._password),
                     )
 
-    async def _check_primary(self, node: Any) -> None:
-        """Raise unless ``node`` says it is a primary. The slot map just read may come from
-        a node that has not heard of a failover yet; its old primary, now a replica,
-        accepts ``SSUBSCRIBE`` too, but a subscriber there was seen to miss the new
-        primary's messages, so channels go to primaries only."""
-        role = await self._cluster.execute_command("ROLE", target_nodes=node)
-        if not role or text(role[0]) != "master":
-            raise RuntimeError(f"{node.name} is no longer a primary (the slot map is stale)")
+    async def _check_owner(self, node: Any, slots: set[int]) -> None:
+        """Raise unless ``node`` itself says it is the primary of each of ``slots``. The
+        slot map just read may come from a node that has not heard of a failover yet; the
+        old primary, now a replica, accepts ``SSUBSCRIBE`` too, but its subscribers were
+        seen to miss the new primary's notices: channels go to their primary only."""
+        owners = await self._cluster.execute_command("CLUSTER SLOTS", target_nodes=node)
+        for slot in slots:
+            primary = next(
+                (v["primary"] for (lo, hi), v in owners.items() if lo <= slot <= hi), None
+            )
+            if primary is None or (str(primary[0]), int(primary[1])) != (node.host, node.port):
+                raise RuntimeError(f"{node.name} does not serve slot {slot} (stale slot map)")
 
     def _start_shard(self, name: str, host: str, port: int) -> _Shard:
         assert self._node_client is not None
