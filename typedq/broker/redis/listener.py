@@ -57,6 +57,10 @@ class _DoneWaiter:
         self.event = anyio.Event()
 
 
+class _Idle(Exception):
+    """A node's pub/sub connection lost its last channel (they moved to other nodes)."""
+
+
 class _Shard:
     """The sharded pub/sub connection to one cluster node and the channels placed on it."""
 
@@ -165,6 +169,9 @@ class Notifications:
         self._open = True
         self._work_event = anyio.Event()
         self._cancel_event = anyio.Event()
+        self._route_wake = anyio.Event()
+        self._refresh = False
+        self._route_failures = 0
 
     async def close(self) -> None:
         """Stop the listeners, close the pub/sub connections, wake every waiter."""
@@ -509,9 +516,10 @@ class Notifications:
                     node = manager.get_node_from_slot(key_slot(channel.encode()))
                     by_node.setdefault(node.name, (node, []))[1].append(channel)
                 for name, (node, placed) in by_node.items():
-                    shard = self._shards.get(name)
-                    if shard is None or refreshed:
+                    if name not in self._shards or refreshed:
                         await self._check_owner(node, {key_slot(c.encode()) for c in placed})
+                    # Looked up after the await: the connection may have ended meanwhile.
+                    shard = self._shards.get(name)
                     if shard is None:
                         shard = self._start_shard(name, node.host, node.port)
                     for channel in placed:
@@ -557,6 +565,11 @@ class Notifications:
             await self._shard_loop(shard)
         except asyncio.CancelledError:
             raise
+        except _Idle:
+            # Every channel moved to other nodes: this connection has nothing left to do.
+            if self._shards.get(shard.name) is shard:
+                del self._shards[shard.name]
+            await shard.aclose()
         except Exception as exc:
             shard.scope = None
             self._route_failures += 1
@@ -621,3 +634,5 @@ class Notifications:
                 self._refresh = True
                 self._lost(channel)
                 self._reroute([channel])
+                if not shard.channels:
+                    raise _Idle
