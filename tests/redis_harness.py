@@ -311,12 +311,14 @@ def _bulk(reply: bytes) -> str:
     return body[: int(head[1:])].decode()
 
 
-def failover_slot(cluster: RedisCluster, slot: int, timeout: float = 30.0) -> tuple[int, int]:
-    """``CLUSTER FAILOVER`` (a manual, graceful failover) of the primary serving ``slot``
-    to its replica; returns (old primary port, new primary port) once the replica serves
-    the slot and every node reports ``cluster_state:ok``."""
-    live = [n.port for n in cluster.nodes if n.proc is not None]
-    nodes = _bulk(_command(live[0], "CLUSTER", "NODES")).splitlines()
+def _slot_nodes(
+    cluster: RedisCluster, slot: int, *, asking: int | None = None
+) -> tuple[str, int, list[int]]:
+    """The id and port of the primary serving ``slot`` (as the node on port ``asking``, by
+    default the first live one, sees the cluster) and the ports of its replicas."""
+    if asking is None:
+        asking = next(n.port for n in cluster.nodes if n.proc is not None)
+    nodes = _bulk(_command(asking, "CLUSTER", "NODES")).splitlines()
     by_id: dict[str, tuple[int, list[str]]] = {}
     for line in nodes:
         fields = line.split()
@@ -330,14 +332,79 @@ def failover_slot(cluster: RedisCluster, slot: int, timeout: float = 30.0) -> tu
                 if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
                     primary = (node_id, port)
     assert primary is not None, f"no primary serves slot {slot}"
-    replica = next(p for p, f in by_id.values() if f[3] == primary[0])
-    reply = _command(replica, "CLUSTER", "FAILOVER")
+    replicas = [p for p, f in by_id.values() if f[3] == primary[0]]
+    return primary[0], primary[1], replicas
+
+
+def slot_owner(cluster: RedisCluster, slot: int) -> int:
+    """The port of the primary serving ``slot``."""
+    return _slot_nodes(cluster, slot)[1]
+
+
+def shard_subscribers(port: int, channel: str) -> int:
+    """``PUBSUB SHARDNUMSUB``: the clients of the node on ``port`` subscribed to the
+    sharded channel ``channel``."""
+    return int(_command(port, "PUBSUB", "SHARDNUMSUB", channel).rsplit(b":", 1)[1])
+
+
+def subscribers(port: int, channel: str) -> int:
+    """``PUBSUB NUMSUB``: the clients of the node on ``port`` subscribed to the (not
+    sharded) channel ``channel``."""
+    return int(_command(port, "PUBSUB", "NUMSUB", channel).rsplit(b":", 1)[1])
+
+
+def kill_pubsub_clients(port: int) -> None:
+    """``CLIENT KILL TYPE pubsub`` on the node on ``port``: it drops every subscriber."""
+    reply = _command(port, "CLIENT", "KILL", "TYPE", "pubsub")
+    if not reply.startswith(b":"):
+        raise RuntimeError(f"CLIENT KILL on {port} failed: {reply!r}")
+
+
+def script_flush(port: int) -> None:
+    """``SCRIPT FLUSH`` on the node on ``port``: it forgets every cached script."""
+    reply = _command(port, "SCRIPT", "FLUSH")
     if not reply.startswith(b"+OK"):
-        raise RuntimeError(f"CLUSTER FAILOVER on {replica} failed: {reply!r}")
+        raise RuntimeError(f"SCRIPT FLUSH on {port} failed: {reply!r}")
+
+
+def _replica_of(cluster: RedisCluster, primary: int) -> int:
+    """The port of a replica attached to the primary on ``primary`` (by the replicas' own
+    ``ROLE``, which does not lag like the cluster's gossip)."""
+    needle = f"\r\n:{primary}\r\n".encode()
+    for node in cluster.nodes:
+        if node.proc is not None:
+            with contextlib.suppress(OSError):
+                role = _command(node.port, "ROLE")
+                if role.startswith(b"*5\r\n$5\r\nslave") and needle in role:
+                    return node.port
+    raise RuntimeError(f"no replica of the primary on {primary}")
+
+
+def failover_slot(cluster: RedisCluster, slot: int, timeout: float = 60.0) -> tuple[int, int]:
+    """``CLUSTER FAILOVER`` (a manual, graceful failover) of the primary serving ``slot``
+    to its replica; returns (old primary port, new primary port) once the replica serves
+    the slot and every node reports ``cluster_state:ok``.
+
+    A manual failover that does not complete within Redis's own limit (5 s; it happens on
+    a cluster formed moments ago: "Manual failover timed out") is asked for again.
+    """
+    _, old, _ = _slot_nodes(cluster, slot)
+    replica = _replica_of(cluster, old)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _command(replica, "ROLE").startswith(b"*3\r\n$6\r\nmaster"):
-            cluster.wait_ok(timeout=max(1.0, deadline - time.monotonic()))
-            return primary[1], replica
-        time.sleep(0.05)
+        reply = _command(replica, "CLUSTER", "FAILOVER")
+        if not reply.startswith(b"+OK"):
+            raise RuntimeError(f"CLUSTER FAILOVER on {replica} failed: {reply!r}")
+        attempt_ends = min(deadline, time.monotonic() + 6.0)
+        while time.monotonic() < attempt_ends:
+            if _command(replica, "ROLE").startswith(b"*3\r\n$6\r\nmaster"):
+                cluster.wait_ok(timeout=max(1.0, deadline - time.monotonic()))
+                # ... and every node has heard of it (gossip takes a moment).
+                while time.monotonic() < deadline:
+                    live = [n.port for n in cluster.nodes if n.proc is not None]
+                    if all(_slot_nodes(cluster, slot, asking=p)[1] == replica for p in live):
+                        return old, replica
+                    time.sleep(0.05)
+                break
+            time.sleep(0.05)
     raise RuntimeError(f"the replica on {replica} did not take over slot {slot}")

@@ -120,6 +120,9 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.minute("q1", 29000000),
             k.events("q1"),
             k.events_config("q1"),
+            k.queue_channel("q1", "w"),
+            k.queue_channel("q1", "d"),
+            k.queue_channel("q1", "x"),
         ]
         # Every key of a queue carries the queue's hash tag, nothing else's.
         assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])

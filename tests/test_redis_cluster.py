@@ -12,14 +12,25 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 import redis.asyncio as aioredis
+from anyio.abc import TaskStatus
 from redis.crc import key_slot
 
 from tests import redis_app
-from tests.redis_harness import RedisCluster, RedisProcess, failover_slot, flushall
+from tests.redis_harness import (
+    RedisCluster,
+    RedisProcess,
+    failover_slot,
+    flushall,
+    kill_pubsub_clients,
+    script_flush,
+    shard_subscribers,
+    slot_owner,
+    subscribers,
+)
 from tests.redis_support import broker_at, message
 from tests.support import In, spawn_worker, stop_workers
 from typedq import App, ConfigError
-from typedq.broker.base import Completion, FinishOutcome, JobState
+from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobState
 from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.codec import text
@@ -161,12 +172,234 @@ async def test_the_startup_check_names_keys_off_the_queue_slot() -> None:
     assert "typedq:{app}:q0:z" in problem
     assert "one Redis Cluster slot" in problem
 
+    class AppWideChannel(Keys):
+        __slots__ = ()
+
+        def queue_channel(self, queue: str, kind: str) -> str:
+            return f"{self.prefix}ev:{kind}"  # a script on q0 could not SPUBLISH there
+
+    problem = check_slots(AppWideChannel("app"), ["q0", "emails"])
+    assert problem is not None
+    assert "typedq:{app}:ev:w (slot" in problem
+    assert "typedq:{app}:ev:x (slot" in problem
+    assert "\n" not in problem
+
 
 async def test_a_bad_cluster_url_is_one_clear_line() -> None:
     app = App("badurl", broker="redis+cluster://127.0.0.1:notaport")
     with pytest.raises(ConfigError, match=r"bad Redis Cluster URL .* is not host:port"):
         async with app:
             pass
+
+
+def queues_off_the_first_node(cluster: RedisCluster, keys: Keys) -> tuple[str, str]:
+    """Two queues whose slots are served by one primary, not the URL's first node (the one
+    plain pub/sub would have used)."""
+    first = cluster.nodes[0].port
+    by_owner: dict[int, list[str]] = {}
+    for i in range(100):
+        queue = f"q{i}"
+        owner = slot_owner(cluster, key_slot(keys.counts(queue).encode()))
+        if owner != first:
+            found = by_owner.setdefault(owner, [])
+            found.append(queue)
+            if len(found) == 2:
+                return found[0], found[1]
+    raise AssertionError("no primary but the first serves two of the queues tried")
+
+
+async def confirmed(broker: RedisBroker, channels: list[str], times: int) -> None:
+    """Until the broker's listener has read ``times`` confirmations of each subscription
+    (the first, then one per re-subscription): none is left to wake a waiter later."""
+    notes = broker._notes
+    with anyio.fail_after(30):
+        while any(notes.confirmed.get(c, 0) < times for c in channels):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+async def subscribed_on_shard(cluster: RedisCluster, channel: str) -> None:
+    """Until exactly one client is subscribed to the sharded ``channel`` in the whole
+    cluster (Redis accepts it only on a node of the shard serving its slot: the primary,
+    or a replica, which gets the shard's messages too)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        live = [n.port for n in cluster.nodes if n.proc is not None]
+        if sum(shard_subscribers(port, channel) for port in live) == 1:
+            return
+        await anyio.sleep(0.02)
+    raise AssertionError(f"not one subscriber to {channel} in the cluster")
+
+
+async def woken_with_no_poll(
+    cluster: RedisCluster,
+    worker: RedisBroker,
+    producer: RedisBroker,
+    queue: str,
+    job_id: str,
+    *,
+    times: int = 1,
+) -> None:
+    """The worker waits for work on ``queue`` with an hour's poll fallback; the producer
+    enqueues ``job_id`` there; only the wake-up can end the wait. Then the job's producer
+    waits (an hour, no polling either) for it to finish and is woken when the worker
+    completes it, and a cancel request reaches the worker as soon as it is made.
+
+    :param times: the subscriptions were confirmed this many times already (2: once
+        re-made)
+    """
+    keys = worker.keys
+    work, cancel = keys.queue_channel(queue, "w"), keys.queue_channel(queue, "x")
+    # Subscribed (the first wait may return at once: a new subscription counts as a
+    # wake-up), every confirmation read, and a claim finds nothing: the next wait lasts
+    # until a notice.
+    await worker.wait_for_jobs([queue], 0.01)
+    assert await worker.claim([queue], 1, worker_id="w", lease=30) == []
+    await confirmed(worker, [work, cancel], times)
+    if times > 1:
+        await confirmed(producer, [keys.queue_channel(queue, "d")], times)
+    for channel in (work, cancel):
+        await subscribed_on_shard(cluster, channel)
+    assert await worker.claim([queue], 1, worker_id="w", lease=30) == []
+    woke = anyio.Event()
+
+    async def wait_for_work() -> None:
+        await worker.wait_for_jobs([queue], 3600)
+        woke.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_for_work)
+        await anyio.sleep(0.2)
+        assert not woke.is_set()  # nothing to wake it yet
+        await producer.enqueue([message(job_id, queue=queue), message(job_id + "-b", queue=queue)])
+        with anyio.fail_after(30):
+            await woke.wait()
+    jobs = await worker.claim([queue], 2, worker_id="w", lease=30)
+    assert sorted(j.message.id for j in jobs) == [job_id, job_id + "-b"]
+
+    async def finished(*, task_status: TaskStatus[None]) -> None:
+        record = await producer.wait_finished(job_id, 3600, queue=queue, task_status=task_status)
+        assert record is not None
+        assert record.state is JobState.COMPLETED
+
+    async def cancel_requested(*, task_status: TaskStatus[None]) -> None:
+        await worker.wait_cancel_requests(3600, task_status=task_status)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(finished)
+            await tg.start(cancel_requested)
+            await producer.cancel(job_id + "-b", queue=queue)
+            await worker.complete([Completion(jobs[0].message.id, jobs[0].token, b"\xc0")])
+    assert await worker.cancel_requests([job_id + "-b"]) == [job_id + "-b"]
+
+
+async def test_a_worker_on_another_shard_is_woken_by_sharded_pubsub(
+    url: str, redis_cluster: RedisCluster
+) -> None:
+    """Wake-ups travel on the queue's own shard (SPUBLISH/SSUBSCRIBE), not as a
+    cluster-wide PUBLISH through the first node."""
+    keys = Keys("wake")
+    queue, other = queues_off_the_first_node(redis_cluster, keys)
+    async with broker_at(url, "wake") as worker, broker_at(url, "wake") as producer:
+        await woken_with_no_poll(redis_cluster, worker, producer, queue, "j1")
+        for node in redis_cluster.nodes:
+            # No plain subscription anywhere: the app-wide channels are for standalone Redis.
+            assert subscribers(node.port, keys.work_channel) == 0
+            assert subscribers(node.port, keys.done_channel) == 0
+        # A second queue on that node: its one connection holds channels of two slots.
+        await worker.wait_for_jobs([other], 0.01)
+        await confirmed(worker, [keys.queue_channel(other, "w")], 1)
+        # The node drops the pub/sub connections: the listener connects and subscribes
+        # every channel again, slot by slot.
+        owner = slot_owner(redis_cluster, key_slot(keys.counts(queue).encode()))
+        kill_pubsub_clients(owner)
+        assert shard_subscribers(owner, keys.queue_channel(queue, "w")) == 0
+        await confirmed(worker, [keys.queue_channel(other, "w")], 2)
+        await subscribed_on_shard(redis_cluster, keys.queue_channel(other, "w"))
+        await woken_with_no_poll(redis_cluster, worker, producer, queue, "j2", times=2)
+
+
+@pytest.mark.slow
+async def test_wake_ups_survive_a_failover_of_the_queue_shard(
+    url: str, redis_cluster: RedisCluster
+) -> None:
+    keys = Keys("wakefo")
+    queue, _ = queues_off_the_first_node(redis_cluster, keys)
+    slot = key_slot(keys.counts(queue).encode())
+    async with (
+        broker_at(url, "wakefo", deadline=120) as worker,
+        broker_at(url, "wakefo", deadline=120) as producer,
+    ):
+        await woken_with_no_poll(redis_cluster, worker, producer, queue, "j1")
+        old, new = await anyio.to_thread.run_sync(failover_slot, redis_cluster, slot)
+        assert old != new
+        assert slot_owner(redis_cluster, slot) == new
+        # The listeners follow the slot to its new primary by themselves (nothing else
+        # was sent to the cluster since the failover).
+        await woken_with_no_poll(redis_cluster, worker, producer, queue, "j2", times=2)
+
+
+async def test_scripts_flushed_on_a_primary_mid_run_still_run(
+    url: str, redis_cluster: RedisCluster
+) -> None:
+    """Every script is loaded on every node at connect; a node that forgot them (SCRIPT
+    FLUSH, a restart) answers NOSCRIPT and the call is re-sent with the source."""
+    queues = [f"q{i}" for i in range(8)]
+    async with broker_at(url, "flushed") as broker:
+        keys = broker.keys
+        _, sha = broker._scripts["claim"]
+        for port in redis_cluster.primary_ports():
+            assert await _script_exists(port, sha)
+        await broker.enqueue([message(f"a{i}", queue=q) for i, q in enumerate(queues)])
+        owner = slot_owner(redis_cluster, key_slot(keys.counts("q0").encode()))
+        script_flush(owner)
+        assert not await _script_exists(owner, sha)
+        # One call on one queue (EVALSHA), then several slots in one pipeline.
+        (job,) = await broker.claim(["q0"], 1, worker_id="w", lease=30)
+        assert job.message.id == "a0"
+        for port in redis_cluster.primary_ports():
+            script_flush(port)
+        jobs = await broker.claim(queues[1:], 7, worker_id="w", lease=30)
+        assert sorted(j.message.id for j in jobs) == [f"a{i}" for i in range(1, 8)]
+        for port in redis_cluster.primary_ports():
+            script_flush(port)
+        jobs.append(job)
+        done = await broker.complete([Completion(j.message.id, j.token, b"\xc0") for j in jobs])
+        assert len(done) == 8
+        stats = await broker.queue_stats(queues)
+        assert [s.counts[JobState.COMPLETED] for s in stats] == [1] * 8
+        assert await _script_exists(owner, broker._scripts["queue_stats"][1])  # EVAL cached it
+
+
+async def _script_exists(port: int, sha: str) -> bool:
+    client = aioredis.Redis(port=port)
+    try:
+        (exists,) = await client.script_exists(sha)
+        return bool(exists)
+    finally:
+        await client.aclose()
+
+
+async def test_connect_refuses_queue_keys_off_the_queue_slot(url: str) -> None:
+    """The startup check reads the queue registry and names each key of a known queue
+    that would not map to the queue's one slot."""
+    async with broker_at(url, "slots") as broker:
+        await broker.enqueue([message("a", queue="emails")])
+
+    class Broken(Keys):
+        __slots__ = ()
+
+        def gates(self, queue: str) -> str:
+            return f"typedq:{{slots}}:{queue}:G"  # forgot the queue's tag
+
+    broker = RedisBroker(url, BrokerSettings(namespace="slots"))
+    broker.keys = Broken("slots")
+    with pytest.raises(ConfigError) as caught:
+        await broker.connect()
+    assert "typedq:{slots}:emails:G" in str(caught.value)
+    assert "one Redis Cluster slot" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert not broker._notes.is_open  # closed again
 
 
 @pytest.fixture

@@ -199,7 +199,6 @@ async def test_a_worker_drains_a_full_redis_and_says_so(
     worker logs one warning at the limit and one info line below it again."""
     monkeypatch.setattr("typedq.broker.redis.health.MEMORY_CHECK_INTERVAL", 0.2)
     caplog.set_level(logging.INFO, logger="typedq.broker.redis")
-    admin = fill_to_maxmemory(small_redis.port)
     app = App(
         "oomw",
         broker=small_redis.url,
@@ -221,6 +220,9 @@ async def test_a_worker_drains_a_full_redis_and_says_so(
         async with app:
             broker = app.broker
             assert isinstance(broker, RedisBroker)
+            # The headroom is for jobs: set once the scripts are loaded (their cache counts
+            # against maxmemory; its size, ~1 MB, must not eat into the margin below).
+            admin = fill_to_maxmemory(small_redis.port)
             for size in (50, 1):
                 while True:
                     blobs = [Blob(data=f"{total + i}:" + "x" * 2_000) for i in range(size)]

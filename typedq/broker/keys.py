@@ -101,9 +101,13 @@ The broker checks the app's epoch and the epoch of every queue it uses (at conne
 then at most every few seconds): a vanished or changed one means the slot holding it
 lost its data, and is reported as :class:`~typedq.errors.RedisDataLost` naming that key.
 
-Channels (not keys; app-wide): ``P ev:w`` (a queue got work: space-separated queue
-names), ``P ev:d`` (jobs reached a final state: space-separated ids), ``P ev:x`` (a
-running job was asked to cancel: its id).
+Channels (not keys). Standalone Redis, app-wide (``PUBLISH``): ``P ev:w`` (a queue got
+work: space-separated queue names), ``P ev:d`` (jobs reached a final state:
+space-separated ids), ``P ev:x`` (a running job was asked to cancel: its id). Redis
+Cluster, per queue (sharded pub/sub, ``SPUBLISH``/``SSUBSCRIBE``): ``Q ev:w`` (the queue
+got work: its name), ``Q ev:d`` (its jobs reached a final state: ids), ``Q ev:x`` (one
+of its running jobs was asked to cancel: its id); each carries the queue's hash tag, so
+it lives on the shard that holds the queue and a notice reaches only that shard.
 
 The job body (``m``): a msgpack array ``[task, payload, fingerprint, priority,
 max_retries, timeout, eta, delay, rate_key, concurrency_key, scheduled_for,
@@ -270,6 +274,11 @@ class Keys:
         on the slot of ``queue``: a re-sent script returns the answer it holds instead
         of acting again."""
         return f"{self.queue_prefix(queue)}r:{token}"
+
+    def queue_channel(self, queue: str, kind: str) -> str:
+        """A sharded pub/sub channel of ``queue`` (Redis Cluster), in the queue's slot:
+        ``kind`` ``w`` work, ``d`` finished jobs, ``x`` cancel requests."""
+        return f"{self.queue_prefix(queue)}ev:{kind}"
 
     def worker(self, worker_id: str) -> str:
         """The key of one worker's registry entry."""

@@ -15,7 +15,7 @@ if s == 'c' or s == 'f' or s == 'x' then return 'already_final' end
 if s == 'a' then
   redis.call('HSET', k_job(q, id), 'cr', 1)
   redis.call('SET', KEYS[1], 'requested', 'PX', REQ_TTL_MS)
-  redis.call('PUBLISH', CH_CANCEL, id)
+  publish_cancel(q, id)
   return 'requested'
 end
 if s ~= 'w' and s ~= 's' then return 'not_found' end

@@ -62,6 +62,8 @@ local function k_events_cfg(q) return k_q(q) .. 'E' end
 local CH_WORK = P .. 'ev:w'
 local CH_DONE = P .. 'ev:d'
 local CH_CANCEL = P .. 'ev:x'
+-- A queue's own channels (Redis Cluster, see sharded.lua).
+local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
 
 -- Every timestamp, lease deadline and delay uses the Redis clock, in integer
 -- microseconds (exact in a Lua double).
@@ -308,12 +310,15 @@ end
 
 local done_ids = {}
 local work_queues = {}
+local function note_done(q, id) done_ids[#done_ids + 1] = id end
+local function publish_cancel(q, id) redis.call('PUBLISH', CH_CANCEL, id) end
 local function publish()
   if #done_ids > 0 then redis.call('PUBLISH', CH_DONE, table.concat(done_ids, ' ')) end
   local qs = {}
   for q in pairs(work_queues) do qs[#qs + 1] = q end
   if #qs > 0 then redis.call('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
 end
+--@sharded
 
 -- A job of a workflow settled: hand off or end the flow (defined with the workflow
 -- helpers at the end of this file).
@@ -375,7 +380,7 @@ local function finalize(id, q, from, state, now, extra)
   count(q, from, -1)
   count(q, state, 1)
   if state == 'c' or state == 'f' then roll(q, state) end
-  done_ids[#done_ids + 1] = id
+  note_done(q, id)
   emit_event(id, q, state)
   local fl = flow_links[jk]
   if fl == nil then
@@ -531,7 +536,7 @@ local function flow_end(fq, f, state, err, now)
       local s = r[1]
       if s == 'a' then
         redis.call('HSET', k_job(q, id), 'cr', 1)
-        redis.call('PUBLISH', CH_CANCEL, id)
+        publish_cancel(q, id)
       elseif s == 'w' or s == 's' then
         if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else redis.call('ZREM', k_sched(q), id) end
         local st = 'x'

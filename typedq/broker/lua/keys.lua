@@ -15,4 +15,7 @@ end
 if #ARGV >= 9 then out[#out + 1] = k_minute(q, ARGV[9]) end
 out[#out + 1] = k_events(q)
 out[#out + 1] = k_events_cfg(q)
+out[#out + 1] = qch(q, 'w')
+out[#out + 1] = qch(q, 'd')
+out[#out + 1] = qch(q, 'x')
 return out

@@ -14,7 +14,7 @@ local function drop(id)
   redis.call('DEL', k_job(q, id))
   count(q, state, -1)
   removed = removed + 1
-  done_ids[#done_ids + 1] = id
+  note_done(q, id)
   flow_removed(link, state)
 end
 local next_cursor = -1

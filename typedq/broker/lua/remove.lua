@@ -23,7 +23,7 @@ for i = 4, #ARGV do
     local link = flow_link(q, id)
     redis.call('DEL', k_job(q, id))
     count(q, s, -1)
-    done_ids[#done_ids + 1] = id
+    note_done(q, id)
     flow_removed(link, s)
     out[i - 3] = 1
   else

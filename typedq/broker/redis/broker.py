@@ -8,6 +8,7 @@ and pub/sub wake-ups in :mod:`.listener`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import math
@@ -76,8 +77,8 @@ from .connection import (
     MAX_CONNECTIONS,
     SOCKET_TIMEOUT,
     answers_plain_text,
+    cluster_node_url,
     cluster_nodes,
-    cluster_sub_url,
     make_client,
     make_cluster_client,
 )
@@ -87,7 +88,7 @@ from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .listener import Notifications
 from .migrate import migrate_layout
 from .schedules import ScheduleOps
-from .scripts import SCRIPTS
+from .scripts import SCRIPTS, SHARDED_SCRIPTS
 
 __all__ = ["RedisBroker"]
 
@@ -129,6 +130,8 @@ class RedisBroker(ScheduleOps, Broker):
         self._queues_seen: set[str] = set()
         #: True on Redis Cluster (``redis+cluster://``): one script call per slot.
         self.cluster = False
+        # The scripts' variant: Redis Cluster's wake up by sharded pub/sub (scripts.py).
+        self._scripts = SCRIPTS
         # Jobs this broker claimed and has not settled: lease token -> (id, queue), so
         # the worker's settles find each job's queue without a search.
         self._held: dict[str, tuple[str, str]] = {}
@@ -183,24 +186,34 @@ class RedisBroker(ScheduleOps, Broker):
 
     async def _connect_cluster(self, name: str) -> None:
         """Connect to Redis Cluster (``redis+cluster://``): a cluster client for commands
-        and scripts (each script call names keys of one slot: one queue), and a plain
-        connection to the first node for pub/sub (a PUBLISH reaches every node)."""
+        and scripts (each script call names keys of one slot: one queue), and sharded
+        pub/sub: one plain connection per node owning a slot listened to (listener.py)."""
         self.cluster = True
+        self._scripts = SHARDED_SCRIPTS
+        url = self.url
         try:
-            nodes, _, self._password, _ = cluster_nodes(self.url)
+            nodes, _, self._password, _ = cluster_nodes(url)
             self._redis = make_cluster_client(
-                self.url, client_name=name, max_connections=MAX_CONNECTIONS
+                url, client_name=name, max_connections=MAX_CONNECTIONS
             )
-            self._sub_client = make_client(
-                cluster_sub_url(self.url),
+        except ValueError as exc:
+            raise ConfigError(f"bad Redis Cluster URL {redact_url(url)!r}: {exc}") from None
+        self._where = "Redis Cluster at " + ",".join(f"{h}:{p}" for h, p in nodes)
+
+        def node_client(host: str, port: int) -> aioredis.Redis:
+            # No automatic reconnect: redis-py would re-subscribe every channel in one
+            # SSUBSCRIBE (refused across slots) on the same node (the slot may have moved).
+            return make_client(
+                cluster_node_url(url, host, port),
                 client_name=name,
                 max_connections=2,
                 health_check_interval=0,
+                retries=0,
             )
-        except ValueError as exc:
-            raise ConfigError(f"bad Redis Cluster URL {redact_url(self.url)!r}: {exc}") from None
-        self._where = "Redis Cluster at " + ",".join(f"{h}:{p}" for h, p in nodes)
-        self._notes.open(self._sub_client, where=self._where, password=self._password)
+
+        self._notes.open_sharded(
+            self._redis, node_client, where=self._where, password=self._password
+        )
         try:
             await self._startup_checks()
         except BaseException:
@@ -246,8 +259,9 @@ class RedisBroker(ScheduleOps, Broker):
     async def _cluster_checks(self) -> None:
         """Connect-time checks on Redis Cluster: every primary answers and is configured
         for a task queue, the known queues' keys each map to one slot, no data of the
-        previous layout, the epochs. Scripts are not pre-loaded: the first EVALSHA on a
-        node meets NOSCRIPT and is re-sent as EVAL (so after a failover or a reshard)."""
+        previous layout, the epochs. The scripts are loaded on every node, replicas too (a
+        replica that takes over has them); a node that lacks one anyway (flushed, restarted,
+        added later) answers NOSCRIPT and the call is re-sent as EVAL."""
         redis: Any = self._conn()
         try:
             await redis.initialize()
@@ -262,6 +276,13 @@ class RedisBroker(ScheduleOps, Broker):
         else:
             for node, info in memory.items():
                 check_config(self._where, info, persistence.get(node, {}))
+        with self._translate("loading scripts"):
+            await asyncio.gather(
+                *(
+                    redis.execute_command("SCRIPT LOAD", source, target_nodes=redis.ALL_NODES)
+                    for source, _ in self._scripts.values()
+                )
+            )
         queues = await self.known_queues()
         problems = check_slots(self.keys, queues)
         if problems:
@@ -494,7 +515,7 @@ class RedisBroker(ScheduleOps, Broker):
             self._raise(exc, op)
 
     async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        source, sha = SCRIPTS[name]
+        source, sha = self._scripts[name]
         redis = self._conn()
         execute: Any = redis.execute_command  # untyped in redis-py
         try:
@@ -520,7 +541,7 @@ class RedisBroker(ScheduleOps, Broker):
         pipe = self._conn().pipeline(transaction=False)
         execute: Any = pipe.execute_command  # untyped in redis-py
         for name, keys, args in calls:
-            execute("EVALSHA", SCRIPTS[name][1], len(keys), *keys, *args)
+            execute("EVALSHA", self._scripts[name][1], len(keys), *keys, *args)
         try:
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         except (rexc.RedisError, OSError) as exc:
@@ -621,7 +642,7 @@ class RedisBroker(ScheduleOps, Broker):
             if sent:
                 pipe = self._conn().pipeline(transaction=False)
                 execute: Any = pipe.execute_command  # untyped in redis-py
-                sha = SCRIPTS["enqueue"][1]
+                sha = self._scripts["enqueue"][1]
                 for _, (keys, args, _) in sent:
                     execute("EVALSHA", sha, len(keys), *keys, *args)
                 try:
@@ -809,7 +830,7 @@ class RedisBroker(ScheduleOps, Broker):
             if queue is None:
                 return None
         with self._notes.done_waiter(job_id) as waiter:
-            await self._notes.subscribe(self.keys.done_channel, wait=deadline)
+            await self._notes.subscribe(self._notes.done_channel(queue), wait=deadline)
             # Subscribed and registered: a finish announced from now on wakes the waiter,
             # and one announced before is seen by the first look below.
             task_status.started()

@@ -28,7 +28,7 @@ __all__ = [
     "SOCKET_TIMEOUT",
     "answers_plain_text",
     "cluster_nodes",
-    "cluster_sub_url",
+    "cluster_node_url",
     "make_client",
     "make_cluster_client",
 ]
@@ -46,12 +46,20 @@ MAX_CONNECTIONS = 64
 
 
 def make_client(
-    url: str, *, client_name: str, max_connections: int, health_check_interval: int
+    url: str,
+    *,
+    client_name: str,
+    max_connections: int,
+    health_check_interval: int,
+    retries: int = RETRIES,
 ) -> aioredis.Redis:
     """A client for ``url`` with typedq's settings (raises ValueError for a bad URL).
 
     redis-py options in the URL's query override the defaults; a ``rediss://`` URL
     verifies the server's name unless the URL says otherwise.
+
+    :param retries: automatic retries on connection errors (0 for a sharded pub/sub
+        connection: a lost one is re-placed by the listener, which knows the slot map)
     """
     keepalive: dict[int, int] = {}
     for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
@@ -72,7 +80,7 @@ def make_client(
         socket_keepalive=True,
         socket_keepalive_options=keepalive,
         health_check_interval=health_check_interval,
-        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), RETRIES),
+        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), retries),
         client_name=client_name,
     )
     return aioredis.Redis(connection_pool=_with_lost_send_fix(pool))
@@ -175,13 +183,14 @@ def make_cluster_client(url: str, *, client_name: str, max_connections: int) -> 
     )
 
 
-def cluster_sub_url(url: str) -> str:
-    """A plain ``redis://`` (``rediss://``) URL of the first node of a cluster URL: the
-    pub/sub connection (typedq's channels are not keys; a ``PUBLISH`` on any node of a
-    cluster reaches subscribers on every node)."""
-    nodes, user, password, tls = cluster_nodes(url)
-    host, port = nodes[0]
+def cluster_node_url(url: str, host: str, port: int) -> str:
+    """A plain ``redis://`` (``rediss://``) URL of one node of a cluster URL, with its
+    credentials: the sharded pub/sub connection to the node that owns some queue's slot
+    (see :mod:`typedq.broker.redis.listener`)."""
+    _, user, password, tls = cluster_nodes(url)
     creds = ""
     if user or password:
         creds = f"{quote(user or '', safe='')}:{quote(password or '', safe='')}@"
+    if ":" in host:
+        host = f"[{host}]"
     return f"{'rediss' if tls else 'redis'}://{creds}{host}:{port}/0"

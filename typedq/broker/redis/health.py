@@ -100,9 +100,9 @@ def check_config(where: str, memory: dict[str, Any], persistence: dict[str, Any]
 
 
 def check_slots(keys: Keys, queues: Sequence[str]) -> str | None:
-    """On Redis Cluster: None when every key of each queue maps to the queue's one slot,
-    else one line naming the keys that do not (a script on a queue may touch any of its
-    keys, so they must share a slot)."""
+    """On Redis Cluster: None when every key and wake-up channel of each queue maps to the
+    queue's one slot, else one line naming those that do not (a script on a queue may touch
+    any of its keys and ``SPUBLISH`` on its channels, so they must share a slot)."""
     bad: list[str] = []
     for queue in queues:
         names = [
@@ -122,6 +122,10 @@ def check_slots(keys: Keys, queues: Sequence[str]) -> str | None:
             keys.slots(queue, "t", "k"),
             keys.flow(queue, "id"),
             keys.request(queue, "tok"),
+            keys.events(queue),
+            keys.events_config(queue),
+            keys.minute(queue, 0),
+            *(keys.queue_channel(queue, kind) for kind in "wdx"),
         ]
         slot = key_slot(names[0].encode())
         bad += [
@@ -132,7 +136,8 @@ def check_slots(keys: Keys, queues: Sequence[str]) -> str | None:
     if not bad:
         return None
     return (
-        f"these keys of a queue would not map to its one Redis Cluster slot: {', '.join(bad)}; "
+        "these keys or channels of a queue would not map to its one Redis Cluster slot: "
+        f"{', '.join(bad)}; "
         "check the app and queue names (no braces)"
     )
 

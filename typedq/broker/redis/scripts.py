@@ -3,7 +3,10 @@
 Every state transition is one script. Each file starts with a ``#!lua`` shebang (its
 flags, such as ``allow-oom``); ``common.lua`` (shared helpers) is inserted after it, so
 each script is self-contained and runs by its SHA1 (``EVALSHA``), re-sent as ``EVAL``
-when Redis answers ``NOSCRIPT``.
+when Redis answers ``NOSCRIPT``. Redis Cluster runs the sharded variant
+(:data:`SHARDED_SCRIPTS`): ``sharded.lua`` takes the place of the ``--@sharded`` line of
+``common.lua``, so the wake-ups go to each queue's own channels with ``SPUBLISH``. The
+standalone scripts carry none of it (the script cache counts against maxmemory).
 """
 
 from __future__ import annotations
@@ -11,7 +14,12 @@ from __future__ import annotations
 import hashlib
 from importlib import resources
 
-__all__ = ["SCRIPTS", "load_scripts"]
+__all__ = ["SCRIPTS", "SHARDED_SCRIPTS", "load_scripts"]
+
+#: The line of ``common.lua`` where the sharded variant inserts ``sharded.lua``.
+_SHARDED_AT = "--@sharded\n"
+#: Files of ``lua/`` that are parts of every script, not scripts.
+_PARTS = ("common.lua", "sharded.lua")
 
 
 def _without_comments(lua: str) -> str:
@@ -23,14 +31,25 @@ def _without_comments(lua: str) -> str:
     return "\n".join("" if line.lstrip().startswith("--") else line for line in lua.split("\n"))
 
 
-def load_scripts() -> dict[str, tuple[str, str]]:
-    """Read ``lua/*.lua``, insert ``common.lua`` after each shebang; name -> (source, sha1)."""
+def load_scripts(*, sharded: bool = False) -> dict[str, tuple[str, str]]:
+    """Read ``lua/*.lua``, insert ``common.lua`` after each shebang; name -> (source, sha1).
+
+    :param sharded: the Redis Cluster variant (wake-ups by ``SPUBLISH`` on per-queue
+        channels)
+    """
     folder = resources.files("typedq.broker").joinpath("lua")
-    common = _without_comments(folder.joinpath("common.lua").read_text("utf-8"))
+    common = folder.joinpath("common.lua").read_text("utf-8")
+    if _SHARDED_AT not in common:
+        raise RuntimeError(f"typedq/broker/lua/common.lua must hold {_SHARDED_AT!r}")
+    if sharded:
+        part = folder.joinpath("sharded.lua").read_text("utf-8")
+        common = common.replace(_SHARDED_AT, part, 1)
+    # After the marker is replaced: the marker is itself a comment line.
+    common = _without_comments(common)
     scripts: dict[str, tuple[str, str]] = {}
     for entry in folder.iterdir():
         name = entry.name
-        if not name.endswith(".lua") or name == "common.lua":
+        if not name.endswith(".lua") or name in _PARTS:
             continue
         text = entry.read_text("utf-8")
         shebang, _, body = text.partition("\n")
@@ -44,3 +63,5 @@ def load_scripts() -> dict[str, tuple[str, str]]:
 
 #: Script name (the file name without ``.lua``) -> (source, sha1).
 SCRIPTS = load_scripts()
+#: The same for Redis Cluster (sharded pub/sub wake-ups).
+SHARDED_SCRIPTS = load_scripts(sharded=True)

@@ -1,0 +1,14 @@
+-- Redis Cluster only: scripts.py puts this in place of common.lua's '--@sharded' line,
+-- so these wake-ups replace the ones above for every later use. Each queue has its own
+-- channels in its own slot (qch); SPUBLISH reaches only the shard that holds the queue.
+local done_by_q = {}
+local function note_done(q, id)
+  local t = done_by_q[q]
+  if not t then t = {}; done_by_q[q] = t end
+  t[#t + 1] = id
+end
+local function publish_cancel(q, id) redis.call('SPUBLISH', qch(q, 'x'), id) end
+local function publish()
+  for q, ids in pairs(done_by_q) do redis.call('SPUBLISH', qch(q, 'd'), table.concat(ids, ' ')) end
+  for q in pairs(work_queues) do redis.call('SPUBLISH', qch(q, 'w'), q) end
+end
