@@ -50,6 +50,32 @@ log = logging.getLogger("typedq.broker.redis")
 _PUBSUB_PING_AFTER = 10.0
 
 
+class _KeepAlive:
+    """Liveness of one pub/sub connection: a PING after a quiet spell, and a PING left
+    unanswered for SOCKET_TIMEOUT means the connection is half open (silent)."""
+
+    __slots__ = ("last_heard", "pinged_at")
+
+    def __init__(self) -> None:
+        self.last_heard = time.monotonic()
+        self.pinged_at: float | None = None
+
+    def heard(self) -> None:
+        """Something arrived (or the connection was replaced): the clock starts again."""
+        self.last_heard, self.pinged_at = time.monotonic(), None
+
+    async def silent(self, pubsub: Any) -> bool:
+        """After a read that brought nothing: PING when due; True once a PING went
+        unanswered for SOCKET_TIMEOUT."""
+        now = time.monotonic()
+        if self.pinged_at is None:
+            if now - self.last_heard > _PUBSUB_PING_AFTER:
+                await pubsub.ping()
+                self.pinged_at = now
+            return False
+        return now - self.pinged_at > SOCKET_TIMEOUT
+
+
 class _DoneWaiter:
     __slots__ = ("event",)
 
@@ -433,8 +459,7 @@ class Notifications:
 
     async def _listen(self) -> None:
         failures = 0
-        last_heard = time.monotonic()
-        pinged_at: float | None = None
+        alive = _KeepAlive()
         assert self._client is not None
         pubsub = self._pubsub = self._client.pubsub()
         while True:
@@ -449,23 +474,18 @@ class Notifications:
                 self._read_scope = None
                 if scope.cancelled_caught:
                     continue
-                now = time.monotonic()
                 if message is None:
-                    if pinged_at is None and now - last_heard > _PUBSUB_PING_AFTER:
-                        await pubsub.ping()
-                        pinged_at = now
-                    elif pinged_at is not None and now - pinged_at > SOCKET_TIMEOUT:
+                    if await alive.silent(pubsub):
                         # Half-open connection: our PING got no answer. Drop it; the
                         # next read reconnects and resubscribes.
                         log.warning("%s: pub/sub connection silent; reconnecting", self._where)
-                        pinged_at = None
-                        last_heard = now
+                        alive.heard()
                         connection: Any = pubsub.connection  # typed as None in redis-py
                         if connection is not None:
                             await connection.disconnect()
                         self._wake_all()
                     continue
-                last_heard, pinged_at = now, None
+                alive.heard()
                 failures = 0
                 self._dispatch(message)
             except asyncio.CancelledError:
@@ -588,8 +608,7 @@ class Notifications:
             await shard.aclose()
 
     async def _shard_loop(self, shard: _Shard) -> None:
-        last_heard = time.monotonic()
-        pinged_at: float | None = None
+        alive = _KeepAlive()
         pubsub = shard.pubsub
         while True:
             while shard.pending:
@@ -604,15 +623,11 @@ class Notifications:
             shard.scope = None
             if scope.cancelled_caught:
                 continue
-            now = time.monotonic()
             if message is None:
-                if pinged_at is None and now - last_heard > _PUBSUB_PING_AFTER:
-                    await pubsub.ping()
-                    pinged_at = now
-                elif pinged_at is not None and now - pinged_at > SOCKET_TIMEOUT:
+                if await alive.silent(pubsub):
                     raise ConnectionError("sharded pub/sub connection silent")
                 continue
-            last_heard, pinged_at = now, None
+            alive.heard()
             kind = message.get("type")
             channel = text(message.get("channel") or b"")
             if kind == "smessage":
