@@ -128,10 +128,12 @@ def test_quick_sizes_include_the_workflow_workloads() -> None:
     assert cases["fanin"]["concurrency"] == run.QUICK["flow_concurrency"]
 
 
-def _adapter_run(params: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """``python -m bench.adapters.typedq PARAMS``, as bench/run.py starts it; its JSON line."""
+def adapter_run(
+    params: dict[str, Any], env: dict[str, str], system: str = "typedq"
+) -> dict[str, Any]:
+    """``python -m bench.adapters.SYSTEM PARAMS``, as bench/run.py starts it; its JSON line."""
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.adapters.typedq", json.dumps(params)],
+        [sys.executable, "-m", f"bench.adapters.{system}", json.dumps(params)],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -168,7 +170,7 @@ def _check(out: dict[str, Any], workload: str) -> None:
 
 @pytest.mark.parametrize("workload", ["chain", "fanin"])
 def test_typedq_flow_workloads_complete_on_the_embedded_broker(workload: str) -> None:
-    out = _adapter_run(_flow_params(workload), {"BENCH_TYPEDQ_BROKER": "memory://"})
+    out = adapter_run(_flow_params(workload), {"BENCH_TYPEDQ_BROKER": "memory://"})
     _check(out, workload)
     assert out["system"] == "typedq-memory"
 
@@ -178,7 +180,7 @@ def test_typedq_flow_workloads_complete_on_the_embedded_broker(workload: str) ->
 def test_typedq_flow_workloads_complete_on_redis_with_a_worker_process(workload: str) -> None:
     with redis_process() as server:
         env = {"BENCH_REDIS_URL": server.url, "BENCH_TYPEDQ_BROKER": ""}
-        out = _adapter_run(_flow_params(workload), env)
+        out = adapter_run(_flow_params(workload), env)
     _check(out, workload)
     assert out["system"] == "typedq"
 

@@ -4,12 +4,9 @@ a timing: these tests check that the driver counts and reports what it says."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,23 +14,11 @@ import pytest
 from bench import run
 from bench.adapters import common
 from tests.redis_harness import redis_process
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.test_bench_flows import adapter_run
 
 
 def _adapter_run(system: str, params: dict[str, Any], url: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", f"bench.adapters.{system}", json.dumps(params)],
-        cwd=ROOT,
-        env={**os.environ, "BENCH_REDIS_URL": url},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, proc.stderr[-3000:]
-    out: dict[str, Any] = json.loads(lines[-1])
+    out = adapter_run(params, {"BENCH_REDIS_URL": url}, system)
     assert "error" not in out, out.get("error")
     return out
 
