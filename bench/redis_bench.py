@@ -28,12 +28,9 @@ import argparse
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -83,43 +80,17 @@ async def noop(item: Payload) -> None:
 # -- redis-server and worker processes ------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def redis_server() -> Iterator[str]:
-    """A throwaway redis-server (no persistence) on a free port; yields its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    folder = tempfile.mkdtemp(prefix="typedq-bench-")
-    proc = subprocess.Popen(
-        [
-            *(binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
-            *("--appendonly", "no", "--dir", folder, "--maxmemory-policy", "noeviction"),
-            *("--logfile", "redis.log"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit("redis-server did not start")
-            time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait()
-        shutil.rmtree(folder, ignore_errors=True)
+    """A throwaway redis-server (no persistence, ``noeviction``) on a free port; yields its URL.
+
+    The test suite's spawner (``tests/redis_harness.py``), on purpose: one set of port rules
+    (below the ephemeral range, a port taken before the start replaced) for every
+    redis-server this repository starts, so a fix to them reaches the benchmarks too."""
+    from tests.redis_harness import redis_process
+
+    with redis_process() as server:
+        yield server.url
 
 
 @contextlib.contextmanager
