@@ -13,8 +13,12 @@
 -- and fq (the queue of the flow's own job).
 -- ARGV: P, max_queue_length, m, then m flows, each:
 --   id, steps S, members n, fan_out ('0'/'1'), collector ('0'/'1'), policy ('a'/'c'),
---   the members' queue and priority (one task: all alike; '' when n = 0),
+--   the members' queue and priority (one task: all alike; '' when n = 0), across
+--   ('1': a flow across slots on Redis Cluster, this call its root's part; else '0'),
 --   n x body (member i's id is <id>.m<i>), S x (id, queue, priority, body, head, tail)
+-- A flow across slots: flow_part.lua stored (held, pending) its jobs on every other
+-- queue before this call; this call stores the jobs on the queue of the flow's own job
+-- and the record (x '1'), and starts the others through its outbox (common.lua).
 -- Returns per flow: 1 created, 0 existed, or why it was refused:
 -- 'TYPEDQ_QUEUE_FULL q pending extra limit' or 'TYPEDQ_FLOW_ID_TAKEN id'.
 --
@@ -29,12 +33,12 @@ local b = 4
 for _ = 1, m do
   local f = {id = ARGV[b], steps = tonumber(ARGV[b + 1]), n = tonumber(ARGV[b + 2]),
     fan_out = ARGV[b + 3] == '1', collector = ARGV[b + 4] == '1', pol = ARGV[b + 5],
-    mq = ARGV[b + 6], mprio = ARGV[b + 7]}
+    mq = ARGV[b + 6], mprio = ARGV[b + 7], across = ARGV[b + 8] == '1'}
   if not f.id or f.id == '' or not is_int(f.steps) or f.steps < 1 or not is_int(f.n)
       or f.n < 0 or (f.n > 0 and (bad_queue(f.mq) or not is_int(f.mprio))) then
     return bad_args('flow_enqueue')
   end
-  f.at = b + 8             -- the first member's body
+  f.at = b + 9             -- the first member's body
   f.st = f.at + f.n        -- the first step's id
   b = f.st + 6 * f.steps
   if b - 1 > #ARGV then return bad_args('flow_enqueue') end
@@ -62,13 +66,13 @@ local CHUNK = 1000  -- ids per LPUSH / keys per EXISTS (well below Lua's unpack 
 
 -- Is any derived id of the flow (its members' F.m<i>, its steps' F.<k>; not F itself)
 -- taken by another job? One EXISTS per CHUNK keys; the first taken id only when one is.
-local function first_taken(f)
+local function first_taken(f, fq)
   local ids = {}
   for k = 0, f.steps - 2 do
     local at = f.st + 6 * k
-    ids[#ids + 1] = {ARGV[at + 1], ARGV[at]}
+    if not f.across or ARGV[at + 1] == fq then ids[#ids + 1] = {ARGV[at + 1], ARGV[at]} end
   end
-  for s = 0, f.n - 1, CHUNK do
+  for s = 0, (f.across and f.mq ~= fq) and -1 or f.n - 1, CHUNK do
     local keys = {}
     local last = math.min(s + CHUNK, f.n) - 1
     local mp = k_job(f.mq, f.id .. '.m')
@@ -91,15 +95,17 @@ for fi, f in ipairs(flows) do
     out[fi] = 0
   else
     local adding, refused = {}, nil
-    if f.n > 0 then adding[f.mq] = f.n end
+    -- Across slots: only the jobs on fq are this call's (here: local).
+    local function here(q) return not f.across or q == fq end
+    if f.n > 0 and here(f.mq) then adding[f.mq] = f.n end
     local sq = {}
     for k = 0, f.steps - 1 do
       local q = ARGV[f.st + 6 * k + 1]
       sq[#sq + 1] = q
-      adding[q] = (adding[q] or 0) + 1
+      if here(q) then adding[q] = (adding[q] or 0) + 1 end
     end
     -- A derived id (F.m<i>, F.<k>) taken by another job: refused, nothing stored.
-    local taken = first_taken(f)
+    local taken = first_taken(f, fq)
     if taken then refused = 'TYPEDQ_FLOW_ID_TAKEN ' .. taken end
     if limit > 0 and not refused then
       for q, extra in pairs(adding) do
@@ -122,14 +128,18 @@ for fi, f in ipairs(flows) do
         order[q] = redis.call('INCRBY', k_seq(q), extra) - extra
       end
       local fid = f.id
-      if f.n > 0 then
+      local fx = f.across and '1' or nil
+      if f.n > 0 and here(f.mq) then
         local q, prio = f.mq, f.mprio
         local mp = k_job(q, fid .. '.m')
         local o = order[q]
         local ids = {}
         for i = 0, f.n - 1 do
           o = o + 1
-          if prio ~= '0' then
+          if fx then
+            redis.call('HSET', mp .. i, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now, 'p', prio,
+              's', 'w', 'fl', fid, 'fq', fq, 'fm', i, 'fx', fx)
+          elseif prio ~= '0' then
             redis.call('HSET', mp .. i, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now, 'p', prio,
               's', 'w', 'fl', fid, 'fq', fq, 'fm', i)
           else
@@ -150,30 +160,33 @@ for fi, f in ipairs(flows) do
       for k = 0, f.steps - 1 do
         local at = f.st + 6 * k
         local id, q, prio = ARGV[at], ARGV[at + 1], ARGV[at + 2]
-        order[q] = order[q] + 1
-        local t = {'m', ARGV[at + 3], 'q', q, 'o', order[q], 'e', now, 'fl', fid, 'fq', fq,
-          'fs', k}
-        if prio ~= '0' then t[#t + 1] = 'p'; t[#t + 1] = prio end
-        -- The flow's own job keeps the flow's shape (for inspect, after the record ends,
-        -- and for a retry that resumes the flow: the steps' queues).
-        if k == f.steps - 1 then
-          for _, v in ipairs({'fS', f.steps, 'fn', f.n, 'fsq', flow_queue_list(sq)}) do
-            t[#t + 1] = v
+        if here(q) then
+          order[q] = order[q] + 1
+          local t = {'m', ARGV[at + 3], 'q', q, 'o', order[q], 'e', now, 'fl', fid, 'fq', fq,
+            'fs', k}
+          if prio ~= '0' then t[#t + 1] = 'p'; t[#t + 1] = prio end
+          if fx then t[#t + 1] = 'fx'; t[#t + 1] = fx end
+          -- The flow's own job keeps the flow's shape (for inspect, after the record ends,
+          -- and for a retry that resumes the flow: the steps' queues).
+          if k == f.steps - 1 then
+            for _, v in ipairs({'fS', f.steps, 'fn', f.n, 'fsq', flow_queue_list(sq)}) do
+              t[#t + 1] = v
+            end
           end
-        end
-        if k == 0 and not f.fan_out then
-          t[#t + 1] = 's'; t[#t + 1] = 'w'
-          redis.call('HSET', k_job(q, id), unpack(t))
-          push_waiting(q, prio, id, false)
-          count(q, 'w', 1)
-          work_queues[q] = true
-        else
-          for _, v in ipairs({'s', 's', 'r', HELD_US, 'mh', ARGV[at + 4], 'mt', ARGV[at + 5]}) do
-            t[#t + 1] = v
+          if k == 0 and not f.fan_out then
+            t[#t + 1] = 's'; t[#t + 1] = 'w'
+            redis.call('HSET', k_job(q, id), unpack(t))
+            push_waiting(q, prio, id, false)
+            count(q, 'w', 1)
+            work_queues[q] = true
+          else
+            for _, v in ipairs({'s', 's', 'r', HELD_US, 'mh', ARGV[at + 4], 'mt', ARGV[at + 5]}) do
+              t[#t + 1] = v
+            end
+            redis.call('HSET', k_job(q, id), unpack(t))
+            redis.call('ZADD', k_sched(q), HELD_US, id)
+            count(q, 's', 1)
           end
-          redis.call('HSET', k_job(q, id), unpack(t))
-          redis.call('ZADD', k_sched(q), HELD_US, id)
-          count(q, 's', 1)
         end
       end
       local pol = 'a'
@@ -182,6 +195,39 @@ for fi, f in ipairs(flows) do
       if f.collector then col = '1' end
       redis.call('HSET', k_flow(fq, fid), 'S', f.steps, 'n', f.n, 'c', f.n, 'col', col,
         'pol', pol, 'mq', f.n > 0 and f.mq or '', 'sq', flow_queue_list(sq))
+      if f.across then
+        redis.call('HSET', k_flow(fq, fid), 'x', '1')
+        -- Start the jobs stored on the other queues: members and a chain's step 0 to
+        -- waiting, every job no longer pending (flow_apply 'a').
+        local starts, recs = {}, {}
+        local function add(q, id, start)
+          local rec = recs[q]
+          if not rec then
+            rec = {}
+            recs[q] = rec
+            starts[q] = 0
+          end
+          if start then
+            starts[q] = starts[q] + 1
+            table.insert(rec, starts[q], id)
+          else
+            rec[#rec + 1] = id
+          end
+        end
+        if not here(f.mq) then
+          for i = 0, f.n - 1 do add(f.mq, fid .. '.m' .. i, true) end
+        end
+        for k = 0, f.steps - 1 do
+          if not here(sq[k + 1]) then
+            add(sq[k + 1], ARGV[f.st + 6 * k], k == 0 and not f.fan_out)
+          end
+        end
+        for q, rec in pairs(recs) do
+          local packed = {'a', fid, fq, starts[q]}
+          for _, id in ipairs(rec) do packed[#packed + 1] = id end
+          flow_outbox(fq, q, fid .. '|a|' .. q, packed)
+        end
+      end
       if f.fan_out and f.n == 0 then flow_fan_in(fq, fid, f.steps, 0, f.collector, now) end
       out[fi] = 1
     end
@@ -196,4 +242,4 @@ end
 if #digits == m and m > 0 then redis.call('SET', KEYS[2], table.concat(digits), 'PX', REQ_TTL_MS) end
 flush_counts()
 publish()
-return out
+return flow_reply(out)
