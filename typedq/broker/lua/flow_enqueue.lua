@@ -13,7 +13,8 @@
 -- and fq (the queue of the flow's own job).
 -- ARGV: P, max_queue_length, m, then m flows, each:
 --   id, steps S, members n, fan_out ('0'/'1'), collector ('0'/'1'), policy ('a'/'c'),
---   the members' queue and priority (one task: all alike; '' when n = 0), across
+--   the members' queues (one name when all share it, else one per member, space-
+--   separated; '' when n = 0) and priority (one task: all alike), across
 --   ('1': a flow across slots on Redis Cluster, this call its root's part; else '0'),
 --   n x body (member i's id is <id>.m<i>), S x (id, queue, priority, body, head, tail)
 -- A flow across slots: flow_part.lua stored (held, pending) its jobs on every other
@@ -28,6 +29,17 @@
 local limit, m = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not limit or not is_int(m) or m < 0 then return bad_args('flow_enqueue') end
 local function bad_queue(q) return not q or q == '' or string.find(q, '|', 1, true) end
+-- The members' queues, one per member (nil: not n of them).
+local function member_queues(list, n)
+  local t = {}
+  for name in string.gmatch(list, '[^ ]+') do
+    if bad_queue(name) then return nil end
+    t[#t + 1] = name
+  end
+  if #t == 1 then for i = 2, n do t[i] = t[1] end end
+  if #t ~= n then return nil end
+  return t
+end
 local flows = {}
 local b = 4
 for _ = 1, m do
@@ -35,9 +47,11 @@ for _ = 1, m do
     fan_out = ARGV[b + 3] == '1', collector = ARGV[b + 4] == '1', pol = ARGV[b + 5],
     mq = ARGV[b + 6], mprio = ARGV[b + 7], across = ARGV[b + 8] == '1'}
   if not f.id or f.id == '' or not is_int(f.steps) or f.steps < 1 or not is_int(f.n)
-      or f.n < 0 or (f.n > 0 and (bad_queue(f.mq) or not is_int(f.mprio))) then
+      or f.n < 0 or (f.n > 0 and (not f.mq or not is_int(f.mprio))) then
     return bad_args('flow_enqueue')
   end
+  f.mqs = f.n > 0 and member_queues(f.mq, f.n) or {}
+  if not f.mqs then return bad_args('flow_enqueue') end
   f.at = b + 9             -- the first member's body
   f.st = f.at + f.n        -- the first step's id
   b = f.st + 6 * f.steps
@@ -72,15 +86,20 @@ local function first_taken(f, fq)
     local at = f.st + 6 * k
     if not f.across or ARGV[at + 1] == fq then ids[#ids + 1] = {ARGV[at + 1], ARGV[at]} end
   end
-  for s = 0, (f.across and f.mq ~= fq) and -1 or f.n - 1, CHUNK do
-    local keys = {}
-    local last = math.min(s + CHUNK, f.n) - 1
-    local mp = k_job(f.mq, f.id .. '.m')
-    for i = s, last do keys[#keys + 1] = mp .. i end
-    if redis.call('EXISTS', unpack(keys)) > 0 then
-      for i = s, last do
-        if redis.call('EXISTS', keys[i - s + 1]) == 1 then return f.id .. '.m' .. i end
+  local keys, names = {}, {}
+  for i = 0, f.n - 1 do
+    local q = f.mqs[i + 1]
+    if not f.across or q == fq then
+      keys[#keys + 1] = k_job(q, f.id .. '.m' .. i)
+      names[#names + 1] = f.id .. '.m' .. i
+    end
+    if #keys == CHUNK or (i == f.n - 1 and #keys > 0) then
+      if redis.call('EXISTS', unpack(keys)) > 0 then
+        for j = 1, #keys do
+          if redis.call('EXISTS', keys[j]) == 1 then return names[j] end
+        end
       end
+      keys, names = {}, {}
     end
   end
   for _, j in ipairs(ids) do
@@ -97,7 +116,10 @@ for fi, f in ipairs(flows) do
     local adding, refused = {}, nil
     -- Across slots: only the jobs on fq are this call's (here: local).
     local function here(q) return not f.across or q == fq end
-    if f.n > 0 and here(f.mq) then adding[f.mq] = f.n end
+    for i = 1, f.n do
+      local q = f.mqs[i]
+      if here(q) then adding[q] = (adding[q] or 0) + 1 end
+    end
     local sq = {}
     for k = 0, f.steps - 1 do
       local q = ARGV[f.st + 6 * k + 1]
@@ -129,33 +151,43 @@ for fi, f in ipairs(flows) do
       end
       local fid = f.id
       local fx = f.across and '1' or nil
-      if f.n > 0 and here(f.mq) then
-        local q, prio = f.mq, f.mprio
-        local mp = k_job(q, fid .. '.m')
-        local o = order[q]
-        local ids = {}
+      if f.n > 0 then
+        local prio = f.mprio
+        local pend = {}  -- per queue: the ids not pushed yet (one LPUSH per CHUNK)
         for i = 0, f.n - 1 do
-          o = o + 1
-          if fx then
-            redis.call('HSET', mp .. i, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now, 'p', prio,
-              's', 'w', 'fl', fid, 'fq', fq, 'fm', i, 'fx', fx)
-          elseif prio ~= '0' then
-            redis.call('HSET', mp .. i, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now, 'p', prio,
-              's', 'w', 'fl', fid, 'fq', fq, 'fm', i)
-          else
-            redis.call('HSET', mp .. i, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now,
-              's', 'w', 'fl', fid, 'fq', fq, 'fm', i)
-          end
-          ids[#ids + 1] = fid .. '.m' .. i
-          if #ids == CHUNK or i == f.n - 1 then
-            redis.call('LPUSH', k_wait(q, prio), unpack(ids))
-            ids = {}
+          local q = f.mqs[i + 1]
+          if here(q) then
+            local o = order[q] + 1
+            order[q] = o
+            local jk = k_job(q, fid .. '.m' .. i)
+            if fx then
+              redis.call('HSET', jk, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now, 'p', prio,
+                's', 'w', 'fl', fid, 'fq', fq, 'fm', i, 'fx', fx)
+            elseif prio ~= '0' then
+              redis.call('HSET', jk, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now, 'p', prio,
+                's', 'w', 'fl', fid, 'fq', fq, 'fm', i)
+            else
+              redis.call('HSET', jk, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now,
+                's', 'w', 'fl', fid, 'fq', fq, 'fm', i)
+            end
+            local ids = pend[q]
+            if not ids then
+              ids = {}
+              pend[q] = ids
+            end
+            ids[#ids + 1] = fid .. '.m' .. i
+            if #ids == CHUNK then
+              redis.call('LPUSH', k_wait(q, prio), unpack(ids))
+              pend[q] = {}
+            end
+            count(q, 'w', 1)
           end
         end
-        order[q] = o
-        redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
-        count(q, 'w', f.n)
-        work_queues[q] = true
+        for q, ids in pairs(pend) do
+          if #ids > 0 then redis.call('LPUSH', k_wait(q, prio), unpack(ids)) end
+          redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
+          work_queues[q] = true
+        end
       end
       for k = 0, f.steps - 1 do
         local at = f.st + 6 * k
@@ -214,8 +246,8 @@ for fi, f in ipairs(flows) do
             rec[#rec + 1] = id
           end
         end
-        if not here(f.mq) then
-          for i = 0, f.n - 1 do add(f.mq, fid .. '.m' .. i, true) end
+        for i = 0, f.n - 1 do
+          if not here(f.mqs[i + 1]) then add(f.mqs[i + 1], fid .. '.m' .. i, true) end
         end
         for k = 0, f.steps - 1 do
           if not here(sq[k + 1]) then

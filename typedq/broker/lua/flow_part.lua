@@ -7,8 +7,8 @@
 -- there (an earlier copy of this call) is kept. Refused at maxmemory, like enqueue.
 -- KEYS[1] = the queue's order counter
 -- ARGV: P, max_queue_length, queue, flow id F, root queue fq, steps S, the steps' queues
---   (as flow records store them), members here n (0 or all), their priority, then n
---   member bodies (member i is F.m<i>), steps here m, m x (k, priority, body, head, tail)
+--   (as flow records store them), members here n, their priority, n x (index i, body)
+--   (member i is F.m<i>), steps here m, m x (k, priority, body, head, tail)
 -- Returns 1 stored, 0 every job was there already, or why it was refused:
 -- 'TYPEDQ_QUEUE_FULL q pending extra limit' or 'TYPEDQ_FLOW_ID_TAKEN id'.
 local limit, q, f, fq = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
@@ -17,7 +17,10 @@ if not limit or not q or q == '' or not f or f == '' or not fq or fq == '' or no
     or steps < 1 or not is_int(n) or n < 0 or not is_int(mprio) then
   return bad_args('flow_part')
 end
-local ms = 10 + n
+local ms = 10 + 2 * n
+for i = 0, n - 1 do
+  if not is_int(ARGV[10 + 2 * i]) then return bad_args('flow_part') end
+end
 local m = tonumber(ARGV[ms])
 if not is_int(m) or m < 0 or #ARGV ~= ms + 5 * m then return bad_args('flow_part') end
 for j = 0, m - 1 do
@@ -29,7 +32,10 @@ end
 
 -- Which jobs are missing; an id held by a job of another flow (or of none) refuses it.
 local todo = {}
-for i = 0, n - 1 do todo[#todo + 1] = {f .. '.m' .. i, i, 10 + i} end
+for i = 0, n - 1 do
+  local at = 10 + 2 * i
+  todo[#todo + 1] = {f .. '.m' .. ARGV[at], ARGV[at], at + 1}
+end
 for j = 0, m - 1 do
   local at = ms + 1 + 5 * j
   todo[#todo + 1] = {flow_step_id(f, tonumber(ARGV[at]), steps), false, at}

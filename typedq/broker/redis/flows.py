@@ -83,8 +83,9 @@ def split_body(message: JobMessage) -> tuple[bytes, bytes, bytes]:
 def flow_args(spec: FlowSpec, *, across: bool = False) -> tuple[list[Any], int]:
     """The arguments of one flow in ``flow_enqueue.lua``, and the bytes of its bodies.
 
-    A fan-out's members are one task's jobs: one queue, one priority, ids derived from
-    the flow's (``F.m<i>``), so each member travels as its body alone.
+    A fan-out's members are one task's jobs: one priority, ids derived from the flow's
+    (``F.m<i>``), so each member travels as its body alone; their queues travel as one
+    name when they share it (else one per member: a flow across queues).
 
     :param across: the root's part of a flow across slots: only the jobs on the queue
         of the flow's own job are stored by this call, the others travel without bodies
@@ -93,7 +94,8 @@ def flow_args(spec: FlowSpec, *, across: bool = False) -> tuple[list[Any], int]:
     members = spec.members
     queue, priority = "", "0"
     if members:
-        queue, priority = check_name("queue", members[0].queue), str(int(members[0].priority))
+        queue = queue_list([check_name("queue", m.queue) for m in members])
+        priority = str(int(members[0].priority))
     args: list[Any] = [
         check_job_id(spec.id),
         len(spec.steps),
@@ -107,8 +109,8 @@ def flow_args(spec: FlowSpec, *, across: bool = False) -> tuple[list[Any], int]:
     ]
     size = 0
     for i, m in enumerate(members):
-        if m.queue != members[0].queue or m.priority != members[0].priority:
-            raise ValueError(f"the members of flow {spec.id!r} must share one queue and priority")
+        if m.priority != members[0].priority:
+            raise ValueError(f"the members of flow {spec.id!r} must share one priority")
         if m.id != member_id(spec.id, i):
             raise ValueError(
                 f"member {i} of flow {spec.id!r} must have id {member_id(spec.id, i)!r}"
@@ -129,30 +131,31 @@ def flow_args(spec: FlowSpec, *, across: bool = False) -> tuple[list[Any], int]:
     return args, size
 
 
+def queue_list(queues: list[str]) -> str:
+    """Queues as flow records store them: one name when all share it, else space-separated."""
+    return queues[0] if len(set(queues)) == 1 else " ".join(queues)
+
+
 def part_args(spec: FlowSpec, queue: str) -> list[Any]:
     """The arguments of ``flow_part.lua`` after its first two (prefix, max_queue_length):
     the jobs of a flow across slots on ``queue``, which is not its root's."""
     steps = spec.steps
-    queues = [check_name("queue", m.queue) for m in steps]
-    sq = queues[0] if len(set(queues)) == 1 else " ".join(queues)
-    members = [m for m in spec.members if m.queue == queue]
-    if members and len(members) != len(spec.members):
-        raise ValueError(f"the members of flow {spec.id!r} must share one queue and priority")
+    members = [(i, m) for i, m in enumerate(spec.members) if m.queue == queue]
     args: list[Any] = [
         check_name("queue", queue),
         check_job_id(spec.id),
         steps[-1].queue,
         len(steps),
-        sq,
+        queue_list([check_name("queue", m.queue) for m in steps]),
         len(members),
-        str(int(members[0].priority)) if members else "0",
+        str(int(members[0][1].priority)) if members else "0",
     ]
-    for i, m in enumerate(members):
+    for i, m in members:
         if m.id != member_id(spec.id, i):
             raise ValueError(
                 f"member {i} of flow {spec.id!r} must have id {member_id(spec.id, i)!r}"
             )
-        args.append(encode_body(m))
+        args += (i, encode_body(m))
     here = [(k, m) for k, m in enumerate(steps) if m.queue == queue]
     args.append(len(here))
     for k, m in here:
