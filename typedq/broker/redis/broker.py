@@ -144,6 +144,8 @@ class RedisBroker(ScheduleOps, Broker):
         #: its apply failed). Applying one twice changes nothing, so this only spares
         #: the writer a race with the reaper.
         self.handoff_age = HANDOFF_AGE
+        # Outbox entries applied and not deleted yet, per queue (see _deliver).
+        self._acks: dict[str, list[str]] = {}
 
     def __repr__(self) -> str:
         return f"RedisBroker({redact_url(self.url)!r}, namespace={self.settings.namespace!r})"
@@ -478,6 +480,10 @@ class RedisBroker(ScheduleOps, Broker):
         return self._memory.saw(info, self._where)
 
     async def close(self) -> None:
+        if self._acks and self._redis is not None:
+            acks, self._acks = self._acks, {}
+            with contextlib.suppress(BrokerError):
+                await self._eval_many(self._ack_calls(acks))
         await self._notes.close()
         for client in (self._sub_client, self._redis):
             if client is not None:
@@ -575,37 +581,45 @@ class RedisBroker(ScheduleOps, Broker):
         return replies
 
     async def _deliver(self, handoffs: Sequence[Handoff]) -> None:
-        """Apply the outbox entries of flows across slots on their targets' slots (one
-        ``flow_apply`` per target queue, all at once), then delete them from their
-        outboxes (one ``flow_ack`` per queue). The applies' own hand-offs are delivered
-        on the way (the same path). A failure is logged and leaves the entries to the
-        reaper pass: the settle that wrote them has happened."""
+        """Apply the outbox entries of flows across slots on their targets' slots: one
+        ``flow_apply`` per target queue, all in one round trip (the applies' own
+        hand-offs are delivered on the way, by the same path). A failure is logged and
+        leaves the entries to the reaper pass: the settle that wrote them has happened.
+
+        Applied entries are deleted from their outboxes (``flow_ack``) with the next
+        round trip that carries applies, or before the next reaper pass, or at close:
+        deleting is only clean-up (an entry applied again changes nothing), so it adds
+        no round trip of its own to a hand-off."""
+        acks, self._acks = self._acks, {}
         by_target: dict[str, list[bytes]] = {}
-        by_home: dict[str, list[str]] = {}
         for h in handoffs:
             by_target.setdefault(h.target, []).append(h.record)
-            by_home.setdefault(h.home, []).append(h.entry)
         k = self.keys
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = [
+            ("flow_apply", [k.seq(q)], [k.prefix, q, *records]) for q, records in by_target.items()
+        ]
+        calls += self._ack_calls(acks)
         try:
-            await self._eval_many(
-                [
-                    ("flow_apply", [k.seq(q)], [k.prefix, q, *records])
-                    for q, records in by_target.items()
-                ]
-            )
-            await self._eval_many(
-                [
-                    ("flow_ack", [k.outbox(q)], [k.prefix, q, *entries])
-                    for q, entries in by_home.items()
-                ]
-            )
+            await self._eval_many(calls)
         except BrokerError as exc:
+            for home, entries in acks.items():
+                self._acks.setdefault(home, []).extend(entries)
             log.warning(
                 "%d hand-offs of flows across slots were not applied now (%s); the reaper "
                 "pass applies them",
                 len(handoffs),
                 exc,
             )
+            return
+        for h in handoffs:
+            self._acks.setdefault(h.home, []).append(h.entry)
+
+    def _ack_calls(
+        self, acks: dict[str, list[str]]
+    ) -> list[tuple[str, Sequence[str], Sequence[Any]]]:
+        """The ``flow_ack`` calls that delete applied outbox entries, one per queue."""
+        k = self.keys
+        return [("flow_ack", [k.outbox(q)], [k.prefix, q, *entries]) for q, entries in acks.items()]
 
     def _retention(self, *, completed: bool) -> tuple[int, int]:
         r = self.settings.retention
@@ -1376,8 +1390,13 @@ class RedisBroker(ScheduleOps, Broker):
         mine = sorted(set(holding))  # read now, after the await (see the base class)
         if not queues:
             return 0
+        # Applied hand-offs are deleted first (same pipeline, in order on each node), so
+        # this pass does not hand them back again.
+        acks, self._acks = self._acks, {}
+        deletes = self._ack_calls(acks)
         replies = await self._eval_many(
-            [
+            deletes
+            + [
                 (
                     "recover",
                     [k.active(q)],
@@ -1389,7 +1408,7 @@ class RedisBroker(ScheduleOps, Broker):
                 for q in queues
             ]
         )
-        return sum(int(r) for r in replies)
+        return sum(int(r) for r in replies[len(deletes) :])
 
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         k = self.keys
