@@ -208,6 +208,40 @@ async def test_a_fan_out_over_8_queues_fans_in_once_in_input_order(
             assert not await raw.exists(record)
 
 
+async def test_a_flow_within_one_slot_keeps_the_one_script_hand_off(url: str) -> None:
+    """Two queues whose tags share a slot: their flow is stored by one script and hands
+    off inside the completion script, as on a single Redis (no outbox, no second call)."""
+    keys = Keys("xsame")
+    by_slot: dict[int, str] = {}
+    for i in range(100_000):
+        q = f"q{i}"
+        other = by_slot.setdefault(key_slot(keys.seq(q).encode()), q)
+        if other != q:
+            pair = [other, q]
+            break
+    async with broker_at(url, "xsame") as broker:
+        delivered: list[Handoff] = []
+
+        async def never(handoffs: Sequence[Handoff]) -> None:
+            delivered.extend(handoffs)
+
+        broker._deliver = never  # type: ignore[method-assign]
+        spec = chain_spec("one", [pair[0], pair[1], pair[0]], ["t0", "t1", "t2"])
+        assert not isinstance((await broker.enqueue_flows([spec]))[0], Exception)
+        raw: Any = broker._conn()
+        assert await raw.hget(broker.keys.flow(pair[0], "one"), "x") is None
+        for k, q in enumerate([pair[0], pair[1], pair[0]]):
+            (job,) = await broker.claim([q], 1, worker_id="w", lease=30)
+            assert job.message.id == ("one" if k == 2 else f"one.{k}")
+            done = await broker.complete([Completion(job.message.id, job.token, b"\x91\x02")])
+            assert done == [FinishOutcome.OK]
+        (record,) = await broker.get(["one"], queue=pair[0])
+        assert record is not None
+        assert record.state is JobState.COMPLETED
+        assert delivered == []  # nothing went through an outbox
+        assert await outbox_sizes(broker, pair) == [0, 0]
+
+
 # -- failures ---------------------------------------------------------------------------
 
 
