@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 from tests import cluster_flow_app
-from tests.redis_harness import RedisCluster, RedisProcess, flushall, slot_owner
+from tests.redis_harness import RedisCluster, RedisProcess, failover_slot, flushall, slot_owner
 from tests.redis_support import broker_at
 from tests.support import In, Out, spawn_worker, stop_workers
 from typedq import App, JobFailed, JobState, QueueFull
@@ -410,6 +410,47 @@ async def test_a_worker_killed_between_settle_and_apply_the_reaper_applies_once(
         assert await outbox_sizes(broker, qs) == [0, 0, 0]
     runs = {text(k): int(v) for k, v in (await ledger.hgetall("runs")).items()}
     assert runs == {"parse": 1, "enrich": 1, "store": 1}  # each step ran once
+
+
+@pytest.mark.slow
+async def test_the_roots_shard_fails_over_mid_flow_and_the_flow_completes(
+    url: str, redis_cluster: RedisCluster
+) -> None:
+    """``CLUSTER FAILOVER`` of the shard holding the flow's root while a hand-off to it is
+    in flight (written, not applied): the apply reaches the new primary and the flow
+    completes with every step run once."""
+    qs = one_queue_per_shard(redis_cluster, "xover", "o")
+    async with broker_at(url, "xover", deadline=120) as broker:
+        spec = chain_spec("fo", qs, ["t0", "t1", "t2"])
+        assert not isinstance((await broker.enqueue_flows([spec]))[0], Exception)
+        (job,) = await broker.claim([qs[0]], 1, worker_id="w", lease=30)
+        await broker.complete([Completion(job.message.id, job.token, b"\x91\x02")])
+        (job,) = await broker.claim([qs[1]], 1, worker_id="w", lease=30)
+        kept: list[Handoff] = []
+        deliver = broker._deliver
+
+        async def keep(handoffs: Sequence[Handoff]) -> None:
+            kept.extend(handoffs)
+
+        broker._deliver = keep  # type: ignore[method-assign]
+        await broker.complete([Completion(job.message.id, job.token, b"\x91\x03")])
+        broker._deliver = deliver  # type: ignore[method-assign]
+        assert [(h.home, h.target) for h in kept] == [(qs[1], qs[2])]
+        slot = key_slot(broker.keys.seq(qs[2]).encode())
+        old, new = await anyio.to_thread.run_sync(failover_slot, redis_cluster, slot)
+        assert old != new
+        assert owner(redis_cluster, broker.keys, qs[2]) == new
+        await deliver(kept)
+        (job,) = await broker.claim([qs[2]], 1, worker_id="w", lease=30)
+        assert job.message.id == "fo"
+        assert job.message.payload == b"\x91\x03"  # step 1's result
+        await broker.complete([Completion("fo", job.token, b"\x91\x04")])
+        (record,) = await broker.get(["fo"], queue=qs[2])
+        assert record is not None
+        assert record.state is JobState.COMPLETED
+        assert record.result == b"\x91\x04"
+        assert await outbox_sizes(broker, qs) == [0, 0, 0]
+        assert await broker.check_epoch()  # no data lost
 
 
 # -- applying a hand-off twice ----------------------------------------------------------
