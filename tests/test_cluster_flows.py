@@ -331,6 +331,28 @@ async def test_a_part_refused_refuses_the_flow_and_stores_nothing(
         assert [sum((await broker.counts(q)).values()) for q in qs] == [0, 2, 1]
 
 
+async def test_enqueueing_an_ended_flow_again_stores_nothing(
+    url: str, redis_cluster: RedisCluster
+) -> None:
+    """The same flow id again, after the flow ended and retention dropped some of its
+    jobs on other shards: the answer is "existed", and what the new copy's parts stored
+    is dropped (never left held)."""
+    qs = one_queue_per_shard(redis_cluster, "xagain", "a")
+    async with broker_at(url, "xagain") as broker:
+        spec = chain_spec("ag", qs, ["t0", "t1", "t2"])
+        assert not isinstance((await broker.enqueue_flows([spec]))[0], Exception)
+        for q in qs:
+            (job,) = await broker.claim([q], 1, worker_id="w", lease=30)
+            await broker.complete([Completion(job.message.id, job.token, b"\x91\x02")])
+        assert await broker.remove(["ag.0"], queue=qs[0]) == [True]  # as retention would
+        (again,) = await broker.enqueue_flows([spec])
+        assert not isinstance(again, Exception)
+        assert not again.created
+        assert sum((await broker.counts(qs[0])).values()) == 0  # the copy's part dropped
+        assert (await broker.counts(qs[1]))[JobState.COMPLETED] == 1
+        assert await outbox_sizes(broker, qs) == [0, 0, 0]
+
+
 # -- a worker killed between a settle and its apply ------------------------------------
 
 

@@ -112,6 +112,21 @@ for fi, f in ipairs(flows) do
   local fq = ARGV[f.st + 6 * (f.steps - 1) + 1]
   if redis.call('EXISTS', k_job(fq, f.id)) == 1 then
     out[fi] = 0
+    -- Across slots, a flow that has ended: what this copy's parts stored on the other
+    -- queues (jobs the ended flow's retention had dropped) is pending and never started
+    -- by anyone: drop it (flow_apply 'D': pending held jobs only). A running flow's
+    -- pending jobs are left alone (a racing copy of this enqueue may be starting them).
+    if f.across and redis.call('EXISTS', k_flow(fq, f.id)) == 0 then
+      local recs = {}
+      local function drop(q, id)
+        if q == fq then return end
+        if not recs[q] then recs[q] = {'D', f.id, fq} end
+        recs[q][#recs[q] + 1] = id
+      end
+      for i = 0, f.n - 1 do drop(f.mqs[i + 1], f.id .. '.m' .. i) end
+      for k = 0, f.steps - 2 do drop(ARGV[f.st + 6 * k + 1], ARGV[f.st + 6 * k]) end
+      for q, rec in pairs(recs) do flow_outbox(fq, q, f.id .. '|D|' .. q, rec) end
+    end
   else
     local adding, refused = {}, nil
     -- Across slots: only the jobs on fq are this call's (here: local).
