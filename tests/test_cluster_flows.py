@@ -238,6 +238,24 @@ async def test_a_flow_within_one_slot_keeps_the_one_script_hand_off(url: str) ->
         (record,) = await broker.get(["one"], queue=pair[0])
         assert record is not None
         assert record.state is JobState.COMPLETED
+        # A fan-out whose members are on both queues (one script stores them all).
+        members = tuple(
+            msgspec.structs.replace(plain(f"fo.m{i}", pair[i % 2]), task="m") for i in range(5)
+        )
+        spec = FlowSpec(id="fo", steps=(held("fo", pair[0], "cb"),), members=members, fan_out=True)
+        assert not isinstance((await broker.enqueue_flows([spec]))[0], Exception)
+        for q, n in ((pair[0], 3), (pair[1], 2)):
+            jobs = await broker.claim([q], 5, worker_id="w", lease=30)
+            assert sorted(j.message.id for j in jobs) == [
+                f"fo.m{i}" for i in range(5) if i % 2 == (q == pair[1])
+            ]
+            assert len(jobs) == n
+            results = [
+                Completion(j.message.id, j.token, bytes([int(j.message.id[-1])])) for j in jobs
+            ]
+            assert await broker.complete(results) == [FinishOutcome.OK] * n
+        (cb,) = await broker.claim([pair[0]], 1, worker_id="w", lease=30)
+        assert cb.message.payload == b"\x95\x00\x01\x02\x03\x04"  # in input order
         assert delivered == []  # nothing went through an outbox
         assert await outbox_sizes(broker, pair) == [0, 0]
 
