@@ -123,6 +123,8 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.queue_channel("q1", "w"),
             k.queue_channel("q1", "d"),
             k.queue_channel("q1", "x"),
+            k.outbox("q1"),
+            k.handoff("q1", "job-1|m"),
         ]
         # Every key of a queue carries the queue's hash tag, nothing else's.
         assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])

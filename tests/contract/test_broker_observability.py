@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from tests.support import In, Out, claim_one, connected, msg, sleep_until
-from typedq import App, ConfigError, InvalidName, JobState
+from typedq import App, InvalidName, JobState
 from typedq.broker.base import WorkerInfo
 
 pytestmark = pytest.mark.anyio
@@ -157,12 +157,6 @@ async def test_queues_a_producer_enqueued_to_are_registered(app_name: str, broke
         await send.enqueue(In(n=1))
         await bulk.enqueue_many([In(n=1), In(n=2)])
         expected = {"mail", "bulk", "steps", "steps2"}
-        if broker_url.startswith("redis+cluster://"):
-            # A flow across queues (slots) is refused there for now (test_workflows).
-            with pytest.raises(ConfigError, match="every job of a flow must be on one queue"):
-                await step.then(after).enqueue(In(n=3))
-            expected -= {"steps", "steps2"}
-        else:
-            await step.then(after).enqueue(In(n=3))
+        await step.then(after).enqueue(In(n=3))
         # Retention may drop every job of a queue: the registry keeps the queue.
         assert expected <= set(await app.broker.list_queues())

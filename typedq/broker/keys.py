@@ -64,7 +64,18 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    steps' queues (space-separated; one name when all
                                    share it), per member ``d<i>`` settled and ``r<i>``
                                    its fan-in element, ``fi fst fe`` the first failed
-                                   member; deleted when the flow ends
+                                   member; deleted when the flow ends; ``x`` '1' in a
+                                   flow across slots (Redis Cluster, see below)
+    Q ho                  zset     the queue's outbox (flows across slots): entry id ->
+                                   when it was written (µs); an entry is a hand-off that
+                                   a script on this slot made to a job or flow record on
+                                   another queue, applied there by a second call
+                                   (flow_apply), then deleted; the reaper pass applies
+                                   the entries left behind. An entry id is the settling
+                                   job's id and the kind (``<id>|m``, ``<id>|r``,
+                                   ``<flow>|e|<queue>`` ...)
+    Q ho:<entry id>       string   one outbox entry: '<target queue>|<record>', the record
+                                   a msgpack array (see lua/common.lua)
     Q G                   zset     limit gates (typedq.limits) that parked waiting jobs
                                    -> when the gate opens (µs; +inf until a concurrency
                                    slot frees, 0 once one did); a gate is
@@ -135,7 +146,10 @@ it), ``pg`` progress. Times are
 integer microseconds of the Redis clock. A job of a workflow (always a hash) adds ``fl``
 flow id, ``fq`` the queue of the flow's own job (where the flow record is), ``fm``
 member index or ``fs`` step index, while held ``mh``/``mt`` (its body around the
-payload), and on the flow's own job ``fS``/``fn`` (the flow's shape).
+payload), and on the flow's own job ``fS``/``fn`` (the flow's shape). In a flow across
+slots (Redis Cluster) every job holds ``fx`` '1', each step also ``fS`` and ``fsq`` (the
+steps' queues, to release the next step without the record), and a job stored before
+its root (another queue than the flow's own job's) ``fp`` '1' until the root starts it.
 
 The Lua scripts derive per-job and per-queue names with the helper functions of
 ``lua/common.lua`` (``k_job(q, id)``, ``k_counts(q)``, ...), which mirror this module;
@@ -279,6 +293,14 @@ class Keys:
         """A sharded pub/sub channel of ``queue`` (Redis Cluster), in the queue's slot:
         ``kind`` ``w`` work, ``d`` finished jobs, ``x`` cancel requests."""
         return f"{self.queue_prefix(queue)}ev:{kind}"
+
+    def outbox(self, queue: str) -> str:
+        """The outbox of ``queue`` (flows across slots): entry id -> when it was written."""
+        return self.queue_prefix(queue) + "ho"
+
+    def handoff(self, queue: str, entry: str) -> str:
+        """One entry of ``queue``'s outbox: its target queue and record."""
+        return f"{self.queue_prefix(queue)}ho:{entry}"
 
     def worker(self, worker_id: str) -> str:
         """The key of one worker's registry entry."""

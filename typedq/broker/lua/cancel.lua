@@ -37,4 +37,4 @@ trim(q, 'x', now, ttl, cap, 100)
 redis.call('SET', KEYS[1], 'cancelled', 'PX', REQ_TTL_MS)
 flush_counts()
 publish()
-return 'cancelled'
+return flow_reply('cancelled')

@@ -93,7 +93,7 @@ local function answer()
   if not settled then return out end
   flush_counts()
   publish()
-  return {out, settled}
+  return flow_reply({out, settled})
 end
 
 -- A re-sent claim: hand back what the first copy claimed (still ours), nothing new.

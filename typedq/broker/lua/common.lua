@@ -389,7 +389,7 @@ local function finalize(id, q, from, state, now, extra)
   end
   if fl then
     local out = redis.call('HMGET', jk, 'res', 'err')
-    flow_settle(fl[4], fl[1], fl[2], fl[3], state, out[1], out[2], now)
+    flow_settle(fl[4], fl[1], fl[2], fl[3], state, out[1], out[2], now, q, id)
   end
 end
 
@@ -517,11 +517,88 @@ local function msgpack_array_header(n)
   return '\221' .. be_bytes(n, 4)
 end
 
+-- Flows across slots (Redis Cluster). A flow whose jobs are on queues of several slots
+-- holds fx '1' on its jobs and x '1' on its record. A script works on one slot: in such
+-- a flow, a hand-off to a job on another queue than the script's own (`home`) is not
+-- done there but written to the home queue's outbox (Q ho: entry id -> written at, µs;
+-- Q ho:<entry id>: '<target queue>|<record>', the record a cmsgpack array) in the same
+-- atomic script, and named in the script's reply (flow_reply); the client applies it
+-- on the target's slot (flow_apply.lua), then deletes it (flow_ack.lua). The reaper
+-- pass (recover.lua) hands back the entries left behind (a worker died in between), so
+-- every entry is applied at least once; an apply takes effect only while its target
+-- job or record is still in the state it expects, so applying one twice changes
+-- nothing. Two queues of such a flow that share a slot by chance still go through the
+-- outbox. Records: {'m', F, fq, i, state, res, err} member i settled (applied at the
+-- root, fq); {'e', F, fq, state, err} end the flow (at the root); {'r', F, fq, k, S,
+-- collector, payload} release step k; {'E', F, fq, state, err, ids...} end the flow's
+-- jobs on the target queue; {'a', F, fq, n, ids...} start the flow's jobs on the target
+-- queue (the first n move to waiting, the rest stay held), stored pending by
+-- flow_part.lua; {'D', F, fq, ids...} drop pending jobs of a flow its root refused.
+local flow_handoffs = {}  -- the entries this script wrote: {home, entry id, target, record}
+local flow_ended = {}     -- flows this script ended: the settles of their jobs stay quiet
+local function k_outbox(q) return k_q(q) .. 'ho' end
+local function k_handoff(q, eid) return k_q(q) .. 'ho:' .. eid end
+local function flow_outbox(home, target, eid, rec)
+  local packed = cmsgpack.pack(rec)
+  redis.call('ZADD', k_outbox(home), last_now or now_us(), eid)
+  redis.call('SET', k_handoff(home, eid), target .. '|' .. packed)
+  flow_handoffs[#flow_handoffs + 1] = {home, eid, target, packed}
+end
+-- A script's reply with the hand-offs it wrote (or handed back): {'TYPEDQ_HANDOFF',
+-- reply, then per entry home, id, target, record}; the reply itself when there are none.
+local function flow_reply(r)
+  if #flow_handoffs == 0 then return r end
+  local t = {'TYPEDQ_HANDOFF', r}
+  for _, h in ipairs(flow_handoffs) do
+    t[#t + 1] = h[1]; t[#t + 1] = h[2]; t[#t + 1] = h[3]; t[#t + 1] = h[4]
+  end
+  return t
+end
+-- The reaper: hand back up to `limit` entries of queue q's outbox written `age` µs or
+-- more ago (their writer died before it applied them, or its apply failed).
+local function flow_outbox_due(q, now, age, limit)
+  local ids = redis.call('ZRANGEBYSCORE', k_outbox(q), '-inf', string.format('%d', now - age),
+    'LIMIT', 0, limit)
+  for _, eid in ipairs(ids) do
+    local v = redis.call('GET', k_handoff(q, eid))
+    local target, packed = nil, nil
+    if v then target, packed = string.match(v, '^([^|]+)|(.*)$') end
+    if target then
+      flow_handoffs[#flow_handoffs + 1] = {q, eid, target, packed}
+    else
+      redis.call('ZREM', k_outbox(q), eid)
+    end
+  end
+end
+
+-- Job `id` of queue `q` ends with its flow (see flow_end).
+local function flow_end_job(q, id, state, err, now)
+  local r = read_hash(q, id, 's', 'q', 'p', 'a')
+  if not r then return end
+  local s = r[1]
+  if s == 'a' then
+    redis.call('HSET', k_job(q, id), 'cr', 1)
+    publish_cancel(q, id)
+  elseif s == 'w' or s == 's' then
+    if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else redis.call('ZREM', k_sched(q), id) end
+    local st = 'x'
+    local e = err
+    if e then st = state else
+      e = failure_record('cancelled', 'JobCancelled', 'cancelled with its flow',
+        tonumber(r[4]) or 0, nil, now)
+    end
+    redis.call('HSET', k_job(q, id), 'err', e)
+    finalize(id, q, s, st, now)
+  end
+end
+
 -- End a flow that did not complete: every job of it not final yet ends in `state`
 -- with record `err` (nil: cancelled with the flow); a running one is asked to cancel.
+-- In a flow across slots, the jobs on other queues than the root's end by one outbox
+-- entry per queue.
 local function flow_end(fq, f, state, err, now)
   local fk = k_flow(fq, f)
-  local meta = redis.call('HMGET', fk, 'S', 'n', 'mq', 'sq')
+  local meta = redis.call('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x')
   if not meta[1] then return end
   redis.call('DEL', fk)
   local steps, n = tonumber(meta[1]), tonumber(meta[2])
@@ -529,47 +606,46 @@ local function flow_end(fq, f, state, err, now)
   local mq, sq = flow_queues(meta[3], n, fq), flow_queues(meta[4], steps, fq)
   for i = 0, n - 1 do ids[#ids + 1] = {f .. '.m' .. i, mq[i + 1]} end
   for k = 0, steps - 1 do ids[#ids + 1] = {flow_step_id(f, k, steps), sq[k + 1]} end
+  local remote = {}
   for _, job in ipairs(ids) do
     local id, q = job[1], job[2]
-    local r = read_hash(q, id, 's', 'q', 'p', 'a')
-    if r then
-      local s = r[1]
-      if s == 'a' then
-        redis.call('HSET', k_job(q, id), 'cr', 1)
-        publish_cancel(q, id)
-      elseif s == 'w' or s == 's' then
-        if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else redis.call('ZREM', k_sched(q), id) end
-        local st = 'x'
-        local e = err
-        if e then st = state else
-          e = failure_record('cancelled', 'JobCancelled', 'cancelled with its flow',
-            tonumber(r[4]) or 0, nil, now)
-        end
-        redis.call('HSET', k_job(q, id), 'err', e)
-        finalize(id, q, s, st, now)
+    if meta[5] == '1' and q ~= fq then
+      local rec = remote[q]
+      if not rec then
+        rec = {'E', f, fq, state, err or false}
+        remote[q] = rec
       end
+      rec[#rec + 1] = id
+    else
+      flow_end_job(q, id, state, err, now)
     end
   end
+  for q, rec in pairs(remote) do flow_outbox(fq, q, f .. '|e|' .. q, rec) end
 end
 
--- Give held step k its input: waiting now, or (a collector) completed with it. `sq`: the
--- flow record's 'sq' when the caller read it already (nil: read here).
-local function flow_release(fq, f, k, steps, collector, payload, now, sq)
-  local id = flow_step_id(f, k, steps)
-  if sq == nil then sq = redis.call('HGET', k_flow(fq, f), 'sq') end
-  local q = flow_queues(sq, steps, fq)[k + 1]
+-- Give held step k (job `id` on queue q) its input: waiting now, or (a collector)
+-- completed with it. In a flow across slots (`x`), a step that is no longer held was
+-- released already (or ended with its flow): nothing to do; a missing one breaks the
+-- flow, at its root (through the outbox when the root is not `home`).
+local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home)
   local jk = k_job(q, id)
   local r = read_hash(q, id, 's', 'q', 'mh', 'mt', 'p')
   if not r or r[1] ~= 's' or not r[3] then
-    flow_end(fq, f, 'f', failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now), now)
-    return
+    if x and r then return false end
+    local broken = failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now)
+    if x and fq ~= home then
+      flow_outbox(home, fq, id .. '|b', {'e', f, fq, 'f', broken})
+    else
+      flow_end(fq, f, 'f', broken, now)
+    end
+    return false
   end
   redis.call('ZREM', k_sched(q), id)
   if collector and k == steps - 1 then
     redis.call('HDEL', jk, 'mh', 'mt', 'r')
     redis.call('HSET', jk, 'res', payload)
     finalize(id, q, 's', 'c', now)
-    return
+    return true
   end
   -- At the head of its priority level: a flow under way finishes before new work starts,
   -- instead of its next step or callback queueing behind the members of every flow
@@ -580,6 +656,23 @@ local function flow_release(fq, f, k, steps, collector, payload, now, sq)
   count(q, 's', -1)
   count(q, 'w', 1)
   work_queues[q] = true
+  return true
+end
+
+-- Give held step k its input (flow_release_at). `sq`: the flow record's 'sq' (or a
+-- step's 'fsq') when the caller read it already (nil: read here). `x`, `home`: a flow
+-- across slots, run on `home`'s slot (nil: the root's): a step on another queue gets
+-- its input through the outbox.
+local function flow_release(fq, f, k, steps, collector, payload, now, sq, x, home)
+  local id = flow_step_id(f, k, steps)
+  if sq == nil then sq = redis.call('HGET', k_flow(fq, f), 'sq') end
+  local q = flow_queues(sq, steps, fq)[k + 1]
+  home = home or fq
+  if x and q ~= home then
+    flow_outbox(home, q, id .. '|r', {'r', f, fq, k, steps, collector and '1' or '0', payload})
+    return
+  end
+  flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home)
 end
 
 -- Every member settled: fail the flow (a member failed, default policy) or release
@@ -587,7 +680,7 @@ end
 -- per 1000 members).
 local function flow_fan_in(fq, f, steps, n, collector, now)
   local fk = k_flow(fq, f)
-  local names = {'fi', 'fst', 'fe', 'mq', 'sq'}
+  local names = {'fi', 'fst', 'fe', 'mq', 'sq', 'x'}
   local first = math.min(n, 1000)
   for i = 0, first - 1 do names[#names + 1] = 'r' .. i end
   local vals = redis.call('HMGET', fk, unpack(names))
@@ -596,7 +689,7 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
     return
   end
   local parts = {msgpack_array_header(n)}
-  for j = 6, #vals do parts[#parts + 1] = vals[j] or '\192' end
+  for j = 7, #vals do parts[#parts + 1] = vals[j] or '\192' end
   for s = first, n - 1, 1000 do
     local more = {}
     for i = s, math.min(s + 999, n - 1) do more[#more + 1] = 'r' .. i end
@@ -607,14 +700,41 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
   redis.call('DEL', fk)
   redis.call('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0',
     'mq', vals[4] or '', 'sq', vals[5] or '')
-  flow_release(fq, f, 0, steps, collector, table.concat(parts), now, vals[5] or false)
+  local x = vals[6] == '1'
+  if x then redis.call('HSET', fk, 'x', '1') end
+  flow_release(fq, f, 0, steps, collector, table.concat(parts), now, vals[5] or false, x)
 end
 
-flow_settle = function(fq, f, fm, fs, state, res, err, now)
+-- A job of a flow across slots settled on queue q, not its flow's root: a member
+-- reports to the root, a completed step releases the next one (here or through the
+-- outbox), a step that failed or was cancelled ends the flow at the root. `ext`: the
+-- job's fx, fS, fsq. (The last step is the flow's own job, always at the root.)
+local function flow_settle_away(q, id, fq, f, fm, fs, state, res, err, now, ext)
+  if fm then
+    flow_outbox(q, fq, id .. '|m', {'m', f, fq, fm, state, res or false, err or false})
+  elseif state == 'c' then
+    flow_release(fq, f, tonumber(fs) + 1, tonumber(ext[2]), false, res or '\192', now,
+      ext[3] or false, true, q)
+  else
+    flow_outbox(q, fq, id .. '|e', {'e', f, fq, state, err or false})
+  end
+end
+
+-- `q`, `id`: the settled job (nil: applied at the root for it); `ext`: its fx, fS,
+-- fsq when read already (a removed job's, read before it went).
+flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
+  if flow_ended[f] then return end
+  if q and q ~= fq then
+    ext = ext or redis.call('HMGET', k_job(q, id), 'fx', 'fS', 'fsq')
+    if ext[1] == '1' then
+      flow_settle_away(q, id, fq, f, fm, fs, state, res, err, now, ext)
+      return
+    end
+  end
   local fk = k_flow(fq, f)
-  local meta = redis.call('HMGET', fk, 'S', 'n', 'col', 'pol')
+  local meta = redis.call('HMGET', fk, 'S', 'n', 'col', 'pol', 'x')
   if not meta[1] then return end  -- the flow has ended: a late member or a cancelled step
-  local steps, collector = tonumber(meta[1]), meta[3] == '1'
+  local steps, collector, x = tonumber(meta[1]), meta[3] == '1', meta[5] == '1'
   if fm then
     local i = tonumber(fm)
     -- r<i>: its element and its settled mark (set once); '' for a failed one ('a').
@@ -642,7 +762,7 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now)
     if k == steps - 1 then
       redis.call('DEL', fk)
     else
-      flow_release(fq, f, k + 1, steps, collector, res or '\192', now)
+      flow_release(fq, f, k + 1, steps, collector, res or '\192', now, nil, x)
     end
   elseif k == steps - 1 then
     flow_end(fq, f, 'x', nil, now)  -- the flow's own job ended first (cancel): stop the rest
@@ -651,11 +771,75 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now)
   end
 end
 
+-- Apply one outbox record (see above) on the slot of queue q: 1 when it changed
+-- something, 0 when it had been applied already (or its flow has ended).
+local function flow_apply(q, rec, now)
+  local kind, f, fq = rec[1], rec[2], rec[3]
+  if kind == 'm' then
+    local fk = k_flow(fq, f)
+    if redis.call('EXISTS', fk) == 0 or redis.call('HEXISTS', fk, 'r' .. rec[4]) == 1 then
+      return 0
+    end
+    flow_settle(fq, f, rec[4], nil, rec[5], rec[6] or nil, rec[7] or nil, now)
+    return 1
+  elseif kind == 'e' then
+    if redis.call('EXISTS', k_flow(fq, f)) == 0 then return 0 end
+    flow_end(fq, f, rec[4], rec[5] or nil, now)
+    return 1
+  elseif kind == 'r' then
+    local k, steps = tonumber(rec[4]), tonumber(rec[5])
+    local done = flow_release_at(q, flow_step_id(f, k, steps), fq, f, k, steps, rec[6] == '1',
+      rec[7], now, true, q)
+    return done and 1 or 0
+  end
+  local changed = 0
+  if kind == 'E' then
+    flow_ended[f] = true
+    for i = 6, #rec do
+      local r = read_hash(q, rec[i], 's')
+      if r and (r[1] == 'a' or r[1] == 'w' or r[1] == 's') then changed = 1 end
+      flow_end_job(q, rec[i], rec[4], rec[5] or nil, now)
+    end
+  elseif kind == 'a' then
+    local start = tonumber(rec[4])
+    for i = 5, #rec do
+      local id = rec[i]
+      local r = read_hash(q, id, 's', 'fp', 'p', 'fl')
+      if r and r[2] and r[4] == f then
+        changed = 1
+        redis.call('HDEL', k_job(q, id), 'fp')
+        if i - 4 <= start and r[1] == 's' then
+          redis.call('ZREM', k_sched(q), id)
+          redis.call('HDEL', k_job(q, id), 'r')
+          redis.call('HSET', k_job(q, id), 's', 'w')
+          push_waiting(q, sane_prio(r[3]), id, false)
+          count(q, 's', -1)
+          count(q, 'w', 1)
+          work_queues[q] = true
+        end
+      end
+    end
+  elseif kind == 'D' then
+    for i = 4, #rec do
+      local id = rec[i]
+      local r = read_hash(q, id, 's', 'fp', 'fl')
+      if r and r[1] == 's' and r[2] and r[3] == f then
+        changed = 1
+        redis.call('ZREM', k_sched(q), id)
+        redis.call('DEL', k_job(q, id))
+        count(q, 's', -1)
+      end
+    end
+  end
+  return changed
+end
+
 -- The flow link of a job about to be deleted (remove, purge): nil for a job of no flow.
 local function flow_link(q, id)
-  local r = redis.pcall('HMGET', k_job(q, id), 'fl', 'fm', 'fs', 'fq')
+  local r = redis.pcall('HMGET', k_job(q, id), 'fl', 'fm', 'fs', 'fq', 'fx', 'fS', 'fsq')
   if type(r) ~= 'table' or r.err or not r[1] then return nil end
   if not r[4] then r[4] = q end
+  r.q, r.id = q, id
   return r
 end
 
@@ -665,7 +849,8 @@ local function flow_removed(link, s)
   if not link or s == 'c' or s == 'f' or s == 'x' then return end
   local now = now_us()
   flow_settle(link[4], link[1], link[2], link[3], 'f', nil,
-    failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now), now)
+    failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now), now, link.q, link.id,
+    {link[5], link[6], link[7]})
 end
 
 -- Every attempt's FailureRecord, oldest first, at most ERR_HISTORY: the job hash's 'eh',

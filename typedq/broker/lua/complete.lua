@@ -16,4 +16,4 @@ end
 trim(q, 'c', now, ttl, cap, n + 100)
 flush_counts()
 publish()
-return out
+return flow_reply(out)

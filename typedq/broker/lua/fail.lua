@@ -70,4 +70,4 @@ if touched_f > 0 then trim(q, 'f', now, ttl, cap, touched_f + 100) end
 if touched_x > 0 then trim(q, 'x', now, ttl, cap, touched_x + 100) end
 flush_counts()
 publish()
-return out
+return flow_reply(out)

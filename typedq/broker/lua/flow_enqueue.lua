@@ -13,8 +13,13 @@
 -- and fq (the queue of the flow's own job).
 -- ARGV: P, max_queue_length, m, then m flows, each:
 --   id, steps S, members n, fan_out ('0'/'1'), collector ('0'/'1'), policy ('a'/'c'),
---   the members' queue and priority (one task: all alike; '' when n = 0),
+--   the members' queues (one name when all share it, else one per member, space-
+--   separated; '' when n = 0) and priority (one task: all alike), across
+--   ('1': a flow across slots on Redis Cluster, this call its root's part; else '0'),
 --   n x body (member i's id is <id>.m<i>), S x (id, queue, priority, body, head, tail)
+-- A flow across slots: flow_part.lua stored (held, pending) its jobs on every other
+-- queue before this call; this call stores the jobs on the queue of the flow's own job
+-- and the record (x '1'), and starts the others through its outbox (common.lua).
 -- Returns per flow: 1 created, 0 existed, or why it was refused:
 -- 'TYPEDQ_QUEUE_FULL q pending extra limit' or 'TYPEDQ_FLOW_ID_TAKEN id'.
 --
@@ -24,17 +29,30 @@
 local limit, m = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not limit or not is_int(m) or m < 0 then return bad_args('flow_enqueue') end
 local function bad_queue(q) return not q or q == '' or string.find(q, '|', 1, true) end
+-- The members' queues, one per member (nil: not n of them).
+local function member_queues(list, n)
+  local t = {}
+  for name in string.gmatch(list, '[^ ]+') do
+    if bad_queue(name) then return nil end
+    t[#t + 1] = name
+  end
+  if #t == 1 then for i = 2, n do t[i] = t[1] end end
+  if #t ~= n then return nil end
+  return t
+end
 local flows = {}
 local b = 4
 for _ = 1, m do
   local f = {id = ARGV[b], steps = tonumber(ARGV[b + 1]), n = tonumber(ARGV[b + 2]),
     fan_out = ARGV[b + 3] == '1', collector = ARGV[b + 4] == '1', pol = ARGV[b + 5],
-    mq = ARGV[b + 6], mprio = ARGV[b + 7]}
+    mq = ARGV[b + 6], mprio = ARGV[b + 7], across = ARGV[b + 8] == '1'}
   if not f.id or f.id == '' or not is_int(f.steps) or f.steps < 1 or not is_int(f.n)
-      or f.n < 0 or (f.n > 0 and (bad_queue(f.mq) or not is_int(f.mprio))) then
+      or f.n < 0 or (f.n > 0 and (not f.mq or not is_int(f.mprio))) then
     return bad_args('flow_enqueue')
   end
-  f.at = b + 8             -- the first member's body
+  f.mqs = f.n > 0 and member_queues(f.mq, f.n) or {}
+  if not f.mqs then return bad_args('flow_enqueue') end
+  f.at = b + 9             -- the first member's body
   f.st = f.at + f.n        -- the first step's id
   b = f.st + 6 * f.steps
   if b - 1 > #ARGV then return bad_args('flow_enqueue') end
@@ -62,21 +80,26 @@ local CHUNK = 1000  -- ids per LPUSH / keys per EXISTS (well below Lua's unpack 
 
 -- Is any derived id of the flow (its members' F.m<i>, its steps' F.<k>; not F itself)
 -- taken by another job? One EXISTS per CHUNK keys; the first taken id only when one is.
-local function first_taken(f)
+local function first_taken(f, fq)
   local ids = {}
   for k = 0, f.steps - 2 do
     local at = f.st + 6 * k
-    ids[#ids + 1] = {ARGV[at + 1], ARGV[at]}
+    if not f.across or ARGV[at + 1] == fq then ids[#ids + 1] = {ARGV[at + 1], ARGV[at]} end
   end
-  for s = 0, f.n - 1, CHUNK do
-    local keys = {}
-    local last = math.min(s + CHUNK, f.n) - 1
-    local mp = k_job(f.mq, f.id .. '.m')
-    for i = s, last do keys[#keys + 1] = mp .. i end
-    if redis.call('EXISTS', unpack(keys)) > 0 then
-      for i = s, last do
-        if redis.call('EXISTS', keys[i - s + 1]) == 1 then return f.id .. '.m' .. i end
+  local keys, names = {}, {}
+  for i = 0, f.n - 1 do
+    local q = f.mqs[i + 1]
+    if not f.across or q == fq then
+      keys[#keys + 1] = k_job(q, f.id .. '.m' .. i)
+      names[#names + 1] = f.id .. '.m' .. i
+    end
+    if #keys == CHUNK or (i == f.n - 1 and #keys > 0) then
+      if redis.call('EXISTS', unpack(keys)) > 0 then
+        for j = 1, #keys do
+          if redis.call('EXISTS', keys[j]) == 1 then return names[j] end
+        end
       end
+      keys, names = {}, {}
     end
   end
   for _, j in ipairs(ids) do
@@ -89,17 +112,37 @@ for fi, f in ipairs(flows) do
   local fq = ARGV[f.st + 6 * (f.steps - 1) + 1]
   if redis.call('EXISTS', k_job(fq, f.id)) == 1 then
     out[fi] = 0
+    -- Across slots, a flow that has ended: what this copy's parts stored on the other
+    -- queues (jobs the ended flow's retention had dropped) is pending and never started
+    -- by anyone: drop it (flow_apply 'D': pending held jobs only). A running flow's
+    -- pending jobs are left alone (a racing copy of this enqueue may be starting them).
+    if f.across and redis.call('EXISTS', k_flow(fq, f.id)) == 0 then
+      local recs = {}
+      local function drop(q, id)
+        if q == fq then return end
+        if not recs[q] then recs[q] = {'D', f.id, fq} end
+        recs[q][#recs[q] + 1] = id
+      end
+      for i = 0, f.n - 1 do drop(f.mqs[i + 1], f.id .. '.m' .. i) end
+      for k = 0, f.steps - 2 do drop(ARGV[f.st + 6 * k + 1], ARGV[f.st + 6 * k]) end
+      for q, rec in pairs(recs) do flow_outbox(fq, q, f.id .. '|D|' .. q, rec) end
+    end
   else
     local adding, refused = {}, nil
-    if f.n > 0 then adding[f.mq] = f.n end
+    -- Across slots: only the jobs on fq are this call's (here: local).
+    local function here(q) return not f.across or q == fq end
+    for i = 1, f.n do
+      local q = f.mqs[i]
+      if here(q) then adding[q] = (adding[q] or 0) + 1 end
+    end
     local sq = {}
     for k = 0, f.steps - 1 do
       local q = ARGV[f.st + 6 * k + 1]
       sq[#sq + 1] = q
-      adding[q] = (adding[q] or 0) + 1
+      if here(q) then adding[q] = (adding[q] or 0) + 1 end
     end
     -- A derived id (F.m<i>, F.<k>) taken by another job: refused, nothing stored.
-    local taken = first_taken(f)
+    local taken = first_taken(f, fq)
     if taken then refused = 'TYPEDQ_FLOW_ID_TAKEN ' .. taken end
     if limit > 0 and not refused then
       for q, extra in pairs(adding) do
@@ -122,58 +165,75 @@ for fi, f in ipairs(flows) do
         order[q] = redis.call('INCRBY', k_seq(q), extra) - extra
       end
       local fid = f.id
+      local fx = f.across and '1' or nil
       if f.n > 0 then
-        local q, prio = f.mq, f.mprio
-        local mp = k_job(q, fid .. '.m')
-        local o = order[q]
-        local ids = {}
+        local prio = f.mprio
+        local pend = {}  -- per queue: the ids not pushed yet (one LPUSH per CHUNK)
         for i = 0, f.n - 1 do
-          o = o + 1
-          if prio ~= '0' then
-            redis.call('HSET', mp .. i, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now, 'p', prio,
-              's', 'w', 'fl', fid, 'fq', fq, 'fm', i)
-          else
-            redis.call('HSET', mp .. i, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now,
-              's', 'w', 'fl', fid, 'fq', fq, 'fm', i)
-          end
-          ids[#ids + 1] = fid .. '.m' .. i
-          if #ids == CHUNK or i == f.n - 1 then
-            redis.call('LPUSH', k_wait(q, prio), unpack(ids))
-            ids = {}
+          local q = f.mqs[i + 1]
+          if here(q) then
+            local o = order[q] + 1
+            order[q] = o
+            local jk = k_job(q, fid .. '.m' .. i)
+            if fx then
+              redis.call('HSET', jk, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now, 'p', prio,
+                's', 'w', 'fl', fid, 'fq', fq, 'fm', i, 'fx', fx)
+            elseif prio ~= '0' then
+              redis.call('HSET', jk, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now, 'p', prio,
+                's', 'w', 'fl', fid, 'fq', fq, 'fm', i)
+            else
+              redis.call('HSET', jk, 'm', ARGV[f.at + i], 'q', q, 'o', o, 'e', now,
+                's', 'w', 'fl', fid, 'fq', fq, 'fm', i)
+            end
+            local ids = pend[q]
+            if not ids then
+              ids = {}
+              pend[q] = ids
+            end
+            ids[#ids + 1] = fid .. '.m' .. i
+            if #ids == CHUNK then
+              redis.call('LPUSH', k_wait(q, prio), unpack(ids))
+              pend[q] = {}
+            end
+            count(q, 'w', 1)
           end
         end
-        order[q] = o
-        redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
-        count(q, 'w', f.n)
-        work_queues[q] = true
+        for q, ids in pairs(pend) do
+          if #ids > 0 then redis.call('LPUSH', k_wait(q, prio), unpack(ids)) end
+          redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
+          work_queues[q] = true
+        end
       end
       for k = 0, f.steps - 1 do
         local at = f.st + 6 * k
         local id, q, prio = ARGV[at], ARGV[at + 1], ARGV[at + 2]
-        order[q] = order[q] + 1
-        local t = {'m', ARGV[at + 3], 'q', q, 'o', order[q], 'e', now, 'fl', fid, 'fq', fq,
-          'fs', k}
-        if prio ~= '0' then t[#t + 1] = 'p'; t[#t + 1] = prio end
-        -- The flow's own job keeps the flow's shape (for inspect, after the record ends,
-        -- and for a retry that resumes the flow: the steps' queues).
-        if k == f.steps - 1 then
-          for _, v in ipairs({'fS', f.steps, 'fn', f.n, 'fsq', flow_queue_list(sq)}) do
-            t[#t + 1] = v
+        if here(q) then
+          order[q] = order[q] + 1
+          local t = {'m', ARGV[at + 3], 'q', q, 'o', order[q], 'e', now, 'fl', fid, 'fq', fq,
+            'fs', k}
+          if prio ~= '0' then t[#t + 1] = 'p'; t[#t + 1] = prio end
+          if fx then t[#t + 1] = 'fx'; t[#t + 1] = fx end
+          -- The flow's own job keeps the flow's shape (for inspect, after the record ends,
+          -- and for a retry that resumes the flow: the steps' queues).
+          if k == f.steps - 1 then
+            for _, v in ipairs({'fS', f.steps, 'fn', f.n, 'fsq', flow_queue_list(sq)}) do
+              t[#t + 1] = v
+            end
           end
-        end
-        if k == 0 and not f.fan_out then
-          t[#t + 1] = 's'; t[#t + 1] = 'w'
-          redis.call('HSET', k_job(q, id), unpack(t))
-          push_waiting(q, prio, id, false)
-          count(q, 'w', 1)
-          work_queues[q] = true
-        else
-          for _, v in ipairs({'s', 's', 'r', HELD_US, 'mh', ARGV[at + 4], 'mt', ARGV[at + 5]}) do
-            t[#t + 1] = v
+          if k == 0 and not f.fan_out then
+            t[#t + 1] = 's'; t[#t + 1] = 'w'
+            redis.call('HSET', k_job(q, id), unpack(t))
+            push_waiting(q, prio, id, false)
+            count(q, 'w', 1)
+            work_queues[q] = true
+          else
+            for _, v in ipairs({'s', 's', 'r', HELD_US, 'mh', ARGV[at + 4], 'mt', ARGV[at + 5]}) do
+              t[#t + 1] = v
+            end
+            redis.call('HSET', k_job(q, id), unpack(t))
+            redis.call('ZADD', k_sched(q), HELD_US, id)
+            count(q, 's', 1)
           end
-          redis.call('HSET', k_job(q, id), unpack(t))
-          redis.call('ZADD', k_sched(q), HELD_US, id)
-          count(q, 's', 1)
         end
       end
       local pol = 'a'
@@ -182,6 +242,39 @@ for fi, f in ipairs(flows) do
       if f.collector then col = '1' end
       redis.call('HSET', k_flow(fq, fid), 'S', f.steps, 'n', f.n, 'c', f.n, 'col', col,
         'pol', pol, 'mq', f.n > 0 and f.mq or '', 'sq', flow_queue_list(sq))
+      if f.across then
+        redis.call('HSET', k_flow(fq, fid), 'x', '1')
+        -- Start the jobs stored on the other queues: members and a chain's step 0 to
+        -- waiting, every job no longer pending (flow_apply 'a').
+        local starts, recs = {}, {}
+        local function add(q, id, start)
+          local rec = recs[q]
+          if not rec then
+            rec = {}
+            recs[q] = rec
+            starts[q] = 0
+          end
+          if start then
+            starts[q] = starts[q] + 1
+            table.insert(rec, starts[q], id)
+          else
+            rec[#rec + 1] = id
+          end
+        end
+        for i = 0, f.n - 1 do
+          if not here(f.mqs[i + 1]) then add(f.mqs[i + 1], fid .. '.m' .. i, true) end
+        end
+        for k = 0, f.steps - 1 do
+          if not here(sq[k + 1]) then
+            add(sq[k + 1], ARGV[f.st + 6 * k], k == 0 and not f.fan_out)
+          end
+        end
+        for q, rec in pairs(recs) do
+          local packed = {'a', fid, fq, starts[q]}
+          for _, id in ipairs(rec) do packed[#packed + 1] = id end
+          flow_outbox(fq, q, fid .. '|a|' .. q, packed)
+        end
+      end
       if f.fan_out and f.n == 0 then flow_fan_in(fq, fid, f.steps, 0, f.collector, now) end
       out[fi] = 1
     end
@@ -196,4 +289,4 @@ end
 if #digits == m and m > 0 then redis.call('SET', KEYS[2], table.concat(digits), 'PX', REQ_TTL_MS) end
 flush_counts()
 publish()
-return out
+return flow_reply(out)

@@ -1,14 +1,17 @@
 #!lua flags=no-writes
 -- The shape of a flow and where it stands (typedq inspect): {steps, members, members
 -- not settled (-1 once the flow has ended), flow id}, or 0 when the job is no flow's.
--- The id may be the flow's own job's, a step's or a member's.
+-- The id may be the flow's own job's, a step's or a member's. A job of a flow across
+-- slots on another queue than the root's answers {'at', root queue, flow id}: ask
+-- there (the record lives on the root's slot).
 -- KEYS[1] = the job's key
 -- ARGV: P, queue, job id
 if #ARGV ~= 3 or ARGV[2] == '' or ARGV[3] == '' then return bad_args('flow_info') end
 local q, f = ARGV[2], ARGV[3]
 local fq = q
-local link = read_hash(q, f, 'fl', 'fq')
+local link = read_hash(q, f, 'fl', 'fq', 'fx')
 if link and link[1] then f, fq = link[1], link[2] or q end
+if link and link[3] == '1' and fq ~= q then return {'at', fq, f} end
 local meta = redis.call('HMGET', k_flow(fq, f), 'S', 'n', 'c')
 if meta[1] then return {tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3]), f} end
 local shape = read_hash(fq, f, 'fS', 'fn')

@@ -18,4 +18,6 @@ out[#out + 1] = k_events_cfg(q)
 out[#out + 1] = qch(q, 'w')
 out[#out + 1] = qch(q, 'd')
 out[#out + 1] = qch(q, 'x')
+out[#out + 1] = k_outbox(q)
+out[#out + 1] = k_handoff(q, ARGV[4] .. '|m')
 return out

@@ -84,4 +84,4 @@ else
 end
 flush_counts()
 publish()
-return {removed, next_cursor}
+return flow_reply({removed, next_cursor})

@@ -4,13 +4,18 @@
 -- is bumped; past max_stalls the job fails with reason 'stalled', and a job whose
 -- cancel was requested is cancelled.
 -- KEYS[1] = the queue's active zset
+-- Also hands back the queue's outbox entries (flows across slots, see common.lua)
+-- written at least handoff_age_us ago: the caller applies them (their writer died
+-- before it did, or its apply failed).
 -- ARGV: P, queue, limit, max_stalls, completed_ttl_us, completed_max, failed_ttl_us,
---       failed_max, ids the caller holds and renews itself (left alone: see
---       Broker.recover_stalled's `holding`)...
+--       failed_max, handoff_age_us, ids the caller holds and renews itself (left
+--       alone: see Broker.recover_stalled's `holding`)...
+-- Returns the number of jobs recovered (with the hand-offs: see flow_reply).
 local q, limit, max_stalls = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local cttl, ccap, fttl, fcap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local handoff_age = tonumber(ARGV[9])
 if q == '' or not is_int(limit) or limit < 0 or not is_int(max_stalls) or not cttl
-    or not is_int(ccap) or not fttl or not is_int(fcap) or #ARGV < 8 then
+    or not is_int(ccap) or not fttl or not is_int(fcap) or not handoff_age then
   return bad_args('recover')
 end
 local now = now_us()
@@ -25,7 +30,7 @@ if limit > 0 then
   local expired = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. string.format('%d', now),
     'LIMIT', 0, limit)
   local holding = {}
-  for i = 9, #ARGV do holding[ARGV[i]] = true end
+  for i = 10, #ARGV do holding[ARGV[i]] = true end
   for _, id in ipairs(expired) do
     local r = false
     if not holding[id] then
@@ -60,6 +65,7 @@ if limit > 0 then
   end
 end
 push_back_in_order(back)
+flow_outbox_due(q, now, handoff_age, 100)
 flush_counts()
 publish()
-return recovered
+return flow_reply(recovered)

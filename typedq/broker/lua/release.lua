@@ -47,4 +47,4 @@ push_back_in_order(back)
 if touched_x > 0 then trim(q, 'x', now, ttl, cap, touched_x + 100) end
 flush_counts()
 publish()
-return out
+return flow_reply(out)

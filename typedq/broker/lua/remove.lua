@@ -32,4 +32,4 @@ for i = 4, #ARGV do
 end
 flush_counts()
 publish()
-return out
+return flow_reply(out)

@@ -17,10 +17,13 @@ local q = ARGV[2]
 -- results are gone), a step that never ran (retry the one that failed), a job of a
 -- flow that is running (resumed already), or a flow whose later steps are gone.
 local function flow_retry(q, id)
-  local r = read_hash(q, id, 'fl', 'fm', 'fs', 'fq', 'mh')
+  local r = read_hash(q, id, 'fl', 'fm', 'fs', 'fq', 'mh', 'fx')
   if not r or not r[1] then return nil end
   local f, fq = r[1], r[4] or q
   if r[2] or r[5] or not r[3] then return 'in_flow' end
+  -- A flow across slots resumes only from its root's queue, with every later step there.
+  local across = r[6] == '1'
+  if across and fq ~= q then return 'in_flow' end
   local fk = k_flow(fq, f)
   if redis.call('EXISTS', fk) == 1 then return 'in_flow' end
   local shape = read_hash(fq, f, 'fS', 'fn', 'fsq')
@@ -30,6 +33,7 @@ local function flow_retry(q, id)
   local later = {}
   for j = k + 1, steps - 1 do
     local jid, jq = flow_step_id(f, j, steps), sq[j + 1]
+    if across and jq ~= q then return 'in_flow' end
     local s = read_hash(jq, jid, 's', 'mh')
     if not s or (s[1] ~= 'f' and s[1] ~= 'x') or not s[2] then return 'in_flow' end
     later[#later + 1] = {jid, jq, s[1]}
@@ -45,6 +49,7 @@ local function flow_retry(q, id)
   end
   redis.call('HSET', fk, 'S', steps, 'n', tonumber(shape[2]) or 0, 'c', 0, 'col', '0',
     'pol', 'a', 'mq', '', 'sq', shape[3] or '')
+  if across then redis.call('HSET', fk, 'x', '1') end
   return nil
 end
 

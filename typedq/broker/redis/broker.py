@@ -22,6 +22,7 @@ import msgspec
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 from anyio.abc import TaskStatus
+from redis.crc import key_slot
 
 from ...errors import (
     BrokerError,
@@ -83,7 +84,7 @@ from .connection import (
     make_cluster_client,
 )
 from .errors import broker_error, scrub
-from .flows import flow_args, flow_outcome
+from .flows import Handoff, flow_args, flow_outcome, part_args, unwrap
 from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .listener import Notifications
 from .migrate import migrate_layout
@@ -95,6 +96,9 @@ __all__ = ["RedisBroker"]
 #: Bounds of one pipeline of enqueue_batches: scripts, and bytes of job bodies.
 _PIPELINE_SCRIPTS = 32
 _PIPELINE_BYTES = 8 * 1024 * 1024
+#: Seconds an outbox entry (a hand-off of a flow across slots) is left to the call that
+#: wrote it before the reaper pass applies it (see :attr:`RedisBroker.handoff_age`).
+HANDOFF_AGE = 5.0
 
 
 def _request_token() -> str:
@@ -135,6 +139,13 @@ class RedisBroker(ScheduleOps, Broker):
         # Jobs this broker claimed and has not settled: lease token -> (id, queue), so
         # the worker's settles find each job's queue without a search.
         self._held: dict[str, tuple[str, str]] = {}
+        #: Seconds after which the reaper pass (:meth:`recover_stalled`) applies an
+        #: outbox entry of a flow across slots that its writer did not apply (died, or
+        #: its apply failed). Applying one twice changes nothing, so this only spares
+        #: the writer a race with the reaper.
+        self.handoff_age = HANDOFF_AGE
+        # Outbox entries applied and not deleted yet, per queue (see _deliver).
+        self._acks: dict[str, list[str]] = {}
 
     def __repr__(self) -> str:
         return f"RedisBroker({redact_url(self.url)!r}, namespace={self.settings.namespace!r})"
@@ -469,6 +480,10 @@ class RedisBroker(ScheduleOps, Broker):
         return self._memory.saw(info, self._where)
 
     async def close(self) -> None:
+        if self._acks and self._redis is not None:
+            acks, self._acks = self._acks, {}
+            with contextlib.suppress(BrokerError):
+                await self._eval_many(self._ack_calls(acks))
         await self._notes.close()
         for client in (self._sub_client, self._redis):
             if client is not None:
@@ -515,6 +530,13 @@ class RedisBroker(ScheduleOps, Broker):
             self._raise(exc, op)
 
     async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        handoffs: list[Handoff] = []
+        reply = unwrap(await self._eval_one(name, keys, args), handoffs)
+        if handoffs:
+            await self._deliver(handoffs)
+        return reply
+
+    async def _eval_one(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         source, sha = self._scripts[name]
         redis = self._conn()
         execute: Any = redis.execute_command  # untyped in redis-py
@@ -546,12 +568,58 @@ class RedisBroker(ScheduleOps, Broker):
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, calls[0][0])
+        handoffs: list[Handoff] = []
         for i, (reply, (name, keys, args)) in enumerate(zip(replies, calls, strict=True)):
             if isinstance(reply, rexc.NoScriptError):
-                replies[i] = await self._eval(name, keys, args)
+                replies[i] = unwrap(await self._eval_one(name, keys, args), handoffs)
             elif isinstance(reply, Exception):
                 self._raise(reply, name)
+            else:
+                replies[i] = unwrap(reply, handoffs)
+        if handoffs:
+            await self._deliver(handoffs)
         return replies
+
+    async def _deliver(self, handoffs: Sequence[Handoff]) -> None:
+        """Apply the outbox entries of flows across slots on their targets' slots: one
+        ``flow_apply`` per target queue, all in one round trip (the applies' own
+        hand-offs are delivered on the way, by the same path). A failure is logged and
+        leaves the entries to the reaper pass: the settle that wrote them has happened.
+
+        Applied entries are deleted from their outboxes (``flow_ack``) with the next
+        round trip that carries applies, or before the next reaper pass, or at close:
+        deleting is only clean-up (an entry applied again changes nothing), so it adds
+        no round trip of its own to a hand-off."""
+        acks, self._acks = self._acks, {}
+        by_target: dict[str, list[bytes]] = {}
+        for h in handoffs:
+            by_target.setdefault(h.target, []).append(h.record)
+        k = self.keys
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = [
+            ("flow_apply", [k.seq(q)], [k.prefix, q, *records]) for q, records in by_target.items()
+        ]
+        calls += self._ack_calls(acks)
+        try:
+            await self._eval_many(calls)
+        except BrokerError as exc:
+            for home, entries in acks.items():
+                self._acks.setdefault(home, []).extend(entries)
+            log.warning(
+                "%d hand-offs of flows across slots were not applied now (%s); the reaper "
+                "pass applies them",
+                len(handoffs),
+                exc,
+            )
+            return
+        for h in handoffs:
+            self._acks.setdefault(h.home, []).append(h.entry)
+
+    def _ack_calls(
+        self, acks: dict[str, list[str]]
+    ) -> list[tuple[str, Sequence[str], Sequence[Any]]]:
+        """The ``flow_ack`` calls that delete applied outbox entries, one per queue."""
+        k = self.keys
+        return [("flow_ack", [k.outbox(q)], [k.prefix, q, *entries]) for q, entries in acks.items()]
 
     def _retention(self, *, completed: bool) -> tuple[int, int]:
         r = self.settings.retention
@@ -714,32 +782,75 @@ class RedisBroker(ScheduleOps, Broker):
     async def _enqueue_flows_per_slot(
         self, flows: Sequence[FlowSpec]
     ) -> list[EnqueueOutcome | Exception]:
-        """Workflows on Redis Cluster: one script per flow (its own slot), pipelined. A
-        flow whose jobs are on several queues (several slots) is refused with a
-        ConfigError: its hand-off across slots is not built yet."""
-        out: list[EnqueueOutcome | Exception | None] = []
+        """Workflows on Redis Cluster: one script per flow on its own slot, pipelined.
+
+        A flow whose jobs are on queues of several slots (*across*) takes two rounds:
+        first its jobs on every queue but its root's (held and pending, one
+        ``flow_part`` per queue), then its root's part (its own queue's jobs and the
+        flow record), which starts the others through its outbox (delivered on the
+        way, see :meth:`_deliver`). A part refused (``QueueFull``, an id taken) refuses
+        the flow: the root's part is not sent and the pending jobs stored are dropped;
+        so they are when the root's part is refused.
+        """
+        out: list[EnqueueOutcome | Exception | None] = [None] * len(flows)
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
-        at: list[int] = []
-        for spec in flows:
-            queues = {m.queue for m in (*spec.members, *spec.steps)}
-            if len(queues) > 1:
-                out.append(
-                    ConfigError(
-                        f"flow {spec.id!r} has jobs on queues {', '.join(sorted(queues))}: on "
-                        "Redis Cluster every job of a flow must be on one queue (one slot) "
-                        "for now; put its tasks on one queue"
-                    )
-                )
+        at: list[tuple[int, str]] = []  # (flow, queue of its part: '' for a whole flow)
+        across: list[int] = []
+        for i, spec in enumerate(flows):
+            root = spec.steps[-1].queue
+            queues = dict.fromkeys(m.queue for m in (*spec.members, *spec.steps))
+            slots = {self._slot(q) for q in queues}
+            if len(slots) == 1:
+                args, _ = flow_args(spec)
+                at.append((i, ""))
+                calls.append(self._flow_call([spec], args))
                 continue
-            args, _ = flow_args(spec)
-            at.append(len(out))
-            out.append(None)
-            calls.append(self._flow_call([spec], args))
+            across.append(i)
+            for q in queues:
+                if q != root:
+                    head = [self.keys.prefix, self.settings.max_queue_length]
+                    at.append((i, q))
+                    calls.append(("flow_part", [self.keys.seq(q)], head + part_args(spec, q)))
+        stored: dict[int, list[str]] = {}  # flow -> queues where its parts stored jobs
         if calls:
             replies = await self._eval_many(calls)
-            for i, reply in zip(at, replies, strict=True):
+            for (i, q), reply in zip(at, replies, strict=True):
+                if not q:
+                    out[i] = flow_outcome(flows[i], reply[0])
+                elif isinstance(reply, bytes | str):
+                    if out[i] is None:
+                        out[i] = flow_outcome(flows[i], reply)
+                elif int(reply) == 1:
+                    stored.setdefault(i, []).append(q)
+        roots = [i for i in across if out[i] is None]
+        if roots:
+            replies = await self._eval_many(
+                [self._flow_call([flows[i]], flow_args(flows[i], across=True)[0]) for i in roots]
+            )
+            for i, reply in zip(roots, replies, strict=True):
                 out[i] = flow_outcome(flows[i], reply[0])
+        # Refused: drop what its parts stored (held and pending: nothing of it ran).
+        drops = [
+            (q, self._drop_record(flows[i], q))
+            for i in across
+            if isinstance(out[i], Exception)
+            for q in stored.get(i, [])
+        ]
+        if drops:
+            await self._eval_many(
+                [("flow_apply", [self.keys.seq(q)], [self.keys.prefix, q, rec]) for q, rec in drops]
+            )
         return [o for o in out if o is not None]
+
+    def _slot(self, queue: str) -> int:
+        """The cluster slot of ``queue``'s keys."""
+        return int(key_slot(self.keys.seq(queue).encode()))
+
+    @staticmethod
+    def _drop_record(spec: FlowSpec, queue: str) -> bytes:
+        """The ``flow_apply`` record that drops the pending jobs of ``spec`` on ``queue``."""
+        ids = [m.id for m in (*spec.members, *spec.steps) if m.queue == queue]
+        return msgspec.msgpack.encode(["D", spec.id, spec.steps[-1].queue, *ids])
 
     async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
         (where,) = await self._queues_of([flow_id], queue)
@@ -748,6 +859,12 @@ class RedisBroker(ScheduleOps, Broker):
         reply = await self._eval(
             "flow_info", [self.keys.job(where, flow_id)], [self.keys.prefix, where, flow_id]
         )
+        if isinstance(reply, list) and reply and reply[0] == b"at":
+            # A job of a flow across slots: its record is on its root's slot.
+            root, flow_id = text(reply[1]), text(reply[2])
+            reply = await self._eval(
+                "flow_info", [self.keys.job(root, flow_id)], [self.keys.prefix, root, flow_id]
+            )
         if not isinstance(reply, list):
             return None
         steps, members, pending = (int(v) for v in reply[:3])
@@ -1273,20 +1390,25 @@ class RedisBroker(ScheduleOps, Broker):
         mine = sorted(set(holding))  # read now, after the await (see the base class)
         if not queues:
             return 0
+        # Applied hand-offs are deleted first (same pipeline, in order on each node), so
+        # this pass does not hand them back again.
+        acks, self._acks = self._acks, {}
+        deletes = self._ack_calls(acks)
         replies = await self._eval_many(
-            [
+            deletes
+            + [
                 (
                     "recover",
                     [k.active(q)],
                     [
                         *(k.prefix, q, max(0, limit), self.settings.max_stalls),
-                        *(cttl, ccap, fttl, fcap, *mine),
+                        *(cttl, ccap, fttl, fcap, us(self.handoff_age), *mine),
                     ],
                 )
                 for q in queues
             ]
         )
-        return sum(int(r) for r in replies)
+        return sum(int(r) for r in replies[len(deletes) :])
 
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         k = self.keys
