@@ -78,16 +78,21 @@ local function first_taken(f)
         if redis.call('EXISTS', keys[i - s + 1]) == 1 then return f.id .. '.m' .. i end
       end
     end
+    -- A waiting entry has no key: its id is in the queue's index (see keys.py).
+    for i = s, last do
+      local id = f.id .. '.m' .. i
+      if redis.call('HEXISTS', k_idx(f.mq, id), id) == 1 then return id end
+    end
   end
   for _, j in ipairs(ids) do
-    if redis.call('EXISTS', k_job(j[1], j[2])) == 1 then return j[2] end
+    if job_exists(j[1], j[2]) then return j[2] end
   end
   return nil
 end
 
 for fi, f in ipairs(flows) do
   local fq = ARGV[f.st + 6 * (f.steps - 1) + 1]
-  if redis.call('EXISTS', k_job(fq, f.id)) == 1 then
+  if job_exists(fq, f.id) then
     out[fi] = 0
   else
     local adding, refused = {}, nil
