@@ -338,7 +338,20 @@ if limit > 0 then
         redis.call('ZADD', gk, opens, gate)
       else
         local back = {}
-        for _, e in ipairs(redis.call('RPOP', lk, n) or {}) do
+        -- A counted stale entry (its job was cancelled or removed while parked) is
+        -- consumed here and admits nothing: the gate gives back another in its place.
+        local popped, want = {}, n
+        while want > 0 do
+          local got = redis.call('RPOP', lk, want)
+          if not got then break end
+          want = 0
+          for _, e in ipairs(got) do
+            local prio, id = string.match(e, '^(%-?%d+)|(.*)$')
+            if prio and take_stale(q, prio, id) then want = want + 1
+            else popped[#popped + 1] = e end
+          end
+        end
+        for _, e in ipairs(popped) do
           local prio, id = string.match(e, '^(%-?%d+)|(.*)$')
           if prio then
             -- A job that left waiting meanwhile goes back as a dead entry, first (its
