@@ -176,7 +176,7 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
         assert await raw.hget(k.index("q", "a"), "a") == b"1"
         assert await raw.hget(k.index("other", "c"), "c") == b"2"
         # The cancelled job's entry stays behind as '|' (no stale count): a's is live.
-        entries = await raw.lrange(k.waiting("q", 0), 0, -1)
+        entries: list[bytes] = await raw.lrange(k.waiting("q", 0), 0, -1)
         assert entries[0] == b"|"
         assert entries[1].startswith(b"a|1|")
         epoch = await raw.get(k.epoch)
@@ -199,12 +199,14 @@ async def test_a_waiting_job_is_one_list_entry_until_claimed(url: str) -> None:
         key = broker.keys.job("q", m.id)
         await broker.enqueue([m])
         assert await raw.type(key) == b"none"
-        (entry,) = await raw.lrange(broker.keys.waiting("q", 0), 0, -1)
+        entries: list[bytes] = await raw.lrange(broker.keys.waiting("q", 0), 0, -1)
+        (entry,) = entries
         # '<id>|<order>|<enqueued_at>|<run_at>|<body>': the list names the queue and the
         # priority; the body does not repeat the id.
         head, body = entry.split(b"||", 1)
         job_id, order, enqueued = head.split(b"|")
         assert (job_id, order) == (m.id.encode(), b"1")
+        assert int(enqueued) / 1e6 == pytest.approx(time.time(), abs=60)
         assert m.id.encode() not in body
         assert await raw.hget(broker.keys.index("q", m.id), m.id) == b"1"
         (record,) = await broker.get([m.id])
@@ -613,7 +615,7 @@ async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(url: str) -> 
         assert isinstance(entry, bytes)
         assert entry.startswith(bad_body.id.encode() + b"|")
         header = entry.split(b"||", 1)[0] + b"||"
-        await raw.lset(waiting, 0, header + b"\x93garbage")
+        await raw.lset(waiting, 0, header + b"\x93garbage")  # type: ignore[arg-type]
         # A waiting job string of the previous layout (a bare id in the list) replaced
         # by bytes that are no job record at all.
         bad_key = "junk-2"

@@ -249,7 +249,10 @@ class Keys:
     def index(self, queue: str, job_id: str) -> str:
         """The bucket of ``queue``'s waiting index that holds ``job_id``: a small hash
         (a listpack) picked by the first 16 bits of the SHA1 of the id."""
-        bucket = int(hashlib.sha1(job_id.encode(), usedforsecurity=False).hexdigest()[:4], 16) % INDEX_BUCKETS
+        bucket = (
+            int(hashlib.sha1(job_id.encode(), usedforsecurity=False).hexdigest()[:4], 16)
+            % INDEX_BUCKETS
+        )
         return f"{self.queue_prefix(queue)}i:{bucket}"
 
     def levels(self, queue: str) -> str:
