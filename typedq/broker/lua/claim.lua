@@ -431,13 +431,13 @@ local function activate_entry(v, q, prio)
     ok, slot = admit(id, q, prio, f.m)
     if not ok then
       -- Parked: a gate lists '<prio>|<id>', so the job keeps a job string meanwhile.
-      redis.call('HDEL', k_idx(q, id), id)
+      redis.call('HDEL', f.ik, id)
       redis.call('SET', k_job(q, id), pack_rec({s = 'w', o = f.o, e = f.e, p = prio ~= '0' and prio,
         r = false, m = f.m}))
       return
     end
   end
-  redis.call('HDEL', k_idx(q, id), id)
+  redis.call('HDEL', f.ik, id)
   claimed = claimed + 1
   local tok = token .. '.' .. claimed
   local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', 1, 't', tok,

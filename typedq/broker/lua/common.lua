@@ -171,9 +171,11 @@ end
 
 local function is_bare(v) return not string.find(v, '|', 1, true) end
 
--- Is entry `f` (parse_entry) of level `prio` of queue `q` its job's live entry?
+-- Is entry `f` (parse_entry) of level `prio` of queue `q` its job's live entry? Keeps
+-- its index bucket's name in f.ik (one SHA1 per entry).
 local function entry_live(q, prio, f)
-  return redis.call('HGET', k_idx(q, f.id), f.id) == idx_val(f.o, prio)
+  f.ik = k_idx(q, f.id)
+  return redis.call('HGET', f.ik, f.id) == idx_val(f.o, prio)
 end
 
 -- Store a waiting job as its entry (the tail of its level; LPUSH, like push_waiting).

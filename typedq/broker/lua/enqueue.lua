@@ -36,8 +36,9 @@ for i = 0, n - 1 do
   local b = 4 + 6 * i
   local id, q = ARGV[b], ARGV[b + 1]
   local key = q .. '|' .. id
-  if not seen[key] and not job_exists(q, id) then
-    new[i] = true
+  local ik = not seen[key] and redis.call('EXISTS', k_job(q, id)) == 0 and k_idx(q, id)
+  if ik and redis.call('HEXISTS', ik, id) == 0 then
+    new[i] = ik  -- the id's index bucket (one SHA1 per job)
     fresh = fresh + 1
     adding[q] = (adding[q] or 0) + 1
   end
@@ -58,6 +59,7 @@ local orders = {}
 for q, extra in pairs(adding) do orders[q] = redis.call('INCRBY', k_seq(q), extra) - extra end
 local out = {}
 local lists, list_order = {}, {}
+local now_text = int_text(now)
 for i = 0, n - 1 do
   local b = 4 + 6 * i
   if new[i] then
@@ -81,8 +83,9 @@ for i = 0, n - 1 do
         lists[lk] = l
         list_order[#list_order + 1] = {lk, q, prio}
       end
-      l[#l + 1] = pack_entry(id, order, now, ARGV[b + 5])
-      redis.call('HSET', k_idx(q, id), id, idx_val(order, prio))
+      local o = int_text(order)
+      l[#l + 1] = pack_entry(id, o, now_text, ARGV[b + 5])
+      redis.call('HSET', new[i], id, idx_val(o, prio))
       count(q, 'w', 1)
     end
     work_queues[q] = true

@@ -51,7 +51,7 @@ if state == 'w' then
         if not is_bare(id) then
           local f = parse_entry(id)
           if f and entry_live(q, t[1], f) then
-            redis.call('HDEL', k_idx(q, f.id), f.id)
+            redis.call('HDEL', f.ik, f.id)
             count(q, state, -1)
             removed = removed + 1
             note_done(q, f.id)
