@@ -242,7 +242,8 @@ async def test_every_envelope_field_survives_each_form(url: str) -> None:
         assert records[2] is not None
         assert records[2].run_at == pytest.approx(at.eta, abs=1e-3)
         await anyio.sleep(0.3)
-        # The scheduled job string is promoted (still a string) and claimed first (priority 3).
+        # The scheduled job string is promoted (a waiting entry now) and claimed first
+        # (priority 3).
         jobs = await broker.claim(["q"], 5, worker_id="w", lease=30)
         assert [j.message for j in jobs] == [scheduled, waiting]
         assert {j.message.id: j.message.priority for j in jobs} == {"s1": 3, "w1": -2}
@@ -304,6 +305,60 @@ async def test_entries_job_strings_and_job_hashes_wait_in_one_queue(url: str) ->
         left = {key.decode() async for key in raw.scan_iter("tq:{*")}
         left = {key for key in left if ":r:" not in key}  # request records (60 s)
         assert left == {k.seq("q"), k.queue_epoch("q"), k.counts("q")}
+
+
+async def test_waiting_entries_are_found_wherever_hand_backs_and_levels_put_them(
+    url: str,
+) -> None:
+    """get, cancel and remove find a waiting entry by its order: by interpolation in a
+    list of dense orders, by binary search where other levels' orders leave gaps, by a
+    scan where hand-backs (bare ids at the head) stop the search. Every path answers the
+    job's own body and time, and the claim order stays FIFO."""
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        first = [bench_like(f"a{i}", fingerprint=f"fa{i}") for i in range(300)]
+        await broker.enqueue(first)
+        # 100 claimed and handed back: job hashes, bare ids at the head, in their order.
+        claimed = await broker.claim(["q"], 100, worker_id="w", lease=30)
+        outcomes = await broker.release([Release(j.message.id, j.token) for j in claimed])
+        assert outcomes == [FinishOutcome.OK] * 100
+        # Jobs of two levels in turn: each level's orders have gaps.
+        mixed = [
+            bench_like(f"b{i}", priority=2 * (i % 2), fingerprint=f"fb{i}")
+            for i in range(400)
+        ]
+        await broker.enqueue(mixed)
+        levels = await raw.lrange(k.waiting("q", 0), 0, -1)
+        assert len(levels) == 300 + 200
+        assert levels[-1] == b"a0"  # handed back: a bare id, the job a hash
+        # Every job read back whole, wherever its entry is.
+        every = first + mixed
+        records = await broker.get([m.id for m in every], queue="q")
+        assert [r.message if r else None for r in records] == every
+        assert all(r is not None and r.state is JobState.WAITING for r in records)
+        times = {r.message.id: r.enqueued_at for r in records if r is not None}
+        assert len(set(times.values())) == 2  # two enqueue calls
+        # Cancel and remove from the middle of each kind of stretch.
+        gone = ["a50", "a150", "a299", "b1", "b200", "b399"]
+        for job_id in gone[:3]:
+            assert await broker.cancel(job_id, queue="q") is CancelOutcome.CANCELLED
+        assert await broker.remove(gone[3:], queue="q") == [True] * 3
+        (cancelled,) = await broker.get(["a150"], queue="q")
+        assert cancelled is not None
+        assert cancelled.state is JobState.CANCELLED
+        assert cancelled.message == first[150]
+        assert cancelled.enqueued_at == times["a150"]
+        # The claim order: level 2 first, then level 0, each in enqueue order.
+        order = [m.id for m in mixed if m.priority == 2]
+        order += [m.id for m in first] + [m.id for m in mixed if m.priority == 0]
+        order = [i for i in order if i not in gone]
+        jobs = await broker.claim(["q"], 1000, worker_id="w", lease=30)
+        assert [j.message.id for j in jobs] == order
+        by_id = {m.id: m for m in every}
+        assert all(j.message == by_id[j.message.id] for j in jobs)
+        counts = await broker.counts("q")
+        assert (counts[JobState.WAITING], counts[JobState.ACTIVE]) == (0, len(order))
+        assert (counts[JobState.CANCELLED], await raw.exists(k.waiting("q", 0))) == (3, 0)
 
 
 async def test_a_stale_entry_never_claims_a_job_from_another_queue(url: str) -> None:

@@ -136,8 +136,8 @@ Memory of a waiting job (docs/brokers.md has the figures): its waiting entry in 
 level list (~190 bytes for a 100-byte payload) and ~35 bytes in a listpack bucket of the
 index, instead of a key per job (~315 bytes as a job string, ~700 as a hash whose body is
 over ``hash-max-listpack-value``). Reading a waiting entry job's body (``get``, cancel)
-finds its entry by a binary search on the order (O(log n) calls); its state and dedup
-by id read the index only.
+finds its entry by its order (interpolation, else binary search: O(log n) calls); its
+state and dedup by id read the index only.
 
 The job string (one key, no hash)::
 
