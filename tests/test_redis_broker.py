@@ -324,8 +324,7 @@ async def test_waiting_entries_are_found_wherever_hand_backs_and_levels_put_them
         assert outcomes == [FinishOutcome.OK] * 100
         # Jobs of two levels in turn: each level's orders have gaps.
         mixed = [
-            bench_like(f"b{i}", priority=2 * (i % 2), fingerprint=f"fb{i}")
-            for i in range(400)
+            bench_like(f"b{i}", priority=2 * (i % 2), fingerprint=f"fb{i}") for i in range(400)
         ]
         await broker.enqueue(mixed)
         levels = await raw.lrange(k.waiting("q", 0), 0, -1)
