@@ -234,7 +234,7 @@ local function find_entry(q, prio, o, id)
     end
   end
   for s = 0, n - 1, 1000 do
-    for j, v in ipairs(redis.call('LRANGE', lk, s, s + 999)) do
+    for j, v in ipairs(lrange_near(lk, n, s, s + 999)) do
       if string.sub(v, 1, #prefix) == prefix then return s + j - 1, v end
     end
   end
