@@ -133,7 +133,7 @@ default values left out; the id and the queue (from the key) complete it into th
 JobMessage. Old records that hold a whole encoded JobMessage are still read.
 
 Memory of a waiting job (docs/brokers.md has the figures): its waiting entry in the
-level list (~190 bytes for a 100-byte payload) and ~35 bytes in a listpack bucket of the
+level list (~200 bytes for a 100-byte payload) and ~37 bytes in a listpack bucket of the
 index, instead of a key per job (~315 bytes as a job string, ~700 as a hash whose body is
 over ``hash-max-listpack-value``). Reading a waiting entry job's body (``get``, cancel)
 finds its entry by its order (interpolation, else binary search: O(log n) calls); its
