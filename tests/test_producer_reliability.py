@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from tests.support import TEST_DEADLINE, In, Out, count
 from typedq import App, InvalidOption, JobState, PartialEnqueue, QueueFull
 from typedq.broker.base import JobMessage
+from typedq.broker.keys import Keys
 from typedq.options import MAX_PRIORITY, MIN_PRIORITY
 
 pytestmark = pytest.mark.anyio
@@ -296,10 +297,19 @@ async def test_a_job_id_with_colons_works(broker_url: str, app_name: str) -> Non
             if broker_url.startswith("redis://"):
                 raw = aioredis.Redis.from_url(broker_url)
                 try:
-                    # The id ends the key, after the queue's hash tag.
-                    assert await raw.exists(f"tq:{{{app_name}:default}}order:123") == 1
+                    # Waiting: a field of the queue's waiting index (no key of its own).
+                    index = Keys(app_name).index("default", "order:123")
+                    assert await raw.hexists(index, "order:123")
                 finally:
                     await raw.aclose()
             async with app.worker(concurrency=1):
                 assert await job.result(timeout=TEST_DEADLINE) == Out(7)
             assert await echo.job("order:123").status() is JobState.COMPLETED
+            if broker_url.startswith("redis://"):
+                raw = aioredis.Redis.from_url(broker_url)
+                try:
+                    # Claimed, the job is a key: the id ends it, after the queue's hash tag.
+                    assert await raw.exists(f"tq:{{{app_name}:default}}order:123") == 1
+                    assert not await raw.hexists(index, "order:123")
+                finally:
+                    await raw.aclose()

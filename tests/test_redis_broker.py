@@ -37,6 +37,7 @@ from typedq.broker.base import (
 )
 from typedq.broker.redis import CONNECT_TIMEOUT, RETRIES, SOCKET_TIMEOUT, RedisBroker
 from typedq.broker.redis import health as redis_health
+from typedq.broker.redis.codec import encode_body
 from typedq.errors import FailureRecord
 from typedq.names import new_job_id
 from typedq.task import DEFAULT_QUEUE
@@ -113,6 +114,7 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.queue_epoch("q1"),
             k.flow("q1", "job-1"),
             k.worker("job-1"),
+            k.index("q1", "job-1"),
             k.gates("q1"),
             k.gate("q1", "c|t1|k:1"),
             k.rate("q1", "t1", "k:1"),
@@ -151,13 +153,12 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.seq("other"),
             k.active("other"),
             k.done("q", "x"),
-            k.job("q", "a"),
+            k.index("q", "a"),
             k.job("other", "b"),
-            k.job("other", "c"),
+            k.index("other", "c"),
             k.job("q", "d"),
             k.levels("q"),
             k.waiting("q", 0),
-            k.stale("q"),
             k.levels("other"),
             k.waiting("other", 0),
             k.counts("q"),
@@ -168,13 +169,18 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
         assert await raw.smembers(k.queues) == {b"q", b"other"}
         for key in keys - {k.epoch, k.queues}:
             assert key.startswith(("tq:{layout:q}", "tq:{layout:other}"))
-        # Jobs no worker has claimed are strings; the claimed one is a hash.
+        # Waiting jobs are entries of their level list (no key of their own, their ids in
+        # the index); the claimed and the cancelled one are hashes.
         assert job.message.id == "b"
         queue_of = {"a": "q", "b": "other", "c": "other", "d": "q"}
         types = {i: await raw.type(k.job(queue_of[i], i)) for i in "abcd"}
-        assert types == {"a": b"string", "b": b"hash", "c": b"string", "d": b"hash"}
-        # The cancelled job's list entry stays behind, counted as stale.
-        assert await raw.hgetall(k.stale("q")) == {b"0|d": b"1"}
+        assert types == {"a": b"none", "b": b"hash", "c": b"none", "d": b"hash"}
+        assert await raw.hget(k.index("q", "a"), "a") == b"1"
+        assert await raw.hget(k.index("other", "c"), "c") == b"2"
+        # The cancelled job's entry stays behind as '|' (no stale count): a's is live.
+        entries = [e for e in await raw.lrange(k.waiting("q", 0), 0, -1) if isinstance(e, bytes)]
+        assert entries[0] == b"|"
+        assert entries[1].startswith(b"a|1|")
         epoch = await raw.get(k.epoch)
         assert isinstance(epoch, bytes)
         assert epoch.count(b"-") == 1
@@ -189,21 +195,22 @@ def bench_like(job_id: str, **fields: Any) -> JobMessage:
     return JobMessage(id=job_id, payload=payload, **fields)
 
 
-async def test_a_job_is_one_compact_string_until_claimed(url: str) -> None:
+async def test_a_waiting_job_is_one_list_entry_until_claimed(url: str) -> None:
     async with broker_at(url) as broker, raw_redis(url) as raw:
         m = bench_like(new_job_id())
         key = broker.keys.job("q", m.id)
         await broker.enqueue([m])
-        assert await raw.type(key) == b"string"
-        text = await raw.get(key)
-        assert isinstance(text, bytes)
-        assert text.startswith(b"w|")  # the key names the queue; the record does not
-        assert m.id.encode() not in text  # the key names the job; the body does not repeat it
-        # ~280 bytes; the same job as a hash (its envelope over hash-max-listpack-value,
-        # so hashtable-encoded) took ~690.
-        size = await raw.memory_usage(key)
-        assert size is not None
-        assert size <= 320
+        assert await raw.type(key) == b"none"
+        listed = await raw.lrange(broker.keys.waiting("q", 0), 0, -1)
+        (entry,) = [e for e in listed if isinstance(e, bytes)]
+        # '<id>|<order>|<enqueued_at>|<run_at>|<body>': the list names the queue and the
+        # priority; the body does not repeat the id.
+        head, body = entry.split(b"||", 1)
+        job_id, order, enqueued = head.split(b"|")
+        assert (job_id, order) == (m.id.encode(), b"1")
+        assert int(enqueued) / 1e6 == pytest.approx(time.time(), abs=60)
+        assert m.id.encode() not in body
+        assert await raw.hget(broker.keys.index("q", m.id), m.id) == b"1"
         (record,) = await broker.get([m.id])
         assert record is not None
         assert record.message == m
@@ -237,7 +244,8 @@ async def test_every_envelope_field_survives_each_form(url: str) -> None:
         assert records[2] is not None
         assert records[2].run_at == pytest.approx(at.eta, abs=1e-3)
         await anyio.sleep(0.3)
-        # The scheduled job string is promoted (still a string) and claimed first (priority 3).
+        # The scheduled job string is promoted (a waiting entry now) and claimed first
+        # (priority 3).
         jobs = await broker.claim(["q"], 5, worker_id="w", lease=30)
         assert [j.message for j in jobs] == [scheduled, waiting]
         assert {j.message.id: j.message.priority for j in jobs} == {"s1": 3, "w1": -2}
@@ -268,19 +276,90 @@ async def test_cancelling_a_job_string_leaves_a_job_hash(url: str) -> None:
         assert [j.message.id for j in jobs] == ["s1", "w1"]
 
 
-async def test_job_strings_and_job_hashes_wait_in_one_queue(url: str) -> None:
+async def test_entries_job_strings_and_job_hashes_wait_in_one_queue(url: str) -> None:
     async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
         await broker.enqueue([message(f"j{i}") for i in range(4)])
         (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
         await broker.release([Release("j0", first.token)])  # a hash again at the head
-        types = [await raw.type(broker.keys.job("q", f"j{i}")) for i in range(4)]
-        assert types == [b"hash", b"string", b"string", b"string"]
-        assert await broker.list_jobs("q", JobState.WAITING) == ["j0", "j1", "j2", "j3"]
-        assert await broker.remove(["j0", "j2"], states=[JobState.WAITING]) == [True, True]
+        # A waiting job string with a bare entry, as versions before waiting entries wrote.
+        body = encode_body(message("j4"))
+        await raw.set(k.job("q", "j4"), b"w|9|1700000000000000|||" + body)
+        await raw.lpush(k.waiting("q", 0), "j4")
+        await raw.hincrby(k.counts("q"), "w", 1)
+        types = [await raw.type(k.job("q", f"j{i}")) for i in range(5)]
+        assert types == [b"hash", b"none", b"none", b"none", b"string"]
+        waiting = ["j0", "j1", "j2", "j3", "j4"]
+        assert await broker.list_jobs("q", JobState.WAITING) == waiting
+        records = await broker.get(waiting, queue="q")
+        assert [r.message if r else None for r in records] == [message(i) for i in waiting]
+        assert [r.state if r else None for r in records] == [JobState.WAITING] * 5
+        assert records[4] is not None
+        assert records[4].enqueued_at == 1_700_000_000
+        removed = await broker.remove(["j0", "j2", "j4"], states=[JobState.WAITING])
+        assert removed == [True, True, True]
         assert await broker.list_jobs("q", JobState.WAITING) == ["j1", "j3"]
         assert await broker.purge("q", [JobState.WAITING]) == 2
-        assert await broker.get(["j0", "j1", "j2", "j3"]) == [None] * 4
+        assert await broker.get(["j0", "j1", "j2", "j3", "j4"]) == [None] * 5
         assert sum((await broker.counts("q")).values()) == 0
+        # Nothing left behind: no index, no list, no stale counts that outlive a claim.
+        assert await broker.claim(["q"], 10, worker_id="w", lease=30) == []
+        left = {key.decode() async for key in raw.scan_iter("tq:{*")}
+        left = {key for key in left if ":r:" not in key}  # request records (60 s)
+        assert left == {k.seq("q"), k.queue_epoch("q"), k.counts("q")}
+
+
+async def test_waiting_entries_are_found_wherever_hand_backs_and_levels_put_them(
+    url: str,
+) -> None:
+    """get, cancel and remove find a waiting entry by its order: by interpolation in a
+    list of dense orders, by binary search where other levels' orders leave gaps, by a
+    scan where hand-backs (bare ids at the head) stop the search. Every path answers the
+    job's own body and time, and the claim order stays FIFO."""
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        first = [bench_like(f"a{i}", fingerprint=f"fa{i}") for i in range(300)]
+        await broker.enqueue(first)
+        # 100 claimed and handed back: job hashes, bare ids at the head, in their order.
+        claimed = await broker.claim(["q"], 100, worker_id="w", lease=30)
+        outcomes = await broker.release([Release(j.message.id, j.token) for j in claimed])
+        assert outcomes == [FinishOutcome.OK] * 100
+        # Jobs of two levels in turn: each level's orders have gaps.
+        mixed = [
+            bench_like(f"b{i}", priority=2 * (i % 2), fingerprint=f"fb{i}") for i in range(400)
+        ]
+        await broker.enqueue(mixed)
+        levels = await raw.lrange(k.waiting("q", 0), 0, -1)
+        assert len(levels) == 300 + 200
+        assert levels[-1] == b"a0"  # handed back: a bare id, the job a hash
+        # Every job read back whole, wherever its entry is.
+        every = first + mixed
+        records = await broker.get([m.id for m in every], queue="q")
+        assert [r.message if r else None for r in records] == every
+        assert all(r is not None and r.state is JobState.WAITING for r in records)
+        times = {r.message.id: r.enqueued_at for r in records if r is not None}
+        assert len(set(times.values())) == 2  # two enqueue calls
+        # Cancel and remove from the middle of each kind of stretch.
+        gone = ["a50", "a150", "a299", "b1", "b200", "b399"]
+        for job_id in gone[:3]:
+            assert await broker.cancel(job_id, queue="q") is CancelOutcome.CANCELLED
+        assert await broker.remove(gone[3:], queue="q") == [True] * 3
+        (cancelled,) = await broker.get(["a150"], queue="q")
+        assert cancelled is not None
+        assert cancelled.state is JobState.CANCELLED
+        assert cancelled.message == first[150]
+        assert cancelled.enqueued_at == times["a150"]
+        # The claim order: level 2 first, then level 0, each in enqueue order.
+        order = [m.id for m in mixed if m.priority == 2]
+        order += [m.id for m in first] + [m.id for m in mixed if m.priority == 0]
+        order = [i for i in order if i not in gone]
+        jobs = await broker.claim(["q"], 1000, worker_id="w", lease=30)
+        assert [j.message.id for j in jobs] == order
+        by_id = {m.id: m for m in every}
+        assert all(j.message == by_id[j.message.id] for j in jobs)
+        counts = await broker.counts("q")
+        assert (counts[JobState.WAITING], counts[JobState.ACTIVE]) == (0, len(order))
+        assert (counts[JobState.CANCELLED], await raw.exists(k.waiting("q", 0))) == (3, 0)
 
 
 async def test_a_stale_entry_never_claims_a_job_from_another_queue(url: str) -> None:
@@ -585,24 +664,30 @@ async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(url: str) -> 
         assert await raw.type(keys.job(DEFAULT_QUEUE, bad_field.id)) == b"hash"
         await raw.hset(keys.job(DEFAULT_QUEUE, bad_field.id), "m", b"\xc1\xff not msgpack")
         before = await record.enqueue_many([Item(n=i) for i in range(5)])
-        # A job string with a well-formed header and a garbage body.
+        # A waiting entry with a well-formed header and a garbage body.
         bad_body = await record.enqueue(Item(n=102))
-        text = await raw.get(keys.job(DEFAULT_QUEUE, bad_body.id))
-        assert isinstance(text, bytes)
-        header = b"|".join(text.split(b"|")[:6]) + b"|"
-        await raw.set(keys.job(DEFAULT_QUEUE, bad_body.id), header + b"\x93garbage")
-        # A job string replaced by bytes that are no job record at all.
-        bad_key = await record.enqueue(Item(n=101))
-        await raw.set(keys.job(DEFAULT_QUEUE, bad_key.id), b"\x80garbage")
-        # Ids pushed straight into the queue: one with no job, one with junk bytes.
+        waiting = keys.waiting(DEFAULT_QUEUE, 0)
+        entry = await raw.lindex(waiting, 0)
+        assert isinstance(entry, bytes)
+        assert entry.startswith(bad_body.id.encode() + b"|")
+        header = entry.split(b"||", 1)[0] + b"||"
+        await raw.lset(waiting, 0, header + b"\x93garbage")  # type: ignore[arg-type]
+        # A waiting job string of the previous layout (a bare id in the list) replaced
+        # by bytes that are no job record at all.
+        bad_key = "junk-2"
+        await raw.set(keys.job(DEFAULT_QUEUE, bad_key), b"\x80garbage")
+        await raw.lpush(waiting, bad_key)
+        await raw.hincrby(keys.counts(DEFAULT_QUEUE), "w", 1)
+        # Ids pushed straight into the queue: one with no job, one with junk bytes, and
+        # entries that are not even that.
         await raw.set(keys.job(DEFAULT_QUEUE, "junk-1"), b"{not a job")
-        await raw.lpush(keys.waiting(DEFAULT_QUEUE, 0), "ghost-1", "junk-1")
+        await raw.lpush(waiting, "ghost-1", "junk-1", "|", "ghost-2|x|y")
         assert (await broker.get([bad_body.id]))[0] is not None
-        assert await broker.get([bad_key.id]) == [None]
+        assert await broker.get([bad_key]) == [None]
         async with app.worker(concurrency=4):
             for job in before:
                 await job.result(timeout=10)
-            for job_id in (bad_field.id, bad_body.id, bad_key.id, "junk-1"):
+            for job_id in (bad_field.id, bad_body.id, bad_key, "junk-1"):
                 with pytest.raises(JobFailed) as failed:
                     await record.job(job_id).result(timeout=10)
                 assert failed.value.reason is FailureReason.DECODE_ERROR

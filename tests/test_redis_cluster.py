@@ -109,15 +109,16 @@ async def test_a_partitioned_queue_spreads_its_jobs_over_every_primary(
     assert by_partition == set(app.queues)  # 64 ids reach all 8 partitions
     on = await keys_per_primary(redis_cluster)
     keys = Keys("parted")
+    # A waiting job is an entry of its partition's list, its id in that partition's index.
     holders = {
         port
         for port, names in on.items()
         for job in jobs
-        if keys.job(send.queue_for(job.id), job.id) in names
+        if keys.index(send.queue_for(job.id), job.id) in names
     }
     assert holders == set(on)  # every primary holds some of the queue's jobs
     found = sum(
-        keys.job(send.queue_for(j.id), j.id) in names for j in jobs for names in on.values()
+        keys.index(send.queue_for(j.id), j.id) in names for j in jobs for names in on.values()
     )
     assert found == 64  # each job once, on the primary of its partition's slot
 

@@ -31,15 +31,32 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
     Q a                   zset     active ids -> lease deadline (µs, Redis clock)
     Q d:c|d:f|d:x         zset     id -> finished_at (µs): completed / failed / cancelled,
                                    for retention by age and count (per queue)
-    J <id>                string   a job no worker has claimed yet (waiting or scheduled
-                                   since enqueue): the compact record below
+    J <id>                string   a scheduled job no worker has claimed yet, or a
+                                   waiting one a limit gate parked: the compact record
+                                   below (waiting: also what previous versions wrote)
                           hash     any other job (fields below); claim and cancel turn
                                    the string into the hash
+                          (none)   a waiting entry job: a job enqueued waiting (or a
+                                   scheduled job string once due) until it is claimed,
+                                   cancelled or parked; its list entry holds it
     Q p                   zset     priority levels that have waiting jobs (score -priority)
-    Q w:<prio>            list     waiting ids of one level (LPUSH at the tail, RPOP
-                                   the head); entries of jobs that left ``waiting``
-                                   without being popped (cancel, remove) stay behind
-    Q z                   hash     '<prio>|<id>' -> number of such stale entries of the
+    Q w:<prio>            list     the waiting jobs of one level (LPUSH at the tail,
+                                   RPOP the head): a waiting entry
+                                   '<id>|<order>|<enqueued_at>|<run_at>|<body>' (run_at
+                                   empty, reserved) for a job with no key, a bare id for
+                                   a job with a key (``J``); an id holds no '|'.
+                                   Entries of jobs that left ``waiting`` without being
+                                   popped stay behind: bare ids, and '|' for a removed
+                                   entry (cancel, remove overwrite it in place)
+    Q i:<n>               hash     the waiting index, ``n`` = the first 16 bits of the
+                                   SHA1 of the id mod 8192 (:meth:`Keys.index`): id ->
+                                   '<order>' ('<order>|<prio>' off level 0) of each
+                                   waiting entry job; an entry is live while its order
+                                   and level are the index's, so stale entries of entry
+                                   jobs need no count. 8192 buckets of tiny fields stay
+                                   listpacks (``hash-max-listpack-entries`` 512) up to
+                                   ~3.5 M waiting jobs per queue
+    Q z                   hash     '<prio>|<id>' -> number of stale bare entries of the
                                    id in that level; whoever pops an entry with a count
                                    consumes one and skips it (a job's stale entries in
                                    a level always precede its live one), so a re-used
@@ -126,15 +143,22 @@ trace_context]`` with trailing
 default values left out; the id and the queue (from the key) complete it into the
 JobMessage. Old records that hold a whole encoded JobMessage are still read.
 
-The job string (memory: one key, no hash, about 300 bytes for a 100-byte payload
-instead of ~700 for a hash whose body is over ``hash-max-listpack-value``)::
+Memory of a waiting job (docs/brokers.md has the figures): its waiting entry in the
+level list (~200 bytes for a 100-byte payload) and ~37 bytes in a listpack bucket of the
+index, instead of a key per job (~315 bytes as a job string, ~700 as a hash whose body is
+over ``hash-max-listpack-value``). Reading a waiting entry job's body (``get``, cancel)
+finds its entry by its order (interpolation, else binary search: O(log n) calls); its
+state and dedup by id read the index only.
+
+The job string (one key, no hash)::
 
     <state>|<order>|<enqueued_at>|<priority>|<run_at>|<body>
 
 ``state`` is ``w`` or ``s``; ``priority`` is empty for 0 and ``run_at`` unless
 scheduled. Every other field of a job string is absent (attempt 0, no stalls, ...).
-Records of the previous layout carry the queue name after the state letter
-(``<state><queue>|...``) and are still read.
+Waiting job strings with a bare list entry (what versions before waiting entries
+wrote for every waiting job) are still read and claimed. Records of the layout before
+carry the queue name after the state letter (``<state><queue>|...``) and are still read.
 
 Job hash fields: ``m`` body, ``q`` queue, ``p`` priority (absent = 0),
 ``s`` state letter (``w s a c f x``), ``o`` order, ``e`` enqueued_at, ``r`` run_at,
@@ -163,7 +187,12 @@ The previous layout (every key under ``P``, e.g. ``P j:<id>``, ``P q:<queue>:w:<
 
 from __future__ import annotations
 
-__all__ = ["STATE_LETTERS", "Keys"]
+import hashlib
+
+__all__ = ["INDEX_BUCKETS", "STATE_LETTERS", "Keys"]
+
+#: Buckets of a queue's waiting index (``IDX_BUCKETS`` of lua/common.lua).
+INDEX_BUCKETS = 8192
 
 #: State letters stored in the job hash and the counts hash, by JobState value.
 STATE_LETTERS = {
@@ -230,6 +259,15 @@ class Keys:
     def job(self, queue: str, job_id: str) -> str:
         """The key of one job (a string until the job is claimed or cancelled, then a hash)."""
         return f"tq:{{{self.namespace}:{queue}}}{job_id}"
+
+    def index(self, queue: str, job_id: str) -> str:
+        """The bucket of ``queue``'s waiting index that holds ``job_id``: a small hash
+        (a listpack) picked by the first 16 bits of the SHA1 of the id."""
+        bucket = (
+            int(hashlib.sha1(job_id.encode(), usedforsecurity=False).hexdigest()[:4], 16)
+            % INDEX_BUCKETS
+        )
+        return f"{self.queue_prefix(queue)}i:{bucket}"
 
     def levels(self, queue: str) -> str:
         """The zset of priority levels that have waiting jobs in ``queue``."""

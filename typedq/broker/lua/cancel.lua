@@ -25,10 +25,11 @@ if s == 's' then
   state_name = 'scheduled'
   redis.call('ZREM', k_sched(q), id)
 end
--- A waiting job's list entry stays behind, counted as stale; claim skips it (lazy
--- deletion keeps cancel O(1) on long queues). A job string becomes the hash its
--- final state needs.
-if s == 'w' then mark_stale(q, sane_prio(r[4]), id) end
+-- A waiting job with a key of its own leaves its bare list entry behind, counted as
+-- stale; claim skips it (lazy deletion keeps cancel O(1) on long queues). A waiting
+-- entry is found (O(log n), see find_entry) and left as '|'. A job string or waiting
+-- entry becomes the hash its final state needs.
+if s == 'w' and redis.call('EXISTS', k_job(q, id)) == 1 then mark_stale(q, sane_prio(r[4]), id) end
 to_hash(q, id)
 redis.call('HSET', k_job(q, id), 'err', failure_record(
   'cancelled', 'JobCancelled', 'cancelled while ' .. state_name, tonumber(r[3]) or 0, nil, now))

@@ -17,7 +17,7 @@
 -- refills): those jobs are completed first, as complete.lua does, and the answer is
 -- {the claim's answer as above, {outcome per completion, in order}}. One script per
 -- job in a worker's steady state instead of two.
--- A claimed job string (see keys.py) becomes the job hash.
+-- A claimed waiting entry or job string (see keys.py) becomes the job hash.
 --
 -- Limits (typedq/limits.py), only when the caller names tasks with limits (nl > 0;
 -- otherwise none of this runs): a popped job whose task is limited is admitted only
@@ -123,11 +123,13 @@ for _, q in ipairs(queues) do
       local jk = k_job(q, id)
       local ty, prio = redis.call('TYPE', jk).ok, nil
       if ty == 'string' then
+        -- A scheduled job string becomes a waiting entry (see keys.py).
         local f = parse_rec(redis.call('GET', jk), q)
         if f and f.s == 's' and f.q == q then
-          f.s, f.o, f.r = 'w', order + i, false
-          redis.call('SET', jk, pack_rec(f))
-          prio = sane_prio(f.p)
+          redis.call('DEL', jk)
+          push_entry(q, sane_prio(f.p), id, order + i, f.e, f.m)
+          count(q, 's', -1)
+          count(q, 'w', 1)
         end
       elseif ty == 'hash' then
         local r = redis.call('HMGET', jk, 's', 'p', 'q')
@@ -336,12 +338,25 @@ if limit > 0 then
         redis.call('ZADD', gk, opens, gate)
       else
         local back = {}
-        for _, e in ipairs(redis.call('RPOP', lk, n) or {}) do
+        -- A counted stale entry (its job was cancelled or removed while parked) is
+        -- consumed here and admits nothing: the gate gives back another in its place.
+        local popped, want = {}, n
+        while want > 0 do
+          local got = redis.call('RPOP', lk, want)
+          if not got then break end
+          want = 0
+          for _, e in ipairs(got) do
+            local prio, id = string.match(e, '^(%-?%d+)|(.*)$')
+            if prio and take_stale(q, prio, id) then want = want + 1
+            else popped[#popped + 1] = e end
+          end
+        end
+        for _, e in ipairs(popped) do
           local prio, id = string.match(e, '^(%-?%d+)|(.*)$')
           if prio then
             -- A job that left waiting meanwhile goes back as a dead entry, first (its
             -- cancel or remove counted it stale; whoever pops it consumes that).
-            local r = read_job(q, id, 's', 'q', 'p', 'o')
+            local r = read_keyed(q, id, 's', 'q', 'p', 'o')
             local order = 0
             if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then
               order = tonumber(r[4]) or 0
@@ -378,9 +393,11 @@ local function head_order(q, prio, lk)
   while pops < max_pops do
     local id = redis.call('LINDEX', lk, -1)
     if not id then return nil end
-    local stale = take_stale(q, prio, id)
-    if not stale then
-      local r = read_job(q, id, 's', 'q', 'p', 'e')
+    if not is_bare(id) then
+      local f = parse_entry(id)
+      if f and entry_live(q, prio, f) then return tonumber(f.e) or 0 end
+    elseif not take_stale(q, prio, id) then
+      local r = read_keyed(q, id, 's', 'q', 'p', 'e')
       if not r then return 0 end
       if r[1] == 'w' and (not r[2] or r[2] == q) and sane_prio(r[3]) == prio then
         return tonumber(r[4]) or 0
@@ -404,7 +421,41 @@ end
 local lease_until = now + lease
 local ids = {}
 
+-- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
+local function activate_entry(v, q, prio)
+  local f = parse_entry(v)
+  if not f or not entry_live(q, prio, f) then return end  -- a job that left: dropped
+  local id, slot = f.id, nil
+  if has_limits then
+    local ok
+    ok, slot = admit(id, q, prio, f.m)
+    if not ok then
+      -- Parked: a gate lists '<prio>|<id>', so the job keeps a job string meanwhile.
+      redis.call('HDEL', f.ik, id)
+      redis.call('SET', k_job(q, id), pack_rec({s = 'w', o = f.o, e = f.e, p = prio ~= '0' and prio,
+        r = false, m = f.m}))
+      return
+    end
+  end
+  redis.call('HDEL', f.ik, id)
+  claimed = claimed + 1
+  local tok = token .. '.' .. claimed
+  local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', 1, 't', tok,
+    'st', now, 'w', worker}
+  if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
+  if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
+  redis.call('HSET', k_job(q, id), unpack(fields))
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
+  out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
+  redis.call('ZADD', k_active(q), lease_until, id)
+  count(q, 'w', -1)
+  count(q, 'a', 1)
+  ids[#ids + 1] = q .. '|' .. id
+end
+
 local function activate(id, q, prio)
+  if not is_bare(id) then return activate_entry(id, q, prio) end
   -- A counted stale entry (the job left waiting, maybe came back under this id):
   -- consumed and skipped, so the job is claimed only through its live entry.
   if take_stale(q, prio, id) then return end

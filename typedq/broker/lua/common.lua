@@ -35,6 +35,12 @@ local function k_wait(q, prio) return k_q(q) .. 'w:' .. prio end
 local function k_sched(q) return k_q(q) .. 's' end
 local function k_counts(q) return k_q(q) .. 'n' end
 local function k_stale(q) return k_q(q) .. 'z' end
+-- The index of the queue's waiting entries (see below): IDX_BUCKETS small hashes, a
+-- job's by the first 16 bits of the SHA1 of its id (keys.py computes the same).
+local IDX_BUCKETS = 8192
+local function k_idx(q, id)
+  return k_q(q) .. 'i:' .. (tonumber(string.sub(redis.sha1hex(id), 1, 4), 16) % IDX_BUCKETS)
+end
 local function k_active(q) return k_q(q) .. 'a' end
 local function k_done(q, state) return k_q(q) .. 'd:' .. state end
 local function k_seq(q) return k_q(q) .. 'o' end
@@ -126,29 +132,189 @@ local function read_hash(q, id, ...)
   return r
 end
 
--- Read fields of a job in any state: a hash, or a job string (its absent fields
--- read as false, like HMGET's). nil when there is no job or bytes typedq did not write.
-local function read_job(q, id, ...)
-  local jk = k_job(q, id)
-  local ty = redis.call('TYPE', jk).ok
-  if ty == 'hash' then
-    local r = redis.call('HMGET', jk, ...)
-    if not r[1] then return nil end
-    return r
-  elseif ty == 'string' then
-    local f = parse_rec(redis.call('GET', jk), q)
-    if not f then return nil end
-    local names, out = {...}, {}
-    for i = 1, #names do out[i] = f[names[i]] or false end
-    return out
+-- Waiting entries (memory: see keys.py). A job enqueued waiting (or a scheduled job
+-- string once due) has no key of its own: its level list holds its entry
+--   <id>|<order>|<enqueued_at>|<run_at>|<body>
+-- (run_at empty: reserved) and the queue's index holds id -> '<order>' ('<order>|<prio>'
+-- off level 0) in its bucket, a hash small enough that Redis keeps it a listpack. An
+-- entry is live while the index holds its order and level: an entry of a job that left
+-- (claimed, cancelled, removed, parked) or of an earlier job under a re-used id is not,
+-- and is skipped and dropped where it is popped, with no stale count. A job id holds no
+-- '|': an entry without one is a bare id (previous layouts, and every job that has a key
+-- of its own: claimed once, of a flow, parked), whose job is its key.
+local function idx_val(o, prio)
+  o = int_text(o)
+  if not prio or prio == '0' then return o end
+  return o .. '|' .. prio
+end
+
+-- A waiting job's order and priority from the index (nil: not an entry job).
+local function idx_of(q, id)
+  local v = redis.call('HGET', k_idx(q, id), id)
+  if not v then return nil end
+  local o, p = string.match(v, '^(%d+)|?(%-?%d*)$')
+  if not o then return nil end
+  if p == '' then p = '0' end
+  return o, p
+end
+
+local function pack_entry(id, o, e, m)
+  return id .. '|' .. int_text(o) .. '|' .. int_text(e) .. '||' .. m
+end
+
+-- A waiting entry's fields; nil for a bare id, a removed entry's '|' or other bytes.
+local function parse_entry(v)
+  local id, o, e, r, at = string.match(v, '^([^|]+)|(%d+)|(%d+)|(%d*)|()')
+  if not id then return nil end
+  return {id = id, o = o, e = e, r = r ~= '' and r or false, m = string.sub(v, at)}
+end
+
+local function is_bare(v) return not string.find(v, '|', 1, true) end
+
+-- Is entry `f` (parse_entry) of level `prio` of queue `q` its job's live entry? Keeps
+-- its index bucket's name in f.ik (one SHA1 per entry).
+local function entry_live(q, prio, f)
+  f.ik = k_idx(q, f.id)
+  return redis.call('HGET', f.ik, f.id) == idx_val(f.o, prio)
+end
+
+-- Store a waiting job as its entry (the tail of its level; LPUSH, like push_waiting).
+local function push_entry(q, prio, id, o, e, m)
+  redis.call('HSET', k_idx(q, id), id, idx_val(o, prio))
+  redis.call('LPUSH', k_wait(q, prio), pack_entry(id, o, e, m))
+  redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
+end
+
+local function entry_order(v) return tonumber(string.match(v, '^[^|]+|(%d+)|')) end
+
+-- LRANGE of list `lk` (`n` entries) from index a to b, counted from the end nearer to
+-- them (Redis walks a long list's nodes from the end an index is counted from).
+local function lrange_near(lk, n, a, b)
+  if b >= n then b = n - 1 end
+  if a > n / 2 then return redis.call('LRANGE', lk, a - n, b - n) end
+  return redis.call('LRANGE', lk, a, b)
+end
+
+-- Where the entry of job `id` (order `o`) is in its level list: its index and bytes
+-- (nil: not there). Entries are pushed in order at the tail, so their orders fall from
+-- index 0 to the head, and are usually dense (one INCRBY per enqueue): a first guess
+-- interpolates between the tail's and the head's order and looks at the 65 entries
+-- around it (a probe in a long list costs a walk over its nodes, ~0.1 ms at 1,000,000
+-- entries); else a binary search (LRANGE of a few entries per step, skipping bare ids)
+-- narrows it to 64 entries, O(log n) probes; a list out of order (hand-backs put
+-- entries at the head) falls back to a scan in chunks, O(n).
+local function find_entry(q, prio, o, id)
+  local lk = k_wait(q, prio)
+  local want, prefix = tonumber(o), id .. '|' .. o .. '|'
+  local n = redis.call('LLEN', lk)
+  if n == 0 then return nil end
+  local ot = entry_order(redis.call('LINDEX', lk, 0))
+  local oh = entry_order(redis.call('LINDEX', lk, -1))
+  if ot and oh and ot > oh and want <= ot and want >= oh then
+    local guess = math.floor((ot - want) / (ot - oh) * (n - 1))
+    local from = math.max(0, guess - 32)
+    for j, v in ipairs(lrange_near(lk, n, from, guess + 32)) do
+      if string.sub(v, 1, #prefix) == prefix then return from + j - 1, v end
+    end
+  end
+  local lo, hi = 0, n - 1
+  while hi - lo > 64 do
+    local mid = math.floor((lo + hi) / 2)
+    local eo, at = nil, mid
+    for j, v in ipairs(lrange_near(lk, n, mid, mid + 7)) do
+      eo = entry_order(v)
+      if eo then at = mid + j - 1; break end
+    end
+    if not eo then break end
+    if eo > want then lo = mid else hi = at end
+  end
+  if hi - lo <= 64 then
+    for j, v in ipairs(lrange_near(lk, n, lo, hi)) do
+      if string.sub(v, 1, #prefix) == prefix then return lo + j - 1, v end
+    end
+  end
+  for s = 0, n - 1, 1000 do
+    for j, v in ipairs(lrange_near(lk, n, s, s + 999)) do
+      if string.sub(v, 1, #prefix) == prefix then return s + j - 1, v end
+    end
   end
   return nil
 end
 
--- Before a job's fields change: a job string becomes the job hash (no-op for a hash).
+-- A waiting entry job leaves its entry (claimed away from the list, cancelled,
+-- removed, parked): its index entry goes, and its list entry, when found, becomes '|'
+-- (a few bytes until a claim or purge pops it). Returns the entry's fields (nil: none).
+local function take_entry(q, id, o, prio)
+  local pos, v = find_entry(q, prio, o, id)
+  redis.call('HDEL', k_idx(q, id), id)
+  if not pos then return nil end
+  redis.call('LSET', k_wait(q, prio), pos, '|')
+  return parse_entry(v)
+end
+
+-- Does job `id` exist in queue `q` (a key of its own, or a waiting entry)?
+local function job_exists(q, id)
+  return redis.call('EXISTS', k_job(q, id)) == 1
+    or redis.call('HEXISTS', k_idx(q, id), id) == 1
+end
+
+-- Read fields of a job that has a key of its own (hash or job string; absent fields
+-- read as false, like HMGET's): what a bare list entry names. nil when there is no key
+-- or bytes typedq did not write; the key's type second.
+local function read_keyed(q, id, ...)
+  local jk = k_job(q, id)
+  local ty = redis.call('TYPE', jk).ok
+  if ty == 'hash' then
+    local r = redis.call('HMGET', jk, ...)
+    if not r[1] then return nil, ty end
+    return r, ty
+  elseif ty == 'string' then
+    local f = parse_rec(redis.call('GET', jk), q)
+    if not f then return nil, ty end
+    local names, out = {...}, {}
+    for i = 1, #names do out[i] = f[names[i]] or false end
+    return out, ty
+  end
+  return nil, ty
+end
+
+-- Read fields of a job in any state: a hash, a job string or a waiting entry (its
+-- absent fields read as false, like HMGET's). nil when there is no job or bytes typedq
+-- did not write. An entry job's e, r and m are in its list entry: found by find_entry
+-- only when asked for.
+local function read_job(q, id, ...)
+  local r, ty = read_keyed(q, id, ...)
+  if ty ~= 'none' then return r end
+  local o, p = idx_of(q, id)
+  if not o then return nil end
+  local f = {s = 'w', q = q, o = o, p = p ~= '0' and p, e = false, r = false, m = false}
+  local names, out = {...}, {}
+  for i = 1, #names do
+    local name = names[i]
+    if (name == 'e' or name == 'm' or name == 'r') and not f.e then
+      local _, v = find_entry(q, p, o, id)
+      local g = v and parse_entry(v)
+      if g then f.e, f.r, f.m = g.e, g.r, g.m end
+    end
+    out[i] = f[name] or false
+  end
+  return out
+end
+
+-- Before a job's fields change: a job string or waiting entry becomes the job hash
+-- (no-op for a hash).
 local function to_hash(q, id)
   local jk = k_job(q, id)
-  if redis.call('TYPE', jk).ok ~= 'string' then return end
+  local ty = redis.call('TYPE', jk).ok
+  if ty == 'none' then
+    local o, p = idx_of(q, id)
+    if not o then return end
+    local g = take_entry(q, id, o, p) or {e = '0', m = ''}
+    local f = {s = 'w', q = q, o = o, e = g.e, p = p ~= '0' and p, r = false, m = g.m}
+    redis.call('HSET', jk, unpack(rec_fields(f)))
+    return
+  end
+  if ty ~= 'string' then return end
   local f = parse_rec(redis.call('GET', jk), q)
   if not f then return end
   redis.call('DEL', jk)
@@ -222,7 +388,8 @@ local PLACE_SCAN = 64
 -- older than every waiting job, so their place is at or near the head: the script
 -- pops at most PLACE_SCAN head entries, merges the jobs in by order and pushes the
 -- lot back. Entries that are not live here (stale or dead) stay in front of the
--- live ones, in their own order, so a stale entry still precedes its id's live one.
+-- live ones, in their own order, so a stale entry still precedes its id's live one;
+-- a waiting entry that is not live is dropped (it has no stale count to consume).
 -- back: {id, queue, prio, order} per job.
 local function push_back_in_order(back)
   local levels = {}
@@ -243,15 +410,20 @@ local function push_back_in_order(back)
       local has_stale = redis.call('EXISTS', sk) == 1
       local seen = {}
       for _, id in ipairs(popped) do
-        local stale = 0
-        if has_stale then stale = tonumber(redis.call('HGET', sk, g.prio .. '|' .. id)) or 0 end
-        seen[id] = (seen[id] or 0) + 1
-        local r = read_job(g.q, id, 's', 'q', 'p', 'o')
-        if seen[id] <= stale or not r or r[1] ~= 'w' or (r[2] and r[2] ~= g.q)
-            or sane_prio(r[3]) ~= g.prio then
-          dead[#dead + 1] = id
+        if not is_bare(id) then
+          local f = parse_entry(id)
+          if f and entry_live(g.q, g.prio, f) then live[#live + 1] = {id, tonumber(f.o), true} end
         else
-          live[#live + 1] = {id, tonumber(r[4]) or 0, true}
+          local stale = 0
+          if has_stale then stale = tonumber(redis.call('HGET', sk, g.prio .. '|' .. id)) or 0 end
+          seen[id] = (seen[id] or 0) + 1
+          local r = read_keyed(g.q, id, 's', 'q', 'p', 'o')
+          if seen[id] <= stale or not r or r[1] ~= 'w' or (r[2] and r[2] ~= g.q)
+              or sane_prio(r[3]) ~= g.prio then
+            dead[#dead + 1] = id
+          else
+            live[#live + 1] = {id, tonumber(r[4]) or 0, true}
+          end
         end
       end
     end
@@ -272,7 +444,7 @@ end
 -- was never claimed (still a job string) is not ours to finish (LEASE_LOST, as for
 -- any job that is not active under the token); no job at all is NOT_FOUND.
 local function not_active_answer(q, id)
-  if redis.call('EXISTS', k_job(q, id)) == 1 then return 2 end
+  if job_exists(q, id) then return 2 end
   return 3
 end
 

@@ -1,5 +1,6 @@
 #!lua
--- Store a batch of jobs, each as one job string (see keys.py); an existing id is
+-- Store a batch of jobs: a waiting job as its entry in its level list and its id in
+-- the queue's index, a scheduled one as one job string (see keys.py); an existing id is
 -- not replaced (created = 0), and a repeated id in the batch is stored once (its
 -- first occurrence). max_queue_length counts only the jobs this call creates.
 -- Refused at maxmemory (no allow-oom flag): enqueues are what fills Redis.
@@ -35,8 +36,9 @@ for i = 0, n - 1 do
   local b = 4 + 6 * i
   local id, q = ARGV[b], ARGV[b + 1]
   local key = q .. '|' .. id
-  if not seen[key] and redis.call('EXISTS', k_job(q, id)) == 0 then
-    new[i] = true
+  local ik = not seen[key] and redis.call('EXISTS', k_job(q, id)) == 0 and k_idx(q, id)
+  if ik and redis.call('HEXISTS', ik, id) == 0 then
+    new[i] = ik  -- the id's index bucket (one SHA1 per job)
     fresh = fresh + 1
     adding[q] = (adding[q] or 0) + 1
   end
@@ -57,6 +59,7 @@ local orders = {}
 for q, extra in pairs(adding) do orders[q] = redis.call('INCRBY', k_seq(q), extra) - extra end
 local out = {}
 local lists, list_order = {}, {}
+local now_text = int_text(now)
 for i = 0, n - 1 do
   local b = 4 + 6 * i
   if new[i] then
@@ -66,10 +69,10 @@ for i = 0, n - 1 do
     if eta > 0 then run_at = eta elseif delay > 0 then run_at = now + delay end
     local order = orders[q] + 1
     orders[q] = order
-    local f = {s = 'w', q = q, o = order, e = now, p = prio ~= '0' and prio, r = false,
-      m = ARGV[b + 5]}
     if run_at > now then
-      f.s, f.r = 's', run_at
+      local f = {s = 's', q = q, o = order, e = now, p = prio ~= '0' and prio, r = run_at,
+        m = ARGV[b + 5]}
+      redis.call('SET', k_job(q, id), pack_rec(f))
       redis.call('ZADD', k_sched(q), run_at, id)
       count(q, 's', 1)
     else
@@ -80,10 +83,11 @@ for i = 0, n - 1 do
         lists[lk] = l
         list_order[#list_order + 1] = {lk, q, prio}
       end
-      l[#l + 1] = id
+      local o = int_text(order)
+      l[#l + 1] = pack_entry(id, o, now_text, ARGV[b + 5])
+      redis.call('HSET', new[i], id, idx_val(o, prio))
       count(q, 'w', 1)
     end
-    redis.call('SET', k_job(q, id), pack_rec(f))
     work_queues[q] = true
     out[i + 1] = 1
   else

@@ -101,16 +101,21 @@ local function first_taken(f, fq)
       end
       keys, names = {}, {}
     end
+    -- A waiting entry has no key: its id is in the queue's index (see keys.py).
+    for i = s, last do
+      local id = f.id .. '.m' .. i
+      if redis.call('HEXISTS', k_idx(f.mq, id), id) == 1 then return id end
+    end
   end
   for _, j in ipairs(ids) do
-    if redis.call('EXISTS', k_job(j[1], j[2])) == 1 then return j[2] end
+    if job_exists(j[1], j[2]) then return j[2] end
   end
   return nil
 end
 
 for fi, f in ipairs(flows) do
   local fq = ARGV[f.st + 6 * (f.steps - 1) + 1]
-  if redis.call('EXISTS', k_job(fq, f.id)) == 1 then
+  if job_exists(fq, f.id) then
     out[fi] = 0
     -- Across slots, a flow that has ended: what this copy's parts stored on the other
     -- queues (jobs the ended flow's retention had dropped) is pending and never started

@@ -5,7 +5,7 @@ local q = ARGV[2]
 local out = {k_job(q, ARGV[4]), k_levels(q), k_wait(q, ARGV[3]), k_sched(q),
   k_counts(q), k_stale(q), k_req(q, ARGV[5]), CH_WORK, CH_DONE, CH_CANCEL,
   k_active(q), k_done(q, 'c'), k_done(q, 'f'), k_done(q, 'x'), k_seq(q), k_qepoch(q),
-  k_flow(q, ARGV[4]), k_worker(ARGV[4])}
+  k_flow(q, ARGV[4]), k_worker(ARGV[4]), k_idx(q, ARGV[4])}
 if #ARGV >= 8 then
   out[#out + 1] = k_gates(q)
   out[#out + 1] = k_gate(q, ARGV[6])

@@ -33,11 +33,17 @@ if state == 'w' then
         local sk = k_stale(q)
         for i = #ids, 1, -1 do
           local id = ids[i]
-          local r = read_job(q, id, 's', 'q', 'p')
-          if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio
-              and (not redis.call('HGET', sk, prio .. '|' .. id)
-                or redis.call('LPOS', lk, id) == first + i - 1) then
-            out[#out + 1] = id
+          if not is_bare(id) then
+            -- A waiting entry (see keys.py): listed while live.
+            local f = parse_entry(id)
+            if f and entry_live(q, prio, f) then out[#out + 1] = f.id end
+          else
+            local r = read_keyed(q, id, 's', 'q', 'p')
+            if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio
+                and (not redis.call('HGET', sk, prio .. '|' .. id)
+                  or redis.call('LPOS', lk, id) == first + i - 1) then
+              out[#out + 1] = id
+            end
           end
         end
       end
@@ -59,7 +65,7 @@ if state == 'w' then
         local entries = redis.call('LRANGE', lk, first, len - 1 - (a - pos))
         for i = #entries, 1, -1 do
           local prio, id = string.match(entries[i], '^(%-?%d+)|(.*)$')
-          local r = prio and read_job(q, id, 's', 'q', 'p')
+          local r = prio and read_keyed(q, id, 's', 'q', 'p')
           if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio and not seen[id] then
             seen[id] = true
             out[#out + 1] = id

@@ -31,7 +31,7 @@ if state == 'w' then
       seen = seen + 1
       local prio, id = string.match(e, '^(%-?%d+)|(.*)$')
       if prio and not take_stale(q, prio, id) then
-        local r = read_job(q, id, 's', 'q', 'p')
+        local r = read_keyed(q, id, 's', 'q', 'p')
         if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then drop(id) end
       end
     end
@@ -48,8 +48,16 @@ if state == 'w' then
       for _, id in ipairs(popped) do
         seen = seen + 1
         -- A counted stale entry is consumed; only a live entry drops its job.
-        if not take_stale(q, t[1], id) then
-          local r = read_job(q, id, 's', 'q', 'p')
+        if not is_bare(id) then
+          local f = parse_entry(id)
+          if f and entry_live(q, t[1], f) then
+            redis.call('HDEL', f.ik, f.id)
+            count(q, state, -1)
+            removed = removed + 1
+            note_done(q, f.id)
+          end
+        elseif not take_stale(q, t[1], id) then
+          local r = read_keyed(q, id, 's', 'q', 'p')
           if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == t[1] then drop(id) end
         end
       end

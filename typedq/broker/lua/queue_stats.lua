@@ -65,7 +65,13 @@ for i = 2, #ARGV do
     if redis.call('TYPE', lk).ok == 'list' then
       local ids = redis.call('LRANGE', lk, -HEAD_SCAN, -1)
       for j = #ids, 1, -1 do
-        local r = read_job(q, ids[j], 's', 'e', 'm')
+        local r
+        if is_bare(ids[j]) then
+          r = read_keyed(q, ids[j], 's', 'e', 'm')
+        else
+          local f = parse_entry(ids[j])  -- a waiting entry (see keys.py)
+          if f and entry_live(q, prio, f) then r = {'w', f.e, f.m} end
+        end
         if r and r[1] == 'w' then
           local e = tonumber(r[2])
           if e then e = due_us(e, r[3]) end

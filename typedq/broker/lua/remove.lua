@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
 -- Delete jobs and their index entries, only while in one of `states` ('' = any).
--- A waiting job's list entry stays behind, counted as stale (see common.lua); claim
--- skips it.
+-- A waiting job's bare list entry stays behind, counted as stale (see common.lua);
+-- claim skips it. A waiting entry is left as '|' (take_entry).
 -- KEYS[1] = the queue's active zset
 -- ARGV: P, queue, states (letters), ids...
 -- Returns per id: 1 deleted, 0 kept or missing.
@@ -11,10 +11,12 @@ local done_key = {c = k_done(q, 'c'), f = k_done(q, 'f'), x = k_done(q, 'x')}
 local out = {}
 for i = 4, #ARGV do
   local id = ARGV[i]
-  local r = read_job(q, id, 's', 'q', 'p', 'ck')
+  local r = read_job(q, id, 's', 'q', 'p', 'ck', 'o')
   local s = r and r[1]
   if s and (states == '' or string.find(states, s, 1, true)) then
-    if s == 'w' then mark_stale(q, sane_prio(r[3]), id)
+    if s == 'w' then
+      if redis.call('EXISTS', k_job(q, id)) == 1 then mark_stale(q, sane_prio(r[3]), id)
+      else take_entry(q, id, r[5], sane_prio(r[3])) end
     elseif s == 's' then redis.call('ZREM', k_sched(q), id)
     elseif s == 'a' then
       redis.call('ZREM', k_active(q), id)

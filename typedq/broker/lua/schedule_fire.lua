@@ -54,7 +54,7 @@ if n == 0 then return save('fired') end
 local fresh, new = 0, {}
 for i = 0, n - 1 do
   local id = ARGV[10 + 4 * i]
-  if redis.call('EXISTS', k_job(ARGV[11 + 4 * i], id)) == 0 then
+  if not job_exists(ARGV[11 + 4 * i], id) then
     new[i] = true
     fresh = fresh + 1
   end
@@ -91,10 +91,7 @@ for i = 0, n - 1 do
     local id, q, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2]
     local order = orders[q] + 1
     orders[q] = order
-    local f = {s = 'w', q = q, o = order, e = now, p = prio ~= '0' and prio, r = false,
-      m = ARGV[b + 3]}
-    redis.call('SET', k_job(q, id), pack_rec(f))
-    push_waiting(q, prio, id, false)
+    push_entry(q, prio, id, order, now, ARGV[b + 3])
     count(q, 'w', 1)
     work_queues[q] = true
   end

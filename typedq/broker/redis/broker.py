@@ -371,8 +371,9 @@ class RedisBroker(ScheduleOps, Broker):
 
     async def _locate(self, ids: Sequence[str]) -> dict[str, str]:
         """Job id -> its queue, for ids given without one: looked for in every known
-        queue at once (one EXISTS per queue and id, one round trip). A job id is unique
-        per queue; an id found in several queues maps to the first by name."""
+        queue at once (per queue and id: EXISTS of its key, HEXISTS in the waiting index;
+        one round trip). A job id is unique per queue; an id found in several queues maps
+        to the first by name."""
         unique = list(dict.fromkeys(ids))
         queues = await self.known_queues()
         if not unique or not queues:
@@ -381,11 +382,12 @@ class RedisBroker(ScheduleOps, Broker):
         pairs = [(q, i) for q in queues for i in unique]
         for q, i in pairs:
             pipe.exists(self.keys.job(q, i))
+            pipe.hexists(self.keys.index(q, i), i)
         with self._translate("locate"):
             found = await pipe.execute()
         where: dict[str, str] = {}
-        for (q, i), hit in zip(pairs, found, strict=True):
-            if hit and i not in where:
+        for n, (q, i) in enumerate(pairs):
+            if (found[2 * n] or found[2 * n + 1]) and i not in where:
                 where[i] = q
         return where
 

@@ -112,6 +112,7 @@ def check_slots(keys: Keys, queues: Sequence[str]) -> str | None:
             keys.scheduled(queue),
             keys.counts(queue),
             keys.stale(queue),
+            keys.index(queue, "id"),
             keys.active(queue),
             keys.done(queue, "c"),
             keys.seq(queue),
