@@ -86,12 +86,13 @@ local function first_taken(f, fq)
     local at = f.st + 6 * k
     if not f.across or ARGV[at + 1] == fq then ids[#ids + 1] = {ARGV[at + 1], ARGV[at]} end
   end
-  local keys, names = {}, {}
+  local keys, names, queues = {}, {}, {}
   for i = 0, f.n - 1 do
     local q = f.mqs[i + 1]
     if not f.across or q == fq then
       keys[#keys + 1] = k_job(q, f.id .. '.m' .. i)
       names[#names + 1] = f.id .. '.m' .. i
+      queues[#queues + 1] = q
     end
     if #keys == CHUNK or (i == f.n - 1 and #keys > 0) then
       if redis.call('EXISTS', unpack(keys)) > 0 then
@@ -99,12 +100,13 @@ local function first_taken(f, fq)
           if redis.call('EXISTS', keys[j]) == 1 then return names[j] end
         end
       end
-      keys, names = {}, {}
-    end
-    -- A waiting entry has no key: its id is in the queue's index (see keys.py).
-    for i = s, last do
-      local id = f.id .. '.m' .. i
-      if redis.call('HEXISTS', k_idx(f.mq, id), id) == 1 then return id end
+      -- A waiting entry has no key: its id is in its queue's index (see keys.py).
+      for j = 1, #names do
+        if redis.call('HEXISTS', k_idx(queues[j], names[j]), names[j]) == 1 then
+          return names[j]
+        end
+      end
+      keys, names, queues = {}, {}, {}
     end
   end
   for _, j in ipairs(ids) do

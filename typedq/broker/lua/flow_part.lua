@@ -42,7 +42,8 @@ for j = 0, m - 1 do
 end
 local missing = {}
 for _, t in ipairs(todo) do
-  if redis.call('EXISTS', k_job(q, t[1])) == 1 then
+  -- A waiting entry of another job has no key, only its id in the index (job_exists).
+  if job_exists(q, t[1]) then
     local r = read_hash(q, t[1], 'fl')
     if not r or r[1] ~= f then return 'TYPEDQ_FLOW_ID_TAKEN ' .. t[1] end
   else
