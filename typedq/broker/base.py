@@ -156,6 +156,20 @@ class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):
     enqueued_at: float
     #: How often the job's lease has expired so far.
     stalls: int = 0
+    #: When the job became claimable this time (broker clock, epoch seconds), when it
+    #: was not its enqueue: a retry's due time, a hand-back or stall recovery, a
+    #: workflow hand-off, a scheduled job's due time; 0.0 = since its enqueue, or the
+    #: time its own ``eta``/``delay`` named (see :meth:`due_at`).
+    run_at: float = 0.0
+
+    def due_at(self) -> float:
+        """When this attempt's wait for a worker began (its queue wait counts from it)."""
+        if self.run_at > 0:
+            return self.run_at
+        message = self.message
+        if message.eta > 0:
+            return max(self.enqueued_at, message.eta)
+        return self.enqueued_at + message.delay
 
 
 class EnqueueOutcome(msgspec.Struct, frozen=True):
@@ -304,7 +318,9 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     state: JobState
     attempt: int
     enqueued_at: float
-    #: When the job becomes claimable (scheduled jobs); 0 otherwise.
+    #: When the job becomes claimable (scheduled jobs), or became so last (kept once due:
+    #: a delayed job's due time, a retry's, a hand-back's or stall recovery's, a workflow
+    #: step's hand-off); 0 for a job claimable since its enqueue.
     run_at: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0
@@ -350,9 +366,10 @@ class QueueStats(msgspec.Struct, frozen=True, kw_only=True):
 
     queue: str
     counts: dict[JobState, int]
-    #: Seconds (broker clock) the longest-waiting claimable job has waited: since its
-    #: enqueue for a waiting job, since its due time for a due scheduled job not yet
-    #: moved to waiting. 0 when nothing waits.
+    #: Seconds (broker clock) the longest-waiting claimable job has waited: since it
+    #: became due (its enqueue, its eta or delay, a retry's due time, a hand-back or
+    #: stall recovery, a workflow hand-off), also for a due scheduled job not yet moved
+    #: to waiting. 0 when nothing waits.
     oldest_waiting: float = 0.0
 
 

@@ -120,13 +120,15 @@ instead of ~700 for a hash whose body is over ``hash-max-listpack-value``)::
 
     <state>|<order>|<enqueued_at>|<priority>|<run_at>|<body>
 
-``state`` is ``w`` or ``s``; ``priority`` is empty for 0 and ``run_at`` unless
-scheduled. Every other field of a job string is absent (attempt 0, no stalls, ...).
+``state`` is ``w`` or ``s``; ``priority`` is empty for 0 and ``run_at`` unless the
+job was scheduled (a promoted job keeps its due time). Every other field of a job string is absent (attempt 0, no stalls, ...).
 Records of the previous layout carry the queue name after the state letter
 (``<state><queue>|...``) and are still read.
 
 Job hash fields: ``m`` body, ``q`` queue, ``p`` priority (absent = 0),
-``s`` state letter (``w s a c f x``), ``o`` order, ``e`` enqueued_at, ``r`` run_at,
+``s`` state letter (``w s a c f x``), ``o`` order, ``e`` enqueued_at, ``r`` run_at (the
+due time of a scheduled job; kept once due, and set when the job is due again: a
+retry, hand-back, stall recovery or workflow hand-off; its queue wait counts from it),
 ``a`` attempt, ``k`` stalls, ``ck`` the concurrency slot held, ``t`` lease token, ``d`` token of the last fenced
 transition, ``st`` started_at, ``fa`` finished_at, ``w`` worker id, ``cr`` cancel
 requested, ``res`` result, ``err`` FailureRecord, ``eh`` every failed attempt's

@@ -410,15 +410,20 @@ class MemoryBroker(Broker):
         self._versions += 1
         job.version = self._versions
 
-    def _to_waiting(self, job: _Job, *, keep_order: bool, at_head: bool = False) -> None:
+    def _to_waiting(
+        self, job: _Job, *, keep_order: bool, at_head: bool = False, due: float | None = None
+    ) -> None:
         """Waiting: at its old place (``keep_order``), at the tail of its priority level,
-        or at its head (``at_head``: the latest so placed first out)."""
+        or at its head (``at_head``: the latest so placed first out). ``due``: it is due
+        again from then (a retry, hand-back, recovery, hand-off; its queue wait counts
+        from it); None keeps its due time (a scheduled job's, or none)."""
         self._move(job, JobState.WAITING)
         if at_head:
             job.order = -self._next()
         elif not keep_order:
             job.order = self._next()
-        job.run_at = 0.0
+        if due is not None:
+            job.run_at = due
         self._waiting[job.message.queue].push(
             (-job.message.priority, job.order, job.version, job.message.id)
         )
@@ -806,6 +811,7 @@ class MemoryBroker(Broker):
                     attempt=job.attempt,
                     enqueued_at=job.enqueued_at,
                     stalls=job.stalls,
+                    run_at=job.run_at,
                 )
             )
         self._versions = version
@@ -921,6 +927,7 @@ class MemoryBroker(Broker):
             attempt=job.attempt,
             enqueued_at=job.enqueued_at,
             stalls=job.stalls,
+            run_at=job.run_at,
         )
 
     def _claim_record(self, claim_id: str) -> tuple[str, ...] | None:
@@ -1053,7 +1060,7 @@ class MemoryBroker(Broker):
                     if item.retry_delay > 0:
                         self._to_scheduled(job, now + item.retry_delay)
                     else:
-                        self._to_waiting(job, keep_order=False)
+                        self._to_waiting(job, keep_order=False, due=now)
             outcomes.append(outcome)
         for state in ended:
             self._trim(state, now)
@@ -1085,7 +1092,7 @@ class MemoryBroker(Broker):
                     )
                     self._to_final(job, JobState.CANCELLED, now)
                 else:
-                    self._to_waiting(job, keep_order=True)
+                    self._to_waiting(job, keep_order=True, due=self.clock())
             outcomes.append(outcome)
         self.wake()
         return outcomes
@@ -1148,7 +1155,7 @@ class MemoryBroker(Broker):
                 self._active.pop(job.message.id, None)
                 self._free_slot(job)
                 job.active_token = None
-                self._to_waiting(job, keep_order=True)
+                self._to_waiting(job, keep_order=True, due=now)
         now_us = now * _MICRO
         windows = {spec.per_us for spec in self.limits.values() if spec.rate}
         longest = max(windows, default=0)
@@ -1393,7 +1400,7 @@ class MemoryBroker(Broker):
         job.message = msgspec.structs.replace(job.message, payload=payload)
         # At the head of its priority level (the latest released first, like a push at
         # the head of the Redis level list): a flow under way finishes before new work.
-        self._to_waiting(job, keep_order=False, at_head=True)
+        self._to_waiting(job, keep_order=False, at_head=True, due=now)
         self.wake()
 
     def _end_flow(self, flow: _Flow, state: JobState, error: bytes | None, now: float) -> None:
@@ -1522,7 +1529,7 @@ class MemoryBroker(Broker):
             # A token from before the retry answers LEASE_LOST, not ALREADY_FINISHED:
             # the job has started a new life that no old lease may speak for.
             job.done_token = None
-            self._to_waiting(job, keep_order=False)
+            self._to_waiting(job, keep_order=False, due=self.clock())
             outcomes.append(RetryOutcome.RETRIED)
         self.wake()
         return outcomes
@@ -1557,11 +1564,16 @@ class MemoryBroker(Broker):
             for _, _, version, job_id in self._waiting.get(queue) or ():
                 job = self._jobs.get(job_id)
                 if job is not None and job.version == version and job.state is JobState.WAITING:
-                    # Waiting since it became due: a job enqueued with a delay or an
-                    # eta (moved to waiting since) did not wait before that.
-                    m = job.message
-                    due = m.eta if m.eta > 0 else job.enqueued_at + m.delay
-                    oldest[queue] = min(oldest.get(queue, now), max(job.enqueued_at, due))
+                    # Waiting since it became due: its due time when it has one (a
+                    # retry's, a hand-back's, a delayed job's, ...), else its enqueue or
+                    # the time its eta or delay named.
+                    if job.run_at > 0:
+                        due = job.run_at
+                    else:
+                        m = job.message
+                        due = m.eta if m.eta > 0 else job.enqueued_at + m.delay
+                        due = max(job.enqueued_at, due)
+                    oldest[queue] = min(oldest.get(queue, now), due)
         # Due jobs not promoted yet (promotion happens at claim) are waiting too.
         for run_at, version, job_id in self._scheduled:
             if run_at <= now:

@@ -574,8 +574,9 @@ local function flow_release(fq, f, k, steps, collector, payload, now, sq)
   -- At the head of its priority level: a flow under way finishes before new work starts,
   -- instead of its next step or callback queueing behind the members of every flow
   -- enqueued since (O(1); the embedded broker does the same).
-  redis.call('HDEL', jk, 'mh', 'mt', 'r')
-  redis.call('HSET', jk, 'm', r[3] .. msgpack_bin(payload) .. r[4], 's', 'w')
+  redis.call('HDEL', jk, 'mh', 'mt')
+  -- Due from the hand-off (its queue wait does not include the steps before it).
+  redis.call('HSET', jk, 'm', r[3] .. msgpack_bin(payload) .. r[4], 's', 'w', 'r', now)
   push_waiting(q, sane_prio(r[5]), id, true)
   count(q, 's', -1)
   count(q, 'w', 1)

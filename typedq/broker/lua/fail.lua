@@ -1,6 +1,7 @@
 #!lua flags=allow-oom
 -- Record failed attempts, fenced by token (outcomes as in complete.lua).
--- mode 'r': retry after delay_us (0 = waiting at once) unless a cancel was requested;
+-- mode 'r': retry after delay_us (0 = waiting at once) unless a cancel was requested
+-- (its due time 'r' is when it becomes claimable again, now for an immediate retry);
 -- 'l': like 'r', but the attempt is given back (RateLimited: not spent);
 -- 'f': failed for good; 'x': cancelled. A non-empty `message` replaces the stored
 -- envelope (a job whose bytes could not be decoded gets a readable one).
@@ -51,7 +52,7 @@ for i = 0, n - 1 do
         redis.call('ZADD', k_sched(q), now + delay, id)
         count(q, 's', 1)
       else
-        redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', k_seq(q)))
+        redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', k_seq(q)), 'r', now)
         push_waiting(q, sane_prio(r[6]), id, false)
         count(q, 'w', 1)
       end

@@ -1,11 +1,13 @@
 #!lua flags=no-writes
 -- Counts per state and the age of the longest-waiting job, per queue (a metrics
--- scrape: one round trip for every queue). The oldest waiting job of a priority level
--- is its head (the right end of its list; the first live entry among the last
--- HEAD_SCAN, stale entries skipped); its age counts from when it became due: its
--- enqueue time, or the time its delay or eta named (a scheduled job moved to waiting
--- has waited since then, not since its enqueue). A due scheduled job not yet moved to
--- waiting counts from its due time too.
+-- scrape: one round trip for every queue). A waiting job's age counts from when it
+-- became due: its due time 'r' when it has one (a retry's due time, a hand-back, a
+-- stall recovery, a workflow hand-off, a scheduled job moved to waiting), else its
+-- enqueue time or the time its body's delay or eta named. The longest-waiting job of a
+-- priority level is among the live entries at its head (the right end of its list, the
+-- last HEAD_SCAN entries): mostly the head itself, but a job handed back to its old
+-- place or a workflow step pushed at the head waits since its hand-back only. A due
+-- scheduled job not yet moved to waiting counts from its due time too.
 -- KEYS: the counts hash of each queue (declared for routing; read by name below)
 -- ARGV: P, queue...
 -- Returns per queue: its counts hash as a flat list, then the age in microseconds.
@@ -65,12 +67,19 @@ for i = 2, #ARGV do
     if redis.call('TYPE', lk).ok == 'list' then
       local ids = redis.call('LRANGE', lk, -HEAD_SCAN, -1)
       for j = #ids, 1, -1 do
-        local r = read_job(q, ids[j], 's', 'e', 'm')
+        local r = read_job(q, ids[j], 's', 'e', 'r')
         if r and r[1] == 'w' then
-          local e = tonumber(r[2])
-          if e then e = due_us(e, r[3]) end
+          local e = tonumber(r[3])
+          if not e then
+            -- Due since its enqueue or its body's eta/delay: never before its enqueue,
+            -- so the body is read only when the enqueue time is the oldest so far.
+            e = tonumber(r[2])
+            if e and (not oldest or e < oldest) then
+              local m = read_job(q, ids[j], 'm')
+              e = due_us(e, m and m[1])
+            end
+          end
           if e and (not oldest or e < oldest) then oldest = e end
-          break
         end
       end
     end

@@ -1026,8 +1026,8 @@ class RedisBroker(ScheduleOps, Broker):
         self._notes.claim_answered(queues, int(reply[0]))
         claimed: list[ClaimedJob] = []
         broken: list[Failure] = []
-        for i in range(1, len(reply), 7):
-            job_id, raw, tok, attempt, enqueued, stalls, queue = reply[i : i + 7]
+        for i in range(1, len(reply), 8):
+            job_id, raw, tok, attempt, enqueued, stalls, queue, due = reply[i : i + 8]
             job_id, tok = text(job_id), text(tok)
             self._held[tok] = (job_id, text(queue))
             try:
@@ -1042,6 +1042,7 @@ class RedisBroker(ScheduleOps, Broker):
                     attempt=int(attempt),
                     enqueued_at=int(enqueued) / MICRO,
                     stalls=int(stalls),
+                    run_at=int(due) / MICRO,
                 )
             )
         if broken:
