@@ -28,11 +28,14 @@ Attributes: ``messaging.system=typedq``, ``messaging.destination.name`` (the que
 
 A workflow is one trace: every step, member and callback carries the context of the
 flow's ``send`` span, so their process spans are its children (siblings of each other,
-not a chain of parents: a released step's context is fixed at enqueue). The fan-in
-callback therefore shares the members' trace; it carries no links to them, since the
-members' spans do not exist when the flow is enqueued (the members' envelopes hold the
-flow's send context, the callback's parent already), and nothing carries a member's
-process span context to the callback.
+not a chain of parents: a released step's context is fixed at enqueue). A fan-in
+callback's process span also links to its members' process spans: a traced member's
+completion (or final failure) carries its span's context (``Completion.span``, a W3C
+``traceparent``), the broker keeps it with the member's result and, at the fan-in,
+gives the callback the list (:attr:`JobMessage.trace_links`, the first
+:data:`~typedq.broker.base.MAX_SPAN_LINKS` members), from which its span's links are
+made. Only spans that are recorded are linked to (an unsampled member's span is
+exported nowhere).
 
 Cost: with no SDK installed (the API's no-op provider) no span is made at all; only a
 context that came with the job is made current. With the SDK, a span that is not
@@ -53,6 +56,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import (
+    Link,
     NonRecordingSpan,
     Span,
     SpanContext,
@@ -242,9 +246,12 @@ class Tracing:
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes=attributes,
+            links=_links(message.trace_links) if message.trace_links else None,
         )
         token = otel_context.attach(trace.set_span_in_context(span, parent))
-        return Processing(span, None if own_context else token)
+        # A fan-out member's id ends in '.m<index>' (typedq.broker.flow.member_id).
+        member = ".m" in message.id and _MEMBER_ID.search(message.id) is not None
+        return Processing(span, None if own_context else token, member)
 
 
 _EMPTY = otel_context.Context()
@@ -286,6 +293,28 @@ def _lone_traceparent(carried: str, textmap: object) -> otel_context.Context | N
     return trace.set_span_in_context(NonRecordingSpan(remote), _EMPTY)
 
 
+#: The end of a fan-out member's id (typedq.broker.flow.member_id).
+_MEMBER_ID = re.compile(r"\.m[0-9]+$")
+_TRACEPARENT_VALUE = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+def _links(text: str) -> list[Link]:
+    """Span links to the members' spans of a callback's ``trace_links`` (malformed
+    entries skipped)."""
+    links = []
+    for value in text.split(","):
+        match = _TRACEPARENT_VALUE.fullmatch(value)
+        if match is None:
+            continue
+        trace_id, span_id = int(match[1], 16), int(match[2], 16)
+        if trace_id and span_id:
+            member = SpanContext(
+                trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(match[3], 16))
+            )
+            links.append(Link(member))
+    return links
+
+
 def _attributes(operation: str, queue: str) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
@@ -304,26 +333,33 @@ def _carry(messages: Sequence[JobMessage], context: str) -> tuple[JobMessage, ..
 class Processing:
     """A running attempt's span, current in its task until :meth:`end`."""
 
-    __slots__ = ("span", "token")
+    __slots__ = ("member", "span", "token")
 
-    def __init__(self, span: Span, token: object | None) -> None:
+    def __init__(self, span: Span, token: object | None, member: bool = False) -> None:
         self.span = span
         #: Restores the context current before the span (None: the attempt's context is
         #: its own and is dropped after it).
         self.token = token
+        #: The job is a fan-out member: :meth:`end` gives its span's context.
+        self.member = member
 
-    def end(self, outcome: Outcome | None) -> None:
-        """End the span with ``outcome`` (None: the attempt was interrupted)."""
+    def end(self, outcome: Outcome | None) -> str:
+        """End the span with ``outcome`` (None: the attempt was interrupted).
+
+        :return: for a fan-out member's recorded span, its context as a W3C
+            ``traceparent`` (the worker sends it with the outcome, for the fan-in
+            callback's links); "" otherwise
+        """
         if self.token is not None:
             otel_context.detach(self.token)  # type: ignore[arg-type]  # attach() gave it
         span = self.span
         if not span.is_recording():
             span.end()  # not sampled: nothing to record
-            return
+            return ""
         if outcome is None:
             span.set_status(StatusCode.ERROR, "interrupted")
             span.end()
-            return
+            return ""
         span.set_attribute("typedq.outcome", outcome_of(outcome).value)
         if isinstance(outcome, Fail):
             record = outcome.record
@@ -340,6 +376,10 @@ class Processing:
         elif isinstance(outcome, HandBack):
             span.set_attribute("typedq.released", True)
         span.end()
+        if not self.member:
+            return ""
+        ctx = span.get_span_context()
+        return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
 
 
 def tracing_from(option: bool | Tracing | None) -> Tracing | None:

@@ -42,6 +42,7 @@ __all__ = [
     "CLAIM_RECORD_TTL",
     "ERROR_HISTORY",
     "HISTORY_MINUTES",
+    "MAX_SPAN_LINKS",
     "Broker",
     "BrokerSettings",
     "CancelOutcome",
@@ -76,6 +77,10 @@ CLAIM_RECORD_TTL = 60.0
 
 #: How many attempts' FailureRecords a job keeps (``JobRecord.errors``), newest last.
 ERROR_HISTORY = 10
+
+#: How many members a fan-in callback's span links to, the first by index (the
+#: OpenTelemetry SDK's default limit of links per span; MAX_SPAN_LINKS in common.lua).
+MAX_SPAN_LINKS = 128
 
 #: How many minutes of throughput rollups a broker keeps per queue (24 hours).
 HISTORY_MINUTES = 1440
@@ -144,6 +149,11 @@ class JobMessage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     #: The producer's trace context (typedq.tracing): the propagator's carrier as
     #: ``key=value`` lines (W3C ``traceparent``/``tracestate`` by default); "" = none.
     trace_context: str = ""
+    #: A fan-in callback's links to its members' process spans: their W3C
+    #: ``traceparent`` values, comma-separated, in member order (at most
+    #: :data:`MAX_SPAN_LINKS`); set by the broker at the fan-in, when the callback
+    #: carries a trace context and its members' attempts were traced. "" = none.
+    trace_links: str = ""
 
 
 class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -185,6 +195,9 @@ class Completion(msgspec.Struct, frozen=True):
     id: str
     token: str
     result: bytes
+    #: The attempt's process span (W3C ``traceparent``), for a traced fan-out member:
+    #: its fan-in callback's span links to it (:attr:`JobMessage.trace_links`). "" = none.
+    span: str = ""
 
 
 class Failure(msgspec.Struct, frozen=True, kw_only=True):
@@ -203,6 +216,8 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
     retry_delay: float | None = None
     cancelled: bool = False
     refund: bool = False
+    #: As :attr:`Completion.span` (a collecting fan-in links to failed members too).
+    span: str = ""
 
 
 class Release(msgspec.Struct, frozen=True):

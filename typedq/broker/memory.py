@@ -35,6 +35,7 @@ from .base import (
     CLAIM_RECORD_TTL,
     ERROR_HISTORY,
     HISTORY_MINUTES,
+    MAX_SPAN_LINKS,
     Broker,
     BrokerSettings,
     CancelOutcome,
@@ -272,6 +273,7 @@ class _Flow:
         "collector",
         "failed",
         "id",
+        "links",
         "members",
         "outcomes",
         "remaining",
@@ -291,6 +293,9 @@ class _Flow:
         self.settled = bytearray(self.members)
         #: The first failed member by index: (index, final state, record).
         self.failed: tuple[int, JobState, bytes | None] | None = None
+        #: Traced members' process spans by index (the first MAX_SPAN_LINKS), which
+        #: the callback's span links to (JobMessage.trace_links).
+        self.links: dict[int, str] = {}
 
 
 class MemoryBroker(Broker):
@@ -1020,6 +1025,8 @@ class MemoryBroker(Broker):
             if job is not None and job.state is _ACTIVE and job.active_token == token:
                 job.result = item.result
                 job.done_token = token
+                if item.span:
+                    self._note_span(job, item.span)
                 self._finish(job, _COMPLETED, now)
                 queue = job.message.queue
                 done[queue] = done.get(queue, 0) + 1
@@ -1045,6 +1052,8 @@ class MemoryBroker(Broker):
                 job.add_error(item.error)
                 job.done_token = item.token
                 if item.cancelled or (item.retry_delay is None) or job.cancel_requested:
+                    if item.span:
+                        self._note_span(job, item.span)
                     state = _CANCELLED if item.cancelled or job.cancel_requested else _FAILED
                     self._finish(job, state, now)
                     if state is _FAILED:
@@ -1340,6 +1349,14 @@ class MemoryBroker(Broker):
         self._queues.add(message.queue)
         return job
 
+    def _note_span(self, job: _Job, span: str) -> None:
+        """Keep a fan-out member's process span for its callback's links (as flow_settle
+        in common.lua: the first settle of the first MAX_SPAN_LINKS members)."""
+        index = job.flow_member
+        flow = None if job.flow_id is None else self._flows.get(job.flow_id)
+        if flow is not None and 0 <= index < MAX_SPAN_LINKS and not flow.settled[index]:
+            flow.links[index] = span
+
     def _flow_settled(
         self, job: _Job, state: JobState, result: bytes | None, error: bytes | None, now: float
     ) -> None:
@@ -1382,10 +1399,14 @@ class MemoryBroker(Broker):
             return
         payload = fan_in_payload([o or b"\xc0" for o in flow.outcomes])
         flow.outcomes = []
-        self._release(flow, 0, payload, now)
+        links = ",".join(flow.links[i] for i in sorted(flow.links))
+        self._release(flow, 0, payload, now, links)
 
-    def _release(self, flow: _Flow, index: int, payload: bytes, now: float) -> None:
-        """Give held step ``index`` its input: waiting now (or, a collector, completed)."""
+    def _release(
+        self, flow: _Flow, index: int, payload: bytes, now: float, links: str = ""
+    ) -> None:
+        """Give held step ``index`` its input: waiting now (or, a collector, completed).
+        ``links``: the members' spans, for a fan-in callback that carries a trace context."""
         job = self._jobs.get(step_id(flow.id, index, flow.steps))
         if job is None or job.state is not JobState.SCHEDULED:
             record = _encode(
@@ -1397,7 +1418,10 @@ class MemoryBroker(Broker):
             job.result = payload
             self._to_final(job, JobState.COMPLETED, now)  # the flow's job: ends the flow
             return
-        job.message = msgspec.structs.replace(job.message, payload=payload)
+        if links and job.message.trace_context:
+            job.message = msgspec.structs.replace(job.message, payload=payload, trace_links=links)
+        else:
+            job.message = msgspec.structs.replace(job.message, payload=payload)
         # At the head of its priority level (the latest released first, like a push at
         # the head of the Redis level list): a flow under way finishes before new work.
         self._to_waiting(job, keep_order=False, at_head=True, due=now)

@@ -511,6 +511,28 @@ local function msgpack_bin(s)
   return '\198' .. be_bytes(n, 4) .. s
 end
 
+local function msgpack_str(s)
+  local n = #s
+  if n < 32 then return string.char(160 + n) .. s end
+  if n < 256 then return '\217' .. string.char(n) .. s end
+  if n < 65536 then return '\218' .. be_bytes(n, 2) .. s end
+  return '\219' .. be_bytes(n, 4) .. s
+end
+
+-- Fan-out members' process spans (typedq.tracing): a traced member's completion or
+-- failure names its span (a W3C traceparent) in an optional last section of its script's
+-- arguments, nl then nl x (id, traceparent): read_span_links(at) (false when ARGV does
+-- not end with one). flow_settle keeps the first MAX_SPAN_LINKS members' in the flow
+-- record (l<i>, and L once any); the fan-in gives them to the callback (flow_release).
+local MAX_SPAN_LINKS = 128
+local span_links = {}
+local function read_span_links(at)
+  local nl = tonumber(ARGV[at])
+  if not is_int(nl) or nl < 1 or #ARGV ~= at + 2 * nl then return false end
+  for i = 0, nl - 1 do span_links[ARGV[at + 1 + 2 * i]] = ARGV[at + 2 + 2 * i] end
+  return true
+end
+
 local function msgpack_array_header(n)
   if n < 16 then return string.char(144 + n) end
   if n < 65536 then return '\220' .. be_bytes(n, 2) end
@@ -553,8 +575,9 @@ local function flow_end(fq, f, state, err, now)
 end
 
 -- Give held step k its input: waiting now, or (a collector) completed with it. `sq`: the
--- flow record's 'sq' when the caller read it already (nil: read here).
-local function flow_release(fq, f, k, steps, collector, payload, now, sq)
+-- flow record's 'sq' when the caller read it already (nil: read here). `links`: the
+-- members' spans, for a fan-in callback (comma-separated traceparents).
+local function flow_release(fq, f, k, steps, collector, payload, now, sq, links)
   local id = flow_step_id(f, k, steps)
   if sq == nil then sq = redis.call('HGET', k_flow(fq, f), 'sq') end
   local q = flow_queues(sq, steps, fq)[k + 1]
@@ -575,8 +598,14 @@ local function flow_release(fq, f, k, steps, collector, payload, now, sq)
   -- instead of its next step or callback queueing behind the members of every flow
   -- enqueued since (O(1); the embedded broker does the same).
   redis.call('HDEL', jk, 'mh', 'mt')
+  local head, tail = r[3], r[4]
+  -- A traced callback (its body has every field up to its trace context: 12) gets its
+  -- members' span links as the body's 13th field, trace_links.
+  if links and links ~= '' and string.byte(head, 1) == 156 then
+    head, tail = '\157' .. string.sub(head, 2), tail .. msgpack_str(links)
+  end
   -- Due from the hand-off (its queue wait does not include the steps before it).
-  redis.call('HSET', jk, 'm', r[3] .. msgpack_bin(payload) .. r[4], 's', 'w', 'r', now)
+  redis.call('HSET', jk, 'm', head .. msgpack_bin(payload) .. tail, 's', 'w', 'r', now)
   push_waiting(q, sane_prio(r[5]), id, true)
   count(q, 's', -1)
   count(q, 'w', 1)
@@ -588,7 +617,7 @@ end
 -- per 1000 members).
 local function flow_fan_in(fq, f, steps, n, collector, now)
   local fk = k_flow(fq, f)
-  local names = {'fi', 'fst', 'fe', 'mq', 'sq'}
+  local names = {'fi', 'fst', 'fe', 'mq', 'sq', 'L'}
   local first = math.min(n, 1000)
   for i = 0, first - 1 do names[#names + 1] = 'r' .. i end
   local vals = redis.call('HMGET', fk, unpack(names))
@@ -597,18 +626,28 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
     return
   end
   local parts = {msgpack_array_header(n)}
-  for j = 6, #vals do parts[#parts + 1] = vals[j] or '\192' end
+  for j = 7, #vals do parts[#parts + 1] = vals[j] or '\192' end
   for s = first, n - 1, 1000 do
     local more = {}
     for i = s, math.min(s + 999, n - 1) do more[#more + 1] = 'r' .. i end
     local got = redis.call('HMGET', fk, unpack(more))
     for j = 1, #got do parts[#parts + 1] = got[j] or '\192' end
   end
+  local links = nil
+  if vals[6] then
+    local ln = {}
+    for i = 0, math.min(n, MAX_SPAN_LINKS) - 1 do ln[#ln + 1] = 'l' .. i end
+    local t = {}
+    for _, v in ipairs(redis.call('HMGET', fk, unpack(ln))) do
+      if v then t[#t + 1] = v end
+    end
+    links = table.concat(t, ',')
+  end
   -- The payload carries the results now: the flow record keeps only its shape.
   redis.call('DEL', fk)
   redis.call('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0',
     'mq', vals[4] or '', 'sq', vals[5] or '')
-  flow_release(fq, f, 0, steps, collector, table.concat(parts), now, vals[5] or false)
+  flow_release(fq, f, 0, steps, collector, table.concat(parts), now, vals[5] or false, links)
 end
 
 flow_settle = function(fq, f, fm, fs, state, res, err, now)
@@ -627,6 +666,8 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now)
       el = res or '\192'
     end
     if redis.call('HSETNX', fk, 'r' .. i, el) == 0 then return end
+    local link = span_links[f .. '.m' .. i]
+    if link and i < MAX_SPAN_LINKS then redis.call('HSET', fk, 'l' .. i, link, 'L', 1) end
     if meta[4] ~= 'c' and state ~= 'c' then
       local fi = tonumber(redis.call('HGET', fk, 'fi'))
       if not fi or i < fi then

@@ -7,9 +7,10 @@
 -- envelope (a job whose bytes could not be decoded gets a readable one).
 -- KEYS[1] = the queue's active zset (the slot this runs on)
 -- ARGV: P, queue, failed_ttl_us, failed_max, n, then n x (id, token, error, mode, delay_us,
---       message)
+--       message), [fan-out members' spans: see read_span_links]
 local q, ttl, cap, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if q == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0 or #ARGV ~= 5 + 6 * n then
+if q == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0
+    or (#ARGV ~= 5 + 6 * n and not read_span_links(6 + 6 * n)) then
   return bad_args('fail')
 end
 for i = 0, n - 1 do
