@@ -20,6 +20,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests import trace_app
@@ -485,6 +486,41 @@ def test_without_an_sdk_no_span_is_made_and_a_carried_context_passes_on() -> Non
     assert carrier["traceparent"] == parent  # an enqueue in the handler continues the trace
     traced.end(Complete(b"\xc0"))
     assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+@pytest.mark.parametrize("follows", [True, False])
+def test_an_unsampled_producer_trace_makes_no_span_when_the_sampler_follows_it(
+    follows: bool,
+) -> None:
+    """A job whose producer did not sample its trace, under the SDK's ParentBased sampler
+    (which would make a non-recording span nothing sees): no span at all, the producer's
+    context passed on. A sampler that records such spans gets its span."""
+    exporter = InMemorySpanExporter()
+    sampler = (
+        ParentBased(ALWAYS_ON)
+        if follows
+        else ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON)
+    )
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider)
+    parent = "00-" + "1" * 32 + "-" + "2" * 16 + "-00"
+    for carried in (f"traceparent={parent}", f"traceparent={parent}\ntracestate=a=b"):
+        message = JobMessage(id="j1", task="t", queue="q", payload=b"", trace_context=carried)
+        claimed = ClaimedJob(message=message, token="t", attempt=1, enqueued_at=time.time())  # noqa: S106
+        traced = tracing.process(claimed)
+        assert traced is not None
+        assert traced.span.is_recording() is not follows
+        current = trace.get_current_span().get_span_context()
+        assert current.trace_id == int("1" * 32, 16)
+        assert not current.trace_flags.sampled or not follows
+        if follows:
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            assert carrier["traceparent"] == parent  # an enqueue continues the trace, unsampled
+        traced.end(Complete(b"\xc0"))
+        assert trace.get_current_span() is trace.INVALID_SPAN
+    assert len(exporter.get_finished_spans()) == (0 if follows else 2)
 
 
 # -- across processes ------------------------------------------------------------------

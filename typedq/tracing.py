@@ -119,11 +119,15 @@ class Tracing:
         self._real = False
         #: The process spans' names and fixed attributes per (queue, task), built once.
         self._process_spans: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        #: Whether the provider's sampler drops every span whose remote parent was not
+        #: sampled (the SDK's ParentBased with its defaults; see _noop).
+        self._follows_parent = False
         #: The last envelope context extracted (with the propagator it was extracted
-        #: by) and what it gave: the jobs of one enqueue_many or one flow carry the
-        #: same one.
+        #: by) and what it gave (the parent context, and False when that is a remote
+        #: parent that was not sampled): the jobs of one enqueue_many or one flow carry
+        #: the same one.
         self._last_carried: tuple[str, object] = ("", None)
-        self._last_parent = otel_context.Context()
+        self._last_parent: tuple[otel_context.Context, bool] = (otel_context.Context(), True)
 
     def __repr__(self) -> str:
         return f"Tracing({self.tracer!r})"
@@ -138,6 +142,7 @@ class Tracing:
             return True
         # A real provider stays: the global one is set once and never replaced.
         self._real = True
+        self._follows_parent = _drops_unsampled_remote(getattr(provider, "sampler", None))
         return False
 
     def _context(self) -> str:
@@ -212,17 +217,23 @@ class Tracing:
         if carried:
             key = (carried, propagate.get_global_textmap())
             if key == self._last_carried:
-                parent = self._last_parent
+                parent, sampled = self._last_parent
             else:
-                parent = _lone_traceparent(carried, key[1]) or propagate.extract(
-                    decode_carrier(carried), context=_EMPTY
-                )
-                self._last_carried, self._last_parent = key, parent
+                found = _lone_traceparent(carried, key[1])
+                if found is None:
+                    parent = propagate.extract(decode_carrier(carried), context=_EMPTY)
+                    remote = trace.get_current_span(parent).get_span_context()
+                    sampled = remote.trace_flags.sampled or not remote.is_valid
+                else:
+                    parent, sampled = found
+                self._last_carried, self._last_parent = key, (parent, sampled)
         else:
-            parent = _EMPTY
-        if self._noop():
+            parent, sampled = _EMPTY, True
+        if self._noop() or (not sampled and self._follows_parent):
             # No span, but the producer's context is passed on (an enqueue in the
-            # handler continues the trace, as a no-op span would have done).
+            # handler continues the trace, as a no-op span would have done): no SDK, or
+            # a producer that did not sample this trace and a sampler that follows it
+            # (the span would be a non-recording one that nothing ever sees).
             if not carried:
                 return None
             token = otel_context.attach(parent)
@@ -258,10 +269,27 @@ _EMPTY = otel_context.Context()
 _NOOP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
 #: What the default propagators (W3C trace context and baggage) write for a span with no
-#: trace state and no baggage: the common envelope, parsed here without the propagator.
-_TRACEPARENT = re.compile(r"traceparent=00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+#: trace state and no baggage, ``traceparent=00-<32 hex>-<16 hex>-<2 hex>``: the common
+#: envelope, parsed here without the propagator (and without a regular expression).
+_TRACEPARENT_LEN = len("traceparent=00-") + 32 + 1 + 16 + 1 + 2
+_HEX_OR_DASH = frozenset("0123456789abcdef-")
 #: Whether a global propagator is the default one, by identity (checked once each).
 _DEFAULT_TEXTMAP: dict[int, bool] = {}
+
+
+def _drops_unsampled_remote(sampler: object) -> bool:
+    """Whether ``sampler`` (a provider's) is the SDK's ParentBased sampler that drops
+    every span of a remote parent that was not sampled: its default, and what
+    docs/observability.md recommends. Told by its public description (the last
+    ``remoteParentNotSampled`` in it is its own, past a nested root's)."""
+    try:
+        from opentelemetry.sdk.trace.sampling import ParentBased
+    except ImportError:  # no SDK: nothing to skip
+        return False
+    if type(sampler) is not ParentBased:
+        return False
+    description: str = sampler.get_description()  # type: ignore[no-untyped-call]  # SDK
+    return description.rpartition("remoteParentNotSampled:")[2].startswith("AlwaysOffSampler")
 
 
 def _is_default_textmap(textmap: object) -> bool:
@@ -277,20 +305,29 @@ def _is_default_textmap(textmap: object) -> bool:
     return known
 
 
-def _lone_traceparent(carried: str, textmap: object) -> otel_context.Context | None:
+def _lone_traceparent(carried: str, textmap: object) -> tuple[otel_context.Context, bool] | None:
     """The context the default propagators extract from a carrier holding only a
     version-00 ``traceparent`` (what they inject without trace state or baggage), made
-    directly; None for anything else (the propagator then extracts it)."""
-    match = _TRACEPARENT.fullmatch(carried)
-    if match is None or not _is_default_textmap(textmap):
+    directly, and whether the parent was sampled; None for anything else (the
+    propagator then extracts it)."""
+    if (
+        len(carried) != _TRACEPARENT_LEN
+        or not carried.startswith("traceparent=00-")
+        or carried[47] != "-"
+        or carried[64] != "-"
+        or not _HEX_OR_DASH.issuperset(carried[15:])
+        or not _is_default_textmap(textmap)
+    ):
         return None
-    trace_id, span_id = int(match[1], 16), int(match[2], 16)
+    try:
+        trace_id, span_id = int(carried[15:47], 16), int(carried[48:64], 16)
+        flags = int(carried[65:], 16)
+    except ValueError:  # a '-' inside a number
+        return None
     if not trace_id or not span_id:
         return None
-    remote = SpanContext(
-        trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(match[3], 16))
-    )
-    return trace.set_span_in_context(NonRecordingSpan(remote), _EMPTY)
+    remote = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+    return trace.set_span_in_context(NonRecordingSpan(remote), _EMPTY), bool(flags & 1)
 
 
 #: The end of a fan-out member's id (typedq.broker.flow.member_id).
