@@ -7,7 +7,9 @@ BatchSpanProcessor exporting to nowhere (what a real setup costs, less the netwo
 recording every span. ``sampled``: the same with the sampler docs/observability.md
 recommends for busy queues, ``ParentBased(TraceIdRatioBased(0.1))`` (one trace in ten
 recorded, decided where the trace starts and followed by the worker); ``sampled:R``
-samples a ratio R of the traces (``sampled:0.01``: one in a hundred).
+samples a ratio R of the traces (``sampled:0.01``: one in a hundred). ``installed``:
+the SDK provider of ``sdk`` installed, but the app not traced (what the SDK costs a
+process by being there).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def configure(mode: str, *, install: bool = True) -> None:
             return SpanExportResult.SUCCESS
 
     provider = None
+    if mode == "installed":
+        configure("sdk", install=install)
+        app.client.tracing = None
+        return
     if mode == "sdk" or mode.startswith("sampled"):
         ratio = float(mode.partition(":")[2] or 0.1)
         sampler = ParentBased(TraceIdRatioBased(ratio)) if mode != "sdk" else None
