@@ -38,10 +38,12 @@ made. Only spans that are recorded are linked to (an unsampled member's span is
 exported nowhere).
 
 Cost: with no SDK installed (the API's no-op provider) no span is made at all; only a
-context that came with the job is made current. With the SDK, a span that is not
-sampled costs the SDK's sampling decision and nothing else of ours (no outcome
-attributes); the per-span floor that remains is the SDK's (docs/observability.md has
-the figures and the sampler to use on busy queues).
+context that came with the job is made current. The same when the producer did not
+sample the trace and the provider's sampler follows the parent (the SDK's ParentBased,
+its default): the span would be a non-recording one that nothing sees. Otherwise a span
+that is not sampled costs the SDK's sampling decision and nothing else of ours (no
+outcome attributes); the per-span floor that remains is the SDK's (docs/observability.md
+has the figures and the sampler to use on busy queues).
 """
 
 from __future__ import annotations
