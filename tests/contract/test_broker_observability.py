@@ -14,6 +14,7 @@ import pytest
 from tests.support import In, Out, claim_one, connected, msg, one, sleep_until
 from typedq import App, ConfigError, InvalidName, JobState
 from typedq.broker.base import Broker, ClaimedJob, Failure, Release, WorkerInfo
+from typedq.observe import JobOutcome, WorkerObserver
 
 pytestmark = pytest.mark.anyio
 
@@ -224,6 +225,46 @@ async def test_a_manually_retried_job_waits_from_the_retry(app_name: str, broker
         await broker.retry([first.message.id])
         again = await waits_since(broker, retried, enqueued)
         assert again.attempt == 1
+
+
+async def test_a_workflow_step_waits_from_its_hand_off(app_name: str, broker_url: str) -> None:
+    """A chain's second step and a fan-in callback become due when the step before them
+    completes or the last member settles, not when the flow was enqueued."""
+    app = App(app_name, broker=broker_url)
+    started: dict[str, ClaimedJob] = {}
+    finished: dict[str, float] = {}
+
+    class Seen(WorkerObserver):
+        def job_started(self, job: ClaimedJob) -> None:
+            started[job.message.task] = job
+
+        def job_finished(self, job: ClaimedJob, outcome: JobOutcome, duration: float) -> None:
+            finished[job.message.task] = time.time()
+
+    @app.task
+    async def slow(x: In) -> In:
+        await anyio.sleep(OLD)
+        return x
+
+    @app.task
+    async def after(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task
+    async def total(xs: list[In]) -> Out:
+        return Out(sum(x.n for x in xs))
+
+    async with app, app.worker(concurrency=4).observe(Seen()):
+        chain = await slow.then(after).enqueue(In(n=1))
+        assert await chain.result(timeout=30) == Out(1)
+        fan = await slow.map([In(n=1), In(n=2)]).then(total).enqueue()
+        assert await fan.result(timeout=30) == Out(3)
+    for task in ("after", "total"):
+        job = started[task]
+        # Due at the hand-off: after the slow step ran (OLD seconds after the enqueue).
+        assert job.due_at() - job.enqueued_at >= OLD * 0.9, task
+        assert job.due_at() == job.run_at
+    assert started["total"].due_at() <= finished["slow"] + 0.1
 
 
 async def test_registry_lists_live_workers_and_ages_out_expired_ones(
