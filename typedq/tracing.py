@@ -275,6 +275,8 @@ _NOOP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 #: envelope, parsed here without the propagator (and without a regular expression).
 _TRACEPARENT_LEN = len("traceparent=00-") + 32 + 1 + 16 + 1 + 2
 _HEX_OR_DASH = frozenset("0123456789abcdef-")
+#: The two trace flags nearly every context has (not sampled, sampled), made once.
+_FLAGS = (TraceFlags(0), TraceFlags(1))
 #: Whether a global propagator is the default one, by identity (checked once each).
 _DEFAULT_TEXTMAP: dict[int, bool] = {}
 
@@ -328,7 +330,12 @@ def _lone_traceparent(carried: str, textmap: object) -> tuple[otel_context.Conte
         return None
     if not trace_id or not span_id:
         return None
-    remote = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+    remote = SpanContext(
+        trace_id,
+        span_id,
+        is_remote=True,
+        trace_flags=_FLAGS[flags] if flags < 2 else TraceFlags(flags),
+    )
     return trace.set_span_in_context(NonRecordingSpan(remote), _EMPTY), bool(flags & 1)
 
 
