@@ -6,7 +6,10 @@ configured (the API's no-op spans). ``sdk``: the OpenTelemetry SDK with a
 BatchSpanProcessor exporting to nowhere (what a real setup costs, less the network),
 recording every span. ``sampled``: the same with the sampler docs/observability.md
 recommends for busy queues, ``ParentBased(TraceIdRatioBased(0.1))`` (one trace in ten
-recorded, decided where the trace starts and followed by the worker).
+recorded, decided where the trace starts and followed by the worker); ``sampled:R``
+samples a ratio R of the traces (``sampled:0.01``: one in a hundred). ``installed``:
+the SDK provider of ``sdk`` installed, but the app not traced (what the SDK costs a
+process by being there).
 """
 
 from __future__ import annotations
@@ -40,8 +43,13 @@ def configure(mode: str, *, install: bool = True) -> None:
             return SpanExportResult.SUCCESS
 
     provider = None
-    if mode in ("sdk", "sampled"):
-        sampler = ParentBased(TraceIdRatioBased(0.1)) if mode == "sampled" else None
+    if mode == "installed":
+        configure("sdk", install=install)
+        app.client.tracing = None
+        return
+    if mode == "sdk" or mode.startswith("sampled"):
+        ratio = float(mode.partition(":")[2] or 0.1)
+        sampler = ParentBased(TraceIdRatioBased(ratio)) if mode != "sdk" else None
         provider = TracerProvider(sampler=sampler)
         provider.add_span_processor(BatchSpanProcessor(Nowhere()))
         if install:

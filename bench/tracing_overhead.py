@@ -5,6 +5,14 @@ span, and on with the SDK sampling one trace in ten (``ParentBased(TraceIdRatioB
 
 Run: ``.venv/bin/python -m bench.tracing_overhead [--rounds 3] [--total 20000]``.
 
+``--drain`` measures a drain instead, steadier on a shared machine: the producer
+enqueues ``--total`` jobs one by one (each with a trace context of its own, traced in
+the run's mode), then a worker process starts and drains them; its CPU per job from
+its start-up line to the last completion. The modes there are the whole observability
+configurations: ``off``, ``metrics`` (``--metrics-port``, scraped every second), and
+metrics with the SDK sampling one trace in a hundred (``m+1/100``), one in ten
+(``m+1/10``) or recording every span (``m+all``).
+
 The workload is bench/redis_bench.py's end-to-end one (4 producers of single enqueues,
 a no-op async handler, one worker process running bench/tracing_app.py). The producer
 traces in the same mode as the worker, so process spans have a remote parent. Before
@@ -17,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -27,20 +36,38 @@ from collections.abc import Iterator
 
 import anyio
 
-from bench.metrics_overhead import cpu_seconds
+from bench.metrics_overhead import cpu_seconds, scrape_every
 from bench.redis_bench import ROOT, fresh, payload, records, redis_server, wait_done
 from bench.tracing_app import app, configure, noop
 
 MODES = ("off", "noop", "sdk", "sampled")
 
 
+#: The drain's configurations: name -> (tracing mode, metrics on). ``ctx`` and ``sdk``
+#: (not run by default) split ``m+1/100``'s cost: the producer traces (sampling one
+#: in a hundred) but the worker does not (``ctx``: the context in the envelope), and
+#: the SDK is installed in the worker but the app does not trace (``sdk``).
+DRAIN_MODES = {
+    "off": ("off", False),
+    "metrics": ("off", True),
+    "m+1/100": ("sampled:0.01", True),
+    "m+1/10": ("sampled:0.1", True),
+    "m+all": ("sdk", True),
+}
+DIAGNOSTIC_MODES = {"ctx": ("off", True), "sdk": ("installed", True)}
+#: The producer's tracing in the diagnostic modes (otherwise the worker's).
+PRODUCER_MODE = {"ctx": "sampled:0.01", "sdk": "off"}
+
+
 @contextlib.contextmanager
-def worker(url: str, concurrency: int, mode: str) -> Iterator[int]:
-    """A worker process tracing in ``mode``; yields its pid."""
+def worker(url: str, concurrency: int, mode: str, metrics: bool = False) -> Iterator[int]:
+    """A worker process tracing in ``mode`` (with ``/metrics`` scraped every second when
+    ``metrics``); yields its pid once it has started."""
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "typedq", "--log-level", "INFO", "worker"),
             *("bench.tracing_app:app", "--concurrency", str(concurrency), "--broker", url),
+            *(("--metrics-port", "0", "--metrics-addr", "127.0.0.1") if metrics else ()),
         ],
         env={**os.environ, "PYTHONPATH": str(ROOT), "TYPEDQ_BENCH_TRACING": mode},
         cwd=ROOT,
@@ -48,16 +75,67 @@ def worker(url: str, concurrency: int, mode: str) -> Iterator[int]:
         text=True,
     )
     assert proc.stderr is not None
+    port = None
     for line in proc.stderr:
+        if "serving metrics on" in line:
+            match = re.search(r":(\d+)/metrics", line)
+            assert match is not None
+            port = int(match.group(1))
         if " started: " in line:
             break
     drain = threading.Thread(target=proc.stderr.read, daemon=True)
     drain.start()
+    stop = threading.Event()
+    if port is not None:
+        scrapes: list[int] = []
+        threading.Thread(target=scrape_every, args=(1.0, port, stop, scrapes), daemon=True).start()
     try:
         yield proc.pid
     finally:
+        stop.set()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+async def drain_run(url: str, total: int, concurrency: int, name: str) -> float:
+    """Worker CPU seconds per job draining ``total`` jobs enqueued one by one before."""
+    mode, metrics = {**DRAIN_MODES, **DIAGNOSTIC_MODES}[name]
+    configure(PRODUCER_MODE.get(name, mode), install=False)  # the producer's
+
+    async def produce(base: int, count: int) -> None:
+        for i in range(base, base + count):
+            await noop.enqueue(payload(i))
+
+    per = total // 32
+    async with anyio.create_task_group() as tg:
+        for p in range(32):
+            tg.start_soon(produce, p * per, per)
+    with worker(url, concurrency, mode, metrics) as pid:
+        cpu_before = cpu_seconds(pid)
+        await wait_done(per * 32)
+        cpu = cpu_seconds(pid) - cpu_before
+    return cpu / (per * 32)
+
+
+async def drain_main(rounds: int, total: int, concurrency: int, names: list[str]) -> None:
+    cpus: dict[str, list[float]] = {n: [] for n in names}
+    with redis_server() as url:
+        app.use_broker(url)
+        for r in range(rounds):
+            for name in names:
+                async with fresh(url):
+                    cpu = await drain_run(url, total, concurrency, name)
+                cpus[name].append(cpu)
+                print(f"round {r + 1} {name:8} worker CPU {cpu * 1e6:6.1f} µs/job", flush=True)
+    base = statistics.median(cpus[names[0]])
+    for name in names:
+        med = statistics.median(cpus[name])
+        runs = ", ".join(f"{c * 1e6:.1f}" for c in cpus[name])
+        print(
+            f"median of {rounds}, {name:8}: worker CPU {med * 1e6:6.1f} µs/job "
+            f"({100 * (med - base) / base:+5.1f}% vs {names[0]}; runs {runs}) "
+            f"(drain of {total}, C={concurrency})"
+        )
 
 
 async def one_run(url: str, total: int, concurrency: int, mode: str) -> tuple[float, float]:
@@ -168,7 +246,15 @@ if __name__ == "__main__":
     parser.add_argument("--total", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--micro", action="store_true", help="only the in-process CPU per job")
+    parser.add_argument("--drain", action="store_true", help="a pre-filled drain (see above)")
+    parser.add_argument(
+        "--modes", default=",".join(DRAIN_MODES), help="the drain's modes, comma-separated"
+    )
     ns = parser.parse_args()
+    if ns.drain:
+        names = [n for n in ns.modes.split(",") if n]
+        anyio.run(drain_main, ns.rounds, ns.total, ns.concurrency, names)
+        sys.exit(0)
     for m in MODES:
         print(f"process span, {m:4}: {per_job_cost(m) * 1e6:6.2f} µs of CPU per job (in-process)")
     if not ns.micro:

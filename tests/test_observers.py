@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from typedq import App, Backoff, JobFailed
+from typedq import App, Backoff, JobContext, JobFailed
 from typedq.broker.base import ClaimedJob, JobMessage, new_claim_id
 from typedq.metrics import Metrics
 from typedq.observe import JobOutcome, WorkerObserver
@@ -166,3 +166,36 @@ def test_histograms_count_a_value_on_a_bound_in_that_bucket_and_add_up() -> None
     assert 'typedq_jobs_total{outcome="failed",queue="q",task="t"} 0.0' in text
     assert found[("typedq_broker_errors_total", "")] == 1
     assert found[("typedq_stalled_recovered_total", "")] == 2
+
+
+async def test_queue_wait_of_a_retry_counts_from_its_due_time_not_its_enqueue() -> None:
+    """A job waits 1.2 s for a worker, fails, and is retried after a 0.3 s backoff: its
+    retry's queue wait is the short one from its due time, not 1.5 s and more from its
+    first enqueue."""
+    app = App("retry-wait", broker="memory://")
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+
+    @app.task(retries=1, backoff=Backoff(kind="fixed", base=0.3))
+    async def once(item: N, ctx: JobContext) -> N:
+        if ctx.attempt == 1:
+            raise ValueError("first attempt fails")
+        return item
+
+    async with app:
+        job = await once.enqueue(N(1))
+        await anyio.sleep(1.2)
+        async with metrics.attach(app.worker(concurrency=1)):
+            assert await job.result(timeout=10) == N(1)
+        text = generate_latest(registry).decode()
+    found = {
+        (s.name, s.labels.get("le", "")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("typedq_queue_wait_seconds") and s.labels.get("task") == "once"
+    }
+    assert found[("typedq_queue_wait_seconds_count", "")] == 2
+    # The first attempt waited 1.2 s or more; the retry well under a second.
+    assert found[("typedq_queue_wait_seconds_bucket", "1.0")] == 1
+    assert found[("typedq_queue_wait_seconds_bucket", "+Inf")] == 2
+    assert 1.2 <= found[("typedq_queue_wait_seconds_sum", "")] < 2.2

@@ -20,13 +20,24 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests import trace_app
 from tests.cli_process import TypedqProcess
 from tests.redis_harness import RedisProcess, flushall
 from tests.support import TEST_DEADLINE, In, Out
-from typedq import App, Backoff, ConfigError, JobContext, JobFailed, Producer, QueueFull
+from typedq import (
+    App,
+    Backoff,
+    ConfigError,
+    Failed,
+    JobContext,
+    JobFailed,
+    Ok,
+    Producer,
+    QueueFull,
+)
 from typedq.broker.base import ClaimedJob, JobMessage
 from typedq.broker.redis.codec import decode_job, encode, encode_body
 from typedq.outcomes import Complete
@@ -237,6 +248,84 @@ async def test_a_fan_out_and_its_callback_are_one_trace(
     assert {(_ids(s)[0], _parent_id(s)) for s in processes} == {(trace_id, send_id)}
 
 
+async def test_a_fan_in_callback_links_to_its_members_process_spans(
+    app_name: str, broker_url: str, tracing: Tracing, exporter: InMemorySpanExporter
+) -> None:
+    app = App(app_name, broker=broker_url, tracing=tracing)
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n * x.n)
+
+    @app.task
+    async def total(xs: list[Out]) -> Out:
+        return Out(sum(x.n for x in xs))
+
+    @app.task
+    async def double(x: Out) -> Out:
+        return Out(x.n * 2)
+
+    async with app, app.worker(concurrency=4):
+        job = await square.map(In(n=i) for i in range(1, 4)).then(total).then(double).enqueue()
+        assert await job.result(timeout=TEST_DEADLINE) == Out(28)
+        spans = await _finished(exporter, 5)
+    processes = _by_name(spans, "process default")
+    by_task: dict[str, list[ReadableSpan]] = {}
+    for span in processes:
+        by_task.setdefault(str((span.attributes or {})["typedq.task"]), []).append(span)
+    members = sorted(
+        by_task["square"], key=lambda s: str((s.attributes or {})["messaging.message.id"])
+    )
+    [callback] = by_task["total"]
+    [after] = by_task["double"]
+    # Exactly one link per member, to its process span, in member order.
+    assert [(link.context.trace_id, link.context.span_id) for link in callback.links] == [
+        _ids(m) for m in members
+    ]
+    assert all(
+        link.context.is_remote and link.context.trace_flags.sampled for link in callback.links
+    )
+    # Still a child of the flow's send span, like every job of the flow; the step after
+    # the callback links to nothing.
+    [send] = _by_name(spans, "send default")
+    assert _parent_id(callback) == _ids(send)[1]
+    assert list(after.links) == []
+    assert all(list(m.links) == [] for m in members)
+
+
+async def test_a_collecting_fan_in_links_to_failed_members_too(
+    app_name: str, broker_url: str, tracing: Tracing, exporter: InMemorySpanExporter
+) -> None:
+    app = App(app_name, broker=broker_url, tracing=tracing)
+
+    @app.task(retries=1, backoff=Backoff(kind="fixed", base=0))
+    async def check(x: In) -> Out:
+        if x.n == 2:
+            raise ValueError("two")
+        return Out(x.n)
+
+    @app.task
+    async def report(xs: list[Ok[Out] | Failed]) -> Out:
+        return Out(sum(isinstance(x, Ok) for x in xs))
+
+    async with app, app.worker(concurrency=4):
+        job = await check.map(In(n=i) for i in range(1, 4)).collect(report).enqueue()
+        assert await job.result(timeout=TEST_DEADLINE) == Out(2)
+        spans = await _finished(exporter, 5)  # 3 members, a retry, the callback
+    processes = _by_name(spans, "process default")
+    [callback] = [s for s in processes if (s.attributes or {})["typedq.task"] == "report"]
+    # The member that failed twice: its final attempt's span (not its retried one's).
+    settled = {}
+    for span in processes:
+        attributes = span.attributes or {}
+        if attributes["typedq.task"] == "check" and attributes["typedq.outcome"] != "retried":
+            settled[str(attributes["messaging.message.id"])] = _ids(span)
+    assert len(settled) == 3
+    assert [(link.context.trace_id, link.context.span_id) for link in callback.links] == [
+        settled[k] for k in sorted(settled)
+    ]
+
+
 async def test_enqueue_many_is_one_send_span(
     app_name: str, broker_url: str, tracing: Tracing, exporter: InMemorySpanExporter
 ) -> None:
@@ -326,6 +415,14 @@ def test_the_carrier_survives_the_envelope() -> None:
     old = encode(["t", b"\x90", "fp", 0, -1, -1.0, 0.0, 0.0, "rk", "ck", 5.0])
     assert decode_job("j1", "q", old).trace_context == ""
     assert msgspec.msgpack.decode(encode_body(message))[-1] == message.trace_context
+    # A fan-in callback's links to its members' spans: the 13th field (the fan-in script
+    # appends it to a 12-field body), read back; bodies without it have none.
+    assert len(msgspec.msgpack.decode(encode_body(message))) == 12
+    links = ",".join(f"00-{'1' * 32}-{i:016x}-01" for i in (1, 2))
+    linked = msgspec.structs.replace(message, trace_links=links)
+    assert msgspec.msgpack.decode(encode_body(linked))[-1] == links
+    assert decode_job("j1", "q", encode_body(linked)) == linked
+    assert decode_job("j1", "q", encode_body(message)).trace_links == ""
 
 
 @pytest.mark.parametrize(
@@ -389,6 +486,41 @@ def test_without_an_sdk_no_span_is_made_and_a_carried_context_passes_on() -> Non
     assert carrier["traceparent"] == parent  # an enqueue in the handler continues the trace
     traced.end(Complete(b"\xc0"))
     assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+@pytest.mark.parametrize("follows", [True, False])
+def test_an_unsampled_producer_trace_makes_no_span_when_the_sampler_follows_it(
+    follows: bool,
+) -> None:
+    """A job whose producer did not sample its trace, under the SDK's ParentBased sampler
+    (which would make a non-recording span nothing sees): no span at all, the producer's
+    context passed on. A sampler that records such spans gets its span."""
+    exporter = InMemorySpanExporter()
+    sampler = (
+        ParentBased(ALWAYS_ON)
+        if follows
+        else ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON)
+    )
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider)
+    parent = "00-" + "1" * 32 + "-" + "2" * 16 + "-00"
+    for carried in (f"traceparent={parent}", f"traceparent={parent}\ntracestate=a=b"):
+        message = JobMessage(id="j1", task="t", queue="q", payload=b"", trace_context=carried)
+        claimed = ClaimedJob(message=message, token="t", attempt=1, enqueued_at=time.time())  # noqa: S106
+        traced = tracing.process(claimed)
+        assert traced is not None
+        assert traced.span.is_recording() is not follows
+        current = trace.get_current_span().get_span_context()
+        assert current.trace_id == int("1" * 32, 16)
+        assert not current.trace_flags.sampled or not follows
+        if follows:
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            assert carrier["traceparent"] == parent  # an enqueue continues the trace, unsampled
+        traced.end(Complete(b"\xc0"))
+        assert trace.get_current_span() is trace.INVALID_SPAN
+    assert len(exporter.get_finished_spans()) == (0 if follows else 2)
 
 
 # -- across processes ------------------------------------------------------------------

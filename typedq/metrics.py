@@ -22,9 +22,11 @@ Series:
   lease_lost, abandoned)
 - ``typedq_job_duration_seconds{task,queue}``: histogram, an attempt's start to its
   outcome
-- ``typedq_queue_wait_seconds{task,queue}``: histogram, enqueue (or due time, for a
-  delayed job) to the start of its first attempt; the worker's clock against the
-  enqueue time the broker recorded
+- ``typedq_queue_wait_seconds{task,queue}``: histogram, from when a job became due to
+  the start of an attempt, for every attempt: its enqueue (or eta/delay), a retry's due
+  time, a hand-back or stall recovery, a workflow hand-off
+  (:meth:`~typedq.broker.base.ClaimedJob.due_at`); the worker's clock against the time
+  the broker recorded
 - ``typedq_queue_jobs{queue,state}`` and ``typedq_queue_oldest_waiting_seconds{queue}``:
   gauges read from the broker at scrape time (one round trip for all the worker's
   queues, :meth:`~typedq.broker.base.Broker.queue_stats`), so every worker of a
@@ -268,7 +270,7 @@ class _JobCollector(Collector):
             ),
             HistogramMetricFamily(
                 "typedq_queue_wait_seconds",
-                "Seconds from enqueue (or due time) to the start of a job's first attempt",
+                "Seconds from when a job became due (enqueue, eta, retry) to an attempt's start",
                 labels=["task", "queue"],
             ),
             GaugeMetricFamily("typedq_worker_in_flight", "Jobs the workers of this process hold"),
@@ -377,11 +379,10 @@ class Metrics(WorkerObserver):
         self.queues.remove(worker)
 
     def job_started(self, job: ClaimedJob) -> None:
-        if job.attempt == 1:
-            message = job.message
-            due = message.eta if message.eta > 0 else job.enqueued_at + message.delay
-            wait = time.time() - due
-            self._of(job).wait.observe(wait if wait > 0 else 0.0)
+        # Every attempt, from when it became due this time: a retry from its due time
+        # (not its first enqueue), a job handed back or recovered from the hand-back.
+        wait = time.time() - job.due_at()
+        self._of(job).wait.observe(wait if wait > 0 else 0.0)
 
     def job_finished(self, job: ClaimedJob, outcome: JobOutcome, duration: float) -> None:
         series = self._of(job)

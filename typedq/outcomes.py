@@ -45,6 +45,9 @@ class Complete:
     """The handler returned: the encoded result."""
 
     result: bytes
+    #: The attempt's process span (W3C traceparent) for a traced fan-out member: its
+    #: fan-in callback links to it (typedq.tracing); "" = none.
+    span: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class Fail:
     cancelled: bool = False
     #: Put back without spending the attempt (the handler raised RateLimited).
     refund: bool = False
+    #: As :attr:`Complete.span`.
+    span: str = ""
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,7 @@ class Settler:
         self._check(claimed, result)
 
     async def _complete(self, claimed: ClaimedJob, outcome: Complete) -> None:
-        completion = Completion(claimed.message.id, claimed.token, outcome.result)
+        completion = Completion(claimed.message.id, claimed.token, outcome.result, outcome.span)
         result = await self._persist(
             claimed, "completion", lambda: self._completer.submit(completion)
         )
@@ -225,6 +225,7 @@ class Settler:
             retry_delay=safe_retry_delay(outcome.retry_delay),
             cancelled=outcome.cancelled,
             refund=outcome.refund,
+            span=outcome.span,
         )
         result = await self._persist(claimed, "failure", lambda: self._failer.submit(failure))
         if outcome.cancelled:

@@ -28,17 +28,22 @@ Attributes: ``messaging.system=typedq``, ``messaging.destination.name`` (the que
 
 A workflow is one trace: every step, member and callback carries the context of the
 flow's ``send`` span, so their process spans are its children (siblings of each other,
-not a chain of parents: a released step's context is fixed at enqueue). The fan-in
-callback therefore shares the members' trace; it carries no links to them, since the
-members' spans do not exist when the flow is enqueued (the members' envelopes hold the
-flow's send context, the callback's parent already), and nothing carries a member's
-process span context to the callback.
+not a chain of parents: a released step's context is fixed at enqueue). A fan-in
+callback's process span also links to its members' process spans: a traced member's
+completion (or final failure) carries its span's context (``Completion.span``, a W3C
+``traceparent``), the broker keeps it with the member's result and, at the fan-in,
+gives the callback the list (:attr:`JobMessage.trace_links`, the first
+:data:`~typedq.broker.base.MAX_SPAN_LINKS` members), from which its span's links are
+made. Only spans that are recorded are linked to (an unsampled member's span is
+exported nowhere).
 
 Cost: with no SDK installed (the API's no-op provider) no span is made at all; only a
-context that came with the job is made current. With the SDK, a span that is not
-sampled costs the SDK's sampling decision and nothing else of ours (no outcome
-attributes); the per-span floor that remains is the SDK's (docs/observability.md has
-the figures and the sampler to use on busy queues).
+context that came with the job is made current. The same when the producer did not
+sample the trace and the provider's sampler follows the parent (the SDK's ParentBased,
+its default): the span would be a non-recording one that nothing sees. Otherwise a span
+that is not sampled costs the SDK's sampling decision and nothing else of ours (no
+outcome attributes); the per-span floor that remains is the SDK's (docs/observability.md
+has the figures and the sampler to use on busy queues).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import (
+    Link,
     NonRecordingSpan,
     Span,
     SpanContext,
@@ -115,11 +121,15 @@ class Tracing:
         self._real = False
         #: The process spans' names and fixed attributes per (queue, task), built once.
         self._process_spans: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        #: Whether the provider's sampler drops every span whose remote parent was not
+        #: sampled (the SDK's ParentBased with its defaults; see _noop).
+        self._follows_parent = False
         #: The last envelope context extracted (with the propagator it was extracted
-        #: by) and what it gave: the jobs of one enqueue_many or one flow carry the
-        #: same one.
+        #: by) and what it gave (the parent context, and False when that is a remote
+        #: parent that was not sampled): the jobs of one enqueue_many or one flow carry
+        #: the same one.
         self._last_carried: tuple[str, object] = ("", None)
-        self._last_parent = otel_context.Context()
+        self._last_parent: tuple[otel_context.Context, bool] = (otel_context.Context(), True)
 
     def __repr__(self) -> str:
         return f"Tracing({self.tracer!r})"
@@ -134,6 +144,7 @@ class Tracing:
             return True
         # A real provider stays: the global one is set once and never replaced.
         self._real = True
+        self._follows_parent = _drops_unsampled_remote(getattr(provider, "sampler", None))
         return False
 
     def _context(self) -> str:
@@ -208,17 +219,23 @@ class Tracing:
         if carried:
             key = (carried, propagate.get_global_textmap())
             if key == self._last_carried:
-                parent = self._last_parent
+                parent, sampled = self._last_parent
             else:
-                parent = _lone_traceparent(carried, key[1]) or propagate.extract(
-                    decode_carrier(carried), context=_EMPTY
-                )
-                self._last_carried, self._last_parent = key, parent
+                found = _lone_traceparent(carried, key[1])
+                if found is None:
+                    parent = propagate.extract(decode_carrier(carried), context=_EMPTY)
+                    remote = trace.get_current_span(parent).get_span_context()
+                    sampled = remote.trace_flags.sampled or not remote.is_valid
+                else:
+                    parent, sampled = found
+                self._last_carried, self._last_parent = key, (parent, sampled)
         else:
-            parent = _EMPTY
-        if self._noop():
+            parent, sampled = _EMPTY, True
+        if self._noop() or (not sampled and self._follows_parent):
             # No span, but the producer's context is passed on (an enqueue in the
-            # handler continues the trace, as a no-op span would have done).
+            # handler continues the trace, as a no-op span would have done): no SDK, or
+            # a producer that did not sample this trace and a sampler that follows it
+            # (the span would be a non-recording one that nothing ever sees).
             if not carried:
                 return None
             token = otel_context.attach(parent)
@@ -242,19 +259,41 @@ class Tracing:
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes=attributes,
+            links=_links(message.trace_links) if message.trace_links else None,
         )
         token = otel_context.attach(trace.set_span_in_context(span, parent))
-        return Processing(span, None if own_context else token)
+        # A fan-out member's id ends in '.m<index>' (typedq.broker.flow.member_id).
+        member = ".m" in message.id and _MEMBER_ID.search(message.id) is not None
+        return Processing(span, None if own_context else token, member)
 
 
 _EMPTY = otel_context.Context()
 _NOOP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
 #: What the default propagators (W3C trace context and baggage) write for a span with no
-#: trace state and no baggage: the common envelope, parsed here without the propagator.
-_TRACEPARENT = re.compile(r"traceparent=00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+#: trace state and no baggage, ``traceparent=00-<32 hex>-<16 hex>-<2 hex>``: the common
+#: envelope, parsed here without the propagator (and without a regular expression).
+_TRACEPARENT_LEN = len("traceparent=00-") + 32 + 1 + 16 + 1 + 2
+_HEX_OR_DASH = frozenset("0123456789abcdef-")
+#: The two trace flags nearly every context has (not sampled, sampled), made once.
+_FLAGS = (TraceFlags(0), TraceFlags(1))
 #: Whether a global propagator is the default one, by identity (checked once each).
 _DEFAULT_TEXTMAP: dict[int, bool] = {}
+
+
+def _drops_unsampled_remote(sampler: object) -> bool:
+    """Whether ``sampler`` (a provider's) is the SDK's ParentBased sampler that drops
+    every span of a remote parent that was not sampled: its default, and what
+    docs/observability.md recommends. Told by its public description (the last
+    ``remoteParentNotSampled`` in it is its own, past a nested root's)."""
+    try:
+        from opentelemetry.sdk.trace.sampling import ParentBased
+    except ImportError:  # no SDK: nothing to skip
+        return False
+    if type(sampler) is not ParentBased:
+        return False
+    description: str = sampler.get_description()  # type: ignore[no-untyped-call]  # SDK
+    return description.rpartition("remoteParentNotSampled:")[2].startswith("AlwaysOffSampler")
 
 
 def _is_default_textmap(textmap: object) -> bool:
@@ -270,20 +309,56 @@ def _is_default_textmap(textmap: object) -> bool:
     return known
 
 
-def _lone_traceparent(carried: str, textmap: object) -> otel_context.Context | None:
+def _lone_traceparent(carried: str, textmap: object) -> tuple[otel_context.Context, bool] | None:
     """The context the default propagators extract from a carrier holding only a
     version-00 ``traceparent`` (what they inject without trace state or baggage), made
-    directly; None for anything else (the propagator then extracts it)."""
-    match = _TRACEPARENT.fullmatch(carried)
-    if match is None or not _is_default_textmap(textmap):
+    directly, and whether the parent was sampled; None for anything else (the
+    propagator then extracts it)."""
+    if (
+        len(carried) != _TRACEPARENT_LEN
+        or not carried.startswith("traceparent=00-")
+        or carried[47] != "-"
+        or carried[64] != "-"
+        or not _HEX_OR_DASH.issuperset(carried[15:])
+        or not _is_default_textmap(textmap)
+    ):
         return None
-    trace_id, span_id = int(match[1], 16), int(match[2], 16)
+    try:
+        trace_id, span_id = int(carried[15:47], 16), int(carried[48:64], 16)
+        flags = int(carried[65:], 16)
+    except ValueError:  # a '-' inside a number
+        return None
     if not trace_id or not span_id:
         return None
     remote = SpanContext(
-        trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(match[3], 16))
+        trace_id,
+        span_id,
+        is_remote=True,
+        trace_flags=_FLAGS[flags] if flags < 2 else TraceFlags(flags),
     )
-    return trace.set_span_in_context(NonRecordingSpan(remote), _EMPTY)
+    return trace.set_span_in_context(NonRecordingSpan(remote), _EMPTY), bool(flags & 1)
+
+
+#: The end of a fan-out member's id (typedq.broker.flow.member_id).
+_MEMBER_ID = re.compile(r"\.m[0-9]+$")
+_TRACEPARENT_VALUE = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+def _links(text: str) -> list[Link]:
+    """Span links to the members' spans of a callback's ``trace_links`` (malformed
+    entries skipped)."""
+    links = []
+    for value in text.split(","):
+        match = _TRACEPARENT_VALUE.fullmatch(value)
+        if match is None:
+            continue
+        trace_id, span_id = int(match[1], 16), int(match[2], 16)
+        if trace_id and span_id:
+            member = SpanContext(
+                trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(match[3], 16))
+            )
+            links.append(Link(member))
+    return links
 
 
 def _attributes(operation: str, queue: str) -> dict[str, Any]:
@@ -304,26 +379,33 @@ def _carry(messages: Sequence[JobMessage], context: str) -> tuple[JobMessage, ..
 class Processing:
     """A running attempt's span, current in its task until :meth:`end`."""
 
-    __slots__ = ("span", "token")
+    __slots__ = ("member", "span", "token")
 
-    def __init__(self, span: Span, token: object | None) -> None:
+    def __init__(self, span: Span, token: object | None, member: bool = False) -> None:
         self.span = span
         #: Restores the context current before the span (None: the attempt's context is
         #: its own and is dropped after it).
         self.token = token
+        #: The job is a fan-out member: :meth:`end` gives its span's context.
+        self.member = member
 
-    def end(self, outcome: Outcome | None) -> None:
-        """End the span with ``outcome`` (None: the attempt was interrupted)."""
+    def end(self, outcome: Outcome | None) -> str:
+        """End the span with ``outcome`` (None: the attempt was interrupted).
+
+        :return: for a fan-out member's recorded span, its context as a W3C
+            ``traceparent`` (the worker sends it with the outcome, for the fan-in
+            callback's links); "" otherwise
+        """
         if self.token is not None:
             otel_context.detach(self.token)  # type: ignore[arg-type]  # attach() gave it
         span = self.span
         if not span.is_recording():
             span.end()  # not sampled: nothing to record
-            return
+            return ""
         if outcome is None:
             span.set_status(StatusCode.ERROR, "interrupted")
             span.end()
-            return
+            return ""
         span.set_attribute("typedq.outcome", outcome_of(outcome).value)
         if isinstance(outcome, Fail):
             record = outcome.record
@@ -340,6 +422,10 @@ class Processing:
         elif isinstance(outcome, HandBack):
             span.set_attribute("typedq.released", True)
         span.end()
+        if not self.member:
+            return ""
+        ctx = span.get_span_context()
+        return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
 
 
 def tracing_from(option: bool | Tracing | None) -> Tracing | None:

@@ -38,6 +38,7 @@ down mid-write.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import os
 import secrets
@@ -792,7 +793,10 @@ class Worker(Generic[TIn, TOut]):
                 outcome = Fail(self._minimal(claimed, exc, "could not run this job"))
             else:
                 if traced is not None:
-                    traced.end(outcome)
+                    span = traced.end(outcome)
+                    if span and isinstance(outcome, Complete | Fail):
+                        # A fan-out member's span: its callback's span links to it.
+                        outcome = dataclasses.replace(outcome, span=span)
             ended = time.monotonic() if debug or observer is not None else 0.0
             try:
                 await self._settler.settle(claimed, outcome)

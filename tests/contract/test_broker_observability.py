@@ -11,9 +11,10 @@ import time
 import anyio
 import pytest
 
-from tests.support import In, Out, claim_one, connected, msg, sleep_until
+from tests.support import In, Out, claim_one, connected, msg, one, sleep_until
 from typedq import App, InvalidName, JobState
-from typedq.broker.base import WorkerInfo
+from typedq.broker.base import Broker, ClaimedJob, Failure, Release, WorkerInfo
+from typedq.observe import JobOutcome, WorkerObserver
 
 pytestmark = pytest.mark.anyio
 
@@ -100,6 +101,170 @@ async def test_a_scheduled_job_moved_to_waiting_ages_from_its_due_time(
         assert stats.counts[JobState.WAITING] == 2
         # Each has waited since it became due (~0.2 s), not since its enqueue (~2.2 s).
         assert 0.1 <= stats.oldest_waiting < 1.5
+
+
+# -- waiting since it became due again ---------------------------------------------
+#
+# A job that waits again (a retry, a hand-back, a stall recovery, a manual retry)
+# counts its wait from then, in the oldest-waiting age and in the ClaimedJob's due time
+# (what typedq_queue_wait_seconds measures), never from its first enqueue: one retried
+# job must not make a healthy queue look behind. Each job below was enqueued a second
+# (OLD) before it waits again, so a wait counted from the enqueue cannot pass.
+
+OLD = 1.0
+
+
+async def aged_claim(broker: Broker, *, lease: float = 30.0) -> tuple[ClaimedJob, float]:
+    """Enqueue one job, let it age OLD seconds, claim it: the claim and the enqueue time."""
+    enqueued = time.time()
+    await broker.enqueue([msg(queue="q")])
+    await anyio.sleep(OLD)
+    first = await claim_one(broker, lease=lease)
+    assert first.attempt == 1
+    assert first.run_at == 0.0  # due since its enqueue
+    assert first.due_at() == first.enqueued_at
+    assert first.enqueued_at == pytest.approx(enqueued, abs=0.25)
+    return first, enqueued
+
+
+async def waits_since(broker: Broker, since: float, enqueued: float) -> ClaimedJob:
+    """The queue's one waiting job has waited since ``since`` (not since ``enqueued``) in
+    queue_stats, and its claim says it became due then; returns the claim."""
+    (stats,) = await broker.queue_stats(["q"])
+    assert stats.counts[JobState.WAITING] == 1
+    now = time.time()
+    assert stats.oldest_waiting <= now - since + 0.1
+    assert stats.oldest_waiting < now - enqueued - OLD / 2
+    again = await claim_one(broker)
+    assert since - 0.1 <= again.due_at() <= time.time() + 0.05
+    assert again.due_at() == again.run_at
+    assert again.due_at() - again.enqueued_at >= OLD * 0.9
+    # The job record says the same (inspect's "due").
+    assert (await one(broker, again.message.id)).run_at == again.run_at
+    return again
+
+
+async def test_a_retry_after_a_backoff_waits_from_its_due_time(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        first, enqueued = await aged_claim(broker)
+        failed = time.time()
+        await broker.fail(
+            [Failure(id=first.message.id, token=first.token, error=b"\x90", retry_delay=0.3)]
+        )
+        (stats,) = await broker.queue_stats(["q"])
+        assert stats.oldest_waiting == 0.0  # backing off: not due, so not waiting
+        due = (await one(broker, first.message.id)).run_at
+        assert failed + 0.25 <= due <= time.time() + 0.35
+        await sleep_until(due + 0.2)
+        # Due but not moved to waiting yet: counted from its due time.
+        (stats,) = await broker.queue_stats(["q"])
+        assert 0.15 <= stats.oldest_waiting <= time.time() - due + 0.1
+        again = await claim_one(broker)
+        assert again.attempt == 2
+        assert again.due_at() == pytest.approx(due, abs=1e-3)
+        assert time.time() - again.due_at() < time.time() - enqueued - OLD / 2
+
+
+async def test_a_scheduled_retry_moved_to_waiting_keeps_its_due_time(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        first, enqueued = await aged_claim(broker)
+        await broker.fail(
+            [Failure(id=first.message.id, token=first.token, error=b"\x90", retry_delay=0.2)]
+        )
+        due = (await one(broker, first.message.id)).run_at
+        await sleep_until(due + 0.1)
+        # A claim moves it to waiting, taking the higher-priority job in front of it.
+        await broker.enqueue([msg(queue="q", priority=5)])
+        blocker = await claim_one(broker)
+        assert blocker.message.priority == 5
+        assert (await one(broker, first.message.id)).state is JobState.WAITING
+        again = await waits_since(broker, due, enqueued)
+        assert again.due_at() == pytest.approx(due, abs=1e-3)
+
+
+async def test_an_immediate_retry_waits_from_the_failure(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        first, enqueued = await aged_claim(broker)
+        failed = time.time()
+        await broker.fail(
+            [Failure(id=first.message.id, token=first.token, error=b"\x90", retry_delay=0.0)]
+        )
+        again = await waits_since(broker, failed, enqueued)
+        assert again.attempt == 2
+
+
+async def test_a_handed_back_job_waits_from_the_hand_back(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        first, enqueued = await aged_claim(broker)
+        released = time.time()
+        await broker.release([Release(first.message.id, first.token)])
+        again = await waits_since(broker, released, enqueued)
+        assert again.attempt == 1  # handed back unrun
+
+
+async def test_a_recovered_job_waits_from_its_recovery(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url, lease=0.2) as broker:
+        _, enqueued = await aged_claim(broker, lease=0.2)
+        await anyio.sleep(0.35)
+        recovered = time.time()
+        assert await broker.recover_stalled() == 1
+        again = await waits_since(broker, recovered, enqueued)
+        assert again.stalls == 1
+
+
+async def test_a_manually_retried_job_waits_from_the_retry(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        first, enqueued = await aged_claim(broker)
+        await broker.fail([Failure(id=first.message.id, token=first.token, error=b"\x90")])
+        assert (await one(broker, first.message.id)).state is JobState.FAILED
+        retried = time.time()
+        await broker.retry([first.message.id])
+        again = await waits_since(broker, retried, enqueued)
+        assert again.attempt == 1
+
+
+async def test_a_workflow_step_waits_from_its_hand_off(app_name: str, broker_url: str) -> None:
+    """A chain's second step and a fan-in callback become due when the step before them
+    completes or the last member settles, not when the flow was enqueued."""
+    app = App(app_name, broker=broker_url)
+    started: dict[str, ClaimedJob] = {}
+    finished: dict[str, float] = {}
+
+    class Seen(WorkerObserver):
+        def job_started(self, job: ClaimedJob) -> None:
+            started[job.message.task] = job
+
+        def job_finished(self, job: ClaimedJob, outcome: JobOutcome, duration: float) -> None:
+            finished[job.message.task] = time.time()
+
+    @app.task
+    async def slow(x: In) -> In:
+        await anyio.sleep(OLD)
+        return x
+
+    @app.task
+    async def after(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task
+    async def total(xs: list[In]) -> Out:
+        return Out(sum(x.n for x in xs))
+
+    async with app, app.worker(concurrency=4).observe(Seen()):
+        chain = await slow.then(after).enqueue(In(n=1))
+        assert await chain.result(timeout=30) == Out(1)
+        fan = await slow.map([In(n=1), In(n=2)]).then(total).enqueue()
+        assert await fan.result(timeout=30) == Out(3)
+    for task in ("after", "total"):
+        job = started[task]
+        # Due at the hand-off: after the slow step ran (OLD seconds after the enqueue).
+        assert job.due_at() - job.enqueued_at >= OLD * 0.9, task
+        assert job.due_at() == job.run_at
+    assert started["total"].due_at() <= finished["slow"] + 0.1
 
 
 async def test_registry_lists_live_workers_and_ages_out_expired_ones(

@@ -42,6 +42,7 @@ __all__ = [
     "CLAIM_RECORD_TTL",
     "ERROR_HISTORY",
     "HISTORY_MINUTES",
+    "MAX_SPAN_LINKS",
     "Broker",
     "BrokerSettings",
     "CancelOutcome",
@@ -76,6 +77,10 @@ CLAIM_RECORD_TTL = 60.0
 
 #: How many attempts' FailureRecords a job keeps (``JobRecord.errors``), newest last.
 ERROR_HISTORY = 10
+
+#: How many members a fan-in callback's span links to, the first by index (the
+#: OpenTelemetry SDK's default limit of links per span; MAX_SPAN_LINKS in common.lua).
+MAX_SPAN_LINKS = 128
 
 #: How many minutes of throughput rollups a broker keeps per queue (24 hours).
 HISTORY_MINUTES = 1440
@@ -144,6 +149,11 @@ class JobMessage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     #: The producer's trace context (typedq.tracing): the propagator's carrier as
     #: ``key=value`` lines (W3C ``traceparent``/``tracestate`` by default); "" = none.
     trace_context: str = ""
+    #: A fan-in callback's links to its members' process spans: their W3C
+    #: ``traceparent`` values, comma-separated, in member order (at most
+    #: :data:`MAX_SPAN_LINKS`); set by the broker at the fan-in, when the callback
+    #: carries a trace context and its members' attempts were traced. "" = none.
+    trace_links: str = ""
 
 
 class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,6 +166,20 @@ class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):
     enqueued_at: float
     #: How often the job's lease has expired so far.
     stalls: int = 0
+    #: When the job became claimable this time (broker clock, epoch seconds), when it
+    #: was not its enqueue: a retry's due time, a hand-back or stall recovery, a
+    #: workflow hand-off, a scheduled job's due time; 0.0 = since its enqueue, or the
+    #: time its own ``eta``/``delay`` named (see :meth:`due_at`).
+    run_at: float = 0.0
+
+    def due_at(self) -> float:
+        """When this attempt's wait for a worker began (its queue wait counts from it)."""
+        if self.run_at > 0:
+            return self.run_at
+        message = self.message
+        if message.eta > 0:
+            return max(self.enqueued_at, message.eta)
+        return self.enqueued_at + message.delay
 
 
 class EnqueueOutcome(msgspec.Struct, frozen=True):
@@ -171,6 +195,9 @@ class Completion(msgspec.Struct, frozen=True):
     id: str
     token: str
     result: bytes
+    #: The attempt's process span (W3C ``traceparent``), for a traced fan-out member:
+    #: its fan-in callback's span links to it (:attr:`JobMessage.trace_links`). "" = none.
+    span: str = ""
 
 
 class Failure(msgspec.Struct, frozen=True, kw_only=True):
@@ -189,6 +216,8 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
     retry_delay: float | None = None
     cancelled: bool = False
     refund: bool = False
+    #: As :attr:`Completion.span` (a collecting fan-in links to failed members too).
+    span: str = ""
 
 
 class Release(msgspec.Struct, frozen=True):
@@ -304,7 +333,9 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     state: JobState
     attempt: int
     enqueued_at: float
-    #: When the job becomes claimable (scheduled jobs); 0 otherwise.
+    #: When the job becomes claimable (scheduled jobs), or became so last (kept once due:
+    #: a delayed job's due time, a retry's, a hand-back's or stall recovery's, a workflow
+    #: step's hand-off); 0 for a job claimable since its enqueue.
     run_at: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0
@@ -350,9 +381,10 @@ class QueueStats(msgspec.Struct, frozen=True, kw_only=True):
 
     queue: str
     counts: dict[JobState, int]
-    #: Seconds (broker clock) the longest-waiting claimable job has waited: since its
-    #: enqueue for a waiting job, since its due time for a due scheduled job not yet
-    #: moved to waiting. 0 when nothing waits.
+    #: Seconds (broker clock) the longest-waiting claimable job has waited: since it
+    #: became due (its enqueue, its eta or delay, a retry's due time, a hand-back or
+    #: stall recovery, a workflow hand-off), also for a due scheduled job not yet moved
+    #: to waiting. 0 when nothing waits.
     oldest_waiting: float = 0.0
 
 

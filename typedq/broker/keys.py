@@ -43,7 +43,8 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
     Q w:<prio>            list     the waiting jobs of one level (LPUSH at the tail,
                                    RPOP the head): a waiting entry
                                    '<id>|<order>|<enqueued_at>|<run_at>|<body>' (run_at
-                                   empty, reserved) for a job with no key, a bare id for
+                                   empty unless it was scheduled: its due time) for a
+                                   job with no key, a bare id for
                                    a job with a key (``J``); an id holds no '|'.
                                    Entries of jobs that left ``waiting`` without being
                                    popped stay behind: bare ids, and '|' for a removed
@@ -154,14 +155,17 @@ The job string (one key, no hash)::
 
     <state>|<order>|<enqueued_at>|<priority>|<run_at>|<body>
 
-``state`` is ``w`` or ``s``; ``priority`` is empty for 0 and ``run_at`` unless
-scheduled. Every other field of a job string is absent (attempt 0, no stalls, ...).
-Waiting job strings with a bare list entry (what versions before waiting entries
-wrote for every waiting job) are still read and claimed. Records of the layout before
-carry the queue name after the state letter (``<state><queue>|...``) and are still read.
+``state`` is ``w`` or ``s``; ``priority`` is empty for 0 and ``run_at`` unless the
+job was scheduled (a promoted job keeps its due time, in its waiting entry too). Every
+other field of a job string is absent (attempt 0, no stalls, ...). Waiting job strings
+with a bare list entry (what versions before waiting entries wrote for every waiting
+job) are still read and claimed. Records of the layout before carry the queue name
+after the state letter (``<state><queue>|...``) and are still read.
 
 Job hash fields: ``m`` body, ``q`` queue, ``p`` priority (absent = 0),
-``s`` state letter (``w s a c f x``), ``o`` order, ``e`` enqueued_at, ``r`` run_at,
+``s`` state letter (``w s a c f x``), ``o`` order, ``e`` enqueued_at, ``r`` run_at (the
+due time of a scheduled job; kept once due, and set when the job is due again: a
+retry, hand-back, stall recovery or workflow hand-off; its queue wait counts from it),
 ``a`` attempt, ``k`` stalls, ``ck`` the concurrency slot held, ``t`` lease token, ``d`` token of the last fenced
 transition, ``st`` started_at, ``fa`` finished_at, ``w`` worker id, ``cr`` cancel
 requested, ``res`` result, ``err`` FailureRecord, ``eh`` every failed attempt's

@@ -35,6 +35,7 @@ from .base import (
     CLAIM_RECORD_TTL,
     ERROR_HISTORY,
     HISTORY_MINUTES,
+    MAX_SPAN_LINKS,
     Broker,
     BrokerSettings,
     CancelOutcome,
@@ -272,6 +273,7 @@ class _Flow:
         "collector",
         "failed",
         "id",
+        "links",
         "members",
         "outcomes",
         "remaining",
@@ -291,6 +293,9 @@ class _Flow:
         self.settled = bytearray(self.members)
         #: The first failed member by index: (index, final state, record).
         self.failed: tuple[int, JobState, bytes | None] | None = None
+        #: Traced members' process spans by index (the first MAX_SPAN_LINKS), which
+        #: the callback's span links to (JobMessage.trace_links).
+        self.links: dict[int, str] = {}
 
 
 class MemoryBroker(Broker):
@@ -410,15 +415,20 @@ class MemoryBroker(Broker):
         self._versions += 1
         job.version = self._versions
 
-    def _to_waiting(self, job: _Job, *, keep_order: bool, at_head: bool = False) -> None:
+    def _to_waiting(
+        self, job: _Job, *, keep_order: bool, at_head: bool = False, due: float | None = None
+    ) -> None:
         """Waiting: at its old place (``keep_order``), at the tail of its priority level,
-        or at its head (``at_head``: the latest so placed first out)."""
+        or at its head (``at_head``: the latest so placed first out). ``due``: it is due
+        again from then (a retry, hand-back, recovery, hand-off; its queue wait counts
+        from it); None keeps its due time (a scheduled job's, or none)."""
         self._move(job, JobState.WAITING)
         if at_head:
             job.order = -self._next()
         elif not keep_order:
             job.order = self._next()
-        job.run_at = 0.0
+        if due is not None:
+            job.run_at = due
         self._waiting[job.message.queue].push(
             (-job.message.priority, job.order, job.version, job.message.id)
         )
@@ -806,6 +816,7 @@ class MemoryBroker(Broker):
                     attempt=job.attempt,
                     enqueued_at=job.enqueued_at,
                     stalls=job.stalls,
+                    run_at=job.run_at,
                 )
             )
         self._versions = version
@@ -921,6 +932,7 @@ class MemoryBroker(Broker):
             attempt=job.attempt,
             enqueued_at=job.enqueued_at,
             stalls=job.stalls,
+            run_at=job.run_at,
         )
 
     def _claim_record(self, claim_id: str) -> tuple[str, ...] | None:
@@ -1013,6 +1025,8 @@ class MemoryBroker(Broker):
             if job is not None and job.state is _ACTIVE and job.active_token == token:
                 job.result = item.result
                 job.done_token = token
+                if item.span:
+                    self._note_span(job, item.span)
                 self._finish(job, _COMPLETED, now)
                 queue = job.message.queue
                 done[queue] = done.get(queue, 0) + 1
@@ -1038,6 +1052,8 @@ class MemoryBroker(Broker):
                 job.add_error(item.error)
                 job.done_token = item.token
                 if item.cancelled or (item.retry_delay is None) or job.cancel_requested:
+                    if item.span:
+                        self._note_span(job, item.span)
                     state = _CANCELLED if item.cancelled or job.cancel_requested else _FAILED
                     self._finish(job, state, now)
                     if state is _FAILED:
@@ -1053,7 +1069,7 @@ class MemoryBroker(Broker):
                     if item.retry_delay > 0:
                         self._to_scheduled(job, now + item.retry_delay)
                     else:
-                        self._to_waiting(job, keep_order=False)
+                        self._to_waiting(job, keep_order=False, due=now)
             outcomes.append(outcome)
         for state in ended:
             self._trim(state, now)
@@ -1085,7 +1101,7 @@ class MemoryBroker(Broker):
                     )
                     self._to_final(job, JobState.CANCELLED, now)
                 else:
-                    self._to_waiting(job, keep_order=True)
+                    self._to_waiting(job, keep_order=True, due=self.clock())
             outcomes.append(outcome)
         self.wake()
         return outcomes
@@ -1148,7 +1164,7 @@ class MemoryBroker(Broker):
                 self._active.pop(job.message.id, None)
                 self._free_slot(job)
                 job.active_token = None
-                self._to_waiting(job, keep_order=True)
+                self._to_waiting(job, keep_order=True, due=now)
         now_us = now * _MICRO
         windows = {spec.per_us for spec in self.limits.values() if spec.rate}
         longest = max(windows, default=0)
@@ -1333,6 +1349,14 @@ class MemoryBroker(Broker):
         self._queues.add(message.queue)
         return job
 
+    def _note_span(self, job: _Job, span: str) -> None:
+        """Keep a fan-out member's process span for its callback's links (as flow_settle
+        in common.lua: the first settle of the first MAX_SPAN_LINKS members)."""
+        index = job.flow_member
+        flow = None if job.flow_id is None else self._flows.get(job.flow_id)
+        if flow is not None and 0 <= index < MAX_SPAN_LINKS and not flow.settled[index]:
+            flow.links[index] = span
+
     def _flow_settled(
         self, job: _Job, state: JobState, result: bytes | None, error: bytes | None, now: float
     ) -> None:
@@ -1375,10 +1399,14 @@ class MemoryBroker(Broker):
             return
         payload = fan_in_payload([o or b"\xc0" for o in flow.outcomes])
         flow.outcomes = []
-        self._release(flow, 0, payload, now)
+        links = ",".join(flow.links[i] for i in sorted(flow.links))
+        self._release(flow, 0, payload, now, links)
 
-    def _release(self, flow: _Flow, index: int, payload: bytes, now: float) -> None:
-        """Give held step ``index`` its input: waiting now (or, a collector, completed)."""
+    def _release(
+        self, flow: _Flow, index: int, payload: bytes, now: float, links: str = ""
+    ) -> None:
+        """Give held step ``index`` its input: waiting now (or, a collector, completed).
+        ``links``: the members' spans, for a fan-in callback that carries a trace context."""
         job = self._jobs.get(step_id(flow.id, index, flow.steps))
         if job is None or job.state is not JobState.SCHEDULED:
             record = _encode(
@@ -1390,10 +1418,13 @@ class MemoryBroker(Broker):
             job.result = payload
             self._to_final(job, JobState.COMPLETED, now)  # the flow's job: ends the flow
             return
-        job.message = msgspec.structs.replace(job.message, payload=payload)
+        if links and job.message.trace_context:
+            job.message = msgspec.structs.replace(job.message, payload=payload, trace_links=links)
+        else:
+            job.message = msgspec.structs.replace(job.message, payload=payload)
         # At the head of its priority level (the latest released first, like a push at
         # the head of the Redis level list): a flow under way finishes before new work.
-        self._to_waiting(job, keep_order=False, at_head=True)
+        self._to_waiting(job, keep_order=False, at_head=True, due=now)
         self.wake()
 
     def _end_flow(self, flow: _Flow, state: JobState, error: bytes | None, now: float) -> None:
@@ -1522,7 +1553,7 @@ class MemoryBroker(Broker):
             # A token from before the retry answers LEASE_LOST, not ALREADY_FINISHED:
             # the job has started a new life that no old lease may speak for.
             job.done_token = None
-            self._to_waiting(job, keep_order=False)
+            self._to_waiting(job, keep_order=False, due=self.clock())
             outcomes.append(RetryOutcome.RETRIED)
         self.wake()
         return outcomes
@@ -1557,11 +1588,16 @@ class MemoryBroker(Broker):
             for _, _, version, job_id in self._waiting.get(queue) or ():
                 job = self._jobs.get(job_id)
                 if job is not None and job.version == version and job.state is JobState.WAITING:
-                    # Waiting since it became due: a job enqueued with a delay or an
-                    # eta (moved to waiting since) did not wait before that.
-                    m = job.message
-                    due = m.eta if m.eta > 0 else job.enqueued_at + m.delay
-                    oldest[queue] = min(oldest.get(queue, now), max(job.enqueued_at, due))
+                    # Waiting since it became due: its due time when it has one (a
+                    # retry's, a hand-back's, a delayed job's, ...), else its enqueue or
+                    # the time its eta or delay named.
+                    if job.run_at > 0:
+                        due = job.run_at
+                    else:
+                        m = job.message
+                        due = m.eta if m.eta > 0 else job.enqueued_at + m.delay
+                        due = max(job.enqueued_at, due)
+                    oldest[queue] = min(oldest.get(queue, now), due)
         # Due jobs not promoted yet (promotion happens at claim) are waiting too.
         for run_at, version, job_id in self._scheduled:
             if run_at <= now:

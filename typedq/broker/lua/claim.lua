@@ -12,7 +12,8 @@
 --       [nl, then nl x (task, rate, per_us, concurrency),
 --        [ns, then ns x (queue, completed_ttl_us, completed_max, n, n x (id, token, result))]]
 -- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
---          attempt, enqueued_at_us, stalls, queue}
+--          attempt, enqueued_at_us, stalls, queue, due_us (0: due since its enqueue or by
+--          its body's eta/delay; set when it became due again: a retry, hand-back, ...)}
 -- With a settle section (ns > 0: the worker's completions, whose slots this claim
 -- refills): those jobs are completed first, as complete.lua does, and the answer is
 -- {the claim's answer as above, {outcome per completion, in order}}. One script per
@@ -102,18 +103,20 @@ if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' t
   local prefix = token .. '.'
   for line in string.gmatch(string.sub(prev, #token + 2), '[^\n]+') do
     local q, id = string.match(line, '^([^|]*)|(.*)$')
-    local r = q and read_hash(q, id, 's', 't', 'm', 'a', 'e', 'k', 'q')
+    local r = q and read_hash(q, id, 's', 't', 'm', 'a', 'e', 'k', 'q', 'r')
     if r and r[1] == 'a' and r[2] and string.sub(r[2], 1, #prefix) == prefix then
       local n = #out
       out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', r[2]
       out[n + 4], out[n + 5], out[n + 6] = tonumber(r[4]) or 1, tonumber(r[5]) or 0, tonumber(r[6]) or 0
       out[n + 7] = r[7] or q
+      out[n + 8] = tonumber(r[8]) or 0
     end
   end
   return answer()
 end
 
--- Promote due scheduled jobs (bounded per call; the rest next time).
+-- Promote due scheduled jobs (bounded per call; the rest next time). A promoted job keeps
+-- its due time 'r': its queue wait counts from it.
 for _, q in ipairs(queues) do
   local sk = k_sched(q)
   local due = redis.call('ZRANGEBYSCORE', sk, '-inf', now, 'LIMIT', 0, 1000)
@@ -127,7 +130,8 @@ for _, q in ipairs(queues) do
         local f = parse_rec(redis.call('GET', jk), q)
         if f and f.s == 's' and f.q == q then
           redis.call('DEL', jk)
-          push_entry(q, sane_prio(f.p), id, order + i, f.e, f.m)
+          -- It keeps its due time: its queue wait counts from it (keys.py).
+          push_entry(q, sane_prio(f.p), id, order + i, f.e, f.m, f.r)
           count(q, 's', -1)
           count(q, 'w', 1)
         end
@@ -135,7 +139,6 @@ for _, q in ipairs(queues) do
         local r = redis.call('HMGET', jk, 's', 'p', 'q')
         if r[1] == 's' and (not r[3] or r[3] == q) then
           redis.call('HSET', jk, 's', 'w', 'o', order + i)
-          redis.call('HDEL', jk, 'r')
           prio = sane_prio(r[2])
         end
       end
@@ -433,7 +436,7 @@ local function activate_entry(v, q, prio)
       -- Parked: a gate lists '<prio>|<id>', so the job keeps a job string meanwhile.
       redis.call('HDEL', f.ik, id)
       redis.call('SET', k_job(q, id), pack_rec({s = 'w', o = f.o, e = f.e, p = prio ~= '0' and prio,
-        r = false, m = f.m}))
+        r = f.r, m = f.m}))
       return
     end
   end
@@ -444,10 +447,12 @@ local function activate_entry(v, q, prio)
     'st', now, 'w', worker}
   if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
   if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
+  if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
   redis.call('HSET', k_job(q, id), unpack(fields))
   local n = #out
   out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
   out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
+  out[n + 8] = tonumber(f.r) or 0
   redis.call('ZADD', k_active(q), lease_until, id)
   count(q, 'w', -1)
   count(q, 'a', 1)
@@ -464,7 +469,7 @@ local function activate(id, q, prio)
   if ty == 'none' then return end  -- an id with no job behind it: dropped
   local f
   if ty == 'hash' then
-    local r = redis.call('HMGET', jk, 's', 'q', 'm', 'a', 'e', 'k', 'p')
+    local r = redis.call('HMGET', jk, 's', 'q', 'm', 'a', 'e', 'k', 'p', 'r')
     -- A stale entry: the job left waiting meanwhile (or waits in another queue or
     -- at another priority level).
     if r[1] ~= 'w' or (r[2] and r[2] ~= q) or sane_prio(r[7]) ~= prio then return end
@@ -482,6 +487,7 @@ local function activate(id, q, prio)
     local n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = attempt, tonumber(r[5]) or 0, tonumber(r[6]) or 0, q
+    out[n + 8] = tonumber(r[8]) or 0
   else
     if ty == 'string' then
       local raw = redis.call('GET', jk)
@@ -513,6 +519,7 @@ local function activate(id, q, prio)
     n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
+    out[n + 8] = tonumber(f.r) or 0
   end
   redis.call('ZADD', k_active(q), lease_until, id)
   count(q, 'w', -1)

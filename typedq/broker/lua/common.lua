@@ -135,8 +135,8 @@ end
 -- Waiting entries (memory: see keys.py). A job enqueued waiting (or a scheduled job
 -- string once due) has no key of its own: its level list holds its entry
 --   <id>|<order>|<enqueued_at>|<run_at>|<body>
--- (run_at empty: reserved) and the queue's index holds id -> '<order>' ('<order>|<prio>'
--- off level 0) in its bucket, a hash small enough that Redis keeps it a listpack. An
+-- (run_at empty unless it was scheduled: its due time) and the queue's index holds
+-- id -> '<order>' ('<order>|<prio>' off level 0) in its bucket, a hash small enough that Redis keeps it a listpack. An
 -- entry is live while the index holds its order and level: an entry of a job that left
 -- (claimed, cancelled, removed, parked) or of an earlier job under a re-used id is not,
 -- and is skipped and dropped where it is popped, with no stale count. A job id holds no
@@ -158,8 +158,9 @@ local function idx_of(q, id)
   return o, p
 end
 
-local function pack_entry(id, o, e, m)
-  return id .. '|' .. int_text(o) .. '|' .. int_text(e) .. '||' .. m
+local function pack_entry(id, o, e, m, r)
+  return id .. '|' .. int_text(o) .. '|' .. int_text(e) .. '|' .. (r and int_text(r) or '')
+    .. '|' .. m
 end
 
 -- A waiting entry's fields; nil for a bare id, a removed entry's '|' or other bytes.
@@ -179,9 +180,9 @@ local function entry_live(q, prio, f)
 end
 
 -- Store a waiting job as its entry (the tail of its level; LPUSH, like push_waiting).
-local function push_entry(q, prio, id, o, e, m)
+local function push_entry(q, prio, id, o, e, m, r)
   redis.call('HSET', k_idx(q, id), id, idx_val(o, prio))
-  redis.call('LPUSH', k_wait(q, prio), pack_entry(id, o, e, m))
+  redis.call('LPUSH', k_wait(q, prio), pack_entry(id, o, e, m, r))
   redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
 end
 
@@ -683,6 +684,28 @@ local function msgpack_bin(s)
   return '\198' .. be_bytes(n, 4) .. s
 end
 
+local function msgpack_str(s)
+  local n = #s
+  if n < 32 then return string.char(160 + n) .. s end
+  if n < 256 then return '\217' .. string.char(n) .. s end
+  if n < 65536 then return '\218' .. be_bytes(n, 2) .. s end
+  return '\219' .. be_bytes(n, 4) .. s
+end
+
+-- Fan-out members' process spans (typedq.tracing): a traced member's completion or
+-- failure names its span (a W3C traceparent) in an optional last section of its script's
+-- arguments, nl then nl x (id, traceparent): read_span_links(at) (false when ARGV does
+-- not end with one). flow_settle keeps the first MAX_SPAN_LINKS members' in the flow
+-- record (l<i>, and L once any); the fan-in gives them to the callback (flow_release).
+local MAX_SPAN_LINKS = 128
+local span_links = {}
+local function read_span_links(at)
+  local nl = tonumber(ARGV[at])
+  if not is_int(nl) or nl < 1 or #ARGV ~= at + 2 * nl then return false end
+  for i = 0, nl - 1 do span_links[ARGV[at + 1 + 2 * i]] = ARGV[at + 2 + 2 * i] end
+  return true
+end
+
 local function msgpack_array_header(n)
   if n < 16 then return string.char(144 + n) end
   if n < 65536 then return '\220' .. be_bytes(n, 2) end
@@ -798,8 +821,9 @@ end
 -- Give held step k (job `id` on queue q) its input: waiting now, or (a collector)
 -- completed with it. In a flow across slots (`x`), a step that is no longer held was
 -- released already (or ended with its flow): nothing to do; a missing one breaks the
--- flow, at its root (through the outbox when the root is not `home`).
-local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home)
+-- flow, at its root (through the outbox when the root is not `home`). `links`: the
+-- members' spans, for a fan-in callback (comma-separated traceparents).
+local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home, links)
   local jk = k_job(q, id)
   local r = read_hash(q, id, 's', 'q', 'mh', 'mt', 'p')
   if not r or r[1] ~= 's' or not r[3] then
@@ -822,8 +846,15 @@ local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, 
   -- At the head of its priority level: a flow under way finishes before new work starts,
   -- instead of its next step or callback queueing behind the members of every flow
   -- enqueued since (O(1); the embedded broker does the same).
-  redis.call('HDEL', jk, 'mh', 'mt', 'r')
-  redis.call('HSET', jk, 'm', r[3] .. msgpack_bin(payload) .. r[4], 's', 'w')
+  redis.call('HDEL', jk, 'mh', 'mt')
+  local head, tail = r[3], r[4]
+  -- A traced callback (its body has every field up to its trace context: 12) gets its
+  -- members' span links as the body's 13th field, trace_links.
+  if links and links ~= '' and string.byte(head, 1) == 156 then
+    head, tail = '\157' .. string.sub(head, 2), tail .. msgpack_str(links)
+  end
+  -- Due from the hand-off (its queue wait does not include the steps before it).
+  redis.call('HSET', jk, 'm', head .. msgpack_bin(payload) .. tail, 's', 'w', 'r', now)
   push_waiting(q, sane_prio(r[5]), id, true)
   count(q, 's', -1)
   count(q, 'w', 1)
@@ -834,17 +865,18 @@ end
 -- Give held step k its input (flow_release_at). `sq`: the flow record's 'sq' (or a
 -- step's 'fsq') when the caller read it already (nil: read here). `x`, `home`: a flow
 -- across slots, run on `home`'s slot (nil: the root's): a step on another queue gets
--- its input through the outbox.
-local function flow_release(fq, f, k, steps, collector, payload, now, sq, x, home)
+-- its input through the outbox. `links`: see flow_release_at.
+local function flow_release(fq, f, k, steps, collector, payload, now, sq, x, home, links)
   local id = flow_step_id(f, k, steps)
   if sq == nil then sq = redis.call('HGET', k_flow(fq, f), 'sq') end
   local q = flow_queues(sq, steps, fq)[k + 1]
   home = home or fq
   if x and q ~= home then
-    flow_outbox(home, q, id .. '|r', {'r', f, fq, k, steps, collector and '1' or '0', payload})
+    flow_outbox(home, q, id .. '|r',
+      {'r', f, fq, k, steps, collector and '1' or '0', payload, links or false})
     return
   end
-  flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home)
+  flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home, links)
 end
 
 -- Every member settled: fail the flow (a member failed, default policy) or release
@@ -852,7 +884,7 @@ end
 -- per 1000 members).
 local function flow_fan_in(fq, f, steps, n, collector, now)
   local fk = k_flow(fq, f)
-  local names = {'fi', 'fst', 'fe', 'mq', 'sq', 'x'}
+  local names = {'fi', 'fst', 'fe', 'mq', 'sq', 'x', 'L'}
   local first = math.min(n, 1000)
   for i = 0, first - 1 do names[#names + 1] = 'r' .. i end
   local vals = redis.call('HMGET', fk, unpack(names))
@@ -861,12 +893,22 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
     return
   end
   local parts = {msgpack_array_header(n)}
-  for j = 7, #vals do parts[#parts + 1] = vals[j] or '\192' end
+  for j = 8, #vals do parts[#parts + 1] = vals[j] or '\192' end
   for s = first, n - 1, 1000 do
     local more = {}
     for i = s, math.min(s + 999, n - 1) do more[#more + 1] = 'r' .. i end
     local got = redis.call('HMGET', fk, unpack(more))
     for j = 1, #got do parts[#parts + 1] = got[j] or '\192' end
+  end
+  local links = nil
+  if vals[7] then
+    local ln = {}
+    for i = 0, math.min(n, MAX_SPAN_LINKS) - 1 do ln[#ln + 1] = 'l' .. i end
+    local t = {}
+    for _, v in ipairs(redis.call('HMGET', fk, unpack(ln))) do
+      if v then t[#t + 1] = v end
+    end
+    links = table.concat(t, ',')
   end
   -- The payload carries the results now: the flow record keeps only its shape.
   redis.call('DEL', fk)
@@ -874,7 +916,8 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
     'mq', vals[4] or '', 'sq', vals[5] or '')
   local x = vals[6] == '1'
   if x then redis.call('HSET', fk, 'x', '1') end
-  flow_release(fq, f, 0, steps, collector, table.concat(parts), now, vals[5] or false, x)
+  flow_release(fq, f, 0, steps, collector, table.concat(parts), now, vals[5] or false, x, nil,
+    links)
 end
 
 -- A job of a flow across slots settled on queue q, not its flow's root: a member
@@ -883,7 +926,8 @@ end
 -- job's fx, fS, fsq. (The last step is the flow's own job, always at the root.)
 local function flow_settle_away(q, id, fq, f, fm, fs, state, res, err, now, ext)
   if fm then
-    flow_outbox(q, fq, id .. '|m', {'m', f, fq, fm, state, res or false, err or false})
+    flow_outbox(q, fq, id .. '|m',
+      {'m', f, fq, fm, state, res or false, err or false, span_links[id] or false})
   elseif state == 'c' then
     flow_release(fq, f, tonumber(fs) + 1, tonumber(ext[2]), false, res or '\192', now,
       ext[3] or false, true, q)
@@ -918,6 +962,8 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
       el = res or '\192'
     end
     if redis.call('HSETNX', fk, 'r' .. i, el) == 0 then return end
+    local link = span_links[f .. '.m' .. i]
+    if link and i < MAX_SPAN_LINKS then redis.call('HSET', fk, 'l' .. i, link, 'L', 1) end
     if meta[4] ~= 'c' and state ~= 'c' then
       local fi = tonumber(redis.call('HGET', fk, 'fi'))
       if not fi or i < fi then
@@ -952,6 +998,8 @@ local function flow_apply(q, rec, now)
     if redis.call('EXISTS', fk) == 0 or redis.call('HEXISTS', fk, 'r' .. rec[4]) == 1 then
       return 0
     end
+    -- The member's process span, for the fan-in's span links (flow_settle reads it).
+    if rec[8] then span_links[f .. '.m' .. rec[4]] = rec[8] end
     flow_settle(fq, f, rec[4], nil, rec[5], rec[6] or nil, rec[7] or nil, now)
     return 1
   elseif kind == 'e' then
@@ -961,7 +1009,7 @@ local function flow_apply(q, rec, now)
   elseif kind == 'r' then
     local k, steps = tonumber(rec[4]), tonumber(rec[5])
     local done = flow_release_at(q, flow_step_id(f, k, steps), fq, f, k, steps, rec[6] == '1',
-      rec[7], now, true, q)
+      rec[7], now, true, q, rec[8] or nil)
     return done and 1 or 0
   end
   local changed = 0

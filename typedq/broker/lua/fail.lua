@@ -1,14 +1,16 @@
 #!lua flags=allow-oom
 -- Record failed attempts, fenced by token (outcomes as in complete.lua).
--- mode 'r': retry after delay_us (0 = waiting at once) unless a cancel was requested;
+-- mode 'r': retry after delay_us (0 = waiting at once) unless a cancel was requested
+-- (its due time 'r' is when it becomes claimable again, now for an immediate retry);
 -- 'l': like 'r', but the attempt is given back (RateLimited: not spent);
 -- 'f': failed for good; 'x': cancelled. A non-empty `message` replaces the stored
 -- envelope (a job whose bytes could not be decoded gets a readable one).
 -- KEYS[1] = the queue's active zset (the slot this runs on)
 -- ARGV: P, queue, failed_ttl_us, failed_max, n, then n x (id, token, error, mode, delay_us,
---       message)
+--       message), [fan-out members' spans: see read_span_links]
 local q, ttl, cap, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if q == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0 or #ARGV ~= 5 + 6 * n then
+if q == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0
+    or (#ARGV ~= 5 + 6 * n and not read_span_links(6 + 6 * n)) then
   return bad_args('fail')
 end
 for i = 0, n - 1 do
@@ -51,7 +53,7 @@ for i = 0, n - 1 do
         redis.call('ZADD', k_sched(q), now + delay, id)
         count(q, 's', 1)
       else
-        redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', k_seq(q)))
+        redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', k_seq(q)), 'r', now)
         push_waiting(q, sane_prio(r[6]), id, false)
         count(q, 'w', 1)
       end

@@ -1,11 +1,13 @@
 #!lua flags=no-writes
 -- Counts per state and the age of the longest-waiting job, per queue (a metrics
--- scrape: one round trip for every queue). The oldest waiting job of a priority level
--- is its head (the right end of its list; the first live entry among the last
--- HEAD_SCAN, stale entries skipped); its age counts from when it became due: its
--- enqueue time, or the time its delay or eta named (a scheduled job moved to waiting
--- has waited since then, not since its enqueue). A due scheduled job not yet moved to
--- waiting counts from its due time too.
+-- scrape: one round trip for every queue). A waiting job's age counts from when it
+-- became due: its due time 'r' when it has one (a retry's due time, a hand-back, a
+-- stall recovery, a workflow hand-off, a scheduled job moved to waiting), else its
+-- enqueue time or the time its body's delay or eta named. The longest-waiting job of a
+-- priority level is among the live entries at its head (the right end of its list, the
+-- last HEAD_SCAN entries): mostly the head itself, but a job handed back to its old
+-- place or a workflow step pushed at the head waits since its hand-back only. A due
+-- scheduled job not yet moved to waiting counts from its due time too.
 -- KEYS: the counts hash of each queue (declared for routing; read by name below)
 -- ARGV: P, queue...
 -- Returns per queue: its counts hash as a flat list, then the age in microseconds.
@@ -67,16 +69,20 @@ for i = 2, #ARGV do
       for j = #ids, 1, -1 do
         local r
         if is_bare(ids[j]) then
-          r = read_keyed(q, ids[j], 's', 'e', 'm')
+          r = read_keyed(q, ids[j], 's', 'e', 'r', 'm')
         else
           local f = parse_entry(ids[j])  -- a waiting entry (see keys.py)
-          if f and entry_live(q, prio, f) then r = {'w', f.e, f.m} end
+          if f and entry_live(q, prio, f) then r = {'w', f.e, f.r, f.m} end
         end
         if r and r[1] == 'w' then
-          local e = tonumber(r[2])
-          if e then e = due_us(e, r[3]) end
+          local e = tonumber(r[3])
+          if not e then
+            -- Due since its enqueue or its body's eta/delay: never before its enqueue,
+            -- so the body is read only when the enqueue time is the oldest so far.
+            e = tonumber(r[2])
+            if e and (not oldest or e < oldest) then e = due_us(e, r[4] or nil) end
+          end
           if e and (not oldest or e < oldest) then oldest = e end
-          break
         end
       end
     end

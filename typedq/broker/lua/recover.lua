@@ -55,7 +55,7 @@ if limit > 0 then
           .. 'limit max_stalls=%d', stalls, stalls, max_stalls), attempt, r[6], now))
         finalize(id, q, 'a', 'f', now)
       else
-        redis.call('HSET', jk, 's', 'w')
+        redis.call('HSET', jk, 's', 'w', 'r', now)  -- due again: waits from now
         back[#back + 1] = {id, q, sane_prio(r[7]), tonumber(r[8]) or 0}
         count(q, 'a', -1)
         count(q, 'w', 1)

@@ -29,7 +29,7 @@ for i = 0, n - 1 do
       finalize(id, q, 'a', 'x', now)
       touched_x = touched_x + 1
     else
-      redis.call('HSET', jk, 's', 'w')
+      redis.call('HSET', jk, 's', 'w', 'r', now)  -- due again: waits from the hand-back
       redis.call('HDEL', jk, 't')
       back[#back + 1] = {id, q, sane_prio(r[6]), tonumber(r[8]) or 0}
       count(q, 'a', -1)

@@ -7,6 +7,7 @@
 -- run again alone, see flow_retry) or 'not_found'. A workflow's step resumes its flow.
 if #ARGV < 2 or ARGV[2] == '' then return bad_args('retry') end
 local q = ARGV[2]
+local now = now_us()
 
 -- A failed or cancelled job of a workflow is retried (this script): nil when it may go
 -- back to waiting, else the answer 'in_flow' (nothing changed). A step that ran, of a
@@ -66,8 +67,9 @@ for i = 3, #ARGV do
   else
     local jk = k_job(q, id)
     redis.call('ZREM', k_done(q, r[1]), id)
-    redis.call('HDEL', jk, 'a', 'k', 'st', 'fa', 'res', 'err', 'pg', 'cr', 'w', 't', 'd', 'r')
-    redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', k_seq(q)))
+    redis.call('HDEL', jk, 'a', 'k', 'st', 'fa', 'res', 'err', 'pg', 'cr', 'w', 't', 'd')
+    -- Due again now: its queue wait counts from the retry, not from its enqueue.
+    redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', k_seq(q)), 'r', now)
     push_waiting(q, sane_prio(r[3]), id, false)
     count(q, r[1], -1)
     count(q, 'w', 1)

@@ -1145,8 +1145,8 @@ class RedisBroker(ScheduleOps, Broker):
         self._notes.claim_answered(queues, int(reply[0]))
         claimed: list[ClaimedJob] = []
         broken: list[Failure] = []
-        for i in range(1, len(reply), 7):
-            job_id, raw, tok, attempt, enqueued, stalls, queue = reply[i : i + 7]
+        for i in range(1, len(reply), 8):
+            job_id, raw, tok, attempt, enqueued, stalls, queue, due = reply[i : i + 8]
             job_id, tok = text(job_id), text(tok)
             self._held[tok] = (job_id, text(queue))
             try:
@@ -1161,6 +1161,7 @@ class RedisBroker(ScheduleOps, Broker):
                     attempt=int(attempt),
                     enqueued_at=int(enqueued) / MICRO,
                     stalls=int(stalls),
+                    run_at=int(due) / MICRO,
                 )
             )
         if broken:
@@ -1239,6 +1240,7 @@ class RedisBroker(ScheduleOps, Broker):
         args: list[Any] = [self.keys.prefix, queue, ttl, cap, len(items)]
         for item in items:
             args += (item.id, item.token, item.result)
+        _span_section(args, items)
         return [self.keys.active(queue)], args
 
     async def complete_and_claim(
@@ -1255,7 +1257,9 @@ class RedisBroker(ScheduleOps, Broker):
         call per job in a worker's steady state. On standalone Redis one call whatever
         queues the completions and the claim are on; on Redis Cluster one call per queue
         (its slot), all sent at once (see :meth:`_claim_per_slot`)."""
-        if not items or limit <= 0 or not queues:
+        # A traced fan-out member's span goes with its completion (complete.lua), not
+        # in the claim's settle section: rare, so one more round trip then.
+        if not items or limit <= 0 or not queues or any(c.span for c in items):
             return await super().complete_and_claim(
                 items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
             )
@@ -1315,6 +1319,7 @@ class RedisBroker(ScheduleOps, Broker):
                 else:
                     mode, delay = "l" if item.refund else "r", us(item.retry_delay)
                 args += (item.id, item.token, item.error, mode, delay, "")
+            _span_section(args, [items[i] for i in idx])
             return [self.keys.active(queue)], args
 
         reply = await self._per_queue("fail", queues, call, 3)
@@ -1621,3 +1626,13 @@ def _error_history(raw: bytes | None, last: bytes | None) -> tuple[bytes, ...]:
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
     return () if last is None else (last,)
+
+
+def _span_section(args: list[Any], items: Sequence[Completion | Failure]) -> None:
+    """Append the traced fan-out members' spans to a complete or fail script's arguments
+    (their optional last section, see read_span_links in common.lua); nothing when none."""
+    spans = [(item.id, item.span) for item in items if item.span]
+    if spans:
+        args.append(len(spans))
+        for pair in spans:
+            args += pair

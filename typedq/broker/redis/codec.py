@@ -64,18 +64,22 @@ class Body(msgspec.Struct, frozen=True, array_like=True):
     concurrency_key: str = ""
     #: The schedule tick (typedq.schedule); after the limit keys, which Lua reads by index.
     scheduled_for: float = 0.0
-    #: The producer's trace context (typedq.tracing); appended last, read by no script.
+    #: The producer's trace context (typedq.tracing); read by no script.
     trace_context: str = ""
+    #: A fan-in callback's links to its members' spans, appended by the fan-in script
+    #: (common.lua flow_release) to a body that has all the fields above.
+    trace_links: str = ""
 
 
 _decode_body = msgspec.msgpack.Decoder(Body).decode
-_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0, "", "", 0.0, "")
+_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0, "", "", 0.0, "", "")
 
 
 def encode_body(m: JobMessage) -> bytes:
     """The stored body of ``m``: its fields but id and queue, trailing defaults left out."""
     fields = [m.task, m.payload, m.fingerprint, m.priority, m.max_retries, m.timeout, m.eta]
     fields += (m.delay, m.rate_key, m.concurrency_key, m.scheduled_for, m.trace_context)
+    fields.append(m.trace_links)
     n = len(fields)
     while n > 2 and fields[n - 1] == _BODY_DEFAULTS[n - 1]:
         n -= 1
@@ -111,6 +115,7 @@ def decode_job(job_id: str, queue: str, raw: bytes) -> JobMessage:
         concurrency_key=b.concurrency_key,
         scheduled_for=b.scheduled_for,
         trace_context=b.trace_context,
+        trace_links=b.trace_links,
     )
 
 
