@@ -15,7 +15,8 @@ run (A B A B ...):
 
 Per chain: the client's round trips (awaited calls: a pipeline over several nodes is one),
 the script calls Redis ran and the Redis CPU they took (``INFO commandstats`` of
-``evalsha`` and ``eval``, summed over the primaries), and wall time. Medians over the runs.
+``fcall``, or ``evalsha`` and ``eval``, summed over the primaries), and wall time.
+Medians over the runs.
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ from typedq.broker.redis import RedisBroker
 
 
 def script_stats(cluster: RedisCluster) -> tuple[int, int]:
-    """(calls, µs) of EVALSHA and EVAL, summed over the primaries."""
+    """(calls, µs) of script calls (FCALL; EVALSHA and EVAL before), summed over the primaries."""
     calls = usec = 0
     for port in cluster.primary_ports():
         for line in _command(port, "INFO", "commandstats").decode().splitlines():
             name, _, fields = line.partition(":")
-            if name in ("cmdstat_evalsha", "cmdstat_eval"):
+            if name in ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval"):
                 stats = dict(f.split("=") for f in fields.split(","))
                 calls += int(stats["calls"])
                 usec += int(stats["usec"])

@@ -21,8 +21,9 @@ from tests.redis_harness import (
     RedisProcess,
     failover_slot,
     flushall,
+    function_flush,
     kill_pubsub_clients,
-    script_flush,
+    replica_of,
     shard_subscribers,
     slot_owner,
     subscribers,
@@ -340,45 +341,100 @@ async def test_wake_ups_survive_a_failover_of_the_queue_shard(
         await woken_with_no_poll(redis_cluster, worker, producer, queue, "j2", times=2)
 
 
-async def test_scripts_flushed_on_a_primary_mid_run_still_run(
+async def test_functions_flushed_on_a_primary_mid_run_still_run(
     url: str, redis_cluster: RedisCluster
 ) -> None:
-    """Every script is loaded on every node at connect; a node that forgot them (SCRIPT
-    FLUSH, a restart) answers NOSCRIPT and the call is re-sent with the source."""
+    """The function library is loaded on every primary at connect (and reaches the
+    replicas); a node that lost it (FUNCTION FLUSH, a restart) answers "Function not
+    found", the library is loaded again and only the calls that failed are re-sent."""
     queues = [f"q{i}" for i in range(8)]
     async with broker_at(url, "flushed") as broker:
         keys = broker.keys
-        _, sha = broker._scripts["claim"]
+        name = broker._library.name
         for port in redis_cluster.primary_ports():
-            assert await _script_exists(port, sha)
+            assert await _library_loaded(port, name)
         await broker.enqueue([message(f"a{i}", queue=q) for i, q in enumerate(queues)])
         owner = slot_owner(redis_cluster, key_slot(keys.counts("q0").encode()))
-        script_flush(owner)
-        assert not await _script_exists(owner, sha)
-        # One call on one queue (EVALSHA), then several slots in one pipeline.
+        # Replicas have it by replication, and lose it with their primary.
+        replica = replica_of(redis_cluster, owner)
+        await _wait_library(replica, name, loaded=True)
+        function_flush(owner)
+        assert not await _library_loaded(owner, name)
+        await _wait_library(replica, name, loaded=False)
+        # One call on one queue, then several slots in one pipeline.
         (job,) = await broker.claim(["q0"], 1, worker_id="w", lease=30)
         assert job.message.id == "a0"
+        assert await _library_loaded(owner, name)
+        function_flush(owner)
+        served: dict[int, int] = {}  # primary -> calls of the claim it serves (one per queue)
+        for q in queues[1:]:
+            port = slot_owner(redis_cluster, key_slot(keys.counts(q).encode()))
+            served[port] = served.get(port, 0) + 1
         for port in redis_cluster.primary_ports():
-            script_flush(port)
+            await _fcalls(port, reset=True)
         jobs = await broker.claim(queues[1:], 7, worker_id="w", lease=30)
         assert sorted(j.message.id for j in jobs) == [f"a{i}" for i in range(1, 8)]
+        # Only the calls that met "Function not found" were sent again.
         for port in redis_cluster.primary_ports():
-            script_flush(port)
+            n = served.get(port, 0)
+            assert await _fcalls(port) == ((2 * n, n) if port == owner else (n, 0))
+        for port in redis_cluster.primary_ports():
+            function_flush(port)
         jobs.append(job)
         done = await broker.complete([Completion(j.message.id, j.token, b"\xc0") for j in jobs])
-        assert len(done) == 8
+        assert done == [FinishOutcome.OK] * 8
         stats = await broker.queue_stats(queues)
         assert [s.counts[JobState.COMPLETED] for s in stats] == [1] * 8
-        assert await _script_exists(owner, broker._scripts["queue_stats"][1])  # EVAL cached it
+        assert [s.counts[JobState.ACTIVE] for s in stats] == [0] * 8
+        for port in redis_cluster.primary_ports():
+            assert await _library_loaded(port, name)
+        await _wait_library(replica, name, loaded=True)
+        # FCALL is routed by its keys on the client, as EVALSHA is: redis-py alone would
+        # ask a node for them first (COMMAND GETKEYS) on every call.
+        assert await _getkeys_calls(redis_cluster) == 0  # since the reset above
 
 
-async def _script_exists(port: int, sha: str) -> bool:
+async def _fcalls(port: int, *, reset: bool = False) -> tuple[int, int]:
+    """FCALL (calls, calls that failed) the node on ``port`` served since its last reset."""
     client = aioredis.Redis(port=port)
     try:
-        (exists,) = await client.script_exists(sha)
-        return bool(exists)
+        if reset:
+            await client.config_resetstat()
+        stats = await client.info("commandstats")
     finally:
         await client.aclose()
+    fcall = stats.get("cmdstat_fcall", {})
+    return int(fcall.get("calls", 0)), int(fcall.get("rejected_calls", 0)) + int(
+        fcall.get("failed_calls", 0)
+    )
+
+
+async def _getkeys_calls(cluster: RedisCluster) -> int:
+    """``COMMAND GETKEYS`` calls the cluster's nodes served so far."""
+    total = 0
+    for port in cluster.primary_ports():
+        client = aioredis.Redis(port=port)
+        try:
+            stats = await client.info("commandstats")
+        finally:
+            await client.aclose()
+        total += int(stats.get("cmdstat_command|getkeys", {}).get("calls", 0))
+    return total
+
+
+async def _library_loaded(port: int, name: str) -> bool:
+    client = aioredis.Redis(port=port)
+    try:
+        return bool(await client.function_list(library=name))
+    finally:
+        await client.aclose()
+
+
+async def _wait_library(port: int, name: str, *, loaded: bool) -> None:
+    """Until the node on ``port`` has (or has not) the library: replication is async."""
+    with anyio.fail_after(10):
+        while await _library_loaded(port, name) != loaded:  # noqa: ASYNC110 (another node)
+            await anyio.sleep(0.01)
 
 
 async def test_connect_refuses_queue_keys_off_the_queue_slot(url: str) -> None:

@@ -694,15 +694,16 @@ end
 
 -- Fan-out members' process spans (typedq.tracing): a traced member's completion or
 -- failure names its span (a W3C traceparent) in an optional last section of its script's
--- arguments, nl then nl x (id, traceparent): read_span_links(at) (false when ARGV does
+-- arguments, nl then nl x (id, traceparent): read_span_links(ARGV, at) (false when ARGV does
 -- not end with one). flow_settle keeps the first MAX_SPAN_LINKS members' in the flow
 -- record (l<i>, and L once any); the fan-in gives them to the callback (flow_release).
 local MAX_SPAN_LINKS = 128
 local span_links = {}
-local function read_span_links(at)
-  local nl = tonumber(ARGV[at])
-  if not is_int(nl) or nl < 1 or #ARGV ~= at + 2 * nl then return false end
-  for i = 0, nl - 1 do span_links[ARGV[at + 1 + 2 * i]] = ARGV[at + 2 + 2 * i] end
+-- (The script passes its ARGV: a helper of the function library sees no call's ARGV.)
+local function read_span_links(argv, at)
+  local nl = tonumber(argv[at])
+  if not is_int(nl) or nl < 1 or #argv ~= at + 2 * nl then return false end
+  for i = 0, nl - 1 do span_links[argv[at + 1 + 2 * i]] = argv[at + 2 + 2 * i] end
   return true
 end
 

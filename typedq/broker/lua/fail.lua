@@ -10,7 +10,7 @@
 --       message), [fan-out members' spans: see read_span_links]
 local q, ttl, cap, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 if q == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0
-    or (#ARGV ~= 5 + 6 * n and not read_span_links(6 + 6 * n)) then
+    or (#ARGV ~= 5 + 6 * n and not read_span_links(ARGV, 6 + 6 * n)) then
   return bad_args('fail')
 end
 for i = 0, n - 1 do

@@ -89,7 +89,7 @@ from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .listener import Notifications
 from .migrate import migrate_layout
 from .schedules import ScheduleOps
-from .scripts import SCRIPTS, SHARDED_SCRIPTS
+from .scripts import LIBRARY, SHARDED_LIBRARY
 
 __all__ = ["RedisBroker"]
 
@@ -99,6 +99,22 @@ _PIPELINE_BYTES = 8 * 1024 * 1024
 #: Seconds an outbox entry (a hand-off of a flow across slots) is left to the call that
 #: wrote it before the reaper pass applies it (see :attr:`RedisBroker.handoff_age`).
 HANDOFF_AGE = 5.0
+#: Loads of the library (each followed by a re-send) at most for a call that meets
+#: "Function not found", where they are not one transaction (Redis Cluster, an ACL user
+#: without MULTI): another flush may come between a load and the re-send.
+_LOADS = 5
+
+
+def _missing(reply: object) -> bool:
+    """Whether ``reply`` is Redis's answer for a function it does not have (FCALL
+    before the library was loaded, or after FUNCTION FLUSH, a restart or on a new node)."""
+    return isinstance(reply, rexc.ResponseError) and str(reply).startswith("Function not found")
+
+
+def _already_loaded(exc: BaseException) -> bool:
+    """Whether ``exc`` is FUNCTION LOAD's answer for a library of that name (the same
+    source: the name carries its hash) that Redis has already."""
+    return isinstance(exc, rexc.ResponseError) and "already exists" in str(exc)
 
 
 def _request_token() -> str:
@@ -134,8 +150,8 @@ class RedisBroker(ScheduleOps, Broker):
         self._queues_seen: set[str] = set()
         #: True on Redis Cluster (``redis+cluster://``): one script call per slot.
         self.cluster = False
-        # The scripts' variant: Redis Cluster's wake up by sharded pub/sub (scripts.py).
-        self._scripts = SCRIPTS
+        # The library's variant: Redis Cluster's wakes up by sharded pub/sub (scripts.py).
+        self._library = LIBRARY
         # Jobs this broker claimed and has not settled: lease token -> (id, queue), so
         # the worker's settles find each job's queue without a search.
         self._held: dict[str, tuple[str, str]] = {}
@@ -200,7 +216,7 @@ class RedisBroker(ScheduleOps, Broker):
         and scripts (each script call names keys of one slot: one queue), and sharded
         pub/sub: one plain connection per node owning a slot listened to (listener.py)."""
         self.cluster = True
-        self._scripts = SHARDED_SCRIPTS
+        self._library = SHARDED_LIBRARY
         url = self.url
         try:
             nodes, _, self._password, _ = cluster_nodes(url)
@@ -257,11 +273,7 @@ class RedisBroker(ScheduleOps, Broker):
             self._raise(exc, "connect")
         else:
             check_config(self._where, memory, persistence)
-        with self._translate("loading scripts"):
-            pipe = redis.pipeline(transaction=False)
-            for source, _ in SCRIPTS.values():
-                pipe.script_load(source)
-            await pipe.execute()
+        await self._load_library()
         self._epoch.reset()
         self._queues_seen.clear()
         await migrate_layout(self)
@@ -270,9 +282,10 @@ class RedisBroker(ScheduleOps, Broker):
     async def _cluster_checks(self) -> None:
         """Connect-time checks on Redis Cluster: every primary answers and is configured
         for a task queue, the known queues' keys each map to one slot, no data of the
-        previous layout, the epochs. The scripts are loaded on every node, replicas too (a
-        replica that takes over has them); a node that lacks one anyway (flushed, restarted,
-        added later) answers NOSCRIPT and the call is re-sent as EVAL."""
+        previous layout, the epochs. The function library is loaded on every primary (its
+        replicas get it by replication: a replica that takes over has it); a node that
+        lacks it anyway (flushed, restarted without persistence, added later) answers
+        "Function not found", and the library is loaded again and the call re-sent."""
         redis: Any = self._conn()
         try:
             await redis.initialize()
@@ -287,13 +300,7 @@ class RedisBroker(ScheduleOps, Broker):
         else:
             for node, info in memory.items():
                 check_config(self._where, info, persistence.get(node, {}))
-        with self._translate("loading scripts"):
-            await asyncio.gather(
-                *(
-                    redis.execute_command("SCRIPT LOAD", source, target_nodes=redis.ALL_NODES)
-                    for source, _ in self._scripts.values()
-                )
-            )
+        await self._load_library()
         queues = await self.known_queues()
         problems = check_slots(self.keys, queues)
         if problems:
@@ -520,6 +527,9 @@ class RedisBroker(ScheduleOps, Broker):
 
     def _error(self, exc: BaseException, op: str) -> BrokerError:
         """The typedq error for a Redis client error met by ``op``."""
+        if isinstance(exc, rexc.ResponseError) and "user_function:" in str(exc):
+            # An error raised in the library: say which file and line it is from.
+            exc = type(exc)(self._library.locate(str(exc)))
         return broker_error(
             exc, op, where=self._where, prefix=self.keys.prefix, password=self._password
         )
@@ -531,7 +541,32 @@ class RedisBroker(ScheduleOps, Broker):
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, op)
 
+    async def _load_library(self) -> None:
+        """``FUNCTION LOAD`` the library: on the server, or on every primary of Redis
+        Cluster. Its name carries the hash of its source, so a library of that name
+        already there is this one ("already exists" is success)."""
+        redis: Any = self._conn()
+        load = ("FUNCTION", "LOAD", self._library.source)
+        if self.cluster:
+            # One node at a time: a node that has it must not fail the others.
+            calls = [redis.execute_command(*load, target_nodes=n) for n in redis.get_primaries()]
+        else:
+            calls = [redis.execute_command(*load)]
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException) and not _already_loaded(reply):
+                if isinstance(reply, rexc.ResponseError) and "unknown command" in str(reply):
+                    raise ConfigError(
+                        f"{self._where} has no FUNCTION command: typedq needs Redis 7.0 or "
+                        "later (its scripts are one Redis Functions library); upgrade Redis"
+                    )
+                if isinstance(reply, rexc.RedisError | OSError):
+                    self._raise(reply, "loading the function library")
+                raise reply
+
     async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Call script ``name`` (a function of the library) with ``keys`` and ``args``;
+        the hand-offs of flows across slots its reply names are delivered first."""
         handoffs: list[Handoff] = []
         reply = unwrap(await self._eval_one(name, keys, args), handoffs)
         if handoffs:
@@ -539,47 +574,100 @@ class RedisBroker(ScheduleOps, Broker):
         return reply
 
     async def _eval_one(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        source, sha = self._scripts[name]
-        redis = self._conn()
-        execute: Any = redis.execute_command  # untyped in redis-py
+        """Call script ``name`` (a function of the library) with ``keys`` and ``args``."""
+        function = self._library.functions[name]
+        execute: Any = self._conn().execute_command  # untyped in redis-py
         try:
-            try:
-                return await execute("EVALSHA", sha, len(keys), *keys, *args)
-            except rexc.NoScriptError:
-                # Script cache flushed (SCRIPT FLUSH, restart, failover): EVAL sends the
-                # source and caches it again; it cannot meet NOSCRIPT even if another
-                # flush comes right now.
-                return await execute("EVAL", source, len(keys), *keys, *args)
+            reply = await execute("FCALL", function, len(keys), *keys, *args)
+        except rexc.ResponseError as exc:
+            if not _missing(exc):
+                self._raise(exc, name)
+            (reply,) = await self._reload_and_send([(name, keys, args)])
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, name)
+        if isinstance(reply, Exception):
+            self._raise(reply, name)
+        return reply
+
+    async def _reload_and_send(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Load the library again and send ``calls`` again (they met "Function not found":
+        FUNCTION FLUSH, a restart without persistence, a node added later; none of them
+        ran). On a single Redis the load and the calls are one transaction, so no other
+        flush can come between them (as EVAL, which carries its source, could not meet
+        NOSCRIPT). Redis Cluster, and an ACL user without MULTI, load first, then re-send,
+        a few times at most. Per call its reply or its error."""
+        if not self.cluster:
+            pipe = self._conn().pipeline(transaction=True)
+            execute: Any = pipe.execute_command  # untyped in redis-py
+            execute("FUNCTION", "LOAD", self._library.source)
+            self._queue_calls(pipe, calls)
+            try:
+                loaded, *replies = await pipe.execute(raise_on_error=False)
+            except rexc.NoPermissionError:
+                pass  # no MULTI for this ACL user (not in the documented ACL): load, re-send
+            except (rexc.RedisError, OSError) as exc:
+                self._raise(exc, calls[0][0])
+            else:
+                if isinstance(loaded, Exception) and not _already_loaded(loaded):
+                    self._raise(loaded, "loading the function library")
+                return replies
+        todo = list(range(len(calls)))
+        replies = [None] * len(calls)
+        for _ in range(_LOADS):
+            await self._load_library()
+            again = await self._pipelined([calls[i] for i in todo])
+            for i, reply in zip(todo, again, strict=True):
+                replies[i] = reply
+            todo = [i for i in todo if _missing(replies[i])]
+            if not todo:
+                break
+        return replies
 
     async def _eval_pipelined(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
     ) -> list[Any]:
         """Run several scripts in one round trip, in order (not as a transaction).
 
-        A script that meets NOSCRIPT did not run; it is re-sent on its own as EVAL. Each
-        script is idempotent when re-sent, so redis-py's retry of the whole pipeline
-        after a connection error is safe too.
+        A call that meets "Function not found" did not run: the library is loaded again
+        and those calls alone are re-sent, in one more round trip. Each script is
+        idempotent when re-sent, so redis-py's retry of the whole pipeline after a
+        connection error is safe too.
         """
-        pipe = self._conn().pipeline(transaction=False)
-        execute: Any = pipe.execute_command  # untyped in redis-py
+        replies = await self._pipelined(calls)
+        missing = [i for i, reply in enumerate(replies) if _missing(reply)]
+        if missing:
+            again = await self._reload_and_send([calls[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        handoffs: list[Handoff] = []
+        for i, (reply, (name, _, _)) in enumerate(zip(replies, calls, strict=True)):
+            if isinstance(reply, Exception):
+                self._raise(reply, name)
+            replies[i] = unwrap(reply, handoffs)
+        if handoffs:
+            await self._deliver(handoffs)
+        return replies
+
+    def _queue_calls(
+        self, pipe: Any, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> None:
+        """Add an FCALL per call to ``pipe``."""
+        functions = self._library.functions
         for name, keys, args in calls:
-            execute("EVALSHA", self._scripts[name][1], len(keys), *keys, *args)
+            pipe.execute_command("FCALL", functions[name], len(keys), *keys, *args)
+
+    async def _pipelined(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """One round trip of FCALLs; per call its reply or its error."""
+        pipe = self._conn().pipeline(transaction=False)
+        self._queue_calls(pipe, calls)
         try:
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, calls[0][0])
-        handoffs: list[Handoff] = []
-        for i, (reply, (name, keys, args)) in enumerate(zip(replies, calls, strict=True)):
-            if isinstance(reply, rexc.NoScriptError):
-                replies[i] = unwrap(await self._eval_one(name, keys, args), handoffs)
-            elif isinstance(reply, Exception):
-                self._raise(reply, name)
-            else:
-                replies[i] = unwrap(reply, handoffs)
-        if handoffs:
-            await self._deliver(handoffs)
         return replies
 
     async def _deliver(self, handoffs: Sequence[Handoff]) -> None:
@@ -712,9 +800,9 @@ class RedisBroker(ScheduleOps, Broker):
             if sent:
                 pipe = self._conn().pipeline(transaction=False)
                 execute: Any = pipe.execute_command  # untyped in redis-py
-                sha = self._scripts["enqueue"][1]
+                function = self._library.functions["enqueue"]
                 for _, (keys, args, _) in sent:
-                    execute("EVALSHA", sha, len(keys), *keys, *args)
+                    execute("FCALL", function, len(keys), *keys, *args)
                 try:
                     replies = await pipe.execute(raise_on_error=False)
                 except (rexc.RedisError, OSError) as exc:
@@ -724,19 +812,25 @@ class RedisBroker(ScheduleOps, Broker):
                     results.extend(error for _ in range(i, len(batches)))
                     return results
             by_batch = dict(zip((n for n, _ in sent), replies, strict=True))
+            lost = [n for n, _ in sent if _missing(by_batch[n])]
+            if lost:
+                # The library is gone: none of those batches ran. Load it and send them
+                # again, in order, in one round trip.
+                lost_calls = dict(sent)
+                try:
+                    again = await self._reload_and_send(
+                        [("enqueue", lost_calls[n][0], lost_calls[n][1]) for n in lost]
+                    )
+                except BrokerError as exc:
+                    again = [exc] * len(lost)
+                by_batch.update(zip(lost, again, strict=True))
             for n in range(i, j):
                 call, batch = calls[n], batches[n]
                 if call is None:
                     results.append([])
                     continue
                 reply = by_batch[n]
-                if isinstance(reply, rexc.NoScriptError):
-                    # Script cache flushed: nothing of this batch ran; send it alone.
-                    try:
-                        reply = await self._eval("enqueue", call[0], call[1])
-                    except BrokerError as exc:
-                        reply = exc
-                elif isinstance(reply, Exception):
+                if isinstance(reply, Exception) and not isinstance(reply, BrokerError):
                     reply = self._error(reply, "enqueue")
                 if isinstance(reply, Exception):
                     results.append(reply)
