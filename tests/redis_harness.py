@@ -360,14 +360,15 @@ def kill_pubsub_clients(port: int) -> None:
         raise RuntimeError(f"CLIENT KILL on {port} failed: {reply!r}")
 
 
-def script_flush(port: int) -> None:
-    """``SCRIPT FLUSH`` on the node on ``port``: it forgets every cached script."""
-    reply = _command(port, "SCRIPT", "FLUSH")
+def function_flush(port: int) -> None:
+    """``FUNCTION FLUSH`` on the node on ``port``: it forgets every function library (a
+    primary's replicas too, by replication)."""
+    reply = _command(port, "FUNCTION", "FLUSH")
     if not reply.startswith(b"+OK"):
-        raise RuntimeError(f"SCRIPT FLUSH on {port} failed: {reply!r}")
+        raise RuntimeError(f"FUNCTION FLUSH on {port} failed: {reply!r}")
 
 
-def _replica_of(cluster: RedisCluster, primary: int) -> int:
+def replica_of(cluster: RedisCluster, primary: int) -> int:
     """The port of a replica attached to the primary on ``primary`` (by the replicas' own
     ``ROLE``, which does not lag like the cluster's gossip)."""
     needle = f"\r\n:{primary}\r\n".encode()
@@ -389,7 +390,7 @@ def failover_slot(cluster: RedisCluster, slot: int, timeout: float = 60.0) -> tu
     a cluster formed moments ago: "Manual failover timed out") is asked for again.
     """
     _, old, _ = _slot_nodes(cluster, slot)
-    replica = _replica_of(cluster, old)
+    replica = replica_of(cluster, old)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         reply = _command(replica, "CLUSTER", "FAILOVER")

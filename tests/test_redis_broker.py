@@ -10,6 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -38,6 +39,7 @@ from typedq.broker.base import (
 from typedq.broker.redis import CONNECT_TIMEOUT, RETRIES, SOCKET_TIMEOUT, RedisBroker
 from typedq.broker.redis import health as redis_health
 from typedq.errors import FailureRecord
+from typedq.broker.redis.scripts import build_library, read_scripts
 from typedq.names import new_job_id
 from typedq.task import DEFAULT_QUEUE
 
@@ -62,9 +64,9 @@ async def broker_at(url: str, name: str = "rb", **settings: Any) -> AsyncIterato
         yield broker
 
 
-async def evalsha_calls(raw: aioredis.Redis) -> int:
+async def fcall_calls(raw: aioredis.Redis) -> int:
     stats = await raw.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+    return int(stats.get("cmdstat_fcall", {}).get("calls", 0))
 
 
 @contextlib.asynccontextmanager
@@ -87,13 +89,29 @@ async def client_commands(url: str) -> AsyncIterator[list[str]]:
 
 
 async def test_lua_key_names_match_the_keys_module(url: str) -> None:
-    async with broker_at(url, "layout") as broker:
+    # tests/keys.lua answers the names common.lua derives: its own library, built from
+    # the installed common.lua by the broker's builder, loaded for this test.
+    parts = read_scripts()
+    lib = build_library(
+        {
+            "common.lua": parts["common.lua"],
+            "sharded.lua": parts["sharded.lua"],
+            "keys.lua": (Path(__file__).parent / "keys.lua").read_text("utf-8"),
+        }
+    )
+    async with broker_at(url, "layout") as broker, raw_redis(url) as raw:
         k = broker.keys
-        names = await broker._eval(
-            "keys",
-            [],
-            [k.prefix, "q1", "-3", "job-1", "tok1", "c|t1|k:1", "t1", "k:1", "29000000"],
-        )
+        execute: Any = raw.execute_command  # untyped in redis-py
+        await execute("FUNCTION", "LOAD", "REPLACE", lib.source)
+        try:
+            names = await execute(
+                "FCALL",
+                lib.functions["keys"],
+                0,
+                *(k.prefix, "q1", "-3", "job-1", "tok1", "c|t1|k:1", "t1", "k:1", "29000000"),
+            )
+        finally:
+            await execute("FUNCTION", "DELETE", lib.name)
         assert [n.decode() for n in names] == [
             k.job("q1", "job-1"),
             k.levels("q1"),
@@ -365,7 +383,7 @@ async def test_concurrent_single_enqueues_are_coalesced(url: str) -> None:
         async with anyio.create_task_group() as tg:
             for i in range(1000):
                 tg.start_soon(noop.enqueue, Item(n=i))
-        calls = await evalsha_calls(raw)
+        calls = await fcall_calls(raw)
         counts = await app.broker.counts(DEFAULT_QUEUE)
     assert counts[JobState.WAITING] == 1000
     assert calls <= 50, f"1000 concurrent enqueues took {calls} script calls"
@@ -387,9 +405,9 @@ async def test_enqueue_many_has_no_per_job_round_trip(url: str) -> None:
     # One script call per chunk of 500, and the first use of the queue (the queue
     # registry and the queue's epoch); besides, only the handshakes of the few pooled
     # connections that send the chunks concurrently.
-    assert sent.count("EVALSHA") == 20 + 1
+    assert sent.count("FCALL") == 20 + 1
     assert sent.count("SADD") == 1
-    others = [c for c in sent if c not in ("EVALSHA", "SADD")]
+    others = [c for c in sent if c not in ("FCALL", "SADD")]
     assert set(others) <= {"HELLO", "CLIENT", "PING", "SELECT"}
     assert len(others) <= 40
 
@@ -425,11 +443,11 @@ async def test_a_worker_makes_one_script_call_per_job_in_the_steady_state(url: s
                     go[50].set()
                     await reached[350].wait()
                 go[350].set()
-    scripts = sent.count("EVALSHA") + sent.count("EVAL")
+    scripts = sent.count("FCALL")
     # 300 jobs: the settle of each of jobs 50 to 349 claims the next one. A periodic
     # call (lease renewal, recovery pass, worker heartbeat) may fall in the window too.
     assert 300 <= scripts <= 303, f"{scripts} script calls for 300 jobs"
-    others = [c for c in sent if c not in ("EVALSHA", "EVAL")]
+    others = [c for c in sent if c != "FCALL"]
     assert len(others) <= 3, f"round trips besides scripts: {others}"
 
 
@@ -441,7 +459,7 @@ async def test_complete_and_claim_over_several_queues_is_one_script_call(url: st
         await broker.enqueue([message(f"{q}-{i}", queue=q) for q in queues for i in range(2)])
         held = await broker.claim(queues, 3, worker_id="w", lease=30)
         assert len({j.message.queue for j in held}) >= 2
-        before = await evalsha_calls(raw)
+        before = await fcall_calls(raw)
         outcomes, jobs = await broker.complete_and_claim(
             [Completion(j.message.id, j.token, b"\xc0") for j in held],
             queues,
@@ -449,7 +467,7 @@ async def test_complete_and_claim_over_several_queues_is_one_script_call(url: st
             worker_id="w",
             lease=30,
         )
-        assert await evalsha_calls(raw) - before == 1
+        assert await fcall_calls(raw) - before == 1
         assert outcomes == [FinishOutcome.OK] * 3
         everything = {f"{q}-{i}" for q in queues for i in range(2)}
         assert {j.message.id for j in jobs} == everything - {j.message.id for j in held}
@@ -627,7 +645,7 @@ async def test_script_cache_flush_mid_run_is_invisible(url: str) -> None:
 
         async def flusher() -> None:
             while True:
-                await raw.script_flush()
+                await raw.function_flush()
                 await anyio.sleep(0.01)
 
         async with app.worker(concurrency=16), anyio.create_task_group() as tg:

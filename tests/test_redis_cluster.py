@@ -21,8 +21,9 @@ from tests.redis_harness import (
     RedisProcess,
     failover_slot,
     flushall,
+    function_flush,
     kill_pubsub_clients,
-    script_flush,
+    replica_of,
     shard_subscribers,
     slot_owner,
     subscribers,
@@ -339,45 +340,59 @@ async def test_wake_ups_survive_a_failover_of_the_queue_shard(
         await woken_with_no_poll(redis_cluster, worker, producer, queue, "j2", times=2)
 
 
-async def test_scripts_flushed_on_a_primary_mid_run_still_run(
+async def test_functions_flushed_on_a_primary_mid_run_still_run(
     url: str, redis_cluster: RedisCluster
 ) -> None:
-    """Every script is loaded on every node at connect; a node that forgot them (SCRIPT
-    FLUSH, a restart) answers NOSCRIPT and the call is re-sent with the source."""
+    """The function library is loaded on every primary at connect (and reaches the
+    replicas); a node that lost it (FUNCTION FLUSH, a restart) answers "Function not
+    found", the library is loaded again and only the calls that failed are re-sent."""
     queues = [f"q{i}" for i in range(8)]
     async with broker_at(url, "flushed") as broker:
         keys = broker.keys
-        _, sha = broker._scripts["claim"]
+        name = broker._library.name
         for port in redis_cluster.primary_ports():
-            assert await _script_exists(port, sha)
+            assert await _library_loaded(port, name)
         await broker.enqueue([message(f"a{i}", queue=q) for i, q in enumerate(queues)])
         owner = slot_owner(redis_cluster, key_slot(keys.counts("q0").encode()))
-        script_flush(owner)
-        assert not await _script_exists(owner, sha)
-        # One call on one queue (EVALSHA), then several slots in one pipeline.
+        # Replicas have it by replication, and lose it with their primary.
+        replica = replica_of(redis_cluster, owner)
+        await _wait_library(replica, name, loaded=True)
+        function_flush(owner)
+        assert not await _library_loaded(owner, name)
+        await _wait_library(replica, name, loaded=False)
+        # One call on one queue, then several slots in one pipeline.
         (job,) = await broker.claim(["q0"], 1, worker_id="w", lease=30)
         assert job.message.id == "a0"
-        for port in redis_cluster.primary_ports():
-            script_flush(port)
+        assert await _library_loaded(owner, name)
+        function_flush(owner)
         jobs = await broker.claim(queues[1:], 7, worker_id="w", lease=30)
         assert sorted(j.message.id for j in jobs) == [f"a{i}" for i in range(1, 8)]
         for port in redis_cluster.primary_ports():
-            script_flush(port)
+            function_flush(port)
         jobs.append(job)
         done = await broker.complete([Completion(j.message.id, j.token, b"\xc0") for j in jobs])
-        assert len(done) == 8
+        assert done == [FinishOutcome.OK] * 8
         stats = await broker.queue_stats(queues)
         assert [s.counts[JobState.COMPLETED] for s in stats] == [1] * 8
-        assert await _script_exists(owner, broker._scripts["queue_stats"][1])  # EVAL cached it
+        assert [s.counts[JobState.ACTIVE] for s in stats] == [0] * 8
+        for port in redis_cluster.primary_ports():
+            assert await _library_loaded(port, name)
+        await _wait_library(replica, name, loaded=True)
 
 
-async def _script_exists(port: int, sha: str) -> bool:
+async def _library_loaded(port: int, name: str) -> bool:
     client = aioredis.Redis(port=port)
     try:
-        (exists,) = await client.script_exists(sha)
-        return bool(exists)
+        return bool(await client.function_list(library=name))
     finally:
         await client.aclose()
+
+
+async def _wait_library(port: int, name: str, *, loaded: bool) -> None:
+    """Until the node on ``port`` has (or has not) the library: replication is async."""
+    with anyio.fail_after(10):
+        while await _library_loaded(port, name) != loaded:
+            await anyio.sleep(0.01)
 
 
 async def test_connect_refuses_queue_keys_off_the_queue_slot(url: str) -> None:

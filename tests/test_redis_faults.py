@@ -352,7 +352,7 @@ async def test_script_cache_flush_with_worker_processes(redis_server: RedisProce
                     await redis_app.work.enqueue_many(
                         [redis_app.Work(n=i) for i in range(start, start + 200)]
                     )
-                    await raw.script_flush()
+                    await raw.function_flush()
                     await anyio.sleep(0.05)
                 await wait_completed(2000, 60)
             finally:
@@ -401,7 +401,7 @@ async def test_server_stall_longer_than_the_socket_timeout(redis_server: RedisPr
             tg.start_soon(complete)
         stats = await raw.info("commandstats")
         # Three scripts, each sent twice: the stall outlasted the socket timeout.
-        assert int(stats["cmdstat_evalsha"]["calls"]) == 6
+        assert int(stats["cmdstat_fcall"]["calls"]) == 6
         counts = await broker.counts("q")
         assert sum(counts.values()) == 100
         assert counts[JobState.COMPLETED] == 20

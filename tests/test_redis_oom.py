@@ -25,7 +25,7 @@ from typedq.broker.base import (
     RetryOutcome,
 )
 from typedq.broker.redis import RedisBroker
-from typedq.broker.redis.scripts import SCRIPTS
+from typedq.broker.redis.scripts import LIBRARY
 from typedq.task import DEFAULT_QUEUE
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio]
@@ -92,11 +92,11 @@ async def test_enqueue_at_maxmemory_is_refused_whole_and_clearly(
 def fill_to_maxmemory(port: int, headroom: int = 2_000_000) -> redis.Redis:
     """A client of the server, whose maxmemory is set ``headroom`` bytes above use.
 
-    typedq's scripts are loaded first: they take about 1 MB of the server's memory, so
-    measured without them the headroom would depend on the size of the scripts."""
+    typedq's function library is loaded first (as the broker does at connect), so the
+    headroom does not depend on its size."""
     admin = redis.Redis(port=port)
-    for source, _ in SCRIPTS.values():
-        admin.script_load(source)
+    if not admin.function_list(library=LIBRARY.name):
+        admin.function_load(LIBRARY.source)
     used = int(admin.info("memory")["used_memory"])
     admin.config_set("maxmemory", used + headroom)
     return admin
@@ -220,8 +220,8 @@ async def test_a_worker_drains_a_full_redis_and_says_so(
         async with app:
             broker = app.broker
             assert isinstance(broker, RedisBroker)
-            # The headroom is for jobs: set once the scripts are loaded (their cache counts
-            # against maxmemory; its size, ~1 MB, must not eat into the margin below).
+            # The headroom is for jobs: set once the library is loaded (it counts against
+            # maxmemory; its size must not eat into the margin below).
             admin = fill_to_maxmemory(small_redis.port)
             for size in (50, 1):
                 while True:

@@ -139,7 +139,7 @@ async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(url:
             tg.start_soon(claim)
             tg.start_soon(claim)
         stats = await raw.info("commandstats")
-        assert int(stats["cmdstat_evalsha"]["calls"]) == 4  # both claims were re-sent
+        assert int(stats["cmdstat_fcall"]["calls"]) == 4  # both claims were re-sent
         active = await broker.list_jobs("q", JobState.ACTIVE)
         returned = [i for ids in claims for i in ids]
         assert len(returned) == 6
@@ -265,7 +265,7 @@ async def test_replies_lost_in_a_server_stall_are_answered_as_the_first_time(
             tg.start_soon(enqueue)
         stats = await raw.info("commandstats")
         # Both scripts ran twice: the stall outlasted the socket timeout.
-        assert int(stats["cmdstat_evalsha"]["calls"]) == 4
+        assert int(stats["cmdstat_fcall"]["calls"]) == 4
         assert results["cancel"] is CancelOutcome.CANCELLED
         assert [o.created for o in results["enqueue"]] == [True] * 10
         counts = await broker.counts("q")
@@ -422,14 +422,14 @@ async def test_enqueue_batches_keep_input_order(url: str) -> None:
         stats = await raw.info("commandstats")
         # One pipeline: ten scripts, each its batch's whole answer (and, before it, the
         # epoch of the queue: its first use by this broker).
-        assert int(stats["cmdstat_evalsha"]["calls"]) == 10 + 1
+        assert int(stats["cmdstat_fcall"]["calls"]) == 10 + 1
         for batch, result in zip(batches, results, strict=True):
             assert isinstance(result, list)
             assert [(o.id, o.created) for o in result] == [(m.id, True) for m in batch]
         assert await claim_all(broker, batch=700) == ids
         # More batches than one pipeline holds, after a script cache flush: still in order.
         many = [[message(f"k{b:03d}-{i}") for i in range(3)] for b in range(100)]
-        await raw.script_flush()
+        await raw.function_flush()
         results = await broker.enqueue_batches([*many[:50], [], *many[50:]])
         assert results[50] == []
         assert await claim_all(broker, batch=64) == [m.id for batch in many for m in batch]

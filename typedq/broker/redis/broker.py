@@ -88,13 +88,25 @@ from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .listener import Notifications
 from .migrate import migrate_layout
 from .schedules import ScheduleOps
-from .scripts import SCRIPTS, SHARDED_SCRIPTS
+from .scripts import LIBRARY, SHARDED_LIBRARY
 
 __all__ = ["RedisBroker"]
 
 #: Bounds of one pipeline of enqueue_batches: scripts, and bytes of job bodies.
 _PIPELINE_SCRIPTS = 32
 _PIPELINE_BYTES = 8 * 1024 * 1024
+
+
+def _missing(reply: object) -> bool:
+    """Whether ``reply`` is Redis's answer for a function it does not have (FCALL
+    before the library was loaded, or after FUNCTION FLUSH, a restart or on a new node)."""
+    return isinstance(reply, rexc.ResponseError) and str(reply).startswith("Function not found")
+
+
+def _already_loaded(exc: BaseException) -> bool:
+    """Whether ``exc`` is FUNCTION LOAD's answer for a library of that name (the same
+    source: the name carries its hash) that Redis has already."""
+    return isinstance(exc, rexc.ResponseError) and "already exists" in str(exc)
 
 
 def _request_token() -> str:
@@ -130,8 +142,8 @@ class RedisBroker(ScheduleOps, Broker):
         self._queues_seen: set[str] = set()
         #: True on Redis Cluster (``redis+cluster://``): one script call per slot.
         self.cluster = False
-        # The scripts' variant: Redis Cluster's wake up by sharded pub/sub (scripts.py).
-        self._scripts = SCRIPTS
+        # The library's variant: Redis Cluster's wakes up by sharded pub/sub (scripts.py).
+        self._library = LIBRARY
         # Jobs this broker claimed and has not settled: lease token -> (id, queue), so
         # the worker's settles find each job's queue without a search.
         self._held: dict[str, tuple[str, str]] = {}
@@ -189,7 +201,7 @@ class RedisBroker(ScheduleOps, Broker):
         and scripts (each script call names keys of one slot: one queue), and sharded
         pub/sub: one plain connection per node owning a slot listened to (listener.py)."""
         self.cluster = True
-        self._scripts = SHARDED_SCRIPTS
+        self._library = SHARDED_LIBRARY
         url = self.url
         try:
             nodes, _, self._password, _ = cluster_nodes(url)
@@ -246,11 +258,7 @@ class RedisBroker(ScheduleOps, Broker):
             self._raise(exc, "connect")
         else:
             check_config(self._where, memory, persistence)
-        with self._translate("loading scripts"):
-            pipe = redis.pipeline(transaction=False)
-            for source, _ in SCRIPTS.values():
-                pipe.script_load(source)
-            await pipe.execute()
+        await self._load_library()
         self._epoch.reset()
         self._queues_seen.clear()
         await migrate_layout(self)
@@ -259,9 +267,10 @@ class RedisBroker(ScheduleOps, Broker):
     async def _cluster_checks(self) -> None:
         """Connect-time checks on Redis Cluster: every primary answers and is configured
         for a task queue, the known queues' keys each map to one slot, no data of the
-        previous layout, the epochs. The scripts are loaded on every node, replicas too (a
-        replica that takes over has them); a node that lacks one anyway (flushed, restarted,
-        added later) answers NOSCRIPT and the call is re-sent as EVAL."""
+        previous layout, the epochs. The function library is loaded on every primary (its
+        replicas get it by replication: a replica that takes over has it); a node that
+        lacks it anyway (flushed, restarted without persistence, added later) answers
+        "Function not found", and the library is loaded again and the call re-sent."""
         redis: Any = self._conn()
         try:
             await redis.initialize()
@@ -276,13 +285,7 @@ class RedisBroker(ScheduleOps, Broker):
         else:
             for node, info in memory.items():
                 check_config(self._where, info, persistence.get(node, {}))
-        with self._translate("loading scripts"):
-            await asyncio.gather(
-                *(
-                    redis.execute_command("SCRIPT LOAD", source, target_nodes=redis.ALL_NODES)
-                    for source, _ in self._scripts.values()
-                )
-            )
+        await self._load_library()
         queues = await self.known_queues()
         problems = check_slots(self.keys, queues)
         if problems:
@@ -503,6 +506,9 @@ class RedisBroker(ScheduleOps, Broker):
 
     def _error(self, exc: BaseException, op: str) -> BrokerError:
         """The typedq error for a Redis client error met by ``op``."""
+        if isinstance(exc, rexc.ResponseError) and "user_function:" in str(exc):
+            # An error raised in the library: say which file and line it is from.
+            exc = type(exc)(self._library.locate(str(exc)))
         return broker_error(
             exc, op, where=self._where, prefix=self.keys.prefix, password=self._password
         )
@@ -514,18 +520,38 @@ class RedisBroker(ScheduleOps, Broker):
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, op)
 
+    async def _load_library(self) -> None:
+        """``FUNCTION LOAD`` the library: on the server, or on every primary of Redis
+        Cluster. Its name carries the hash of its source, so a library of that name
+        already there is this one ("already exists" is success)."""
+        redis: Any = self._conn()
+        load = ("FUNCTION", "LOAD", self._library.source)
+        if self.cluster:
+            # One node at a time: a node that has it must not fail the others.
+            calls = [redis.execute_command(*load, target_nodes=n) for n in redis.get_primaries()]
+        else:
+            calls = [redis.execute_command(*load)]
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException) and not _already_loaded(reply):
+                if isinstance(reply, rexc.RedisError | OSError):
+                    self._raise(reply, "loading the function library")
+                raise reply
+
     async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        source, sha = self._scripts[name]
-        redis = self._conn()
-        execute: Any = redis.execute_command  # untyped in redis-py
+        """Call script ``name`` (a function of the library) with ``keys`` and ``args``."""
+        function = self._library.functions[name]
+        execute: Any = self._conn().execute_command  # untyped in redis-py
         try:
             try:
-                return await execute("EVALSHA", sha, len(keys), *keys, *args)
-            except rexc.NoScriptError:
-                # Script cache flushed (SCRIPT FLUSH, restart, failover): EVAL sends the
-                # source and caches it again; it cannot meet NOSCRIPT even if another
-                # flush comes right now.
-                return await execute("EVAL", source, len(keys), *keys, *args)
+                return await execute("FCALL", function, len(keys), *keys, *args)
+            except rexc.ResponseError as exc:
+                if not _missing(exc):
+                    raise
+            # The library is gone (FUNCTION FLUSH, a restart without persistence, a node
+            # added later): nothing ran. Load it and send the call again.
+            await self._load_library()
+            return await execute("FCALL", function, len(keys), *keys, *args)
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, name)
 
@@ -534,23 +560,36 @@ class RedisBroker(ScheduleOps, Broker):
     ) -> list[Any]:
         """Run several scripts in one round trip, in order (not as a transaction).
 
-        A script that meets NOSCRIPT did not run; it is re-sent on its own as EVAL. Each
-        script is idempotent when re-sent, so redis-py's retry of the whole pipeline
-        after a connection error is safe too.
+        A call that meets "Function not found" did not run: the library is loaded again
+        and those calls alone are re-sent, in one more round trip. Each script is
+        idempotent when re-sent, so redis-py's retry of the whole pipeline after a
+        connection error is safe too.
         """
+        replies = await self._pipelined(calls)
+        missing = [i for i, reply in enumerate(replies) if _missing(reply)]
+        if missing:
+            await self._load_library()
+            again = await self._pipelined([calls[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        for reply, (name, _, _) in zip(replies, calls, strict=True):
+            if isinstance(reply, Exception):
+                self._raise(reply, name)
+        return replies
+
+    async def _pipelined(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """One round trip of FCALLs; per call its reply or its error."""
+        functions = self._library.functions
         pipe = self._conn().pipeline(transaction=False)
         execute: Any = pipe.execute_command  # untyped in redis-py
         for name, keys, args in calls:
-            execute("EVALSHA", self._scripts[name][1], len(keys), *keys, *args)
+            execute("FCALL", functions[name], len(keys), *keys, *args)
         try:
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, calls[0][0])
-        for i, (reply, (name, keys, args)) in enumerate(zip(replies, calls, strict=True)):
-            if isinstance(reply, rexc.NoScriptError):
-                replies[i] = await self._eval(name, keys, args)
-            elif isinstance(reply, Exception):
-                self._raise(reply, name)
         return replies
 
     def _retention(self, *, completed: bool) -> tuple[int, int]:
@@ -642,9 +681,9 @@ class RedisBroker(ScheduleOps, Broker):
             if sent:
                 pipe = self._conn().pipeline(transaction=False)
                 execute: Any = pipe.execute_command  # untyped in redis-py
-                sha = self._scripts["enqueue"][1]
+                function = self._library.functions["enqueue"]
                 for _, (keys, args, _) in sent:
-                    execute("EVALSHA", sha, len(keys), *keys, *args)
+                    execute("FCALL", function, len(keys), *keys, *args)
                 try:
                     replies = await pipe.execute(raise_on_error=False)
                 except (rexc.RedisError, OSError) as exc:
@@ -660,8 +699,9 @@ class RedisBroker(ScheduleOps, Broker):
                     results.append([])
                     continue
                 reply = by_batch[n]
-                if isinstance(reply, rexc.NoScriptError):
-                    # Script cache flushed: nothing of this batch ran; send it alone.
+                if _missing(reply):
+                    # The library is gone: nothing of this batch ran; send it alone (the
+                    # first such call loads the library again).
                     try:
                         reply = await self._eval("enqueue", call[0], call[1])
                     except BrokerError as exc:

@@ -159,6 +159,20 @@ def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], str | None, str | No
     return nodes, user, password, scheme == "rediss+cluster"
 
 
+class _Cluster(RedisCluster):
+    """redis-py's cluster client, routing FCALL by its keys as it does EVALSHA: left to
+    itself it asks a node for the keys of every FCALL (``COMMAND GETKEYS``, FCALL has
+    "movable keys"), one more round trip per script call with all its arguments."""
+
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        if command.upper() in ("FCALL", "FCALL_RO") and len(args) >= 2:
+            keys = args[2 : 2 + int(args[1])]
+            slots = {self.keyslot(key) for key in keys}
+            if len(slots) == 1:
+                return slots.pop()
+        return await super()._determine_slot(command, *args)
+
+
 def make_cluster_client(url: str, *, client_name: str, max_connections: int) -> Any:
     """A Redis Cluster client for ``url`` with typedq's timeouts and retries (MOVED/ASK
     and a primary's failover are followed by redis-py: it re-reads the slot map)."""
@@ -168,7 +182,7 @@ def make_cluster_client(url: str, *, client_name: str, max_connections: int) -> 
         option = getattr(socket, name, None)
         if option is not None:
             keepalive[option] = value
-    return RedisCluster(
+    return _Cluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
         username=user,
         password=password,
