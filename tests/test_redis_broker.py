@@ -1,5 +1,5 @@
 """The Redis broker beyond the shared contract: round trips, idempotent re-sends,
-fencing, bad bytes in Redis, script cache flushes, connection settings, ACLs.
+fencing, bad bytes in Redis, function library flushes, connection settings, ACLs.
 
 Every test talks to a real redis-server spawned by the suite (never :6379).
 """
@@ -634,7 +634,7 @@ async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(url: str) -> 
     assert counts[JobState.WAITING] == counts[JobState.ACTIVE] == 0
 
 
-async def test_script_cache_flush_mid_run_is_invisible(url: str) -> None:
+async def test_function_flush_mid_run_is_invisible(url: str) -> None:
     app = App("flush", broker=url, lease=5)
 
     @app.task

@@ -365,8 +365,18 @@ async def test_functions_flushed_on_a_primary_mid_run_still_run(
         assert job.message.id == "a0"
         assert await _library_loaded(owner, name)
         function_flush(owner)
+        served: dict[int, int] = {}  # primary -> calls of the claim it serves (one per queue)
+        for q in queues[1:]:
+            port = slot_owner(redis_cluster, key_slot(keys.counts(q).encode()))
+            served[port] = served.get(port, 0) + 1
+        for port in redis_cluster.primary_ports():
+            await _fcalls(port, reset=True)
         jobs = await broker.claim(queues[1:], 7, worker_id="w", lease=30)
         assert sorted(j.message.id for j in jobs) == [f"a{i}" for i in range(1, 8)]
+        # Only the calls that met "Function not found" were sent again.
+        for port in redis_cluster.primary_ports():
+            n = served.get(port, 0)
+            assert await _fcalls(port) == ((2 * n, n) if port == owner else (n, 0))
         for port in redis_cluster.primary_ports():
             function_flush(port)
         jobs.append(job)
@@ -378,6 +388,37 @@ async def test_functions_flushed_on_a_primary_mid_run_still_run(
         for port in redis_cluster.primary_ports():
             assert await _library_loaded(port, name)
         await _wait_library(replica, name, loaded=True)
+        # FCALL is routed by its keys on the client, as EVALSHA is: redis-py alone would
+        # ask a node for them first (COMMAND GETKEYS) on every call.
+        assert await _getkeys_calls(redis_cluster) == 0  # since the reset above
+
+
+async def _fcalls(port: int, *, reset: bool = False) -> tuple[int, int]:
+    """FCALL (calls, calls that failed) the node on ``port`` served since its last reset."""
+    client = aioredis.Redis(port=port)
+    try:
+        if reset:
+            await client.config_resetstat()
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    fcall = stats.get("cmdstat_fcall", {})
+    return int(fcall.get("calls", 0)), int(fcall.get("rejected_calls", 0)) + int(
+        fcall.get("failed_calls", 0)
+    )
+
+
+async def _getkeys_calls(cluster: RedisCluster) -> int:
+    """``COMMAND GETKEYS`` calls the cluster's nodes served so far."""
+    total = 0
+    for port in cluster.primary_ports():
+        client = aioredis.Redis(port=port)
+        try:
+            stats = await client.info("commandstats")
+        finally:
+            await client.aclose()
+        total += int(stats.get("cmdstat_command|getkeys", {}).get("calls", 0))
+    return total
 
 
 async def _library_loaded(port: int, name: str) -> bool:

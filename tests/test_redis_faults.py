@@ -342,7 +342,7 @@ async def test_producers_notice_on_enqueue(monkeypatch: pytest.MonkeyPatch) -> N
             await broker.close()
 
 
-async def test_script_cache_flush_with_worker_processes(redis_server: RedisProcess) -> None:
+async def test_function_flush_with_worker_processes(redis_server: RedisProcess) -> None:
     flushall(redis_server.port)
     with workers(redis_server, 2, concurrency=16):
         async with producer(redis_server) as ledger:

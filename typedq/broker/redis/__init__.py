@@ -1,7 +1,8 @@
 """The Redis broker (``redis://``, ``rediss://``, ``unix://``): durable, shared, batch-first.
 
-Every state transition is one Lua script from ``lua/`` (loaded once, run by SHA,
-re-sent as EVAL on ``NOSCRIPT``), so a job is never half-moved. Key names live in
+Every state transition is one Lua script from ``lua/``, a function of one Redis Functions
+library (:mod:`.scripts`; loaded at connect, loaded again when Redis answers "Function not
+found"), so a job is never half-moved. Key names live in
 :mod:`typedq.broker.keys`; every key of a queue shares the queue's hash tag
 (``{<app>:<queue>}``), so on Redis Cluster (``redis+cluster://``) queues spread over the
 shards and each script runs on the one slot of its queue.
@@ -24,7 +25,8 @@ second time.
 Maxmemory: at the limit (``noeviction``), Redis refuses enqueues (and progress
 writes) whole, with :class:`~typedq.errors.BrokerError` naming maxmemory; every
 script that moves, finishes or deletes jobs (claim, complete, fail, release, renew,
-recover, cancel, retry, remove, purge) carries ``#!lua flags=allow-oom`` and keeps
+recover, cancel, retry, remove, purge) carries ``#!lua flags=allow-oom`` (its function's
+flag) and keeps
 running, so workers drain the backlog and retention frees memory; so does a worker's
 registry heartbeat (one small key per worker), so a draining worker stays listed. A worker's
 recovery pass looks at ``INFO memory`` at most every :data:`MEMORY_CHECK_INTERVAL`

@@ -36,7 +36,8 @@ ERRORS: tuple[
         rexc.NoPermissionError,
         BrokerError,
         "{where} denied {op} to this ACL user: {detail}. The user needs ~{prefix}* "
-        "~{tags}* and &{prefix}*, +@read +@write +@scripting +@pubsub +time +info",
+        "~{tags}* and &{prefix}*, +@read +@write +@pubsub +time +info, and +fcall "
+        "+function|load (both in +@scripting)",
     ),
     (
         rexc.OutOfMemoryError,

@@ -74,6 +74,8 @@ class Library:
     #: Per library line (index 0: line 1): (file name, line in that file); ("", 0) for a
     #: generated line.
     lines: tuple[tuple[str, int], ...]
+    #: The shared part's top-level names set again at the start of every call.
+    state: tuple[str, ...]
 
     def where(self, line: int) -> str | None:
         """``'claim.lua:57'`` for line ``line`` of the library; None for a generated line."""
@@ -112,9 +114,9 @@ def _continues(line: str) -> bool:
 
 def _prelude(
     lines: list[tuple[str, int, str]],
-) -> tuple[list[tuple[str, int, str]], list[str]]:
+) -> tuple[list[tuple[str, int, str]], list[str], list[str]]:
     """The shared part's lines with every top-level ``local`` statement (per-call state)
-    left as a bare declaration, and those statements as assignments, in order."""
+    left as a bare declaration; those statements as assignments, in order; their names."""
     forward = {
         m.group(1)
         for _, _, text in lines
@@ -122,6 +124,7 @@ def _prelude(
     }
     out: list[tuple[str, int, str]] = []
     resets: list[str] = []
+    state: list[str] = []
     declared: dict[str, tuple[str, bool]] = {}  # top-level name -> (file:line, is state)
     i = 0
     while i < len(lines):
@@ -155,9 +158,11 @@ def _prelude(
         out.extend((f, a, "") for f, a, _ in lines[i - len(statement) + 1 : i])
         if m.group(2) == "=":
             resets.append("\n".join(statement).removeprefix("local").lstrip())
+            state += names
         elif not set(names) <= forward:
             resets.append(", ".join(names) + " = nil")
-    return out, resets
+            state += names
+    return out, resets, state
 
 
 def _begin(resets: list[str]) -> list[str]:
@@ -222,7 +227,7 @@ def build_library(
             shared += [("sharded.lua", k, _without_comment(t)) for k, t in enumerate(part, 1)]
         else:
             shared.append(("common.lua", n, _without_comment(text)))
-    prelude, resets = _prelude(shared)
+    prelude, resets, state = _prelude(shared)
     lines: list[tuple[str, int, str]] = [("", 0, f"#!lua name={_NAME_MARK}")]
     lines += prelude
     lines += [("", 0, text) for text in _begin(resets)]
@@ -255,6 +260,7 @@ def build_library(
         source=text.replace(_NAME_MARK, lib),
         functions={s: f.replace(_NAME_MARK, lib) for s, f in functions.items()},
         lines=tuple((f, a) for f, a, _ in lines),
+        state=tuple(state),
     )
 
 
