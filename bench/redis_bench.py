@@ -184,7 +184,7 @@ async def redis_cpu(url: str) -> float:
 async def redis_cost(url: str, jobs: int) -> str:
     """Redis' command time per 1,000 jobs and calls per job since :func:`reset_stats`.
 
-    ``scripts``: the time of the script calls (EVALSHA/EVAL), the commands they run
+    ``scripts``: the time of the script calls (FCALL; EVALSHA/EVAL before), the commands they run
     included; ``all``: every command's time summed, so a script's own commands count
     twice (in the script and under their own name), as ``INFO commandstats`` shows them.
     """
@@ -193,7 +193,7 @@ async def redis_cost(url: str, jobs: int) -> str:
         stats = await client.info("commandstats")
     finally:
         await client.aclose()
-    is_script = ("cmdstat_evalsha", "cmdstat_eval")
+    is_script = ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval")
     script_us = sum(int(v["usec"]) for k, v in stats.items() if k in is_script)
     all_us = sum(int(v["usec"]) for v in stats.values())
     scripts = sum(int(v["calls"]) for k, v in stats.items() if k in is_script)

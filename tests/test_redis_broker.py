@@ -38,8 +38,8 @@ from typedq.broker.base import (
 )
 from typedq.broker.redis import CONNECT_TIMEOUT, RETRIES, SOCKET_TIMEOUT, RedisBroker
 from typedq.broker.redis import health as redis_health
-from typedq.errors import FailureRecord
 from typedq.broker.redis.scripts import build_library, read_scripts
+from typedq.errors import FailureRecord
 from typedq.names import new_job_id
 from typedq.task import DEFAULT_QUEUE
 

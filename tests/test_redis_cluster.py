@@ -432,7 +432,7 @@ async def _library_loaded(port: int, name: str) -> bool:
 async def _wait_library(port: int, name: str, *, loaded: bool) -> None:
     """Until the node on ``port`` has (or has not) the library: replication is async."""
     with anyio.fail_after(10):
-        while await _library_loaded(port, name) != loaded:
+        while await _library_loaded(port, name) != loaded:  # noqa: ASYNC110 (another node)
             await anyio.sleep(0.01)
 
 

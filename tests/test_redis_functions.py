@@ -16,9 +16,10 @@ import redis.asyncio as aioredis
 
 from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import broker_at, message, raw_redis
-from typedq import BrokerError
-from typedq.broker.base import Completion, FinishOutcome, JobState
+from typedq import BrokerError, ConfigError
+from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobState
 from typedq.broker.keys import Keys
+from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.scripts import LIBRARY, SHARDED_LIBRARY, build_library, read_scripts
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio]
@@ -116,7 +117,7 @@ async def test_two_apps_take_turns_on_one_library(url: str) -> None:
         broker_at(url, "appb") as two,
         raw_redis(url) as raw,
     ):
-        pubsub = raw.pubsub()
+        pubsub: Any = raw.pubsub()  # untyped in redis-py
         await pubsub.subscribe(one.keys.done_channel, two.keys.done_channel)
         try:
             for i in range(3):
@@ -226,8 +227,26 @@ async def test_function_load_and_fcall_are_all_the_scripting_a_user_needs(
                 assert await broker.complete([Completion("a", job.token, b"ok")]) == [
                     FinishOutcome.OK
                 ]
+                conn: Any = broker._conn().execute_command  # untyped in redis-py
                 for command in (("FUNCTION", "FLUSH"), ("EVAL", "return 1", "0")):
                     with pytest.raises(aioredis.ResponseError, match="permission"):
-                        await broker._conn().execute_command(*command)
+                        await conn(*command)
         finally:
             await execute("ACL", "DELUSER", "fn1")
+
+
+async def test_a_redis_without_functions_is_refused_at_connect_in_one_line() -> None:
+    """Redis before 7.0 has no FUNCTION command (here: renamed away on a 7.x server)."""
+    server = RedisProcess(extra=("--rename-command", "FUNCTION", ""))
+    server.start()
+    try:
+        broker = RedisBroker(server.url, BrokerSettings(namespace="old"))
+        with pytest.raises(ConfigError) as refused:
+            await broker.connect()
+        await broker.close()
+    finally:
+        server.stop()
+    text = str(refused.value)
+    assert "\n" not in text
+    assert "Redis 7.0 or later" in text
+    assert f"127.0.0.1:{server.port}" in text

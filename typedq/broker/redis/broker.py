@@ -534,6 +534,11 @@ class RedisBroker(ScheduleOps, Broker):
         replies = await asyncio.gather(*calls, return_exceptions=True)
         for reply in replies:
             if isinstance(reply, BaseException) and not _already_loaded(reply):
+                if isinstance(reply, rexc.ResponseError) and "unknown command" in str(reply):
+                    raise ConfigError(
+                        f"{self._where} has no FUNCTION command: typedq needs Redis 7.0 or "
+                        "later (its scripts are one Redis Functions library); upgrade Redis"
+                    )
                 if isinstance(reply, rexc.RedisError | OSError):
                     self._raise(reply, "loading the function library")
                 raise reply

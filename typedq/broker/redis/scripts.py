@@ -207,9 +207,7 @@ def read_scripts() -> dict[str, str]:
     }
 
 
-def build_library(
-    files: Mapping[str, str] | None = None, *, sharded: bool = False
-) -> Library:
+def build_library(files: Mapping[str, str] | None = None, *, sharded: bool = False) -> Library:
     """The library of ``files`` (file name -> text; default: :func:`read_scripts`), which
     hold ``common.lua`` and ``sharded.lua``; every other ``*.lua`` is one function.
 
