@@ -95,6 +95,9 @@ __all__ = ["RedisBroker"]
 #: Bounds of one pipeline of enqueue_batches: scripts, and bytes of job bodies.
 _PIPELINE_SCRIPTS = 32
 _PIPELINE_BYTES = 8 * 1024 * 1024
+#: Sends of a call that meets "Function not found" at most (the library is loaded again
+#: before each re-send; another flush may come between a load and the re-send).
+_LOADS = 3
 
 
 def _missing(reply: object) -> bool:
@@ -548,14 +551,15 @@ class RedisBroker(ScheduleOps, Broker):
         function = self._library.functions[name]
         execute: Any = self._conn().execute_command  # untyped in redis-py
         try:
-            try:
-                return await execute("FCALL", function, len(keys), *keys, *args)
-            except rexc.ResponseError as exc:
-                if not _missing(exc):
-                    raise
-            # The library is gone (FUNCTION FLUSH, a restart without persistence, a node
-            # added later): nothing ran. Load it and send the call again.
-            await self._load_library()
+            for _ in range(_LOADS - 1):
+                try:
+                    return await execute("FCALL", function, len(keys), *keys, *args)
+                except rexc.ResponseError as exc:
+                    if not _missing(exc):
+                        raise
+                # The library is gone (FUNCTION FLUSH, a restart without persistence, a
+                # node added later): nothing ran. Load it and send the call again.
+                await self._load_library()
             return await execute("FCALL", function, len(keys), *keys, *args)
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, name)
@@ -571,8 +575,10 @@ class RedisBroker(ScheduleOps, Broker):
         connection error is safe too.
         """
         replies = await self._pipelined(calls)
-        missing = [i for i, reply in enumerate(replies) if _missing(reply)]
-        if missing:
+        for _ in range(_LOADS - 1):
+            missing = [i for i, reply in enumerate(replies) if _missing(reply)]
+            if not missing:
+                break
             await self._load_library()
             again = await self._pipelined([calls[i] for i in missing])
             for i, reply in zip(missing, again, strict=True):
@@ -698,6 +704,10 @@ class RedisBroker(ScheduleOps, Broker):
                     results.extend(error for _ in range(i, len(batches)))
                     return results
             by_batch = dict(zip((n for n, _ in sent), replies, strict=True))
+            if any(_missing(reply) for reply in replies):
+                # Loaded once for all of them; each is then sent again alone (below).
+                with contextlib.suppress(BrokerError):
+                    await self._load_library()
             for n in range(i, j):
                 call, batch = calls[n], batches[n]
                 if call is None:
