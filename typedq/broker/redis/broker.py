@@ -95,9 +95,10 @@ __all__ = ["RedisBroker"]
 #: Bounds of one pipeline of enqueue_batches: scripts, and bytes of job bodies.
 _PIPELINE_SCRIPTS = 32
 _PIPELINE_BYTES = 8 * 1024 * 1024
-#: Sends of a call that meets "Function not found" at most (the library is loaded again
-#: before each re-send; another flush may come between a load and the re-send).
-_LOADS = 3
+#: Loads of the library (each followed by a re-send) at most for a call that meets
+#: "Function not found", where they are not one transaction (Redis Cluster, an ACL user
+#: without MULTI): another flush may come between a load and the re-send.
+_LOADS = 5
 
 
 def _missing(reply: object) -> bool:
@@ -551,18 +552,52 @@ class RedisBroker(ScheduleOps, Broker):
         function = self._library.functions[name]
         execute: Any = self._conn().execute_command  # untyped in redis-py
         try:
-            for _ in range(_LOADS - 1):
-                try:
-                    return await execute("FCALL", function, len(keys), *keys, *args)
-                except rexc.ResponseError as exc:
-                    if not _missing(exc):
-                        raise
-                # The library is gone (FUNCTION FLUSH, a restart without persistence, a
-                # node added later): nothing ran. Load it and send the call again.
-                await self._load_library()
-            return await execute("FCALL", function, len(keys), *keys, *args)
+            reply = await execute("FCALL", function, len(keys), *keys, *args)
+        except rexc.ResponseError as exc:
+            if not _missing(exc):
+                self._raise(exc, name)
+            (reply,) = await self._reload_and_send([(name, keys, args)])
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, name)
+        if isinstance(reply, Exception):
+            self._raise(reply, name)
+        return reply
+
+    async def _reload_and_send(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Load the library again and send ``calls`` again (they met "Function not found":
+        FUNCTION FLUSH, a restart without persistence, a node added later; none of them
+        ran). On a single Redis the load and the calls are one transaction, so no other
+        flush can come between them (as EVAL, which carries its source, could not meet
+        NOSCRIPT). Redis Cluster, and an ACL user without MULTI, load first, then re-send,
+        a few times at most. Per call its reply or its error."""
+        if not self.cluster:
+            pipe = self._conn().pipeline(transaction=True)
+            execute: Any = pipe.execute_command  # untyped in redis-py
+            execute("FUNCTION", "LOAD", self._library.source)
+            self._queue_calls(pipe, calls)
+            try:
+                loaded, *replies = await pipe.execute(raise_on_error=False)
+            except rexc.NoPermissionError:
+                pass  # no MULTI for this ACL user (not in the documented ACL): load, re-send
+            except (rexc.RedisError, OSError) as exc:
+                self._raise(exc, calls[0][0])
+            else:
+                if isinstance(loaded, Exception) and not _already_loaded(loaded):
+                    self._raise(loaded, "loading the function library")
+                return replies
+        todo = list(range(len(calls)))
+        replies = [None] * len(calls)
+        for _ in range(_LOADS):
+            await self._load_library()
+            again = await self._pipelined([calls[i] for i in todo])
+            for i, reply in zip(todo, again, strict=True):
+                replies[i] = reply
+            todo = [i for i in todo if _missing(replies[i])]
+            if not todo:
+                break
+        return replies
 
     async def _eval_pipelined(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
@@ -575,12 +610,9 @@ class RedisBroker(ScheduleOps, Broker):
         connection error is safe too.
         """
         replies = await self._pipelined(calls)
-        for _ in range(_LOADS - 1):
-            missing = [i for i, reply in enumerate(replies) if _missing(reply)]
-            if not missing:
-                break
-            await self._load_library()
-            again = await self._pipelined([calls[i] for i in missing])
+        missing = [i for i, reply in enumerate(replies) if _missing(reply)]
+        if missing:
+            again = await self._reload_and_send([calls[i] for i in missing])
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
         for reply, (name, _, _) in zip(replies, calls, strict=True):
@@ -588,15 +620,20 @@ class RedisBroker(ScheduleOps, Broker):
                 self._raise(reply, name)
         return replies
 
+    def _queue_calls(
+        self, pipe: Any, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> None:
+        """Add an FCALL per call to ``pipe``."""
+        functions = self._library.functions
+        for name, keys, args in calls:
+            pipe.execute_command("FCALL", functions[name], len(keys), *keys, *args)
+
     async def _pipelined(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
     ) -> list[Any]:
         """One round trip of FCALLs; per call its reply or its error."""
-        functions = self._library.functions
         pipe = self._conn().pipeline(transaction=False)
-        execute: Any = pipe.execute_command  # untyped in redis-py
-        for name, keys, args in calls:
-            execute("FCALL", functions[name], len(keys), *keys, *args)
+        self._queue_calls(pipe, calls)
         try:
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         except (rexc.RedisError, OSError) as exc:
@@ -704,24 +741,25 @@ class RedisBroker(ScheduleOps, Broker):
                     results.extend(error for _ in range(i, len(batches)))
                     return results
             by_batch = dict(zip((n for n, _ in sent), replies, strict=True))
-            if any(_missing(reply) for reply in replies):
-                # Loaded once for all of them; each is then sent again alone (below).
-                with contextlib.suppress(BrokerError):
-                    await self._load_library()
+            lost = [n for n, _ in sent if _missing(by_batch[n])]
+            if lost:
+                # The library is gone: none of those batches ran. Load it and send them
+                # again, in order, in one round trip.
+                lost_calls = dict(sent)
+                try:
+                    again = await self._reload_and_send(
+                        [("enqueue", lost_calls[n][0], lost_calls[n][1]) for n in lost]
+                    )
+                except BrokerError as exc:
+                    again = [exc] * len(lost)
+                by_batch.update(zip(lost, again, strict=True))
             for n in range(i, j):
                 call, batch = calls[n], batches[n]
                 if call is None:
                     results.append([])
                     continue
                 reply = by_batch[n]
-                if _missing(reply):
-                    # The library is gone: nothing of this batch ran; send it alone (the
-                    # first such call loads the library again).
-                    try:
-                        reply = await self._eval("enqueue", call[0], call[1])
-                    except BrokerError as exc:
-                        reply = exc
-                elif isinstance(reply, Exception):
+                if isinstance(reply, Exception) and not isinstance(reply, BrokerError):
                     reply = self._error(reply, "enqueue")
                 if isinstance(reply, Exception):
                     results.append(reply)
