@@ -116,6 +116,16 @@ class _Shard:
             await self.client.aclose()
 
 
+async def _stop(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` and wait until it has ended."""
+    while task is not None and not task.done():
+        # The listener's read scope swallows this cancel when a new subscription
+        # cancelled that scope at the same moment: cancel again until it ends.
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait({task}, timeout=0.1)
+
+
 class Notifications:
     """The pub/sub side of one Redis broker: subscriptions, the listener task, waiters."""
 
@@ -201,15 +211,14 @@ class Notifications:
 
     async def close(self) -> None:
         """Stop the listeners, close the pub/sub connections, wake every waiter."""
-        tasks = [self._listener, self._router, *(shard.task for shard in self._shards.values())]
+        tasks = [self._listener, self._router]
         self._listener = self._router = None
         for task in tasks:
-            while task is not None and not task.done():
-                # The listener's read scope swallows this cancel when a new subscription
-                # cancelled that scope at the same moment: cancel again until it ends.
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait({task}, timeout=0.1)
+            await _stop(task)
+        # The router may start shards (a connection each) until it has ended: their tasks
+        # are stopped after it, or a shard started meanwhile would outlive the broker.
+        for shard in list(self._shards.values()):
+            await _stop(shard.task)
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(Exception):
