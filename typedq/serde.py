@@ -12,6 +12,7 @@ import hashlib
 import json
 import types
 import typing
+from collections.abc import Iterable
 from functools import cached_property
 from typing import Any, Generic, TypeAlias, TypeVar, cast
 
@@ -152,6 +153,28 @@ class Codec(Generic[T]):
         if self.max_bytes is not None and len(data) > self.max_bytes:
             raise PayloadTooLarge(len(data), self.max_bytes, f"{self._model.__qualname__} payload")
         return data
+
+    def encode_many(self, values: Iterable[T]) -> list[bytes]:
+        """:meth:`encode` of each of ``values``, in order (the first bad one raises), in one
+        tight loop for a msgspec Struct model (the usual bulk enqueue)."""
+        if self._items is not None or self._is_none or self._optional or self._is_pydantic:
+            return [self.encode(value) for value in values]
+        model, encode, limit = self._model, _encoder.encode, self.max_bytes
+        out: list[bytes] = []
+        append = out.append
+        for value in values:
+            if not isinstance(value, model):
+                raise EncodeError(
+                    f"expected an instance of {model.__qualname__}, got {type(value).__qualname__}"
+                )
+            try:
+                data = encode(value)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise EncodeError(f"cannot encode {model.__qualname__}: {exc}") from exc
+            if limit is not None and len(data) > limit:
+                raise PayloadTooLarge(len(data), limit, f"{model.__qualname__} payload")
+            append(data)
+        return out
 
     def decode(self, data: bytes) -> T:
         """Validate ``data`` into the model; raise InvalidPayload naming the bad field."""

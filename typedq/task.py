@@ -417,6 +417,37 @@ class TaskBase(Generic[TIn, TOut]):
             else "",
         )
 
+    def _build_many(self, payloads: Iterable[TIn], options: _CallOptions) -> list[JobMessage]:
+        """The envelopes :meth:`_build` makes for ``payloads`` (new ids), made in one pass:
+        the payloads encoded in one loop and each envelope a copy of one template with its
+        id, queue and payload. A key function or a limit key (code run per payload) takes
+        the job-by-job path."""
+        if self.key is not None or self.rate_limit is not None or self.concurrency is not None:
+            return [self._build(payload, None, options) for payload in payloads]
+        data = self.input.encode_many(payloads)
+        template = JobMessage(
+            id="",
+            task=self.name,
+            queue=self.queue,
+            payload=b"",
+            fingerprint=self.input.fingerprint,
+            priority=options.priority,
+            eta=options.eta,
+            delay=options.delay,
+            max_retries=options.max_retries,
+            timeout=options.timeout,
+        )
+        copy = msgspec.structs.replace
+        if self.options.partitions == 1:
+            return [copy(template, id=new_job_id(), payload=payload) for payload in data]
+        messages = []
+        for payload in data:
+            job_id = new_job_id()
+            messages.append(
+                copy(template, id=job_id, queue=self.queue_for(job_id), payload=payload)
+            )
+        return messages
+
     def _job(self, job_id: str, *, created: bool) -> Job[TOut]:
         return Job(
             self._owner.client,
@@ -484,13 +515,19 @@ class TaskBase(Generic[TIn, TOut]):
         :raises QueueFull, BrokerError: every chunk was refused (nothing was stored)
         """
         checked = self._options(options, UNSET, UNSET)  # checked once for all
-        messages = [self._build(payload, None, checked) for payload in payloads]
+        messages = self._build_many(payloads, checked)
+        client = self._owner.client
         try:
-            outcomes = await self._owner.client._enqueue_many(messages)  # checked
+            outcomes = await client._enqueue_many(messages)  # checked
         except PartialEnqueue as exc:
             exc.jobs = [self._job(o.id, created=o.created) for o in exc.outcomes if o is not None]
             raise
-        return [self._job(o.id, created=o.created) for o in outcomes]
+        # The handles made inline (each job's queue is its envelope's: no hash again).
+        name, output, errors = self.name, self.output, self.options.errors
+        return [
+            Job(client, o.id, name, output, errors, created=o.created, queue=m.queue)
+            for o, m in zip(outcomes, messages, strict=True)
+        ]
 
     # -- workflows (typedq.workflow) --------------------------------------------------
 

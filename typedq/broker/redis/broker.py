@@ -751,12 +751,24 @@ class RedisBroker(ScheduleOps, Broker):
         """Keys and arguments of one enqueue script, and the bytes of its job bodies."""
         args: list[Any] = [self.keys.prefix, self.settings.max_queue_length, len(messages)]
         size = 0
+        named: set[str] = set()  # the queue names checked (a batch has one or a few)
         for m in messages:
             check_job_id(m.id)
-            check_name("queue", m.queue)
+            queue = m.queue
+            if queue not in named:
+                named.add(check_name("queue", queue))
             body = encode_body(m)
             size += len(body)
-            args += (m.id, m.queue, str(int(m.priority)), us(m.eta), us(m.delay), body)
+            # The common values (priority 0, no eta, no delay) without a conversion each.
+            priority, eta, delay = m.priority, m.eta, m.delay
+            args += (
+                m.id,
+                queue,
+                "0" if priority == 0 else str(int(priority)),
+                us(eta) if eta else 0,
+                us(delay) if delay else 0,
+                body,
+            )
         first = messages[0].queue
         return [self.keys.seq(first), self.keys.request(first, _request_token())], args, size
 

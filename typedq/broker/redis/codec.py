@@ -75,8 +75,27 @@ _decode_body = msgspec.msgpack.Decoder(Body).decode
 _BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0, "", "", 0.0, "", "")
 
 
+#: The defaults of the body's fields after the fingerprint (see :func:`encode_body`).
+_TAIL_DEFAULTS = _BODY_DEFAULTS[3:]
+
+
 def encode_body(m: JobMessage) -> bytes:
     """The stored body of ``m``: its fields but id and queue, trailing defaults left out."""
+    if (
+        m.priority,
+        m.max_retries,
+        m.timeout,
+        m.eta,
+        m.delay,
+        m.rate_key,
+        m.concurrency_key,
+        m.scheduled_for,
+        m.trace_context,
+        m.trace_links,
+    ) == _TAIL_DEFAULTS:
+        # The usual job (the task's defaults, no limit keys, not traced): one tuple
+        # encoded, without building and trimming the whole field list.
+        return encode((m.task, m.payload, m.fingerprint) if m.fingerprint else (m.task, m.payload))
     fields = [m.task, m.payload, m.fingerprint, m.priority, m.max_retries, m.timeout, m.eta]
     fields += (m.delay, m.rate_key, m.concurrency_key, m.scheduled_for, m.trace_context)
     fields.append(m.trace_links)
