@@ -56,10 +56,10 @@ end
 
 -- Validated: from here on, only writes.
 local orders = {}
-for q, extra in pairs(adding) do orders[q] = redis.call('INCRBY', k_seq(q), extra) - extra end
+for q, extra in pairs(adding) do orders[q] = redis.call('INCRBY', k_seq(q), num_text(extra)) - extra end
 local out = {}
 local lists, list_order = {}, {}
-local now_text = int_text(now)
+local now_text = last_now_text
 for i = 0, n - 1 do
   local b = 4 + 6 * i
   if new[i] then
@@ -100,7 +100,7 @@ for _, entry in ipairs(list_order) do
   for s = 1, #ids, 500 do
     redis.call('LPUSH', lk, unpack(ids, s, math.min(s + 499, #ids)))
   end
-  redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
+  redis.call('ZADD', k_levels(q), level_score(prio), prio)
 end
 if fresh > 0 then redis.call('SET', KEYS[2], table.concat(out), 'PX', REQ_TTL_MS) end
 flush_counts()
