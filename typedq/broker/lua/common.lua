@@ -88,6 +88,8 @@ end
 local function num_text(n)
   if n == last_now then return last_now_text end
   if n == 1 then return '1' elseif n == -1 then return '-1' elseif n == 0 then return '0' end
+  -- Past 2^53 (or not whole): Redis formats it, as it did before.
+  if n >= 9007199254740992 or n <= -9007199254740992 or n ~= math.floor(n) then return n end
   return string.format('%d', n)
 end
 
