@@ -188,6 +188,25 @@ def test_a_shared_helper_reading_argv_is_refused_when_the_library_is_built() -> 
     build_library()
 
 
+def test_constants_are_set_once_and_may_not_be_assigned() -> None:
+    """A top-level value of literals only is a constant: set when the library loads, not
+    reset by every call (cheaper calls), so the build refuses an assignment to it in any
+    file. A table is per-call state, made again only after a call that used it."""
+    assert "REQ_TTL_MS" not in LIBRARY.state
+    assert "deltas" in LIBRARY.state
+    begin = LIBRARY.source[LIBRARY.source.index("local function typedq_begin0") :]
+    begin = begin[: begin.index("\nend\n")]
+    assert "REQ_TTL_MS" not in begin
+    assert "if next(deltas) ~= nil then deltas = {} end" in begin
+    files = read_scripts()
+    files["claim.lua"] = files["claim.lua"].replace(
+        "local now = now_us()", "local now = now_us()\nREQ_TTL_MS = '1'", 1
+    )
+    at = files["claim.lua"].split("\n").index("REQ_TTL_MS = '1'") + 1
+    with pytest.raises(RuntimeError, match=rf"claim.lua:{at}: 'REQ_TTL_MS' is a constant"):
+        build_library(files)
+
+
 async def test_two_versions_of_the_library_run_side_by_side(url: str) -> None:
     """A rolling deploy: an older library (another hash, other function names) stays
     loaded and callable while this version's broker runs; neither replaces the other."""

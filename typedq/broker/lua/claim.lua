@@ -119,7 +119,7 @@ end
 -- its due time 'r': its queue wait counts from it.
 for _, q in ipairs(queues) do
   local sk = k_sched(q)
-  local due = redis.call('ZRANGEBYSCORE', sk, '-inf', now, 'LIMIT', 0, 1000)
+  local due = redis.call('ZRANGEBYSCORE', sk, '-inf', last_now_text, 'LIMIT', '0', '1000')
   if #due > 0 then
     local order = redis.call('INCRBY', k_seq(q), #due) - #due
     for i, id in ipairs(due) do
@@ -377,7 +377,7 @@ end
 -- The best non-empty priority level of a queue: its priority and list key.
 local function head_of(q)
   while true do
-    local t = redis.call('ZRANGE', k_levels(q), 0, 0)
+    local t = redis.call('ZRANGE', k_levels(q), '0', '0')
     if #t == 0 then return nil end
     local lk = k_wait(q, t[1])
     if redis.call('TYPE', lk).ok == 'list' then return t[1], lk end
@@ -421,7 +421,7 @@ local function live_head(q)
     if o then return prio, lk, o end
   end
 end
-local lease_until = now + lease
+local lease_until = num_text(now + lease)
 local ids = {}
 
 -- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
@@ -443,8 +443,8 @@ local function activate_entry(v, q, prio)
   redis.call('HDEL', f.ik, id)
   claimed = claimed + 1
   local tok = token .. '.' .. claimed
-  local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', 1, 't', tok,
-    'st', now, 'w', worker}
+  local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
+    'st', last_now_text, 'w', worker}
   if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
   if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
   if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
@@ -482,7 +482,7 @@ local function activate(id, q, prio)
     claimed = claimed + 1
     local attempt = (tonumber(r[4]) or 0) + 1
     local tok = token .. '.' .. claimed
-    redis.call('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', now, 'w', worker)
+    redis.call('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', last_now_text, 'w', worker)
     if slot then redis.call('HSET', jk, 'ck', slot) end
     local n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', tok
@@ -512,8 +512,8 @@ local function activate(id, q, prio)
     local fields = rec_fields(f)
     local n = #fields
     fields[6] = 'a'  -- the state
-    fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', 1, 't', tok
-    fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', now, 'w', worker
+    fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', '1', 't', tok
+    fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', last_now_text, 'w', worker
     if slot then fields[n + 9], fields[n + 10] = 'ck', slot end
     redis.call('HSET', jk, unpack(fields))
     n = #out
@@ -530,9 +530,12 @@ end
 while claimed < limit and pops < max_pops do
   local bq, blk, bprio
   if nq == 1 then
-    bprio, blk = head_of(queues[1])
-    if not bprio then break end
+    -- One queue: its best level's list is popped without a TYPE first; a level whose
+    -- list is missing or of another type (RPOP: nil or an error) goes, as in head_of.
     bq = queues[1]
+    local t = redis.call('ZRANGE', k_levels(bq), '0', '0')
+    if #t == 0 then break end
+    bprio, blk = t[1], k_wait(bq, t[1])
   else
     local bestp, besto
     for _, q in ipairs(queues) do
@@ -550,8 +553,11 @@ while claimed < limit and pops < max_pops do
   -- One queue: pop as many as wanted at once; several: one at a time, re-comparing.
   local want = 1
   if nq == 1 then want = math.min(limit - claimed, max_pops - pops) end
-  local popped = redis.call('RPOP', blk, want)
-  if not popped then popped = {} end
+  local popped = redis.pcall('RPOP', blk, num_text(want))
+  if type(popped) ~= 'table' or popped.err then popped = {} end
+  -- Fewer than asked: the list is empty now (Redis deleted it), so its level goes too
+  -- (the next round looks at the next level instead of finding this one empty).
+  if #popped < want then redis.call('ZREM', k_levels(bq), bprio) end
   for _, id in ipairs(popped) do
     pops = pops + 1
     activate(id, bq, bprio)
@@ -567,12 +573,12 @@ if claimed < limit then
   else
     local next_due = nil
     for _, q in ipairs(queues) do
-      local t = redis.call('ZRANGE', k_sched(q), 0, 0, 'WITHSCORES')
+      local t = redis.call('ZRANGE', k_sched(q), '0', '0', 'WITHSCORES')
       if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
     end
     for _, q in ipairs(queues) do
       if gated[q] then
-        local t = redis.call('ZRANGE', k_gates(q), 0, 0, 'WITHSCORES')
+        local t = redis.call('ZRANGE', k_gates(q), '0', '0', 'WITHSCORES')
         local opens = #t > 0 and tonumber(t[2])
         if opens and opens < math.huge and (not next_due or opens < next_due) then
           next_due = opens

@@ -75,10 +75,22 @@ local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
 -- microseconds (exact in a Lua double).
 -- The last time read (nil: none yet), for bookkeeping that needs no fresher one.
 local last_now = nil
+-- The same as decimal text: what a command is given (a Lua number passed to redis.call
+-- is formatted with '%.17g', several times the cost of the command itself).
+local last_now_text = nil
 local function now_us()
   local t = redis.call('TIME')
   last_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  last_now_text = t[1] .. string.sub('00000' .. t[2], -6)
   return last_now
+end
+-- Integer `n` as decimal text, for a command's argument (see last_now_text).
+local function num_text(n)
+  if n == last_now then return last_now_text end
+  if n == 1 then return '1' elseif n == -1 then return '-1' elseif n == 0 then return '0' end
+  -- Past 2^53 (or not whole): Redis formats it, as it did before.
+  if n >= 9007199254740992 or n <= -9007199254740992 or n ~= math.floor(n) then return n end
+  return string.format('%d', n)
 end
 
 local function bad_args(script)
@@ -180,10 +192,19 @@ local function entry_live(q, prio, f)
 end
 
 -- Store a waiting job as its entry (the tail of its level; LPUSH, like push_waiting).
+-- A level's score in the queue's levels zset (its priority negated), as text.
+local function level_score(prio)
+  if prio == '0' then return '0' end
+  local minus, digits = string.match(prio, '^(%-?)(%d+)$')
+  if not digits then return -tonumber(prio) end  -- not plain digits: '+5', '0x10', ...
+  if minus == '-' then return digits end
+  return '-' .. digits
+end
+
 local function push_entry(q, prio, id, o, e, m, r)
   redis.call('HSET', k_idx(q, id), id, idx_val(o, prio))
   redis.call('LPUSH', k_wait(q, prio), pack_entry(id, o, e, m, r))
-  redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
+  redis.call('ZADD', k_levels(q), level_score(prio), prio)
 end
 
 local function entry_order(v) return tonumber(string.match(v, '^[^|]+|(%d+)|')) end
@@ -355,7 +376,7 @@ local function flush_rollups()
     -- minute's writes all fall within that minute: one EXPIRE per counter and minute
     -- instead of one per call (the TTL counts from the first write, not the last).
     for f, d in pairs(m) do
-      if redis.call('HINCRBY', hk, f, d) == d then fresh = true end
+      if redis.call('HINCRBY', hk, f, num_text(d)) == d then fresh = true end
     end
     if fresh then redis.call('EXPIRE', hk, ROLLUP_TTL_S) end
   end
@@ -366,8 +387,8 @@ local function flush_counts()
   for q, m in pairs(deltas) do
     for s, d in pairs(m) do
       -- Never below zero, even after bytes that typedq did not write were dropped.
-      if d ~= 0 and redis.call('HINCRBY', k_counts(q), s, d) < 0 then
-        redis.call('HSET', k_counts(q), s, 0)
+      if d ~= 0 and redis.call('HINCRBY', k_counts(q), s, num_text(d)) < 0 then
+        redis.call('HSET', k_counts(q), s, '0')
       end
     end
   end
@@ -376,7 +397,7 @@ end
 local function push_waiting(q, prio, id, at_head)
   local lk = k_wait(q, prio)
   if at_head then redis.call('RPUSH', lk, id) else redis.call('LPUSH', lk, id) end
-  redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
+  redis.call('ZADD', k_levels(q), level_score(prio), prio)
 end
 
 -- How many entries at the head of a level list a hand-back looks at to find its
@@ -539,17 +560,19 @@ local function emit_event(id, q, state)
     body_task(r[1]), 's', state, 'd', data or '', 'a', r[4] or '0')
 end
 
--- `extra`: more field/value pairs to write with the state (one HSET instead of two).
+-- `extra`: more field/value pairs to write with the state (one HSET instead of two);
+-- when they set the token 't' (to ''), no HDEL of it follows.
 local function finalize(id, q, from, state, now, extra)
   local jk = k_job(q, id)
   local done_key = k_done(q, state)
+  local at = num_text(now)
   if extra then
-    redis.call('HSET', jk, 's', state, 'fa', now, unpack(extra))
+    redis.call('HSET', jk, 's', state, 'fa', at, unpack(extra))
   else
-    redis.call('HSET', jk, 's', state, 'fa', now)
+    redis.call('HSET', jk, 's', state, 'fa', at)
   end
-  redis.call('HDEL', jk, 't')
-  redis.call('ZADD', done_key, now, id)
+  if not extra or extra[#extra - 1] ~= 't' then redis.call('HDEL', jk, 't') end
+  redis.call('ZADD', done_key, at, id)
   count(q, from, -1)
   count(q, state, 1)
   if state == 'c' or state == 'f' then roll(q, state) end
@@ -591,7 +614,9 @@ local function complete_one(q, id, tok, res, now)
     flow_link_of(q, id, r[5], r[6], r[7], r[8])
     redis.call('ZREM', k_active(q), id)
     free_slot(id, q, r[4])
-    finalize(id, q, 'a', 'c', now, {'res', res, 'd', tok})
+    -- The token is cleared in the same HSET (every reader of 't' checks the state 'a'
+    -- first): one HDEL fewer per job.
+    finalize(id, q, 'a', 'c', now, {'res', res, 'd', tok, 't', ''})
     return 0
   end
   if r[3] == tok then return 1 end
@@ -601,7 +626,7 @@ end
 -- Milliseconds a request record (a claim's jobs, an enqueue's or a cancel's answer)
 -- is kept: longer than redis-py's whole retry window, so a re-sent script (lost
 -- reply, automatic retry) finds the first copy's answer and returns it.
-local REQ_TTL_MS = 60000
+local REQ_TTL_MS = '60000'
 
 -- Stale waiting entries. A waiting job that leaves its level list without being
 -- popped (cancel, remove) leaves its entry behind (O(1) instead of an O(n) LREM);

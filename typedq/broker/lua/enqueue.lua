@@ -12,12 +12,15 @@
 -- ARGV: P, max_queue_length, n, then n x (id, queue, priority, eta_us, delay_us, body)
 local limit, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not limit or not is_int(n) or n < 0 or #ARGV ~= 3 + 6 * n then return bad_args('enqueue') end
+-- (A '0' is taken as it is: most jobs have priority, eta and delay 0, and every tonumber
+-- of a string is a strtod.)
 for i = 0, n - 1 do
   local b = 4 + 6 * i
   -- (a queue name holds no '|': the job string's fields are separated by it)
   if ARGV[b] == '' or ARGV[b + 1] == '' or string.find(ARGV[b + 1], '|', 1, true)
-      or not is_int(ARGV[b + 2])
-      or not tonumber(ARGV[b + 3]) or not tonumber(ARGV[b + 4]) then
+      or (ARGV[b + 2] ~= '0' and not is_int(ARGV[b + 2]))
+      or (ARGV[b + 3] ~= '0' and not tonumber(ARGV[b + 3]))
+      or (ARGV[b + 4] ~= '0' and not tonumber(ARGV[b + 4])) then
     return bad_args('enqueue')
   end
 end
@@ -31,18 +34,18 @@ end
 
 local now = now_us()
 local new, adding, fresh = {}, {}, 0
-local seen = {}
+local seen = n > 1 and {}  -- (one job: no repeats to look for)
 for i = 0, n - 1 do
   local b = 4 + 6 * i
   local id, q = ARGV[b], ARGV[b + 1]
-  local key = q .. '|' .. id
-  local ik = not seen[key] and redis.call('EXISTS', k_job(q, id)) == 0 and k_idx(q, id)
+  local key = seen and q .. '|' .. id
+  local ik = not (seen and seen[key]) and redis.call('EXISTS', k_job(q, id)) == 0 and k_idx(q, id)
   if ik and redis.call('HEXISTS', ik, id) == 0 then
     new[i] = ik  -- the id's index bucket (one SHA1 per job)
     fresh = fresh + 1
     adding[q] = (adding[q] or 0) + 1
   end
-  seen[key] = true
+  if seen then seen[key] = true end
 end
 if limit > 0 then
   for q, extra in pairs(adding) do
@@ -56,17 +59,21 @@ end
 
 -- Validated: from here on, only writes.
 local orders = {}
-for q, extra in pairs(adding) do orders[q] = redis.call('INCRBY', k_seq(q), extra) - extra end
+for q, extra in pairs(adding) do orders[q] = redis.call('INCRBY', k_seq(q), num_text(extra)) - extra end
 local out = {}
 local lists, list_order = {}, {}
-local now_text = int_text(now)
+local now_text = last_now_text
 for i = 0, n - 1 do
   local b = 4 + 6 * i
   if new[i] then
     local id, q, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2]
-    local eta, delay = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    local eta, delay = ARGV[b + 3], ARGV[b + 4]
     local run_at = 0
-    if eta > 0 then run_at = eta elseif delay > 0 then run_at = now + delay end
+    if eta ~= '0' and tonumber(eta) > 0 then
+      run_at = tonumber(eta)
+    elseif delay ~= '0' and tonumber(delay) > 0 then
+      run_at = now + tonumber(delay)
+    end
     local order = orders[q] + 1
     orders[q] = order
     if run_at > now then
@@ -100,7 +107,7 @@ for _, entry in ipairs(list_order) do
   for s = 1, #ids, 500 do
     redis.call('LPUSH', lk, unpack(ids, s, math.min(s + 499, #ids)))
   end
-  redis.call('ZADD', k_levels(q), -tonumber(prio), prio)
+  redis.call('ZADD', k_levels(q), level_score(prio), prio)
 end
 if fresh > 0 then redis.call('SET', KEYS[2], table.concat(out), 'PX', REQ_TTL_MS) end
 flush_counts()

@@ -59,6 +59,10 @@ _LOCAL_FUNCTION = re.compile(r"local\s+function\s+([A-Za-z_][A-Za-z0-9_]*)")
 _ASSIGN_FUNCTION = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*function\b")
 _STRING = re.compile(r"'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"")
 _USER_LINE = re.compile(r"user_function:(\d+)")
+_NUMBER = re.compile(r"\b(?:0[xX][0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: ``name =`` (an assignment, not ``==``).
+_ASSIGNED = re.compile(r"(?<![.\w])([A-Za-z_][A-Za-z0-9_]*)\s*=(?!=)")
 
 
 @dataclass(frozen=True)
@@ -118,9 +122,10 @@ def _continues(line: str) -> bool:
 
 def _prelude(
     lines: list[tuple[str, int, str]],
-) -> tuple[list[tuple[str, int, str]], list[str], list[str]]:
+) -> tuple[list[tuple[str, int, str]], list[str], list[str], dict[str, str]]:
     """The shared part's lines with every top-level ``local`` statement (per-call state)
-    left as a bare declaration; those statements as assignments, in order; their names."""
+    left as a bare declaration; those statements as assignments, in order; their names;
+    the constants (literal values, set at load: name -> where)."""
     forward = {
         m.group(1)
         for _, _, text in lines
@@ -130,6 +135,7 @@ def _prelude(
     resets: list[str] = []
     state: list[str] = []
     declared: dict[str, tuple[str, bool]] = {}  # top-level name -> (file:line, is state)
+    constants: dict[str, str] = {}  # name -> file:line
     i = 0
     while i < len(lines):
         file, at, text = lines[i]
@@ -165,15 +171,55 @@ def _prelude(
             depth += _depth(more)
             cont = _continues(more)
             i += 1
-        out.append((file, at, "local " + ", ".join(names)))
+        value = "\n".join(statement).split("=", 1)[1] if m.group(2) == "=" else ""
+        if m.group(2) == "=" and _is_literal(value):
+            # A constant: set once, at load (a literal needs no globals there).
+            for name in names:
+                constants[name] = f"{file}:{at}"
+            out.append((file, at, text))
+            out.extend(lines[i - len(statement) + 1 : i])
+            continue
+        table = m.group(2) == "=" and len(names) == 1 and _code(value).strip() == "{}"
+        # A table is made at load and made again only after a call that used it (most
+        # calls leave most of them empty): fewer tables per call for the GC.
+        out.append((file, at, "local " + ", ".join(names) + (" = {}" if table else "")))
         out.extend((f, a, "") for f, a, _ in lines[i - len(statement) + 1 : i])
-        if m.group(2) == "=":
+        if table:
+            resets.append(f"if next({names[0]}) ~= nil then {names[0]} = {{}} end")
+            state += names
+        elif m.group(2) == "=":
             resets.append("\n".join(statement).removeprefix("local").lstrip())
             state += names
         elif not set(names) <= forward:
             resets.append(", ".join(names) + " = nil")
             state += names
-    return out, resets, state
+    _check_constants(constants, lines)
+    return out, resets, state, constants
+
+
+def _check_constants(constants: Mapping[str, str], lines: list[tuple[str, int, str]]) -> None:
+    """Refuse an assignment to a constant (it would outlive the call that made it)."""
+    for file, at, text in lines:
+        if text.lstrip().startswith("local"):
+            continue
+        for name in _ASSIGNED.findall(_code(text)):
+            if name in constants:
+                raise RuntimeError(
+                    f"typedq/broker/lua/{file}:{at}: {name!r} is a constant (set once, at "
+                    f"{constants[name]}) and may not be assigned"
+                )
+
+
+def _code(text: str) -> str:
+    """``text`` without its strings' contents and its trailing comment."""
+    return _STRING.sub("''", text).split("--", 1)[0]
+
+
+def _is_literal(value: str) -> bool:
+    """Whether a top-level ``local``'s value is made of literals only (numbers, strings,
+    operators): a constant, set once when the library loads instead of on every call."""
+    code = _NUMBER.sub("0", "\n".join(_code(line) for line in value.split("\n")))
+    return "{" not in code and not set(_WORD.findall(code)) - {"true", "false"}
 
 
 def _begin(resets: list[str]) -> list[str]:
@@ -236,7 +282,7 @@ def build_library(files: Mapping[str, str] | None = None, *, sharded: bool = Fal
             shared += [("sharded.lua", k, _without_comment(t)) for k, t in enumerate(part, 1)]
         else:
             shared.append(("common.lua", n, _without_comment(text)))
-    prelude, resets, state = _prelude(shared)
+    prelude, resets, state, constants = _prelude(shared)
     lines: list[tuple[str, int, str]] = [("", 0, f"#!lua name={_NAME_MARK}")]
     lines += prelude
     lines += [("", 0, text) for text in _begin(resets)]
@@ -259,7 +305,9 @@ def build_library(files: Mapping[str, str] | None = None, *, sharded: bool = Fal
                 f"flags={{{flags}}}, callback=function(KEYS, ARGV) {_BEGIN}(KEYS, ARGV)",
             )
         )
-        lines += [(name, k, _without_comment(t)) for k, t in enumerate(body, 2)]
+        script_lines = [(name, k, _without_comment(t)) for k, t in enumerate(body, 2)]
+        _check_constants(constants, script_lines)
+        lines += script_lines
         lines.append(("", 0, "end}"))
     text = "\n".join(t for _, _, t in lines)
     digest = hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()[:16]

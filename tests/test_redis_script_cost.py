@@ -1,0 +1,192 @@
+"""The Redis commands each steady-state script makes, pinned (issue 13): a worker's claim
+that settles its last job, an enqueue, a completion; per call and per extra job of a
+batch. A command more per job is Redis CPU on every job, so it fails here and must be
+chosen on purpose (then update the lists below).
+
+The commands are read with MONITOR (a script's own commands are the ones of its ``lua``
+client). Every test talks to a real redis-server spawned by the suite (never :6379).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tests.redis_harness import RedisProcess, flushall
+from tests.redis_support import broker_at, message, raw_redis
+from typedq.broker.base import Completion, FinishOutcome
+from typedq.broker.redis import RedisBroker
+
+pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """redis-py is asyncio-only."""
+    return "asyncio"
+
+
+@pytest.fixture
+def url(redis_server: RedisProcess) -> str:
+    flushall(redis_server.port)
+    return redis_server.url
+
+
+@contextlib.asynccontextmanager
+async def script_commands(url: str) -> AsyncIterator[list[str]]:
+    """Names of the commands scripts make while the block runs (MONITOR's ``lua``
+    client), in order."""
+    seen: list[str] = []
+    async with raw_redis(url) as raw, raw.monitor() as monitor:
+        yield seen
+        await raw.echo("typedq-monitor-end")
+        while True:
+            command = await monitor.next_command()
+            if command["command"] == "ECHO typedq-monitor-end":
+                break
+            if command["client_type"] == "lua":
+                seen.append(command["command"].split()[0].upper())
+
+
+async def commands_of(url: str, call: Callable[[], Awaitable[Any]]) -> Counter[str]:
+    """How many of each command the scripts of ``call`` make. A rollup hash's first write
+    in a minute also sets its TTL (EXPIRE): left out, a minute may start mid-test."""
+    async with script_commands(url) as seen:
+        await call()
+    return Counter(c for c in seen if c != "EXPIRE")
+
+
+#: A worker's steady state: one claim that completes its last job and claims the next.
+SETTLE_AND_CLAIM_ONE = Counter(
+    {
+        "TIME": 1,
+        # the completion: the job's fields, out of active, the job hash, into done
+        "HMGET": 1,
+        "ZREM": 1,
+        "HSET": 2,  # the completed job; the claimed job
+        "ZADD": 2,  # into done; into active
+        "HGET": 2,  # the queue's events config (once per queue); the index entry
+        # retention (count and age bounds, once per queue and call)
+        "ZCARD": 1,
+        "ZCOUNT": 1,
+        # the claim: its record, due scheduled jobs, gates, best level, pop, index
+        "GET": 1,
+        "ZRANGEBYSCORE": 1,
+        "EXISTS": 1,
+        "ZRANGE": 1,
+        "RPOP": 1,
+        "HDEL": 1,
+        "SET": 1,
+        # counts (waiting -1, completed +1; active nets to 0), the minute's rollup
+        "HINCRBY": 3,
+        "PUBLISH": 1,
+    }
+)
+#: Each more job of a settle-and-claim batch: the completion's and the claim's own work.
+SETTLE_AND_CLAIM_PER_JOB = Counter(
+    {"HMGET": 1, "ZREM": 1, "HSET": 2, "ZADD": 2, "HGET": 1, "HDEL": 1}
+)
+#: Enqueue of one waiting job.
+ENQUEUE_ONE = Counter(
+    {
+        "GET": 1,  # its request record (a re-sent call's answer)
+        "TIME": 1,
+        "EXISTS": 1,  # no job of that id ...
+        "HEXISTS": 1,  # ... waiting either
+        "INCRBY": 1,
+        "HSET": 1,
+        "LPUSH": 1,
+        "ZADD": 1,
+        "SET": 1,
+        "HINCRBY": 1,
+        "PUBLISH": 1,
+    }
+)
+ENQUEUE_PER_JOB = Counter({"EXISTS": 1, "HEXISTS": 1, "HSET": 1})
+#: complete.lua of one job (a worker whose claim loop does not settle).
+COMPLETE_ONE = Counter(
+    {
+        "TIME": 1,
+        "HMGET": 1,
+        "ZREM": 1,
+        "HSET": 1,
+        "ZADD": 1,
+        "HGET": 1,
+        "ZCARD": 1,
+        "ZCOUNT": 1,
+        "HINCRBY": 3,  # active -1, completed +1, the rollup
+        "PUBLISH": 1,
+    }
+)
+COMPLETE_PER_JOB = Counter({"HMGET": 1, "ZREM": 1, "HSET": 1, "ZADD": 1})
+
+
+def _per_job(batch: Counter[str], one: Counter[str], extra: int) -> Counter[str]:
+    """Commands per job beyond the first of a batch of 1 + ``extra`` jobs."""
+    diff = batch.copy()
+    diff.subtract(one)
+    assert all(n % extra == 0 for n in diff.values()), diff
+    return Counter({k: n // extra for k, n in diff.items() if n})
+
+
+async def _settle_and_claim(url: str, broker: RedisBroker, n: int) -> Counter[str]:
+    """Commands of one steady-state settle-and-claim of ``n`` jobs (after one that warmed
+    up the queue: its counts, rollup and records exist)."""
+    await broker.enqueue([message(f"j{n}-{i}") for i in range(3 * n)])
+    held = await broker.claim(["q"], n, worker_id="w", lease=30)
+    for _ in range(2):
+        items = [Completion(j.message.id, j.token, b"\xc0") for j in held]
+        outcomes: list[FinishOutcome] = []
+
+        async def call(items: list[Completion] = items) -> None:
+            nonlocal held, outcomes
+            outcomes, held = await broker.complete_and_claim(
+                items, ["q"], n, worker_id="w", lease=30
+            )
+
+        seen = await commands_of(url, call)
+        assert outcomes == [FinishOutcome.OK] * n
+        assert len(held) == n
+    return seen
+
+
+async def test_a_settle_and_claim_makes_the_pinned_commands(url: str) -> None:
+    async with broker_at(url, "cost") as broker:
+        one = await _settle_and_claim(url, broker, 1)
+        assert one == SETTLE_AND_CLAIM_ONE, f"commands per call: {sorted(one.items())}"
+        four = await _settle_and_claim(url, broker, 4)
+        per_job = _per_job(four, one, 3)
+        assert per_job == SETTLE_AND_CLAIM_PER_JOB, f"per job: {sorted(per_job.items())}"
+        assert sum(one.values()) == 22
+        assert sum(per_job.values()) == 8
+
+
+async def test_an_enqueue_makes_the_pinned_commands(url: str) -> None:
+    async with broker_at(url, "cost") as broker:
+        await broker.enqueue([message("warm")])
+        one = await commands_of(url, lambda: broker.enqueue([message("a")]))
+        assert one == ENQUEUE_ONE, f"commands per call: {sorted(one.items())}"
+        batch = await commands_of(url, lambda: broker.enqueue([message(f"b{i}") for i in range(5)]))
+        per_job = _per_job(batch, one, 4)
+        assert per_job == ENQUEUE_PER_JOB, f"per job: {sorted(per_job.items())}"
+
+
+async def test_a_completion_makes_the_pinned_commands(url: str) -> None:
+    async with broker_at(url, "cost") as broker:
+        await broker.enqueue([message(f"j{i}") for i in range(8)])
+        held = await broker.claim(["q"], 8, worker_id="w", lease=30)
+        await broker.complete([Completion(held[0].message.id, held[0].token, b"\xc0")])
+        one = await commands_of(
+            url, lambda: broker.complete([Completion(held[1].message.id, held[1].token, b"")])
+        )
+        assert one == COMPLETE_ONE, f"commands per call: {sorted(one.items())}"
+        batch = await commands_of(
+            url,
+            lambda: broker.complete([Completion(j.message.id, j.token, b"") for j in held[2:7]]),
+        )
+        per_job = _per_job(batch, one, 4)
+        assert per_job == COMPLETE_PER_JOB, f"per job: {sorted(per_job.items())}"
