@@ -741,9 +741,11 @@ class Worker(Generic[TIn, TOut]):
         each in a fresh copy of this task's context, so what a job sets in contextvars
         (its span, a handler's own variables) is its own, as in a task of its own."""
         queued = self._queued
+        # The event loop's own event class (anyio.Event() finds the backend each call).
+        event = type(anyio.Event())
         while True:
             if not queued:
-                wake = anyio.Event()
+                wake = event()
                 self._idle.append(wake)
                 await wake.wait()
                 continue

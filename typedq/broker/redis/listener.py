@@ -469,6 +469,9 @@ class Notifications:
     async def _listen(self) -> None:
         failures = 0
         alive = _KeepAlive()
+        # The event loop's own scope class: one scope per message read, and
+        # anyio.CancelScope() finds the backend anew on every call.
+        scope_class = type(anyio.CancelScope())
         assert self._client is not None
         pubsub = self._pubsub = self._client.pubsub()
         while True:
@@ -477,7 +480,7 @@ class Notifications:
                     channels = sorted(self._pending)
                     await pubsub.subscribe(*channels)
                     self._pending.difference_update(channels)
-                with anyio.CancelScope() as scope:
+                with scope_class() as scope:
                     self._read_scope = scope
                     message = await pubsub.get_message(timeout=1.0)
                 self._read_scope = None
