@@ -263,6 +263,38 @@ async def test_one_runner_isolates_each_jobs_end_from_the_next(app_name: str) ->
     assert runs == ["slow", "fine", "hang", "fine", "crash", "fine"]
 
 
+async def test_a_claim_short_of_its_limit_is_not_followed_by_an_empty_one(
+    app_name: str,
+) -> None:
+    """A claim that got fewer jobs than it asked for means no more were due: the worker
+    waits for new work instead of claiming again for its free slots (an empty round
+    trip per wake-up), and a job enqueued later is still claimed."""
+    app = make_app(app_name)
+
+    @app.task
+    async def echo(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            broker = app.broker
+            claim = broker.claim
+            got: list[tuple[int, int]] = []  # (limit, jobs) per claim
+
+            async def counting(queues: Any, limit: int, **kwargs: Any) -> Any:
+                jobs = await claim(queues, limit, **kwargs)
+                got.append((limit, len(jobs)))
+                return jobs
+
+            broker.claim = counting  # type: ignore[method-assign]
+            async with app.worker(concurrency=4):
+                for n in (1, 2):
+                    assert await (await echo.enqueue(In(n))).result(timeout=10) == Out(n)
+                    await anyio.sleep(0.2)
+                    assert got[-1] == (4, 1), got  # no claim after the one that got 1 of 4
+    assert got.count((4, 1)) == 2
+
+
 async def test_cancel_sync_handler_cooperatively(app_name: str) -> None:
     app = make_app(app_name)
     started = anyio.Event()
