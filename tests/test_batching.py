@@ -457,3 +457,48 @@ async def test_inline_lone_item_is_sent_by_its_caller_and_others_batch_up() -> N
     assert results == {i: i * 2 for i in range(40)}
     assert send.peak_in_flight <= 2
     assert len(send.batches) < 40  # the others were batched
+
+
+async def test_inline_batch_takes_the_callers_of_the_same_turn() -> None:
+    """Callers that submit in the same event-loop turn (runners woken together) go in
+    one batch, sent by the first of them."""
+    senders: list[int] = []
+    send = FakeSend(latency=0)
+
+    async def recording(items: list[int]) -> list[int]:
+        senders.append(anyio.get_current_task().id)
+        return await send(items)
+
+    results: dict[int, int] = {}
+    tasks: dict[int, int] = {}
+
+    async def submit(i: int) -> None:
+        tasks[i] = anyio.get_current_task().id
+        results[i] = await batcher.submit(i)
+
+    async with running(recording, inline=True) as batcher:
+        await anyio.sleep(0.01)  # the senders are parked
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(submit, i)
+    assert results == {i: i * 2 for i in range(5)}
+    assert [sorted(b) for b in send.batches] == [[0, 1, 2, 3, 4]]
+    assert senders[0] in tasks.values()  # one of the callers sent it, no sender task
+
+
+async def test_a_cancelled_inline_sender_hands_its_batch_to_the_senders() -> None:
+    send = FakeSend(latency=0)
+    results: dict[int, int] = {}
+    async with running(send, inline=True) as batcher:
+        await anyio.sleep(0.01)  # the senders are parked: the first caller sends inline
+
+        async def mate() -> None:
+            results[2] = await batcher.submit(2)
+
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as leader:
+                tg.start_soon(mate)
+                leader.cancel()  # cancelled at its checkpoint, before sending
+                await batcher.submit(1)
+        assert results == {2: 4}  # the mate still got its answer
+        assert sorted(i for b in send.batches for i in b) == [1, 2]

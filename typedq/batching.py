@@ -22,12 +22,16 @@ Cost per item is a list append and a wait on its batch's one event: batches wait
 plain deque, ``max_in_flight`` long-lived sender tasks take them, and a sender that
 has nothing to do parks on an event of its own that a new batch sets (issue 13).
 
-With ``inline=True`` a caller that finds nothing in flight and nothing waiting sends its
-item itself, in its own task: a lone item then costs no hand-off to a sender and back
-(two event-loop hops), which is most of a worker's settle at concurrency 1. Items that
-arrive meanwhile batch up for the senders as usual, and the inline send counts against
-``max_in_flight``. Only for callers that are not cancelled while their item is sent
-(a worker's runners): a cancelled inline caller stops its own send.
+With ``inline=True`` a caller that finds nothing in flight and nothing waiting sends the
+batch itself, in its own task, after one checkpoint in which the callers of the same
+event-loop turn join it (runners woken together finish together): a lone item then
+costs no hand-off to a sender and back (two task switches), which is most of a worker's
+settle at concurrency 1, and batches stay as large as with the senders. Items that
+arrive while it is sent batch up for the senders as usual, and the inline send counts
+against ``max_in_flight``. Only for callers that are not cancelled while their batch is
+sent (a worker's runners): a cancelled inline sender stops that send, and its batch
+mates get the error of a cancelled send (a caller cancelled before the send hands the
+batch to the senders instead).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskStatus
 
 from .errors import BrokerUnavailable, NotConnected, QueueFull, RedisDataLost
@@ -141,8 +146,10 @@ class Batcher(Generic[I, R]):
         #: Makes the batches' events: the running event loop's own class, set by run()
         #: (``anyio.Event()`` finds the backend anew on every call).
         self._event: Callable[[], anyio.Event] = anyio.Event
-        #: Batches being sent by their own caller (``inline``), at most one at a time.
+        #: Batches being sent by their own caller (``inline``), at most one at a time,
+        #: and that batch while it is still open to callers of the same turn.
         self._inline_busy = 0
+        self._gathering: _Batch[I, R] | None = None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Flush submitted items until cancelled. Runs in its owner's task group."""
@@ -273,7 +280,12 @@ class Batcher(Generic[I, R]):
         if not self._running:
             raise NotConnected(f"{self.name} is not running: use `async with app:` first")
         pending = self._pending
-        if pending and len(items := pending[-1].items) < self.max_batch:
+        gathering = self._gathering
+        if gathering is not None and len(items := gathering.items) < self.max_batch:
+            open_batch = gathering  # an inline batch still open: go with it
+            index = len(items)
+            items.append(item)
+        elif pending and len(items := pending[-1].items) < self.max_batch:
             open_batch = pending[-1]
             index = len(items)
             items.append(item)
@@ -298,6 +310,23 @@ class Batcher(Generic[I, R]):
         batch: _Batch[I, R] = _Batch(self._event)
         batch.items.append(item)
         self._inline_busy += 1
+        self._gathering = batch
+        try:
+            # Callers of this same turn (runners woken together) join the batch.
+            await anyio.lowlevel.checkpoint()
+        except BaseException:
+            # Cancelled before sending: the senders take the batch (its other callers
+            # still get their answers; this one's item goes with it, answer dropped).
+            self._gathering = None
+            self._inline_busy -= 1
+            if self._running:
+                self._pending.appendleft(batch)
+                self._wake_sender()
+            else:
+                batch.error = NotConnected(f"{self.name} closed before the item was sent")
+                batch.done.set()
+            raise
+        self._gathering = None
         try:
             await self._deliver(batch)
         finally:
