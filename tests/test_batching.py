@@ -49,8 +49,11 @@ async def running(
     *,
     max_batch: int = 500,
     max_in_flight: int = 4,
+    inline: bool = False,
 ) -> AsyncIterator[Batcher[int, int]]:
-    batcher: Batcher[int, int] = Batcher(send, max_batch=max_batch, max_in_flight=max_in_flight)
+    batcher: Batcher[int, int] = Batcher(
+        send, max_batch=max_batch, max_in_flight=max_in_flight, inline=inline
+    )
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(batcher.run)
@@ -58,10 +61,11 @@ async def running(
             tg.cancel_scope.cancel()
 
 
-async def test_concurrent_submits_coalesce() -> None:
+@pytest.mark.parametrize("inline", [False, True])
+async def test_concurrent_submits_coalesce(inline: bool) -> None:
     send = FakeSend()
     results: dict[int, int] = {}
-    async with running(send, max_batch=500) as batcher:
+    async with running(send, max_batch=500, inline=inline) as batcher:
 
         async def submit(i: int) -> None:
             results[i] = await batcher.submit(i)
@@ -76,9 +80,10 @@ async def test_concurrent_submits_coalesce() -> None:
     assert max(len(batch) for batch in send.batches) <= 500
 
 
-async def test_lone_submit_is_sent_at_once() -> None:
+@pytest.mark.parametrize("inline", [False, True])
+async def test_lone_submit_is_sent_at_once(inline: bool) -> None:
     send = FakeSend(latency=0)
-    async with running(send) as batcher:
+    async with running(send, inline=inline) as batcher:
         with anyio.fail_after(0.5):  # not held back waiting for company
             assert await batcher.submit(21) == 42
         assert send.batches == [[21]]
@@ -86,10 +91,11 @@ async def test_lone_submit_is_sent_at_once() -> None:
         assert send.batches == [[21], [5]]
 
 
-async def test_max_batch_and_in_flight_limits() -> None:
+@pytest.mark.parametrize("inline", [False, True])
+async def test_max_batch_and_in_flight_limits(inline: bool) -> None:
     send = FakeSend(latency=0.01)
     async with (
-        running(send, max_batch=7, max_in_flight=2) as batcher,
+        running(send, max_batch=7, max_in_flight=2, inline=inline) as batcher,
         anyio.create_task_group() as tg,
     ):
         for i in range(100):
@@ -99,10 +105,11 @@ async def test_max_batch_and_in_flight_limits() -> None:
     assert sum(len(batch) for batch in send.batches) == 100
 
 
-async def test_errors_reach_every_waiter_and_the_batcher_recovers() -> None:
+@pytest.mark.parametrize("inline", [False, True])
+async def test_errors_reach_every_waiter_and_the_batcher_recovers(inline: bool) -> None:
     send = FakeSend(fail_with=ConnectionError("broker down"))
     errors: list[BaseException] = []
-    async with running(send) as batcher:
+    async with running(send, inline=inline) as batcher:
 
         async def submit(i: int) -> None:
             try:
@@ -421,3 +428,77 @@ async def wait_until(condition: Callable[[], bool]) -> None:
     """Yield to the other tasks until ``condition`` holds (the test's fail_after bounds it)."""
     while not condition():
         await anyio.lowlevel.checkpoint()
+
+
+async def test_inline_lone_item_is_sent_by_its_caller_and_others_batch_up() -> None:
+    """inline=True: a caller that finds nothing in flight sends its item in its own task;
+    items arriving meanwhile go to the senders, within max_in_flight in all."""
+    senders: list[int] = []
+    send = FakeSend(latency=0.02)
+
+    async def recording(items: list[int]) -> list[int]:
+        senders.append(anyio.get_current_task().id)
+        return await send(items)
+
+    async with running(recording, max_in_flight=2, inline=True) as batcher:
+        await anyio.sleep(0.01)  # the senders are parked: nothing in flight
+        caller = anyio.get_current_task().id
+        assert await batcher.submit(1) == 2
+        assert senders == [caller]  # no hand-off to a sender task
+        results: dict[int, int] = {}
+
+        async def submit(i: int) -> None:
+            results[i] = await batcher.submit(i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                tg.start_soon(submit, i)
+                await anyio.sleep(0.001)
+    assert results == {i: i * 2 for i in range(40)}
+    assert send.peak_in_flight <= 2
+    assert len(send.batches) < 40  # the others were batched
+
+
+async def test_inline_batch_takes_the_callers_of_the_same_turn() -> None:
+    """Callers that submit in the same event-loop turn (runners woken together) go in
+    one batch, sent by the first of them."""
+    senders: list[int] = []
+    send = FakeSend(latency=0)
+
+    async def recording(items: list[int]) -> list[int]:
+        senders.append(anyio.get_current_task().id)
+        return await send(items)
+
+    results: dict[int, int] = {}
+    tasks: dict[int, int] = {}
+
+    async def submit(i: int) -> None:
+        tasks[i] = anyio.get_current_task().id
+        results[i] = await batcher.submit(i)
+
+    async with running(recording, inline=True) as batcher:
+        await anyio.sleep(0.01)  # the senders are parked
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(submit, i)
+    assert results == {i: i * 2 for i in range(5)}
+    assert [sorted(b) for b in send.batches] == [[0, 1, 2, 3, 4]]
+    assert senders[0] in tasks.values()  # one of the callers sent it, no sender task
+
+
+async def test_a_cancelled_inline_sender_hands_its_batch_to_the_senders() -> None:
+    send = FakeSend(latency=0)
+    results: dict[int, int] = {}
+    async with running(send, inline=True) as batcher:
+        await anyio.sleep(0.01)  # the senders are parked: the first caller sends inline
+
+        async def mate() -> None:
+            results[2] = await batcher.submit(2)
+
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as leader:
+                tg.start_soon(mate)
+                leader.cancel()  # cancelled at its checkpoint, before sending
+                await batcher.submit(1)
+        assert results == {2: 4}  # the mate still got its answer
+        assert sorted(i for b in send.batches for i in b) == [1, 2]

@@ -943,6 +943,29 @@ async def test_waiters_survive_a_pubsub_reconnect(url: str) -> None:
             assert time.monotonic() - start < 5
 
 
+async def test_a_refill_does_not_hide_work_from_the_next_wait(url: str) -> None:
+    """Work published after a worker's claim is not hidden from its next wait by a refill
+    (a completion's claim) that took only part of it: the wait returns at once instead of
+    sleeping with a job waiting and a slot free."""
+    async with broker_at(url) as broker:
+        await broker.wait_for_jobs(["q"], 0.2)  # subscribed to the work channel
+        await broker.enqueue([message("x")])
+        (held,) = await broker.claim(["q"], 4, worker_id="w", lease=30)  # the worker's claim
+        await broker.enqueue([message("a")])
+        await broker.enqueue([message("b")])
+        await anyio.sleep(0.2)  # their notices have arrived
+        _, refilled = await broker.complete_and_claim(
+            [Completion("x", held.token, b"")], ["q"], 1, worker_id="w", lease=30
+        )
+        assert [j.message.id for j in refilled] == ["a"]
+        start = time.monotonic()
+        await broker.wait_for_jobs(["q"], 5)
+        assert time.monotonic() - start < 2  # "b" waits: no sleeping through it
+        assert [j.message.id for j in await broker.claim(["q"], 4, worker_id="w", lease=30)] == [
+            "b"
+        ]
+
+
 async def test_least_privilege_acl_user(url: str, redis_server: RedisProcess) -> None:
     async with raw_redis(url) as raw:
         execute: Any = raw.execute_command  # untyped in redis-py

@@ -205,6 +205,96 @@ async def test_cancelling_one_job_stops_only_its_handler(app_name: str) -> None:
             assert await second.result(timeout=10) == Out(2)
 
 
+async def test_one_runner_isolates_each_jobs_end_from_the_next(app_name: str) -> None:
+    """Concurrency 1: every job runs on the same long-lived runner. A job that times
+    out, one cancelled while running and one whose handler crashes each get their own
+    outcome, and the job after each runs to completion on that runner (no cancellation
+    or deadline left over). At concurrency 1 each outcome is also sent by the runner
+    itself (the settler's inline send)."""
+    app = make_app(app_name)
+    started = anyio.Event()
+    runs: list[str] = []
+
+    @app.task(timeout=0.05, retries=0)
+    async def slow(x: In) -> Out:
+        runs.append("slow")
+        await anyio.sleep(10)
+        return Out(x.n)
+
+    @app.task(retries=0)
+    async def hang(x: In) -> Out:
+        runs.append("hang")
+        started.set()
+        await anyio.sleep(10)
+        return Out(x.n)
+
+    @app.task(retries=0)
+    async def crash(x: In) -> Out:
+        runs.append("crash")
+        raise RuntimeError("boom")
+
+    @app.task(timeout=5)
+    async def fine(x: In) -> Out:
+        runs.append("fine")
+        await anyio.sleep(0.01)  # past the earlier jobs' deadline: none is left over
+        await anyio.lowlevel.checkpoint()
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=1):
+            timed_out = await slow.enqueue(In(1))
+            with pytest.raises(JobFailed) as failed:
+                await timed_out.result(timeout=10)
+            assert failed.value.record.reason is FailureReason.TIMEOUT
+            assert await (await fine.enqueue(In(2))).result(timeout=10) == Out(2)
+
+            cancelled = await hang.enqueue(In(3))
+            await started.wait()
+            assert await cancelled.cancel() is True
+            with pytest.raises(JobCancelled):
+                await cancelled.result(timeout=10)
+            assert await (await fine.enqueue(In(4))).result(timeout=10) == Out(4)
+
+            crashed = await crash.enqueue(In(5))
+            with pytest.raises(JobFailed) as failed:
+                await crashed.result(timeout=10)
+            assert failed.value.record.error_type == "RuntimeError"
+            assert await (await fine.enqueue(In(6))).result(timeout=10) == Out(6)
+    assert runs == ["slow", "fine", "hang", "fine", "crash", "fine"]
+
+
+async def test_a_claim_short_of_its_limit_is_not_followed_by_an_empty_one(
+    app_name: str,
+) -> None:
+    """A claim that got fewer jobs than it asked for means no more were due: the worker
+    waits for new work instead of claiming again for its free slots (an empty round
+    trip per wake-up), and a job enqueued later is still claimed."""
+    app = make_app(app_name)
+
+    @app.task
+    async def echo(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            broker = app.broker
+            claim = broker.claim
+            got: list[tuple[int, int]] = []  # (limit, jobs) per claim
+
+            async def counting(queues: Any, limit: int, **kwargs: Any) -> Any:
+                jobs = await claim(queues, limit, **kwargs)
+                got.append((limit, len(jobs)))
+                return jobs
+
+            broker.claim = counting  # type: ignore[method-assign]
+            async with app.worker(concurrency=4):
+                for n in (1, 2):
+                    assert await (await echo.enqueue(In(n))).result(timeout=10) == Out(n)
+                    await anyio.sleep(0.2)
+                    assert got[-1] == (4, 1), got  # no claim after the one that got 1 of 4
+    assert got.count((4, 1)) == 2
+
+
 async def test_cancel_sync_handler_cooperatively(app_name: str) -> None:
     app = make_app(app_name)
     started = anyio.Event()

@@ -21,6 +21,17 @@ broker's hands already, so it is sent with its batch and its answer dropped.
 Cost per item is a list append and a wait on its batch's one event: batches wait in a
 plain deque, ``max_in_flight`` long-lived sender tasks take them, and a sender that
 has nothing to do parks on an event of its own that a new batch sets (issue 13).
+
+With ``inline=True`` a caller that finds nothing in flight and nothing waiting sends the
+batch itself, in its own task, after one checkpoint in which the callers of the same
+event-loop turn join it (runners woken together finish together): a lone item then
+costs no hand-off to a sender and back (two task switches), which is most of a worker's
+settle at concurrency 1, and batches stay as large as with the senders. Items that
+arrive while it is sent batch up for the senders as usual, and the inline send counts
+against ``max_in_flight``. Only for callers that are not cancelled while their batch is
+sent (a worker's runners): a cancelled inline sender stops that send, and its batch
+mates get the error of a cancelled send (a caller cancelled before the send hands the
+batch to the senders instead).
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskStatus
 
 from .errors import BrokerUnavailable, NotConnected, QueueFull, RedisDataLost
@@ -52,9 +64,9 @@ class _Batch(Generic[I, R]):
 
     __slots__ = ("done", "error", "errors", "items", "results")
 
-    def __init__(self) -> None:
+    def __init__(self, event: Callable[[], anyio.Event] = anyio.Event) -> None:
         self.items: list[I] = []
-        self.done = anyio.Event()
+        self.done = event()
         self.results: Sequence[R] = ()
         #: The error of every item (the whole batch failed), else None.
         self.error: BaseException | None = None
@@ -102,6 +114,8 @@ class Batcher(Generic[I, R]):
     :param batch_wide: which errors of a batch are the whole batch's; on any other
         error a batch of several items is re-sent one item at a time (items must be
         idempotent to re-send), so one bad item fails alone
+    :param inline: a caller that finds nothing in flight sends its item itself (see the
+        module's docstring); for callers that are not cancelled mid-send
     """
 
     def __init__(
@@ -112,6 +126,7 @@ class Batcher(Generic[I, R]):
         max_in_flight: int = 4,
         name: str = "batcher",
         batch_wide: Callable[[Exception], bool] = is_batch_wide,
+        inline: bool = False,
     ) -> None:
         self._send = send
         self.max_batch = max_batch
@@ -127,9 +142,18 @@ class Batcher(Generic[I, R]):
         # next batch when its send returns.
         self._pending: deque[_Batch[I, R]] = deque()
         self._idle: deque[anyio.Event] = deque()
+        self._inline = inline
+        #: Makes the batches' events: the running event loop's own class, set by run()
+        #: (``anyio.Event()`` finds the backend anew on every call).
+        self._event: Callable[[], anyio.Event] = anyio.Event
+        #: Batches being sent by their own caller (``inline``), at most one at a time,
+        #: and that batch while it is still open to callers of the same turn.
+        self._inline_busy = 0
+        self._gathering: _Batch[I, R] | None = None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Flush submitted items until cancelled. Runs in its owner's task group."""
+        self._event = type(anyio.Event())
         try:
             async with anyio.create_task_group() as tg:
                 for _ in range(self.max_in_flight):
@@ -149,7 +173,7 @@ class Batcher(Generic[I, R]):
         pending = self._pending
         while True:
             if not pending:
-                wake = anyio.Event()
+                wake = self._event()
                 self._idle.append(wake)
                 try:
                     await wake.wait()
@@ -160,8 +184,8 @@ class Batcher(Generic[I, R]):
             # Taken and sent with no await in between: a batch is either still in
             # ``_pending`` (failed by run() on stop) or being delivered (failed here).
             batch = pending.popleft()
-            if pending and self._idle:
-                self._idle.popleft().set()  # more work than this sender: wake another
+            if pending:
+                self._wake_sender()  # more work than this sender: wake another
             await self._deliver(batch)
 
     async def _deliver(self, batch: _Batch[I, R]) -> None:
@@ -244,24 +268,73 @@ class Batcher(Generic[I, R]):
         if batch.errors is None:  # else _one_by_one answered each item itself
             batch.error = self._stop_error(exc)
 
+    def _wake_sender(self) -> None:
+        """Wake a parked sender for a waiting batch, unless that would put more than
+        ``max_in_flight`` batches in flight (an inline send counts; a busy sender takes
+        the batch when its send returns)."""
+        if len(self._idle) > self._inline_busy:
+            self._idle.popleft().set()
+
     async def submit(self, item: I) -> R:
         """Send ``item`` in the next batch and return its result."""
         if not self._running:
             raise NotConnected(f"{self.name} is not running: use `async with app:` first")
         pending = self._pending
-        if pending and len(items := pending[-1].items) < self.max_batch:
+        gathering = self._gathering
+        if gathering is not None and len(items := gathering.items) < self.max_batch:
+            open_batch = gathering  # an inline batch still open: go with it
+            index = len(items)
+            items.append(item)
+        elif pending and len(items := pending[-1].items) < self.max_batch:
             open_batch = pending[-1]
             index = len(items)
             items.append(item)
+        elif (
+            self._inline
+            and not pending
+            and not self._inline_busy
+            and len(self._idle) == self.max_in_flight
+        ):
+            # Nothing in flight, nothing waiting: send it from here, no hand-off.
+            return await self._send_inline(item)
         else:  # a new batch: wake a parked sender, if any (else a busy one takes it next)
-            open_batch = _Batch()
+            open_batch = _Batch(self._event)
             open_batch.items.append(item)
             index = 0
             pending.append(open_batch)
-            if self._idle:
-                self._idle.popleft().set()
+            self._wake_sender()
         await open_batch.done.wait()
         return open_batch.answer(index)
+
+    async def _send_inline(self, item: I) -> R:
+        batch: _Batch[I, R] = _Batch(self._event)
+        batch.items.append(item)
+        self._inline_busy += 1
+        self._gathering = batch
+        try:
+            # Callers of this same turn (runners woken together) join the batch.
+            await anyio.lowlevel.checkpoint()
+        except BaseException:
+            # Cancelled before sending: the senders take the batch (its other callers
+            # still get their answers; this one's item goes with it, answer dropped).
+            self._gathering = None
+            self._inline_busy -= 1
+            if self._running:
+                self._pending.appendleft(batch)
+                self._wake_sender()
+            else:
+                batch.error = NotConnected(f"{self.name} closed before the item was sent")
+                batch.done.set()
+            raise
+        self._gathering = None
+        try:
+            await self._deliver(batch)
+        finally:
+            self._inline_busy -= 1
+            if self._pending:
+                # Batches formed meanwhile may have waited for this slot of max_in_flight.
+                self._wake_sender()
+        return batch.answer(0)
 
     async def submit_many(self, items: Sequence[I], *, chunk: int | None = None) -> list[R]:
         """Send ``items`` in chunks concurrently (up to ``max_in_flight`` at once).

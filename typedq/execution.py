@@ -218,6 +218,9 @@ class Executor:
         self._threads = threads
         self._progress = progress
         self._thread_exited = thread_exited
+        #: The running event loop's own cancel scope class, looked up on first use:
+        #: ``anyio.CancelScope()`` finds the backend anew on every call, a cost per job.
+        self._scope_class: type[anyio.CancelScope] | None = None
 
     def _failure(
         self,
@@ -358,7 +361,10 @@ class Executor:
         # and cancelling it is a cancel, a lost lease or a shutdown (each sets
         # running.cancel_reason first, which is how _interrupted tells them apart).
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
-        with anyio.CancelScope(deadline=deadline) as scope:
+        scope_class = self._scope_class
+        if scope_class is None:
+            scope_class = self._scope_class = type(anyio.CancelScope())
+        with scope_class(deadline=deadline) as scope:
             running.scope = scope
             if running.cancel_reason is not None:
                 scope.cancel()

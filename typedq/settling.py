@@ -127,11 +127,13 @@ class Settler:
         self._give_up: anyio.Event | None = None
         #: Told about lost leases and broker errors (set by the worker; None: nobody).
         self.observer: WorkerObserver | None = None
+        # Inline: a lone outcome is sent by its runner itself (no hop to a sender task
+        # and back); runners are never cancelled while they settle (see Worker._serve).
         self._completer: Batcher[Completion, FinishOutcome] = Batcher(
-            self._complete_batch, name="completion batcher"
+            self._complete_batch, name="completion batcher", inline=True
         )
         self._failer: Batcher[Failure, FinishOutcome] = Batcher(
-            self._fail_batch, name="failure batcher"
+            self._fail_batch, name="failure batcher", inline=True
         )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -51,6 +51,7 @@ from types import TracebackType
 from typing import Any, Generic, Self, TypeVar, overload
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
@@ -571,6 +572,14 @@ class Worker(Generic[TIn, TOut]):
                     await self._wait(5.0, for_jobs=True)
                     continue
                 self._start(jobs)
+                if len(jobs) < limit:
+                    # The broker had no more due jobs when it answered: claiming again for
+                    # the slots left would come back empty. Wait for work published since
+                    # this claim was sent (or a scheduled job falling due) instead. The
+                    # jobs just claimed start first (the checkpoint lets their runners,
+                    # woken by _start, go before this loop sets up its wait).
+                    await anyio.lowlevel.checkpoint()
+                    await self._wait(5.0, for_jobs=True)
             if pending is not None:
                 await self._hand_back_lost_claim(*pending)
         finally:
@@ -741,9 +750,11 @@ class Worker(Generic[TIn, TOut]):
         each in a fresh copy of this task's context, so what a job sets in contextvars
         (its span, a handler's own variables) is its own, as in a task of its own."""
         queued = self._queued
+        # The event loop's own event class (anyio.Event() finds the backend each call).
+        event = type(anyio.Event())
         while True:
             if not queued:
-                wake = anyio.Event()
+                wake = event()
                 self._idle.append(wake)
                 await wake.wait()
                 continue

@@ -1138,7 +1138,7 @@ class RedisBroker(ScheduleOps, Broker):
         id) derives the same id per queue and round, which answers the same jobs.
 
         The claimed jobs, and per settled queue the completions' outcomes in order."""
-        self._notes.claim_sent(queues)
+        self._notes.claim_sent(queues, refill=bool(settles))
         pending = {q: list(group) for q, group in settles}
         outcomes: dict[str, list[Any]] = {}
         merged: list[Any] = [-1]  # one claim answer for all the calls
@@ -1214,7 +1214,7 @@ class RedisBroker(ScheduleOps, Broker):
         completed by the same script before it claims (its answer is then the pair)."""
         if not queues:
             raise ConfigError("claim needs at least one queue")
-        self._notes.claim_sent(queues)
+        self._notes.claim_sent(queues, refill=bool(settles))
         token = _request_token() if claim_id is None else check_claim_id(claim_id)
         # The claim record is keyed by this claim's token, not by the worker: a worker
         # has several claims in flight (claim loop, complete_and_claim), and a re-send

@@ -9,7 +9,9 @@ automatic retries on connection errors and timeouts with jittered exponential ba
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import sys
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -18,6 +20,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _hiredis_pack: Any
 try:
@@ -150,6 +154,44 @@ class _LostSendIsConnectionError:
     def pack_commands(self, commands: Any) -> list[bytes]:
         # One buffer per command: the transport joins them into one write.
         return [b"".join(self.pack_command(*command)) for command in commands]
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        """redis-py's send with its write timeout as ``asyncio.timeout`` instead of
+        ``asyncio.wait_for``, on Python 3.11 only: there wait_for runs every write in a
+        task of its own (measured 9.3 us against 3.5 us per call, and event-loop turns
+        before the command leaves). Same steps and errors as redis-py 8's; from 3.12 on
+        wait_for is built on asyncio.timeout and redis-py's own method runs."""
+        conn: Any = self
+        timeout = conn.socket_timeout
+        if sys.version_info >= (3, 12) or not timeout:
+            await super().send_packed_command(command, check_health)  # type: ignore[misc]
+            return
+        if not conn.is_connected:
+            await conn.connect_check_health(check_health=False)
+        if check_health:
+            await conn.check_health()
+        try:
+            if isinstance(command, str):
+                command = command.encode()
+            if isinstance(command, bytes):
+                command = [command]
+            async with asyncio.timeout(timeout):
+                await self._send_packed_command(command)
+        except TimeoutError:
+            await conn.disconnect(nowait=True)
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        except OSError as exc:
+            await conn.disconnect(nowait=True)
+            if len(exc.args) == 1:
+                err_no, errmsg = "UNKNOWN", exc.args[0]
+            else:
+                err_no, errmsg = exc.args[0], exc.args[1]
+            raise RedisConnectionError(
+                f"Error {err_no} while writing to socket. {errmsg}."
+            ) from exc
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
 
 
 def _with_lost_send_fix(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:

@@ -116,6 +116,14 @@ class _Shard:
             await self.client.aclose()
 
 
+def _key(queues: Sequence[str]) -> tuple[str, ...]:
+    """The set of ``queues`` whatever their order (claims rotate it, see
+    typedq.settling.QueueRotation; a wait names the worker's own order)."""
+    if len(queues) == 1:
+        return (queues[0],)
+    return tuple(sorted(set(queues)))
+
+
 async def _stop(task: asyncio.Task[Any] | None) -> None:
     """Cancel ``task`` and wait until it has ended."""
     while task is not None and not task.done():
@@ -309,10 +317,18 @@ class Notifications:
     def _gen(self, queues: Sequence[str]) -> int:
         return self._all_gen + sum(self._queue_gen.get(q, 0) for q in queues)
 
-    def claim_sent(self, queues: Sequence[str]) -> None:
+    def claim_sent(self, queues: Sequence[str], *, refill: bool = False) -> None:
         """A claim of ``queues`` is about to run: work published after now wakes the
-        next :meth:`wait_for_work` of these queues."""
-        self._claim_gen[tuple(queues)] = self._gen(queues)
+        next :meth:`wait_for_work` of these queues.
+
+        :param refill: the claim refills the slots of completions sent with it (a
+            worker's settle): it leaves the mark of the worker's own claim alone. A
+            refill takes at most as many jobs as it completes, so work published after
+            the worker's claim and before a refill may still wait; the worker's next
+            wait must return for it (else jobs wait while slots are free).
+        """
+        if not refill:
+            self._claim_gen[_key(queues)] = self._gen(queues)
         if self.sharded and not self._claimed.issuperset(queues):
             # The cancel requests of jobs claimed from these queues come on their own
             # channels: subscribe now (a confirmation wakes the cancel waiters).
@@ -323,7 +339,7 @@ class Notifications:
     def claim_answered(self, queues: Sequence[str], next_due_us: int) -> None:
         """The claim answered when the next scheduled job of ``queues`` is due, in
         microseconds from now (negative: none is scheduled)."""
-        key = tuple(queues)
+        key = _key(queues)
         if next_due_us >= 0:
             self._next_due[key] = time.monotonic() + next_due_us / MICRO
         else:
@@ -332,12 +348,12 @@ class Notifications:
     def look_again(self, queues: Sequence[str]) -> None:
         """The next :meth:`wait_for_work` of ``queues`` returns at once (more jobs may be
         claimable that no notification will announce)."""
-        self._claim_gen[tuple(queues)] = -1
+        self._claim_gen[_key(queues)] = -1
 
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
         """Return when work was published for ``queues`` since their last claim was sent,
         when a scheduled job of theirs is due, or after ``timeout`` seconds."""
-        key = tuple(queues)
+        key = _key(queues)
         start = self._claim_gen.get(key)
         if start is None:
             start = self._gen(queues)
@@ -469,6 +485,9 @@ class Notifications:
     async def _listen(self) -> None:
         failures = 0
         alive = _KeepAlive()
+        # The event loop's own scope class: one scope per message read, and
+        # anyio.CancelScope() finds the backend anew on every call.
+        scope_class = type(anyio.CancelScope())
         assert self._client is not None
         pubsub = self._pubsub = self._client.pubsub()
         while True:
@@ -477,7 +496,7 @@ class Notifications:
                     channels = sorted(self._pending)
                     await pubsub.subscribe(*channels)
                     self._pending.difference_update(channels)
-                with anyio.CancelScope() as scope:
+                with scope_class() as scope:
                     self._read_scope = scope
                     message = await pubsub.get_message(timeout=1.0)
                 self._read_scope = None
@@ -497,6 +516,10 @@ class Notifications:
                 alive.heard()
                 failures = 0
                 self._dispatch(message)
+                # Let whoever this woke (a worker's claim loop) run before this task
+                # re-arms its read (tens of microseconds in redis-py): the claim goes out
+                # that much sooner.
+                await asyncio.sleep(0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
