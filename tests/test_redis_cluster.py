@@ -547,3 +547,16 @@ async def test_a_primary_fails_over_mid_run_and_nothing_is_lost(
     assert set(runs.values()) == {1}
     assert counts[JobState.COMPLETED] == total
     assert counts[JobState.FAILED] == 0
+
+
+async def test_a_claim_over_queues_of_several_slots_takes_as_many_jobs_as_asked(url: str) -> None:
+    """A claim over queues on several slots counts each slot's jobs by the claim answer's
+    fields per job: a queue that gave its full share and one that ran short leave the
+    rest to a second round, and the claim takes exactly what was asked for."""
+    async with broker_at(url, "count") as broker:
+        await broker.enqueue([message(f"a{i}", queue="a") for i in range(20)])
+        await broker.enqueue([message(f"b{i}", queue="b") for i in range(2)])
+        held = await broker.claim(["a", "b"], 16, worker_id="w", lease=30)
+        assert len(held) == 16
+        assert sorted(j.message.id for j in held if j.message.queue == "b") == ["b0", "b1"]
+        assert len({j.message.id for j in held}) == 16

@@ -93,6 +93,9 @@ from .scripts import LIBRARY, SHARDED_LIBRARY
 
 __all__ = ["RedisBroker"]
 
+#: Fields per job in a claim script's answer (after its first item, the next due time):
+#: id, body, token, attempt, enqueued_at, stalls, queue, due time (claim.lua).
+_CLAIMED_FIELDS = 8
 #: Bounds of one pipeline of enqueue_batches: scripts, and bytes of job bodies.
 _PIPELINE_SCRIPTS = 32
 _PIPELINE_BYTES = 8 * 1024 * 1024
@@ -1187,7 +1190,7 @@ class RedisBroker(ScheduleOps, Broker):
                     reply, outcomes[q] = reply[0], list(reply[1])
                 dues.append(int(reply[0]))
                 merged.extend(reply[1:])
-                got = (len(reply) - 1) // 7
+                got = (len(reply) - 1) // _CLAIMED_FIELDS
                 wanted -= got
                 if got < share:
                     short.add(q)  # it has no more for now
@@ -1251,8 +1254,8 @@ class RedisBroker(ScheduleOps, Broker):
         self._notes.claim_answered(queues, int(reply[0]))
         claimed: list[ClaimedJob] = []
         broken: list[Failure] = []
-        for i in range(1, len(reply), 8):
-            job_id, raw, tok, attempt, enqueued, stalls, queue, due = reply[i : i + 8]
+        for i in range(1, len(reply), _CLAIMED_FIELDS):
+            job_id, raw, tok, attempt, enqueued, stalls, queue, due = reply[i : i + _CLAIMED_FIELDS]
             job_id, tok = text(job_id), text(tok)
             self._held[tok] = (job_id, text(queue))
             try:
