@@ -519,7 +519,8 @@ end
 local flow_settle
 -- Per job key, its flow link {fl, fm, fs, fq} or false, when the script already read
 -- it (complete and fail do, with the fields they read anyway): finalize then needs no
--- read of its own. `fq` is the queue of the flow's own job (where the flow record is;
+-- read of its own; true: a job of a flow whose link finalize reads with its outcome
+-- (complete reads only 'fl', so a job of no flow pays no lookup of absent fields). `fq` is the queue of the flow's own job (where the flow record is;
 -- absent on jobs of the previous layout: the job's own queue).
 local flow_links = {}
 local function flow_link_of(q, id, fl, fm, fs, fq)
@@ -579,6 +580,13 @@ local function finalize(id, q, from, state, now, extra)
   note_done(q, id)
   emit_event(id, q, state)
   local fl = flow_links[jk]
+  if fl == true then
+    -- A job of a flow whose link was not read yet (complete_one): link and outcome in
+    -- one read.
+    local r = redis.call('HMGET', jk, 'fl', 'fm', 'fs', 'fq', 'res', 'err')
+    if r[1] then flow_settle(r[4] or q, r[1], r[2], r[3], state, r[5], r[6], now, q, id) end
+    return
+  end
   if fl == nil then
     fl = redis.call('HMGET', jk, 'fl', 'fm', 'fs', 'fq')
     if not fl[1] then fl = false elseif not fl[4] then fl[4] = q end
@@ -608,10 +616,13 @@ end
 -- and a claim that settles its worker's completions first). The outcome: 0 OK,
 -- 1 ALREADY_FINISHED (same token: a re-sent request), 2 LEASE_LOST, 3 NOT_FOUND.
 local function complete_one(q, id, tok, res, now)
-  local r = read_hash(q, id, 's', 't', 'd', 'ck', 'fl', 'fm', 'fs', 'fq')
+  -- A workflow's other fields (fm, fs, fq) are read only for a job of a flow ('fl'): a
+  -- field a hash does not hold costs HMGET a scan of the whole hash.
+  local r = read_hash(q, id, 's', 't', 'd', 'ck', 'fl')
   if not r then return not_active_answer(q, id) end
   if r[1] == 'a' and r[2] == tok then
-    flow_link_of(q, id, r[5], r[6], r[7], r[8])
+    -- (true: a job of a flow whose link finalize reads, with the result it reads anyway)
+    flow_links[k_job(q, id)] = r[5] and true or false
     redis.call('ZREM', k_active(q), id)
     free_slot(id, q, r[4])
     -- The token is cleared in the same HSET (every reader of 't' checks the state 'a'
