@@ -443,12 +443,18 @@ local function activate_entry(v, q, prio)
   redis.call('HDEL', f.ik, id)
   claimed = claimed + 1
   local tok = token .. '.' .. claimed
-  local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
-    'st', last_now_text, 'w', worker}
-  if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
-  if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
-  if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
-  redis.call('HSET', k_job(q, id), unpack(fields))
+  if prio == '0' and not slot and not f.r then
+    -- The common case, without a table of the fields and its unpack.
+    redis.call('HSET', k_job(q, id), 'm', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1',
+      't', tok, 'st', last_now_text, 'w', worker)
+  else
+    local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
+      'st', last_now_text, 'w', worker}
+    if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
+    if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
+    if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
+    redis.call('HSET', k_job(q, id), unpack(fields))
+  end
   local n = #out
   out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
   out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
