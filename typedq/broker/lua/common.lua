@@ -382,7 +382,30 @@ local function flush_rollups()
   end
   rollups = {}
 end
+-- A batch of completions (complete_one) writes the active and done sorted sets once per
+-- key, at the end (flush_zsets), instead of one ZREM and one ZADD per job: a command
+-- costs a script more than the members it adds. Nothing a completion runs reads these
+-- sets; trim and flush_counts write them first. zbatch (batch_zsets(true), by a script
+-- that completes more than one job, for the rest of its call): complete_one and finalize
+-- defer, into active_rems (active set key -> ids) and done_adds (done set key -> score,
+-- id, score, id, ...). Made per call only when used: a one-job call pays nothing.
+local zbatch, active_rems, done_adds
+local function batch_zsets(on)
+  zbatch = on
+  if on and not active_rems then active_rems, done_adds = {}, {} end
+end
+local function flush_zsets()
+  if not zbatch then return end
+  for key, ids in pairs(active_rems) do
+    for s = 1, #ids, 500 do redis.call('ZREM', key, unpack(ids, s, math.min(s + 499, #ids))) end
+  end
+  for key, m in pairs(done_adds) do
+    for s = 1, #m, 1000 do redis.call('ZADD', key, unpack(m, s, math.min(s + 999, #m))) end
+  end
+  active_rems, done_adds = {}, {}
+end
 local function flush_counts()
+  flush_zsets()
   flush_rollups()
   for q, m in pairs(deltas) do
     for s, d in pairs(m) do
@@ -485,6 +508,7 @@ end
 -- Retention: drop the oldest finished jobs of one state of queue `q` while there are
 -- more than `cap` or they are older than `ttl`; at most `budget` per call (bounded work).
 local function trim(q, state, now, ttl, cap, budget)
+  flush_zsets()
   local zkey = k_done(q, state)
   local over = redis.call('ZCARD', zkey) - cap
   local expired = redis.call('ZCOUNT', zkey, '-inf', '(' .. string.format('%d', now - ttl))
@@ -573,7 +597,13 @@ local function finalize(id, q, from, state, now, extra)
     redis.call('HSET', jk, 's', state, 'fa', at)
   end
   if not extra or extra[#extra - 1] ~= 't' then redis.call('HDEL', jk, 't') end
-  redis.call('ZADD', done_key, at, id)
+  if zbatch then
+    local m = done_adds[done_key]
+    if not m then m = {}; done_adds[done_key] = m end
+    m[#m + 1], m[#m + 2] = at, id
+  else
+    redis.call('ZADD', done_key, at, id)
+  end
   count(q, from, -1)
   count(q, state, 1)
   if state == 'c' or state == 'f' then roll(q, state) end
@@ -623,7 +653,14 @@ local function complete_one(q, id, tok, res, now)
   if r[1] == 'a' and r[2] == tok then
     -- (true: a job of a flow whose link finalize reads, with the result it reads anyway)
     flow_links[k_job(q, id)] = r[5] and true or false
-    redis.call('ZREM', k_active(q), id)
+    local ak = k_active(q)
+    if zbatch then
+      local ids = active_rems[ak]
+      if not ids then ids = {}; active_rems[ak] = ids end
+      ids[#ids + 1] = id
+    else
+      redis.call('ZREM', ak, id)
+    end
     free_slot(id, q, r[4])
     -- The token is cleared in the same HSET (every reader of 't' checks the state 'a'
     -- first): one HDEL fewer per job.
