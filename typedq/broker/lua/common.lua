@@ -544,8 +544,9 @@ local flow_settle
 -- Per job key, its flow link {fl, fm, fs, fq} or false, when the script already read
 -- it (complete and fail do, with the fields they read anyway): finalize then needs no
 -- read of its own; true: a job of a flow whose link finalize reads with its outcome
--- (complete reads only 'fl', so a job of no flow pays no lookup of absent fields). `fq` is the queue of the flow's own job (where the flow record is;
--- absent on jobs of the previous layout: the job's own queue).
+-- (complete reads only 'fl', so a job of no flow pays no lookup of absent fields). `fq`
+-- is the queue of the flow's own job (where the flow record is; absent on jobs of the
+-- previous layout: the job's own queue).
 local flow_links = {}
 local function flow_link_of(q, id, fl, fm, fs, fq)
   if fl then flow_links[k_job(q, id)] = {fl, fm, fs, fq or q} else flow_links[k_job(q, id)] = false end
