@@ -6,6 +6,14 @@ Run: ``.venv/bin/python -m bench.script_cost [--concurrency 1,16] [--jobs 20000]
 ``INFO commandstats`` (the end-to-end mix of C=1 and C=16 in isolation: at C=1 a worker's
 calls hold one job, at C=16 about 16).
 
+``--callgrind [--batch 1,16] [--calls 200]``: the same calls (and settle+claim, a worker's
+steady state: the completions of the previous claim sent with the next claim) against the
+system redis-server run under ``valgrind --tool=callgrind``, reporting the instructions
+redis-server executed per call and per job. Deterministic (same code, same count, to a
+fraction of a percent) however loaded the box is, where wall-clock and CPU-time A/Bs are
+not; valgrind makes Redis ~50x slower, so keep ``--calls`` small. Includes each command's
+parsing and reply (what a FCALL costs Redis), not the client's side.
+
 ``INFO commandstats`` sums every script under one command (FCALL, or EVALSHA before the
 function library), so this runs the end-to-end workload with Redis's slow log keeping
 every command (``slowlog-log-slower-than 0``) and sums the logged durations per script: a
@@ -18,7 +26,15 @@ log itself costs Redis some CPU, so take CPU per job from redis_bench.py, not he
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
+import shutil
+import socket
 import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -153,6 +169,126 @@ async def main_micro(batches: list[int], rounds: int) -> None:
             print(f"batch {b:<3} (median of {rounds}) {line}", flush=True)
 
 
+@contextlib.contextmanager
+def callgrind_server() -> Iterator[tuple[str, Callable[[], int]]]:
+    """redis-server under callgrind on a free port: its URL, and a function that returns
+    the instructions it executed since the previous call (``callgrind_control -d``)."""
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    work = tempfile.mkdtemp(prefix="typedq-callgrind-")
+    proc = subprocess.Popen(
+        [
+            *("valgrind", "--tool=callgrind", "--dump-instr=no", "--compress-strings=no"),
+            f"--callgrind-out-file={work}/cg.out.%p",
+            *(shutil.which("redis-server") or "redis-server", "--port", str(port)),
+            *("--save", "", "--appendonly", "no", "--hz", "1", "--dir", work),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def dump() -> int:
+        """Instructions since the previous dump (each dump file holds only its interval)."""
+        before = set(glob.glob(f"{work}/cg.out.*"))
+        subprocess.run(
+            ["callgrind_control", "-d", str(proc.pid)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+        )
+        for _ in range(1200):
+            for f in set(glob.glob(f"{work}/cg.out.*")) - before:
+                with open(f) as lines:
+                    for line in lines:
+                        if line.startswith(("totals:", "summary:")):
+                            return int(line.split()[1])
+            time.sleep(0.05)
+        raise RuntimeError("callgrind wrote no dump")
+
+    try:
+        import redis
+
+        client = redis.Redis(port=port)
+        for _ in range(600):
+            with contextlib.suppress(redis.ConnectionError):
+                client.ping()
+                break
+            time.sleep(0.1)
+        client.close()
+        yield f"redis://127.0.0.1:{port}", dump
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def callgrind(batch: int, calls: int, dump: Callable[[], int]) -> dict[str, float]:
+    """Script -> instructions of redis-server per call (``batch`` jobs per call) of
+    enqueue, claim, complete and settle+claim, in a queue holding a few hundred jobs."""
+    from typedq.broker.base import Completion, JobMessage
+
+    broker: Any = redis_bench.app.broker
+    body = b"\x93\xa4noop\xc4\x10" + b"x" * 16 + b"\x80"
+    serial = iter(range(10**9))
+
+    def batch_of() -> list[JobMessage]:
+        return [
+            JobMessage(id=f"m{next(serial)}", task="noop", queue="mq", payload=body)
+            for _ in range(batch)
+        ]
+
+    async def phase(n: int, step: Callable[[], Awaitable[None]]) -> float:
+        dump()
+        for _ in range(n):
+            await step()
+        return dump() / n
+
+    async def enqueue() -> None:
+        await broker.enqueue(batch_of())
+
+    held: list[Any] = []
+
+    async def claim() -> None:
+        held.append(await broker.claim(["mq"], batch, worker_id="w", lease=600))
+
+    async def complete() -> None:
+        jobs = held.pop()
+        await broker.complete([Completion(j.message.id, j.token, b"\xc0") for j in jobs])
+
+    async def settle_claim() -> None:
+        jobs = held.pop()
+        items = [Completion(j.message.id, j.token, b"\xc0") for j in jobs]
+        _, claimed = await broker.complete_and_claim(items, ["mq"], batch, worker_id="w", lease=600)
+        held.append(claimed)
+
+    out: dict[str, float] = {}
+    # Warm: jobs for every claim below, one call of each script (first-call costs).
+    for _ in range(calls + 2):
+        await enqueue()
+    await claim()
+    await complete()
+    out["enqueue"] = await phase(calls, enqueue)
+    half = max(1, calls // 2)
+    out["claim"] = await phase(half, claim)
+    out["complete"] = await phase(half, complete)
+    await claim()
+    out["settle+claim"] = await phase(half, settle_claim)
+    return out
+
+
+async def main_callgrind(batches: list[int], calls: int) -> None:
+    with callgrind_server() as (url, dump):
+        redis_bench.app.use_broker(url)
+        for b in batches:
+            async with fresh(url):
+                res = await callgrind(b, calls, dump)
+            line = ", ".join(f"{k} {v / 1e3:.1f}k ({v / b / 1e3:.1f}k/job)" for k, v in res.items())
+            print(f"batch {b:<3} instructions per call: {line}", flush=True)
+
+
 async def main(concurrency: list[int], jobs: int) -> None:
     with redis_server() as url:
         redis_bench.app.use_broker(url)
@@ -170,10 +306,18 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", default="1,16", help="comma-separated (default 1,16)")
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per run (default 20000)")
     parser.add_argument("--micro", action="store_true", help="enqueue/claim/complete alone")
-    parser.add_argument("--batch", default="1,16", help="--micro: jobs per call (default 1,16)")
+    parser.add_argument(
+        "--callgrind", action="store_true", help="instructions per call, redis under valgrind"
+    )
+    parser.add_argument("--calls", type=int, default=200, help="--callgrind: calls per script")
+    parser.add_argument(
+        "--batch", default="1,16", help="--micro/--callgrind: jobs per call (default 1,16)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="--micro: rounds (default 3)")
     args = parser.parse_args()
-    if args.micro:
+    if args.callgrind:
+        anyio.run(main_callgrind, [int(b) for b in args.batch.split(",")], args.calls)
+    elif args.micro:
         anyio.run(main_micro, [int(b) for b in args.batch.split(",")], args.rounds)
     else:
         anyio.run(main, [int(c) for c in args.concurrency.split(",")], args.jobs)

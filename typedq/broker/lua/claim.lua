@@ -80,6 +80,9 @@ local out = {-1}
 local settled = nil
 if settles then
   settled = {}
+  local total = 0
+  for _, g in ipairs(settles) do total = total + g[5] end
+  batch_zsets(total > 1)  -- one write per sorted set, not per job (common.lua)
   for _, g in ipairs(settles) do
     local sq, b = g[1], g[4]
     for i = 0, g[5] - 1 do
@@ -423,6 +426,9 @@ local function live_head(q)
 end
 local lease_until = num_text(now + lease)
 local ids = {}
+-- A claim of several jobs puts their leases into each queue's active set in one ZADD at
+-- the end, not one per job (nothing below reads the set): queue -> lease_until, id, ...
+local leases = limit > 1 and {}
 
 -- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
 local function activate_entry(v, q, prio)
@@ -443,17 +449,29 @@ local function activate_entry(v, q, prio)
   redis.call('HDEL', f.ik, id)
   claimed = claimed + 1
   local tok = token .. '.' .. claimed
-  local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
-    'st', last_now_text, 'w', worker}
-  if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
-  if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
-  if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
-  redis.call('HSET', k_job(q, id), unpack(fields))
+  if prio == '0' and not slot and not f.r then
+    -- The common case, without a table of the fields and its unpack.
+    redis.call('HSET', k_job(q, id), 'm', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1',
+      't', tok, 'st', last_now_text, 'w', worker)
+  else
+    local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
+      'st', last_now_text, 'w', worker}
+    if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
+    if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
+    if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
+    redis.call('HSET', k_job(q, id), unpack(fields))
+  end
   local n = #out
   out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
   out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
   out[n + 8] = tonumber(f.r) or 0
-  redis.call('ZADD', k_active(q), lease_until, id)
+  if leases then
+    local m = leases[q]
+    if not m then m = {}; leases[q] = m end
+    m[#m + 1], m[#m + 2] = lease_until, id
+  else
+    redis.call('ZADD', k_active(q), lease_until, id)
+  end
   count(q, 'w', -1)
   count(q, 'a', 1)
   ids[#ids + 1] = q .. '|' .. id
@@ -521,7 +539,13 @@ local function activate(id, q, prio)
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
     out[n + 8] = tonumber(f.r) or 0
   end
-  redis.call('ZADD', k_active(q), lease_until, id)
+  if leases then
+    local m = leases[q]
+    if not m then m = {}; leases[q] = m end
+    m[#m + 1], m[#m + 2] = lease_until, id
+  else
+    redis.call('ZADD', k_active(q), lease_until, id)
+  end
   count(q, 'w', -1)
   count(q, 'a', 1)
   ids[#ids + 1] = q .. '|' .. id
@@ -564,6 +588,13 @@ while claimed < limit and pops < max_pops do
   end
 end
 
+if leases then
+  for q, m in pairs(leases) do
+    for s = 1, #m, 1000 do
+      redis.call('ZADD', k_active(q), unpack(m, s, math.min(s + 999, #m)))
+    end
+  end
+end
 if claimed > 0 then
   redis.call('SET', KEYS[3], token .. '\n' .. table.concat(ids, '\n'), 'PX', REQ_TTL_MS)
 end

@@ -382,7 +382,30 @@ local function flush_rollups()
   end
   rollups = {}
 end
+-- A batch of completions (complete_one) writes the active and done sorted sets once per
+-- key, at the end (flush_zsets), instead of one ZREM and one ZADD per job: a command
+-- costs a script more than the members it adds. Nothing a completion runs reads these
+-- sets; trim and flush_counts write them first. zbatch (batch_zsets(true), by a script
+-- that completes more than one job, for the rest of its call): complete_one and finalize
+-- defer, into active_rems (active set key -> ids) and done_adds (done set key -> score,
+-- id, score, id, ...). Made per call only when used: a one-job call pays nothing.
+local zbatch, active_rems, done_adds
+local function batch_zsets(on)
+  zbatch = on
+  if on and not active_rems then active_rems, done_adds = {}, {} end
+end
+local function flush_zsets()
+  if not zbatch then return end
+  for key, ids in pairs(active_rems) do
+    for s = 1, #ids, 500 do redis.call('ZREM', key, unpack(ids, s, math.min(s + 499, #ids))) end
+  end
+  for key, m in pairs(done_adds) do
+    for s = 1, #m, 1000 do redis.call('ZADD', key, unpack(m, s, math.min(s + 999, #m))) end
+  end
+  active_rems, done_adds = {}, {}
+end
 local function flush_counts()
+  flush_zsets()
   flush_rollups()
   for q, m in pairs(deltas) do
     for s, d in pairs(m) do
@@ -485,6 +508,7 @@ end
 -- Retention: drop the oldest finished jobs of one state of queue `q` while there are
 -- more than `cap` or they are older than `ttl`; at most `budget` per call (bounded work).
 local function trim(q, state, now, ttl, cap, budget)
+  flush_zsets()
   local zkey = k_done(q, state)
   local over = redis.call('ZCARD', zkey) - cap
   local expired = redis.call('ZCOUNT', zkey, '-inf', '(' .. string.format('%d', now - ttl))
@@ -519,8 +543,10 @@ end
 local flow_settle
 -- Per job key, its flow link {fl, fm, fs, fq} or false, when the script already read
 -- it (complete and fail do, with the fields they read anyway): finalize then needs no
--- read of its own. `fq` is the queue of the flow's own job (where the flow record is;
--- absent on jobs of the previous layout: the job's own queue).
+-- read of its own; true: a job of a flow whose link finalize reads with its outcome
+-- (complete reads only 'fl', so a job of no flow pays no lookup of absent fields). `fq`
+-- is the queue of the flow's own job (where the flow record is; absent on jobs of the
+-- previous layout: the job's own queue).
 local flow_links = {}
 local function flow_link_of(q, id, fl, fm, fs, fq)
   if fl then flow_links[k_job(q, id)] = {fl, fm, fs, fq or q} else flow_links[k_job(q, id)] = false end
@@ -572,13 +598,26 @@ local function finalize(id, q, from, state, now, extra)
     redis.call('HSET', jk, 's', state, 'fa', at)
   end
   if not extra or extra[#extra - 1] ~= 't' then redis.call('HDEL', jk, 't') end
-  redis.call('ZADD', done_key, at, id)
+  if zbatch then
+    local m = done_adds[done_key]
+    if not m then m = {}; done_adds[done_key] = m end
+    m[#m + 1], m[#m + 2] = at, id
+  else
+    redis.call('ZADD', done_key, at, id)
+  end
   count(q, from, -1)
   count(q, state, 1)
   if state == 'c' or state == 'f' then roll(q, state) end
   note_done(q, id)
   emit_event(id, q, state)
   local fl = flow_links[jk]
+  if fl == true then
+    -- A job of a flow whose link was not read yet (complete_one): link and outcome in
+    -- one read.
+    local r = redis.call('HMGET', jk, 'fl', 'fm', 'fs', 'fq', 'res', 'err')
+    if r[1] then flow_settle(r[4] or q, r[1], r[2], r[3], state, r[5], r[6], now, q, id) end
+    return
+  end
   if fl == nil then
     fl = redis.call('HMGET', jk, 'fl', 'fm', 'fs', 'fq')
     if not fl[1] then fl = false elseif not fl[4] then fl[4] = q end
@@ -608,11 +647,21 @@ end
 -- and a claim that settles its worker's completions first). The outcome: 0 OK,
 -- 1 ALREADY_FINISHED (same token: a re-sent request), 2 LEASE_LOST, 3 NOT_FOUND.
 local function complete_one(q, id, tok, res, now)
-  local r = read_hash(q, id, 's', 't', 'd', 'ck', 'fl', 'fm', 'fs', 'fq')
+  -- A workflow's other fields (fm, fs, fq) are read only for a job of a flow ('fl'): a
+  -- field a hash does not hold costs HMGET a scan of the whole hash.
+  local r = read_hash(q, id, 's', 't', 'd', 'ck', 'fl')
   if not r then return not_active_answer(q, id) end
   if r[1] == 'a' and r[2] == tok then
-    flow_link_of(q, id, r[5], r[6], r[7], r[8])
-    redis.call('ZREM', k_active(q), id)
+    -- (true: a job of a flow whose link finalize reads, with the result it reads anyway)
+    flow_links[k_job(q, id)] = r[5] and true or false
+    local ak = k_active(q)
+    if zbatch then
+      local ids = active_rems[ak]
+      if not ids then ids = {}; active_rems[ak] = ids end
+      ids[#ids + 1] = id
+    else
+      redis.call('ZREM', ak, id)
+    end
     free_slot(id, q, r[4])
     -- The token is cleared in the same HSET (every reader of 't' checks the state 'a'
     -- first): one HDEL fewer per job.

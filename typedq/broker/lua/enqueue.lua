@@ -9,21 +9,36 @@
 -- KEYS[1] = the first job's queue's order counter, KEYS[2] = this call's request record
 -- (on that queue's slot). On Redis Cluster every job of a call is of one queue.
 -- Each queue's order counter numbers its own jobs.
--- ARGV: P, max_queue_length, n, then n x (id, queue, priority, eta_us, delay_us, body)
+-- ARGV: P, max_queue_length, n, then n x (id, queue, priority, eta_us, delay_us, body),
+--   or, when every job of the call has the same queue, priority, eta and delay (a bulk
+--   enqueue: the usual case), P, max_queue_length, n, '', queue, priority, eta_us,
+--   delay_us, then n x (id, body): two arguments per job instead of six ('' in place of
+--   the first id tells the forms apart: an id is never empty).
 local limit, n = tonumber(ARGV[2]), tonumber(ARGV[3])
-if not limit or not is_int(n) or n < 0 or #ARGV ~= 3 + 6 * n then return bad_args('enqueue') end
+local shared = ARGV[4] == ''
+-- Job i's arguments start at ARGV[first + stride * i]: its id, then (one per job) its
+-- queue, priority, eta, delay, then its body at + body_at.
+local first, stride, body_at = 4, 6, 5
+if shared then first, stride, body_at = 9, 2, 1 end
+if not limit or not is_int(n) or n < 0 or #ARGV ~= first - 1 + stride * n then
+  return bad_args('enqueue')
+end
 -- (A '0' is taken as it is: most jobs have priority, eta and delay 0, and every tonumber
--- of a string is a strtod.)
+-- of a string is a strtod. A queue name holds no '|': the job string's fields are
+-- separated by it.)
 for i = 0, n - 1 do
-  local b = 4 + 6 * i
-  -- (a queue name holds no '|': the job string's fields are separated by it)
-  if ARGV[b] == '' or ARGV[b + 1] == '' or string.find(ARGV[b + 1], '|', 1, true)
-      or (ARGV[b + 2] ~= '0' and not is_int(ARGV[b + 2]))
-      or (ARGV[b + 3] ~= '0' and not tonumber(ARGV[b + 3]))
-      or (ARGV[b + 4] ~= '0' and not tonumber(ARGV[b + 4])) then
+  local b = first + stride * i
+  local q, prio, eta, delay = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+  if not shared then q, prio, eta, delay = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4] end
+  if ARGV[b] == '' or ((i == 0 or not shared) and (q == '' or string.find(q, '|', 1, true)
+      or (prio ~= '0' and not is_int(prio)) or (eta ~= '0' and not tonumber(eta))
+      or (delay ~= '0' and not tonumber(delay)))) then
     return bad_args('enqueue')
   end
 end
+-- The shared queue, priority, eta and delay (nil: each job has its own).
+local sq, sprio, seta, sdelay
+if shared then sq, sprio, seta, sdelay = ARGV[5], ARGV[6], ARGV[7], ARGV[8] end
 
 local prev = redis.pcall('GET', KEYS[2])
 if type(prev) == 'string' and #prev == n then
@@ -36,9 +51,9 @@ local now = now_us()
 local new, adding, fresh = {}, {}, 0
 local seen = n > 1 and {}  -- (one job: no repeats to look for)
 for i = 0, n - 1 do
-  local b = 4 + 6 * i
-  local id, q = ARGV[b], ARGV[b + 1]
-  local key = seen and q .. '|' .. id
+  local b = first + stride * i
+  local id, q = ARGV[b], sq or ARGV[b + 1]
+  local key = seen and (sq and id or q .. '|' .. id)
   local ik = not (seen and seen[key]) and redis.call('EXISTS', k_job(q, id)) == 0 and k_idx(q, id)
   if ik and redis.call('HEXISTS', ik, id) == 0 then
     new[i] = ik  -- the id's index bucket (one SHA1 per job)
@@ -64,10 +79,10 @@ local out = {}
 local lists, list_order = {}, {}
 local now_text = last_now_text
 for i = 0, n - 1 do
-  local b = 4 + 6 * i
+  local b = first + stride * i
   if new[i] then
-    local id, q, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2]
-    local eta, delay = ARGV[b + 3], ARGV[b + 4]
+    local id, q, prio, eta, delay = ARGV[b], sq, sprio, seta, sdelay
+    if not shared then q, prio, eta, delay = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4] end
     local run_at = 0
     if eta ~= '0' and tonumber(eta) > 0 then
       run_at = tonumber(eta)
@@ -78,7 +93,7 @@ for i = 0, n - 1 do
     orders[q] = order
     if run_at > now then
       local f = {s = 's', q = q, o = order, e = now, p = prio ~= '0' and prio, r = run_at,
-        m = ARGV[b + 5]}
+        m = ARGV[b + body_at]}
       redis.call('SET', k_job(q, id), pack_rec(f))
       redis.call('ZADD', k_sched(q), run_at, id)
       count(q, 's', 1)
@@ -91,7 +106,7 @@ for i = 0, n - 1 do
         list_order[#list_order + 1] = {lk, q, prio}
       end
       local o = int_text(order)
-      l[#l + 1] = pack_entry(id, o, now_text, ARGV[b + 5])
+      l[#l + 1] = pack_entry(id, o, now_text, ARGV[b + body_at])
       redis.call('HSET', new[i], id, idx_val(o, prio))
       count(q, 'w', 1)
     end
