@@ -1394,7 +1394,8 @@ class RedisBroker(ScheduleOps, Broker):
         (its slot), all sent at once (see :meth:`_claim_per_slot`)."""
         # A traced fan-out member's span goes with its completion (complete.lua), not
         # in the claim's settle section: rare, so one more round trip then.
-        if not items or limit <= 0 or not queues or any(c.span for c in items):
+        # (A list, not a generator: no generator step per completion.)
+        if not items or limit <= 0 or not queues or any([c.span for c in items]):
             return await super().complete_and_claim(
                 items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
             )
