@@ -92,13 +92,6 @@ if settles then
     trim(sq, 'c', now, g[2], g[3], g[5] + 100)
   end
 end
--- The answer: with a settle section, the claim's and the completions' outcomes.
-local function answer()
-  if not settled then return out end
-  flush_counts()
-  publish()
-  return flow_reply({out, settled})
-end
 
 -- A re-sent claim: hand back what the first copy claimed (still ours), nothing new.
 local prev = redis.pcall('GET', KEYS[3])
@@ -115,7 +108,8 @@ if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' t
       out[n + 8] = tonumber(r[8]) or 0
     end
   end
-  return answer()
+  if settled then return settle_answer(out, settled) end
+  return out
 end
 
 -- Promote due scheduled jobs (bounded per call; the rest next time). A promoted job keeps
@@ -377,51 +371,56 @@ if limit > 0 then
   end
 end
 
--- The best non-empty priority level of a queue: its priority and list key.
-local function head_of(q)
-  while true do
-    local t = redis.call('ZRANGE', k_levels(q), '0', '0')
-    if #t == 0 then return nil end
-    local lk = k_wait(q, t[1])
-    if redis.call('TYPE', lk).ok == 'list' then return t[1], lk end
-    redis.call('ZREM', k_levels(q), t[1])
-  end
-end
-
 local claimed, pops = 0, 0
 local max_pops = limit + 1000  -- stale entries are skipped, but not without bound
 
--- The enqueue time of a level's head job, for comparing queues (each queue numbers
--- its own jobs, so their orders do not compare). Stale entries at the head are popped
--- first: nil when the list ran empty. An entry with no readable job compares as
--- oldest (activate decides).
-local function head_order(q, prio, lk)
-  while pops < max_pops do
-    local id = redis.call('LINDEX', lk, -1)
-    if not id then return nil end
-    if not is_bare(id) then
-      local f = parse_entry(id)
-      if f and entry_live(q, prio, f) then return tonumber(f.e) or 0 end
-    elseif not take_stale(q, prio, id) then
-      local r = read_keyed(q, id, 's', 'q', 'p', 'e')
-      if not r then return 0 end
-      if r[1] == 'w' and (not r[2] or r[2] == q) and sane_prio(r[3]) == prio then
-        return tonumber(r[4]) or 0
-      end
+-- The best level of one queue with a live head (priority, list key, head order), for
+-- comparing queues: made only for a claim over several queues (one queue pops its best
+-- level directly, below), so a usual claim makes none of these closures.
+local live_head
+if nq > 1 then
+  -- The best non-empty priority level of a queue: its priority and list key.
+  local function head_of(q)
+    while true do
+      local t = redis.call('ZRANGE', k_levels(q), '0', '0')
+      if #t == 0 then return nil end
+      local lk = k_wait(q, t[1])
+      if redis.call('TYPE', lk).ok == 'list' then return t[1], lk end
+      redis.call('ZREM', k_levels(q), t[1])
     end
-    redis.call('RPOP', lk)
-    pops = pops + 1
   end
-  return 0
-end
 
--- The best level of one queue with a live head: priority, list key, head order.
-local function live_head(q)
-  while true do
-    local prio, lk = head_of(q)
-    if not prio then return nil end
-    local o = head_order(q, prio, lk)
-    if o then return prio, lk, o end
+  -- The enqueue time of a level's head job, for comparing queues (each queue numbers
+  -- its own jobs, so their orders do not compare). Stale entries at the head are popped
+  -- first: nil when the list ran empty. An entry with no readable job compares as
+  -- oldest (activate decides).
+  local function head_order(q, prio, lk)
+    while pops < max_pops do
+      local id = redis.call('LINDEX', lk, -1)
+      if not id then return nil end
+      if not is_bare(id) then
+        local f = parse_entry(id)
+        if f and entry_live(q, prio, f) then return tonumber(f.e) or 0 end
+      elseif not take_stale(q, prio, id) then
+        local r = read_keyed(q, id, 's', 'q', 'p', 'e')
+        if not r then return 0 end
+        if r[1] == 'w' and (not r[2] or r[2] == q) and sane_prio(r[3]) == prio then
+          return tonumber(r[4]) or 0
+        end
+      end
+      redis.call('RPOP', lk)
+      pops = pops + 1
+    end
+    return 0
+  end
+
+  live_head = function(q)
+    while true do
+      local prio, lk = head_of(q)
+      if not prio then return nil end
+      local o = head_order(q, prio, lk)
+      if o then return prio, lk, o end
+    end
   end
 end
 local lease_until = num_text(now + lease)
@@ -619,6 +618,6 @@ if claimed < limit then
     if next_due then out[1] = math.max(0, next_due - now) end
   end
 end
-if settled then return answer() end
+if settled then return settle_answer(out, settled) end
 flush_counts()
 return out

@@ -824,6 +824,15 @@ local function flow_reply(r)
   end
   return t
 end
+
+-- The answer of a claim with a settle section (claim.lua): the claim's answer and the
+-- completions' outcomes, once the completions' counts are written and announced.
+local function settle_answer(out, settled)
+  flush_counts()
+  publish()
+  return flow_reply({out, settled})
+end
+
 -- The reaper: hand back up to `limit` entries of queue q's outbox written `age` µs or
 -- more ago (their writer died before it applied them, or its apply failed).
 local function flow_outbox_due(q, now, age, limit)
