@@ -39,7 +39,9 @@ for i = 1, nq do
   queues[i] = ARGV[6 + i]
 end
 local cfg, has_limits = {}, false
-local settles = nil  -- {queue, ttl, cap, first ARGV index, n} per settled queue
+-- Per settled queue, five entries: queue, ttl, cap, its first item's ARGV index, n (one
+-- flat table, not one per queue: a call makes fewer tables).
+local settles = nil
 if #ARGV > 6 + nq then
   local base = 7 + nq
   local nl = tonumber(ARGV[base])
@@ -55,7 +57,9 @@ if #ARGV > 6 + nq then
       if not sq or sq == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0 then
         return bad_args('claim')
       end
-      settles[#settles + 1] = {sq, ttl, cap, at + 4, n}
+      local g = #settles
+      settles[g + 1], settles[g + 2], settles[g + 3], settles[g + 4], settles[g + 5] =
+        sq, ttl, cap, at + 4, n
       at = at + 4 + 3 * n
     end
     if #ARGV ~= at - 1 then return bad_args('claim') end
@@ -81,15 +85,15 @@ local settled = nil
 if settles then
   settled = {}
   local total = 0
-  for _, g in ipairs(settles) do total = total + g[5] end
+  for g = 5, #settles, 5 do total = total + settles[g] end
   batch_zsets(total > 1)  -- one write per sorted set, not per job (common.lua)
-  for _, g in ipairs(settles) do
-    local sq, b = g[1], g[4]
-    for i = 0, g[5] - 1 do
+  for g = 1, #settles, 5 do
+    local sq, b, n = settles[g], settles[g + 3], settles[g + 4]
+    for i = 0, n - 1 do
       local a = b + 3 * i
       settled[#settled + 1] = complete_one(sq, ARGV[a], ARGV[a + 1], ARGV[a + 2], now)
     end
-    trim(sq, 'c', now, g[2], g[3], g[5] + 100)
+    trim(sq, 'c', now, settles[g + 1], settles[g + 2], n + 100)
   end
 end
 
@@ -429,55 +433,56 @@ local ids = {}
 -- the end, not one per job (nothing below reads the set): queue -> lease_until, id, ...
 local leases = limit > 1 and {}
 
--- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
-local function activate_entry(v, q, prio)
-  local f = parse_entry(v)
-  if not f or not entry_live(q, prio, f) then return end  -- a job that left: dropped
-  local id, slot = f.id, nil
-  if has_limits then
-    local ok
-    ok, slot = admit(id, q, prio, f.m)
-    if not ok then
-      -- Parked: a gate lists '<prio>|<id>', so the job keeps a job string meanwhile.
-      redis.call('HDEL', f.ik, id)
-      redis.call('SET', k_job(q, id), pack_rec({s = 'w', o = f.o, e = f.e, p = prio ~= '0' and prio,
-        r = f.r, m = f.m}))
-      return
-    end
-  end
-  redis.call('HDEL', f.ik, id)
-  claimed = claimed + 1
-  local tok = token .. '.' .. claimed
-  if prio == '0' and not slot and not f.r then
-    -- The common case, without a table of the fields and its unpack.
-    redis.call('HSET', k_job(q, id), 'm', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1',
-      't', tok, 'st', last_now_text, 'w', worker)
-  else
-    local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
-      'st', last_now_text, 'w', worker}
-    if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
-    if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
-    if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
-    redis.call('HSET', k_job(q, id), unpack(fields))
-  end
-  local n = #out
-  out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
-  out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
-  out[n + 8] = tonumber(f.r) or 0
-  if leases then
-    local m = leases[q]
-    if not m then m = {}; leases[q] = m end
-    m[#m + 1], m[#m + 2] = lease_until, id
-  else
-    redis.call('ZADD', k_active(q), lease_until, id)
-  end
-  count(q, 'w', -1)
-  count(q, 'a', 1)
-  ids[#ids + 1] = q .. '|' .. id
-end
 
 local function activate(id, q, prio)
-  if not is_bare(id) then return activate_entry(id, q, prio) end
+  if not is_bare(id) then
+    -- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
+    -- (Here, not in a function of its own: one closure fewer per call.)
+    local f = parse_entry(id)
+    if not f or not entry_live(q, prio, f) then return end  -- a job that left: dropped
+    local id, slot = f.id, nil
+    if has_limits then
+      local ok
+      ok, slot = admit(id, q, prio, f.m)
+      if not ok then
+        -- Parked: a gate lists '<prio>|<id>', so the job keeps a job string meanwhile.
+        redis.call('HDEL', f.ik, id)
+        redis.call('SET', k_job(q, id), pack_rec({s = 'w', o = f.o, e = f.e,
+          p = prio ~= '0' and prio, r = f.r, m = f.m}))
+        return
+      end
+    end
+    redis.call('HDEL', f.ik, id)
+    claimed = claimed + 1
+    local tok = token .. '.' .. claimed
+    if prio == '0' and not slot and not f.r then
+      -- The common case, without a table of the fields and its unpack.
+      redis.call('HSET', k_job(q, id), 'm', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1',
+        't', tok, 'st', last_now_text, 'w', worker)
+    else
+      local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
+        'st', last_now_text, 'w', worker}
+      if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
+      if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
+      if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
+      redis.call('HSET', k_job(q, id), unpack(fields))
+    end
+    local n = #out
+    out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
+    out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
+    out[n + 8] = tonumber(f.r) or 0
+    if leases then
+      local m = leases[q]
+      if not m then m = {}; leases[q] = m end
+      m[#m + 1], m[#m + 2] = lease_until, id
+    else
+      redis.call('ZADD', k_active(q), lease_until, id)
+    end
+    count(q, 'w', -1)
+    count(q, 'a', 1)
+    ids[#ids + 1] = q .. '|' .. id
+    return
+  end
   -- A counted stale entry (the job left waiting, maybe came back under this id):
   -- consumed and skipped, so the job is claimed only through its live entry.
   if take_stale(q, prio, id) then return end
