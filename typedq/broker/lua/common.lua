@@ -5,28 +5,47 @@
 -- in one cluster slot; a script learns which jobs it touches only while it runs and
 -- derives their keys here from the queue (the caller declares a key of that queue's
 -- slot in KEYS). Every helper of a queue's key takes the queue name first.
+--
+-- The strings derived from the app prefix alone, kept from one call to the next while
+-- the prefix stays the same (one app makes every call, usually): 'tq:{<namespace>'
+-- (what every queue's keys start with; 'typedq:{' is 8 characters), the channels, and
+-- per queue its key prefixes. Made again for another prefix, and the per-queue caches
+-- start over once they made KEEP_QUEUES prefixes (bounded memory). They hold nothing
+-- but what the prefix and the queue names give, so keeping them changes no answer;
+-- rebuilding them cost every call a dozen string concatenations and two tables.
+local app = {}  --@keep
+local KEEP_QUEUES = 1000
+local function app_names(p)
+  local a = app
+  if a.p ~= p or a.made > KEEP_QUEUES then
+    a.p, a.pq, a.made = p, 'tq:{' .. string.sub(p, 9, #p - 2), 0
+    a.w, a.d, a.x = p .. 'ev:w', p .. 'ev:d', p .. 'ev:x'
+    a.q, a.j = {}, {}
+  end
+  return a.pq, a.w, a.d, a.x, a.q, a.j
+end
 local P = ARGV[1]
--- 'tq:{<namespace>' : what every queue's keys start with ('typedq:{' is 8 characters).
-local PQ = 'tq:{' .. string.sub(P, 9, #P - 2)
+-- qprefix: queue -> its keys' prefix; jprefix: queue -> its job keys' prefix.
+local PQ, CH_WORK, CH_DONE, CH_CANCEL, qprefix, jprefix = app_names(P)
 
--- A queue's key prefix, built once per queue and script.
-local qprefix = {}
+-- A queue's key prefix, built once per queue (while the app prefix stays the same).
 local function k_q(q)
   local p = qprefix[q]
   if not p then
     p = PQ .. ':' .. q .. '}:'
     qprefix[q] = p
+    app.made = app.made + 1
   end
   return p
 end
 -- A job's key: the queue's tag and the id (no separator: an id starts with a letter or
 -- digit, every other key of the queue continues the tag with ':').
-local jprefix = {}
 local function k_job(q, id)
   local p = jprefix[q]
   if not p then
     p = PQ .. ':' .. q .. '}'
     jprefix[q] = p
+    app.made = app.made + 1
   end
   return p .. id
 end
@@ -65,9 +84,6 @@ local ROLLUP_TTL_S = 25 * 3600
 -- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
 local function k_events(q) return k_q(q) .. 'ev' end
 local function k_events_cfg(q) return k_q(q) .. 'E' end
-local CH_WORK = P .. 'ev:w'
-local CH_DONE = P .. 'ev:d'
-local CH_CANCEL = P .. 'ev:x'
 -- A queue's own channels (Redis Cluster, see sharded.lua).
 local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
 
