@@ -375,6 +375,7 @@ end
 -- Per-queue rollup deltas (completed/failed/retried), written once per queue at the end
 -- of a script, like the count deltas.
 local rollups = {}
+local minute_text = {}  --@keep
 local function roll(q, field)
   local m = rollups[q]
   if not m then m = {}; rollups[q] = m end
@@ -382,8 +383,11 @@ local function roll(q, field)
 end
 local function flush_rollups()
   if next(rollups) == nil then return end
-  -- The minute of the script's own clock reading (one TIME call fewer per script).
-  local minute = string.format('%d', math.floor((last_now or now_us()) / 60000000))
+  -- The minute of the script's own clock reading (one TIME call fewer per script), as
+  -- text made once per minute (kept across calls: a number's text, nothing else).
+  local n = math.floor((last_now or now_us()) / 60000000)
+  if minute_text.n ~= n then minute_text.n, minute_text.t = n, string.format('%d', n) end
+  local minute = minute_text.t
   for q, m in pairs(rollups) do
     local hk = k_minute(q, minute)
     local fresh = false
@@ -548,9 +552,10 @@ local function note_done(q, id) done_ids[#done_ids + 1] = id end
 local function publish_cancel(q, id) redis.call('PUBLISH', CH_CANCEL, id) end
 local function publish()
   if #done_ids > 0 then redis.call('PUBLISH', CH_DONE, table.concat(done_ids, ' ')) end
+  if next(work_queues) == nil then return end  -- (no table for a call that woke nothing)
   local qs = {}
   for q in pairs(work_queues) do qs[#qs + 1] = q end
-  if #qs > 0 then redis.call('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
+  redis.call('PUBLISH', CH_WORK, table.concat(qs, ' '))
 end
 --@sharded
 
