@@ -38,7 +38,9 @@ for i = 1, nq do
   if ARGV[6 + i] == '' then return bad_args('claim') end
   queues[i] = ARGV[6 + i]
 end
-local cfg, has_limits = {}, false
+-- task -> {rate, per_us, concurrency}: made only for a claim with a limits section or a
+-- queue with gates (most claims have neither).
+local cfg, has_limits = nil, false
 -- Per settled queue, five entries: queue, ttl, cap, its first item's ARGV index, n (one
 -- flat table, not one per queue: a call makes fewer tables).
 local settles = nil
@@ -71,6 +73,7 @@ if #ARGV > 6 + nq then
         or (rate > 0 and per < 1) or not is_int(cc) or cc < 0 then
       return bad_args('claim')
     end
+    cfg = cfg or {}
     cfg[ARGV[b]] = {rate, per, cc}
     has_limits = true
   end
@@ -165,6 +168,7 @@ end
 -- queue has gates: most claims have neither and skip making a dozen closures.
 local admit, allowance
 if any_gated then
+  cfg = cfg or {}
   -- Limits. A job body is a msgpack array [task, payload, fingerprint, priority,
   -- max_retries, timeout, eta, delay, rate_key, concurrency_key] with trailing defaults
   -- left out (see redis/codec.py). Redis' cmsgpack cannot read msgpack bin values (the
@@ -329,11 +333,10 @@ end
 -- still closed gets its true opening time. A claim without limits looks too (one
 -- EXISTS per queue): after a deploy that dropped a limit, its parked jobs still come
 -- back (a gate of a task this claim does not limit gives back as many as it asks for).
-if limit > 0 then
+if any_gated and limit > 0 then
   for _, q in ipairs(queues) do
     local gk = k_gates(q)
-    local open = {}
-    if gated[q] then open = redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64) end
+    local open = gated[q] and redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64) or {}
     for _, gate in ipairs(open) do
       local lk = k_gate(q, gate)
       local n, opens = allowance(q, gate)

@@ -607,18 +607,12 @@ local function emit_event(id, q, state)
     body_task(r[1]), 's', state, 'd', data or '', 'a', r[4] or '0')
 end
 
--- `extra`: more field/value pairs to write with the state (one HSET instead of two);
--- when they set the token 't' (to ''), no HDEL of it follows.
-local function finalize(id, q, from, state, now, extra)
-  local jk = k_job(q, id)
+-- The rest of a job's move to a final state, once its hash holds the state (finalize,
+-- complete_one): into the done set (`at`: the finish time's text), counts, rollup,
+-- wake-up, event, its flow. `fl`: what the script knows of its flow link (as
+-- flow_links holds it; nil: not read yet).
+local function finalize_after(id, q, jk, from, state, now, at, fl)
   local done_key = k_done(q, state)
-  local at = num_text(now)
-  if extra then
-    redis.call('HSET', jk, 's', state, 'fa', at, unpack(extra))
-  else
-    redis.call('HSET', jk, 's', state, 'fa', at)
-  end
-  if not extra or extra[#extra - 1] ~= 't' then redis.call('HDEL', jk, 't') end
   if zbatch then
     local m = done_adds[done_key]
     if not m then m = {}; done_adds[done_key] = m end
@@ -631,7 +625,6 @@ local function finalize(id, q, from, state, now, extra)
   if state == 'c' or state == 'f' then roll(q, state) end
   note_done(q, id)
   emit_event(id, q, state)
-  local fl = flow_links[jk]
   if fl == true then
     -- A job of a flow whose link was not read yet (complete_one): link and outcome in
     -- one read.
@@ -647,6 +640,20 @@ local function finalize(id, q, from, state, now, extra)
     local out = redis.call('HMGET', jk, 'res', 'err')
     flow_settle(fl[4], fl[1], fl[2], fl[3], state, out[1], out[2], now, q, id)
   end
+end
+
+-- `extra`: more field/value pairs to write with the state (one HSET instead of two);
+-- when they set the token 't' (to ''), no HDEL of it follows.
+local function finalize(id, q, from, state, now, extra)
+  local jk = k_job(q, id)
+  local at = num_text(now)
+  if extra then
+    redis.call('HSET', jk, 's', state, 'fa', at, unpack(extra))
+  else
+    redis.call('HSET', jk, 's', state, 'fa', at)
+  end
+  if not extra or extra[#extra - 1] ~= 't' then redis.call('HDEL', jk, 't') end
+  finalize_after(id, q, jk, from, state, now, at, flow_links[jk])
 end
 
 -- Release the concurrency slot `slot` (the job hash's 'ck', nil: none) that job `id`
@@ -673,8 +680,6 @@ local function complete_one(q, id, tok, res, now)
   local r = read_hash(q, id, 's', 't', 'd', 'ck', 'fl')
   if not r then return not_active_answer(q, id) end
   if r[1] == 'a' and r[2] == tok then
-    -- (true: a job of a flow whose link finalize reads, with the result it reads anyway)
-    flow_links[k_job(q, id)] = r[5] and true or false
     local ak = k_active(q)
     if zbatch then
       local ids = active_rems[ak]
@@ -684,9 +689,14 @@ local function complete_one(q, id, tok, res, now)
       redis.call('ZREM', ak, id)
     end
     free_slot(id, q, r[4])
-    -- The token is cleared in the same HSET (every reader of 't' checks the state 'a'
-    -- first): one HDEL fewer per job.
-    finalize(id, q, 'a', 'c', now, {'res', res, 'd', tok, 't', ''})
+    -- finalize's work, without its table of extra fields: the result and the token go
+    -- in the state's HSET, and the token is cleared there too (every reader of 't'
+    -- checks the state 'a' first): one HDEL fewer per job.
+    local jk, at = k_job(q, id), num_text(now)
+    redis.call('HSET', jk, 's', 'c', 'fa', at, 'res', res, 'd', tok, 't', '')
+    -- (true: a job of a flow whose link finalize_after reads, with the result it reads
+    -- anyway)
+    finalize_after(id, q, jk, 'a', 'c', now, at, r[5] and true or false)
     return 0
   end
   if r[3] == tok then return 1 end
