@@ -158,10 +158,13 @@ end
 
 -- Which queues have gates (parked jobs): a claim without limits looks too (one EXISTS
 -- per queue), so after a deploy that dropped a limit its parked jobs still come back.
-local gated, any_gated = {}, false
+-- (gated: queue -> true, made only when a queue is gated.)
+local gated, any_gated = nil, false
 for _, q in ipairs(queues) do
-  gated[q] = has_limits or redis.call('EXISTS', k_gates(q)) == 1
-  if gated[q] then any_gated = true end
+  if has_limits or redis.call('EXISTS', k_gates(q)) == 1 then
+    gated = gated or {}
+    gated[q], any_gated = true, true
+  end
 end
 
 -- The limit helpers (admit, allowance), made only when this claim limits tasks or a
@@ -431,7 +434,9 @@ if nq > 1 then
   end
 end
 local lease_until = num_text(now + lease)
-local ids = {}
+-- The claim record's lines, '<queue>|<id>' per claimed job: a table for a claim of
+-- several jobs, the one line itself for a claim of one (no table).
+local ids, one_line = limit > 1 and {} or nil, nil
 -- A claim of several jobs puts their leases into each queue's active set in one ZADD at
 -- the end, not one per job (nothing below reads the set): queue -> lease_until, id, ...
 local leases = limit > 1 and {}
@@ -483,7 +488,7 @@ local function activate(id, q, prio)
     end
     count(q, 'w', -1)
     count(q, 'a', 1)
-    ids[#ids + 1] = q .. '|' .. id
+    if ids then ids[#ids + 1] = q .. '|' .. id else one_line = q .. '|' .. id end
     return
   end
   -- A counted stale entry (the job left waiting, maybe came back under this id):
@@ -555,7 +560,7 @@ local function activate(id, q, prio)
   end
   count(q, 'w', -1)
   count(q, 'a', 1)
-  ids[#ids + 1] = q .. '|' .. id
+  if ids then ids[#ids + 1] = q .. '|' .. id else one_line = q .. '|' .. id end
 end
 
 while claimed < limit and pops < max_pops do
@@ -603,7 +608,8 @@ if leases then
   end
 end
 if claimed > 0 then
-  redis.call('SET', KEYS[3], token .. '\n' .. table.concat(ids, '\n'), 'PX', REQ_TTL_MS)
+  redis.call('SET', KEYS[3], token .. '\n' .. (ids and table.concat(ids, "\n") or one_line), 'PX',
+    REQ_TTL_MS)
 end
 if claimed < limit then
   if pops >= max_pops then
@@ -615,7 +621,7 @@ if claimed < limit then
       if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
     end
     for _, q in ipairs(queues) do
-      if gated[q] then
+      if gated and gated[q] then
         local t = redis.call('ZRANGE', k_gates(q), '0', '0', 'WITHSCORES')
         local opens = #t > 0 and tonumber(t[2])
         if opens and opens < math.huge and (not next_due or opens < next_due) then
