@@ -223,6 +223,27 @@ local function push_entry(q, prio, id, o, e, m, r)
   redis.call('ZADD', k_levels(q), level_score(prio), prio)
 end
 
+-- Push packed waiting entries (enqueue.lua) onto level `prio`'s list `lk` of queue `q`,
+-- 500 per LPUSH, and mark the level non-empty.
+local function push_entries(q, prio, lk, entries)
+  for s = 1, #entries, 500 do
+    redis.call('LPUSH', lk, unpack(entries, s, math.min(s + 499, #entries)))
+  end
+  redis.call('ZADD', k_levels(q), level_score(prio), prio)
+end
+
+-- The refusal of an enqueue that would take queue `q` past `limit` waiting and
+-- scheduled jobs with `extra` more (nil: room enough).
+local function queue_full(q, extra, limit)
+  local c = redis.call('HMGET', k_counts(q), 'w', 's')
+  local pending = (tonumber(c[1]) or 0) + (tonumber(c[2]) or 0)
+  if pending + extra > limit then
+    return redis.error_reply(string.format('TYPEDQ_QUEUE_FULL %s %d %d %d', q, pending, extra,
+      limit))
+  end
+  return nil
+end
+
 local function entry_order(v) return tonumber(string.match(v, '^[^|]+|(%d+)|')) end
 
 -- LRANGE of list `lk` (`n` entries) from index a to b, counted from the end nearer to
