@@ -33,10 +33,9 @@ if not is_int(limit) or limit < 0 or not lease or lease <= 0 or token == ''
     or not is_int(nq) or nq < 1 or #ARGV < 6 + nq then
   return bad_args('claim')
 end
-local queues = {}
-for i = 1, nq do
-  if ARGV[6 + i] == '' then return bad_args('claim') end
-  queues[i] = ARGV[6 + i]
+-- The queues are ARGV[7 .. 6 + nq] (read there: no table of them per call).
+for qi = 7, 6 + nq do
+  if ARGV[qi] == '' then return bad_args('claim') end
 end
 -- task -> {rate, per_us, concurrency}: made only for a claim with a limits section or a
 -- queue with gates (most claims have neither).
@@ -121,7 +120,8 @@ end
 
 -- Promote due scheduled jobs (bounded per call; the rest next time). A promoted job keeps
 -- its due time 'r': its queue wait counts from it.
-for _, q in ipairs(queues) do
+for qi = 7, 6 + nq do
+  local q = ARGV[qi]
   local sk = k_sched(q)
   local due = redis.call('ZRANGEBYSCORE', sk, '-inf', last_now_text, 'LIMIT', '0', '1000')
   if #due > 0 then
@@ -160,7 +160,8 @@ end
 -- per queue), so after a deploy that dropped a limit its parked jobs still come back.
 -- (gated: queue -> true, made only when a queue is gated.)
 local gated, any_gated = nil, false
-for _, q in ipairs(queues) do
+for qi = 7, 6 + nq do
+  local q = ARGV[qi]
   if has_limits or redis.call('EXISTS', k_gates(q)) == 1 then
     gated = gated or {}
     gated[q], any_gated = true, true
@@ -337,7 +338,8 @@ end
 -- EXISTS per queue): after a deploy that dropped a limit, its parked jobs still come
 -- back (a gate of a task this claim does not limit gives back as many as it asks for).
 if any_gated and limit > 0 then
-  for _, q in ipairs(queues) do
+  for qi = 7, 6 + nq do
+    local q = ARGV[qi]
     local gk = k_gates(q)
     local open = gated[q] and redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64) or {}
     for _, gate in ipairs(open) do
@@ -568,13 +570,14 @@ while claimed < limit and pops < max_pops do
   if nq == 1 then
     -- One queue: its best level's list is popped without a TYPE first; a level whose
     -- list is missing or of another type (RPOP: nil or an error) goes, as in head_of.
-    bq = queues[1]
+    bq = ARGV[7]
     local t = redis.call('ZRANGE', k_levels(bq), '0', '0')
     if #t == 0 then break end
     bprio, blk = t[1], k_wait(bq, t[1])
   else
     local bestp, besto
-    for _, q in ipairs(queues) do
+    for qi = 7, 6 + nq do
+      local q = ARGV[qi]
       local prio, lk, o = live_head(q)
       if prio then
         local p = tonumber(prio)
@@ -616,11 +619,13 @@ if claimed < limit then
     out[1] = 0  -- stopped early: more may be waiting
   else
     local next_due = nil
-    for _, q in ipairs(queues) do
+    for qi = 7, 6 + nq do
+      local q = ARGV[qi]
       local t = redis.call('ZRANGE', k_sched(q), '0', '0', 'WITHSCORES')
       if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
     end
-    for _, q in ipairs(queues) do
+    for qi = 7, 6 + nq do
+      local q = ARGV[qi]
       if gated and gated[q] then
         local t = redis.call('ZRANGE', k_gates(q), '0', '0', 'WITHSCORES')
         local opens = #t > 0 and tonumber(t[2])
