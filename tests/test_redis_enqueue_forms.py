@@ -123,3 +123,26 @@ async def test_a_malformed_shared_form_writes_nothing(url: str, shared: list[Any
                 "enqueue", [k.seq("q"), k.request("q", "t")], [k.prefix, 0, n, *shared]
             )
         assert {key async for key in raw.scan_iter("*")} == before
+
+
+async def test_one_job_and_a_batch_over_two_queues_store_alike(url: str) -> None:
+    """A call of one job (kept per queue as numbers, like the shared form) and a call over
+    two queues (kept per queue in tables) number, list, count and schedule their jobs
+    the same way: one queue's jobs come out in enqueue order whichever call made them."""
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        await broker.enqueue([message("a", priority=3)])
+        await broker.enqueue([message("x", priority=3), message("y", queue="other")])
+        await broker.enqueue([message("b", priority=3)])
+        await broker.enqueue([JobMessage(id="s", task="t", queue="q", payload=BODY, delay=60)])
+        assert await raw.llen(k.waiting("q", 3)) == 3
+        assert await raw.get(k.seq("q")) == b"4"
+        assert await raw.get(k.seq("other")) == b"1"
+        counts, other = await broker.counts("q"), await broker.counts("other")
+        assert (counts[JobState.WAITING], counts[JobState.SCHEDULED]) == (3, 1)
+        assert other[JobState.WAITING] == 1
+        jobs = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        assert [j.message.id for j in jobs] == ["a", "x", "b"]
+        assert [
+            j.message.id for j in await broker.claim(["other"], 10, worker_id="w", lease=30)
+        ] == ["y"]

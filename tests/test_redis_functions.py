@@ -207,6 +207,61 @@ def test_constants_are_set_once_and_may_not_be_assigned() -> None:
         build_library(files)
 
 
+def test_a_kept_cache_is_made_at_load_and_may_not_be_assigned() -> None:
+    """A ``local name = {}  --@keep`` (common.lua's ``app``: the app prefix's strings) is
+    made once, at load, and not reset by the calls; the build refuses an assignment to
+    it, like to a constant (only its helpers fill it)."""
+    assert "app" not in LIBRARY.state
+    assert "local app = {}  --@keep" in LIBRARY.source.split("\n")
+    begin = LIBRARY.source[LIBRARY.source.index("local function typedq_begin0") :]
+    begin = begin[: begin.index("\nend\n")]
+    assert "app = " not in begin
+    assert "= app_names(P)" in begin  # the per-call names are taken from it every call
+    files = read_scripts()
+    files["claim.lua"] = files["claim.lua"].replace(
+        "local now = now_us()", "local now = now_us()\napp = {}", 1
+    )
+    at = files["claim.lua"].split("\n").index("app = {}") + 1
+    with pytest.raises(RuntimeError, match=rf"claim.lua:{at}: 'app' is a constant"):
+        build_library(files)
+
+
+async def test_the_kept_key_prefixes_follow_the_app_and_stay_bounded(url: str) -> None:
+    """The per-queue key prefixes kept across calls: a call of another app (prefix) gets
+    its own, and once a call made more than KEEP_QUEUES of them the next call starts
+    over (bounded memory), every key still right."""
+    parts = read_scripts()
+    probe = "\n".join(
+        [
+            "#!lua",
+            "local n = tonumber(ARGV[2])",
+            "local fresh = next(qprefix) == nil",
+            "for i = 1, n do k_q('q' .. i) end",
+            "return cjson.encode({fresh = fresh, q = k_q('q1'), job = k_job('q1', 'a')})",
+        ]
+    )
+    lib = build_library(
+        {"common.lua": parts["common.lua"], "sharded.lua": parts["sharded.lua"], "p.lua": probe}
+    )
+    a, b = Keys("appa"), Keys("appb")
+    async with raw_redis(url) as raw:
+        execute: Any = raw.execute_command  # untyped in redis-py
+        await execute("FUNCTION", "LOAD", "REPLACE", lib.source)
+        fn = lib.functions["p"]
+        try:
+            seen = []
+            for prefix, n in ((a.prefix, 5), (a.prefix, 1), (b.prefix, 1), (a.prefix, 1500)):
+                seen.append(json.loads(await execute("FCALL", fn, 0, prefix, n)))
+            seen.append(json.loads(await execute("FCALL", fn, 0, a.prefix, 1)))
+            # Kept for the same app; made again for another app and past the bound.
+            assert [s["fresh"] for s in seen] == [True, False, True, True, True]
+            for s, keys in zip(seen, (a, a, b, a, a), strict=True):
+                assert s["q"] == keys.levels("q1").removesuffix("p")
+                assert s["job"] == keys.job("q1", "a")
+        finally:
+            await execute("FUNCTION", "DELETE", lib.name)
+
+
 async def test_two_versions_of_the_library_run_side_by_side(url: str) -> None:
     """A rolling deploy: an older library (another hash, other function names) stays
     loaded and callable while this version's broker runs; neither replaces the other."""

@@ -33,13 +33,16 @@ if not is_int(limit) or limit < 0 or not lease or lease <= 0 or token == ''
     or not is_int(nq) or nq < 1 or #ARGV < 6 + nq then
   return bad_args('claim')
 end
-local queues = {}
-for i = 1, nq do
-  if ARGV[6 + i] == '' then return bad_args('claim') end
-  queues[i] = ARGV[6 + i]
+-- The queues are ARGV[7 .. 6 + nq] (read there: no table of them per call).
+for qi = 7, 6 + nq do
+  if ARGV[qi] == '' then return bad_args('claim') end
 end
-local cfg, has_limits = {}, false
-local settles = nil  -- {queue, ttl, cap, first ARGV index, n} per settled queue
+-- task -> {rate, per_us, concurrency}: made only for a claim with a limits section or a
+-- queue with gates (most claims have neither).
+local cfg, has_limits = nil, false
+-- Per settled queue, five entries: queue, ttl, cap, its first item's ARGV index, n (one
+-- flat table, not one per queue: a call makes fewer tables).
+local settles = nil
 if #ARGV > 6 + nq then
   local base = 7 + nq
   local nl = tonumber(ARGV[base])
@@ -55,7 +58,9 @@ if #ARGV > 6 + nq then
       if not sq or sq == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0 then
         return bad_args('claim')
       end
-      settles[#settles + 1] = {sq, ttl, cap, at + 4, n}
+      local g = #settles
+      settles[g + 1], settles[g + 2], settles[g + 3], settles[g + 4], settles[g + 5] =
+        sq, ttl, cap, at + 4, n
       at = at + 4 + 3 * n
     end
     if #ARGV ~= at - 1 then return bad_args('claim') end
@@ -67,6 +72,7 @@ if #ARGV > 6 + nq then
         or (rate > 0 and per < 1) or not is_int(cc) or cc < 0 then
       return bad_args('claim')
     end
+    cfg = cfg or {}
     cfg[ARGV[b]] = {rate, per, cc}
     has_limits = true
   end
@@ -81,23 +87,16 @@ local settled = nil
 if settles then
   settled = {}
   local total = 0
-  for _, g in ipairs(settles) do total = total + g[5] end
+  for g = 5, #settles, 5 do total = total + settles[g] end
   batch_zsets(total > 1)  -- one write per sorted set, not per job (common.lua)
-  for _, g in ipairs(settles) do
-    local sq, b = g[1], g[4]
-    for i = 0, g[5] - 1 do
+  for g = 1, #settles, 5 do
+    local sq, b, n = settles[g], settles[g + 3], settles[g + 4]
+    for i = 0, n - 1 do
       local a = b + 3 * i
       settled[#settled + 1] = complete_one(sq, ARGV[a], ARGV[a + 1], ARGV[a + 2], now)
     end
-    trim(sq, 'c', now, g[2], g[3], g[5] + 100)
+    trim(sq, 'c', now, settles[g + 1], settles[g + 2], n + 100)
   end
-end
--- The answer: with a settle section, the claim's and the completions' outcomes.
-local function answer()
-  if not settled then return out end
-  flush_counts()
-  publish()
-  return flow_reply({out, settled})
 end
 
 -- A re-sent claim: hand back what the first copy claimed (still ours), nothing new.
@@ -115,12 +114,14 @@ if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' t
       out[n + 8] = tonumber(r[8]) or 0
     end
   end
-  return answer()
+  if settled then return settle_answer(out, settled) end
+  return out
 end
 
 -- Promote due scheduled jobs (bounded per call; the rest next time). A promoted job keeps
 -- its due time 'r': its queue wait counts from it.
-for _, q in ipairs(queues) do
+for qi = 7, 6 + nq do
+  local q = ARGV[qi]
   local sk = k_sched(q)
   local due = redis.call('ZRANGEBYSCORE', sk, '-inf', last_now_text, 'LIMIT', '0', '1000')
   if #due > 0 then
@@ -157,16 +158,21 @@ end
 
 -- Which queues have gates (parked jobs): a claim without limits looks too (one EXISTS
 -- per queue), so after a deploy that dropped a limit its parked jobs still come back.
-local gated, any_gated = {}, false
-for _, q in ipairs(queues) do
-  gated[q] = has_limits or redis.call('EXISTS', k_gates(q)) == 1
-  if gated[q] then any_gated = true end
+-- (gated: queue -> true, made only when a queue is gated.)
+local gated, any_gated = nil, false
+for qi = 7, 6 + nq do
+  local q = ARGV[qi]
+  if has_limits or redis.call('EXISTS', k_gates(q)) == 1 then
+    gated = gated or {}
+    gated[q], any_gated = true, true
+  end
 end
 
 -- The limit helpers (admit, allowance), made only when this claim limits tasks or a
 -- queue has gates: most claims have neither and skip making a dozen closures.
 local admit, allowance
 if any_gated then
+  cfg = cfg or {}
   -- Limits. A job body is a msgpack array [task, payload, fingerprint, priority,
   -- max_retries, timeout, eta, delay, rate_key, concurrency_key] with trailing defaults
   -- left out (see redis/codec.py). Redis' cmsgpack cannot read msgpack bin values (the
@@ -331,11 +337,11 @@ end
 -- still closed gets its true opening time. A claim without limits looks too (one
 -- EXISTS per queue): after a deploy that dropped a limit, its parked jobs still come
 -- back (a gate of a task this claim does not limit gives back as many as it asks for).
-if limit > 0 then
-  for _, q in ipairs(queues) do
+if any_gated and limit > 0 then
+  for qi = 7, 6 + nq do
+    local q = ARGV[qi]
     local gk = k_gates(q)
-    local open = {}
-    if gated[q] then open = redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64) end
+    local open = gated[q] and redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64) or {}
     for _, gate in ipairs(open) do
       local lk = k_gate(q, gate)
       local n, opens = allowance(q, gate)
@@ -377,108 +383,116 @@ if limit > 0 then
   end
 end
 
--- The best non-empty priority level of a queue: its priority and list key.
-local function head_of(q)
-  while true do
-    local t = redis.call('ZRANGE', k_levels(q), '0', '0')
-    if #t == 0 then return nil end
-    local lk = k_wait(q, t[1])
-    if redis.call('TYPE', lk).ok == 'list' then return t[1], lk end
-    redis.call('ZREM', k_levels(q), t[1])
-  end
-end
-
 local claimed, pops = 0, 0
 local max_pops = limit + 1000  -- stale entries are skipped, but not without bound
 
--- The enqueue time of a level's head job, for comparing queues (each queue numbers
--- its own jobs, so their orders do not compare). Stale entries at the head are popped
--- first: nil when the list ran empty. An entry with no readable job compares as
--- oldest (activate decides).
-local function head_order(q, prio, lk)
-  while pops < max_pops do
-    local id = redis.call('LINDEX', lk, -1)
-    if not id then return nil end
-    if not is_bare(id) then
-      local f = parse_entry(id)
-      if f and entry_live(q, prio, f) then return tonumber(f.e) or 0 end
-    elseif not take_stale(q, prio, id) then
-      local r = read_keyed(q, id, 's', 'q', 'p', 'e')
-      if not r then return 0 end
-      if r[1] == 'w' and (not r[2] or r[2] == q) and sane_prio(r[3]) == prio then
-        return tonumber(r[4]) or 0
-      end
+-- The best level of one queue with a live head (priority, list key, head order), for
+-- comparing queues: made only for a claim over several queues (one queue pops its best
+-- level directly, below), so a usual claim makes none of these closures.
+local live_head
+if nq > 1 then
+  -- The best non-empty priority level of a queue: its priority and list key.
+  local function head_of(q)
+    while true do
+      local t = redis.call('ZRANGE', k_levels(q), '0', '0')
+      if #t == 0 then return nil end
+      local lk = k_wait(q, t[1])
+      if redis.call('TYPE', lk).ok == 'list' then return t[1], lk end
+      redis.call('ZREM', k_levels(q), t[1])
     end
-    redis.call('RPOP', lk)
-    pops = pops + 1
   end
-  return 0
-end
 
--- The best level of one queue with a live head: priority, list key, head order.
-local function live_head(q)
-  while true do
-    local prio, lk = head_of(q)
-    if not prio then return nil end
-    local o = head_order(q, prio, lk)
-    if o then return prio, lk, o end
+  -- The enqueue time of a level's head job, for comparing queues (each queue numbers
+  -- its own jobs, so their orders do not compare). Stale entries at the head are popped
+  -- first: nil when the list ran empty. An entry with no readable job compares as
+  -- oldest (activate decides).
+  local function head_order(q, prio, lk)
+    while pops < max_pops do
+      local id = redis.call('LINDEX', lk, -1)
+      if not id then return nil end
+      if not is_bare(id) then
+        local f = parse_entry(id)
+        if f and entry_live(q, prio, f) then return tonumber(f.e) or 0 end
+      elseif not take_stale(q, prio, id) then
+        local r = read_keyed(q, id, 's', 'q', 'p', 'e')
+        if not r then return 0 end
+        if r[1] == 'w' and (not r[2] or r[2] == q) and sane_prio(r[3]) == prio then
+          return tonumber(r[4]) or 0
+        end
+      end
+      redis.call('RPOP', lk)
+      pops = pops + 1
+    end
+    return 0
+  end
+
+  live_head = function(q)
+    while true do
+      local prio, lk = head_of(q)
+      if not prio then return nil end
+      local o = head_order(q, prio, lk)
+      if o then return prio, lk, o end
+    end
   end
 end
 local lease_until = num_text(now + lease)
-local ids = {}
+-- The claim record's lines, '<queue>|<id>' per claimed job: a table for a claim of
+-- several jobs, the one line itself for a claim of one (no table).
+local ids, one_line = limit > 1 and {} or nil, nil
 -- A claim of several jobs puts their leases into each queue's active set in one ZADD at
 -- the end, not one per job (nothing below reads the set): queue -> lease_until, id, ...
 local leases = limit > 1 and {}
 
--- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
-local function activate_entry(v, q, prio)
-  local f = parse_entry(v)
-  if not f or not entry_live(q, prio, f) then return end  -- a job that left: dropped
-  local id, slot = f.id, nil
-  if has_limits then
-    local ok
-    ok, slot = admit(id, q, prio, f.m)
-    if not ok then
-      -- Parked: a gate lists '<prio>|<id>', so the job keeps a job string meanwhile.
-      redis.call('HDEL', f.ik, id)
-      redis.call('SET', k_job(q, id), pack_rec({s = 'w', o = f.o, e = f.e, p = prio ~= '0' and prio,
-        r = f.r, m = f.m}))
-      return
-    end
-  end
-  redis.call('HDEL', f.ik, id)
-  claimed = claimed + 1
-  local tok = token .. '.' .. claimed
-  if prio == '0' and not slot and not f.r then
-    -- The common case, without a table of the fields and its unpack.
-    redis.call('HSET', k_job(q, id), 'm', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1',
-      't', tok, 'st', last_now_text, 'w', worker)
-  else
-    local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
-      'st', last_now_text, 'w', worker}
-    if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
-    if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
-    if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
-    redis.call('HSET', k_job(q, id), unpack(fields))
-  end
-  local n = #out
-  out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
-  out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
-  out[n + 8] = tonumber(f.r) or 0
-  if leases then
-    local m = leases[q]
-    if not m then m = {}; leases[q] = m end
-    m[#m + 1], m[#m + 2] = lease_until, id
-  else
-    redis.call('ZADD', k_active(q), lease_until, id)
-  end
-  count(q, 'w', -1)
-  count(q, 'a', 1)
-  ids[#ids + 1] = q .. '|' .. id
-end
 
 local function activate(id, q, prio)
-  if not is_bare(id) then return activate_entry(id, q, prio) end
+  if not is_bare(id) then
+    -- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
+    -- (Here, not in a function of its own: one closure fewer per call.)
+    local f = parse_entry(id)
+    if not f or not entry_live(q, prio, f) then return end  -- a job that left: dropped
+    local id, slot = f.id, nil
+    if has_limits then
+      local ok
+      ok, slot = admit(id, q, prio, f.m)
+      if not ok then
+        -- Parked: a gate lists '<prio>|<id>', so the job keeps a job string meanwhile.
+        redis.call('HDEL', f.ik, id)
+        redis.call('SET', k_job(q, id), pack_rec({s = 'w', o = f.o, e = f.e,
+          p = prio ~= '0' and prio, r = f.r, m = f.m}))
+        return
+      end
+    end
+    redis.call('HDEL', f.ik, id)
+    claimed = claimed + 1
+    local tok = token .. '.' .. claimed
+    if prio == '0' and not slot and not f.r then
+      -- The common case, without a table of the fields and its unpack.
+      redis.call('HSET', k_job(q, id), 'm', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1',
+        't', tok, 'st', last_now_text, 'w', worker)
+    else
+      local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
+        'st', last_now_text, 'w', worker}
+      if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
+      if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
+      if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
+      redis.call('HSET', k_job(q, id), unpack(fields))
+    end
+    local n = #out
+    out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
+    out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
+    out[n + 8] = tonumber(f.r) or 0
+    if leases then
+      local m = leases[q]
+      if not m then m = {}; leases[q] = m end
+      m[#m + 1], m[#m + 2] = lease_until, id
+    else
+      redis.call('ZADD', k_active(q), lease_until, id)
+    end
+    count(q, 'w', -1)
+    count(q, 'a', 1)
+    if ids then ids[#ids + 1] = q .. '|' .. id else one_line = q .. '|' .. id end
+    return
+  end
   -- A counted stale entry (the job left waiting, maybe came back under this id):
   -- consumed and skipped, so the job is claimed only through its live entry.
   if take_stale(q, prio, id) then return end
@@ -548,7 +562,7 @@ local function activate(id, q, prio)
   end
   count(q, 'w', -1)
   count(q, 'a', 1)
-  ids[#ids + 1] = q .. '|' .. id
+  if ids then ids[#ids + 1] = q .. '|' .. id else one_line = q .. '|' .. id end
 end
 
 while claimed < limit and pops < max_pops do
@@ -556,13 +570,14 @@ while claimed < limit and pops < max_pops do
   if nq == 1 then
     -- One queue: its best level's list is popped without a TYPE first; a level whose
     -- list is missing or of another type (RPOP: nil or an error) goes, as in head_of.
-    bq = queues[1]
+    bq = ARGV[7]
     local t = redis.call('ZRANGE', k_levels(bq), '0', '0')
     if #t == 0 then break end
     bprio, blk = t[1], k_wait(bq, t[1])
   else
     local bestp, besto
-    for _, q in ipairs(queues) do
+    for qi = 7, 6 + nq do
+      local q = ARGV[qi]
       local prio, lk, o = live_head(q)
       if prio then
         local p = tonumber(prio)
@@ -596,19 +611,22 @@ if leases then
   end
 end
 if claimed > 0 then
-  redis.call('SET', KEYS[3], token .. '\n' .. table.concat(ids, '\n'), 'PX', REQ_TTL_MS)
+  redis.call('SET', KEYS[3], token .. '\n' .. (ids and table.concat(ids, "\n") or one_line), 'PX',
+    REQ_TTL_MS)
 end
 if claimed < limit then
   if pops >= max_pops then
     out[1] = 0  -- stopped early: more may be waiting
   else
     local next_due = nil
-    for _, q in ipairs(queues) do
+    for qi = 7, 6 + nq do
+      local q = ARGV[qi]
       local t = redis.call('ZRANGE', k_sched(q), '0', '0', 'WITHSCORES')
       if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
     end
-    for _, q in ipairs(queues) do
-      if gated[q] then
+    for qi = 7, 6 + nq do
+      local q = ARGV[qi]
+      if gated and gated[q] then
         local t = redis.call('ZRANGE', k_gates(q), '0', '0', 'WITHSCORES')
         local opens = #t > 0 and tonumber(t[2])
         if opens and opens < math.huge and (not next_due or opens < next_due) then
@@ -619,6 +637,6 @@ if claimed < limit then
     if next_due then out[1] = math.max(0, next_due - now) end
   end
 end
-if settled then return answer() end
+if settled then return settle_answer(out, settled) end
 flush_counts()
 return out

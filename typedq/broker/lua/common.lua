@@ -5,28 +5,47 @@
 -- in one cluster slot; a script learns which jobs it touches only while it runs and
 -- derives their keys here from the queue (the caller declares a key of that queue's
 -- slot in KEYS). Every helper of a queue's key takes the queue name first.
+--
+-- The strings derived from the app prefix alone, kept from one call to the next while
+-- the prefix stays the same (one app makes every call, usually): 'tq:{<namespace>'
+-- (what every queue's keys start with; 'typedq:{' is 8 characters), the channels, and
+-- per queue its key prefixes. Made again for another prefix, and the per-queue caches
+-- start over once they made KEEP_QUEUES prefixes (bounded memory). They hold nothing
+-- but what the prefix and the queue names give, so keeping them changes no answer;
+-- rebuilding them cost every call a dozen string concatenations and two tables.
+local app = {}  --@keep
+local KEEP_QUEUES = 1000
+local function app_names(p)
+  local a = app
+  if a.p ~= p or a.made > KEEP_QUEUES then
+    a.p, a.pq, a.made = p, 'tq:{' .. string.sub(p, 9, #p - 2), 0
+    a.w, a.d, a.x = p .. 'ev:w', p .. 'ev:d', p .. 'ev:x'
+    a.q, a.j = {}, {}
+  end
+  return a.pq, a.w, a.d, a.x, a.q, a.j
+end
 local P = ARGV[1]
--- 'tq:{<namespace>' : what every queue's keys start with ('typedq:{' is 8 characters).
-local PQ = 'tq:{' .. string.sub(P, 9, #P - 2)
+-- qprefix: queue -> its keys' prefix; jprefix: queue -> its job keys' prefix.
+local PQ, CH_WORK, CH_DONE, CH_CANCEL, qprefix, jprefix = app_names(P)
 
--- A queue's key prefix, built once per queue and script.
-local qprefix = {}
+-- A queue's key prefix, built once per queue (while the app prefix stays the same).
 local function k_q(q)
   local p = qprefix[q]
   if not p then
     p = PQ .. ':' .. q .. '}:'
     qprefix[q] = p
+    app.made = app.made + 1
   end
   return p
 end
 -- A job's key: the queue's tag and the id (no separator: an id starts with a letter or
 -- digit, every other key of the queue continues the tag with ':').
-local jprefix = {}
 local function k_job(q, id)
   local p = jprefix[q]
   if not p then
     p = PQ .. ':' .. q .. '}'
     jprefix[q] = p
+    app.made = app.made + 1
   end
   return p .. id
 end
@@ -65,9 +84,6 @@ local ROLLUP_TTL_S = 25 * 3600
 -- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
 local function k_events(q) return k_q(q) .. 'ev' end
 local function k_events_cfg(q) return k_q(q) .. 'E' end
-local CH_WORK = P .. 'ev:w'
-local CH_DONE = P .. 'ev:d'
-local CH_CANCEL = P .. 'ev:x'
 -- A queue's own channels (Redis Cluster, see sharded.lua).
 local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
 
@@ -205,6 +221,27 @@ local function push_entry(q, prio, id, o, e, m, r)
   redis.call('HSET', k_idx(q, id), id, idx_val(o, prio))
   redis.call('LPUSH', k_wait(q, prio), pack_entry(id, o, e, m, r))
   redis.call('ZADD', k_levels(q), level_score(prio), prio)
+end
+
+-- Push packed waiting entries (enqueue.lua) onto level `prio`'s list `lk` of queue `q`,
+-- 500 per LPUSH, and mark the level non-empty.
+local function push_entries(q, prio, lk, entries)
+  for s = 1, #entries, 500 do
+    redis.call('LPUSH', lk, unpack(entries, s, math.min(s + 499, #entries)))
+  end
+  redis.call('ZADD', k_levels(q), level_score(prio), prio)
+end
+
+-- The refusal of an enqueue that would take queue `q` past `limit` waiting and
+-- scheduled jobs with `extra` more (nil: room enough).
+local function queue_full(q, extra, limit)
+  local c = redis.call('HMGET', k_counts(q), 'w', 's')
+  local pending = (tonumber(c[1]) or 0) + (tonumber(c[2]) or 0)
+  if pending + extra > limit then
+    return redis.error_reply(string.format('TYPEDQ_QUEUE_FULL %s %d %d %d', q, pending, extra,
+      limit))
+  end
+  return nil
 end
 
 local function entry_order(v) return tonumber(string.match(v, '^[^|]+|(%d+)|')) end
@@ -359,6 +396,7 @@ end
 -- Per-queue rollup deltas (completed/failed/retried), written once per queue at the end
 -- of a script, like the count deltas.
 local rollups = {}
+local minute_text = {}  --@keep
 local function roll(q, field)
   local m = rollups[q]
   if not m then m = {}; rollups[q] = m end
@@ -366,8 +404,11 @@ local function roll(q, field)
 end
 local function flush_rollups()
   if next(rollups) == nil then return end
-  -- The minute of the script's own clock reading (one TIME call fewer per script).
-  local minute = string.format('%d', math.floor((last_now or now_us()) / 60000000))
+  -- The minute of the script's own clock reading (one TIME call fewer per script), as
+  -- text made once per minute (kept across calls: a number's text, nothing else).
+  local n = math.floor((last_now or now_us()) / 60000000)
+  if minute_text.n ~= n then minute_text.n, minute_text.t = n, string.format('%d', n) end
+  local minute = minute_text.t
   for q, m in pairs(rollups) do
     local hk = k_minute(q, minute)
     local fresh = false
@@ -532,9 +573,10 @@ local function note_done(q, id) done_ids[#done_ids + 1] = id end
 local function publish_cancel(q, id) redis.call('PUBLISH', CH_CANCEL, id) end
 local function publish()
   if #done_ids > 0 then redis.call('PUBLISH', CH_DONE, table.concat(done_ids, ' ')) end
+  if next(work_queues) == nil then return end  -- (no table for a call that woke nothing)
   local qs = {}
   for q in pairs(work_queues) do qs[#qs + 1] = q end
-  if #qs > 0 then redis.call('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
+  redis.call('PUBLISH', CH_WORK, table.concat(qs, ' '))
 end
 --@sharded
 
@@ -586,18 +628,12 @@ local function emit_event(id, q, state)
     body_task(r[1]), 's', state, 'd', data or '', 'a', r[4] or '0')
 end
 
--- `extra`: more field/value pairs to write with the state (one HSET instead of two);
--- when they set the token 't' (to ''), no HDEL of it follows.
-local function finalize(id, q, from, state, now, extra)
-  local jk = k_job(q, id)
+-- The rest of a job's move to a final state, once its hash holds the state (finalize,
+-- complete_one): into the done set (`at`: the finish time's text), counts, rollup,
+-- wake-up, event, its flow. `fl`: what the script knows of its flow link (as
+-- flow_links holds it; nil: not read yet).
+local function finalize_after(id, q, jk, from, state, now, at, fl)
   local done_key = k_done(q, state)
-  local at = num_text(now)
-  if extra then
-    redis.call('HSET', jk, 's', state, 'fa', at, unpack(extra))
-  else
-    redis.call('HSET', jk, 's', state, 'fa', at)
-  end
-  if not extra or extra[#extra - 1] ~= 't' then redis.call('HDEL', jk, 't') end
   if zbatch then
     local m = done_adds[done_key]
     if not m then m = {}; done_adds[done_key] = m end
@@ -610,7 +646,6 @@ local function finalize(id, q, from, state, now, extra)
   if state == 'c' or state == 'f' then roll(q, state) end
   note_done(q, id)
   emit_event(id, q, state)
-  local fl = flow_links[jk]
   if fl == true then
     -- A job of a flow whose link was not read yet (complete_one): link and outcome in
     -- one read.
@@ -626,6 +661,20 @@ local function finalize(id, q, from, state, now, extra)
     local out = redis.call('HMGET', jk, 'res', 'err')
     flow_settle(fl[4], fl[1], fl[2], fl[3], state, out[1], out[2], now, q, id)
   end
+end
+
+-- `extra`: more field/value pairs to write with the state (one HSET instead of two);
+-- when they set the token 't' (to ''), no HDEL of it follows.
+local function finalize(id, q, from, state, now, extra)
+  local jk = k_job(q, id)
+  local at = num_text(now)
+  if extra then
+    redis.call('HSET', jk, 's', state, 'fa', at, unpack(extra))
+  else
+    redis.call('HSET', jk, 's', state, 'fa', at)
+  end
+  if not extra or extra[#extra - 1] ~= 't' then redis.call('HDEL', jk, 't') end
+  finalize_after(id, q, jk, from, state, now, at, flow_links[jk])
 end
 
 -- Release the concurrency slot `slot` (the job hash's 'ck', nil: none) that job `id`
@@ -652,8 +701,6 @@ local function complete_one(q, id, tok, res, now)
   local r = read_hash(q, id, 's', 't', 'd', 'ck', 'fl')
   if not r then return not_active_answer(q, id) end
   if r[1] == 'a' and r[2] == tok then
-    -- (true: a job of a flow whose link finalize reads, with the result it reads anyway)
-    flow_links[k_job(q, id)] = r[5] and true or false
     local ak = k_active(q)
     if zbatch then
       local ids = active_rems[ak]
@@ -663,9 +710,14 @@ local function complete_one(q, id, tok, res, now)
       redis.call('ZREM', ak, id)
     end
     free_slot(id, q, r[4])
-    -- The token is cleared in the same HSET (every reader of 't' checks the state 'a'
-    -- first): one HDEL fewer per job.
-    finalize(id, q, 'a', 'c', now, {'res', res, 'd', tok, 't', ''})
+    -- finalize's work, without its table of extra fields: the result and the token go
+    -- in the state's HSET, and the token is cleared there too (every reader of 't'
+    -- checks the state 'a' first): one HDEL fewer per job.
+    local jk, at = k_job(q, id), num_text(now)
+    redis.call('HSET', jk, 's', 'c', 'fa', at, 'res', res, 'd', tok, 't', '')
+    -- (true: a job of a flow whose link finalize_after reads, with the result it reads
+    -- anyway)
+    finalize_after(id, q, jk, 'a', 'c', now, at, r[5] and true or false)
     return 0
   end
   if r[3] == tok then return 1 end
@@ -824,6 +876,15 @@ local function flow_reply(r)
   end
   return t
 end
+
+-- The answer of a claim with a settle section (claim.lua): the claim's answer and the
+-- completions' outcomes, once the completions' counts are written and announced.
+local function settle_answer(out, settled)
+  flush_counts()
+  publish()
+  return flow_reply({out, settled})
+end
+
 -- The reaper: hand back up to `limit` entries of queue q's outbox written `age` µs or
 -- more ago (their writer died before it applied them, or its apply failed).
 local function flow_outbox_due(q, now, age, limit)

@@ -36,9 +36,11 @@ for i = 0, n - 1 do
     return bad_args('enqueue')
   end
 end
--- The shared queue, priority, eta and delay (nil: each job has its own).
+-- The one queue, priority, eta and delay of every job of the call (nil: each job has
+-- its own): the shared form's, or the one job's (its arguments are at the same places).
+-- With one queue, what is kept per queue below is a number, not a table per call.
 local sq, sprio, seta, sdelay
-if shared then sq, sprio, seta, sdelay = ARGV[5], ARGV[6], ARGV[7], ARGV[8] end
+if shared or n == 1 then sq, sprio, seta, sdelay = ARGV[5], ARGV[6], ARGV[7], ARGV[8] end
 
 local prev = redis.pcall('GET', KEYS[2])
 if type(prev) == 'string' and #prev == n then
@@ -48,7 +50,8 @@ if type(prev) == 'string' and #prev == n then
 end
 
 local now = now_us()
-local new, adding, fresh = {}, {}, 0
+-- adding: queue -> its new jobs (several queues; with one, that is `fresh`).
+local new, adding, fresh = {}, not sq and {}, 0
 local seen = n > 1 and {}  -- (one job: no repeats to look for)
 for i = 0, n - 1 do
   local b = first + stride * i
@@ -58,25 +61,38 @@ for i = 0, n - 1 do
   if ik and redis.call('HEXISTS', ik, id) == 0 then
     new[i] = ik  -- the id's index bucket (one SHA1 per job)
     fresh = fresh + 1
-    adding[q] = (adding[q] or 0) + 1
+    if adding then adding[q] = (adding[q] or 0) + 1 end
   end
   if seen then seen[key] = true end
 end
 if limit > 0 then
-  for q, extra in pairs(adding) do
-    local c = redis.call('HMGET', k_counts(q), 'w', 's')
-    local pending = (tonumber(c[1]) or 0) + (tonumber(c[2]) or 0)
-    if pending + extra > limit then
-      return redis.error_reply(string.format('TYPEDQ_QUEUE_FULL %s %d %d %d', q, pending, extra, limit))
+  if sq then
+    local full = fresh > 0 and queue_full(sq, fresh, limit)
+    if full then return full end
+  else
+    for q, extra in pairs(adding) do
+      local full = queue_full(q, extra, limit)
+      if full then return full end
     end
   end
 end
 
 -- Validated: from here on, only writes.
-local orders = {}
-for q, extra in pairs(adding) do orders[q] = redis.call('INCRBY', k_seq(q), num_text(extra)) - extra end
+-- The last order taken: per queue (orders), or of the one queue (order).
+local orders, order = nil, 0
+if sq then
+  if fresh > 0 then order = redis.call('INCRBY', k_seq(sq), num_text(fresh)) - fresh end
+else
+  orders = {}
+  for q, extra in pairs(adding) do
+    orders[q] = redis.call('INCRBY', k_seq(q), num_text(extra)) - extra
+  end
+end
 local out = {}
-local lists, list_order = {}, {}
+-- The waiting entries to push: of the one queue's one level (one_list), or per level
+-- list (lists: list key -> entries; list_order: {list key, queue, priority} per list).
+local one_list, lists, list_order = nil, nil, nil
+if sq then one_list = {} else lists, list_order = {}, {} end
 local now_text = last_now_text
 for i = 0, n - 1 do
   local b = first + stride * i
@@ -89,8 +105,12 @@ for i = 0, n - 1 do
     elseif delay ~= '0' and tonumber(delay) > 0 then
       run_at = now + tonumber(delay)
     end
-    local order = orders[q] + 1
-    orders[q] = order
+    if orders then
+      order = orders[q] + 1
+      orders[q] = order
+    else
+      order = order + 1
+    end
     if run_at > now then
       local f = {s = 's', q = q, o = order, e = now, p = prio ~= '0' and prio, r = run_at,
         m = ARGV[b + body_at]}
@@ -98,12 +118,15 @@ for i = 0, n - 1 do
       redis.call('ZADD', k_sched(q), run_at, id)
       count(q, 's', 1)
     else
-      local lk = k_wait(q, prio)
-      local l = lists[lk]
+      local l = one_list
       if not l then
-        l = {}
-        lists[lk] = l
-        list_order[#list_order + 1] = {lk, q, prio}
+        local lk = k_wait(q, prio)
+        l = lists[lk]
+        if not l then
+          l = {}
+          lists[lk] = l
+          list_order[#list_order + 1] = {lk, q, prio}
+        end
       end
       local o = int_text(order)
       l[#l + 1] = pack_entry(id, o, now_text, ARGV[b + body_at])
@@ -116,13 +139,12 @@ for i = 0, n - 1 do
     out[i + 1] = 0
   end
 end
-for _, entry in ipairs(list_order) do
-  local lk, q, prio = entry[1], entry[2], entry[3]
-  local ids = lists[lk]
-  for s = 1, #ids, 500 do
-    redis.call('LPUSH', lk, unpack(ids, s, math.min(s + 499, #ids)))
+if one_list then
+  if #one_list > 0 then push_entries(sq, sprio, k_wait(sq, sprio), one_list) end
+else
+  for _, entry in ipairs(list_order) do
+    push_entries(entry[2], entry[3], entry[1], lists[entry[1]])
   end
-  redis.call('ZADD', k_levels(q), level_score(prio), prio)
 end
 if fresh > 0 then redis.call('SET', KEYS[2], table.concat(out), 'PX', REQ_TTL_MS) end
 flush_counts()

@@ -19,6 +19,10 @@ assignment is moved into a function that runs at the start of every call, in fil
 (:func:`build_library` finds them: a statement at column 0 starting with ``local`` that
 is not ``local function``). A bare ``local name`` is per-call state too (reset to nil),
 unless the top level assigns it later (``name = function ...``: a forward declaration).
+A ``local name = {}  --@keep`` is the exception: a cache made once, at load, and kept
+from call to call (its helpers decide what it holds and bound it; it may not be
+assigned, only filled), for values derived from a call's arguments alone that every
+call would otherwise build again (``common.lua``'s ``app``: the app prefix's strings).
 
 Line numbers: the library keeps every file's lines in place (the shebang line becomes
 the line that registers the function), so a line of the library is one line of one file;
@@ -45,6 +49,8 @@ _SHARDED_AT = "--@sharded"
 _PARTS = ("common.lua", "sharded.lua")
 #: Stands for the library's name while its hash is computed.
 _NAME_MARK = "typedq_@@"
+#: Marks a top-level ``local name = {}`` of the shared part as a cache kept across calls.
+_KEEP = "--@keep"
 #: Names of the generated per-call reset functions (not used by the Lua files).
 _BEGIN = "typedq_begin"
 #: At most this many names per reset function (Lua 5.1 allows 60 upvalues per function).
@@ -172,6 +178,12 @@ def _prelude(
             cont = _continues(more)
             i += 1
         value = "\n".join(statement).split("=", 1)[1] if m.group(2) == "=" else ""
+        if m.group(2) == "=" and _code(value).strip() == "{}" and _KEEP in text:
+            # A cache kept across calls: made once, at load; its helpers bound it.
+            for name in names:
+                constants[name] = f"{file}:{at}"
+            out.append((file, at, text))
+            continue
         if m.group(2) == "=" and _is_literal(value):
             # A constant: set once, at load (a literal needs no globals there).
             for name in names:
