@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from typedq import names
+from typedq.broker.base import check_claim_id, new_claim_id
 from typedq.names import check_job_id, new_job_id
 
 CROCKFORD = set("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
@@ -111,3 +112,22 @@ def test_a_forked_child_does_not_repeat_its_parents_ids() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split() == ["50", "50", "0"]
+
+
+@pytest.mark.parametrize("good", ["0" * 8, "0123456789abcdef", "f" * 64])
+def test_check_claim_id_accepts_8_to_64_lowercase_hex_digits(good: str) -> None:
+    assert check_claim_id(good) == good
+
+
+def test_new_claim_ids_pass_check_claim_id() -> None:
+    for _ in range(100):
+        claim_id = new_claim_id()
+        assert check_claim_id(claim_id) == claim_id
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "0" * 7, "f" * 65, "0123456789ABCDEF", "0123456789abcdeg", "01234567 ", "é" * 8]
+)
+def test_check_claim_id_refuses_anything_else(bad: str) -> None:
+    with pytest.raises(ValueError, match="lowercase hex"):
+        check_claim_id(bad)

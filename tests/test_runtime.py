@@ -263,6 +263,32 @@ async def test_one_runner_isolates_each_jobs_end_from_the_next(app_name: str) ->
     assert runs == ["slow", "fine", "hang", "fine", "crash", "fine"]
 
 
+async def test_every_idle_runner_is_woken_for_a_claim(app_name: str) -> None:
+    """Jobs claimed together while every runner waits each wake a runner of their own
+    (a bare future per waiting runner on asyncio, an anyio event on trio): four jobs
+    that only finish once all four run at once must all start, round after round."""
+    app = make_app(app_name)
+    running = 0
+    all_in = anyio.Event()
+
+    @app.task
+    async def meet(x: In) -> Out:
+        nonlocal running, all_in
+        running += 1
+        if running == 4:
+            all_in.set()
+        await all_in.wait()
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=4):
+            for round_ in range(3):
+                running, all_in = 0, anyio.Event()
+                jobs = await meet.enqueue_many([In(round_ * 4 + n) for n in range(4)])
+                for n, job in enumerate(jobs):
+                    assert await job.result(timeout=10) == Out(round_ * 4 + n)
+
+
 async def test_a_claim_short_of_its_limit_is_not_followed_by_an_empty_one(
     app_name: str,
 ) -> None:

@@ -36,10 +36,11 @@ batch to the senders instead).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -55,6 +56,16 @@ I = TypeVar("I")  # noqa: E741 -- item
 R = TypeVar("R")
 
 
+class _Event(Protocol):
+    """What the batcher needs of an event: ``anyio.Event``, or ``asyncio.Event`` on asyncio."""
+
+    def set(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+    async def wait(self) -> object: ...
+
+
 class _Batch(Generic[I, R]):
     """Items gathered for one send, and their outcome.
 
@@ -64,7 +75,7 @@ class _Batch(Generic[I, R]):
 
     __slots__ = ("done", "error", "errors", "items", "results")
 
-    def __init__(self, event: Callable[[], anyio.Event] = anyio.Event) -> None:
+    def __init__(self, event: Callable[[], _Event] = anyio.Event) -> None:
         self.items: list[I] = []
         self.done = event()
         self.results: Sequence[R] = ()
@@ -141,11 +152,11 @@ class Batcher(Generic[I, R]):
         # wakes one of them, so a lone item is sent at once, and a busy sender takes the
         # next batch when its send returns.
         self._pending: deque[_Batch[I, R]] = deque()
-        self._idle: deque[anyio.Event] = deque()
+        self._idle: deque[_Event] = deque()
         self._inline = inline
         #: Makes the batches' events: the running event loop's own class, set by run()
         #: (``anyio.Event()`` finds the backend anew on every call).
-        self._event: Callable[[], anyio.Event] = anyio.Event
+        self._event: Callable[[], _Event] = anyio.Event
         #: Batches being sent by their own caller (``inline``), at most one at a time,
         #: and that batch while it is still open to callers of the same turn.
         self._inline_busy = 0
@@ -153,7 +164,15 @@ class Batcher(Generic[I, R]):
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Flush submitted items until cancelled. Runs in its owner's task group."""
-        self._event = type(anyio.Event())
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # another backend (trio)
+            self._event = type(anyio.Event())
+        else:
+            # On asyncio the loop's own event: anyio's wraps it, one more coroutine per
+            # waiting caller (nearly every item waits). A batch is never set before its
+            # callers wait, so anyio's extra checkpoint on a set event is never missed.
+            self._event = asyncio.Event
         try:
             async with anyio.create_task_group() as tg:
                 for _ in range(self.max_in_flight):

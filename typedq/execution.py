@@ -682,7 +682,7 @@ def _not_retried(record: FailureRecord, why: str) -> FailureRecord:
 def _timeout_of(task: Task[Any, Any], timeout: float) -> float | None:
     """The attempt's timeout in seconds, or None; odd numbers from a raw envelope mean
     the task's default (negative, NaN) or no limit (0, infinity)."""
-    if math.isnan(timeout) or timeout < 0:
+    if timeout != timeout or timeout < 0:  # NaN (compared inline: this runs per job)
         return task.options.timeout
     if timeout == 0 or math.isinf(timeout):
         return None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import msgspec
@@ -57,6 +57,8 @@ __all__ = ["GaveUp", "Settler"]
 
 # The settle path is part of the worker: users configure one logger for both.
 log = logging.getLogger("typedq.worker")
+
+T = TypeVar("T")
 
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -205,15 +207,13 @@ class Settler:
 
     async def _hand_back(self, claimed: ClaimedJob) -> None:
         release = Release(claimed.message.id, claimed.token)
-        result = await self._persist(claimed, "hand-back", lambda: self._release_one(release))
+        result = await self._persist(claimed, "hand-back", self._release_one, release)
         self.stats.released += 1
         self._check(claimed, result)
 
     async def _complete(self, claimed: ClaimedJob, outcome: Complete) -> None:
         completion = Completion(claimed.message.id, claimed.token, outcome.result, outcome.span)
-        result = await self._persist(
-            claimed, "completion", lambda: self._completer.submit(completion)
-        )
+        result = await self._persist(claimed, "completion", self._completer.submit, completion)
         self.stats.completed += 1
         self._check(claimed, result)
 
@@ -229,7 +229,7 @@ class Settler:
             refund=outcome.refund,
             span=outcome.span,
         )
-        result = await self._persist(claimed, "failure", lambda: self._failer.submit(failure))
+        result = await self._persist(claimed, "failure", self._failer.submit, failure)
         if outcome.cancelled:
             self.stats.cancelled += 1
         elif outcome.retry_delay is not None:
@@ -294,9 +294,11 @@ class Settler:
         self,
         claimed: ClaimedJob,
         what: str,
-        send: Callable[[], Awaitable[FinishOutcome]],
+        send: Callable[[T], Awaitable[FinishOutcome]],
+        item: T,
     ) -> FinishOutcome:
-        """Send an outcome until the broker answers it, with a capped backoff.
+        """Send an outcome (``send(item)``, no closure per job) until the broker answers it,
+        with a capped backoff.
 
         Re-sending is safe: transitions are idempotent per token (ALREADY_FINISHED), and
         a token the broker no longer honours is answered LEASE_LOST. While this retries,
@@ -311,7 +313,7 @@ class Settler:
         refused_since: float | None = None
         while True:
             try:
-                return await send()
+                return await send(item)
             except BrokerError as exc:
                 tries += 1
                 if self.observer is not None:

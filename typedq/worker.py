@@ -37,6 +37,7 @@ down mid-write.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import dataclasses
 import logging
@@ -239,7 +240,7 @@ class Worker(Generic[TIn, TOut]):
         self._queued: deque[tuple[ClaimedJob, Running]] = deque()
         #: What wakes each runner waiting for a job (a plain deque and events: an anyio
         #: memory stream costs several times more per blocked receive).
-        self._idle: list[anyio.Event] = []
+        self._idle: list[anyio.Event | asyncio.Future[None]] = []
         self._claim_done: anyio.Event | None = None
         self._phase_scope: anyio.CancelScope | None = None
         self._wait_scope: anyio.CancelScope | None = None
@@ -640,8 +641,14 @@ class Worker(Generic[TIn, TOut]):
                 # A claim that was in flight when shutdown cancelled the rest: hand back.
                 running.cancel("shutdown")
             self._queued.append((claimed, running))
-            if self._idle:
-                self._idle.pop().set()
+            while self._idle:
+                wake = self._idle.pop()
+                if not isinstance(wake, asyncio.Future):
+                    wake.set()
+                    break
+                if not wake.done():  # done: its runner was cancelled (shutdown)
+                    wake.set_result(None)
+                    break
 
     def _holders(self, job_id: str) -> list[Running]:
         return list(self._by_job.get(job_id, ()))
@@ -750,13 +757,26 @@ class Worker(Generic[TIn, TOut]):
         each in a fresh copy of this task's context, so what a job sets in contextvars
         (its span, a handler's own variables) is its own, as in a task of its own."""
         queued = self._queued
+        idle = self._idle
+        try:
+            # On asyncio a bare future is the cheapest wake-up (an anyio event wraps an
+            # asyncio.Event, which makes a future per wait anyway); anyio's cancel scopes
+            # still cancel the wait, as they cancel any await of the task.
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # another backend (trio)
+            loop = None
         # The event loop's own event class (anyio.Event() finds the backend each call).
         event = type(anyio.Event())
         while True:
             if not queued:
-                wake = event()
-                self._idle.append(wake)
-                await wake.wait()
+                if loop is not None:
+                    future: asyncio.Future[None] = loop.create_future()
+                    idle.append(future)
+                    await future
+                else:
+                    wake = event()
+                    idle.append(wake)
+                    await wake.wait()
                 continue
             claimed, running = queued.popleft()
             await run_in_context(contextvars.copy_context(), self._run_job(claimed, running))

@@ -1279,12 +1279,13 @@ class RedisBroker(ScheduleOps, Broker):
         self._notes.claim_answered(queues, int(reply[0]))
         claimed: list[ClaimedJob] = []
         broken: list[Failure] = []
+        held = self._held
         for i in range(1, len(reply), _CLAIMED_FIELDS):
             job_id, raw, tok, attempt, enqueued, stalls, queue, due = reply[i : i + _CLAIMED_FIELDS]
-            job_id, tok = text(job_id), text(tok)
-            self._held[tok] = (job_id, text(queue))
+            job_id, tok, queue = text(job_id), text(tok), text(queue)
+            held[tok] = (job_id, queue)
             try:
-                message = decode_job(job_id, text(queue), raw)
+                message = decode_job(job_id, queue, raw)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 broken.append(self._decode_failure(job_id, tok, raw, exc, int(attempt), worker_id))
                 continue
@@ -1393,7 +1394,8 @@ class RedisBroker(ScheduleOps, Broker):
         (its slot), all sent at once (see :meth:`_claim_per_slot`)."""
         # A traced fan-out member's span goes with its completion (complete.lua), not
         # in the claim's settle section: rare, so one more round trip then.
-        if not items or limit <= 0 or not queues or any(c.span for c in items):
+        # (A list, not a generator: no generator step per completion.)
+        if not items or limit <= 0 or not queues or any([c.span for c in items]):
             return await super().complete_and_claim(
                 items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
             )
