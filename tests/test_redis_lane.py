@@ -169,3 +169,23 @@ async def test_concurrent_calls_take_the_pool_when_the_lane_is_busy(url: str) ->
                 tg.start_soon(claim)
     assert sorted(got) == [f"j{i}" for i in range(8)]
     assert 1 <= len(sent) < 4
+
+
+async def test_closing_the_broker_closes_the_lane_connection(url: str) -> None:
+    """The lane's connection goes back to the pool at close and is closed with it: no
+    connection of the app is left open on Redis."""
+    async with raw_redis(url) as raw:
+        async with broker_at(url, "laneclose") as broker:
+            await broker.enqueue([message("a")])
+            sent = lane_calls(broker)
+            await broker.claim(["q"], 1, worker_id="w", lease=30)
+            assert len(sent) == 1
+            names = [c["name"] for c in await raw.client_list()]
+            assert "typedq:laneclose" in names
+        # Redis may take a moment to notice a closed socket.
+        for _ in range(100):
+            names = [c["name"] for c in await raw.client_list()]
+            if "typedq:laneclose" not in names:
+                break
+            await anyio.sleep(0.05)
+        assert "typedq:laneclose" not in names

@@ -254,9 +254,11 @@ class Lane:
             self.busy = False
 
     async def close(self) -> None:
-        """Give the connection back to the pool (it is reused, or closed with it)."""
+        """Give the connection back to the pool (it is reused, or closed with it). One a
+        call still uses stays checked out: the pool's disconnect closes it, and nobody
+        else gets it meanwhile."""
         conn, self._conn = self._conn, None
-        if conn is not None:
+        if conn is not None and not self.busy:
             await self._pool.release(conn)
 
 
