@@ -32,11 +32,11 @@ except ImportError:  # redis-py works without it; its own packer is used then
 __all__ = [
     "CLUSTER_SCHEMES",
     "CONNECT_TIMEOUT",
-    "Lane",
     "HEALTH_CHECK_INTERVAL",
     "MAX_CONNECTIONS",
     "RETRIES",
     "SOCKET_TIMEOUT",
+    "Lane",
     "answers_plain_text",
     "cluster_nodes",
     "cluster_node_url",
