@@ -77,6 +77,7 @@ from .connection import (
     HEALTH_CHECK_INTERVAL,
     MAX_CONNECTIONS,
     SOCKET_TIMEOUT,
+    Lane,
     answers_plain_text,
     cluster_node_url,
     cluster_nodes,
@@ -106,6 +107,9 @@ HANDOFF_AGE = 5.0
 #: "Function not found", where they are not one transaction (Redis Cluster, an ACL user
 #: without MULTI): another flush may come between a load and the re-send.
 _LOADS = 5
+#: Scripts sent on the broker's :class:`~typedq.broker.redis.connection.Lane` when it is
+#: free (standalone Redis): the worker's calls of every job (claim, settle and claim).
+_LANE_SCRIPTS = frozenset({"claim", "complete"})
 
 
 def _missing(reply: object) -> bool:
@@ -144,6 +148,8 @@ class RedisBroker(ScheduleOps, Broker):
         self.keys = Keys(check_name("app", settings.namespace))
         self._redis: aioredis.Redis | None = None
         self._sub_client: aioredis.Redis | None = None
+        # A connection kept for the worker's calls of every job (standalone Redis only).
+        self._lane: Lane | None = None
         self._notes = Notifications(self.keys)
         self._where = "Redis"
         self._password: str | None = None
@@ -201,6 +207,7 @@ class RedisBroker(ScheduleOps, Broker):
             )
         except ValueError as exc:
             raise ConfigError(f"bad Redis URL {redact_url(self.url)!r}: {exc}") from None
+        self._lane = Lane(self._redis.connection_pool)
         kwargs = self._redis.connection_pool.connection_kwargs
         self._password = kwargs.get("password")
         if "path" in kwargs:
@@ -497,6 +504,10 @@ class RedisBroker(ScheduleOps, Broker):
             with contextlib.suppress(BrokerError):
                 await self._eval_many(self._ack_calls(acks))
         await self._notes.close()
+        lane, self._lane = self._lane, None
+        if lane is not None:
+            with contextlib.suppress(Exception):
+                await lane.close()
         for client in (self._sub_client, self._redis):
             if client is not None:
                 with contextlib.suppress(Exception):
@@ -579,7 +590,7 @@ class RedisBroker(ScheduleOps, Broker):
     async def _eval_one(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Call script ``name`` (a function of the library) with ``keys`` and ``args``."""
         function = self._library.functions[name]
-        execute: Any = self._conn().execute_command  # untyped in redis-py
+        execute: Any = self._executor(name)
         try:
             reply = await execute("FCALL", function, len(keys), *keys, *args)
         except rexc.ResponseError as exc:
@@ -591,6 +602,14 @@ class RedisBroker(ScheduleOps, Broker):
         if isinstance(reply, Exception):
             self._raise(reply, name)
         return reply
+
+    def _executor(self, name: str) -> Any:
+        """What sends script ``name``: the lane when it is free and the script is one of
+        the worker's per-job calls, else the pooled client (untyped in redis-py)."""
+        lane = self._lane
+        if lane is not None and not lane.busy and name in _LANE_SCRIPTS:
+            return lane.execute
+        return self._conn().execute_command
 
     async def _reload_and_send(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]

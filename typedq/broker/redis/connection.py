@@ -36,6 +36,7 @@ __all__ = [
     "MAX_CONNECTIONS",
     "RETRIES",
     "SOCKET_TIMEOUT",
+    "Lane",
     "answers_plain_text",
     "cluster_nodes",
     "cluster_node_url",
@@ -200,6 +201,65 @@ def _with_lost_send_fix(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPoo
     base = pool.connection_class
     pool.connection_class = type(base.__name__, (_LostSendIsConnectionError, base), {})
     return pool
+
+
+class Lane:
+    """One connection of a client's pool, kept out of it for one caller at a time: the
+    worker's hot script calls (claim, settle and claim) without the pool's checkout and
+    release, redis-py's observability hooks and its per-command plumbing around them.
+
+    The command still goes through the connection's own methods, so its semantics are the
+    pooled path's: the pool's class and settings (TLS, AUTH/ACL user, database, client
+    name, socket and connect timeouts, the fixes of :class:`_LostSendIsConnectionError`),
+    a reconnect on first use after a loss, the health check of an idle connection, the
+    same :class:`~redis.asyncio.retry.Retry` (the connection's own: on a connection error
+    or timeout it disconnects, backs off and sends again, which is safe because every
+    script is idempotent when re-sent), a disconnect when the caller is cancelled between
+    send and reply (no reply is left on the wire for the next call), and error replies
+    raised as redis-py's ``ResponseError`` subclasses. Only FCALL-like commands go here:
+    the reply is returned undecoded, as no response callback applies to them.
+
+    A caller finding :attr:`busy` takes the pooled path instead: the lane never waits.
+    """
+
+    __slots__ = ("_conn", "_pool", "busy")
+
+    def __init__(self, pool: aioredis.ConnectionPool) -> None:
+        self._pool: Any = pool  # get_connection is untyped in redis-py
+        self._conn: Any = None
+        #: True while a call is on the lane (then callers use the pool).
+        self.busy = False
+
+    async def execute(self, *args: Any) -> Any:
+        """Send one command on the lane's connection and return its reply (as
+        ``Redis.execute_command`` would for a command without a response callback)."""
+        self.busy = True
+        try:
+            conn = self._conn
+            if conn is None:
+                # Checked out once, for good: it counts against the pool's size, and the
+                # pool's disconnect (at close) closes it with the others.
+                conn = self._conn = await self._pool.get_connection()
+            packed = conn.pack_command(*args)
+
+            async def once() -> Any:
+                await conn.send_packed_command(packed)
+                return await conn.read_response()
+
+            async def failed(error: Exception, failures: int) -> None:
+                await conn.disconnect(error=error, failure_count=failures)
+
+            return await conn.retry.call_with_retry(once, failed, with_failure_count=True)
+        finally:
+            self.busy = False
+
+    async def close(self) -> None:
+        """Give the connection back to the pool (it is reused, or closed with it). One a
+        call still uses stays checked out: the pool's disconnect closes it, and nobody
+        else gets it meanwhile."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not self.busy:
+            await self._pool.release(conn)
 
 
 #: URL schemes of Redis Cluster (``rediss+cluster`` speaks TLS).

@@ -1,0 +1,191 @@
+"""The broker's lane (typedq.broker.redis.connection.Lane): the worker's per-job script
+calls (claim, settle and claim) sent on a connection kept out of the pool, with the
+pooled path's semantics: a lost reply re-sent (same claim id: nothing lost, nothing
+claimed twice), script errors naming their Lua file and line, a flushed library loaded
+again, a call cancelled between send and reply leaving no reply for the next call, and
+concurrent calls taking the pool instead of waiting.
+
+Every test talks to a real redis-server spawned by the suite (never :6379), some through
+:class:`tests.netproxy.NetProxy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.netproxy import NetProxy, net_proxy
+from tests.redis_harness import RedisProcess, flushall
+from tests.redis_support import broker_at, message, raw_redis
+from typedq.broker.base import Completion, FinishOutcome, JobState
+from typedq.broker.redis import RedisBroker
+from typedq.broker.redis.connection import Lane
+from typedq.broker.redis.scripts import read_scripts
+from typedq.errors import BrokerError
+
+pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """redis-py is asyncio-only."""
+    return "asyncio"
+
+
+@pytest.fixture
+def url(redis_server: RedisProcess) -> str:
+    flushall(redis_server.port)
+    return redis_server.url
+
+
+@pytest.fixture
+def proxy(redis_server: RedisProcess) -> Iterator[NetProxy]:
+    flushall(redis_server.port)
+    with net_proxy(redis_server.port, lifetime=60) as proxy:
+        yield proxy
+
+
+class RecordingLane(Lane):
+    """A lane that records the commands it sends."""
+
+    def __init__(self, pool: Any) -> None:
+        super().__init__(pool)
+        self.sent: list[tuple[Any, ...]] = []
+
+    async def execute(self, *args: Any) -> Any:
+        self.sent.append(args)
+        return await super().execute(*args)
+
+
+def lane_calls(broker: RedisBroker) -> list[tuple[Any, ...]]:
+    """The commands the broker's lane sends from now on (a recording lane in its place,
+    before the first call took a connection for it)."""
+    assert broker._lane is not None
+    lane = RecordingLane(broker._conn().connection_pool)
+    broker._lane = lane
+    return lane.sent
+
+
+async def test_claim_and_settle_go_on_the_lane(url: str) -> None:
+    """A claim and a settle-and-claim are FCALLs on the lane; other scripts are not."""
+    async with broker_at(url, "lane") as broker:
+        await broker.enqueue([message("a"), message("b")])
+        sent = lane_calls(broker)
+        (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        outcomes, jobs = await broker.complete_and_claim(
+            [Completion(job.message.id, job.token, b"\xc0")], ["q"], 1, worker_id="w", lease=30
+        )
+        await broker.get(["a"])
+        assert outcomes == [FinishOutcome.OK]
+        assert [j.message.id for j in jobs] == ["b"]
+        assert [args[0] for args in sent] == ["FCALL", "FCALL"]
+        function = broker._library.functions["claim"]
+        assert [args[1] for args in sent] == [function, function]
+
+
+async def test_a_lost_claim_reply_is_re_sent_on_the_lane(proxy: NetProxy) -> None:
+    """The claim ran on Redis, its reply was lost and the connection cut: the lane
+    reconnects and sends it again with the same claim id, which answers with the same
+    jobs: none lost (left active with nobody holding them), none claimed twice."""
+    async with broker_at(proxy.url(), "lanelost") as broker:
+        await broker.enqueue([message("a"), message("b"), message("c")])
+        sent = lane_calls(broker)
+        proxy.drop_next_reply()
+        jobs = await broker.claim(["q"], 2, worker_id="w", lease=30, claim_id="c1a1c1a1")
+        rest = await broker.claim(["q"], 5, worker_id="w", lease=30)
+        counts = await broker.counts("q")
+    assert proxy.stats.replies_dropped == 1
+    assert len(sent) == 2  # the one lost, then the next claim: the re-send was inside
+    assert [j.message.id for j in jobs] == ["a", "b"]
+    assert [j.message.id for j in rest] == ["c"]
+    assert (counts[JobState.ACTIVE], counts[JobState.WAITING]) == (3, 0)
+
+
+async def test_a_script_error_on_the_lane_names_the_lua_file_and_line(url: str) -> None:
+    async with broker_at(url, "laneerr") as broker, raw_redis(url) as raw:
+        await broker.enqueue([message("a")])
+        # The queue's active set made a string: the claim's write to it fails.
+        await raw.delete(broker.keys.active("q"))
+        await raw.set(broker.keys.active("q"), "not a sorted set")
+        sent = lane_calls(broker)
+        with pytest.raises(BrokerError) as failed:
+            await broker.claim(["q"], 1, worker_id="w", lease=30)
+    assert len(sent) == 1
+    text = str(failed.value)
+    assert "claim" in text
+    assert "WRONGTYPE" in text
+    # "(typedq/broker/lua/<file>:<line>)": that line of that file makes the call.
+    where = text.rpartition("(typedq/broker/lua/")[2].rstrip(")")
+    file, _, line = where.partition(":")
+    source = read_scripts()[file].split("\n")[int(line) - 1]
+    assert "redis.call('ZADD', k_active(q)" in source
+
+
+async def test_a_flushed_library_is_loaded_again_for_the_lane(url: str) -> None:
+    async with broker_at(url, "laneflush") as broker, raw_redis(url) as raw:
+        await broker.enqueue([message("a")])
+        await raw.function_flush()
+        sent = lane_calls(broker)
+        jobs = await broker.claim(["q"], 1, worker_id="w", lease=30)
+    assert [j.message.id for j in jobs] == ["a"]
+    assert len(sent) == 1  # "Function not found" there, then the load and re-send
+
+
+async def test_a_call_cancelled_on_the_lane_leaves_no_reply_behind(proxy: NetProxy) -> None:
+    """Cancelled between send and reply, the lane's connection is dropped: the next call
+    does not read the cancelled call's reply as its own."""
+    async with broker_at(proxy.url(), "lanecancel") as broker:
+        await broker.enqueue([message("a"), message("b")])
+        sent = lane_calls(broker)
+        proxy.set_latency(0.5)
+        with anyio.move_on_after(0.2) as scope:
+            await broker.claim(["q"], 1, worker_id="w", lease=30, claim_id="cace1ed0")
+        assert scope.cancelled_caught
+        proxy.set_latency(0)
+        await anyio.sleep(0.5)  # the cancelled call's reply, had it been kept, is here now
+        # The cancelled claim took "a" on Redis (its record answers a re-send with it);
+        # this claim, a new one, gets "b" and only "b".
+        jobs = await broker.claim(["q"], 5, worker_id="w", lease=30)
+        again = await broker.claim(["q"], 5, worker_id="w", lease=30, claim_id="cace1ed0")
+    assert len(sent) == 3
+    assert [j.message.id for j in jobs] == ["b"]
+    assert [j.message.id for j in again] == ["a"]
+
+
+async def test_concurrent_calls_take_the_pool_when_the_lane_is_busy(url: str) -> None:
+    async with broker_at(url, "lanebusy") as broker:
+        await broker.enqueue([message(f"j{i}") for i in range(8)])
+        sent = lane_calls(broker)
+        got: list[str] = []
+
+        async def claim() -> None:
+            got.extend(j.message.id for j in await broker.claim(["q"], 2, worker_id="w", lease=30))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(claim)
+    assert sorted(got) == [f"j{i}" for i in range(8)]
+    assert 1 <= len(sent) < 4
+
+
+async def test_closing_the_broker_closes_the_lane_connection(url: str) -> None:
+    """The lane's connection goes back to the pool at close and is closed with it: no
+    connection of the app is left open on Redis."""
+    async with raw_redis(url) as raw:
+        async with broker_at(url, "laneclose") as broker:
+            await broker.enqueue([message("a")])
+            sent = lane_calls(broker)
+            await broker.claim(["q"], 1, worker_id="w", lease=30)
+            assert len(sent) == 1
+            names = [c["name"] for c in await raw.client_list()]
+            assert "typedq:laneclose" in names
+        # Redis may take a moment to notice a closed socket.
+        for _ in range(100):
+            names = [c["name"] for c in await raw.client_list()]
+            if "typedq:laneclose" not in names:
+                break
+            await anyio.sleep(0.05)
+        assert "typedq:laneclose" not in names
