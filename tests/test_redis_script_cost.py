@@ -94,10 +94,9 @@ ENQUEUE_ONE = Counter(
     {
         "GET": 1,  # its request record (a re-sent call's answer)
         "TIME": 1,
-        "EXISTS": 1,  # no job of that id ...
-        "HEXISTS": 1,  # ... waiting either
+        "EXISTS": 1,  # no job key of that id (one EXISTS for up to 500 ids) ...
         "INCRBY": 1,
-        "HSET": 1,
+        "HSETNX": 1,  # ... and its index field, written where missing
         "LPUSH": 1,
         "ZADD": 1,
         "SET": 1,
@@ -105,7 +104,8 @@ ENQUEUE_ONE = Counter(
         "PUBLISH": 1,
     }
 )
-ENQUEUE_PER_JOB = Counter({"EXISTS": 1, "HEXISTS": 1, "HSET": 1})
+#: Each more waiting job of a batch: its index field (the job keys' EXISTS is per call).
+ENQUEUE_PER_JOB = Counter({"HSETNX": 1})
 #: complete.lua of one job (a worker whose claim loop does not settle).
 COMPLETE_ONE = Counter(
     {

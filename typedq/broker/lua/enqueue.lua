@@ -50,6 +50,65 @@ if type(prev) == 'string' and #prev == n then
 end
 
 local now = now_us()
+-- The usual call (a bulk enqueue, or one job): one queue, level and time for every job,
+-- none scheduled, and no max_queue_length the call could pass even were every job new.
+-- Then a job is new unless its key exists (one EXISTS of all the job keys: none, as a
+-- rule) or its index field does: HSETNX writes the field where it is missing and says
+-- whether it was (a repeated id of the call finds its first occurrence's), so the
+-- index costs one command per job instead of HEXISTS then HSET. The orders are taken
+-- before (INCRBY of the jobs with no key) and the ones not used given back (the
+-- repeats, rare), so the new jobs' orders stay dense and in call order, as below.
+if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
+    and (limit <= 0 or not queue_full(sq, n, limit)) then
+  local keys, ids = {}, {}
+  for i = 0, n - 1 do
+    local id = ARGV[first + stride * i]
+    ids[i + 1] = id
+    keys[i + 1] = k_job(sq, id)
+  end
+  -- keyless[i]: job i has no key of its own (every job, when the one EXISTS says so).
+  local keyless, candidates, existing = nil, n, 0
+  for s = 1, n, 500 do
+    existing = existing + redis.call('EXISTS', unpack(keys, s, math.min(s + 499, n)))
+  end
+  if existing > 0 then
+    keyless, candidates = {}, 0
+    for i = 1, n do
+      keyless[i] = redis.call('EXISTS', keys[i]) == 0
+      if keyless[i] then candidates = candidates + 1 end
+    end
+  end
+  -- out: the answer; rec: the same as text for the request record (a number
+  -- table.concat formats with '%.14g', a sprintf each).
+  local out, rec, entries, fresh, order = {}, {}, {}, 0, 0
+  if candidates > 0 then
+    order = redis.call('INCRBY', k_seq(sq), num_text(candidates)) - candidates
+  end
+  local now_text, tail = last_now_text, sprio ~= '0' and '|' .. sprio or ''
+  for i = 1, n do
+    out[i], rec[i] = 0, '0'
+    if not keyless or keyless[i] then
+      local id, o = ids[i], int_text(order + fresh + 1)
+      if redis.call('HSETNX', k_idx(sq, id), id, o .. tail) == 1 then
+        fresh = fresh + 1
+        entries[fresh] = id .. '|' .. o .. '|' .. now_text .. '||' .. ARGV[first + stride * (i - 1) + body_at]
+        out[i], rec[i] = 1, '1'
+      end
+    end
+  end
+  if fresh < candidates then
+    redis.call('INCRBY', k_seq(sq), num_text(fresh - candidates))
+  end
+  if fresh > 0 then
+    push_entries(sq, sprio, k_wait(sq, sprio), entries)
+    count(sq, 'w', fresh)
+    work_queues[sq] = true
+    redis.call('SET', KEYS[2], table.concat(rec), 'PX', REQ_TTL_MS)
+  end
+  flush_counts()
+  publish()
+  return out
+end
 -- adding: queue -> its new jobs (several queues; with one, that is `fresh`).
 local new, adding, fresh = {}, not sq and {}, 0
 local seen = n > 1 and {}  -- (one job: no repeats to look for)
@@ -99,12 +158,7 @@ for i = 0, n - 1 do
   if new[i] then
     local id, q, prio, eta, delay = ARGV[b], sq, sprio, seta, sdelay
     if not shared then q, prio, eta, delay = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4] end
-    local run_at = 0
-    if eta ~= '0' and tonumber(eta) > 0 then
-      run_at = tonumber(eta)
-    elseif delay ~= '0' and tonumber(delay) > 0 then
-      run_at = now + tonumber(delay)
-    end
+    local run_at = run_at_of(eta, delay, now)
     if orders then
       order = orders[q] + 1
       orders[q] = order
