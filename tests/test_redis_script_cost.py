@@ -175,6 +175,22 @@ async def test_an_enqueue_makes_the_pinned_commands(url: str) -> None:
         assert per_job == ENQUEUE_PER_JOB, f"per job: {sorted(per_job.items())}"
 
 
+async def test_a_batch_checks_the_job_keys_once_unless_one_exists(url: str) -> None:
+    """One EXISTS of all the job keys per 500; only when it counts one (a job with a key
+    of its own, e.g. claimed, is named again) one EXISTS per job finds which."""
+    async with broker_at(url, "cost") as broker:
+        await broker.enqueue([message("warm")])
+        big = await commands_of(url, lambda: broker.enqueue([message(f"m{i}") for i in range(501)]))
+        assert (big["EXISTS"], big["HSETNX"], big["LPUSH"]) == (2, 501, 2)
+        await broker.claim(["q"], 1, worker_id="w", lease=30)  # "warm" gets a key
+        names = ["warm", "n1", "n2"]
+        again = await commands_of(url, lambda: broker.enqueue([message(i) for i in names]))
+        assert (again["EXISTS"], again["HSETNX"], again["INCRBY"]) == (1 + 3, 2, 1)
+        repeats = await commands_of(url, lambda: broker.enqueue([message("n1"), message("n3")]))
+        # The repeat's order is given back: a second INCRBY.
+        assert (repeats["EXISTS"], repeats["HSETNX"], repeats["INCRBY"]) == (1, 2, 2)
+
+
 async def test_a_completion_makes_the_pinned_commands(url: str) -> None:
     async with broker_at(url, "cost") as broker:
         await broker.enqueue([message(f"j{i}") for i in range(8)])

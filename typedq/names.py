@@ -79,9 +79,11 @@ def check_job_ids(job_ids: list[str]) -> None:
     """Check every id of ``job_ids`` as :func:`check_job_id` does (one regex scan of
     them all; the first bad one raises the same InvalidName)."""
     try:
-        ok = _JOB_ID_LINES.fullmatch("\n".join(job_ids) + "\n") is not None
+        lines = "\n".join(job_ids) + "\n"
     except TypeError:  # an id that is not a str
         ok = False
+    else:  # (an id holding a newline would read as two)
+        ok = lines.count("\n") == len(job_ids) and _JOB_ID_LINES.fullmatch(lines) is not None
     if not ok or not job_ids:
         for job_id in job_ids:
             check_job_id(job_id)

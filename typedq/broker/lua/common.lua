@@ -58,11 +58,12 @@ local function k_stale(q) return k_q(q) .. 'z' end
 -- job's by the first 16 bits of the SHA1 of its id (keys.py computes the same).
 local IDX_BUCKETS = 8192
 -- (The bucket formatted with '%d': a number concatenated is formatted with '%.14g',
--- several times the cost.)
-local function k_idx(q, id)
-  return k_q(q) .. 'i:'
-    .. string.format('%d', tonumber(string.sub(redis.sha1hex(id), 1, 4), 16) % IDX_BUCKETS)
+-- several times the cost.) A batch of one queue joins k_idx_prefix and idx_bucket itself.
+local function k_idx_prefix(q) return k_q(q) .. 'i:' end
+local function idx_bucket(id)
+  return string.format('%d', tonumber(string.sub(redis.sha1hex(id), 1, 4), 16) % IDX_BUCKETS)
 end
+local function k_idx(q, id) return k_idx_prefix(q) .. idx_bucket(id) end
 local function k_active(q) return k_q(q) .. 'a' end
 local function k_done(q, state) return k_q(q) .. 'd:' .. state end
 local function k_seq(q) return k_q(q) .. 'o' end

@@ -26,14 +26,20 @@ end
 -- (A '0' is taken as it is: most jobs have priority, eta and delay 0, and every tonumber
 -- of a string is a strtod. A queue name holds no '|': the job string's fields are
 -- separated by it.)
-for i = 0, n - 1 do
+-- The shared form's fields are looked at once, then only its ids.
+for i = 0, shared and 0 or n - 1 do
   local b = first + stride * i
-  local q, prio, eta, delay = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-  if not shared then q, prio, eta, delay = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4] end
-  if ARGV[b] == '' or ((i == 0 or not shared) and (q == '' or string.find(q, '|', 1, true)
+  local q, prio, eta, delay = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
+  if shared then q, prio, eta, delay = ARGV[5], ARGV[6], ARGV[7], ARGV[8] end
+  if ARGV[b] == '' or q == '' or string.find(q, '|', 1, true)
       or (prio ~= '0' and not is_int(prio)) or (eta ~= '0' and not tonumber(eta))
-      or (delay ~= '0' and not tonumber(delay)))) then
+      or (delay ~= '0' and not tonumber(delay)) then
     return bad_args('enqueue')
+  end
+end
+if shared then
+  for b = first, #ARGV, 2 do
+    if ARGV[b] == '' then return bad_args('enqueue') end
   end
 end
 -- The one queue, priority, eta and delay of every job of the call (nil: each job has
@@ -60,11 +66,11 @@ local now = now_us()
 -- repeats, rare), so the new jobs' orders stay dense and in call order, as below.
 if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
     and (limit <= 0 or not queue_full(sq, n, limit)) then
-  local keys, ids = {}, {}
+  local keys, ids, jp = {}, {}, k_job(sq, '')
   for i = 0, n - 1 do
     local id = ARGV[first + stride * i]
     ids[i + 1] = id
-    keys[i + 1] = k_job(sq, id)
+    keys[i + 1] = jp .. id  -- (k_job)
   end
   -- keyless[i]: job i has no key of its own (every job, when the one EXISTS says so).
   local keyless, candidates, existing = nil, n, 0
@@ -85,11 +91,13 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
     order = redis.call('INCRBY', k_seq(sq), num_text(candidates)) - candidates
   end
   local now_text, tail = last_now_text, sprio ~= '0' and '|' .. sprio or ''
+  local ip, format, call = k_idx_prefix(sq), string.format, redis.call
   for i = 1, n do
     out[i], rec[i] = 0, '0'
     if not keyless or keyless[i] then
-      local id, o = ids[i], int_text(order + fresh + 1)
-      if redis.call('HSETNX', k_idx(sq, id), id, o .. tail) == 1 then
+      local id = ids[i]
+      local o = format('%d', order + fresh + 1)
+      if call('HSETNX', ip .. idx_bucket(id), id, o .. tail) == 1 then  -- (k_idx)
         fresh = fresh + 1
         entries[fresh] = id .. '|' .. o .. '|' .. now_text .. '||' .. ARGV[first + stride * (i - 1) + body_at]
         out[i], rec[i] = 1, '1'
