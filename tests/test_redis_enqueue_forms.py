@@ -109,6 +109,7 @@ async def test_a_shared_form_with_a_delay_schedules_every_job(url: str) -> None:
         ["", "q", "1.5", 0, 0, "x", BODY],
         ["", "q", "0", "soon", 0, "x", BODY],
         ["", "q", "0", 0, 0, "", BODY],  # an empty id
+        ["", "q", "0", 0, 0, "x", BODY, "", BODY],  # an empty id after the first
         ["", "q", "0", 0, 0, "x", BODY, "y"],  # a job without its body
     ],
 )

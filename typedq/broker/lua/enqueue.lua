@@ -26,8 +26,10 @@ end
 -- (A '0' is taken as it is: most jobs have priority, eta and delay 0, and every tonumber
 -- of a string is a strtod. A queue name holds no '|': the job string's fields are
 -- separated by it.)
--- The shared form's fields are looked at once, then only its ids.
-for i = 0, shared and 0 or n - 1 do
+-- The shared form's fields are looked at once (with its first job), then only its ids.
+local checked = n - 1
+if shared and n > 1 then checked = 0 end
+for i = 0, checked do
   local b = first + stride * i
   local q, prio, eta, delay = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
   if shared then q, prio, eta, delay = ARGV[5], ARGV[6], ARGV[7], ARGV[8] end
@@ -38,7 +40,7 @@ for i = 0, shared and 0 or n - 1 do
   end
 end
 if shared then
-  for b = first, #ARGV, 2 do
+  for b = first + 2, #ARGV, 2 do
     if ARGV[b] == '' then return bad_args('enqueue') end
   end
 end
