@@ -9,6 +9,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio
 import msgspec
 import pydantic
 import pytest
@@ -108,6 +109,35 @@ async def test_a_bad_payload_in_a_bulk_enqueue_sends_nothing(broker_url: str) ->
         assert not any(o.created for o in again)
         counts = [await app.broker.counts(q) for q in (plain.queue, *split.queues)]
         assert sum(sum(c.values()) for c in counts) == 8
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("_broker_backend", EACH_BROKER, indirect=True)
+async def test_concurrent_bulk_enqueues_make_distinct_jobs(broker_url: str) -> None:
+    """Batches enqueued at once (their ids made per batch) never share an id, and each
+    batch's jobs come back in input order, all stored; a batch sent again stores nothing."""
+    app, plain, _ = _tasks(broker_url)
+    async with app:
+        batches = [[Invoice(b * 1000 + i) for i in range(150)] for b in range(6)]
+        results: list[list[Any]] = [[] for _ in batches]
+
+        async def send(b: int) -> None:
+            results[b] = await plain.enqueue_many(batches[b])
+
+        async with anyio.create_task_group() as tg:
+            for b in range(len(batches)):
+                tg.start_soon(send, b)
+        ids = [job.id for jobs in results for job in jobs]
+        assert len(set(ids)) == len(ids) == 900
+        assert all(job.created for jobs in results for job in jobs)
+        for jobs in results:
+            assert [job.id for job in jobs] == sorted(job.id for job in jobs)
+        again = await app.client.enqueue_many(
+            [plain.message(Invoice(0), job_id=i) for i in ids[:300]]
+        )
+        assert not any(o.created for o in again)
+        counts = await app.broker.counts(plain.queue)
+        assert sum(counts.values()) == 900
 
 
 def _reference_body(m: JobMessage) -> bytes:

@@ -16,7 +16,8 @@ import pytest
 
 from typedq import names
 from typedq.broker.base import check_claim_id, new_claim_id
-from typedq.names import check_job_id, new_job_id
+from typedq.errors import InvalidName
+from typedq.names import check_job_id, check_job_ids, new_job_id, new_job_ids
 
 CROCKFORD = set("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
 
@@ -78,6 +79,57 @@ def test_threads_sharing_a_millisecond_never_share_an_id(frozen_ms: list[int]) -
     everything = [job_id for out in made for job_id in out]
     assert len(everything) == 80_000
     assert len(set(everything)) == 80_000
+
+
+def test_a_batch_of_ids_is_what_one_at_a_time_would_make(frozen_ms: list[int]) -> None:
+    """new_job_ids(n) counts on from the block as n new_job_id calls would, across a run
+    of 1024 (the shared-prefix shortcut stops there) and mixed with single ids."""
+    block = names._id_block = names._IdBlock(frozen_ms[0] // 1_000_000)
+    block.start = (block.start & ~1023) + 1000  # 24 ids before the run ends
+    made = [new_job_id(), *new_job_ids(50), new_job_id(), *new_job_ids(0), *new_job_ids(3)]
+    expected = [names._job_id_of(block, block.start + i) for i in range(55)]
+    assert made == expected
+    assert made == sorted(made)
+    assert len(set(made)) == 55
+    assert made[1][:24] != made[50][:24]  # the batch crossed a run
+    for job_id in made:
+        assert check_job_id(job_id) == job_id
+        assert len(job_id) == 26
+        assert set(job_id) <= CROCKFORD
+
+
+def test_threads_making_batches_of_ids_never_share_one(frozen_ms: list[int]) -> None:
+    made: list[list[str]] = [[] for _ in range(4)]
+
+    def make(out: list[str]) -> None:
+        for i in range(2_000):
+            out.extend(new_job_ids(1 + i % 100) if i % 3 else [new_job_id()])
+
+    threads = [threading.Thread(target=make, args=(out,)) for out in made]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    everything = [job_id for out in made for job_id in out]
+    assert len(set(everything)) == len(everything)
+    for out in made:  # in creation order within each thread
+        assert out == sorted(out)
+
+
+@pytest.mark.parametrize("bad", ["", "-x", "a b", "a|b", "x" * 201, "ok\nok", 7, None, "é"])
+def test_check_job_ids_raises_what_check_job_id_raises(bad: object) -> None:
+    ids: list[object] = ["a", "b:c", bad, "d"]
+    with pytest.raises(InvalidName) as one:
+        check_job_id(bad)
+    with pytest.raises(InvalidName) as many:
+        check_job_ids(ids)  # type: ignore[arg-type]
+    assert str(many.value) == str(one.value)
+
+
+def test_check_job_ids_accepts_good_ids() -> None:
+    ids = ["a", "b:c", "x" * 200, *new_job_ids(100)]
+    check_job_ids(ids)
+    check_job_ids([])
 
 
 def test_two_blocks_of_one_millisecond_start_apart() -> None:

@@ -13,7 +13,7 @@ import pytest
 from tests import redis_support
 from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import message, raw_redis
-from typedq import BrokerError, JobState
+from typedq import BrokerError, JobState, QueueFull
 from typedq.broker.base import BrokerSettings, JobMessage
 from typedq.broker.redis import RedisBroker
 
@@ -109,6 +109,7 @@ async def test_a_shared_form_with_a_delay_schedules_every_job(url: str) -> None:
         ["", "q", "1.5", 0, 0, "x", BODY],
         ["", "q", "0", "soon", 0, "x", BODY],
         ["", "q", "0", 0, 0, "", BODY],  # an empty id
+        ["", "q", "0", 0, 0, "x", BODY, "", BODY],  # an empty id after the first
         ["", "q", "0", 0, 0, "x", BODY, "y"],  # a job without its body
     ],
 )
@@ -146,3 +147,119 @@ async def test_one_job_and_a_batch_over_two_queues_store_alike(url: str) -> None
         assert [
             j.message.id for j in await broker.claim(["other"], 10, worker_id="w", lease=30)
         ] == ["y"]
+
+
+# -- the waiting batch path (one EXISTS per call, HSETNX per job) ------------------------
+
+
+async def test_repeats_within_and_across_batches_are_stored_once(url: str) -> None:
+    """A repeated id is stored once, at its first occurrence, within one call and across
+    calls; the orders the repeats took are given back (dense: the order counter ends at
+    the number of jobs stored), and the index holds each job's own order."""
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        first = await broker.enqueue([message("a"), message("b"), message("a"), message("c")])
+        assert [o.created for o in first] == [True, True, False, True]
+        again = await broker.enqueue([message("c"), message("d"), message("b"), message("d")])
+        assert [o.created for o in again] == [False, True, False, False]
+        assert await raw.get(k.seq("q")) == b"4"
+        orders = [await raw.hget(k.index("q", i), i) for i in "abcd"]
+        assert orders == [b"1", b"2", b"3", b"4"]
+        assert await raw.llen(k.waiting("q", 0)) == 4
+        assert (await broker.counts("q"))[JobState.WAITING] == 4
+        records = await broker.get(["a", "b", "c", "d"])
+        assert [r.state if r else None for r in records] == [JobState.WAITING] * 4
+        jobs = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        assert [j.message.id for j in jobs] == ["a", "b", "c", "d"]
+
+
+async def test_a_batch_of_repeats_only_takes_no_order(url: str) -> None:
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        await broker.enqueue([message("a"), message("b")])
+        out = await broker.enqueue([message("b"), message("a"), message("b")])
+        assert [o.created for o in out] == [False] * 3
+        assert await raw.get(k.seq("q")) == b"2"
+        assert (await broker.counts("q"))[JobState.WAITING] == 2
+        nxt = await broker.enqueue([message("c")])
+        assert nxt[0].created
+        assert await raw.hget(k.index("q", "c"), "c") == b"3"
+
+
+async def test_a_batch_naming_a_job_with_a_key_of_its_own_skips_it(url: str) -> None:
+    """A claimed job has a key of its own and no index field: a batch that names it again
+    (the one EXISTS of the call counts it) leaves it as it is and stores the others."""
+    async with broker_at(url) as broker:
+        await broker.enqueue([message("a")])
+        (held,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        out = await broker.enqueue([message("x"), message("a"), message("y"), message("x")])
+        assert [o.created for o in out] == [True, False, True, False]
+        (record,) = await broker.get(["a"])
+        assert record is not None
+        assert record.state == JobState.ACTIVE
+        counts = await broker.counts("q")
+        assert (counts[JobState.WAITING], counts[JobState.ACTIVE]) == (2, 1)
+        jobs = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        assert [j.message.id for j in jobs] == ["x", "y"]
+        assert held.message.id == "a"
+
+
+async def test_a_priority_batch_indexes_its_level(url: str) -> None:
+    async with broker_at(url) as broker, raw_redis(url) as raw:
+        k = broker.keys
+        await broker.enqueue([message("lo"), message("lo2")])
+        out = await broker.enqueue([message("h1", priority=5), message("h2", priority=5)])
+        assert [o.created for o in out] == [True, True]
+        assert await raw.hget(k.index("q", "h2"), "h2") == b"4|5"
+        assert await raw.llen(k.waiting("q", 5)) == 2
+        jobs = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        assert [j.message.id for j in jobs] == ["h1", "h2", "lo", "lo2"]
+
+
+async def test_mixed_priorities_and_delays_in_one_batch(url: str) -> None:
+    """A batch whose jobs differ in priority or delay (the per-job form) stores each as
+    it asks, with repeats stored once."""
+    async with broker_at(url) as broker:
+        batch = [
+            message("p0"),
+            message("p7", priority=7),
+            JobMessage(id="later", task="t", queue="q", payload=BODY, delay=60),
+            message("p0"),
+            message("p7b", priority=7),
+        ]
+        out = await broker.enqueue(batch)
+        assert [o.created for o in out] == [True, True, True, False, True]
+        counts = await broker.counts("q")
+        assert (counts[JobState.WAITING], counts[JobState.SCHEDULED]) == (3, 1)
+        jobs = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        assert [j.message.id for j in jobs] == ["p7", "p7b", "p0"]
+
+
+@pytest.mark.parametrize(("stored", "created"), [(["a", "b"], [False, True]), ([], None)])
+async def test_a_bounded_queue_counts_only_the_jobs_a_batch_creates(
+    url: str, stored: list[str], created: list[bool] | None
+) -> None:
+    """max_queue_length 3: a batch of 2 onto 2 waiting jobs fits when one of them is a
+    repeat (the exact count of the per-job path), and is refused otherwise."""
+    async with broker_at(url, max_queue_length=3) as broker:
+        await broker.enqueue([message(i) for i in (stored or ["m", "n"])])
+        batch = [message("a"), message("c")]
+        if created is None:
+            with pytest.raises(QueueFull):
+                await broker.enqueue(batch)
+            assert (await broker.counts("q"))[JobState.WAITING] == 2
+        else:
+            out = await broker.enqueue(batch)
+            assert [o.created for o in out] == created
+            assert (await broker.counts("q"))[JobState.WAITING] == 3
+
+
+async def test_a_batch_of_more_than_500_jobs_is_stored_whole(url: str) -> None:
+    """The job keys' EXISTS goes 500 keys at a time (a Lua unpack bound)."""
+    async with broker_at(url) as broker:
+        ids = [f"j{i}" for i in range(1203)]
+        out = await broker.enqueue([message(i) for i in ids])
+        assert all(o.created for o in out)
+        again = await broker.enqueue([message(i) for i in ids[1000:]] + [message("new")])
+        assert [o.created for o in again] == [False] * 203 + [True]
+        assert (await broker.counts("q"))[JobState.WAITING] == 1204

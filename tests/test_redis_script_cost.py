@@ -94,10 +94,9 @@ ENQUEUE_ONE = Counter(
     {
         "GET": 1,  # its request record (a re-sent call's answer)
         "TIME": 1,
-        "EXISTS": 1,  # no job of that id ...
-        "HEXISTS": 1,  # ... waiting either
+        "EXISTS": 1,  # no job key of that id (one EXISTS for up to 500 ids) ...
         "INCRBY": 1,
-        "HSET": 1,
+        "HSETNX": 1,  # ... and its index field, written where missing
         "LPUSH": 1,
         "ZADD": 1,
         "SET": 1,
@@ -105,7 +104,8 @@ ENQUEUE_ONE = Counter(
         "PUBLISH": 1,
     }
 )
-ENQUEUE_PER_JOB = Counter({"EXISTS": 1, "HEXISTS": 1, "HSET": 1})
+#: Each more waiting job of a batch: its index field (the job keys' EXISTS is per call).
+ENQUEUE_PER_JOB = Counter({"HSETNX": 1})
 #: complete.lua of one job (a worker whose claim loop does not settle).
 COMPLETE_ONE = Counter(
     {
@@ -173,6 +173,22 @@ async def test_an_enqueue_makes_the_pinned_commands(url: str) -> None:
         batch = await commands_of(url, lambda: broker.enqueue([message(f"b{i}") for i in range(5)]))
         per_job = _per_job(batch, one, 4)
         assert per_job == ENQUEUE_PER_JOB, f"per job: {sorted(per_job.items())}"
+
+
+async def test_a_batch_checks_the_job_keys_once_unless_one_exists(url: str) -> None:
+    """One EXISTS of all the job keys per 500; only when it counts one (a job with a key
+    of its own, e.g. claimed, is named again) one EXISTS per job finds which."""
+    async with broker_at(url, "cost") as broker:
+        await broker.enqueue([message("warm")])
+        big = await commands_of(url, lambda: broker.enqueue([message(f"m{i}") for i in range(501)]))
+        assert (big["EXISTS"], big["HSETNX"], big["LPUSH"]) == (2, 501, 2)
+        await broker.claim(["q"], 1, worker_id="w", lease=30)  # "warm" gets a key
+        names = ["warm", "n1", "n2"]
+        again = await commands_of(url, lambda: broker.enqueue([message(i) for i in names]))
+        assert (again["EXISTS"], again["HSETNX"], again["INCRBY"]) == (1 + 3, 2, 1)
+        repeats = await commands_of(url, lambda: broker.enqueue([message("n1"), message("n3")]))
+        # The repeat's order is given back: a second INCRBY.
+        assert (repeats["EXISTS"], repeats["HSETNX"], repeats["INCRBY"]) == (1, 2, 2)
 
 
 async def test_a_completion_makes_the_pinned_commands(url: str) -> None:

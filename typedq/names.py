@@ -26,10 +26,12 @@ from .errors import InvalidName
 __all__ = [
     "MAX_PARTITIONS",
     "check_job_id",
+    "check_job_ids",
     "check_name",
     "check_worker_id",
     "key_job_id",
     "new_job_id",
+    "new_job_ids",
     "partition_queue",
     "partition_queues",
 ]
@@ -67,6 +69,24 @@ def check_job_id(job_id: object) -> str:
             "starting with a letter or digit"
         )
     return job_id
+
+
+# Ids one per line, each fitting _JOB_ID: a batch checked by one regex scan.
+_JOB_ID_LINES = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}\n)*")
+
+
+def check_job_ids(job_ids: list[str]) -> None:
+    """Check every id of ``job_ids`` as :func:`check_job_id` does (one regex scan of
+    them all; the first bad one raises the same InvalidName)."""
+    try:
+        lines = "\n".join(job_ids) + "\n"
+    except TypeError:  # an id that is not a str
+        ok = False
+    else:  # (an id holding a newline would read as two)
+        ok = lines.count("\n") == len(job_ids) and _JOB_ID_LINES.fullmatch(lines) is not None
+    if not ok or not job_ids:
+        for job_id in job_ids:
+            check_job_id(job_id)
 
 
 def check_worker_id(worker_id: object) -> str:
@@ -156,6 +176,42 @@ def new_job_id() -> str:
             block.head + _PAIRS[high >> 20] + _PAIRS[(high >> 10) & 1023] + _PAIRS[high & 1023],
         )
     return run[1] + _PAIRS[n & 1023]
+
+
+def new_job_ids(n: int) -> list[str]:
+    """``n`` new ids, as ``n`` calls of :func:`new_job_id` would make them (one
+    millisecond's block, counting up), at a fraction of the cost: when the counter
+    values drawn are consecutive and share their top bits (as a rule), the ids share
+    their first 24 characters and differ in the last two."""
+    global _id_block
+    if n <= 0:
+        return []
+    ms = _time_ns() // 1_000_000
+    block = _id_block
+    if block.ms != ms:
+        block = _id_block = _IdBlock(ms)
+    # Each value drawn is unique (next on a counter is atomic), consecutive unless
+    # another thread draws at the same time.
+    drawn = list(itertools.islice(block.counter, n))
+    first, last = block.start + drawn[0], block.start + drawn[-1]
+    high = first >> 10
+    if last - first != n - 1 or last >> 10 != high:
+        return [_job_id_of(block, block.start + v) for v in drawn]
+    head = block.head + _PAIRS[high >> 20] + _PAIRS[(high >> 10) & 1023] + _PAIRS[high & 1023]
+    low = first & 1023
+    return [head + pair for pair in _PAIRS[low : low + n]]
+
+
+def _job_id_of(block: _IdBlock, n: int) -> str:
+    """The id of counter value ``n`` (start included) of ``block``."""
+    high = n >> 10
+    return (
+        block.head
+        + _PAIRS[high >> 20]
+        + _PAIRS[(high >> 10) & 1023]
+        + _PAIRS[high & 1023]
+        + _PAIRS[n & 1023]
+    )
 
 
 def key_job_id(task: str, key: str) -> str:

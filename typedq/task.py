@@ -41,6 +41,7 @@ from .names import (
     check_name,
     key_job_id,
     new_job_id,
+    new_job_ids,
     partition_queue,
     partition_queues,
 )
@@ -438,15 +439,14 @@ class TaskBase(Generic[TIn, TOut]):
             timeout=options.timeout,
         )
         copy = msgspec.structs.replace
+        ids = new_job_ids(len(data))
         if self.options.partitions == 1:
-            return [copy(template, id=new_job_id(), payload=payload) for payload in data]
-        messages = []
-        for payload in data:
-            job_id = new_job_id()
-            messages.append(
-                copy(template, id=job_id, queue=self.queue_for(job_id), payload=payload)
-            )
-        return messages
+            return [copy(template, id=i, payload=p) for i, p in zip(ids, data, strict=True)]
+        queue_for = self.queue_for
+        return [
+            copy(template, id=i, queue=queue_for(i), payload=p)
+            for i, p in zip(ids, data, strict=True)
+        ]
 
     def _job(self, job_id: str, *, created: bool) -> Job[TOut]:
         return Job(

@@ -57,9 +57,13 @@ local function k_stale(q) return k_q(q) .. 'z' end
 -- The index of the queue's waiting entries (see below): IDX_BUCKETS small hashes, a
 -- job's by the first 16 bits of the SHA1 of its id (keys.py computes the same).
 local IDX_BUCKETS = 8192
-local function k_idx(q, id)
-  return k_q(q) .. 'i:' .. (tonumber(string.sub(redis.sha1hex(id), 1, 4), 16) % IDX_BUCKETS)
+-- (The bucket formatted with '%d': a number concatenated is formatted with '%.14g',
+-- several times the cost.) A batch of one queue joins k_idx_prefix and idx_bucket itself.
+local function k_idx_prefix(q) return k_q(q) .. 'i:' end
+local function idx_bucket(id)
+  return string.format('%d', tonumber(string.sub(redis.sha1hex(id), 1, 4), 16) % IDX_BUCKETS)
 end
+local function k_idx(q, id) return k_idx_prefix(q) .. idx_bucket(id) end
 local function k_active(q) return k_q(q) .. 'a' end
 local function k_done(q, state) return k_q(q) .. 'd:' .. state end
 local function k_seq(q) return k_q(q) .. 'o' end
@@ -230,6 +234,15 @@ local function push_entries(q, prio, lk, entries)
     redis.call('LPUSH', lk, unpack(entries, s, math.min(s + 499, #entries)))
   end
   redis.call('ZADD', k_levels(q), level_score(prio), prio)
+end
+
+-- When a job enqueued at `now` with `eta` and `delay` (ARGV text, µs) is due: its eta
+-- when set, else now + delay when positive, else 0 (at once). A '0' is taken as it is:
+-- most jobs have eta and delay 0, and every tonumber of a string is a strtod.
+local function run_at_of(eta, delay, now)
+  if eta ~= '0' and tonumber(eta) > 0 then return tonumber(eta) end
+  if delay ~= '0' and tonumber(delay) > 0 then return now + tonumber(delay) end
+  return 0
 end
 
 -- The refusal of an enqueue that would take queue `q` past `limit` waiting and

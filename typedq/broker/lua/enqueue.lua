@@ -26,14 +26,22 @@ end
 -- (A '0' is taken as it is: most jobs have priority, eta and delay 0, and every tonumber
 -- of a string is a strtod. A queue name holds no '|': the job string's fields are
 -- separated by it.)
-for i = 0, n - 1 do
+-- The shared form's fields are looked at once (with its first job), then only its ids.
+local checked = n - 1
+if shared and n > 1 then checked = 0 end
+for i = 0, checked do
   local b = first + stride * i
-  local q, prio, eta, delay = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-  if not shared then q, prio, eta, delay = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4] end
-  if ARGV[b] == '' or ((i == 0 or not shared) and (q == '' or string.find(q, '|', 1, true)
+  local q, prio, eta, delay = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
+  if shared then q, prio, eta, delay = ARGV[5], ARGV[6], ARGV[7], ARGV[8] end
+  if ARGV[b] == '' or q == '' or string.find(q, '|', 1, true)
       or (prio ~= '0' and not is_int(prio)) or (eta ~= '0' and not tonumber(eta))
-      or (delay ~= '0' and not tonumber(delay)))) then
+      or (delay ~= '0' and not tonumber(delay)) then
     return bad_args('enqueue')
+  end
+end
+if shared then
+  for b = first + 2, #ARGV, 2 do
+    if ARGV[b] == '' then return bad_args('enqueue') end
   end
 end
 -- The one queue, priority, eta and delay of every job of the call (nil: each job has
@@ -50,6 +58,67 @@ if type(prev) == 'string' and #prev == n then
 end
 
 local now = now_us()
+-- The usual call (a bulk enqueue, or one job): one queue, level and time for every job,
+-- none scheduled, and no max_queue_length the call could pass even were every job new.
+-- Then a job is new unless its key exists (one EXISTS of all the job keys: none, as a
+-- rule) or its index field does: HSETNX writes the field where it is missing and says
+-- whether it was (a repeated id of the call finds its first occurrence's), so the
+-- index costs one command per job instead of HEXISTS then HSET. The orders are taken
+-- before (INCRBY of the jobs with no key) and the ones not used given back (the
+-- repeats, rare), so the new jobs' orders stay dense and in call order, as below.
+if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
+    and (limit <= 0 or not queue_full(sq, n, limit)) then
+  local keys, ids, jp = {}, {}, k_job(sq, '')
+  for i = 0, n - 1 do
+    local id = ARGV[first + stride * i]
+    ids[i + 1] = id
+    keys[i + 1] = jp .. id  -- (k_job)
+  end
+  -- keyless[i]: job i has no key of its own (every job, when the one EXISTS says so).
+  local keyless, candidates, existing = nil, n, 0
+  for s = 1, n, 500 do
+    existing = existing + redis.call('EXISTS', unpack(keys, s, math.min(s + 499, n)))
+  end
+  if existing > 0 then
+    keyless, candidates = {}, 0
+    for i = 1, n do
+      keyless[i] = redis.call('EXISTS', keys[i]) == 0
+      if keyless[i] then candidates = candidates + 1 end
+    end
+  end
+  -- out: the answer; rec: the same as text for the request record (a number
+  -- table.concat formats with '%.14g', a sprintf each).
+  local out, rec, entries, fresh, order = {}, {}, {}, 0, 0
+  if candidates > 0 then
+    order = redis.call('INCRBY', k_seq(sq), num_text(candidates)) - candidates
+  end
+  local now_text, tail = last_now_text, sprio ~= '0' and '|' .. sprio or ''
+  local ip, format, call = k_idx_prefix(sq), string.format, redis.call
+  for i = 1, n do
+    out[i], rec[i] = 0, '0'
+    if not keyless or keyless[i] then
+      local id = ids[i]
+      local o = format('%d', order + fresh + 1)
+      if call('HSETNX', ip .. idx_bucket(id), id, o .. tail) == 1 then  -- (k_idx)
+        fresh = fresh + 1
+        entries[fresh] = id .. '|' .. o .. '|' .. now_text .. '||' .. ARGV[first + stride * (i - 1) + body_at]
+        out[i], rec[i] = 1, '1'
+      end
+    end
+  end
+  if fresh < candidates then
+    redis.call('INCRBY', k_seq(sq), num_text(fresh - candidates))
+  end
+  if fresh > 0 then
+    push_entries(sq, sprio, k_wait(sq, sprio), entries)
+    count(sq, 'w', fresh)
+    work_queues[sq] = true
+    redis.call('SET', KEYS[2], table.concat(rec), 'PX', REQ_TTL_MS)
+  end
+  flush_counts()
+  publish()
+  return out
+end
 -- adding: queue -> its new jobs (several queues; with one, that is `fresh`).
 local new, adding, fresh = {}, not sq and {}, 0
 local seen = n > 1 and {}  -- (one job: no repeats to look for)
@@ -99,12 +168,7 @@ for i = 0, n - 1 do
   if new[i] then
     local id, q, prio, eta, delay = ARGV[b], sq, sprio, seta, sdelay
     if not shared then q, prio, eta, delay = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4] end
-    local run_at = 0
-    if eta ~= '0' and tonumber(eta) > 0 then
-      run_at = tonumber(eta)
-    elseif delay ~= '0' and tonumber(delay) > 0 then
-      run_at = now + tonumber(delay)
-    end
+    local run_at = run_at_of(eta, delay, now)
     if orders then
       order = orders[q] + 1
       orders[q] = order

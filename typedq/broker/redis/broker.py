@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import math
 import secrets
 import time
@@ -32,7 +33,7 @@ from ...errors import (
     NotConnected,
     RedisDataLost,
 )
-from ...names import check_job_id, check_name, check_worker_id
+from ...names import check_job_id, check_job_ids, check_name, check_worker_id
 from .. import redact_url
 from ..base import (
     HISTORY_MINUTES,
@@ -122,6 +123,16 @@ def _already_loaded(exc: BaseException) -> bool:
     """Whether ``exc`` is FUNCTION LOAD's answer for a library of that name (the same
     source: the name carries its hash) that Redis has already."""
     return isinstance(exc, rexc.ResponseError) and "already exists" in str(exc)
+
+
+def _alike(
+    messages: Sequence[JobMessage], queue: str, priority: int, eta: float, delay: float
+) -> bool:
+    """Every one of ``messages`` has this queue, priority, eta and delay."""
+    for m in messages:
+        if m.queue != queue or m.priority != priority or m.eta != eta or m.delay != delay:
+            return False
+    return True
 
 
 def _request_token() -> str:
@@ -779,12 +790,13 @@ class RedisBroker(ScheduleOps, Broker):
         size = 0
         head = messages[0]
         queue, priority, eta, delay = head.queue, head.priority, head.eta, head.delay
-        shared = len(messages) > 1 and all(
-            m.queue == queue and m.priority == priority and m.eta == eta and m.delay == delay
-            for m in messages
-        )
+        shared = len(messages) > 1 and _alike(messages, queue, priority, eta, delay)
         if shared:
             check_name("queue", queue)
+            ids = [m.id for m in messages]
+            check_job_ids(ids)  # (one regex scan)
+            bodies = [encode_body(m) for m in messages]
+            size = sum(map(len, bodies))
             args += (
                 "",
                 queue,
@@ -792,11 +804,7 @@ class RedisBroker(ScheduleOps, Broker):
                 us(eta) if eta else 0,
                 us(delay) if delay else 0,
             )
-            for m in messages:
-                check_job_id(m.id)
-                body = encode_body(m)
-                size += len(body)
-                args += (m.id, body)
+            args += itertools.chain.from_iterable(zip(ids, bodies, strict=True))
         else:
             named: set[str] = set()  # the queue names checked (a batch has one or a few)
             for m in messages:
@@ -857,13 +865,8 @@ class RedisBroker(ScheduleOps, Broker):
             sent = [(n, c) for n in range(i, j) if (c := calls[n]) is not None]
             replies: list[Any] = []
             if sent:
-                pipe = self._conn().pipeline(transaction=False)
-                execute: Any = pipe.execute_command  # untyped in redis-py
-                function = self._library.functions["enqueue"]
-                for _, (keys, args, _) in sent:
-                    execute("FCALL", function, len(keys), *keys, *args)
                 try:
-                    replies = await pipe.execute(raise_on_error=False)
+                    replies = await self._send_enqueues([c for _, c in sent])
                 except (rexc.RedisError, OSError) as exc:
                     error = self._error(exc, "enqueue")
                     if not results:
@@ -899,6 +902,27 @@ class RedisBroker(ScheduleOps, Broker):
                     )
             i = j
         return results
+
+    async def _send_enqueues(self, calls: list[tuple[list[str], list[Any], int]]) -> list[Any]:
+        """The replies of enqueue scripts ``calls`` (keys, args, size), sent in order in one
+        round trip; a script's error is its reply (as in a pipeline with
+        ``raise_on_error=False``), a connection's raises. One call (a bulk enqueue of one
+        chunk, as a rule) goes as a plain command: a pipeline's bookkeeping costs more
+        than the call's own packing."""
+        function = self._library.functions["enqueue"]
+        if len(calls) == 1:
+            keys, args, _ = calls[0]
+            execute: Any = self._conn().execute_command  # untyped in redis-py
+            try:
+                return [await execute("FCALL", function, len(keys), *keys, *args)]
+            except rexc.ResponseError as exc:
+                return [exc]
+        pipe = self._conn().pipeline(transaction=False)
+        execute = pipe.execute_command
+        for keys, args, _ in calls:
+            execute("FCALL", function, len(keys), *keys, *args)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
 
     async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
         """Store workflows: one ``flow_enqueue`` script per group of flows (up to ~8 MB
