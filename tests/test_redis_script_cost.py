@@ -102,7 +102,8 @@ ENQUEUE_ONE = Counter(
         "ZADD": 1,
         "SET": 1,
         "HINCRBY": 1,
-        "PUBLISH": 1,
+        # the queue's waiter mark (absent: no worker waits, so no work notice is published)
+        "DEL": 1,
     }
 )
 ENQUEUE_PER_JOB = Counter({"EXISTS": 1, "HEXISTS": 1, "HSET": 1})
@@ -173,6 +174,23 @@ async def test_an_enqueue_makes_the_pinned_commands(url: str) -> None:
         batch = await commands_of(url, lambda: broker.enqueue([message(f"b{i}") for i in range(5)]))
         per_job = _per_job(batch, one, 4)
         assert per_job == ENQUEUE_PER_JOB, f"per job: {sorted(per_job.items())}"
+
+
+async def test_an_enqueue_publishes_only_for_a_waiting_worker(url: str) -> None:
+    """A claim that came up short sets its queue's waiter mark (one SET); the next enqueue
+    consumes it and publishes the work notice; the one after publishes nothing again."""
+    async with broker_at(url, "cost") as broker:
+        await broker.enqueue([message("warm")])
+        await broker.claim(["q"], 1, worker_id="w", lease=30)
+        short = await commands_of(url, lambda: broker.claim(["q"], 1, worker_id="w", lease=30))
+        assert short["SET"] == 1, f"commands: {sorted(short.items())}"  # the mark
+        assert "PUBLISH" not in short
+        woke = await commands_of(url, lambda: broker.enqueue([message("a")]))
+        expected = ENQUEUE_ONE.copy()
+        expected["PUBLISH"] = 1
+        assert woke == expected, f"commands per call: {sorted(woke.items())}"
+        again = await commands_of(url, lambda: broker.enqueue([message("b")]))
+        assert again == ENQUEUE_ONE, f"commands per call: {sorted(again.items())}"
 
 
 async def test_a_completion_makes_the_pinned_commands(url: str) -> None:
