@@ -21,4 +21,5 @@ out[#out + 1] = qch(q, 'd')
 out[#out + 1] = qch(q, 'x')
 out[#out + 1] = k_outbox(q)
 out[#out + 1] = k_handoff(q, ARGV[4] .. '|m')
+out[#out + 1] = k_waiter(q)
 return out

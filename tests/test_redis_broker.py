@@ -145,6 +145,7 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             k.queue_channel("q1", "x"),
             k.outbox("q1"),
             k.handoff("q1", "job-1|m"),
+            k.waiter("q1"),
         ]
         # Every key of a queue carries the queue's hash tag, nothing else's.
         assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])
@@ -324,7 +325,8 @@ async def test_entries_job_strings_and_job_hashes_wait_in_one_queue(url: str) ->
         assert await broker.claim(["q"], 10, worker_id="w", lease=30) == []
         left = {key.decode() async for key in raw.scan_iter("tq:{*")}
         left = {key for key in left if ":r:" not in key}  # request records (60 s)
-        assert left == {k.seq("q"), k.queue_epoch("q"), k.counts("q")}
+        # (and the waiter mark the empty claim set: the next work on q is announced)
+        assert left == {k.seq("q"), k.queue_epoch("q"), k.counts("q"), k.waiter("q")}
 
 
 async def test_waiting_entries_are_found_wherever_hand_backs_and_levels_put_them(

@@ -101,7 +101,8 @@ ENQUEUE_ONE = Counter(
         "ZADD": 1,
         "SET": 1,
         "HINCRBY": 1,
-        "PUBLISH": 1,
+        # the queue's waiter mark (absent: no worker waits, so no work notice is published)
+        "DEL": 1,
     }
 )
 #: Each more waiting job of a batch: its index field (the job keys' EXISTS is per call).
@@ -189,6 +190,23 @@ async def test_a_batch_checks_the_job_keys_once_unless_one_exists(url: str) -> N
         repeats = await commands_of(url, lambda: broker.enqueue([message("n1"), message("n3")]))
         # The repeat's order is given back: a second INCRBY.
         assert (repeats["EXISTS"], repeats["HSETNX"], repeats["INCRBY"]) == (1, 2, 2)
+
+
+async def test_an_enqueue_publishes_only_for_a_waiting_worker(url: str) -> None:
+    """A claim that came up short sets its queue's waiter mark (one SET); the next enqueue
+    consumes it and publishes the work notice; the one after publishes nothing again."""
+    async with broker_at(url, "cost") as broker:
+        await broker.enqueue([message("warm")])
+        await broker.claim(["q"], 1, worker_id="w", lease=30)
+        short = await commands_of(url, lambda: broker.claim(["q"], 1, worker_id="w", lease=30))
+        assert short["SET"] == 1, f"commands: {sorted(short.items())}"  # the mark
+        assert "PUBLISH" not in short
+        woke = await commands_of(url, lambda: broker.enqueue([message("a")]))
+        expected = ENQUEUE_ONE.copy()
+        expected["PUBLISH"] = 1
+        assert woke == expected, f"commands per call: {sorted(woke.items())}"
+        again = await commands_of(url, lambda: broker.enqueue([message("b")]))
+        assert again == ENQUEUE_ONE, f"commands per call: {sorted(again.items())}"
 
 
 async def test_a_completion_makes_the_pinned_commands(url: str) -> None:

@@ -107,6 +107,13 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    its queue)
     Q cc:<task>|<key>     set      ids of the active jobs holding a concurrency slot
                                    (the job hash's ``ck`` names it)
+    Q W                   string   the waiter mark '1': a claim of the queue came up
+                                   short (took fewer jobs than asked for), so its worker
+                                   is about to wait for work; the next call that gives
+                                   the queue work deletes it and publishes the work
+                                   notice (no mark: no notice, nobody waits). No TTL: a
+                                   mark that expired under a waiter would lose its
+                                   wake-up; one key per queue that ever waited
     Q r:<token>           string   a request record (60 s TTL) keyed by the token the
                                    client made for one call, on the slot the call ran
                                    on: a claim's token and '<queue>|<id>' lines, an
@@ -131,10 +138,10 @@ then at most every few seconds): a vanished or changed one means the slot holdin
 lost its data, and is reported as :class:`~typedq.errors.RedisDataLost` naming that key.
 
 Channels (not keys). Standalone Redis, app-wide (``PUBLISH``): ``P ev:w`` (a queue got
-work: space-separated queue names), ``P ev:d`` (jobs reached a final state:
+work while a worker waited for it, see ``Q W``: space-separated queue names), ``P ev:d`` (jobs reached a final state:
 space-separated ids), ``P ev:x`` (a running job was asked to cancel: its id). Redis
 Cluster, per queue (sharded pub/sub, ``SPUBLISH``/``SSUBSCRIBE``): ``Q ev:w`` (the queue
-got work: its name), ``Q ev:d`` (its jobs reached a final state: ids), ``Q ev:x`` (one
+got work while a worker waited: its name), ``Q ev:d`` (its jobs reached a final state: ids), ``Q ev:x`` (one
 of its running jobs was asked to cancel: its id); each carries the queue's hash tag, so
 it lives on the shard that holds the queue and a notice reaches only that shard.
 
@@ -324,6 +331,12 @@ class Keys:
     def slots(self, queue: str, task: str, key: str) -> str:
         """The set of active job ids holding a concurrency slot of one bucket."""
         return f"{self.queue_prefix(queue)}cc:{task}|{key}"
+
+    def waiter(self, queue: str) -> str:
+        """The waiter mark of ``queue``: set by a claim that came up short (a worker is
+        about to wait), consumed by the next call giving the queue work, which then
+        publishes the work notice."""
+        return self.queue_prefix(queue) + "W"
 
     def request(self, queue: str, token: str) -> str:
         """The record of one call (claim, enqueue, cancel) under its client-made token,

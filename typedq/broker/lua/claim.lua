@@ -99,6 +99,14 @@ if settles then
   end
 end
 
+-- A claim that came up short (took fewer than `limit` jobs): its worker is about to wait
+-- for work, so each of its queues gets its waiter mark (common.lua's publish), in this
+-- script, which found nothing more to claim: whatever gives them work later publishes.
+-- Not for a refill (a claim with a settle section): the worker's own claim, which came
+-- up short before its worker waits, set the marks that wait needs; a short refill
+-- leaves slots free, and the worker claims for them (and marks) before it waits.
+-- (mark_waiters: common.lua; the queues are ARGV[7 .. 6 + nq].)
+
 -- A re-sent claim: hand back what the first copy claimed (still ours), nothing new.
 local prev = redis.pcall('GET', KEYS[3])
 if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' then
@@ -114,6 +122,9 @@ if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' t
       out[n + 8] = tonumber(r[8]) or 0
     end
   end
+  -- Short: the worker waits after this answer (a notice that consumed the first copy's
+  -- mark may have come before this copy was sent, which is what its wait counts from).
+  if not settles and (#out - 1) / 8 < limit then mark_waiters(ARGV, 7, 6 + nq) end
   if settled then return settle_answer(out, settled) end
   return out
 end
@@ -615,6 +626,7 @@ if claimed > 0 then
     REQ_TTL_MS)
 end
 if claimed < limit then
+  if not settles then mark_waiters(ARGV, 7, 6 + nq) end
   if pops >= max_pops then
     out[1] = 0  -- stopped early: more may be waiting
   else

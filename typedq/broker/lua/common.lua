@@ -90,6 +90,10 @@ local function k_events(q) return k_q(q) .. 'ev' end
 local function k_events_cfg(q) return k_q(q) .. 'E' end
 -- A queue's own channels (Redis Cluster, see sharded.lua).
 local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
+-- A queue's waiter mark: a claim that came up short sets it (its worker is about to
+-- wait for work); the next call that gives the queue work deletes it and publishes the
+-- work notice (publish), so enqueues while every worker is busy publish nothing.
+local function k_waiter(q) return k_q(q) .. 'W' end
 
 -- Every timestamp, lease deadline and delay uses the Redis clock, in integer
 -- microseconds (exact in a Lua double).
@@ -584,12 +588,27 @@ local done_ids = {}
 local work_queues = {}
 local function note_done(q, id) done_ids[#done_ids + 1] = id end
 local function publish_cancel(q, id) redis.call('PUBLISH', CH_CANCEL, id) end
+-- The work notice names only the queues whose waiter mark this call consumed: a
+-- worker waits for work only after a claim that came up short, and that claim set the
+-- mark in the same script that found nothing more to claim, so any later call giving
+-- the queue work finds the mark (no lost wake-up). One notice wakes every waiter of the
+-- queue (broadcast); calls after it publish nothing until a claim comes up short again.
 local function publish()
   if #done_ids > 0 then redis.call('PUBLISH', CH_DONE, table.concat(done_ids, ' ')) end
   if next(work_queues) == nil then return end  -- (no table for a call that woke nothing)
-  local qs = {}
-  for q in pairs(work_queues) do qs[#qs + 1] = q end
-  redis.call('PUBLISH', CH_WORK, table.concat(qs, ' '))
+  local qs = nil
+  for q in pairs(work_queues) do
+    if redis.call('DEL', k_waiter(q)) == 1 then
+      qs = qs or {}
+      qs[#qs + 1] = q
+    end
+  end
+  if qs then redis.call('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
+end
+-- The waiter marks of the queues args[first .. last] (a claim that came up short: see
+-- publish and claim.lua).
+local function mark_waiters(args, first, last)
+  for i = first, last do redis.call('SET', k_waiter(args[i]), '1') end
 end
 --@sharded
 

@@ -10,5 +10,8 @@ end
 local function publish_cancel(q, id) redis.call('SPUBLISH', qch(q, 'x'), id) end
 local function publish()
   for q, ids in pairs(done_by_q) do redis.call('SPUBLISH', qch(q, 'd'), table.concat(ids, ' ')) end
-  for q in pairs(work_queues) do redis.call('SPUBLISH', qch(q, 'w'), q) end
+  -- Only where a waiter mark was consumed (see common.lua's publish).
+  for q in pairs(work_queues) do
+    if redis.call('DEL', k_waiter(q)) == 1 then redis.call('SPUBLISH', qch(q, 'w'), q) end
+  end
 end

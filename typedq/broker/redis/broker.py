@@ -1376,7 +1376,27 @@ class RedisBroker(ScheduleOps, Broker):
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
         self._conn()
-        await self._notes.wait_for_work(queues, timeout)
+        await self._notes.wait_for_work(
+            queues, timeout, unclaimed=lambda: self._mark_waiting(queues)
+        )
+
+    async def _mark_waiting(self, queues: Sequence[str]) -> bool:
+        """A wait with no claim before it (a worker's wait always follows a claim that
+        came up short, which set the marks): set the queues' waiter marks so the next
+        work on them is published, then whether jobs already wait in one of them (work
+        given before the mark was set published nothing; a stale level only costs the
+        caller an empty claim)."""
+        client = self._conn()
+        found = False
+        for queue in dict.fromkeys(queues):
+            # One queue per pipeline: its keys share its slot (Redis Cluster).
+            pipe = client.pipeline(transaction=False)
+            pipe.set(self.keys.waiter(queue), "1")
+            pipe.exists(self.keys.levels(queue))
+            with self._translate("wait_for_jobs"):
+                _, waiting = await pipe.execute()
+            found = found or int(waiting) > 0
+        return found
 
     async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:
         if not leases:

@@ -21,6 +21,11 @@ Every (re)subscription counts as a notification, so nothing published while the
 connection was down is missed: waiters look at Redis again. Work notifications bump
 per-queue generations, so one that lands between a claim and the following wait is not
 lost: the wait compares against the generation seen when the claim was sent.
+
+Work is announced only to waiters: a claim that comes up short sets its queues' waiter
+marks (keys.py ``Q W``) in the same script, and the next script giving such a queue work
+consumes the mark and publishes (one notice wakes every waiter). While workers are busy
+(their claims fill up), enqueues publish nothing and listeners read nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -350,13 +355,30 @@ class Notifications:
         claimable that no notification will announce)."""
         self._claim_gen[_key(queues)] = -1
 
-    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> None:
+    async def wait_for_work(
+        self,
+        queues: Sequence[str],
+        timeout: float,
+        *,
+        unclaimed: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         """Return when work was published for ``queues`` since their last claim was sent,
-        when a scheduled job of theirs is due, or after ``timeout`` seconds."""
+        when a scheduled job of theirs is due, or after ``timeout`` seconds.
+
+        Work is published only for queues whose waiter mark is set (keys.py ``Q W``),
+        which a claim that comes up short sets: a wait after such a claim is covered.
+
+        :param unclaimed: for a wait with no claim of ``queues`` sent before it (no
+            mark of its own): sets the queues' marks, then returns whether jobs wait
+            already (this wait then returns at once). Called after the wait's starting
+            generation is taken, so a notice published after the marks is not missed.
+        """
         key = _key(queues)
         start = self._claim_gen.get(key)
         if start is None:
             start = self._gen(queues)
+            if unclaimed is not None and await unclaimed():
+                return
         await self.subscribe_all(self.work_channels(queues))
         wait = timeout
         due = self._next_due.get(key)
