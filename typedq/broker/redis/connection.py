@@ -132,6 +132,16 @@ class _LostSendIsConnectionError:
         except AttributeError as exc:
             raise ConnectionResetError(f"connection lost while sending ({exc})") from exc
 
+    def _write(self, command: Any) -> Any:
+        """Hand ``command`` to the transport (redis-py's write step, with the fix above);
+        returns the stream writer."""
+        writer = self._writer  # type: ignore[attr-defined]
+        try:
+            writer.writelines(command)
+        except AttributeError as exc:
+            raise ConnectionResetError(f"connection lost while sending ({exc})") from exc
+        return writer
+
     # redis-py's asyncio connections pack commands in pure Python, re-joining a growing
     # buffer per argument: an enqueue of 100 jobs (600 arguments) spent more time there
     # than in everything else typedq does for it. hiredis packs in C (as redis-py's sync
@@ -161,7 +171,13 @@ class _LostSendIsConnectionError:
         ``asyncio.wait_for``, on Python 3.11 only: there wait_for runs every write in a
         task of its own (measured 9.3 us against 3.5 us per call, and event-loop turns
         before the command leaves). Same steps and errors as redis-py 8's; from 3.12 on
-        wait_for is built on asyncio.timeout and redis-py's own method runs."""
+        wait_for is built on asyncio.timeout and redis-py's own method runs.
+
+        The timeout is armed only when the write can wait: when the kernel did not take
+        all of it at once (bytes left in the transport's buffer). With an empty buffer the
+        transport is not paused, so ``drain`` cannot wait for the peer (it only reports
+        a lost connection): no timer per command, where a worker at concurrency 1 sends
+        one command per job."""
         conn: Any = self
         timeout = conn.socket_timeout
         if sys.version_info >= (3, 12) or not timeout:
@@ -176,8 +192,12 @@ class _LostSendIsConnectionError:
                 command = command.encode()
             if isinstance(command, bytes):
                 command = [command]
-            async with asyncio.timeout(timeout):
-                await self._send_packed_command(command)
+            writer = self._write(command)
+            if writer.transport.get_write_buffer_size():
+                async with asyncio.timeout(timeout):
+                    await writer.drain()
+            else:
+                await writer.drain()
         except TimeoutError:
             await conn.disconnect(nowait=True)
             raise RedisTimeoutError("Timeout writing to socket") from None
