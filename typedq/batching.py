@@ -32,20 +32,21 @@ against ``max_in_flight``. Only for callers that are not cancelled while their b
 sent (a worker's runners): a cancelled inline sender stops that send, and its batch
 mates get the error of a cancelled send (a caller cancelled before the send hands the
 batch to the senders instead). With ``max_callers=1`` (a worker of concurrency 1: one
-runner) nobody can join, so on asyncio the inline send skips that checkpoint: one
+runner) nobody can join, so the inline send skips that checkpoint: one
 event-loop turn less per item, the item leaving with no suspension before its own I/O.
 The caller still yields to the other tasks once per item: after the send, unless the
-send itself let the loop turn (a broker doing real I/O always does; the embedded one
-never does, and a worker draining it must not starve the loop).
+send itself suspended (a broker doing real I/O always does; the embedded one never
+does, and a worker draining it must not starve the loop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import types
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -59,6 +60,7 @@ log = logging.getLogger("typedq.batching")
 
 I = TypeVar("I")  # noqa: E741 -- item
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class _Event(Protocol):
@@ -108,6 +110,33 @@ def _describe(exc: BaseException) -> str:
         return f"{type(exc).__name__}: {exc}"
     except Exception:  # an exception whose __str__ raises still gets a description
         return f"{type(exc).__name__} (unprintable)"
+
+
+@types.coroutine
+def _noting_suspension(coro: Coroutine[Any, Any, T], note: list[None]) -> Generator[Any, Any, T]:
+    """Await ``coro`` in the current task, appending to ``note`` each time it suspends
+    (yields to the event loop). What the loop sends or throws in is passed on unchanged
+    (cancellation included), as in a plain await."""
+    send, throw = coro.send, coro.throw
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            if error is None:
+                yielded = send(value)
+            else:
+                thrown, error = error, None
+                yielded = throw(thrown)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]  # the coroutine's T
+        note.append(None)
+        try:
+            value = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            error = exc
 
 
 def is_batch_wide(exc: Exception) -> bool:
@@ -163,9 +192,8 @@ class Batcher(Generic[I, R]):
         self._idle: deque[_Event] = deque()
         self._inline = inline
         #: Whether an inline send waits one checkpoint for callers of the same turn
-        #: (else, on asyncio, it yields after its send if the send did not: run()).
+        #: (else it yields after its send if the send did not).
         self._gather = max_callers is None or max_callers > 1
-        self._loop: asyncio.AbstractEventLoop | None = None
         #: Makes the batches' events: the running event loop's own class, set by run()
         #: (``anyio.Event()`` finds the backend anew on every call).
         self._event: Callable[[], _Event] = anyio.Event
@@ -177,10 +205,9 @@ class Batcher(Generic[I, R]):
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Flush submitted items until cancelled. Runs in its owner's task group."""
         try:
-            self._loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:  # another backend (trio)
             self._event = type(anyio.Event())
-            self._gather = True  # its yield after the send needs asyncio's call_soon
         else:
             # On asyncio the loop's own event: anyio's wraps it, one more coroutine per
             # waiting caller (nearly every item waits). A batch is never set before its
@@ -361,14 +388,14 @@ class Batcher(Generic[I, R]):
                     batch.done.set()
                 raise
             self._gathering = None
-        else:
-            # The only caller there can be: no batch mates to wait for. Whether the loop
-            # turns while the batch is sent (the marker runs only then).
-            turned = []
-            assert self._loop is not None
-            self._loop.call_soon(turned.append, None)
         try:
-            await self._deliver(batch)
+            if self._gather:
+                await self._deliver(batch)
+            else:
+                # The only caller there can be: no batch mates to wait for. Noted: whether
+                # the send suspended (let the loop turn).
+                turned = []
+                await _noting_suspension(self._deliver(batch), turned)
         finally:
             self._inline_busy -= 1
             if self._pending:
@@ -377,7 +404,7 @@ class Batcher(Generic[I, R]):
         if turned is not None and not turned:
             # The send never suspended: let the other tasks run once before the caller
             # goes on (as the checkpoint before the send would have).
-            await asyncio.sleep(0)
+            await anyio.lowlevel.checkpoint()
         return batch.answer(0)
 
     async def submit_many(self, items: Sequence[I], *, chunk: int | None = None) -> list[R]:
