@@ -135,7 +135,7 @@ class _LostSendIsConnectionError:
 
     def _write(self, command: Any) -> Any:
         """Hand ``command`` to the transport (redis-py's write step, with the fix above);
-        returns the stream writer."""
+        returns the stream writer, for its ``drain``."""
         writer = self._writer  # type: ignore[attr-defined]
         try:
             writer.writelines(command)
@@ -174,11 +174,12 @@ class _LostSendIsConnectionError:
         before the command leaves). Same steps and errors as redis-py 8's; from 3.12 on
         wait_for is built on asyncio.timeout and redis-py's own method runs.
 
-        The timeout is armed only when the write can wait: when the kernel did not take
-        all of it at once (bytes left in the transport's buffer). With an empty buffer the
-        transport is not paused, so ``drain`` cannot wait for the peer (it only reports
-        a lost connection): no timer per command, where a worker at concurrency 1 sends
-        one command per job."""
+        The timeout is armed only when the write can wait: when the stream's protocol is
+        paused (its transport's buffer, or TLS's beneath it, above the high-water mark).
+        Otherwise ``drain`` cannot wait for the peer (it only reports a lost connection):
+        no timer per command, where a worker at concurrency 1 sends one per job. (The
+        pause flag is asyncio's own, ``FlowControlMixin._paused``, what ``drain`` tests;
+        read on Python 3.11 only, and taken as paused should it be missing.)"""
         conn: Any = self
         timeout = conn.socket_timeout
         if sys.version_info >= (3, 12) or not timeout:
@@ -194,7 +195,7 @@ class _LostSendIsConnectionError:
             if isinstance(command, bytes):
                 command = [command]
             writer = self._write(command)
-            if writer.transport.get_write_buffer_size():
+            if getattr(writer._protocol, "_paused", True):
                 async with asyncio.timeout(timeout):
                     await writer.drain()
             else:
@@ -381,9 +382,10 @@ class Lane:
     async def close(self) -> None:
         """Give the connection back to the pool (it is reused, or closed with it). One a
         call still uses stays checked out: the pool's disconnect closes it, and nobody
-        else gets it meanwhile."""
-        self._watch.close()
+        else gets it meanwhile (its read keeps its deadline)."""
         conn, self._conn = self._conn, None
+        if not self.busy:
+            self._watch.close()
         if conn is not None and not self.busy:
             await self._pool.release(conn)
 
