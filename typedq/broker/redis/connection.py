@@ -252,7 +252,11 @@ class _ReadWatch:
         """A read of ``task`` starts: it may take ``timeout`` seconds."""
         self._deadline = deadline = loop.time() + timeout
         self._task = task
-        if self._timer is None or self._loop is not loop:
+        timer = self._timer
+        if timer is None or self._loop is not loop or deadline < timer.when():
+            # (Earlier than the timer: a read after one of a longer, relaxed, timeout.)
+            if timer is not None:
+                timer.cancel()
             self._loop = loop
             self._timer = loop.call_at(deadline, self._check)
 
