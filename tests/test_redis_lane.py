@@ -294,3 +294,20 @@ async def test_the_lanes_calls_share_one_read_timer(url: str) -> None:
         await client.connection_pool.disconnect()
         await client.aclose()
     assert timers[0] <= 1
+
+
+async def test_a_shorter_timeout_after_a_longer_one_is_kept(proxy: NetProxy) -> None:
+    """A read of a shorter timeout after one of a longer (relaxed) timeout: the shared
+    timer, armed for the longer one, is moved up to the shorter one's deadline."""
+    async with short_timeout_lane(proxy.url(), 0.2) as (lane, _):
+        assert await lane.execute("ECHO", "warm") == b"warm"
+        conn = lane._conn
+        conn.socket_timeout = 3.0  # as redis-py's relaxed timeout sets it
+        proxy.set_latency(0.4)
+        assert await lane.execute("ECHO", "relaxed") == b"relaxed"
+        conn.socket_timeout = 0.2  # back to the lane's own
+        proxy.set_latency(1.0)
+        started = anyio.current_time()
+        with pytest.raises(RedisTimeoutError):
+            await lane.execute("ECHO", "late")
+        assert anyio.current_time() - started < 0.9
