@@ -6,9 +6,11 @@ instead of timing them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -50,9 +52,14 @@ async def running(
     max_batch: int = 500,
     max_in_flight: int = 4,
     inline: bool = False,
+    max_callers: int | None = None,
 ) -> AsyncIterator[Batcher[int, int]]:
     batcher: Batcher[int, int] = Batcher(
-        send, max_batch=max_batch, max_in_flight=max_in_flight, inline=inline
+        send,
+        max_batch=max_batch,
+        max_in_flight=max_in_flight,
+        inline=inline,
+        max_callers=max_callers,
     )
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
@@ -502,3 +509,71 @@ async def test_a_cancelled_inline_sender_hands_its_batch_to_the_senders() -> Non
                 await batcher.submit(1)
         assert results == {2: 4}  # the mate still got its answer
         assert sorted(i for b in send.batches for i in b) == [1, 2]
+
+
+@contextmanager
+def counting_loop_turns() -> Iterator[list[int]]:
+    """Counts the running asyncio loop's turns (iterations of its ``_run_once``) while
+    the block runs: ``[turns]``."""
+    loop: Any = asyncio.get_running_loop()
+    turns = [0]
+    run_once = loop._run_once
+
+    def counting() -> None:
+        turns[0] += 1
+        run_once()
+
+    loop._run_once = counting
+    try:
+        yield turns
+    finally:
+        del loop._run_once
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize(("max_callers", "extra_turns"), [(None, 1), (1, 0)])
+async def test_a_lone_callers_inline_send_waits_no_turn_for_batch_mates(
+    max_callers: int | None, extra_turns: int
+) -> None:
+    """max_callers=1 (a worker of concurrency 1): nobody can join an inline batch, so its
+    send costs only its own I/O's event-loop turns, not one more to gather callers."""
+
+    async def one_turn(items: list[int]) -> list[int]:
+        await asyncio.sleep(0)  # a round trip: the loop turns once
+        return [item * 2 for item in items]
+
+    async with running(one_turn, inline=True, max_callers=max_callers) as batcher:
+        await anyio.sleep(0.01)  # the senders are parked: every submit sends inline
+        with counting_loop_turns() as turns:
+            for i in range(50):
+                assert await batcher.submit(i) == i * 2
+    assert turns[0] == 50 * (1 + extra_turns)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_lone_callers_inline_send_still_yields_once_per_item() -> None:
+    """A send that never suspends (the embedded broker) still lets the other tasks run
+    once per item: a worker draining it at concurrency 1 does not starve the loop."""
+
+    async def instant(items: list[int]) -> list[int]:
+        return [item * 2 for item in items]
+
+    ticks = [0]
+
+    async def ticker() -> None:
+        while True:
+            ticks[0] += 1
+            await asyncio.sleep(0)
+
+    async with running(instant, inline=True, max_callers=1) as batcher:
+        await anyio.sleep(0.01)  # the senders are parked: every submit sends inline
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            await asyncio.sleep(0)
+            before = ticks[0]
+            with counting_loop_turns() as turns:
+                for i in range(50):
+                    assert await batcher.submit(i) == i * 2
+            tg.cancel_scope.cancel()
+    assert turns[0] == 50
+    assert ticks[0] - before >= 49  # the other task ran between the items

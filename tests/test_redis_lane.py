@@ -11,18 +11,24 @@ Every test talks to a real redis-server spawned by the suite (never :6379), some
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests.netproxy import NetProxy, net_proxy
 from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import broker_at, message, raw_redis
 from typedq.broker.base import Completion, FinishOutcome, JobState
 from typedq.broker.redis import RedisBroker
-from typedq.broker.redis.connection import Lane
+from typedq.broker.redis.connection import Lane, make_client
 from typedq.broker.redis.scripts import read_scripts
 from typedq.errors import BrokerError
 
@@ -189,3 +195,119 @@ async def test_closing_the_broker_closes_the_lane_connection(url: str) -> None:
                 break
             await anyio.sleep(0.05)
         assert "typedq:laneclose" not in names
+
+
+@contextlib.asynccontextmanager
+async def short_timeout_lane(url: str, timeout: float) -> AsyncIterator[tuple[Lane, Any]]:
+    """A lane on a pool of ``timeout`` seconds of socket timeout and no retries."""
+    pool = aioredis.ConnectionPool.from_url(
+        url, socket_timeout=timeout, retry=Retry(NoBackoff(), 0)
+    )
+    lane = Lane(pool)
+    try:
+        yield lane, pool
+    finally:
+        await lane.close()
+        await pool.aclose()
+
+
+async def test_a_read_past_the_socket_timeout_fails_as_redis_pys_and_leaves_no_reply(
+    proxy: NetProxy,
+) -> None:
+    """The lane's shared read timer: a reply later than the socket timeout fails the call
+    with redis-py's TimeoutError (the retry's cue), in about the timeout, and drops the
+    connection: the next call does not read the late reply as its own."""
+    async with short_timeout_lane(proxy.url(), 0.2) as (lane, _):
+        assert await lane.execute("ECHO", "warm") == b"warm"
+        proxy.set_latency(0.6)
+        started = anyio.current_time()
+        with pytest.raises(RedisTimeoutError):
+            await lane.execute("ECHO", "late")
+        assert anyio.current_time() - started < 0.55
+        proxy.set_latency(0)
+        await anyio.sleep(0.7)  # the late reply, had the connection been kept, is here now
+        assert await lane.execute("ECHO", "next") == b"next"
+        # Calls after it keep their own deadline (the timer re-armed for them).
+        for i in range(3):
+            assert await lane.execute("ECHO", f"n{i}") == f"n{i}".encode()
+        proxy.set_latency(0.6)
+        with pytest.raises(RedisTimeoutError):
+            await lane.execute("ECHO", "late again")
+
+
+async def test_an_outer_cancel_of_a_lane_read_stays_a_cancel(proxy: NetProxy) -> None:
+    """Only the lane's own deadline turns into a timeout: a cancel scope's cancel that
+    comes first is a cancel, and the lane works afterwards."""
+    async with short_timeout_lane(proxy.url(), 0.3) as (lane, _):
+        assert await lane.execute("ECHO", "warm") == b"warm"
+        proxy.set_latency(0.6)
+        with anyio.move_on_after(0.1) as scope:
+            await lane.execute("ECHO", "cancelled")
+        assert scope.cancelled_caught
+        proxy.set_latency(0)
+        await anyio.sleep(0.7)
+        assert await lane.execute("ECHO", "after") == b"after"
+        await anyio.sleep(0.3)  # past the cancelled read's deadline: nothing fires
+        assert await lane.execute("ECHO", "later") == b"later"
+
+
+async def test_a_relaxed_timeout_moves_the_lane_reads_deadline(proxy: NetProxy) -> None:
+    """redis-py relaxes an active read's timeout while the server announces maintenance
+    (``update_current_socket_timeout``): the lane's read then waits that long."""
+    async with short_timeout_lane(proxy.url(), 0.2) as (lane, _):
+        assert await lane.execute("ECHO", "warm") == b"warm"
+        conn = lane._conn
+        proxy.set_latency(0.5)
+
+        async def relax() -> None:
+            await anyio.sleep(0.1)
+            conn.update_current_socket_timeout(2.0)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relax)
+            assert await lane.execute("ECHO", "slow") == b"slow"
+
+
+async def test_the_lanes_calls_share_one_read_timer(url: str) -> None:
+    """No timer armed and cancelled per call (redis-py's read timeout, the write's): the
+    deadline of each read is kept by one timer, armed again only when it runs out."""
+    client = make_client(url, client_name="lanetimer", max_connections=4, health_check_interval=10)
+    lane = Lane(client.connection_pool)
+    try:
+        assert await lane.execute("ECHO", "warm") == b"warm"
+        loop: Any = asyncio.get_running_loop()
+        timers = [0]
+        call_at = loop.call_at
+
+        def counting_call_at(*args: Any, **kwargs: Any) -> Any:
+            timers[0] += 1
+            return call_at(*args, **kwargs)
+
+        loop.call_at = counting_call_at
+        try:
+            for i in range(50):
+                assert await lane.execute("ECHO", f"n{i}") == f"n{i}".encode()
+        finally:
+            del loop.call_at
+    finally:
+        await lane.close()
+        await client.connection_pool.disconnect()
+        await client.aclose()
+    assert timers[0] <= 1
+
+
+async def test_a_shorter_timeout_after_a_longer_one_is_kept(proxy: NetProxy) -> None:
+    """A read of a shorter timeout after one of a longer (relaxed) timeout: the shared
+    timer, armed for the longer one, is moved up to the shorter one's deadline."""
+    async with short_timeout_lane(proxy.url(), 0.2) as (lane, _):
+        assert await lane.execute("ECHO", "warm") == b"warm"
+        conn = lane._conn
+        conn.socket_timeout = 3.0  # as redis-py's relaxed timeout sets it
+        proxy.set_latency(0.4)
+        assert await lane.execute("ECHO", "relaxed") == b"relaxed"
+        conn.socket_timeout = 0.2  # back to the lane's own
+        proxy.set_latency(1.0)
+        started = anyio.current_time()
+        with pytest.raises(RedisTimeoutError):
+            await lane.execute("ECHO", "late")
+        assert anyio.current_time() - started < 0.9

@@ -104,6 +104,8 @@ class Settler:
     :param stats: the worker's counters, updated per outcome
     :param stopping: whether the worker is shutting down (no more refills)
     :param start: runs jobs a refill claimed
+    :param concurrency: how many runners may settle at once (1: the batchers' inline
+        sends wait for no batch mates)
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class Settler:
         stats: WorkerStats,
         stopping: Callable[[], bool],
         start: Callable[[Sequence[ClaimedJob]], None],
+        concurrency: int | None = None,
     ) -> None:
         self._broker = broker
         self.worker_id = worker_id
@@ -132,10 +135,13 @@ class Settler:
         # Inline: a lone outcome is sent by its runner itself (no hop to a sender task
         # and back); runners are never cancelled while they settle (see Worker._serve).
         self._completer: Batcher[Completion, FinishOutcome] = Batcher(
-            self._complete_batch, name="completion batcher", inline=True
+            self._complete_batch,
+            name="completion batcher",
+            inline=True,
+            max_callers=concurrency,
         )
         self._failer: Batcher[Failure, FinishOutcome] = Batcher(
-            self._fail_batch, name="failure batcher", inline=True
+            self._fail_batch, name="failure batcher", inline=True, max_callers=concurrency
         )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -265,6 +265,8 @@ class Worker(Generic[TIn, TOut]):
             stats=self.stats,
             stopping=lambda: self._stopping,
             start=self._start,
+            # Outcomes are settled by the runners only: at most `concurrency` at once.
+            concurrency=concurrency,
         )
 
     def __repr__(self) -> str:

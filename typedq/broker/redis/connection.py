@@ -10,6 +10,7 @@ automatic retries on connection errors and timeouts with jittered exponential ba
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import sys
 from typing import Any
@@ -132,6 +133,16 @@ class _LostSendIsConnectionError:
         except AttributeError as exc:
             raise ConnectionResetError(f"connection lost while sending ({exc})") from exc
 
+    def _write(self, command: Any) -> Any:
+        """Hand ``command`` to the transport (redis-py's write step, with the fix above);
+        returns the stream writer, for its ``drain``."""
+        writer = self._writer  # type: ignore[attr-defined]
+        try:
+            writer.writelines(command)
+        except AttributeError as exc:
+            raise ConnectionResetError(f"connection lost while sending ({exc})") from exc
+        return writer
+
     # redis-py's asyncio connections pack commands in pure Python, re-joining a growing
     # buffer per argument: an enqueue of 100 jobs (600 arguments) spent more time there
     # than in everything else typedq does for it. hiredis packs in C (as redis-py's sync
@@ -161,7 +172,14 @@ class _LostSendIsConnectionError:
         ``asyncio.wait_for``, on Python 3.11 only: there wait_for runs every write in a
         task of its own (measured 9.3 us against 3.5 us per call, and event-loop turns
         before the command leaves). Same steps and errors as redis-py 8's; from 3.12 on
-        wait_for is built on asyncio.timeout and redis-py's own method runs."""
+        wait_for is built on asyncio.timeout and redis-py's own method runs.
+
+        The timeout is armed only when the write can wait: when the stream's protocol is
+        paused (its transport's buffer, or TLS's beneath it, above the high-water mark).
+        Otherwise ``drain`` cannot wait for the peer (it only reports a lost connection):
+        no timer per command, where a worker at concurrency 1 sends one per job. (The
+        pause flag is asyncio's own, ``FlowControlMixin._paused``, what ``drain`` tests;
+        read on Python 3.11 only, and taken as paused should it be missing.)"""
         conn: Any = self
         timeout = conn.socket_timeout
         if sys.version_info >= (3, 12) or not timeout:
@@ -176,8 +194,12 @@ class _LostSendIsConnectionError:
                 command = command.encode()
             if isinstance(command, bytes):
                 command = [command]
-            async with asyncio.timeout(timeout):
-                await self._send_packed_command(command)
+            writer = self._write(command)
+            if getattr(writer._protocol, "_paused", True):
+                async with asyncio.timeout(timeout):
+                    await writer.drain()
+            else:
+                await writer.drain()
         except TimeoutError:
             await conn.disconnect(nowait=True)
             raise RedisTimeoutError("Timeout writing to socket") from None
@@ -203,6 +225,77 @@ def _with_lost_send_fix(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPoo
     return pool
 
 
+class _ReadWatch:
+    """The read timeout of a lane's calls: one timer shared by all of them instead of one
+    armed and cancelled per call (redis-py's ``read_response``), which at one call per
+    job cost as much as an event-loop turn, and filled the loop's timer heap with
+    cancelled timers for ``SOCKET_TIMEOUT`` seconds each.
+
+    The timer is armed for the deadline of the read in flight when there is none; when
+    it fires, a later read (a later deadline) re-arms it for that one, no read leaves it
+    unarmed, and a read past its deadline is cancelled (as ``asyncio.timeout`` does: its
+    task's cancel request, taken back by :meth:`Lane._read`, which raises the timeout)."""
+
+    __slots__ = ("_deadline", "_loop", "_task", "_timer", "expired")
+
+    def __init__(self) -> None:
+        self._deadline: float | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: The task whose read this watch cancelled (until that read took it back).
+        self.expired: asyncio.Task[Any] | None = None
+
+    def start(
+        self, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop, timeout: float
+    ) -> None:
+        """A read of ``task`` starts: it may take ``timeout`` seconds."""
+        self._deadline = deadline = loop.time() + timeout
+        self._task = task
+        timer = self._timer
+        if timer is None or self._loop is not loop or deadline < timer.when():
+            # (Earlier than the timer: a read after one of a longer, relaxed, timeout.)
+            if timer is not None:
+                timer.cancel()
+            self._loop = loop
+            self._timer = loop.call_at(deadline, self._check)
+
+    def reschedule(self, when: float | None) -> None:
+        """Move the deadline of the read in flight to loop time ``when`` (None: none);
+        redis-py calls it (as it would on ``asyncio.timeout``) to relax the timeout of
+        an active read while the server announces maintenance."""
+        if self._task is None or self._loop is None:
+            return
+        self._deadline = when
+        if when is not None and (self._timer is None or when < self._timer.when()):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(when, self._check)
+
+    def stop(self) -> None:
+        """The read ended (its timer stays armed for the next one, or runs out)."""
+        self._deadline = self._task = None
+
+    def close(self) -> None:
+        """Disarm the timer (the lane is closed)."""
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        self.stop()
+
+    def _check(self) -> None:
+        self._timer = None
+        deadline, task, loop = self._deadline, self._task, self._loop
+        if deadline is None or task is None or loop is None:
+            return  # no read in flight: armed again by the next one
+        if loop.time() < deadline:
+            self._timer = loop.call_at(deadline, self._check)  # a later read's deadline
+            return
+        self.stop()
+        self.expired = task
+        task.cancel()
+
+
 class Lane:
     """One connection of a client's pool, kept out of it for one caller at a time: the
     worker's hot script calls (claim, settle and claim) without the pool's checkout and
@@ -220,13 +313,20 @@ class Lane:
     the reply is returned undecoded, as no response callback applies to them.
 
     A caller finding :attr:`busy` takes the pooled path instead: the lane never waits.
+
+    The reply's read timeout (the connection's socket timeout) is kept by one timer
+    shared by the lane's calls (:class:`_ReadWatch`); a read past it fails as redis-py's
+    does: the connection dropped, then redis-py's ``TimeoutError`` (which the retry
+    re-sends). redis-py relaxing an active read's timeout (server maintenance
+    notifications) moves the watch's deadline, as it would move its own timer's.
     """
 
-    __slots__ = ("_conn", "_pool", "busy")
+    __slots__ = ("_conn", "_pool", "_watch", "busy")
 
     def __init__(self, pool: aioredis.ConnectionPool) -> None:
         self._pool: Any = pool  # get_connection is untyped in redis-py
         self._conn: Any = None
+        self._watch = _ReadWatch()
         #: True while a call is on the lane (then callers use the pool).
         self.busy = False
 
@@ -244,7 +344,7 @@ class Lane:
 
             async def once() -> Any:
                 await conn.send_packed_command(packed)
-                return await conn.read_response()
+                return await self._read(conn)
 
             async def failed(error: Exception, failures: int) -> None:
                 await conn.disconnect(error=error, failure_count=failures)
@@ -253,11 +353,43 @@ class Lane:
         finally:
             self.busy = False
 
+    async def _read(self, conn: Any) -> Any:
+        """``conn.read_response()``, its timeout kept by the lane's shared timer."""
+        timeout = conn.socket_timeout
+        if not timeout:
+            return await conn.read_response()
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling = task.cancelling()
+        watch = self._watch
+        watch.start(task, asyncio.get_running_loop(), timeout)
+        # Where redis-py looks for the active read's timeout to relax it (see reschedule).
+        conn._active_read_timeout = watch
+        try:
+            # math.inf: no timer of redis-py's own (the watch keeps the deadline).
+            return await conn.read_response(timeout=math.inf)
+        except asyncio.CancelledError:
+            if watch.expired is task:
+                watch.expired = None
+                # Only the watch's cancel (asyncio.timeout's rule): the read timed out.
+                # read_response has dropped the connection (no reply left on the wire).
+                if task.uncancel() <= cancelling:
+                    raise RedisTimeoutError(f"Timeout reading from {conn._host_error()}") from None
+            raise
+        finally:
+            conn._active_read_timeout = None
+            watch.stop()
+            if watch.expired is task:  # cancelled, but the read ended another way
+                watch.expired = None
+                task.uncancel()
+
     async def close(self) -> None:
         """Give the connection back to the pool (it is reused, or closed with it). One a
         call still uses stays checked out: the pool's disconnect closes it, and nobody
-        else gets it meanwhile."""
+        else gets it meanwhile (its read keeps its deadline)."""
         conn, self._conn = self._conn, None
+        if not self.busy:
+            self._watch.close()
         if conn is not None and not self.busy:
             await self._pool.release(conn)
 
