@@ -112,8 +112,16 @@ def test_threads_making_batches_of_ids_never_share_one(frozen_ms: list[int]) -> 
         thread.join()
     everything = [job_id for out in made for job_id in out]
     assert len(set(everything)) == len(everything)
-    for out in made:  # in creation order within each thread
-        assert out == sorted(out)
+    for out in made:
+        # In creation order within each thread, block by block: two threads starting the
+        # millisecond's block at once each make one (another random head), and a thread's
+        # next ids may come from the other's; ids of one block count up.
+        by_block: dict[str, list[str]] = {}
+        for job_id in out:
+            by_block.setdefault(job_id[:18], []).append(job_id)
+        assert len(by_block) <= len(made) + 1  # the frozen millisecond's blocks
+        for ids in by_block.values():
+            assert ids == sorted(ids)
 
 
 @pytest.mark.parametrize("bad", ["", "-x", "a b", "a|b", "x" * 201, "ok\nok", 7, None, "é"])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import math
 import socket
-import sys
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -169,20 +168,20 @@ class _LostSendIsConnectionError:
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         """redis-py's send with its write timeout as ``asyncio.timeout`` instead of
-        ``asyncio.wait_for``, on Python 3.11 only: there wait_for runs every write in a
-        task of its own (measured 9.3 us against 3.5 us per call, and event-loop turns
-        before the command leaves). Same steps and errors as redis-py 8's; from 3.12 on
-        wait_for is built on asyncio.timeout and redis-py's own method runs.
+        ``asyncio.wait_for``: on Python 3.11 wait_for runs every write in a task of its
+        own (measured 9.3 us against 3.5 us per call, and event-loop turns before the
+        command leaves); from 3.12 on wait_for is built on asyncio.timeout, and arms its
+        timer on every write. Same steps and errors as redis-py 8's.
 
         The timeout is armed only when the write can wait: when the stream's protocol is
         paused (its transport's buffer, or TLS's beneath it, above the high-water mark).
         Otherwise ``drain`` cannot wait for the peer (it only reports a lost connection):
         no timer per command, where a worker at concurrency 1 sends one per job. (The
         pause flag is asyncio's own, ``FlowControlMixin._paused``, what ``drain`` tests;
-        read on Python 3.11 only, and taken as paused should it be missing.)"""
+        taken as paused should it be missing.)"""
         conn: Any = self
         timeout = conn.socket_timeout
-        if sys.version_info >= (3, 12) or not timeout:
+        if not timeout:
             await super().send_packed_command(command, check_health)  # type: ignore[misc]
             return
         if not conn.is_connected:
