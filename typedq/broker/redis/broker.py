@@ -37,7 +37,6 @@ from ...names import check_job_id, check_job_ids, check_name, check_worker_id
 from .. import redact_url
 from ..base import (
     HISTORY_MINUTES,
-    Broker,
     BrokerSettings,
     CancelOutcome,
     ClaimedJob,
@@ -85,6 +84,7 @@ from .connection import (
     make_client,
     make_cluster_client,
 )
+from .core import _missing, _request_token
 from .errors import broker_error, scrub
 from .flows import Handoff, flow_args, flow_outcome, part_args, unwrap
 from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
@@ -113,12 +113,6 @@ _LOADS = 5
 _LANE_SCRIPTS = frozenset({"claim", "complete"})
 
 
-def _missing(reply: object) -> bool:
-    """Whether ``reply`` is Redis's answer for a function it does not have (FCALL
-    before the library was loaded, or after FUNCTION FLUSH, a restart or on a new node)."""
-    return isinstance(reply, rexc.ResponseError) and str(reply).startswith("Function not found")
-
-
 def _already_loaded(exc: BaseException) -> bool:
     """Whether ``exc`` is FUNCTION LOAD's answer for a library of that name (the same
     source: the name carries its hash) that Redis has already."""
@@ -135,13 +129,7 @@ def _alike(
     return True
 
 
-def _request_token() -> str:
-    """A random token for one call (claim, enqueue, cancel): the key of its request
-    record, which makes a re-sent script return the first copy's answer."""
-    return secrets.token_hex(8)
-
-
-class RedisBroker(ScheduleOps, Broker):
+class RedisBroker(ScheduleOps):
     """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA
