@@ -1,4 +1,13 @@
-"""The Redis broker class: one method per broker operation, one Lua script per transition.
+"""The Redis broker class, and its core: connection, checks, script calls.
+
+:class:`RedisBroker` is one class made of mixins, one module per concept: enqueue and
+waiting for results in :mod:`.producer`, schedules in :mod:`.schedules`; they see this
+core through :class:`~.core.RedisCore`; the operations that no mixin holds are here,
+with the core. The core is here: connect (standalone Redis and Cluster) and its startup
+checks, the epoch and memory checks, the queue registry and where a job is, close, error
+translation, and calling the library's scripts (one, pipelined, one per queue, the
+hand-offs their replies name delivered; a "Function not found" answered by loading the
+library again).
 
 See :mod:`typedq.broker.redis` for the guarantees; the pieces live beside this module:
 stored bytes in :mod:`.codec`, scripts in :mod:`.scripts`, client settings in
@@ -11,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import itertools
-import math
 import secrets
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -33,12 +40,11 @@ from ...errors import (
     NotConnected,
     RedisDataLost,
 )
-from ...names import check_job_id, check_job_ids, check_name, check_worker_id
+from ...names import check_name, check_worker_id
 from .. import redact_url
 from ..base import (
     HISTORY_MINUTES,
     BrokerSettings,
-    CancelOutcome,
     ClaimedJob,
     Completion,
     EnqueueOutcome,
@@ -59,19 +65,7 @@ from ..base import (
 )
 from ..flow import FlowSpec, FlowState
 from ..keys import STATE_LETTERS, Keys
-from .codec import (
-    FINISH,
-    LEASE,
-    MICRO,
-    STATES,
-    as_int,
-    decode_job,
-    encode,
-    encode_body,
-    from_us,
-    text,
-    us,
-)
+from .codec import FINISH, LEASE, MICRO, STATES, as_int, decode_job, encode, from_us, text, us
 from .connection import (
     CLUSTER_SCHEMES,
     HEALTH_CHECK_INTERVAL,
@@ -90,6 +84,7 @@ from .flows import Handoff, flow_args, flow_outcome, part_args, unwrap
 from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .listener import Notifications
 from .migrate import migrate_layout
+from .producer import _PIPELINE_BYTES, ProducerOps
 from .schedules import ScheduleOps
 from .scripts import LIBRARY, SHARDED_LIBRARY
 
@@ -98,9 +93,6 @@ __all__ = ["RedisBroker"]
 #: Fields per job in a claim script's answer (after its first item, the next due time):
 #: id, body, token, attempt, enqueued_at, stalls, queue, due time (claim.lua).
 _CLAIMED_FIELDS = 8
-#: Bounds of one pipeline of enqueue_batches: scripts, and bytes of job bodies.
-_PIPELINE_SCRIPTS = 32
-_PIPELINE_BYTES = 8 * 1024 * 1024
 #: Seconds an outbox entry (a hand-off of a flow across slots) is left to the call that
 #: wrote it before the reaper pass applies it (see :attr:`RedisBroker.handoff_age`).
 HANDOFF_AGE = 5.0
@@ -119,17 +111,7 @@ def _already_loaded(exc: BaseException) -> bool:
     return isinstance(exc, rexc.ResponseError) and "already exists" in str(exc)
 
 
-def _alike(
-    messages: Sequence[JobMessage], queue: str, priority: int, eta: float, delay: float
-) -> bool:
-    """Every one of ``messages`` has this queue, priority, eta and delay."""
-    for m in messages:
-        if m.queue != queue or m.priority != priority or m.eta != eta or m.delay != delay:
-            return False
-    return True
-
-
-class RedisBroker(ScheduleOps):
+class RedisBroker(ProducerOps, ScheduleOps):
     """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA
@@ -740,178 +722,6 @@ class RedisBroker(ScheduleOps):
 
     # -- producer side -------------------------------------------------------------
 
-    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
-        if not messages:
-            self._conn()
-            return []
-        queues = [m.queue for m in messages]
-        if self.cluster and len(set(queues)) > 1:
-            # One script per queue (one slot each), in one round trip: each queue's jobs
-            # are stored atomically, the batch as a whole is not.
-            for m in messages:
-                check_job_id(m.id)
-                check_name("queue", m.queue)
-            await self._note_queues(queues)
-            if self._epoch.is_due():
-                await self.check_epoch()
-            created = await self._per_queue(
-                "enqueue",
-                queues,
-                lambda q, idx: self._enqueue_call([messages[i] for i in idx])[:2],
-                0,
-            )
-            return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
-        keys, args, _ = self._enqueue_call(messages)
-        await self._note_queues(queues)
-        if self._epoch.is_due():
-            await self.check_epoch()
-        created = await self._eval("enqueue", keys, args)
-        return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
-
-    def _enqueue_call(self, messages: Sequence[JobMessage]) -> tuple[list[str], list[Any], int]:
-        """Keys and arguments of one enqueue script, and the bytes of its job bodies.
-
-        When every job has the same queue, priority, eta and delay (a bulk enqueue, as a
-        rule), they are sent once, and each job as its id and body (enqueue.lua's shared
-        form): two arguments per job instead of six, for Redis to read and Lua to hold."""
-        args: list[Any] = [self.keys.prefix, self.settings.max_queue_length, len(messages)]
-        size = 0
-        head = messages[0]
-        queue, priority, eta, delay = head.queue, head.priority, head.eta, head.delay
-        shared = len(messages) > 1 and _alike(messages, queue, priority, eta, delay)
-        if shared:
-            check_name("queue", queue)
-            ids = [m.id for m in messages]
-            check_job_ids(ids)  # (one regex scan)
-            bodies = [encode_body(m) for m in messages]
-            size = sum(map(len, bodies))
-            args += (
-                "",
-                queue,
-                "0" if priority == 0 else str(int(priority)),
-                us(eta) if eta else 0,
-                us(delay) if delay else 0,
-            )
-            args += itertools.chain.from_iterable(zip(ids, bodies, strict=True))
-        else:
-            named: set[str] = set()  # the queue names checked (a batch has one or a few)
-            for m in messages:
-                check_job_id(m.id)
-                queue = m.queue
-                if queue not in named:
-                    named.add(check_name("queue", queue))
-                body = encode_body(m)
-                size += len(body)
-                # The common values (priority 0, no eta, no delay) without a conversion each.
-                priority, eta, delay = m.priority, m.eta, m.delay
-                args += (
-                    m.id,
-                    queue,
-                    "0" if priority == 0 else str(int(priority)),
-                    us(eta) if eta else 0,
-                    us(delay) if delay else 0,
-                    body,
-                )
-        first = head.queue
-        return [self.keys.seq(first), self.keys.request(first, _request_token())], args, size
-
-    async def enqueue_batches(
-        self, batches: Sequence[Sequence[JobMessage]]
-    ) -> list[list[EnqueueOutcome] | Exception]:
-        """Store ``batches`` in order, each atomically: one enqueue script per batch,
-        pipelined in order on one connection (at most 32 scripts or ~8 MB of bodies per
-        round trip), so Redis runs them in input order (FIFO across the batches) and each
-        checks ``max_queue_length`` itself.
-
-        Per batch: its outcomes, or the error that refused it (:class:`QueueFull`, a
-        :class:`BrokerError` such as maxmemory), which stored nothing of it. When the
-        connection fails (after redis-py's retries, whose re-sent scripts answer what
-        their first copies answered) during the first round trip, it raises
-        :class:`BrokerUnavailable`; during a later one, the batches of that round trip
-        and after it get a :class:`BrokerUnavailable` each: those may or may not be
-        stored, and sending them again with the same ids is safe (ids deduplicate).
-        """
-        if self.cluster:
-            # A batch may span slots: each is stored by enqueue (one script per queue).
-            return await super().enqueue_batches(batches)
-        calls = [self._enqueue_call(batch) if batch else None for batch in batches]
-        await self._note_queues([m.queue for batch in batches for m in batch])
-        if self._epoch.is_due() and any(calls):
-            await self.check_epoch()
-        results: list[list[EnqueueOutcome] | Exception] = []
-        i = 0
-        while i < len(batches):
-            # One pipeline: consecutive batches up to the bounds (at least one).
-            j, size = i, 0
-            while j < len(batches) and j - i < _PIPELINE_SCRIPTS:
-                call = calls[j]
-                extra = call[2] if call is not None else 0
-                if j > i and size + extra > _PIPELINE_BYTES:
-                    break
-                size += extra
-                j += 1
-            sent = [(n, c) for n in range(i, j) if (c := calls[n]) is not None]
-            replies: list[Any] = []
-            if sent:
-                try:
-                    replies = await self._send_enqueues([c for _, c in sent])
-                except (rexc.RedisError, OSError) as exc:
-                    error = self._error(exc, "enqueue")
-                    if not results:
-                        raise error from None
-                    results.extend(error for _ in range(i, len(batches)))
-                    return results
-            by_batch = dict(zip((n for n, _ in sent), replies, strict=True))
-            lost = [n for n, _ in sent if _missing(by_batch[n])]
-            if lost:
-                # The library is gone: none of those batches ran. Load it and send them
-                # again, in order, in one round trip.
-                lost_calls = dict(sent)
-                try:
-                    again = await self._reload_and_send(
-                        [("enqueue", lost_calls[n][0], lost_calls[n][1]) for n in lost]
-                    )
-                except BrokerError as exc:
-                    again = [exc] * len(lost)
-                by_batch.update(zip(lost, again, strict=True))
-            for n in range(i, j):
-                call, batch = calls[n], batches[n]
-                if call is None:
-                    results.append([])
-                    continue
-                reply = by_batch[n]
-                if isinstance(reply, Exception) and not isinstance(reply, BrokerError):
-                    reply = self._error(reply, "enqueue")
-                if isinstance(reply, Exception):
-                    results.append(reply)
-                else:
-                    results.append(
-                        [EnqueueOutcome(m.id, bool(c)) for m, c in zip(batch, reply, strict=True)]
-                    )
-            i = j
-        return results
-
-    async def _send_enqueues(self, calls: list[tuple[list[str], list[Any], int]]) -> list[Any]:
-        """The replies of enqueue scripts ``calls`` (keys, args, size), sent in order in one
-        round trip; a script's error is its reply (as in a pipeline with
-        ``raise_on_error=False``), a connection's raises. One call (a bulk enqueue of one
-        chunk, as a rule) goes as a plain command: a pipeline's bookkeeping costs more
-        than the call's own packing."""
-        function = self._library.functions["enqueue"]
-        if len(calls) == 1:
-            keys, args, _ = calls[0]
-            execute: Any = self._conn().execute_command  # untyped in redis-py
-            try:
-                return [await execute("FCALL", function, len(keys), *keys, *args)]
-            except rexc.ResponseError as exc:
-                return [exc]
-        pipe = self._conn().pipeline(transaction=False)
-        execute = pipe.execute_command
-        for keys, args, _ in calls:
-            execute("FCALL", function, len(keys), *keys, *args)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
-        return replies
-
     async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
         """Store workflows: one ``flow_enqueue`` script per group of flows (up to ~8 MB
         of bodies), pipelined in one round trip; each flow is stored atomically, whole."""
@@ -1098,50 +908,6 @@ class RedisBroker(ScheduleOps):
             worker_id=None if w is None else text(w),
             errors=_error_history(eh, err),
         )
-
-    async def wait_finished(
-        self,
-        job_id: str,
-        timeout: float | None,
-        *,
-        queue: str | None = None,
-        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> JobRecord | None:
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        self._conn()
-        if queue is None:
-            (queue,) = await self._queues_of([job_id], None)
-            if queue is None:
-                return None
-        with self._notes.done_waiter(job_id) as waiter:
-            await self._notes.subscribe(self._notes.done_channel(queue), wait=deadline)
-            # Subscribed and registered: a finish announced from now on wakes the waiter,
-            # and one announced before is seen by the first look below.
-            task_status.started()
-            while True:
-                # A fresh event before each look, so a notice that lands between the
-                # read and the wait still wakes us.
-                waiter.event = anyio.Event()
-                (record,) = await self.get([job_id], queue=queue)
-                if record is None or record.state.is_final:
-                    return record
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._redis is None:
-                    return None
-                with anyio.move_on_after(remaining):
-                    await waiter.event.wait()
-
-    async def cancel(self, job_id: str, *, queue: str | None = None) -> CancelOutcome:
-        ttl, cap = self._retention(completed=False)
-        (where,) = await self._queues_of([job_id], queue)
-        if where is None:
-            return CancelOutcome.NOT_FOUND
-        outcome = await self._eval(
-            "cancel",
-            [self.keys.request(where, _request_token())],
-            [self.keys.prefix, where, ttl, cap, job_id],
-        )
-        return CancelOutcome(text(outcome))
 
     async def counts(self, queue: str) -> dict[JobState, int]:
         with self._translate("counts"):
