@@ -1,13 +1,13 @@
 """The Redis broker class, and its core: connection, checks, script calls.
 
 :class:`RedisBroker` is one class made of mixins, one module per concept: enqueue and
-waiting for results in :mod:`.producer`, schedules in :mod:`.schedules`; they see this
-core through :class:`~.core.RedisCore`; the operations that no mixin holds are here,
-with the core. The core is here: connect (standalone Redis and Cluster) and its startup
-checks, the epoch and memory checks, the queue registry and where a job is, close, error
-translation, and calling the library's scripts (one, pipelined, one per queue, the
-hand-offs their replies name delivered; a "Function not found" answered by loading the
-library again).
+waiting for results in :mod:`.producer`, workflows in :mod:`.flows`, schedules in
+:mod:`.schedules`; they see this core through :class:`~.core.RedisCore`; the operations
+that no mixin holds are here, with the core. The core is here: connect (standalone Redis
+and Cluster) and its startup checks, the epoch and memory checks, the queue registry and
+where a job is, close, error translation, and calling the library's scripts (one,
+pipelined, one per queue, the hand-offs their replies name delivered; a "Function not
+found" answered by loading the library again).
 
 See :mod:`typedq.broker.redis` for the guarantees; the pieces live beside this module:
 stored bytes in :mod:`.codec`, scripts in :mod:`.scripts`, client settings in
@@ -30,7 +30,6 @@ import msgspec
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 from anyio.abc import TaskStatus
-from redis.crc import key_slot
 
 from ...errors import (
     BrokerError,
@@ -47,7 +46,6 @@ from ..base import (
     BrokerSettings,
     ClaimedJob,
     Completion,
-    EnqueueOutcome,
     EventRead,
     Failure,
     FinishOutcome,
@@ -63,7 +61,6 @@ from ..base import (
     WorkerInfo,
     check_claim_id,
 )
-from ..flow import FlowSpec, FlowState
 from ..keys import STATE_LETTERS, Keys
 from .codec import FINISH, LEASE, MICRO, STATES, as_int, decode_job, encode, from_us, text, us
 from .connection import (
@@ -80,11 +77,11 @@ from .connection import (
 )
 from .core import _missing, _request_token
 from .errors import broker_error, scrub
-from .flows import Handoff, flow_args, flow_outcome, part_args, unwrap
+from .flows import FlowOps, Handoff, unwrap
 from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .listener import Notifications
 from .migrate import migrate_layout
-from .producer import _PIPELINE_BYTES, ProducerOps
+from .producer import ProducerOps
 from .schedules import ScheduleOps
 from .scripts import LIBRARY, SHARDED_LIBRARY
 
@@ -111,7 +108,7 @@ def _already_loaded(exc: BaseException) -> bool:
     return isinstance(exc, rexc.ResponseError) and "already exists" in str(exc)
 
 
-class RedisBroker(ProducerOps, ScheduleOps):
+class RedisBroker(ProducerOps, FlowOps, ScheduleOps):
     """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA
@@ -721,139 +718,6 @@ class RedisBroker(ProducerOps, ScheduleOps):
         return us(r.failed_ttl), r.failed_max
 
     # -- producer side -------------------------------------------------------------
-
-    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
-        """Store workflows: one ``flow_enqueue`` script per group of flows (up to ~8 MB
-        of bodies), pipelined in one round trip; each flow is stored atomically, whole."""
-        if not flows:
-            self._conn()
-            return []
-        await self._note_queues([m.queue for spec in flows for m in (*spec.members, *spec.steps)])
-        if self._epoch.is_due():
-            await self.check_epoch()
-        if self.cluster:
-            return await self._enqueue_flows_per_slot(flows)
-        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
-        groups: list[list[FlowSpec]] = []
-        args: list[Any] = []
-        group: list[FlowSpec] = []
-        size = 0
-        for spec in flows:
-            more, extra = flow_args(spec)
-            if group and size + extra > _PIPELINE_BYTES:
-                groups.append(group)
-                calls.append(self._flow_call(group, args))
-                group, args, size = [], [], 0
-            group.append(spec)
-            args += more
-            size += extra
-        groups.append(group)
-        calls.append(self._flow_call(group, args))
-        replies = await self._eval_pipelined(calls)
-        return [
-            flow_outcome(spec, answer)
-            for group, reply in zip(groups, replies, strict=True)
-            for spec, answer in zip(group, reply, strict=True)
-        ]
-
-    async def _enqueue_flows_per_slot(
-        self, flows: Sequence[FlowSpec]
-    ) -> list[EnqueueOutcome | Exception]:
-        """Workflows on Redis Cluster: one script per flow on its own slot, pipelined.
-
-        A flow whose jobs are on queues of several slots (*across*) takes two rounds:
-        first its jobs on every queue but its root's (held and pending, one
-        ``flow_part`` per queue), then its root's part (its own queue's jobs and the
-        flow record), which starts the others through its outbox (delivered on the
-        way, see :meth:`_deliver`). A part refused (``QueueFull``, an id taken) refuses
-        the flow: the root's part is not sent and the pending jobs stored are dropped;
-        so they are when the root's part is refused.
-        """
-        out: list[EnqueueOutcome | Exception | None] = [None] * len(flows)
-        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
-        at: list[tuple[int, str]] = []  # (flow, queue of its part: '' for a whole flow)
-        across: list[int] = []
-        for i, spec in enumerate(flows):
-            root = spec.steps[-1].queue
-            queues = dict.fromkeys(m.queue for m in (*spec.members, *spec.steps))
-            slots = {self._slot(q) for q in queues}
-            if len(slots) == 1:
-                args, _ = flow_args(spec)
-                at.append((i, ""))
-                calls.append(self._flow_call([spec], args))
-                continue
-            across.append(i)
-            for q in queues:
-                if q != root:
-                    head = [self.keys.prefix, self.settings.max_queue_length]
-                    at.append((i, q))
-                    calls.append(("flow_part", [self.keys.seq(q)], head + part_args(spec, q)))
-        stored: dict[int, list[str]] = {}  # flow -> queues where its parts stored jobs
-        if calls:
-            replies = await self._eval_many(calls)
-            for (i, q), reply in zip(at, replies, strict=True):
-                if not q:
-                    out[i] = flow_outcome(flows[i], reply[0])
-                elif isinstance(reply, bytes | str):
-                    if out[i] is None:
-                        out[i] = flow_outcome(flows[i], reply)
-                elif int(reply) == 1:
-                    stored.setdefault(i, []).append(q)
-        roots = [i for i in across if out[i] is None]
-        if roots:
-            replies = await self._eval_many(
-                [self._flow_call([flows[i]], flow_args(flows[i], across=True)[0]) for i in roots]
-            )
-            for i, reply in zip(roots, replies, strict=True):
-                out[i] = flow_outcome(flows[i], reply[0])
-        # Refused: drop what its parts stored (held and pending: nothing of it ran).
-        drops = [
-            (q, self._drop_record(flows[i], q))
-            for i in across
-            if isinstance(out[i], Exception)
-            for q in stored.get(i, [])
-        ]
-        if drops:
-            await self._eval_many(
-                [("flow_apply", [self.keys.seq(q)], [self.keys.prefix, q, rec]) for q, rec in drops]
-            )
-        return [o for o in out if o is not None]
-
-    def _slot(self, queue: str) -> int:
-        """The cluster slot of ``queue``'s keys."""
-        return int(key_slot(self.keys.seq(queue).encode()))
-
-    @staticmethod
-    def _drop_record(spec: FlowSpec, queue: str) -> bytes:
-        """The ``flow_apply`` record that drops the pending jobs of ``spec`` on ``queue``."""
-        ids = [m.id for m in (*spec.members, *spec.steps) if m.queue == queue]
-        return msgspec.msgpack.encode(["D", spec.id, spec.steps[-1].queue, *ids])
-
-    async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
-        (where,) = await self._queues_of([flow_id], queue)
-        if where is None:
-            return None
-        reply = await self._eval(
-            "flow_info", [self.keys.job(where, flow_id)], [self.keys.prefix, where, flow_id]
-        )
-        if isinstance(reply, list) and reply and reply[0] == b"at":
-            # A job of a flow across slots: its record is on its root's slot.
-            root, flow_id = text(reply[1]), text(reply[2])
-            reply = await self._eval(
-                "flow_info", [self.keys.job(root, flow_id)], [self.keys.prefix, root, flow_id]
-            )
-        if not isinstance(reply, list):
-            return None
-        steps, members, pending = (int(v) for v in reply[:3])
-        return FlowState(id=text(reply[3]), steps=steps, members=members, pending=pending)
-
-    def _flow_call(
-        self, group: Sequence[FlowSpec], args: list[Any]
-    ) -> tuple[str, Sequence[str], Sequence[Any]]:
-        head = [self.keys.prefix, self.settings.max_queue_length, len(group)]
-        first = group[0].steps[-1].queue
-        keys = [self.keys.seq(first), self.keys.request(first, _request_token())]
-        return "flow_enqueue", keys, head + args
 
     async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
         if not ids:
