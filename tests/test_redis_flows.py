@@ -79,7 +79,7 @@ async def test_a_resent_flow_enqueue_answers_created(
     last_step = JobMessage(id="f1", task="t", queue="q", payload=b"")
     spec = FlowSpec(id="f1", steps=(first_step, last_step))
     tokens = iter(["f1f1f1f1", "f1f1f1f1", "f2f2f2f2"])
-    monkeypatch.setattr("typedq.broker.redis.broker._request_token", lambda: next(tokens))
+    monkeypatch.setattr("typedq.broker.redis.flows._request_token", lambda: next(tokens))
     async with broker_at(redis_server.url, "resend") as broker:
         first = await broker.enqueue_flows([spec])
         again = await broker.enqueue_flows([spec])  # the same call, re-sent

@@ -57,7 +57,8 @@ async def broker_at(url: str, name: str = "rel", **settings: Any) -> AsyncIterat
 def tokens(monkeypatch: pytest.MonkeyPatch, *values: str) -> Iterator[None]:
     """The request tokens the broker makes next, in order (a re-send reuses one)."""
     it = iter(values)
-    monkeypatch.setattr("typedq.broker.redis.broker._request_token", lambda: next(it))
+    for where in ("producer", "worker"):  # the modules whose scripts take a request token
+        monkeypatch.setattr(f"typedq.broker.redis.{where}._request_token", lambda: next(it))
     try:
         yield
     finally:

@@ -12,20 +12,32 @@ a job of such a flow writes its hand-offs to other slots to its own queue's outb
 names them in its reply (:func:`unwrap`); the broker applies them on their target's
 slot (``flow_apply.lua``) and then deletes them (``flow_ack.lua``). See the outbox in
 ``lua/common.lua``.
+
+The broker's workflow methods are :class:`FlowOps`, mixed into RedisBroker: storing flows
+(one ``flow_enqueue`` per group of flows; on Redis Cluster one script per flow, or per
+slot of a flow across slots) and a flow's state. Delivering the hand-offs that scripts'
+replies name is part of calling a script, in :mod:`.broker`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
+
+import msgspec
+from redis.crc import key_slot
 
 from ...errors import ConfigError, QueueFull
 from ...names import check_job_id, check_name
 from ..base import EnqueueOutcome, JobMessage
-from ..flow import FlowSpec, id_taken, member_id
-from .codec import encode, encode_body
+from ..flow import FlowSpec, FlowState, id_taken, member_id
+from .codec import encode, encode_body, text
+from .core import RedisCore, _request_token
+from .producer import _PIPELINE_BYTES
 
 __all__ = [
     "HANDOFF_MARK",
+    "FlowOps",
     "Handoff",
     "flow_args",
     "flow_outcome",
@@ -179,3 +191,140 @@ def flow_outcome(spec: FlowSpec, reply: Any) -> EnqueueOutcome | Exception:
             f"pass max_queue_length={limit}"
         )
     return EnqueueOutcome(spec.id, bool(int(reply)))
+
+
+class FlowOps(RedisCore):
+    """Workflow methods of the Redis broker."""
+
+    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        """Store workflows: one ``flow_enqueue`` script per group of flows (up to ~8 MB
+        of bodies), pipelined in one round trip; each flow is stored atomically, whole."""
+        if not flows:
+            self._conn()
+            return []
+        await self._note_queues([m.queue for spec in flows for m in (*spec.members, *spec.steps)])
+        if self._epoch.is_due():
+            await self.check_epoch()
+        if self.cluster:
+            return await self._enqueue_flows_per_slot(flows)
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+        groups: list[list[FlowSpec]] = []
+        args: list[Any] = []
+        group: list[FlowSpec] = []
+        size = 0
+        for spec in flows:
+            more, extra = flow_args(spec)
+            if group and size + extra > _PIPELINE_BYTES:
+                groups.append(group)
+                calls.append(self._flow_call(group, args))
+                group, args, size = [], [], 0
+            group.append(spec)
+            args += more
+            size += extra
+        groups.append(group)
+        calls.append(self._flow_call(group, args))
+        replies = await self._eval_pipelined(calls)
+        return [
+            flow_outcome(spec, answer)
+            for group, reply in zip(groups, replies, strict=True)
+            for spec, answer in zip(group, reply, strict=True)
+        ]
+
+    async def _enqueue_flows_per_slot(
+        self, flows: Sequence[FlowSpec]
+    ) -> list[EnqueueOutcome | Exception]:
+        """Workflows on Redis Cluster: one script per flow on its own slot, pipelined.
+
+        A flow whose jobs are on queues of several slots (*across*) takes two rounds:
+        first its jobs on every queue but its root's (held and pending, one
+        ``flow_part`` per queue), then its root's part (its own queue's jobs and the
+        flow record), which starts the others through its outbox (delivered on the
+        way, see :meth:`_deliver`). A part refused (``QueueFull``, an id taken) refuses
+        the flow: the root's part is not sent and the pending jobs stored are dropped;
+        so they are when the root's part is refused.
+        """
+        out: list[EnqueueOutcome | Exception | None] = [None] * len(flows)
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+        at: list[tuple[int, str]] = []  # (flow, queue of its part: '' for a whole flow)
+        across: list[int] = []
+        for i, spec in enumerate(flows):
+            root = spec.steps[-1].queue
+            queues = dict.fromkeys(m.queue for m in (*spec.members, *spec.steps))
+            slots = {self._slot(q) for q in queues}
+            if len(slots) == 1:
+                args, _ = flow_args(spec)
+                at.append((i, ""))
+                calls.append(self._flow_call([spec], args))
+                continue
+            across.append(i)
+            for q in queues:
+                if q != root:
+                    head = [self.keys.prefix, self.settings.max_queue_length]
+                    at.append((i, q))
+                    calls.append(("flow_part", [self.keys.seq(q)], head + part_args(spec, q)))
+        stored: dict[int, list[str]] = {}  # flow -> queues where its parts stored jobs
+        if calls:
+            replies = await self._eval_many(calls)
+            for (i, q), reply in zip(at, replies, strict=True):
+                if not q:
+                    out[i] = flow_outcome(flows[i], reply[0])
+                elif isinstance(reply, bytes | str):
+                    if out[i] is None:
+                        out[i] = flow_outcome(flows[i], reply)
+                elif int(reply) == 1:
+                    stored.setdefault(i, []).append(q)
+        roots = [i for i in across if out[i] is None]
+        if roots:
+            replies = await self._eval_many(
+                [self._flow_call([flows[i]], flow_args(flows[i], across=True)[0]) for i in roots]
+            )
+            for i, reply in zip(roots, replies, strict=True):
+                out[i] = flow_outcome(flows[i], reply[0])
+        # Refused: drop what its parts stored (held and pending: nothing of it ran).
+        drops = [
+            (q, self._drop_record(flows[i], q))
+            for i in across
+            if isinstance(out[i], Exception)
+            for q in stored.get(i, [])
+        ]
+        if drops:
+            await self._eval_many(
+                [("flow_apply", [self.keys.seq(q)], [self.keys.prefix, q, rec]) for q, rec in drops]
+            )
+        return [o for o in out if o is not None]
+
+    def _slot(self, queue: str) -> int:
+        """The cluster slot of ``queue``'s keys."""
+        return int(key_slot(self.keys.seq(queue).encode()))
+
+    @staticmethod
+    def _drop_record(spec: FlowSpec, queue: str) -> bytes:
+        """The ``flow_apply`` record that drops the pending jobs of ``spec`` on ``queue``."""
+        ids = [m.id for m in (*spec.members, *spec.steps) if m.queue == queue]
+        return msgspec.msgpack.encode(["D", spec.id, spec.steps[-1].queue, *ids])
+
+    async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
+        (where,) = await self._queues_of([flow_id], queue)
+        if where is None:
+            return None
+        reply = await self._eval(
+            "flow_info", [self.keys.job(where, flow_id)], [self.keys.prefix, where, flow_id]
+        )
+        if isinstance(reply, list) and reply and reply[0] == b"at":
+            # A job of a flow across slots: its record is on its root's slot.
+            root, flow_id = text(reply[1]), text(reply[2])
+            reply = await self._eval(
+                "flow_info", [self.keys.job(root, flow_id)], [self.keys.prefix, root, flow_id]
+            )
+        if not isinstance(reply, list):
+            return None
+        steps, members, pending = (int(v) for v in reply[:3])
+        return FlowState(id=text(reply[3]), steps=steps, members=members, pending=pending)
+
+    def _flow_call(
+        self, group: Sequence[FlowSpec], args: list[Any]
+    ) -> tuple[str, Sequence[str], Sequence[Any]]:
+        head = [self.keys.prefix, self.settings.max_queue_length, len(group)]
+        first = group[0].steps[-1].queue
+        keys = [self.keys.seq(first), self.keys.request(first, _request_token())]
+        return "flow_enqueue", keys, head + args

@@ -19,17 +19,9 @@ import anyio
 
 from ...errors import QueueFull
 from ...names import check_job_id, check_name
-from ..base import (
-    BrokerSettings,
-    EnqueueOutcome,
-    FireOutcome,
-    JobMessage,
-    JobRecord,
-    ScheduleState,
-    TickFiring,
-)
-from ..keys import Keys
+from ..base import FireOutcome, ScheduleState, TickFiring
 from .codec import MICRO, as_int, encode_body, text
+from .core import RedisCore
 
 __all__ = ["ScheduleOps", "parse_state"]
 
@@ -53,23 +45,8 @@ def parse_state(name: str, raw: Any) -> ScheduleState | None:
     )
 
 
-class ScheduleOps:
-    """Schedule methods of the Redis broker (it provides what is declared here)."""
-
-    keys: Keys
-    settings: BrokerSettings
-    cluster: bool
-
-    async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        raise NotImplementedError  # pragma: no cover - RedisBroker's own
-
-    async def _eval_pipelined(
-        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
-    ) -> list[Any]:
-        raise NotImplementedError  # pragma: no cover - RedisBroker's own
-
-    async def _redis_time_us(self) -> int:
-        raise NotImplementedError  # pragma: no cover - RedisBroker's own
+class ScheduleOps(RedisCore):
+    """Schedule methods of the Redis broker."""
 
     async def broker_time_us(self) -> int:
         return await self._redis_time_us()
@@ -163,19 +140,7 @@ class ScheduleOps:
         outcome, raw = await commit("fired")
         return FireOutcome(outcome), parse_state(f.name, raw)
 
-    async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
-        raise NotImplementedError  # pragma: no cover - RedisBroker's own
-
-    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
-        raise NotImplementedError  # pragma: no cover - RedisBroker's own
-
     async def schedule_states(self) -> list[ScheduleState]:
         raw: dict[Any, Any] = await self._hgetall(self.keys.schedules)
         states = [parse_state(text(name), value) for name, value in raw.items()]
         return sorted((s for s in states if s is not None), key=lambda s: s.name)
-
-    async def _note_queues(self, queues: Sequence[str]) -> None:
-        raise NotImplementedError  # pragma: no cover - RedisBroker's own
-
-    async def _hgetall(self, key: str) -> dict[Any, Any]:
-        raise NotImplementedError  # pragma: no cover - RedisBroker's own
