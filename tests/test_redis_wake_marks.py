@@ -72,6 +72,19 @@ async def notices(url: str, channel: str) -> AsyncIterator[list[str]]:
             await pubsub.aclose()
 
 
+async def subscribed(broker: RedisBroker, queues: list[str]) -> None:
+    """A first wait of ``queues`` (it asks for their work subscription), then until Redis
+    has confirmed that subscription. A confirmation counts as a notice (listener.py: what
+    was published before it may be lost, so waiters look again): one that lands after
+    the test's claim ends the next wait at once. A short wait alone does not cover it: on
+    a loaded box the new pub/sub connection's round trips outlast it."""
+    await broker.wait_for_jobs(queues, 0.01)
+    notes = broker._notes
+    with anyio.fail_after(PROMPT):
+        while not all(notes.confirmed.get(c) for c in notes.work_channels(queues)):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
 async def waits_until_woken(broker: RedisBroker, queues: list[str]) -> float:
     """A wait of ``queues`` with an hour's timeout; the seconds it lasted."""
     start = time.monotonic()
@@ -104,7 +117,7 @@ async def test_enqueues_publish_nothing_until_a_claim_comes_up_short(url: str) -
 
 async def test_a_waiting_worker_is_woken_by_the_notice(url: str) -> None:
     async with broker_at(url, "wm") as worker, broker_at(url, "wm") as producer:
-        await worker.wait_for_jobs(["q"], 0.01)  # subscribed
+        await subscribed(worker, ["q"])
         assert await worker.claim(["q"], 4, worker_id="w", lease=30) == []
         async with anyio.create_task_group() as tg:
 
@@ -129,7 +142,7 @@ async def test_one_notice_wakes_every_waiting_worker(url: str) -> None:
         notices(url, producer.keys.work_channel) as seen,
     ):
         for worker in (one, two):
-            await worker.wait_for_jobs(["q"], 0.01)
+            await subscribed(worker, ["q"])
             assert await worker.claim(["q"], 2, worker_id="w", lease=30) == []
         woken: list[float] = []
 
@@ -151,7 +164,7 @@ async def test_one_notice_wakes_every_waiting_worker(url: str) -> None:
 @pytest.mark.parametrize("busy", ["a", "b"])
 async def test_a_worker_of_two_queues_is_woken_by_either(url: str, busy: str) -> None:
     async with broker_at(url, "wm") as worker, broker_at(url, "wm") as producer:
-        await worker.wait_for_jobs(["a", "b"], 0.01)
+        await subscribed(worker, ["a", "b"])
         assert await worker.claim(["a", "b"], 4, worker_id="w", lease=30) == []
         async with anyio.create_task_group() as tg:
 
@@ -183,7 +196,7 @@ async def test_a_concurrency_gate_wakes_its_waiting_worker(url: str) -> None:
         waiter.set_limits(limits)
         await producer.enqueue([_keyed("a1", "a"), _keyed("a2", "a")])
         (held,) = await holder.claim(["q"], 4, worker_id="h", lease=30)
-        await waiter.wait_for_jobs(["q"], 0.01)
+        await subscribed(waiter, ["q"])
         assert await waiter.claim(["q"], 4, worker_id="w", lease=30) == []  # a2 parked
         async with anyio.create_task_group() as tg:
 
@@ -234,7 +247,7 @@ async def test_a_wait_with_no_claim_before_it_sets_the_mark(url: str) -> None:
     """A caller that waits without claiming first (no mark of its own claim) still gets
     the notice of the next enqueue, and returns at once when jobs already wait."""
     async with broker_at(url, "wm") as worker, broker_at(url, "wm") as producer:
-        await worker.wait_for_jobs(["q"], 0.01)  # subscribed (the confirmation wakes it)
+        await subscribed(worker, ["q"])
         await worker.wait_for_jobs(["q"], 0.01)
         async with anyio.create_task_group() as tg:
 
