@@ -28,15 +28,10 @@ from typedq.broker.records import (
 )
 from typedq.job import decode_failure
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 #: Short real leases: expiry is the brokers' own clock, never a mocked one.
 LEASE = 0.2
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # redis-py is asyncio-based
 
 
 @pytest.fixture

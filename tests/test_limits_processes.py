@@ -18,14 +18,9 @@ from tests.limits_app import Hold, Tick, app, hold, paced
 from tests.redis_harness import RedisProcess, flushall
 from tests.support import spawn_worker, stop_workers
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow, pytest.mark.asyncio_only]
 
 LEDGER_DB = 15
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the Redis client is asyncio-based
 
 
 @pytest.fixture

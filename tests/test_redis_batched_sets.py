@@ -13,13 +13,7 @@ from tests.redis_support import broker_at, message, raw_redis
 from typedq import JobState, Retention
 from typedq.broker.base import Completion, FinishOutcome
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.fixture

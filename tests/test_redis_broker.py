@@ -44,13 +44,7 @@ from typedq.errors import FailureRecord
 from typedq.names import new_job_id
 from typedq.task import DEFAULT_QUEUE
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.fixture

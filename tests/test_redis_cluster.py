@@ -38,12 +38,7 @@ from typedq.broker.redis.codec import text
 from typedq.broker.redis.health import check_slots
 from typedq.task import DEFAULT_QUEUE
 
-pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.fixture

@@ -17,15 +17,9 @@ from typedq import BrokerError, JobState, QueueFull
 from typedq.broker.base import BrokerSettings, JobMessage
 from typedq.broker.redis import RedisBroker
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 BODY = b"\x92\xa1t\xc4\x00"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
 
 
 @pytest.fixture

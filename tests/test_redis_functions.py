@@ -22,13 +22,7 @@ from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.scripts import LIBRARY, SHARDED_LIBRARY, build_library, read_scripts
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.fixture

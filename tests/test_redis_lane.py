@@ -32,13 +32,7 @@ from typedq.broker.redis.connection import Lane, make_client
 from typedq.broker.redis.scripts import read_scripts
 from typedq.errors import BrokerError
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.fixture

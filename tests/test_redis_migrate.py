@@ -14,15 +14,10 @@ from typedq.broker.redis import migrate
 from typedq.broker.redis.codec import encode_body
 from typedq.broker.redis.migrate import migrate_layout
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 APP = "legacy"
 P = "typedq:{legacy}:"  # the previous layout's prefix: every key of the app under it
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture

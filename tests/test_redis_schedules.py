@@ -17,13 +17,7 @@ from typedq import BrokerError
 from typedq.broker.base import FireOutcome, JobMessage, TickFiring
 from typedq.broker.redis import RedisBroker
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.fixture

@@ -25,19 +25,13 @@ from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
 from typedq.limits import LimitSpec
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 #: A wait's timeout far past the worker's 5 s fallback: only a notice (or a due job)
 #: can end it within the test's deadline.
 LONG = 3600.0
 #: The bound for a wake-up that a notice brings (generous: the box is shared).
 PROMPT = 20.0
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
 
 
 @pytest.fixture

@@ -23,19 +23,13 @@ import pytest
 from tests.redis_harness import RedisProcess, flushall
 from typedq import App
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 JOBS = 400
 
 
 class Item(msgspec.Struct):
     n: int
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
 
 
 @pytest.fixture
