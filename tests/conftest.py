@@ -4,7 +4,8 @@ Brokers are parametrized: every test that takes ``broker_url`` runs on the embed
 broker (under asyncio and trio), on a real redis-server and on a real local Redis
 Cluster (asyncio only: redis-py is asyncio-based; marker ``cluster``). A fresh app name per test keeps tests apart on the shared server.
 
-Tests of redis-py (asyncio-based) are marked ``asyncio_only``.
+Redis-only files take ``redis_url`` (the session redis-server, flushed) and mark their
+tests ``asyncio_only``.
 """
 
 from __future__ import annotations
@@ -129,6 +130,13 @@ def broker_url(_broker_backend: tuple[str, str], request: pytest.FixtureRequest)
     server: RedisProcess = request.getfixturevalue("redis_server")
     flushall(server.port)
     return server.url
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisProcess) -> str:
+    """The session redis-server's URL, flushed before the test."""
+    flushall(redis_server.port)
+    return redis_server.url
 
 
 @pytest.fixture

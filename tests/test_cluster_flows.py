@@ -39,6 +39,8 @@ DEADLINE = 60.0
 
 @pytest.fixture
 def url(redis_cluster: RedisCluster) -> str:
+    """The session Redis Cluster's URL, flushed: this file's own (conftest's ``redis_url``
+    is the standalone server)."""
     redis_cluster.flushall()
     return redis_cluster.url
 
