@@ -4,8 +4,8 @@ Brokers are parametrized: every test that takes ``broker_url`` runs on the embed
 broker (under asyncio and trio), on a real redis-server and on a real local Redis
 Cluster (asyncio only: redis-py is asyncio-based; marker ``cluster``). A fresh app name per test keeps tests apart on the shared server.
 
-Redis-only files take ``redis_url`` (the session redis-server, flushed) and mark their
-tests ``asyncio_only``.
+Tests that drive redis-py (asyncio-based) are marked ``asyncio_only``; the Redis-only
+files take ``redis_url`` (the session redis-server, flushed).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 @pytest.fixture
 def url(redis_url: str) -> str:
-    """conftest's ``redis_url`` under the name this file's tests take: they are left as
-    they are while their pins change elsewhere (renamed with a later edit of theirs)."""
+    """conftest's ``redis_url`` under the name this file's tests take (their parameter
+    becomes ``redis_url`` with the next edit of their pins, not in a fixture change)."""
     return redis_url
 
 
