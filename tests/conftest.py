@@ -3,6 +3,9 @@
 Brokers are parametrized: every test that takes ``broker_url`` runs on the embedded
 broker (under asyncio and trio), on a real redis-server and on a real local Redis
 Cluster (asyncio only: redis-py is asyncio-based; marker ``cluster``). A fresh app name per test keeps tests apart on the shared server.
+
+Tests that drive redis-py (asyncio-based) are marked ``asyncio_only``; the Redis-only
+files take ``redis_url`` (the session redis-server, flushed).
 """
 
 from __future__ import annotations
@@ -61,9 +64,27 @@ def redis_cluster() -> Iterator[RedisCluster]:
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Broker-independent async tests run under both anyio backends."""
+    """Broker-independent async tests run under both anyio backends (``asyncio_only``
+    ones under asyncio alone: pytest_generate_tests below)."""
     backend: str = request.param
     return backend
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests marked ``asyncio_only`` (redis-py is asyncio-based) run under asyncio alone.
+
+    The mark becomes a direct parametrization of ``anyio_backend``, which pytest prefers to
+    the fixture's params when it finds it among the test's ``parametrize`` marks; added
+    here, before pytest's own hooks read those marks (tryfirst). Its id is hidden: test
+    ids stay as they were with a module's own asyncio-only fixture.
+    """
+    if "anyio_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "asyncio_only"
+    ):
+        metafunc.definition.add_marker(
+            pytest.mark.parametrize("anyio_backend", ["asyncio"], ids=[pytest.HIDDEN_PARAM])
+        )
 
 
 BACKENDS = [
@@ -109,6 +130,13 @@ def broker_url(_broker_backend: tuple[str, str], request: pytest.FixtureRequest)
     server: RedisProcess = request.getfixturevalue("redis_server")
     flushall(server.port)
     return server.url
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisProcess) -> str:
+    """The session redis-server's URL, flushed before the test."""
+    flushall(redis_server.port)
+    return redis_server.url
 
 
 @pytest.fixture

@@ -17,12 +17,7 @@ from tests.redis_harness import RedisProcess, redis_process
 from tests.shutdown_app import Nap, app, nap
 from typedq import JobState
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the Redis client is asyncio-based
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.asyncio_only]
 
 
 @pytest.fixture

@@ -32,18 +32,15 @@ from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.codec import text
 from typedq.broker.redis.flows import Handoff
 
-pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 DEADLINE = 60.0
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def url(redis_cluster: RedisCluster) -> str:
+    """The session Redis Cluster's URL, flushed: this file's own (conftest's ``redis_url``
+    is the standalone server)."""
     redis_cluster.flushall()
     return redis_cluster.url
 

@@ -17,14 +17,9 @@ from tests.redis_harness import RedisProcess, flushall
 from typedq import JobFailed, JobState
 from typedq.dashboard import create_app
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.asyncio_only]
 
 TOKEN = "s3cret-token"  # noqa: S105 - a test token
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])

@@ -15,7 +15,6 @@ import anyio
 import msgspec
 import pytest
 
-from tests.redis_harness import RedisProcess, flushall
 from tests.support import TEST_DEADLINE, claim_one, connected, msg, one
 from typedq import FailureRecord
 from typedq.broker.base import Broker, CancelOutcome, JobState, Release
@@ -28,21 +27,10 @@ from typedq.broker.records import (
 )
 from typedq.job import decode_failure
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 #: Short real leases: expiry is the brokers' own clock, never a mocked one.
 LEASE = 0.2
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # redis-py is asyncio-based
-
-
-@pytest.fixture
-def redis_url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
 
 
 async def recover_one(broker: Broker) -> None:

@@ -25,13 +25,7 @@ from tests.flow_app import Work
 from tests.redis_harness import RedisProcess, flushall
 from tests.support import spawn_worker, stop_workers
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 def _ledger_url(server: RedisProcess) -> str:

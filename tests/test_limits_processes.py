@@ -15,23 +15,19 @@ import redis
 
 from tests.contract.test_limits import worst_window
 from tests.limits_app import Hold, Tick, app, hold, paced
-from tests.redis_harness import RedisProcess, flushall
+from tests.redis_harness import RedisProcess
 from tests.support import spawn_worker, stop_workers
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow, pytest.mark.asyncio_only]
 
 LEDGER_DB = 15
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the Redis client is asyncio-based
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> Iterator[str]:
-    flushall(redis_server.port)
-    yield redis_server.url
+def url(redis_url: str) -> Iterator[str]:
+    """conftest's ``redis_url``, and after the test the module's app back on the embedded
+    broker (the test points it at Redis)."""
+    yield redis_url
     app.use_broker("memory://")
 
 

@@ -32,7 +32,7 @@ from tests.netfault_run import FaultRun
 from tests.netproxy import NetProxy, net_proxy
 from tests.redis_harness import redis_process
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 TOTAL = 5_000
 WORKERS = 2
@@ -44,12 +44,6 @@ WORK = 0.1
 #: Seconds after the last enqueue within which every job must have completed. Generous:
 #: a job orphaned by a defect comes back only after its lease, and the box is shared.
 DRAIN_DEADLINE = 90.0
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
 
 
 @contextlib.asynccontextmanager

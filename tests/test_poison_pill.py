@@ -12,12 +12,7 @@ from tests.redis_harness import RedisProcess, flushall
 from tests.support import spawn_worker
 from typedq import FailureReason, JobFailed, JobState
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the Redis client is asyncio-based
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow, pytest.mark.asyncio_only]
 
 
 def start_worker(url: str) -> subprocess.Popen[bytes]:

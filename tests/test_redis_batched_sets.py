@@ -8,30 +8,17 @@ from typing import Any
 
 import pytest
 
-from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import broker_at, message, raw_redis
 from typedq import JobState, Retention
 from typedq.broker.base import Completion, FinishOutcome
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
-
-
-async def test_a_batch_of_completions_keeps_the_sets_and_retention_exact(url: str) -> None:
+async def test_a_batch_of_completions_keeps_the_sets_and_retention_exact(redis_url: str) -> None:
     async with (
-        broker_at(url, "zb", retention=Retention(completed_max=5)) as broker,
-        raw_redis(url) as raw,
+        broker_at(redis_url, "zb", retention=Retention(completed_max=5)) as broker,
+        raw_redis(redis_url) as raw,
     ):
         k = broker.keys
         await broker.enqueue([message(f"j{i}") for i in range(20)])

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from anyio.abc import TaskStatus
 
 from tests import redis_support
-from tests.redis_harness import RedisProcess, flushall, redis_process
+from tests.redis_harness import RedisProcess, redis_process
 from tests.redis_support import Item, message, raw_redis
 from typedq import App, BrokerError, BrokerUnavailable, FailureReason, JobFailed, JobState
 from typedq.broker.base import (
@@ -44,19 +44,7 @@ from typedq.errors import FailureRecord
 from typedq.names import new_job_id
 from typedq.task import DEFAULT_QUEUE
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @contextlib.asynccontextmanager
@@ -89,7 +77,7 @@ async def client_commands(url: str) -> AsyncIterator[list[str]]:
 # -- layout ---------------------------------------------------------------------------
 
 
-async def test_lua_key_names_match_the_keys_module(url: str) -> None:
+async def test_lua_key_names_match_the_keys_module(redis_url: str) -> None:
     # tests/keys.lua answers the names common.lua derives: its own library, built from
     # the installed common.lua by the broker's builder, loaded for this test.
     parts = read_scripts()
@@ -100,7 +88,7 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
             "keys.lua": (Path(__file__).parent / "keys.lua").read_text("utf-8"),
         }
     )
-    async with broker_at(url, "layout") as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url, "layout") as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         execute: Any = raw.execute_command  # untyped in redis-py
         await execute("FUNCTION", "LOAD", "REPLACE", lib.source)
@@ -149,8 +137,8 @@ async def test_lua_key_names_match_the_keys_module(url: str) -> None:
         ]
         # Every key of a queue carries the queue's hash tag, nothing else's.
         assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])
-    async with raw_redis(url) as raw:
-        async with broker_at(url, "layout") as broker:
+    async with raw_redis(redis_url) as raw:
+        async with broker_at(redis_url, "layout") as broker:
             await broker.enqueue([message("a"), message("b", queue="other", priority=2)])
             await broker.enqueue([message("c", queue="other"), message("d")])
             (job,) = await broker.claim(["other"], 1, worker_id="w", lease=30)
@@ -214,8 +202,8 @@ def bench_like(job_id: str, **fields: Any) -> JobMessage:
     return JobMessage(id=job_id, payload=payload, **fields)
 
 
-async def test_a_waiting_job_is_one_list_entry_until_claimed(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_a_waiting_job_is_one_list_entry_until_claimed(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         m = bench_like(new_job_id())
         key = broker.keys.job("q", m.id)
         await broker.enqueue([m])
@@ -247,8 +235,8 @@ async def test_a_waiting_job_is_one_list_entry_until_claimed(url: str) -> None:
         assert active.enqueued_at == record.enqueued_at
 
 
-async def test_every_envelope_field_survives_each_form(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_every_envelope_field_survives_each_form(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         waiting = bench_like("w1", priority=-2, max_retries=5, timeout=2.5)
         scheduled = bench_like("s1", priority=3, delay=0.2, fingerprint="")
         at = bench_like("e1", eta=time.time() + 3600, max_retries=0, timeout=0.0)
@@ -270,8 +258,8 @@ async def test_every_envelope_field_survives_each_form(url: str) -> None:
         assert {j.message.id: j.message.priority for j in jobs} == {"s1": 3, "w1": -2}
 
 
-async def test_cancelling_a_job_string_leaves_a_job_hash(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_cancelling_a_job_string_leaves_a_job_hash(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         await broker.enqueue([bench_like("w1"), bench_like("s1", delay=60, priority=4)])
         assert await broker.cancel("w1") == CancelOutcome.CANCELLED
         assert await broker.cancel("s1") == CancelOutcome.CANCELLED
@@ -295,8 +283,8 @@ async def test_cancelling_a_job_string_leaves_a_job_hash(url: str) -> None:
         assert [j.message.id for j in jobs] == ["s1", "w1"]
 
 
-async def test_entries_job_strings_and_job_hashes_wait_in_one_queue(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_entries_job_strings_and_job_hashes_wait_in_one_queue(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         await broker.enqueue([message(f"j{i}") for i in range(4)])
         (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
@@ -330,13 +318,13 @@ async def test_entries_job_strings_and_job_hashes_wait_in_one_queue(url: str) ->
 
 
 async def test_waiting_entries_are_found_wherever_hand_backs_and_levels_put_them(
-    url: str,
+    redis_url: str,
 ) -> None:
     """get, cancel and remove find a waiting entry by its order: by interpolation in a
     list of dense orders, by binary search where other levels' orders leave gaps, by a
     scan where hand-backs (bare ids at the head) stop the search. Every path answers the
     job's own body and time, and the claim order stays FIFO."""
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         first = [bench_like(f"a{i}", fingerprint=f"fa{i}") for i in range(300)]
         await broker.enqueue(first)
@@ -382,8 +370,8 @@ async def test_waiting_entries_are_found_wherever_hand_backs_and_levels_put_them
         assert (counts[JobState.CANCELLED], await raw.exists(k.waiting("q", 0))) == (3, 0)
 
 
-async def test_a_stale_entry_never_claims_a_job_from_another_queue(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_a_stale_entry_never_claims_a_job_from_another_queue(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([message("a", queue="q1")])
         assert await broker.remove(["a"]) == [True]
         # The same id again, elsewhere: q1 still holds the removed job's list entry.
@@ -395,9 +383,9 @@ async def test_a_stale_entry_never_claims_a_job_from_another_queue(url: str) -> 
         assert sum((await broker.counts("q1")).values()) == 0
 
 
-async def test_records_of_the_previous_layout_are_still_read(url: str) -> None:
+async def test_records_of_the_previous_layout_are_still_read(redis_url: str) -> None:
     """Before job strings, every job was a hash whose ``m`` held the whole JobMessage."""
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         old = message("old-1", priority=2)
         await raw.hset(
@@ -414,10 +402,10 @@ async def test_records_of_the_previous_layout_are_still_read(url: str) -> None:
         assert job.message == old
 
 
-async def test_a_job_failed_before_the_error_history_reads_its_last_record(url: str) -> None:
+async def test_a_job_failed_before_the_error_history_reads_its_last_record(redis_url: str) -> None:
     """A job hash written before ``eh`` existed (or garbage there): its one record is its
     history; a later failure appends to it."""
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         await broker.enqueue([message("old-2")])
         (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
@@ -437,8 +425,8 @@ async def test_a_job_failed_before_the_error_history_reads_its_last_record(url: 
         assert record.errors == (b"new", b"next")
 
 
-async def test_enqueue_checks_its_arguments_before_writing(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_enqueue_checks_its_arguments_before_writing(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         await broker.enqueue([message("a")])
         before = {key async for key in raw.scan_iter("*")}
@@ -454,14 +442,14 @@ async def test_enqueue_checks_its_arguments_before_writing(url: str) -> None:
 # -- round trips ----------------------------------------------------------------------
 
 
-async def test_concurrent_single_enqueues_are_coalesced(url: str) -> None:
-    app = App("coalesce", broker=url)
+async def test_concurrent_single_enqueues_are_coalesced(redis_url: str) -> None:
+    app = App("coalesce", broker=redis_url)
 
     @app.task
     async def noop(item: Item) -> None:
         return None
 
-    async with app, raw_redis(url) as raw:
+    async with app, raw_redis(redis_url) as raw:
         await raw.config_resetstat()
         async with anyio.create_task_group() as tg:
             for i in range(1000):
@@ -472,15 +460,15 @@ async def test_concurrent_single_enqueues_are_coalesced(url: str) -> None:
     assert calls <= 50, f"1000 concurrent enqueues took {calls} script calls"
 
 
-async def test_enqueue_many_has_no_per_job_round_trip(url: str) -> None:
-    app = App("bulk", broker=url)
+async def test_enqueue_many_has_no_per_job_round_trip(redis_url: str) -> None:
+    app = App("bulk", broker=redis_url)
 
     @app.task
     async def noop(item: Item) -> None:
         return None
 
     async with app:
-        async with client_commands(url) as sent:
+        async with client_commands(redis_url) as sent:
             jobs = await noop.enqueue_many([Item(n=i) for i in range(10_000)])
         counts = await app.broker.counts(DEFAULT_QUEUE)
     assert len({j.id for j in jobs}) == 10_000
@@ -498,11 +486,11 @@ async def test_enqueue_many_has_no_per_job_round_trip(url: str) -> None:
 # -- calls per job --------------------------------------------------------------------
 
 
-async def test_a_worker_makes_one_script_call_per_job_in_the_steady_state(url: str) -> None:
+async def test_a_worker_makes_one_script_call_per_job_in_the_steady_state(redis_url: str) -> None:
     """Concurrency 1 with jobs waiting: each job costs one script call (its completion
     and the claim of the next job are one claim script) and no other round trip; the
     lease, recovery and heartbeat calls are periodic, not per job."""
-    app = App("steady", broker=url)
+    app = App("steady", broker=redis_url)
     ran = 0
     # Jobs 50 and 350 wait in their handler until let go: nothing is sent while they
     # wait, so the commands watched in between are those of jobs 51 to 350 exactly.
@@ -522,7 +510,7 @@ async def test_a_worker_makes_one_script_call_per_job_in_the_steady_state(url: s
         with anyio.fail_after(60):
             async with app.worker(concurrency=1):
                 await reached[50].wait()
-                async with client_commands(url) as sent:
+                async with client_commands(redis_url) as sent:
                     go[50].set()
                     await reached[350].wait()
                 go[350].set()
@@ -534,11 +522,11 @@ async def test_a_worker_makes_one_script_call_per_job_in_the_steady_state(url: s
     assert len(others) <= 3, f"round trips besides scripts: {others}"
 
 
-async def test_complete_and_claim_over_several_queues_is_one_script_call(url: str) -> None:
+async def test_complete_and_claim_over_several_queues_is_one_script_call(redis_url: str) -> None:
     """Standalone Redis: completions on several queues (a partitioned queue's worker) and
     the claim that refills their slots are one script call."""
     queues = ["q.p0", "q.p1", "q.p2"]
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         await broker.enqueue([message(f"{q}-{i}", queue=q) for q in queues for i in range(2)])
         held = await broker.claim(queues, 3, worker_id="w", lease=30)
         assert len({j.message.queue for j in held}) >= 2
@@ -566,8 +554,8 @@ async def test_complete_and_claim_over_several_queues_is_one_script_call(url: st
 # -- idempotent re-sends (a lost reply, then the client's automatic retry) ------------
 
 
-async def test_resent_enqueue_creates_nothing(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_resent_enqueue_creates_nothing(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         batch = [message(f"j{i}") for i in range(100)]
         first = await broker.enqueue(batch)
         again = await broker.enqueue(batch)
@@ -577,9 +565,9 @@ async def test_resent_enqueue_creates_nothing(url: str) -> None:
 
 
 async def test_resent_claim_returns_the_same_jobs(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with broker_at(url) as broker:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([message(f"j{i}") for i in range(10)])
         # The same claim token twice: what a re-sent EVALSHA looks like to Redis.
         monkeypatch.setattr(
@@ -599,8 +587,8 @@ async def test_resent_claim_returns_the_same_jobs(
         assert [c.message.id for c in fresh] == ["j4", "j5", "j6", "j7"]
 
 
-async def test_resent_complete_answers_already_finished(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_resent_complete_answers_already_finished(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([message("a")])
         (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
         done = [Completion("a", job.token, b"r1")]
@@ -616,8 +604,8 @@ async def test_resent_complete_answers_already_finished(url: str) -> None:
 # -- fencing --------------------------------------------------------------------------
 
 
-async def test_taken_over_lease_cannot_complete(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_taken_over_lease_cannot_complete(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([message("a")])
         (stale,) = await broker.claim(["q"], 1, worker_id="w1", lease=0.2)
         await anyio.sleep(0.3)
@@ -642,8 +630,8 @@ async def test_taken_over_lease_cannot_complete(url: str) -> None:
         assert record.result == b"mine"
 
 
-async def test_concurrent_reapers_recover_each_job_once(url: str) -> None:
-    async with broker_at(url, max_stalls=5) as broker:
+async def test_concurrent_reapers_recover_each_job_once(redis_url: str) -> None:
+    async with broker_at(redis_url, max_stalls=5) as broker:
         await broker.enqueue([message(f"j{i}") for i in range(500)])
         await broker.claim(["q"], 500, worker_id="w", lease=0.1)
         await anyio.sleep(0.2)
@@ -665,15 +653,15 @@ async def test_concurrent_reapers_recover_each_job_once(url: str) -> None:
 # -- bytes in Redis that typedq did not write -------------------------------------------
 
 
-async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(url: str) -> None:
-    app = App("garbage", broker=url, lease=5)
+async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(redis_url: str) -> None:
+    app = App("garbage", broker=redis_url, lease=5)
     ran: list[int] = []
 
     @app.task
     async def record(item: Item) -> None:
         ran.append(item.n)
 
-    async with app, raw_redis(url) as raw:
+    async with app, raw_redis(redis_url) as raw:
         broker = app.broker
         assert isinstance(broker, RedisBroker)
         keys = broker.keys
@@ -723,14 +711,14 @@ async def test_garbage_in_job_and_queue_keys_fails_those_jobs_only(url: str) -> 
     assert counts[JobState.WAITING] == counts[JobState.ACTIVE] == 0
 
 
-async def test_function_flush_mid_run_is_invisible(url: str) -> None:
-    app = App("flush", broker=url, lease=5)
+async def test_function_flush_mid_run_is_invisible(redis_url: str) -> None:
+    app = App("flush", broker=redis_url, lease=5)
 
     @app.task
     async def noop(item: Item) -> None:
         return None
 
-    async with app, raw_redis(url) as raw:
+    async with app, raw_redis(redis_url) as raw:
 
         async def flusher() -> None:
             while True:
@@ -751,10 +739,10 @@ async def test_function_flush_mid_run_is_invisible(url: str) -> None:
 # -- throughput rollups -----------------------------------------------------------------
 
 
-async def test_rollups_are_one_write_per_queue_per_script_call(url: str) -> None:
+async def test_rollups_are_one_write_per_queue_per_script_call(redis_url: str) -> None:
     """A batch of completions and failures adds to its queue's minute hash once per
     counter, not once per job, and the hash expires (bounded history)."""
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         await broker.enqueue([message(f"r{i}") for i in range(60)])
         jobs = await broker.claim(["q"], 60, worker_id="w", lease=30)
         await raw.config_resetstat()
@@ -785,9 +773,9 @@ async def test_rollups_are_one_write_per_queue_per_script_call(url: str) -> None
 # -- retention ------------------------------------------------------------------------
 
 
-async def test_retention_bounds_finished_jobs(url: str) -> None:
+async def test_retention_bounds_finished_jobs(redis_url: str) -> None:
     retention = Retention(completed_max=50, failed_max=20)
-    async with broker_at(url, retention=retention) as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url, retention=retention) as broker, raw_redis(redis_url) as raw:
         await broker.enqueue([message(f"j{i}") for i in range(300)])
         while jobs := await broker.claim(["q"], 64, worker_id="w", lease=30):
             await broker.complete([Completion(j.message.id, j.token, b"") for j in jobs])
@@ -806,8 +794,8 @@ async def test_retention_bounds_finished_jobs(url: str) -> None:
 # -- connection behaviour -------------------------------------------------------------
 
 
-async def test_client_settings_are_explicit(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_client_settings_are_explicit(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         pool = broker._conn().connection_pool
         kwargs = pool.connection_kwargs
         assert kwargs["socket_timeout"] == SOCKET_TIMEOUT
@@ -818,8 +806,8 @@ async def test_client_settings_are_explicit(url: str) -> None:
         assert isinstance(pool, aioredis.BlockingConnectionPool)
 
 
-async def test_cancelled_command_does_not_corrupt_the_connection(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_cancelled_command_does_not_corrupt_the_connection(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         ids = [f"j{i}" for i in range(10)]
         await broker.enqueue([message(i) for i in ids])
         execute: Any = broker._conn().execute_command
@@ -871,12 +859,12 @@ async def test_wrong_password_is_a_clear_error() -> None:
         assert f"127.0.0.1:{server.port}" in str(caught.value)
 
 
-async def test_eviction_policy_warning(url: str, caplog: pytest.LogCaptureFixture) -> None:
-    async with raw_redis(url) as raw:
+async def test_eviction_policy_warning(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    async with raw_redis(redis_url) as raw:
         await raw.config_set("maxmemory-policy", "allkeys-lru")
         try:
             with caplog.at_level(logging.WARNING, logger="typedq.broker.redis"):
-                async with broker_at(url):
+                async with broker_at(redis_url):
                     pass
         finally:
             await raw.config_set("maxmemory-policy", "noeviction")
@@ -884,11 +872,11 @@ async def test_eviction_policy_warning(url: str, caplog: pytest.LogCaptureFixtur
     assert "noeviction" in caplog.text
 
 
-async def test_persistence_warning(url: str, caplog: pytest.LogCaptureFixture) -> None:
+async def test_persistence_warning(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     # The session server runs with `--appendonly no --save ""`: no persistence at all.
     redis_health.WARNED.clear()  # warned once per process and address: maybe already
     with caplog.at_level(logging.WARNING, logger="typedq.broker.redis"):
-        async with broker_at(url):
+        async with broker_at(redis_url):
             pass
     (warning,) = [r for r in caplog.records if "persistence" in r.getMessage()]
     assert warning.levelname == "WARNING"
@@ -912,8 +900,8 @@ async def test_rdb_only_persistence_warning(caplog: pytest.LogCaptureFixture) ->
     assert "RDB snapshots only" in warning.getMessage()
 
 
-async def test_waiters_survive_a_pubsub_reconnect(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_waiters_survive_a_pubsub_reconnect(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         await broker.enqueue([message("a")])
         got: list[JobState | None] = []
 
@@ -945,11 +933,11 @@ async def test_waiters_survive_a_pubsub_reconnect(url: str) -> None:
             assert time.monotonic() - start < 5
 
 
-async def test_a_refill_does_not_hide_work_from_the_next_wait(url: str) -> None:
+async def test_a_refill_does_not_hide_work_from_the_next_wait(redis_url: str) -> None:
     """Work published after a worker's claim is not hidden from its next wait by a refill
     (a completion's claim) that took only part of it: the wait returns at once instead of
     sleeping with a job waiting and a slot free."""
-    async with broker_at(url) as broker:
+    async with broker_at(redis_url) as broker:
         await broker.wait_for_jobs(["q"], 0.2)  # subscribed to the work channel
         await broker.enqueue([message("x")])
         (held,) = await broker.claim(["q"], 4, worker_id="w", lease=30)  # the worker's claim
@@ -968,8 +956,8 @@ async def test_a_refill_does_not_hide_work_from_the_next_wait(url: str) -> None:
         ]
 
 
-async def test_least_privilege_acl_user(url: str, redis_server: RedisProcess) -> None:
-    async with raw_redis(url) as raw:
+async def test_least_privilege_acl_user(redis_url: str, redis_server: RedisProcess) -> None:
+    async with raw_redis(redis_url) as raw:
         execute: Any = raw.execute_command  # untyped in redis-py
         await execute(
             "ACL", "SETUSER", "app1", "reset", "on", ">pw1", "~typedq:{app1}:*",
@@ -1002,8 +990,8 @@ async def test_least_privilege_acl_user(url: str, redis_server: RedisProcess) ->
             await execute("ACL", "DELUSER", "app1")
 
 
-async def test_stalled_job_fails_with_a_decodable_record(url: str) -> None:
-    async with broker_at(url, max_stalls=0) as broker:
+async def test_stalled_job_fails_with_a_decodable_record(redis_url: str) -> None:
+    async with broker_at(redis_url, max_stalls=0) as broker:
         await broker.enqueue([message("a")])
         await broker.claim(["q"], 1, worker_id="w-lost", lease=0.05)
         await anyio.sleep(0.1)
@@ -1020,10 +1008,10 @@ async def test_stalled_job_fails_with_a_decodable_record(url: str) -> None:
         assert failure.failed_at == pytest.approx(time.time(), abs=60)
 
 
-async def test_a_job_id_is_unique_per_queue(url: str) -> None:
+async def test_a_job_id_is_unique_per_queue(redis_url: str) -> None:
     """A job is found through its queue: one id may name a job in each of two queues;
     a queue hint finds each, and without one the first queue by name answers."""
-    async with broker_at(url, "perqueue") as broker:
+    async with broker_at(redis_url, "perqueue") as broker:
         created = await broker.enqueue([message("same", queue="b"), message("same", queue="a")])
         assert [o.created for o in created] == [True, True]
         # Dedup by id holds within a queue.

@@ -9,29 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import broker_at, message
 from typedq.broker.base import Completion, FinishOutcome, JobState
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
-
-
-async def test_a_settle_over_two_queues_then_a_claim_over_both(url: str) -> None:
+async def test_a_settle_over_two_queues_then_a_claim_over_both(redis_url: str) -> None:
     """Completions in two queues (two settle groups) are settled, each queue's counts
     exact, and the claim takes the best head across both queues (priority, then age)."""
-    async with broker_at(url, "paths") as broker:
+    async with broker_at(redis_url, "paths") as broker:
         await broker.enqueue([message("a1", queue="qa"), message("b1", queue="qb")])
         await broker.enqueue([message("a2", queue="qa"), message("b3", queue="qb")])
         await broker.enqueue([message("b2", queue="qb", priority=5), message("a3", queue="qa")])
@@ -56,11 +43,11 @@ async def test_a_settle_over_two_queues_then_a_claim_over_both(url: str) -> None
         assert (qb[JobState.COMPLETED], qb[JobState.ACTIVE], qb[JobState.WAITING]) == (2, 1, 0)
 
 
-async def test_a_resent_settle_and_claim_answers_as_before(url: str) -> None:
+async def test_a_resent_settle_and_claim_answers_as_before(redis_url: str) -> None:
     """The same settle-and-claim sent twice (same claim id: a lost reply): the second
     answers the completion ALREADY_FINISHED and hands back the same jobs and tokens,
     claiming nothing more and counting nothing twice."""
-    async with broker_at(url, "paths") as broker:
+    async with broker_at(redis_url, "paths") as broker:
         await broker.enqueue([message(f"j{i}") for i in range(5)])
         (held,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
         done = [Completion(held.message.id, held.token, b"\xc0")]

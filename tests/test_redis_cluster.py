@@ -38,16 +38,13 @@ from typedq.broker.redis.codec import text
 from typedq.broker.redis.health import check_slots
 from typedq.task import DEFAULT_QUEUE
 
-pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.fixture
 def url(redis_cluster: RedisCluster) -> str:
+    """The session Redis Cluster's URL, flushed: this file's own (conftest's ``redis_url``
+    is the standalone server)."""
     redis_cluster.flushall()
     return redis_cluster.url
 

@@ -11,27 +11,14 @@ from typing import Any
 import pytest
 
 from tests import redis_support
-from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import message, raw_redis
 from typedq import BrokerError, JobState, QueueFull
 from typedq.broker.base import BrokerSettings, JobMessage
 from typedq.broker.redis import RedisBroker
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 BODY = b"\x92\xa1t\xc4\x00"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
 
 
 @contextlib.asynccontextmanager
@@ -57,8 +44,8 @@ def test_the_broker_sends_the_shared_form_only_for_a_uniform_batch() -> None:
     assert len(args) == 3 + 6
 
 
-async def test_both_forms_store_the_same_jobs(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_both_forms_store_the_same_jobs(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         per_job = [k.prefix, 0, 2, "a", "q", "3", 0, 0, BODY, "b", "q", "3", 0, 0, BODY]
         shared = [k.prefix, 0, 2, "", "q", "3", 0, 0, "c", BODY, "d", BODY]
@@ -84,8 +71,8 @@ async def test_both_forms_store_the_same_jobs(url: str) -> None:
         assert await raw.exists(k.request("q", "t3")) == 1
 
 
-async def test_a_shared_form_with_a_delay_schedules_every_job(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_a_shared_form_with_a_delay_schedules_every_job(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         out = await broker.enqueue(
             [
                 JobMessage(id=f"s{i}", task="t", queue="q", payload=b"\x91\x01", delay=60)
@@ -113,8 +100,8 @@ async def test_a_shared_form_with_a_delay_schedules_every_job(url: str) -> None:
         ["", "q", "0", 0, 0, "x", BODY, "y"],  # a job without its body
     ],
 )
-async def test_a_malformed_shared_form_writes_nothing(url: str, shared: list[Any]) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_a_malformed_shared_form_writes_nothing(redis_url: str, shared: list[Any]) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         await broker.enqueue([message("first")])
         before = {key async for key in raw.scan_iter("*")}
@@ -126,11 +113,11 @@ async def test_a_malformed_shared_form_writes_nothing(url: str, shared: list[Any
         assert {key async for key in raw.scan_iter("*")} == before
 
 
-async def test_one_job_and_a_batch_over_two_queues_store_alike(url: str) -> None:
+async def test_one_job_and_a_batch_over_two_queues_store_alike(redis_url: str) -> None:
     """A call of one job (kept per queue as numbers, like the shared form) and a call over
     two queues (kept per queue in tables) number, list, count and schedule their jobs
     the same way: one queue's jobs come out in enqueue order whichever call made them."""
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         await broker.enqueue([message("a", priority=3)])
         await broker.enqueue([message("x", priority=3), message("y", queue="other")])
@@ -152,11 +139,11 @@ async def test_one_job_and_a_batch_over_two_queues_store_alike(url: str) -> None
 # -- the waiting batch path (one EXISTS per call, HSETNX per job) ------------------------
 
 
-async def test_repeats_within_and_across_batches_are_stored_once(url: str) -> None:
+async def test_repeats_within_and_across_batches_are_stored_once(redis_url: str) -> None:
     """A repeated id is stored once, at its first occurrence, within one call and across
     calls; the orders the repeats took are given back (dense: the order counter ends at
     the number of jobs stored), and the index holds each job's own order."""
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         first = await broker.enqueue([message("a"), message("b"), message("a"), message("c")])
         assert [o.created for o in first] == [True, True, False, True]
@@ -173,8 +160,8 @@ async def test_repeats_within_and_across_batches_are_stored_once(url: str) -> No
         assert [j.message.id for j in jobs] == ["a", "b", "c", "d"]
 
 
-async def test_a_batch_of_repeats_only_takes_no_order(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_a_batch_of_repeats_only_takes_no_order(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         await broker.enqueue([message("a"), message("b")])
         out = await broker.enqueue([message("b"), message("a"), message("b")])
@@ -186,10 +173,10 @@ async def test_a_batch_of_repeats_only_takes_no_order(url: str) -> None:
         assert await raw.hget(k.index("q", "c"), "c") == b"3"
 
 
-async def test_a_batch_naming_a_job_with_a_key_of_its_own_skips_it(url: str) -> None:
+async def test_a_batch_naming_a_job_with_a_key_of_its_own_skips_it(redis_url: str) -> None:
     """A claimed job has a key of its own and no index field: a batch that names it again
     (the one EXISTS of the call counts it) leaves it as it is and stores the others."""
-    async with broker_at(url) as broker:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([message("a")])
         (held,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
         out = await broker.enqueue([message("x"), message("a"), message("y"), message("x")])
@@ -204,8 +191,8 @@ async def test_a_batch_naming_a_job_with_a_key_of_its_own_skips_it(url: str) -> 
         assert held.message.id == "a"
 
 
-async def test_a_priority_batch_indexes_its_level(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_a_priority_batch_indexes_its_level(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         await broker.enqueue([message("lo"), message("lo2")])
         out = await broker.enqueue([message("h1", priority=5), message("h2", priority=5)])
@@ -216,10 +203,10 @@ async def test_a_priority_batch_indexes_its_level(url: str) -> None:
         assert [j.message.id for j in jobs] == ["h1", "h2", "lo", "lo2"]
 
 
-async def test_mixed_priorities_and_delays_in_one_batch(url: str) -> None:
+async def test_mixed_priorities_and_delays_in_one_batch(redis_url: str) -> None:
     """A batch whose jobs differ in priority or delay (the per-job form) stores each as
     it asks, with repeats stored once."""
-    async with broker_at(url) as broker:
+    async with broker_at(redis_url) as broker:
         batch = [
             message("p0"),
             message("p7", priority=7),
@@ -237,11 +224,11 @@ async def test_mixed_priorities_and_delays_in_one_batch(url: str) -> None:
 
 @pytest.mark.parametrize(("stored", "created"), [(["a", "b"], [False, True]), ([], None)])
 async def test_a_bounded_queue_counts_only_the_jobs_a_batch_creates(
-    url: str, stored: list[str], created: list[bool] | None
+    redis_url: str, stored: list[str], created: list[bool] | None
 ) -> None:
     """max_queue_length 3: a batch of 2 onto 2 waiting jobs fits when one of them is a
     repeat (the exact count of the per-job path), and is refused otherwise."""
-    async with broker_at(url, max_queue_length=3) as broker:
+    async with broker_at(redis_url, max_queue_length=3) as broker:
         await broker.enqueue([message(i) for i in (stored or ["m", "n"])])
         batch = [message("a"), message("c")]
         if created is None:
@@ -254,9 +241,9 @@ async def test_a_bounded_queue_counts_only_the_jobs_a_batch_creates(
             assert (await broker.counts("q"))[JobState.WAITING] == 3
 
 
-async def test_a_batch_of_more_than_500_jobs_is_stored_whole(url: str) -> None:
+async def test_a_batch_of_more_than_500_jobs_is_stored_whole(redis_url: str) -> None:
     """The job keys' EXISTS goes 500 keys at a time (a Lua unpack bound)."""
-    async with broker_at(url) as broker:
+    async with broker_at(redis_url) as broker:
         ids = [f"j{i}" for i in range(1203)]
         out = await broker.enqueue([message(i) for i in ids])
         assert all(o.created for o in out)

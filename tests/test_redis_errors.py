@@ -16,12 +16,7 @@ from typedq import BrokerError, BrokerUnavailable, QueueFull
 from typedq.broker.base import BrokerSettings
 from typedq.broker.redis import RedisBroker
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # redis-py is asyncio-based
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.mark.parametrize(

@@ -21,13 +21,7 @@ from typedq import CompletedEvent, Producer
 from typedq.broker.base import Completion, Failure, JobState
 from typedq.broker.keys import Keys
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 async def _finish(url: str, name: str, ids: list[str], *, events_max: int = 10_000) -> None:

@@ -25,13 +25,7 @@ from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobMes
 from typedq.broker.redis import SOCKET_TIMEOUT, RedisBroker
 from typedq.task import DEFAULT_QUEUE
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 def ledger_url(server: RedisProcess) -> str:

@@ -21,13 +21,7 @@ from typedq.broker.base import ClaimedJob, Completion, EnqueueOutcome, JobMessag
 from typedq.broker.flow import HELD_AT, FlowSpec
 from typedq.broker.keys import Keys
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 class N(msgspec.Struct, frozen=True):

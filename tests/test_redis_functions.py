@@ -14,7 +14,7 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from tests.redis_harness import RedisProcess, flushall
+from tests.redis_harness import RedisProcess
 from tests.redis_support import broker_at, message, raw_redis
 from typedq import BrokerError, ConfigError
 from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobState
@@ -22,19 +22,7 @@ from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.scripts import LIBRARY, SHARDED_LIBRARY, build_library, read_scripts
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 def _probe(state: tuple[str, ...]) -> str:
@@ -68,7 +56,7 @@ def _probe(state: tuple[str, ...]) -> str:
 
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["single", "sharded"])
-async def test_no_state_outlives_a_call(url: str, sharded: bool) -> None:
+async def test_no_state_outlives_a_call(redis_url: str, sharded: bool) -> None:
     """Every top-level name of common.lua (and sharded.lua) that a call may change is set
     again when the next call starts: after a call that filled it and failed, after one
     that filled it and returned, and across two apps' prefixes."""
@@ -87,7 +75,7 @@ async def test_no_state_outlives_a_call(url: str, sharded: bool) -> None:
     )
     assert lib.state == base.state
     a, b = Keys("appa"), Keys("appb")
-    async with raw_redis(url) as raw:
+    async with raw_redis(redis_url) as raw:
         execute: Any = raw.execute_command  # untyped in redis-py
         await execute("FUNCTION", "LOAD", "REPLACE", lib.source)
         probe = lib.functions["probe"]
@@ -109,13 +97,13 @@ async def test_no_state_outlives_a_call(url: str, sharded: bool) -> None:
             await execute("FUNCTION", "DELETE", lib.name)
 
 
-async def test_two_apps_take_turns_on_one_library(url: str) -> None:
+async def test_two_apps_take_turns_on_one_library(redis_url: str) -> None:
     """Two apps (two prefixes) with a queue of the same name, their calls interleaved on
     the one library: each sees only its own jobs, counts and wake-ups."""
     async with (
-        broker_at(url, "appa") as one,
-        broker_at(url, "appb") as two,
-        raw_redis(url) as raw,
+        broker_at(redis_url, "appa") as one,
+        broker_at(redis_url, "appb") as two,
+        raw_redis(redis_url) as raw,
     ):
         pubsub: Any = raw.pubsub()  # untyped in redis-py
         await pubsub.subscribe(one.keys.done_channel, two.keys.done_channel)
@@ -154,8 +142,8 @@ async def test_two_apps_take_turns_on_one_library(url: str) -> None:
         assert all(("appa" in n) != ("appb" in n) for n in names)
 
 
-async def test_an_error_in_the_library_names_the_script_and_the_file_line(url: str) -> None:
-    async with broker_at(url, "errline") as broker, raw_redis(url) as raw:
+async def test_an_error_in_the_library_names_the_script_and_the_file_line(redis_url: str) -> None:
+    async with broker_at(redis_url, "errline") as broker, raw_redis(redis_url) as raw:
         # A queue's counts hash that is a string: enqueue's HINCRBY on it fails.
         await raw.set(broker.keys.counts("q"), "not a hash")
         with pytest.raises(BrokerError) as failed:
@@ -226,7 +214,7 @@ def test_a_kept_cache_is_made_at_load_and_may_not_be_assigned() -> None:
         build_library(files)
 
 
-async def test_the_kept_key_prefixes_follow_the_app_and_stay_bounded(url: str) -> None:
+async def test_the_kept_key_prefixes_follow_the_app_and_stay_bounded(redis_url: str) -> None:
     """The per-queue key prefixes kept across calls: a call of another app (prefix) gets
     its own, and once a call made more than KEEP_QUEUES of them the next call starts
     over (bounded memory), every key still right."""
@@ -244,7 +232,7 @@ async def test_the_kept_key_prefixes_follow_the_app_and_stay_bounded(url: str) -
         {"common.lua": parts["common.lua"], "sharded.lua": parts["sharded.lua"], "p.lua": probe}
     )
     a, b = Keys("appa"), Keys("appb")
-    async with raw_redis(url) as raw:
+    async with raw_redis(redis_url) as raw:
         execute: Any = raw.execute_command  # untyped in redis-py
         await execute("FUNCTION", "LOAD", "REPLACE", lib.source)
         fn = lib.functions["p"]
@@ -262,7 +250,7 @@ async def test_the_kept_key_prefixes_follow_the_app_and_stay_bounded(url: str) -
             await execute("FUNCTION", "DELETE", lib.name)
 
 
-async def test_two_versions_of_the_library_run_side_by_side(url: str) -> None:
+async def test_two_versions_of_the_library_run_side_by_side(redis_url: str) -> None:
     """A rolling deploy: an older library (another hash, other function names) stays
     loaded and callable while this version's broker runs; neither replaces the other."""
     files = read_scripts()
@@ -270,10 +258,10 @@ async def test_two_versions_of_the_library_run_side_by_side(url: str) -> None:
     older = build_library(files)
     assert older.name != LIBRARY.name
     assert set(older.functions.values()).isdisjoint(LIBRARY.functions.values())
-    async with raw_redis(url) as raw:
+    async with raw_redis(redis_url) as raw:
         execute: Any = raw.execute_command  # untyped in redis-py
         await execute("FUNCTION", "LOAD", older.source)
-        async with broker_at(url, "twover") as broker:
+        async with broker_at(redis_url, "twover") as broker:
             await broker.enqueue([message("a"), message("b")])
             # The older version's code on the same data, then this version's.
             (job,) = await execute(
@@ -296,12 +284,12 @@ async def test_two_versions_of_the_library_run_side_by_side(url: str) -> None:
 
 
 async def test_function_load_and_fcall_are_all_the_scripting_a_user_needs(
-    url: str, redis_server: RedisProcess
+    redis_url: str, redis_server: RedisProcess
 ) -> None:
     """An ACL user with FCALL and FUNCTION LOAD but no other scripting command (no
     FUNCTION FLUSH/DELETE, no EVAL) runs the broker, and loads the library itself after
     an admin flushed it."""
-    async with raw_redis(url) as raw:
+    async with raw_redis(redis_url) as raw:
         execute: Any = raw.execute_command  # untyped in redis-py
         await execute("FUNCTION", "FLUSH")
         await execute(

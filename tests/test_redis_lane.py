@@ -32,19 +32,7 @@ from typedq.broker.redis.connection import Lane, make_client
 from typedq.broker.redis.scripts import read_scripts
 from typedq.errors import BrokerError
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.fixture
@@ -75,9 +63,9 @@ def lane_calls(broker: RedisBroker) -> list[tuple[Any, ...]]:
     return lane.sent
 
 
-async def test_claim_and_settle_go_on_the_lane(url: str) -> None:
+async def test_claim_and_settle_go_on_the_lane(redis_url: str) -> None:
     """A claim and a settle-and-claim are FCALLs on the lane; other scripts are not."""
-    async with broker_at(url, "lane") as broker:
+    async with broker_at(redis_url, "lane") as broker:
         await broker.enqueue([message("a"), message("b")])
         sent = lane_calls(broker)
         (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
@@ -110,8 +98,8 @@ async def test_a_lost_claim_reply_is_re_sent_on_the_lane(proxy: NetProxy) -> Non
     assert (counts[JobState.ACTIVE], counts[JobState.WAITING]) == (3, 0)
 
 
-async def test_a_script_error_on_the_lane_names_the_lua_file_and_line(url: str) -> None:
-    async with broker_at(url, "laneerr") as broker, raw_redis(url) as raw:
+async def test_a_script_error_on_the_lane_names_the_lua_file_and_line(redis_url: str) -> None:
+    async with broker_at(redis_url, "laneerr") as broker, raw_redis(redis_url) as raw:
         await broker.enqueue([message("a")])
         # The queue's active set made a string: the claim's write to it fails.
         await raw.delete(broker.keys.active("q"))
@@ -130,8 +118,8 @@ async def test_a_script_error_on_the_lane_names_the_lua_file_and_line(url: str) 
     assert "redis.call('ZADD', k_active(q)" in source
 
 
-async def test_a_flushed_library_is_loaded_again_for_the_lane(url: str) -> None:
-    async with broker_at(url, "laneflush") as broker, raw_redis(url) as raw:
+async def test_a_flushed_library_is_loaded_again_for_the_lane(redis_url: str) -> None:
+    async with broker_at(redis_url, "laneflush") as broker, raw_redis(redis_url) as raw:
         await broker.enqueue([message("a")])
         await raw.function_flush()
         sent = lane_calls(broker)
@@ -161,8 +149,8 @@ async def test_a_call_cancelled_on_the_lane_leaves_no_reply_behind(proxy: NetPro
     assert [j.message.id for j in again] == ["a"]
 
 
-async def test_concurrent_calls_take_the_pool_when_the_lane_is_busy(url: str) -> None:
-    async with broker_at(url, "lanebusy") as broker:
+async def test_concurrent_calls_take_the_pool_when_the_lane_is_busy(redis_url: str) -> None:
+    async with broker_at(redis_url, "lanebusy") as broker:
         await broker.enqueue([message(f"j{i}") for i in range(8)])
         sent = lane_calls(broker)
         got: list[str] = []
@@ -177,11 +165,11 @@ async def test_concurrent_calls_take_the_pool_when_the_lane_is_busy(url: str) ->
     assert 1 <= len(sent) < 4
 
 
-async def test_closing_the_broker_closes_the_lane_connection(url: str) -> None:
+async def test_closing_the_broker_closes_the_lane_connection(redis_url: str) -> None:
     """The lane's connection goes back to the pool at close and is closed with it: no
     connection of the app is left open on Redis."""
-    async with raw_redis(url) as raw:
-        async with broker_at(url, "laneclose") as broker:
+    async with raw_redis(redis_url) as raw:
+        async with broker_at(redis_url, "laneclose") as broker:
             await broker.enqueue([message("a")])
             sent = lane_calls(broker)
             await broker.claim(["q"], 1, worker_id="w", lease=30)
@@ -268,10 +256,12 @@ async def test_a_relaxed_timeout_moves_the_lane_reads_deadline(proxy: NetProxy) 
             assert await lane.execute("ECHO", "slow") == b"slow"
 
 
-async def test_the_lanes_calls_share_one_read_timer(url: str) -> None:
+async def test_the_lanes_calls_share_one_read_timer(redis_url: str) -> None:
     """No timer armed and cancelled per call (redis-py's read timeout, the write's): the
     deadline of each read is kept by one timer, armed again only when it runs out."""
-    client = make_client(url, client_name="lanetimer", max_connections=4, health_check_interval=10)
+    client = make_client(
+        redis_url, client_name="lanetimer", max_connections=4, health_check_interval=10
+    )
     lane = Lane(client.connection_pool)
     try:
         assert await lane.execute("ECHO", "warm") == b"warm"

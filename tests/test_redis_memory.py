@@ -18,19 +18,13 @@ from tests.redis_support import broker_at, raw_redis
 from typedq.broker.base import JobMessage
 from typedq.names import new_job_id
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 JOBS = 100_000
 #: used_memory per waiting job at 100,000 jobs (Redis 7.0, jemalloc): the level list's
 #: entry ~192 bytes, the index ~42 (8,192 buckets amortised over 100k jobs; ~33 at 1M).
 PINNED = 242
 TOLERANCE = 6
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
 
 
 def bench_job(i: int) -> JobMessage:

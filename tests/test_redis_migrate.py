@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import broker_at, message, raw_redis
 from typedq.broker.base import Completion, FinishOutcome, JobState
 from typedq.broker.keys import Keys
@@ -14,21 +13,10 @@ from typedq.broker.redis import migrate
 from typedq.broker.redis.codec import encode_body
 from typedq.broker.redis.migrate import migrate_layout
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 APP = "legacy"
 P = "typedq:{legacy}:"  # the previous layout's prefix: every key of the app under it
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
 
 
 async def write_old_layout(url: str) -> None:
@@ -93,10 +81,10 @@ async def old_keys(url: str) -> list[str]:
     return sorted(k for k in keys if k not in (P + "epoch", P + "queues"))
 
 
-async def test_the_previous_layout_is_moved_at_connect(url: str) -> None:
-    await write_old_layout(url)
-    async with broker_at(url, APP) as broker:
-        assert await old_keys(url) == []
+async def test_the_previous_layout_is_moved_at_connect(redis_url: str) -> None:
+    await write_old_layout(redis_url)
+    async with broker_at(redis_url, APP) as broker:
+        assert await old_keys(redis_url) == []
         k = broker.keys
         # Found through their queues, with their states.
         records = await broker.get(["w1", "w2", "s1", "a1", "c1"], queue="q")
@@ -114,7 +102,7 @@ async def test_the_previous_layout_is_moved_at_connect(url: str) -> None:
         assert w3.message == message("w3", queue="other", priority=2)
         assert (await broker.counts("q"))[JobState.WAITING] == 3
         assert (await broker.counts("other"))[JobState.SCHEDULED] == 1
-        async with raw_redis(url) as raw:
+        async with raw_redis(redis_url) as raw:
             assert await raw.zscore(k.active("q"), "a1") == 9000000000000
             assert await raw.zscore(k.done("q", "c"), "c1") == 2000
             assert await raw.smembers(k.slots("q", "t", "k")) == {b"a1"}
@@ -137,25 +125,25 @@ async def test_the_previous_layout_is_moved_at_connect(url: str) -> None:
         done = await broker.complete([Completion("a1", "tok.1", b"\xc0")])
         assert done == [FinishOutcome.OK]
     # Connecting again finds nothing to move.
-    async with broker_at(url, APP) as broker:
+    async with broker_at(redis_url, APP) as broker:
         assert await migrate_layout(broker) == 0
 
 
-async def test_an_interrupted_migration_finishes_on_the_next_connect(url: str) -> None:
-    await write_old_layout(url)
-    async with raw_redis(url) as raw:
+async def test_an_interrupted_migration_finishes_on_the_next_connect(redis_url: str) -> None:
+    await write_old_layout(redis_url)
+    async with raw_redis(redis_url) as raw:
         seq = await raw.get(P + "seq")
     # A first process moved the flows and the indexes, then died before the jobs.
-    async with broker_at(url, "probe") as probe:
+    async with broker_at(redis_url, "probe") as probe:
         probe.keys = Keys(APP)
         for step, patterns in migrate._STEPS[:2]:
             for pattern in patterns:
                 await migrate._move_matching(probe, step, seq, P + pattern)
-    left = await old_keys(url)
+    left = await old_keys(redis_url)
     assert P + "j:w1" in left
     assert P + "active" not in left
-    async with broker_at(url, APP) as broker:
-        assert await old_keys(url) == []
+    async with broker_at(redis_url, APP) as broker:
+        assert await old_keys(redis_url) == []
         jobs = await broker.claim(["q"], 10, worker_id="w", lease=30)
         assert [j.message.id for j in jobs] == ["w1", "w2", "F.m0"]
         (active,) = await broker.get(["a1"], queue="q")

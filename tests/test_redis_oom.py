@@ -28,12 +28,7 @@ from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.scripts import LIBRARY
 from typedq.task import DEFAULT_QUEUE
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the Redis client is asyncio-based
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.fixture

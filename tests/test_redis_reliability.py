@@ -18,7 +18,6 @@ import anyio
 import pytest
 
 from tests import redis_support
-from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import Item, message, raw_redis
 from typedq import App, JobState, QueueFull
 from typedq.broker.base import (
@@ -32,19 +31,7 @@ from typedq.broker.base import (
 from typedq.broker.redis import SOCKET_TIMEOUT, RedisBroker
 from typedq.task import DEFAULT_QUEUE
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @contextlib.asynccontextmanager
@@ -77,9 +64,9 @@ async def claim_all(broker: RedisBroker, queue: str = "q", batch: int = 1) -> li
 
 
 async def test_a_resent_claim_after_a_sibling_claim_returns_its_own_jobs(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with broker_at(url) as broker:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([message(f"j{i}") for i in range(20)])
         with tokens(monkeypatch, "c1c1c1c1", "c2c2c2c2"):
             first = await broker.claim(["q"], 3, worker_id="w", lease=30)
@@ -118,11 +105,11 @@ async def test_a_resent_claim_after_a_sibling_claim_returns_its_own_jobs(
 
 
 @pytest.mark.slow
-async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(url: str) -> None:
+async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(redis_url: str) -> None:
     """DEBUG SLEEP past the socket timeout with two claims of one worker in flight:
     redis-py re-sends both after both first copies ran; each re-send must hand back
     its own first copy's jobs (a record per worker made one of them claim more)."""
-    async with broker_at(url) as broker, raw_redis(url, socket_timeout=30) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url, socket_timeout=30) as raw:
         await broker.enqueue([message(f"j{i}") for i in range(20)])
         async with anyio.create_task_group() as tg:
             for _ in range(4):
@@ -149,10 +136,10 @@ async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(url:
 
 
 @pytest.mark.slow
-async def test_client_kill_loop_runs_every_job_once_without_stalls(url: str) -> None:
+async def test_client_kill_loop_runs_every_job_once_without_stalls(redis_url: str) -> None:
     """CLIENT KILL TYPE normal every 200 ms while a worker drains 2,000 jobs with
     max_stalls=0: a stall would fail a job as `stalled` without running it."""
-    app = App("ckill", broker=url, lease=10.0, max_stalls=0)
+    app = App("ckill", broker=redis_url, lease=10.0, max_stalls=0)
     ran: dict[str, int] = {}
 
     @app.task
@@ -164,7 +151,7 @@ async def test_client_kill_loop_runs_every_job_once_without_stalls(url: str) -> 
 
     total = 2000
     kills = 0
-    async with app, raw_redis(url) as admin:
+    async with app, raw_redis(redis_url) as admin:
         broker = app.broker
         jobs = await work.enqueue_many([Item(n=i) for i in range(total)])
 
@@ -204,9 +191,9 @@ async def test_client_kill_loop_runs_every_job_once_without_stalls(url: str) -> 
 
 
 async def test_a_resent_enqueue_answers_created_for_what_it_created(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with broker_at(url) as broker:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([message("old")])
         batch = [message("old"), message("a"), message("b"), message("a")]
         with tokens(monkeypatch, "e1e1e1e1", "e1e1e1e1", "e2e2e2e2"):
@@ -219,8 +206,10 @@ async def test_a_resent_enqueue_answers_created_for_what_it_created(
         assert (await broker.counts("q"))[JobState.WAITING] == 3
 
 
-async def test_a_resent_cancel_answers_cancelled(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with broker_at(url) as broker:
+async def test_a_resent_cancel_answers_cancelled(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([message("a"), message("b")])
         with tokens(monkeypatch, "x1x1x1x1", "x1x1x1x1", "x2x2x2x2"):
             assert await broker.cancel("a") is CancelOutcome.CANCELLED
@@ -239,11 +228,11 @@ async def test_a_resent_cancel_answers_cancelled(url: str, monkeypatch: pytest.M
 
 @pytest.mark.slow
 async def test_replies_lost_in_a_server_stall_are_answered_as_the_first_time(
-    url: str,
+    redis_url: str,
 ) -> None:
     """DEBUG SLEEP past the socket timeout: redis-py sends cancel and enqueue again
     after their first copies ran; the answers are still CANCELLED and created=True."""
-    async with broker_at(url) as broker, raw_redis(url, socket_timeout=30) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url, socket_timeout=30) as raw:
         await broker.enqueue([message("victim")])
         fresh = [message(f"n{i}") for i in range(10)]
         # Open pooled connections first, so both scripts are sent before the stall.
@@ -277,8 +266,8 @@ async def test_replies_lost_in_a_server_stall_are_answered_as_the_first_time(
 # -- defect 5: odd numbers never poison a settle batch ----------------------------------
 
 
-async def test_a_non_finite_retry_delay_never_fails_its_batch(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_a_non_finite_retry_delay_never_fails_its_batch(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([message(f"j{i}") for i in range(4)])
         jobs = await broker.claim(["q"], 4, worker_id="w", lease=30)
         delays = [math.inf, math.nan, 1e300, None]
@@ -319,9 +308,9 @@ async def make_waiting(broker: RedisBroker, leave: str) -> None:
 @pytest.mark.parametrize("leave", ["cancel", "remove", "retried-cancel", "retried-remove"])
 @pytest.mark.parametrize("priority", [-5, 0, 5])
 async def test_a_reused_id_is_claimed_where_a_fresh_job_would_be(
-    url: str, leave: str, priority: int
+    redis_url: str, leave: str, priority: int
 ) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         await make_waiting(broker, leave)
         if leave.endswith("cancel"):
             assert await broker.cancel("x") is CancelOutcome.CANCELLED
@@ -337,9 +326,9 @@ async def test_a_reused_id_is_claimed_where_a_fresh_job_would_be(
     assert order == expected[priority]
 
 
-async def test_stale_entries_across_levels_and_several_claims(url: str) -> None:
+async def test_stale_entries_across_levels_and_several_claims(redis_url: str) -> None:
     """One id left its level twice and came back at other levels; several queues."""
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         await broker.enqueue([message("a"), message("x"), message("b")])
         await broker.enqueue([message("o", queue="other")])
         assert await broker.remove(["x"]) == [True]
@@ -360,8 +349,8 @@ async def test_stale_entries_across_levels_and_several_claims(url: str) -> None:
         assert counts[JobState.WAITING] == 0
 
 
-async def test_purging_waiting_jobs_consumes_stale_entries(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_purging_waiting_jobs_consumes_stale_entries(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         await broker.enqueue([message("a"), message("x"), message("b")])
         assert await broker.cancel("x") is CancelOutcome.CANCELLED
         assert await broker.remove(["x"]) == [True]
@@ -376,8 +365,8 @@ async def test_purging_waiting_jobs_consumes_stale_entries(url: str) -> None:
 # -- defect 10: the brokers agree (D-retry-token, D-dup-in-batch, D-fifo) ----------------
 
 
-async def test_tokens_from_before_a_retry_answer_lease_lost(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_tokens_from_before_a_retry_answer_lease_lost(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([message("a")])
         (old,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
         failure = Failure(id="a", token=old.token, error=b"e")
@@ -399,8 +388,8 @@ async def test_tokens_from_before_a_retry_answer_lease_lost(url: str) -> None:
         ]
 
 
-async def test_duplicates_in_a_batch_never_count_against_the_bound(url: str) -> None:
-    async with broker_at(url, max_queue_length=3) as broker:
+async def test_duplicates_in_a_batch_never_count_against_the_bound(redis_url: str) -> None:
+    async with broker_at(redis_url, max_queue_length=3) as broker:
         outcomes = await broker.enqueue(
             [message("a"), message("a"), message("b"), message("c"), message("b")]
         )
@@ -414,8 +403,8 @@ async def test_duplicates_in_a_batch_never_count_against_the_bound(url: str) -> 
         ]
 
 
-async def test_enqueue_batches_keep_input_order(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_enqueue_batches_keep_input_order(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         ids = [f"j{i:05d}" for i in range(5000)]
         batches = [[message(i) for i in ids[s : s + 500]] for s in range(0, 5000, 500)]
         await raw.config_resetstat()
@@ -436,8 +425,8 @@ async def test_enqueue_batches_keep_input_order(url: str) -> None:
         assert await claim_all(broker, batch=64) == [m.id for batch in many for m in batch]
 
 
-async def test_enqueue_batches_refuse_a_full_batch_alone(url: str) -> None:
-    async with broker_at(url, max_queue_length=100) as broker:
+async def test_enqueue_batches_refuse_a_full_batch_alone(redis_url: str) -> None:
+    async with broker_at(redis_url, max_queue_length=100) as broker:
         batches = [
             [message(f"{name}{i}") for i in range(size)]
             for name, size in (("a", 40), ("b", 40), ("c", 40), ("d", 20))
@@ -454,8 +443,8 @@ async def test_enqueue_batches_refuse_a_full_batch_alone(url: str) -> None:
         assert await broker.get([m.id for m in batches[2]]) == [None] * 40
 
 
-async def test_a_reused_scheduled_id_waits_for_its_new_run_time(url: str) -> None:
-    async with broker_at(url) as broker:
+async def test_a_reused_scheduled_id_waits_for_its_new_run_time(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker:
         await broker.enqueue([JobMessage(id="s", task="t", queue="q", payload=b"", delay=0.2)])
         assert await broker.remove(["s"]) == [True]
         await broker.enqueue([JobMessage(id="s", task="t", queue="q", payload=b"", delay=3600)])

@@ -11,25 +11,12 @@ from typing import Any
 import pytest
 
 from tests import redis_support
-from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import raw_redis
 from typedq import BrokerError
 from typedq.broker.base import FireOutcome, JobMessage, TickFiring
 from typedq.broker.redis import RedisBroker
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @contextlib.asynccontextmanager
@@ -48,8 +35,8 @@ def tick(name: str, tick_us: int, queue: str = "q") -> JobMessage:
     )
 
 
-async def test_fire_checks_its_arguments_before_writing(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_fire_checks_its_arguments_before_writing(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         k = broker.keys
         (state,) = await broker.sync_schedules([("s", "d")], prune=False)
         before = {key async for key in raw.scan_iter("*")}
@@ -69,8 +56,8 @@ async def test_fire_checks_its_arguments_before_writing(url: str) -> None:
         assert await raw.hget(k.schedules, "s") == stored
 
 
-async def test_state_bytes_typedq_did_not_write_are_replaced(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_state_bytes_typedq_did_not_write_are_replaced(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         await raw.hset(broker.keys.schedules, "s", "garbage")
         stale = TickFiring(
             name="s", digest="d", expected_last_us=0, new_last_us=1, messages=[tick("s", 1)]
@@ -82,8 +69,8 @@ async def test_state_bytes_typedq_did_not_write_are_replaced(url: str) -> None:
         assert [s.name for s in await broker.schedule_states()] == ["s"]
 
 
-async def test_each_firing_is_one_script_and_the_body_carries_the_tick(url: str) -> None:
-    async with broker_at(url) as broker, raw_redis(url) as raw:
+async def test_each_firing_is_one_script_and_the_body_carries_the_tick(redis_url: str) -> None:
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
         states = await broker.sync_schedules([("a", "d"), ("b", "d")], prune=True)
         firings = [
             TickFiring(

@@ -16,24 +16,18 @@ from typing import Any
 
 import pytest
 
-from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import broker_at, message, raw_redis
 from typedq.broker.base import Completion, FinishOutcome
 from typedq.broker.redis import RedisBroker
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
+def url(redis_url: str) -> str:
+    """conftest's ``redis_url`` under the name this file's tests take (their parameter
+    becomes ``redis_url`` with the next edit of their pins, not in a fixture change)."""
+    return redis_url
 
 
 @contextlib.asynccontextmanager

@@ -18,7 +18,7 @@ import pytest
 from tests.redis_harness import REDIS_SERVER, free_port
 from typedq import App, BrokerError
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.asyncio_only]
 
 
 class Ping(msgspec.Struct):
@@ -198,11 +198,6 @@ def certs() -> Iterator[Path]:
     make_server_cert(folder, "ca", "wrong-name", "DNS:elsewhere.example")
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the Redis client is asyncio-based
 
 
 def tls_app(server: TlsRedis, certs: Path, ca: str) -> tuple[App, object]:

@@ -18,32 +18,20 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from tests.redis_harness import RedisCluster, RedisProcess, flushall, slot_owner
+from tests.redis_harness import RedisCluster, slot_owner
 from tests.redis_support import broker_at, message, raw_redis
 from typedq.broker.base import Completion
 from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
 from typedq.limits import LimitSpec
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 #: A wait's timeout far past the worker's 5 s fallback: only a notice (or a due job)
 #: can end it within the test's deadline.
 LONG = 3600.0
 #: The bound for a wake-up that a notice brings (generous: the box is shared).
 PROMPT = 20.0
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
 
 
 @contextlib.asynccontextmanager
@@ -72,6 +60,19 @@ async def notices(url: str, channel: str) -> AsyncIterator[list[str]]:
             await pubsub.aclose()
 
 
+async def subscribed(broker: RedisBroker, queues: list[str]) -> None:
+    """A first wait of ``queues`` (it asks for their work subscription), then until Redis
+    has confirmed that subscription. A confirmation counts as a notice (listener.py: what
+    was published before it may be lost, so waiters look again): one that lands after
+    the test's claim ends the next wait at once. A short wait alone does not cover it: on
+    a loaded box the new pub/sub connection's round trips outlast it."""
+    await broker.wait_for_jobs(queues, 0.01)
+    notes = broker._notes
+    with anyio.fail_after(PROMPT):
+        while not all(notes.confirmed.get(c) for c in notes.work_channels(queues)):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
 async def waits_until_woken(broker: RedisBroker, queues: list[str]) -> float:
     """A wait of ``queues`` with an hour's timeout; the seconds it lasted."""
     start = time.monotonic()
@@ -79,10 +80,10 @@ async def waits_until_woken(broker: RedisBroker, queues: list[str]) -> float:
     return time.monotonic() - start
 
 
-async def test_enqueues_publish_nothing_until_a_claim_comes_up_short(url: str) -> None:
-    async with broker_at(url, "wm") as broker, raw_redis(url) as raw:
+async def test_enqueues_publish_nothing_until_a_claim_comes_up_short(redis_url: str) -> None:
+    async with broker_at(redis_url, "wm") as broker, raw_redis(redis_url) as raw:
         mark = broker.keys.waiter("q")
-        async with notices(url, broker.keys.work_channel) as seen:
+        async with notices(redis_url, broker.keys.work_channel) as seen:
             # No worker waits (none claimed): a batch and single enqueues, no notice.
             await broker.enqueue([message(f"a{i}") for i in range(5)])
             for i in range(5):
@@ -91,7 +92,7 @@ async def test_enqueues_publish_nothing_until_a_claim_comes_up_short(url: str) -
             assert len(await broker.claim(["q"], 10, worker_id="w", lease=30)) == 10
             assert await raw.exists(mark) == 0
         assert seen == []
-        async with notices(url, broker.keys.work_channel) as seen:
+        async with notices(redis_url, broker.keys.work_channel) as seen:
             # Short (nothing left): the worker waits, so the mark is set ...
             assert await broker.claim(["q"], 1, worker_id="w", lease=30) == []
             assert await raw.get(mark) == b"1"
@@ -102,9 +103,9 @@ async def test_enqueues_publish_nothing_until_a_claim_comes_up_short(url: str) -
         assert seen == ["q"]
 
 
-async def test_a_waiting_worker_is_woken_by_the_notice(url: str) -> None:
-    async with broker_at(url, "wm") as worker, broker_at(url, "wm") as producer:
-        await worker.wait_for_jobs(["q"], 0.01)  # subscribed
+async def test_a_waiting_worker_is_woken_by_the_notice(redis_url: str) -> None:
+    async with broker_at(redis_url, "wm") as worker, broker_at(redis_url, "wm") as producer:
+        await subscribed(worker, ["q"])
         assert await worker.claim(["q"], 4, worker_id="w", lease=30) == []
         async with anyio.create_task_group() as tg:
 
@@ -121,15 +122,15 @@ async def test_a_waiting_worker_is_woken_by_the_notice(url: str) -> None:
         ]
 
 
-async def test_one_notice_wakes_every_waiting_worker(url: str) -> None:
+async def test_one_notice_wakes_every_waiting_worker(redis_url: str) -> None:
     async with (
-        broker_at(url, "wm") as one,
-        broker_at(url, "wm") as two,
-        broker_at(url, "wm") as producer,
-        notices(url, producer.keys.work_channel) as seen,
+        broker_at(redis_url, "wm") as one,
+        broker_at(redis_url, "wm") as two,
+        broker_at(redis_url, "wm") as producer,
+        notices(redis_url, producer.keys.work_channel) as seen,
     ):
         for worker in (one, two):
-            await worker.wait_for_jobs(["q"], 0.01)
+            await subscribed(worker, ["q"])
             assert await worker.claim(["q"], 2, worker_id="w", lease=30) == []
         woken: list[float] = []
 
@@ -149,9 +150,9 @@ async def test_one_notice_wakes_every_waiting_worker(url: str) -> None:
 
 
 @pytest.mark.parametrize("busy", ["a", "b"])
-async def test_a_worker_of_two_queues_is_woken_by_either(url: str, busy: str) -> None:
-    async with broker_at(url, "wm") as worker, broker_at(url, "wm") as producer:
-        await worker.wait_for_jobs(["a", "b"], 0.01)
+async def test_a_worker_of_two_queues_is_woken_by_either(redis_url: str, busy: str) -> None:
+    async with broker_at(redis_url, "wm") as worker, broker_at(redis_url, "wm") as producer:
+        await subscribed(worker, ["a", "b"])
         assert await worker.claim(["a", "b"], 4, worker_id="w", lease=30) == []
         async with anyio.create_task_group() as tg:
 
@@ -170,20 +171,20 @@ def _keyed(job_id: str, key: str) -> Any:
     return msgspec.structs.replace(message(job_id), concurrency_key=key)
 
 
-async def test_a_concurrency_gate_wakes_its_waiting_worker(url: str) -> None:
+async def test_a_concurrency_gate_wakes_its_waiting_worker(redis_url: str) -> None:
     """A claim short because a gate parked the job waits; the slot freeing (another
     worker's completion) publishes, and so does a job of another key."""
     limits = {"t": LimitSpec(concurrency=1)}
     async with (
-        broker_at(url, "wm") as holder,
-        broker_at(url, "wm") as waiter,
-        broker_at(url, "wm") as producer,
+        broker_at(redis_url, "wm") as holder,
+        broker_at(redis_url, "wm") as waiter,
+        broker_at(redis_url, "wm") as producer,
     ):
         holder.set_limits(limits)
         waiter.set_limits(limits)
         await producer.enqueue([_keyed("a1", "a"), _keyed("a2", "a")])
         (held,) = await holder.claim(["q"], 4, worker_id="h", lease=30)
-        await waiter.wait_for_jobs(["q"], 0.01)
+        await subscribed(waiter, ["q"])
         assert await waiter.claim(["q"], 4, worker_id="w", lease=30) == []  # a2 parked
         async with anyio.create_task_group() as tg:
 
@@ -213,10 +214,10 @@ async def test_a_concurrency_gate_wakes_its_waiting_worker(url: str) -> None:
         ]
 
 
-async def test_a_rate_gate_wakes_its_waiting_worker_when_it_opens(url: str) -> None:
+async def test_a_rate_gate_wakes_its_waiting_worker_when_it_opens(redis_url: str) -> None:
     """A rate gate's opening time comes back with the short claim: the wait ends then,
     with no notice (nothing publishes when a window slides)."""
-    async with broker_at(url, "wm") as worker, broker_at(url, "wm") as producer:
+    async with broker_at(redis_url, "wm") as worker, broker_at(redis_url, "wm") as producer:
         worker.set_limits({"t": LimitSpec(rate=1, per_us=500_000)})
         await producer.enqueue([message("r1"), message("r2")])
         (first,) = await worker.claim(["q"], 4, worker_id="w", lease=30)
@@ -230,11 +231,11 @@ async def test_a_rate_gate_wakes_its_waiting_worker_when_it_opens(url: str) -> N
         assert [j.message.id for j in claimed] == ["r2"]
 
 
-async def test_a_wait_with_no_claim_before_it_sets_the_mark(url: str) -> None:
+async def test_a_wait_with_no_claim_before_it_sets_the_mark(redis_url: str) -> None:
     """A caller that waits without claiming first (no mark of its own claim) still gets
     the notice of the next enqueue, and returns at once when jobs already wait."""
-    async with broker_at(url, "wm") as worker, broker_at(url, "wm") as producer:
-        await worker.wait_for_jobs(["q"], 0.01)  # subscribed (the confirmation wakes it)
+    async with broker_at(redis_url, "wm") as worker, broker_at(redis_url, "wm") as producer:
+        await subscribed(worker, ["q"])
         await worker.wait_for_jobs(["q"], 0.01)
         async with anyio.create_task_group() as tg:
 
@@ -249,10 +250,10 @@ async def test_a_wait_with_no_claim_before_it_sets_the_mark(url: str) -> None:
             await worker.wait_for_jobs(["q"], LONG)  # "j" waits: at once
 
 
-async def test_a_refill_sets_no_mark(url: str) -> None:
+async def test_a_refill_sets_no_mark(redis_url: str) -> None:
     """A short refill (a settle's claim) leaves the marks alone: the worker claims for
     the slots it leaves free before it waits, and that claim marks."""
-    async with broker_at(url, "wm") as worker, raw_redis(url) as raw:
+    async with broker_at(redis_url, "wm") as worker, raw_redis(redis_url) as raw:
         await worker.enqueue([message("x")])
         (held,) = await worker.claim(["q"], 1, worker_id="w", lease=30)
         _, refilled = await worker.complete_and_claim(

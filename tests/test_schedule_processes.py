@@ -21,13 +21,7 @@ from tests import schedule_app
 from tests.redis_harness import RedisProcess, flushall
 from tests.support import spawn_worker, stop_workers
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
 def ledger_url(server: RedisProcess) -> str:

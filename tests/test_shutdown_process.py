@@ -21,14 +21,9 @@ from tests.shutdown_app import Hang, Nap, app, hang, nap
 from tests.support import spawn_worker
 from typedq import Job, JobState
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow, pytest.mark.asyncio_only]
 
 GRACE = 1.5
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the Redis client is asyncio-based
 
 
 def start_worker(

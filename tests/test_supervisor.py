@@ -20,19 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests import obs_app
 from tests.cli_process import TypedqProcess
-from tests.redis_harness import RedisProcess, flushall
 from typedq import JobFailed
 from typedq.supervisor import merge_expositions
 
 pytestmark = pytest.mark.slow
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
 
 
 def _samples(text: str) -> Samples:
@@ -106,16 +99,23 @@ async def _mixed_run(url: str) -> None:
 
 
 @pytest.mark.redis
-def test_group_metrics_add_up_the_children_after_a_mixed_run(url: str) -> None:
+def test_group_metrics_add_up_the_children_after_a_mixed_run(redis_url: str) -> None:
     process = TypedqProcess(
-        "worker", "tests.obs_app:app", "--broker", url, "--processes", "2", "--metrics-port", "0"
+        "worker",
+        "tests.obs_app:app",
+        "--broker",
+        redis_url,
+        "--processes",
+        "2",
+        "--metrics-port",
+        "0",
     )
     try:
         line = process.wait_for("serving the metrics of 2 worker processes")
         port = re.search(r":(\d+)/metrics", line)
         assert port is not None, line
         _wait_ready(process, 2)
-        anyio.run(_mixed_run, url)
+        anyio.run(_mixed_run, redis_url)
         deadline = time.monotonic() + 30
         while True:
             with urllib.request.urlopen(
@@ -154,8 +154,10 @@ def test_group_metrics_add_up_the_children_after_a_mixed_run(url: str) -> None:
 
 
 @pytest.mark.redis
-def test_a_killed_child_is_restarted_and_the_group_keeps_working(url: str) -> None:
-    process = TypedqProcess("worker", "tests.obs_app:app", "--broker", url, "--processes", "2")
+def test_a_killed_child_is_restarted_and_the_group_keeps_working(redis_url: str) -> None:
+    process = TypedqProcess(
+        "worker", "tests.obs_app:app", "--broker", redis_url, "--processes", "2"
+    )
     try:
         first, second = _child_pids(process, 2)
         _wait_ready(process, 2)
@@ -166,7 +168,7 @@ def test_a_killed_child_is_restarted_and_the_group_keeps_working(url: str) -> No
         assert _alive(pids[2])
         assert _alive(second)
         _wait_ready(process, 3)
-        anyio.run(_run_jobs, url, 200)
+        anyio.run(_run_jobs, redis_url, 200)
     finally:
         process.proc.send_signal(signal.SIGTERM)
         assert process.wait() == 0, process.text
@@ -175,8 +177,10 @@ def test_a_killed_child_is_restarted_and_the_group_keeps_working(url: str) -> No
 
 
 @pytest.mark.redis
-def test_sigterm_stops_every_child_gracefully(url: str) -> None:
-    process = TypedqProcess("worker", "tests.obs_app:app", "--broker", url, "--processes", "2")
+def test_sigterm_stops_every_child_gracefully(redis_url: str) -> None:
+    process = TypedqProcess(
+        "worker", "tests.obs_app:app", "--broker", redis_url, "--processes", "2"
+    )
     try:
         pids = _child_pids(process, 2)
         _wait_ready(process, 2)
@@ -225,8 +229,10 @@ def test_bad_processes_options_are_one_line(args: list[str], message: str) -> No
 
 
 @pytest.mark.redis
-def test_children_stop_when_the_supervisor_is_killed(url: str) -> None:
-    process = TypedqProcess("worker", "tests.obs_app:app", "--broker", url, "--processes", "2")
+def test_children_stop_when_the_supervisor_is_killed(redis_url: str) -> None:
+    process = TypedqProcess(
+        "worker", "tests.obs_app:app", "--broker", redis_url, "--processes", "2"
+    )
     try:
         pids = _child_pids(process, 2)
         _wait_ready(process, 2)

@@ -20,28 +20,15 @@ import anyio
 import msgspec
 import pytest
 
-from tests.redis_harness import RedisProcess, flushall
 from typedq import App
 
-pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 JOBS = 400
 
 
 class Item(msgspec.Struct):
     n: int
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    """redis-py is asyncio-only."""
-    return "asyncio"
-
-
-@pytest.fixture
-def url(redis_server: RedisProcess) -> str:
-    flushall(redis_server.port)
-    return redis_server.url
 
 
 @contextmanager
@@ -67,9 +54,9 @@ def counting_loop() -> Iterator[dict[str, int]]:
 
 
 async def test_a_job_at_concurrency_1_costs_its_replys_turns_and_no_timer(
-    url: str, app_name: str
+    redis_url: str, app_name: str
 ) -> None:
-    app = App(app_name, broker=url)
+    app = App(app_name, broker=redis_url)
     done = anyio.Event()
     ran = 0
 
