@@ -4,15 +4,18 @@ the job body carries the tick."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import anyio
 import pytest
 
 from tests import redis_support
+from tests.redis_harness import RedisCluster
 from tests.redis_support import raw_redis
-from typedq import BrokerError
+from typedq import BrokerError, JobState
 from typedq.broker.base import FireOutcome, JobMessage, TickFiring
 from typedq.broker.redis import RedisBroker
 
@@ -105,3 +108,48 @@ async def test_each_firing_is_one_script_and_the_body_carries_the_tick(redis_url
         (record,) = await broker.get([firings[0].messages[0].id])
         assert record is not None
         assert record.message == firings[0].messages[0]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("turns", [0, 1, 2, 3, 4, 5, 6, 8, 12, 20])
+async def test_a_cancel_during_a_cluster_firing_leaves_the_tick_whole(
+    redis_cluster: RedisCluster, turns: int
+) -> None:
+    """On Redis Cluster a firing stores the tick's job and then moves the schedule's state
+    (two calls). A cancel (a worker's shutdown) landing ``turns`` event-loop turns after
+    the store was sent, wherever that is in the two calls, still leaves both done: the job
+    waiting and the state saying the tick fired (it once left the job with the state one
+    tick behind)."""
+    redis_cluster.flushall()
+    async with broker_at(redis_cluster.url) as broker:
+        (state,) = await broker.sync_schedules([("s", "d")], prune=False)
+        new = state.last_tick_us + 1_000
+        await anyio.sleep(0.01)  # the tick is due
+        firing = TickFiring(
+            name="s",
+            digest="d",
+            expected_last_us=state.last_tick_us,
+            new_last_us=new,
+            messages=[tick("s", new)],
+        )
+        loop = asyncio.get_running_loop()
+        store = broker.enqueue
+        with anyio.CancelScope() as scope:
+
+            async def enqueue_then_cancel(messages: Sequence[JobMessage]) -> Any:
+                def countdown(left: int) -> None:
+                    if left:
+                        loop.call_soon(countdown, left - 1)
+                    else:
+                        scope.cancel()
+
+                countdown(turns)
+                return await store(messages)
+
+            broker.enqueue = enqueue_then_cancel  # type: ignore[method-assign]
+            await broker.fire_schedules([firing])
+        broker.enqueue = store  # type: ignore[method-assign]
+        assert scope.cancel_called
+        (after,) = await broker.schedule_states()
+        counts = await broker.counts("q")
+        assert (after.last_tick_us, after.fired, counts[JobState.WAITING]) == (new, 1, 1)

@@ -17,13 +17,17 @@ from typing import Any
 
 import anyio
 
-from ...errors import QueueFull
+from ...errors import BrokerUnavailable, QueueFull
 from ...names import check_job_id, check_name
 from ..base import FireOutcome, ScheduleState, TickFiring
 from .codec import MICRO, as_int, encode_body, text
 from .core import RedisCore
 
-__all__ = ["ScheduleOps", "parse_state"]
+__all__ = ["FIRING_SHIELD", "ScheduleOps", "parse_state"]
+
+#: Seconds a firing on Redis Cluster may go on after a cancel (shutdown): enough for its two
+#: calls against a live Redis, short enough that an outage does not hold a shutdown long.
+FIRING_SHIELD = 10.0
 
 
 def parse_state(name: str, raw: Any) -> ScheduleState | None:
@@ -131,14 +135,24 @@ class ScheduleOps(RedisCore):
                         return FireOutcome.HELD, parse_state(f.name, raw)
                     outcome, raw = await commit("overlap_skipped")
                     return FireOutcome(outcome), parse_state(f.name, raw)
-        if n:
-            try:
-                await self.enqueue(list(f.messages))
-            except QueueFull:
-                outcome, raw = await commit("full")
-                return FireOutcome(outcome), parse_state(f.name, raw)
-        outcome, raw = await commit("fired")
-        return FireOutcome(outcome), parse_state(f.name, raw)
+        # Storing the jobs and moving the state are two calls here: a cancel between them
+        # (a worker's shutdown cancels its scheduler) would leave a tick's jobs stored while
+        # the state says the tick never fired (`fired` one short; the next scheduler counts
+        # it as missed or fires it again, which re-runs its job once retention dropped it).
+        # So both run shielded, bounded so that an outage cannot hold a shutdown for long.
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + FIRING_SHIELD):
+            if n:
+                try:
+                    await self.enqueue(list(f.messages))
+                except QueueFull:
+                    outcome, raw = await commit("full")
+                    return FireOutcome(outcome), parse_state(f.name, raw)
+            outcome, raw = await commit("fired")
+            return FireOutcome(outcome), parse_state(f.name, raw)
+        raise BrokerUnavailable(
+            f"schedule {name!r}: Redis did not store tick {f.new_last_us} within"
+            f" {FIRING_SHIELD:g} s; the next firing retries it (same job ids)"
+        )
 
     async def schedule_states(self) -> list[ScheduleState]:
         raw: dict[Any, Any] = await self._hgetall(self.keys.schedules)
