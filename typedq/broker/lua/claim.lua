@@ -448,11 +448,12 @@ if nq > 1 then
 end
 local lease_until = num_text(now + lease)
 -- The claim record's lines, '<queue>|<id>' per claimed job: a table for a claim of
--- several jobs, the one line itself for a claim of one (no table).
+-- several jobs, the one line itself for a claim of one (no table; claimed_job, common.lua,
+-- returns it).
 local ids, one_line = limit > 1 and {} or nil, nil
 -- A claim of several jobs puts their leases into each queue's active set in one ZADD at
 -- the end, not one per job (nothing below reads the set): queue -> lease_until, id, ...
-local leases = limit > 1 and {}
+local leases = limit > 1 and {} or nil
 
 
 local function activate(id, q, prio)
@@ -492,16 +493,7 @@ local function activate(id, q, prio)
     out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
     out[n + 8] = tonumber(f.r) or 0
-    if leases then
-      local m = leases[q]
-      if not m then m = {}; leases[q] = m end
-      m[#m + 1], m[#m + 2] = lease_until, id
-    else
-      redis.call('ZADD', k_active(q), lease_until, id)
-    end
-    count(q, 'w', -1)
-    count(q, 'a', 1)
-    if ids then ids[#ids + 1] = q .. '|' .. id else one_line = q .. '|' .. id end
+    one_line = claimed_job(q, id, lease_until, leases, ids)
     return
   end
   -- A counted stale entry (the job left waiting, maybe came back under this id):
@@ -564,16 +556,7 @@ local function activate(id, q, prio)
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
     out[n + 8] = tonumber(f.r) or 0
   end
-  if leases then
-    local m = leases[q]
-    if not m then m = {}; leases[q] = m end
-    m[#m + 1], m[#m + 2] = lease_until, id
-  else
-    redis.call('ZADD', k_active(q), lease_until, id)
-  end
-  count(q, 'w', -1)
-  count(q, 'a', 1)
-  if ids then ids[#ids + 1] = q .. '|' .. id else one_line = q .. '|' .. id end
+  one_line = claimed_job(q, id, lease_until, leases, ids)
 end
 
 while claimed < limit and pops < max_pops do
