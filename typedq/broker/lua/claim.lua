@@ -447,6 +447,8 @@ if nq > 1 then
   end
 end
 local lease_until = num_text(now + lease)
+-- Every claimed job's token is '<claim token>.<i>'.
+local tok_prefix = token .. '.'
 -- The claim record's lines, '<queue>|<id>' per claimed job: a table for a claim of
 -- several jobs, the one line itself for a claim of one (no table; claimed_job, common.lua,
 -- returns it).
@@ -459,40 +461,46 @@ local leases = limit > 1 and {} or nil
 local function activate(id, q, prio)
   if not is_bare(id) then
     -- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
-    -- (Here, not in a function of its own: one closure fewer per call.)
-    local f = parse_entry(id)
-    if not f or not entry_live(q, prio, f) then return end  -- a job that left: dropped
-    local id, slot = f.id, nil
+    -- (Here, not in a function of its own: one closure fewer per call. Its fields as
+    -- locals, not parse_entry's table: one table fewer per job.)
+    local eid, o, e, r, m = entry_parts(id)
+    if not eid then return end
+    -- Live: the index holds its order and level (entry_live's check, without its table).
+    local ik = k_idx(q, eid)
+    if redis.call('HGET', ik, eid) ~= (prio == '0' and o or o .. '|' .. prio) then
+      return  -- a job that left: dropped
+    end
+    local id, slot = eid, nil
     if has_limits then
       local ok
-      ok, slot = admit(id, q, prio, f.m)
+      ok, slot = admit(id, q, prio, m)
       if not ok then
         -- Parked: a gate lists '<prio>|<id>', so the job keeps a job string meanwhile.
-        redis.call('HDEL', f.ik, id)
-        redis.call('SET', k_job(q, id), pack_rec({s = 'w', o = f.o, e = f.e,
-          p = prio ~= '0' and prio, r = f.r, m = f.m}))
+        redis.call('HDEL', ik, id)
+        redis.call('SET', k_job(q, id), pack_rec({s = 'w', o = o, e = e,
+          p = prio ~= '0' and prio, r = r, m = m}))
         return
       end
     end
-    redis.call('HDEL', f.ik, id)
+    redis.call('HDEL', ik, id)
     claimed = claimed + 1
-    local tok = token .. '.' .. claimed
-    if prio == '0' and not slot and not f.r then
+    local tok = tok_prefix .. count_text(claimed)
+    if prio == '0' and not slot and not r then
       -- The common case, without a table of the fields and its unpack.
-      redis.call('HSET', k_job(q, id), 'm', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1',
+      redis.call('HSET', k_job(q, id), 'm', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1',
         't', tok, 'st', last_now_text, 'w', worker)
     else
-      local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
+      local fields = {'m', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1', 't', tok,
         'st', last_now_text, 'w', worker}
       if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
       if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
-      if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
+      if r then fields[#fields + 1] = 'r'; fields[#fields + 1] = r end
       redis.call('HSET', k_job(q, id), unpack(fields))
     end
     local n = #out
-    out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
-    out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
-    out[n + 8] = tonumber(f.r) or 0
+    out[n + 1], out[n + 2], out[n + 3] = id, m, tok
+    out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(e) or 0, 0, q
+    out[n + 8] = r and tonumber(r) or 0
     one_line = claimed_job(q, id, lease_until, leases, ids)
     return
   end
@@ -516,7 +524,7 @@ local function activate(id, q, prio)
     end
     claimed = claimed + 1
     local attempt = (tonumber(r[4]) or 0) + 1
-    local tok = token .. '.' .. claimed
+    local tok = tok_prefix .. count_text(claimed)
     redis.call('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', last_now_text, 'w', worker)
     if slot then redis.call('HSET', jk, 'ck', slot) end
     local n = #out
@@ -542,7 +550,7 @@ local function activate(id, q, prio)
       if not ok then return end
     end
     claimed = claimed + 1
-    local tok = token .. '.' .. claimed
+    local tok = tok_prefix .. count_text(claimed)
     redis.call('DEL', jk)
     local fields = rec_fields(f)
     local n = #fields

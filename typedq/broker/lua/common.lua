@@ -9,24 +9,28 @@
 -- The strings derived from the app prefix alone, kept from one call to the next while
 -- the prefix stays the same (one app makes every call, usually): 'tq:{<namespace>'
 -- (what every queue's keys start with; 'typedq:{' is 8 characters), the channels, and
--- per queue its key prefixes. Made again for another prefix, and the per-queue caches
--- start over once they made KEEP_QUEUES prefixes (bounded memory). They hold nothing
--- but what the prefix and the queue names give, so keeping them changes no answer;
--- rebuilding them cost every call a dozen string concatenations and two tables.
+-- per queue its key prefixes and the keys of its own sets (active, levels, counts, ...:
+-- the prefix and a fixed suffix). Made again for another prefix, and the per-queue
+-- caches start over once they made KEEP_QUEUES prefixes or KEEP_KEYS keys (bounded
+-- memory). They hold nothing but what the prefix and the queue names give, so keeping
+-- them changes no answer; rebuilding them cost every call a dozen string
+-- concatenations (each interns a new string: ~600 instructions) and two tables.
 local app = {}  --@keep
 local KEEP_QUEUES = 1000
+local KEEP_KEYS = 4000
 local function app_names(p)
   local a = app
-  if a.p ~= p or a.made > KEEP_QUEUES then
-    a.p, a.pq, a.made = p, 'tq:{' .. string.sub(p, 9, #p - 2), 0
+  if a.p ~= p or a.made > KEEP_QUEUES or a.keys > KEEP_KEYS then
+    a.p, a.pq, a.made, a.keys = p, 'tq:{' .. string.sub(p, 9, #p - 2), 0, 0
     a.w, a.d, a.x = p .. 'ev:w', p .. 'ev:d', p .. 'ev:x'
-    a.q, a.j = {}, {}
+    a.q, a.j, a.k, a.dk = {}, {}, {}, {}
   end
-  return a.pq, a.w, a.d, a.x, a.q, a.j
+  return a.pq, a.w, a.d, a.x, a.q, a.j, a.k, a.dk
 end
 local P = ARGV[1]
--- qprefix: queue -> its keys' prefix; jprefix: queue -> its job keys' prefix.
-local PQ, CH_WORK, CH_DONE, CH_CANCEL, qprefix, jprefix = app_names(P)
+-- qprefix: queue -> its keys' prefix; jprefix: queue -> its job keys' prefix; qkeys:
+-- queue -> suffix -> key (k_fixed); qdone: queue -> state -> its done set's key.
+local PQ, CH_WORK, CH_DONE, CH_CANCEL, qprefix, jprefix, qkeys, qdone = app_names(P)
 
 -- A queue's key prefix, built once per queue (while the app prefix stays the same).
 local function k_q(q)
@@ -49,24 +53,49 @@ local function k_job(q, id)
   end
   return p .. id
 end
-local function k_levels(q) return k_q(q) .. 'p' end
+-- The queue's key with the fixed `suffix`, made once (see app_names): the keys every call
+-- names (the active set, the levels, the counts, ...) cost a table lookup, not a
+-- concatenation.
+local function k_fixed(q, suffix)
+  local t = qkeys[q]
+  if not t then t = {}; qkeys[q] = t end
+  local k = t[suffix]
+  if not k then
+    k = k_q(q) .. suffix
+    t[suffix] = k
+    app.keys = app.keys + 1
+  end
+  return k
+end
+local function k_levels(q) return k_fixed(q, 'p') end
 local function k_wait(q, prio) return k_q(q) .. 'w:' .. prio end
-local function k_sched(q) return k_q(q) .. 's' end
-local function k_counts(q) return k_q(q) .. 'n' end
-local function k_stale(q) return k_q(q) .. 'z' end
+local function k_sched(q) return k_fixed(q, 's') end
+local function k_counts(q) return k_fixed(q, 'n') end
+local function k_stale(q) return k_fixed(q, 'z') end
 -- The index of the queue's waiting entries (see below): IDX_BUCKETS small hashes, a
 -- job's by the first 16 bits of the SHA1 of its id (keys.py computes the same).
 local IDX_BUCKETS = 8192
 -- (The bucket formatted with '%d': a number concatenated is formatted with '%.14g',
 -- several times the cost.) A batch of one queue joins k_idx_prefix and idx_bucket itself.
-local function k_idx_prefix(q) return k_q(q) .. 'i:' end
+local function k_idx_prefix(q) return k_fixed(q, 'i:') end
 local function idx_bucket(id)
   return string.format('%d', tonumber(string.sub(redis.sha1hex(id), 1, 4), 16) % IDX_BUCKETS)
 end
 local function k_idx(q, id) return k_idx_prefix(q) .. idx_bucket(id) end
-local function k_active(q) return k_q(q) .. 'a' end
-local function k_done(q, state) return k_q(q) .. 'd:' .. state end
-local function k_seq(q) return k_q(q) .. 'o' end
+local function k_active(q) return k_fixed(q, 'a') end
+-- (By state, made once per queue and state, like k_fixed's.)
+local function k_done(q, state)
+  local t = qdone[q]
+  if not t then t = {}; qdone[q] = t end
+  local k = t[state]
+  if not k then
+    k = k_q(q) .. 'd:' .. state
+    t[state] = k
+    app.keys = app.keys + 1
+  end
+  return k
+end
+local function k_seq(q) return k_fixed(q, 'o') end
 local function k_qepoch(q) return k_q(q) .. 'e' end
 local function k_req(q, tok) return k_q(q) .. 'r:' .. tok end
 local function k_flow(q, f) return k_q(q) .. 'f:' .. f end
@@ -74,7 +103,7 @@ local function k_flow(q, f) return k_q(q) .. 'f:' .. f end
 -- a concurrency slot frees), the waiting entries a gate parked ('<prio>|<id>', FIFO),
 -- a rate bucket's start times in its window (zset), a concurrency bucket's slot holders.
 -- A gate is '<r|c>|<task>|<key>'; a slot name ('ck' of the job hash) '<task>|<key>'.
-local function k_gates(q) return k_q(q) .. 'G' end
+local function k_gates(q) return k_fixed(q, 'G') end
 local function k_gate(q, gate) return k_q(q) .. 'g:' .. gate end
 local function k_rate(q, task, key) return k_q(q) .. 'rl:' .. task .. '|' .. key end
 local function k_slots(q, slot) return k_q(q) .. 'cc:' .. slot end
@@ -87,13 +116,13 @@ local function k_minute(q, minute) return k_q(q) .. 'h:' .. minute end
 local ROLLUP_TTL_S = 25 * 3600
 -- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
 local function k_events(q) return k_q(q) .. 'ev' end
-local function k_events_cfg(q) return k_q(q) .. 'E' end
+local function k_events_cfg(q) return k_fixed(q, 'E') end
 -- A queue's own channels (Redis Cluster, see sharded.lua).
 local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
 -- A queue's waiter mark: a claim that came up short sets it (its worker is about to
 -- wait for work); the next call that gives the queue work deletes it and publishes the
 -- work notice (publish), so enqueues while every worker is busy publish nothing.
-local function k_waiter(q) return k_q(q) .. 'W' end
+local function k_waiter(q) return k_fixed(q, 'W') end
 
 -- Every timestamp, lease deadline and delay uses the Redis clock, in integer
 -- microseconds (exact in a Lua double).
@@ -115,6 +144,19 @@ local function num_text(n)
   -- Past 2^53 (or not whole): Redis formats it, as it did before.
   if n >= 9007199254740992 or n <= -9007199254740992 or n ~= math.floor(n) then return n end
   return string.format('%d', n)
+end
+
+-- Decimal text of a count `n` >= 1 (a claimed job's place in its claim, in its token):
+-- made once per value up to 1000 and kept (a number concatenated is formatted with
+-- '%.14g': ~1.5k instructions; the same text for an integer).
+local count_texts = {}  --@keep
+local function count_text(n)
+  local t = count_texts[n]
+  if not t then
+    t = string.format('%d', n)
+    if n <= 1000 then count_texts[n] = t end
+  end
+  return t
 end
 
 local function bad_args(script)
@@ -199,11 +241,20 @@ local function pack_entry(id, o, e, m, r)
     .. '|' .. m
 end
 
--- A waiting entry's fields; nil for a bare id, a removed entry's '|' or other bytes.
-local function parse_entry(v)
+-- A waiting entry's id, order, enqueued_at, run_at (false: none) and body, as values (no
+-- table: claim.lua's activate, once per claimed job); nil for a bare id, a removed
+-- entry's '|' or other bytes.
+local function entry_parts(v)
   local id, o, e, r, at = string.match(v, '^([^|]+)|(%d+)|(%d+)|(%d*)|()')
   if not id then return nil end
-  return {id = id, o = o, e = e, r = r ~= '' and r or false, m = string.sub(v, at)}
+  return id, o, e, r ~= '' and r or false, string.sub(v, at)
+end
+
+-- A waiting entry's fields; nil for a bare id, a removed entry's '|' or other bytes.
+local function parse_entry(v)
+  local id, o, e, r, m = entry_parts(v)
+  if not id then return nil end
+  return {id = id, o = o, e = e, r = r, m = m}
 end
 
 local function is_bare(v) return not string.find(v, '|', 1, true) end
@@ -762,7 +813,7 @@ local function complete_one(q, id, tok, res, now)
     else
       redis.call('ZREM', ak, id)
     end
-    free_slot(id, q, r[4])
+    if r[4] then free_slot(id, q, r[4]) end
     -- finalize's work, without its table of extra fields: the result and the token go
     -- in the state's HSET, and the token is cleared there too (every reader of 't'
     -- checks the state 'a' first): one HDEL fewer per job.
