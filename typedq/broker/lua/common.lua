@@ -824,8 +824,9 @@ end
 -- 1 ALREADY_FINISHED (same token: a re-sent request), 2 LEASE_LOST, 3 NOT_FOUND.
 local function complete_one(q, id, tok, res, now)
   -- A workflow's other fields (fm, fs, fq) are read only for a job of a flow ('fl'): a
-  -- field a hash does not hold costs HMGET a scan of the whole hash.
-  local r = read_hash(q, id, 's', 't', 'd', 'ck', 'fl')
+  -- field a hash does not hold costs HMGET a scan of the whole hash. So is the done
+  -- token 'd' (absent on an active job), read below only when the job is not ours.
+  local r = read_hash(q, id, 's', 't', 'ck', 'fl')
   if not r then return not_active_answer(q, id) end
   if r[1] == 'a' and r[2] == tok then
     local ak = k_active(q)
@@ -836,7 +837,7 @@ local function complete_one(q, id, tok, res, now)
     else
       redis.call('ZREM', ak, id)
     end
-    if r[4] then free_slot(id, q, r[4]) end
+    if r[3] then free_slot(id, q, r[3]) end
     -- finalize's work, without its table of extra fields: the result and the token go
     -- in the state's HSET, and the token is cleared there too (every reader of 't'
     -- checks the state 'a' first): one HDEL fewer per job.
@@ -844,10 +845,12 @@ local function complete_one(q, id, tok, res, now)
     redis.call('HSET', jk, 's', 'c', 'fa', at, 'res', res, 'd', tok, 't', '')
     -- (true: a job of a flow whose link finalize_after reads, with the result it reads
     -- anyway)
-    finalize_after(id, q, jk, 'a', 'c', now, at, r[5] and true or false)
+    finalize_after(id, q, jk, 'a', 'c', now, at, r[4] and true or false)
     return 0
   end
-  if r[3] == tok then return 1 end
+  -- Not active under this token: finished under it already (a re-sent request: its done
+  -- token) or not ours (the lease was lost).
+  if redis.call('HGET', k_job(q, id), 'd') == tok then return 1 end
   return 2
 end
 
