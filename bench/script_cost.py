@@ -6,13 +6,15 @@ Run: ``.venv/bin/python -m bench.script_cost [--concurrency 1,16] [--jobs 20000]
 ``INFO commandstats`` (the end-to-end mix of C=1 and C=16 in isolation: at C=1 a worker's
 calls hold one job, at C=16 about 16).
 
-``--callgrind [--batch 1,16] [--calls 200]``: the same calls (and settle+claim, a worker's
+``--callgrind [--batch 1,16] [--calls 200] [--keep DIR]``: the same calls (and settle+claim, a worker's
 steady state: the completions of the previous claim sent with the next claim) against the
 system redis-server run under ``valgrind --tool=callgrind``, reporting the instructions
 redis-server executed per call and per job. Deterministic (same code, same count, to a
 fraction of a percent) however loaded the box is, where wall-clock and CPU-time A/Bs are
 not; valgrind makes Redis ~50x slower, so keep ``--calls`` small. Includes each command's
-parsing and reply (what a FCALL costs Redis), not the client's side.
+parsing and reply (what a FCALL costs Redis), not the client's side. ``--keep DIR`` keeps
+each measured phase's dump as ``DIR/<script>-b<batch>.out``, for ``callgrind_annotate``
+(where the instructions go, by function of redis-server and its bundled Lua).
 
 ``INFO commandstats`` sums every script under one command (FCALL, or EVALSHA before the
 function library), so this runs the end-to-end workload with Redis's slow log keeping
@@ -170,9 +172,10 @@ async def main_micro(batches: list[int], rounds: int) -> None:
 
 
 @contextlib.contextmanager
-def callgrind_server() -> Iterator[tuple[str, Callable[[], int]]]:
+def callgrind_server(keep: str | None = None) -> Iterator[tuple[str, Callable[[str | None], int]]]:
     """redis-server under callgrind on a free port: its URL, and a function that returns
-    the instructions it executed since the previous call (``callgrind_control -d``)."""
+    the instructions it executed since the previous call (``callgrind_control -d``); given
+    a label and ``keep``, it keeps that interval's dump as ``keep/<label>.out``."""
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         raise SystemExit("--callgrind needs valgrind (apt-get install valgrind)")
     with socket.socket() as s:
@@ -190,7 +193,7 @@ def callgrind_server() -> Iterator[tuple[str, Callable[[], int]]]:
         stderr=subprocess.DEVNULL,
     )
 
-    def dump() -> int:
+    def dump(label: str | None = None) -> int:
         """Instructions since the previous dump (each dump file holds only its interval)."""
         before = set(glob.glob(f"{work}/cg.out.*"))
         subprocess.run(
@@ -201,6 +204,8 @@ def callgrind_server() -> Iterator[tuple[str, Callable[[], int]]]:
         )
         for _ in range(1200):
             for f in set(glob.glob(f"{work}/cg.out.*")) - before:
+                if keep and label:
+                    shutil.copy(f, f"{keep}/{label}.out")
                 with open(f) as lines:
                     for line in lines:
                         if line.startswith(("totals:", "summary:")):
@@ -225,7 +230,7 @@ def callgrind_server() -> Iterator[tuple[str, Callable[[], int]]]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-async def callgrind(batch: int, calls: int, dump: Callable[[], int]) -> dict[str, float]:
+async def callgrind(batch: int, calls: int, dump: Callable[[str | None], int]) -> dict[str, float]:
     """Script -> instructions of redis-server per call (``batch`` jobs per call) of
     enqueue, claim, complete and settle+claim, in a queue holding a few hundred jobs."""
     from typedq.broker.base import Completion, JobMessage
@@ -240,11 +245,11 @@ async def callgrind(batch: int, calls: int, dump: Callable[[], int]) -> dict[str
             for _ in range(batch)
         ]
 
-    async def phase(n: int, step: Callable[[], Awaitable[None]]) -> float:
-        dump()
+    async def phase(label: str, n: int, step: Callable[[], Awaitable[None]]) -> float:
+        dump(None)
         for _ in range(n):
             await step()
-        return dump() / n
+        return dump(f"{label}-b{batch}") / n
 
     async def enqueue() -> None:
         await broker.enqueue(batch_of())
@@ -270,17 +275,17 @@ async def callgrind(batch: int, calls: int, dump: Callable[[], int]) -> dict[str
         await enqueue()
     await claim()
     await complete()
-    out["enqueue"] = await phase(calls, enqueue)
+    out["enqueue"] = await phase("enqueue", calls, enqueue)
     half = max(1, calls // 2)
-    out["claim"] = await phase(half, claim)
-    out["complete"] = await phase(half, complete)
+    out["claim"] = await phase("claim", half, claim)
+    out["complete"] = await phase("complete", half, complete)
     await claim()
-    out["settle+claim"] = await phase(half, settle_claim)
+    out["settle+claim"] = await phase("settle_claim", half, settle_claim)
     return out
 
 
-async def main_callgrind(batches: list[int], calls: int) -> None:
-    with callgrind_server() as (url, dump):
+async def main_callgrind(batches: list[int], calls: int, keep: str | None = None) -> None:
+    with callgrind_server(keep) as (url, dump):
         redis_bench.app.use_broker(url)
         for b in batches:
             async with fresh(url):
@@ -311,12 +316,15 @@ if __name__ == "__main__":
     )
     parser.add_argument("--calls", type=int, default=200, help="--callgrind: calls per script")
     parser.add_argument(
+        "--keep", metavar="DIR", help="--callgrind: keep each phase's dump in DIR (annotate)"
+    )
+    parser.add_argument(
         "--batch", default="1,16", help="--micro/--callgrind: jobs per call (default 1,16)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="--micro: rounds (default 3)")
     args = parser.parse_args()
     if args.callgrind:
-        anyio.run(main_callgrind, [int(b) for b in args.batch.split(",")], args.calls)
+        anyio.run(main_callgrind, [int(b) for b in args.batch.split(",")], args.calls, args.keep)
     elif args.micro:
         anyio.run(main_micro, [int(b) for b in args.batch.split(",")], args.rounds)
     else:

@@ -108,7 +108,7 @@ end
 -- (mark_waiters: common.lua; the queues are ARGV[7 .. 6 + nq].)
 
 -- A re-sent claim: hand back what the first copy claimed (still ours), nothing new.
-local prev = redis.pcall('GET', KEYS[3])
+local prev = rpcall('GET', KEYS[3])
 if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' then
   local prefix = token .. '.'
   for line in string.gmatch(string.sub(prev, #token + 2), '[^\n]+') do
@@ -134,26 +134,26 @@ end
 for qi = 7, 6 + nq do
   local q = ARGV[qi]
   local sk = k_sched(q)
-  local due = redis.call('ZRANGEBYSCORE', sk, '-inf', last_now_text, 'LIMIT', '0', '1000')
+  local due = rcall('ZRANGEBYSCORE', sk, '-inf', last_now_text, 'LIMIT', '0', '1000')
   if #due > 0 then
-    local order = redis.call('INCRBY', k_seq(q), #due) - #due
+    local order = rcall('INCRBY', k_seq(q), #due) - #due
     for i, id in ipairs(due) do
       local jk = k_job(q, id)
-      local ty, prio = redis.call('TYPE', jk).ok, nil
+      local ty, prio = rcall('TYPE', jk).ok, nil
       if ty == 'string' then
         -- A scheduled job string becomes a waiting entry (see keys.py).
-        local f = parse_rec(redis.call('GET', jk), q)
+        local f = parse_rec(rcall('GET', jk), q)
         if f and f.s == 's' and f.q == q then
-          redis.call('DEL', jk)
+          rcall('DEL', jk)
           -- It keeps its due time: its queue wait counts from it (keys.py).
           push_entry(q, sane_prio(f.p), id, order + i, f.e, f.m, f.r)
           count(q, 's', -1)
           count(q, 'w', 1)
         end
       elseif ty == 'hash' then
-        local r = redis.call('HMGET', jk, 's', 'p', 'q')
+        local r = rcall('HMGET', jk, 's', 'p', 'q')
         if r[1] == 's' and (not r[3] or r[3] == q) then
-          redis.call('HSET', jk, 's', 'w', 'o', order + i)
+          rcall('HSET', jk, 's', 'w', 'o', order + i)
           prio = sane_prio(r[2])
         end
       end
@@ -163,7 +163,7 @@ for qi = 7, 6 + nq do
         count(q, 'w', 1)
       end
     end
-    redis.call('ZREM', sk, unpack(due))
+    rcall('ZREM', sk, unpack(due))
   end
 end
 
@@ -173,7 +173,7 @@ end
 local gated, any_gated = nil, false
 for qi = 7, 6 + nq do
   local q = ARGV[qi]
-  if has_limits or redis.call('EXISTS', k_gates(q)) == 1 then
+  if has_limits or rcall('EXISTS', k_gates(q)) == 1 then
     gated = gated or {}
     gated[q], any_gated = true, true
   end
@@ -252,8 +252,8 @@ if any_gated then
   end
 
   local function park(q, gate, prio, id, opens)
-    redis.call('LPUSH', k_gate(q, gate), prio .. '|' .. id)
-    redis.call('ZADD', k_gates(q), opens, gate)
+    rcall('LPUSH', k_gate(q, gate), prio .. '|' .. id)
+    rcall('ZADD', k_gates(q), opens, gate)
   end
 
   -- A rate bucket's starts in (now - per, now], counted once per claim (older ones go).
@@ -261,8 +261,8 @@ if any_gated then
   local function window(rkey, per)
     local n = windows[rkey]
     if not n then
-      redis.call('ZREMRANGEBYSCORE', rkey, '-inf', string.format('%d', now - per))
-      n = redis.call('ZCARD', rkey)
+      rcall('ZREMRANGEBYSCORE', rkey, '-inf', string.format('%d', now - per))
+      n = rcall('ZCARD', rkey)
       windows[rkey] = n
     end
     return n
@@ -274,7 +274,7 @@ if any_gated then
     local sk = k_slots(q, slot)
     local n = holders[sk]
     if not n then
-      n = redis.call('SCARD', sk)
+      n = rcall('SCARD', sk)
       holders[sk] = n
     end
     return n
@@ -282,7 +282,7 @@ if any_gated then
 
   -- When a full window (n >= rate starts) opens: once the start `rate` places back leaves.
   local function window_opens(rkey, n, rate, per)
-    local t = redis.call('ZRANGE', rkey, n - rate, n - rate, 'WITHSCORES')
+    local t = rcall('ZRANGE', rkey, n - rate, n - rate, 'WITHSCORES')
     if #t == 0 then return now end
     return tonumber(t[2]) + per
   end
@@ -308,18 +308,18 @@ if any_gated then
         return false, nil
       end
       local at = string.format('%d', now)
-      redis.call('ZADD', rkey, at, id .. '@' .. at)
+      rcall('ZADD', rkey, at, id .. '@' .. at)
       if not expiring[rkey] then
         expiring[rkey] = true
         -- Once its last start leaves the window, a bucket is as good as new: it expires
         -- (set once per bucket and claim: all of this claim's starts share `now`).
-        redis.call('PEXPIRE', rkey, math.floor(c[2] / 1000) + 1)
+        rcall('PEXPIRE', rkey, math.floor(c[2] / 1000) + 1)
       end
       windows[rkey] = n + 1
     end
     if slot then
       local sk = k_slots(q, slot)
-      redis.call('SADD', sk, id)
+      rcall('SADD', sk, id)
       holders[sk] = holders[sk] + 1
     end
     return true, slot
@@ -352,20 +352,20 @@ if any_gated and limit > 0 then
   for qi = 7, 6 + nq do
     local q = ARGV[qi]
     local gk = k_gates(q)
-    local open = gated[q] and redis.call('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64) or {}
+    local open = gated[q] and rcall('ZRANGEBYSCORE', gk, '-inf', now, 'LIMIT', 0, 64) or {}
     for _, gate in ipairs(open) do
       local lk = k_gate(q, gate)
       local n, opens = allowance(q, gate)
       if n == nil or n > limit then n = limit end
       if n == 0 then
-        redis.call('ZADD', gk, opens, gate)
+        rcall('ZADD', gk, opens, gate)
       else
         local back = {}
         -- A counted stale entry (its job was cancelled or removed while parked) is
         -- consumed here and admits nothing: the gate gives back another in its place.
         local popped, want = {}, n
         while want > 0 do
-          local got = redis.call('RPOP', lk, want)
+          local got = rcall('RPOP', lk, want)
           if not got then break end
           want = 0
           for _, e in ipairs(got) do
@@ -388,7 +388,7 @@ if any_gated and limit > 0 then
           end
         end
         push_back_in_order(back)
-        if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', gk, gate) end
+        if rcall('EXISTS', lk) == 0 then rcall('ZREM', gk, gate) end
       end
     end
   end
@@ -405,11 +405,11 @@ if nq > 1 then
   -- The best non-empty priority level of a queue: its priority and list key.
   local function head_of(q)
     while true do
-      local t = redis.call('ZRANGE', k_levels(q), '0', '0')
+      local t = rcall('ZRANGE', k_levels(q), '0', '0')
       if #t == 0 then return nil end
       local lk = k_wait(q, t[1])
-      if redis.call('TYPE', lk).ok == 'list' then return t[1], lk end
-      redis.call('ZREM', k_levels(q), t[1])
+      if rcall('TYPE', lk).ok == 'list' then return t[1], lk end
+      rcall('ZREM', k_levels(q), t[1])
     end
   end
 
@@ -419,7 +419,7 @@ if nq > 1 then
   -- oldest (activate decides).
   local function head_order(q, prio, lk)
     while pops < max_pops do
-      local id = redis.call('LINDEX', lk, -1)
+      local id = rcall('LINDEX', lk, -1)
       if not id then return nil end
       if not is_bare(id) then
         local f = parse_entry(id)
@@ -431,7 +431,7 @@ if nq > 1 then
           return tonumber(r[4]) or 0
         end
       end
-      redis.call('RPOP', lk)
+      rcall('RPOP', lk)
       pops = pops + 1
     end
     return 0
@@ -447,72 +447,72 @@ if nq > 1 then
   end
 end
 local lease_until = num_text(now + lease)
+-- Every claimed job's token is '<claim token>.<i>'.
+local tok_prefix = token .. '.'
 -- The claim record's lines, '<queue>|<id>' per claimed job: a table for a claim of
--- several jobs, the one line itself for a claim of one (no table).
+-- several jobs, the one line itself for a claim of one (no table; claimed_job, common.lua,
+-- returns it).
 local ids, one_line = limit > 1 and {} or nil, nil
 -- A claim of several jobs puts their leases into each queue's active set in one ZADD at
 -- the end, not one per job (nothing below reads the set): queue -> lease_until, id, ...
-local leases = limit > 1 and {}
+local leases = limit > 1 and {} or nil
 
 
 local function activate(id, q, prio)
   if not is_bare(id) then
     -- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
-    -- (Here, not in a function of its own: one closure fewer per call.)
-    local f = parse_entry(id)
-    if not f or not entry_live(q, prio, f) then return end  -- a job that left: dropped
-    local id, slot = f.id, nil
+    -- (Here, not in a function of its own: one closure fewer per call. Its fields as
+    -- locals, not parse_entry's table: one table fewer per job.)
+    local eid, o, e, r, m = entry_parts(id)
+    if not eid then return end
+    -- Live: the index holds its order and level (entry_live's check, without its table).
+    local ik = k_idx(q, eid)
+    if rcall('HGET', ik, eid) ~= (prio == '0' and o or o .. '|' .. prio) then
+      return  -- a job that left: dropped
+    end
+    local id, slot = eid, nil
     if has_limits then
       local ok
-      ok, slot = admit(id, q, prio, f.m)
+      ok, slot = admit(id, q, prio, m)
       if not ok then
         -- Parked: a gate lists '<prio>|<id>', so the job keeps a job string meanwhile.
-        redis.call('HDEL', f.ik, id)
-        redis.call('SET', k_job(q, id), pack_rec({s = 'w', o = f.o, e = f.e,
-          p = prio ~= '0' and prio, r = f.r, m = f.m}))
+        rcall('HDEL', ik, id)
+        rcall('SET', k_job(q, id), pack_rec({s = 'w', o = o, e = e,
+          p = prio ~= '0' and prio, r = r, m = m}))
         return
       end
     end
-    redis.call('HDEL', f.ik, id)
+    rcall('HDEL', ik, id)
     claimed = claimed + 1
-    local tok = token .. '.' .. claimed
-    if prio == '0' and not slot and not f.r then
+    local tok = tok_prefix .. count_text(claimed)
+    if prio == '0' and not slot and not r then
       -- The common case, without a table of the fields and its unpack.
-      redis.call('HSET', k_job(q, id), 'm', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1',
+      rcall('HSET', k_job(q, id), 'm', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1',
         't', tok, 'st', last_now_text, 'w', worker)
     else
-      local fields = {'m', f.m, 'q', q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
+      local fields = {'m', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1', 't', tok,
         'st', last_now_text, 'w', worker}
       if prio ~= '0' then fields[#fields + 1] = 'p'; fields[#fields + 1] = prio end
       if slot then fields[#fields + 1] = 'ck'; fields[#fields + 1] = slot end
-      if f.r then fields[#fields + 1] = 'r'; fields[#fields + 1] = f.r end
-      redis.call('HSET', k_job(q, id), unpack(fields))
+      if r then fields[#fields + 1] = 'r'; fields[#fields + 1] = r end
+      rcall('HSET', k_job(q, id), unpack(fields))
     end
     local n = #out
-    out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
-    out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
-    out[n + 8] = tonumber(f.r) or 0
-    if leases then
-      local m = leases[q]
-      if not m then m = {}; leases[q] = m end
-      m[#m + 1], m[#m + 2] = lease_until, id
-    else
-      redis.call('ZADD', k_active(q), lease_until, id)
-    end
-    count(q, 'w', -1)
-    count(q, 'a', 1)
-    if ids then ids[#ids + 1] = q .. '|' .. id else one_line = q .. '|' .. id end
+    out[n + 1], out[n + 2], out[n + 3] = id, m, tok
+    out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(e) or 0, 0, q
+    out[n + 8] = r and tonumber(r) or 0
+    one_line = claimed_job(q, id, lease_until, leases, ids)
     return
   end
   -- A counted stale entry (the job left waiting, maybe came back under this id):
   -- consumed and skipped, so the job is claimed only through its live entry.
   if take_stale(q, prio, id) then return end
   local jk = k_job(q, id)
-  local ty = redis.call('TYPE', jk).ok
+  local ty = rcall('TYPE', jk).ok
   if ty == 'none' then return end  -- an id with no job behind it: dropped
   local f
   if ty == 'hash' then
-    local r = redis.call('HMGET', jk, 's', 'q', 'm', 'a', 'e', 'k', 'p', 'r')
+    local r = rcall('HMGET', jk, 's', 'q', 'm', 'a', 'e', 'k', 'p', 'r')
     -- A stale entry: the job left waiting meanwhile (or waits in another queue or
     -- at another priority level).
     if r[1] ~= 'w' or (r[2] and r[2] ~= q) or sane_prio(r[7]) ~= prio then return end
@@ -524,16 +524,16 @@ local function activate(id, q, prio)
     end
     claimed = claimed + 1
     local attempt = (tonumber(r[4]) or 0) + 1
-    local tok = token .. '.' .. claimed
-    redis.call('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', last_now_text, 'w', worker)
-    if slot then redis.call('HSET', jk, 'ck', slot) end
+    local tok = tok_prefix .. count_text(claimed)
+    rcall('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', last_now_text, 'w', worker)
+    if slot then rcall('HSET', jk, 'ck', slot) end
     local n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = attempt, tonumber(r[5]) or 0, tonumber(r[6]) or 0, q
     out[n + 8] = tonumber(r[8]) or 0
   else
     if ty == 'string' then
-      local raw = redis.call('GET', jk)
+      local raw = rcall('GET', jk)
       f = parse_rec(raw, q)
       if f and (f.s ~= 'w' or f.q ~= q or sane_prio(f.p) ~= prio) then return end  -- stale
       -- Bytes that are not a job: keep them as the job's body, so the worker fails
@@ -550,30 +550,21 @@ local function activate(id, q, prio)
       if not ok then return end
     end
     claimed = claimed + 1
-    local tok = token .. '.' .. claimed
-    redis.call('DEL', jk)
+    local tok = tok_prefix .. count_text(claimed)
+    rcall('DEL', jk)
     local fields = rec_fields(f)
     local n = #fields
     fields[6] = 'a'  -- the state
     fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', '1', 't', tok
     fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', last_now_text, 'w', worker
     if slot then fields[n + 9], fields[n + 10] = 'ck', slot end
-    redis.call('HSET', jk, unpack(fields))
+    rcall('HSET', jk, unpack(fields))
     n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
     out[n + 8] = tonumber(f.r) or 0
   end
-  if leases then
-    local m = leases[q]
-    if not m then m = {}; leases[q] = m end
-    m[#m + 1], m[#m + 2] = lease_until, id
-  else
-    redis.call('ZADD', k_active(q), lease_until, id)
-  end
-  count(q, 'w', -1)
-  count(q, 'a', 1)
-  if ids then ids[#ids + 1] = q .. '|' .. id else one_line = q .. '|' .. id end
+  one_line = claimed_job(q, id, lease_until, leases, ids)
 end
 
 while claimed < limit and pops < max_pops do
@@ -582,7 +573,7 @@ while claimed < limit and pops < max_pops do
     -- One queue: its best level's list is popped without a TYPE first; a level whose
     -- list is missing or of another type (RPOP: nil or an error) goes, as in head_of.
     bq = ARGV[7]
-    local t = redis.call('ZRANGE', k_levels(bq), '0', '0')
+    local t = rcall('ZRANGE', k_levels(bq), '0', '0')
     if #t == 0 then break end
     bprio, blk = t[1], k_wait(bq, t[1])
   else
@@ -603,11 +594,11 @@ while claimed < limit and pops < max_pops do
   -- One queue: pop as many as wanted at once; several: one at a time, re-comparing.
   local want = 1
   if nq == 1 then want = math.min(limit - claimed, max_pops - pops) end
-  local popped = redis.pcall('RPOP', blk, num_text(want))
+  local popped = rpcall('RPOP', blk, num_text(want))
   if type(popped) ~= 'table' or popped.err then popped = {} end
   -- Fewer than asked: the list is empty now (Redis deleted it), so its level goes too
   -- (the next round looks at the next level instead of finding this one empty).
-  if #popped < want then redis.call('ZREM', k_levels(bq), bprio) end
+  if #popped < want then rcall('ZREM', k_levels(bq), bprio) end
   for _, id in ipairs(popped) do
     pops = pops + 1
     activate(id, bq, bprio)
@@ -617,12 +608,12 @@ end
 if leases then
   for q, m in pairs(leases) do
     for s = 1, #m, 1000 do
-      redis.call('ZADD', k_active(q), unpack(m, s, math.min(s + 999, #m)))
+      rcall('ZADD', k_active(q), unpack(m, s, math.min(s + 999, #m)))
     end
   end
 end
 if claimed > 0 then
-  redis.call('SET', KEYS[3], token .. '\n' .. (ids and table.concat(ids, "\n") or one_line), 'PX',
+  rcall('SET', KEYS[3], token .. '\n' .. (ids and table.concat(ids, "\n") or one_line), 'PX',
     REQ_TTL_MS)
 end
 if claimed < limit then
@@ -633,13 +624,13 @@ if claimed < limit then
     local next_due = nil
     for qi = 7, 6 + nq do
       local q = ARGV[qi]
-      local t = redis.call('ZRANGE', k_sched(q), '0', '0', 'WITHSCORES')
+      local t = rcall('ZRANGE', k_sched(q), '0', '0', 'WITHSCORES')
       if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
     end
     for qi = 7, 6 + nq do
       local q = ARGV[qi]
       if gated and gated[q] then
-        local t = redis.call('ZRANGE', k_gates(q), '0', '0', 'WITHSCORES')
+        local t = rcall('ZRANGE', k_gates(q), '0', '0', 'WITHSCORES')
         local opens = #t > 0 and tonumber(t[2])
         if opens and opens < math.huge and (not next_due or opens < next_due) then
           next_due = opens

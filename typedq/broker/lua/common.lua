@@ -9,24 +9,32 @@
 -- The strings derived from the app prefix alone, kept from one call to the next while
 -- the prefix stays the same (one app makes every call, usually): 'tq:{<namespace>'
 -- (what every queue's keys start with; 'typedq:{' is 8 characters), the channels, and
--- per queue its key prefixes. Made again for another prefix, and the per-queue caches
--- start over once they made KEEP_QUEUES prefixes (bounded memory). They hold nothing
--- but what the prefix and the queue names give, so keeping them changes no answer;
--- rebuilding them cost every call a dozen string concatenations and two tables.
+-- per queue its key prefixes and the keys of its own sets (active, levels, counts, ...:
+-- the prefix and a fixed suffix). Made again for another prefix, and the per-queue
+-- caches start over once they made KEEP_QUEUES prefixes or KEEP_KEYS keys (bounded
+-- memory). They hold nothing but what the prefix and the queue names give, so keeping
+-- them changes no answer; rebuilding them cost every call a dozen string
+-- concatenations (each interns a new string: ~600 instructions) and two tables.
 local app = {}  --@keep
 local KEEP_QUEUES = 1000
+local KEEP_KEYS = 4000
 local function app_names(p)
   local a = app
-  if a.p ~= p or a.made > KEEP_QUEUES then
-    a.p, a.pq, a.made = p, 'tq:{' .. string.sub(p, 9, #p - 2), 0
+  if a.p ~= p or a.made > KEEP_QUEUES or a.keys > KEEP_KEYS then
+    a.p, a.pq, a.made, a.keys = p, 'tq:{' .. string.sub(p, 9, #p - 2), 0, 0
     a.w, a.d, a.x = p .. 'ev:w', p .. 'ev:d', p .. 'ev:x'
-    a.q, a.j = {}, {}
+    a.q, a.j, a.k, a.dk = {}, {}, {}, {}
   end
-  return a.pq, a.w, a.d, a.x, a.q, a.j
+  return a.pq, a.w, a.d, a.x, a.q, a.j, a.k, a.dk
 end
 local P = ARGV[1]
--- qprefix: queue -> its keys' prefix; jprefix: queue -> its job keys' prefix.
-local PQ, CH_WORK, CH_DONE, CH_CANCEL, qprefix, jprefix = app_names(P)
+-- redis.call and redis.pcall, read once per call: every use then costs an upvalue, not two
+-- table lookups (the global 'redis', its field). The helpers here and the scripts on a
+-- worker's path (claim, complete, enqueue) use them: a few dozen commands per call.
+local rcall, rpcall = redis.call, redis.pcall
+-- qprefix: queue -> its keys' prefix; jprefix: queue -> its job keys' prefix; qkeys:
+-- queue -> suffix -> key (k_fixed); qdone: queue -> state -> its done set's key.
+local PQ, CH_WORK, CH_DONE, CH_CANCEL, qprefix, jprefix, qkeys, qdone = app_names(P)
 
 -- A queue's key prefix, built once per queue (while the app prefix stays the same).
 local function k_q(q)
@@ -49,24 +57,72 @@ local function k_job(q, id)
   end
   return p .. id
 end
-local function k_levels(q) return k_q(q) .. 'p' end
+-- The queue's key with the fixed `suffix`, made once (see app_names): the keys every call
+-- names (the active set, the levels, the counts, ...) cost a table lookup, not a
+-- concatenation.
+local function k_fixed(q, suffix)
+  local t = qkeys[q]
+  if not t then t = {}; qkeys[q] = t end
+  local k = t[suffix]
+  if not k then
+    k = k_q(q) .. suffix
+    t[suffix] = k
+    app.keys = app.keys + 1
+  end
+  return k
+end
+local function k_levels(q) return k_fixed(q, 'p') end
 local function k_wait(q, prio) return k_q(q) .. 'w:' .. prio end
-local function k_sched(q) return k_q(q) .. 's' end
-local function k_counts(q) return k_q(q) .. 'n' end
-local function k_stale(q) return k_q(q) .. 'z' end
+local function k_sched(q) return k_fixed(q, 's') end
+local function k_counts(q) return k_fixed(q, 'n') end
+local function k_stale(q) return k_fixed(q, 'z') end
 -- The index of the queue's waiting entries (see below): IDX_BUCKETS small hashes, a
--- job's by the first 16 bits of the SHA1 of its id (keys.py computes the same).
+-- job's by the first 16 bits of the SHA1 of its id modulo IDX_BUCKETS (keys.py computes
+-- the same; idx_bucket takes the low 13 bits: IDX_BUCKETS is 2^13). A batch of one queue
+-- joins k_idx_prefix and idx_bucket itself.
 local IDX_BUCKETS = 8192
--- (The bucket formatted with '%d': a number concatenated is formatted with '%.14g',
--- several times the cost.) A batch of one queue joins k_idx_prefix and idx_bucket itself.
-local function k_idx_prefix(q) return k_q(q) .. 'i:' end
+local function k_idx_prefix(q) return k_fixed(q, 'i:') end
+-- The bucket's text without a string.format, a string.sub and a tonumber per job (~3k
+-- instructions): the SHA1's first four hex digits read as bytes ('0'-'9': 48-57, 'a'-'f':
+-- 97-102; sha1hex is lower case), their 16 bits taken modulo 8192 (the low 13 bits: the
+-- first digit's lowest bit and the other three), and the number's text joined from kept
+-- parts: the hundreds ('1'..'81') and two padded digits ('00'..'99'), or below 100 the
+-- number's own ('0'..'99'): at most 281 strings, made once each (a cache of all 8192
+-- texts would add 8192 strings for every GC cycle to mark).
+local idx_hundreds = {}  --@keep
+local idx_padded = {}  --@keep
+local idx_small = {}  --@keep
 local function idx_bucket(id)
-  return string.format('%d', tonumber(string.sub(redis.sha1hex(id), 1, 4), 16) % IDX_BUCKETS)
+  local a, b, c, d = string.byte(redis.sha1hex(id), 1, 4)
+  local n = ((a > 57 and a - 87 or a - 48) % 2) * 4096 + (b > 57 and b - 87 or b - 48) * 256
+    + (c > 57 and c - 87 or c - 48) * 16 + (d > 57 and d - 87 or d - 48)
+  local lo = n % 100
+  if n < 100 then
+    local t = idx_small[lo]
+    if not t then t = string.format('%d', lo); idx_small[lo] = t end
+    return t
+  end
+  local hi = (n - lo) / 100
+  local h, l = idx_hundreds[hi], idx_padded[lo]
+  if not h then h = string.format('%d', hi); idx_hundreds[hi] = h end
+  if not l then l = string.format('%02d', lo); idx_padded[lo] = l end
+  return h .. l
 end
 local function k_idx(q, id) return k_idx_prefix(q) .. idx_bucket(id) end
-local function k_active(q) return k_q(q) .. 'a' end
-local function k_done(q, state) return k_q(q) .. 'd:' .. state end
-local function k_seq(q) return k_q(q) .. 'o' end
+local function k_active(q) return k_fixed(q, 'a') end
+-- (By state, made once per queue and state, like k_fixed's.)
+local function k_done(q, state)
+  local t = qdone[q]
+  if not t then t = {}; qdone[q] = t end
+  local k = t[state]
+  if not k then
+    k = k_q(q) .. 'd:' .. state
+    t[state] = k
+    app.keys = app.keys + 1
+  end
+  return k
+end
+local function k_seq(q) return k_fixed(q, 'o') end
 local function k_qepoch(q) return k_q(q) .. 'e' end
 local function k_req(q, tok) return k_q(q) .. 'r:' .. tok end
 local function k_flow(q, f) return k_q(q) .. 'f:' .. f end
@@ -74,7 +130,7 @@ local function k_flow(q, f) return k_q(q) .. 'f:' .. f end
 -- a concurrency slot frees), the waiting entries a gate parked ('<prio>|<id>', FIFO),
 -- a rate bucket's start times in its window (zset), a concurrency bucket's slot holders.
 -- A gate is '<r|c>|<task>|<key>'; a slot name ('ck' of the job hash) '<task>|<key>'.
-local function k_gates(q) return k_q(q) .. 'G' end
+local function k_gates(q) return k_fixed(q, 'G') end
 local function k_gate(q, gate) return k_q(q) .. 'g:' .. gate end
 local function k_rate(q, task, key) return k_q(q) .. 'rl:' .. task .. '|' .. key end
 local function k_slots(q, slot) return k_q(q) .. 'cc:' .. slot end
@@ -87,13 +143,13 @@ local function k_minute(q, minute) return k_q(q) .. 'h:' .. minute end
 local ROLLUP_TTL_S = 25 * 3600
 -- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
 local function k_events(q) return k_q(q) .. 'ev' end
-local function k_events_cfg(q) return k_q(q) .. 'E' end
+local function k_events_cfg(q) return k_fixed(q, 'E') end
 -- A queue's own channels (Redis Cluster, see sharded.lua).
 local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
 -- A queue's waiter mark: a claim that came up short sets it (its worker is about to
 -- wait for work); the next call that gives the queue work deletes it and publishes the
 -- work notice (publish), so enqueues while every worker is busy publish nothing.
-local function k_waiter(q) return k_q(q) .. 'W' end
+local function k_waiter(q) return k_fixed(q, 'W') end
 
 -- Every timestamp, lease deadline and delay uses the Redis clock, in integer
 -- microseconds (exact in a Lua double).
@@ -103,7 +159,7 @@ local last_now = nil
 -- is formatted with '%.17g', several times the cost of the command itself).
 local last_now_text = nil
 local function now_us()
-  local t = redis.call('TIME')
+  local t = rcall('TIME')
   last_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   last_now_text = t[1] .. string.sub('00000' .. t[2], -6)
   return last_now
@@ -115,6 +171,19 @@ local function num_text(n)
   -- Past 2^53 (or not whole): Redis formats it, as it did before.
   if n >= 9007199254740992 or n <= -9007199254740992 or n ~= math.floor(n) then return n end
   return string.format('%d', n)
+end
+
+-- Decimal text of a count `n` >= 1 (a claimed job's place in its claim, in its token):
+-- made once per value up to 1000 and kept (a number concatenated is formatted with
+-- '%.14g': ~1.5k instructions; the same text for an integer).
+local count_texts = {}  --@keep
+local function count_text(n)
+  local t = count_texts[n]
+  if not t then
+    t = string.format('%d', n)
+    if n <= 1000 then count_texts[n] = t end
+  end
+  return t
 end
 
 local function bad_args(script)
@@ -163,7 +232,7 @@ end
 -- fenced transitions, recovery, retention). nil when the key is missing or holds
 -- another type: a read never aborts a script.
 local function read_hash(q, id, ...)
-  local r = redis.pcall('HMGET', k_job(q, id), ...)
+  local r = rpcall('HMGET', k_job(q, id), ...)
   if type(r) ~= 'table' or r.err or not r[1] then return nil end
   return r
 end
@@ -186,7 +255,7 @@ end
 
 -- A waiting job's order and priority from the index (nil: not an entry job).
 local function idx_of(q, id)
-  local v = redis.call('HGET', k_idx(q, id), id)
+  local v = rcall('HGET', k_idx(q, id), id)
   if not v then return nil end
   local o, p = string.match(v, '^(%d+)|?(%-?%d*)$')
   if not o then return nil end
@@ -199,11 +268,20 @@ local function pack_entry(id, o, e, m, r)
     .. '|' .. m
 end
 
--- A waiting entry's fields; nil for a bare id, a removed entry's '|' or other bytes.
-local function parse_entry(v)
+-- A waiting entry's id, order, enqueued_at, run_at (false: none) and body, as values (no
+-- table: claim.lua's activate, once per claimed job); nil for a bare id, a removed
+-- entry's '|' or other bytes.
+local function entry_parts(v)
   local id, o, e, r, at = string.match(v, '^([^|]+)|(%d+)|(%d+)|(%d*)|()')
   if not id then return nil end
-  return {id = id, o = o, e = e, r = r ~= '' and r or false, m = string.sub(v, at)}
+  return id, o, e, r ~= '' and r or false, string.sub(v, at)
+end
+
+-- A waiting entry's fields; nil for a bare id, a removed entry's '|' or other bytes.
+local function parse_entry(v)
+  local id, o, e, r, m = entry_parts(v)
+  if not id then return nil end
+  return {id = id, o = o, e = e, r = r, m = m}
 end
 
 local function is_bare(v) return not string.find(v, '|', 1, true) end
@@ -212,7 +290,7 @@ local function is_bare(v) return not string.find(v, '|', 1, true) end
 -- its index bucket's name in f.ik (one SHA1 per entry).
 local function entry_live(q, prio, f)
   f.ik = k_idx(q, f.id)
-  return redis.call('HGET', f.ik, f.id) == idx_val(f.o, prio)
+  return rcall('HGET', f.ik, f.id) == idx_val(f.o, prio)
 end
 
 -- Store a waiting job as its entry (the tail of its level; LPUSH, like push_waiting).
@@ -226,18 +304,18 @@ local function level_score(prio)
 end
 
 local function push_entry(q, prio, id, o, e, m, r)
-  redis.call('HSET', k_idx(q, id), id, idx_val(o, prio))
-  redis.call('LPUSH', k_wait(q, prio), pack_entry(id, o, e, m, r))
-  redis.call('ZADD', k_levels(q), level_score(prio), prio)
+  rcall('HSET', k_idx(q, id), id, idx_val(o, prio))
+  rcall('LPUSH', k_wait(q, prio), pack_entry(id, o, e, m, r))
+  rcall('ZADD', k_levels(q), level_score(prio), prio)
 end
 
 -- Push packed waiting entries (enqueue.lua) onto level `prio`'s list `lk` of queue `q`,
 -- 500 per LPUSH, and mark the level non-empty.
 local function push_entries(q, prio, lk, entries)
   for s = 1, #entries, 500 do
-    redis.call('LPUSH', lk, unpack(entries, s, math.min(s + 499, #entries)))
+    rcall('LPUSH', lk, unpack(entries, s, math.min(s + 499, #entries)))
   end
-  redis.call('ZADD', k_levels(q), level_score(prio), prio)
+  rcall('ZADD', k_levels(q), level_score(prio), prio)
 end
 
 -- When a job enqueued at `now` with `eta` and `delay` (ARGV text, µs) is due: its eta
@@ -252,7 +330,7 @@ end
 -- The refusal of an enqueue that would take queue `q` past `limit` waiting and
 -- scheduled jobs with `extra` more (nil: room enough).
 local function queue_full(q, extra, limit)
-  local c = redis.call('HMGET', k_counts(q), 'w', 's')
+  local c = rcall('HMGET', k_counts(q), 'w', 's')
   local pending = (tonumber(c[1]) or 0) + (tonumber(c[2]) or 0)
   if pending + extra > limit then
     return redis.error_reply(string.format('TYPEDQ_QUEUE_FULL %s %d %d %d', q, pending, extra,
@@ -267,8 +345,8 @@ local function entry_order(v) return tonumber(string.match(v, '^[^|]+|(%d+)|')) 
 -- them (Redis walks a long list's nodes from the end an index is counted from).
 local function lrange_near(lk, n, a, b)
   if b >= n then b = n - 1 end
-  if a > n / 2 then return redis.call('LRANGE', lk, a - n, b - n) end
-  return redis.call('LRANGE', lk, a, b)
+  if a > n / 2 then return rcall('LRANGE', lk, a - n, b - n) end
+  return rcall('LRANGE', lk, a, b)
 end
 
 -- Where the entry of job `id` (order `o`) is in its level list: its index and bytes
@@ -282,10 +360,10 @@ end
 local function find_entry(q, prio, o, id)
   local lk = k_wait(q, prio)
   local want, prefix = tonumber(o), id .. '|' .. o .. '|'
-  local n = redis.call('LLEN', lk)
+  local n = rcall('LLEN', lk)
   if n == 0 then return nil end
-  local ot = entry_order(redis.call('LINDEX', lk, 0))
-  local oh = entry_order(redis.call('LINDEX', lk, -1))
+  local ot = entry_order(rcall('LINDEX', lk, 0))
+  local oh = entry_order(rcall('LINDEX', lk, -1))
   if ot and oh and ot > oh and want <= ot and want >= oh then
     local guess = math.floor((ot - want) / (ot - oh) * (n - 1))
     local from = math.max(0, guess - 32)
@@ -322,16 +400,16 @@ end
 -- (a few bytes until a claim or purge pops it). Returns the entry's fields (nil: none).
 local function take_entry(q, id, o, prio)
   local pos, v = find_entry(q, prio, o, id)
-  redis.call('HDEL', k_idx(q, id), id)
+  rcall('HDEL', k_idx(q, id), id)
   if not pos then return nil end
-  redis.call('LSET', k_wait(q, prio), pos, '|')
+  rcall('LSET', k_wait(q, prio), pos, '|')
   return parse_entry(v)
 end
 
 -- Does job `id` exist in queue `q` (a key of its own, or a waiting entry)?
 local function job_exists(q, id)
-  return redis.call('EXISTS', k_job(q, id)) == 1
-    or redis.call('HEXISTS', k_idx(q, id), id) == 1
+  return rcall('EXISTS', k_job(q, id)) == 1
+    or rcall('HEXISTS', k_idx(q, id), id) == 1
 end
 
 -- Read fields of a job that has a key of its own (hash or job string; absent fields
@@ -339,13 +417,13 @@ end
 -- or bytes typedq did not write; the key's type second.
 local function read_keyed(q, id, ...)
   local jk = k_job(q, id)
-  local ty = redis.call('TYPE', jk).ok
+  local ty = rcall('TYPE', jk).ok
   if ty == 'hash' then
-    local r = redis.call('HMGET', jk, ...)
+    local r = rcall('HMGET', jk, ...)
     if not r[1] then return nil, ty end
     return r, ty
   elseif ty == 'string' then
-    local f = parse_rec(redis.call('GET', jk), q)
+    local f = parse_rec(rcall('GET', jk), q)
     if not f then return nil, ty end
     local names, out = {...}, {}
     for i = 1, #names do out[i] = f[names[i]] or false end
@@ -381,20 +459,20 @@ end
 -- (no-op for a hash).
 local function to_hash(q, id)
   local jk = k_job(q, id)
-  local ty = redis.call('TYPE', jk).ok
+  local ty = rcall('TYPE', jk).ok
   if ty == 'none' then
     local o, p = idx_of(q, id)
     if not o then return end
     local g = take_entry(q, id, o, p) or {e = '0', m = ''}
     local f = {s = 'w', q = q, o = o, e = g.e, p = p ~= '0' and p, r = false, m = g.m}
-    redis.call('HSET', jk, unpack(rec_fields(f)))
+    rcall('HSET', jk, unpack(rec_fields(f)))
     return
   end
   if ty ~= 'string' then return end
-  local f = parse_rec(redis.call('GET', jk), q)
+  local f = parse_rec(rcall('GET', jk), q)
   if not f then return end
-  redis.call('DEL', jk)
-  redis.call('HSET', jk, unpack(rec_fields(f)))
+  rcall('DEL', jk)
+  rcall('HSET', jk, unpack(rec_fields(f)))
 end
 
 -- A stored priority that is not an integer (garbage) counts as 0.
@@ -434,9 +512,9 @@ local function flush_rollups()
     -- minute's writes all fall within that minute: one EXPIRE per counter and minute
     -- instead of one per call (the TTL counts from the first write, not the last).
     for f, d in pairs(m) do
-      if redis.call('HINCRBY', hk, f, num_text(d)) == d then fresh = true end
+      if rcall('HINCRBY', hk, f, num_text(d)) == d then fresh = true end
     end
-    if fresh then redis.call('EXPIRE', hk, ROLLUP_TTL_S) end
+    if fresh then rcall('EXPIRE', hk, ROLLUP_TTL_S) end
   end
   rollups = {}
 end
@@ -455,10 +533,10 @@ end
 local function flush_zsets()
   if not zbatch then return end
   for key, ids in pairs(active_rems) do
-    for s = 1, #ids, 500 do redis.call('ZREM', key, unpack(ids, s, math.min(s + 499, #ids))) end
+    for s = 1, #ids, 500 do rcall('ZREM', key, unpack(ids, s, math.min(s + 499, #ids))) end
   end
   for key, m in pairs(done_adds) do
-    for s = 1, #m, 1000 do redis.call('ZADD', key, unpack(m, s, math.min(s + 999, #m))) end
+    for s = 1, #m, 1000 do rcall('ZADD', key, unpack(m, s, math.min(s + 999, #m))) end
   end
   active_rems, done_adds = {}, {}
 end
@@ -468,8 +546,8 @@ local function flush_counts()
   for q, m in pairs(deltas) do
     for s, d in pairs(m) do
       -- Never below zero, even after bytes that typedq did not write were dropped.
-      if d ~= 0 and redis.call('HINCRBY', k_counts(q), s, num_text(d)) < 0 then
-        redis.call('HSET', k_counts(q), s, '0')
+      if d ~= 0 and rcall('HINCRBY', k_counts(q), s, num_text(d)) < 0 then
+        rcall('HSET', k_counts(q), s, '0')
       end
     end
   end
@@ -477,8 +555,8 @@ end
 
 local function push_waiting(q, prio, id, at_head)
   local lk = k_wait(q, prio)
-  if at_head then redis.call('RPUSH', lk, id) else redis.call('LPUSH', lk, id) end
-  redis.call('ZADD', k_levels(q), level_score(prio), prio)
+  if at_head then rcall('RPUSH', lk, id) else rcall('LPUSH', lk, id) end
+  rcall('ZADD', k_levels(q), level_score(prio), prio)
 end
 
 -- How many entries at the head of a level list a hand-back looks at to find its
@@ -507,10 +585,10 @@ local function push_back_in_order(back)
   end
   for lk, g in pairs(levels) do
     local dead, live = {}, g.items
-    local popped = redis.call('RPOP', lk, PLACE_SCAN)
+    local popped = rcall('RPOP', lk, PLACE_SCAN)
     if popped then
       local sk = k_stale(g.q)
-      local has_stale = redis.call('EXISTS', sk) == 1
+      local has_stale = rcall('EXISTS', sk) == 1
       local seen = {}
       for _, id in ipairs(popped) do
         if not is_bare(id) then
@@ -518,7 +596,7 @@ local function push_back_in_order(back)
           if f and entry_live(g.q, g.prio, f) then live[#live + 1] = {id, tonumber(f.o), true} end
         else
           local stale = 0
-          if has_stale then stale = tonumber(redis.call('HGET', sk, g.prio .. '|' .. id)) or 0 end
+          if has_stale then stale = tonumber(rcall('HGET', sk, g.prio .. '|' .. id)) or 0 end
           seen[id] = (seen[id] or 0) + 1
           local r = read_keyed(g.q, id, 's', 'q', 'p', 'o')
           if seen[id] <= stale or not r or r[1] ~= 'w' or (r[2] and r[2] ~= g.q)
@@ -537,9 +615,9 @@ local function push_back_in_order(back)
     end)
     -- RPUSH adds at the head: push the newest first, so the oldest ends up first out;
     -- the dead entries go last (first out), in the order they were popped.
-    for i = #live, 1, -1 do redis.call('RPUSH', lk, live[i][1]) end
-    for i = #dead, 1, -1 do redis.call('RPUSH', lk, dead[i]) end
-    redis.call('ZADD', k_levels(g.q), -tonumber(g.prio), g.prio)
+    for i = #live, 1, -1 do rcall('RPUSH', lk, live[i][1]) end
+    for i = #dead, 1, -1 do rcall('RPUSH', lk, dead[i]) end
+    rcall('ZADD', k_levels(g.q), -tonumber(g.prio), g.prio)
   end
 end
 
@@ -568,16 +646,16 @@ end
 local function trim(q, state, now, ttl, cap, budget)
   flush_zsets()
   local zkey = k_done(q, state)
-  local over = redis.call('ZCARD', zkey) - cap
-  local expired = redis.call('ZCOUNT', zkey, '-inf', '(' .. string.format('%d', now - ttl))
+  local over = rcall('ZCARD', zkey) - cap
+  local expired = rcall('ZCOUNT', zkey, '-inf', '(' .. string.format('%d', now - ttl))
   local n = math.max(over, expired)
   if n <= 0 then return 0 end
   if n > budget then n = budget end
-  local popped = redis.call('ZPOPMIN', zkey, n)
+  local popped = rcall('ZPOPMIN', zkey, n)
   for i = 1, #popped, 2 do
     local r = read_hash(q, popped[i], 's')
     if r and r[1] == state then
-      redis.call('DEL', k_job(q, popped[i]))
+      rcall('DEL', k_job(q, popped[i]))
       count(q, state, -1)
     end
   end
@@ -587,28 +665,49 @@ end
 local done_ids = {}
 local work_queues = {}
 local function note_done(q, id) done_ids[#done_ids + 1] = id end
-local function publish_cancel(q, id) redis.call('PUBLISH', CH_CANCEL, id) end
+local function publish_cancel(q, id) rcall('PUBLISH', CH_CANCEL, id) end
 -- The work notice names only the queues whose waiter mark this call consumed: a
 -- worker waits for work only after a claim that came up short, and that claim set the
 -- mark in the same script that found nothing more to claim, so any later call giving
 -- the queue work finds the mark (no lost wake-up). One notice wakes every waiter of the
 -- queue (broadcast); calls after it publish nothing until a claim comes up short again.
 local function publish()
-  if #done_ids > 0 then redis.call('PUBLISH', CH_DONE, table.concat(done_ids, ' ')) end
+  if #done_ids > 0 then rcall('PUBLISH', CH_DONE, table.concat(done_ids, ' ')) end
   if next(work_queues) == nil then return end  -- (no table for a call that woke nothing)
   local qs = nil
   for q in pairs(work_queues) do
-    if redis.call('DEL', k_waiter(q)) == 1 then
+    if rcall('DEL', k_waiter(q)) == 1 then
       qs = qs or {}
       qs[#qs + 1] = q
     end
   end
-  if qs then redis.call('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
+  if qs then rcall('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
 end
 -- The waiter marks of the queues args[first .. last] (a claim that came up short: see
 -- publish and claim.lua).
 local function mark_waiters(args, first, last)
-  for i = first, last do redis.call('SET', k_waiter(args[i]), '1') end
+  for i = first, last do rcall('SET', k_waiter(args[i]), '1') end
+end
+
+-- The bookkeeping of job `id` of queue `q` that a claim took (claim.lua's activate, the
+-- same for a waiting entry as for a job with a key): its lease until `lease_until` (text)
+-- queued in `leases` (queue -> lease_until, id, ...: one ZADD per queue at the end of a
+-- claim of several jobs) or added now (nil: a claim of one), waiting -1 / active +1, and
+-- its claim record line '<queue>|<id>', appended to `lines` (nil: a claim of one, which
+-- keeps the line itself, no table) and returned.
+local function claimed_job(q, id, lease_until, leases, lines)
+  if leases then
+    local m = leases[q]
+    if not m then m = {}; leases[q] = m end
+    m[#m + 1], m[#m + 2] = lease_until, id
+  else
+    rcall('ZADD', k_active(q), lease_until, id)
+  end
+  count(q, 'w', -1)
+  count(q, 'a', 1)
+  local line = q .. '|' .. id
+  if lines then lines[#lines + 1] = line end
+  return line
 end
 --@sharded
 
@@ -646,17 +745,17 @@ local events_cap = {}
 local function emit_event(id, q, state)
   local cap = events_cap[q]
   if cap == nil then
-    cap = tonumber(redis.call('HGET', k_events_cfg(q), 'cap')) or false
+    cap = tonumber(rcall('HGET', k_events_cfg(q), 'cap')) or false
     events_cap[q] = cap
   end
   if not cap then return end
-  local r = redis.call('HMGET', k_job(q, id), 'm', 'res', 'err', 'a')
+  local r = rcall('HMGET', k_job(q, id), 'm', 'res', 'err', 'a')
   local data = r[3]
   if state == 'c' then data = r[2] end
-  local n = redis.call('HINCRBY', k_events_cfg(q), 'n', 1)
+  local n = rcall('HINCRBY', k_events_cfg(q), 'n', 1)
   -- pcall: an entry id at or below the stream's last (its config was deleted and made
   -- again) loses that event rather than aborting the transition half done.
-  redis.pcall('XADD', k_events(q), 'MAXLEN', '~', cap, n .. '-1', 'i', id, 'k',
+  rpcall('XADD', k_events(q), 'MAXLEN', '~', cap, n .. '-1', 'i', id, 'k',
     body_task(r[1]), 's', state, 'd', data or '', 'a', r[4] or '0')
 end
 
@@ -671,7 +770,7 @@ local function finalize_after(id, q, jk, from, state, now, at, fl)
     if not m then m = {}; done_adds[done_key] = m end
     m[#m + 1], m[#m + 2] = at, id
   else
-    redis.call('ZADD', done_key, at, id)
+    rcall('ZADD', done_key, at, id)
   end
   count(q, from, -1)
   count(q, state, 1)
@@ -681,16 +780,16 @@ local function finalize_after(id, q, jk, from, state, now, at, fl)
   if fl == true then
     -- A job of a flow whose link was not read yet (complete_one): link and outcome in
     -- one read.
-    local r = redis.call('HMGET', jk, 'fl', 'fm', 'fs', 'fq', 'res', 'err')
+    local r = rcall('HMGET', jk, 'fl', 'fm', 'fs', 'fq', 'res', 'err')
     if r[1] then flow_settle(r[4] or q, r[1], r[2], r[3], state, r[5], r[6], now, q, id) end
     return
   end
   if fl == nil then
-    fl = redis.call('HMGET', jk, 'fl', 'fm', 'fs', 'fq')
+    fl = rcall('HMGET', jk, 'fl', 'fm', 'fs', 'fq')
     if not fl[1] then fl = false elseif not fl[4] then fl[4] = q end
   end
   if fl then
-    local out = redis.call('HMGET', jk, 'res', 'err')
+    local out = rcall('HMGET', jk, 'res', 'err')
     flow_settle(fl[4], fl[1], fl[2], fl[3], state, out[1], out[2], now, q, id)
   end
 end
@@ -701,11 +800,11 @@ local function finalize(id, q, from, state, now, extra)
   local jk = k_job(q, id)
   local at = num_text(now)
   if extra then
-    redis.call('HSET', jk, 's', state, 'fa', at, unpack(extra))
+    rcall('HSET', jk, 's', state, 'fa', at, unpack(extra))
   else
-    redis.call('HSET', jk, 's', state, 'fa', at)
+    rcall('HSET', jk, 's', state, 'fa', at)
   end
-  if not extra or extra[#extra - 1] ~= 't' then redis.call('HDEL', jk, 't') end
+  if not extra or extra[#extra - 1] ~= 't' then rcall('HDEL', jk, 't') end
   finalize_after(id, q, jk, from, state, now, at, flow_links[jk])
 end
 
@@ -714,12 +813,12 @@ end
 -- Every way out of 'active' calls it (complete, fail, release, recovery, remove, purge).
 local function free_slot(id, q, slot)
   if not slot then return end
-  redis.call('SREM', k_slots(q, slot), id)
-  redis.call('HDEL', k_job(q, id), 'ck')
+  rcall('SREM', k_slots(q, slot), id)
+  rcall('HDEL', k_job(q, id), 'ck')
   local gk, gate = k_gates(q), 'c|' .. slot
-  local s = redis.call('ZSCORE', gk, gate)
+  local s = rcall('ZSCORE', gk, gate)
   if s and tonumber(s) ~= 0 then
-    redis.call('ZADD', gk, 0, gate)
+    rcall('ZADD', gk, 0, gate)
     work_queues[q] = true
   end
 end
@@ -729,8 +828,9 @@ end
 -- 1 ALREADY_FINISHED (same token: a re-sent request), 2 LEASE_LOST, 3 NOT_FOUND.
 local function complete_one(q, id, tok, res, now)
   -- A workflow's other fields (fm, fs, fq) are read only for a job of a flow ('fl'): a
-  -- field a hash does not hold costs HMGET a scan of the whole hash.
-  local r = read_hash(q, id, 's', 't', 'd', 'ck', 'fl')
+  -- field a hash does not hold costs HMGET a scan of the whole hash. So is the done
+  -- token 'd' (absent on an active job), read below only when the job is not ours.
+  local r = read_hash(q, id, 's', 't', 'ck', 'fl')
   if not r then return not_active_answer(q, id) end
   if r[1] == 'a' and r[2] == tok then
     local ak = k_active(q)
@@ -739,20 +839,22 @@ local function complete_one(q, id, tok, res, now)
       if not ids then ids = {}; active_rems[ak] = ids end
       ids[#ids + 1] = id
     else
-      redis.call('ZREM', ak, id)
+      rcall('ZREM', ak, id)
     end
-    free_slot(id, q, r[4])
+    if r[3] then free_slot(id, q, r[3]) end
     -- finalize's work, without its table of extra fields: the result and the token go
     -- in the state's HSET, and the token is cleared there too (every reader of 't'
     -- checks the state 'a' first): one HDEL fewer per job.
     local jk, at = k_job(q, id), num_text(now)
-    redis.call('HSET', jk, 's', 'c', 'fa', at, 'res', res, 'd', tok, 't', '')
+    rcall('HSET', jk, 's', 'c', 'fa', at, 'res', res, 'd', tok, 't', '')
     -- (true: a job of a flow whose link finalize_after reads, with the result it reads
     -- anyway)
-    finalize_after(id, q, jk, 'a', 'c', now, at, r[5] and true or false)
+    finalize_after(id, q, jk, 'a', 'c', now, at, r[4] and true or false)
     return 0
   end
-  if r[3] == tok then return 1 end
+  -- Not active under this token: finished under it already (a re-sent request: its done
+  -- token) or not ours (the lease was lost).
+  if rcall('HGET', k_job(q, id), 'd') == tok then return 1 end
   return 2
 end
 
@@ -771,17 +873,17 @@ local REQ_TTL_MS = '60000'
 -- stale entries at all; then a claim pays one EXISTS, not one HGET per job.
 local stale_any = {}
 local function mark_stale(q, prio, id)
-  redis.call('HINCRBY', k_stale(q), prio .. '|' .. id, 1)
+  rcall('HINCRBY', k_stale(q), prio .. '|' .. id, 1)
   stale_any[q] = true
 end
 
 local function take_stale(q, prio, id)
   local sk, field = k_stale(q), prio .. '|' .. id
-  if stale_any[q] == nil then stale_any[q] = redis.call('EXISTS', sk) == 1 end
+  if stale_any[q] == nil then stale_any[q] = rcall('EXISTS', sk) == 1 end
   if not stale_any[q] then return false end
-  local c = tonumber(redis.call('HGET', sk, field))
+  local c = tonumber(rcall('HGET', sk, field))
   if not c then return false end
-  if c <= 1 then redis.call('HDEL', sk, field) else redis.call('HINCRBY', sk, field, -1) end
+  if c <= 1 then rcall('HDEL', sk, field) else rcall('HINCRBY', sk, field, -1) end
   return true
 end
 
@@ -894,8 +996,8 @@ local function k_outbox(q) return k_q(q) .. 'ho' end
 local function k_handoff(q, eid) return k_q(q) .. 'ho:' .. eid end
 local function flow_outbox(home, target, eid, rec)
   local packed = cmsgpack.pack(rec)
-  redis.call('ZADD', k_outbox(home), last_now or now_us(), eid)
-  redis.call('SET', k_handoff(home, eid), target .. '|' .. packed)
+  rcall('ZADD', k_outbox(home), last_now or now_us(), eid)
+  rcall('SET', k_handoff(home, eid), target .. '|' .. packed)
   flow_handoffs[#flow_handoffs + 1] = {home, eid, target, packed}
 end
 -- A script's reply with the hand-offs it wrote (or handed back): {'TYPEDQ_HANDOFF',
@@ -920,16 +1022,16 @@ end
 -- The reaper: hand back up to `limit` entries of queue q's outbox written `age` µs or
 -- more ago (their writer died before it applied them, or its apply failed).
 local function flow_outbox_due(q, now, age, limit)
-  local ids = redis.call('ZRANGEBYSCORE', k_outbox(q), '-inf', string.format('%d', now - age),
+  local ids = rcall('ZRANGEBYSCORE', k_outbox(q), '-inf', string.format('%d', now - age),
     'LIMIT', 0, limit)
   for _, eid in ipairs(ids) do
-    local v = redis.call('GET', k_handoff(q, eid))
+    local v = rcall('GET', k_handoff(q, eid))
     local target, packed = nil, nil
     if v then target, packed = string.match(v, '^([^|]+)|(.*)$') end
     if target then
       flow_handoffs[#flow_handoffs + 1] = {q, eid, target, packed}
     else
-      redis.call('ZREM', k_outbox(q), eid)
+      rcall('ZREM', k_outbox(q), eid)
     end
   end
 end
@@ -940,17 +1042,17 @@ local function flow_end_job(q, id, state, err, now)
   if not r then return end
   local s = r[1]
   if s == 'a' then
-    redis.call('HSET', k_job(q, id), 'cr', 1)
+    rcall('HSET', k_job(q, id), 'cr', 1)
     publish_cancel(q, id)
   elseif s == 'w' or s == 's' then
-    if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else redis.call('ZREM', k_sched(q), id) end
+    if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else rcall('ZREM', k_sched(q), id) end
     local st = 'x'
     local e = err
     if e then st = state else
       e = failure_record('cancelled', 'JobCancelled', 'cancelled with its flow',
         tonumber(r[4]) or 0, nil, now)
     end
-    redis.call('HSET', k_job(q, id), 'err', e)
+    rcall('HSET', k_job(q, id), 'err', e)
     finalize(id, q, s, st, now)
   end
 end
@@ -961,9 +1063,9 @@ end
 -- entry per queue.
 local function flow_end(fq, f, state, err, now)
   local fk = k_flow(fq, f)
-  local meta = redis.call('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x')
+  local meta = rcall('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x')
   if not meta[1] then return end
-  redis.call('DEL', fk)
+  rcall('DEL', fk)
   local steps, n = tonumber(meta[1]), tonumber(meta[2])
   local ids = {}
   local mq, sq = flow_queues(meta[3], n, fq), flow_queues(meta[4], steps, fq)
@@ -1004,17 +1106,17 @@ local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, 
     end
     return false
   end
-  redis.call('ZREM', k_sched(q), id)
+  rcall('ZREM', k_sched(q), id)
   if collector and k == steps - 1 then
-    redis.call('HDEL', jk, 'mh', 'mt', 'r')
-    redis.call('HSET', jk, 'res', payload)
+    rcall('HDEL', jk, 'mh', 'mt', 'r')
+    rcall('HSET', jk, 'res', payload)
     finalize(id, q, 's', 'c', now)
     return true
   end
   -- At the head of its priority level: a flow under way finishes before new work starts,
   -- instead of its next step or callback queueing behind the members of every flow
   -- enqueued since (O(1); the embedded broker does the same).
-  redis.call('HDEL', jk, 'mh', 'mt')
+  rcall('HDEL', jk, 'mh', 'mt')
   local head, tail = r[3], r[4]
   -- A traced callback (its body has every field up to its trace context: 12) gets its
   -- members' span links as the body's 13th field, trace_links.
@@ -1022,7 +1124,7 @@ local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, 
     head, tail = '\157' .. string.sub(head, 2), tail .. msgpack_str(links)
   end
   -- Due from the hand-off (its queue wait does not include the steps before it).
-  redis.call('HSET', jk, 'm', head .. msgpack_bin(payload) .. tail, 's', 'w', 'r', now)
+  rcall('HSET', jk, 'm', head .. msgpack_bin(payload) .. tail, 's', 'w', 'r', now)
   push_waiting(q, sane_prio(r[5]), id, true)
   count(q, 's', -1)
   count(q, 'w', 1)
@@ -1036,7 +1138,7 @@ end
 -- its input through the outbox. `links`: see flow_release_at.
 local function flow_release(fq, f, k, steps, collector, payload, now, sq, x, home, links)
   local id = flow_step_id(f, k, steps)
-  if sq == nil then sq = redis.call('HGET', k_flow(fq, f), 'sq') end
+  if sq == nil then sq = rcall('HGET', k_flow(fq, f), 'sq') end
   local q = flow_queues(sq, steps, fq)[k + 1]
   home = home or fq
   if x and q ~= home then
@@ -1055,7 +1157,7 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
   local names = {'fi', 'fst', 'fe', 'mq', 'sq', 'x', 'L'}
   local first = math.min(n, 1000)
   for i = 0, first - 1 do names[#names + 1] = 'r' .. i end
-  local vals = redis.call('HMGET', fk, unpack(names))
+  local vals = rcall('HMGET', fk, unpack(names))
   if vals[1] then
     flow_end(fq, f, vals[2], vals[3], now)
     return
@@ -1065,7 +1167,7 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
   for s = first, n - 1, 1000 do
     local more = {}
     for i = s, math.min(s + 999, n - 1) do more[#more + 1] = 'r' .. i end
-    local got = redis.call('HMGET', fk, unpack(more))
+    local got = rcall('HMGET', fk, unpack(more))
     for j = 1, #got do parts[#parts + 1] = got[j] or '\192' end
   end
   local links = nil
@@ -1073,17 +1175,17 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
     local ln = {}
     for i = 0, math.min(n, MAX_SPAN_LINKS) - 1 do ln[#ln + 1] = 'l' .. i end
     local t = {}
-    for _, v in ipairs(redis.call('HMGET', fk, unpack(ln))) do
+    for _, v in ipairs(rcall('HMGET', fk, unpack(ln))) do
       if v then t[#t + 1] = v end
     end
     links = table.concat(t, ',')
   end
   -- The payload carries the results now: the flow record keeps only its shape.
-  redis.call('DEL', fk)
-  redis.call('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0',
+  rcall('DEL', fk)
+  rcall('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0',
     'mq', vals[4] or '', 'sq', vals[5] or '')
   local x = vals[6] == '1'
-  if x then redis.call('HSET', fk, 'x', '1') end
+  if x then rcall('HSET', fk, 'x', '1') end
   flow_release(fq, f, 0, steps, collector, table.concat(parts), now, vals[5] or false, x, nil,
     links)
 end
@@ -1109,14 +1211,14 @@ end
 flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
   if flow_ended[f] then return end
   if q and q ~= fq then
-    ext = ext or redis.call('HMGET', k_job(q, id), 'fx', 'fS', 'fsq')
+    ext = ext or rcall('HMGET', k_job(q, id), 'fx', 'fS', 'fsq')
     if ext[1] == '1' then
       flow_settle_away(q, id, fq, f, fm, fs, state, res, err, now, ext)
       return
     end
   end
   local fk = k_flow(fq, f)
-  local meta = redis.call('HMGET', fk, 'S', 'n', 'col', 'pol', 'x')
+  local meta = rcall('HMGET', fk, 'S', 'n', 'col', 'pol', 'x')
   if not meta[1] then return end  -- the flow has ended: a late member or a cancelled step
   local steps, collector, x = tonumber(meta[1]), meta[3] == '1', meta[5] == '1'
   if fm then
@@ -1129,16 +1231,16 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
     elseif state == 'c' then
       el = res or '\192'
     end
-    if redis.call('HSETNX', fk, 'r' .. i, el) == 0 then return end
+    if rcall('HSETNX', fk, 'r' .. i, el) == 0 then return end
     local link = span_links[f .. '.m' .. i]
-    if link and i < MAX_SPAN_LINKS then redis.call('HSET', fk, 'l' .. i, link, 'L', 1) end
+    if link and i < MAX_SPAN_LINKS then rcall('HSET', fk, 'l' .. i, link, 'L', 1) end
     if meta[4] ~= 'c' and state ~= 'c' then
-      local fi = tonumber(redis.call('HGET', fk, 'fi'))
+      local fi = tonumber(rcall('HGET', fk, 'fi'))
       if not fi or i < fi then
-        redis.call('HSET', fk, 'fi', i, 'fst', state, 'fe', err or '\192')
+        rcall('HSET', fk, 'fi', i, 'fst', state, 'fe', err or '\192')
       end
     end
-    if redis.call('HINCRBY', fk, 'c', -1) == 0 then
+    if rcall('HINCRBY', fk, 'c', -1) == 0 then
       flow_fan_in(fq, f, steps, tonumber(meta[2]), collector, now)
     end
     return
@@ -1146,7 +1248,7 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
   local k = tonumber(fs)
   if state == 'c' then
     if k == steps - 1 then
-      redis.call('DEL', fk)
+      rcall('DEL', fk)
     else
       flow_release(fq, f, k + 1, steps, collector, res or '\192', now, nil, x)
     end
@@ -1163,7 +1265,7 @@ local function flow_apply(q, rec, now)
   local kind, f, fq = rec[1], rec[2], rec[3]
   if kind == 'm' then
     local fk = k_flow(fq, f)
-    if redis.call('EXISTS', fk) == 0 or redis.call('HEXISTS', fk, 'r' .. rec[4]) == 1 then
+    if rcall('EXISTS', fk) == 0 or rcall('HEXISTS', fk, 'r' .. rec[4]) == 1 then
       return 0
     end
     -- The member's process span, for the fan-in's span links (flow_settle reads it).
@@ -1171,7 +1273,7 @@ local function flow_apply(q, rec, now)
     flow_settle(fq, f, rec[4], nil, rec[5], rec[6] or nil, rec[7] or nil, now)
     return 1
   elseif kind == 'e' then
-    if redis.call('EXISTS', k_flow(fq, f)) == 0 then return 0 end
+    if rcall('EXISTS', k_flow(fq, f)) == 0 then return 0 end
     flow_end(fq, f, rec[4], rec[5] or nil, now)
     return 1
   elseif kind == 'r' then
@@ -1195,11 +1297,11 @@ local function flow_apply(q, rec, now)
       local r = read_hash(q, id, 's', 'fp', 'p', 'fl')
       if r and r[2] and r[4] == f then
         changed = 1
-        redis.call('HDEL', k_job(q, id), 'fp')
+        rcall('HDEL', k_job(q, id), 'fp')
         if i - 4 <= start and r[1] == 's' then
-          redis.call('ZREM', k_sched(q), id)
-          redis.call('HDEL', k_job(q, id), 'r')
-          redis.call('HSET', k_job(q, id), 's', 'w')
+          rcall('ZREM', k_sched(q), id)
+          rcall('HDEL', k_job(q, id), 'r')
+          rcall('HSET', k_job(q, id), 's', 'w')
           push_waiting(q, sane_prio(r[3]), id, false)
           count(q, 's', -1)
           count(q, 'w', 1)
@@ -1213,8 +1315,8 @@ local function flow_apply(q, rec, now)
       local r = read_hash(q, id, 's', 'fp', 'fl')
       if r and r[1] == 's' and r[2] and r[3] == f then
         changed = 1
-        redis.call('ZREM', k_sched(q), id)
-        redis.call('DEL', k_job(q, id))
+        rcall('ZREM', k_sched(q), id)
+        rcall('DEL', k_job(q, id))
         count(q, 's', -1)
       end
     end
@@ -1224,7 +1326,7 @@ end
 
 -- The flow link of a job about to be deleted (remove, purge): nil for a job of no flow.
 local function flow_link(q, id)
-  local r = redis.pcall('HMGET', k_job(q, id), 'fl', 'fm', 'fs', 'fq', 'fx', 'fS', 'fsq')
+  local r = rpcall('HMGET', k_job(q, id), 'fl', 'fm', 'fs', 'fq', 'fx', 'fS', 'fsq')
   if type(r) ~= 'table' or r.err or not r[1] then return nil end
   if not r[4] then r[4] = q end
   r.q, r.id = q, id
@@ -1270,14 +1372,14 @@ end
 local function add_error(q, id, rec)
   local jk = k_job(q, id)
   -- A job failed before 'eh' existed (or garbage there): its last record starts it.
-  local old = redis.call('HMGET', jk, 'eh', 'err')
+  local old = rcall('HMGET', jk, 'eh', 'err')
   local list = old[1] and read_bins(old[1])
   if not list then list = old[2] and {old[2]} or {} end
   list[#list + 1] = rec
   local first = math.max(1, #list - ERR_HISTORY + 1)
   local parts = {msgpack_array_header(#list - first + 1)}
   for i = first, #list do parts[#parts + 1] = msgpack_bin(list[i]) end
-  redis.call('HSET', jk, 'err', rec, 'eh', table.concat(parts))
+  rcall('HSET', jk, 'err', rec, 'eh', table.concat(parts))
 end
 
 -- A schedule's state (typedq.schedule; one field of the schedules hash:
@@ -1285,7 +1387,7 @@ end
 -- tick `last` to tick `tick`. Its `stale` is the answer to return when the state is gone,
 -- garbled, changed since (`digest`, `last`) or `tick` is later than the Redis clock.
 local function schedule_state(key, name, digest, last, tick)
-  local cur = redis.call('HGET', key, name)
+  local cur = rcall('HGET', key, name)
   if not cur then return {stale = {'stale', false}} end
   local d, l, fired_at, fired, skipped, last_job =
     string.match(cur, '^([^|]*)|(%-?%d+)|(%d+)|(%d+)|(%d+)|(.*)$')

@@ -50,7 +50,7 @@ end
 local sq, sprio, seta, sdelay
 if shared or n == 1 then sq, sprio, seta, sdelay = ARGV[5], ARGV[6], ARGV[7], ARGV[8] end
 
-local prev = redis.pcall('GET', KEYS[2])
+local prev = rpcall('GET', KEYS[2])
 if type(prev) == 'string' and #prev == n then
   local again = {}
   for i = 1, n do again[i] = string.byte(prev, i) - 48 end
@@ -77,12 +77,12 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
   -- keyless[i]: job i has no key of its own (every job, when the one EXISTS says so).
   local keyless, candidates, existing = nil, n, 0
   for s = 1, n, 500 do
-    existing = existing + redis.call('EXISTS', unpack(keys, s, math.min(s + 499, n)))
+    existing = existing + rcall('EXISTS', unpack(keys, s, math.min(s + 499, n)))
   end
   if existing > 0 then
     keyless, candidates = {}, 0
     for i = 1, n do
-      keyless[i] = redis.call('EXISTS', keys[i]) == 0
+      keyless[i] = rcall('EXISTS', keys[i]) == 0
       if keyless[i] then candidates = candidates + 1 end
     end
   end
@@ -90,7 +90,7 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
   -- table.concat formats with '%.14g', a sprintf each).
   local out, rec, entries, fresh, order = {}, {}, {}, 0, 0
   if candidates > 0 then
-    order = redis.call('INCRBY', k_seq(sq), num_text(candidates)) - candidates
+    order = rcall('INCRBY', k_seq(sq), num_text(candidates)) - candidates
   end
   local now_text, tail = last_now_text, sprio ~= '0' and '|' .. sprio or ''
   local ip, format, call = k_idx_prefix(sq), string.format, redis.call
@@ -107,13 +107,13 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
     end
   end
   if fresh < candidates then
-    redis.call('INCRBY', k_seq(sq), num_text(fresh - candidates))
+    rcall('INCRBY', k_seq(sq), num_text(fresh - candidates))
   end
   if fresh > 0 then
     push_entries(sq, sprio, k_wait(sq, sprio), entries)
     count(sq, 'w', fresh)
     work_queues[sq] = true
-    redis.call('SET', KEYS[2], table.concat(rec), 'PX', REQ_TTL_MS)
+    rcall('SET', KEYS[2], table.concat(rec), 'PX', REQ_TTL_MS)
   end
   flush_counts()
   publish()
@@ -126,8 +126,8 @@ for i = 0, n - 1 do
   local b = first + stride * i
   local id, q = ARGV[b], sq or ARGV[b + 1]
   local key = seen and (sq and id or q .. '|' .. id)
-  local ik = not (seen and seen[key]) and redis.call('EXISTS', k_job(q, id)) == 0 and k_idx(q, id)
-  if ik and redis.call('HEXISTS', ik, id) == 0 then
+  local ik = not (seen and seen[key]) and rcall('EXISTS', k_job(q, id)) == 0 and k_idx(q, id)
+  if ik and rcall('HEXISTS', ik, id) == 0 then
     new[i] = ik  -- the id's index bucket (one SHA1 per job)
     fresh = fresh + 1
     if adding then adding[q] = (adding[q] or 0) + 1 end
@@ -150,11 +150,11 @@ end
 -- The last order taken: per queue (orders), or of the one queue (order).
 local orders, order = nil, 0
 if sq then
-  if fresh > 0 then order = redis.call('INCRBY', k_seq(sq), num_text(fresh)) - fresh end
+  if fresh > 0 then order = rcall('INCRBY', k_seq(sq), num_text(fresh)) - fresh end
 else
   orders = {}
   for q, extra in pairs(adding) do
-    orders[q] = redis.call('INCRBY', k_seq(q), num_text(extra)) - extra
+    orders[q] = rcall('INCRBY', k_seq(q), num_text(extra)) - extra
   end
 end
 local out = {}
@@ -178,8 +178,8 @@ for i = 0, n - 1 do
     if run_at > now then
       local f = {s = 's', q = q, o = order, e = now, p = prio ~= '0' and prio, r = run_at,
         m = ARGV[b + body_at]}
-      redis.call('SET', k_job(q, id), pack_rec(f))
-      redis.call('ZADD', k_sched(q), run_at, id)
+      rcall('SET', k_job(q, id), pack_rec(f))
+      rcall('ZADD', k_sched(q), run_at, id)
       count(q, 's', 1)
     else
       local l = one_list
@@ -194,7 +194,7 @@ for i = 0, n - 1 do
       end
       local o = int_text(order)
       l[#l + 1] = pack_entry(id, o, now_text, ARGV[b + body_at])
-      redis.call('HSET', new[i], id, idx_val(o, prio))
+      rcall('HSET', new[i], id, idx_val(o, prio))
       count(q, 'w', 1)
     end
     work_queues[q] = true
@@ -210,7 +210,7 @@ else
     push_entries(entry[2], entry[3], entry[1], lists[entry[1]])
   end
 end
-if fresh > 0 then redis.call('SET', KEYS[2], table.concat(out), 'PX', REQ_TTL_MS) end
+if fresh > 0 then rcall('SET', KEYS[2], table.concat(out), 'PX', REQ_TTL_MS) end
 flush_counts()
 publish()
 return out

@@ -7,11 +7,11 @@ local function note_done(q, id)
   if not t then t = {}; done_by_q[q] = t end
   t[#t + 1] = id
 end
-local function publish_cancel(q, id) redis.call('SPUBLISH', qch(q, 'x'), id) end
+local function publish_cancel(q, id) rcall('SPUBLISH', qch(q, 'x'), id) end
 local function publish()
-  for q, ids in pairs(done_by_q) do redis.call('SPUBLISH', qch(q, 'd'), table.concat(ids, ' ')) end
+  for q, ids in pairs(done_by_q) do rcall('SPUBLISH', qch(q, 'd'), table.concat(ids, ' ')) end
   -- Only where a waiter mark was consumed (see common.lua's publish).
   for q in pairs(work_queues) do
-    if redis.call('DEL', k_waiter(q)) == 1 then redis.call('SPUBLISH', qch(q, 'w'), q) end
+    if rcall('DEL', k_waiter(q)) == 1 then rcall('SPUBLISH', qch(q, 'w'), q) end
   end
 end
