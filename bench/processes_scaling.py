@@ -26,7 +26,7 @@ async def main(rounds: int, jobs: int, counts: list[int]) -> None:
         for r in range(rounds):
             for n in counts:
                 async with fresh(url):
-                    rate = await drain(url, jobs, 16, n)
+                    rate, _cost = await drain(url, jobs, 16, n)
                 results[n].append(rate)
                 print(f"round {r + 1}: --processes {n}: {rate:,.0f} jobs/s", flush=True)
     base = statistics.median(results[counts[0]])
