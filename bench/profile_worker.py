@@ -26,14 +26,14 @@ import argparse
 import collections
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+from bench.redis_bench import redis_server
+from bench.redis_server import command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,49 +60,6 @@ anyio.run(main, int(sys.argv[1]))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextmanager
-def redis_server() -> Iterator[str]:
-    """A throwaway redis-server (no persistence) on a free port; its URL."""
-    port = _free_port()
-    tmp = tempfile.mkdtemp(prefix="typedq-profile-")
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            tmp,
-            "--maxmemory-policy",
-            "noeviction",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(200):
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _py_spy() -> str:
     """py-spy beside this interpreter (a venv's bin/), else on the PATH."""
     beside = Path(sys.executable).parent / "py-spy"
@@ -114,8 +71,7 @@ def _env(tree: Path, url: str) -> dict[str, str]:
 
 
 def _flush(url: str) -> None:
-    port = url.rsplit(":", 1)[1].split("/")[0]
-    subprocess.run(["redis-cli", "-p", port, "FLUSHALL"], check=True, capture_output=True)
+    command(int(url.rsplit(":", 1)[1].split("/")[0]), "FLUSHALL")
 
 
 def profile_worker(tree: Path, url: str, jobs: int, warmup: float, seconds: float) -> Path:

@@ -39,6 +39,7 @@ import anyio
 import msgspec
 import redis.asyncio as aioredis
 
+from bench.redis_server import redis_server as bench_redis
 from typedq import App, JobState, Retention
 from typedq.broker.base import JobRecord
 
@@ -82,14 +83,9 @@ async def noop(item: Payload) -> None:
 
 @contextlib.contextmanager
 def redis_server() -> Iterator[str]:
-    """A throwaway redis-server (no persistence, ``noeviction``) on a free port; yields its URL.
-
-    The test suite's spawner (``tests/redis_harness.py``), on purpose: one set of port rules
-    (below the ephemeral range, a port taken before the start replaced) for every
-    redis-server this repository starts, so a fix to them reaches the benchmarks too."""
-    from tests.redis_harness import redis_process
-
-    with redis_process() as server:
+    """A throwaway redis-server (no persistence, ``noeviction``) on a free port; yields its URL
+    (the benchmarks' own spawner, ``bench/redis_server.py``)."""
+    with bench_redis() as server:
         yield server.url
 
 

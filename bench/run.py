@@ -28,7 +28,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,11 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as a script: bench/ is a package of the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.redis_server import BenchRedis, redis_server
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -184,46 +188,6 @@ def code_tree(worktree: bool) -> Iterator[tuple[Path, str]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# -- redis ---------------------------------------------------------------------------------
-
-
-def _redis_command(port: int, *args: str) -> bytes:
-    """One command over a raw socket (RESP), the reply's bulk payload or status line."""
-    payload = f"*{len(args)}\r\n".encode() + b"".join(
-        f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args
-    )
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
-        sock.sendall(payload)
-        data = b""
-        while b"\r\n" not in data:
-            data += sock.recv(65536)
-        header, _, rest = data.partition(b"\r\n")
-        if header[:1] != b"$":
-            return header
-        size = int(header[1:])
-        while len(rest) < size + 2:
-            rest += sock.recv(65536)
-        return rest[:size]
-
-
-def redis_info(port: int, section: str) -> dict[str, str]:
-    text = _redis_command(port, "INFO", section).decode()
-    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[Any]:
-    sys.path.insert(0, str(ROOT))
-    from tests.redis_harness import RedisProcess  # the test suite's spawner: free port, no save
-
-    server = RedisProcess()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 # -- running -------------------------------------------------------------------------------
 
 
@@ -260,11 +224,9 @@ def cases(sizes: dict[str, Any], workloads: list[str]) -> list[tuple[str, str, d
 
 
 def run_one(
-    system: str, params: dict[str, Any], server: Any, timeout: float, tree: Path
+    system: str, params: dict[str, Any], server: BenchRedis, timeout: float, tree: Path
 ) -> dict[str, Any]:
-    from tests.redis_harness import flushall
-
-    flushall(server.port)
+    server.flushall()
     env = dict(os.environ)
     env["BENCH_REDIS_URL"] = server.url
     env.pop("BENCH_TYPEDQ_BROKER", None)
@@ -334,7 +296,7 @@ def describe(result: dict[str, Any]) -> str:
     return f"{r['jobs_per_s']:,.0f} jobs/s{extra}"
 
 
-def machine(server: Any) -> dict[str, Any]:
+def machine(server: BenchRedis) -> dict[str, Any]:
     cpu = ""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -353,7 +315,7 @@ def machine(server: Any) -> dict[str, Any]:
         "memory": mem_total,
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "redis_version": redis_info(server.port, "server").get("redis_version", "?"),
+        "redis_version": server.info("server").get("redis_version", "?"),
         "typedq_commit": commit,
     }
 

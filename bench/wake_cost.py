@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 import redis.asyncio as aioredis
 
-from tests.redis_harness import redis_process
+from bench.redis_server import redis_server
 from tests.redis_support import broker_at, message
 
 
@@ -60,7 +60,7 @@ async def redis_cpu(client: aioredis.Redis) -> float:
 
 
 async def main(jobs: int) -> None:
-    with redis_process() as server:
+    with redis_server() as server:
         url = server.url
         async with broker_at(url, "busy", deadline=600) as producer:
             await producer.enqueue([message("first")])
