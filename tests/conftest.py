@@ -62,28 +62,56 @@ def redis_cluster() -> Iterator[RedisCluster]:
         cluster.stop()
 
 
+#: The ``anyio_backend`` param of a broker-parametrized test: the backend its broker runs on.
+_BROKERS_BACKEND = "the broker's"
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Broker-independent async tests run under both anyio backends (``asyncio_only``
-    ones under asyncio alone: pytest_generate_tests below)."""
-    backend: str = request.param
+    ones under asyncio alone); a test that takes ``broker_url`` runs under its broker's
+    backend (pytest_generate_tests below)."""
+    if request.param == _BROKERS_BACKEND:
+        backend: str = request.getfixturevalue("broker_backend_name")
+        return backend
+    backend = request.param
     return backend
+
+
+def _parametrizes(metafunc: pytest.Metafunc, name: str) -> bool:
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
+        if name in ([n.strip() for n in names.split(",")] if isinstance(names, str) else names):
+            return True
+    return False
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Tests marked ``asyncio_only`` (redis-py is asyncio-based) run under asyncio alone.
+    """Which anyio backends an async test runs under, when it does not say itself.
 
-    The mark becomes a direct parametrization of ``anyio_backend``, which pytest prefers to
-    the fixture's params when it finds it among the test's ``parametrize`` marks; added
-    here, before pytest's own hooks read those marks (tryfirst). Its id is hidden: test
-    ids stay as they were with a module's own asyncio-only fixture.
+    - marked ``asyncio_only`` (redis-py is asyncio-based): asyncio alone;
+    - taking ``broker_url`` (``_broker_backend``): its broker's backend (the embedded
+      broker under asyncio and trio, Redis and Cluster under asyncio), not every backend
+      with every broker.
+
+    Each becomes a parametrization of ``anyio_backend`` (direct for asyncio_only,
+    indirect through the fixture for a broker's), which pytest prefers to the fixture's
+    params when it finds it among the test's ``parametrize`` marks; added here, before
+    pytest's own hooks read those marks (tryfirst). Its id is hidden: the test ids name
+    the backend once, in the broker's id (``memory-trio``).
     """
-    if "anyio_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
-        "asyncio_only"
-    ):
+    if "anyio_backend" not in metafunc.fixturenames or _parametrizes(metafunc, "anyio_backend"):
+        return
+    if metafunc.definition.get_closest_marker("asyncio_only"):
         metafunc.definition.add_marker(
             pytest.mark.parametrize("anyio_backend", ["asyncio"], ids=[pytest.HIDDEN_PARAM])
+        )
+    elif "_broker_backend" in metafunc.fixturenames:
+        metafunc.definition.add_marker(
+            pytest.mark.parametrize(
+                "anyio_backend", [_BROKERS_BACKEND], indirect=True, ids=[pytest.HIDDEN_PARAM]
+            )
         )
 
 

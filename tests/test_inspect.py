@@ -33,11 +33,6 @@ class Work(msgspec.Struct, frozen=True):
     n: int
 
 
-@pytest.fixture
-def anyio_backend(broker_backend_name: str) -> str:
-    return broker_backend_name
-
-
 def make_app(name: str, url: str) -> tuple[App, Task[Work, None]]:
     app = App(name, broker=url)
 

@@ -17,11 +17,6 @@ from typedq.inspector import Inspector
 S = 1_000_000
 
 
-@pytest.fixture
-def anyio_backend(broker_backend_name: str) -> str:
-    return broker_backend_name
-
-
 @pytest.mark.anyio
 async def test_schedules_with_next_and_last_fire_times(app_name: str, broker_url: str) -> None:
     app = App(app_name, broker=broker_url)

@@ -54,12 +54,6 @@ LONG_LEASE = 600.0
 DELAY = 3600.0
 
 
-@pytest.fixture
-def anyio_backend(broker_backend_name: str) -> str:
-    """Run under the anyio backend the broker parametrization chose."""
-    return broker_backend_name
-
-
 @dataclass(frozen=True)
 class Op:
     """One step; its repr is the trace printed when a run diverges.

@@ -29,11 +29,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend(broker_backend_name: str) -> str:
-    return broker_backend_name
-
-
-@pytest.fixture
 def shared(broker_url: str, app_name: str) -> str | Broker:
     """What both sides connect to: one MemoryBroker instance, or the Redis URL."""
     if broker_url.startswith("memory"):

@@ -31,11 +31,6 @@ from typedq.options import MAX_PRIORITY, MIN_PRIORITY
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend(broker_backend_name: str) -> str:
-    return broker_backend_name
-
-
 async def waiting(app: App, queue: str = "default") -> int:
     return count(await app.broker.counts(queue), JobState.WAITING)
 

@@ -47,11 +47,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend(broker_backend_name: str) -> str:
-    return broker_backend_name
-
-
-@pytest.fixture
 def exporter() -> InMemorySpanExporter:
     return InMemorySpanExporter()
 

@@ -55,12 +55,6 @@ pytestmark = pytest.mark.anyio
 NO_WAIT = Backoff(kind="fixed", base=0.0, jitter=0.0)
 
 
-@pytest.fixture
-def anyio_backend(broker_backend_name: str) -> str:
-    """Every test here takes ``broker_url``: run it under that broker's backend."""
-    return broker_backend_name
-
-
 # -- models whose decoding blows up in ways other than a validation error -------------
 
 
