@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -205,21 +206,25 @@ class RedisCluster:
     ``redis-cli --cluster create``; ready once every node reports ``cluster_state:ok``."""
 
     def __init__(self, primaries: int = 3, replicas: int = 1) -> None:
-        self.nodes = [
+        self.primaries = primaries
+        self.replicas = replicas
+        self.nodes = self._new_nodes()
+
+    def _new_nodes(self) -> list[RedisProcess]:
+        nodes = [
             RedisProcess(
                 extra=(
                     *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
                     *("--repl-diskless-sync-delay", "0"),
                 )
             )
-            for _ in range(primaries * (1 + replicas))
+            for _ in range(self.primaries * (1 + self.replicas))
         ]
-        self.primaries = primaries
-        self.replicas = replicas
-        for node in self.nodes:
+        for node in nodes:
             node.port = cluster_port()
             node.choose_port = cluster_port
             node.extra += ("--cluster-config-file", str(node.dir / "nodes.conf"))
+        return nodes
 
     @property
     def url(self) -> str:
@@ -228,8 +233,21 @@ class RedisCluster:
         return f"redis+cluster://{hosts}"
 
     def start(self) -> None:
+        """Start the nodes, join them, wait for ``cluster_state:ok``. A cluster that does not
+        get there (seen once on a loaded machine: one node never learnt of the others) is
+        stopped and made again on fresh ports, once."""
         if REDIS_CLI is None:
             raise RuntimeError("redis-cli is not installed: `apt-get install redis-tools`")
+        try:
+            self._start_once()
+        except RuntimeError as exc:
+            self.stop()
+            print(f"local Redis Cluster: {exc}; making it again", file=sys.stderr)
+            self.nodes = self._new_nodes()
+            self._start_once()
+
+    def _start_once(self) -> None:
+        assert REDIS_CLI is not None
         for node in self.nodes:
             node.start()
         subprocess.run(
@@ -252,13 +270,16 @@ class RedisCluster:
     def wait_ok(self, timeout: float = 30.0) -> None:
         """Until every live node reports ``cluster_state:ok`` and knows every node."""
         deadline = time.monotonic() + timeout
+        answered: list[RedisProcess] = []
+        states: list[bool] = []
         while time.monotonic() < deadline:
             states = []
-            for node in self.nodes:
-                if node.proc is None:
-                    continue
-                with contextlib.suppress(OSError):
+            live = [node for node in self.nodes if node.proc is not None]
+            answered = []
+            for node in live:
+                with contextlib.suppress(OSError):  # a node not answering is not counted
                     info = _command(node.port, "CLUSTER", "INFO")
+                    answered.append(node)
                     states.append(
                         b"cluster_state:ok" in info
                         and f"cluster_known_nodes:{len(self.nodes)}".encode() in info
@@ -266,7 +287,12 @@ class RedisCluster:
             if states and all(states) and self._replicas_connected():
                 return
             time.sleep(0.1)
-        raise RuntimeError("the local Redis Cluster did not reach cluster_state:ok")
+        not_ok = [n.port for n, ok in zip(answered, states, strict=True) if not ok]
+        raise RuntimeError(
+            f"the local Redis Cluster did not reach cluster_state:ok in {timeout:.0f} s "
+            f"(nodes not ok or not knowing all {len(self.nodes)}: {not_ok or 'none'}; "
+            f"replicas in sync: {self._replicas_connected()})"
+        )
 
     def _replicas_connected(self) -> bool:
         """Every replica the cluster should have is attached to its primary and in sync."""
