@@ -58,6 +58,8 @@ class _Link:
     closed: bool = False
     #: Directions (of two) that ended cleanly.
     ended: int = 0
+    #: Open during a dropping blackhole: forwards nothing more, cut when it ends.
+    doomed: bool = False
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -200,6 +202,10 @@ class NetProxy:
     def _cut_after(self, seconds: float) -> None:
         links = set(self._links)
         assert self._loop is not None
+        # Marked now, not at the cut: on a loaded machine the cut may run a little after the
+        # blackhole ends, and the bytes held meanwhile must not get through in that gap.
+        for link in links:
+            link.doomed = True
 
         def cut() -> None:
             for link in links:
@@ -288,6 +294,8 @@ class NetProxy:
                 # Re-checked in a loop: a blackhole may start or grow while we wait.
                 while (wait := max(due, self._blackhole_until) - time.monotonic()) > 0:  # noqa: ASYNC110
                     await asyncio.sleep(wait)
+                if link.doomed:
+                    continue  # held in a dropping blackhole: dropped, the link is cut
                 if not data:  # end of stream: pass the FIN on
                     if writer.can_write_eof():
                         writer.write_eof()
