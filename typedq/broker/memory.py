@@ -31,6 +31,7 @@ from anyio.abc import TaskStatus
 
 from ..errors import ConfigError, NotConnected, QueueFull
 from ..names import check_worker_id
+from ..options import check_numbers
 from .base import (
     CLAIM_RECORD_TTL,
     ERROR_HISTORY,
@@ -586,6 +587,7 @@ class MemoryBroker(Broker):
 
     async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         self._check()
+        check_numbers(messages)
         outcomes = self._enqueue(messages)
         self.wake()
         return outcomes
@@ -595,6 +597,8 @@ class MemoryBroker(Broker):
     ) -> list[list[EnqueueOutcome] | Exception]:
         # All the batches in one call, and one wake-up for them all.
         self._check()
+        for batch in batches:
+            check_numbers(batch)  # before any batch is stored, as on Redis
         results: list[list[EnqueueOutcome] | Exception] = []
         try:
             for batch in batches:
@@ -1308,6 +1312,8 @@ class MemoryBroker(Broker):
 
     async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
         self._check()
+        for spec in flows:
+            check_numbers((*spec.members, *spec.steps))
         out: list[EnqueueOutcome | Exception] = []
         for spec in flows:
             try:
