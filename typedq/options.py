@@ -7,6 +7,11 @@ also as microseconds for the times, so both brokers store exactly what was asked
 
 The same checks run for ``@app.task(...)`` and ``Producer.task(...)`` options, for every
 ``enqueue`` and, on envelopes built by hand, in ``Client.enqueue`` / ``enqueue_many``.
+The brokers' own ``enqueue``, ``enqueue_batches`` and ``enqueue_flows`` check the numbers
+of what they are handed too (:func:`check_numbers`, a few comparisons per envelope), so
+an envelope built by hand and given to a broker directly gets the same one-line error on
+every broker (the Redis encoder cannot store ``priority=2**70``: msgpack ints stop at
+64 bits; the embedded broker would have stored it).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Final
 
@@ -28,6 +34,7 @@ __all__ = [
     "MIN_PRIORITY",
     "check_int_option",
     "check_message",
+    "check_numbers",
     "check_seconds_option",
 ]
 
@@ -117,3 +124,30 @@ def check_message(message: JobMessage) -> JobMessage:
                 "from A-Z a-z 0-9 _ . : - (typedq.limits.limit_key makes one from any value)"
             )
     return message
+
+
+def check_numbers(messages: Iterable[JobMessage]) -> None:
+    """Refuse envelopes whose numbers are out of range, as :func:`check_message` does
+    (same error), before a broker stores or encodes anything of the call.
+
+    The envelopes a task or a client makes were checked already; this is the cheap pass
+    (comparisons only; NaN fails every one) for those handed to a broker directly.
+
+    :raises InvalidOption: naming the job, the field, the value and the allowed range
+    """
+    for m in messages:
+        p, r, t = m.priority, m.max_retries, m.timeout
+        try:
+            ok = (
+                type(p) is int
+                and MIN_PRIORITY <= p <= MAX_PRIORITY
+                and type(r) is int
+                and -1 <= r <= MAX_RETRIES
+                and 0.0 <= m.eta <= MAX_SECONDS
+                and 0.0 <= m.delay <= MAX_SECONDS
+                and (t == -1.0 or 0.0 <= t <= MAX_SECONDS)
+            )
+        except TypeError:  # not a number at all
+            ok = False
+        if not ok:
+            check_message(m)  # raises with the field's own message

@@ -6,14 +6,17 @@ Runs once per broker (memory under asyncio and trio, Redis under asyncio) agains
 
 from __future__ import annotations
 
+import math
 import time
 
 import anyio
+import msgspec
 import pytest
 
 from tests.support import claim_one, connected, count, msg, one, sleep_until
-from typedq import JobState, QueueFull
+from typedq import InvalidOption, JobState, QueueFull
 from typedq.broker.base import Completion, FinishOutcome
+from typedq.broker.flow import FlowSpec
 from typedq.names import new_job_id
 
 pytestmark = pytest.mark.anyio
@@ -63,6 +66,42 @@ async def test_enqueue_batch_keeps_order_and_reports_each(app_name: str, broker_
         claimed = await broker.claim(["q"], 100, worker_id="w", lease=10)
         assert [c.message.id for c in claimed] == [m.id for m in messages]  # FIFO
         assert len({c.token for c in claimed}) == 50  # a fresh token per claim
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("priority", 2**70),
+        ("priority", -(2**31) - 1),
+        ("max_retries", 2**70),
+        ("eta", math.nan),
+        ("eta", 1e300),
+        ("delay", -5.0),
+        ("delay", math.inf),
+        ("timeout", -3.0),
+    ],
+)
+async def test_an_envelope_with_numbers_out_of_range_is_refused_on_every_broker(
+    app_name: str, broker_url: str, field: str, value: float
+) -> None:
+    """Handed to a broker directly (past the producer's checks), an envelope whose number
+    is out of range gets the producer's one-line InvalidOption, naming the field and the
+    range, from enqueue, enqueue_batches and enqueue_flows alike, and nothing is stored.
+    (It was stored by the embedded broker and a raw OverflowError from the Redis
+    encoder for ints past 64 bits.)"""
+    async with connected(app_name, broker_url) as broker:
+        good = msg()
+        bad = msgspec.structs.replace(msg(), **{field: value})
+        flow_bad = msgspec.structs.replace(msg(job_id="flow-x"), **{field: value})
+        for call in (
+            lambda: broker.enqueue([good, bad]),
+            lambda: broker.enqueue_batches([[good], [bad]]),
+            lambda: broker.enqueue_flows([FlowSpec(id="flow-x", steps=(flow_bad,))]),
+        ):
+            with pytest.raises(InvalidOption, match=rf"{field}=.* is out of range: use "):
+                await call()
+        counts = await broker.counts("q")
+        assert count(counts, JobState.WAITING) + count(counts, JobState.SCHEDULED) == 0
 
 
 async def test_enqueue_empty_batch(app_name: str, broker_url: str) -> None:

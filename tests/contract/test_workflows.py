@@ -33,6 +33,7 @@ from typedq import (
 )
 from typedq.broker.base import Completion, RetryOutcome
 from typedq.inspector import Inspector, render_flow, render_job
+from typedq.job import decode_failure
 
 pytestmark = pytest.mark.anyio
 
@@ -796,3 +797,131 @@ async def test_retrying_a_failed_fan_in_callback_resumes_its_flow(
             assert await app.broker.retry([f"{job.id}.0"]) == [RetryOutcome.RETRIED]
             assert await job.result(timeout=10) == Out(1 + 4 + 9 + 1)
     assert got == [[0, 1, 4, 9]] * 2
+
+
+async def test_purging_held_steps_fails_the_flow_and_counts_each_once(
+    app_name: str, broker_url: str
+) -> None:
+    """Purging ``scheduled`` where a chain's steps are held deletes every job that was
+    scheduled (the held step and the flow's own job: 2), whatever order the broker
+    deletes them in, and fails the step still waiting with ``flow_broken``."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def a(x: In) -> In:
+        return x  # pragma: no cover
+
+    @app.task
+    async def b(x: In) -> In:
+        return x  # pragma: no cover
+
+    @app.task
+    async def c(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    async with app:  # no worker: F.0 waits, F.1 and F are held
+        job = await a.then(b).then(c).enqueue(In(1))
+        assert await app.broker.purge("default", [JobState.SCHEDULED]) == 2
+        first, middle, own = await app.broker.get([f"{job.id}.0", f"{job.id}.1", job.id])
+        counts = await app.broker.counts("default")
+    assert (middle, own) == (None, None)
+    assert first is not None
+    assert first.state is JobState.FAILED
+    assert decode_failure(first.error, "F.0").reason is FailureReason.FLOW_BROKEN
+    assert (counts[JobState.SCHEDULED], counts[JobState.WAITING], counts[JobState.FAILED]) == (
+        0,
+        0,
+        1,
+    )
+
+
+async def test_deleting_the_flows_own_job_fails_the_rest_like_any_step(
+    app_name: str, broker_url: str
+) -> None:
+    """The flow's own job removed (or purged) before it finished fails the rest of the
+    flow with ``flow_broken``, like any removed step: one answer, whichever job of the
+    flow a purge reaches first. (Cancelling it still cancels the rest.)"""
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="fast")
+    async def first(x: In) -> In:
+        return x  # pragma: no cover
+
+    @app.task(queue="slow")
+    async def middle(x: In) -> In:
+        return x  # pragma: no cover
+
+    @app.task(queue="fast")
+    async def last(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    async with app:
+        purged = await first.then(middle).then(last).enqueue(In(1))
+        # Only the flow's own job is scheduled on "fast" (its middle step is held on
+        # "slow"; on Redis Cluster the flow hands off across slots).
+        assert await app.broker.purge("fast", [JobState.SCHEDULED]) == 1
+        removed = await first.then(middle).then(last).enqueue(In(2))
+        assert await app.broker.remove([removed.id]) == [True]
+        ids = [f"{f.id}.{k}" for f in (purged, removed) for k in (0, 1)]
+        with anyio.fail_after(TEST_DEADLINE):
+            while True:  # across slots the rest ends through the hand-off outbox
+                records = await app.broker.get(ids)
+                if all(r is not None and r.state.is_final for r in records):
+                    break
+                await anyio.sleep(0.05)  # pragma: no cover
+    for record in records:
+        assert record is not None
+        assert record.state is JobState.FAILED, record
+        assert decode_failure(record.error, "step").reason is FailureReason.FLOW_BROKEN
+
+
+async def test_purge_of_a_held_flow_across_batches_counts_every_scheduled_job(
+    app_name: str, broker_url: str
+) -> None:
+    """A Redis purge deletes 1000 scheduled jobs per call: a flow whose own job falls in
+    one call and its held step in the next is deleted whole (count 1001), as on the
+    embedded broker, instead of the held step surviving as ``failed``."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def a(x: In) -> In:
+        return x  # pragma: no cover
+
+    @app.task
+    async def b(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    async with app:
+        await a.enqueue_many([In(i) for i in range(999)], delay=3600)
+        flow = await a.then(a).then(b).enqueue(In(0))  # F.0 waits; F and F.1 held
+        # Due order: the 999 delayed jobs, then F (held ids sort F < F.1): 1000 and 1001.
+        assert await app.broker.purge("default", [JobState.SCHEDULED]) == 1001
+        counts = await app.broker.counts("default")
+        first = (await app.broker.get([f"{flow.id}.0"]))[0]
+    assert (counts[JobState.SCHEDULED], counts[JobState.FAILED]) == (0, 1)
+    assert first is not None
+    assert first.state is JobState.FAILED
+
+
+async def test_purging_the_last_waiting_members_purges_the_callback_they_release(
+    app_name: str, broker_url: str
+) -> None:
+    """A collecting fan-in's callback is released when its last member settles, also
+    when a purge of ``waiting`` deleted it; the same purge deletes the callback (nothing
+    is left waiting) and counts it."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    @app.task
+    async def report(outcomes: list[Ok[Out] | Failed]) -> In:
+        return In(len(outcomes))  # pragma: no cover
+
+    async with app:
+        job = await square.map(In(i) for i in range(3)).collect(report).enqueue()
+        assert await app.broker.purge("default", [JobState.WAITING]) == 4
+        counts = await app.broker.counts("default")
+        assert await app.broker.get([job.id]) == [None]
+    assert sum(counts.values()) == 0

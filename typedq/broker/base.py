@@ -709,7 +709,16 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
-        """Delete the jobs of ``queue`` in ``states``; return how many."""
+        """Delete the jobs of ``queue`` in ``states``; return how many.
+
+        Jobs of a workflow among them end their flow as :meth:`remove` does (a job that
+        had not finished fails the rest with ``flow_broken``), and the count is exactly
+        the jobs deleted, whatever order the backend deletes them in: a job of such a flow
+        that is itself in ``states`` on ``queue`` is deleted (and counted), never left
+        failed, and a fan-in callback that deleting its last members releases into a
+        purged state is deleted too. Nothing of the queue is left in ``states`` (but what
+        arrives meanwhile).
+        """
 
     # -- operations (``typedq inspect``) ---------------------------------------------
 
@@ -752,7 +761,9 @@ class Broker(abc.ABC):
         :param states: delete a job only while it is in one of these states (checked
             atomically with the delete), so a job that moved on since it was listed is
             kept; ``None`` deletes in any state. Deleting an active job makes its
-            worker's finish answer ``NOT_FOUND``; a waiter on it is woken.
+            worker's finish answer ``NOT_FOUND``; a waiter on it is woken. A job of a
+            workflow deleted before it finished (the flow's own job too) fails the rest
+            of its flow with ``flow_broken``; ids are acted on in order.
         """
 
     # -- observability (metrics, the worker and queue registries) --------------------

@@ -38,10 +38,13 @@ step's own transition:
   the flow with the first failed member's (by index) record and final state.
 - a step fails or is cancelled: every held step after it ends in the same state with
   the same FailureRecord; later steps never run.
-- the flow's own job ends without completing (``job.cancel()``, removal): every job of
-  the flow that has not finished is cancelled (a running one gets a cancel request).
+- the flow's own job is cancelled (``job.cancel()``): every job of the flow that has
+  not finished is cancelled (a running one gets a cancel request).
 - a job of the flow is removed before it finished: a member settles as failed, a step
-  fails the rest, with reason ``flow_broken``. Nothing waits forever.
+  (the flow's own job too) fails the rest, with reason ``flow_broken``. Nothing waits
+  forever. A purge deletes every job of its state before the flows react (on Redis: a
+  job of the reacting flow in the purged state is deleted, not ended), so the outcome
+  and the count do not depend on the order of deletion.
 
 Retry (``Broker.retry``) of a step that failed or was cancelled, in a flow that has ended,
 resumes the flow: the later steps its end stopped (still held: never released) are held

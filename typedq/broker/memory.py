@@ -31,6 +31,7 @@ from anyio.abc import TaskStatus
 
 from ..errors import ConfigError, NotConnected, QueueFull
 from ..names import check_worker_id
+from ..options import check_numbers
 from .base import (
     CLAIM_RECORD_TTL,
     ERROR_HISTORY,
@@ -586,6 +587,7 @@ class MemoryBroker(Broker):
 
     async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
         self._check()
+        check_numbers(messages)
         outcomes = self._enqueue(messages)
         self.wake()
         return outcomes
@@ -595,6 +597,8 @@ class MemoryBroker(Broker):
     ) -> list[list[EnqueueOutcome] | Exception]:
         # All the batches in one call, and one wake-up for them all.
         self._check()
+        for batch in batches:
+            check_numbers(batch)  # before any batch is stored, as on Redis
         results: list[list[EnqueueOutcome] | Exception] = []
         try:
             for batch in batches:
@@ -1265,14 +1269,23 @@ class MemoryBroker(Broker):
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         self._check()
         wanted = set(states)
-        doomed = [
+        removed = 0
+        # Every job in the states goes before any flow reacts, so which of a flow's jobs
+        # is deleted first changes nothing (the Redis script deletes in its own order, and
+        # deletes a job its flow's end reaches in the purged state instead of ending it);
+        # a job the reactions put in the states (a fan-in released by its last member's
+        # deletion) is purged by the next round, as the Redis script pops it next.
+        while doomed := [
             job for job in self._jobs.values() if job.message.queue == queue and job.state in wanted
-        ]
-        for job in doomed:
-            self._delete(job)
-        return len(doomed)
+        ]:
+            for job in doomed:
+                self._delete(job, react=False)
+            for job in doomed:
+                self._flow_removed(job)
+            removed += len(doomed)
+        return removed
 
-    def _delete(self, job: _Job) -> None:
+    def _delete(self, job: _Job, *, react: bool = True) -> None:
         del self._jobs[job.message.id]
         self._active.pop(job.message.id, None)
         self._free_slot(job)
@@ -1282,12 +1295,16 @@ class MemoryBroker(Broker):
         waiter = self._finish_waiters.pop(job.message.id, None)
         if waiter is not None:
             waiter.set()
+        if react:
+            self._flow_removed(job)
+
+    def _flow_removed(self, job: _Job) -> None:
+        """A deleted job of a flow had not finished: its flow treats it as failed with
+        reason ``flow_broken`` (attempt 0, like the Redis twin ``flow_removed``)."""
         if job.flow_id is not None and not job.state.is_final:
             now = self.clock()
             record = _encode(
-                broker_failure(
-                    "flow_broken", FLOW_BROKEN_MESSAGE, attempt=job.attempt, failed_at=now
-                )
+                broker_failure("flow_broken", FLOW_BROKEN_MESSAGE, attempt=0, failed_at=now)
             )
             self._flow_settled(job, JobState.FAILED, None, record, now)
 
@@ -1295,6 +1312,8 @@ class MemoryBroker(Broker):
 
     async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
         self._check()
+        for spec in flows:
+            check_numbers((*spec.members, *spec.steps))
         out: list[EnqueueOutcome | Exception] = []
         for spec in flows:
             try:
@@ -1386,8 +1405,10 @@ class MemoryBroker(Broker):
                 del self._flows[flow.id]
             else:
                 self._release(flow, job.flow_step + 1, result or b"\xc0", now)
-        elif job.flow_step == flow.steps - 1:
-            # The flow's own job ended first (cancelled, removed): stop everything else.
+        elif job.flow_step == flow.steps - 1 and state is JobState.CANCELLED:
+            # The flow's own job was cancelled first: cancel everything else. (Removed,
+            # it fails the rest with flow_broken like any removed step: a purge that
+            # takes a held step and the flow's own job gives one answer in any order.)
             self._end_flow(flow, JobState.CANCELLED, None, now)
         else:
             self._end_flow(flow, state, error, now)

@@ -1036,6 +1036,23 @@ local function flow_outbox_due(q, now, age, limit)
   end
 end
 
+-- A purge of queue q's scheduled jobs under way in this call (purge.lua sets it):
+-- {q = queue, n = jobs it deleted through purge_takes}. nil in every other call.
+local purging
+-- A job of the flow a purge's deletion ends (or releases) is itself scheduled on the
+-- purged queue: the purge deletes it rather than end it, as it would have had it come
+-- first (the embedded broker deletes all of them before any flow reacts), so the
+-- outcome and the count do not depend on the order or the batch the jobs fall in.
+-- True when it was deleted (its sorted-set entry is gone already).
+local function purge_takes(q, id, s)
+  if not purging or purging.q ~= q or s ~= 's' then return false end
+  rcall('DEL', k_job(q, id))
+  count(q, 's', -1)
+  note_done(q, id)
+  purging.n = purging.n + 1
+  return true
+end
+
 -- Job `id` of queue `q` ends with its flow (see flow_end).
 local function flow_end_job(q, id, state, err, now)
   local r = read_hash(q, id, 's', 'q', 'p', 'a')
@@ -1046,6 +1063,7 @@ local function flow_end_job(q, id, state, err, now)
     publish_cancel(q, id)
   elseif s == 'w' or s == 's' then
     if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else rcall('ZREM', k_sched(q), id) end
+    if purge_takes(q, id, s) then return end
     local st = 'x'
     local e = err
     if e then st = state else
@@ -1096,6 +1114,10 @@ end
 local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home, links)
   local jk = k_job(q, id)
   local r = read_hash(q, id, 's', 'q', 'mh', 'mt', 'p')
+  if r and r[1] == 's' and purging and purging.q == q then
+    rcall('ZREM', k_sched(q), id)
+    if purge_takes(q, id, 's') then r = nil end
+  end
   if not r or r[1] ~= 's' or not r[3] then
     if x and r then return false end
     local broken = failure_record('flow_broken', 'FlowBroken', FLOW_BROKEN, 0, nil, now)
@@ -1252,8 +1274,8 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
     else
       flow_release(fq, f, k + 1, steps, collector, res or '\192', now, nil, x)
     end
-  elseif k == steps - 1 then
-    flow_end(fq, f, 'x', nil, now)  -- the flow's own job ended first (cancel): stop the rest
+  elseif k == steps - 1 and state == 'x' then
+    flow_end(fq, f, 'x', nil, now)  -- the flow's own job was cancelled first: stop the rest
   else
     flow_end(fq, f, state, err, now)
   end

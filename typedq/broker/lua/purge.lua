@@ -9,6 +9,9 @@ if #ARGV ~= 5 or q == '' or not is_int(budget) or budget < 1 or not is_int(curso
   return bad_args('purge')
 end
 local removed = 0
+-- Scheduled: a job of a flow that a deletion here ends or releases, scheduled on this
+-- queue too, is deleted as well (purge_takes in common.lua) and counted.
+if state == 's' then purging = {q = q, n = 0} end
 local function drop(id)
   local link = flow_link(q, id)
   redis.call('DEL', k_job(q, id))
@@ -72,6 +75,7 @@ elseif state == 's' then
     local r = read_job(q, id, 's', 'q')
     if r and r[1] == 's' and r[2] == q then drop(id) end
   end
+  removed = removed + purging.n
   if #ids >= budget then next_cursor = 0 end
 else
   local zkey

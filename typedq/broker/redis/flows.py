@@ -29,6 +29,7 @@ from redis.crc import key_slot
 
 from ...errors import ConfigError, QueueFull
 from ...names import check_job_id, check_name
+from ...options import check_numbers
 from ..base import EnqueueOutcome, JobMessage
 from ..flow import FlowSpec, FlowState, id_taken, member_id
 from .codec import encode, encode_body, text
@@ -199,6 +200,8 @@ class FlowOps(RedisCore):
     async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
         """Store workflows: one ``flow_enqueue`` script per group of flows (up to ~8 MB
         of bodies), pipelined in one round trip; each flow is stored atomically, whole."""
+        for spec in flows:
+            check_numbers((*spec.members, *spec.steps))
         if not flows:
             self._conn()
             return []

@@ -21,6 +21,7 @@ from anyio.abc import TaskStatus
 
 from ...errors import BrokerError
 from ...names import check_job_id, check_job_ids, check_name
+from ...options import check_numbers
 from ..base import CancelOutcome, EnqueueOutcome, JobMessage, JobRecord
 from .codec import encode_body, text, us
 from .core import RedisCore, _missing, _request_token
@@ -46,6 +47,7 @@ class ProducerOps(RedisCore):
     """Producer methods of the Redis broker."""
 
     async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
+        check_numbers(messages)  # the encoder cannot store every int (msgpack: 64 bits)
         if not messages:
             self._conn()
             return []
@@ -136,6 +138,8 @@ class ProducerOps(RedisCore):
         and after it get a :class:`BrokerUnavailable` each: those may or may not be
         stored, and sending them again with the same ids is safe (ids deduplicate).
         """
+        for batch in batches:
+            check_numbers(batch)  # before any batch is stored
         if self.cluster:
             # A batch may span slots: each is stored by enqueue (one script per queue).
             return await super().enqueue_batches(batches)
