@@ -328,6 +328,9 @@ class TickFiring(msgspec.Struct, frozen=True, kw_only=True):
     #: Due ticks the scheduler's policies dropped (added to the skipped count).
     skipped: int = 0
     overlap: str = "allow"
+    #: The queue of the schedule's tick jobs (every tick of a schedule goes to one):
+    #: where Redis Cluster fires it, atomically. "" = the messages' queue.
+    queue: str = ""
 
 
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
