@@ -240,7 +240,7 @@ async def test_overlap_holds_for_a_partitioned_task(
             assert outcome is FireOutcome.FIRED
             assert after is not None
             state = after
-            running = await broker.claim([sched.queue], 1, worker_id="w", lease=30)
+            running = await broker.claim(slow.queues, 1, worker_id="w", lease=30)
             assert [j.message.id for j in running] == [tick_job_id(sched.name, ticks[0])]
             for t in ticks[1:-1]:
                 ((outcome, after),) = await broker.fire_schedules([firing(state, t)])
