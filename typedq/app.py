@@ -176,6 +176,7 @@ class App(AppBase):
                     "pass @app.task(name=...) to register another"
                 )
             check_partitions(options, [t.options for t in self._tasks.values()])
+            self._declare_partitions({options.queue: options.partitions})
             task: Task[Any, Any] = Task(
                 handler,
                 app=self,

@@ -81,7 +81,7 @@ class ScheduleOps(RedisCore):
         for f in firings:
             args: list[Any] = [
                 self.keys.prefix,
-                self.settings.max_queue_length,
+                self.queue_cap(m.queue for m in f.messages),
                 check_name("schedule", f.name),
                 f.digest,
                 f.expected_last_us,
@@ -143,7 +143,7 @@ class ScheduleOps(RedisCore):
         check_name("queue", queue)
         args: list[Any] = [
             self.keys.prefix,
-            self.settings.max_queue_length,
+            self.queue_cap([queue]),
             name,
             f.digest,
             f.expected_last_us,
