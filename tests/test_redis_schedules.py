@@ -16,7 +16,14 @@ from tests import redis_support
 from tests.redis_harness import RedisCluster
 from tests.redis_support import raw_redis
 from typedq import BrokerError, JobState
-from typedq.broker.base import Completion, FireOutcome, JobMessage, Retention, TickFiring
+from typedq.broker.base import (
+    Completion,
+    FireOutcome,
+    JobMessage,
+    Retention,
+    ScheduleState,
+    TickFiring,
+)
 from typedq.broker.redis import RedisBroker
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -218,3 +225,55 @@ async def test_a_scheduler_stalled_after_its_check_never_fires_a_tick_twice(
         assert counts[JobState.WAITING] == 0, "the tick was stored again: it would run twice"
         (after,) = await b.schedule_states()
         assert (after.last_tick_us, after.fired) == (new, 1)
+
+
+@pytest.mark.cluster
+async def test_the_cluster_firing_state_follows_resets_and_repairs_a_lagging_app_state(
+    redis_cluster: RedisCluster,
+) -> None:
+    """The firing state in the ticks' slot adopts the app-wide state when that one was
+    restarted (a schedule pruned and declared again), and an app-wide state left behind
+    it (a firing cut off before its second call) is moved up by the next firing, which
+    answers stale; the schedule then goes on."""
+    redis_cluster.flushall()
+    async with broker_at(redis_cluster.url) as broker:
+
+        def firing(state: ScheduleState) -> TickFiring:
+            new = state.last_tick_us + 1_000
+            return TickFiring(
+                name="s",
+                digest="d",
+                expected_last_us=state.last_tick_us,
+                new_last_us=new,
+                messages=[tick("s", new)],
+                queue="q",
+            )
+
+        async def fire(state: ScheduleState) -> tuple[FireOutcome, ScheduleState]:
+            await anyio.sleep(0.01)  # the tick is due
+            ((outcome, after),) = await broker.fire_schedules([firing(state)])
+            assert after is not None
+            return outcome, after
+
+        (state,) = await broker.sync_schedules([("s", "d")], prune=False)
+        outcome, first = await fire(state)
+        assert (outcome, first.fired) == (FireOutcome.FIRED, 1)
+        # Pruned and declared again: the app-wide state restarts at now, ahead of the
+        # firing state, which adopts it.
+        await broker.sync_schedules([], prune=True)
+        (state,) = await broker.sync_schedules([("s", "d")], prune=False)
+        assert state.last_tick_us > first.last_tick_us
+        outcome, second = await fire(state)
+        assert (outcome, second.fired) == (FireOutcome.FIRED, 1)
+        # The app-wide state put back behind the firing state: the next firing is stale
+        # (the tick was fired) and moves it up; the one after that fires.
+        behind = f"d|{state.last_tick_us}|0|0|0|"
+        assert broker._redis is not None
+        await broker._redis.hset(broker.keys.schedules, "s", behind)
+        lagging = ScheduleState(name="s", digest="d", last_tick_us=state.last_tick_us)
+        outcome, repaired = await fire(lagging)
+        assert outcome is FireOutcome.STALE
+        assert repaired == second
+        outcome, third = await fire(repaired)
+        assert (outcome, third.fired) == (FireOutcome.FIRED, 2)
+        assert (await broker.counts("q"))[JobState.WAITING] == 3
