@@ -49,7 +49,8 @@ class App(AppBase):
     :param lease: seconds a worker's claim lasts without renewal (renewed every third of it)
     :param max_stalls: lease expiries after which a job fails with reason ``stalled``
     :param retention: bounds on kept finished jobs (memory stays bounded)
-    :param max_queue_length: refuse enqueues past this many pending jobs per queue (0 = no cap)
+    :param max_queue_length: refuse enqueues past this many pending jobs per queue (0 = no cap;
+        a partitioned queue's partitions share it: ceil(cap / partitions) each)
     :param tracing: OpenTelemetry spans for enqueues and for this app's workers: True
         (the global TracerProvider) or a :class:`~typedq.tracing.Tracing`; needs
         ``pip install 'typedq[otel]'``; off by default (see docs/observability.md)
@@ -176,6 +177,7 @@ class App(AppBase):
                     "pass @app.task(name=...) to register another"
                 )
             check_partitions(options, [t.options for t in self._tasks.values()])
+            self._declare_partitions({options.queue: options.partitions})
             task: Task[Any, Any] = Task(
                 handler,
                 app=self,

@@ -6,7 +6,7 @@ checked namespace and the :class:`~typedq.client.Client` they send through, whic
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -67,6 +67,15 @@ class AppBase:
         self._client = Client(
             broker, name=self.name, settings=self.settings, tracing=self._client.tracing or False
         )
+        self._declare_partitions({})
+
+    def _declare_partitions(self, more: Mapping[str, int]) -> None:
+        """Tell the broker the partitioned queues (they share ``max_queue_length``: see
+        :meth:`Broker.queue_cap <typedq.broker.base.Broker.queue_cap>`): ``more`` and
+        those of the tasks declared before."""
+        tasks = getattr(self, "_tasks", {})
+        known = {t.options.queue: t.options.partitions for t in tasks.values()}
+        self.broker.set_partitions({**known, **more})
 
     @contextlib.contextmanager
     def using_broker(self, broker: str | Broker) -> Iterator[Self]:
@@ -78,6 +87,7 @@ class AppBase:
             yield self
         finally:
             self._client = previous
+            self._declare_partitions({})
 
     def events(
         self, task: TaskBase[Any, TOut], *, after: int | None = None, replay: bool = False

@@ -9,8 +9,9 @@ name keeps every task's ids apart.
 
 A partitioned queue (``@app.task(queue="emails", partitions=8)``) is stored as the
 sub-queues ``emails.p0`` ... ``emails.p7``; :func:`partition_queue` picks one from a
-stable hash of the job id. The form ``<queue>.p<n>`` is reserved for the partitions
-of a partitioned queue ``<queue>`` (the app refuses a task queue named so).
+stable hash of the job id (of its schedule, for a schedule's tick job). The form
+``<queue>.p<n>`` is reserved for the partitions of a partitioned queue ``<queue>`` (the
+app refuses a task queue named so).
 """
 
 from __future__ import annotations
@@ -243,8 +244,16 @@ def partition_queue(queue: str, partitions: int, job_id: str) -> str:
     A stable hash of the id (BLAKE2b, the same in every process and version), so a
     re-sent enqueue with the same id reaches the same partition and deduplicates there,
     and the key-derived ids of one key (``<task>:<key>``) all keep to one partition.
+    The jobs of a schedule's ticks (``schedule:<name>:<tick µs>``) hash by their
+    schedule (``schedule:<name>``): every tick of one schedule goes to one partition,
+    so its overlap policy finds the previous tick's job, and on Redis Cluster firing
+    a tick is one script on one slot (typedq.schedule).
     """
     if partitions == 1:
         return queue
+    if job_id.startswith("schedule:"):
+        head, sep, tick = job_id.rpartition(":")
+        if sep and tick.isascii() and tick.isdigit() and len(head) > len("schedule:"):
+            job_id = head
     digest = hashlib.blake2b(job_id.encode(), digest_size=8).digest()
     return f"{queue}.p{int.from_bytes(digest, 'big') % partitions}"

@@ -210,6 +210,7 @@ class Producer(AppBase):
         if name in self._tasks:
             raise ConfigError(f"producer {self.name!r} already declares a task named {name!r}")
         check_partitions(options, [t.options for t in self._tasks.values()])
+        self._declare_partitions({options.queue: options.partitions})
         if optional_output:
             output_type = cast(type[Any], output_type | None)
         stub: TaskStub[Any, Any] = TaskStub(

@@ -119,6 +119,8 @@ class Schedule(Generic[TIn]):
         the interval, at most 60 s; 60 s for cron)
     :ivar max_lateness: ticks later than this are never fired (skipped and counted)
     :ivar overlap: the policy for a tick while the previous tick's job is unfinished
+    :ivar queue: the queue every tick's job goes to (of a partitioned task, the one
+        partition its schedule hashes to: see :func:`~typedq.names.partition_queue`)
     :ivar digest: a hash of the definition; a change restarts the schedule's state
     """
 
@@ -135,6 +137,7 @@ class Schedule(Generic[TIn]):
         "name",
         "overlap",
         "payload",
+        "queue",
         "task",
         "tz",
     )
@@ -230,11 +233,15 @@ class Schedule(Generic[TIn]):
         if overlap not in ("skip", "queue", "allow"):
             raise ConfigError(f"{label}: overlap={overlap!r}: use 'skip', 'queue' or 'allow'")
         self.overlap: Overlap = overlap
+        self.queue = task.queue_for(tick_job_id(self.name, 0))
+        partitions = task.options.partitions
         self.digest = hashlib.blake2b(
             repr(
                 (
                     self.task.name,
-                    self.task.queue,
+                    # Partitions change where the ticks go (and, on Redis Cluster, where
+                    # the firing runs): a new definition. (Unsplit queues hash as before.)
+                    self.task.queue if partitions == 1 else f"{self.task.queue}/{partitions}",
                     self._payload_bytes,
                     self.cron,
                     self._every_us,
@@ -283,7 +290,7 @@ class Schedule(Generic[TIn]):
         return msgspec.structs.replace(
             self._template,
             id=job_id,
-            queue=self.task.queue_for(job_id),
+            queue=self.queue,
             scheduled_for=tick_us / _US,
         )
 
@@ -441,6 +448,7 @@ class Scheduler:
                     messages=[schedule.message(t) for t in p.fire],
                     skipped=p.skipped,
                     overlap=schedule.overlap,
+                    queue=schedule.queue,
                 )
             )
         if firings:

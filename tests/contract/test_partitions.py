@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from tests.support import TEST_DEADLINE, In, Out
-from typedq import App, JobState
+from typedq import App, JobState, QueueFull
 from typedq.names import partition_queue
 
 pytestmark = pytest.mark.anyio
@@ -101,3 +101,40 @@ async def test_a_flow_of_a_partitioned_task_stays_in_one_partition(
             fan = step.map([In(i) for i in range(5)]).then(total)
             done = await fan.enqueue()
             assert await done.result(timeout=10) == Out(sum(range(1, 6)))
+
+
+async def test_max_queue_length_is_shared_by_the_partitions(app_name: str, broker_url: str) -> None:
+    """Issue 24: ``max_queue_length`` once applied to each partition (P partitions held P
+    times the cap). Each partition of a queue split in P now holds ceil(cap / P) pending
+    jobs, so the queue never holds more than cap + P - 1 (here 10 -> 3 per partition, at
+    most 12); an unsplit queue keeps the whole cap. The same on every broker."""
+    app = App(app_name, broker=broker_url, max_queue_length=10)
+
+    @app.task(queue="hot", partitions=4)
+    async def split(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task(queue="plain")
+    async def whole(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            refusals: list[str] = []
+            for i in range(40):
+                try:
+                    await split.enqueue(In(i))
+                except QueueFull as exc:
+                    refusals.append(str(exc))
+            assert all("max_queue_length=3" in r for r in refusals)
+            per_partition = [(await app.broker.counts(q))[JobState.WAITING] for q in split.queues]
+            assert per_partition == [3, 3, 3, 3]  # (40 random ids fill every partition)
+            assert len(refusals) == 28
+            # A batch is held to the same share (nothing of a refused batch is stored).
+            with pytest.raises(QueueFull):
+                await split.enqueue_many([In(i) for i in range(8)])
+            for i in range(10):
+                await whole.enqueue(In(i))
+            with pytest.raises(QueueFull):
+                await whole.enqueue(In(99))
+            assert (await app.broker.counts("plain"))[JobState.WAITING] == 10

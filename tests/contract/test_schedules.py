@@ -7,6 +7,7 @@ with short intervals (its clock is Redis TIME, which a test cannot move).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
@@ -15,8 +16,9 @@ import pytest
 
 from tests.support import TEST_DEADLINE, In
 from typedq import App, JobContext, JobState
-from typedq.broker.base import BrokerSettings
+from typedq.broker.base import BrokerSettings, Completion, FireOutcome, ScheduleState, TickFiring
 from typedq.broker.memory import MemoryBroker
+from typedq.schedule import Overlap, tick_job_id
 from typedq.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -191,3 +193,69 @@ async def test_a_changed_definition_restarts_from_now(app_name: str, broker_url:
         assert state.skipped == 0
         # (a tick fired while the worker stopped may not have run)
         assert len(v2_ticks) <= state.fired <= len(v2_ticks) + 1
+
+
+def _id_hash(job_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(job_id.encode(), digest_size=8).digest(), "big")
+
+
+@pytest.mark.parametrize("overlap", ["skip", "queue"])
+async def test_overlap_holds_for_a_partitioned_task(
+    app_name: str, broker_url: str, overlap: Overlap
+) -> None:
+    """Issue 24 defect 3. A partitioned task's schedule with overlap="skip"/"queue": while
+    the previous tick's job is unfinished, no later tick fires. Each tick's job once went
+    to the partition its own id hashes to, and Redis looked the previous job up in the new
+    tick's partition, found nothing and fired (5-6 ticks ran at once). Every tick of a
+    schedule now goes to one partition, the one its schedule hashes to."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="hot", partitions=4)
+    async def slow(x: In) -> None:
+        pass
+
+    sched = app.schedule(slow, In(0), every=1, overlap=overlap)
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            broker = app.broker
+            (state,) = await broker.sync_schedules([(sched.name, sched.digest)], prune=False)
+            ticks = [state.last_tick_us + i for i in range(1, 7)]
+            # (the ids themselves hash to several partitions: what sent them apart before)
+            assert len({_id_hash(tick_job_id(sched.name, t)) % 4 for t in ticks}) > 1
+            assert {sched.message(t).queue for t in ticks} == {sched.queue}
+            await broker.sleep_until_us(ticks[-1] + 1)  # every tick is due
+
+            def firing(state: ScheduleState, tick: int) -> TickFiring:
+                return TickFiring(
+                    name=sched.name,
+                    digest=sched.digest,
+                    expected_last_us=state.last_tick_us,
+                    new_last_us=tick,
+                    messages=[sched.message(tick)],
+                    overlap=overlap,
+                    queue=sched.queue,
+                )
+
+            ((outcome, after),) = await broker.fire_schedules([firing(state, ticks[0])])
+            assert outcome is FireOutcome.FIRED
+            assert after is not None
+            state = after
+            running = await broker.claim(slow.queues, 1, worker_id="w", lease=30)
+            assert [j.message.id for j in running] == [tick_job_id(sched.name, ticks[0])]
+            for t in ticks[1:-1]:
+                ((outcome, after),) = await broker.fire_schedules([firing(state, t)])
+                assert after is not None
+                expected = FireOutcome.OVERLAP_SKIPPED if overlap == "skip" else FireOutcome.HELD
+                assert outcome is expected, (t, outcome)
+                state = after
+            pending = 0
+            for q in slow.queues:
+                counts = await broker.counts(q)
+                pending += counts[JobState.WAITING] + counts[JobState.SCHEDULED]
+            assert pending == 0
+            await broker.complete([Completion(running[0].message.id, running[0].token, b"")])
+            ((outcome, after),) = await broker.fire_schedules([firing(state, ticks[-1])])
+            assert outcome is FireOutcome.FIRED
+            assert after is not None
+            assert after.fired == 2
+            assert after.skipped == (4 if overlap == "skip" else 0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import secrets
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from enum import IntEnum, StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -328,6 +328,9 @@ class TickFiring(msgspec.Struct, frozen=True, kw_only=True):
     #: Due ticks the scheduler's policies dropped (added to the skipped count).
     skipped: int = 0
     overlap: str = "allow"
+    #: The queue of the schedule's tick jobs (every tick of a schedule goes to one):
+    #: where Redis Cluster fires it, atomically. "" = the messages' queue.
+    queue: str = ""
 
 
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -416,7 +419,8 @@ class BrokerSettings(msgspec.Struct, frozen=True, kw_only=True):
     :param max_stalls: lease expiries after which a job fails with reason ``stalled``
     :param retention: bounds on finished jobs
     :param max_queue_length: enqueues beyond this many waiting+scheduled jobs per queue
-        are refused with QueueFull (0 = unbounded)
+        are refused with QueueFull (0 = unbounded; the partitions of a queue declared
+        with :meth:`Broker.set_partitions` share it: :meth:`Broker.queue_cap`)
     :param events_max: about how many events a queue's event stream keeps (typedq.events)
     """
 
@@ -475,6 +479,33 @@ class Broker(abc.ABC):
         process's claims. Merged with earlier calls (workers of one app share a broker).
         """
         self.limits = MappingProxyType({**self.limits, **limits})
+
+    #: The partitioned queues of the apps using this broker object: queue -> partitions
+    #: (:meth:`set_partitions`); they share ``max_queue_length`` (:meth:`queue_cap`).
+    partitions: Mapping[str, int] = MappingProxyType({})
+
+    def set_partitions(self, partitions: Mapping[str, int]) -> None:
+        """Declare partitioned queues (queue -> number of partitions); an app does, at
+        connect. Merged with earlier calls."""
+        split = {q: p for q, p in partitions.items() if p > 1}
+        self.partitions = MappingProxyType({**self.partitions, **split})
+
+    def queue_cap(self, queues: Iterable[str]) -> int:
+        """The ``max_queue_length`` one call that stores jobs in ``queues`` holds each of
+        them to (0 = no cap). A queue split into P partitions shares the cap: each
+        partition holds at most ceil(cap / P) pending jobs, so the queue as a whole never
+        holds more than cap + P - 1 (each partition is checked atomically on its own; on
+        Redis Cluster they are on different slots). One call storing jobs in queues of
+        different caps holds them all to the smallest."""
+        cap = self.settings.max_queue_length
+        if cap <= 0 or not self.partitions:
+            return cap
+        out = cap
+        for queue in queues:
+            parent, sep, index = queue.rpartition(".p")
+            if sep and index.isdigit() and (split := self.partitions.get(parent)):
+                out = min(out, -(-cap // split))
+        return out
 
     @abc.abstractmethod
     async def connect(self) -> None:

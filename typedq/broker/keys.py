@@ -114,6 +114,10 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    notice (no mark: no notice, nobody waits). No TTL: a
                                    mark that expired under a waiter would lose its
                                    wake-up; one key per queue that ever waited
+    Q S                   hash     schedule name -> its firing state on Redis Cluster
+                                   (as ``P schedules``): the schedules whose ticks go to
+                                   this queue fire here, in the slot of their jobs, and
+                                   the app-wide state follows it (typedq.schedule)
     Q r:<token>           string   a request record (60 s TTL) keyed by the token the
                                    client made for one call, on the slot the call ran
                                    on: a claim's token and '<queue>|<id>' lines, an
@@ -337,6 +341,11 @@ class Keys:
         about to wait), consumed by the next call giving the queue work, which then
         publishes the work notice."""
         return self.queue_prefix(queue) + "W"
+
+    def schedule_firing(self, queue: str) -> str:
+        """The firing states (Redis Cluster) of the schedules whose ticks go to ``queue``:
+        firing runs in the slot of the jobs it stores (schedule_fire.lua)."""
+        return self.queue_prefix(queue) + "S"
 
     def request(self, queue: str, token: str) -> str:
         """The record of one call (claim, enqueue, cancel) under its client-made token,

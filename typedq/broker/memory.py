@@ -630,7 +630,7 @@ class MemoryBroker(Broker):
                 if message.id not in self._jobs and message.id not in fresh:
                     fresh.add(message.id)
                     adding[message.queue] += 1
-            self._check_room(adding, limit, "adding {extra}")
+            self._check_room(adding, self.queue_cap(adding), "adding {extra}")
         # One pass, no per-job calls: the job, its heap entry and its outcome. Counters
         # and per-queue lookups live in locals and are stored back once.
         jobs = self._jobs
@@ -1335,7 +1335,7 @@ class MemoryBroker(Broker):
             adding: dict[str, int] = defaultdict(int)
             for message in jobs:
                 adding[message.queue] += 1
-            self._check_room(adding, limit, "this flow's {extra} jobs")
+            self._check_room(adding, self.queue_cap(adding), "this flow's {extra} jobs")
         now = self.clock()
         flow = _Flow(spec)
         self._flows[spec.id] = flow

@@ -9,12 +9,23 @@
 -- (integer µs of the Redis clock; job ids hold no '|').
 -- KEYS[1] = schedules hash (app-wide), KEYS[2] = the order counter of the jobs' queue
 -- ARGV: P, max_queue_length, name, digest, expected_last, new_last, skipped, overlap,
---       n, then n x (id, queue, priority, body)
+--       n, then n x (id, queue, priority, body), then on Redis Cluster the app-wide state
+--       the scheduler read (adopt, below)
+-- On Redis Cluster the state fired here is the schedule's firing state in the slot of
+-- its tick jobs' queue (KEYS[1] = that queue's 'S' hash: every tick of a schedule goes
+-- to one queue), so the check, the overlap policy, the enqueue and the move are one
+-- script there too; the app-wide state is then moved up to it (schedule_commit.lua). A
+-- firing state that is missing, of another digest, or behind the app-wide one (a
+-- reconciliation restarted it) first takes the app-wide state given (adopt); one ahead
+-- of it answers stale (the tick was fired; the caller moves the app-wide state up).
 -- Returns {outcome, state or false}: outcome 'fired' | 'stale' | 'overlap_skipped' |
 -- 'held' | 'full'.
 local limit, n = tonumber(ARGV[2]), tonumber(ARGV[9])
 local name, digest, overlap = ARGV[3], ARGV[4], ARGV[8]
-if not limit or not is_int(n) or n < 0 or #ARGV ~= 9 + 4 * n or name == ''
+local adopt = is_int(n) and n >= 0 and ARGV[10 + 4 * n]
+if not limit or not is_int(n) or n < 0 or #ARGV > 10 + 4 * n or #ARGV < 9 + 4 * n
+    or name == '' or (adopt and string.sub(adopt, 1, #ARGV[4] + #ARGV[5] + 2)
+      ~= ARGV[4] .. '|' .. ARGV[5] .. '|')
     or not is_int(ARGV[5]) or not is_int(ARGV[6]) or not is_int(ARGV[7])
     or (overlap ~= 'allow' and overlap ~= 'skip' and overlap ~= 'queue') then
   return bad_args('schedule_fire')
@@ -27,6 +38,11 @@ for i = 0, n - 1 do
   end
 end
 
+if adopt then
+  local cur = rcall('HGET', KEYS[1], name)
+  local d, l = string.match(cur or '', '^([^|]*)|(%-?%d+)|')
+  if d ~= digest or tonumber(l) < tonumber(ARGV[5]) then rcall('HSET', KEYS[1], name, adopt) end
+end
 local st = schedule_state(KEYS[1], name, digest, ARGV[5], ARGV[6])
 if st.stale then return st.stale end
 local cur, fired_at, fired, last_job, now = st.cur, st.fired_at, st.fired, st.last_job, st.now

@@ -262,7 +262,7 @@ class FlowOps(RedisCore):
             across.append(i)
             for q in queues:
                 if q != root:
-                    head = [self.keys.prefix, self.settings.max_queue_length]
+                    head = [self.keys.prefix, self.queue_cap([q])]
                     at.append((i, q))
                     calls.append(("flow_part", [self.keys.seq(q)], head + part_args(spec, q)))
         stored: dict[int, list[str]] = {}  # flow -> queues where its parts stored jobs
@@ -327,7 +327,8 @@ class FlowOps(RedisCore):
     def _flow_call(
         self, group: Sequence[FlowSpec], args: list[Any]
     ) -> tuple[str, Sequence[str], Sequence[Any]]:
-        head = [self.keys.prefix, self.settings.max_queue_length, len(group)]
+        cap = self.queue_cap(m.queue for s in group for m in (*s.members, *s.steps))
+        head = [self.keys.prefix, cap, len(group)]
         first = group[0].steps[-1].queue
         keys = [self.keys.seq(first), self.keys.request(first, _request_token())]
         return "flow_enqueue", keys, head + args

@@ -119,6 +119,9 @@ class ProducerOps(RedisCore):
                     us(delay) if delay else 0,
                     body,
                 )
+        if self.partitions and self.settings.max_queue_length:
+            # (a partition's share of the cap: Broker.queue_cap)
+            args[1] = self.queue_cap(m.queue for m in messages)
         first = head.queue
         return [self.keys.seq(first), self.keys.request(first, _request_token())], args, size
 

@@ -4,10 +4,10 @@ Each schedule's state is one field of the app's ``schedules`` hash (see
 :mod:`typedq.broker.keys`). Reconciling and firing are one Lua script each
 (``schedule_sync.lua``, ``schedule_fire.lua``); firing enqueues a tick's jobs in the
 same script that moves the state on, compare-and-set, so a tick is enqueued once
-however many workers fire it. On Redis Cluster the states and the jobs are in different
-slots: firing checks the state, stores the jobs (ids derived from schedule and tick: a
-racing scheduler's copies are the same jobs) and then moves the state, compare and set
-(``schedule_commit.lua``). Time is Redis ``TIME``.
+however many workers fire it. On Redis Cluster the app-wide states and the jobs are in
+different slots: each schedule also keeps a firing state in the slot of its ticks' queue
+(every tick of a schedule goes to one queue), where the same script fires it, and the
+app-wide state is moved up to it after (``schedule_commit.lua``). Time is Redis ``TIME``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from ...errors import BrokerUnavailable, QueueFull
+from ...errors import BrokerError, BrokerUnavailable
 from ...names import check_job_id, check_name
 from ..base import FireOutcome, ScheduleState, TickFiring
 from .codec import MICRO, as_int, encode_body, text
@@ -81,7 +81,7 @@ class ScheduleOps(RedisCore):
         for f in firings:
             args: list[Any] = [
                 self.keys.prefix,
-                self.settings.max_queue_length,
+                self.queue_cap(m.queue for m in f.messages),
                 check_name("schedule", f.name),
                 f.digest,
                 f.expected_last_us,
@@ -106,52 +106,70 @@ class ScheduleOps(RedisCore):
         ]
 
     async def _fire_on_cluster(self, f: TickFiring) -> tuple[FireOutcome, ScheduleState | None]:
-        """One firing on Redis Cluster, where the schedule states (the app's slot) and the
-        ticks' jobs (their queue's slot) cannot change in one script: check the state
-        (compare), apply the overlap policy, store the jobs (ids derived from schedule and
-        tick, so a racing scheduler's copies are the same jobs), then move the state
-        (compare and set): exactly one scheduler's move wins, the others answer stale."""
+        """One firing on Redis Cluster, where the app-wide states (the app's slot) and the
+        ticks' jobs (their queue's slot) cannot change in one script. Every tick of a
+        schedule goes to one queue, which keeps the schedule's firing state (``Q S``):
+        check the app-wide state (compare), then fire in the queue's slot with
+        schedule_fire.lua against the firing state (compare and set, overlap policy,
+        enqueue and move: one script, so a scheduler that stalls after its check and
+        wakes after the tick's job ran and was dropped by retention finds the firing
+        state moved on and stores nothing), then move the app-wide state up to it."""
         name = check_name("schedule", f.name)
         n = len(f.messages)
+        queue = f.queue or (f.messages[0].queue if f.messages else "")
         for m in f.messages:
             check_job_id(m.id)
             check_name("queue", m.queue)
+            if m.queue != queue:
+                raise BrokerError(
+                    f"schedule {name!r}: on Redis Cluster every tick's job of a firing must "
+                    f"go to the schedule's queue {queue!r}, not {m.queue!r} (one slot)"
+                )
 
-        async def commit(mode: str) -> tuple[str, Any]:
+        async def commit(mode: str, last: str = "") -> tuple[str, Any]:
             args = [self.keys.prefix, name, f.digest, f.expected_last_us, f.new_last_us]
-            args += [f.skipped, mode, n, f.messages[-1].id if f.messages else ""]
+            args += [f.skipped, mode, n, last]
             outcome, raw = await self._eval("schedule_commit", [self.keys.schedules], args)
             return text(outcome), raw
 
         outcome, raw = await commit("check")
         if outcome == "stale":
             return FireOutcome.STALE, parse_state(f.name, raw)
-        if n and f.overlap != "allow":
-            last_job = text(raw).rsplit("|", 1)[-1]
-            if last_job:
-                (record,) = await self.get([last_job], queue=f.messages[0].queue)
-                if record is not None and not record.state.is_final:
-                    if f.overlap == "queue":
-                        return FireOutcome.HELD, parse_state(f.name, raw)
-                    outcome, raw = await commit("overlap_skipped")
-                    return FireOutcome(outcome), parse_state(f.name, raw)
-        # Storing the jobs and moving the state are two calls here: a cancel between them
-        # (a worker's shutdown cancels its scheduler) would leave a tick's jobs stored while
-        # the state says the tick never fired (`fired` one short; the next scheduler counts
-        # it as missed or fires it again, which re-runs its job once retention dropped it).
-        # So both run shielded, bounded so that an outage cannot hold a shutdown for long.
-        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + FIRING_SHIELD):
-            if n:
-                try:
-                    await self.enqueue(list(f.messages))
-                except QueueFull:
-                    outcome, raw = await commit("full")
-                    return FireOutcome(outcome), parse_state(f.name, raw)
+        if not queue:
+            # No job and no queue named (only a caller other than the Scheduler): the
+            # state moves here, compare and set; nothing is stored, nothing can run twice.
             outcome, raw = await commit("fired")
             return FireOutcome(outcome), parse_state(f.name, raw)
+        check_name("queue", queue)
+        args: list[Any] = [
+            self.keys.prefix,
+            self.queue_cap([queue]),
+            name,
+            f.digest,
+            f.expected_last_us,
+            f.new_last_us,
+            f.skipped,
+            f.overlap,
+            n,
+        ]
+        for m in f.messages:
+            args += (m.id, m.queue, str(int(m.priority)), encode_body(m))
+        args.append(text(raw))  # adopted by a firing state missing or behind it
+        await self._note_queues([queue])
+        # Firing and moving the app-wide state up are two calls: a cancel between them (a
+        # worker's shutdown cancels its scheduler) would leave the app-wide state behind
+        # the firing state until the next firing moves it up (it answers stale and does).
+        # Both run shielded, bounded so that an outage cannot hold a shutdown for long.
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + FIRING_SHIELD):
+            keys = [self.keys.schedule_firing(queue), self.keys.seq(queue)]
+            fired, state = await self._eval("schedule_fire", keys, args)
+            if state is None or state is False:
+                return FireOutcome(text(fired)), parse_state(f.name, raw)
+            _, raw = await commit("up", text(state))
+            return FireOutcome(text(fired)), parse_state(f.name, raw)
         raise BrokerUnavailable(
-            f"schedule {name!r}: Redis did not store tick {f.new_last_us} within"
-            f" {FIRING_SHIELD:g} s; the next firing retries it (same job ids)"
+            f"schedule {name!r}: Redis did not answer the firing of tick {f.new_last_us}"
+            f" within {FIRING_SHIELD:g} s; the next firing finds out whether it was stored"
         )
 
     async def schedule_states(self) -> list[ScheduleState]:
