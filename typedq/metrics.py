@@ -403,8 +403,9 @@ class Metrics(WorkerObserver):
 
     # -- serving -----------------------------------------------------------------------
 
-    # Every interface, like prometheus_client's own default: a scraper runs elsewhere.
-    def serve(self, port: int, addr: str = "0.0.0.0") -> tuple[int, Any]:  # noqa: S104
+    # This machine only by default, like the dashboard: the series name the app's tasks
+    # and queues, and a scraper elsewhere is a choice to make (addr="0.0.0.0").
+    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[int, Any]:
         """Serve ``/metrics`` of this registry over HTTP in a daemon thread.
 
         :param port: 0 picks a free port
@@ -418,7 +419,7 @@ class Metrics(WorkerObserver):
 def serve_registry(
     registry: CollectorRegistry,
     port: int,
-    addr: str = "0.0.0.0",  # noqa: S104 - a scraper runs elsewhere
+    addr: str = "127.0.0.1",
 ) -> tuple[int, Any]:
     """Serve ``/metrics`` of ``registry`` over HTTP in a daemon thread (``typedq worker
     --metrics-port``, and the ``--processes`` supervisor's group endpoint).
@@ -433,6 +434,7 @@ def serve_registry(
         server, _thread = start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
         raise ConfigError(
-            f"cannot serve metrics on {addr}:{port}: {exc.strerror}; choose another --metrics-port"
+            f"cannot serve metrics on {addr}:{port}: {exc.strerror}; choose another "
+            "--metrics-port (or --metrics-host)"
         ) from None
     return int(server.server_port), server
