@@ -17,6 +17,10 @@ pass one)::
 
 Series:
 
+The ``task`` label is a task the app declares, or ``_unknown`` (:data:`UNKNOWN_TASK`)
+for every job whose task it does not (such a job fails at once): job messages cannot
+multiply the series. ``serve`` listens on 127.0.0.1 unless told otherwise.
+
 - ``typedq_jobs_total{task,queue,outcome}``: attempts by how they ended (the values of
   :class:`~typedq.observe.JobOutcome`: completed, failed, retried, cancelled, released,
   lease_lost, abandoned)
@@ -76,10 +80,22 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
         "typedq.metrics needs prometheus-client: pip install 'typedq[metrics]'"
     ) from exc
 
-__all__ = ["DURATION_BUCKETS", "WAIT_BUCKETS", "Metrics", "QueueCollector", "serve_registry"]
+__all__ = [
+    "DURATION_BUCKETS",
+    "UNKNOWN_TASK",
+    "WAIT_BUCKETS",
+    "Metrics",
+    "QueueCollector",
+    "serve_registry",
+]
 
 log = logging.getLogger("typedq.metrics")
 
+
+#: The ``task`` label of a job whose task the app does not declare (a producer's typo, a
+#: task removed or renamed): one series for them all, so job messages cannot add labels.
+#: A task name starts with a letter or digit, so no declared task can be called so.
+UNKNOWN_TASK = "_unknown"
 
 #: Histogram buckets (seconds) of ``typedq_job_duration_seconds``.
 DURATION_BUCKETS = (
@@ -346,6 +362,8 @@ class Metrics(WorkerObserver):
         self._broker_errors: dict[str, int] = {}
         self._stalled = 0
         self._workers: list[Worker[Any, Any]] = []
+        # The task names the attached workers' apps declare: the only task labels.
+        self._declared: set[str] = set()
         self.jobs = _JobCollector(self)
         self.queues = QueueCollector(self, queue_stats_timeout)
         if registry is not None:
@@ -354,15 +372,21 @@ class Metrics(WorkerObserver):
 
     def attach(self, worker: Worker[TIn, TOut]) -> Worker[TIn, TOut]:
         """Count ``worker``'s jobs (call before it starts); returns the worker."""
+        self._declare(worker)
         worker.observe(self)
         return worker
+
+    def _declare(self, worker: Worker[Any, Any]) -> None:
+        self._declared.update(worker.tasks)
+        self._declared.update(getattr(worker.app, "tasks", ()))
 
     def _in_flight(self) -> float:
         return float(sum(w.running for w in list(self._workers)))
 
     def _of(self, job: ClaimedJob) -> _Series:
         message = job.message
-        key = (message.task, message.queue)
+        task = message.task if message.task in self._declared else UNKNOWN_TASK
+        key = (task, message.queue)
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = _Series()
@@ -371,6 +395,7 @@ class Metrics(WorkerObserver):
     # -- the observer ----------------------------------------------------------------
 
     def worker_started(self, worker: Worker[Any, Any]) -> None:
+        self._declare(worker)
         self._workers.append(worker)
         self.queues.add(worker)
 
