@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests import obs_app
 from tests.cli_process import TypedqProcess
-from tests.redis_harness import RedisProcess, redis_process
+from tests.redis_harness import RedisProcess, _command, redis_process
 from typedq import JobFailed
 from typedq.supervisor import merge_expositions
 
@@ -246,6 +246,31 @@ def test_a_childs_usage_error_stops_the_group_without_a_restart_loop() -> None:
     assert "refused the credentials" in process.text
     assert "stopping every worker process instead of restarting" in process.text
     assert len(re.findall(r"worker process \d+ started", process.text)) == 2
+    assert "Traceback" not in process.text
+
+
+@pytest.mark.redis
+def test_a_restarted_childs_status_2_does_not_stop_the_healthy_ones() -> None:
+    # The command worked in that slot before: what changed is outside (here the password
+    # was rotated), so the slot is restarted with backoff and the running child goes on.
+    with redis_process(extra=("--user", "app", "on", ">right", "~*", "&*", "+@all")) as locked:
+        url = f"redis://app:right@127.0.0.1:{locked.port}/0"
+        process = TypedqProcess("worker", "tests.obs_app:app", "--broker", url, "--processes", "2")
+        try:
+            first, second = _child_pids(process, 2)
+            _wait_ready(process, 2)
+            assert _command(locked.port, "ACL", "SETUSER", "app", "resetpass", ">new") == b"+OK\r\n"
+            os.kill(first, signal.SIGKILL)
+            process.wait_for("refused the credentials")
+            process.wait_for("exited with status 2")
+            time.sleep(1)
+            assert process.proc.poll() is None, process.text
+            assert _alive(second), process.text
+        finally:
+            process.proc.send_signal(signal.SIGTERM)
+            process.wait()
+            process.close()
+    assert "stopping every worker process" not in process.text
     assert "Traceback" not in process.text
 
 
