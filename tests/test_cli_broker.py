@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -23,52 +24,79 @@ def server() -> Iterator[RedisProcess]:
         yield process
 
 
-def test_unreachable_broker_is_one_line_and_exit_2() -> None:
+def test_unreachable_broker_without_waiting_is_one_line_and_exit_75() -> None:
     url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
-    process = TypedqProcess("worker", "examples.quickstart:app", "--broker", url)
+    process = TypedqProcess(
+        "worker", "examples.quickstart:app", "--broker", url, "--wait-for-broker", "0"
+    )
     try:
-        assert process.wait() == 2
+        # Transient, not a user mistake (2): a supervisor or systemd restarts it.
+        assert process.wait() == 75
         errors = [line for line in process.lines if line.startswith("typedq: error:")]
         assert len(errors) == 1, process.text
         (error,) = errors
         assert "cannot reach the broker redis://:***@127.0.0.1:" in error
-        assert "--wait-for-broker SECONDS" in error
+        assert "leave out --wait-for-broker 0" in error
         assert "hunter2" not in process.text
         assert "Traceback" not in process.text
     finally:
         process.close()
 
 
-def test_wait_for_broker_retries_visibly_then_gives_up() -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"
+def test_wait_for_broker_logs_the_wait_once_then_gives_up() -> None:
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
     process = TypedqProcess(
-        "worker", "examples.quickstart:app", "--broker", url, "--wait-for-broker", "1.5"
+        "worker", "examples.quickstart:app", "--broker", url, "--wait-for-broker", "2.5"
     )
     try:
-        assert process.wait() == 2
-        assert "try 1:" in process.wait_for("retrying in")
+        assert process.wait() == 75
+        line = process.wait_for("waiting for the broker at 127.0.0.1:")
+        assert "for up to 2.5s (--wait-for-broker)" in line
         error = process.wait_for("typedq: error:")
         assert "gave up after" in error
+        # Several tries, one line for the wait (its reason never changed), one to give up.
+        assert "tries in" in error
+        assert "gave up after 1 tries" not in error
+        assert process.text.count("waiting for the broker") == 1, process.text
+        assert "hunter2" not in process.text
         assert "Traceback" not in process.text
     finally:
         process.close()
 
 
-def test_wait_for_broker_starts_once_it_answers() -> None:
+def test_a_worker_waits_for_the_broker_by_default_and_starts_once_it_answers() -> None:
     server = RedisProcess(appendonly=True)
-    process = TypedqProcess(
-        "worker", "examples.quickstart:app", "--broker", server.url, "--wait-for-broker", "120"
-    )
+    process = TypedqProcess("worker", "examples.quickstart:app", "--broker", server.url)
     try:
-        process.wait_for("try 1:")
+        line = process.wait_for("waiting for the broker")
+        assert f"127.0.0.1:{server.port}" in line
+        assert "for as long as it takes" in line
+        time.sleep(1.5)  # several tries, no new line, no exit
+        assert process.proc.poll() is None
         server.start()
         process.wait_for("reached the broker")
         process.wait_for("started")
         process.proc.send_signal(signal.SIGTERM)
         assert process.wait() == 0
+        assert process.text.count("waiting for the broker") == 1, process.text
     finally:
         process.close()
         server.stop()
+
+
+def test_credentials_the_broker_refuses_are_a_user_mistake() -> None:
+    with redis_process(extra=("--user", "app", "on", ">right", "~*", "&*", "+@all")) as locked:
+        url = f"redis://app:wrong@127.0.0.1:{locked.port}/0"
+        process = TypedqProcess("worker", "examples.quickstart:app", "--broker", url)
+        try:
+            assert process.wait() == 2
+        finally:
+            process.close()
+    errors = [line for line in process.lines if line.startswith("typedq: error:")]
+    assert len(errors) == 1, process.text
+    assert "refused the credentials" in errors[0]
+    assert "waiting for the broker" not in process.text
+    assert "app:wrong@" not in process.text
 
 
 @pytest.mark.slow

@@ -94,9 +94,9 @@ async def test_signal_while_waiting_for_the_broker_exits_at_once() -> None:
     from tests.redis_harness import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"
-    process = worker(url, "--wait-for-broker", "600")
+    process = worker(url)  # waits for the broker by default
     try:
-        process.wait_for("try 1:")
+        process.wait_for("waiting for the broker")
         process.proc.send_signal(signal.SIGTERM)
         assert process.wait() == 130
         assert "SIGTERM: stopped before the worker started" in process.text

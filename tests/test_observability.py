@@ -291,3 +291,67 @@ def test_registry_lists_two_worker_processes_and_drops_a_killed_one(
     finally:
         first.close()
         second.close()
+
+
+_ANY = "0.0.0.0"  # noqa: S104 - what the test asks for, on a free port, for a moment
+
+
+def _listening_on(port: int) -> set[str]:
+    """The IPv4 addresses a socket listens on at ``port`` (Linux: /proc/net/tcp)."""
+    found = set()
+    with open("/proc/net/tcp") as f:
+        for line in list(f)[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(".".join(str(b) for b in reversed(bytes.fromhex(address))))
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads /proc/net/tcp")
+@pytest.mark.parametrize(("args", "host"), [((), "127.0.0.1"), (("--metrics-host", _ANY), _ANY)])
+def test_the_metrics_server_listens_on_loopback_unless_told(
+    args: tuple[str, ...], host: str
+) -> None:
+    # Issue 24 defect 9: it listened on every interface by default.
+    process = TypedqProcess(
+        "worker", "tests.obs_app:app", "--broker", "memory://", "--metrics-port", "0", *args
+    )
+    try:
+        line = process.wait_for("serving metrics on")
+        match = re.search(r"http://([\d.]+):(\d+)/metrics", line)
+        assert match is not None, line
+        assert match.group(1) == host
+        assert _listening_on(int(match.group(2))) == {host}
+    finally:
+        process.proc.send_signal(signal.SIGTERM)
+        process.wait()
+        process.close()
+
+
+@pytest.mark.redis
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads /proc/net/tcp")
+@pytest.mark.parametrize(("args", "host"), [((), "127.0.0.1"), (("--metrics-host", _ANY), _ANY)])
+def test_the_group_metrics_server_listens_on_loopback_unless_told(
+    redis_url: str, args: tuple[str, ...], host: str
+) -> None:
+    process = TypedqProcess(
+        "worker",
+        "tests.obs_app:app",
+        "--broker",
+        redis_url,
+        "--processes",
+        "2",
+        "--metrics-port",
+        "0",
+        *args,
+    )
+    try:
+        line = process.wait_for("serving the metrics of 2 worker processes")
+        match = re.search(r"http://([\d.]+):(\d+)/metrics", line)
+        assert match is not None, line
+        assert _listening_on(int(match.group(2))) == {host}
+    finally:
+        process.proc.send_signal(signal.SIGTERM)
+        process.wait()
+        process.close()

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from typedq import App, Backoff, JobContext, JobFailed
 from typedq.broker.base import ClaimedJob, JobMessage, new_claim_id
-from typedq.metrics import Metrics
+from typedq.metrics import UNKNOWN_TASK, Metrics
 from typedq.observe import JobOutcome, WorkerObserver
 
 pytestmark = pytest.mark.anyio
@@ -150,7 +150,8 @@ def test_histograms_count_a_value_on_a_bound_in_that_bucket_and_add_up() -> None
         (s.name, s.labels.get("le", "")): s.value
         for family in text_string_to_metric_families(generate_latest(registry).decode())
         for s in family.samples
-        if s.labels.get("task", "t") == "t"
+        # No worker attached: "t" is not a declared task, so it is counted as unknown.
+        if s.labels.get("task", UNKNOWN_TASK) == UNKNOWN_TASK
     }
     bucket = "typedq_job_duration_seconds_bucket"
     assert found[(bucket, "0.001")] == 1  # a value on a bound counts in that bucket
@@ -162,8 +163,8 @@ def test_histograms_count_a_value_on_a_bound_in_that_bucket_and_add_up() -> None
     assert found[("typedq_job_duration_seconds_sum", "")] == pytest.approx(1000.501)
     assert found[("typedq_queue_wait_seconds_count", "")] == 0
     text = generate_latest(registry).decode()
-    assert 'typedq_jobs_total{outcome="completed",queue="q",task="t"} 3.0' in text
-    assert 'typedq_jobs_total{outcome="failed",queue="q",task="t"} 0.0' in text
+    assert 'typedq_jobs_total{outcome="completed",queue="q",task="_unknown"} 3.0' in text
+    assert 'typedq_jobs_total{outcome="failed",queue="q",task="_unknown"} 0.0' in text
     assert found[("typedq_broker_errors_total", "")] == 1
     assert found[("typedq_stalled_recovered_total", "")] == 2
 
@@ -199,3 +200,43 @@ async def test_queue_wait_of_a_retry_counts_from_its_due_time_not_its_enqueue() 
     assert found[("typedq_queue_wait_seconds_bucket", "1.0")] == 1
     assert found[("typedq_queue_wait_seconds_bucket", "+Inf")] == 2
     assert 1.2 <= found[("typedq_queue_wait_seconds_sum", "")] < 2.2
+
+
+async def test_jobs_of_undeclared_tasks_share_one_task_label() -> None:
+    # Issue 24 defect 9: each bogus task name of a claimed job made series of its own.
+    app = make_app("bogus")
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    bogus = [
+        JobMessage(id=f"bogus-{i}", task=f"nosuch{i}", queue="default", payload=b"\x80")
+        for i in range(50)
+    ]
+    async with app:
+        await app.broker.enqueue(bogus)
+        job = await app.tasks["maybe"].enqueue(N(1))
+        async with metrics.attach(app.worker(concurrency=4)):
+            await job.result(timeout=10)
+            for message in bogus:
+                assert await app.broker.wait_finished(message.id, 10) is not None
+        text = generate_latest(registry).decode()
+    tasks = {
+        sample.labels["task"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if "task" in sample.labels
+    }
+    assert tasks == {"maybe", UNKNOWN_TASK}
+    assert (
+        f'typedq_jobs_total{{outcome="failed",queue="default",task="{UNKNOWN_TASK}"}} 50.0' in text
+    )
+
+
+def test_metrics_serve_on_loopback_by_default() -> None:
+    metrics = Metrics(CollectorRegistry())
+    port, server = metrics.serve(0)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+        assert port == server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests import obs_app
 from tests.cli_process import TypedqProcess
+from tests.redis_harness import RedisProcess, _command, redis_process
 from typedq import JobFailed
 from typedq.supervisor import merge_expositions
 
@@ -177,6 +178,44 @@ def test_a_killed_child_is_restarted_and_the_group_keeps_working(redis_url: str)
 
 
 @pytest.mark.redis
+def test_a_child_restarted_during_an_outage_waits_and_the_group_survives() -> None:
+    # Issue 24 defect 5: the child restarted while Redis was down exited 2 (read as a user
+    # mistake), and the supervisor took the healthy child and itself down with it.
+    server = RedisProcess(appendonly=True)
+    server.start()
+    process = TypedqProcess(
+        "worker", "tests.obs_app:app", "--broker", server.url, "--processes", "2"
+    )
+    try:
+        first, second = _child_pids(process, 2)
+        _wait_ready(process, 2)
+        server.kill()
+        os.kill(first, signal.SIGKILL)
+        process.wait_for("was killed by SIGKILL")
+        third = _child_pids(process, 3)[2]
+        line = process.wait_for("waiting for the broker")
+        assert f"127.0.0.1:{server.port}" in line
+        time.sleep(3)  # the outage goes on; nobody gives up
+        assert process.proc.poll() is None, process.text
+        assert _alive(second), process.text
+        assert _alive(third), process.text
+        server.start()
+        process.wait_for("reached the broker", timeout=60)
+        anyio.run(_run_jobs, server.url, 20)
+        assert process.proc.poll() is None, process.text
+        assert _alive(second), process.text
+        assert _alive(third), process.text
+    finally:
+        process.proc.send_signal(signal.SIGTERM)
+        code = process.wait()
+        process.close()
+        server.stop()
+    assert code == 0, process.text
+    assert "stopping every worker process" not in process.text
+    assert "Traceback" not in process.text
+
+
+@pytest.mark.redis
 def test_sigterm_stops_every_child_gracefully(redis_url: str) -> None:
     process = TypedqProcess(
         "worker", "tests.obs_app:app", "--broker", redis_url, "--processes", "2"
@@ -194,18 +233,76 @@ def test_sigterm_stops_every_child_gracefully(redis_url: str) -> None:
     assert not [pid for pid in pids if _alive(pid)]
 
 
+@pytest.mark.redis
 def test_a_childs_usage_error_stops_the_group_without_a_restart_loop() -> None:
-    # Nothing listens on port 1: each child says so in one line and exits with 2.
-    process = TypedqProcess(
-        "worker", "tests.obs_app:app", "--broker", "redis://127.0.0.1:1/0", "--processes", "2"
-    )
-    try:
-        assert process.wait() == 2
-    finally:
-        process.close()
-    assert "cannot reach the broker" in process.text
+    # Credentials Redis refuses: each child says so in one line and exits with 2.
+    with redis_process(extra=("--user", "app", "on", ">right", "~*", "&*", "+@all")) as locked:
+        url = f"redis://app:wrong@127.0.0.1:{locked.port}/0"
+        process = TypedqProcess("worker", "tests.obs_app:app", "--broker", url, "--processes", "2")
+        try:
+            assert process.wait() == 2
+        finally:
+            process.close()
+    assert "refused the credentials" in process.text
     assert "stopping every worker process instead of restarting" in process.text
     assert len(re.findall(r"worker process \d+ started", process.text)) == 2
+    assert "Traceback" not in process.text
+
+
+@pytest.mark.redis
+def test_a_restarted_childs_status_2_does_not_stop_the_healthy_ones() -> None:
+    # The command worked in that slot before: what changed is outside (here the password
+    # was rotated), so the slot is restarted with backoff and the running child goes on.
+    with redis_process(extra=("--user", "app", "on", ">right", "~*", "&*", "+@all")) as locked:
+        url = f"redis://app:right@127.0.0.1:{locked.port}/0"
+        process = TypedqProcess("worker", "tests.obs_app:app", "--broker", url, "--processes", "2")
+        try:
+            first, second = _child_pids(process, 2)
+            _wait_ready(process, 2)
+            assert _command(locked.port, "ACL", "SETUSER", "app", "resetpass", ">new") == b"+OK\r\n"
+            os.kill(first, signal.SIGKILL)
+            process.wait_for("refused the credentials")
+            process.wait_for("exited with status 2")
+            time.sleep(1)
+            assert process.proc.poll() is None, process.text
+            assert _alive(second), process.text
+        finally:
+            process.proc.send_signal(signal.SIGTERM)
+            process.wait()
+            process.close()
+    assert "stopping every worker process" not in process.text
+    assert "Traceback" not in process.text
+
+
+def test_children_that_give_up_on_the_broker_are_restarted_until_it_answers() -> None:
+    # --wait-for-broker bounds each child's wait: it exits 75 (transient) and the
+    # supervisor restarts it with backoff, instead of stopping the group as for a mistake.
+    server = RedisProcess(appendonly=True)
+    process = TypedqProcess(
+        "worker",
+        "tests.obs_app:app",
+        "--broker",
+        server.url,
+        "--processes",
+        "2",
+        "--wait-for-broker",
+        "0.3",
+    )
+    try:
+        process.wait_for("gave up waiting for the broker (status 75)")
+        _child_pids(process, 3)  # one restarted at least
+        assert process.proc.poll() is None, process.text
+        server.start()
+        _wait_ready(process, 2)
+        anyio.run(_run_jobs, server.url, 20)
+        assert process.proc.poll() is None, process.text
+    finally:
+        process.proc.send_signal(signal.SIGTERM)
+        code = process.wait()
+        process.close()
+        server.stop()
+    assert code in (0, 130), process.text  # 130: a child was waiting when SIGTERM came
+    assert "stopping every worker process" not in process.text
     assert "Traceback" not in process.text
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -46,6 +47,17 @@ __all__ = ["load_app", "main"]
 
 # -- options ----------------------------------------------------------------------------
 
+
+def seconds(raw: str) -> float:
+    """A number of seconds >= 0, or ``forever`` (also ``inf``): infinity."""
+    if raw.strip().lower() == "forever":
+        return math.inf
+    value = float(raw)
+    if not value >= 0:  # also NaN
+        raise ValueError(raw)
+    return value
+
+
 #: Options that fall back on an environment variable: dest -> (variable, parse, default).
 #: Precedence: the flag, then the variable, then the default.
 _ENV_DEFAULTS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
@@ -53,7 +65,10 @@ _ENV_DEFAULTS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "concurrency": ("TYPEDQ_CONCURRENCY", int, 16),
     "queues": ("TYPEDQ_QUEUES", str, ""),
     "grace": ("TYPEDQ_GRACE", float, 10.0),
-    "wait_for_broker": ("TYPEDQ_WAIT_FOR_BROKER", float, 0.0),
+    # Forever: a worker that starts during an outage waits like a running one rides it
+    # out (see docs/workers.md: under systemd or Kubernetes, exiting would only trade
+    # the wait for restart backoff, or a unit given up after its start limit).
+    "wait_for_broker": ("TYPEDQ_WAIT_FOR_BROKER", seconds, math.inf),
     "log_format": ("TYPEDQ_LOG_FORMAT", str, "text"),
     "heartbeat": ("TYPEDQ_HEARTBEAT", float, 10.0),
     "processes": ("TYPEDQ_PROCESSES", int, 1),
@@ -62,7 +77,7 @@ _ENV_DEFAULTS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
 
 def _env_help(dest: str, text: str) -> str:
     variable, _, default = _ENV_DEFAULTS[dest]
-    shown = default if default != "" else "all"
+    shown = "forever" if default == math.inf else default if default != "" else "all"
     return f"{text} (default: {shown}; env {variable})"
 
 
@@ -77,7 +92,9 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
         try:
             setattr(args, dest, parse(raw))
         except ValueError:
-            kind = "an integer" if parse is int else "a number"
+            kind = {int: "an integer", seconds: "a number of seconds >= 0 or forever"}.get(
+                parse, "a number"
+            )
             raise ConfigError(
                 f"{variable}={raw!r} is not {kind}; fix or unset it (or give the flag)"
             ) from None
@@ -163,24 +180,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--wait-for-broker",
-        type=float,
+        type=seconds,
         default=None,
         metavar="SECONDS",
-        help=_env_help("wait_for_broker", "at start, retry an unreachable broker for this long"),
+        help=_env_help(
+            "wait_for_broker",
+            "at start, wait this long for an unreachable broker (0: exit at once with "
+            "status 75; forever: as long as it takes)",
+        ),
     )
     worker.add_argument(
         "--metrics-port",
         type=int,
         default=None,
         metavar="PORT",
-        help="serve Prometheus metrics on http://ADDR:PORT/metrics (0: a free port; "
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (0: a free port; "
         "needs typedq[metrics])",
     )
     worker.add_argument(
-        "--metrics-addr",
-        default="0.0.0.0",  # noqa: S104 - a scraper runs elsewhere
-        metavar="ADDR",
-        help="address the metrics server listens on (default: 0.0.0.0)",
+        "--metrics-host",
+        "--metrics-addr",  # its first name, kept working
+        dest="metrics_host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics server listens on (default: 127.0.0.1, this machine "
+        "only, like the dashboard; 0.0.0.0 for a scraper elsewhere)",
     )
     worker.add_argument(
         "--heartbeat",

@@ -1,7 +1,12 @@
 """``typedq worker MODULE:APP``: a worker process (the command line is in :mod:`typedq.cli`).
 
-It connects first: an unreachable broker is one line and exit status 2, or, with
-``--wait-for-broker SECONDS``, retried with a logged backoff until then. Without a broker
+It connects first. A broker that does not answer yet (Redis restarting, starting
+after the worker, a network blip) is waited for as a running worker rides out an outage:
+retried with a backoff of 0.5 s doubling to 5 s, logged once when the wait begins, when
+its reason changes and once a minute, for as long as it takes (or ``--wait-for-broker
+SECONDS``, after which the worker exits with status 75, a transient failure the
+supervisor restarts). A mistake the user must fix (a bad URL, credentials Redis refuses,
+an app that does not import) is one line and exit status 2. Without a broker
 (no ``--broker``, no ``$TYPEDQ_BROKER``) it warns that ``memory://`` is private to the
 process. The first SIGTERM or SIGINT starts a graceful shutdown (stop claiming, let
 in-flight jobs finish within ``--grace``, then cancel and hand them back; sync handlers'
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -24,6 +30,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 
@@ -32,12 +39,25 @@ from .broker import redact_url
 from .cli_common import load_app, metrics_module
 from .client import DEFAULT_BROKER_ENV, Client
 from .errors import BrokerUnavailable, ConfigError, TypedqError
-from .supervisor import SUPERVISOR_ENV, stop_with_parent, watch_parent, write_metrics_port
+from .supervisor import (
+    SUPERVISOR_ENV,
+    UNREACHABLE,
+    stop_with_parent,
+    watch_parent,
+    write_metrics_port,
+)
 from .worker import Worker
 
-__all__ = ["exit_past_threads", "worker_command"]
+__all__ = ["broker_address", "exit_past_threads", "worker_command"]
 
 log = logging.getLogger("typedq.cli")
+
+#: Backoff between connection tries while waiting for the broker: first pause and cap
+#: (the cap of a running worker's retries too).
+CONNECT_FIRST = 0.5
+CONNECT_MAX = 5.0
+#: While the wait goes on unchanged, one reminder line this often (seconds).
+WAIT_REMINDER = 60.0
 
 
 def worker_command(args: argparse.Namespace) -> int:
@@ -69,7 +89,9 @@ def worker_command(args: argparse.Namespace) -> int:
         if not isinstance(error, TypedqError):
             raise
         print(f"typedq: error: {error}", file=sys.stderr)
-        return 2
+        # An unreachable broker is transient, not a mistake to fix: a distinct status,
+        # which the supervisor (and systemd's Restart=on-failure) restarts.
+        return UNREACHABLE if isinstance(error, BrokerUnavailable) else 2
 
 
 def _supervise(args: argparse.Namespace, url: str) -> int:
@@ -99,7 +121,7 @@ def _supervise(args: argparse.Namespace, url: str) -> int:
         command,
         args.processes,
         metrics_port=args.metrics_port,
-        metrics_addr=args.metrics_addr,
+        metrics_host=args.metrics_host,
     )
     return anyio.run(supervisor.run)
 
@@ -134,8 +156,8 @@ def _serve_metrics(worker: Worker[Any, Any], args: argparse.Namespace) -> Any:
     ProcessCollector(registry=registry)
     metrics = Metrics(registry)
     metrics.attach(worker)
-    port, server = metrics.serve(args.metrics_port, args.metrics_addr)
-    log.info("serving metrics on http://%s:%d/metrics", args.metrics_addr, port)
+    port, server = metrics.serve(args.metrics_port, args.metrics_host)
+    log.info("serving metrics on http://%s:%d/metrics", args.metrics_host, port)
     write_metrics_port(port)
     return server
 
@@ -159,47 +181,106 @@ async def _run_until_signalled(app: App, worker: Worker[Any, Any], args: argpars
 
 @contextlib.asynccontextmanager
 async def _connected(client: Client, wait: float) -> AsyncIterator[None]:
-    """Connect ``client``; while the broker is unreachable, retry for ``wait`` seconds
-    (one line per try), then give up with one line naming the broker and the fix."""
-    deadline = time.monotonic() + wait
-    delay = 0.5
-    tries = 0
+    """Connect ``client``; while the broker is unreachable, wait for it (see
+    :class:`_BrokerWait`) for ``wait`` seconds (``inf``: for as long as it takes)."""
+    waiting = _BrokerWait(client.url, wait)
     async with contextlib.AsyncExitStack() as stack:
         while True:
-            tries += 1
             try:
                 await stack.enter_async_context(client)
                 break
             except BrokerUnavailable as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise BrokerUnavailable(_unreachable(client.url, exc, wait, tries)) from None
-                pause = min(delay, left)
-                log.warning(
-                    "try %d: %s; retrying in %.1fs (--wait-for-broker: %.0fs left)",
-                    tries,
-                    str(exc).rstrip("."),
-                    pause,
-                    left,
-                )
-                await anyio.sleep(pause)
-                delay = min(delay * 2, 5.0)
-        if tries > 1:
-            log.info("reached the broker %s on try %d", redact_url(client.url), tries)
+                await anyio.sleep(waiting.failed(exc))
+        waiting.reached()
         yield
 
 
-def _unreachable(url: str, exc: BrokerUnavailable, wait: float, tries: int) -> str:
-    if wait > 0:
-        waited = f"gave up after {tries} tries in {wait:g}s: "
-        fix = "start it, check the URL (--broker or $TYPEDQ_BROKER), or wait longer"
-    else:
-        waited = ""
-        fix = (
-            "start it, check the URL (--broker or $TYPEDQ_BROKER), or pass "
-            "--wait-for-broker SECONDS to wait for it"
-        )
-    return f"cannot reach the broker {redact_url(url)}: {waited}{str(exc).rstrip('.')}; {fix}"
+class _BrokerWait:
+    """The start-up wait for an unreachable broker: the backoff, and the log lines.
+
+    One line when the wait begins, one when its reason changes, one reminder per
+    :data:`WAIT_REMINDER` seconds, one when the broker answers; never the credentials
+    (the broker's messages are scrubbed, and the address is host and port only).
+    """
+
+    def __init__(self, url: str, wait: float) -> None:
+        self.url = url
+        self.address = broker_address(url)
+        self.wait = wait
+        self.began = time.monotonic()
+        self.delay = CONNECT_FIRST
+        self.tries = 0
+        self.reason = ""
+        self.reminded = self.began
+
+    def failed(self, exc: BrokerUnavailable) -> float:
+        """Count a failed try; return the pause before the next one, or raise the
+        one-line :class:`BrokerUnavailable` once ``wait`` is spent."""
+        self.tries += 1
+        now = time.monotonic()
+        waited = now - self.began
+        left = self.wait - waited
+        reason = str(exc).rstrip(".")
+        if left <= 0:
+            raise BrokerUnavailable(self._gave_up(reason, waited)) from None
+        if self.tries == 1:
+            bound = (
+                "for as long as it takes (--wait-for-broker SECONDS sets a bound)"
+                if math.isinf(self.wait)
+                else f"for up to {self.wait:g}s (--wait-for-broker)"
+            )
+            log.warning(
+                "waiting for the broker at %s: %s; retrying with a backoff of up to %gs, %s",
+                self.address,
+                reason,
+                CONNECT_MAX,
+                bound,
+            )
+            self.reminded = now
+        elif reason != self.reason:
+            log.warning("still waiting for the broker at %s: now %s", self.address, reason)
+            self.reminded = now
+        elif now - self.reminded >= WAIT_REMINDER:
+            log.warning(
+                "still waiting for the broker at %s after %.0fs (%d tries): %s",
+                self.address,
+                waited,
+                self.tries,
+                reason,
+            )
+            self.reminded = now
+        self.reason = reason
+        pause, self.delay = self.delay, min(self.delay * 2, CONNECT_MAX)
+        return min(pause, left)
+
+    def reached(self) -> None:
+        if self.tries:
+            log.info(
+                "reached the broker at %s after %.1fs (%d failed tries)",
+                self.address,
+                time.monotonic() - self.began,
+                self.tries,
+            )
+
+    def _gave_up(self, reason: str, waited: float) -> str:
+        if self.wait > 0:
+            gave_up = f"gave up after {self.tries} tries in {waited:.1f}s: "
+            fix = "start it, check the URL (--broker or $TYPEDQ_BROKER), or wait longer"
+        else:
+            gave_up = ""
+            fix = (
+                "start it, check the URL (--broker or $TYPEDQ_BROKER), or leave out "
+                "--wait-for-broker 0 to wait for it"
+            )
+        return f"cannot reach the broker {redact_url(self.url)}: {gave_up}{reason}; {fix}"
+
+
+def broker_address(url: str) -> str:
+    """Where the broker of ``url`` is, without the scheme or credentials: ``host:port``
+    (several, comma-separated, for a Cluster), or a Unix socket's path."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rpartition("@")[2]
+    return netloc or parts.path or redact_url(url)
 
 
 class _Signals:

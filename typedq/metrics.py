@@ -17,6 +17,10 @@ pass one)::
 
 Series:
 
+The ``task`` label is a task the app declares, or ``_unknown`` (:data:`UNKNOWN_TASK`)
+for every job whose task it does not (such a job fails at once): job messages cannot
+multiply the series. ``serve`` listens on 127.0.0.1 unless told otherwise.
+
 - ``typedq_jobs_total{task,queue,outcome}``: attempts by how they ended (the values of
   :class:`~typedq.observe.JobOutcome`: completed, failed, retried, cancelled, released,
   lease_lost, abandoned)
@@ -76,10 +80,22 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
         "typedq.metrics needs prometheus-client: pip install 'typedq[metrics]'"
     ) from exc
 
-__all__ = ["DURATION_BUCKETS", "WAIT_BUCKETS", "Metrics", "QueueCollector", "serve_registry"]
+__all__ = [
+    "DURATION_BUCKETS",
+    "UNKNOWN_TASK",
+    "WAIT_BUCKETS",
+    "Metrics",
+    "QueueCollector",
+    "serve_registry",
+]
 
 log = logging.getLogger("typedq.metrics")
 
+
+#: The ``task`` label of a job whose task the app does not declare (a producer's typo, a
+#: task removed or renamed): one series for them all, so job messages cannot add labels.
+#: A task name starts with a letter or digit, so no declared task can be called so.
+UNKNOWN_TASK = "_unknown"
 
 #: Histogram buckets (seconds) of ``typedq_job_duration_seconds``.
 DURATION_BUCKETS = (
@@ -346,6 +362,8 @@ class Metrics(WorkerObserver):
         self._broker_errors: dict[str, int] = {}
         self._stalled = 0
         self._workers: list[Worker[Any, Any]] = []
+        # The task names the attached workers' apps declare: the only task labels.
+        self._declared: set[str] = set()
         self.jobs = _JobCollector(self)
         self.queues = QueueCollector(self, queue_stats_timeout)
         if registry is not None:
@@ -354,15 +372,21 @@ class Metrics(WorkerObserver):
 
     def attach(self, worker: Worker[TIn, TOut]) -> Worker[TIn, TOut]:
         """Count ``worker``'s jobs (call before it starts); returns the worker."""
+        self._declare(worker)
         worker.observe(self)
         return worker
+
+    def _declare(self, worker: Worker[Any, Any]) -> None:
+        self._declared.update(worker.tasks)
+        self._declared.update(getattr(worker.app, "tasks", ()))
 
     def _in_flight(self) -> float:
         return float(sum(w.running for w in list(self._workers)))
 
     def _of(self, job: ClaimedJob) -> _Series:
         message = job.message
-        key = (message.task, message.queue)
+        task = message.task if message.task in self._declared else UNKNOWN_TASK
+        key = (task, message.queue)
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = _Series()
@@ -371,6 +395,7 @@ class Metrics(WorkerObserver):
     # -- the observer ----------------------------------------------------------------
 
     def worker_started(self, worker: Worker[Any, Any]) -> None:
+        self._declare(worker)
         self._workers.append(worker)
         self.queues.add(worker)
 
@@ -403,8 +428,9 @@ class Metrics(WorkerObserver):
 
     # -- serving -----------------------------------------------------------------------
 
-    # Every interface, like prometheus_client's own default: a scraper runs elsewhere.
-    def serve(self, port: int, addr: str = "0.0.0.0") -> tuple[int, Any]:  # noqa: S104
+    # This machine only by default, like the dashboard: the series name the app's tasks
+    # and queues, and a scraper elsewhere is a choice to make (addr="0.0.0.0").
+    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[int, Any]:
         """Serve ``/metrics`` of this registry over HTTP in a daemon thread.
 
         :param port: 0 picks a free port
@@ -418,7 +444,7 @@ class Metrics(WorkerObserver):
 def serve_registry(
     registry: CollectorRegistry,
     port: int,
-    addr: str = "0.0.0.0",  # noqa: S104 - a scraper runs elsewhere
+    addr: str = "127.0.0.1",
 ) -> tuple[int, Any]:
     """Serve ``/metrics`` of ``registry`` over HTTP in a daemon thread (``typedq worker
     --metrics-port``, and the ``--processes`` supervisor's group endpoint).
@@ -433,6 +459,7 @@ def serve_registry(
         server, _thread = start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
         raise ConfigError(
-            f"cannot serve metrics on {addr}:{port}: {exc.strerror}; choose another --metrics-port"
+            f"cannot serve metrics on {addr}:{port}: {exc.strerror}; choose another "
+            "--metrics-port (or --metrics-host)"
         ) from None
     return int(server.server_port), server

@@ -9,11 +9,14 @@ running event loop, nothing is pickled), then:
   the first signal stops claiming and lets running jobs finish within ``--grace``, the
   second skips the grace, the third exits at once (the jobs come back by lease expiry);
   the supervisor exits once every child has;
-- restarts a child that dies (a crash, SIGKILL by the OOM killer) with exponential
-  backoff, 0.5 s doubling to 30 s, back to 0.5 s once a child has run for a minute;
-- stops everything, instead of restarting in a loop, when a child exits with status 2
-  (a user mistake the child has already explained in one line: a bad option, an app
-  that does not import, an unreachable broker);
+- restarts a child that dies (a crash, SIGKILL by the OOM killer, status 75: it gave up
+  waiting for an unreachable broker) with exponential backoff, 0.5 s doubling to 30 s,
+  back to 0.5 s once a child has run for a minute; the other children run on;
+- stops everything, instead of restarting in a loop, when a child's first process exits
+  with status 2 (a user mistake the child has already explained in one line: a bad
+  option or broker URL, credentials the broker refuses). The same status from a
+  restarted child is restarted with backoff like a crash: the command worked in that
+  slot before, so what changed is outside it, and the healthy children run on;
 - with ``--metrics-port``, serves ``/metrics`` for the whole group: each child serves
   its own series on a loopback port, and the supervisor's endpoint adds them up at
   scrape time (counters and histograms summed, ``typedq_worker_in_flight`` summed, the
@@ -46,6 +49,8 @@ import anyio.abc
 __all__ = [
     "METRICS_PORT_FILE_ENV",
     "SUPERVISOR_ENV",
+    "UNREACHABLE",
+    "USAGE_ERROR",
     "GroupCollector",
     "Supervisor",
     "merge_expositions",
@@ -70,6 +75,9 @@ STABLE_AFTER = 60.0
 
 #: Exit status of a child that explained a user mistake (the CLI's rule): not retried.
 USAGE_ERROR = 2
+#: Exit status of a worker that gave up waiting for an unreachable broker (sysexits'
+#: EX_TEMPFAIL): transient, so restarted with backoff.
+UNREACHABLE = 75
 
 #: Series every child reads from the broker: the same value in each, reported once.
 _SHARED_GAUGES = ("typedq_queue_jobs", "typedq_queue_oldest_waiting_seconds")
@@ -96,7 +104,7 @@ class Supervisor:
     :param processes: how many children (>= 1)
     :param metrics_port: serve the group's ``/metrics`` on this port (0: a free one);
         ``None``: no metrics
-    :param metrics_addr: the address of that endpoint
+    :param metrics_host: the address of that endpoint (default: this machine only)
     """
 
     def __init__(
@@ -105,14 +113,14 @@ class Supervisor:
         processes: int,
         *,
         metrics_port: int | None = None,
-        metrics_addr: str = "0.0.0.0",  # noqa: S104 - a scraper runs elsewhere
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
         self.command = list(command)
         self.children = [_Child(i) for i in range(processes)]
         self.metrics_port = metrics_port
-        self.metrics_addr = metrics_addr
+        self.metrics_host = metrics_host
         self.signals = 0
         self.fatal: str | None = None
         self._stopping = anyio.Event()
@@ -150,7 +158,7 @@ class Supervisor:
     def _child_command(self, child: _Child) -> list[str]:
         command = list(self.command)
         if child.port_file is not None:
-            command += ["--metrics-port", "0", "--metrics-addr", "127.0.0.1"]
+            command += ["--metrics-port", "0", "--metrics-host", "127.0.0.1"]
         return command
 
     async def _keep_running(self, child: _Child) -> None:
@@ -180,7 +188,7 @@ class Supervisor:
             ran = time.monotonic() - child.started
             if self._stopping.is_set():  # a shutdown: this exit was asked for
                 return
-            if code == USAGE_ERROR:
+            if code == USAGE_ERROR and len(child.codes) == 1:
                 self.fatal = (
                     f"worker process {child.index} (pid {process.pid}) exited with status 2 "
                     "(its error is above): stopping every worker process instead of restarting"
@@ -249,12 +257,12 @@ class Supervisor:
         registry = CollectorRegistry()
         registry.register(GroupCollector(self))
         assert self.metrics_port is not None
-        port, server = serve_registry(registry, self.metrics_port, self.metrics_addr)
+        port, server = serve_registry(registry, self.metrics_port, self.metrics_host)
         self._server = server
         log.info(
             "serving the metrics of %d worker processes on http://%s:%d/metrics",
             len(self.children),
-            self.metrics_addr,
+            self.metrics_host,
             port,
         )
 
@@ -402,6 +410,8 @@ def _exit_text(code: int) -> str:
             return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"was killed by signal {-code}"
+    if code == UNREACHABLE:
+        return f"gave up waiting for the broker (status {code})"
     return f"exited with status {code}"
 
 
