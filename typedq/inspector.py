@@ -372,9 +372,8 @@ class Inspector:
             remaining = counts[queue].get(state, 0)
             # Acted-on jobs leave the state, so paging restarts at `skip`, which only
             # grows past jobs that stay (a cancel requested for a running job) and past
-            # empty pages: a backend may return short pages (Redis skips stale index
-            # entries of its waiting lists), so an empty page is not the end, though
-            # _MAX_EMPTY of them in a row are.
+            # empty pages (jobs another client acted on meanwhile): an empty page is not
+            # the end, though _MAX_EMPTY of them in a row are.
             skip = empty = 0
             while remaining > 0 and empty < _MAX_EMPTY:
                 page = await self.client.broker.list_jobs(

@@ -53,6 +53,7 @@ __all__ = [
     "Failure",
     "FireOutcome",
     "FinishOutcome",
+    "JobList",
     "JobMessage",
     "JobRecord",
     "JobState",
@@ -184,6 +185,14 @@ class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):
         if message.eta > 0:
             return max(self.enqueued_at, message.eta)
         return self.enqueued_at + message.delay
+
+
+class JobList(msgspec.Struct, frozen=True):
+    """One page of :meth:`Broker.page_jobs`: ``ids`` in the state's order, and the
+    ``cursor`` that continues after them (None when the state has no more jobs)."""
+
+    ids: list[str]
+    cursor: str | None
 
 
 class EnqueueOutcome(msgspec.Struct, frozen=True):
@@ -761,11 +770,34 @@ class Broker(abc.ABC):
 
         The order is the state's own: ``waiting`` in claim order (priority, then age),
         ``scheduled`` by due time, ``active`` by start time, and the final states most
-        recently finished first. One call is one bounded round trip (``limit`` is at
-        most 1000; a backend may scan more entries than it returns, never all of them).
+        recently finished first. ``limit`` is at most 1000. ``offset`` counts jobs: on a
+        state that does not change, ``offset=0, limit=n``, then ``offset=n``, ... list
+        every job exactly once, every page full but the last. Skipping costs the backend
+        work in proportion to ``offset``: to walk a whole state, use :meth:`page_jobs`.
         Jobs move while an operator pages, so pages are a best-effort snapshot; callers
         that act on whole states page from ``offset=0`` again after acting.
         """
+
+    async def page_jobs(
+        self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 100
+    ) -> JobList:
+        """One page of up to ``limit`` ids of ``queue``'s jobs in ``state`` (the order of
+        :meth:`list_jobs`), from ``cursor`` (None: the first page); the answer's cursor
+        continues after the page, and is None when the state has no more jobs.
+
+        On a state that does not change, following the cursors lists every job exactly
+        once, every page full but the last. Jobs that move meanwhile may be missed or
+        seen again (a page is not a snapshot). Each page costs the backend work in
+        proportion to ``limit`` (plus entries it passes over), not to how deep it is.
+        A cursor is opaque, valid for the same queue and state of the same broker.
+        """
+        offset = cursor_position(cursor)
+        limit = max(0, min(limit, 1000))
+        ids = await self.list_jobs(queue, state, offset=offset, limit=limit)
+        more = len(ids) == limit > 0 and bool(
+            await self.list_jobs(queue, state, offset=offset + limit, limit=1)
+        )
+        return JobList(ids, str(offset + limit) if more else None)
 
     @abc.abstractmethod
     async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
@@ -859,3 +891,15 @@ class Broker(abc.ABC):
         ``missed`` counts the events after ``after`` that the cap already dropped.
         """
         raise NotImplementedError(f"{type(self).__name__} keeps no event streams")
+
+
+def cursor_position(cursor: str | None) -> int:
+    """The position a :meth:`Broker.page_jobs` cursor stands for."""
+    if cursor is None:
+        return 0
+    if not cursor.isdigit() or len(cursor) > 18:
+        raise ValueError(
+            f"invalid page cursor {cursor!r}: pass None for the first page, then the cursor "
+            "the previous page answered"
+        )
+    return int(cursor)

@@ -158,11 +158,15 @@ class Dashboard:
         params = request.query_params
         try:
             state = JobState(params.get("state", "waiting"))
-            offset = max(0, int(params.get("offset", "0")))
+            at = max(0, int(params.get("at", "0")))
         except ValueError:
-            return self.problem(request, 400, "state must be a job state and offset a number")
+            return self.problem(request, 400, "state must be a job state and at a number")
         task = params.get("task", "")
-        page = await self.source.queue_page(queue, state, offset=offset, task=task)
+        cursor = params.get("cursor") or None
+        try:
+            page = await self.source.queue_page(queue, state, cursor=cursor, at=at, task=task)
+        except ValueError:
+            return self.problem(request, 400, "cursor must be one the previous page linked to")
         (stats,) = await self.source.client.broker.queue_stats([queue])
         tasks = sorted(t.name for t in self.source.tasks.values() if t.queue == queue)
         return self.render(

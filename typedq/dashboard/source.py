@@ -49,17 +49,19 @@ class QueueRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class QueuePage(msgspec.Struct, frozen=True, kw_only=True):
-    """One page of a queue's jobs in one state (``offset``: where it started)."""
+    """One page of a queue's jobs in one state, from ``cursor`` (None: the first page);
+    ``at`` is the number of jobs listed before it, for display."""
 
     queue: str
     state: JobState
     task: str
-    offset: int
+    cursor: str | None
+    at: int
     total: int
     jobs: list[JobRecord]
-    #: The offset of the next page (None: this is the last), and how many entries a
-    #: task filter looked through for this page.
-    next_offset: int | None
+    #: The cursor of the next page (None: this is the last), and how many jobs a task
+    #: filter looked through for this page.
+    next_cursor: str | None
     scanned: int
 
 
@@ -145,43 +147,42 @@ class Source:
             for s, h in zip(stats, history, strict=True)
         ]
 
-    async def queue_page(self, queue: str, state: JobState, *, offset: int, task: str) -> QueuePage:
-        """One page of ``queue``'s jobs in ``state``: ``PAGE_SIZE`` ids from ``offset``, or,
-        filtered by ``task``, the matches among at most ``FILTER_SCAN`` entries."""
+    async def queue_page(
+        self, queue: str, state: JobState, *, cursor: str | None, at: int, task: str
+    ) -> QueuePage:
+        """One page of ``queue``'s jobs in ``state``: ``PAGE_SIZE`` jobs from ``cursor``,
+        or, filtered by ``task``, the matches among at most ``FILTER_SCAN`` jobs. The
+        broker pages by cursor, so a deep page costs what the first one does."""
         broker = self.client.broker
         (stats,) = await broker.queue_stats([queue])
         total = stats.counts.get(state, 0)
         jobs: list[JobRecord] = []
         scanned = 0
-        position = offset
         step = PAGE_SIZE if not task else 500
-        exhausted = False
-        while len(jobs) < PAGE_SIZE and scanned < (FILTER_SCAN if task else PAGE_SIZE):
-            ids = await broker.list_jobs(queue, state, offset=position, limit=step)
-            if not ids:
-                exhausted = True
-                break
-            position += len(ids)
-            scanned += len(ids)
-            for record in await broker.get(ids):
+        next_cursor = cursor
+        while True:
+            page = await broker.page_jobs(queue, state, cursor=next_cursor, limit=step)
+            next_cursor = page.cursor
+            scanned += len(page.ids)
+            records = await broker.get(page.ids) if page.ids else []
+            for record in records:
                 if record is None or record.state is not state:
                     continue
                 if task and record.message.task != task:
                     continue
                 jobs.append(record)
-            if len(ids) < step:
-                exhausted = position >= total
-                if exhausted:
-                    break
-        next_offset = None if exhausted or position >= total else position
+            full = len(jobs) >= PAGE_SIZE or scanned >= (FILTER_SCAN if task else PAGE_SIZE)
+            if next_cursor is None or full:
+                break
         return QueuePage(
             queue=queue,
             state=state,
             task=task,
-            offset=offset,
+            cursor=cursor,
+            at=at,
             total=total,
-            jobs=jobs[:PAGE_SIZE],
-            next_offset=next_offset,
+            jobs=jobs,
+            next_cursor=next_cursor,
             scanned=scanned,
         )
 

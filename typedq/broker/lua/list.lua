@@ -1,84 +1,117 @@
 #!lua flags=no-writes
--- Ids of up to `limit` jobs of one queue in one state, skipping `offset` (for inspect).
--- waiting: claim order (priority levels, then list order; `offset` counts list
--- positions, so stale entries make pages a little shorter; a stale entry is never
--- listed: only a job's live entry, the newest of its level, is), then the jobs limit
--- gates parked (typedq.limits); scheduled: due time;
--- active: start time (the global lease set is scanned, bounded); final states:
--- most recently finished first (the global finished set is scanned, bounded).
+-- Ids of up to `limit` jobs of one queue in one state (for inspect and the dashboard),
+-- from a position in the state's own order, skipping the first `skip` jobs listed.
+-- Positions count the state's entries (a waiting list may hold stale entries, which are
+-- never listed: only a job's live entry, the newest of its level, is), so a page
+-- resumed at the position this call answers continues exactly where it stopped: on a
+-- queue that does not change, pages hold every job once and are full until the last.
+-- Orders: waiting: claim order (priority levels, then list order), then the jobs limit
+-- gates parked (typedq.limits), gate by gate; scheduled: due time; active: start time
+-- (the global lease set is scanned, bounded); final states: most recently finished
+-- first.
+-- A call examines at most skip + limit + BUDGET entries; one that stops on the budget
+-- (many stale entries in a row) answers a shorter page and the position to go on from.
 -- KEYS[1] = the queue's active zset
--- ARGV: P, queue, state letter, offset, limit
-local q, state, offset, limit = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
-if #ARGV ~= 5 or q == '' or not is_int(offset) or offset < 0 or not is_int(limit) or limit < 0 then
+-- ARGV: P, queue, state letter, position, skip, limit
+-- Returns {next position ('' at the end of the state), skip left, id...}
+local q, state = ARGV[2], ARGV[3]
+local pos, skip, limit = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+if #ARGV ~= 6 or q == '' or not is_int(pos) or pos < 0 or not is_int(skip) or skip < 0
+    or not is_int(limit) or limit < 0 then
   return bad_args('list')
 end
-local SCAN = 20000
+local SCAN, BUDGET, CHUNK = 20000, 20000, 1000
 local out = {}
+local budget = skip + limit + BUDGET
+local function take(id)
+  if skip > 0 then skip = skip - 1 else out[#out + 1] = id end
+end
+-- True when the page is full or the budget spent: stop after the entry just examined.
+local function done()
+  return #out >= limit or budget <= 0
+end
+local function answer(at_end)
+  local reply = {at_end and '' or string.format('%d', pos), string.format('%d', skip)}
+  for _, id in ipairs(out) do reply[#reply + 1] = id end
+  return reply
+end
 local function ours(id, s)
   local r = read_job(q, id, 's')
   return r and r[1] == s
 end
-if limit == 0 then return out end
+if limit == 0 then return answer(false) end
+
+-- Walks one list in claim order (its tail first) from list position `pos - base`,
+-- calling `visit(entry)` per entry; answers true when the walk must stop here.
+local function walk(lk, base, len, visit)
+  while pos < base + len do
+    local c = pos - base  -- claim-order index: list index len - 1 - c
+    local n = math.min(CHUNK, base + len - pos)
+    local entries = redis.call('LRANGE', lk, len - c - n, len - 1 - c)
+    for i = #entries, 1, -1 do
+      pos = pos + 1
+      budget = budget - 1
+      visit(entries[i])
+      if done() then return true end
+    end
+    if #entries < n then pos = base + len end  -- the list shrank meanwhile
+  end
+  return false
+end
+
 if state == 'w' then
-  local pos = 0  -- claim-order position of the first entry of the current level
+  local base = 0
+  local sk = k_stale(q)
   for _, prio in ipairs(redis.call('ZRANGE', k_levels(q), 0, -1)) do
     local lk = k_wait(q, prio)
     if redis.call('TYPE', lk).ok == 'list' then
       local len = redis.call('LLEN', lk)
-      local a, b = math.max(offset, pos), math.min(offset + limit, pos + len)
-      if a < b then
-        -- claim-order indexes [a-pos, b-pos) are list indexes [len-(b-pos), len-1-(a-pos)]
-        local first = len - (b - pos)
-        local ids = redis.call('LRANGE', lk, first, len - 1 - (a - pos))
-        local sk = k_stale(q)
-        for i = #ids, 1, -1 do
-          local id = ids[i]
-          if not is_bare(id) then
+      if pos < base + len then
+        local stop = walk(lk, base, len, function(entry)
+          if not is_bare(entry) then
             -- A waiting entry (see keys.py): listed while live.
-            local f = parse_entry(id)
-            if f and entry_live(q, prio, f) then out[#out + 1] = f.id end
+            local f = parse_entry(entry)
+            if f and entry_live(q, prio, f) then take(f.id) end
           else
-            local r = read_keyed(q, id, 's', 'q', 'p')
+            local r = read_keyed(q, entry, 's', 'q', 'p')
             if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio
-                and (not redis.call('HGET', sk, prio .. '|' .. id)
-                  or redis.call('LPOS', lk, id) == first + i - 1) then
-              out[#out + 1] = id
+                and (not redis.call('HGET', sk, prio .. '|' .. entry)
+                  or redis.call('LPOS', lk, entry) == len - (pos - base)) then
+              take(entry)
             end
           end
-        end
+        end)
+        if stop then return answer(false) end
       end
-      pos = pos + len
-      if pos >= offset + limit then break end
+      base = base + len
     end
   end
   -- Then the waiting jobs a limit gate parked (typedq.limits), gate by gate, each
   -- gate's in the order it gives them back.
-  if pos < offset + limit then
-    local seen = {}
-    for _, id in ipairs(out) do seen[id] = true end
-    for _, gate in ipairs(redis.call('ZRANGE', k_gates(q), 0, 999)) do
-      local lk = k_gate(q, gate)
-      local len = redis.call('LLEN', lk)
-      local a, b = math.max(offset, pos), math.min(offset + limit, pos + len)
-      if a < b then
-        local first = len - (b - pos)
-        local entries = redis.call('LRANGE', lk, first, len - 1 - (a - pos))
-        for i = #entries, 1, -1 do
-          local prio, id = string.match(entries[i], '^(%-?%d+)|(.*)$')
-          local r = prio and read_keyed(q, id, 's', 'q', 'p')
-          if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio and not seen[id] then
-            seen[id] = true
-            out[#out + 1] = id
-          end
-        end
-      end
-      pos = pos + len
-      if pos >= offset + limit then break end
+  for _, gate in ipairs(redis.call('ZRANGE', k_gates(q), 0, 999)) do
+    local lk = k_gate(q, gate)
+    local len = redis.call('LLEN', lk)
+    if pos < base + len then
+      local stop = walk(lk, base, len, function(entry)
+        local prio, id = string.match(entry, '^(%-?%d+)|(.*)$')
+        local r = prio and read_keyed(q, id, 's', 'q', 'p')
+        if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then take(id) end
+      end)
+      if stop then return answer(false) end
     end
+    base = base + len
   end
+  return answer(true)
 elseif state == 's' then
-  for _, id in ipairs(redis.call('ZRANGE', k_sched(q), offset, offset + limit - 1)) do
-    if ours(id, 's') then out[#out + 1] = id end
+  while true do
+    local ids = redis.call('ZRANGE', k_sched(q), pos, pos + CHUNK - 1)
+    for _, id in ipairs(ids) do
+      pos = pos + 1
+      budget = budget - 1
+      if ours(id, 's') then take(id) end
+      if done() then return answer(false) end
+    end
+    if #ids < CHUNK then return answer(true) end
   end
 elseif state == 'a' then
   local found = {}
@@ -92,22 +125,23 @@ elseif state == 'a' then
     if x[2] ~= y[2] then return x[2] < y[2] end
     return x[3] < y[3]
   end)
-  for i = offset + 1, math.min(#found, offset + limit) do out[#out + 1] = found[i][1] end
-else
-  local zkey
-  if state == 'c' or state == 'f' or state == 'x' then zkey = k_done(q, state)
-  else return bad_args('list') end
-  local skipped, start = 0, 0
-  while #out < limit and start < SCAN + offset do
-    local ids = redis.call('ZREVRANGE', zkey, start, start + 999)
-    if #ids == 0 then break end
+  while pos < #found do
+    pos = pos + 1
+    take(found[pos][1])
+    if #out >= limit then return answer(pos >= #found) end
+  end
+  return answer(true)
+elseif state == 'c' or state == 'f' or state == 'x' then
+  local zkey = k_done(q, state)
+  while true do
+    local ids = redis.call('ZREVRANGE', zkey, pos, pos + CHUNK - 1)
     for _, id in ipairs(ids) do
-      if ours(id, state) then
-        if skipped < offset then skipped = skipped + 1
-        elseif #out < limit then out[#out + 1] = id end
-      end
+      pos = pos + 1
+      budget = budget - 1
+      if ours(id, state) then take(id) end
+      if done() then return answer(false) end
     end
-    start = start + 1000
+    if #ids < CHUNK then return answer(true) end
   end
 end
-return out
+return bad_args('list')

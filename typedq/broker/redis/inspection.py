@@ -14,6 +14,7 @@ from ...names import check_name, check_worker_id
 from ..base import (
     HISTORY_MINUTES,
     EventRead,
+    JobList,
     JobMessage,
     JobRecord,
     JobState,
@@ -22,6 +23,7 @@ from ..base import (
     QueueStats,
     RetryOutcome,
     WorkerInfo,
+    cursor_position,
 )
 from ..keys import STATE_LETTERS
 from .codec import STATES, as_int, decode_job, encode, from_us, text
@@ -118,19 +120,45 @@ class InspectOps(RedisCore):
     async def list_jobs(
         self, queue: str, state: JobState, *, offset: int = 0, limit: int = 100
     ) -> list[str]:
+        ids, _ = await self._list(queue, state, 0, max(0, offset), max(0, min(limit, 1000)))
+        return ids
+
+    async def page_jobs(
+        self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 100
+    ) -> JobList:
+        # The cursor is list.lua's position in the state's entries: a page costs the
+        # entries it passes, not the pages before it.
+        limit = max(0, min(limit, 1000))
+        ids, position = await self._list(queue, state, cursor_position(cursor), 0, limit)
+        if position is not None and ids:
+            # A full page may end at the state's last job: answer a cursor only if
+            # another job follows.
+            more, _ = await self._list(queue, state, position, 0, 1)
+            if not more:
+                position = None
+        return JobList(ids, None if position is None or not ids else str(position))
+
+    async def _list(
+        self, queue: str, state: JobState, position: int, skip: int, limit: int
+    ) -> tuple[list[str], int | None]:
+        """Up to ``limit`` ids from ``position`` after skipping ``skip`` jobs, and the
+        position after them (None at the end of the state). One list.lua call examines
+        a bounded number of entries; calls go on from where the last one stopped until
+        the page is full or the state ends, so a page is short only at the end."""
         k = self.keys
-        ids = await self._eval(
-            "list",
-            [k.active(queue)],
-            [
-                k.prefix,
-                queue,
-                STATE_LETTERS[state.value],
-                max(0, offset),
-                max(0, min(limit, 1000)),
-            ],
-        )
-        return [text(i) for i in ids]
+        ids: list[str] = []
+        at: int | None = position
+        while at is not None and len(ids) < limit:
+            reply = await self._eval(
+                "list",
+                [k.active(queue)],
+                [k.prefix, queue, STATE_LETTERS[state.value], at, skip, limit - len(ids)],
+            )
+            next_at = text(reply[0])
+            at = int(next_at) if next_at else None
+            skip = as_int(reply[1])
+            ids += [text(i) for i in reply[2:]]
+        return ids, at
 
     async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
         if not ids:
