@@ -225,6 +225,8 @@ class Worker(Generic[TIn, TOut]):
         #: lost): each holds a slot until its thread returns.
         self._orphans: dict[str, Running] = {}
         self._renewed_at = time.monotonic()
+        # A renewal failed and none has succeeded since (its failures are told once).
+        self._renew_failing = False
         self._stopping = False
         self._cancelling = False
         self._force_stop = False
@@ -551,20 +553,23 @@ class Worker(Generic[TIn, TOut]):
                 except Exception as exc:
                     if self._observer is not None:
                         self._observer.broker_error("claim", exc)
+                    # An outage is told once when it begins (its retries at DEBUG), and
+                    # once when it ends; other errors each time.
+                    report = log.warning
                     if not isinstance(exc, BrokerUnavailable):
                         pending = None  # the broker answered: nothing was claimed
                     elif outage_since is None:
                         outage_since = time.monotonic()
+                    else:
+                        report = log.debug
                     backoff = min(5.0, backoff * 2 or 0.05)
-                    log.warning(
-                        "worker %s: claim failed (%s); retrying in %.2fs", self.id, exc, backoff
-                    )
+                    report("worker %s: claim failed (%s); retrying in %.2fs", self.id, exc, backoff)
                     await self._wait(backoff)
                     continue
                 pending = None
                 backoff = 0.0
                 if outage_since is not None:
-                    log.info(
+                    log.warning(
                         "worker %s: reconnected: the broker answers again after %.1fs; "
                         "claiming jobs",
                         self.id,
@@ -689,7 +694,11 @@ class Worker(Generic[TIn, TOut]):
         except Exception as exc:
             if self._observer is not None:
                 self._observer.broker_error("renew", exc)
-            log.warning("worker %s: lease renewal failed: %s", self.id, exc)
+            # Once per outage (the claim loop tells when it ends); each time at DEBUG.
+            (log.debug if self._renew_failing else log.warning)(
+                "worker %s: lease renewal failed: %s", self.id, exc
+            )
+            self._renew_failing = True
             if time.monotonic() - self._renewed_at > self.lease:
                 # Our leases may have expired by now and another worker may hold these
                 # jobs: stop the async handlers (they can be stopped). Threads cannot be,
@@ -700,6 +709,7 @@ class Worker(Generic[TIn, TOut]):
                         holder.cancel("lease_lost")
             return False
         self._renewed_at = max(self._renewed_at, sent)
+        self._renew_failing = False
         for holder, status in zip(running, statuses, strict=True):
             if status is LeaseStatus.LOST:
                 holder.mark_lost()
