@@ -176,6 +176,11 @@ def _parser() -> argparse.ArgumentParser:
         "--queues", "-q", default=None, help=_env_help("queues", "comma-separated queues")
     )
     worker.add_argument(
+        "--allow-unknown-queue",
+        action="store_true",
+        help="take jobs from --queues that no task of the app uses (else refused: a typo)",
+    )
+    worker.add_argument(
         "--grace", type=float, default=None, help=_env_help("grace", "shutdown grace, seconds")
     )
     worker.add_argument(

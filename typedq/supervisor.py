@@ -417,10 +417,10 @@ def _exit_text(code: int) -> str:
 
 def child_command(app: str, options: Iterable[tuple[str, object]]) -> list[str]:
     """``python -m typedq worker APP`` with the given ``(flag, value)`` options
-    (``None`` values left out)."""
+    (``None`` values left out, ``""`` a flag without a value)."""
     command = [sys.executable, "-m", "typedq", "worker", app]
     for flag, value in options:
         if value is None:
             continue
-        command += [flag, str(value)]
+        command += [flag] if value == "" else [flag, str(value)]
     return command

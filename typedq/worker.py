@@ -66,7 +66,7 @@ from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
 from .resources import Resource, open_resources
 from .schedule import Schedule, Scheduler
 from .settling import GaveUp, QueueRotation, Settler
-from .task import Registry, Task, TaskBase, TIn, TOut, expand_queues
+from .task import Registry, Task, TaskBase, TIn, TOut, check_queues, expand_queues
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -113,7 +113,9 @@ class Worker(Generic[TIn, TOut]):
     :param target: the task to run, or the app whose tasks to run (a producer stub is
         refused: a worker needs the handler)
     :param concurrency: how many jobs run at once
-    :param queues: with an app, the queues to take jobs from (default: every queue of it)
+    :param queues: with an app, the queues to take jobs from (default: every queue of it);
+        one no task of the app uses is a ConfigError (a typo would run nothing, quietly)
+    :param allow_unknown_queues: take jobs from such queues anyway
     :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
         and handed back (sync handlers, which cannot be cancelled, get at most one lease
         more before they are abandoned)
@@ -135,6 +137,7 @@ class Worker(Generic[TIn, TOut]):
         concurrency: int = 16,
         queues: Sequence[str] | None = None,
         grace: float = 10.0,
+        allow_unknown_queues: bool = False,
     ) -> None: ...
 
     def __init__(
@@ -145,6 +148,7 @@ class Worker(Generic[TIn, TOut]):
         concurrency: int = 16,
         queues: Sequence[str] | None = None,
         grace: float = 10.0,
+        allow_unknown_queues: bool = False,
     ) -> None:
         if isinstance(target, TaskBase) and not isinstance(target, Task):
             raise ConfigError(
@@ -185,6 +189,10 @@ class Worker(Generic[TIn, TOut]):
             if not app.tasks:
                 raise ConfigError(f"app {app.name!r} has no tasks: register some with @app.task")
             tasks = dict(app.tasks)
+            if queues and not allow_unknown_queues:
+                check_queues(
+                    app.tasks.values(), queues, app=app.name, insist="allow_unknown_queues=True"
+                )
             queues = expand_queues(app.tasks.values(), queues) if queues else app.queues
             self._schedules = list(app.schedules.values())
             self._prune_schedules = True
