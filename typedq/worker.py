@@ -386,6 +386,7 @@ class Worker(Generic[TIn, TOut]):
         # Jobs find them through the context their tasks inherit from here.
         async with (
             self.app.client,
+            self.app.client.serving(),
             open_resources(
                 self.app.resources, self._provided, where=f"worker {self.id}", abort=self._opening
             ),
