@@ -275,7 +275,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--state", default=None, choices=[s.value for s in JobState], help="jobs to list or act on"
     )
-    inspect.add_argument("--limit", type=int, default=20, help="jobs listed per queue")
+    inspect.add_argument("--limit", type=int, default=20, help="jobs listed per queue (0 to 1000)")
     inspect.add_argument(
         "--flow",
         default=None,
