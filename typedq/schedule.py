@@ -177,11 +177,11 @@ class Schedule(Generic[TIn]):
             fields = len(self.cron.split())
             if fields != 5:
                 # (cronsim would read a sixth field as seconds: not the documented form)
-                seconds = " (no seconds field: for ticks in seconds use every=SECONDS)"
+                hint = " (no seconds field: for ticks in seconds use every=SECONDS)"
                 raise ConfigError(
                     f"{label}: cron expression {cron!r} has {fields} fields; use five fields "
                     "'minute hour day-of-month month day-of-week', e.g. '0 8 * * *'"
-                    + (seconds if fields == 6 else "")
+                    + (hint if fields == 6 else "")
                 )
             try:
                 CronSim(self.cron, datetime.now(UTC))
