@@ -164,7 +164,7 @@ async def _run_worker(app: App, args: argparse.Namespace) -> int:
 def _serve_metrics(worker: Worker[Any, Any], args: argparse.Namespace) -> Any:
     """Serve ``/metrics`` for ``worker`` on ``--metrics-port`` (see :mod:`typedq.metrics`)."""
     metrics_module()  # one line when the extra is missing
-    from prometheus_client import CollectorRegistry, ProcessCollector
+    from prometheus_client import CollectorRegistry, ProcessCollector  # type: ignore[import-not-found, unused-ignore]  # optional extra
 
     from .metrics import Metrics
 
