@@ -184,6 +184,29 @@ def test_env_defaults_and_the_flag_wins() -> None:
     assert "queues=['bulk']" in _worker_start_line(env={"TYPEDQ_QUEUES": "bulk"})
 
 
+def test_a_queue_no_task_uses_is_refused_in_one_line() -> None:
+    """A typo'd queue would idle quietly (issue 29, item 3): refused before the worker
+    starts or touches a broker, naming the app's queues and how to insist."""
+    for args, env in [
+        (("-q", "defualt"), {}),
+        (("-q", "default,defualt", "--processes", "2", "--broker", "redis://127.0.0.1:1/0"), {}),
+        ((), {"TYPEDQ_QUEUES": "defualt"}),
+    ]:
+        result = _typedq("worker", "examples.quickstart:app", *args, env=env)
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert line == (
+            "typedq: error: queue 'defualt' is used by no task of app 'billing' (its "
+            "queues: bulk, default); check the spelling, or pass --allow-unknown-queue to "
+            "take jobs from it anyway"
+        )
+
+
+def test_allow_unknown_queue_takes_jobs_from_it() -> None:
+    line = _worker_start_line("-q", "other", "--allow-unknown-queue")
+    assert "queues=['other']" in line
+
+
 def test_stubs_without_out_prints_the_stub() -> None:
     result = _typedq("stubs", "examples.billing.tasks:app")
     assert result.returncode == 0, result.stderr

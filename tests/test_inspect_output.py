@@ -1,4 +1,4 @@
-"""``typedq inspect`` output: tables that fit 80 columns (ids clipped, full in JSON), the
+"""``typedq inspect`` output: tables that fit 80 columns (ids in full, never cut), the
 due time of scheduled jobs, errors without their type said twice, ``--limit 0``, the
 ``--job ID`` detail view and the ``--workers`` listing."""
 
@@ -65,11 +65,14 @@ def record(error_type: str, message: str) -> FailureRecord:
     )
 
 
-def test_failed_jobs_fit_80_columns_with_clipped_ids_and_single_type_names() -> None:
+def test_failed_jobs_fit_80_columns_with_full_ids_and_single_type_names() -> None:
+    """Ids are never cut (issue 29): they are copied into --retry. A ULID fits the table
+    at 80 columns; a longer id puts each job on an id line and a line of the rest."""
     long_id = "charge_customer_card:customer-000042-invoice-000007"
+    ulid = "01M8Q8Y4H1FDMH9E8TMJWNNAG9"
     jobs = [
         view(long_id, record("shop.errors.CardDeclined", "CardDeclined(code='insufficient')")),
-        view("01M8Q8Y4H1FDMH9E8TMJWNNAG9", record("ValueError", "bad amount")),
+        view(ulid, record("ValueError", "bad amount")),
     ]
     overview = Overview(
         app="shop",
@@ -82,17 +85,26 @@ def test_failed_jobs_fit_80_columns_with_clipped_ids_and_single_type_names() -> 
     render_overview(console, overview)
     text = out.getvalue()
     assert all(len(line) <= 80 for line in text.splitlines())
-    rows = [line for line in text.splitlines() if "…" in line]
-    assert len(rows) == 2  # each id on one line, clipped
-    # The end of an id tells jobs apart: that is the part shown.
-    assert "…" + long_id[-13:] in text
-    assert "…" + "01M8Q8Y4H1FDMH9E8TMJWNNAG9"[-13:] in text
-    # Wide terminals show ids in full, and the errors on one line each.
+    assert "…" not in text
+    lines = [line.strip() for line in text.splitlines()]
+    assert long_id in lines  # a line of its own: copied whole
+    assert ulid in lines
+    assert "CardDeclined(code='insufficient')" in text
+    # ULIDs alone fit a table at 80 columns, in full.
+    console, out = screen(80)
+    render_overview(console, msgspec.structs.replace(overview, jobs=jobs[1:]))
+    text = out.getvalue()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    (row,) = [line for line in text.splitlines() if ulid in line]
+    assert row.split()[0] == ulid
+    assert "amount" in text  # the error, folded in its column
+    # Wide terminals: one table, every id in full, the errors on one line each.
     console, out = screen(160)
     render_overview(console, overview)
     text = out.getvalue()
-    assert "01M8Q8Y4H1FDMH9E8TMJWNNAG9" in text
-    assert "…" + long_id[-25:] in text  # longer ids than a ULID are clipped here too
+    assert ulid in text
+    assert long_id in text
+    assert "…" not in text
     assert "CardDeclined(code='insufficient')" in text
     assert text.count("CardDeclined") == 1  # not "CardDeclined: CardDeclined(...)"
     assert "shop.errors" not in text
@@ -234,7 +246,9 @@ def test_workers_table_fits_80_columns() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--limit", "-1"], "--limit must be >= 0, got -1"),
+        (["--limit", "-1"], "--limit must be between 0 and 1000"),
+        # Never a silent 1,000 for 20,000 asked (issue 29).
+        (["--limit", "20000", "--json"], "--limit must be between 0 and 1000 (the most jobs"),
         (["--workers", "--retry", "x"], "--workers cannot be combined with --retry"),
         (["--job", "x", "--workers"], "--job cannot be combined with --workers"),
         (["--job", "nope"], "no job 'nope' in app 'x'"),

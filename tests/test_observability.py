@@ -175,8 +175,10 @@ def test_json_log_lines_parse_and_name_the_job(server: RedisProcess) -> None:
     for document in retry + final:
         assert document["task"] == "broken"
         assert document["queue"] == "slow"
-        assert "Traceback (most recent call last)" in document["message"]
         assert "ValueError: broken 5" in document["message"]
+    # The final failure carries the traceback; a retry is one line (its traceback: DEBUG).
+    assert "Traceback (most recent call last)" in final[0]["message"]
+    assert "Traceback" not in retry[0]["message"]
 
 
 class Boom(msgspec.Struct, frozen=True):
@@ -211,15 +213,51 @@ async def test_failure_logs_carry_traceback_job_id_task_and_attempt(
         assert getattr(record, "attempt", None) == attempt
         assert getattr(record, "queue", None) == "default"
         assert f"job {job.id} (explode) attempt {attempt}" in message
-        assert "Traceback (most recent call last)" in message
         assert "KeyError: 'missing 3'" in message
-        assert 'raise KeyError(f"missing {item.n}")' in message
-    assert "retry in" in retried[0].getMessage()
-    assert "failed for good" in final[0].getMessage()
-    # Start and finish of each attempt at DEBUG, naming the job too.
+    # A retry is one line (issue 29): task, job id, attempt, error, next delay ...
+    assert retried[0].getMessage() == (
+        f"job {job.id} (explode) attempt 1 failed; retry in 0s: error: KeyError: 'missing 3'"
+    )
+    # ... its traceback at DEBUG; the final failure carries the traceback itself.
+    final_text = final[0].getMessage()
+    assert "failed for good" in final_text
+    assert "Traceback (most recent call last)" in final_text
+    assert 'raise KeyError(f"missing {item.n}")' in final_text
     debug = [r.getMessage() for r in about if r.levelno == logging.DEBUG]
+    (retry_trace,) = [m for m in debug if "traceback of the failure to retry" in m]
+    assert retry_trace.startswith(f"job {job.id} (explode) attempt 1:")
+    assert 'raise KeyError(f"missing {item.n}")' in retry_trace
+    # Start and finish of each attempt at DEBUG, naming the job too.
     assert f"job {job.id} (explode) attempt 1 started" in debug
     assert any(m.startswith(f"job {job.id} (explode) attempt 2 finished: failed") for m in debug)
+
+
+@pytest.mark.anyio
+async def test_a_retry_is_one_warning_line_without_a_traceback_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``make demo`` must not look like a crash: at INFO, a retried attempt is one line."""
+    app = App("obslog", broker="memory://")
+
+    @app.task(retries=2, backoff=Backoff(kind="fixed", base=0))
+    async def shaky(item: Boom) -> None:
+        raise RuntimeError(f"down\nfor {item.n}")
+
+    caplog.set_level(logging.INFO, logger="typedq")
+    async with app, app.worker(concurrency=1):
+        job = await shaky.enqueue(Boom(n=4))
+        with pytest.raises(JobFailed):
+            await job.result(timeout=10)
+    about = [r for r in caplog.records if getattr(r, "job_id", None) == job.id]
+    warnings = [r.getMessage() for r in about if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"job {job.id} (shaky) attempt {n} failed; retry in 0s: error: RuntimeError: down for 4"
+        for n in (1, 2)
+    ]
+    assert all(r.exc_info is None for r in about if r.levelno == logging.WARNING)
+    (error,) = [r.getMessage() for r in about if r.levelno == logging.ERROR]
+    assert "attempt 3 failed for good" in error
+    assert "Traceback (most recent call last)" in error
 
 
 def _workers(url: str) -> list[WorkerInfo]:

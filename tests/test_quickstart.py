@@ -40,6 +40,11 @@ def test_quickstart_on_the_embedded_broker() -> None:
     assert result.returncode == 0, result.stderr
     for line in EXPECTED:
         assert line in result.stdout
+    # Its worker runs in its process: no warning about the embedded broker (issue 29).
+    assert "memory://" not in result.stderr
+    # A retried attempt is one line, not a traceback (issue 29): only the final failure
+    # of the declined card carries one.
+    assert result.stderr.count("Traceback (most recent call last)") <= 1, result.stderr
 
 
 @pytest.mark.redis

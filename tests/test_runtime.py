@@ -662,7 +662,10 @@ async def test_worker_configuration_errors(app_name: str) -> None:
         ["shared"],
         3,
     )
-    assert sorted(app.worker(queues=["shared", "other"]).queues) == ["other", "shared"]
+    with pytest.raises(ConfigError, match=r"queue 'other' is used by no task .*: shared\)"):
+        app.worker(queues=["shared", "other"])  # a typo would run nothing, quietly
+    insisted = app.worker(queues=["shared", "other"], allow_unknown_queues=True)
+    assert sorted(insisted.queues) == ["other", "shared"]
 
 
 async def test_enqueue_many_queue_full_is_raised_as_itself(app_name: str) -> None:

@@ -68,6 +68,9 @@ def test_declaration_defaults_and_names() -> None:
         ({"cron": "* * * * *", "every": 5}, "not both"),
         ({"cron": "61 * * * *"}, "invalid cron expression '61 * * * *'"),
         ({"cron": "every day"}, "use five fields"),
+        # cronsim takes a sixth field (seconds); the documented form has five (issue 29).
+        ({"cron": "*/10 * * * * *"}, "has 6 fields; use five fields 'minute hour"),
+        ({"cron": "*/10 * * * * *"}, "for ticks in seconds use every=SECONDS"),
         ({"every": 0}, "every=0 must be > 0 seconds"),
         ({"every": -5}, "every=-5 must be > 0 seconds"),
         ({"every": timedelta(0)}, "must be > 0 seconds"),

@@ -12,10 +12,12 @@ from typing import Any
 
 import anyio
 import httpx
+import msgspec
 import pytest
 
 from tests.redis_harness import RedisProcess, flushall, free_port
 from tests.support import ROOT, TEST_DEADLINE, spawn_worker, stop_workers
+from typedq import App, BrokerUnavailable
 from typedq.broker.base import BrokerSettings
 from typedq.broker.memory import MemoryBroker
 
@@ -81,6 +83,78 @@ async def test_service_enqueues_serves_results_and_mounts_the_dashboard() -> Non
     finally:
         app.use_broker("memory://")
         stub.app.use_broker("memory://")
+
+
+class Note(msgspec.Struct, frozen=True):
+    text: str
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_typedq_errors_are_http_statuses_not_bare_500s() -> None:
+    """Issue 29: PayloadTooLarge through FastAPI was a bare 500. With the recipe
+    (examples/webapp/errors.py) each error a request can meet has its status."""
+    from fastapi import FastAPI
+
+    from examples.webapp.errors import RETRY_AFTER, install_error_handlers
+
+    broker = MemoryBroker(BrokerSettings(namespace="notes", max_queue_length=1))
+    app = App("notes", broker=broker, max_payload_bytes=64)
+
+    @app.task
+    async def note(x: Note) -> None:
+        return None
+
+    service = FastAPI()
+    install_error_handlers(service)
+
+    @service.post("/notes", status_code=202)
+    async def post_note(text: str, job_id: str | None = None, delay: float = 0) -> dict[str, str]:
+        job = await note.enqueue(Note(text), job_id=job_id, delay=delay)
+        return {"job": job.id}
+
+    @service.get("/notes/{job_id}")
+    async def get_note(job_id: str) -> dict[str, str]:
+        return {"status": (await note.job(job_id).status()).value}
+
+    @service.get("/down")
+    async def down() -> None:
+        raise BrokerUnavailable("Redis at 10.0.0.7:6379 is unreachable (get): Error 111")
+
+    @service.get("/slow/{job_id}")
+    async def slow(job_id: str) -> None:
+        await note.job(job_id).result(timeout=0)
+
+    transport = httpx.ASGITransport(app=service, raise_app_exceptions=False)
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, httpx.AsyncClient(transport=transport, base_url="http://svc") as http:
+            big = await http.post("/notes", params={"text": "x" * 100})
+            assert big.status_code == 413
+            assert big.json()["error"] == "PayloadTooLarge"
+            assert "over the limit of 64 bytes" in big.json()["detail"]
+
+            bad = await http.post("/notes", params={"text": "a", "job_id": "no spaces"})
+            assert (bad.status_code, bad.json()["error"]) == (422, "InvalidName")
+            bad = await http.post("/notes", params={"text": "a", "delay": "inf"})
+            assert (bad.status_code, bad.json()["error"]) == (422, "InvalidOption")
+
+            ok = await http.post("/notes", params={"text": "a"})
+            assert ok.status_code == 202
+            full = await http.post("/notes", params={"text": "b"})  # max_queue_length=1
+            assert full.status_code == 503
+            assert full.headers["retry-after"] == str(RETRY_AFTER)
+            assert full.json()["error"] == "QueueFull"
+
+            gone = await http.get("/down")
+            assert gone.status_code == 503
+            assert gone.headers["retry-after"] == str(RETRY_AFTER)
+            # A 5xx does not tell clients the broker's address.
+            assert "10.0.0.7" not in gone.text
+
+            missing = await http.get("/notes/nope")
+            assert (missing.status_code, missing.json()["error"]) == (404, "JobNotFound")
+            late = await http.get(f"/slow/{ok.json()['job']}")
+            assert (late.status_code, late.json()["error"]) == (504, "ResultTimeout")
 
 
 @pytest.mark.redis

@@ -321,11 +321,20 @@ class App(AppBase):
         concurrency: int = 16,
         queues: list[str] | None = None,
         grace: float = 10.0,
+        allow_unknown_queues: bool = False,
     ) -> Worker[Any, Any]:
         """A worker for every task of this app (an async context manager).
 
         :param concurrency: how many jobs run at once (claimed only for free slots)
         :param queues: which queues to take jobs from (default: every queue of the app)
         :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
+        :param allow_unknown_queues: take jobs from ``queues`` no task of this app uses
+            (else such a queue, a typo as a rule, is a ConfigError)
         """
-        return Worker(self, concurrency=concurrency, queues=queues, grace=grace)
+        return Worker(
+            self,
+            concurrency=concurrency,
+            queues=queues,
+            grace=grace,
+            allow_unknown_queues=allow_unknown_queues,
+        )

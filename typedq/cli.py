@@ -176,6 +176,11 @@ def _parser() -> argparse.ArgumentParser:
         "--queues", "-q", default=None, help=_env_help("queues", "comma-separated queues")
     )
     worker.add_argument(
+        "--allow-unknown-queue",
+        action="store_true",
+        help="take jobs from --queues that no task of the app uses (else refused: a typo)",
+    )
+    worker.add_argument(
         "--grace", type=float, default=None, help=_env_help("grace", "shutdown grace, seconds")
     )
     worker.add_argument(
@@ -270,7 +275,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--state", default=None, choices=[s.value for s in JobState], help="jobs to list or act on"
     )
-    inspect.add_argument("--limit", type=int, default=20, help="jobs listed per queue")
+    inspect.add_argument("--limit", type=int, default=20, help="jobs listed per queue (0 to 1000)")
     inspect.add_argument(
         "--flow",
         default=None,

@@ -84,7 +84,7 @@ def _shown_path(filename: str) -> str:
 def metrics_module() -> ModuleType:
     """:mod:`typedq.metrics`, or one line saying that ``--metrics-port`` needs the extra."""
     try:
-        import prometheus_client  # noqa: F401
+        import prometheus_client  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
     except ImportError:
         raise ConfigError(
             "--metrics-port needs prometheus-client: pip install 'typedq[metrics]'"

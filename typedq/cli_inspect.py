@@ -29,6 +29,10 @@ __all__ = ["inspect_command"]
 
 log = logging.getLogger("typedq.cli")
 
+#: The largest ``--limit``: a broker lists at most this many ids per call
+#: (:meth:`Broker.list_jobs <typedq.broker.base.Broker.list_jobs>`).
+MAX_LIMIT = 1000
+
 
 def inspect_command(args: argparse.Namespace) -> int:
     """``typedq inspect``: show or act on jobs as ``args`` asks; the exit status."""
@@ -55,8 +59,11 @@ def inspect_command(args: argparse.Namespace) -> int:
             raise ConfigError(f"give --broker URL (or set {DEFAULT_BROKER_ENV}) with --app")
     chosen = [a for a in inspector.ACTIONS if getattr(args, a) is not None]
     state = JobState(args.state) if args.state else None
-    if args.limit < 0:
-        raise ConfigError(f"--limit must be >= 0, got {args.limit}")
+    if not 0 <= args.limit <= MAX_LIMIT:
+        raise ConfigError(
+            f"--limit must be between 0 and {MAX_LIMIT} (the most jobs a broker lists per "
+            f"queue in one call), got {args.limit}"
+        )
     views = [
         flag
         for flag, on in (("--job", args.job), ("--workers", args.workers), ("--flow", args.flow))

@@ -46,6 +46,7 @@ from .supervisor import (
     watch_parent,
     write_metrics_port,
 )
+from .task import check_queues
 from .worker import Worker
 
 __all__ = ["broker_address", "exit_past_threads", "worker_command"]
@@ -67,6 +68,11 @@ def worker_command(args: argparse.Namespace) -> int:
         if args.broker:
             app.use_broker(args.broker)
         url = app.client.url
+        queues = _queues(args)
+        if queues and not args.allow_unknown_queue:
+            # Before anything starts (--processes children included): a typo'd queue
+            # would run nothing, quietly.
+            check_queues(app.tasks.values(), queues, app=app.name, insist="--allow-unknown-queue")
         chosen = args.broker or os.environ.get(DEFAULT_BROKER_ENV)
         if args.processes > 1:
             return _supervise(args, url)  # refuses memory:// in one line
@@ -109,6 +115,7 @@ def _supervise(args: argparse.Namespace, url: str) -> int:
             ("--broker", args.broker),
             ("--concurrency", args.concurrency),
             ("--queues", args.queues or None),
+            ("--allow-unknown-queue", "" if args.allow_unknown_queue else None),
             ("--grace", args.grace),
             ("--wait-for-broker", args.wait_for_broker),
             ("--heartbeat", args.heartbeat),
@@ -126,6 +133,11 @@ def _supervise(args: argparse.Namespace, url: str) -> int:
     return anyio.run(supervisor.run)
 
 
+def _queues(args: argparse.Namespace) -> list[str] | None:
+    """``--queues a,b`` as a list (None: every queue of the app)."""
+    return [q for q in args.queues.split(",") if q] if args.queues else None
+
+
 def _single(exc: BaseException) -> BaseException:
     """The one exception inside (nested) exception groups of one, or ``exc`` itself."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -134,8 +146,12 @@ def _single(exc: BaseException) -> BaseException:
 
 
 async def _run_worker(app: App, args: argparse.Namespace) -> int:
-    queues = [q for q in args.queues.split(",") if q] if args.queues else None
-    worker = app.worker(concurrency=args.concurrency, queues=queues, grace=args.grace)
+    worker = app.worker(
+        concurrency=args.concurrency,
+        queues=_queues(args),
+        grace=args.grace,
+        allow_unknown_queues=args.allow_unknown_queue,
+    )
     worker.heartbeat = args.heartbeat
     server = _serve_metrics(worker, args) if args.metrics_port is not None else None
     try:
@@ -148,7 +164,7 @@ async def _run_worker(app: App, args: argparse.Namespace) -> int:
 def _serve_metrics(worker: Worker[Any, Any], args: argparse.Namespace) -> Any:
     """Serve ``/metrics`` for ``worker`` on ``--metrics-port`` (see :mod:`typedq.metrics`)."""
     metrics_module()  # one line when the extra is missing
-    from prometheus_client import CollectorRegistry, ProcessCollector
+    from prometheus_client import CollectorRegistry, ProcessCollector  # type: ignore[import-not-found, unused-ignore]  # optional extra
 
     from .metrics import Metrics
 

@@ -8,8 +8,9 @@ worker runtime.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
@@ -30,6 +31,12 @@ __all__ = ["DEFAULT_BROKER_ENV", "Client", "load_tracing"]
 
 #: The environment variable that names the broker URL when none is given.
 DEFAULT_BROKER_ENV = "TYPEDQ_BROKER"
+
+log = logging.getLogger("typedq.client")
+
+#: Whether this process was told (once) that jobs went to an embedded broker no worker
+#: of this process serves.
+_warned_unserved = False
 
 
 class Client:
@@ -58,6 +65,11 @@ class Client:
         #: The app's tracing (typedq.tracing); None: off, and the job path pays nothing.
         self.tracing: Tracing | None = load_tracing(tracing)
         settings = settings or BrokerSettings(namespace=name)
+        # The embedded broker by default (no broker given, none in the environment):
+        # jobs enqueued while no worker of this process serves it are told once.
+        self._default_memory = broker is None and not os.environ.get(DEFAULT_BROKER_ENV)
+        #: Workers of this process running on this client's broker.
+        self.workers = 0
         if broker is None:
             broker = os.environ.get(DEFAULT_BROKER_ENV) or "memory://"
         self.url = broker if isinstance(broker, str) else f"<{type(broker).__name__}>"
@@ -126,6 +138,30 @@ class Client:
                 f"{self!r} is not connected. Did you forget `async with app:` (or "
                 "`async with client:`) around the code that enqueues?"
             )
+        if self._default_memory and self.workers == 0:
+            self._warn_unserved()
+
+    def _warn_unserved(self) -> None:
+        global _warned_unserved
+        if not _warned_unserved:
+            _warned_unserved = True
+            log.warning(
+                "app %r enqueued a job to memory://, the embedded broker, and no worker of "
+                "this process runs: jobs there run only inside this process. Start a worker "
+                "here (async with app.worker()), or set %s=redis://HOST:PORT/DB (or pass "
+                "broker=) to reach workers elsewhere; broker='memory://' silences this",
+                self.name,
+                DEFAULT_BROKER_ENV,
+            )
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """A worker of this process runs on this client's broker for the block."""
+        self.workers += 1
+        try:
+            yield
+        finally:
+            self.workers -= 1
 
     async def _enqueue_batch(self, messages: list[JobMessage]) -> list[EnqueueOutcome]:
         return await self.broker.enqueue(messages)

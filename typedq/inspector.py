@@ -545,8 +545,9 @@ def partition_totals(
 
 
 def render_overview(console: Console, overview: Overview, *, limit: int | None = None) -> None:
-    """Draw the counts table and the jobs table (ids truncated to fit: ``--json`` has
-    them in full). ``limit`` is how many jobs were asked for (0: none listed)."""
+    """Draw the counts table and the jobs table (ids in full, to copy into ``--retry``;
+    the other columns shrink to fit). ``limit`` is how many jobs were asked for (0: none
+    listed)."""
     counts = Table(title=f"app {overview.app!r} on {overview.broker}", title_justify="left")
     counts.add_column("queue", style="bold")
     for state in JobState:
@@ -580,9 +581,15 @@ def render_overview(console: Console, overview: Overview, *, limit: int | None =
     if len(overview.jobs) < total:
         shown += f" ({len(overview.jobs)} of {total})"
     wide = console.width >= 120
-    id_width = 26 if wide else 14
+    # Ids in full, never cut: they are copied into --retry, --cancel and --job. When the
+    # longest leaves too little room for the other columns, each job is an id line
+    # followed by an indented line of the rest.
+    id_width = max(len(job.id) for job in overview.jobs)
+    if console.width - id_width < _ROOM:
+        _render_stacked(console, shown, overview, title, field)
+        return
     jobs = Table(title=shown, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    jobs.add_column("id", no_wrap=True, min_width=min(id_width, 10))
+    jobs.add_column("id", no_wrap=True, min_width=id_width)
     jobs.add_column("task", no_wrap=True, overflow="ellipsis", max_width=24 if wide else 12)
     if len(overview.counts) > 1:
         jobs.add_column("queue", no_wrap=True, overflow="ellipsis", max_width=16 if wide else 8)
@@ -594,7 +601,7 @@ def render_overview(console: Console, overview: Overview, *, limit: int | None =
             jobs.add_column("reason", no_wrap=True)
         jobs.add_column("error", overflow="fold", ratio=1)
     for job in overview.jobs:
-        cells = [_clip(job.id, id_width), job.task]
+        cells = [job.id, job.task]
         if len(overview.counts) > 1:
             cells.append(job.queue)
         cells += [str(job.attempt), _when(getattr(job, field), short=not wide)]
@@ -608,6 +615,27 @@ def render_overview(console: Console, overview: Overview, *, limit: int | None =
                 )
         jobs.add_row(*cells)
     console.print(jobs)
+
+
+#: Columns the jobs table needs beside the ids (task, try, time and some of the error).
+_ROOM = 50
+
+
+def _render_stacked(
+    console: Console, shown: str, overview: Overview, title: str, field: str
+) -> None:
+    """The jobs, each as its full id on a line of its own, then its other cells."""
+    console.print(shown, highlight=False)
+    many = len(overview.counts) > 1
+    for job in overview.jobs:
+        console.print(job.id, style="bold", highlight=False, soft_wrap=True)
+        cells = [job.task]
+        if many:
+            cells.append(job.queue)
+        cells += [f"try {job.attempt}", f"{title} {_when(getattr(job, field), short=True)}"]
+        if job.error is not None:
+            cells.append(f"{job.error.reason.value}: {_error_text(job.error)}")
+        console.print("    " + "  ".join(cells), highlight=False, markup=False)
 
 
 def render_flow(console: Console, flow: FlowView) -> None:

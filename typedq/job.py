@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import anyio
 import msgspec
 
 from .broker.base import CancelOutcome, JobRecord, JobState
 from .errors import (
     BrokerDataError,
+    BrokerUnavailable,
     FailureReason,
     FailureRecord,
     JobCancelled,
@@ -28,6 +32,14 @@ TOut = TypeVar("TOut")
 #: The status of a job: ``waiting``, ``scheduled``, ``active``, ``completed``, ``failed``,
 #: ``cancelled``.
 JobStatus = JobState
+
+log = logging.getLogger("typedq.job")
+
+#: Backoff between looks at an unreachable broker while waiting for a result: it starts
+#: at the first and doubles up to the second (seconds), never past the caller's timeout.
+OUTAGE_BACKOFF = (0.1, 2.0)
+#: Seconds a look at the broker may run past the caller's timeout before it is abandoned.
+_LOOK_GRACE = 1.0
 
 _record_decoder = msgspec.msgpack.Decoder(FailureRecord)
 _any_decoder = msgspec.msgpack.Decoder()
@@ -136,19 +148,84 @@ class Job(Generic[TOut]):
     async def result(self, timeout: float | None = None) -> TOut:
         """Wait for the job to finish and return its result, validated as the output model.
 
-        :param timeout: seconds to wait; ``None`` waits as long as it takes
+        An outage of the broker shorter than ``timeout`` is ridden out: the wait looks
+        again with a bounded backoff (0.1 s doubling to 2 s), logging one warning when
+        the broker becomes unreachable and one when it answers again. Time is the event
+        loop's clock (:func:`anyio.current_time`).
+
+        :param timeout: seconds to wait; ``None`` waits as long as it takes (through
+            outages of any length)
         :raises JobFailed: the job failed (``JobCancelled`` if it was cancelled)
         :raises ResultTimeout: ``timeout`` ran out first (a ``TimeoutError``)
+        :raises BrokerUnavailable: ``timeout`` ran out while the broker was unreachable
+            (the message says for how long it was tried)
         :raises JobNotFound: there is no such job
         """
-        record = await self._client.broker.wait_finished(self.id, timeout, queue=self.queue)
-        if record is None:
-            current = await self._record()  # raises JobNotFound when it is gone
-            raise ResultTimeout(
-                f"job {self.id} of task {self.task!r} is still {current.state.value} after "
-                f"{timeout} s"
-            )
-        return self._outcome(record)
+        started = anyio.current_time()
+        deadline = math.inf if timeout is None else started + max(0.0, timeout)
+        delay = OUTAGE_BACKOFF[0]
+        outage: BrokerUnavailable | None = None  # the error that began the current outage
+        outage_since = 0.0
+        while True:
+            left = None if timeout is None else max(0.0, deadline - anyio.current_time())
+            try:
+                # Bounded even when a look hangs (a broker that does not refuse but never
+                # answers): at most a little past the caller's timeout.
+                with anyio.fail_after(None if left is None else left + _LOOK_GRACE):
+                    record = await self._client.broker.wait_finished(
+                        self.id, left, queue=self.queue
+                    )
+                    current = await self._record() if record is None else None
+            except BrokerUnavailable as exc:
+                now = anyio.current_time()
+                if outage is None:
+                    outage, outage_since = exc, now
+                    log.warning(
+                        "job %s (%s): the broker is unreachable while waiting for the result "
+                        "(%s); retrying %s",
+                        self.id,
+                        self.task,
+                        exc,
+                        "until it answers" if timeout is None else f"for up to {timeout} s",
+                    )
+                if now >= deadline:
+                    raise self._gave_up(exc, now - started, timeout) from exc
+                await anyio.sleep(min(delay, deadline - now))
+                delay = min(OUTAGE_BACKOFF[1], delay * 2)
+                continue
+            except TimeoutError:
+                # The deadline passed during a look that had not answered yet.
+                if outage is not None:
+                    raise self._gave_up(outage, anyio.current_time() - started, timeout) from None
+                raise ResultTimeout(
+                    f"job {self.id} of task {self.task!r} has not finished after {timeout} s"
+                ) from None
+            if outage is not None:
+                log.warning(
+                    "job %s (%s): the broker answers again after %.1f s; still waiting for "
+                    "the result",
+                    self.id,
+                    self.task,
+                    anyio.current_time() - outage_since,
+                )
+                outage = None
+                delay = OUTAGE_BACKOFF[0]
+            if record is not None:
+                return self._outcome(record)
+            assert current is not None
+            if anyio.current_time() >= deadline:
+                raise ResultTimeout(
+                    f"job {self.id} of task {self.task!r} is still {current.state.value} after "
+                    f"{timeout} s"
+                )
+            # Not finished and time left: the wait ended early (it followed an outage).
+
+    def _gave_up(self, exc: BrokerUnavailable, tried: float, timeout: float | None) -> Exception:
+        return BrokerUnavailable(
+            f"{exc} (waited {tried:.1f} s for job {self.id} of task {self.task!r}, through "
+            f"the result's timeout of {timeout} s; the job itself may still finish: call "
+            "result() again)"
+        )
 
     def _outcome(self, record: JobRecord) -> TOut:
         if record.state is JobState.COMPLETED:

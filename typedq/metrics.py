@@ -1,3 +1,7 @@
+# The metrics extra is optional: a type checker without it installed (an editable
+# install, a monorepo) reads its names as Any instead of failing on this module.
+# mypy: disable-error-code="import-not-found"
+# mypy: allow-subclassing-any
 """Prometheus metrics for workers (``pip install 'typedq[metrics]'``).
 
 :class:`Metrics` is a :class:`~typedq.observe.WorkerObserver` that keeps the series of

@@ -1,4 +1,10 @@
-"""A mypy plugin that checks ``@app.task(key=...)`` against the handler's input model.
+"""A mypy plugin that checks ``@app.task(key=...)`` against the handler's input model,
+and says that a handler's result must be a model.
+
+A handler whose result is not a model (``-> int``) gets an error of code ``task-result``
+on its decorator, ``A task handler must return a model (msgspec.Struct or
+pydantic.BaseModel) or None, not "int"``: mypy alone, for a plain ``def``, says only that
+it expected ``Callable[..., Awaitable[Never]]``.
 
 It also checks the key functions of the limits, ``rate_limit=RateLimit(..., key=...)``
 and ``concurrency=ConcurrencyLimit(..., key=...)``: those are generic in the model their
@@ -55,8 +61,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from mypy.errorcodes import ErrorCode
 from mypy.expandtype import expand_type
 from mypy.maptype import map_instance_to_supertype
+from mypy.messages import format_type
 from mypy.nodes import (
     ARG_POS,
     FUNC_NO_INFO,
@@ -75,14 +83,17 @@ from mypy.nodes import (
     TypeInfo,
 )
 from mypy.options import Options
-from mypy.plugin import MethodSigContext, Plugin
+from mypy.plugin import MethodContext, MethodSigContext, Plugin
 from mypy.types import (
     AnyType,
     CallableType,
     FunctionLike,
     Instance,
+    NoneType,
     ProperType,
     Type,
+    TypeVarType,
+    UninhabitedType,
     UnionType,
     get_proper_type,
     has_type_vars,
@@ -91,6 +102,12 @@ from mypy.types import (
 __all__ = ["TypedqPlugin", "plugin"]
 
 APP_FULLNAME = "typedq.app.App"
+#: ``@app.task(...)``'s decorator: its ``__call__`` receives the handler.
+DECORATOR_CALL = "typedq.task.TaskDecorator.__call__"
+#: The error of a handler whose result is not a model.
+TASK_RESULT = ErrorCode("task-result", "A task handler returns a model or None", "typedq")
+#: What a handler may return (its job's result).
+RESULT_BASES = ("msgspec.Struct", "pydantic.main.BaseModel")
 TASK_FULLNAME = "typedq.task.Task"
 #: The generic limit classes whose model parameter the plugin narrows.
 LIMIT_FULLNAMES = frozenset({"typedq.limits.RateLimit", "typedq.limits.ConcurrencyLimit"})
@@ -173,6 +190,19 @@ class TypedqPlugin(Plugin):
             if not symbol.node.has_base(APP_FULLNAME):
                 return None
         return self._narrow_key if method == "task" else self._bind_payload
+
+    def get_method_hook(self, fullname: str) -> Callable[[MethodContext], Type] | None:
+        # The handler reaches App.task (`@app.task`) or the decorator it returns
+        # (`@app.task(...)`): either checks that its result is a model.
+        class_name, _, method = fullname.rpartition(".")
+        if fullname == DECORATOR_CALL or (method == "task" and class_name == APP_FULLNAME):
+            return _check_result_model
+        if method != "task":
+            return None
+        symbol = self.lookup_fully_qualified(class_name)
+        if symbol is None or not isinstance(symbol.node, TypeInfo):
+            return None
+        return _check_result_model if symbol.node.has_base(APP_FULLNAME) else None
 
     def _bind_payload(self, ctx: MethodSigContext) -> FunctionLike:
         """``app.schedule(task, payload)``: the payload's type is the task's input model.
@@ -288,6 +318,40 @@ def _replace_items(declared: Type, replace: Callable[[ProperType], Type | None])
         return None
     merged = [old if new is None else new for old, new in zip(items, new_items, strict=True)]
     return UnionType.make_union(merged, declared.line, declared.column)
+
+
+def _check_result_model(ctx: MethodContext) -> Type:
+    """A handler whose result is not a model gets an error that says so (mypy alone says
+    ``expected ... Awaitable[Never]`` for a plain ``def`` returning ``int``)."""
+    if not ctx.arg_types or len(ctx.arg_types[0]) != 1:
+        return ctx.default_return_type
+    handler = get_proper_type(ctx.arg_types[0][0])
+    if not isinstance(handler, CallableType):
+        return ctx.default_return_type
+    result = get_proper_type(handler.ret_type)
+    if (
+        isinstance(result, Instance)
+        and result.type.fullname == "typing.Coroutine"
+        and len(result.args) == 3
+    ):
+        result = get_proper_type(result.args[2])  # an async def's result
+    if _is_result_model(result):
+        return ctx.default_return_type
+    ctx.api.fail(
+        f"A task handler must return a model (msgspec.Struct or pydantic.BaseModel) or "
+        f"None, not {format_type(result, ctx.api.options)}: wrap the value in a model",
+        ctx.context,
+        code=TASK_RESULT,
+    )
+    return ctx.default_return_type
+
+
+def _is_result_model(result: ProperType) -> bool:
+    if isinstance(result, AnyType | NoneType | UninhabitedType | TypeVarType):
+        return True
+    if isinstance(result, UnionType):
+        return all(_is_result_model(get_proper_type(item)) for item in result.items)
+    return isinstance(result, Instance) and any(result.type.has_base(b) for b in RESULT_BASES)
 
 
 def plugin(version: str) -> type[TypedqPlugin]:

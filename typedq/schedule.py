@@ -174,6 +174,15 @@ class Schedule(Generic[TIn]):
             if not isinstance(cron, str):
                 raise ConfigError(f"{label}: cron={cron!r} must be a string like '0 8 * * *'")
             self.cron = " ".join(cron.split())
+            fields = len(self.cron.split())
+            if fields != 5:
+                # (cronsim would read a sixth field as seconds: not the documented form)
+                hint = " (no seconds field: for ticks in seconds use every=SECONDS)"
+                raise ConfigError(
+                    f"{label}: cron expression {cron!r} has {fields} fields; use five fields "
+                    "'minute hour day-of-month month day-of-week', e.g. '0 8 * * *'"
+                    + (hint if fields == 6 else "")
+                )
             try:
                 CronSim(self.cron, datetime.now(UTC))
             except CronSimError as exc:

@@ -412,9 +412,11 @@ class Settler:
 
 
 def _log_failure(claimed: ClaimedJob, outcome: Fail, worker_id: str) -> None:
-    """Log a recorded failed attempt: WARNING when a retry is scheduled, ERROR when the
-    failure is final, INFO for a cancel; with the record's traceback when it has one."""
+    """Log a recorded failed attempt: one WARNING line when a retry is scheduled (its
+    traceback at DEBUG), ERROR with the record's traceback when the failure is final,
+    INFO for a cancel."""
     record = outcome.record
+    retry = outcome.retry_delay is not None and not outcome.cancelled
     if outcome.cancelled:
         level, what = logging.INFO, "was cancelled"
     elif outcome.retry_delay is not None:
@@ -425,19 +427,22 @@ def _log_failure(claimed: ClaimedJob, outcome: Fail, worker_id: str) -> None:
         level, what = logging.ERROR, "failed for good"
     if not log.isEnabledFor(level):
         return
-    text = f"{record.reason.value}: {record.error_type}: {record.message}"
-    if record.traceback:
+    message = record.message
+    if retry:
+        # One line per retry, however many lines the error's message has.
+        message = " ".join(message.split("\n"))
+    text = f"{record.reason.value}: {record.error_type}: {message}"
+    if record.traceback and not retry:
         text = f"{text}\n{record.traceback.rstrip()}"
     fields = job_fields(claimed, worker_id)
     fields["reason"] = record.reason.value
     fields["error_type"] = record.error_type
-    log.log(
-        level,
-        "job %s (%s) attempt %d %s: %s",
-        claimed.message.id,
-        claimed.message.task,
-        claimed.attempt,
-        what,
-        text,
-        extra=fields,
-    )
+    args = (claimed.message.id, claimed.message.task, claimed.attempt)
+    log.log(level, "job %s (%s) attempt %d " + what + ": %s", *args, text, extra=fields)
+    if retry and record.traceback and log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "job %s (%s) attempt %d: the traceback of the failure to retry:\n%s",
+            *args,
+            record.traceback.rstrip(),
+            extra=fields,
+        )

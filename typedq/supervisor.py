@@ -250,7 +250,7 @@ class Supervisor:
         from .cli_common import metrics_module
 
         metrics_module()  # one line when the extra is missing
-        from prometheus_client import CollectorRegistry
+        from prometheus_client import CollectorRegistry  # type: ignore[import-not-found, unused-ignore]  # optional extra
 
         from .metrics import serve_registry
 
@@ -312,7 +312,7 @@ class GroupCollector:
             return None
 
     def collect(self) -> Iterable[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # type: ignore[import-not-found, unused-ignore]  # optional extra
 
         ports = self.supervisor.child_metrics_ports()
         with ThreadPoolExecutor(max_workers=max(1, len(ports))) as pool:
@@ -332,8 +332,8 @@ class GroupCollector:
 
 def merge_expositions(texts: Sequence[str]) -> list[Any]:
     """Add up several processes' text expositions into metric families (see GroupCollector)."""
-    from prometheus_client.metrics_core import Metric
-    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.metrics_core import Metric  # type: ignore[import-not-found, unused-ignore]  # optional extra
+    from prometheus_client.parser import text_string_to_metric_families  # type: ignore[import-not-found, unused-ignore]  # optional extra
 
     merged: dict[str, Metric] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
@@ -417,10 +417,10 @@ def _exit_text(code: int) -> str:
 
 def child_command(app: str, options: Iterable[tuple[str, object]]) -> list[str]:
     """``python -m typedq worker APP`` with the given ``(flag, value)`` options
-    (``None`` values left out)."""
+    (``None`` values left out, ``""`` a flag without a value)."""
     command = [sys.executable, "-m", "typedq", "worker", app]
     for flag, value in options:
         if value is None:
             continue
-        command += [flag, str(value)]
+        command += [flag] if value == "" else [flag, str(value)]
     return command

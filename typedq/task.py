@@ -713,3 +713,28 @@ def expand_queues(tasks: Iterable[TaskBase[Any, Any]], queues: Iterable[str]) ->
     for queue in queues:
         out.update(dict.fromkeys(split.get(queue, [queue])))
     return list(out)
+
+
+def check_queues(
+    tasks: Iterable[TaskBase[Any, Any]], queues: Iterable[str], *, app: str, insist: str
+) -> None:
+    """Refuse a queue no task of ``tasks`` stores jobs in (a typo runs nothing, quietly).
+
+    A partitioned queue is known by its name and by each partition's.
+
+    :param app: the app's name, for the message
+    :param insist: how to take jobs from such a queue anyway (a flag, an argument)
+    :raises ConfigError: one line naming the unknown queues, the known ones and ``insist``
+    """
+    tasks = list(tasks)
+    known = {t.queue for t in tasks} | {q for t in tasks for q in t.queues}
+    unknown = [q for q in dict.fromkeys(queues) if q not in known]
+    if unknown:
+        names = ", ".join(repr(q) for q in unknown)
+        declared = ", ".join(sorted({t.queue for t in tasks})) or "none"
+        raise ConfigError(
+            f"{'queue' if len(unknown) == 1 else 'queues'} {names} "
+            f"{'is' if len(unknown) == 1 else 'are'} used by no task of app {app!r} "
+            f"(its queues: {declared}); check the spelling, or pass {insist} to take "
+            "jobs from it anyway"
+        )

@@ -66,7 +66,7 @@ from .outcomes import Complete, Fail, Outcome, describe, minimal_failure
 from .resources import Resource, open_resources
 from .schedule import Schedule, Scheduler
 from .settling import GaveUp, QueueRotation, Settler
-from .task import Registry, Task, TaskBase, TIn, TOut, expand_queues
+from .task import Registry, Task, TaskBase, TIn, TOut, check_queues, expand_queues
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -113,7 +113,9 @@ class Worker(Generic[TIn, TOut]):
     :param target: the task to run, or the app whose tasks to run (a producer stub is
         refused: a worker needs the handler)
     :param concurrency: how many jobs run at once
-    :param queues: with an app, the queues to take jobs from (default: every queue of it)
+    :param queues: with an app, the queues to take jobs from (default: every queue of it);
+        one no task of the app uses is a ConfigError (a typo would run nothing, quietly)
+    :param allow_unknown_queues: take jobs from such queues anyway
     :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
         and handed back (sync handlers, which cannot be cancelled, get at most one lease
         more before they are abandoned)
@@ -135,6 +137,7 @@ class Worker(Generic[TIn, TOut]):
         concurrency: int = 16,
         queues: Sequence[str] | None = None,
         grace: float = 10.0,
+        allow_unknown_queues: bool = False,
     ) -> None: ...
 
     def __init__(
@@ -145,6 +148,7 @@ class Worker(Generic[TIn, TOut]):
         concurrency: int = 16,
         queues: Sequence[str] | None = None,
         grace: float = 10.0,
+        allow_unknown_queues: bool = False,
     ) -> None:
         if isinstance(target, TaskBase) and not isinstance(target, Task):
             raise ConfigError(
@@ -185,6 +189,10 @@ class Worker(Generic[TIn, TOut]):
             if not app.tasks:
                 raise ConfigError(f"app {app.name!r} has no tasks: register some with @app.task")
             tasks = dict(app.tasks)
+            if queues and not allow_unknown_queues:
+                check_queues(
+                    app.tasks.values(), queues, app=app.name, insist="allow_unknown_queues=True"
+                )
             queues = expand_queues(app.tasks.values(), queues) if queues else app.queues
             self._schedules = list(app.schedules.values())
             self._prune_schedules = True
@@ -225,6 +233,8 @@ class Worker(Generic[TIn, TOut]):
         #: lost): each holds a slot until its thread returns.
         self._orphans: dict[str, Running] = {}
         self._renewed_at = time.monotonic()
+        # A renewal failed and none has succeeded since (its failures are told once).
+        self._renew_failing = False
         self._stopping = False
         self._cancelling = False
         self._force_stop = False
@@ -376,6 +386,7 @@ class Worker(Generic[TIn, TOut]):
         # Jobs find them through the context their tasks inherit from here.
         async with (
             self.app.client,
+            self.app.client.serving(),
             open_resources(
                 self.app.resources, self._provided, where=f"worker {self.id}", abort=self._opening
             ),
@@ -551,20 +562,23 @@ class Worker(Generic[TIn, TOut]):
                 except Exception as exc:
                     if self._observer is not None:
                         self._observer.broker_error("claim", exc)
+                    # An outage is told once when it begins (its retries at DEBUG), and
+                    # once when it ends; other errors each time.
+                    report = log.warning
                     if not isinstance(exc, BrokerUnavailable):
                         pending = None  # the broker answered: nothing was claimed
                     elif outage_since is None:
                         outage_since = time.monotonic()
+                    else:
+                        report = log.debug
                     backoff = min(5.0, backoff * 2 or 0.05)
-                    log.warning(
-                        "worker %s: claim failed (%s); retrying in %.2fs", self.id, exc, backoff
-                    )
+                    report("worker %s: claim failed (%s); retrying in %.2fs", self.id, exc, backoff)
                     await self._wait(backoff)
                     continue
                 pending = None
                 backoff = 0.0
                 if outage_since is not None:
-                    log.info(
+                    log.warning(
                         "worker %s: reconnected: the broker answers again after %.1fs; "
                         "claiming jobs",
                         self.id,
@@ -689,7 +703,11 @@ class Worker(Generic[TIn, TOut]):
         except Exception as exc:
             if self._observer is not None:
                 self._observer.broker_error("renew", exc)
-            log.warning("worker %s: lease renewal failed: %s", self.id, exc)
+            # Once per outage (the claim loop tells when it ends); each time at DEBUG.
+            (log.debug if self._renew_failing else log.warning)(
+                "worker %s: lease renewal failed: %s", self.id, exc
+            )
+            self._renew_failing = True
             if time.monotonic() - self._renewed_at > self.lease:
                 # Our leases may have expired by now and another worker may hold these
                 # jobs: stop the async handlers (they can be stopped). Threads cannot be,
@@ -700,6 +718,7 @@ class Worker(Generic[TIn, TOut]):
                         holder.cancel("lease_lost")
             return False
         self._renewed_at = max(self._renewed_at, sent)
+        self._renew_failing = False
         for holder, status in zip(running, statuses, strict=True):
             if status is LeaseStatus.LOST:
                 holder.mark_lost()

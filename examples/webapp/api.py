@@ -10,7 +10,9 @@ Run a billing worker and the service against the same Redis::
 
 then ``curl -X POST localhost:8000/invoices -H 'content-type: application/json' -d
 '{"customer_id": 1, "invoice_id": 7}'`` gives ``{"job": "..."}``; ``GET /jobs/<id>``
-its state and result; the dashboard is at http://localhost:8000/dashboard/.
+its state and result; the dashboard is at http://localhost:8000/dashboard/. typedq's
+errors are answered with HTTP statuses (``examples/webapp/errors.py``): a full queue or
+Redis restarting is a 503 with ``Retry-After``, not a bare 500.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from fastapi import FastAPI, HTTPException
 from stubs.billing import SendInvoice, StatementRequest, app, render_statement, send_invoice
 from typedq import JobFailed, JobState
 from typedq.dashboard import create_app
+
+from .errors import install_error_handlers
 
 __all__ = ["InvoiceIn", "JobOut", "JobView", "StatementIn", "create_service", "main"]
 
@@ -76,6 +80,8 @@ def create_service(*, dashboard_token: str | None = None) -> FastAPI:
             yield
 
     service = FastAPI(title="billing web tier", lifespan=lifespan)
+    # typedq's errors as statuses (413, 422, 503 with Retry-After, ...), not bare 500s.
+    install_error_handlers(service)
 
     @service.post("/invoices", status_code=202)
     async def post_invoice(body: InvoiceIn) -> JobOut:
