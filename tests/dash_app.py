@@ -55,3 +55,9 @@ async def report(r: Report) -> Report:
 async def total(r: Report) -> Report:
     """The second step of a chain."""
     return Report(n=r.n * 10)
+
+
+@app.task(queue="reports")
+async def summary(rs: list[Report]) -> Report:
+    """The fan-in of a fan-out of reports."""
+    return Report(n=sum(r.n for r in rs))

@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.dash_app import Charge, Report, app, charge, report, total
+from tests.dash_app import Charge, Report, app, charge, report, summary, total
 from tests.redis_harness import RedisProcess, flushall
 from typedq import JobFailed, JobState
 from typedq.dashboard import create_app
@@ -263,6 +263,26 @@ async def test_a_queue_page_pages_without_loading_every_job(dash_broker: str) ->
                 assert r.text.count('href="/jobs/') == 0
                 r = await http.get("/queues/billing", params={"state": "waiting", "task": "charge"})
                 assert r.text.count('href="/jobs/') == 3
+
+
+async def test_a_flow_page_shows_one_page_of_members(dash_broker: str) -> None:
+    with app.using_broker(dash_broker), anyio.fail_after(30):
+        async with app:
+            flow = await report.map(Report(n=i) for i in range(120)).then(summary).enqueue()
+            async with client() as http:
+                r = await http.get(f"/flows/{flow.id}")
+                assert r.status_code == 200
+                members = re.findall(rf'href="/jobs/({flow.id}\.m\d+)"', r.text)
+                assert members == [f"{flow.id}.m{i}" for i in range(50)]
+                assert "not settled: 120" in r.text
+                assert f'href="/flows/{flow.id}?start=50">Next members' in r.text
+                r = await http.get(f"/flows/{flow.id}", params={"start": 100})
+                members = re.findall(rf'href="/jobs/({flow.id}\.m\d+)"', r.text)
+                assert members == [f"{flow.id}.m{i}" for i in range(100, 120)]
+                assert "Next members" not in r.text
+                assert f'href="/flows/{flow.id}?start=50">Previous members' in r.text
+                bad = await http.get(f"/flows/{flow.id}", params={"start": "x"})
+                assert bad.status_code == 400
 
 
 async def test_mounted_under_a_prefix_links_stay_inside_it(jobs: Jobs) -> None:

@@ -61,6 +61,8 @@ ACTIONS: dict[Action, tuple[JobState, ...]] = {
 
 #: Jobs per broker call when acting on a whole state.
 PAGE = 500
+#: Fan-out members per page of a flow (Inspector.flow, the dashboard's flow page).
+MEMBER_PAGE = 50
 _CANCEL_CONCURRENCY = 32
 _MAX_EMPTY = 20
 
@@ -147,9 +149,14 @@ class FlowView(msgspec.Struct, frozen=True, kw_only=True):
     :ivar state: the flow's own job's state (its last step, or a fan-out's collector)
     :ivar running: False once the flow has ended (completed, failed or cancelled)
     :ivar members: fan-out members (0 for a chain); ``members_pending`` of them have not
-        settled (-1 once the flow has ended), ``member_states`` counts them per state
+        settled (-1 once the flow has ended); ``member_states`` counts them per state when
+        one page holds them all, else the settled ones per final state while the flow
+        runs (the broker counts them as they settle), else nothing (a large flow that
+        has ended: see its pages)
     :ivar steps: each single step in order (``None`` for a step whose job is gone)
-    :ivar failed_members: up to 10 failed or cancelled members, with their records
+    :ivar member_page: the members ``members_start`` to ``members_start + len - 1``
+        (``None`` for one whose job is gone): one page, read whatever the flow's size
+    :ivar failed_members: the failed or cancelled members of that page
     """
 
     id: str
@@ -160,6 +167,8 @@ class FlowView(msgspec.Struct, frozen=True, kw_only=True):
     member_states: dict[JobState, int]
     steps: list[JobView | None]
     failed_members: list[JobView]
+    members_start: int = 0
+    member_page: list[JobView | None] = []
 
 
 class ActionReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -285,25 +294,39 @@ class Inspector:
             schedules=await self.schedules(),
         )
 
-    async def flow(self, job_id: str) -> FlowView | None:
+    async def flow(
+        self, job_id: str, *, start: int = 0, limit: int = MEMBER_PAGE
+    ) -> FlowView | None:
         """The workflow (see :mod:`typedq.workflow`) that the job ``job_id`` belongs to
-        (the flow's own job, a step or a member), or None."""
+        (the flow's own job, a step or a member), or None; with one page of its fan-out
+        members, ``limit`` of them from member ``start``.
+
+        A few bounded broker calls whatever the flow's size: its shape and counts, its
+        steps, and the page of members (a flow of 100,000 members is read 50 at a time).
+        """
         broker = self.client.broker
         shape = await broker.flow_state(job_id)
         if shape is None:
             return None
         flow_id = shape.id
-        steps = await broker.get([step_id(flow_id, k, shape.steps) for k in range(shape.steps)])
-        states: dict[JobState, int] = {}
-        failed: list[JobView] = []
-        for start in range(0, shape.members, PAGE):
-            ids = [member_id(flow_id, i) for i in range(start, min(start + PAGE, shape.members))]
-            for record in await broker.get(ids):
-                if record is None:
-                    continue
-                states[record.state] = states.get(record.state, 0) + 1
-                if record.state in (JobState.FAILED, JobState.CANCELLED) and len(failed) < 10:
-                    failed.append(_view(record))
+        start = max(0, min(start, max(shape.members - 1, 0)))
+        end = min(shape.members, start + max(1, min(limit, PAGE)))
+        ids = [step_id(flow_id, k, shape.steps) for k in range(shape.steps)]
+        ids += [member_id(flow_id, i) for i in range(start, end)]
+        records = await broker.get(ids)
+        steps, members = records[: shape.steps], records[shape.steps :]
+        page = [None if r is None else _view(r) for r in members]
+        counts: dict[JobState, int] = {}
+        if start == 0 and end == shape.members:
+            # The page holds every member: count them all, whatever their state.
+            for r in members:
+                if r is not None:
+                    counts[r.state] = counts.get(r.state, 0) + 1
+        elif shape.pending >= 0:
+            # The broker's counts of settled members (the rest: members_pending).
+            settled = (shape.completed, shape.failed, shape.cancelled)
+            finals = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+            counts = {s: n for s, n in zip(finals, settled, strict=True) if n}
         own = steps[-1]
         views = [
             None
@@ -319,9 +342,15 @@ class Inspector:
             running=shape.pending >= 0,
             members=shape.members,
             members_pending=shape.pending,
-            member_states=states,
+            member_states=counts,
             steps=views,
-            failed_members=failed,
+            failed_members=[
+                v
+                for v in page
+                if v is not None and v.state in (JobState.FAILED, JobState.CANCELLED)
+            ],
+            members_start=start,
+            member_page=page,
         )
 
     async def job(self, job_id: str) -> JobDetail | None:
@@ -645,8 +674,11 @@ def render_flow(console: Console, flow: FlowView) -> None:
     console.print(f"flow {flow.id}: {state} ({where})")
     if flow.members:
         counts = ", ".join(f"{n} {s.value}" for s, n in sorted(flow.member_states.items()))
+        if not counts:
+            whole = flow.members <= len(flow.member_page)
+            counts = "gone" if whole or flow.running else "all settled"
         pending = f"; {flow.members_pending} not settled" if flow.members_pending >= 0 else ""
-        console.print(f"fan-out: {flow.members} members ({counts or 'gone'}{pending})")
+        console.print(f"fan-out: {flow.members} members ({counts}{pending})")
     table = Table(title="steps", title_justify="left")
     for column in ("#", "id", "task", "state", "attempt", "error"):
         table.add_column(column, overflow="fold")
@@ -668,6 +700,9 @@ def render_flow(console: Console, flow: FlowView) -> None:
         error = member.error
         message = "-" if error is None else f"{error.reason.value}: {error.message}"
         console.print(f"member {member.id}: {member.state.value}: {message}")
+    if flow.members > len(flow.member_page):
+        shown = f"{flow.members_start}-{flow.members_start + len(flow.member_page) - 1}"
+        console.print(f"(failed members among members {shown} of {flow.members})")
 
 
 def render_schedules(console: Console, schedules: Sequence[ScheduleView]) -> None:

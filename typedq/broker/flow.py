@@ -113,12 +113,18 @@ class FlowState(msgspec.Struct, frozen=True, kw_only=True):
     :ivar steps: single steps (the last is the flow's own job, or its collector)
     :ivar members: fan-out members
     :ivar pending: members not settled yet; -1 once the flow has ended
+    :ivar completed: members settled completed while the flow runs (counted by the
+        broker as they settle, so reading them costs nothing per member); ``failed`` and
+        ``cancelled`` likewise; all three are 0 once the flow has ended
     """
 
     id: str
     steps: int
     members: int
     pending: int
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
 
 
 def waits_for(flow: FlowState, job_id: str, run_at: float) -> str:

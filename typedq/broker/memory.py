@@ -280,6 +280,7 @@ class _Flow:
         "remaining",
         "settled",
         "steps",
+        "tally",
     )
 
     def __init__(self, spec: FlowSpec) -> None:
@@ -292,6 +293,8 @@ class _Flow:
         #: Per member: its fan-in element (result bytes, or a collect element).
         self.outcomes: list[bytes | None] = [None] * self.members
         self.settled = bytearray(self.members)
+        #: Settled members per final state (FlowState.completed/failed/cancelled).
+        self.tally: dict[JobState, int] = {}
         #: The first failed member by index: (index, final state, record).
         self.failed: tuple[int, JobState, bytes | None] | None = None
         #: Traced members' process spans by index (the first MAX_SPAN_LINKS), which
@@ -1389,6 +1392,7 @@ class MemoryBroker(Broker):
             if flow.settled[index]:
                 return  # settled before (a retried member): counted once
             flow.settled[index] = 1
+            flow.tally[state] = flow.tally.get(state, 0) + 1
             ok = state is JobState.COMPLETED
             if flow.collect:
                 flow.outcomes[index] = collect_element(result if ok else None, error)
@@ -1521,7 +1525,13 @@ class MemoryBroker(Broker):
         flow = self._flows.get(flow_id)
         if flow is not None:
             return FlowState(
-                id=flow_id, steps=flow.steps, members=flow.members, pending=flow.remaining
+                id=flow_id,
+                steps=flow.steps,
+                members=flow.members,
+                pending=flow.remaining,
+                completed=flow.tally.get(JobState.COMPLETED, 0),
+                failed=flow.tally.get(JobState.FAILED, 0),
+                cancelled=flow.tally.get(JobState.CANCELLED, 0),
             )
         own = self._jobs.get(flow_id)
         if own is None or own.flow_shape is None:

@@ -223,7 +223,11 @@ class Dashboard:
 
     async def flow(self, request: Request) -> Response:
         job_id = request.path_params["job_id"]
-        flow = await self.source.flow(job_id)
+        try:
+            start = max(0, int(request.query_params.get("start", "0")))
+        except ValueError:
+            return self.problem(request, 400, "start must be a member number")
+        flow = await self.source.flow(job_id, start=start)
         if flow is None:
             return self.render(request, "flows.html", 404, flow=None, asked=job_id)
         return self.render(

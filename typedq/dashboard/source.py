@@ -217,9 +217,10 @@ class Source:
             waits_for="" if flow is None else waits_for(flow, job_id, record.run_at),
         )
 
-    async def flow(self, job_id: str) -> FlowView | None:
-        """The flow the job belongs to (its steps and members with their states)."""
-        return await self.inspector(await self.queues()).flow(job_id)
+    async def flow(self, job_id: str, *, start: int = 0) -> FlowView | None:
+        """The flow the job belongs to: its steps, its members' counts per state and one
+        page of members from ``start`` (a few bounded broker calls whatever its size)."""
+        return await self.inspector(await self.queues()).flow(job_id, start=start)
 
     async def schedule_views(self) -> list[ScheduleView]:
         """Every schedule: next and last fire, counts, policy status."""

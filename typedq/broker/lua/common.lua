@@ -1254,6 +1254,8 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
       el = res or '\192'
     end
     if rcall('HSETNX', fk, 'r' .. i, el) == 0 then return end
+    -- k<state letter>: settled members per final state, for inspect (flow_info.lua).
+    rcall('HINCRBY', fk, 'k' .. state, 1)
     local link = span_links[f .. '.m' .. i]
     if link and i < MAX_SPAN_LINKS then rcall('HSET', fk, 'l' .. i, link, 'L', 1) end
     if meta[4] ~= 'c' and state ~= 'c' then

@@ -322,7 +322,16 @@ class FlowOps(RedisCore):
         if not isinstance(reply, list):
             return None
         steps, members, pending = (int(v) for v in reply[:3])
-        return FlowState(id=text(reply[3]), steps=steps, members=members, pending=pending)
+        completed, failed, cancelled = (int(v) for v in reply[4:7])
+        return FlowState(
+            id=text(reply[3]),
+            steps=steps,
+            members=members,
+            pending=pending,
+            completed=completed,
+            failed=failed,
+            cancelled=cancelled,
+        )
 
     def _flow_call(
         self, group: Sequence[FlowSpec], args: list[Any]
