@@ -16,6 +16,8 @@ from tests.dash_app import Charge, Report, app, charge, report, summary, total
 from tests.redis_harness import RedisProcess, flushall
 from typedq import JobFailed, JobState
 from typedq.dashboard import create_app
+from typedq.dashboard.security import COOKIE
+from typedq.testing import FakeClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.asyncio_only]
 
@@ -283,6 +285,45 @@ async def test_a_flow_page_shows_one_page_of_members(dash_broker: str) -> None:
                 assert f'href="/flows/{flow.id}?start=50">Previous members' in r.text
                 bad = await http.get(f"/flows/{flow.id}", params={"start": "x"})
                 assert bad.status_code == 400
+
+
+async def test_sessions_expire_logout_revokes_and_logins_are_limited(jobs: Jobs) -> None:
+    clock = FakeClock()
+    dash = create_app(app, token=TOKEN, session_ttl=3600, clock=clock)
+    transport = httpx.ASGITransport(app=dash)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as http:
+        await log_in(http)
+        csrf = csrf_of((await http.get(f"/jobs/{jobs.failed}")).text)
+        cookie = http.cookies.get(COOKIE)
+        assert cookie is not None
+        clock.advance(3599)
+        assert ">Retry</button>" in (await http.get(f"/jobs/{jobs.failed}")).text
+        clock.advance(2)  # past the session's hour: logged out, actions refused
+        assert "Log in to act" in (await http.get(f"/jobs/{jobs.failed}")).text
+        r = await http.post(f"/jobs/{jobs.failed}/cancel", data={"csrf": csrf})
+        assert r.status_code == 403
+
+        # Logout ends the session on the server: a copy of its cookie no longer acts.
+        await log_in(http)
+        copy = http.cookies.get(COOKIE)
+        assert copy is not None
+        csrf = csrf_of((await http.get(f"/jobs/{jobs.failed}")).text)
+        assert (await http.post("/logout", data={"csrf": csrf})).status_code == 303
+        http.cookies.set(COOKIE, copy)
+        assert "Log in to act" in (await http.get(f"/jobs/{jobs.failed}")).text
+        r = await http.post(f"/jobs/{jobs.failed}/cancel", data={"csrf": csrf})
+        assert r.status_code == 403
+
+        # Five failed logins a minute per client, then 429 until the minute has passed.
+        for _ in range(5):
+            r = await http.post("/login", data={"token": "wrong", "next": "/"})
+            assert r.status_code == 403
+        r = await http.post("/login", data={"token": TOKEN, "next": "/"})
+        assert r.status_code == 429
+        assert r.headers["retry-after"] == "60"
+        assert "too many failed logins: try again in 60 s" in r.text
+        clock.advance(60)
+        await log_in(http)
 
 
 async def test_mounted_under_a_prefix_links_stay_inside_it(jobs: Jobs) -> None:

@@ -10,7 +10,8 @@ dashboard connects it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 
 from starlette.applications import Starlette
@@ -22,7 +23,7 @@ from ..app import App
 from ..client import Client
 from ..producer import Producer
 from .pages import Dashboard
-from .security import Guard
+from .security import SESSION_TTL, Guard
 from .source import Source
 
 __all__ = ["create_app"]
@@ -56,6 +57,8 @@ def create_app(
     token: str | None = None,
     queues: list[str] | None = None,
     title: str | None = None,
+    session_ttl: float = SESSION_TTL,
+    clock: Callable[[], float] = time.time,
 ) -> Starlette:
     """The dashboard of ``target``'s app as an ASGI app.
 
@@ -67,9 +70,12 @@ def create_app(
         offered, every POST answers 403)
     :param queues: the queues to show besides those the broker's registry knows
     :param title: the page title (default: ``typedq: <app name>``)
+    :param session_ttl: seconds a login's session lasts (default 8 hours)
+    :param clock: the wall clock sessions and the login limit read (tests: a FakeClock)
     """
     source = Source(target, queues=queues or ())
-    board = Dashboard(source, Guard(token), title or f"typedq: {source.name}")
+    guard = Guard(token, session_ttl=session_ttl, clock=clock)
+    board = Dashboard(source, guard, title or f"typedq: {source.name}")
     g, a = board.guarded, board.action
 
     @contextlib.asynccontextmanager

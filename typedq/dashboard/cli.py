@@ -17,6 +17,7 @@ from ..app import App
 from ..broker import redact_url
 from ..client import DEFAULT_BROKER_ENV, Client
 from ..errors import ConfigError
+from .security import SESSION_TTL
 
 __all__ = ["TOKEN_ENV", "add_parser", "run"]
 
@@ -45,6 +46,13 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help=f"operator token that allows actions (default: ${TOKEN_ENV}; none: read-only)",
     )
     p.add_argument("--queue", "-q", action="append", default=[], help="queue to show (repeatable)")
+    p.add_argument(
+        "--session-ttl",
+        type=float,
+        default=SESSION_TTL,
+        metavar="SECONDS",
+        help=f"how long a login lasts (default: {SESSION_TTL:.0f} s, 8 hours)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be 1 to 65535, got {args.port}")
+    if not args.session_ttl > 0:
+        raise ConfigError(f"--session-ttl must be > 0 seconds, got {args.session_ttl:g}")
     target: App | Client
     if args.target:
         app = load_app(args.target)
@@ -74,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
     from . import create_app
 
-    dashboard = create_app(target, token=token, queues=args.queue)
+    dashboard = create_app(target, token=token, queues=args.queue, session_ttl=args.session_ttl)
     import uvicorn
 
     log.info(

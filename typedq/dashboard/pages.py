@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -252,9 +253,18 @@ class Dashboard:
     async def login(self, request: Request) -> Response:
         if self.guard.read_only:
             return self.problem(request, 403, "this dashboard is read-only (no token configured)")
+        client = request.client.host if request.client else ""
+        wait = self.guard.login_wait(client)
+        if wait > 0:
+            response = self.problem(
+                request, 429, f"too many failed logins: try again in {math.ceil(wait)} s"
+            )
+            response.headers["Retry-After"] = str(math.ceil(wait))
+            return response
         form = await request.form()
         token, target = _field(form, "token"), _field(form, "next")
         if not self.guard.check_token(token):
+            self.guard.login_failed(client)
             return self.render(request, "login.html", 403, next=target, failed=True)
         base = request.scope.get("root_path", "")
         # Only a path of this dashboard: never an open redirect.
@@ -274,6 +284,8 @@ class Dashboard:
     async def logout(self, request: Request) -> Response:
         if self.guard.read_only:
             return self.problem(request, 403, "this dashboard is read-only (no token configured)")
+        # Revoked here, not only forgotten by the browser: a copy of the cookie is dead.
+        self.guard.revoke(request.cookies.get(COOKIE))
         base = request.scope.get("root_path", "")
         response = RedirectResponse(f"{base}/", status_code=303)
         response.delete_cookie(COOKIE, path=f"{base}/")
@@ -328,7 +340,13 @@ class Dashboard:
         return self.back(request, f"/jobs/{quote(job.id, safe=':')}", f"re-run of {job_id}")
 
 
-_REASON = {400: "Bad request", 403: "Forbidden", 404: "Not found", 503: "Not connected"}
+_REASON = {
+    400: "Bad request",
+    403: "Forbidden",
+    404: "Not found",
+    429: "Too many requests",
+    503: "Not connected",
+}
 
 
 def _field(form: FormData, name: str) -> str:
