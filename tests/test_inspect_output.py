@@ -266,3 +266,19 @@ def test_inspect_view_errors_are_one_clear_line(args: list[str], message: str) -
     errors = [line for line in result.stderr.splitlines() if "typedq: error" in line]
     assert len(errors) == 1, result.stderr
     assert message in errors[0]
+
+
+def test_trimmed_jobs_are_shown_under_the_counts() -> None:
+    overview = Overview(
+        app="shop",
+        broker="memory://",
+        counts={"billing": {JobState.COMPLETED: 10_000}},
+        state=JobState.FAILED,
+        jobs=[],
+        trimmed={"billing": {JobState.COMPLETED: 2_500, JobState.FAILED: 3}},
+    )
+    console, out = screen(80)
+    render_overview(console, overview)
+    assert "queue billing: 2500 completed, 3 failed trimmed (deleted by retention)" in (
+        out.getvalue()
+    )

@@ -141,6 +141,8 @@ class Overview(msgspec.Struct, frozen=True, kw_only=True):
     state: JobState
     jobs: list[JobView]
     schedules: list[ScheduleView] = []
+    #: Per queue, finished jobs that retention has deleted, per state (gone for good).
+    trimmed: dict[str, dict[JobState, int]] = {}
 
 
 class FlowView(msgspec.Struct, frozen=True, kw_only=True):
@@ -292,7 +294,13 @@ class Inspector:
             state=state,
             jobs=await self.jobs(state, limit=limit),
             schedules=await self.schedules(),
+            trimmed=await self.trimmed(),
         )
+
+    async def trimmed(self) -> dict[str, dict[JobState, int]]:
+        """Per queue (those with any), the finished jobs retention deleted, per state."""
+        stats = await self.client.broker.queue_stats(self.queues) if self.queues else []
+        return {s.queue: s.trimmed for s in stats if any(s.trimmed.values())}
 
     async def flow(
         self, job_id: str, *, start: int = 0, limit: int = MEMBER_PAGE
@@ -593,6 +601,9 @@ def render_overview(console: Console, overview: Overview, *, limit: int | None =
                 style="italic",
             )
     console.print(counts)
+    for queue, by_state in sorted(overview.trimmed.items()):
+        gone = ", ".join(f"{n} {s.value}" for s, n in by_state.items() if n)
+        console.print(f"queue {queue}: {gone} trimmed (deleted by retention)")
     if overview.schedules:
         render_schedules(console, overview.schedules)
     wanted = overview.state.value

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import msgspec
 
-from .broker.base import CancelOutcome, JobRecord, JobState
+from .broker.base import Broker, CancelOutcome, JobRecord, JobState
 from .errors import (
     BrokerDataError,
     BrokerUnavailable,
@@ -114,13 +114,29 @@ class Job(Generic[TOut]):
         return hash(self.id)
 
     async def _record(self) -> JobRecord:
-        (record,) = await self._client.broker.get([self.id], queue=self.queue)
+        broker = self._client.broker
+        (record,) = await broker.get([self.id], queue=self.queue)
         if record is None:
-            raise JobNotFound(
-                f"job {self.id} of task {self.task!r} does not exist (never enqueued, purged, "
-                "or removed by result retention)"
-            )
+            raise JobNotFound(await self._missing(broker))
         return record
+
+    async def _missing(self, broker: Broker) -> str:
+        """Why the job is not in the broker, as far as the broker can tell."""
+        gone = f"job {self.id} of task {self.task!r} is not in the broker"
+        trimmed = ""
+        if self.queue is not None:
+            (stats,) = await broker.queue_stats([self.queue])
+            trimmed = ", ".join(f"{n} {s.value}" for s, n in stats.trimmed.items() if n)
+        if not trimmed:
+            return f"{gone}: it was never enqueued there, or was purged or removed"
+        r = broker.settings.retention
+        return (
+            f"{gone}: most likely trimmed by result retention, which has deleted {trimmed} "
+            f"finished jobs of queue {self.queue!r} (keeping at most {r.completed_max} "
+            f"completed for {r.completed_ttl:g} s and {r.failed_max} failed for "
+            f"{r.failed_ttl:g} s), or it was purged or removed; read results before "
+            "retention drops them, or raise App(retention=Retention(...))"
+        )
 
     async def status(self) -> JobStatus:
         """The job's current state; raises JobNotFound if it is gone."""

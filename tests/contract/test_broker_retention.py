@@ -108,3 +108,41 @@ async def test_removed_job_is_not_found(app_name: str, broker_url: str) -> None:
                     await old.result(timeout=1)
             assert await jobs[-1].status() is JobState.COMPLETED
             assert count(await app.broker.counts("default"), JobState.COMPLETED) <= 2
+
+
+async def test_trimmed_jobs_are_counted_per_queue_and_state(app_name: str, broker_url: str) -> None:
+    retention = Retention(completed_max=10, failed_max=3)
+    async with connected(app_name, broker_url, retention=retention) as broker:
+        done = [msg() for _ in range(50)]
+        await broker.enqueue(done)
+        await run_all(broker, [m.id for m in done])
+        failed = [msg() for _ in range(5)]
+        await broker.enqueue(failed)
+        await run_all(broker, [m.id for m in failed], fail=True)
+        (stats,) = await broker.queue_stats(["q"])
+        assert count(stats.counts, JobState.COMPLETED) == 10
+        assert stats.trimmed == {JobState.COMPLETED: 40, JobState.FAILED: 2}
+        (other,) = await broker.queue_stats(["elsewhere"])
+        assert other.trimmed == {}
+
+
+async def test_a_trimmed_jobs_result_says_retention_deleted_it(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url, retention=Retention(completed_max=2))
+
+    @app.task
+    async def echo(x: In) -> Out:
+        return Out(x.n)
+
+    async with app:
+        jobs = await echo.enqueue_many([In(i) for i in range(5)])
+        async with app.worker(concurrency=1):
+            assert await jobs[-1].result(timeout=TEST_DEADLINE) == Out(4)
+        assert await jobs[-2].result(timeout=5) == Out(3)
+        with pytest.raises(JobNotFound) as info:
+            await jobs[0].result(timeout=5)
+        message = str(info.value)
+        assert f"job {jobs[0].id} of task 'echo' is not in the broker" in message
+        assert "most likely trimmed by result retention, which has deleted 3 completed" in message
+        assert "keeping at most 2 completed" in message

@@ -402,6 +402,9 @@ class QueueStats(msgspec.Struct, frozen=True, kw_only=True):
     #: stall recovery, a workflow hand-off), also for a due scheduled job not yet moved
     #: to waiting. 0 when nothing waits.
     oldest_waiting: float = 0.0
+    #: Finished jobs that retention (:class:`Retention`) has deleted from this queue,
+    #: per final state, since the queue's first job: they are gone for good.
+    trimmed: dict[JobState, int] = msgspec.field(default_factory=dict)
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):

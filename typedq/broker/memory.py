@@ -328,6 +328,8 @@ class MemoryBroker(Broker):
         self._counts: dict[str, dict[JobState, int]] = defaultdict(
             lambda: dict.fromkeys(JobState, 0)
         )
+        #: Finished jobs retention deleted, per queue and state (QueueStats.trimmed).
+        self._trimmed: dict[str, dict[JobState, int]] = defaultdict(dict)
         self._seq = 0
         self._versions = 0
         self._connected = False
@@ -532,11 +534,13 @@ class MemoryBroker(Broker):
             ttl, cap = retention.failed_ttl, retention.failed_max
         finished = self._finished[state]
         jobs = self._jobs
-        all_counts = self._counts
+        all_counts, trimmed = self._counts, self._trimmed
         # Past the count bound: the oldest go, without looking at their age.
         for _ in range(len(finished) - cap):
             job = jobs.pop(finished.popitem(last=False)[0])
             all_counts[job.message.queue][state] -= 1
+            counted = trimmed[job.message.queue]
+            counted[state] = counted.get(state, 0) + 1
         expired = now - ttl
         while finished:
             job_id, finished_at = next(iter(finished.items()))
@@ -545,6 +549,8 @@ class MemoryBroker(Broker):
             del finished[job_id]
             job = jobs.pop(job_id)
             all_counts[job.message.queue][state] -= 1
+            counted = trimmed[job.message.queue]
+            counted[state] = counted.get(state, 0) + 1
 
     def _promote_due(self, now: float) -> None:
         scheduled = self._scheduled
@@ -1646,6 +1652,7 @@ class MemoryBroker(Broker):
                 queue=q,
                 counts=dict(self._counts[q]) if q in self._counts else dict.fromkeys(JobState, 0),
                 oldest_waiting=max(0.0, now - oldest[q]) if q in oldest else 0.0,
+                trimmed=dict(self._trimmed.get(q, {})),
             )
             for q in queues
         ]

@@ -657,6 +657,7 @@ local function trim(q, state, now, ttl, cap, budget)
     if r and r[1] == state then
       rcall('DEL', k_job(q, popped[i]))
       count(q, state, -1)
+      count(q, 't' .. state, 1)  -- trimmed by retention (queue_stats' trimmed counts)
     end
   end
   return n

@@ -220,11 +220,20 @@ class InspectOps(RedisCore):
         for i, queue in enumerate(queues):
             flat, age = reply[2 * i], reply[2 * i + 1]
             counts = dict.fromkeys(JobState, 0)
-            for letter, value in zip(flat[::2], flat[1::2], strict=True):
-                state = STATES.get(text(letter))
+            trimmed: dict[JobState, int] = {}
+            for field, value in zip(flat[::2], flat[1::2], strict=True):
+                letter = text(field)
+                if letter[:1] == "t":  # 't<state>': finished jobs retention deleted
+                    trimmed_state = STATES.get(letter[1:])
+                    if trimmed_state is not None and as_int(value) > 0:
+                        trimmed[trimmed_state] = as_int(value)
+                    continue
+                state = STATES.get(letter)
                 if state is not None:
                     counts[state] = max(0, as_int(value))
-            stats.append(QueueStats(queue=queue, counts=counts, oldest_waiting=from_us(age)))
+            stats.append(
+                QueueStats(queue=queue, counts=counts, oldest_waiting=from_us(age), trimmed=trimmed)
+            )
         return stats
 
     async def history(self, queues: Sequence[str], minutes: int = 60) -> list[list[MinuteRollup]]:
