@@ -7,7 +7,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from tests.support import TEST_DEADLINE, In, Out
+from tests.support import TEST_DEADLINE, In, Out, connected, msg
 from typedq import App, JobState, QueueFull
 from typedq.names import partition_queue
 
@@ -138,3 +138,21 @@ async def test_max_queue_length_is_shared_by_the_partitions(app_name: str, broke
             with pytest.raises(QueueFull):
                 await whole.enqueue(In(99))
             assert (await app.broker.counts("plain"))[JobState.WAITING] == 10
+
+
+async def test_one_call_is_held_to_the_smallest_cap_of_its_queues(
+    app_name: str, broker_url: str
+) -> None:
+    """A call naming a partition shares that partition's cap (ceil(6 / 3) = 2) with its
+    other queues, also when the partition's jobs exist already: every broker learns which
+    jobs are new only while it stores them (the embedded broker once looked at new jobs
+    only, and stored what Redis refused)."""
+    async with connected(app_name, broker_url, max_queue_length=6) as broker:
+        broker.set_partitions({"pq": 3})
+        await broker.enqueue([msg(queue="pq.p0", job_id="old")])
+        await broker.enqueue([msg(queue="q"), msg(queue="q")])
+        with pytest.raises(QueueFull, match="max_queue_length=2"):
+            await broker.enqueue([msg(queue="pq.p0", job_id="old"), msg(queue="q")])
+        assert (await broker.counts("q"))[JobState.WAITING] == 2
+        # Alone, q is held to the whole cap.
+        assert [o.created for o in await broker.enqueue([msg(queue="q")])] == [True]

@@ -639,7 +639,11 @@ class MemoryBroker(Broker):
                 if message.id not in self._jobs and message.id not in fresh:
                     fresh.add(message.id)
                     adding[message.queue] += 1
-            self._check_room(adding, self.queue_cap(adding), "adding {extra}")
+            # The call's cap is the smallest of every queue it names, also of queues whose
+            # jobs all exist already: the Redis broker's, which learns which are new only
+            # inside its script (Broker.queue_cap).
+            cap = self.queue_cap({m.queue for m in messages})
+            self._check_room(adding, cap, "adding {extra}")
         # One pass, no per-job calls: the job, its heap entry and its outcome. Counters
         # and per-queue lookups live in locals and are stored back once.
         jobs = self._jobs

@@ -61,10 +61,11 @@ class ProducerOps(RedisCore):
             await self._note_queues(queues)
             if self._epoch.is_due():
                 await self.check_epoch()
+            cap = self.queue_cap(queues)  # the whole call's, as on one Redis (queue_cap)
             created = await self._per_queue(
                 "enqueue",
                 queues,
-                lambda q, idx: self._enqueue_call([messages[i] for i in idx])[:2],
+                lambda q, idx: self._enqueue_call([messages[i] for i in idx], cap=cap)[:2],
                 0,
             )
             return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
@@ -75,7 +76,9 @@ class ProducerOps(RedisCore):
         created = await self._eval("enqueue", keys, args)
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
 
-    def _enqueue_call(self, messages: Sequence[JobMessage]) -> tuple[list[str], list[Any], int]:
+    def _enqueue_call(
+        self, messages: Sequence[JobMessage], *, cap: int | None = None
+    ) -> tuple[list[str], list[Any], int]:
         """Keys and arguments of one enqueue script, and the bytes of its job bodies.
 
         When every job has the same queue, priority, eta and delay (a bulk enqueue, as a
@@ -119,7 +122,9 @@ class ProducerOps(RedisCore):
                     us(delay) if delay else 0,
                     body,
                 )
-        if self.partitions and self.settings.max_queue_length:
+        if cap is not None:
+            args[1] = cap
+        elif self.partitions and self.settings.max_queue_length:
             # (a partition's share of the cap: Broker.queue_cap)
             args[1] = self.queue_cap(m.queue for m in messages)
         first = head.queue
