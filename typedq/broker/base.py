@@ -893,13 +893,19 @@ class Broker(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} keeps no event streams")
 
 
+def bad_cursor(cursor: str) -> ValueError:
+    """The error for a :meth:`Broker.page_jobs` cursor the broker did not answer (or
+    answered for another state)."""
+    return ValueError(
+        f"invalid page cursor {cursor!r}: pass None for the first page, then the cursor "
+        "the previous page answered (for the same queue and state)"
+    )
+
+
 def cursor_position(cursor: str | None) -> int:
     """The position a :meth:`Broker.page_jobs` cursor stands for."""
     if cursor is None:
         return 0
     if not cursor.isdigit() or len(cursor) > 18:
-        raise ValueError(
-            f"invalid page cursor {cursor!r}: pass None for the first page, then the cursor "
-            "the previous page answered"
-        )
+        raise bad_cursor(cursor)
     return int(cursor)
