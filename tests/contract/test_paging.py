@@ -6,9 +6,15 @@ full but the last. Redis keeps stale entries in its waiting lists (a cancelled j
 a retried job's old one); its offsets counted them, so a caller advancing by the page's
 length saw duplicates and short pages while more jobs existed (927 waiting jobs paged
 by 1000 gave 1,556 ids, 927 distinct).
+
+While jobs move, a cursor names a place in the state's order, not a count: jobs leaving
+or arriving before it (claims, an operator acting on the pages listed so far) do not
+make the walk miss or repeat a job that stays in the state.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -102,3 +108,85 @@ async def test_an_empty_state_and_a_bad_cursor(app_name: str, broker_url: str) -
         assert (page.ids, page.cursor) == ([], None)
         with pytest.raises(ValueError, match="invalid page cursor 'x'"):
             await broker.page_jobs("q", JobState.WAITING, cursor="x")
+
+
+async def walk_acting(
+    broker: Broker, state: JobState, limit: int, act: Callable[[list[str]], Awaitable[None]]
+) -> list[str]:
+    """Every id the cursors list, calling ``act`` with each page before the next."""
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = await broker.page_jobs("q", state, cursor=cursor, limit=limit)
+        seen += page.ids
+        await act(page.ids)
+        if page.cursor is None:
+            return seen
+        cursor = page.cursor
+
+
+@pytest.mark.parametrize("claims", [5, 20])
+async def test_claims_between_pages_move_no_waiting_job_past_the_cursor(
+    app_name: str, broker_url: str, claims: int
+) -> None:
+    # Workers claim from the head of the state (what was listed first) while an operator
+    # pages; with claims=20 per page of 7 they overtake the cursor's own job. Main's
+    # cursor counted entries from the head, so each claim skipped an unlisted job.
+    async with connected(app_name, broker_url) as broker:
+        messages = [msg(priority=(0, 5, -3)[i % 3]) for i in range(300)]
+        await broker.enqueue(messages)
+        claimed: set[str] = set()
+
+        async def claim(_: list[str]) -> None:
+            if len(claimed) >= 150:
+                return
+            got = await broker.claim(["q"], claims, worker_id="w", lease=300)
+            claimed.update(c.message.id for c in got)
+
+        seen = await walk_acting(broker, JobState.WAITING, 7, claim)
+        assert len(seen) == len(set(seen)), "a job listed twice"
+        stayed = {m.id for m in messages} - claimed
+        assert stayed, "some jobs stayed waiting throughout"
+        assert stayed <= set(seen), f"{len(stayed - set(seen))} waiting jobs never listed"
+
+
+async def test_acting_on_each_page_lists_every_job_once(app_name: str, broker_url: str) -> None:
+    # What Inspector.act_on_state does: act on a page, then ask for the next. The acted-on
+    # jobs leave the state before the cursor; main's cursors counted them and skipped as
+    # many jobs that had not been listed yet.
+    async with connected(app_name, broker_url) as broker:
+        waiting = [msg(priority=(0, 5, -3)[i % 3]) for i in range(200)]
+        later = [msg(delay=3600.0 + i % 17) for i in range(130)]
+        await broker.enqueue(waiting + later)
+
+        async def purge_waiting(ids: list[str]) -> None:
+            assert all(await broker.remove(ids, states=[JobState.WAITING]))
+
+        seen = await walk_acting(broker, JobState.WAITING, 7, purge_waiting)
+        assert sorted(seen) == sorted(m.id for m in waiting)
+        assert await broker.list_jobs("q", JobState.WAITING) == []
+
+        async def cancel(ids: list[str]) -> None:
+            for job_id in ids:
+                await broker.cancel(job_id)
+
+        seen = await walk_acting(broker, JobState.SCHEDULED, 7, cancel)
+        assert sorted(seen) == sorted(m.id for m in later)
+
+        # Finished jobs: each page retried (it leaves ``failed``) while new failures
+        # arrive at the front of the state, before the cursor.
+        fresh = [msg() for _ in range(200)]
+        await broker.enqueue(fresh)
+        claimed = await broker.claim(["q"], 200, worker_id="w", lease=300)
+        assert len(claimed) == 200
+        first, spare = claimed[:150], claimed[150:]
+        await broker.fail([Failure(id=c.message.id, token=c.token, error=b"") for c in first])
+
+        async def retry_and_fail_more(ids: list[str]) -> None:
+            await broker.retry(ids)
+            more, spare[:] = spare[:2], spare[2:]
+            await broker.fail([Failure(id=c.message.id, token=c.token, error=b"") for c in more])
+
+        seen = await walk_acting(broker, JobState.FAILED, 7, retry_and_fail_more)
+        assert len(seen) == len(set(seen)), "a job listed twice"
+        assert {c.message.id for c in first} <= set(seen)

@@ -27,10 +27,10 @@ if #ARGV ~= 6 or q == '' or not is_int(skip) or skip < 0
 end
 local pos = 0
 if state == 'w' and cur ~= '' then
-  pos = tonumber(cur)
+  pos = tonumber(string.match(cur, '^(%d+)'))
   if not is_int(pos) or pos < 0 then return bad_args('list') end
 end
-local SCAN, BUDGET, CHUNK = 20000, 20000, 1000
+local SCAN, BUDGET, CHUNK, WINDOW = 20000, 20000, 1000, 1000
 local out = {}
 local budget = skip + limit + BUDGET
 local function take(id)
@@ -123,14 +123,101 @@ local function walk(lk, base, len, visit)
 end
 
 if state == 'w' then
-  local base = 0
-  local sk = k_stale(q)
+  -- The lists in claim order: the levels, then the gates; each {key, length, level
+  -- (false for a gate), position of its first entry}.
+  local lists, total = {}, 0
   for _, prio in ipairs(redis.call('ZRANGE', k_levels(q), 0, -1)) do
     local lk = k_wait(q, prio)
     if redis.call('TYPE', lk).ok == 'list' then
       local len = redis.call('LLEN', lk)
-      if pos < base + len then
-        local stop = walk(lk, base, len, function(entry)
+      lists[#lists + 1] = {lk, len, prio, total}
+      total = total + len
+    end
+  end
+  -- The waiting jobs a limit gate parked (typedq.limits), gate by gate, each gate's in
+  -- the order it gives them back.
+  for _, gate in ipairs(redis.call('ZRANGE', k_gates(q), 0, 999)) do
+    local lk = k_gate(q, gate)
+    local len = redis.call('LLEN', lk)
+    if len > 0 then
+      lists[#lists + 1] = {lk, len, false, total}
+      total = total + len
+    end
+  end
+  -- The job id an entry names (nil for a removed entry).
+  local function entry_id(entry, level)
+    if not level then return string.match(entry, '^%-?%d+|(.+)$') end
+    if is_bare(entry) then return entry end
+    return string.match(entry, '^([^|]+)|')
+  end
+  -- Calls f(position, entry, list) for the entries at positions [lo, hi), in order,
+  -- until f answers true.
+  local function span(lo, hi, f)
+    for _, l in ipairs(lists) do
+      local b, len = l[4], l[2]
+      local from, to = math.max(lo, b), math.min(hi, b + len)
+      if from < to then
+        local entries = redis.call('LRANGE', l[1], len - (to - b), len - 1 - (from - b))
+        for i = #entries, 1, -1 do
+          if f(from + #entries - i, entries[i], l) then return end
+        end
+      end
+    end
+  end
+  -- A cursor '<position>|<id>' also names the job whose entry was at that position:
+  -- claims (from the head), hand-backs (to the head) and emptied levels move entries,
+  -- so the page goes on from that entry's place now, the one nearest the position.
+  local anchor = string.match(cur, '^%d+|(.+)$')
+  if anchor then
+    local found, seen = nil, false
+    span(pos, pos + 1, function(p, entry, l)
+      seen = entry_id(entry, l[3]) == anchor
+      return true
+    end)
+    if seen then found = pos else
+      span(math.max(0, pos - WINDOW), pos + WINDOW + 1, function(p, entry, l)
+        if entry_id(entry, l[3]) == anchor
+            and (not found or math.abs(p - pos) < math.abs(found - pos)) then
+          found = p
+        end
+      end)
+    end
+    if found then
+      pos = found
+    else
+      -- Not near its place. Claimed since (active, finished or due again later): the
+      -- jobs before it in its level were claimed before it, so go on from the start of
+      -- its level (or where it would be).
+      local r = read_job(q, anchor, 's', 'p')
+      if r and r[1] ~= 'w' and r[1] ~= 'x' then
+        local prio = tonumber(sane_prio(r[2]) or '0') or 0
+        for _, l in ipairs(lists) do
+          if not l[3] or tonumber(l[3]) <= prio then
+            pos = math.min(pos, l[4])
+            break
+          end
+        end
+      end
+    end
+  end
+  -- The cursor after a page: the position of the next entry that names a job (removed
+  -- entries between are never listed) and that job's id.
+  local function stop_here()
+    local at = string.format('%d', pos)
+    span(pos, pos + CHUNK, function(p, entry, l)
+      local id = entry_id(entry, l[3])
+      if id then at = string.format('%d|%s', p, id) end
+      return id ~= nil
+    end)
+    return reply_at(at)
+  end
+  local sk = k_stale(q)
+  for _, l in ipairs(lists) do
+    local lk, len, prio, base = l[1], l[2], l[3], l[4]
+    if pos < base + len then
+      local visit
+      if prio then
+        visit = function(entry)
           if not is_bare(entry) then
             -- A waiting entry (see keys.py): listed while live.
             local f = parse_entry(entry)
@@ -143,26 +230,16 @@ if state == 'w' then
               take(entry)
             end
           end
-        end)
-        if stop then return answer(false) end
+        end
+      else
+        visit = function(entry)
+          local gp, id = string.match(entry, '^(%-?%d+)|(.*)$')
+          local r = gp and read_keyed(q, id, 's', 'q', 'p')
+          if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == gp then take(id) end
+        end
       end
-      base = base + len
+      if walk(lk, base, len, visit) then return stop_here() end
     end
-  end
-  -- Then the waiting jobs a limit gate parked (typedq.limits), gate by gate, each
-  -- gate's in the order it gives them back.
-  for _, gate in ipairs(redis.call('ZRANGE', k_gates(q), 0, 999)) do
-    local lk = k_gate(q, gate)
-    local len = redis.call('LLEN', lk)
-    if pos < base + len then
-      local stop = walk(lk, base, len, function(entry)
-        local prio, id = string.match(entry, '^(%-?%d+)|(.*)$')
-        local r = prio and read_keyed(q, id, 's', 'q', 'p')
-        if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then take(id) end
-      end)
-      if stop then return answer(false) end
-    end
-    base = base + len
   end
   return answer(true)
 elseif state == 's' then

@@ -339,10 +339,10 @@ def _error_history(raw: bytes | None, last: bytes | None) -> tuple[bytes, ...]:
     return () if last is None else (last,)
 
 
-#: The forms of list.lua's cursors: a position (waiting), '<score>|<id>' (scheduled and
-#: final states), '<start>|<order>' (active).
+#: The forms of list.lua's cursors: a position and the id of the job there (waiting),
+#: '<score>|<id>' (scheduled and final states), '<start>|<order>' (active).
 _CURSOR_FORMS = {
-    JobState.WAITING: re.compile(r"[0-9]{1,18}"),
+    JobState.WAITING: re.compile(r"[0-9]{1,18}(\|[^|]+)?"),
     JobState.ACTIVE: re.compile(r"-?[0-9.e+-]{1,30}\|-?[0-9.e+-]{1,30}"),
 }
 _PLACE = re.compile(r"-?[0-9.e+-]{1,30}\|[^|]+")
