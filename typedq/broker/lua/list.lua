@@ -203,13 +203,15 @@ if state == 'w' then
   -- The cursor after a page: the position of the next entry that names a job (removed
   -- entries between are never listed) and that job's id.
   local function stop_here()
-    local at = string.format('%d', pos)
-    span(pos, pos + CHUNK, function(p, entry, l)
+    local at = nil
+    local function named(p, entry, l)
       local id = entry_id(entry, l[3])
       if id then at = string.format('%d|%s', p, id) end
       return id ~= nil
-    end)
-    return reply_at(at)
+    end
+    span(pos, pos + 8, named)  -- usually the very next entry
+    if not at then span(pos + 8, pos + CHUNK, named) end
+    return reply_at(at or string.format('%d', pos))
   end
   local sk = k_stale(q)
   for _, l in ipairs(lists) do
