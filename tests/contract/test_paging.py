@@ -14,6 +14,7 @@ make the walk miss or repeat a job that stays in the state.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -67,20 +68,27 @@ async def check_state(broker: Broker, state: JobState, jobs: set[str]) -> None:
 
 
 async def test_pages_hold_every_waiting_job_once(app_name: str, broker_url: str) -> None:
+    # The queue: 927 waiting jobs across priorities, some due by a past eta,
+    # beside delayed jobs of the same queue and priorities (scheduled, not waiting).
+    past = time.time() - 60
     async with connected(app_name, broker_url) as broker:
-        messages = [msg(priority=(0, 5, -3)[i % 3]) for i in range(980)]
-        await broker.enqueue(messages)
+        messages = [
+            msg(priority=(0, 5, -3)[i % 3], eta=past if i % 4 == 0 else 0.0) for i in range(1000)
+        ]
+        later = [msg(priority=(0, 5, -3)[i % 3], delay=3600.0 + i % 7) for i in range(200)]
+        await broker.enqueue(messages[:500] + later + messages[500:])
         # Cancelling waiting jobs leaves stale entries in Redis's waiting lists;
         # retrying some of them puts a second entry of the same id behind the first.
         cancelled = [m.id for m in messages[::9]]
         for job_id in cancelled:
             await broker.cancel(job_id)
-        retried = cancelled[::2]
+        retried = cancelled[:39]
         await broker.retry(retried)
         waiting = {m.id for m in messages} - set(cancelled) | set(retried)
-        assert len(waiting) > 900
+        assert len(waiting) == 927
         await check_state(broker, JobState.WAITING, waiting)
         await check_state(broker, JobState.CANCELLED, set(cancelled) - set(retried))
+        await check_state(broker, JobState.SCHEDULED, {m.id for m in later})
 
 
 async def test_pages_of_scheduled_and_finished_jobs(app_name: str, broker_url: str) -> None:
