@@ -22,6 +22,7 @@ import pytest
 from tests.support import connected, msg
 from typedq import JobState
 from typedq.broker.base import Broker, Completion, Failure
+from typedq.limits import LimitSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -198,3 +199,30 @@ async def test_acting_on_each_page_lists_every_job_once(app_name: str, broker_ur
         seen = await walk_acting(broker, JobState.FAILED, 7, retry_and_fail_more)
         assert len(seen) == len(set(seen)), "a job listed twice"
         assert {c.message.id for c in first} <= set(seen)
+
+
+async def test_pages_pass_from_the_levels_to_the_jobs_a_limit_parked(
+    app_name: str, broker_url: str
+) -> None:
+    # Waiting jobs a limit gate parked are listed after the priority levels (on Redis a
+    # cursor then names a place in a gate's list); claims of free jobs between pages
+    # take from the levels, before the cursor.
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(rate=1, per_us=60_000_000)})
+        gated = [msg(task="t") for _ in range(30)]
+        await broker.enqueue(gated)
+        assert len(await broker.claim(["q"], 30, worker_id="w", lease=300)) == 1  # 29 parked
+        free = [msg(task="other", priority=i % 2) for i in range(40)]
+        await broker.enqueue(free)
+        waiting = {m.id for m in gated[1:] + free}
+        await check_state(broker, JobState.WAITING, waiting)
+
+        claimed: set[str] = set()
+
+        async def claim(_: list[str]) -> None:
+            got = await broker.claim(["q"], 3, worker_id="w", lease=300)
+            claimed.update(c.message.id for c in got)
+
+        seen = await walk_acting(broker, JobState.WAITING, 4, claim)
+        assert len(seen) == len(set(seen)), "a job listed twice"
+        assert waiting - claimed <= set(seen)
