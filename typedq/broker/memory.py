@@ -1555,30 +1555,39 @@ class MemoryBroker(Broker):
         self, queue: str, state: JobState, *, offset: int = 0, limit: int = 100
     ) -> list[str]:
         self._check()
-        return [key[2] for key in self._places(queue, state)[offset : offset + limit]]
+        places = self._places(queue, state)
+        if not state.is_final:
+            places.sort()
+        return [key[2] for key in places[offset : offset + limit]]
 
     async def page_jobs(
         self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 100
     ) -> JobList:
         # A cursor is the place of the last job listed, (number, order, id) in the
         # state's order: the page goes on after that place, wherever the jobs before it
-        # went meanwhile, so a job that stays in the state is listed once.
+        # went meanwhile, so a job that stays in the state is listed once. A page costs
+        # one pass over the queue's jobs (no sort of the whole state).
         self._check()
         letter = _CURSOR_LETTERS[state]
         after = None if cursor is None else _cursor_place(cursor, letter)
+        limit = max(0, min(limit, 1000))
         places = self._places(queue, state)
-        start = 0 if after is None else bisect.bisect_right(places, after)
-        page = places[start : start + max(0, min(limit, 1000))]
-        if not page or start + len(page) >= len(places):
-            return JobList([key[2] for key in page], None)
-        a, b, last = page[-1]
-        return JobList([key[2] for key in page], f"{letter}{a!r}:{b}:{last}")
+        if after is not None:
+            places = [place for place in places if place > after]
+        # Final states come in order; the others are taken smallest first.
+        page = places[: limit + 1] if state.is_final else heapq.nsmallest(limit + 1, places)
+        ids = [place[2] for place in page[:limit]]
+        if len(page) <= limit or not ids:
+            return JobList(ids, None)
+        a, b, last = page[limit - 1]
+        return JobList(ids, f"{letter}{a!r}:{b}:{last}")
 
     def _places(self, queue: str, state: JobState) -> list[tuple[float, int, str]]:
-        """The jobs of ``queue`` in ``state`` as places in the state's order, sorted:
-        waiting (-priority, order), scheduled (due time, order), active (start time,
-        order), final states most recently finished first (-version: a job's version is
-        set when it finishes and stays while it is finished), each with its id."""
+        """The jobs of ``queue`` in ``state`` as places in the state's order: waiting
+        (-priority, order), scheduled (due time, order), active (start time, order),
+        final states most recently finished first (-version: a job's version is set when
+        it finishes and stays while it is finished), each with its id. Final states come
+        in order; the others unsorted."""
         if state.is_final:
             jobs = self._jobs
             return [
@@ -1587,15 +1596,11 @@ class MemoryBroker(Broker):
                 if jobs[job_id].message.queue == queue
             ]
         jobs_in = [j for j in self._jobs.values() if j.message.queue == queue and j.state is state]
-        places: list[tuple[float, int, str]]
         if state is JobState.WAITING:
-            places = [(-j.message.priority, j.order, j.message.id) for j in jobs_in]
-        elif state is JobState.SCHEDULED:
-            places = [(j.run_at, j.order, j.message.id) for j in jobs_in]
-        else:
-            places = [(j.started_at, j.order, j.message.id) for j in jobs_in]
-        places.sort()
-        return places
+            return [(-j.message.priority, j.order, j.message.id) for j in jobs_in]
+        if state is JobState.SCHEDULED:
+            return [(j.run_at, j.order, j.message.id) for j in jobs_in]
+        return [(j.started_at, j.order, j.message.id) for j in jobs_in]
 
     async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
         self._check()
