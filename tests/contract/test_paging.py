@@ -226,3 +226,30 @@ async def test_pages_pass_from_the_levels_to_the_jobs_a_limit_parked(
         seen = await walk_acting(broker, JobState.WAITING, 4, claim)
         assert len(seen) == len(set(seen)), "a job listed twice"
         assert waiting - claimed <= set(seen)
+
+
+async def test_claims_from_a_gate_between_pages_overtaking_the_cursor(
+    app_name: str, broker_url: str
+) -> None:
+    # A concurrency limit parks jobs; each slot freed between pages gives the gate's next
+    # jobs back to a claim, which takes them past the cursor's own job.
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(concurrency=6)})
+        jobs = [msg(task="t") for _ in range(40)]
+        await broker.enqueue(jobs)
+        active = await broker.claim(["q"], 40, worker_id="w", lease=300)
+        assert len(active) == 6
+        claimed = {c.message.id for c in active}
+
+        async def finish_and_claim(_: list[str]) -> None:
+            if len(claimed) >= 30:
+                return
+            await broker.complete([Completion(c.message.id, c.token, b"") for c in active])
+            active[:] = await broker.claim(["q"], 40, worker_id="w", lease=300)
+            claimed.update(c.message.id for c in active)
+
+        seen = await walk_acting(broker, JobState.WAITING, 4, finish_and_claim)
+        assert len(seen) == len(set(seen)), "a job listed twice"
+        stayed = {m.id for m in jobs} - claimed
+        assert stayed, "some jobs stayed parked throughout"
+        assert stayed <= set(seen), f"{len(stayed - set(seen))} parked jobs never listed"

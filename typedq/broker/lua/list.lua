@@ -124,7 +124,7 @@ end
 
 if state == 'w' then
   -- The lists in claim order: the levels, then the gates; each {key, length, level
-  -- (false for a gate), position of its first entry}.
+  -- (false for a gate), position of its first entry, gate}.
   local lists, total = {}, 0
   for _, prio in ipairs(redis.call('ZRANGE', k_levels(q), 0, -1)) do
     local lk = k_wait(q, prio)
@@ -140,7 +140,7 @@ if state == 'w' then
     local lk = k_gate(q, gate)
     local len = redis.call('LLEN', lk)
     if len > 0 then
-      lists[#lists + 1] = {lk, len, false, total}
+      lists[#lists + 1] = {lk, len, false, total, gate}
       total = total + len
     end
   end
@@ -164,10 +164,12 @@ if state == 'w' then
       end
     end
   end
-  -- A cursor '<position>|<id>' also names the job whose entry was at that position:
-  -- claims (from the head), hand-backs (to the head) and emptied levels move entries,
-  -- so the page goes on from that entry's place now, the one nearest the position.
-  local anchor = string.match(cur, '^%d+|(.+)$')
+  -- A cursor '<position>|<id>' also names the job whose entry was at that position
+  -- ('<position>|<id>|g<gate>' in a gate's list): claims (from the head), hand-backs
+  -- (to the head) and emptied levels move entries, so the page goes on from that
+  -- entry's place now, the one nearest the position.
+  local anchor, in_gate = string.match(cur, '^%d+|([^|]+)(.*)$')
+  local anchor_gate = in_gate and string.match(in_gate, '^|g(.+)$')
   if anchor then
     local found, seen = nil, false
     span(pos, pos + 1, function(p, entry, l)
@@ -186,10 +188,17 @@ if state == 'w' then
       pos = found
     else
       -- Not near its place. Claimed since (active, finished or due again later): the
-      -- jobs before it in its level were claimed before it, so go on from the start of
-      -- its level (or where it would be).
+      -- jobs before it in its level (its gate) were claimed before it, so go on from
+      -- the start of its level or gate (or where the level would be).
       local r = read_job(q, anchor, 's', 'p')
-      if r and r[1] ~= 'w' and r[1] ~= 'x' then
+      if r and r[1] ~= 'w' and r[1] ~= 'x' and anchor_gate then
+        for _, l in ipairs(lists) do
+          if l[5] == anchor_gate then
+            pos = math.min(pos, l[4])
+            break
+          end
+        end
+      elseif r and r[1] ~= 'w' and r[1] ~= 'x' then
         local prio = tonumber(sane_prio(r[2]) or '0') or 0
         for _, l in ipairs(lists) do
           if not l[3] or tonumber(l[3]) <= prio then
@@ -206,7 +215,7 @@ if state == 'w' then
     local at = nil
     local function named(p, entry, l)
       local id = entry_id(entry, l[3])
-      if id then at = string.format('%d|%s', p, id) end
+      if id then at = string.format('%d|%s', p, id) .. (l[3] and '' or '|g' .. l[5]) end
       return id ~= nil
     end
     span(pos, pos + 8, named)  -- usually the very next entry

@@ -5,6 +5,7 @@ history, the worker and queue registries, and the event stream (:mod:`typedq.eve
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -339,10 +340,11 @@ def _error_history(raw: bytes | None, last: bytes | None) -> tuple[bytes, ...]:
     return () if last is None else (last,)
 
 
-#: The forms of list.lua's cursors: a position and the id of the job there (waiting),
+#: The forms of list.lua's cursors: a position and the id of the job there, and its
+#: gate's name when a limit parked it (waiting),
 #: '<score>|<id>' (scheduled and final states), '<start>|<order>' (active).
 _CURSOR_FORMS = {
-    JobState.WAITING: re.compile(r"[0-9]{1,18}(\|[^|]+)?"),
+    JobState.WAITING: re.compile(r"[0-9]{1,18}(\|[^|]+(\|g.+)?)?"),
     JobState.ACTIVE: re.compile(r"-?[0-9.e+-]{1,30}\|-?[0-9.e+-]{1,30}"),
 }
 _PLACE = re.compile(r"-?[0-9.e+-]{1,30}\|[^|]+")
@@ -352,4 +354,11 @@ def _check_cursor(cursor: str, state: JobState) -> str:
     """``cursor`` if it has the form of a list.lua cursor of ``state``, else ValueError."""
     if not _CURSOR_FORMS.get(state, _PLACE).fullmatch(cursor):
         raise bad_cursor(cursor)
+    if state is not JobState.WAITING:
+        numbers = cursor.split("|")[: 2 if state is JobState.ACTIVE else 1]
+        try:
+            if not all(math.isfinite(float(n)) for n in numbers):
+                raise bad_cursor(cursor)
+        except ValueError:
+            raise bad_cursor(cursor) from None
     return cursor
