@@ -117,6 +117,14 @@ async def test_an_empty_state_and_a_bad_cursor(app_name: str, broker_url: str) -
         assert (page.ids, page.cursor) == ([], None)
         with pytest.raises(ValueError, match="invalid page cursor 'x'"):
             await broker.page_jobs("q", JobState.WAITING, cursor="x")
+        for state, cursor in [
+            (JobState.SCHEDULED, "x|y"),
+            (JobState.FAILED, "1e999|y"),
+            (JobState.ACTIVE, "1|"),
+            (JobState.COMPLETED, ""),
+        ]:
+            with pytest.raises(ValueError, match="invalid page cursor"):
+                await broker.page_jobs("q", state, cursor=cursor)
 
 
 async def walk_acting(
