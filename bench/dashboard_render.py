@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import anyio
 import httpx
@@ -31,6 +32,7 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.redis_bench import app, noop, payload, redis_server
+from typedq import App
 from typedq.broker.base import Completion, Failure, JobState
 from typedq.dashboard import create_app
 
@@ -109,12 +111,16 @@ async def main(jobs: int, queue_count: int, requests: int) -> None:
             async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
                 waiting = stats[0].counts[JobState.WAITING]
                 middle, last = (waiting // 100) * 50, ((waiting - 1) // 50) * 50
+                # Queue pages go by cursor (Broker.page_jobs): walk to the middle and
+                # the last page's cursors first.
+                at_middle = await cursor_at(app, queues[0], middle)
+                at_last = await cursor_at(app, queues[0], last)
                 ids = await app.broker.list_jobs(queues[0], JobState.FAILED, limit=1)
                 pages = {
                     "overview (20 queues)": "/",
                     "queue page, waiting, first": f"/queues/{queues[0]}?state=waiting",
-                    "queue page, waiting, middle": f"/queues/{queues[0]}?state=waiting&offset={middle}",
-                    "queue page, waiting, last": f"/queues/{queues[0]}?state=waiting&offset={last}",
+                    "queue page, waiting, middle": f"/queues/{queues[0]}?state=waiting&cursor={quote(at_middle)}",
+                    "queue page, waiting, last": f"/queues/{queues[0]}?state=waiting&cursor={quote(at_last)}",
                     "queue page, failed": f"/queues/{queues[0]}?state=failed",
                     "queue page, waiting, filtered by task": f"/queues/{queues[0]}?state=waiting&task=noop",
                     "job page (a failed job)": f"/jobs/{ids[0]}",
@@ -125,6 +131,20 @@ async def main(jobs: int, queue_count: int, requests: int) -> None:
                 for name, path in pages.items():
                     median, worst, links = await timed(http, path, requests)
                     print(f"{name:40} {median:10.1f} {worst:8.1f} {links:5}")
+
+
+async def cursor_at(app: App, queue: str, jobs: int) -> str:
+    """The ``page_jobs`` cursor after the first ``jobs`` waiting jobs of ``queue``."""
+    cursor: str | None = None
+    while jobs > 0:
+        page = await app.broker.page_jobs(
+            queue, JobState.WAITING, cursor=cursor, limit=min(jobs, 1000)
+        )
+        jobs -= len(page.ids)
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    return cursor or ""
 
 
 if __name__ == "__main__":

@@ -270,6 +270,15 @@ class QueueModel:
             return None
         return (job.state, job.attempt, job.stalls, job.cancel_requested, job.priority)
 
+    def listing(self, state: JobState) -> list[str]:
+        """The ids in ``state`` as a walk of ``Broker.page_jobs`` lists them: waiting ones
+        in claim order (priority, then place in line); the others sorted by id (their
+        orders are times, which the model does not keep)."""
+        jobs = [j for j in self.jobs.values() if j.state is state]
+        if state is JobState.WAITING:
+            return [j.id for j in sorted(jobs, key=lambda j: (-j.priority, j.order))]
+        return sorted(j.id for j in jobs)
+
     def counts(self) -> dict[JobState, int]:
         out = dict.fromkeys(JobState, 0)
         for job in self.jobs.values():

@@ -344,3 +344,29 @@ async def test_mounted_under_a_prefix_links_stay_inside_it(jobs: Jobs) -> None:
         assert "path=/ops/dash/" in r.headers["set-cookie"].lower()
         page = (await http.get(f"/ops/dash/jobs/{jobs.failed}")).text
         assert f'action="/ops/dash/jobs/{jobs.failed}/retry"' in page
+
+
+async def test_a_filtered_queue_page_holds_one_page_and_goes_on_after_it(
+    dash_broker: str,
+) -> None:
+    # Filtering reads the state 500 ids at a time; a page still shows 50 jobs, and the
+    # next one starts right after its last job (none skipped, none shown twice).
+    with app.using_broker(dash_broker), anyio.fail_after(30):
+        async with app:
+            for i in range(6):
+                await report.enqueue_many([Report(n=40 * i + k) for k in range(20)])
+                await total.enqueue_many([Report(n=40 * i + k) for k in range(20)])
+            async with client() as http:
+                params = {"state": "waiting", "task": "report"}
+                r = await http.get("/queues/reports", params=params)
+                shown, sizes = [], []
+                while True:
+                    ids = re.findall(r'href="/jobs/([^"]+)"', r.text)
+                    shown += ids
+                    sizes.append(len(ids))
+                    link = re.search(r'href="(/queues/reports\?[^"]*cursor=[^"]*)">Next', r.text)
+                    if link is None:
+                        break
+                    r = await http.get(link.group(1).replace("&amp;", "&"))
+                assert sizes == [50, 50, 20]
+                assert len(set(shown)) == 120

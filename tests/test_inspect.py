@@ -217,6 +217,32 @@ async def test_purging_many_goes_page_by_page(
     assert (await the_app.broker.counts("jobs"))[JobState.WAITING] == 0
 
 
+@pytest.mark.anyio
+async def test_acting_on_a_state_while_workers_claim_reaches_every_job_once(
+    app: tuple[App, Task[Work, None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The whole-state actions follow page_jobs cursors: workers claiming from the head of
+    # the state between pages move no waiting job past the walk.
+    the_app, work = app
+    monkeypatch.setattr("typedq.inspector.PAGE", 7)
+    jobs = await work.enqueue_many(Work(i) for i in range(60))
+    broker = the_app.broker
+    claimed: set[str] = set()
+    page_jobs = broker.page_jobs
+
+    async def claim_then_page(*args: object, **kwargs: object) -> object:
+        if len(claimed) < 25:
+            got = await broker.claim(["jobs"], 5, worker_id="w", lease=300)
+            claimed.update(c.message.id for c in got)
+        return await page_jobs(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(broker, "page_jobs", claim_then_page)
+    report = await Inspector(the_app.client, ["jobs"]).act_on_state("cancel", JobState.WAITING)
+    assert len(claimed) == 25
+    assert report.outcomes == {j.id: "cancelled" for j in jobs if j.id not in claimed}
+    assert (await broker.counts("jobs"))[JobState.WAITING] == 0
+
+
 # -- the CLI -------------------------------------------------------------------------------
 
 

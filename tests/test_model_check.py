@@ -286,6 +286,27 @@ class Driver:
         counts = await self.broker.counts("q")
         return {state: counts.get(state, 0) for state in JobState}
 
+    async def listing(self, state: JobState) -> list[str]:
+        """Every id of ``state``, walked by ``page_jobs`` cursor 3 at a time (waiting in
+        the order listed, the others sorted, as ``QueueModel.listing``)."""
+        ids: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = await self.broker.page_jobs("q", state, cursor=cursor, limit=3)
+            ids += page.ids
+            if page.cursor is None:
+                return ids if state is JobState.WAITING else sorted(ids)
+            assert len(page.ids) == 3, "a short page before the end"
+            cursor = page.cursor
+
+    async def listing_by_offset(self, state: JobState) -> list[str]:
+        """The same by ``list_jobs`` offsets, advancing by each page's length until an
+        empty page (issue 24 defect 6: Redis's offsets counted stale entries)."""
+        ids: list[str] = []
+        while page := await self.broker.list_jobs("q", state, offset=len(ids), limit=3):
+            ids += page
+        return ids if state is JobState.WAITING else sorted(ids)
+
 
 def _trace(ops: list[Op]) -> str:
     return "\n".join(f"  {n:3d}: {op!r}" for n, op in enumerate(ops))
@@ -342,3 +363,9 @@ async def test_broker_follows_the_model(app_name: str, broker_url: str, seed: in
             want = {job_id: model.snapshot(job_id) for job_id in POOL}
             assert await driver.snapshots() == want, f"job states differ at {where}"
             assert await driver.counts() == model.counts(), f"counts differ at {where}"
+            for state in JobState:
+                expected = model.listing(state)
+                listed = await driver.listing(state)
+                assert listed == expected, f"{state.value} pages differ at {where}"
+                listed = await driver.listing_by_offset(state)
+                assert listed == expected, f"{state.value} offset pages differ at {where}"

@@ -64,7 +64,6 @@ PAGE = 500
 #: Fan-out members per page of a flow (Inspector.flow, the dashboard's flow page).
 MEMBER_PAGE = 50
 _CANCEL_CONCURRENCY = 32
-_MAX_EMPTY = 20
 
 
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
@@ -394,9 +393,12 @@ class Inspector:
     ) -> ActionReport:
         """Retry, cancel or purge every job of the inspected queues in ``state``.
 
-        Works page by page (``PAGE`` jobs per broker call). ``progress(done, total)`` is
-        called after each page; ``total`` is the count when the operation started, and
-        jobs that arrive meanwhile are not chased past it.
+        Works page by page (``PAGE`` jobs per broker call), following
+        :meth:`Broker.page_jobs <typedq.broker.base.Broker.page_jobs>` cursors through
+        the state once: every job in the state from the start to the end of the walk is
+        acted on once. ``progress(done, total)`` is called after each page; ``total`` is
+        the count when the operation started, and jobs that arrive meanwhile are not
+        chased past it (those arriving behind the walk's place are not reached at all).
         """
         if state not in ACTIONS[action]:
             allowed = ", ".join(s.value for s in ACTIONS[action])
@@ -407,28 +409,25 @@ class Inspector:
         seen = 0
         for queue in self.queues:
             remaining = counts[queue].get(state, 0)
-            # Acted-on jobs leave the state, so paging restarts at `skip`, which only
-            # grows past jobs that stay (a cancel requested for a running job) and past
-            # empty pages (jobs another client acted on meanwhile): an empty page is not
-            # the end, though _MAX_EMPTY of them in a row are.
-            skip = empty = 0
-            while remaining > 0 and empty < _MAX_EMPTY:
-                page = await self.client.broker.list_jobs(
-                    queue, state, offset=skip, limit=min(PAGE, remaining)
+            # One walk of the state by cursor (Broker.page_jobs): a cursor names a place
+            # in the state's order, so the acted-on jobs leaving the state before it, jobs
+            # that stay (a cancel requested for a running job) and other clients acting
+            # meanwhile neither skip nor repeat a job that is still in the state.
+            cursor: str | None = None
+            while remaining > 0:
+                listed = await self.client.broker.page_jobs(
+                    queue, state, cursor=cursor, limit=min(PAGE, remaining)
                 )
-                page = [job_id for job_id in page if job_id not in outcomes]
-                if not page:
-                    empty += 1
-                    skip += PAGE
-                    continue
-                empty = 0
-                done = await self._apply(action, page, state=state)
-                outcomes.update(done)
-                skip += sum(1 for o in done.values() if o == CancelOutcome.REQUESTED.value)
-                remaining -= len(page)
-                seen += len(page)
-                if progress is not None:
-                    progress(min(seen, total), total)
+                page = [job_id for job_id in listed.ids if job_id not in outcomes]
+                if page:
+                    outcomes.update(await self._apply(action, page, state=state))
+                    remaining -= len(page)
+                    seen += len(page)
+                    if progress is not None:
+                        progress(min(seen, total), total)
+                if listed.cursor is None:
+                    break
+                cursor = listed.cursor
         return _report(action, state, outcomes)
 
     async def _apply(

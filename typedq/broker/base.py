@@ -776,9 +776,9 @@ class Broker(abc.ABC):
         recently finished first. ``limit`` is at most 1000. ``offset`` counts jobs: on a
         state that does not change, ``offset=0, limit=n``, then ``offset=n``, ... list
         every job exactly once, every page full but the last. Skipping costs the backend
-        work in proportion to ``offset``: to walk a whole state, use :meth:`page_jobs`.
-        Jobs move while an operator pages, so pages are a best-effort snapshot; callers
-        that act on whole states page from ``offset=0`` again after acting.
+        work in proportion to ``offset``: to walk a whole state, use :meth:`page_jobs`,
+        whose cursors also hold while jobs move (an offset shifts when jobs before it
+        leave or arrive).
         """
 
     async def page_jobs(
@@ -789,10 +789,19 @@ class Broker(abc.ABC):
         continues after the page, and is None when the state has no more jobs.
 
         On a state that does not change, following the cursors lists every job exactly
-        once, every page full but the last. Jobs that move meanwhile may be missed or
-        seen again (a page is not a snapshot). Each page costs the backend work in
-        proportion to ``limit`` (plus entries it passes over), not to how deep it is.
-        A cursor is opaque, valid for the same queue and state of the same broker.
+        once, every page full but the last. While jobs move, a cursor names a place in
+        the state's order, not a count: a job that is in the state for the whole walk is
+        listed exactly once (on Redis's waiting lists, unless the job at the cursor's
+        place was cancelled or removed meanwhile, or more than 1,000 entries ahead of it
+        were claimed); a job that enters the state is listed if its place is after the
+        cursor, and one that leaves and comes back may be listed again (a page is not a
+        snapshot). docs/observability.md ("Paging a state") has the details. Each page
+        costs the backend work in proportion to ``limit`` (plus entries it passes over),
+        not to how deep it is. A cursor is opaque, valid for the same queue and state
+        of the same broker; another string raises ValueError.
+
+        This default pages by offset (a broker that overrides it names a place): enough
+        for a static state, but jobs leaving before the cursor shift the later pages.
         """
         offset = cursor_position(cursor)
         limit = max(0, min(limit, 1000))
@@ -896,13 +905,19 @@ class Broker(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} keeps no event streams")
 
 
+def bad_cursor(cursor: str) -> ValueError:
+    """The error for a :meth:`Broker.page_jobs` cursor the broker did not answer (or
+    answered for another state)."""
+    return ValueError(
+        f"invalid page cursor {cursor!r}: pass None for the first page, then the cursor "
+        "the previous page answered (for the same queue and state)"
+    )
+
+
 def cursor_position(cursor: str | None) -> int:
     """The position a :meth:`Broker.page_jobs` cursor stands for."""
     if cursor is None:
         return 0
     if not cursor.isdigit() or len(cursor) > 18:
-        raise ValueError(
-            f"invalid page cursor {cursor!r}: pass None for the first page, then the cursor "
-            "the previous page answered"
-        )
+        raise bad_cursor(cursor)
     return int(cursor)

@@ -47,6 +47,7 @@ from .base import (
     Failure,
     FinishOutcome,
     FireOutcome,
+    JobList,
     JobMessage,
     JobRecord,
     JobState,
@@ -59,6 +60,7 @@ from .base import (
     ScheduleState,
     TickFiring,
     WorkerInfo,
+    bad_cursor,
     check_claim_id,
     new_claim_id,
 )
@@ -178,6 +180,25 @@ class _WaitLine:
         for level in self.levels.values():
             yield from level.fifo
             yield from level.late
+
+
+#: The letter that starts a page cursor of each state (a cursor of another state is refused).
+_CURSOR_LETTERS = {state: "wsacfx"[i] for i, state in enumerate(JobState)}
+
+
+def _cursor_place(cursor: str, letter: str) -> tuple[float, int, str]:
+    """The place a :meth:`MemoryBroker.page_jobs` cursor of state ``letter`` names."""
+    parts = cursor[1:].split(":", 2)
+    if cursor[:1] != letter or len(parts) != 3 or not parts[2]:
+        raise bad_cursor(cursor)
+    try:
+        a = float(parts[0]) if "." in parts[0] or "e" in parts[0] else int(parts[0])
+        b = int(parts[1])
+    except ValueError:
+        raise bad_cursor(cursor) from None
+    if a != a or a in (float("inf"), float("-inf")):
+        raise bad_cursor(cursor)
+    return (a, b, parts[2])
 
 
 def _best(line: _WaitLine) -> _Entry:
@@ -1554,21 +1575,52 @@ class MemoryBroker(Broker):
         self, queue: str, state: JobState, *, offset: int = 0, limit: int = 100
     ) -> list[str]:
         self._check()
+        places = self._places(queue, state)
+        if not state.is_final:
+            places.sort()
+        return [key[2] for key in places[offset : offset + limit]]
+
+    async def page_jobs(
+        self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 100
+    ) -> JobList:
+        # A cursor is the place of the last job listed, (number, order, id) in the
+        # state's order: the page goes on after that place, wherever the jobs before it
+        # went meanwhile, so a job that stays in the state is listed once. A page costs
+        # one pass over the queue's jobs (no sort of the whole state).
+        self._check()
+        letter = _CURSOR_LETTERS[state]
+        after = None if cursor is None else _cursor_place(cursor, letter)
+        limit = max(0, min(limit, 1000))
+        places = self._places(queue, state)
+        if after is not None:
+            places = [place for place in places if place > after]
+        # Final states come in order; the others are taken smallest first.
+        page = places[: limit + 1] if state.is_final else heapq.nsmallest(limit + 1, places)
+        ids = [place[2] for place in page[:limit]]
+        if len(page) <= limit or not ids:
+            return JobList(ids, None)
+        a, b, last = page[limit - 1]
+        return JobList(ids, f"{letter}{a!r}:{b}:{last}")
+
+    def _places(self, queue: str, state: JobState) -> list[tuple[float, int, str]]:
+        """The jobs of ``queue`` in ``state`` as places in the state's order: waiting
+        (-priority, order), scheduled (due time, order), active (start time, order),
+        final states most recently finished first (-version: a job's version is set when
+        it finishes and stays while it is finished), each with its id. Final states come
+        in order; the others unsorted."""
         if state.is_final:
-            ids = [
-                job_id
+            jobs = self._jobs
+            return [
+                (-jobs[job_id].version, 0, job_id)
                 for job_id in reversed(self._finished[state])
-                if self._jobs[job_id].message.queue == queue
+                if jobs[job_id].message.queue == queue
             ]
-            return ids[offset : offset + limit]
-        jobs = [j for j in self._jobs.values() if j.message.queue == queue and j.state is state]
+        jobs_in = [j for j in self._jobs.values() if j.message.queue == queue and j.state is state]
         if state is JobState.WAITING:
-            jobs.sort(key=lambda j: (-j.message.priority, j.order))
-        elif state is JobState.SCHEDULED:
-            jobs.sort(key=lambda j: (j.run_at, j.order))
-        else:
-            jobs.sort(key=lambda j: (j.started_at, j.order))
-        return [j.message.id for j in jobs[offset : offset + limit]]
+            return [(-j.message.priority, j.order, j.message.id) for j in jobs_in]
+        if state is JobState.SCHEDULED:
+            return [(j.run_at, j.order, j.message.id) for j in jobs_in]
+        return [(j.started_at, j.order, j.message.id) for j in jobs_in]
 
     async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
         self._check()

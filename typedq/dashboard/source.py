@@ -161,16 +161,23 @@ class Source:
         step = PAGE_SIZE if not task else 500
         next_cursor = cursor
         while True:
-            page = await broker.page_jobs(queue, state, cursor=next_cursor, limit=step)
+            start = next_cursor
+            page = await broker.page_jobs(queue, state, cursor=start, limit=step)
             next_cursor = page.cursor
-            scanned += len(page.ids)
             records = await broker.get(page.ids) if page.ids else []
-            for record in records:
+            for i, record in enumerate(records):
                 if record is None or record.state is not state:
                     continue
                 if task and record.message.task != task:
                     continue
                 jobs.append(record)
+                if len(jobs) == PAGE_SIZE and i + 1 < len(records):
+                    # A page shows PAGE_SIZE jobs: the next one starts right after this
+                    # job, so ask for the cursor there (the same ids, cut short).
+                    cut = await broker.page_jobs(queue, state, cursor=start, limit=i + 1)
+                    next_cursor, records = cut.cursor, records[: i + 1]
+                    break
+            scanned += len(records)
             full = len(jobs) >= PAGE_SIZE or scanned >= (FILTER_SCAN if task else PAGE_SIZE)
             if next_cursor is None or full:
                 break

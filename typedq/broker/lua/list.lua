@@ -1,26 +1,36 @@
 #!lua flags=no-writes
 -- Ids of up to `limit` jobs of one queue in one state (for inspect and the dashboard),
--- from a position in the state's own order, skipping the first `skip` jobs listed.
--- Positions count the state's entries (a waiting list may hold stale entries, which are
--- never listed: only a job's live entry, the newest of its level, is), so a page
--- resumed at the position this call answers continues exactly where it stopped: on a
--- queue that does not change, pages hold every job once and are full until the last.
--- Orders: waiting: claim order (priority levels, then list order), then the jobs limit
--- gates parked (typedq.limits), gate by gate; scheduled: due time; active: start time
--- (the global lease set is scanned, bounded); final states: most recently finished
--- first.
+-- from a cursor in the state's own order ('' for the start), skipping the first `skip`
+-- jobs listed. Orders: waiting: claim order (priority levels, then list order), then
+-- the jobs limit gates parked (typedq.limits), gate by gate; scheduled: due time;
+-- active: start time (the global lease set is scanned, bounded); final states: most
+-- recently finished first.
+-- Cursors: waiting: a position that counts the state's entries (a waiting list may hold
+-- stale entries, which are never listed: only a job's live entry, the newest of its
+-- level, is); scheduled and final states: '<score>|<id>' of the last entry examined,
+-- and active: '<start>|<order>' of the last job examined. A cursor of a sorted set or
+-- of the active jobs names a place, not a count: a page resumed there goes on after
+-- that place wherever the entries before it went meanwhile (also when the entry itself
+-- left: its score and id still say where it was), so a job that stays in the state is
+-- listed once. On a queue that does not change, pages hold every job once and are full
+-- until the last.
 -- A call examines at most skip + limit + BUDGET entries; one that stops on the budget
--- (many stale entries in a row) answers a shorter page and the position to go on from.
+-- (many stale entries in a row) answers a shorter page and the cursor to go on from.
 -- KEYS[1] = the queue's active zset
--- ARGV: P, queue, state letter, position, skip, limit
--- Returns {next position ('' at the end of the state), skip left, id...}
-local q, state = ARGV[2], ARGV[3]
-local pos, skip, limit = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-if #ARGV ~= 6 or q == '' or not is_int(pos) or pos < 0 or not is_int(skip) or skip < 0
+-- ARGV: P, queue, state letter, cursor, skip, limit
+-- Returns {next cursor ('' at the end of the state), skip left, id...}
+local q, state, cur = ARGV[2], ARGV[3], ARGV[4]
+local skip, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
+if #ARGV ~= 6 or q == '' or not is_int(skip) or skip < 0
     or not is_int(limit) or limit < 0 then
   return bad_args('list')
 end
-local SCAN, BUDGET, CHUNK = 20000, 20000, 1000
+local pos = 0
+if state == 'w' and cur ~= '' then
+  pos = tonumber(string.match(cur, '^(%d+)'))
+  if not is_int(pos) or pos < 0 then return bad_args('list') end
+end
+local SCAN, BUDGET, CHUNK, WINDOW = 20000, 20000, 1000, 1000
 local out = {}
 local budget = skip + limit + BUDGET
 local function take(id)
@@ -30,16 +40,69 @@ end
 local function done()
   return #out >= limit or budget <= 0
 end
-local function answer(at_end)
-  local reply = {at_end and '' or string.format('%d', pos), string.format('%d', skip)}
+-- The reply: `at` is the cursor to go on from ('' at the end of the state).
+local function reply_at(at)
+  local reply = {at, string.format('%d', skip)}
   for _, id in ipairs(out) do reply[#reply + 1] = id end
   return reply
+end
+local function answer(at_end)
+  return reply_at(at_end and '' or string.format('%d', pos))
 end
 local function ours(id, s)
   local r = read_job(q, id, 's')
   return r and r[1] == s
 end
-if limit == 0 then return answer(false) end
+-- a < b in the byte order Redis gives members of equal score (Lua's `<` follows the
+-- locale).
+local function before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+-- Walks the sorted set `key` (descending when `rev`) after the place '<score>|<id>'
+-- in `cur`, listing the members in state `s`.
+local function zwalk(key, rev, s)
+  local at, tie_score, tie_id = 0, nil, nil
+  if cur ~= '' then
+    local sc, id = string.match(cur, '^([^|]+)|(.+)$')
+    local score = sc and tonumber(sc)
+    if not score or score ~= score then return bad_args('list') end
+    local have = redis.call('ZSCORE', key, id)
+    if have and tonumber(have) == score then
+      at = redis.call(rev and 'ZREVRANK' or 'ZRANK', key, id) + 1
+    else
+      -- The entry left: go on from where it was, passing the entries of its score that
+      -- came before it in the set's order (members of equal score are in byte order).
+      tie_score, tie_id = score, id
+      if rev then
+        at = redis.call('ZCOUNT', key, '(' .. sc, '+inf')
+      else
+        at = redis.call('ZCOUNT', key, '-inf', '(' .. sc)
+      end
+    end
+  end
+  while true do
+    local rows = redis.call(rev and 'ZREVRANGE' or 'ZRANGE', key, at, at + CHUNK - 1,
+      'WITHSCORES')
+    for i = 1, #rows, 2 do
+      local id, sc = rows[i], rows[i + 1]
+      at = at + 1
+      local passed = tie_score and tonumber(sc) == tie_score
+        and (id == tie_id or before(id, tie_id) ~= (rev and true or false))
+      if not passed then
+        tie_score = nil  -- past the ties: every later entry is after the place
+        budget = budget - 1
+        if ours(id, s) then take(id) end
+        if done() then return reply_at(sc .. '|' .. id) end
+      end
+    end
+    if #rows < 2 * CHUNK then return reply_at('') end
+  end
+end
+if limit == 0 then return reply_at(cur) end
 
 -- Walks one list in claim order (its tail first) from list position `pos - base`,
 -- calling `visit(entry)` per entry; answers true when the walk must stop here.
@@ -60,14 +123,112 @@ local function walk(lk, base, len, visit)
 end
 
 if state == 'w' then
-  local base = 0
-  local sk = k_stale(q)
+  -- The lists in claim order: the levels, then the gates; each {key, length, level
+  -- (false for a gate), position of its first entry, gate}.
+  local lists, total = {}, 0
   for _, prio in ipairs(redis.call('ZRANGE', k_levels(q), 0, -1)) do
     local lk = k_wait(q, prio)
     if redis.call('TYPE', lk).ok == 'list' then
       local len = redis.call('LLEN', lk)
-      if pos < base + len then
-        local stop = walk(lk, base, len, function(entry)
+      lists[#lists + 1] = {lk, len, prio, total}
+      total = total + len
+    end
+  end
+  -- The waiting jobs a limit gate parked (typedq.limits), gate by gate, each gate's in
+  -- the order it gives them back.
+  for _, gate in ipairs(redis.call('ZRANGE', k_gates(q), 0, 999)) do
+    local lk = k_gate(q, gate)
+    local len = redis.call('LLEN', lk)
+    if len > 0 then
+      lists[#lists + 1] = {lk, len, false, total, gate}
+      total = total + len
+    end
+  end
+  -- The job id an entry names (nil for a removed entry).
+  local function entry_id(entry, level)
+    if not level then return string.match(entry, '^%-?%d+|(.+)$') end
+    if is_bare(entry) then return entry end
+    return string.match(entry, '^([^|]+)|')
+  end
+  -- Calls f(position, entry, list) for the entries at positions [lo, hi), in order,
+  -- until f answers true.
+  local function span(lo, hi, f)
+    for _, l in ipairs(lists) do
+      local b, len = l[4], l[2]
+      local from, to = math.max(lo, b), math.min(hi, b + len)
+      if from < to then
+        local entries = redis.call('LRANGE', l[1], len - (to - b), len - 1 - (from - b))
+        for i = #entries, 1, -1 do
+          if f(from + #entries - i, entries[i], l) then return end
+        end
+      end
+    end
+  end
+  -- A cursor '<position>|<id>' also names the job whose entry was at that position
+  -- ('<position>|<id>|g<gate>' in a gate's list): claims (from the head), hand-backs
+  -- (to the head) and emptied levels move entries, so the page goes on from that
+  -- entry's place now, the one nearest the position.
+  local anchor, in_gate = string.match(cur, '^%d+|([^|]+)(.*)$')
+  local anchor_gate = in_gate and string.match(in_gate, '^|g(.+)$')
+  if anchor then
+    local found, seen = nil, false
+    span(pos, pos + 1, function(p, entry, l)
+      seen = entry_id(entry, l[3]) == anchor
+      return true
+    end)
+    if seen then found = pos else
+      span(math.max(0, pos - WINDOW), pos + WINDOW + 1, function(p, entry, l)
+        if entry_id(entry, l[3]) == anchor
+            and (not found or math.abs(p - pos) < math.abs(found - pos)) then
+          found = p
+        end
+      end)
+    end
+    if found then
+      pos = found
+    else
+      -- Not near its place. Claimed since (active, finished or due again later): the
+      -- jobs before it in its level (its gate) were claimed before it, so go on from
+      -- the start of its level or gate (or where the level would be).
+      local r = read_job(q, anchor, 's', 'p')
+      if r and r[1] ~= 'w' and r[1] ~= 'x' and anchor_gate then
+        for _, l in ipairs(lists) do
+          if l[5] == anchor_gate then
+            pos = math.min(pos, l[4])
+            break
+          end
+        end
+      elseif r and r[1] ~= 'w' and r[1] ~= 'x' then
+        local prio = tonumber(sane_prio(r[2]) or '0') or 0
+        for _, l in ipairs(lists) do
+          if not l[3] or tonumber(l[3]) <= prio then
+            pos = math.min(pos, l[4])
+            break
+          end
+        end
+      end
+    end
+  end
+  -- The cursor after a page: the position of the next entry that names a job (removed
+  -- entries between are never listed) and that job's id.
+  local function stop_here()
+    local at = nil
+    local function named(p, entry, l)
+      local id = entry_id(entry, l[3])
+      if id then at = string.format('%d|%s', p, id) .. (l[3] and '' or '|g' .. l[5]) end
+      return id ~= nil
+    end
+    span(pos, pos + 8, named)  -- usually the very next entry
+    if not at then span(pos + 8, pos + CHUNK, named) end
+    return reply_at(at or string.format('%d', pos))
+  end
+  local sk = k_stale(q)
+  for _, l in ipairs(lists) do
+    local lk, len, prio, base = l[1], l[2], l[3], l[4]
+    if pos < base + len then
+      local visit
+      if prio then
+        visit = function(entry)
           if not is_bare(entry) then
             -- A waiting entry (see keys.py): listed while live.
             local f = parse_entry(entry)
@@ -80,39 +241,20 @@ if state == 'w' then
               take(entry)
             end
           end
-        end)
-        if stop then return answer(false) end
+        end
+      else
+        visit = function(entry)
+          local gp, id = string.match(entry, '^(%-?%d+)|(.*)$')
+          local r = gp and read_keyed(q, id, 's', 'q', 'p')
+          if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == gp then take(id) end
+        end
       end
-      base = base + len
+      if walk(lk, base, len, visit) then return stop_here() end
     end
-  end
-  -- Then the waiting jobs a limit gate parked (typedq.limits), gate by gate, each
-  -- gate's in the order it gives them back.
-  for _, gate in ipairs(redis.call('ZRANGE', k_gates(q), 0, 999)) do
-    local lk = k_gate(q, gate)
-    local len = redis.call('LLEN', lk)
-    if pos < base + len then
-      local stop = walk(lk, base, len, function(entry)
-        local prio, id = string.match(entry, '^(%-?%d+)|(.*)$')
-        local r = prio and read_keyed(q, id, 's', 'q', 'p')
-        if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then take(id) end
-      end)
-      if stop then return answer(false) end
-    end
-    base = base + len
   end
   return answer(true)
 elseif state == 's' then
-  while true do
-    local ids = redis.call('ZRANGE', k_sched(q), pos, pos + CHUNK - 1)
-    for _, id in ipairs(ids) do
-      pos = pos + 1
-      budget = budget - 1
-      if ours(id, 's') then take(id) end
-      if done() then return answer(false) end
-    end
-    if #ids < CHUNK then return answer(true) end
-  end
+  return zwalk(k_sched(q), false, 's')
 elseif state == 'a' then
   local found = {}
   for _, id in ipairs(redis.call('ZRANGE', k_active(q), 0, SCAN - 1)) do
@@ -125,23 +267,23 @@ elseif state == 'a' then
     if x[2] ~= y[2] then return x[2] < y[2] end
     return x[3] < y[3]
   end)
-  while pos < #found do
-    pos = pos + 1
-    take(found[pos][1])
-    if #out >= limit then return answer(pos >= #found) end
+  local st, o = -math.huge, -math.huge
+  if cur ~= '' then
+    local a, b = string.match(cur, '^([^|]+)|([^|]+)$')
+    st, o = tonumber(a or ''), tonumber(b or '')
+    if not st or not o then return bad_args('list') end
   end
-  return answer(true)
-elseif state == 'c' or state == 'f' or state == 'x' then
-  local zkey = k_done(q, state)
-  while true do
-    local ids = redis.call('ZREVRANGE', zkey, pos, pos + CHUNK - 1)
-    for _, id in ipairs(ids) do
-      pos = pos + 1
-      budget = budget - 1
-      if ours(id, state) then take(id) end
-      if done() then return answer(false) end
+  for i, job in ipairs(found) do
+    if job[2] > st or (job[2] == st and job[3] > o) then
+      take(job[1])
+      if #out >= limit then
+        if i == #found then return reply_at('') end
+        return reply_at(string.format('%.17g|%.17g', job[2], job[3]))
+      end
     end
-    if #ids < CHUNK then return answer(true) end
   end
+  return reply_at('')
+elseif state == 'c' or state == 'f' or state == 'x' then
+  return zwalk(k_done(q, state), true, state)
 end
 return bad_args('list')

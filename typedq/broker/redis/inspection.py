@@ -5,6 +5,8 @@ history, the worker and queue registries, and the event stream (:mod:`typedq.eve
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +25,7 @@ from ..base import (
     QueueStats,
     RetryOutcome,
     WorkerInfo,
-    cursor_position,
+    bad_cursor,
 )
 from ..keys import STATE_LETTERS
 from .codec import STATES, as_int, decode_job, encode, from_us, text
@@ -120,42 +122,43 @@ class InspectOps(RedisCore):
     async def list_jobs(
         self, queue: str, state: JobState, *, offset: int = 0, limit: int = 100
     ) -> list[str]:
-        ids, _ = await self._list(queue, state, 0, max(0, offset), max(0, min(limit, 1000)))
+        ids, _ = await self._list(queue, state, "", max(0, offset), max(0, min(limit, 1000)))
         return ids
 
     async def page_jobs(
         self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 100
     ) -> JobList:
-        # The cursor is list.lua's position in the state's entries: a page costs the
-        # entries it passes, not the pages before it.
+        # The cursor is list.lua's: a place in the state's order (a sorted set's
+        # '<score>|<id>', the active jobs' '<start>|<order>'), or the waiting entries'
+        # position; a page costs the entries it passes, not the pages before it.
         limit = max(0, min(limit, 1000))
-        ids, position = await self._list(queue, state, cursor_position(cursor), 0, limit)
-        if position is not None and ids:
+        start = "" if cursor is None else _check_cursor(cursor, state)
+        ids, at = await self._list(queue, state, start, 0, limit)
+        if at is not None and ids:
             # A full page may end at the state's last job: answer a cursor only if
             # another job follows.
-            more, _ = await self._list(queue, state, position, 0, 1)
+            more, _ = await self._list(queue, state, at, 0, 1)
             if not more:
-                position = None
-        return JobList(ids, None if position is None or not ids else str(position))
+                at = None
+        return JobList(ids, None if at is None or not ids else at)
 
     async def _list(
-        self, queue: str, state: JobState, position: int, skip: int, limit: int
-    ) -> tuple[list[str], int | None]:
-        """Up to ``limit`` ids from ``position`` after skipping ``skip`` jobs, and the
-        position after them (None at the end of the state). One list.lua call examines
-        a bounded number of entries; calls go on from where the last one stopped until
-        the page is full or the state ends, so a page is short only at the end."""
+        self, queue: str, state: JobState, cursor: str, skip: int, limit: int
+    ) -> tuple[list[str], str | None]:
+        """Up to ``limit`` ids from ``cursor`` ('': the start) after skipping ``skip``
+        jobs, and the cursor after them (None at the end of the state). One list.lua call
+        examines a bounded number of entries; calls go on from where the last one stopped
+        until the page is full or the state ends, so a page is short only at the end."""
         k = self.keys
         ids: list[str] = []
-        at: int | None = position
+        at: str | None = cursor
         while at is not None and len(ids) < limit:
             reply = await self._eval(
                 "list",
                 [k.active(queue)],
                 [k.prefix, queue, STATE_LETTERS[state.value], at, skip, limit - len(ids)],
             )
-            next_at = text(reply[0])
-            at = int(next_at) if next_at else None
+            at = text(reply[0]) or None
             skip = as_int(reply[1])
             ids += [text(i) for i in reply[2:]]
         return ids, at
@@ -344,3 +347,27 @@ def _error_history(raw: bytes | None, last: bytes | None) -> tuple[bytes, ...]:
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
     return () if last is None else (last,)
+
+
+#: The forms of list.lua's cursors: a position and the id of the job there, and its
+#: gate's name when a limit parked it (waiting),
+#: '<score>|<id>' (scheduled and final states), '<start>|<order>' (active).
+_CURSOR_FORMS = {
+    JobState.WAITING: re.compile(r"[0-9]{1,18}(\|[^|]+(\|g.+)?)?"),
+    JobState.ACTIVE: re.compile(r"-?[0-9.e+-]{1,30}\|-?[0-9.e+-]{1,30}"),
+}
+_PLACE = re.compile(r"-?[0-9.e+-]{1,30}\|[^|]+")
+
+
+def _check_cursor(cursor: str, state: JobState) -> str:
+    """``cursor`` if it has the form of a list.lua cursor of ``state``, else ValueError."""
+    if not _CURSOR_FORMS.get(state, _PLACE).fullmatch(cursor):
+        raise bad_cursor(cursor)
+    if state is not JobState.WAITING:
+        numbers = cursor.split("|")[: 2 if state is JobState.ACTIVE else 1]
+        try:
+            if not all(math.isfinite(float(n)) for n in numbers):
+                raise bad_cursor(cursor)
+        except ValueError:
+            raise bad_cursor(cursor) from None
+    return cursor
