@@ -925,3 +925,31 @@ async def test_purging_the_last_waiting_members_purges_the_callback_they_release
         counts = await app.broker.counts("default")
         assert await app.broker.get([job.id]) == [None]
     assert sum(counts.values()) == 0
+
+
+async def test_purging_several_states_deletes_every_job_of_a_flow_in_them(
+    app_name: str, broker_url: str
+) -> None:
+    """Purging ``active`` and ``scheduled`` together: the running step's deletion ends
+    its flow, which reaches the held steps; they are in a purged state, so they are
+    deleted and counted (3), whichever state the broker purges first. Redis purged the
+    states one by one and left the held steps failed (count 1); found by the combined
+    model check (issue 24)."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def a(x: In) -> In:
+        return x  # pragma: no cover
+
+    @app.task
+    async def b(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    async with app:
+        flow = await a.then(a).then(b).enqueue(In(0))
+        claimed = await app.broker.claim(["default"], 1, worker_id="w", lease=60)
+        assert [c.message.id for c in claimed] == [f"{flow.id}.0"]
+        removed = await app.broker.purge("default", [JobState.ACTIVE, JobState.SCHEDULED])
+        counts = await app.broker.counts("default")
+    assert removed == 3
+    assert sum(counts.values()) == 0

@@ -1037,18 +1037,22 @@ local function flow_outbox_due(q, now, age, limit)
   end
 end
 
--- A purge of queue q's scheduled jobs under way in this call (purge.lua sets it):
--- {q = queue, n = jobs it deleted through purge_takes}. nil in every other call.
+-- A purge of queue q under way in this call (purge.lua sets it): {q = queue, n = jobs
+-- it deleted through purge_takes, states = the letters of every state it deletes}. nil
+-- in every other call.
 local purging
--- A job of the flow a purge's deletion ends (or releases) is itself scheduled on the
--- purged queue: the purge deletes it rather than end it, as it would have had it come
--- first (the embedded broker deletes all of them before any flow reacts), so the
--- outcome and the count do not depend on the order or the batch the jobs fall in.
--- True when it was deleted (its sorted-set entry is gone already).
+-- A job of the flow a purge's deletion ends (or releases) is itself waiting or
+-- scheduled on the purged queue in a purged state: the purge deletes it rather than end
+-- it, as it would have had it come first (the embedded broker deletes all of them
+-- before any flow reacts), so the outcome and the count do not depend on the order or
+-- the batch the jobs fall in. True when it was deleted (the caller took its sorted-set
+-- entry, or marked its waiting entry stale, already).
 local function purge_takes(q, id, s)
-  if not purging or purging.q ~= q or s ~= 's' then return false end
+  if not purging or purging.q ~= q or not purging.states[s] or (s ~= 's' and s ~= 'w') then
+    return false
+  end
   rcall('DEL', k_job(q, id))
-  count(q, 's', -1)
+  count(q, s, -1)
   note_done(q, id)
   purging.n = purging.n + 1
   return true

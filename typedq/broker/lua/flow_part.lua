@@ -3,8 +3,9 @@
 -- than the root's (the queue of the flow's own job), before the root: held and pending
 -- (fp), so none runs before the root's record exists. The root's flow_enqueue starts
 -- them through the outbox ('a' record: members and a chain's step 0 to waiting); when
--- the root refuses the flow, the client drops them ('D'). A job of the flow already
--- there (an earlier copy of this call) is kept. Refused at maxmemory, like enqueue.
+-- the root refuses the flow, the client drops them ('D'). A pending job of the flow
+-- already there (an earlier copy of this call) is kept. Refused at maxmemory, like
+-- enqueue.
 -- KEYS[1] = the queue's order counter
 -- ARGV: P, max_queue_length, queue, flow id F, root queue fq, steps S, the steps' queues
 --   (as flow records store them), members here n, their priority, n x (index i, body)
@@ -44,8 +45,11 @@ local missing = {}
 for _, t in ipairs(todo) do
   -- A waiting entry of another job has no key, only its id in the index (job_exists).
   if job_exists(q, t[1]) then
-    local r = read_hash(q, t[1], 'fl')
-    if not r or r[1] ~= f then return 'TYPEDQ_FLOW_ID_TAKEN ' .. t[1] end
+    -- Kept only while pending (fp): stored by an earlier copy of this call whose root
+    -- never ran. A job of an earlier life of the flow (started, run, finished: its own
+    -- job since removed) takes the id like any other job, as on one Redis.
+    local r = read_hash(q, t[1], 'fl', 'fp')
+    if not r or r[1] ~= f or not r[2] then return 'TYPEDQ_FLOW_ID_TAKEN ' .. t[1] end
   else
     missing[#missing + 1] = t
   end

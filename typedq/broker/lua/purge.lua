@@ -2,16 +2,20 @@
 -- Delete up to `budget` jobs of one queue in one state; bounded work per call, the
 -- client calls again with the returned cursor until it is -1.
 -- KEYS[1] = the queue's active zset
--- ARGV: P, queue, state letter, budget, cursor
+-- ARGV: P, queue, state letter, budget, cursor[, the letters of every state this purge
+--   deletes (default: the state's own)]
 -- Returns {removed, next cursor or -1}
 local q, state, budget, cursor = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
-if #ARGV ~= 5 or q == '' or not is_int(budget) or budget < 1 or not is_int(cursor) then
+if (#ARGV ~= 5 and #ARGV ~= 6) or q == '' or not is_int(budget) or budget < 1
+    or not is_int(cursor) then
   return bad_args('purge')
 end
 local removed = 0
--- Scheduled: a job of a flow that a deletion here ends or releases, scheduled on this
--- queue too, is deleted as well (purge_takes in common.lua) and counted.
-if state == 's' then purging = {q = q, n = 0} end
+-- A waiting or scheduled job of a flow that a deletion here ends or releases, in one of
+-- the purged states on this queue, is deleted as well (purge_takes in common.lua) and
+-- counted: what the embedded broker does, which deletes them all before any flow reacts.
+purging = {q = q, n = 0, states = {[state] = true}}
+for letter in string.gmatch(ARGV[6] or '', '%a') do purging.states[letter] = true end
 local function drop(id)
   local link = flow_link(q, id)
   redis.call('DEL', k_job(q, id))
@@ -75,7 +79,6 @@ elseif state == 's' then
     local r = read_job(q, id, 's', 'q')
     if r and r[1] == 's' and r[2] == q then drop(id) end
   end
-  removed = removed + purging.n
   if #ids >= budget then next_cursor = 0 end
 else
   local zkey
@@ -94,6 +97,7 @@ else
   end
   if #ids >= budget then next_cursor = cursor + budget - removed end
 end
+removed = removed + purging.n
 flush_counts()
 publish()
 return flow_reply({removed, next_cursor})

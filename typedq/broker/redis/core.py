@@ -25,6 +25,9 @@ from .health import EpochWatch, MemoryWatch
 from .listener import Notifications
 from .scripts import Library
 
+if TYPE_CHECKING:
+    from .flows import Handoff
+
 __all__ = ["RedisCore"]
 
 
@@ -82,6 +85,10 @@ class RedisCore(Broker):
         async def _hgetall(self, key: str) -> dict[Any, Any]: ...
 
         async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any: ...
+
+        async def _eval_one(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any: ...
+
+        async def _deliver(self, handoffs: Sequence[Handoff]) -> None: ...
 
         async def _eval_many(
             self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]

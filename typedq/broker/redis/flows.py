@@ -180,6 +180,10 @@ def part_args(spec: FlowSpec, queue: str) -> list[Any]:
     return args
 
 
+def _jobs(spec: FlowSpec) -> tuple[JobMessage, ...]:
+    return (*spec.members, *spec.steps)
+
+
 def flow_outcome(spec: FlowSpec, reply: Any) -> EnqueueOutcome | Exception:
     """One flow's answer: created, existed, or refused (QueueFull)."""
     if isinstance(reply, bytes | str):
@@ -250,6 +254,9 @@ class FlowOps(RedisCore):
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
         at: list[tuple[int, str]] = []  # (flow, queue of its part: '' for a whole flow)
         across: list[int] = []
+        exists = await self._flows_stored(
+            [spec for spec in flows if len({self._slot(m.queue) for m in _jobs(spec)}) > 1]
+        )
         for i, spec in enumerate(flows):
             root = spec.steps[-1].queue
             queues = dict.fromkeys(m.queue for m in (*spec.members, *spec.steps))
@@ -258,6 +265,11 @@ class FlowOps(RedisCore):
                 args, _ = flow_args(spec)
                 at.append((i, ""))
                 calls.append(self._flow_call([spec], args))
+                continue
+            if spec.id in exists:
+                # Stored before (its own job exists): its parts must not re-create the
+                # jobs it has lost since (removed, purged, dropped by retention).
+                out[i] = EnqueueOutcome(spec.id, False)
                 continue
             across.append(i)
             for q in queues:
@@ -276,6 +288,13 @@ class FlowOps(RedisCore):
                         out[i] = flow_outcome(flows[i], reply)
                 elif int(reply) == 1:
                     stored.setdefault(i, []).append(q)
+        # A part found its queue full, but an id of the flow may be taken on the root's
+        # queue: that refusal comes first, as on one Redis (which checks ids, then room).
+        for i in across:
+            if isinstance(out[i], QueueFull):
+                taken = await self._first_taken(flows[i])
+                if taken is not None:
+                    out[i] = ConfigError(id_taken(taken, flows[i].id))
         roots = [i for i in across if out[i] is None]
         if roots:
             replies = await self._eval_many(
@@ -283,11 +302,24 @@ class FlowOps(RedisCore):
             )
             for i, reply in zip(roots, replies, strict=True):
                 out[i] = flow_outcome(flows[i], reply[0])
-        # Refused: drop what its parts stored (held and pending: nothing of it ran).
+        # Refused: drop what its parts stored (held and pending: nothing of it ran). So
+        # too for a flow that was there already and has ended (failed, cancelled, a job
+        # of it removed): its parts re-created the jobs it had lost, which no root will
+        # start. A running one keeps them: they are the pending jobs of a concurrent
+        # first enqueue of it, which its root starts.
+        ended = [
+            i
+            for i in across
+            if stored.get(i) and isinstance(o := out[i], EnqueueOutcome) and not o.created
+        ]
+        for i in ended:
+            state = await self.flow_state(flows[i].id, queue=flows[i].steps[-1].queue)
+            if state is not None and state.pending >= 0:
+                stored.pop(i)
         drops = [
             (q, self._drop_record(flows[i], q))
             for i in across
-            if isinstance(out[i], Exception)
+            if isinstance(out[i], Exception) or i in ended
             for q in stored.get(i, [])
         ]
         if drops:
@@ -295,6 +327,27 @@ class FlowOps(RedisCore):
                 [("flow_apply", [self.keys.seq(q)], [self.keys.prefix, q, rec]) for q, rec in drops]
             )
         return [o for o in out if o is not None]
+
+    async def _first_taken(self, spec: FlowSpec) -> str | None:
+        """The first id of ``spec``'s jobs on its root's queue that another job has. The
+        parts checked the other queues' ids before their room (flow_part.lua); the root's
+        part, which would check these, was not sent."""
+        root = spec.steps[-1].queue
+        ids = [m.id for m in _jobs(spec) if m.queue == root]
+        records = await self.get(ids, queue=root)
+        return next((i for i, r in zip(ids, records, strict=True) if r is not None), None)
+
+    async def _flows_stored(self, specs: Sequence[FlowSpec]) -> set[str]:
+        """The ids of ``specs`` (flows across slots) whose own job exists: one ``get``
+        per root queue."""
+        by_root: dict[str, list[str]] = {}
+        for spec in specs:
+            by_root.setdefault(spec.steps[-1].queue, []).append(spec.id)
+        found: set[str] = set()
+        for root, ids in by_root.items():
+            records = await self.get(ids, queue=root)
+            found.update(i for i, r in zip(ids, records, strict=True) if r is not None)
+        return found
 
     def _slot(self, queue: str) -> int:
         """The cluster slot of ``queue``'s keys."""

@@ -31,8 +31,20 @@ from ..keys import STATE_LETTERS
 from .codec import STATES, as_int, decode_job, encode, from_us, text
 from .connection import SOCKET_TIMEOUT
 from .core import RedisCore
+from .flows import Handoff, unwrap
 
 __all__ = ["InspectOps"]
+
+
+#: The order purge deletes the states of a queue in (see purge).
+_PURGE_ORDER = (
+    JobState.ACTIVE,
+    JobState.SCHEDULED,
+    JobState.WAITING,
+    JobState.COMPLETED,
+    JobState.FAILED,
+    JobState.CANCELLED,
+)
 
 
 class InspectOps(RedisCore):
@@ -107,17 +119,31 @@ class InspectOps(RedisCore):
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         k = self.keys
         removed = 0
-        for state in dict.fromkeys(states):
-            cursor = 0
-            while cursor >= 0:
-                n, cursor = await self._eval(
-                    "purge",
-                    [k.active(queue)],
-                    [k.prefix, queue, STATE_LETTERS[state.value], 1000, cursor],
-                )
-                removed += int(n)
-                cursor = int(cursor)
-        return removed
+        # Active jobs first, then scheduled and waiting ones (which flows ended by the
+        # deletions reach: deleted in passing when their state is purged too), then the
+        # final states (where those flows' other jobs end): each job in a purged state
+        # is deleted and counted once, whatever order the flows react in.
+        wanted = set(states)
+        order = [s for s in _PURGE_ORDER if s in wanted]
+        letters = "".join(STATE_LETTERS[s.value] for s in order)
+        # On Redis Cluster a flow across slots reacts to a deletion through hand-offs to
+        # other queues' slots; they are delivered once every state is purged (a flow
+        # ended by the deletions then finds its other jobs on this queue gone, as on one
+        # Redis), and what the reactions put in the purged states goes in another round
+        # (as the embedded broker does).
+        while True:
+            handoffs: list[Handoff] = []
+            for state in order:
+                cursor = 0
+                while cursor >= 0:
+                    args = [k.prefix, queue, STATE_LETTERS[state.value], 1000, cursor, letters]
+                    reply = await self._eval_one("purge", [k.active(queue)], args)
+                    n, cursor = unwrap(reply, handoffs)
+                    removed += int(n)
+                    cursor = int(cursor)
+            if not handoffs:
+                return removed
+            await self._deliver(handoffs)
 
     async def list_jobs(
         self, queue: str, state: JobState, *, offset: int = 0, limit: int = 100

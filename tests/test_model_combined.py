@@ -1,0 +1,383 @@
+"""Combined model check: features that meet, on every broker, step by step (issue 24).
+
+Random programs (one per seed) mix what the defects of issue 24 lived between: several
+queues, a partitioned queue sharing ``max_queue_length``, concurrency limits with keys and
+a rate limit, chains across queues (across slots on Redis Cluster) and fan-outs with a
+callback or a collector, priorities, delays, dedup by id (a small pool of ids, reused
+after removal), claims, completions, failures (retried or final), and the operators'
+cancel, retry, remove and purge. Each program runs in lockstep on the embedded broker,
+the reference, and on the broker under test (a single Redis, a local Redis Cluster);
+after every step the two answers must be equal, and so must every job's state and
+attempt, every queue's counts and, page by page (``page_jobs``), the ids in every state
+(which ids: their order is held by the claims' answers).
+
+Time is kept out of the comparison: delays are an hour and leases ten minutes (nothing
+comes due or expires during a run), and the rate limit allows two starts an hour (what
+it refuses, it refuses for the rest of the run). On a mismatch the failure names the
+seed, the step and the program so far; ``python -m tests.test_model_combined SEED``
+prints a seed's program.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.support import TEST_DEADLINE, connected
+from typedq import JobState
+from typedq.broker.base import (
+    Broker,
+    BrokerSettings,
+    Completion,
+    Failure,
+    JobMessage,
+)
+from typedq.broker.flow import FlowSpec, member_id, step_id
+from typedq.broker.memory import MemoryBroker
+from typedq.limits import LimitSpec
+
+pytestmark = pytest.mark.anyio
+
+SEEDS = range(16)
+STEPS = 200
+QUEUES = ("q", "r", "pq.p0", "pq.p1", "pq.p2")
+PARTITIONS = {"pq": 3}
+MAX_QUEUE_LENGTH = 6  # 2 per partition of pq
+# Job ids are unique per queue on Redis and per app on the embedded broker (docs/brokers.md):
+# each id belongs to one queue here (a pq id to one partition, as the id's hash would).
+POOL = {
+    "q": [f"qj{i}" for i in range(4)],
+    "r": [f"rj{i}" for i in range(4)],
+    "pq": [f"pj{i}" for i in range(4)],
+}
+# A flow id is one definition (enqueued again, the same flow): f0 a chain q -> r -> q
+# (across slots on Cluster), f1 a fan-out over q and r with a callback chain on r then q,
+# f2 a bare fan-out (a collector) over r with its own job on q.
+FLOWS = {
+    "f0": ("chain", 0, ("q", "r", "q", "")),
+    "f1": ("fanout", 3, ("q", "r", "q", "r")),
+    "f2": ("collect", 2, ("r", "r", "", "q")),
+}
+PRIORITIES = (-5, 0, 0, 5)
+LEASE = 600.0
+DELAY = 3600.0
+LIMITS = {
+    "lim": LimitSpec(concurrency=1),
+    "limr": LimitSpec(concurrency=2),
+    "rl": LimitSpec(rate=2, per_us=3600 * 1_000_000),
+}
+# A task's jobs go to its one queue, and a partitioned task may not declare limits
+# (issue 24 defect 1): the limited tasks live on q and r, plain jobs everywhere.
+TASKS_OF = {"q": ("t", "lim", "rl"), "r": ("t", "limr"), "pq": ("t",)}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a program; its repr is a line of the trace printed on a mismatch."""
+
+    kind: str
+    jobs: tuple[
+        tuple[str, str, str, int, bool, str], ...
+    ] = ()  # id, queue, task, prio, delayed, key
+    flow: tuple[str, str, int, tuple[str, ...]] = ("", "", 0, ())  # FLOWS' entry
+    ids: tuple[str, ...] = ()
+    n: int = 0
+    final: bool = False
+    queue: str = ""
+    states: tuple[JobState, ...] = ()
+
+    def __repr__(self) -> str:
+        if self.kind == "enqueue":
+            jobs = (
+                f"{i}:{q}/{t}@{p}{'+1h' if d else ''}{'[' + k + ']' if k else ''}"
+                for i, q, t, p, d, k in self.jobs
+            )
+            return f"enqueue [{', '.join(jobs)}]"
+        if self.kind == "flow":
+            return f"flow {self.flow[0]} ({self.flow[1]})"
+        if self.kind == "claim":
+            return f"claim {self.n} from {self.queue}"
+        if self.kind in ("complete", "fail"):
+            return f"{self.kind} {self.ids[0]}{' (final)' if self.final else ''}"
+        if self.kind == "purge":
+            return f"purge {self.queue} {'/'.join(s.value for s in self.states)}"
+        return f"{self.kind} {' '.join(self.ids)}"
+
+
+def program(seed: int, steps: int = STEPS) -> list[Step]:
+    """The seed's program: what it does does not depend on any broker's answers (a
+    finish names a job id; whoever holds no lease on it answers so)."""
+    rnd = random.Random(seed)
+    out: list[Step] = []
+    known = known_ids()
+    for _ in range(steps):
+        roll = rnd.random()
+        if roll < 0.22:
+            jobs = []
+            for _ in range(rnd.randint(1, 3)):
+                base = rnd.choice(("q", "r", "pq"))
+                job_id = rnd.choice(POOL[base])
+                queue = f"pq.p{int(job_id[2:]) % 3}" if base == "pq" else base
+                task = rnd.choice(TASKS_OF[base])
+                key = rnd.choice(("k0", "k1")) if task.startswith("lim") else ""
+                delayed = rnd.random() < 0.15
+                # Limited tasks at one priority: a gate gives its parked jobs back oldest
+                # first on Redis and by priority on the embedded broker, a difference
+                # still open (issue 24's closing note), not held here.
+                prio = rnd.choice(PRIORITIES) if task == "t" else 0
+                jobs.append((job_id, queue, task, prio, delayed, key))
+            out.append(Step("enqueue", jobs=tuple(jobs)))
+        elif roll < 0.32:
+            fid = rnd.choice(list(FLOWS))
+            out.append(Step("flow", flow=(fid, *FLOWS[fid])))
+        elif roll < 0.55:
+            out.append(Step("claim", n=rnd.randint(1, 3), queue=rnd.choice(QUEUES)))
+        elif roll < 0.70:
+            out.append(Step("complete", ids=(rnd.choice(known),)))
+        elif roll < 0.80:
+            out.append(Step("fail", ids=(rnd.choice(known),), final=rnd.random() < 0.5))
+        elif roll < 0.85:
+            out.append(Step("cancel", ids=(rnd.choice(known),)))
+        elif roll < 0.91:
+            out.append(Step("retry", ids=tuple(rnd.sample(known, 2))))
+        elif roll < 0.97:
+            out.append(Step("remove", ids=tuple(rnd.sample(known, 2))))
+        else:
+            states = tuple(rnd.sample(list(JobState), rnd.randint(1, 2)))
+            out.append(Step("purge", queue=rnd.choice(QUEUES), states=states))
+    return out
+
+
+def per_queue_batches(steps: list[Step]) -> list[Step]:
+    """The program as Redis Cluster runs it atomically: an enqueue naming several queues
+    (several slots) split into one enqueue per queue, in the order of their first job.
+    Cluster stores such a batch queue by queue (docs/brokers.md): each queue's jobs
+    atomically, the batch as a whole not, so a batch that one full queue refuses is
+    refused whole elsewhere and in part on Cluster."""
+    out: list[Step] = []
+    for step in steps:
+        if step.kind != "enqueue" or len({job[1] for job in step.jobs}) == 1:
+            out.append(step)
+            continue
+        by_queue: dict[str, list[tuple[str, str, str, int, bool, str]]] = {}
+        for job in step.jobs:
+            by_queue.setdefault(job[1], []).append(job)
+        out += [Step("enqueue", jobs=tuple(jobs)) for jobs in by_queue.values()]
+    return out
+
+
+def _message(job_id: str, queue: str, task: str, prio: int, delayed: bool, key: str) -> JobMessage:
+    return JobMessage(
+        id=job_id,
+        task=task,
+        queue=queue,
+        payload=b"\xc0",
+        priority=prio,
+        delay=DELAY if delayed else 0.0,
+        concurrency_key=key if task.startswith("lim") else "",
+        rate_key=key if task == "rl" else "",
+    )
+
+
+def flow_spec(fid: str, shape: str, members: int, queues: Sequence[str]) -> FlowSpec:
+    """Flow ``fid`` as FLOWS defines it: members on queues[0..], steps as the shape says."""
+    fan = tuple(
+        JobMessage(id=member_id(fid, i), task="t", queue=queues[i % 2], payload=b"\xc0")
+        for i in range(members)
+    )
+    if shape == "chain":
+        steps = tuple(
+            JobMessage(
+                id=step_id(fid, k, 3), task="t", queue=queues[k], payload=b"\xc0" if k == 0 else b""
+            )
+            for k in range(3)
+        )
+        return FlowSpec(id=fid, steps=steps)
+    if shape == "collect":
+        own = JobMessage(id=fid, task="t", queue=queues[3], payload=b"")
+        return FlowSpec(id=fid, steps=(own,), members=fan, fan_out=True, collector=True)
+    steps = tuple(
+        JobMessage(id=step_id(fid, k, 2), task="t", queue=queues[2 + k], payload=b"")
+        for k in range(2)
+    )
+    return FlowSpec(id=fid, steps=steps, members=fan, fan_out=True)
+
+
+@dataclass
+class Driver:
+    """Runs steps on one broker; holds the lease tokens of its claims by job id."""
+
+    broker: Broker
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    async def apply(self, step: Step) -> Any:
+        b = self.broker
+        try:
+            if step.kind == "enqueue":
+                outcomes = await b.enqueue([_message(*job) for job in step.jobs])
+                return [(o.id, o.created) for o in outcomes]
+            if step.kind == "flow":
+                (stored,) = await b.enqueue_flows([flow_spec(*step.flow)])
+                if isinstance(stored, Exception):
+                    return type(stored).__name__
+                return (stored.id, stored.created)
+            if step.kind == "claim":
+                claimed = await b.claim([step.queue], step.n, worker_id="w", lease=LEASE)
+                for c in claimed:
+                    self.tokens[c.message.id] = c.token
+                return sorted((c.message.id, c.attempt) for c in claimed)
+            if step.kind in ("complete", "fail"):
+                job_id = step.ids[0]
+                token = self.tokens.pop(job_id, None)
+                if token is None:
+                    return "no lease"
+                if step.kind == "complete":
+                    (outcome,) = await b.complete([Completion(job_id, token, b"\xc0")])
+                else:
+                    delay = None if step.final else 0.0
+                    failure = Failure(id=job_id, token=token, error=b"", retry_delay=delay)
+                    (outcome,) = await b.fail([failure])
+                return outcome.name
+            if step.kind == "cancel":
+                return (await b.cancel(step.ids[0])).value
+            if step.kind == "retry":
+                return [o.value for o in await b.retry(step.ids)]
+            if step.kind == "remove":
+                return await b.remove(step.ids)
+            if step.kind == "purge":
+                return await b.purge(step.queue, step.states)
+        except Exception as exc:  # an error is an answer to compare too
+            return f"{type(exc).__name__}"
+        raise AssertionError(f"unknown step {step!r}")
+
+    async def view(self, ids: Sequence[str]) -> dict[str, Any]:
+        """Every job's (state, attempt), every queue's counts and state pages."""
+        b = self.broker
+        records = await b.get(list(ids))
+        jobs = {
+            job_id: None if r is None else (r.state.value, r.attempt, r.message.queue)
+            for job_id, r in zip(ids, records, strict=True)
+        }
+        counts = {q: {s.value: n for s, n in (await b.counts(q)).items() if n} for q in QUEUES}
+        pages: dict[str, list[str]] = {}
+        for q in QUEUES:
+            for state in JobState:
+                listed: list[str] = []
+                cursor: str | None = None
+                while True:
+                    page = await b.page_jobs(q, state, cursor=cursor, limit=3)
+                    listed += page.ids
+                    if page.cursor is None:
+                        break
+                    cursor = page.cursor
+                if listed:
+                    # Which jobs, not their order: the claims' answers hold the brokers
+                    # to one claim order; a listing's order is a time for the other
+                    # states, which two clocks may tie differently (every held step of a
+                    # flow is due at HELD_AT), and the jobs a limit parked are listed
+                    # after the others on Redis, in place on the embedded broker.
+                    pages[f"{q}/{state.value}"] = sorted(listed)
+        return {"jobs": jobs, "counts": counts, "pages": pages}
+
+
+def known_ids() -> list[str]:
+    """Every id a program uses: the pool's and every job of every flow."""
+    ids = [job_id for pool in POOL.values() for job_id in pool]
+    for fid, (shape, members, _) in FLOWS.items():
+        steps = 3 if shape == "chain" else 2 if shape == "fanout" else 1
+        ids += [step_id(fid, k, steps) for k in range(steps)]
+        ids += [member_id(fid, i) for i in range(members)]
+    return ids
+
+
+def _prepare(broker: Broker) -> None:
+    broker.set_limits(LIMITS)
+    broker.set_partitions(PARTITIONS)
+
+
+@pytest.mark.asyncio_only
+@pytest.mark.redis
+@pytest.mark.parametrize("backend", ["redis", "cluster"])
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_brokers_agree_where_features_meet(
+    request: pytest.FixtureRequest, app_name: str, backend: str, seed: int
+) -> None:
+    if backend == "cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        cluster.flushall()
+        url: str = cluster.url
+    else:
+        url = request.getfixturevalue("redis_url")
+    steps = program(seed)
+    if backend == "cluster":
+        steps = per_queue_batches(steps)
+    ids = known_ids()
+    reference = MemoryBroker(
+        BrokerSettings(namespace=app_name, max_queue_length=MAX_QUEUE_LENGTH, max_stalls=3)
+    )
+    await reference.connect()
+    try:
+        async with connected(app_name, url, max_queue_length=MAX_QUEUE_LENGTH) as broker:
+            _prepare(reference)
+            _prepare(broker)
+            ref, other = Driver(reference), Driver(broker)
+            counts_before: dict[str, Any] = {}
+            with anyio.fail_after(TEST_DEADLINE * 4):
+                for n, step in enumerate(steps):
+                    expected = await ref.apply(step)
+                    actual = await other.apply(step)
+                    trace = "\n".join(f"  {k:3d}: {s!r}" for k, s in enumerate(steps[: n + 1]))
+                    where = f"{backend}, seed {seed}, step {n}: {step!r}\nprogram:\n{trace}"
+                    if actual != expected:
+                        before = f"counts before the step: {counts_before}"
+                        pytest.fail(
+                            f"answers differ at {where}\n{backend}: {actual!r}\n"
+                            f"embedded: {expected!r}\n{before}"
+                        )
+                    want, got = await ref.view(ids), await other.view(ids)
+                    counts_before = want["counts"]
+                    for part in ("jobs", "counts", "pages"):
+                        assert got[part] == want[part], f"{part} differ at {where}"
+    finally:
+        await reference.close()
+
+
+def _count_kinds(steps: Sequence[Step]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for s in steps:
+        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+    return kinds
+
+
+def test_programs_combine_every_feature() -> None:
+    """The seeds' programs do what the docstring says: every kind of step, every queue,
+    every task, delays, flows of each shape."""
+    steps = [s for seed in SEEDS for s in program(seed)]
+    kinds = _count_kinds(steps)
+    assert set(kinds) == {
+        "enqueue",
+        "flow",
+        "claim",
+        "complete",
+        "fail",
+        "cancel",
+        "retry",
+        "remove",
+        "purge",
+    }
+    jobs = [j for s in steps for j in s.jobs]
+    assert {q for _, q, *_ in jobs} == set(QUEUES)
+    assert {t for _, _, t, *_ in jobs} == {"t", "lim", "limr", "rl"}
+    assert any(d for *_, d, _ in jobs)
+    assert {s.flow[1] for s in steps if s.kind == "flow"} == {"chain", "fanout", "collect"}
+
+
+if __name__ == "__main__":
+    for line in program(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else STEPS):
+        print(line)
