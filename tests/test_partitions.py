@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.support import In, Out
-from typedq import App, ConfigError, Producer
+from typedq import App, ConcurrencyLimit, ConfigError, Producer, RateLimit
 from typedq.names import check_name, partition_queue, partition_queues
 from typedq.settling import QueueRotation
 from typedq.task import expand_queues
@@ -100,3 +100,26 @@ def test_claims_rotate_over_the_queues() -> None:
     assert [rotation.next()[0] for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
     assert rotation.next() == ["a", "b", "c"]
     assert QueueRotation(["x"]).next() == ["x"]
+
+
+@pytest.mark.parametrize("limit", ["rate_limit", "concurrency"])
+def test_a_limit_on_a_partitioned_task_is_refused_in_one_line(limit: str) -> None:
+    """Issue 24 defect 1: the claim counts a limit per queue, and each partition is a
+    queue (a shard of its own on Cluster): RateLimit(2, per=1) over 4 partitions let 8
+    jobs start within 0.9 s on Redis, ConcurrencyLimit(1) let 4 run at once."""
+    app = App("limits-partitions")
+    given: dict[str, Any] = (
+        {"rate_limit": RateLimit(2, per=1.0)}
+        if limit == "rate_limit"
+        else {"concurrency": ConcurrencyLimit(1)}
+    )
+    with pytest.raises(ConfigError) as info:
+
+        @app.task(partitions=4, **given)
+        async def send(p: In) -> None: ...
+
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"task 'send': {limit}= cannot be combined with partitions=4" in message
+    assert "drop partitions=" in message
+    assert app.tasks == {}  # nothing of it registered

@@ -27,6 +27,7 @@ from .task import (
     TaskOptions,
     TIn,
     TOut,
+    check_limits_partitions,
     check_partitions,
     handler_types,
 )
@@ -176,6 +177,7 @@ class App(AppBase):
                     f"app {self.name!r} already has a task named {options.name!r}; "
                     "pass @app.task(name=...) to register another"
                 )
+            check_limits_partitions(options, rate_limit, concurrency)
             check_partitions(options, [t.options for t in self._tasks.values()])
             self._declare_partitions({options.queue: options.partitions})
             task: Task[Any, Any] = Task(

@@ -336,6 +336,7 @@ class TaskBase(Generic[TIn, TOut]):
         self.key = key
         check_limit_option(self.name, "rate_limit", rate_limit, RateLimit)
         check_limit_option(self.name, "concurrency", concurrency, ConcurrencyLimit)
+        check_limits_partitions(options, rate_limit, concurrency)
         self.rate_limit = rate_limit
         self.concurrency = concurrency
         self.input: Codec[TIn] = codec_for(input_type, max_bytes=max_payload_bytes)
@@ -681,6 +682,23 @@ class TaskDecorator(Protocol):
     def __call__(self, fn: SyncContextHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
     @overload
     def __call__(self, fn: SyncHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
+
+
+def check_limits_partitions(
+    options: TaskOptions, rate_limit: object | None, concurrency: object | None
+) -> None:
+    """Refuse a limit on a partitioned task: each partition is a queue of its own (on
+    Redis Cluster, on a shard of its own), and a claim counts a limit in its queue, so P
+    partitions would let P times the limit through (issue 24)."""
+    if options.partitions == 1 or (rate_limit is None and concurrency is None):
+        return
+    which = "rate_limit" if rate_limit is not None else "concurrency"
+    raise ConfigError(
+        f"task {options.name!r}: {which}= cannot be combined with partitions="
+        f"{options.partitions}: each partition is a queue of its own, so the limit would be "
+        "counted per partition; drop partitions= (a limit already paces the task), or move "
+        "the limit to an unpartitioned task"
+    )
 
 
 def check_partitions(new: TaskOptions, others: Iterable[TaskOptions]) -> None:
