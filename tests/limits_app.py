@@ -7,6 +7,7 @@ test sees every run across processes, including ones that were SIGKILLed.
 from __future__ import annotations
 
 import os
+import time
 
 import anyio
 import msgspec
@@ -31,6 +32,13 @@ class Hold(msgspec.Struct, frozen=True):
 @app.task(rate_limit=RateLimit(50, per=1.0))
 async def paced(tick: Tick) -> None:
     """A no-op: its start times (recorded by the broker) are what the test checks."""
+
+
+@app.task(rate_limit=RateLimit(50, per=1.0))
+async def spread(tick: Tick) -> None:
+    """Record when the handler starts (this host's clock, at handler entry): a rate limit
+    must hold there, not only where the claim counts starts (issue 24 defect 2)."""
+    await ledger().rpush("entered:spread", repr(time.time()))
 
 
 @app.task(concurrency=ConcurrencyLimit(1, key=lambda m: m.customer))

@@ -79,6 +79,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+#: The most a start's spacing adds to ``per / limit`` for the delay between a claim and
+#: its handler's start (RateLimit.spacing_us).
+SPACING_ALLOWANCE_US = 50_000
+
+
 class RateLimit(Generic[M]):
     """At most ``limit`` job starts per ``per`` seconds, shared by every worker.
 
@@ -146,6 +151,30 @@ class RateLimit(Generic[M]):
         """The window in microseconds, rounded up (never more starts than asked)."""
         return max(1, math.ceil(float(self.per) * _MICRO))
 
+    @property
+    def spacing_us(self) -> tuple[int, int]:
+        """The turns of the starts (microseconds): one every ``spacing``, each taken at
+        most ``early`` before its turn; ``(0, 0)`` with ``burst``.
+
+        Without ``burst=``, starts are spread one every ``(per + 2 * a) / limit`` instead
+        of ``limit`` at once at each window's start, so the limit holds where handlers
+        start, not only where the claim counts them. ``a = min(50 ms, per / 10)``: a start
+        may be taken up to ``a`` before its turn (one claim takes several starts of a
+        fast limit) and reach its handler up to ``a`` after its claim, and no window of
+        ``per`` seconds still sees more than ``limit`` starts. It costs that share of
+        throughput: ``RateLimit(50, per=1)`` runs at about 45.5 starts a second. With
+        ``limit`` so small that the spacing would pass ``per``, starts are ``per`` apart
+        and none is taken early.
+        """
+        if self.burst:
+            return 0, 0
+        per = self.per_us
+        allowance = min(SPACING_ALLOWANCE_US, per // 10)
+        spacing = math.ceil((per + 2 * allowance) / int(self.limit))
+        if spacing > per:
+            return per, 0
+        return spacing, allowance
+
 
 class ConcurrencyLimit(Generic[M]):
     """At most ``limit`` jobs of the task running at once (per key), across all workers.
@@ -199,11 +228,17 @@ class LimitSpec(msgspec.Struct, frozen=True, kw_only=True):
     :param rate: starts allowed per window and bucket, ``limit + burst`` (0: no rate limit)
     :param per_us: the window in microseconds
     :param concurrency: jobs running at once per key (0: no concurrency limit)
+    :param spacing_us: the time between two starts of one bucket (0: none, with
+        ``burst=``; see :attr:`RateLimit.spacing_us`)
+    :param early_us: how much earlier than its turn a start may be taken (so one claim
+        takes several of a fast limit's starts)
     """
 
     rate: int = 0
     per_us: int = 0
     concurrency: int = 0
+    spacing_us: int = 0
+    early_us: int = 0
 
     @classmethod
     def of(
@@ -216,6 +251,8 @@ class LimitSpec(msgspec.Struct, frozen=True, kw_only=True):
             rate=int(rate.limit) + int(rate.burst) if rate is not None else 0,
             per_us=rate.per_us if rate is not None else 0,
             concurrency=int(concurrency.limit) if concurrency is not None else 0,
+            spacing_us=rate.spacing_us[0] if rate is not None else 0,
+            early_us=rate.spacing_us[1] if rate is not None else 0,
         )
 
 

@@ -84,10 +84,13 @@ async def test_rate_limit_holds_in_every_window(app_name: str, broker_url: str) 
     assert worst_window(starts, round(per * 1_000_000)) <= limit
 
 
-async def test_rate_limit_is_strict_after_an_idle_period(app_name: str, broker_url: str) -> None:
-    # 2 per 60 s, after an idle period: two start at once, the third only once the
-    # first start leaves the window (a minute later); it stays waiting (parked, not
-    # claimed), and it is still counted as waiting.
+async def test_rate_limit_spreads_starts_after_an_idle_period(
+    app_name: str, broker_url: str
+) -> None:
+    # 2 per 60 s, after an idle period: one starts at once, the next only at its turn
+    # half a window later (starts are spread: issue 24 defect 2, the limit held only per
+    # window and all of a window's starts came at once); the others stay waiting
+    # (parked, not claimed), still counted as waiting.
     app = App(app_name, broker=broker_url)
 
     @app.task(rate_limit=RateLimit(2, per=60.0))
@@ -98,10 +101,9 @@ async def test_rate_limit_is_strict_after_an_idle_period(app_name: str, broker_u
         async with app, app.worker(concurrency=4):
             jobs = await rare.enqueue_many(In(i) for i in range(3))
             assert await jobs[0].result(timeout=TEST_DEADLINE) == Out(0)
-            assert await jobs[1].result(timeout=TEST_DEADLINE) == Out(1)
             counts = await app.broker.counts("default")
-            assert counts[JobState.COMPLETED] == 2
-            assert counts[JobState.WAITING] == 1
+            assert counts[JobState.COMPLETED] == 1
+            assert counts[JobState.WAITING] == 2
             assert counts[JobState.ACTIVE] == 0
 
 

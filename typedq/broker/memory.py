@@ -886,7 +886,13 @@ class MemoryBroker(Broker):
                 opens = starts[len(starts) - spec.rate] + spec.per_us
                 self._park((message.queue, "r", *bucket), entry, opens)
                 return False
-            starts.append(now_us)
+            # Spaced starts (RateLimit.spacing_us): the next turn, taken up to early_us
+            # before it; the start is recorded at its turn.
+            turn = max(now_us, starts[-1] + spec.spacing_us) if starts else now_us
+            if spec.spacing_us and turn > now_us + spec.early_us:
+                self._park((message.queue, "r", *bucket), entry, turn - spec.early_us)
+                return False
+            starts.append(turn if spec.spacing_us else now_us)
         if spec.concurrency:
             self._slots.setdefault(slot, set()).add(message.id)
             job.slot = slot
@@ -923,6 +929,13 @@ class MemoryBroker(Broker):
                 starts = self._window((task, key), spec.per_us, now_us)
                 room = spec.rate - len(starts)
                 opens = starts[len(starts) - spec.rate] + spec.per_us if room <= 0 else now_us
+                if room > 0 and spec.spacing_us and starts:
+                    # Spaced: the turns from the next one to now + early_us.
+                    turn = max(now_us, starts[-1] + spec.spacing_us)
+                    if turn > now_us + spec.early_us:
+                        room, opens = 0, turn - spec.early_us
+                    else:
+                        room = min(room, (now_us + spec.early_us - turn) // spec.spacing_us + 1)
             closed = room <= 0
             line = self._waiting[queue]
             while parked and room > 0:

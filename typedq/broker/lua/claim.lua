@@ -9,7 +9,7 @@
 -- claim's record (on the first queue's slot; lines '<queue>|<id>'). On Redis Cluster a
 -- claim names one queue; on standalone Redis one claim may take from several.
 -- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...,
---       [nl, then nl x (task, rate, per_us, concurrency),
+--       [nl, then nl x (task, rate, per_us, concurrency, spacing_us, early_us),
 --        [ns, then ns x (queue, completed_ttl_us, completed_max, n, n x (id, token, result))]]
 -- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
 --          attempt, enqueued_at_us, stalls, queue, due_us (0: due since its enqueue or by
@@ -46,8 +46,8 @@ local settles = nil
 if #ARGV > 6 + nq then
   local base = 7 + nq
   local nl = tonumber(ARGV[base])
-  if not is_int(nl) or nl < 0 or #ARGV < base + 4 * nl then return bad_args('claim') end
-  local at = base + 4 * nl + 1
+  if not is_int(nl) or nl < 0 or #ARGV < base + 6 * nl then return bad_args('claim') end
+  local at = base + 6 * nl + 1
   if #ARGV >= at then
     local ns = tonumber(ARGV[at])
     if not is_int(ns) or ns < 0 then return bad_args('claim') end
@@ -66,14 +66,16 @@ if #ARGV > 6 + nq then
     if #ARGV ~= at - 1 then return bad_args('claim') end
   end
   for i = 0, nl - 1 do
-    local b = base + 1 + 4 * i
+    local b = base + 1 + 6 * i
     local rate, per, cc = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    local gap, early = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
     if ARGV[b] == '' or not is_int(rate) or rate < 0 or not is_int(per) or per < 0
-        or (rate > 0 and per < 1) or not is_int(cc) or cc < 0 then
+        or (rate > 0 and per < 1) or not is_int(cc) or cc < 0 or not is_int(gap) or gap < 0
+        or gap > per or not is_int(early) or early < 0 or early > per then
       return bad_args('claim')
     end
     cfg = cfg or {}
-    cfg[ARGV[b]] = {rate, per, cc}
+    cfg[ARGV[b]] = {rate, per, cc, gap, early}
     has_limits = true
   end
 end
@@ -287,6 +289,17 @@ if any_gated then
     return tonumber(t[2]) + per
   end
 
+  -- The bucket's next turn: `gap` after its last start's turn (spaced starts,
+  -- typedq.limits RateLimit.spacing_us; gap <= per, so the last one is in the window),
+  -- and never before now. A start is recorded at its turn, which may be up to `early`
+  -- after now.
+  local function next_turn(rkey, n, gap)
+    if gap == 0 or n == 0 then return now end
+    local t = rcall('ZRANGE', rkey, -1, -1, 'WITHSCORES')
+    if #t == 0 then return now end
+    return math.max(now, tonumber(t[2]) + gap)
+  end
+
   -- Admit a job (take its place in the rate window and a concurrency slot) or park it by
   -- its closed gate: concurrency first, then rate. Returns admitted, and the slot it holds.
   admit = function(id, q, prio, body)
@@ -307,13 +320,18 @@ if any_gated then
         park(q, 'r|' .. task .. '|' .. rk, prio, id, window_opens(rkey, n, c[1], c[2]))
         return false, nil
       end
-      local at = string.format('%d', now)
+      local turn = next_turn(rkey, n, c[4])
+      if turn > now + c[5] then
+        park(q, 'r|' .. task .. '|' .. rk, prio, id, turn - c[5])
+        return false, nil
+      end
+      local at = string.format('%d', turn)
       rcall('ZADD', rkey, at, id .. '@' .. at)
       if not expiring[rkey] then
         expiring[rkey] = true
         -- Once its last start leaves the window, a bucket is as good as new: it expires
         -- (set once per bucket and claim: all of this claim's starts share `now`).
-        rcall('PEXPIRE', rkey, math.floor(c[2] / 1000) + 1)
+        rcall('PEXPIRE', rkey, math.floor((c[2] + c[5]) / 1000) + 1)
       end
       windows[rkey] = n + 1
     end
@@ -339,6 +357,12 @@ if any_gated then
     local rkey = k_rate(q, task, key)
     local n = window(rkey, c[2])
     if n >= c[1] then return 0, window_opens(rkey, n, c[1], c[2]) end
+    if c[4] > 0 then
+      -- Spaced: the turns from the next one to now + early.
+      local turn = next_turn(rkey, n, c[4])
+      if turn > now + c[5] then return 0, turn - c[5] end
+      return math.min(c[1] - n, math.floor((now + c[5] - turn) / c[4]) + 1), now
+    end
     return c[1] - n, now
   end
 end

@@ -184,7 +184,8 @@ class WorkerOps(RedisCore):
             # per limited task); without any, the script skips all limit work.
             args.append(len(self.limits))
             for task, spec in self.limits.items():
-                args += (task, spec.rate, spec.per_us, spec.concurrency)
+                args += (task, spec.rate, spec.per_us, spec.concurrency, spec.spacing_us)
+                args.append(spec.early_us)
         if settles:
             ttl, cap = self._retention(completed=True)
             args.append(len(settles))
