@@ -384,3 +384,30 @@ async def test_parked_jobs_are_listed_as_waiting(app_name: str, broker_url: str)
         assert await broker.claim(["q"], 1, worker_id="w", lease=30) != []  # "free"; b, c parked
         assert sorted(await broker.list_jobs("q", JobState.WAITING)) == ["b", "c"]
         assert await broker.list_jobs("q", JobState.WAITING, offset=1, limit=1) in (["b"], ["c"])
+
+
+@pytest.mark.parametrize("how", ["remove", "purge"])
+async def test_deleting_an_active_job_keeps_its_slot_until_its_lease_ends(
+    app_name: str, broker_url: str, how: str
+) -> None:
+    """Issue 24: an operator's remove or purge of an active job freed its concurrency
+    slot while its handler still ran, so a second job of ConcurrencyLimit(1) started
+    beside it. The slot is held until the deleted job's lease ends (its worker, told the
+    lease is lost, cancels the handler by then), then the next job starts."""
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"one": LimitSpec(concurrency=1)})
+        first, second = msg(task="one"), msg(task="one")
+        await broker.enqueue([first])
+        (running,) = await broker.claim(["q"], 1, worker_id="w", lease=0.5)
+        await broker.enqueue([second])
+        if how == "remove":
+            assert await broker.remove([first.id]) == [True]
+        else:
+            assert await broker.purge("q", [JobState.ACTIVE]) == 1
+        # The removed job's handler may still run: nothing else starts beside it.
+        assert await broker.claim(["q"], 1, worker_id="w", lease=30) == []
+        with anyio.fail_after(TEST_DEADLINE):
+            while not (claimed := await broker.claim(["q"], 1, worker_id="w", lease=30)):
+                await broker.wait_for_jobs(["q"], 1.0)
+        assert [c.message.id for c in claimed] == [second.id]
+        assert running.message.id == first.id

@@ -102,11 +102,15 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    still waiting (counted, cancellable), never claimed
                                    and put back: the claim skips past them
     Q rl:<task>|<key>     zset     a rate bucket's starts in its window: '<id>@<µs>' ->
-                                   start time (µs); expires ``per`` after its last start.
+                                   its turn (µs; spaced starts, up to ``early`` ahead);
+                                   expires ``per + early`` after its last start.
                                    Limits hold per task and queue (a task's jobs go to
                                    its queue)
     Q cc:<task>|<key>     set      ids of the active jobs holding a concurrency slot
-                                   (the job hash's ``ck`` names it)
+                                   (the job hash's ``ck`` names it), and '~<id>' ghosts
+                                   of active jobs an operator deleted
+    Q cc:<task>|<key>:g   zset     those ghosts -> when their lease would have ended
+                                   (µs); a claim counting the slot drops ended ones
     Q W                   string   the waiter mark '1': a claim of the queue came up
                                    short (took fewer jobs than asked for), so its worker
                                    is about to wait for work; the next call that gives

@@ -372,6 +372,9 @@ class MemoryBroker(Broker):
         # by a closed gate (queue, 'r' | 'c', task, key) with the time it opens.
         self._starts: dict[tuple[str, str], deque[int]] = {}
         self._slots: dict[tuple[str, str], set[str]] = {}
+        #: Ghosts of deleted active jobs in their slots ('~<id>' -> when their lease
+        #: would have ended, µs of `clock`): the slot stays held until then (_ghost_slot).
+        self._ghosts: dict[tuple[str, str], dict[str, float]] = {}
         self._parked: dict[_Gate, list[tuple[int, int, int, str]]] = {}
         self._gates: dict[_Gate, float] = {}
         #: Throughput rollups: queue -> minute (minutes since the epoch) -> [completed,
@@ -875,8 +878,8 @@ class MemoryBroker(Broker):
         if spec is None:
             return True
         slot = (message.task, message.concurrency_key)
-        if spec.concurrency and len(self._slots.get(slot, ())) >= spec.concurrency:
-            self._park((message.queue, "c", *slot), entry, float("inf"))
+        if spec.concurrency and self._held(slot, now_us) >= spec.concurrency:
+            self._park((message.queue, "c", *slot), entry, self._ghost_ends(slot))
             return False
         if spec.rate:
             bucket = (message.task, message.rate_key)
@@ -923,8 +926,8 @@ class MemoryBroker(Broker):
             spec = self.limits.get(task)
             room, opens = len(parked), 0.0
             if spec is not None and kind == "c" and spec.concurrency:
-                room = spec.concurrency - len(self._slots.get((task, key), ()))
-                opens = float("inf")
+                room = spec.concurrency - self._held((task, key), now_us)
+                opens = self._ghost_ends((task, key))
             elif spec is not None and kind == "r" and spec.rate:
                 starts = self._window((task, key), spec.per_us, now_us)
                 room = spec.rate - len(starts)
@@ -951,6 +954,48 @@ class MemoryBroker(Broker):
             elif not parked:
                 del self._gates[gate]
                 self._parked.pop(gate, None)
+
+    def _held(self, slot: tuple[str, str], now_us: float) -> int:
+        """How many of ``slot``'s places are held; ghosts whose lease ended leave first."""
+        ghosts = self._ghosts.get(slot)
+        if ghosts:
+            holders = self._slots.get(slot, set())
+            for ghost in [g for g, ends in ghosts.items() if ends <= now_us]:
+                del ghosts[ghost]
+                holders.discard(ghost)
+            if not ghosts:
+                del self._ghosts[slot]
+            if not holders:
+                self._slots.pop(slot, None)
+        return len(self._slots.get(slot, ()))
+
+    def _ghost_ends(self, slot: tuple[str, str]) -> float:
+        """When a full slot frees a place by itself: its first ghost's end, else never."""
+        return min(self._ghosts.get(slot, {}).values(), default=float("inf"))
+
+    def _ghost_slot(self, job: _Job) -> None:
+        """An operator deletes active ``job`` while its handler may still run: its place
+        in the slot goes to a ghost until its lease would have ended (by then its worker,
+        told the lease is lost, has cancelled the handler); the same rule as the Redis
+        scripts' ghost_slot."""
+        slot = job.slot
+        if slot is None:
+            return
+        now_us = self.clock() * _MICRO
+        ends = now_us + (job.lease_until - time.monotonic()) * _MICRO
+        if ends <= now_us:
+            self._free_slot(job)
+            return
+        job.slot = None
+        holders = self._slots.setdefault(slot, set())
+        holders.discard(job.message.id)
+        ghost = "~" + job.message.id
+        holders.add(ghost)
+        self._ghosts.setdefault(slot, {})[ghost] = ends
+        gate = (job.message.queue, "c", *slot)
+        if gate in self._gates and self._gates[gate] > ends:
+            self._gates[gate] = ends
+            self.wake()
 
     def _free_slot(self, job: _Job) -> None:
         """Release the concurrency slot ``job`` holds and open the gate of its key."""
@@ -1334,8 +1379,10 @@ class MemoryBroker(Broker):
 
     def _delete(self, job: _Job, *, react: bool = True) -> None:
         del self._jobs[job.message.id]
-        self._active.pop(job.message.id, None)
-        self._free_slot(job)
+        if self._active.pop(job.message.id, None) is not None:
+            self._ghost_slot(job)  # its handler may still run: the slot is held
+        else:
+            self._free_slot(job)
         self._counts[job.message.queue][job.state] -= 1
         if job.state.is_final:
             self._finished[job.state].pop(job.message.id, None)

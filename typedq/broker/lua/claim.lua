@@ -270,16 +270,31 @@ if any_gated then
     return n
   end
 
-  -- How many slots of a concurrency bucket are held, read once per claim.
+  -- How many slots of a concurrency bucket are held, read once per claim; ghosts of
+  -- deleted active jobs whose lease has ended leave first (common.lua's ghost_slot).
   local holders = {}
   local function held(q, slot)
     local sk = k_slots(q, slot)
     local n = holders[sk]
     if not n then
+      local gz = sk .. ':g'
+      local ended = rcall('ZRANGEBYSCORE', gz, '-inf', now)
+      if #ended > 0 then
+        rcall('SREM', sk, unpack(ended))
+        rcall('ZREMRANGEBYSCORE', gz, '-inf', now)
+      end
       n = rcall('SCARD', sk)
       holders[sk] = n
     end
     return n
+  end
+
+  -- When a full concurrency bucket frees a slot by itself: its first ghost's end (none:
+  -- '+inf', a running job's settle opens the gate).
+  local function ghost_ends(q, slot)
+    local g = rcall('ZRANGE', k_slots(q, slot) .. ':g', 0, 0, 'WITHSCORES')
+    if #g == 0 then return '+inf' end
+    return g[2]
   end
 
   -- When a full window (n >= rate starts) opens: once the start `rate` places back leaves.
@@ -309,7 +324,7 @@ if any_gated then
     if c[3] > 0 then
       slot = task .. '|' .. ck
       if held(q, slot) >= c[3] then
-        park(q, 'c|' .. slot, prio, id, '+inf')
+        park(q, 'c|' .. slot, prio, id, ghost_ends(q, slot))
         return false, nil
       end
     end
@@ -351,7 +366,8 @@ if any_gated then
     if not c then return nil end
     if kind == 'c' then
       if c[3] == 0 then return nil end
-      return math.max(0, c[3] - held(q, task .. '|' .. key)), '+inf'
+      local slot = task .. '|' .. key
+      return math.max(0, c[3] - held(q, slot)), ghost_ends(q, slot)
     end
     if c[1] == 0 then return nil end
     local rkey = k_rate(q, task, key)

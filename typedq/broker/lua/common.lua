@@ -824,6 +824,25 @@ local function free_slot(id, q, slot)
   end
 end
 
+-- The concurrency slot `slot` of an active job `id` that an operator deletes (remove,
+-- purge) while its handler may still run: the job's place in the slot set goes to a
+-- ghost '~<id>' until the job's lease would have ended (`until_us`: by then its worker,
+-- told the lease is lost, has cancelled the handler), and the slot's gate opens then.
+-- Ghosts are in the zset '<slot set>:g' by when they end; the claim's count of the slot
+-- drops ended ones (claim.lua's held). A lease already over frees the slot at once.
+local function ghost_slot(id, q, slot, until_us)
+  if not slot then return end
+  local ends = tonumber(until_us)
+  if not ends or ends <= now_us() then return free_slot(id, q, slot) end
+  local sk = k_slots(q, slot)
+  rcall('SREM', sk, id)
+  rcall('SADD', sk, '~' .. id)
+  rcall('ZADD', sk .. ':g', until_us, '~' .. id)
+  local gk, gate = k_gates(q), 'c|' .. slot
+  local s = rcall('ZSCORE', gk, gate)
+  if s and tonumber(s) > ends then rcall('ZADD', gk, until_us, gate) end
+end
+
 -- Complete job `id` of queue `q` under token `tok` with result `res`, fenced (complete.lua,
 -- and a claim that settles its worker's completions first). The outcome: 0 OK,
 -- 1 ALREADY_FINISHED (same token: a re-sent request), 2 LEASE_LOST, 3 NOT_FOUND.

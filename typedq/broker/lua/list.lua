@@ -246,7 +246,16 @@ if state == 'w' then
         visit = function(entry)
           local gp, id = string.match(entry, '^(%-?%d+)|(.*)$')
           local r = gp and read_keyed(q, id, 's', 'q', 'p')
-          if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == gp then take(id) end
+          -- With a stale count (a job of this id was cancelled or removed while parked,
+          -- and one may wait again under the id), an entry is live only if the job is
+          -- parked (it has a key: a waiting entry without one waits in a level list)
+          -- and it is the newest of the id in the gate (stale ones precede it there).
+          if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == gp
+              and (not redis.call('HGET', sk, gp .. '|' .. id)
+                or (redis.call('EXISTS', k_job(q, id)) == 1
+                  and redis.call('LPOS', lk, entry) == len - (pos - base))) then
+            take(id)
+          end
         end
       end
       if walk(lk, base, len, visit) then return stop_here() end

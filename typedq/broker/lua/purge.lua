@@ -90,8 +90,10 @@ else
   for _, id in ipairs(ids) do
     local r = read_job(q, id, 's', 'q', 'ck')
     if r and r[1] == state then
+      -- An active job's handler may still run: its slot is held until its lease ends.
+      local lease_until = state == 'a' and redis.call('ZSCORE', zkey, id)
       redis.call('ZREM', zkey, id)
-      if state == 'a' then free_slot(id, q, r[3]) end
+      if state == 'a' then ghost_slot(id, q, r[3], lease_until) end
       drop(id)
     end
   end

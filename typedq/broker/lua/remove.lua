@@ -19,8 +19,10 @@ for i = 4, #ARGV do
       else take_entry(q, id, r[5], sane_prio(r[3])) end
     elseif s == 's' then redis.call('ZREM', k_sched(q), id)
     elseif s == 'a' then
+      -- Its handler may still run: the slot is held until its lease ends (ghost_slot).
+      local lease_until = redis.call('ZSCORE', k_active(q), id)
       redis.call('ZREM', k_active(q), id)
-      free_slot(id, q, r[4])
+      ghost_slot(id, q, r[4], lease_until)
     elseif done_key[s] then redis.call('ZREM', done_key[s], id) end
     local link = flow_link(q, id)
     redis.call('DEL', k_job(q, id))
