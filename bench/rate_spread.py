@@ -16,21 +16,11 @@ import time
 import anyio
 import redis
 
+from bench.limits_bench import worst_window
 from bench.rate_spread_app import Tick, app, paced
 from bench.redis_server import redis_server
 
 JOBS = 200
-
-
-def worst_window(starts: list[float], width: float) -> int:
-    """The most starts in any window ``[t, t + width)`` (t at a start)."""
-    starts = sorted(starts)
-    best, j = 0, 0
-    for i, t in enumerate(starts):
-        while starts[j] <= t - width:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
 
 
 def main() -> None:
@@ -81,7 +71,8 @@ def main() -> None:
     for b in range(max(buckets) + 1):
         n = buckets.get(b, 0)
         print(f"  {b / 10:5.1f} s  {n:3d}  {'#' * n}")
-    print(f"worst one-second window of starts: {worst_window(entered, 1.0)} (limit 50)")
+    worst = worst_window([round(t * 1_000_000) for t in entered], 1_000_000)
+    print(f"worst one-second window of starts: {worst} (limit 50)")
 
 
 if __name__ == "__main__":
