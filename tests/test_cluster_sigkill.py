@@ -107,4 +107,5 @@ async def test_a_sigkilled_primary_is_promoted_away_and_no_job_is_lost_or_run_tw
     assert set(runs.values()) == {1}  # none ran twice
     assert counts[JobState.COMPLETED] == total
     assert counts[JobState.FAILED] == 0
+    print(f"promoted {promoted_after:.2f} s after the SIGKILL")
     assert promoted_after < 10
