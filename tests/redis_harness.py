@@ -205,16 +205,25 @@ class RedisCluster:
     :class:`RedisProcess` with ``--cluster-enabled yes``, joined by
     ``redis-cli --cluster create``; ready once every node reports ``cluster_state:ok``."""
 
-    def __init__(self, primaries: int = 3, replicas: int = 1) -> None:
+    def __init__(
+        self, primaries: int = 3, replicas: int = 1, *, node_timeout_ms: int = 2000
+    ) -> None:
         self.primaries = primaries
         self.replicas = replicas
+        #: ``cluster-node-timeout``: how long a silent primary takes to be failed over.
+        self.node_timeout_ms = node_timeout_ms
         self.nodes = self._new_nodes()
 
     def _new_nodes(self) -> list[RedisProcess]:
         nodes = [
             RedisProcess(
                 extra=(
-                    *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
+                    *(
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        str(self.node_timeout_ms),
+                    ),
                     *("--repl-diskless-sync-delay", "0"),
                 )
             )

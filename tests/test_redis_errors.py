@@ -15,6 +15,7 @@ from tests.redis_harness import RedisProcess, flushall
 from typedq import BrokerError, BrokerUnavailable, QueueFull
 from typedq.broker.base import BrokerSettings
 from typedq.broker.redis import RedisBroker
+from typedq.broker.redis.connection import PoolExhausted
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
@@ -26,8 +27,30 @@ pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
         (rexc.AuthenticationError("invalid password"), BrokerError, "refused the credentials"),
         (rexc.AuthorizationError("no"), BrokerError, "redis://USER:PASSWORD@HOST"),
         (rexc.ConnectionError("refused"), BrokerUnavailable, "is unreachable (op)"),
-        (rexc.TimeoutError("slow"), BrokerUnavailable, "is unreachable (op)"),
-        (ConnectionResetError("reset"), BrokerUnavailable, "is unreachable (op)"),
+        (rexc.TimeoutError("slow"), BrokerUnavailable, "did not answer in time (op): slow"),
+        (ConnectionResetError("reset"), BrokerUnavailable, "is unreachable (op): reset"),
+        # Issue 24 defect 7: no reason is ever empty. An exception without words is named
+        # by its type; a pool out of free connections says so (redis-py's cluster pool
+        # raises MaxConnectionsError(), its standalone blocking pool a ConnectionError).
+        (TimeoutError(), BrokerUnavailable, "did not answer in time (op): TimeoutError"),
+        (rexc.ConnectionError(), BrokerUnavailable, "is unreachable (op): ConnectionError"),
+        (OSError(), BrokerUnavailable, "is unreachable (op): OSError"),
+        (
+            rexc.MaxConnectionsError(),
+            BrokerUnavailable,
+            "had no free connection for op (MaxConnectionsError): every connection stayed busy",
+        ),
+        (
+            rexc.ConnectionError("No connection available."),
+            BrokerUnavailable,
+            "had no free connection for op (none came free within 5 s)",
+        ),
+        (
+            PoolExhausted("none came free within 5 s; 64 calls in flight"),
+            BrokerUnavailable,
+            "had no free connection for op (none came free within 5 s; 64 calls in flight)",
+        ),
+        (rexc.ResponseError(), BrokerError, "op failed: ResponseError"),
         # OutOfMemoryError and NoPermissionError are ResponseErrors: matched first.
         (rexc.OutOfMemoryError("OOM"), BrokerError, "at maxmemory"),
         (
@@ -51,4 +74,5 @@ async def test_each_redis_error_has_its_typedq_error(
         await broker.close()
     assert type(error) is expected
     assert words in str(error)
+    assert not str(error).rstrip().endswith(":")  # a reason follows every colon
     assert f"127.0.0.1:{redis_server.port}" in str(error) or expected is QueueFull

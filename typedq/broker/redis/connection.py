@@ -10,6 +10,7 @@ automatic retries on connection errors and timeouts with jittered exponential ba
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import socket
 from typing import Any
@@ -17,10 +18,11 @@ from urllib.parse import quote, unquote
 
 import anyio
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _hiredis_pack: Any
@@ -31,12 +33,14 @@ except ImportError:  # redis-py works without it; its own packer is used then
 
 __all__ = [
     "CLUSTER_SCHEMES",
+    "CLUSTER_SPARE_CONNECTIONS",
     "CONNECT_TIMEOUT",
     "HEALTH_CHECK_INTERVAL",
     "MAX_CONNECTIONS",
     "RETRIES",
     "SOCKET_TIMEOUT",
     "Lane",
+    "PoolExhausted",
     "answers_plain_text",
     "cluster_nodes",
     "cluster_node_url",
@@ -52,8 +56,17 @@ CONNECT_TIMEOUT = 2.0
 HEALTH_CHECK_INTERVAL = 10
 #: Automatic retries of a command on ConnectionError/TimeoutError (scripts are idempotent).
 RETRIES = 3
-#: Connections in the command pool; callers beyond it wait (bounded) for one.
+#: Connections in the command pool; callers beyond it wait (bounded) for one. On Redis
+#: Cluster: the client's calls in flight (each holds at most one connection per node).
 MAX_CONNECTIONS = 64
+#: Connections per node of a cluster client beyond its calls in flight: for the calls
+#: redis-py makes inside one (a pipeline's command re-sent alone after a redirection).
+CLUSTER_SPARE_CONNECTIONS = 8
+
+
+class PoolExhausted(MaxConnectionsError):
+    """No connection came free within the bounded wait (:data:`SOCKET_TIMEOUT`): every
+    one stayed busy with a call that Redis had not answered yet."""
 
 
 def make_client(
@@ -422,10 +435,65 @@ def cluster_nodes(url: str) -> tuple[list[tuple[str, int]], str | None, str | No
     return nodes, user, password, scheme == "rediss+cluster"
 
 
+#: True inside a call of a cluster client that holds one of its permits: the calls
+#: redis-py makes within it (a pipeline's fallback) take none.
+_in_call: contextvars.ContextVar[bool] = contextvars.ContextVar("typedq_in_call", default=False)
+
+
 class _Cluster(RedisCluster):
-    """redis-py's cluster client, routing FCALL by its keys as it does EVALSHA: left to
-    itself it asks a node for the keys of every FCALL (``COMMAND GETKEYS``, FCALL has
-    "movable keys"), one more round trip per script call with all its arguments."""
+    """redis-py's cluster client, with its calls in flight bounded, and routing FCALL by
+    its keys as it does EVALSHA (left to itself it asks a node for the keys of every
+    FCALL: ``COMMAND GETKEYS``, FCALL has "movable keys", one more round trip per script
+    call with all its arguments).
+
+    The bound: redis-py's pool of a cluster node does not wait for a free connection, it
+    raises ``MaxConnectionsError`` (with no message) as soon as ``max_connections`` are in
+    use. 500 concurrent ``job.result()`` (a read each) on one queue, so one node, failed
+    436 times so. Here a call (a command, or a pipeline's round trip) takes one of
+    ``calls`` permits first, and a call uses at most one connection per node: with the
+    node pools ``calls + CLUSTER_SPARE_CONNECTIONS`` large, a call always finds one. A
+    caller finding no permit waits for one (first come, first served) up to ``wait``
+    seconds, then fails with :class:`PoolExhausted`, as the standalone client's blocking
+    pool does.
+    """
+
+    def __init__(self, *args: Any, calls: int, wait: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = calls
+        self._wait = wait
+        self._permits = asyncio.Semaphore(calls)
+
+    async def _acquire(self) -> None:
+        """Take a permit (waiting at most ``wait`` seconds; raises PoolExhausted)."""
+        permits = self._permits
+        if not permits.locked():
+            await permits.acquire()  # free: returns at once, no timer armed
+            return
+        try:
+            async with asyncio.timeout(self._wait):
+                await permits.acquire()
+        except TimeoutError:
+            raise PoolExhausted(
+                f"none came free within {self._wait:g} s; {self.calls} calls in flight"
+            ) from None
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if _in_call.get():
+            return await super().execute_command(*args, **kwargs)
+        await self._acquire()
+        token = _in_call.set(True)
+        try:
+            return await super().execute_command(*args, **kwargs)
+        finally:
+            _in_call.reset(token)
+            self._permits.release()
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # raises: not on a cluster
+        # (mypy takes an attribute its command mixins declare for abstract; redis-py
+        # builds its ClusterPipeline the same way)
+        return _Pipeline(self, transaction)  # type: ignore[abstract]
 
     async def _determine_slot(self, command: str, *args: Any) -> int:
         if command.upper() in ("FCALL", "FCALL_RO") and len(args) >= 2:
@@ -436,9 +504,34 @@ class _Cluster(RedisCluster):
         return await super()._determine_slot(command, *args)
 
 
-def make_cluster_client(url: str, *, client_name: str, max_connections: int) -> Any:
+class _Pipeline(ClusterPipeline):
+    """A pipeline of :class:`_Cluster`: its round trip holds one of the client's permits."""
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        client: _Cluster = self.cluster_client  # type: ignore[assignment]
+        if _in_call.get():
+            return await super().execute(raise_on_error, allow_redirections)
+        await client._acquire()
+        token = _in_call.set(True)
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        finally:
+            _in_call.reset(token)
+            client._permits.release()
+
+
+def make_cluster_client(
+    url: str, *, client_name: str, max_connections: int, wait: float = SOCKET_TIMEOUT
+) -> Any:
     """A Redis Cluster client for ``url`` with typedq's timeouts and retries (MOVED/ASK
-    and a primary's failover are followed by redis-py: it re-reads the slot map)."""
+    and a primary's failover are followed by redis-py: it re-reads the slot map).
+
+    :param max_connections: its calls in flight at most (callers beyond wait, bounded,
+        for one to end); each node's pool holds
+        ``max_connections + CLUSTER_SPARE_CONNECTIONS`` connections
+    :param wait: seconds a call waits for one of them before it fails with
+        :class:`PoolExhausted`
+    """
     nodes, user, password, tls = cluster_nodes(url)
     keepalive: dict[int, int] = {}
     for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
@@ -447,10 +540,12 @@ def make_cluster_client(url: str, *, client_name: str, max_connections: int) -> 
             keepalive[option] = value
     return _Cluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+        calls=max_connections,
+        wait=wait,
         username=user,
         password=password,
         ssl=tls,
-        max_connections=max_connections,
+        max_connections=max_connections + CLUSTER_SPARE_CONNECTIONS,
         socket_timeout=SOCKET_TIMEOUT,
         socket_connect_timeout=CONNECT_TIMEOUT,
         socket_keepalive=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import redis.exceptions as rexc
 
 from ...errors import BrokerError, BrokerUnavailable, QueueFull
+from .connection import SOCKET_TIMEOUT
 
 __all__ = ["ERRORS", "broker_error", "scrub"]
 
@@ -28,7 +29,22 @@ ERRORS: tuple[
         "in the broker URL (redis://USER:PASSWORD@HOST:PORT/DB)",
     ),
     (
-        (rexc.ConnectionError, rexc.TimeoutError, OSError),
+        # A pool's bounded wait for a free connection ran out (before ConnectionError:
+        # MaxConnectionsError is one); the standalone pool's is matched by its words.
+        rexc.MaxConnectionsError,
+        BrokerUnavailable,
+        "{where} had no free connection for {op} ({detail}): every connection stayed busy "
+        "with a call Redis had not answered; Redis is slow or overloaded, or this process "
+        "sends more calls at once than Redis answers",
+    ),
+    (
+        # Before OSError: the built-in TimeoutError is one.
+        (rexc.TimeoutError, TimeoutError),
+        BrokerUnavailable,
+        "{where} did not answer in time ({op}): {detail}",
+    ),
+    (
+        (rexc.ConnectionError, OSError),
         BrokerUnavailable,
         "{where} is unreachable ({op}): {detail}",
     ),
@@ -49,6 +65,11 @@ ERRORS: tuple[
 )
 
 
+#: What redis-py's blocking pool (standalone Redis) raises, as a plain ConnectionError,
+#: when its bounded wait for a free connection runs out.
+_NO_CONNECTION = "No connection available."
+
+
 def scrub(message: str, password: str | None) -> str:
     """``message`` with the password (if any) replaced by ``***``."""
     return message.replace(password, "***") if password else message
@@ -57,8 +78,15 @@ def scrub(message: str, password: str | None) -> str:
 def broker_error(
     exc: BaseException, op: str, *, where: str, prefix: str, password: str | None
 ) -> BrokerError:
-    """The typedq error for a Redis client error that ``op`` met (see :data:`ERRORS`)."""
-    detail = scrub(str(exc), password)
+    """The typedq error for a Redis client error that ``op`` met (see :data:`ERRORS`).
+
+    The message always gives a reason: an exception without words (redis-py raises some,
+    ``MaxConnectionsError()``; so does ``asyncio.timeout``) is named by its type."""
+    detail = scrub(str(exc), password) or type(exc).__name__
+    if type(exc) is rexc.ConnectionError and detail == _NO_CONNECTION:
+        # The standalone pool's wait (SOCKET_TIMEOUT) ran out.
+        detail = f"none came free within {SOCKET_TIMEOUT:g} s"
+        exc = rexc.MaxConnectionsError(detail)
     if isinstance(exc, rexc.ResponseError) and detail.startswith("TYPEDQ_QUEUE_FULL"):
         # Not a Redis error but the enqueue script's own answer.
         _, queue, pending, extra, limit = detail.split()
