@@ -276,3 +276,20 @@ async def test_a_claim_resent_with_its_id_returns_its_own_jobs(
         with pytest.raises(ValueError, match="claim id"):
             await broker.claim(["q"], 1, worker_id="w", lease=60, claim_id="j0:{x}")
         assert count(await broker.counts("q"), JobState.WAITING) == 2
+
+
+async def test_a_call_over_several_queues_refused_for_one_stores_nothing(
+    app_name: str, broker_url: str
+) -> None:
+    """Issue 24: a call storing jobs in several queues of which one is full is refused
+    whole. Redis Cluster (each queue on its own slot, stored by its own script) stored
+    the other queues' jobs; found by the combined model check."""
+    async with connected(app_name, broker_url, max_queue_length=1) as broker:
+        await broker.enqueue([msg(queue="b", job_id="b1")])
+        batch = [msg(queue=f"a{i}", job_id=f"a{i}") for i in range(5)]
+        with pytest.raises(QueueFull, match="'b' holds 1 pending jobs; adding 1"):
+            await broker.enqueue([*batch, msg(queue="b", job_id="b2")])
+        assert await broker.get([m.id for m in batch] + ["b2"]) == [None] * 6
+        # An id the full queue already holds is not created again: the call passes.
+        outcomes = await broker.enqueue([*batch, msg(queue="b", job_id="b1")])
+        assert [o.created for o in outcomes] == [True] * 5 + [False]

@@ -29,6 +29,7 @@ from typedq.broker.base import (
     Failure,
     JobMessage,
     Release,
+    RetryOutcome,
 )
 from typedq.limits import LimitSpec
 
@@ -411,3 +412,26 @@ async def test_deleting_an_active_job_keeps_its_slot_until_its_lease_ends(
                 await broker.wait_for_jobs(["q"], 1.0)
         assert [c.message.id for c in claimed] == [second.id]
         assert running.message.id == first.id
+
+
+async def test_a_parked_job_cancelled_and_retried_is_listed_once(
+    app_name: str, broker_url: str
+) -> None:
+    """Issue 24: a parked job cancelled and then retried waits again under its id; Redis
+    listed it twice (its stale gate entry beside the live one); found by the combined
+    model check."""
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(concurrency=1)})
+        await broker.enqueue([keyed("c1"), keyed("c2")])
+        (c1,) = await broker.claim(["q"], 2, worker_id="w", lease=30)
+        assert await broker.claim(["q"], 2, worker_id="w", lease=30) == []  # c2 parked
+        assert await broker.cancel("c2") is CancelOutcome.CANCELLED
+        assert await broker.retry(["c2"]) == [RetryOutcome.RETRIED]
+        assert await broker.list_jobs("q", JobState.WAITING) == ["c2"]
+        assert await broker.claim(["q"], 2, worker_id="w", lease=30) == []  # c1 holds it
+        assert await broker.list_jobs("q", JobState.WAITING) == ["c2"]
+        await broker.complete([Completion("c1", c1.token, b"")])
+        (c2,) = await broker.claim(["q"], 2, worker_id="w", lease=30)
+        assert c2.message.id == "c2"
+        assert await broker.list_jobs("q", JobState.WAITING) == []
+        assert await broker.claim(["q"], 2, worker_id="w", lease=30) == []

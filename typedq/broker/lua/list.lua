@@ -247,12 +247,14 @@ if state == 'w' then
           local gp, id = string.match(entry, '^(%-?%d+)|(.*)$')
           local r = gp and read_keyed(q, id, 's', 'q', 'p')
           -- With a stale count (a job of this id was cancelled or removed while parked,
-          -- and one may wait again under the id), an entry is live only if the job is
-          -- parked (it has a key: a waiting entry without one waits in a level list)
-          -- and it is the newest of the id in the gate (stale ones precede it there).
+          -- and one may wait again under the id), an entry is live only if the gate
+          -- holds more entries of the id than stale ones (else the job waits again in a
+          -- level list: retried, or enqueued anew) and it is the newest of the id in the
+          -- gate (stale ones precede it there).
+          local stale = gp and tonumber(redis.call('HGET', sk, gp .. '|' .. id))
           if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == gp
-              and (not redis.call('HGET', sk, gp .. '|' .. id)
-                or (redis.call('EXISTS', k_job(q, id)) == 1
+              and (not stale
+                or (#redis.call('LPOS', lk, entry, 'COUNT', 0) > stale
                   and redis.call('LPOS', lk, entry) == len - (pos - base))) then
             take(id)
           end

@@ -19,10 +19,10 @@ import anyio
 import redis.exceptions as rexc
 from anyio.abc import TaskStatus
 
-from ...errors import BrokerError
+from ...errors import BrokerError, QueueFull
 from ...names import check_job_id, check_job_ids, check_name
 from ...options import check_numbers
-from ..base import CancelOutcome, EnqueueOutcome, JobMessage, JobRecord
+from ..base import CancelOutcome, EnqueueOutcome, JobMessage, JobRecord, JobState
 from .codec import encode_body, text, us
 from .core import RedisCore, _missing, _request_token
 
@@ -62,6 +62,8 @@ class ProducerOps(RedisCore):
             if self._epoch.is_due():
                 await self.check_epoch()
             cap = self.queue_cap(queues)  # the whole call's, as on one Redis (queue_cap)
+            if cap > 0:
+                await self._check_caps(messages, cap)
             created = await self._per_queue(
                 "enqueue",
                 queues,
@@ -75,6 +77,30 @@ class ProducerOps(RedisCore):
             await self.check_epoch()
         created = await self._eval("enqueue", keys, args)
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
+
+    async def _check_caps(self, messages: Sequence[JobMessage], cap: int) -> None:
+        """Refuse a Cluster call spanning several queues (slots) with :class:`QueueFull`
+        before anything is stored when one of its queues would pass ``cap``: the jobs of
+        each queue are then stored atomically per queue, so a call refused for one queue
+        stores nothing (as on one Redis) unless a concurrent producer fills the queue
+        between this check and the store (docs/brokers.md, issue 24)."""
+        first: dict[str, str] = {}
+        for m in messages:
+            first.setdefault(m.id, m.queue)  # a repeated id is stored once (its first)
+        groups: dict[str, list[str]] = {}
+        for job_id, queue in first.items():
+            groups.setdefault(queue, []).append(job_id)
+        for queue, ids in groups.items():
+            more = sum(r is None for r in await self.get(ids, queue=queue))
+            if not more:
+                continue
+            counts = await self.counts(queue)
+            pending = counts[JobState.WAITING] + counts[JobState.SCHEDULED]
+            if pending + more > cap:
+                raise QueueFull(
+                    f"queue {queue!r} holds {pending} pending jobs; adding {more} would pass "
+                    f"max_queue_length={cap}"
+                )
 
     def _enqueue_call(
         self, messages: Sequence[JobMessage], *, cap: int | None = None
