@@ -178,10 +178,8 @@ UNRESUMABLE_ON_CLUSTER = {"f0.0", "f0.1", "f1.0"}
 
 def for_cluster(steps: list[Step]) -> list[Step]:
     """The program within what Redis Cluster documents it does differently
-    (docs/brokers.md): an enqueue naming several queues (several slots) is split into one
-    enqueue per queue, in the order of their first job (Cluster stores such a batch queue
-    by queue: a batch one full queue refuses is refused whole elsewhere, in part there);
-    and a retry leaves out the steps of flows across slots it could not resume there."""
+    (docs/brokers.md): a retry leaves out the steps of flows across slots that Cluster
+    cannot resume (it answers IN_FLOW where the others resume the flow)."""
     out: list[Step] = []
     for step in steps:
         if step.kind == "retry":
@@ -189,13 +187,7 @@ def for_cluster(steps: list[Step]) -> list[Step]:
             if ids:
                 out.append(Step("retry", ids=ids))
             continue
-        if step.kind != "enqueue" or len({job[1] for job in step.jobs}) == 1:
-            out.append(step)
-            continue
-        by_queue: dict[str, list[tuple[str, str, str, int, bool, str]]] = {}
-        for job in step.jobs:
-            by_queue.setdefault(job[1], []).append(job)
-        out += [Step("enqueue", jobs=tuple(jobs)) for jobs in by_queue.values()]
+        out.append(step)
     return out
 
 
