@@ -11,9 +11,10 @@ files take ``redis_url`` (the session redis-server, flushed).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Generator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 
 import pytest
+import redis.asyncio as aioredis
 
 from tests.redis_harness import REDIS_SERVER, RedisCluster, RedisProcess, flushall
 
@@ -165,6 +166,18 @@ def redis_url(redis_server: RedisProcess) -> str:
     """The session redis-server's URL, flushed before the test."""
     flushall(redis_server.port)
     return redis_server.url
+
+
+@pytest.fixture
+async def ledger(redis_server: RedisProcess) -> AsyncIterator[aioredis.Redis]:
+    """Where worker processes' handlers record their runs: database 1 of the session
+    redis-server, flushed first (``flushall``: the test's broker database too)."""
+    flushall(redis_server.port)
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{redis_server.port}/1")
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 from tests import cluster_flow_app
-from tests.redis_harness import RedisCluster, RedisProcess, failover_slot, flushall, slot_owner
+from tests.redis_harness import RedisCluster, RedisProcess, failover_slot, slot_owner
 from tests.redis_support import broker_at
 from tests.support import In, Out, spawn_worker, stop_workers
 from typedq import App, JobFailed, JobState, QueueFull
@@ -369,16 +369,6 @@ async def test_enqueueing_an_ended_flow_again_stores_nothing(
 
 
 # -- a worker killed between a settle and its apply ------------------------------------
-
-
-@pytest.fixture
-async def ledger(redis_server: RedisProcess) -> AsyncIterator[aioredis.Redis]:
-    flushall(redis_server.port)
-    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{redis_server.port}/1")
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def test_a_worker_killed_between_settle_and_apply_the_reaper_applies_once(

@@ -6,7 +6,6 @@ whole), with a short ``cluster-node-timeout`` so the promotion takes about a sec
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -18,7 +17,6 @@ from tests.redis_harness import (
     RedisCluster,
     RedisProcess,
     _command,
-    flushall,
     replica_of,
     slot_owner,
 )
@@ -36,17 +34,6 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.asyncio_only,
 ]
-
-
-@pytest.fixture
-async def ledger(redis_server: RedisProcess) -> AsyncIterator[aioredis.Redis]:
-    """Where the worker's handler counts its runs (database 1 of the session server)."""
-    flushall(redis_server.port)
-    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{redis_server.port}/1")
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 def is_primary(port: int) -> bool:

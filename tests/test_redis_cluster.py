@@ -7,7 +7,6 @@ exactly-once across worker processes."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -20,7 +19,6 @@ from tests.redis_harness import (
     RedisCluster,
     RedisProcess,
     failover_slot,
-    flushall,
     function_flush,
     kill_pubsub_clients,
     replica_of,
@@ -454,16 +452,6 @@ async def test_connect_refuses_queue_keys_off_the_queue_slot(url: str) -> None:
     assert "one Redis Cluster slot" in str(caught.value)
     assert "\n" not in str(caught.value)
     assert not broker._notes.is_open  # closed again
-
-
-@pytest.fixture
-async def ledger(redis_server: RedisProcess) -> AsyncIterator[aioredis.Redis]:
-    flushall(redis_server.port)
-    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{redis_server.port}/1")
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 @pytest.mark.slow
