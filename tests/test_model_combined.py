@@ -137,11 +137,7 @@ def program(seed: int, steps: int = STEPS) -> list[Step]:
                 task = rnd.choice(TASKS_OF[base])
                 key = rnd.choice(("k0", "k1")) if task.startswith("lim") else ""
                 delayed = rnd.random() < 0.15
-                # Limited tasks at one priority: a gate gives its parked jobs back oldest
-                # first on Redis and by priority on the embedded broker, a difference
-                # still open (issue 24's closing note), not held here.
-                prio = rnd.choice(PRIORITIES) if task == "t" else 0
-                jobs.append((job_id, queue, task, prio, delayed, key))
+                jobs.append((job_id, queue, task, rnd.choice(PRIORITIES), delayed, key))
             out.append(Step("enqueue", jobs=tuple(jobs)))
         elif roll < 0.32:
             fid = rnd.choice(list(FLOWS))

@@ -253,8 +253,32 @@ if any_gated then
     return task, c, keys[1], keys[2]
   end
 
+  -- A gate gives its parked jobs back from its tail, so it keeps them best first from
+  -- there, as the levels are: an entry goes behind every parked one of its priority or
+  -- higher (the embedded broker keeps a heap). Usually that is the head (LPUSH); a job
+  -- of a higher priority than the head's looks through at most PARK_SCAN entries.
+  local PARK_SCAN = 1000
   local function park(q, gate, prio, id, opens)
-    rcall('LPUSH', k_gate(q, gate), prio .. '|' .. id)
+    local lk, entry, p = k_gate(q, gate), prio .. '|' .. id, tonumber(prio)
+    local head = rcall('LINDEX', lk, 0)
+    local hp = head and tonumber(string.match(head, '^(%-?%d+)|'))
+    if not hp or hp >= p then
+      rcall('LPUSH', lk, entry)
+    else
+      local rows, placed = rcall('LRANGE', lk, 0, PARK_SCAN - 1), false
+      for i = 2, #rows do
+        local rp = tonumber(string.match(rows[i], '^(%-?%d+)|'))
+        if rp and rp >= p then
+          rcall('LINSERT', lk, 'BEFORE', rows[i], entry)  -- behind it, toward the head
+          placed = true
+          break
+        end
+      end
+      if not placed then
+        -- The best parked (all looked at), else past the scan: near enough, at the head.
+        if #rows < PARK_SCAN then rcall('RPUSH', lk, entry) else rcall('LPUSH', lk, entry) end
+      end
+    end
     rcall('ZADD', k_gates(q), opens, gate)
   end
 
