@@ -14,8 +14,10 @@ attempt, every queue's counts and, page by page (``page_jobs``), the ids in ever
 Time is kept out of the comparison: delays are an hour and leases ten minutes (nothing
 comes due or expires during a run), and the rate limit allows two starts an hour (what
 it refuses, it refuses for the rest of the run). On a mismatch the failure names the
-seed, the step and the program so far; ``python -m tests.test_model_combined SEED``
-prints a seed's program.
+seed, the step and a shrunk program; ``python -m tests.test_model_combined SEED``
+prints a seed's program (``--url URL [--cluster]`` replays it against a Redis and shrinks a
+mismatch); the shrinking is delta debugging
+(tests/model_combined_shrink.py).
 """
 
 from __future__ import annotations
@@ -418,6 +420,47 @@ def test_programs_combine_every_feature() -> None:
     assert {s.flow[1] for s in steps if s.kind == "flow"} == {"chain", "fanout", "collect"}
 
 
+def main(argv: Sequence[str]) -> int:
+    """``python -m tests.test_model_combined SEED [STEPS] [--url URL [--cluster]]``: prints
+    the seed's program; with ``--url``, runs it in lockstep against the Redis (``--cluster``:
+    the Redis Cluster) at URL and prints the first mismatch, shrunk."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.test_model_combined")
+    parser.add_argument("seed", type=int)
+    parser.add_argument("steps", type=int, nargs="?", default=STEPS)
+    parser.add_argument("--url", help="a Redis (or Redis Cluster) URL to run the program on")
+    parser.add_argument("--cluster", action="store_true", help="the URL is a Redis Cluster")
+    args = parser.parse_args(argv)
+    steps = program(args.seed, args.steps)
+    backend = "cluster" if args.cluster else "redis"
+    if args.cluster:
+        steps = per_queue_batches(steps)
+    if not args.url:
+        print(_listing(steps))
+        return 0
+    url: str = args.url
+
+    async def replay() -> int:
+        namespace = f"model-replay-{args.seed}-{random.randrange(10**9)}"
+        failure = await run_lockstep(url, namespace, steps, backend)
+        if failure is None:
+            print(
+                f"seed {args.seed}, {len(steps)} steps: {backend} agrees with the embedded broker"
+            )
+            return 0
+        tries = iter(range(10**6))
+
+        async def fails(candidate: list[Step]) -> bool:
+            ns = f"{namespace}-s{next(tries)}"
+            return await run_lockstep(url, ns, candidate, backend) is not None
+
+        shrunk = await shrink(steps, fails)
+        print(f"seed {args.seed}: {failure}\nshrunk program:\n{_listing(shrunk)}")
+        return 1
+
+    return anyio.run(replay)
+
+
 if __name__ == "__main__":
-    for line in program(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else STEPS):
-        print(line)
+    sys.exit(main(sys.argv[1:]))
