@@ -15,8 +15,10 @@ attempt, every queue's counts and, page by page (``page_jobs``), the ids in ever
 Time is kept out of the comparison: delays are an hour and leases ten minutes (nothing
 comes due or expires during a run), and the rate limit allows two starts an hour (what
 it refuses, it refuses for the rest of the run). On a mismatch the failure names the
-seed, the step and the program so far; ``python -m tests.test_model_combined SEED``
-prints a seed's program.
+seed, the step and a shrunk program; ``python -m tests.test_model_combined SEED``
+prints a seed's program (``--url URL [--cluster]`` replays it against a Redis and shrinks a
+mismatch); the shrinking is delta debugging
+(tests/model_combined_shrink.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.model_combined_shrink import shrink
 from tests.support import TEST_DEADLINE, connected
 from typedq import JobState
 from typedq.broker.base import (
@@ -352,6 +355,49 @@ def _prepare(broker: Broker) -> None:
     broker.set_partitions(PARTITIONS)
 
 
+async def run_lockstep(url: str, namespace: str, steps: Sequence[Step], backend: str) -> str | None:
+    """Runs ``steps`` on a fresh embedded broker and on the broker at ``url`` under
+    ``namespace``; the first mismatch's description, or None when they agree throughout."""
+    ids = known_ids() + tick_ids(steps)
+    reference = MemoryBroker(
+        BrokerSettings(namespace=namespace, max_queue_length=MAX_QUEUE_LENGTH, max_stalls=3)
+    )
+    await reference.connect()
+    try:
+        async with connected(namespace, url, max_queue_length=MAX_QUEUE_LENGTH) as broker:
+            _prepare(reference)
+            _prepare(broker)
+            ref, other = Driver(reference), Driver(broker)
+            await ref.start_schedules()
+            await other.start_schedules()
+            counts_before: dict[str, Any] = {}
+            with anyio.fail_after(TEST_DEADLINE * 4):
+                for n, step in enumerate(steps):
+                    expected = await ref.apply(step)
+                    actual = await other.apply(step)
+                    where = f"{backend}, step {n}: {step!r}"
+                    if actual != expected:
+                        return (
+                            f"answers differ at {where}\n{backend}: {actual!r}\n"
+                            f"embedded: {expected!r}\ncounts before the step: {counts_before}"
+                        )
+                    want, got = await ref.view(ids), await other.view(ids)
+                    counts_before = want["counts"]
+                    for part in ("jobs", "counts", "pages"):
+                        if got[part] != want[part]:
+                            return (
+                                f"{part} differ at {where}\n{backend}: {got[part]!r}\n"
+                                f"embedded: {want[part]!r}"
+                            )
+    finally:
+        await reference.close()
+    return None
+
+
+def _listing(steps: Sequence[Step]) -> str:
+    return "\n".join(f"  {k:3d}: {s!r}" for k, s in enumerate(steps))
+
+
 @pytest.mark.asyncio_only
 @pytest.mark.redis
 @pytest.mark.parametrize("backend", ["redis", "cluster"])
@@ -368,37 +414,20 @@ async def test_brokers_agree_where_features_meet(
     steps = program(seed)
     if backend == "cluster":
         steps = for_cluster(steps)
-    ids = known_ids() + tick_ids(steps)
-    reference = MemoryBroker(
-        BrokerSettings(namespace=app_name, max_queue_length=MAX_QUEUE_LENGTH, max_stalls=3)
+    failure = await run_lockstep(url, app_name, steps, backend)
+    if failure is None:
+        return
+    # Shrink: steps removed while a mismatch persists, each try in a namespace of its own.
+    tries = iter(range(10**6))
+
+    async def fails(candidate: list[Step]) -> bool:
+        return await run_lockstep(url, f"{app_name}-s{next(tries)}", candidate, backend) is not None
+
+    shrunk = await shrink(steps, fails)
+    pytest.fail(
+        f"seed {seed}: {failure}\nshrunk program ({len(shrunk)} of {len(steps)} steps):\n"
+        f"{_listing(shrunk)}\nfull program: python -m tests.test_model_combined {seed}"
     )
-    await reference.connect()
-    try:
-        async with connected(app_name, url, max_queue_length=MAX_QUEUE_LENGTH) as broker:
-            _prepare(reference)
-            _prepare(broker)
-            ref, other = Driver(reference), Driver(broker)
-            await ref.start_schedules()
-            await other.start_schedules()
-            counts_before: dict[str, Any] = {}
-            with anyio.fail_after(TEST_DEADLINE * 4):
-                for n, step in enumerate(steps):
-                    expected = await ref.apply(step)
-                    actual = await other.apply(step)
-                    trace = "\n".join(f"  {k:3d}: {s!r}" for k, s in enumerate(steps[: n + 1]))
-                    where = f"{backend}, seed {seed}, step {n}: {step!r}\nprogram:\n{trace}"
-                    if actual != expected:
-                        before = f"counts before the step: {counts_before}"
-                        pytest.fail(
-                            f"answers differ at {where}\n{backend}: {actual!r}\n"
-                            f"embedded: {expected!r}\n{before}"
-                        )
-                    want, got = await ref.view(ids), await other.view(ids)
-                    counts_before = want["counts"]
-                    for part in ("jobs", "counts", "pages"):
-                        assert got[part] == want[part], f"{part} differ at {where}"
-    finally:
-        await reference.close()
 
 
 def _count_kinds(steps: Sequence[Step]) -> dict[str, int]:
@@ -406,6 +435,19 @@ def _count_kinds(steps: Sequence[Step]) -> dict[str, int]:
     for s in steps:
         kinds[s.kind] = kinds.get(s.kind, 0) + 1
     return kinds
+
+
+def test_shrink_keeps_only_the_steps_a_mismatch_needs() -> None:
+    """The shrinker reduces a 60-step program failing when two steps are both present to
+    those two steps, in their order."""
+    runs: list[int] = []
+
+    async def fails(candidate: list[int]) -> bool:
+        runs.append(len(candidate))
+        return 11 in candidate and 47 in candidate
+
+    assert anyio.run(shrink, list(range(60)), fails) == [11, 47]
+    assert len(runs) <= 60
 
 
 def test_programs_combine_every_feature() -> None:
@@ -432,6 +474,47 @@ def test_programs_combine_every_feature() -> None:
     assert {s.flow[1] for s in steps if s.kind == "flow"} == {"chain", "fanout", "collect"}
 
 
+def main(argv: Sequence[str]) -> int:
+    """``python -m tests.test_model_combined SEED [STEPS] [--url URL [--cluster]]``: prints
+    the seed's program; with ``--url``, runs it in lockstep against the Redis (``--cluster``:
+    the Redis Cluster) at URL and prints the first mismatch, shrunk."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.test_model_combined")
+    parser.add_argument("seed", type=int)
+    parser.add_argument("steps", type=int, nargs="?", default=STEPS)
+    parser.add_argument("--url", help="a Redis (or Redis Cluster) URL to run the program on")
+    parser.add_argument("--cluster", action="store_true", help="the URL is a Redis Cluster")
+    args = parser.parse_args(argv)
+    steps = program(args.seed, args.steps)
+    backend = "cluster" if args.cluster else "redis"
+    if args.cluster:
+        steps = for_cluster(steps)
+    if not args.url:
+        print(_listing(steps))
+        return 0
+    url: str = args.url
+
+    async def replay() -> int:
+        namespace = f"model-replay-{args.seed}-{random.randrange(10**9)}"
+        failure = await run_lockstep(url, namespace, steps, backend)
+        if failure is None:
+            print(
+                f"seed {args.seed}, {len(steps)} steps: {backend} agrees with the embedded broker"
+            )
+            return 0
+        tries = iter(range(10**6))
+
+        async def fails(candidate: list[Step]) -> bool:
+            ns = f"{namespace}-s{next(tries)}"
+            return await run_lockstep(url, ns, candidate, backend) is not None
+
+        shrunk = await shrink(steps, fails)
+        print(f"seed {args.seed}: {failure}\nshrunk program:\n{_listing(shrunk)}")
+        return 1
+
+    return anyio.run(replay)
+
+
 if __name__ == "__main__":
-    for line in program(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else STEPS):
-        print(line)
+    sys.exit(main(sys.argv[1:]))
