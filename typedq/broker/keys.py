@@ -94,6 +94,9 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    ``<flow>|e|<queue>`` ...)
     Q ho:<entry id>       string   one outbox entry: '<target queue>|<record>', the record
                                    a msgpack array (see lua/common.lua)
+    Q P                   hash     the jobs a limit gate holds parked now: id -> its
+                                   gate (a gate's list keeps stale entries too: this
+                                   tells the live one, for listings)
     Q G                   zset     limit gates (typedq.limits) that parked waiting jobs
                                    -> when the gate opens (µs; +inf until a concurrency
                                    slot frees, 0 once one did); a gate is

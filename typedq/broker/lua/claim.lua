@@ -279,6 +279,7 @@ if any_gated then
         if #rows < PARK_SCAN then rcall('RPUSH', lk, entry) else rcall('LPUSH', lk, entry) end
       end
     end
+    rcall('HSET', k_parked(q), id, gate)
     rcall('ZADD', k_gates(q), opens, gate)
   end
 
@@ -441,6 +442,7 @@ if any_gated and limit > 0 then
         for _, e in ipairs(popped) do
           local prio, id = string.match(e, '^(%-?%d+)|(.*)$')
           if prio then
+            rcall('HDEL', k_parked(q), id)
             -- A job that left waiting meanwhile goes back as a dead entry, first (its
             -- cancel or remove counted it stale; whoever pops it consumes that).
             local r = read_keyed(q, id, 's', 'q', 'p', 'o')

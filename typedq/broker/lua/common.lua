@@ -132,6 +132,8 @@ local function k_flow(q, f) return k_q(q) .. 'f:' .. f end
 -- A gate is '<r|c>|<task>|<key>'; a slot name ('ck' of the job hash) '<task>|<key>'.
 local function k_gates(q) return k_fixed(q, 'G') end
 local function k_gate(q, gate) return k_q(q) .. 'g:' .. gate end
+-- The jobs gates hold parked now: id -> its gate (a gate's list also keeps stale entries).
+local function k_parked(q) return k_fixed(q, 'P') end
 local function k_rate(q, task, key) return k_q(q) .. 'rl:' .. task .. '|' .. key end
 local function k_slots(q, slot) return k_q(q) .. 'cc:' .. slot end
 -- App-wide names (off the job path).
@@ -894,6 +896,7 @@ local REQ_TTL_MS = '60000'
 local stale_any = {}
 local function mark_stale(q, prio, id)
   rcall('HINCRBY', k_stale(q), prio .. '|' .. id, 1)
+  rcall('HDEL', k_parked(q), id)  -- a parked job's gate entry is stale from now on
   stale_any[q] = true
 end
 

@@ -235,9 +235,12 @@ if state == 'w' then
             if f and entry_live(q, prio, f) then take(f.id) end
           else
             local r = read_keyed(q, entry, 's', 'q', 'p')
+            -- With a stale count, the newest bare entry of the id is live unless the
+            -- job is parked (its live entry is then in a gate's list).
             if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio
                 and (not redis.call('HGET', sk, prio .. '|' .. entry)
-                  or redis.call('LPOS', lk, entry) == len - (pos - base)) then
+                  or (redis.call('LPOS', lk, entry) == len - (pos - base)
+                    and redis.call('HEXISTS', k_parked(q), entry) == 0)) then
               take(entry)
             end
           end
@@ -247,14 +250,12 @@ if state == 'w' then
           local gp, id = string.match(entry, '^(%-?%d+)|(.*)$')
           local r = gp and read_keyed(q, id, 's', 'q', 'p')
           -- With a stale count (a job of this id was cancelled or removed while parked,
-          -- and one may wait again under the id), an entry is live only if the gate
-          -- holds more entries of the id than stale ones (else the job waits again in a
-          -- level list: retried, or enqueued anew) and it is the newest of the id in the
-          -- gate (stale ones precede it there).
-          local stale = gp and tonumber(redis.call('HGET', sk, gp .. '|' .. id))
+          -- and one may wait again under the id), an entry is live only if the job is
+          -- parked now in this gate (the queue's parked hash) and it is the newest of the
+          -- id in the gate (stale ones precede it there).
           if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == gp
-              and (not stale
-                or (#redis.call('LPOS', lk, entry, 'COUNT', 0) > stale
+              and (not redis.call('HGET', sk, gp .. '|' .. id)
+                or (redis.call('HGET', k_parked(q), id) == l[5]
                   and redis.call('LPOS', lk, entry) == len - (pos - base))) then
             take(id)
           end

@@ -38,6 +38,7 @@ if state == 'w' then
       seen = seen + 1
       local prio, id = string.match(e, '^(%-?%d+)|(.*)$')
       if prio and not take_stale(q, prio, id) then
+        redis.call('HDEL', k_parked(q), id)
         local r = read_keyed(q, id, 's', 'q', 'p')
         if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then drop(id) end
       end
