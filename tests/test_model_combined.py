@@ -6,19 +6,20 @@ a rate limit, chains across queues (across slots on Redis Cluster) and fan-outs 
 callback or a collector, schedules fired tick by tick with the overlap policies (one on
 the partitioned queue; now and then against a stale state), priorities, delays, dedup by
 id (a small pool of ids, reused after removal), claims, completions, failures (retried or
-final), and the operators' cancel, retry, remove and purge. Each program runs in lockstep on the embedded broker,
-the reference, and on the broker under test (a single Redis, a local Redis Cluster);
-after every step the two answers must be equal, and so must every job's state and
-attempt, every queue's counts and, page by page (``page_jobs``), the ids in every state
-(which ids: their order is held by the claims' answers).
+final), and the operators' cancel, retry, remove and purge. Each program runs in
+lockstep on the embedded broker, the reference, and on the broker under test (a single
+Redis, a local Redis Cluster); after every step the two answers must be equal, and so
+must every job's state and attempt, every queue's counts and, page by page
+(``page_jobs``), the ids in every state (which ids: their order is held by the claims'
+answers). On Cluster the program leaves out what docs/brokers.md documents Cluster does
+differently (for_cluster).
 
 Time is kept out of the comparison: delays are an hour and leases ten minutes (nothing
 comes due or expires during a run), and the rate limit allows two starts an hour (what
 it refuses, it refuses for the rest of the run). On a mismatch the failure names the
-seed, the step and a shrunk program; ``python -m tests.test_model_combined SEED``
-prints a seed's program (``--url URL [--cluster]`` replays it against a Redis and shrinks a
-mismatch); the shrinking is delta debugging
-(tests/model_combined_shrink.py).
+seed, the step and a shrunk program (delta debugging, tests/model_combined_shrink.py).
+``python -m tests.test_model_combined SEED [STEPS]`` prints a seed's program, and with
+``--url URL [--cluster]`` replays it against a Redis (or Cluster) and shrinks a mismatch.
 """
 
 from __future__ import annotations
