@@ -157,7 +157,7 @@ async def test_stored_jobs_stay_out_of_the_cyclic_gc() -> None:
         )
         (claimed, *_) = await broker.claim(["q"], 1, worker_id="w", lease=60)
         await broker.complete([Completion(claimed.message.id, claimed.token, b"r")])
-        jobs = [broker._jobs[f"j{i}"] for i in range(3)]
+        jobs = [broker.table.jobs[f"j{i}"] for i in range(3)]
         assert [job.state for job in jobs] == [
             JobState.COMPLETED,
             JobState.WAITING,

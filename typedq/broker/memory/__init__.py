@@ -1,0 +1,28 @@
+"""The embedded broker (``memory://``): in-process, same semantics as Redis.
+
+Everything lives in dicts, deques and heaps owned by one event loop, in small state
+objects that :class:`MemoryBroker` (:mod:`.broker`) composes:
+
+- :mod:`.jobs`: the job table, counts per state, versions (lazy deletion);
+- :mod:`.lines`: the waiting lines by priority, the scheduled jobs' heap;
+- :mod:`.leases`: lease deadlines and claim records, on the clock's monotonic time;
+- :mod:`.limits`: rate windows, concurrency slots and ghosts, the gates that park jobs;
+- :mod:`.flows`: running workflows;
+- :mod:`.schedules`: schedule states;
+- :mod:`.retention`: finished jobs and their bounds;
+- :mod:`.observe`: throughput rollups, event streams, the worker and queue registry;
+- :mod:`.listing`: listing and paging a state's jobs.
+
+Time comes from one injected :class:`~typedq.clock.Clock`: delays, ETAs, timestamps and
+retention read its wall time, leases and worker registrations its monotonic time.
+"""
+
+from __future__ import annotations
+
+from .broker import MemoryBroker
+from .lines import WaitLine
+
+__all__ = ["MemoryBroker"]
+
+#: The name the waiting line had when this package was one module (its tests use it).
+_WaitLine = WaitLine

@@ -1,0 +1,280 @@
+"""Where jobs wait: a line per queue, best first, and the heap of scheduled jobs.
+
+A queue's line (:class:`WaitLine`) is a FIFO per priority level; scheduled jobs wait in
+one heap by due time until a claim promotes the due ones. Both use lazy deletion (see
+:mod:`.jobs`): an entry is skipped when it comes up if its job has moved on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import defaultdict, deque
+from collections.abc import Iterable, Iterator, Sequence
+
+from ..base import EnqueueOutcome, JobMessage, JobState
+from .jobs import SCHEDULED, WAITING, Entry, Job, JobTable
+
+__all__ = ["Level", "Lines", "WaitLine"]
+
+
+class Level:
+    """The entries of one priority level of a queue, in order.
+
+    Jobs mostly arrive in order (a new job's order is above every other's) or at the head
+    (a flow's released step): those go to the ends of ``fifo``, O(1) both ways. The rest
+    (a job handed back to its old place) go to the small heap ``late``; the next entry is
+    the smaller of the two heads.
+    """
+
+    __slots__ = ("fifo", "late")
+
+    def __init__(self) -> None:
+        self.fifo: deque[Entry] = deque()
+        self.late: list[Entry] = []
+
+    def push(self, entry: Entry) -> None:
+        fifo = self.fifo
+        if not fifo or entry[1] > fifo[-1][1]:
+            fifo.append(entry)
+        elif entry[1] < fifo[0][1]:
+            fifo.appendleft(entry)
+        else:
+            heapq.heappush(self.late, entry)
+
+    def peek(self) -> Entry:
+        fifo, late = self.fifo, self.late
+        if late and (not fifo or late[0] < fifo[0]):
+            return late[0]
+        return fifo[0]
+
+    def pop(self) -> Entry:
+        fifo, late = self.fifo, self.late
+        if late and (not fifo or late[0] < fifo[0]):
+            return heapq.heappop(late)
+        return fifo.popleft()
+
+
+class WaitLine:
+    """The waiting entries of one queue, best first: a level per priority.
+
+    Taking the next entry is O(1) (plus the number of priority levels in use, which is
+    small), where one heap of every waiting job costs O(log n) tuple comparisons a job.
+    Entries are never removed out of turn: an entry whose job has moved on (its version
+    no longer matches) is skipped when it comes up.
+    """
+
+    __slots__ = ("keys", "levels")
+
+    def __init__(self) -> None:
+        #: -priority -> level; ``keys`` holds the levels' keys in ascending order.
+        self.levels: dict[int, Level] = {}
+        self.keys: list[int] = []
+
+    def push(self, entry: Entry) -> None:
+        self.level(entry[0]).push(entry)
+
+    def level(self, key: int) -> Level:
+        """The level of ``key`` (-priority), made if missing."""
+        level = self.levels.get(key)
+        if level is None:
+            level = self.levels[key] = Level()
+            bisect.insort(self.keys, key)
+        return level
+
+    def peek(self) -> Entry | None:
+        """The best entry, or None when empty."""
+        keys = self.keys
+        return self.levels[keys[0]].peek() if keys else None
+
+    def pop(self) -> Entry | None:
+        """Take the best entry (None when empty); an emptied level goes."""
+        keys = self.keys
+        if not keys:
+            return None
+        key = keys[0]
+        level = self.levels[key]
+        entry = level.pop()
+        if not level.fifo and not level.late:
+            del self.levels[key]
+            del keys[0]
+        return entry
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def __iter__(self) -> Iterator[Entry]:
+        for level in self.levels.values():
+            yield from level.fifo
+            yield from level.late
+
+
+def best(line: WaitLine) -> Entry:
+    """The best entry of a non-empty line (the key that picks the line to claim from)."""
+    entry = line.peek()
+    assert entry is not None  # only non-empty lines are compared
+    return entry
+
+
+class Lines:
+    """The waiting lines by queue and the scheduled jobs' heap, over one job table.
+
+    This object places jobs; it never finishes them. ``scheduled`` holds
+    (due time, version, id), smallest due time first.
+    """
+
+    __slots__ = ("queues", "scheduled", "table", "waiting")
+
+    def __init__(self, table: JobTable, queues: set[str]) -> None:
+        self.table = table
+        #: The queue registry (observe.Registry.queues): a new job's queue joins it.
+        self.queues = queues
+        self.waiting: defaultdict[str, WaitLine] = defaultdict(WaitLine)
+        self.scheduled: list[tuple[float, int, str]] = []
+
+    # -- placing jobs ------------------------------------------------------------------
+
+    def add(self, messages: Sequence[JobMessage], now: float) -> list[EnqueueOutcome]:
+        """Store the new jobs of ``messages`` (an id that exists, or repeats within the
+        batch, adds nothing), waiting or scheduled by their delay or ETA.
+
+        One pass, no per-job calls: the job, its entry and its outcome. Counters and
+        per-queue lookups live in locals and are stored back once.
+        """
+        table = self.table
+        jobs = table.jobs
+        all_counts = table.counts
+        waiting = self.waiting
+        scheduled = self.scheduled
+        seq = table.seq
+        version = table.versions
+        outcomes: list[EnqueueOutcome] = []
+        append = outcomes.append
+        last_queue = None
+        last_key = 0
+        counts: dict[JobState, int] = {}
+        fifo: deque[Entry] | None = None  # the level of (last_queue, last_key), once used
+        for message in messages:
+            job_id = message.id
+            if job_id in jobs:
+                append(EnqueueOutcome(job_id, False))
+                continue
+            queue = message.queue
+            key = -message.priority
+            if queue != last_queue:
+                last_queue, last_key, fifo = queue, key, None
+                counts = all_counts[queue]
+                self.queues.add(queue)  # the queue registry: producers' queues too
+            elif key != last_key:
+                last_key, fifo = key, None
+            seq += 1
+            version += 1
+            eta = message.eta
+            run_at = eta if eta > 0 else (now + message.delay if message.delay > 0 else 0.0)
+            if run_at > now:
+                jobs[job_id] = Job(message, now, seq, version, SCHEDULED, run_at=run_at)
+                counts[SCHEDULED] += 1
+                heapq.heappush(scheduled, (run_at, version, job_id))
+            else:
+                jobs[job_id] = Job(message, now, seq, version)
+                counts[WAITING] += 1
+                if fifo is None:
+                    fifo = waiting[queue].level(key).fifo
+                # A new order is above every order given before: the tail of its level.
+                fifo.append((key, seq, version, job_id))
+            append(EnqueueOutcome(job_id, True))
+        table.seq = seq
+        table.versions = version
+        return outcomes
+
+    def to_waiting(
+        self, job: Job, *, keep_order: bool, at_head: bool = False, due: float | None = None
+    ) -> None:
+        """Waiting: at its old place (``keep_order``), at the tail of its priority level,
+        or at its head (``at_head``: the latest so placed first out). ``due``: it is due
+        again from then (a retry, hand-back, recovery, hand-off; its queue wait counts
+        from it); None keeps its due time (a scheduled job's, or none)."""
+        table = self.table
+        table.move(job, WAITING)
+        if at_head:
+            job.order = -table.next_order()
+        elif not keep_order:
+            job.order = table.next_order()
+        if due is not None:
+            job.run_at = due
+        message = job.message
+        self.waiting[message.queue].push((-message.priority, job.order, job.version, message.id))
+
+    def to_scheduled(self, job: Job, run_at: float) -> None:
+        """Scheduled: due at ``run_at`` (epoch seconds)."""
+        self.table.move(job, SCHEDULED)
+        job.run_at = run_at
+        heapq.heappush(self.scheduled, (run_at, job.version, job.message.id))
+
+    def promote_due(self, now: float) -> None:
+        """Every scheduled job due at ``now`` joins the tail of its line."""
+        scheduled = self.scheduled
+        live = self.table.live
+        while scheduled and scheduled[0][0] <= now:
+            _, version, job_id = heapq.heappop(scheduled)
+            job = live(job_id, version, SCHEDULED)
+            if job is not None:
+                self.to_waiting(job, keep_order=False)
+
+    # -- looking -----------------------------------------------------------------------
+
+    def head(self, queue: str) -> Entry | None:
+        """The live best entry of ``queue``'s line; stale entries before it are dropped."""
+        line = self.waiting.get(queue)
+        live = self.table.live
+        while line:
+            entry = line.peek()
+            assert entry is not None
+            if live(entry[3], entry[2], WAITING) is not None:
+                return entry
+            line.pop()
+        return None
+
+    def next_run_at(self) -> float | None:
+        """The run_at of the earliest live scheduled entry; stale heads are dropped."""
+        scheduled = self.scheduled
+        live = self.table.live
+        while scheduled:
+            run_at, version, job_id = scheduled[0]
+            if live(job_id, version, SCHEDULED) is not None:
+                return run_at
+            heapq.heappop(scheduled)
+        return None
+
+    def due_scheduled(self, now: float) -> Iterator[tuple[float, Job]]:
+        """The live scheduled jobs due at ``now``, not promoted yet, with their due time."""
+        live = self.table.live
+        for run_at, version, job_id in self.scheduled:
+            if run_at <= now and (job := live(job_id, version, SCHEDULED)) is not None:
+                yield run_at, job
+
+    def oldest_due(self, queues: Iterable[str], now: float) -> dict[str, float]:
+        """Per queue of ``queues`` with a job waiting (or due but not promoted yet, which
+        promotion at claim would make waiting), the earliest time one became due."""
+        oldest: dict[str, float] = {}
+        wanted = set(queues)
+        live = self.table.live
+        for queue in wanted:
+            for _, _, version, job_id in self.waiting.get(queue) or ():
+                job = live(job_id, version, WAITING)
+                if job is not None:
+                    # Waiting since it became due: its due time when it has one (a
+                    # retry's, a hand-back's, a delayed job's, ...), else its enqueue or
+                    # the time its eta or delay named.
+                    if job.run_at > 0:
+                        due = job.run_at
+                    else:
+                        m = job.message
+                        due = m.eta if m.eta > 0 else job.enqueued_at + m.delay
+                        due = max(job.enqueued_at, due)
+                    oldest[queue] = min(oldest.get(queue, now), due)
+        for run_at, job in self.due_scheduled(now):
+            queue = job.message.queue
+            if queue in wanted:
+                oldest[queue] = min(oldest.get(queue, now), run_at)
+        return oldest
