@@ -30,7 +30,7 @@ from ..records import CANCELLED_WITH_FLOW, broker_failure
 from .jobs import SCHEDULED, Job, encode
 
 if TYPE_CHECKING:
-    from .broker import MemoryBroker
+    from .core import JobPath
 
 __all__ = ["Flow", "Flows"]
 
@@ -81,7 +81,7 @@ class Flows:
 
     __slots__ = ("broker", "running")
 
-    def __init__(self, broker: MemoryBroker) -> None:
+    def __init__(self, broker: JobPath) -> None:
         self.broker = broker
         self.running: dict[str, Flow] = {}
 
@@ -99,7 +99,7 @@ class Flows:
             adding: dict[str, int] = defaultdict(int)
             for message in messages:
                 adding[message.queue] += 1
-            broker.check_room(adding, broker.queue_cap(adding), "this flow's {extra} jobs")
+            broker.table.check_room(adding, broker.queue_cap(adding), "this flow's {extra} jobs")
         now = broker.clock.time()
         flow = self.running[spec.id] = Flow(spec)
         to_waiting = broker.lines.to_waiting

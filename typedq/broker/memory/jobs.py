@@ -10,9 +10,11 @@ under the id of a removed one can never match an entry its predecessor left behi
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 import msgspec
 
+from ...errors import QueueFull
 from ..base import ERROR_HISTORY, JobMessage, JobRecord, JobState
 
 __all__ = ["Entry", "Job", "JobTable", "encode"]
@@ -127,6 +129,18 @@ class JobTable:
         # Broker-wide, so no later incarnation of this id reuses a version (D-stale).
         self.versions += 1
         job.version = self.versions
+
+    def check_room(self, adding: Mapping[str, int], limit: int, what: str) -> None:
+        """Raise QueueFull when adding ``adding[queue]`` jobs would pass ``limit`` pending
+        (waiting + scheduled) jobs in a queue; ``what`` names them (``{extra}``: how many)."""
+        for queue, extra in adding.items():
+            counts = self.counts[queue]
+            pending = counts[JobState.WAITING] + counts[JobState.SCHEDULED]
+            if pending + extra > limit:
+                raise QueueFull(
+                    f"queue {queue!r} holds {pending} pending jobs; "
+                    f"{what.format(extra=extra)} would pass max_queue_length={limit}"
+                )
 
     def live(self, job_id: str, version: int, state: JobState) -> Job | None:
         """The job an entry (``job_id``, ``version``) pushed for ``state`` stands for,

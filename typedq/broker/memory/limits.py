@@ -22,14 +22,14 @@ from ...limits import LimitSpec
 from .jobs import WAITING, Entry, Job, JobTable
 from .lines import Lines
 
-__all__ = ["MICRO", "Gate", "Limits"]
+__all__ = ["MICRO", "Gate", "Limiter"]
 
 #: A limit gate: (queue, 'r' for rate | 'c' for concurrency, task, key).
 Gate = tuple[str, str, str, str]
 MICRO = 1_000_000
 
 
-class Limits:
+class Limiter:
     """Rate windows, concurrency slots and gates; ``wake`` tells waiting workers when a
     gate opens early (a slot freed)."""
 
