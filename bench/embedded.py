@@ -59,7 +59,9 @@ def timed_broker_calls(spent: list[float]) -> Iterator[None]:
     """Add the time spent inside the MemoryBroker's calls to ``spent[0]``, and the time
     spent in the cyclic GC to ``spent[1]``, while the block runs."""
     originals: dict[str, Callable[..., Any]] = {}
-    for name, method in vars(MemoryBroker).items():
+    own = set(vars(MemoryBroker))  # the rest is inherited (its job path: broker/memory/core.py)
+    for name in dir(MemoryBroker):
+        method = inspect.getattr_static(MemoryBroker, name)
         if inspect.iscoroutinefunction(method) and name not in _WAITING_CALLS:
             originals[name] = method
 
@@ -89,7 +91,10 @@ def timed_broker_calls(spent: list[float]) -> Iterator[None]:
     finally:
         gc.callbacks.remove(on_gc)
         for name, method in originals.items():
-            setattr(MemoryBroker, name, method)
+            if name in own:
+                setattr(MemoryBroker, name, method)
+            else:
+                delattr(MemoryBroker, name)
 
 
 async def one_run(
