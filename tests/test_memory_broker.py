@@ -18,6 +18,7 @@ from typedq.broker.base import (
     Release,
 )
 from typedq.broker.memory import MemoryBroker, _WaitLine
+from typedq.clock import VirtualClock
 from typedq.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -224,5 +225,43 @@ async def test_handed_back_jobs_return_to_their_place_among_newer_ones() -> None
         assert await broker.release([Release(b.message.id, b.token)]) == [FinishOutcome.OK]
         claimed = await broker.claim(["q"], 10, worker_id="w", lease=60)
         assert [j.message.id for j in claimed] == ["a", "b", "c", "d", "e", "f"]
+    finally:
+        await broker.close()
+
+
+async def test_a_virtual_clock_moves_leases_and_due_times_alike() -> None:
+    """Given a Clock, the broker reads all its time through it: a lease ends when the
+    clock's monotonic time passes it, with no real time passing."""
+    clock = VirtualClock(start=1_000.0)
+    broker = MemoryBroker(clock=clock)
+    await broker.connect()
+    try:
+        await broker.enqueue([JobMessage(id="j", task="t", queue="q", payload=b"", delay=5)])
+        assert await broker.claim(["q"], 1, worker_id="w", lease=30) == []
+        clock.advance_nowait(5)
+        (claimed,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert claimed.message.id == "j"
+        (record,) = await broker.get(["j"])
+        assert record is not None
+        assert record.started_at == 1_005.0
+        assert await broker.recover_stalled() == 0
+        clock.advance_nowait(31)
+        assert await broker.recover_stalled() == 1
+        assert (await broker.counts("q"))[JobState.WAITING] == 1
+    finally:
+        await broker.close()
+
+
+async def test_a_bare_callable_clock_is_wall_time_only() -> None:
+    """A ``() -> float`` (FakeClock) moves delays and timestamps; leases keep real time."""
+    clock = FakeClock(2_000.0)
+    broker = MemoryBroker(clock=clock)
+    await broker.connect()
+    try:
+        await broker.enqueue([JobMessage(id="j", task="t", queue="q", payload=b"")])
+        await broker.claim(["q"], 1, worker_id="w", lease=30)
+        clock.advance(3600)
+        assert await broker.recover_stalled() == 0  # an hour of wall time: lease still held
+        assert broker.clock.time() == 5_600.0
     finally:
         await broker.close()
