@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import random
 
+import anyio
 import msgspec
 import pytest
 
@@ -263,5 +264,25 @@ async def test_a_bare_callable_clock_is_wall_time_only() -> None:
         clock.advance(3600)
         assert await broker.recover_stalled() == 0  # an hour of wall time: lease still held
         assert broker.clock.time() == 5_600.0
+    finally:
+        await broker.close()
+
+
+async def test_waits_for_due_jobs_follow_a_virtual_clock() -> None:
+    """A worker waiting for a delayed job wakes when the virtual clock reaches its due
+    time, not after that many real seconds."""
+    clock = VirtualClock(start=1_000.0)
+    broker = MemoryBroker(clock=clock)
+    await broker.connect()
+    try:
+        await broker.enqueue([JobMessage(id="j", task="t", queue="q", payload=b"", delay=30)])
+        with anyio.fail_after(5):  # real seconds: far less than the job's 30 s delay
+            async with anyio.create_task_group() as group:
+                group.start_soon(broker.wait_for_jobs, ["q"], 60.0)
+                await anyio.wait_all_tasks_blocked()
+                assert clock.sleepers == 1
+                await clock.advance(30)
+        (claimed,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert claimed.message.id == "j"
     finally:
         await broker.close()

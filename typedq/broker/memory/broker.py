@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import anyio
-
 from ...errors import ConfigError, QueueFull
 from ...names import check_worker_id
 from ...options import check_numbers
@@ -60,9 +58,7 @@ class MemoryBroker(JobPath):
         if delta <= 0:
             return
         # Woken by wake() too: a fake clock that moves says so through it.
-        assert self._work is not None
-        with anyio.move_on_after(delta):
-            await self._work.wait()
+        await self.wait_work(delta)
 
     async def sync_schedules(
         self, schedules: Sequence[tuple[str, str]], *, prune: bool

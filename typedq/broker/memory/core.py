@@ -43,7 +43,7 @@ from ..records import (
 )
 from .flows import Flows
 from .jobs import ACTIVE, CANCELLED, COMPLETED, FAILED, Job, JobTable, encode
-from .leases import Leases, as_clock
+from .leases import Leases, WallClock, as_clock
 from .limits import MICRO, Limiter
 from .lines import Lines
 from .observe import Events, Registry, Rollups
@@ -67,6 +67,8 @@ class JobPath(Broker):
     ) -> None:
         self.settings = settings or BrokerSettings()
         self.clock: Clock = as_clock(clock)
+        #: Does the clock's time pass as real time does (then waits are anyio timeouts)?
+        self._real_time = self.clock is SYSTEM_CLOCK or isinstance(self.clock, WallClock)
         self.table = JobTable()
         self.registry = Registry(self.clock)
         self.lines = Lines(self.table, self.registry.queues)
@@ -316,9 +318,30 @@ class JobPath(Broker):
         wait = min(timeout, self._due_soon(queues))
         if wait <= 0:
             return
-        assert self._work is not None
-        with anyio.move_on_after(wait):
-            await self._work.wait()
+        await self.wait_work(wait)
+
+    async def wait_work(self, seconds: float) -> None:
+        """Wait until :meth:`wake` or ``seconds`` of the clock's time pass.
+
+        On a clock of real time, an anyio timeout; on another clock (a
+        :class:`~typedq.clock.VirtualClock`), its own sleep, so moving that clock past a
+        due time ends the wait as the due time itself would.
+        """
+        work = self._work
+        assert work is not None
+        if self._real_time:
+            with anyio.move_on_after(seconds):
+                await work.wait()
+            return
+        async with anyio.create_task_group() as group:
+
+            async def timer() -> None:
+                await self.clock.sleep(seconds)
+                group.cancel_scope.cancel()
+
+            group.start_soon(timer)
+            await work.wait()
+            group.cancel_scope.cancel()
 
     async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:
         self._check()
