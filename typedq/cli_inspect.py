@@ -16,7 +16,7 @@ import msgspec
 from .broker.base import JobState
 from .cli_common import load_app
 from .client import DEFAULT_BROKER_ENV, Client
-from .errors import ConfigError
+from .errors import ConfigError, Unsupported
 from .schedule import Schedule
 from .task import expand_queues
 
@@ -130,7 +130,7 @@ async def _discover_queues(client: Client) -> list[str]:
     """Every queue the broker's queue registry knows (``default`` when it knows none)."""
     try:
         found = await client.broker.list_queues()
-    except NotImplementedError:
+    except Unsupported:
         found = []
     return found or ["default"]
 

@@ -30,6 +30,7 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from ..errors import ConfigError, NotConnected, QueueFull
+from ..limits import LimitSpec
 from ..names import check_worker_id
 from ..options import check_numbers
 from .base import (
@@ -769,6 +770,10 @@ class MemoryBroker(Broker):
         return dict(self._counts[queue])
 
     # -- worker side ---------------------------------------------------------------
+
+    def set_limits(self, limits: Mapping[str, LimitSpec]) -> None:
+        """Declare tasks' limits; every later claim enforces them (see :meth:`_admit`)."""
+        self._merge_limits(limits)
 
     async def claim(
         self,
