@@ -653,7 +653,7 @@ class OutageBroker(FaultyBroker):
 
     async def release(self, items: Sequence[Release]) -> list[FinishOutcome]:
         self._gate("release")
-        return await super().release(items)
+        return await self.inner.release(items)
 
     async def cancel_requests(self, ids: Sequence[str]) -> list[str]:
         self._gate("cancel_requests")
@@ -669,7 +669,7 @@ class OutageBroker(FaultyBroker):
 
     async def recover_stalled(self, limit: int = 1000, *, holding: Collection[str] = ()) -> int:
         self._gate("recover_stalled")
-        return await super().recover_stalled(limit, holding=holding)
+        return await self.inner.recover_stalled(limit, holding=holding)
 
 
 @pytest.mark.slow  # an outage of more than two real leases
