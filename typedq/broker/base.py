@@ -35,7 +35,7 @@ instead of poll: ``enqueue_batches`` (one ``enqueue`` per batch), ``complete_and
 ``wait_finished`` (polls ``get``), ``wait_for_jobs`` (sleeps a little),
 ``cancel_requests`` (none: ``renew`` answering ``CANCEL_REQUESTED`` is the backstop) and
 ``wait_cancel_requests`` (sleeps). Plus the plain helpers ``set_partitions`` and
-``queue_cap``.
+``queue_cap`` (``CORE_WITH_DEFAULTS`` in :mod:`typedq.broker.capabilities` lists all 10).
 
 **Capabilities** (:mod:`typedq.broker.capabilities`, one ``typing.Protocol`` each): a
 backend adds them by overriding their methods; until it does, the defaults here raise
@@ -957,8 +957,8 @@ class Broker(abc.ABC):
         """
         raise self._unsupported("operator actions (remove)")
 
-    # -- observability (metrics, the worker and queue registries; capability
-    # Observability) -------------------------------------------------------------------
+    # -- observability (metrics, the worker and queue registries) ---------------------
+    # queue_stats is a core method with a default; the rest is capability Observability.
 
     async def queue_stats(self, queues: Sequence[str]) -> list[QueueStats]:
         """Counts per state and the oldest waiting job's age, per queue, in one call (what
