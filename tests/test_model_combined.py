@@ -48,6 +48,7 @@ from typedq.broker.flow import FlowSpec, member_id, step_id
 from typedq.broker.memory import MemoryBroker
 from typedq.limits import LimitSpec
 from typedq.names import partition_queue
+from typedq.options import MAX_PRIORITY, MIN_PRIORITY
 
 pytestmark = pytest.mark.anyio
 
@@ -71,7 +72,8 @@ FLOWS = {
     "f1": ("fanout", 3, ("q", "r", "q", "r")),
     "f2": ("collect", 2, ("r", "r", "", "q")),
 }
-PRIORITIES = (-5, 0, 0, 5)
+# The range's edges too: an envelope at MIN/MAX_PRIORITY must sort alike everywhere.
+PRIORITIES = (MIN_PRIORITY, -5, 0, 0, 5, MAX_PRIORITY)
 LEASE = 600.0
 DELAY = 3600.0
 LIMITS = {
