@@ -4,7 +4,7 @@ It knows one queue, no time and no bytes: only which jobs exist, their state, th
 place in line, their attempt and stall counts, and which lease token may speak for
 them. It encodes the contract of :mod:`typedq.broker.base` and the shared decisions
 of issue 7 (D-stale, D-retry-token, D-dup-in-batch), so every broker can be compared
-with it step by step (tests/test_model_check.py).
+with it step by step (tests/redis/test_model_check.py).
 
 Tokens are model *handles* (small integers): the driver maps each handle to the real
 token a broker handed out for that claim. Delays are either 0 (waiting at once) or one
