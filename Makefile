@@ -8,7 +8,7 @@
 #         One interpreter only: make test PYTHONS=python3
 # REQUIRE_PYTHONS the entries of PYTHONS that must be installed: CI sets all three
 #         (.ci/run), so a green CI means every supported Python passed.
-# PYTEST_ARGS passed to pytest, e.g. make test PYTEST_ARGS="-x tests/test_cli.py"
+# PYTEST_ARGS passed to pytest, e.g. make test PYTEST_ARGS="-x tests/process/test_cli.py"
 # PYTEST_JOBS pytest-xdist processes for `make pytest` / `make test` / `make test-fast` (each
 #         with its own redis-server); PYTEST_JOBS=0 runs the suite in one process.
 PYTHON  ?= python3

@@ -10,7 +10,7 @@ messages for it with the expectations written inline::
 
 The format is described in ``typing_snippets/README.md``. A call that must fail and
 starts to type-check fails its test, as ``warn_unused_ignores`` would. ``# P:`` comments are
-pyright's expectations (tests/test_typing_pyright.py); mypy ignores them.
+pyright's expectations (tests/tooling/test_typing.pyright.py); mypy ignores them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Literal, cast
 import mypy.api
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SNIPPETS = ROOT / "tests" / "typing_snippets"
 CONFIG = SNIPPETS / "mypy.ini"
 PASS = sorted((SNIPPETS / "pass").glob("*.py"))

@@ -14,7 +14,7 @@ import pytest
 from bench import run
 from bench.adapters import common
 from tests.redis_harness import redis_process
-from tests.test_bench_flows import adapter_run
+from tests.tooling.test_bench_flows import adapter_run
 
 
 def _adapter_run(system: str, params: dict[str, Any], url: str) -> dict[str, Any]:

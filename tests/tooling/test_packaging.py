@@ -17,7 +17,7 @@ from trove_classifiers import classifiers as known_classifiers
 
 import typedq
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SUPPORTED = ("3.11", "3.12", "3.13")
 OLD_PYTHON = Path.home() / ".pyenv/versions/3.10.13/bin/python3.10"
 

@@ -14,7 +14,7 @@ import pytest
 import typedq
 from tests.cli_process import TypedqProcess
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _typedq(

@@ -7,9 +7,9 @@ import json
 import anyio
 import pytest
 
+from tests.process.test_inspect import inspect
 from tests.redis_harness import RedisProcess, flushall
 from tests.support import TEST_DEADLINE, In
-from tests.test_inspect import inspect
 from typedq import App
 from typedq.broker.base import TickFiring
 from typedq.inspector import Inspector

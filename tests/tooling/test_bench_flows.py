@@ -21,7 +21,7 @@ from bench import run
 from bench.adapters import common
 from tests.redis_harness import redis_process
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int) -> common.FlowRecorder:

@@ -85,7 +85,7 @@ async def test_lua_key_names_match_the_keys_module(redis_url: str) -> None:
         {
             "common.lua": parts["common.lua"],
             "sharded.lua": parts["sharded.lua"],
-            "keys.lua": (Path(__file__).parent / "keys.lua").read_text("utf-8"),
+            "keys.lua": (Path(__file__).parents[1] / "keys.lua").read_text("utf-8"),
         }
     )
     async with broker_at(redis_url, "layout") as broker, raw_redis(redis_url) as raw:

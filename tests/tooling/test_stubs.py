@@ -19,7 +19,7 @@ import pytest
 from typedq.cli import load_app
 from typedq.stubgen import generate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BILLING = "examples.billing.tasks:app"
 
 

@@ -22,7 +22,7 @@ from tests.support import TEST_DEADLINE
 from typedq.broker.base import BrokerSettings
 from typedq.broker.memory import MemoryBroker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 EXPECTED = [
     {"cents": 1007, "invoice": 7, "receipt": "R-1-7"},
@@ -94,7 +94,7 @@ async def test_webapp_against_billing_in_one_process() -> None:
     stub.app.use_broker(broker)
     try:
         with anyio.fail_after(TEST_DEADLINE):
-            # The producer connects first: see tests/test_producer.py `running`.
+            # The producer connects first: see tests/redis/test_producer.py `running`.
             async with stub.app, app, app.worker(concurrency=4):
                 lines = [
                     await service.checkout(1, 7),

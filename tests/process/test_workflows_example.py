@@ -11,7 +11,7 @@ import pytest
 
 from tests.redis_harness import RedisProcess, flushall
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 EXPECTED = [
     "Stored(doc_id='doc-5', words=5)",

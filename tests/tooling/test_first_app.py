@@ -15,7 +15,7 @@ import pytest
 
 from tests.redis_harness import RedisProcess, flushall
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "first-app.md"
 BIN = Path(sys.executable).parent
 

@@ -16,12 +16,11 @@ import anyio.to_thread
 import msgspec
 import pytest
 
+from tests.support import TEST_DEADLINE, In, Out
 from typedq import Abort, App, FailureReason, JobContext, Reject, Retry
 from typedq.broker.base import ClaimedJob, JobMessage
 from typedq.execution import Executor, Running
 from typedq.outcomes import Abandon, Attempt, Complete, Drop, Fail, HandBack
-
-from .support import TEST_DEADLINE, In, Out
 
 pytestmark = pytest.mark.anyio
 

@@ -30,7 +30,7 @@ from typedq.testing import job_context, provide, run_worker
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Order(msgspec.Struct):

@@ -678,7 +678,7 @@ async def test_enqueue_many_queue_full_is_raised_as_itself(app_name: str) -> Non
     with anyio.fail_after(TEST_DEADLINE):
         async with app:
             # Chunks of 500: the first is stored, the others refused; the partial
-            # outcome is raised, chained to the QueueFull (tests/test_producer_reliability.py).
+            # outcome is raised, chained to the QueueFull (tests/redis/test_producer_reliability.py).
             with pytest.raises(PartialEnqueue) as info:
                 await echo.enqueue_many(In(i) for i in range(1_200))
             assert isinstance(info.value.__cause__, QueueFull)

@@ -12,7 +12,7 @@ import pytest
 from tests.redis_harness import RedisProcess, flushall
 from typedq import App, JobState
 
-PACKAGE = Path(__file__).resolve().parent.parent / "typedq"
+PACKAGE = Path(__file__).resolve().parents[2] / "typedq"
 
 
 class Note(msgspec.Struct):

