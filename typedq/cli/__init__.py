@@ -1,9 +1,10 @@
 """The ``typedq`` command line (also ``python -m typedq``).
 
 This module holds the parser, the options and ``main``; ``typedq worker MODULE:APP``
-(a worker process: connecting, signals, shutdown) is :mod:`typedq.cli_worker`, ``typedq
-inspect`` is :mod:`typedq.cli_inspect`, and loading ``MODULE:APP`` is
-:mod:`typedq.cli_common`.
+(a worker process: connecting, signals, shutdown) is :mod:`typedq.cli.worker`, ``typedq
+inspect`` is :mod:`typedq.cli.inspect` (its tables :mod:`typedq.cli.render`), and loading
+``MODULE:APP`` is :mod:`typedq.cli.common`. ``typedq dashboard`` is the dashboard's own
+(:mod:`typedq.dashboard.cli`), found through :data:`PROVIDERS`.
 
 ``typedq stubs MODULE:APP --out stubs/NAME.py`` writes typed producer stubs (without
 ``--out``, or with ``--out -``, it prints them; ``--check`` exits 1 with a diff when the
@@ -23,6 +24,7 @@ that left some job untouched exit 1.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import math
@@ -30,19 +32,35 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from . import __version__, stubgen
-from .broker.base import JobState
-from .cli_common import load_app
-from .cli_inspect import inspect_command
-from .cli_worker import exit_past_threads, worker_command
-from .client import DEFAULT_BROKER_ENV
-from .dashboard import cli as dashboard_cli
-from .errors import ConfigError, TypedqError
-from .schema import app_schema as schema_of
+from .. import __version__, stubgen
+from ..broker.base import JobState
+from ..client import DEFAULT_BROKER_ENV
+from ..errors import ConfigError, TypedqError
+from ..schema import app_schema as schema_of
+from .common import load_app
+from .inspect import inspect_command
+from .worker import exit_past_threads, worker_command
 
-__all__ = ["load_app", "main"]
+__all__ = ["PROVIDERS", "load_app", "main"]
+
+#: Modules that add a subcommand of their own, imported when the parser is built (so
+#: this package imports none of them, and they may import :mod:`typedq.cli.common`).
+#: Each has ``COMMAND`` (the subcommand's name), ``add_parser(subparsers, parents)``,
+#: which adds it, and ``run(args) -> int``, which runs it (a :class:`TypedqError` is one
+#: line and exit status 2, as for the built-in subcommands).
+PROVIDERS: tuple[str, ...] = ("typedq.dashboard.cli",)
+
+
+def _providers() -> dict[str, ModuleType]:
+    """The subcommand providers by command name, in :data:`PROVIDERS` order."""
+    found = {}
+    for name in PROVIDERS:
+        module = importlib.import_module(name)
+        found[module.COMMAND] = module
+    return found
 
 
 # -- options ----------------------------------------------------------------------------
@@ -131,7 +149,7 @@ variable, the variable over the built-in default):
 """
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="typedq",
         description="typedq: a typed task queue",
@@ -298,7 +316,8 @@ def _parser() -> argparse.ArgumentParser:
             help=f"{action} these jobs, or with --state every job in that state",
         )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    dashboard_cli.add_parser(sub, [common, with_broker])
+    for provider in providers.values():
+        provider.add_parser(sub, [common, with_broker])
     return parser
 
 
@@ -387,7 +406,8 @@ def _schema(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    providers = _providers()
+    args = _parser(providers).parse_args(argv)
     try:
         _apply_env_defaults(args)
     except ConfigError as exc:
@@ -403,8 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _schema(args)
         elif args.command == "inspect":
             return inspect_command(args)
-        elif args.command == "dashboard":
-            return dashboard_cli.run(args)
+        elif args.command in providers:
+            return int(providers[args.command].run(args))
     except TypedqError as exc:
         print(f"typedq: error: {exc}", file=sys.stderr)
         return 2
@@ -416,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _configure_logging(level: str, style: str) -> None:
     """The root logger's handler: text lines, or one JSON object per line."""
     if style == "json":
-        from .logs import JsonFormatter
+        from ..logs import JsonFormatter
 
         handler = logging.StreamHandler()
         handler.setFormatter(JsonFormatter())
