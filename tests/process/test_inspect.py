@@ -347,7 +347,7 @@ async def test_cli_progress_bar_draws_on_a_terminal(
 ) -> None:
     from rich.console import Console
 
-    from typedq.cli_inspect import _with_progress
+    from typedq.cli.inspect import _with_progress
 
     the_app, work = app
     monkeypatch.setattr("typedq.inspector.PAGE", 10)

@@ -18,15 +18,8 @@ from rich.console import Console
 from typedq import App, FailureReason, FailureRecord, JobFailed, JobState
 from typedq.backoff import Backoff
 from typedq.broker.base import WorkerInfo
-from typedq.inspector import (
-    Inspector,
-    JobView,
-    Overview,
-    partition_totals,
-    render_job,
-    render_overview,
-    render_workers,
-)
+from typedq.cli.render import render_job, render_overview, render_workers
+from typedq.inspector import Inspector, JobView, Overview, partition_totals
 
 ROOT = Path(__file__).resolve().parents[2]
 

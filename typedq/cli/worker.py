@@ -1,4 +1,4 @@
-"""``typedq worker MODULE:APP``: a worker process (the command line is in :mod:`typedq.cli`).
+"""``typedq worker MODULE:APP``: a worker process (the parser is in :mod:`typedq.cli`).
 
 It connects first. A broker that does not answer yet (Redis restarting, starting
 after the worker, a network blip) is waited for as a running worker rides out an outage:
@@ -34,20 +34,20 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from .app import App
-from .broker import redact_url
-from .cli_common import load_app, metrics_module
-from .client import DEFAULT_BROKER_ENV, Client
-from .errors import BrokerUnavailable, ConfigError, TypedqError
-from .supervisor import (
+from ..app import App
+from ..broker import redact_url
+from ..client import DEFAULT_BROKER_ENV, Client
+from ..errors import BrokerUnavailable, ConfigError, TypedqError
+from ..supervisor import (
     SUPERVISOR_ENV,
     UNREACHABLE,
     stop_with_parent,
     watch_parent,
     write_metrics_port,
 )
-from .task import check_queues
-from .worker import Worker
+from ..task import check_queues
+from ..worker import Worker
+from .common import load_app, metrics_module
 
 __all__ = ["broker_address", "exit_past_threads", "worker_command"]
 
@@ -102,7 +102,7 @@ def worker_command(args: argparse.Namespace) -> int:
 
 def _supervise(args: argparse.Namespace, url: str) -> int:
     """``--processes N``: run N copies of this worker command under a supervisor."""
-    from .supervisor import Supervisor, child_command
+    from ..supervisor import Supervisor, child_command
 
     if url.startswith("memory:"):
         raise ConfigError(
@@ -166,7 +166,7 @@ def _serve_metrics(worker: Worker[Any, Any], args: argparse.Namespace) -> Any:
     metrics_module()  # one line when the extra is missing
     from prometheus_client import CollectorRegistry, ProcessCollector  # type: ignore[import-not-found, unused-ignore]  # optional extra
 
-    from .metrics import Metrics
+    from ..metrics import Metrics
 
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)

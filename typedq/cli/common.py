@@ -1,6 +1,7 @@
 """Loading ``MODULE:APP`` for the ``typedq`` commands (:mod:`typedq.cli`,
-:mod:`typedq.cli_worker`, :mod:`typedq.cli_inspect`): an import that fails is one line
-naming the file and line where the error was raised, never a traceback.
+:mod:`typedq.cli.worker`, :mod:`typedq.cli.inspect`, :mod:`typedq.dashboard.cli`): an
+import that fails is one line naming the file and line where the error was raised, never
+a traceback.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .app import App
-from .errors import ConfigError, TypedqError
+from ..app import App
+from ..errors import ConfigError, TypedqError
 
 __all__ = ["load_app"]
 
@@ -61,7 +62,7 @@ def _import_failure(module_name: str, exc: BaseException) -> str:
             f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")
         ]
         here = os.getcwd() + os.sep
-        package = str(Path(__file__).resolve().parent) + os.sep
+        package = str(Path(__file__).resolve().parent.parent) + os.sep  # typedq/
         own = [
             f for f in frames if f.filename.startswith(here) and not f.filename.startswith(package)
         ]
@@ -89,6 +90,6 @@ def metrics_module() -> ModuleType:
         raise ConfigError(
             "--metrics-port needs prometheus-client: pip install 'typedq[metrics]'"
         ) from None
-    from . import metrics
+    from .. import metrics
 
     return metrics

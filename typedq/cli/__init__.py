@@ -1,9 +1,10 @@
 """The ``typedq`` command line (also ``python -m typedq``).
 
 This module holds the parser, the options and ``main``; ``typedq worker MODULE:APP``
-(a worker process: connecting, signals, shutdown) is :mod:`typedq.cli_worker`, ``typedq
-inspect`` is :mod:`typedq.cli_inspect`, and loading ``MODULE:APP`` is
-:mod:`typedq.cli_common`.
+(a worker process: connecting, signals, shutdown) is :mod:`typedq.cli.worker`, ``typedq
+inspect`` is :mod:`typedq.cli.inspect` (its tables :mod:`typedq.cli.render`), ``typedq
+stubs`` is :mod:`typedq.cli.stubs`, and loading ``MODULE:APP`` is :mod:`typedq.cli.common`. ``typedq dashboard`` is the dashboard's own
+(:mod:`typedq.dashboard.cli`), found through :data:`PROVIDERS`.
 
 ``typedq stubs MODULE:APP --out stubs/NAME.py`` writes typed producer stubs (without
 ``--out``, or with ``--out -``, it prints them; ``--check`` exits 1 with a diff when the
@@ -23,26 +24,43 @@ that left some job untouched exit 1.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from . import __version__, stubgen
-from .broker.base import JobState
-from .cli_common import load_app
-from .cli_inspect import inspect_command
-from .cli_worker import exit_past_threads, worker_command
-from .client import DEFAULT_BROKER_ENV
-from .dashboard import cli as dashboard_cli
-from .errors import ConfigError, TypedqError
-from .schema import app_schema as schema_of
+from .. import __version__
+from ..broker.base import JobState
+from ..client import DEFAULT_BROKER_ENV
+from ..errors import ConfigError, TypedqError
+from ..schema import app_schema as schema_of
+from .common import load_app
+from .inspect import inspect_command
+from .stubs import stubs_command
+from .worker import exit_past_threads, worker_command
 
-__all__ = ["load_app", "main"]
+__all__ = ["PROVIDERS", "load_app", "main"]
+
+#: Modules that add a subcommand of their own, imported when the parser is built (so
+#: this package imports none of them, and they may import :mod:`typedq.cli.common`).
+#: Each has ``COMMAND`` (the subcommand's name), ``add_parser(subparsers, parents)``,
+#: which adds it, and ``run(args) -> int``, which runs it (a :class:`TypedqError` is one
+#: line and exit status 2, as for the built-in subcommands).
+PROVIDERS: tuple[str, ...] = ("typedq.dashboard.cli",)
+
+
+def _providers() -> dict[str, ModuleType]:
+    """The subcommand providers by command name, in :data:`PROVIDERS` order."""
+    found = {}
+    for name in PROVIDERS:
+        module = importlib.import_module(name)
+        found[module.COMMAND] = module
+    return found
 
 
 # -- options ----------------------------------------------------------------------------
@@ -131,7 +149,7 @@ variable, the variable over the built-in default):
 """
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="typedq",
         description="typedq: a typed task queue",
@@ -298,85 +316,9 @@ def _parser() -> argparse.ArgumentParser:
             help=f"{action} these jobs, or with --state every job in that state",
         )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    dashboard_cli.add_parser(sub, [common, with_broker])
+    for provider in providers.values():
+        provider.add_parser(sub, [common, with_broker])
     return parser
-
-
-def _stubs(args: argparse.Namespace) -> int:
-    # Each job: (target, out as the header records it, tasks, the file to write or check).
-    to_stdout = args.out == "-" or (
-        args.out is None and len(args.targets) == 1 and _is_target(args.targets[0])
-    )
-    if to_stdout:
-        if args.check:
-            raise ConfigError("--check compares a file: give --out FILE, or the FILE itself")
-        target = args.targets[0]
-        if len(args.targets) != 1 or not _is_target(target):
-            raise ConfigError("to print a stub, give exactly one MODULE:APP")
-        tasks = list(args.task)
-        sys.stdout.write(stubgen.generate(load_app(target), target=target, out="-", tasks=tasks))
-        return 0
-    if args.out is not None:
-        if len(args.targets) != 1:
-            raise ConfigError("with --out, give exactly one MODULE:APP")
-        jobs = [(args.targets[0], args.out, list(args.task), args.out)]
-    else:
-        if args.task:
-            raise ConfigError("--task needs --out (a FILE is regenerated as its header says)")
-        jobs = [(*_from_header(path), path) for path in args.targets]
-    status = 0
-    for target, out, tasks, file in jobs:
-        text = stubgen.generate(load_app(target), target=target, out=out, tasks=tasks)
-        path = Path(file)
-        current = path.read_text() if path.exists() else None
-        # A stub once printed to stdout records `--out -`: regenerate it where it lives.
-        command = f"typedq stubs {file}" if out == "-" else stubgen.command_of(target, out, tasks)
-        if args.check:
-            if current is None:
-                print(f"{file} does not exist; run: {command}")
-                status = 1
-            elif current != text:
-                sys.stdout.write(stubgen.diff(file, current, text))
-                print(f"{file} is stale; run: {command}")
-                status = 1
-            continue
-        if current != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(text)
-            tmp.replace(path)
-            print(f"wrote {file}", file=sys.stderr)
-    return status
-
-
-def _is_target(word: str) -> bool:
-    """MODULE:APP rather than a stub FILE (which has no colon, or exists on disk)."""
-    return ":" in word and not Path(word).exists()
-
-
-def _from_header(path: str) -> tuple[str, str, list[str]]:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read {path}: {exc.strerror}; to create a stub, give MODULE:APP and --out"
-        ) from exc
-    words = stubgen.header_command(text)
-    if not words:
-        raise ConfigError(
-            f"{path} has no 'Generated by `typedq stubs ...`' header; give MODULE:APP and --out"
-        )
-    sub = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    sub.add_argument("target")
-    sub.add_argument("--out", default=path)
-    sub.add_argument("--task", action="append", default=[])
-    try:
-        ns, extra = sub.parse_known_args(words)
-    except argparse.ArgumentError as exc:
-        raise ConfigError(f"{path}: unreadable header command: {exc}") from exc
-    if extra:
-        raise ConfigError(f"{path}: unreadable header command: unexpected {' '.join(extra)}")
-    return ns.target, ns.out, list(ns.task)
 
 
 def _schema(args: argparse.Namespace) -> int:
@@ -387,7 +329,8 @@ def _schema(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    providers = _providers()
+    args = _parser(providers).parse_args(argv)
     try:
         _apply_env_defaults(args)
     except ConfigError as exc:
@@ -398,13 +341,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_past_threads(worker_command(args))
     try:
         if args.command == "stubs":
-            return _stubs(args)
+            return stubs_command(args)
         elif args.command == "schema":
             return _schema(args)
         elif args.command == "inspect":
             return inspect_command(args)
-        elif args.command == "dashboard":
-            return dashboard_cli.run(args)
+        elif args.command in providers:
+            return int(providers[args.command].run(args))
     except TypedqError as exc:
         print(f"typedq: error: {exc}", file=sys.stderr)
         return 2
@@ -416,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _configure_logging(level: str, style: str) -> None:
     """The root logger's handler: text lines, or one JSON object per line."""
     if style == "json":
-        from .logs import JsonFormatter
+        from ..logs import JsonFormatter
 
         handler = logging.StreamHandler()
         handler.setFormatter(JsonFormatter())

@@ -1,5 +1,6 @@
 """``typedq inspect``: counts, jobs, workflows and workers, and retry / cancel / purge
-(the command line is in :mod:`typedq.cli`; the queries and tables in :mod:`typedq.inspector`).
+(the parser is in :mod:`typedq.cli`; the queries in :mod:`typedq.inspector`, the tables in
+:mod:`typedq.cli.render`).
 """
 
 from __future__ import annotations
@@ -13,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from .broker.base import JobState
-from .cli_common import load_app
-from .client import DEFAULT_BROKER_ENV, Client
-from .errors import ConfigError
-from .schedule import Schedule
-from .task import expand_queues
+from ..broker.base import JobState
+from ..client import DEFAULT_BROKER_ENV, Client
+from ..errors import ConfigError
+from ..schedule import Schedule
+from ..task import expand_queues
+from .common import load_app
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from . import inspector
+    from .. import inspector
 
 __all__ = ["inspect_command"]
 
@@ -38,7 +39,8 @@ def inspect_command(args: argparse.Namespace) -> int:
     """``typedq inspect``: show or act on jobs as ``args`` asks; the exit status."""
     from rich.console import Console
 
-    from . import inspector  # imported here: rich loads only for inspect
+    from .. import inspector  # imported here: rich loads only for inspect
+    from . import render
 
     if args.target:
         app = load_app(args.target)
@@ -100,27 +102,27 @@ def inspect_command(args: argparse.Namespace) -> int:
                 flow = await tool.flow(args.flow)
                 if flow is None:
                     raise ConfigError(f"job {args.flow!r} belongs to no workflow")
-                return show(flow, lambda: inspector.render_flow(out, flow))
+                return show(flow, lambda: render.render_flow(out, flow))
             if args.job:
                 detail = await tool.job(args.job)
                 if detail is None:
                     raise ConfigError(f"no job {args.job!r} in app {name!r} (finished jobs "
                                       "expire by the app's retention)")  # fmt: skip
-                return show(detail, lambda: inspector.render_job(out, detail))
+                return show(detail, lambda: render.render_job(out, detail))
             if args.workers:
                 workers = await tool.workers()
-                return show(workers, lambda: inspector.render_workers(out, name, workers))
+                return show(workers, lambda: render.render_workers(out, name, workers))
             if not chosen:
                 overview = await tool.overview(state or JobState.FAILED, limit=args.limit)
                 return show(
-                    overview, lambda: inspector.render_overview(out, overview, limit=args.limit)
+                    overview, lambda: render.render_overview(out, overview, limit=args.limit)
                 )
             action = chosen[0]
             if state is None:
                 report = await tool.act(action, getattr(args, action))
             else:
                 report = await _with_progress(tool, action, state, err, quiet=args.json)
-            show(report, lambda: inspector.render_action(out, report))
+            show(report, lambda: render.render_action(out, report))
             return 0 if inspector.all_done(report) else 1
 
     return anyio.run(run)
