@@ -1,8 +1,9 @@
-"""The producer side: a connected broker plus auto-batching of enqueues.
+"""The client: a connection to an app's broker plus auto-batching of enqueues.
 
-Every :class:`~typedq.App` owns a Client; a producer service that cannot import the
-worker's code uses a Client directly with generated stubs. Nothing here imports the
-worker runtime.
+Every :class:`~typedq.App` and :class:`~typedq.Producer` (the stub app of a producer
+service that cannot import the worker's code, :mod:`typedq.producer`) owns a Client;
+``typedq inspect``, and the dashboard given ``--app NAME``, use one directly. Nothing here
+imports the worker runtime.
 """
 
 from __future__ import annotations
