@@ -8,7 +8,9 @@
 #         One interpreter only: make test PYTHONS=python3
 # REQUIRE_PYTHONS the entries of PYTHONS that must be installed: CI sets all three
 #         (.ci/run), so a green CI means every supported Python passed.
-# PYTEST_ARGS passed to pytest, e.g. make test PYTEST_ARGS="-x tests/test_cli.py"
+# PYTEST_ARGS passed to pytest, e.g. make test PYTEST_ARGS="-x tests/process/test_cli.py"
+# PYTEST_IGNORE test directories `make pytest` leaves out; `make test` sets it to ONCE_TIER on
+#         every interpreter after the first.
 # PYTEST_JOBS pytest-xdist processes for `make pytest` / `make test` / `make test-fast` (each
 #         with its own redis-server); PYTEST_JOBS=0 runs the suite in one process.
 PYTHON  ?= python3
@@ -21,6 +23,12 @@ PYTEST_ARGS ?=
 # process (--dist loadfile), so a file's session set-up runs once.
 PYTEST_JOBS ?= 2
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile)
+# The tier of tests that do not depend on the interpreter running the suite (docs, packaging,
+# typing with mypy and basedpyright, the stubs, the dashboard in a browser, the benchmarks'
+# smoke tests): `make test` runs it on the first interpreter only, the other tiers (tests/unit,
+# contract, redis, cluster, process) on each.
+ONCE_TIER := tests/tooling
+PYTEST_IGNORE ?=
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
@@ -76,15 +84,16 @@ stubs-check: $(STAMP)
 
 ## The whole pytest suite on $(PYTHON), in .venv.
 pytest: $(STAMP) redis-server chromium
-	$(BIN)/pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(BIN)/pytest -q $(PYTEST_XDIST) $(addprefix --ignore=,$(PYTEST_IGNORE)) $(PYTEST_ARGS)
 
-## The whole pytest suite on every interpreter in PYTHONS, one after another (2 cores: three
+## The pytest suite on every interpreter in PYTHONS, one after another (2 cores: three
 ## suites at once would only slow each other and stretch their timing margins), each in its own
-## .venv-X.Y except PYTHON's version, which reuses .venv. An interpreter that is not installed
+## .venv-X.Y except PYTHON's version, which reuses .venv: the whole suite on the first
+## interpreter found, all but ONCE_TIER on the others. An interpreter that is not installed
 ## is skipped with a banner naming it, unless it is in REQUIRE_PYTHONS (then it fails the
 ## target, after the others ran); at least one interpreter must run. Times include set-up.
 pytest-all: redis-server chromium
-	@ran=; failed=; skipped=; missing=; \
+	@ran=; failed=; skipped=; missing=; ignore=; first=; \
 	own=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || own=; \
 	for want in $(PYTHONS); do \
 	  case $$want in \
@@ -103,13 +112,14 @@ pytest-all: redis-server chromium
 	  fi; \
 	  ver=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	  venv=.venv-$$ver; [ "$$ver" != "$$own" ] || venv=$(VENV); \
-	  echo "===== pytest on Python $$ver ($$py), in $$venv"; \
+	  echo "===== pytest on Python $$ver ($$py), in $$venv$${ignore:+, without $$ignore (run on $$first)}"; \
 	  start=$$(date +%s); \
-	  if $(MAKE) --no-print-directory pytest PYTHON=$$py VENV=$$venv; then \
+	  if $(MAKE) --no-print-directory pytest PYTHON=$$py VENV=$$venv PYTEST_IGNORE="$$ignore"; then \
 	    ran="$$ran $$ver:$$(( $$(date +%s) - start ))s"; \
 	  else \
 	    failed="$$failed $$ver:$$(( $$(date +%s) - start ))s"; \
 	  fi; \
+	  [ -n "$$ignore" ] || { ignore="$(ONCE_TIER)"; first=$$ver; }; \
 	done; \
 	echo "===== pytest passed on:$${ran:- (none)}"; \
 	[ -z "$$failed" ] || echo "!!!!! pytest FAILED on:$$failed" >&2; \
@@ -129,6 +139,12 @@ test: lint typecheck stubs-check pytest-all
 .PHONY: test-fast
 test-fast: lint typecheck redis-server chromium
 	$(BIN)/pytest -q $(PYTEST_XDIST) -m "not slow"
+
+## The fast loop: the unit tier alone (in process, on the embedded broker; no redis-server, no
+## subprocess). `make test` still runs everything.
+.PHONY: test-unit
+test-unit: $(STAMP)
+	$(BIN)/pytest -q -p no:xdist tests/unit $(PYTEST_ARGS)
 
 ## Soak (not part of `make test`): 100,000 jobs over ~10 minutes under mixed faults (SIGKILL,
 ## Redis restart on AOF, CLIENT KILL, proxy blackholes), then the history checker.

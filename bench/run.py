@@ -155,15 +155,15 @@ def python_for(system: str) -> Path:
 
 
 @contextlib.contextmanager
-def code_tree(worktree: bool) -> Iterator[tuple[Path, str]]:
+def code_tree(worktree: bool, rev: str = "HEAD") -> Iterator[tuple[Path, str]]:
     """The directory adapters run from, and a description of the typedq code in it.
 
-    By default a snapshot of HEAD (``git archive``: typedq/ and bench/adapters/) in a temporary
-    directory, so commits or edits landing in the working tree during a long run cannot change
-    typedq's code half-way through. ``--worktree`` runs the working tree as it is.
+    By default a snapshot of ``rev`` (HEAD; ``git archive``: typedq/ and bench/adapters/) in a
+    temporary directory, so commits or edits landing in the working tree during a long run
+    cannot change typedq's code half-way through. ``--worktree`` runs the working tree as it is.
     """
     commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.strip()
     if worktree:
         dirty = subprocess.run(
@@ -177,13 +177,13 @@ def code_tree(worktree: bool) -> Iterator[tuple[Path, str]]:
     folder = Path(tempfile.mkdtemp(prefix="typedq-bench-tree-"))
     try:
         archive = subprocess.run(
-            ["git", "archive", "HEAD", "typedq", "bench/__init__.py", "bench/adapters"],
+            ["git", "archive", rev, "typedq", "bench/__init__.py", "bench/adapters"],
             cwd=ROOT,
             capture_output=True,
             check=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-        yield folder, f"snapshot of HEAD {commit}"
+        yield folder, f"snapshot of {'HEAD ' if rev == 'HEAD' else ''}{commit}"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -230,7 +230,7 @@ def run_one(
     env = dict(os.environ)
     env["BENCH_REDIS_URL"] = server.url
     env.pop("BENCH_TYPEDQ_BROKER", None)
-    module = system
+    module = system.partition("@")[0]  # typedq@REV: typedq as of REV (--baseline)
     if system == "typedq-memory":
         env["BENCH_TYPEDQ_BROKER"] = "memory://"
         module = "typedq"
@@ -369,7 +369,17 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     started = dt.datetime.now(dt.UTC)
     load_start = os.getloadavg()
-    with redis_server() as server, code_tree(args.worktree) as (tree, code):
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(redis_server())
+        tree, code = stack.enter_context(code_tree(args.worktree))
+        # Each system's code tree: typedq@REV (--baseline) runs a snapshot of REV.
+        trees = {s: tree for s in systems}
+        if args.baseline:
+            base_tree, base_code = stack.enter_context(code_tree(False, args.baseline))
+            baseline = f"typedq@{args.baseline}"
+            systems.insert(systems.index("typedq") + 1 if "typedq" in systems else 0, baseline)
+            trees[baseline] = base_tree
+            print(f"[bench] {baseline}: {base_code}", flush=True)
         facts = machine(server)
         facts["typedq_code"] = code
         print(f"[bench] typedq code: {code}", flush=True)
@@ -389,7 +399,7 @@ def execute(args: argparse.Namespace) -> dict[str, Any]:
                 shift = (rep + index) % len(participants) if participants else 0
                 order = participants[shift:] + participants[:shift]
                 for system in order:
-                    result = run_one(system, params, server, args.timeout, tree)
+                    result = run_one(system, params, server, args.timeout, trees[system])
                     result.update(case=case, rep=rep)
                     runs.append(result)
                     print(
@@ -651,6 +661,12 @@ def main() -> None:
         "--flow-window", type=int, default=0, help="flows in flight at most (default 32)"
     )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument(
+        "--baseline",
+        default="",
+        metavar="REV",
+        help="also run typedq as of git REV (system typedq@REV), interleaved: before/after",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""The app a worker process of tests/test_cluster_flows.py runs (``python -m typedq worker``):
+"""The app a worker process of tests/cluster/test_cluster_flows.py runs (``python -m typedq worker``):
 a chain's three steps on the queues named by ``$TYPEDQ_TEST_XQUEUES`` (three queues of
 different cluster shards).
 

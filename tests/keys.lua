@@ -1,5 +1,5 @@
 #!lua flags=no-writes
--- For tests only (tests/test_redis_broker.py builds a library of common.lua and this
+-- For tests only (tests/redis/test_redis_broker.py builds a library of common.lua and this
 -- file): the key names common.lua derives, to check them against keys.py.
 -- ARGV: P, queue, priority, id, request token[, gate, task, limit key[, minute]]
 local q = ARGV[2]

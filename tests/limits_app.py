@@ -1,4 +1,4 @@
-"""The app the worker processes of tests/test_limits_processes.py run.
+"""The app the worker processes of tests/process/test_limits_processes.py run.
 
 Handlers record what they do in the execution ledger (``$TYPEDQ_TEST_LEDGER``), so the
 test sees every run across processes, including ones that were SIGKILLed.

@@ -1,6 +1,6 @@
 """Driving a fault run: worker processes of :mod:`tests.netfault_app`, a producer, a checker.
 
-Shared by tests/test_network_faults.py and bench/soak.py. The broker's redis-server
+Shared by tests/process/test_network_faults.py and bench/soak.py. The broker's redis-server
 may sit behind a :class:`~tests.netproxy.NetProxy` (workers and producer use
 ``worker_url``); the test's own observer and the ledger talk to their servers
 directly, so faults never blind the judge.

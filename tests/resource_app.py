@@ -1,4 +1,4 @@
-"""Apps whose resources cannot open, for tests/test_resources.py's CLI tests."""
+"""Apps whose resources cannot open, for tests/process/test_resources.py's CLI tests."""
 
 from __future__ import annotations
 

@@ -8,37 +8,35 @@ requests and lost replies.
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import anyio
 import msgspec
 import pydantic
-from anyio.abc import TaskStatus
 
 from typedq import App, BrokerUnavailable, JobState
 from typedq.broker import broker_from_url
 from typedq.broker.base import (
     Broker,
     BrokerSettings,
-    CancelOutcome,
     ClaimedJob,
     Completion,
-    EnqueueOutcome,
     Failure,
     FinishOutcome,
     JobMessage,
     JobRecord,
     LeaseStatus,
-    Release,
     Retention,
 )
 from typedq.names import new_job_id
@@ -199,6 +197,37 @@ def count(counts: dict[JobState, int], state: JobState) -> int:
     return counts.get(state, 0)
 
 
+def broker_methods() -> list[str]:
+    """Every public method of the broker interface (:class:`Broker`, whose methods the
+    capability protocols of typedq.broker.capabilities name too), sorted."""
+    return sorted(
+        name
+        for name, value in inspect.getmembers(Broker)
+        if not name.startswith("_") and callable(value)
+    )
+
+
+def _forwarder(name: str) -> Callable[..., Any]:
+    """A method that calls the wrapped broker's ``name`` with the same arguments."""
+    forward: Callable[..., Any]
+    if inspect.iscoroutinefunction(getattr(Broker, name)):
+
+        async def forward_async(self: FaultyBroker, *args: Any, **kwargs: Any) -> Any:
+            return await getattr(self.inner, name)(*args, **kwargs)
+
+        forward = forward_async
+    else:
+
+        def forward_sync(self: FaultyBroker, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self.inner, name)(*args, **kwargs)
+
+        forward = forward_sync
+    forward.__name__ = name
+    forward.__qualname__ = f"FaultyBroker.{name}"
+    forward.__doc__ = f"Forwarded to the wrapped broker's ``{name}``."
+    return forward
+
+
 class FaultyBroker(Broker):
     """Delegates to a real broker, with the faults a network brings, on demand.
 
@@ -208,6 +237,12 @@ class FaultyBroker(Broker):
     is gone. ``inject(op, times)`` makes the next calls of ``op`` raise
     BrokerUnavailable, either before reaching the broker (a lost request) or after it
     took effect (a lost reply: the ambiguous case a re-send must survive).
+
+    It defines only the methods that have fault points (``claim``, ``renew``,
+    ``complete``, ``fail``), ``close`` (which lets held renewals go) and
+    ``complete_and_claim`` (a ``complete`` then a ``claim``, so their faults reach a
+    worker's refill too); every other method of the interface is generated below as a
+    plain forward to ``inner`` (tests/test_broker_seam.py checks each one).
     """
 
     def __init__(self, inner: Broker) -> None:
@@ -240,34 +275,9 @@ class FaultyBroker(Broker):
             self._resume.set()
             self._resume = None
 
-    async def connect(self) -> None:
-        await self.inner.connect()
-
     async def close(self) -> None:
         self.resume()
         await self.inner.close()
-
-    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
-        return await self.inner.enqueue(messages)
-
-    async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
-        return await self.inner.get(ids, queue=queue)
-
-    async def wait_finished(
-        self,
-        job_id: str,
-        timeout: float | None,
-        *,
-        queue: str | None = None,
-        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> JobRecord | None:
-        return await self.inner.wait_finished(job_id, timeout, queue=queue, task_status=task_status)
-
-    async def cancel(self, job_id: str, *, queue: str | None = None) -> CancelOutcome:
-        return await self.inner.cancel(job_id, queue=queue)
-
-    async def counts(self, queue: str) -> dict[JobState, int]:
-        return await self.inner.counts(queue)
 
     async def claim(
         self,
@@ -285,9 +295,6 @@ class FaultyBroker(Broker):
         self._fault("claim", applied=True)
         return claimed
 
-    async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
-        await self.inner.wait_for_jobs(queues, timeout)
-
     async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:
         if self._resume is not None:
             await self._resume.wait()
@@ -300,37 +307,24 @@ class FaultyBroker(Broker):
         self._fault("complete", applied=True)
         return outcomes
 
+    # Broker's own: this fake's complete, then its claim (with their fault points).
+    complete_and_claim = Broker.complete_and_claim
+
     async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
         self._fault("fail", applied=False)
         outcomes = await self.inner.fail(items)
         self._fault("fail", applied=True)
         return outcomes
 
-    async def release(self, items: Sequence[Release]) -> list[FinishOutcome]:
-        return await self.inner.release(items)
-
-    async def set_progress(self, job_id: str, token: str, progress: bytes) -> bool:
-        return await self.inner.set_progress(job_id, token, progress)
-
-    async def cancel_requests(self, ids: Sequence[str]) -> list[str]:
-        return await self.inner.cancel_requests(ids)
-
-    async def wait_cancel_requests(
-        self, timeout: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        await self.inner.wait_cancel_requests(timeout, task_status=task_status)
-
-    async def recover_stalled(self, limit: int = 1000, *, holding: Collection[str] = ()) -> int:
-        return await self.inner.recover_stalled(limit, holding=holding)
-
-    async def purge(self, queue: str, states: Sequence[JobState]) -> int:
-        return await self.inner.purge(queue, states)
-
     def __getattr__(self, name: str) -> Any:
-        # Operator methods (listing, retrying, removing jobs) pass straight through, so
-        # the fake keeps up with a growing interface without restating it.
+        # Only for what is not in the broker interface (every interface method is a
+        # method of this class): a backend's own helpers, e.g. MemoryBroker.wake.
         return getattr(self.inner, name)
 
 
-# Every method the fake does not define is delegated by __getattr__.
-FaultyBroker.__abstractmethods__ = frozenset()
+# Every interface method the fake does not define forwards to the wrapped broker, so
+# the fake keeps up with a growing interface without restating it.
+for _name in broker_methods():
+    if _name not in vars(FaultyBroker):
+        setattr(FaultyBroker, _name, _forwarder(_name))
+abc.update_abstractmethods(FaultyBroker)  # type: ignore[type-abstract]  # now concrete

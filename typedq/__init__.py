@@ -34,6 +34,7 @@ from .errors import Reject as Reject
 from .errors import ResultTimeout as ResultTimeout
 from .errors import Retry as Retry
 from .errors import TypedqError as TypedqError
+from .errors import Unsupported as Unsupported
 from .events import CompletedEvent as CompletedEvent
 from .events import EventGap as EventGap
 from .events import EventStream as EventStream
@@ -115,5 +116,6 @@ __all__ = [
     "Task",
     "TaskStub",
     "TypedqError",
+    "Unsupported",
     "Worker",
 ]

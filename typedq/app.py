@@ -10,6 +10,7 @@ from typing_extensions import Unpack
 
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
+from .broker.capabilities import EventStreams, Limits, Schedules
 from .errors import ConfigError
 from .limits import ConcurrencyLimit, RateLimit
 from .names import check_name
@@ -314,6 +315,23 @@ class App(AppBase):
             )
         self._schedules[sched.name] = sched
         return sched
+
+    def _requirements(self) -> dict[type[Any], str]:
+        """The broker capabilities this app's declarations need, checked at connect:
+        schedules, task limits (its workers' claims enforce them) and event streams."""
+        needs: dict[type[Any], str] = {}
+        if self._schedules:
+            needs[Schedules] = f"schedules {', '.join(sorted(self._schedules))}"
+        limited = sorted(
+            name
+            for name, task in self._tasks.items()
+            if task.rate_limit is not None or task.concurrency is not None
+        )
+        if limited:
+            needs[Limits] = f"rate_limit/concurrency of tasks {', '.join(limited)}"
+        if self.event_streams:
+            needs[EventStreams] = "App(event_streams=True)"
+        return needs
 
     # -- workers -------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ class AppBase:
         self.settings = settings
         self.max_payload_bytes = max_payload_bytes
         self._client = Client(broker, name=name, settings=settings, tracing=tracing)
+        self._client.requirements = self._requirements
 
     @property
     def client(self) -> Client:
@@ -67,7 +68,13 @@ class AppBase:
         self._client = Client(
             broker, name=self.name, settings=self.settings, tracing=self._client.tracing or False
         )
+        self._client.requirements = self._requirements
         self._declare_partitions({})
+
+    def _requirements(self) -> dict[type[Any], str]:
+        """The broker capabilities this namespace's declarations need (capability ->
+        what needs it), checked when its client connects; a producer needs none."""
+        return {}
 
     def _declare_partitions(self, more: Mapping[str, int]) -> None:
         """Tell the broker the partitioned queues (they share ``max_queue_length``: see

@@ -1,8 +1,9 @@
-"""The producer side: a connected broker plus auto-batching of enqueues.
+"""The client: a connection to an app's broker plus auto-batching of enqueues.
 
-Every :class:`~typedq.App` owns a Client; a producer service that cannot import the
-worker's code uses a Client directly with generated stubs. Nothing here imports the
-worker runtime.
+Every :class:`~typedq.App` and :class:`~typedq.Producer` (the stub app of a producer
+service that cannot import the worker's code, :mod:`typedq.producer`) owns a Client;
+``typedq inspect``, and the dashboard given ``--app NAME``, use one directly. Nothing here
+imports the worker runtime.
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
 from .batching import Batcher
 from .broker import broker_from_url, redact_url
 from .broker.base import Broker, BrokerSettings, EnqueueOutcome, JobMessage
+from .broker.capabilities import require
 from .broker.flow import FlowSpec
 from .errors import ConfigError, NotConnected, PartialEnqueue
 from .names import check_name
@@ -85,6 +87,9 @@ class Client:
         )
         self._stack: contextlib.AsyncExitStack | None = None
         self._users = 0
+        #: The broker capabilities (typedq.broker.capabilities) the app using this client
+        #: declares a need for, each with what needs it; checked once, at connect.
+        self.requirements: Callable[[], Mapping[type[Any], str]] = dict
 
     def __repr__(self) -> str:
         return f"Client({redact_url(self.url)!r}, name={self.name!r})"
@@ -107,6 +112,8 @@ class Client:
             return self
         stack = contextlib.AsyncExitStack()
         try:
+            # Before connecting: a declared feature the broker lacks fails here, in one line.
+            require(self.broker, self.requirements(), user=f"app {self.name!r}")
             await self.broker.connect()
             stack.push_async_callback(self.broker.close)
             tg = await stack.enter_async_context(anyio.create_task_group())

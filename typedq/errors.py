@@ -16,7 +16,8 @@ The tree::
     │   ├── BrokerUnavailable   could not reach it within the bounded time
     │   ├── BrokerDataError     bytes in the broker that typedq cannot read
     │   ├── QueueFull           the queue is at its max_queue_length
-    │   └── RedisDataLost       Redis lost its data (restart without persistence, flush)
+    │   ├── RedisDataLost       Redis lost its data (restart without persistence, flush)
+    │   └── Unsupported         the broker lacks a capability (also a NotImplementedError)
     ├── PartialEnqueue          ``enqueue_many`` stored some chunks, others were refused
     ├── JobFailed               what ``Job.result()`` raises for a failed job
     │   └── JobCancelled        ... for a cancelled job
@@ -68,6 +69,7 @@ __all__ = [
     "ResultTimeout",
     "Retry",
     "TypedqError",
+    "Unsupported",
 ]
 
 _E = TypeVar("_E")
@@ -147,6 +149,21 @@ class RedisDataLost(BrokerError):
 
     A restart without persistence, a FLUSHALL or a failover to an empty replica; the
     jobs, results and failure records stored before it are gone.
+    """
+
+
+class Unsupported(BrokerError, NotImplementedError):
+    """The broker cannot do that: it lacks the capability (schedules, workflows, task
+    limits, a worker registry, event streams, operator actions: see
+    :mod:`typedq.broker.capabilities`).
+
+    Raised when an app that declares a feature connects to a broker without it (one line
+    naming the broker, the capability and what needs it), and by a broker's method for a
+    capability it does not implement.
+
+    It is also a :class:`NotImplementedError` for one release, so code that caught the
+    NotImplementedError the registry, history and event methods raised before keeps
+    working; catch Unsupported instead.
     """
 
 

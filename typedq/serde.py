@@ -204,8 +204,7 @@ class Codec(Generic[T]):
             raise InvalidPayload(_pydantic_message(self._model.__qualname__, exc)) from None
 
     def _encode_list(self, value: object) -> bytes:
-        from .broker.flow import collect_element, fan_in_payload
-        from .fanin import Failed, Ok
+        from .fanin import Failed, Ok, collect_element, fan_in_payload
 
         assert self._items is not None
         if not isinstance(value, list):

@@ -247,7 +247,7 @@ class Supervisor:
     # -- metrics -----------------------------------------------------------------------
 
     def _serve_metrics(self) -> None:
-        from .cli_common import metrics_module
+        from .cli.common import metrics_module
 
         metrics_module()  # one line when the extra is missing
         from prometheus_client import CollectorRegistry  # type: ignore[import-not-found, unused-ignore]  # optional extra

@@ -57,7 +57,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
 from .broker.base import ClaimedJob, LeaseStatus, Release, WorkerInfo, new_claim_id
-from .errors import BrokerUnavailable, ConfigError, FailureRecord
+from .errors import BrokerUnavailable, ConfigError, FailureRecord, Unsupported
 from .execution import Executor, Running, run_in_context
 from .limits import LimitSpec
 from .logs import job_fields
@@ -1001,7 +1001,7 @@ class Worker(Generic[TIn, TOut]):
             while True:
                 try:
                     await broker.register_worker(self.info(), ttl=3 * self.heartbeat)
-                except NotImplementedError:
+                except Unsupported:
                     return  # a broker without a registry
                 except Exception as exc:
                     if self._observer is not None:

@@ -32,7 +32,8 @@ from typedq import (
     RateLimit,
 )
 from typedq.broker.base import Completion, RetryOutcome
-from typedq.inspector import Inspector, render_flow, render_job
+from typedq.cli.render import render_flow, render_job
+from typedq.inspector import Inspector
 from typedq.job import decode_failure
 
 pytestmark = pytest.mark.anyio

@@ -16,21 +16,62 @@ expires is recovered by ``recover_stalled``: the job goes back to ``waiting`` (i
 stall count is bumped), or, past ``max_stalls``, to ``failed`` with reason ``stalled``.
 Transitions are idempotent per token: re-sending a ``complete`` that already took
 effect answers ``ALREADY_FINISHED`` and changes nothing.
+
+The seam: what a new backend implements
+=======================================
+
+**The core store** (the abstract methods of :class:`Broker`, 14): a backend is a
+Broker once it has these.
+
+- lifetime: ``connect``, ``close``
+- producer: ``enqueue``, ``cancel``
+- reads: ``get``, ``counts``, ``list_jobs``
+- worker: ``claim``, ``renew``, ``complete``, ``fail``, ``release``,
+  ``set_progress``, ``recover_stalled``
+
+**Core methods with a default** (8) that a backend overrides to be faster or to push
+instead of poll: ``enqueue_batches`` (one ``enqueue`` per batch), ``complete_and_claim``
+(two calls), ``page_jobs`` (pages by offset), ``queue_stats`` (``counts`` per queue),
+``wait_finished`` (polls ``get``), ``wait_for_jobs`` (sleeps a little),
+``cancel_requests`` (none: ``renew`` answering ``CANCEL_REQUESTED`` is the backstop) and
+``wait_cancel_requests`` (sleeps). Plus the plain helpers ``set_partitions`` and
+``queue_cap`` (``CORE_WITH_DEFAULTS`` in :mod:`typedq.broker.capabilities` lists all 10).
+
+**Capabilities** (:mod:`typedq.broker.capabilities`, one ``typing.Protocol`` each): a
+backend adds them by overriding their methods; until it does, the defaults here raise
+:class:`~typedq.errors.Unsupported` (``flow_state`` answers None: no job is a flow's).
+
+- ``Flows`` (2): ``enqueue_flows``, ``flow_state`` (typedq.workflow)
+- ``Schedules`` (5): ``broker_time_us``, ``sleep_until_us``, ``sync_schedules``,
+  ``fire_schedules``, ``schedule_states`` (typedq.schedule)
+- ``Limits`` (1): ``set_limits``, whose backend's ``claim`` enforces them (typedq.limits)
+- ``Observability`` (5): ``history``, ``register_worker``, ``unregister_worker``,
+  ``list_workers``, ``list_queues`` (metrics, the dashboard, ``typedq inspect``)
+- ``EventStreams`` (2): ``enable_events``, ``read_events`` (typedq.events)
+- ``OperatorActions`` (3): ``retry``, ``remove``, ``purge`` (``typedq inspect``, the
+  dashboard)
+
+A client checks the capabilities its app's declarations need once, when it connects
+(:func:`typedq.broker.capabilities.require`): an app with schedules, task limits or
+event streams on a broker lacking them fails there, in one line. What only some callers
+use (the worker registry, history, operator actions, workflows) raises Unsupported
+where it is called, and the runtime does without (a worker on a broker with no registry
+sends no heartbeat).
 """
 
 from __future__ import annotations
 
 import abc
 import secrets
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from enum import IntEnum, StrEnum
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import msgspec
 
-from ..errors import BrokerError, ConfigError, QueueFull
+from ..errors import BrokerError, QueueFull, Unsupported
 from ..limits import LimitSpec
 
 if TYPE_CHECKING:
@@ -67,7 +108,9 @@ __all__ = [
     "WorkerInfo",
     "ScheduleState",
     "TickFiring",
+    "capability_default",
     "check_claim_id",
+    "is_capability_default",
     "new_claim_id",
 ]
 
@@ -85,6 +128,30 @@ MAX_SPAN_LINKS = 128
 
 #: How many minutes of throughput rollups a broker keeps per queue (24 hours).
 HISTORY_MINUTES = 1440
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: The attribute that marks a :class:`Broker` method's default as "lacks the capability".
+_LACKING = "__typedq_capability_default__"
+
+
+def capability_default(method: _F) -> _F:
+    """Mark a :class:`Broker` method as the default of a capability's method: a broker
+    whose class still has it lacks that capability (see
+    :mod:`typedq.broker.capabilities`)."""
+    setattr(method, _LACKING, True)
+    return method
+
+
+def is_capability_default(method: object) -> bool:
+    """Whether ``method`` is a capability's default (the broker does not implement it)."""
+    return bool(getattr(method, _LACKING, False))
+
+
+#: How long the polling defaults of the core (``wait_finished``, ``wait_for_jobs``,
+#: ``wait_cancel_requests``) sleep at most between looks, in seconds.
+_POLL = 0.5
 
 
 def new_claim_id() -> str:
@@ -483,14 +550,26 @@ class Broker(abc.ABC):
     #: (:meth:`set_limits`); the claim enforces them. Empty: a claim costs nothing more.
     limits: Mapping[str, LimitSpec] = MappingProxyType({})
 
+    # -- task limits (capability Limits) ---------------------------------------------
+
+    @capability_default
     def set_limits(self, limits: Mapping[str, LimitSpec]) -> None:
         """Declare the rate and concurrency limits of tasks (a worker does, at start-up).
 
         Every later ``claim`` of this broker object enforces them atomically with the
         claim (see :mod:`typedq.limits`); a task not named here is not limited by this
         process's claims. Merged with earlier calls (workers of one app share a broker).
+        A broker whose claim enforces limits overrides this with :meth:`_merge_limits`.
         """
+        raise self._unsupported("task limits (rate_limit=, concurrency=)")
+
+    def _merge_limits(self, limits: Mapping[str, LimitSpec]) -> None:
+        """What :meth:`set_limits` does on a broker that enforces limits."""
         self.limits = MappingProxyType({**self.limits, **limits})
+
+    def _unsupported(self, what: str) -> Unsupported:
+        """The error of a capability's default: this broker cannot do ``what``."""
+        return Unsupported(f"{type(self).__name__} does not support {what}")
 
     #: The partitioned queues of the apps using this broker object: queue -> partitions
     #: (:meth:`set_partitions`); they share ``max_queue_length`` (:meth:`queue_cap`).
@@ -553,6 +632,9 @@ class Broker(abc.ABC):
                 results.append(exc)
         return results
 
+    # -- workflows (capability Flows) --------------------------------------------------
+
+    @capability_default
     async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
         """Store workflows (:mod:`typedq.broker.flow`), each atomically with all its jobs.
 
@@ -560,13 +642,16 @@ class Broker(abc.ABC):
         existed: nothing was stored) or the error that refused it (QueueFull when its jobs
         would pass ``max_queue_length``: nothing of it was stored).
         """
-        raise ConfigError(f"{type(self).__name__} does not support workflows")
+        raise self._unsupported("workflows")
 
+    @capability_default
     async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
         """The shape and progress of the flow that the job ``flow_id`` belongs to (the
         flow's own job, a step or a member); None if it is no flow's (or it is gone).
 
-        :param queue: the job's queue, when the caller knows it (see :meth:`get`)"""
+        :param queue: the job's queue, when the caller knows it (see :meth:`get`)
+
+        This default, of a broker without workflows, answers None: no job is a flow's."""
         return None
 
     @abc.abstractmethod
@@ -579,7 +664,6 @@ class Broker(abc.ABC):
             is unique per queue.
         """
 
-    @abc.abstractmethod
     async def wait_finished(
         self,
         job_id: str,
@@ -595,7 +679,22 @@ class Broker(abc.ABC):
         :param task_status: ``started()`` once the wait is armed: from then on, the job
             reaching a final state wakes it (on Redis: once subscribed). Tests start it
             with ``await tg.start(...)`` instead of sleeping until it listens.
+
+        This default polls :meth:`get` (backing off to every half second); the brokers
+        of typedq are woken by the job's finish instead.
         """
+        task_status.started()
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        pause = 0.01
+        while True:
+            (record,) = await self.get([job_id], queue=queue)
+            if record is None or record.state.is_final:
+                return record
+            left = _POLL if deadline is None else deadline - anyio.current_time()
+            if left <= 0:
+                return None
+            await anyio.sleep(min(pause, left))
+            pause = min(2 * pause, _POLL)
 
     @abc.abstractmethod
     async def cancel(self, job_id: str, *, queue: str | None = None) -> CancelOutcome:
@@ -630,12 +729,13 @@ class Broker(abc.ABC):
             claim cannot be re-sent.
         """
 
-    @abc.abstractmethod
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
         """Return when a job may be claimable in ``queues``, or after ``timeout`` seconds.
 
-        A hint, not a promise: the caller claims afterwards and may get nothing.
+        A hint, not a promise: the caller claims afterwards and may get nothing. This
+        default sleeps up to half a second (the caller looks again: it polls).
         """
+        await anyio.sleep(max(0.0, min(timeout, _POLL)))
 
     @abc.abstractmethod
     async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:
@@ -683,11 +783,13 @@ class Broker(abc.ABC):
     async def set_progress(self, job_id: str, token: str, progress: bytes) -> bool:
         """Store progress for a running job; False if the lease is no longer ours."""
 
-    @abc.abstractmethod
     async def cancel_requests(self, ids: Sequence[str]) -> list[str]:
-        """Which of the given active job ids have a pending cancel request."""
+        """Which of the given active job ids have a pending cancel request.
 
-    @abc.abstractmethod
+        This default answers none: ``renew`` answering ``CANCEL_REQUESTED`` is how the
+        worker of a broker without it learns of a cancel (at its next renewal)."""
+        return []
+
     async def wait_cancel_requests(
         self, timeout: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
@@ -699,7 +801,11 @@ class Broker(abc.ABC):
 
         :param task_status: ``started()`` once the wait is armed: from then on, a cancel
             request wakes it (on Redis: once subscribed to the cancel channel).
+
+        This default only sleeps ``timeout`` (see :meth:`cancel_requests`).
         """
+        task_status.started()
+        await anyio.sleep(timeout)
 
     @abc.abstractmethod
     async def recover_stalled(self, limit: int = 1000, *, holding: Collection[str] = ()) -> int:
@@ -716,17 +822,20 @@ class Broker(abc.ABC):
             round trip it makes first), so a live view (``dict.keys()``) stays current.
         """
 
-    # -- schedules (typedq.schedule) ---------------------------------------------------
+    # -- schedules (typedq.schedule; capability Schedules) --------------------------------
 
+    @capability_default
     async def broker_time_us(self) -> int:
         """The broker's clock, integer microseconds since the epoch (Redis ``TIME``)."""
-        raise BrokerError(f"{type(self).__name__} does not support schedules")
+        raise self._unsupported("schedules")
 
+    @capability_default
     async def sleep_until_us(self, when_us: int) -> None:
         """Sleep until the broker's clock reaches ``when_us``, or a little less (the
         caller checks the time again). Cancel the caller's scope to wake early."""
-        raise BrokerError(f"{type(self).__name__} does not support schedules")
+        raise self._unsupported("schedules")
 
+    @capability_default
     async def sync_schedules(
         self, schedules: Sequence[tuple[str, str]], *, prune: bool
     ) -> list[ScheduleState]:
@@ -737,20 +846,24 @@ class Broker(abc.ABC):
         state. ``prune`` deletes the states of every schedule not listed. Returns the
         states of the listed schedules, in order.
         """
-        raise BrokerError(f"{type(self).__name__} does not support schedules")
+        raise self._unsupported("schedules")
 
+    @capability_default
     async def fire_schedules(
         self, firings: Sequence[TickFiring]
     ) -> list[tuple[FireOutcome, ScheduleState | None]]:
         """Apply each firing atomically (see :class:`TickFiring`); per firing its outcome
         and the schedule's state afterwards (``None``: the schedule has no state)."""
-        raise BrokerError(f"{type(self).__name__} does not support schedules")
+        raise self._unsupported("schedules")
 
+    @capability_default
     async def schedule_states(self) -> list[ScheduleState]:
         """Every schedule state the broker holds, by name."""
-        raise BrokerError(f"{type(self).__name__} does not support schedules")
+        raise self._unsupported("schedules")
 
-    @abc.abstractmethod
+    # -- operator actions (``typedq inspect``, the dashboard; capability OperatorActions) --
+
+    @capability_default
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:
         """Delete the jobs of ``queue`` in ``states``; return how many.
 
@@ -762,8 +875,9 @@ class Broker(abc.ABC):
         purged state is deleted too. Nothing of the queue is left in ``states`` (but what
         arrives meanwhile).
         """
+        raise self._unsupported("operator actions (purge)")
 
-    # -- operations (``typedq inspect``) ---------------------------------------------
+    # -- listing (``typedq inspect``) ---------------------------------------------------
 
     @abc.abstractmethod
     async def list_jobs(
@@ -811,7 +925,7 @@ class Broker(abc.ABC):
         )
         return JobList(ids, str(offset + limit) if more else None)
 
-    @abc.abstractmethod
+    @capability_default
     async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
         """Put failed or cancelled jobs back to ``waiting`` at once, each atomically.
         ``queue``: as for :meth:`get`.
@@ -821,8 +935,9 @@ class Broker(abc.ABC):
         time, result and error record are cleared. Jobs in any other state are left
         unchanged (``NOT_RETRYABLE``).
         """
+        raise self._unsupported("operator actions (retry)")
 
-    @abc.abstractmethod
+    @capability_default
     async def remove(
         self,
         ids: Sequence[str],
@@ -840,8 +955,10 @@ class Broker(abc.ABC):
             workflow deleted before it finished (the flow's own job too) fails the rest
             of its flow with ``flow_broken``; ids are acted on in order.
         """
+        raise self._unsupported("operator actions (remove)")
 
-    # -- observability (metrics, the worker and queue registries) --------------------
+    # -- observability (metrics, the worker and queue registries) ---------------------
+    # queue_stats is a core method with a default; the rest is capability Observability.
 
     async def queue_stats(self, queues: Sequence[str]) -> list[QueueStats]:
         """Counts per state and the oldest waiting job's age, per queue, in one call (what
@@ -849,6 +966,7 @@ class Broker(abc.ABC):
         age; the brokers of typedq answer in one round trip."""
         return [QueueStats(queue=q, counts=await self.counts(q)) for q in queues]
 
+    @capability_default
     async def history(self, queues: Sequence[str], minutes: int = 60) -> list[list[MinuteRollup]]:
         """Per queue, the last ``minutes`` minutes' rollups, oldest first, one per minute
         (zeros where nothing happened), the current minute last.
@@ -858,33 +976,38 @@ class Broker(abc.ABC):
         and retry counts in the minute it happened.
 
         :raises ValueError: ``minutes`` is not between 1 and :data:`HISTORY_MINUTES`
-        :raises NotImplementedError: the broker keeps no rollups
+        :raises Unsupported: the broker keeps no rollups
         """
-        raise NotImplementedError(f"{type(self).__name__} keeps no throughput history")
+        raise self._unsupported("throughput history (it keeps no rollups)")
 
+    @capability_default
     async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
         """Add or refresh ``info`` in the worker registry for ``ttl`` seconds (a worker's
         heartbeat); its queues join the queue registry for good.
 
-        :raises NotImplementedError: the broker keeps no registry
+        :raises Unsupported: the broker keeps no registry
         """
-        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+        raise self._unsupported("a worker registry")
 
+    @capability_default
     async def unregister_worker(self, worker_id: str) -> None:
         """Remove a worker from the registry (a clean shutdown); unknown ids are ignored."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+        raise self._unsupported("a worker registry")
 
+    @capability_default
     async def list_workers(self) -> list[WorkerInfo]:
         """The workers whose last heartbeat has not expired, by id."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no worker registry")
+        raise self._unsupported("a worker registry")
 
+    @capability_default
     async def list_queues(self) -> list[str]:
         """Every queue a worker ever registered or this app's producers ever enqueued to
         (each producer process adds a queue at its first enqueue to it), sorted."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no queue registry")
+        raise self._unsupported("a queue registry")
 
-    # -- events (typedq.events) ----------------------------------------------------------
+    # -- events (typedq.events; capability EventStreams) ----------------------------------
 
+    @capability_default
     async def enable_events(self, queue: str) -> int:
         """Start (or keep) writing ``queue``'s event stream, capped near
         ``settings.events_max``: every job of the queue that reaches a final state from
@@ -892,8 +1015,9 @@ class Broker(abc.ABC):
 
         :return: the number of the last event written so far (0: none yet)
         """
-        raise NotImplementedError(f"{type(self).__name__} keeps no event streams")
+        raise self._unsupported("event streams")
 
+    @capability_default
     async def read_events(
         self, queue: str, after: int, *, timeout: float, limit: int = 500
     ) -> EventRead:
@@ -902,7 +1026,7 @@ class Broker(abc.ABC):
 
         ``missed`` counts the events after ``after`` that the cap already dropped.
         """
-        raise NotImplementedError(f"{type(self).__name__} keeps no event streams")
+        raise self._unsupported("event streams")
 
 
 def bad_cursor(cursor: str) -> ValueError:

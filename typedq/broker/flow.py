@@ -62,6 +62,7 @@ from typing import Final
 
 import msgspec
 
+from ..fanin import collect_element, fan_in_payload, msgpack_array_header, msgpack_bin
 from .base import JobMessage
 
 __all__ = [
@@ -163,38 +164,3 @@ def step_id(flow_id: str, index: int, steps: int) -> str:
 def member_id(flow_id: str, index: int) -> str:
     """The job id of fan-out member ``index``."""
     return f"{flow_id}.m{index}"
-
-
-def msgpack_array_header(n: int) -> bytes:
-    """The msgpack header of an array of ``n`` elements."""
-    if n < 16:
-        return bytes([0x90 | n])
-    if n < 0x10000:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
-
-
-def msgpack_bin(data: bytes) -> bytes:
-    """``data`` as a msgpack bin value (header and bytes)."""
-    n = len(data)
-    if n < 0x100:
-        return b"\xc4" + bytes([n]) + data
-    if n < 0x10000:
-        return b"\xc5" + n.to_bytes(2, "big") + data
-    return b"\xc6" + n.to_bytes(4, "big") + data
-
-
-_OK = b"\x92\xa2ok"
-_FAILED = b"\x92\xa6failed"
-
-
-def collect_element(result: bytes | None, error: bytes | None) -> bytes:
-    """One element of a collecting fan-in: ``["ok", result]`` or ``["failed", record]``."""
-    if result is not None:
-        return _OK + result
-    return _FAILED + (error or b"\xc0")
-
-
-def fan_in_payload(elements: list[bytes]) -> bytes:
-    """The fan-in payload: a msgpack array of already-encoded elements, in order."""
-    return msgpack_array_header(len(elements)) + b"".join(elements)

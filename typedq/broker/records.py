@@ -6,7 +6,7 @@ builds these, when no worker is there to do it: a cancel of a waiting or schedul
 a cancel requested while a worker handed the job back or was lost, and a job past
 ``max_stalls``. The memory broker calls :func:`broker_failure`; the Redis broker's Lua
 scripts build the same records with ``failure_record`` in ``lua/common.lua`` and the
-messages below (``tests/test_failure_records.py`` holds the two to the same fields).
+messages below (``tests/redis/test_failure_records.py`` holds the two to the same fields).
 """
 
 from __future__ import annotations

@@ -19,7 +19,10 @@ from ..client import DEFAULT_BROKER_ENV, Client
 from ..errors import ConfigError
 from .security import SESSION_TTL
 
-__all__ = ["TOKEN_ENV", "add_parser", "run"]
+__all__ = ["COMMAND", "TOKEN_ENV", "add_parser", "run"]
+
+#: The subcommand this module adds to ``typedq`` (listed in :data:`typedq.cli.PROVIDERS`).
+COMMAND = "dashboard"
 
 #: The environment variable holding the operator token.
 TOKEN_ENV = "TYPEDQ_DASHBOARD_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -30,7 +33,7 @@ log = logging.getLogger("typedq.dashboard")
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Add the ``dashboard`` subcommand to ``sub`` (the CLI's subparsers)."""
     p = sub.add_parser(
-        "dashboard",
+        COMMAND,
         parents=parents,
         help="serve the web dashboard (queues, jobs, flows, schedules, workers)",
         description="Serve the web dashboard of an app. Read-only unless a token is given "
@@ -57,7 +60,7 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; bad arguments raise ConfigError (one line)."""
-    from ..cli import load_app
+    from ..cli.common import load_app
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be 1 to 65535, got {args.port}")

@@ -16,7 +16,7 @@ from ..app import App
 from ..broker.base import JobRecord, JobState, MinuteRollup, QueueStats, WorkerInfo
 from ..broker.flow import waits_for
 from ..client import Client
-from ..errors import FailureRecord
+from ..errors import FailureRecord, Unsupported
 from ..inspector import FlowView, Inspector, ScheduleView, attempt_records, plain_data
 from ..job import decode_failure
 from ..producer import Producer
@@ -117,7 +117,7 @@ class Source:
         """The queues shown: the declared ones plus every one the broker knows, sorted."""
         try:
             found = await self.client.broker.list_queues()
-        except NotImplementedError:
+        except Unsupported:
             found = []
         return sorted(set(self.declared_queues) | set(found)) or ["default"]
 
@@ -132,7 +132,7 @@ class Source:
         stats = await broker.queue_stats(queues)
         try:
             history = await broker.history(queues, CHART_MINUTES)
-        except NotImplementedError:
+        except Unsupported:
             now = int(time.time() // 60) * 60
             empty = [MinuteRollup(now - 60 * i) for i in range(CHART_MINUTES - 1, -1, -1)]
             history = [empty for _ in queues]
@@ -237,5 +237,5 @@ class Source:
         """The live workers (an empty list when the broker keeps no registry)."""
         try:
             return await self.client.broker.list_workers()
-        except NotImplementedError:
+        except Unsupported:
             return []

@@ -633,7 +633,7 @@ end
 
 -- A FailureRecord (typedq.errors) as msgpack: a map with the struct's field names.
 -- The same records and messages as typedq/broker/records.py builds for the memory
--- broker (tests/test_failure_records.py holds the two to the same fields).
+-- broker (tests/redis/test_failure_records.py holds the two to the same fields).
 local function failure_record(reason, error_type, message, attempt, worker, now)
   local rec = {
     reason = reason, error_type = error_type, message = message,

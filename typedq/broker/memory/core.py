@@ -11,13 +11,14 @@ batch of completions updates the minute's rollup and applies retention once.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
 
 from ...clock import SYSTEM_CLOCK, Clock
 from ...errors import NotConnected, QueueFull
+from ...limits import LimitSpec
 from ...options import check_numbers
 from ..base import (
     Broker,
@@ -280,6 +281,10 @@ class JobPath(Broker):
         return dict(self.table.counts[queue])
 
     # -- worker side ---------------------------------------------------------------
+
+    def set_limits(self, limits: Mapping[str, LimitSpec]) -> None:
+        """Declare tasks' limits; every later claim enforces them (see :mod:`.limits`)."""
+        self._merge_limits(limits)
 
     async def claim(
         self,

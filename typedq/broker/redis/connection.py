@@ -1,6 +1,6 @@
 """Connections to Redis: client settings, and the fixes they need.
 
-Client settings (under test in tests/test_redis_faults.py): socket timeout 5 s, connect
+Client settings (under test in tests/process/test_redis_faults.py): socket timeout 5 s, connect
 timeout 2 s, TCP keepalive, health checks every 10 s, and at most :data:`RETRIES`
 automatic retries on connection errors and timeouts with jittered exponential backoff
 (50 ms to 1 s). Automatic retries are safe because every script is idempotent when re-sent

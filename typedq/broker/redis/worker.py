@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -21,6 +21,7 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from ...errors import ConfigError, FailureReason, FailureRecord
+from ...limits import LimitSpec
 from ..base import (
     ClaimedJob,
     Completion,
@@ -43,6 +44,10 @@ _CLAIMED_FIELDS = 8
 
 class WorkerOps(RedisCore):
     """Worker methods of the Redis broker."""
+
+    def set_limits(self, limits: Mapping[str, LimitSpec]) -> None:
+        """Declare tasks' limits; every later claim enforces them (claim.lua's gates)."""
+        self._merge_limits(limits)
 
     async def claim(
         self,

@@ -1,0 +1,1 @@
+"""Cluster tier: needs the local Redis Cluster (spawned once per session)."""

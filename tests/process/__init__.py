@@ -1,0 +1,1 @@
+"""Process tier: spawns worker processes or CLI subprocesses, kills them, injects faults."""

@@ -1,0 +1,330 @@
+"""Model check: random operation sequences on Redis and Cluster, step by step against
+the embedded broker, the reference statement of the rules.
+
+Each seed drives a few hundred steps of enqueue (a small pool of ids, so ids are
+deduplicated, repeated inside a batch and re-used after ``remove``; several priorities;
+delays of 0 or an hour), claim (long or tiny leases), complete, fail (retry now, retry
+later, final, cancelled), release, renew, cancel, retry, remove, lease expiry with
+``recover_stalled``, and re-sends of finishes that already took effect (plus stale
+tokens). Each step runs on the reference (the embedded broker) and on the broker under
+test; after every step both answers, the state of every job of the pool, the queue's
+counts and each state's ids (paged by cursor and by offset) must be equal. The program
+picks its next step from the reference's state.
+
+Time is kept out of the comparison. Delays are an hour, so they never come due during a
+run. A tiny lease (1 ms) has run out on both brokers by the next ``expire`` step, which
+sleeps 30 ms first; long leases (10 min) never run out. So the answers never depend on
+timing. (The embedded broker itself is held to the contract suite, tests/contract.)
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import anyio
+import pytest
+
+from tests.support import connected, msg
+from typedq import JobState, QueueFull
+from typedq.broker.base import (
+    Broker,
+    Completion,
+    Failure,
+    FinishOutcome,
+    Release,
+)
+
+pytestmark = pytest.mark.anyio
+
+SEEDS = range(6)
+STEPS = 300
+POOL = [f"j{i}" for i in range(10)]
+PRIORITIES = [-5, 0, 0, 0, 5]
+MAX_STALLS = 1
+MAX_QUEUE_LENGTH = 4
+SHORT_LEASE = 0.001
+LONG_LEASE = 600.0
+DELAY = 3600.0
+
+
+#: What is compared of one job: state, attempt, stalls, cancel requested, priority.
+Snapshot = tuple[JobState, int, int, bool, int] | None
+
+
+@dataclass(frozen=True)
+class Op:
+    """One step; its repr is the trace printed when a run diverges.
+
+    In the trace ``j3@-5+1h`` is job j3 at priority -5 delayed by an hour, and
+    ``j3#7`` the lease of model handle 7 (the 7th claim of the run) on job j3.
+    """
+
+    kind: str
+    batch: tuple[tuple[str, int, bool], ...] = ()
+    ids: tuple[str, ...] = ()
+    #: (job id, model handle) pairs: which lease a finish or renew speaks for.
+    leases: tuple[tuple[str, int], ...] = ()
+    limit: int = 0
+    short: bool = False
+    mode: str = ""
+    states: frozenset[JobState] | None = None
+
+    def __repr__(self) -> str:
+        if self.kind == "enqueue":
+            jobs = (f"{i}@{p}{'+1h' if d else ''}" for i, p, d in self.batch)
+            return f"enqueue [{', '.join(jobs)}]"
+        if self.kind == "claim":
+            return f"claim {self.limit} ({'tiny' if self.short else 'long'} lease)"
+        if self.leases:
+            leases = ", ".join(f"{i}#{h}" for i, h in self.leases)
+            return f"{self.kind} {leases}{' ' + self.mode if self.mode else ''}"
+        if self.kind == "remove" and self.states is not None:
+            wanted = ",".join(sorted(s.value for s in self.states))
+            return f"remove {list(self.ids)} in {{{wanted}}}"
+        return f"{self.kind} {list(self.ids)}" if self.ids else self.kind
+
+
+class Generator:
+    """Picks the next operation from the reference's state (seeded, so runs repeat)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        #: Every lease handed out: (job id, handle).
+        self.leases: list[tuple[str, int]] = []
+        #: Each job's latest lease: while the job is active, the one that holds it.
+        self.latest: dict[str, int] = {}
+        #: Finishes that took effect, for re-sending.
+        self.applied: list[Op] = []
+        #: The reference's job states as of the last step (None: no such job).
+        self.states: dict[str, JobState | None] = dict.fromkeys(POOL)
+
+    def record(self, op: Op, answer: object, handles: list[int]) -> None:
+        """Remember the leases a claim handed out and the finishes that took effect."""
+        if op.kind == "claim":
+            assert isinstance(answer, list)
+            for handle, (job_id, _, _) in zip(handles, answer, strict=False):
+                self.leases.append((job_id, handle))
+                self.latest[job_id] = handle
+        elif op.kind in ("complete", "fail", "release") and answer == [FinishOutcome.OK]:
+            self.applied.append(op)
+
+    def _lease(self) -> tuple[str, int] | None:
+        active = [
+            (job_id, self.latest[job_id])
+            for job_id, state in self.states.items()
+            if state is JobState.ACTIVE and job_id in self.latest
+        ]
+        if active and self.rng.random() < 0.85:
+            return self.rng.choice(active)
+        return self.rng.choice(self.leases) if self.leases else None
+
+    def _ids(self, most: int, prefer: tuple[JobState, ...] = ()) -> tuple[str, ...]:
+        liked = [job_id for job_id, state in self.states.items() if state in prefer]
+        n = self.rng.randint(1, most)
+        if liked and self.rng.random() < 0.7:
+            return tuple(self.rng.choice(liked) for _ in range(n))
+        return tuple(self.rng.choice(POOL) for _ in range(n))
+
+    def next(self) -> Op:
+        rng = self.rng
+        kinds = [
+            "enqueue",
+            "claim",
+            "complete",
+            "fail",
+            "release",
+            "renew",
+            "cancel",
+            "retry",
+            "remove",
+            "expire",
+            "resend",
+        ]
+        weights = [22, 14, 10, 10, 4, 3, 6, 5, 9, 5, 6]
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "enqueue":
+            batch = tuple(
+                (rng.choice(POOL), rng.choice(PRIORITIES), rng.random() < 0.15)
+                for _ in range(rng.choice([1, 1, 2, 3, 4]))
+            )
+            return Op("enqueue", batch=batch)
+        if kind == "claim":
+            return Op("claim", limit=rng.randint(1, 3), short=rng.random() < 0.5)
+        if kind in ("complete", "fail", "release"):
+            lease = self._lease()
+            if lease is None:
+                return Op("claim", limit=1)
+            mode = rng.choice(["retry", "retry", "retry-later", "final", "cancelled"])
+            return Op(kind, leases=(lease,), mode=mode if kind == "fail" else "")
+        if kind == "renew":
+            got = [lease for _ in range(rng.randint(1, 2)) if (lease := self._lease())]
+            return Op("renew", leases=tuple(got)) if got else Op("claim", limit=2)
+        if kind == "cancel":
+            return Op("cancel", ids=self._ids(1, (JobState.WAITING, JobState.ACTIVE)))
+        if kind == "retry":
+            return Op("retry", ids=self._ids(2, (JobState.FAILED, JobState.CANCELLED)))
+        if kind == "remove":
+            states = None
+            if rng.random() < 0.5:
+                states = frozenset(s for s in JobState if rng.random() < 0.5)
+            return Op("remove", ids=self._ids(2, tuple(JobState)), states=states)
+        if kind == "expire":
+            return Op(kind)
+        if self.applied:
+            return rng.choice(self.applied)  # a re-send of a finish that took effect
+        return Op("enqueue", batch=((rng.choice(POOL), 0, False),))
+
+
+class Driver:
+    """Applies operations to one broker; a claim's leases get the handles it is given."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        #: Model handle -> the broker's token for that claim.
+        self.tokens: dict[int, str] = {}
+
+    def _token(self, handle: int) -> str:
+        return self.tokens.get(handle, f"never-issued-{handle}")
+
+    async def apply(self, op: Op, handles: list[int]) -> object:
+        broker = self.broker
+        if op.kind == "enqueue":
+            messages = [
+                msg(job_id=i, priority=p, delay=DELAY if delayed else 0.0)
+                for i, p, delayed in op.batch
+            ]
+            try:
+                return [o.created for o in await broker.enqueue(messages)]
+            except QueueFull:
+                return "QueueFull"
+        if op.kind == "claim":
+            lease = SHORT_LEASE if op.short else LONG_LEASE
+            claimed = await broker.claim(["q"], op.limit, worker_id="w", lease=lease)
+            for handle, job in zip(handles, claimed, strict=False):
+                self.tokens[handle] = job.token
+            return [(c.message.id, c.attempt, c.stalls) for c in claimed]
+        if op.kind in ("complete", "fail", "release"):
+            ((job_id, handle),) = op.leases
+            token = self._token(handle)
+            if op.kind == "complete":
+                return await broker.complete([Completion(job_id, token, b"\x01")])
+            if op.kind == "release":
+                return await broker.release([Release(job_id, token)])
+            retry_delay = {"retry": 0.0, "retry-later": DELAY}.get(op.mode)
+            failure = Failure(
+                id=job_id,
+                token=token,
+                error=b"\x90",
+                retry_delay=retry_delay,
+                cancelled=op.mode == "cancelled",
+            )
+            return await broker.fail([failure])
+        if op.kind == "renew":
+            leases = [(i, self._token(h)) for i, h in op.leases]
+            return await broker.renew(leases, LONG_LEASE)
+        if op.kind == "cancel":
+            return await broker.cancel(op.ids[0])
+        if op.kind == "retry":
+            return await broker.retry(list(op.ids))
+        if op.kind == "remove":
+            states = None if op.states is None else sorted(op.states)
+            return await broker.remove(list(op.ids), states=states)
+        assert op.kind == "expire"
+        return await broker.recover_stalled()
+
+    async def snapshots(self) -> dict[str, Snapshot]:
+        records = await self.broker.get(POOL)
+        return {
+            job_id: None
+            if r is None
+            else (r.state, r.attempt, r.stalls, r.cancel_requested, r.message.priority)
+            for job_id, r in zip(POOL, records, strict=True)
+        }
+
+    async def counts(self) -> dict[JobState, int]:
+        counts = await self.broker.counts("q")
+        return {state: counts.get(state, 0) for state in JobState}
+
+    async def listing(self, state: JobState) -> list[str]:
+        """Every id of ``state``, walked by ``page_jobs`` cursor 3 at a time (waiting in
+        the order listed, the others sorted: their order is not part of the contract)."""
+        ids: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = await self.broker.page_jobs("q", state, cursor=cursor, limit=3)
+            ids += page.ids
+            if page.cursor is None:
+                return ids if state is JobState.WAITING else sorted(ids)
+            assert len(page.ids) == 3, "a short page before the end"
+            cursor = page.cursor
+
+    async def listing_by_offset(self, state: JobState) -> list[str]:
+        """The same by ``list_jobs`` offsets, advancing by each page's length until an
+        empty page (issue 24 defect 6: Redis's offsets counted stale entries)."""
+        ids: list[str] = []
+        while page := await self.broker.list_jobs("q", state, offset=len(ids), limit=3):
+            ids += page
+        return ids if state is JobState.WAITING else sorted(ids)
+
+
+def _trace(ops: list[Op]) -> str:
+    return "\n".join(f"  {n:3d}: {op!r}" for n, op in enumerate(ops))
+
+
+async def step_views(driver: Driver) -> tuple[object, ...]:
+    """Everything compared after a step: job states, counts, and each state's ids paged
+    by cursor and by offset."""
+    listings = []
+    for state in JobState:
+        listings.append((state, await driver.listing(state)))
+        listings.append((state, await driver.listing_by_offset(state)))
+    return await driver.snapshots(), await driver.counts(), listings
+
+
+@pytest.mark.redis
+@pytest.mark.asyncio_only
+@pytest.mark.parametrize("backend", ["redis", "cluster"])
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_broker_follows_the_reference(
+    request: pytest.FixtureRequest, app_name: str, backend: str, seed: int
+) -> None:
+    if backend == "cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        cluster.flushall()
+        url: str = cluster.url
+    else:
+        url = request.getfixturevalue("redis_url")
+    generator = Generator(seed)
+    ops: list[Op] = []
+    handles_issued = 0
+    async with (
+        connected(
+            f"{app_name}-ref", "memory://", max_stalls=MAX_STALLS, max_queue_length=MAX_QUEUE_LENGTH
+        ) as reference_broker,
+        connected(
+            app_name, url, max_stalls=MAX_STALLS, max_queue_length=MAX_QUEUE_LENGTH
+        ) as tested_broker,
+    ):
+        reference, tested = Driver(reference_broker), Driver(tested_broker)
+        for step in range(STEPS):
+            op = generator.next()
+            ops.append(op)
+            where = f"seed {seed}, step {step}: {op!r}\ntrace:\n{_trace(ops)}"
+            if op.kind == "expire":
+                # Every tiny lease (1 ms) has run out, by either broker's clock.
+                await anyio.sleep(0.03)
+            handles = list(range(handles_issued + 1, handles_issued + 1 + op.limit))
+            expected = await reference.apply(op, handles)
+            actual = await tested.apply(op, handles)
+            assert actual == expected, f"answer differs at {where}"
+            if op.kind == "claim":
+                assert isinstance(expected, list)
+                handles_issued += len(expected)
+            generator.record(op, expected, handles)
+            want = await step_views(reference)
+            assert await step_views(tested) == want, f"state differs at {where}"
+            generator.states = {
+                job_id: None if snap is None else snap[0]
+                for job_id, snap in (await reference.snapshots()).items()
+            }

@@ -1,0 +1,282 @@
+"""Unit tests of the Executor: one claimed job in, one outcome out, no broker and no worker.
+
+The claimed jobs are built by hand (a real ``ClaimedJob`` around a real envelope); what
+the worker would do with the outcome is not exercised here.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import msgspec
+import pytest
+
+from tests.support import TEST_DEADLINE, In, Out
+from typedq import Abort, App, FailureReason, JobContext, Reject, Retry
+from typedq.broker.base import ClaimedJob, JobMessage
+from typedq.execution import Executor, Running
+from typedq.outcomes import Abandon, Attempt, Complete, Drop, Fail, HandBack
+
+pytestmark = pytest.mark.anyio
+
+
+class OutOfStock(msgspec.Struct):
+    """A declared domain error."""
+
+
+class Undeclared(msgspec.Struct):
+    """A domain error the task does not declare."""
+
+
+def build_app() -> App:
+    app = App("executor-tests")
+
+    @app.task(retries=2)
+    async def double(x: In) -> Out:
+        return Out(x.n * 2)
+
+    @app.task(retries=2)
+    def double_sync(x: In) -> Out:
+        return Out(x.n * 2)
+
+    @app.task(retries=2)
+    async def fails(x: In) -> Out:
+        if x.n == 1:
+            raise Retry(delay=math.nan)
+        if x.n == 2:
+            raise Abort("no point")
+        if x.n == 3:
+            raise Reject(Undeclared())
+        raise ValueError(f"bad {x.n}")
+
+    @app.task(errors=(OutOfStock,))
+    async def rejects(x: In) -> Out:
+        raise Reject(OutOfStock())
+
+    @app.task
+    async def wrong_result(x: In) -> Out:
+        bad: Any = "not an Out"
+        return bad  # type: ignore[no-any-return]
+
+    @app.task
+    async def forever(x: In) -> Out:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    @app.task
+    def sync_with_ctx(x: In, ctx: JobContext) -> Out:
+        return Out(ctx.attempt)
+
+    return app
+
+
+APP = build_app()
+
+
+def claimed(
+    task: str,
+    payload: Any = None,
+    *,
+    attempt: int = 1,
+    fingerprint: str = "",
+    timeout: float = -1.0,
+    raw: bytes | None = None,
+) -> ClaimedJob:
+    """A claimed job as a broker would hand it over."""
+    message = JobMessage(
+        id=f"job-{task}",
+        task=task,
+        queue="default",
+        payload=raw if raw is not None else msgspec.msgpack.encode(payload or In(1)),
+        fingerprint=fingerprint,
+        timeout=timeout,
+    )
+    return ClaimedJob(
+        message=message, token=f"lease-{task}", attempt=attempt, enqueued_at=time.time()
+    )
+
+
+async def no_progress(claimed: ClaimedJob, data: bytes) -> None:
+    raise AssertionError("no test reports progress")
+
+
+def executor() -> Executor:
+    return Executor(
+        dict(APP.tasks),
+        worker_id="w1",
+        threads=anyio.CapacityLimiter(2),
+        progress=no_progress,
+    )
+
+
+async def run(job: ClaimedJob, running: Running | None = None) -> Attempt:
+    with anyio.fail_after(TEST_DEADLINE):
+        return await executor().attempt(job, running or Running(job))
+
+
+def failed(attempt: Attempt) -> Fail:
+    assert isinstance(attempt.outcome, Fail), attempt.outcome
+    return attempt.outcome
+
+
+async def test_a_returned_value_completes_with_the_encoded_result() -> None:
+    for task in ("double", "double_sync"):
+        attempt = await run(claimed(task, In(21)))
+        assert attempt == Attempt(Complete(msgspec.msgpack.encode(Out(42))))
+
+
+async def test_a_sync_handler_with_context_sees_its_attempt() -> None:
+    attempt = await run(claimed("sync_with_ctx", attempt=3))
+    assert attempt.outcome == Complete(msgspec.msgpack.encode(Out(3)))
+
+
+async def test_an_unknown_task_fails_for_good_naming_the_registered_ones() -> None:
+    outcome = failed(await run(claimed("nope")))
+    assert outcome.record.reason is FailureReason.UNKNOWN_TASK
+    assert outcome.retry_delay is None
+    assert not outcome.record.retryable
+    assert "unknown task 'nope'" in outcome.record.message
+    assert "double" in outcome.record.message
+    assert outcome.record.worker_id == "w1"
+
+
+async def test_an_invalid_payload_fails_for_good() -> None:
+    outcome = failed(await run(claimed("double", raw=msgspec.msgpack.encode({"m": 1}))))
+    assert outcome.record.reason is FailureReason.INVALID_PAYLOAD
+    assert outcome.retry_delay is None
+    assert "task 'double': invalid payload" in outcome.record.message
+
+
+async def test_a_differing_fingerprint_is_reported_not_counted() -> None:
+    fingerprint = APP.tasks["double"].input.fingerprint
+    attempt = await run(claimed("double", In(2), fingerprint="stale"))
+    assert attempt.outcome == Complete(msgspec.msgpack.encode(Out(4)))
+    assert attempt.fingerprint_mismatch == ("stale", fingerprint)
+    # The same fingerprint as the worker's is no mismatch.
+    attempt = await run(claimed("double", In(2), fingerprint=fingerprint))
+    assert attempt.fingerprint_mismatch is None
+
+
+async def test_a_differing_fingerprint_and_an_invalid_payload_is_a_schema_mismatch() -> None:
+    attempt = await run(claimed("double", raw=msgspec.msgpack.encode({"m": 1}), fingerprint="old"))
+    outcome = failed(attempt)
+    assert outcome.record.reason is FailureReason.SCHEMA_MISMATCH
+    assert "old" in outcome.record.message
+    assert attempt.fingerprint_mismatch is None  # it did not run
+
+
+async def test_a_handler_error_is_retried_while_retries_remain() -> None:
+    outcome = failed(await run(claimed("fails", In(7))))
+    assert outcome.record.reason is FailureReason.ERROR
+    assert outcome.record.error_type == "ValueError"
+    assert outcome.record.message == "bad 7"
+    assert outcome.record.retryable
+    assert outcome.record.traceback is not None
+    assert outcome.retry_delay is not None
+    assert outcome.retry_delay >= 0
+    # Attempt 3 of a task with retries=2 is the last.
+    last = failed(await run(claimed("fails", In(7), attempt=3)))
+    assert last.retry_delay is None
+    assert not last.record.retryable
+
+
+async def test_retry_with_a_delay_that_is_not_a_number_is_not_retried() -> None:
+    outcome = failed(await run(claimed("fails", In(1))))
+    assert outcome.retry_delay is None
+    assert "not retried: Retry(delay=nan) is not a finite number >= 0" in outcome.record.message
+
+
+async def test_abort_fails_for_good() -> None:
+    outcome = failed(await run(claimed("fails", In(2))))
+    assert outcome.record.reason is FailureReason.ABORTED
+    assert outcome.retry_delay is None
+
+
+async def test_rejects_keep_declared_errors_and_name_undeclared_ones() -> None:
+    undeclared = failed(await run(claimed("fails", In(3))))
+    assert undeclared.record.error_type == "UndeclaredDomainError"
+    assert "add it to @app.task(errors=...)" in undeclared.record.message
+    declared = failed(await run(claimed("rejects")))
+    assert declared.record.reason is FailureReason.DOMAIN_ERROR
+    assert declared.record.domain_type is not None
+    assert declared.record.domain_type.endswith("OutOfStock")
+
+
+async def test_a_result_the_output_model_rejects_fails_for_good() -> None:
+    outcome = failed(await run(claimed("wrong_result")))
+    assert outcome.record.reason is FailureReason.INVALID_RESULT
+    assert outcome.retry_delay is None
+
+
+async def test_the_timeout_ends_the_attempt_and_is_retried() -> None:
+    outcome = failed(await run(claimed("forever", timeout=0.01)))
+    assert outcome.record.reason is FailureReason.TIMEOUT
+    assert "ran longer than its timeout of 0.01 s" in outcome.record.message
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [("shutdown", HandBack()), ("lease_lost", Drop())],
+)
+async def test_an_interrupted_attempt_is_handed_back_or_dropped(
+    reason: Any, expected: object
+) -> None:
+    job = claimed("forever")
+    running = Running(job)
+    running.cancel(reason)
+    assert (await run(job, running)).outcome == expected
+
+
+async def test_a_cancel_request_records_a_cancelled_failure() -> None:
+    job = claimed("forever", attempt=2)
+    running = Running(job)
+    running.cancel("cancel")
+    outcome = failed(await run(job, running))
+    assert outcome.cancelled
+    assert outcome.record.reason is FailureReason.CANCELLED
+    assert outcome.record.message == "cancelled while running (attempt 2)"
+
+
+async def test_a_lost_lease_drops_even_a_finished_result() -> None:
+    job = claimed("double")
+    running = Running(job)
+    running.lost = True
+    assert (await run(job, running)).outcome == Drop()
+
+
+async def test_shutdown_gives_up_on_a_sync_thread_that_does_not_return() -> None:
+    done = anyio.Event()
+    entered, gate = threading.Event(), threading.Event()
+    app = App("executor-abandon")
+
+    @app.task
+    def stuck(x: In) -> Out:
+        entered.set()
+        gate.wait(TEST_DEADLINE)
+        return Out(0)
+
+    job = claimed("stuck")
+    running = Running(job)
+    ex = Executor(
+        dict(app.tasks), worker_id="w1", threads=anyio.CapacityLimiter(1), progress=no_progress
+    )
+    result: list[Attempt] = []
+
+    async def attempt() -> None:
+        result.append(await ex.attempt(job, running))
+        done.set()
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attempt)
+            await anyio.to_thread.run_sync(entered.wait, TEST_DEADLINE)
+            running.cancel("shutdown")
+            running.abandon()
+            await done.wait()
+            gate.set()
+    assert result == [Attempt(Abandon())]

@@ -1,0 +1,228 @@
+"""What a broker can do beyond the core store: one ``typing.Protocol`` per capability.
+
+The core store is :class:`~typedq.broker.base.Broker`'s abstract methods (the module
+docstring of :mod:`typedq.broker.base` lists them). A backend adds a capability by
+overriding its methods; :class:`~typedq.broker.base.Broker` keeps a default for each
+that raises :class:`~typedq.errors.Unsupported`, so a caller holding a ``Broker`` may
+call any of them and learn at the call that the backend lacks it.
+
+:func:`supports` tells whether a broker (or its class) has a capability: every method
+of the protocol is present and is not the Broker's default. A client checks what its
+app's declarations need once, as it connects (:func:`require`): an app with schedules
+on a broker without them fails there, in one line, instead of at its first tick.
+
+The protocols restate the methods' signatures (mypy and the seam's tests check them
+against Broker's); the Broker's docstrings are the reference for what each does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ..errors import Unsupported
+from .base import Broker, is_capability_default
+
+if TYPE_CHECKING:
+    from ..limits import LimitSpec
+    from .base import (
+        EnqueueOutcome,
+        EventRead,
+        FireOutcome,
+        JobState,
+        MinuteRollup,
+        RetryOutcome,
+        ScheduleState,
+        TickFiring,
+        WorkerInfo,
+    )
+    from .flow import FlowSpec, FlowState
+
+__all__ = [
+    "CAPABILITIES",
+    "CORE",
+    "CORE_WITH_DEFAULTS",
+    "EventStreams",
+    "Flows",
+    "Limits",
+    "Observability",
+    "OperatorActions",
+    "Schedules",
+    "capabilities_of",
+    "members",
+    "require",
+    "supports",
+]
+
+#: The core store a backend must implement (Broker's abstract methods).
+CORE = (
+    "connect",
+    "close",
+    "enqueue",
+    "cancel",
+    "get",
+    "counts",
+    "list_jobs",
+    "claim",
+    "renew",
+    "complete",
+    "fail",
+    "release",
+    "set_progress",
+    "recover_stalled",
+)
+
+#: Core methods with a working default (derived from the core, or polling) that a
+#: backend overrides to be faster, plus Broker's plain helpers.
+CORE_WITH_DEFAULTS = (
+    "enqueue_batches",
+    "complete_and_claim",
+    "page_jobs",
+    "queue_stats",
+    "wait_finished",
+    "wait_for_jobs",
+    "cancel_requests",
+    "wait_cancel_requests",
+    "set_partitions",
+    "queue_cap",
+)
+
+
+@runtime_checkable
+class Flows(Protocol):
+    """Workflows (:mod:`typedq.workflow`): a flow stored in one call, its jobs handed
+    off inside the broker."""
+
+    async def enqueue_flows(
+        self, flows: Sequence[FlowSpec]
+    ) -> list[EnqueueOutcome | Exception]: ...
+
+    async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None: ...
+
+
+@runtime_checkable
+class Schedules(Protocol):
+    """Schedules (:mod:`typedq.schedule`): the broker's clock and the schedule states,
+    fired by compare-and-set."""
+
+    async def broker_time_us(self) -> int: ...
+
+    async def sleep_until_us(self, when_us: int) -> None: ...
+
+    async def sync_schedules(
+        self, schedules: Sequence[tuple[str, str]], *, prune: bool
+    ) -> list[ScheduleState]: ...
+
+    async def fire_schedules(
+        self, firings: Sequence[TickFiring]
+    ) -> list[tuple[FireOutcome, ScheduleState | None]]: ...
+
+    async def schedule_states(self) -> list[ScheduleState]: ...
+
+
+@runtime_checkable
+class Limits(Protocol):
+    """Task limits (:mod:`typedq.limits`): the broker's ``claim`` enforces the rate and
+    concurrency limits declared here (kept in its ``limits`` mapping)."""
+
+    def set_limits(self, limits: Mapping[str, LimitSpec]) -> None: ...
+
+
+@runtime_checkable
+class Observability(Protocol):
+    """What metrics, the dashboard and ``typedq inspect`` read besides the core: the
+    per-minute throughput rollups and the worker and queue registries."""
+
+    async def history(
+        self, queues: Sequence[str], minutes: int = 60
+    ) -> list[list[MinuteRollup]]: ...
+
+    async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None: ...
+
+    async def unregister_worker(self, worker_id: str) -> None: ...
+
+    async def list_workers(self) -> list[WorkerInfo]: ...
+
+    async def list_queues(self) -> list[str]: ...
+
+
+@runtime_checkable
+class EventStreams(Protocol):
+    """Per-queue streams of final-state events (:mod:`typedq.events`)."""
+
+    async def enable_events(self, queue: str) -> int: ...
+
+    async def read_events(
+        self, queue: str, after: int, *, timeout: float, limit: int = 500
+    ) -> EventRead: ...
+
+
+@runtime_checkable
+class OperatorActions(Protocol):
+    """What an operator does to jobs (``typedq inspect``, the dashboard): retry the
+    failed, remove jobs, purge a queue's states."""
+
+    async def retry(
+        self, ids: Sequence[str], *, queue: str | None = None
+    ) -> list[RetryOutcome]: ...
+
+    async def remove(
+        self,
+        ids: Sequence[str],
+        *,
+        states: Sequence[JobState] | None = None,
+        queue: str | None = None,
+    ) -> list[bool]: ...
+
+    async def purge(self, queue: str, states: Sequence[JobState]) -> int: ...
+
+
+#: Every capability, in the order of the seam's description (typedq.broker.base).
+CAPABILITIES: tuple[type[Any], ...] = (
+    Flows,
+    Schedules,
+    Limits,
+    Observability,
+    EventStreams,
+    OperatorActions,
+)
+
+
+def members(capability: type[Any]) -> tuple[str, ...]:
+    """The method names of a capability protocol, in definition order."""
+    return tuple(
+        name
+        for name, value in vars(capability).items()
+        if not name.startswith("_") and callable(value)
+    )
+
+
+def supports(broker: Broker | type[Broker], capability: type[Any]) -> bool:
+    """Whether ``broker`` (an instance or a class) has ``capability``: it has each of
+    the protocol's methods, and none is Broker's default (which raises Unsupported)."""
+    cls = broker if isinstance(broker, type) else type(broker)
+    for name in members(capability):
+        method = getattr(cls, name, None)
+        if method is None or is_capability_default(method):
+            return False
+    return True
+
+
+def capabilities_of(broker: Broker | type[Broker]) -> tuple[type[Any], ...]:
+    """The capabilities ``broker`` (an instance or a class) has, in :data:`CAPABILITIES`
+    order."""
+    return tuple(cap for cap in CAPABILITIES if supports(broker, cap))
+
+
+def require(broker: Broker, needs: Mapping[type[Any], str], *, user: str) -> None:
+    """Raise Unsupported, in one line, unless ``broker`` has every capability ``needs``
+    names (capability -> what of ``user`` needs it). Checked when a client connects.
+
+    :param user: who needs them, for the message (``"app 'shop'"``)
+    """
+    missing = [f"{cap.__name__} ({why})" for cap, why in needs.items() if not supports(broker, cap)]
+    if missing:
+        raise Unsupported(
+            f"broker {type(broker).__name__} lacks what {user} uses: {'; '.join(missing)}. "
+            "Use a broker that has it (memory:// or redis://), or drop the declaration"
+        )
