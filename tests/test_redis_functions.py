@@ -18,8 +18,8 @@ from tests.redis_harness import RedisProcess
 from tests.redis_support import broker_at, message, raw_redis
 from typedq import BrokerError, ConfigError
 from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobState
-from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
+from typedq.broker.redis.keys import Keys
 from typedq.broker.redis.scripts import LIBRARY, SHARDED_LIBRARY, build_library, read_scripts
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -151,8 +151,8 @@ async def test_an_error_in_the_library_names_the_script_and_the_file_line(redis_
     text = str(failed.value)
     assert "enqueue" in text
     assert "WRONGTYPE" in text
-    # "(typedq/broker/lua/<file>:<line>)": that line of that file makes the call.
-    where = text.rpartition("(typedq/broker/lua/")[2].rstrip(")")
+    # "(typedq/broker/redis/lua/<file>:<line>)": that line of that file makes the call.
+    where = text.rpartition("(typedq/broker/redis/lua/")[2].rstrip(")")
     file, _, line = where.partition(":")
     source = read_scripts()[file].split("\n")[int(line) - 1]
     assert "rcall('HINCRBY'" in source  # (common.lua's redis.call)

@@ -111,8 +111,8 @@ async def test_a_script_error_on_the_lane_names_the_lua_file_and_line(redis_url:
     text = str(failed.value)
     assert "claim" in text
     assert "WRONGTYPE" in text
-    # "(typedq/broker/lua/<file>:<line>)": that line of that file makes the call.
-    where = text.rpartition("(typedq/broker/lua/")[2].rstrip(")")
+    # "(typedq/broker/redis/lua/<file>:<line>)": that line of that file makes the call.
+    where = text.rpartition("(typedq/broker/redis/lua/")[2].rstrip(")")
     file, _, line = where.partition(":")
     source = read_scripts()[file].split("\n")[int(line) - 1]
     assert "rcall('ZADD', k_active(q)" in source  # (common.lua's redis.call)

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from ..base import FinishOutcome, JobMessage, JobState, LeaseStatus
-from ..keys import STATE_LETTERS
+from .keys import STATE_LETTERS
 
 __all__ = [
     "FINISH",

@@ -1,4 +1,4 @@
-"""The Lua of the Redis broker as one Redis Functions library, built from ``typedq/broker/lua/``.
+"""The Lua of the Redis broker as one Redis Functions library, built from ``typedq/broker/redis/lua/``.
 
 Every state transition is one function of the library. The sources stay one file per
 script, each starting with a ``#!lua`` shebang whose flags (``allow-oom``, ``no-writes``)
@@ -99,7 +99,7 @@ class Library:
         names the library's own lines, ``user_function:<n>``)."""
         found = _USER_LINE.search(message)
         place = self.where(int(found.group(1))) if found else None
-        return f"{message} (typedq/broker/lua/{place})" if place else message
+        return f"{message} (typedq/broker/redis/lua/{place})" if place else message
 
 
 def _without_comment(line: str) -> str:
@@ -154,7 +154,7 @@ def _prelude(
             # for every later use); state may not: one reset would miss the other copy.
             if name in declared and (m or declared[name][1]):
                 raise RuntimeError(
-                    f"typedq/broker/lua/{file}:{at}: {name!r} is declared again at the top "
+                    f"typedq/broker/redis/lua/{file}:{at}: {name!r} is declared again at the top "
                     f"level (first at {declared[name][0]}): per-call state needs one name each"
                 )
             declared[name] = (f"{file}:{at}", m is not None)
@@ -163,7 +163,7 @@ def _prelude(
                 # A helper runs in whichever call uses it, with no ARGV or KEYS of its
                 # own: the library has them only as each function's parameters.
                 raise RuntimeError(
-                    f"typedq/broker/lua/{file}:{at}: a shared helper reads ARGV or KEYS; "
+                    f"typedq/broker/redis/lua/{file}:{at}: a shared helper reads ARGV or KEYS; "
                     "pass them from the script as a parameter instead"
                 )
             out.append((file, at, text))
@@ -217,7 +217,7 @@ def _check_constants(constants: Mapping[str, str], lines: list[tuple[str, int, s
         for name in _ASSIGNED.findall(_code(text)):
             if name in constants:
                 raise RuntimeError(
-                    f"typedq/broker/lua/{file}:{at}: {name!r} is a constant (set once, at "
+                    f"typedq/broker/redis/lua/{file}:{at}: {name!r} is a constant (set once, at "
                     f"{constants[name]}) and may not be assigned"
                 )
 
@@ -253,22 +253,22 @@ def _begin(resets: list[str]) -> list[str]:
 def _flags(name: str, shebang: str) -> list[str]:
     """The function flags of a script's ``#!lua [flags=a,b]`` shebang."""
     if not shebang.startswith("#!lua"):
-        raise RuntimeError(f"typedq/broker/lua/{name} must start with a #!lua shebang")
+        raise RuntimeError(f"typedq/broker/redis/lua/{name} must start with a #!lua shebang")
     flags: list[str] = []
     for option in shebang[len("#!lua") :].split():
         key, _, value = option.partition("=")
         if key != "flags":
-            raise RuntimeError(f"typedq/broker/lua/{name}: unknown shebang option {option!r}")
+            raise RuntimeError(f"typedq/broker/redis/lua/{name}: unknown shebang option {option!r}")
         flags += [f for f in value.split(",") if f]
     unknown = [f for f in flags if f not in _FLAGS]
     if unknown:
-        raise RuntimeError(f"typedq/broker/lua/{name}: unknown flags {unknown}")
+        raise RuntimeError(f"typedq/broker/redis/lua/{name}: unknown flags {unknown}")
     return flags
 
 
 def read_scripts() -> dict[str, str]:
-    """The files of ``typedq/broker/lua/``: file name -> text."""
-    folder = resources.files("typedq.broker").joinpath("lua")
+    """The files of ``typedq/broker/redis/lua/``: file name -> text."""
+    folder = resources.files("typedq.broker.redis").joinpath("lua")
     return {
         entry.name: entry.read_text("utf-8")
         for entry in folder.iterdir()
@@ -286,7 +286,7 @@ def build_library(files: Mapping[str, str] | None = None, *, sharded: bool = Fal
     files = dict(read_scripts() if files is None else files)
     common = files["common.lua"].split("\n")
     if _SHARDED_AT not in common:
-        raise RuntimeError(f"typedq/broker/lua/common.lua must hold a line {_SHARDED_AT!r}")
+        raise RuntimeError(f"typedq/broker/redis/lua/common.lua must hold a line {_SHARDED_AT!r}")
     shared: list[tuple[str, int, str]] = []
     for n, text in enumerate(common, 1):
         if text == _SHARDED_AT and sharded:
@@ -304,7 +304,7 @@ def build_library(files: Mapping[str, str] | None = None, *, sharded: bool = Fal
             continue
         script = name.removesuffix(".lua")
         if not re.fullmatch(r"[a-z0-9_]+", script):
-            raise RuntimeError(f"typedq/broker/lua/{name}: a script's name is [a-z0-9_]+")
+            raise RuntimeError(f"typedq/broker/redis/lua/{name}: a script's name is [a-z0-9_]+")
         shebang, *body = files[name].split("\n")
         flags = ", ".join(f"'{f}'" for f in _flags(name, shebang))
         functions[script] = f"{_NAME_MARK}_{script}"

@@ -1,6 +1,6 @@
 -- typedq common prelude, inserted by the loader right after each script's shebang.
 -- ARGV[1] is always the app's key prefix 'typedq:{<namespace>}:'. The key helpers
--- below mirror typedq/broker/keys.py (a test checks that both agree). Every key of a
+-- below mirror typedq/broker/redis/keys.py (a test checks that both agree). Every key of a
 -- queue shares the queue's hash tag '{<namespace>:<queue>}', so one queue's keys live
 -- in one cluster slot; a script learns which jobs it touches only while it runs and
 -- derives their keys here from the queue (the caller declares a key of that queue's
