@@ -2,7 +2,7 @@
 tests/conftest.py): steps and members on queues of different shards hand off through
 each slot's outbox, applied on the target's slot by a second call, exactly once.
 
-See "Flows across slots" in docs/brokers.md and the outbox in typedq/broker/redis/lua/common.lua.
+See "Flows across slots" in docs/brokers.md and the outbox in typedq/broker/redis/lua/common/flows.lua.
 """
 
 from __future__ import annotations
