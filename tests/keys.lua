@@ -1,6 +1,6 @@
 #!lua flags=no-writes
--- For tests only (tests/redis/test_redis_broker.py builds a library of common.lua and this
--- file): the key names common.lua derives, to check them against keys.py.
+-- For tests only (tests/redis/test_redis_broker.py builds a library of the shared parts and
+-- this file): the key names common/keys.lua derives, to check them against keys.py.
 -- ARGV: P, queue, priority, id, request token[, gate, task, limit key[, minute]]
 local q = ARGV[2]
 local out = {k_job(q, ARGV[4]), k_levels(q), k_wait(q, ARGV[3]), k_sched(q),

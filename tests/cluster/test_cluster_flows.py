@@ -2,7 +2,7 @@
 tests/conftest.py): steps and members on queues of different shards hand off through
 each slot's outbox, applied on the target's slot by a second call, exactly once.
 
-See "Flows across slots" in docs/brokers.md and the outbox in typedq/broker/lua/common.lua.
+See "Flows across slots" in docs/brokers.md and the outbox in typedq/broker/redis/lua/common/flows.lua.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from tests.support import In, Out, spawn_worker, stop_workers
 from typedq import App, JobFailed, JobState, QueueFull
 from typedq.broker.base import CancelOutcome, Completion, FinishOutcome, JobMessage
 from typedq.broker.flow import FlowSpec
-from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.codec import text
 from typedq.broker.redis.flows import Handoff
+from typedq.broker.redis.keys import Keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.anyio, pytest.mark.asyncio_only]
 

@@ -30,10 +30,10 @@ from tests.redis_support import broker_at, message
 from tests.support import In, spawn_worker, stop_workers
 from typedq import App, ConfigError
 from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobState
-from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.codec import text
 from typedq.broker.redis.health import check_slots
+from typedq.broker.redis.keys import Keys
 from typedq.task import DEFAULT_QUEUE
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster, pytest.mark.anyio, pytest.mark.asyncio_only]

@@ -19,7 +19,7 @@ from tests.redis_support import broker_at, message, raw_redis
 from tests.support import TEST_DEADLINE
 from typedq import CompletedEvent, Producer
 from typedq.broker.base import Completion, Failure, JobState
-from typedq.broker.keys import Keys
+from typedq.broker.redis.keys import Keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 

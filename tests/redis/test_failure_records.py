@@ -1,8 +1,8 @@
 """The records a broker writes itself are the same on both brokers.
 
 The memory broker builds them in Python (:mod:`typedq.broker.records`); the Redis broker
-in Lua (``failure_record`` in ``lua/common.lua``). Each scenario below finalises a job
-without a worker's record (a cancel before it ran, a cancel while it was handed back or
+in Lua (``failure_record`` in ``lua/common/bookkeeping.lua``). Each scenario below finalises
+a job without a worker's record (a cancel before it ran, a cancel while it was handed back or
 its worker was lost, a job past ``max_stalls``) on both, on a real redis-server, and
 compares every field but the time.
 """

@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from tests.support import TEST_DEADLINE, In, Out, count
 from typedq import App, InvalidOption, JobState, PartialEnqueue, QueueFull
 from typedq.broker.base import JobMessage
-from typedq.broker.keys import Keys
+from typedq.broker.redis.keys import Keys
 from typedq.options import MAX_PRIORITY, MIN_PRIORITY
 
 pytestmark = pytest.mark.anyio

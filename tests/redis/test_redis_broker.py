@@ -39,7 +39,7 @@ from typedq.broker.base import (
 from typedq.broker.redis import CONNECT_TIMEOUT, RETRIES, SOCKET_TIMEOUT, RedisBroker
 from typedq.broker.redis import health as redis_health
 from typedq.broker.redis.codec import encode_body
-from typedq.broker.redis.scripts import build_library, read_scripts
+from typedq.broker.redis.scripts import PARTS, build_library, read_scripts
 from typedq.errors import FailureRecord
 from typedq.names import new_job_id
 from typedq.task import DEFAULT_QUEUE
@@ -78,13 +78,12 @@ async def client_commands(url: str) -> AsyncIterator[list[str]]:
 
 
 async def test_lua_key_names_match_the_keys_module(redis_url: str) -> None:
-    # tests/keys.lua answers the names common.lua derives: its own library, built from
-    # the installed common.lua by the broker's builder, loaded for this test.
+    # tests/keys.lua answers the names the shared parts (common/*.lua) derive: its own
+    # library, built from the installed parts by the broker's builder, loaded for this test.
     parts = read_scripts()
     lib = build_library(
         {
-            "common.lua": parts["common.lua"],
-            "sharded.lua": parts["sharded.lua"],
+            **{name: parts[name] for name in PARTS},
             "keys.lua": (Path(__file__).parents[1] / "keys.lua").read_text("utf-8"),
         }
     )

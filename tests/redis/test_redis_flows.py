@@ -19,7 +19,7 @@ from tests.support import TEST_DEADLINE
 from typedq import App, ConfigError, JobState
 from typedq.broker.base import ClaimedJob, Completion, EnqueueOutcome, JobMessage
 from typedq.broker.flow import HELD_AT, FlowSpec
-from typedq.broker.keys import Keys
+from typedq.broker.redis.keys import Keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 

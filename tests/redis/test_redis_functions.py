@@ -18,9 +18,15 @@ from tests.redis_harness import RedisProcess
 from tests.redis_support import broker_at, message, raw_redis
 from typedq import BrokerError, ConfigError
 from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobState
-from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
-from typedq.broker.redis.scripts import LIBRARY, SHARDED_LIBRARY, build_library, read_scripts
+from typedq.broker.redis.keys import Keys
+from typedq.broker.redis.scripts import (
+    LIBRARY,
+    PARTS,
+    SHARDED_LIBRARY,
+    build_library,
+    read_scripts,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
@@ -57,7 +63,7 @@ def _probe(state: tuple[str, ...]) -> str:
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["single", "sharded"])
 async def test_no_state_outlives_a_call(redis_url: str, sharded: bool) -> None:
-    """Every top-level name of common.lua (and sharded.lua) that a call may change is set
+    """Every top-level name of the shared parts (common/*.lua) that a call may change is set
     again when the next call starts: after a call that filled it and failed, after one
     that filled it and returned, and across two apps' prefixes."""
     base = SHARDED_LIBRARY if sharded else LIBRARY
@@ -66,11 +72,7 @@ async def test_no_state_outlives_a_call(redis_url: str, sharded: bool) -> None:
     )
     parts = read_scripts()
     lib = build_library(
-        {
-            "common.lua": parts["common.lua"],
-            "sharded.lua": parts["sharded.lua"],
-            "probe.lua": _probe(base.state),
-        },
+        {**{name: parts[name] for name in PARTS}, "probe.lua": _probe(base.state)},
         sharded=sharded,
     )
     assert lib.state == base.state
@@ -151,28 +153,27 @@ async def test_an_error_in_the_library_names_the_script_and_the_file_line(redis_
     text = str(failed.value)
     assert "enqueue" in text
     assert "WRONGTYPE" in text
-    # "(typedq/broker/lua/<file>:<line>)": that line of that file makes the call.
-    where = text.rpartition("(typedq/broker/lua/")[2].rstrip(")")
+    # "(typedq/broker/redis/lua/<file>:<line>)": that line of that file makes the call.
+    where = text.rpartition("(typedq/broker/redis/lua/")[2].rstrip(")")
     file, _, line = where.partition(":")
     source = read_scripts()[file].split("\n")[int(line) - 1]
-    assert "rcall('HINCRBY'" in source  # (common.lua's redis.call)
+    assert "rcall('HINCRBY'" in source  # (a shared part's redis.call)
 
 
 def test_a_shared_helper_reading_argv_is_refused_when_the_library_is_built() -> None:
-    """A helper of common.lua runs in whichever call uses it, where ARGV and KEYS are only
+    """A helper of a shared part runs in whichever call uses it, where ARGV and KEYS are only
     the function's parameters: reading them there would fail at run time ("nonexistent
     global variable 'ARGV'"), so the build refuses it, naming the file and line."""
     files = read_scripts()
-    common = files["common.lua"].split("\n")
+    common = files["common/values.lua"].split("\n")
     at = next(i for i, line in enumerate(common) if line.startswith("local function now_us"))
     common.insert(at, "local function arg_count() return #ARGV end")
-    files["common.lua"] = "\n".join(common)
-    with pytest.raises(RuntimeError, match=rf"common.lua:{at + 1}: a shared helper reads ARGV"):
+    files["common/values.lua"] = "\n".join(common)
+    with pytest.raises(RuntimeError, match=rf"values.lua:{at + 1}: a shared helper reads ARGV"):
         build_library(files)
     # The state lines at the top may read them (they run at the start of every call).
-    assert any(
-        line.startswith("local P = ARGV[1]") for line in read_scripts()["common.lua"].split("\n")
-    )
+    keys = read_scripts()["common/keys.lua"].split("\n")
+    assert any(line.startswith("local P = ARGV[1]") for line in keys)
     build_library()
 
 
@@ -196,7 +197,7 @@ def test_constants_are_set_once_and_may_not_be_assigned() -> None:
 
 
 def test_a_kept_cache_is_made_at_load_and_may_not_be_assigned() -> None:
-    """A ``local name = {}  --@keep`` (common.lua's ``app``: the app prefix's strings) is
+    """A ``local name = {}  --@keep`` (common/keys.lua's ``app``: the app prefix's strings) is
     made once, at load, and not reset by the calls; the build refuses an assignment to
     it, like to a constant (only its helpers fill it)."""
     assert "app" not in LIBRARY.state
@@ -228,9 +229,7 @@ async def test_the_kept_key_prefixes_follow_the_app_and_stay_bounded(redis_url: 
             "return cjson.encode({fresh = fresh, q = k_q('q1'), job = k_job('q1', 'a')})",
         ]
     )
-    lib = build_library(
-        {"common.lua": parts["common.lua"], "sharded.lua": parts["sharded.lua"], "p.lua": probe}
-    )
+    lib = build_library({**{name: parts[name] for name in PARTS}, "p.lua": probe})
     a, b = Keys("appa"), Keys("appb")
     async with raw_redis(redis_url) as raw:
         execute: Any = raw.execute_command  # untyped in redis-py
@@ -254,7 +253,7 @@ async def test_two_versions_of_the_library_run_side_by_side(redis_url: str) -> N
     """A rolling deploy: an older library (another hash, other function names) stays
     loaded and callable while this version's broker runs; neither replaces the other."""
     files = read_scripts()
-    files["common.lua"] += "\nlocal OLDER_VERSION = 1\n"
+    files[PARTS[-1]] += "\nlocal OLDER_VERSION = 1\n"
     older = build_library(files)
     assert older.name != LIBRARY.name
     assert set(older.functions.values()).isdisjoint(LIBRARY.functions.values())

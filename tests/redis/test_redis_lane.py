@@ -111,11 +111,11 @@ async def test_a_script_error_on_the_lane_names_the_lua_file_and_line(redis_url:
     text = str(failed.value)
     assert "claim" in text
     assert "WRONGTYPE" in text
-    # "(typedq/broker/lua/<file>:<line>)": that line of that file makes the call.
-    where = text.rpartition("(typedq/broker/lua/")[2].rstrip(")")
+    # "(typedq/broker/redis/lua/<file>:<line>)": that line of that file makes the call.
+    where = text.rpartition("(typedq/broker/redis/lua/")[2].rstrip(")")
     file, _, line = where.partition(":")
     source = read_scripts()[file].split("\n")[int(line) - 1]
-    assert "rcall('ZADD', k_active(q)" in source  # (common.lua's redis.call)
+    assert "rcall('ZADD', k_active(q)" in source  # (a shared part's redis.call)
 
 
 async def test_a_flushed_library_is_loaded_again_for_the_lane(redis_url: str) -> None:

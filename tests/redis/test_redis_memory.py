@@ -1,7 +1,7 @@
 """Redis memory per waiting job, pinned (issue 13: at most 250 bytes at 1,000,000).
 
 A waiting job is an entry of its level list plus its id in the queue's waiting index
-(see typedq/broker/keys.py). This enqueues 100,000 jobs like the benchmark's (~110-byte
+(see typedq/broker/redis/keys.py). This enqueues 100,000 jobs like the benchmark's (~110-byte
 msgpack payload, ULID ids) into a fresh redis-server of the default config and holds
 ``used_memory`` per job to the figure measured for this layout, within a small
 tolerance: a change of layout that costs memory fails here, not in a benchmark nobody

@@ -8,9 +8,9 @@ import pytest
 
 from tests.redis_support import broker_at, message, raw_redis
 from typedq.broker.base import Completion, FinishOutcome, JobState
-from typedq.broker.keys import Keys
 from typedq.broker.redis import migrate
 from typedq.broker.redis.codec import encode_body
+from typedq.broker.redis.keys import Keys
 from typedq.broker.redis.migrate import migrate_layout
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]

@@ -21,8 +21,8 @@ from redis.crc import key_slot
 from tests.redis_harness import RedisCluster, slot_owner
 from tests.redis_support import broker_at, message, raw_redis
 from typedq.broker.base import Completion
-from typedq.broker.keys import Keys
 from typedq.broker.redis import RedisBroker
+from typedq.broker.redis.keys import Keys
 from typedq.limits import LimitSpec
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]

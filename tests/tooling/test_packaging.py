@@ -66,6 +66,19 @@ def test_license_is_an_spdx_expression() -> None:
     assert not [c for c in metadata().get_all("Classifier") or [] if c.startswith("License ::")]
 
 
+def test_package_data_ships_every_lua_file() -> None:
+    """The wheel carries every Lua file the Redis broker builds its library from (the
+    scripts and the shared parts in lua/common/): setuptools ships the files the
+    package-data globs match, with glob's rules (``*`` stops at ``/``)."""
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        globs = tomllib.load(file)["tool"]["setuptools"]["package-data"]["typedq"]
+    package = ROOT / "typedq"
+    shipped = {path for pattern in globs for path in package.glob(pattern)}
+    lua = set((package / "broker" / "redis" / "lua").rglob("*.lua"))
+    assert any(p.parent.name == "common" for p in lua)
+    assert lua <= shipped, sorted(str(p.relative_to(package)) for p in lua - shipped)
+
+
 def test_extras() -> None:
     """`redis` names the same requirement as the core dependency; `dev` has the tools."""
     requires = [Requirement(r) for r in metadata().get_all("Requires-Dist") or []]

@@ -123,7 +123,7 @@ CLAIM_RECORD_TTL = 60.0
 ERROR_HISTORY = 10
 
 #: How many members a fan-in callback's span links to, the first by index (the
-#: OpenTelemetry SDK's default limit of links per span; MAX_SPAN_LINKS in common.lua).
+#: OpenTelemetry SDK's default limit of links per span; MAX_SPAN_LINKS, generated into the Lua by broker/redis/constants.py).
 MAX_SPAN_LINKS = 128
 
 #: How many minutes of throughput rollups a broker keeps per queue (24 hours).

@@ -5,8 +5,9 @@ A worker builds the records of the attempts it ran (:mod:`typedq.execution`); a 
 builds these, when no worker is there to do it: a cancel of a waiting or scheduled job,
 a cancel requested while a worker handed the job back or was lost, and a job past
 ``max_stalls``. The memory broker calls :func:`broker_failure`; the Redis broker's Lua
-scripts build the same records with ``failure_record`` in ``lua/common.lua`` and the
-messages below (``tests/redis/test_failure_records.py`` holds the two to the same fields).
+scripts build the same records with ``failure_record`` (in
+``redis/lua/common/bookkeeping.lua``) and the messages below
+(``tests/redis/test_failure_records.py`` holds the two to the same fields).
 """
 
 from __future__ import annotations

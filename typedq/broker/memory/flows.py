@@ -3,7 +3,7 @@
 A flow's jobs are ordinary jobs tagged with their flow and place. Held steps are
 scheduled but outside the due-time heap, so no clock (however far a test's fake clock
 moves) ever promotes them; only a hand-off does. A running flow is a :class:`Flow`,
-dropped when the flow ends. The same rules as the Redis twins in ``common.lua``.
+dropped when the flow ends. The same rules as the Redis twins in ``redis/lua/common/``.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Flows:
 
     def note_span(self, job: Job, span: str) -> None:
         """Keep a fan-out member's process span for its callback's links (as flow_settle
-        in common.lua: the first settle of the first MAX_SPAN_LINKS members)."""
+        in redis/lua/common/: the first settle of the first MAX_SPAN_LINKS members)."""
         index = job.flow_member
         flow = None if job.flow_id is None else self.running.get(job.flow_id)
         if flow is not None and 0 <= index < MAX_SPAN_LINKS and not flow.settled[index]:
@@ -240,7 +240,7 @@ class Flows:
         ran, of a flow that has ended, resumes the flow (its later steps, ended with it
         and never run, are held again); a fan-out member, a step that never ran, a job
         of a running flow or of a flow whose later steps are gone may not (see the Redis
-        twin, ``flow_retry`` in common.lua)."""
+        twin, ``flow_retry`` in redis/lua/common/)."""
         assert job.flow_id is not None
         if job.flow_member >= 0 or job.flow_id in self.running:
             return False

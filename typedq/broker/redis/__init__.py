@@ -3,7 +3,7 @@
 Every state transition is one Lua script from ``lua/``, a function of one Redis Functions
 library (:mod:`.scripts`; loaded at connect, loaded again when Redis answers "Function not
 found"), so a job is never half-moved. Key names live in
-:mod:`typedq.broker.keys`; every key of a queue shares the queue's hash tag
+:mod:`typedq.broker.redis.keys`; every key of a queue shares the queue's hash tag
 (``{<app>:<queue>}``), so on Redis Cluster (``redis+cluster://``) queues spread over the
 shards and each script runs on the one slot of its queue.
 
@@ -37,7 +37,7 @@ Memory: a job that no worker has claimed yet is one Redis string (a short text
 header and the compact job body), not a hash: a hash whose envelope field is over
 Redis's default ``hash-max-listpack-value`` (64 bytes) falls back to the hashtable
 encoding, more than twice the size. Claim and cancel turn the string into the job
-hash. The layout is in :mod:`typedq.broker.keys`.
+hash. The layout is in :mod:`typedq.broker.redis.keys`.
 
 Data loss: on connect the broker writes the app's epoch key if it is missing and
 remembers its value; :meth:`RedisBroker.check_epoch` (run at most every

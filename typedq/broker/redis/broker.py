@@ -31,7 +31,6 @@ from ...errors import BrokerError, ConfigError, NotConnected, RedisDataLost
 from ...names import check_name
 from .. import redact_url
 from ..base import BrokerSettings
-from ..keys import Keys
 from .codec import MICRO, as_int, text, us
 from .connection import (
     CLUSTER_SCHEMES,
@@ -49,6 +48,7 @@ from .errors import broker_error, scrub
 from .flows import FlowOps, Handoff, unwrap
 from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .inspection import InspectOps
+from .keys import Keys
 from .listener import Notifications
 from .migrate import migrate_layout
 from .producer import ProducerOps

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from ..base import FinishOutcome, JobMessage, JobState, LeaseStatus
-from ..keys import STATE_LETTERS
+from .keys import STATE_LETTERS
 
 __all__ = [
     "FINISH",
@@ -67,7 +67,7 @@ class Body(msgspec.Struct, frozen=True, array_like=True):
     #: The producer's trace context (typedq.tracing); read by no script.
     trace_context: str = ""
     #: A fan-in callback's links to its members' spans, appended by the fan-in script
-    #: (common.lua flow_release) to a body that has all the fields above.
+    #: (common/flow_settle.lua flow_release) to a body that has all the fields above.
     trace_links: str = ""
 
 

@@ -20,8 +20,8 @@ import redis.exceptions as rexc
 
 from ...errors import BrokerError
 from ..base import Broker
-from ..keys import Keys
 from .health import EpochWatch, MemoryWatch
+from .keys import Keys
 from .listener import Notifications
 from .scripts import Library
 

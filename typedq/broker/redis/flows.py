@@ -11,7 +11,7 @@ record (``flow_enqueue.lua``, *across*), which starts the others. A script that 
 a job of such a flow writes its hand-offs to other slots to its own queue's outbox and
 names them in its reply (:func:`unwrap`); the broker applies them on their target's
 slot (``flow_apply.lua``) and then deletes them (``flow_ack.lua``). See the outbox in
-``lua/common.lua``.
+``lua/common/flows.lua``.
 
 The broker's workflow methods are :class:`FlowOps`, mixed into RedisBroker: storing flows
 (one ``flow_enqueue`` per group of flows; on Redis Cluster one script per flow, or per
@@ -67,7 +67,7 @@ def unwrap(reply: Any, into: list[Handoff]) -> Any:
     """A script's own reply; the hand-offs it names (if any) appended to ``into``.
 
     A script that wrote outbox entries answers ``[HANDOFF_MARK, reply, (home, entry,
-    target, record)...]`` (``flow_reply`` in ``lua/common.lua``); no other reply starts
+    target, record)...]`` (``flow_reply`` in ``lua/common/flows.lua``); no other reply starts
     with the mark.
     """
     if not (isinstance(reply, list) and len(reply) >= 2 and reply[0] == HANDOFF_MARK):

@@ -29,8 +29,8 @@ from typing import Any
 from redis.crc import key_slot
 
 from ...errors import RedisDataLost
-from ..keys import Keys
 from .codec import as_int, mb, text, utc
+from .keys import Keys
 
 __all__ = [
     "EPOCH_CHECK_INTERVAL",

@@ -27,11 +27,11 @@ from ..base import (
     WorkerInfo,
     bad_cursor,
 )
-from ..keys import STATE_LETTERS
 from .codec import STATES, as_int, decode_job, encode, from_us, text
 from .connection import SOCKET_TIMEOUT
 from .core import RedisCore
 from .flows import Handoff, unwrap
+from .keys import STATE_LETTERS
 
 __all__ = ["InspectOps"]
 

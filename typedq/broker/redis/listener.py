@@ -42,10 +42,10 @@ import redis.asyncio as aioredis
 from anyio.abc import TaskStatus
 from redis.crc import key_slot
 
-from ..keys import Keys
 from .codec import MICRO, text
 from .connection import SOCKET_TIMEOUT
 from .errors import scrub
+from .keys import Keys
 
 __all__ = ["Notifications"]
 

@@ -2,7 +2,7 @@
 
 Before typedq 0.x (this release) every key of an app lived under ``typedq:{<ns>}:``
 (one hash tag: a whole app in one Redis Cluster slot). Now every key of a queue lives
-under ``tq:{<ns>:<queue>}`` (:mod:`typedq.broker.keys`). At connect, a broker on
+under ``tq:{<ns>:<queue>}`` (:mod:`typedq.broker.redis.keys`). At connect, a broker on
 standalone Redis looks for the old layout's order counter ``typedq:{<ns>}:seq`` (one
 EXISTS) and, when it is there, moves every old key, a chunk per script call
 (``lua/migrate.lua``), in steps that each finish before the next starts:

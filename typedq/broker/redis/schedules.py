@@ -1,7 +1,7 @@
 """The Redis broker's schedule operations (typedq.schedule), mixed into RedisBroker.
 
 Each schedule's state is one field of the app's ``schedules`` hash (see
-:mod:`typedq.broker.keys`). Reconciling and firing are one Lua script each
+:mod:`typedq.broker.redis.keys`). Reconciling and firing are one Lua script each
 (``schedule_sync.lua``, ``schedule_fire.lua``); firing enqueues a tick's jobs in the
 same script that moves the state on, compare-and-set, so a tick is enqueued once
 however many workers fire it. On Redis Cluster the app-wide states and the jobs are in

@@ -1,36 +1,71 @@
-"""The Lua of the Redis broker as one Redis Functions library, built from ``typedq/broker/lua/``.
+"""The Lua of the Redis broker as one Redis Functions library, built from ``lua/``.
 
 Every state transition is one function of the library. The sources stay one file per
-script, each starting with a ``#!lua`` shebang whose flags (``allow-oom``, ``no-writes``)
-become the function's flags. ``common.lua`` (the shared helpers) is in the library once,
-ahead of the scripts: its functions are made once, at ``FUNCTION LOAD``, instead of on
-every call as when each script carried a copy (7.7 µs of Redis CPU per call against
-0.5 µs, measured with an empty script on Redis 7.0).
+script (``lua/*.lua``), each starting with a ``#!lua`` shebang whose flags
+(``allow-oom``, ``no-writes``) become the function's flags. The shared helpers
+(``lua/common/*.lua``, the parts) are in the library once, ahead of the scripts: their
+functions are made once, at ``FUNCTION LOAD``, instead of on every call as when each
+script carried a copy (7.7 µs of Redis CPU per call against 0.5 µs, measured with an
+empty script on Redis 7.0).
 
 The library's name and its functions' names carry a hash of its source
 (``typedq_<hash>``, ``typedq_<hash>_claim``): function names are global in Redis, so two
 versions of typedq (a rolling deploy) each call their own code side by side.
 
-A library's top level runs once, at load, where Redis gives it no globals (not even
-``string`` or ``tonumber``), and its locals outlive each call. So every top-level
-``local name = value`` of ``common.lua`` and ``sharded.lua`` (the app prefix ``P`` from
-``ARGV[1]``, caches, per-call accumulators, constants) is only declared there; its
-assignment is moved into a function that runs at the start of every call, in file order
-(:func:`build_library` finds them: a statement at column 0 starting with ``local`` that
-is not ``local function``). A bare ``local name`` is per-call state too (reset to nil),
-unless the top level assigns it later (``name = function ...``: a forward declaration).
-A ``local name = {}  --@keep`` is the exception: a cache made once, at load, and kept
-from call to call (its helpers decide what it holds and bound it; it may not be
-assigned, only filled), for values derived from a call's arguments alone that every
-call would otherwise build again (``common.lua``'s ``app``: the app prefix's strings).
+The build (:func:`build_library`; ``lua/README.md`` says the same for the Lua side):
+
+1. **The library's text, in this order**: the ``#!lua name=typedq_<hash>`` line; the
+   generated constants (:func:`.constants.lua_preamble`: one ``local NAME = value`` per
+   entry of :data:`.constants.LUA_CONSTANTS`, the values the Python side keeps, so no
+   ``.lua`` file restates them); the parts of :data:`PARTS`, whole, in that order (a part
+   uses only what the parts before it define: Lua locals are seen from their declaration
+   on), ``common/sharded.lua`` only in the Redis Cluster variant; the per-call reset
+   functions (step 3); then each script (``lua/*.lua`` but the parts, by name), its
+   shebang line replaced by the line that registers its function, its body the
+   function's, closed by a line ``end}``. Nothing is included on demand: every part is
+   in every library.
+2. **Comments**: a line whose first non-blank characters are ``--`` becomes an empty
+   line (the source stays in Redis's memory; the comments would be most of it). A
+   trailing comment stays. (The scripts hold no long strings, where such a line would be
+   text.)
+3. **Per-call state**: a library's top level runs once, at load, where Redis gives it no
+   globals (not even ``string`` or ``tonumber``), and its locals outlive each call. So a
+   top-level ``local name = value`` of a part (a statement at column 0 starting with
+   ``local`` that is not ``local function``, with its continuation lines: open brackets
+   or a trailing operator or comma; the app prefix ``P`` from ``ARGV[1]``, caches,
+   per-call accumulators) is only declared there, and its assignment moves into
+   ``typedq_begin``, which every function calls first, in the parts' order (40
+   statements per helper function: Lua 5.1 allows 60 upvalues per function). Three kinds
+   stay at the top instead:
+
+   - a **constant**, a value of literals only (numbers, strings, operators; the
+     generated ones are of this kind): set once, at load;
+   - a **table** ``local name = {}``: made at load, and made again at the start of a
+     call only when the call before put something in it;
+   - a **kept cache** ``local name = {}  --@keep``: made once, at load, and kept from
+     call to call (its helpers decide what it holds and bound it), for values derived
+     from a call's arguments alone that every call would otherwise build again
+     (``common/keys.lua``'s ``app``: the app prefix's strings).
+
+   A bare ``local name`` is per-call state too (reset to nil), unless the top level
+   assigns it later (``name = function ...``: a forward declaration).
+4. **Refusals** (a ``RuntimeError`` naming the file and line, at import): a top-level
+   name of state declared twice (a helper may be defined again: ``common/sharded.lua``'s
+   wake-ups replace ``common/bookkeeping.lua``'s for every later use); a constant or
+   kept cache assigned anywhere (it would outlive the call that assigned it); a helper
+   that reads ``ARGV`` or ``KEYS`` (the library has them only as each function's
+   parameters: a script passes them); a script name other than ``[a-z0-9_]+``; a shebang
+   option other than ``flags=`` or an unknown flag; a missing part.
 
 Line numbers: the library keeps every file's lines in place (the shebang line becomes
-the line that registers the function), so a line of the library is one line of one file;
-:meth:`Library.where` maps it back and the broker adds it to Redis's error messages.
+the line that registers the function; the generated lines, the reset functions and the
+closing lines are added between files), so a line of the library is one line of one
+file; :meth:`Library.where` maps it back (``common/keys.lua:57``) and the broker adds it
+to Redis's error messages.
 
-Redis Cluster runs the sharded variant (:data:`SHARDED_LIBRARY`): ``sharded.lua`` takes
-the place of the ``--@sharded`` line of ``common.lua``, so the wake-ups go to each
-queue's own channels with ``SPUBLISH``. The standalone library carries none of it.
+Redis Cluster runs the sharded variant (:data:`SHARDED_LIBRARY`): ``common/sharded.lua``
+comes after ``common/bookkeeping.lua``, so the wake-ups go to each queue's own channels
+with ``SPUBLISH``. The standalone library carries none of it.
 """
 
 from __future__ import annotations
@@ -41,12 +76,36 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-__all__ = ["LIBRARY", "SHARDED_LIBRARY", "Library", "build_library", "read_scripts"]
+from .constants import lua_preamble
 
-#: The line of ``common.lua`` where the sharded variant inserts ``sharded.lua``.
-_SHARDED_AT = "--@sharded"
-#: Files of ``lua/`` that are parts of every script, not scripts.
-_PARTS = ("common.lua", "sharded.lua")
+__all__ = [
+    "LIBRARY",
+    "PARTS",
+    "SHARDED_LIBRARY",
+    "SHARDED_PART",
+    "Library",
+    "build_library",
+    "read_scripts",
+]
+
+#: The folder of ``lua/`` that holds the shared parts.
+_COMMON = "common"
+#: The shared parts, in the order the library holds them: a part uses only what the parts
+#: before it define (Lua locals are seen from their declaration on).
+PARTS = (
+    "common/keys.lua",
+    "common/values.lua",
+    "common/lanes.lua",
+    "common/bookkeeping.lua",
+    "common/sharded.lua",
+    "common/finish.lua",
+    "common/flows.lua",
+    "common/flow_settle.lua",
+    "common/errors.lua",
+    "common/schedules.lua",
+)
+#: The part only the Redis Cluster variant holds (its wake-ups replace the ones before).
+SHARDED_PART = "common/sharded.lua"
 #: Stands for the library's name while its hash is computed.
 _NAME_MARK = "typedq_@@"
 #: Marks a top-level ``local name = {}`` of the shared part as a cache kept across calls.
@@ -99,7 +158,7 @@ class Library:
         names the library's own lines, ``user_function:<n>``)."""
         found = _USER_LINE.search(message)
         place = self.where(int(found.group(1))) if found else None
-        return f"{message} (typedq/broker/lua/{place})" if place else message
+        return f"{message} (typedq/broker/redis/lua/{place})" if place else message
 
 
 def _without_comment(line: str) -> str:
@@ -150,11 +209,12 @@ def _prelude(
         m = None if fn else _LOCAL.match(text)
         names = [fn.group(1)] if fn else [n.strip() for n in m.group(1).split(",")] if m else []
         for name in names:
-            # A helper may be defined again (sharded.lua's wake-ups replace common.lua's
-            # for every later use); state may not: one reset would miss the other copy.
+            # A helper may be defined again (common/sharded.lua's wake-ups replace those
+            # before them for every later use); state may not: one reset would miss the
+            # other copy.
             if name in declared and (m or declared[name][1]):
                 raise RuntimeError(
-                    f"typedq/broker/lua/{file}:{at}: {name!r} is declared again at the top "
+                    f"typedq/broker/redis/lua/{file}:{at}: {name!r} is declared again at the top "
                     f"level (first at {declared[name][0]}): per-call state needs one name each"
                 )
             declared[name] = (f"{file}:{at}", m is not None)
@@ -163,7 +223,7 @@ def _prelude(
                 # A helper runs in whichever call uses it, with no ARGV or KEYS of its
                 # own: the library has them only as each function's parameters.
                 raise RuntimeError(
-                    f"typedq/broker/lua/{file}:{at}: a shared helper reads ARGV or KEYS; "
+                    f"typedq/broker/redis/lua/{file}:{at}: a shared helper reads ARGV or KEYS; "
                     "pass them from the script as a parameter instead"
                 )
             out.append((file, at, text))
@@ -217,7 +277,7 @@ def _check_constants(constants: Mapping[str, str], lines: list[tuple[str, int, s
         for name in _ASSIGNED.findall(_code(text)):
             if name in constants:
                 raise RuntimeError(
-                    f"typedq/broker/lua/{file}:{at}: {name!r} is a constant (set once, at "
+                    f"typedq/broker/redis/lua/{file}:{at}: {name!r} is a constant (set once, at "
                     f"{constants[name]}) and may not be assigned"
                 )
 
@@ -253,58 +313,69 @@ def _begin(resets: list[str]) -> list[str]:
 def _flags(name: str, shebang: str) -> list[str]:
     """The function flags of a script's ``#!lua [flags=a,b]`` shebang."""
     if not shebang.startswith("#!lua"):
-        raise RuntimeError(f"typedq/broker/lua/{name} must start with a #!lua shebang")
+        raise RuntimeError(f"typedq/broker/redis/lua/{name} must start with a #!lua shebang")
     flags: list[str] = []
     for option in shebang[len("#!lua") :].split():
         key, _, value = option.partition("=")
         if key != "flags":
-            raise RuntimeError(f"typedq/broker/lua/{name}: unknown shebang option {option!r}")
+            raise RuntimeError(f"typedq/broker/redis/lua/{name}: unknown shebang option {option!r}")
         flags += [f for f in value.split(",") if f]
     unknown = [f for f in flags if f not in _FLAGS]
     if unknown:
-        raise RuntimeError(f"typedq/broker/lua/{name}: unknown flags {unknown}")
+        raise RuntimeError(f"typedq/broker/redis/lua/{name}: unknown flags {unknown}")
     return flags
 
 
 def read_scripts() -> dict[str, str]:
-    """The files of ``typedq/broker/lua/``: file name -> text."""
-    folder = resources.files("typedq.broker").joinpath("lua")
-    return {
-        entry.name: entry.read_text("utf-8")
-        for entry in folder.iterdir()
-        if entry.name.endswith(".lua")
-    }
+    """The files of ``typedq/broker/redis/lua/``: path in that folder (``claim.lua``,
+    ``common/keys.lua``) -> text."""
+    folder = resources.files("typedq.broker.redis").joinpath("lua")
+    files: dict[str, str] = {}
+    for entry in folder.iterdir():
+        if entry.name.endswith(".lua"):
+            files[entry.name] = entry.read_text("utf-8")
+    for entry in folder.joinpath(_COMMON).iterdir():
+        if entry.name.endswith(".lua"):
+            files[f"{_COMMON}/{entry.name}"] = entry.read_text("utf-8")
+    return files
+
+
+def _part_lines(name: str, text: str) -> list[tuple[str, int, str]]:
+    """A part's lines, numbered in its file (the newline that ends the file adds none)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [(name, k, _without_comment(t)) for k, t in enumerate(lines, 1)]
 
 
 def build_library(files: Mapping[str, str] | None = None, *, sharded: bool = False) -> Library:
-    """The library of ``files`` (file name -> text; default: :func:`read_scripts`), which
-    hold ``common.lua`` and ``sharded.lua``; every other ``*.lua`` is one function.
+    """The library of ``files`` (path in ``lua/`` -> text; default: :func:`read_scripts`),
+    which hold every part of :data:`PARTS`; every other ``*.lua`` of the top folder is one
+    function.
 
     :param sharded: the Redis Cluster variant (wake-ups by ``SPUBLISH`` on per-queue
         channels)
     """
     files = dict(read_scripts() if files is None else files)
-    common = files["common.lua"].split("\n")
-    if _SHARDED_AT not in common:
-        raise RuntimeError(f"typedq/broker/lua/common.lua must hold a line {_SHARDED_AT!r}")
-    shared: list[tuple[str, int, str]] = []
-    for n, text in enumerate(common, 1):
-        if text == _SHARDED_AT and sharded:
-            part = files["sharded.lua"].split("\n")
-            shared += [("sharded.lua", k, _without_comment(t)) for k, t in enumerate(part, 1)]
-        else:
-            shared.append(("common.lua", n, _without_comment(text)))
+    missing = [name for name in PARTS if name not in files]
+    if missing:
+        raise RuntimeError(f"typedq/broker/redis/lua/: the shared parts {missing} are missing")
+    # The generated constants first: every part and script may read them.
+    shared: list[tuple[str, int, str]] = [("", 0, line) for line in lua_preamble()]
+    for name in PARTS:
+        if name != SHARDED_PART or sharded:
+            shared += _part_lines(name, files[name])
     prelude, resets, state, constants = _prelude(shared)
     lines: list[tuple[str, int, str]] = [("", 0, f"#!lua name={_NAME_MARK}")]
     lines += prelude
     lines += [("", 0, text) for text in _begin(resets)]
     functions: dict[str, str] = {}
     for name in sorted(files):
-        if name in _PARTS or not name.endswith(".lua"):
+        if name in PARTS or "/" in name or not name.endswith(".lua"):
             continue
         script = name.removesuffix(".lua")
         if not re.fullmatch(r"[a-z0-9_]+", script):
-            raise RuntimeError(f"typedq/broker/lua/{name}: a script's name is [a-z0-9_]+")
+            raise RuntimeError(f"typedq/broker/redis/lua/{name}: a script's name is [a-z0-9_]+")
         shebang, *body = files[name].split("\n")
         flags = ", ".join(f"'{f}'" for f in _flags(name, shebang))
         functions[script] = f"{_NAME_MARK}_{script}"

@@ -502,7 +502,7 @@ class WorkerOps(RedisCore):
 
 def _span_section(args: list[Any], items: Sequence[Completion | Failure]) -> None:
     """Append the traced fan-out members' spans to a complete or fail script's arguments
-    (their optional last section, see read_span_links in common.lua); nothing when none."""
+    (their optional last section, see read_span_links in common/flows.lua); nothing when none."""
     spans = [(item.id, item.span) for item in items if item.span]
     if spans:
         args.append(len(spans))

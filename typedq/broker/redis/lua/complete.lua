@@ -11,7 +11,7 @@ if q == '' or not ttl or not is_int(cap) or not is_int(n) or n < 0
 end
 local now = now_us()
 local out = {}
-batch_zsets(n > 1)  -- one write per sorted set, not per job (common.lua)
+batch_zsets(n > 1)  -- one write per sorted set, not per job (common/bookkeeping.lua)
 for i = 0, n - 1 do
   local b = 6 + 3 * i
   out[i + 1] = complete_one(q, ARGV[b], ARGV[b + 1], ARGV[b + 2], now)

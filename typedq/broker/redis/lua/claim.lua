@@ -90,7 +90,7 @@ if settles then
   settled = {}
   local total = 0
   for g = 5, #settles, 5 do total = total + settles[g] end
-  batch_zsets(total > 1)  -- one write per sorted set, not per job (common.lua)
+  batch_zsets(total > 1)  -- one write per sorted set, not per job (common/bookkeeping.lua)
   for g = 1, #settles, 5 do
     local sq, b, n = settles[g], settles[g + 3], settles[g + 4]
     for i = 0, n - 1 do
@@ -102,12 +102,12 @@ if settles then
 end
 
 -- A claim that came up short (took fewer than `limit` jobs): its worker is about to wait
--- for work, so each of its queues gets its waiter mark (common.lua's publish), in this
+-- for work, so each of its queues gets its waiter mark (common/bookkeeping.lua's publish), in this
 -- script, which found nothing more to claim: whatever gives them work later publishes.
 -- Not for a refill (a claim with a settle section): the worker's own claim, which came
 -- up short before its worker waits, set the marks that wait needs; a short refill
 -- leaves slots free, and the worker claims for them (and marks) before it waits.
--- (mark_waiters: common.lua; the queues are ARGV[7 .. 6 + nq].)
+-- (mark_waiters: common/bookkeeping.lua; the queues are ARGV[7 .. 6 + nq].)
 
 -- A re-sent claim: hand back what the first copy claimed (still ours), nothing new.
 local prev = rpcall('GET', KEYS[3])
@@ -296,7 +296,7 @@ if any_gated then
   end
 
   -- How many slots of a concurrency bucket are held, read once per claim; ghosts of
-  -- deleted active jobs whose lease has ended leave first (common.lua's ghost_slot).
+  -- deleted active jobs whose lease has ended leave first (common/finish.lua's ghost_slot).
   local holders = {}
   local function held(q, slot)
     local sk = k_slots(q, slot)
@@ -516,7 +516,7 @@ local lease_until = num_text(now + lease)
 -- Every claimed job's token is '<claim token>.<i>'.
 local tok_prefix = token .. '.'
 -- The claim record's lines, '<queue>|<id>' per claimed job: a table for a claim of
--- several jobs, the one line itself for a claim of one (no table; claimed_job, common.lua,
+-- several jobs, the one line itself for a claim of one (no table; claimed_job, common/bookkeeping.lua,
 -- returns it).
 local ids, one_line = limit > 1 and {} or nil, nil
 -- A claim of several jobs puts their leases into each queue's active set in one ZADD at

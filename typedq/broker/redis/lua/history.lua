@@ -5,7 +5,7 @@
 -- Returns the current minute (minutes since the epoch), then per queue a flat list of
 -- completed, failed, retried per minute, oldest first.
 local minutes = tonumber(ARGV[2])
-if not is_int(minutes) or minutes < 1 or minutes > 1440 then return bad_args('history') end
+if not is_int(minutes) or minutes < 1 or minutes > HISTORY_MINUTES then return bad_args('history') end
 local now = math.floor(now_us() / 60000000)
 local out = {now}
 for i = 3, #ARGV do

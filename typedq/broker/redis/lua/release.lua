@@ -24,8 +24,8 @@ for i = 0, n - 1 do
     redis.call('HSET', jk, 'd', tok, 'a', attempt)
     if r[5] then
       -- A final state carries its record: Job.result() decodes it.
-      redis.call('HSET', jk, 'err', failure_record('cancelled', 'JobCancelled',
-        'cancelled while its worker handed it back', attempt, r[9], now))
+      redis.call('HSET', jk, 'err', failure_record(CANCELLED_REASON, CANCELLED_TYPE,
+        CANCELLED_ON_HAND_BACK, attempt, r[9], now))
       finalize(id, q, 'a', 'x', now)
       touched_x = touched_x + 1
     else

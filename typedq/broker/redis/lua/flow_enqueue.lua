@@ -19,7 +19,7 @@
 --   n x body (member i's id is <id>.m<i>), S x (id, queue, priority, body, head, tail)
 -- A flow across slots: flow_part.lua stored (held, pending) its jobs on every other
 -- queue before this call; this call stores the jobs on the queue of the flow's own job
--- and the record (x '1'), and starts the others through its outbox (common.lua).
+-- and the record (x '1'), and starts the others through its outbox (common/flows.lua).
 -- Returns per flow: 1 created, 0 existed, or why it was refused:
 -- 'TYPEDQ_QUEUE_FULL q pending extra limit' or 'TYPEDQ_FLOW_ID_TAKEN id'.
 --

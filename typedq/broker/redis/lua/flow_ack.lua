@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
--- Delete applied entries from a queue's outbox (flows across slots, see common.lua).
+-- Delete applied entries from a queue's outbox (flows across slots, see common/flows.lua).
 -- KEYS[1] = the queue's outbox
 -- ARGV: P, queue, entry ids...
 -- Returns how many were still there.

@@ -32,7 +32,7 @@ end
 if s == 'w' and redis.call('EXISTS', k_job(q, id)) == 1 then mark_stale(q, sane_prio(r[4]), id) end
 to_hash(q, id)
 redis.call('HSET', k_job(q, id), 'err', failure_record(
-  'cancelled', 'JobCancelled', 'cancelled while ' .. state_name, tonumber(r[3]) or 0, nil, now))
+  CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WHILE .. state_name, tonumber(r[3]) or 0, nil, now))
 finalize(id, q, s, 'x', now)
 trim(q, 'x', now, ttl, cap, 100)
 redis.call('SET', KEYS[1], 'cancelled', 'PX', REQ_TTL_MS)

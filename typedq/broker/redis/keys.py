@@ -93,7 +93,7 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    job's id and the kind (``<id>|m``, ``<id>|r``,
                                    ``<flow>|e|<queue>`` ...)
     Q ho:<entry id>       string   one outbox entry: '<target queue>|<record>', the record
-                                   a msgpack array (see lua/common.lua)
+                                   a msgpack array (see lua/common/flows.lua)
     Q P                   hash     the jobs a limit gate holds parked now: id -> its
                                    gate (a gate's list keeps stale entries too: this
                                    tells the live one, for listings)
@@ -198,7 +198,7 @@ steps' queues, to release the next step without the record), and a job stored be
 its root (another queue than the flow's own job's) ``fp`` '1' until the root starts it.
 
 The Lua scripts derive per-job and per-queue names with the helper functions of
-``lua/common.lua`` (``k_job(q, id)``, ``k_counts(q)``, ...), which mirror this module;
+``lua/common/keys.lua`` (``k_job(q, id)``, ``k_counts(q)``, ...), which mirror this module;
 a test checks that both agree. Scripts get the app prefix as ``ARGV[1]`` and declare a
 key of the slot they work on first in ``KEYS`` (Redis Cluster routes by it).
 
@@ -213,7 +213,7 @@ import hashlib
 
 __all__ = ["INDEX_BUCKETS", "STATE_LETTERS", "Keys"]
 
-#: Buckets of a queue's waiting index (``IDX_BUCKETS`` of lua/common.lua).
+#: Buckets of a queue's waiting index (``IDX_BUCKETS`` of lua/common/keys.lua).
 INDEX_BUCKETS = 8192
 
 #: State letters stored in the job hash and the counts hash, by JobState value.

@@ -1,4 +1,4 @@
--- Redis Cluster only: scripts.py puts this in place of common.lua's '--@sharded' line,
+-- Redis Cluster only: scripts.py puts this part after common/bookkeeping.lua (see README.md),
 -- so these wake-ups replace the ones above for every later use. Each queue has its own
 -- channels in its own slot (qch); SPUBLISH reaches only the shard that holds the queue.
 local done_by_q = {}
@@ -10,7 +10,7 @@ end
 local function publish_cancel(q, id) rcall('SPUBLISH', qch(q, 'x'), id) end
 local function publish()
   for q, ids in pairs(done_by_q) do rcall('SPUBLISH', qch(q, 'd'), table.concat(ids, ' ')) end
-  -- Only where a waiter mark was consumed (see common.lua's publish).
+  -- Only where a waiter mark was consumed (see common/bookkeeping.lua's publish).
   for q in pairs(work_queues) do
     if rcall('DEL', k_waiter(q)) == 1 then rcall('SPUBLISH', qch(q, 'w'), q) end
   end

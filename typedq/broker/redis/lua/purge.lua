@@ -12,7 +12,7 @@ if (#ARGV ~= 5 and #ARGV ~= 6) or q == '' or not is_int(budget) or budget < 1
 end
 local removed = 0
 -- A waiting or scheduled job of a flow that a deletion here ends or releases, in one of
--- the purged states on this queue, is deleted as well (purge_takes in common.lua) and
+-- the purged states on this queue, is deleted as well (purge_takes in common/flow_settle.lua) and
 -- counted: what the embedded broker does, which deletes them all before any flow reacts.
 purging = {q = q, n = 0, states = {[state] = true}}
 for letter in string.gmatch(ARGV[6] or '', '%a') do purging.states[letter] = true end

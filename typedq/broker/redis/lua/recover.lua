@@ -4,7 +4,7 @@
 -- is bumped; past max_stalls the job fails with reason 'stalled', and a job whose
 -- cancel was requested is cancelled.
 -- KEYS[1] = the queue's active zset
--- Also hands back the queue's outbox entries (flows across slots, see common.lua)
+-- Also hands back the queue's outbox entries (flows across slots, see common/flows.lua)
 -- written at least handoff_age_us ago: the caller applies them (their writer died
 -- before it did, or its apply failed).
 -- ARGV: P, queue, limit, max_stalls, completed_ttl_us, completed_max, failed_ttl_us,
@@ -46,13 +46,12 @@ if limit > 0 then
       redis.call('HSET', jk, 'k', stalls)
       redis.call('HDEL', jk, 'd', 't')
       if r[5] then
-        redis.call('HSET', jk, 'err', failure_record('cancelled', 'JobCancelled',
-          'cancelled; its worker was lost before it confirmed', attempt, r[6], now))
+        redis.call('HSET', jk, 'err', failure_record(CANCELLED_REASON, CANCELLED_TYPE,
+          CANCELLED_WORKER_LOST, attempt, r[6], now))
         finalize(id, q, 'a', 'x', now)
       elseif stalls > max_stalls then
-        add_error(q, id, failure_record('stalled', 'WorkerLost', string.format(
-          "the job's lease expired %d times (worker lost %d times, possible poison pill); "
-          .. 'limit max_stalls=%d', stalls, stalls, max_stalls), attempt, r[6], now))
+        add_error(q, id, failure_record(STALLED_REASON, STALLED_TYPE,
+          string.format(STALLED_FORMAT, stalls, stalls, max_stalls), attempt, r[6], now))
         finalize(id, q, 'a', 'f', now)
       else
         redis.call('HSET', jk, 's', 'w', 'r', now)  -- due again: waits from now

@@ -1,5 +1,5 @@
 #!lua flags=allow-oom
--- Apply hand-offs of flows across slots (Redis Cluster; see the outbox in common.lua)
+-- Apply hand-offs of flows across slots (Redis Cluster; see the outbox in common/flows.lua)
 -- on the slot of their target queue: a member's settlement or the end of a flow at its
 -- root, a step's release, the end or the start of a flow's jobs on that queue. Each
 -- record takes effect only while its target is in the state it expects, so a record

@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 -- Delete jobs and their index entries, only while in one of `states` ('' = any).
--- A waiting job's bare list entry stays behind, counted as stale (see common.lua);
+-- A waiting job's bare list entry stays behind, counted as stale (see common/finish.lua);
 -- claim skips it. A waiting entry is left as '|' (take_entry).
 -- KEYS[1] = the queue's active zset
 -- ARGV: P, queue, states (letters), ids...

@@ -1,0 +1,232 @@
+-- common/bookkeeping.lua: Per-call bookkeeping written once at the end of a script (counts, rollups, batched
+-- sorted sets), hand-backs in order, failure records, retention, wake-ups, claims.
+-- (A part of the shared prelude, in the order of scripts.py's PARTS: README.md.)
+-- Per-queue count deltas, written once at the end of a script.
+local deltas = {}
+local function count(q, state, d)
+  local m = deltas[q]
+  if not m then m = {}; deltas[q] = m end
+  m[state] = (m[state] or 0) + d
+end
+-- Per-queue rollup deltas (completed/failed/retried), written once per queue at the end
+-- of a script, like the count deltas.
+local rollups = {}
+local minute_text = {}  --@keep
+local function roll(q, field)
+  local m = rollups[q]
+  if not m then m = {}; rollups[q] = m end
+  m[field] = (m[field] or 0) + 1
+end
+local function flush_rollups()
+  if next(rollups) == nil then return end
+  -- The minute of the script's own clock reading (one TIME call fewer per script), as
+  -- text made once per minute (kept across calls: a number's text, nothing else).
+  local n = math.floor((last_now or now_us()) / 60000000)
+  if minute_text.n ~= n then minute_text.n, minute_text.t = n, string.format('%d', n) end
+  local minute = minute_text.t
+  for q, m in pairs(rollups) do
+    local hk = k_minute(q, minute)
+    local fresh = false
+    -- A counter that equals its delta was just made (counters only grow): the hash may
+    -- be new, so it gets its TTL. Every hash is made with one of its counters, and the
+    -- minute's writes all fall within that minute: one EXPIRE per counter and minute
+    -- instead of one per call (the TTL counts from the first write, not the last).
+    for f, d in pairs(m) do
+      if rcall('HINCRBY', hk, f, num_text(d)) == d then fresh = true end
+    end
+    if fresh then rcall('EXPIRE', hk, ROLLUP_TTL_S) end
+  end
+  rollups = {}
+end
+-- A batch of completions (complete_one) writes the active and done sorted sets once per
+-- key, at the end (flush_zsets), instead of one ZREM and one ZADD per job: a command
+-- costs a script more than the members it adds. Nothing a completion runs reads these
+-- sets; trim and flush_counts write them first. zbatch (batch_zsets(true), by a script
+-- that completes more than one job, for the rest of its call): complete_one and finalize
+-- defer, into active_rems (active set key -> ids) and done_adds (done set key -> score,
+-- id, score, id, ...). Made per call only when used: a one-job call pays nothing.
+local zbatch, active_rems, done_adds
+local function batch_zsets(on)
+  zbatch = on
+  if on and not active_rems then active_rems, done_adds = {}, {} end
+end
+local function flush_zsets()
+  if not zbatch then return end
+  for key, ids in pairs(active_rems) do
+    for s = 1, #ids, 500 do rcall('ZREM', key, unpack(ids, s, math.min(s + 499, #ids))) end
+  end
+  for key, m in pairs(done_adds) do
+    for s = 1, #m, 1000 do rcall('ZADD', key, unpack(m, s, math.min(s + 999, #m))) end
+  end
+  active_rems, done_adds = {}, {}
+end
+local function flush_counts()
+  flush_zsets()
+  flush_rollups()
+  for q, m in pairs(deltas) do
+    for s, d in pairs(m) do
+      -- Never below zero, even after bytes that typedq did not write were dropped.
+      if d ~= 0 and rcall('HINCRBY', k_counts(q), s, num_text(d)) < 0 then
+        rcall('HSET', k_counts(q), s, '0')
+      end
+    end
+  end
+end
+
+local function push_waiting(q, prio, id, at_head)
+  local lk = k_wait(q, prio)
+  if at_head then rcall('RPUSH', lk, id) else rcall('LPUSH', lk, id) end
+  rcall('ZADD', k_levels(q), level_score(prio), prio)
+end
+
+-- How many entries at the head of a level list a hand-back looks at to find its
+-- jobs' old places (bounded work; past it they go behind the entries looked at).
+local PLACE_SCAN = 64
+
+-- Jobs handed back with their old place (release, stall recovery): each goes back
+-- among the waiting jobs of its level by its enqueue order `o`, as if it had never
+-- left, also when jobs come back one call at a time. Handed-back jobs are usually
+-- older than every waiting job, so their place is at or near the head: the script
+-- pops at most PLACE_SCAN head entries, merges the jobs in by order and pushes the
+-- lot back. Entries that are not live here (stale or dead) stay in front of the
+-- live ones, in their own order, so a stale entry still precedes its id's live one;
+-- a waiting entry that is not live is dropped (it has no stale count to consume).
+-- back: {id, queue, prio, order} per job.
+local function push_back_in_order(back)
+  local levels = {}
+  for _, b in ipairs(back) do
+    local lk = k_wait(b[2], b[3])
+    local g = levels[lk]
+    if not g then
+      g = {q = b[2], prio = b[3], items = {}}
+      levels[lk] = g
+    end
+    g.items[#g.items + 1] = {b[1], b[4], false}
+  end
+  for lk, g in pairs(levels) do
+    local dead, live = {}, g.items
+    local popped = rcall('RPOP', lk, PLACE_SCAN)
+    if popped then
+      local sk = k_stale(g.q)
+      local has_stale = rcall('EXISTS', sk) == 1
+      local seen = {}
+      for _, id in ipairs(popped) do
+        if not is_bare(id) then
+          local f = parse_entry(id)
+          if f and entry_live(g.q, g.prio, f) then live[#live + 1] = {id, tonumber(f.o), true} end
+        else
+          local stale = 0
+          if has_stale then stale = tonumber(rcall('HGET', sk, g.prio .. '|' .. id)) or 0 end
+          seen[id] = (seen[id] or 0) + 1
+          local r = read_keyed(g.q, id, 's', 'q', 'p', 'o')
+          if seen[id] <= stale or not r or r[1] ~= 'w' or (r[2] and r[2] ~= g.q)
+              or sane_prio(r[3]) ~= g.prio then
+            dead[#dead + 1] = id
+          else
+            live[#live + 1] = {id, tonumber(r[4]) or 0, true}
+          end
+        end
+      end
+    end
+    -- Oldest first; on equal order (garbage), entries that were in the list first.
+    table.sort(live, function(x, y)
+      if x[2] ~= y[2] then return x[2] < y[2] end
+      return x[3] and not y[3]
+    end)
+    -- RPUSH adds at the head: push the newest first, so the oldest ends up first out;
+    -- the dead entries go last (first out), in the order they were popped.
+    for i = #live, 1, -1 do rcall('RPUSH', lk, live[i][1]) end
+    for i = #dead, 1, -1 do rcall('RPUSH', lk, dead[i]) end
+    rcall('ZADD', k_levels(g.q), -tonumber(g.prio), g.prio)
+  end
+end
+
+-- The answer of a fenced finish for a job that has no job hash: a job that exists but
+-- was never claimed (still a job string) is not ours to finish (LEASE_LOST, as for
+-- any job that is not active under the token); no job at all is NOT_FOUND.
+local function not_active_answer(q, id)
+  if job_exists(q, id) then return 2 end
+  return 3
+end
+
+-- A FailureRecord (typedq.errors) as msgpack: a map with the struct's field names.
+-- The same records and messages as typedq/broker/records.py builds for the memory
+-- broker (tests/test_failure_records.py holds the two to the same fields).
+local function failure_record(reason, error_type, message, attempt, worker, now)
+  local rec = {
+    reason = reason, error_type = error_type, message = message,
+    attempt = attempt, retryable = false, failed_at = now / 1000000,
+  }
+  if worker then rec.worker_id = worker end
+  return cmsgpack.pack(rec)
+end
+
+-- Retention: drop the oldest finished jobs of one state of queue `q` while there are
+-- more than `cap` or they are older than `ttl`; at most `budget` per call (bounded work).
+local function trim(q, state, now, ttl, cap, budget)
+  flush_zsets()
+  local zkey = k_done(q, state)
+  local over = rcall('ZCARD', zkey) - cap
+  local expired = rcall('ZCOUNT', zkey, '-inf', '(' .. string.format('%d', now - ttl))
+  local n = math.max(over, expired)
+  if n <= 0 then return 0 end
+  if n > budget then n = budget end
+  local popped = rcall('ZPOPMIN', zkey, n)
+  for i = 1, #popped, 2 do
+    local r = read_hash(q, popped[i], 's')
+    if r and r[1] == state then
+      rcall('DEL', k_job(q, popped[i]))
+      count(q, state, -1)
+      count(q, 't' .. state, 1)  -- trimmed by retention (queue_stats' trimmed counts)
+    end
+  end
+  return n
+end
+
+local done_ids = {}
+local work_queues = {}
+local function note_done(q, id) done_ids[#done_ids + 1] = id end
+local function publish_cancel(q, id) rcall('PUBLISH', CH_CANCEL, id) end
+-- The work notice names only the queues whose waiter mark this call consumed: a
+-- worker waits for work only after a claim that came up short, and that claim set the
+-- mark in the same script that found nothing more to claim, so any later call giving
+-- the queue work finds the mark (no lost wake-up). One notice wakes every waiter of the
+-- queue (broadcast); calls after it publish nothing until a claim comes up short again.
+local function publish()
+  if #done_ids > 0 then rcall('PUBLISH', CH_DONE, table.concat(done_ids, ' ')) end
+  if next(work_queues) == nil then return end  -- (no table for a call that woke nothing)
+  local qs = nil
+  for q in pairs(work_queues) do
+    if rcall('DEL', k_waiter(q)) == 1 then
+      qs = qs or {}
+      qs[#qs + 1] = q
+    end
+  end
+  if qs then rcall('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
+end
+-- The waiter marks of the queues args[first .. last] (a claim that came up short: see
+-- publish and claim.lua).
+local function mark_waiters(args, first, last)
+  for i = first, last do rcall('SET', k_waiter(args[i]), '1') end
+end
+
+-- The bookkeeping of job `id` of queue `q` that a claim took (claim.lua's activate, the
+-- same for a waiting entry as for a job with a key): its lease until `lease_until` (text)
+-- queued in `leases` (queue -> lease_until, id, ...: one ZADD per queue at the end of a
+-- claim of several jobs) or added now (nil: a claim of one), waiting -1 / active +1, and
+-- its claim record line '<queue>|<id>', appended to `lines` (nil: a claim of one, which
+-- keeps the line itself, no table) and returned.
+local function claimed_job(q, id, lease_until, leases, lines)
+  if leases then
+    local m = leases[q]
+    if not m then m = {}; leases[q] = m end
+    m[#m + 1], m[#m + 2] = lease_until, id
+  else
+    rcall('ZADD', k_active(q), lease_until, id)
+  end
+  count(q, 'w', -1)
+  count(q, 'a', 1)
+  local line = q .. '|' .. id
+  if lines then lines[#lines + 1] = line end
+  return line
+end

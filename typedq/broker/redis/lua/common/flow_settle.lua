@@ -1,0 +1,337 @@
+-- common/flow_settle.lua: Workflows: ending, releasing, fan-in, settling and applying hand-offs.
+-- (A part of the shared prelude, in the order of scripts.py's PARTS: README.md.)
+-- A purge of queue q under way in this call (purge.lua sets it): {q = queue, n = jobs
+-- it deleted through purge_takes, states = the letters of every state it deletes}. nil
+-- in every other call.
+local purging
+-- A job of the flow a purge's deletion ends (or releases) is itself waiting or
+-- scheduled on the purged queue in a purged state: the purge deletes it rather than end
+-- it, as it would have had it come first (the embedded broker deletes all of them
+-- before any flow reacts), so the outcome and the count do not depend on the order or
+-- the batch the jobs fall in. True when it was deleted (the caller took its sorted-set
+-- entry, or marked its waiting entry stale, already).
+local function purge_takes(q, id, s)
+  if not purging or purging.q ~= q or not purging.states[s] or (s ~= 's' and s ~= 'w') then
+    return false
+  end
+  rcall('DEL', k_job(q, id))
+  count(q, s, -1)
+  note_done(q, id)
+  purging.n = purging.n + 1
+  return true
+end
+
+-- Job `id` of queue `q` ends with its flow (see flow_end).
+local function flow_end_job(q, id, state, err, now)
+  local r = read_hash(q, id, 's', 'q', 'p', 'a')
+  if not r then return end
+  local s = r[1]
+  if s == 'a' then
+    rcall('HSET', k_job(q, id), 'cr', 1)
+    publish_cancel(q, id)
+  elseif s == 'w' or s == 's' then
+    if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else rcall('ZREM', k_sched(q), id) end
+    if purge_takes(q, id, s) then return end
+    local st = 'x'
+    local e = err
+    if e then st = state else
+      e = failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW,
+        tonumber(r[4]) or 0, nil, now)
+    end
+    rcall('HSET', k_job(q, id), 'err', e)
+    finalize(id, q, s, st, now)
+  end
+end
+
+-- End a flow that did not complete: every job of it not final yet ends in `state`
+-- with record `err` (nil: cancelled with the flow); a running one is asked to cancel.
+-- In a flow across slots, the jobs on other queues than the root's end by one outbox
+-- entry per queue.
+local function flow_end(fq, f, state, err, now)
+  local fk = k_flow(fq, f)
+  local meta = rcall('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x')
+  if not meta[1] then return end
+  rcall('DEL', fk)
+  local steps, n = tonumber(meta[1]), tonumber(meta[2])
+  local ids = {}
+  local mq, sq = flow_queues(meta[3], n, fq), flow_queues(meta[4], steps, fq)
+  for i = 0, n - 1 do ids[#ids + 1] = {f .. '.m' .. i, mq[i + 1]} end
+  for k = 0, steps - 1 do ids[#ids + 1] = {flow_step_id(f, k, steps), sq[k + 1]} end
+  local remote = {}
+  for _, job in ipairs(ids) do
+    local id, q = job[1], job[2]
+    if meta[5] == '1' and q ~= fq then
+      local rec = remote[q]
+      if not rec then
+        rec = {'E', f, fq, state, err or false}
+        remote[q] = rec
+      end
+      rec[#rec + 1] = id
+    else
+      flow_end_job(q, id, state, err, now)
+    end
+  end
+  for q, rec in pairs(remote) do flow_outbox(fq, q, f .. '|e|' .. q, rec) end
+end
+
+-- Give held step k (job `id` on queue q) its input: waiting now, or (a collector)
+-- completed with it. In a flow across slots (`x`), a step that is no longer held was
+-- released already (or ended with its flow): nothing to do; a missing one breaks the
+-- flow, at its root (through the outbox when the root is not `home`). `links`: the
+-- members' spans, for a fan-in callback (comma-separated traceparents).
+local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home, links)
+  local jk = k_job(q, id)
+  local r = read_hash(q, id, 's', 'q', 'mh', 'mt', 'p')
+  if r and r[1] == 's' and purging and purging.q == q then
+    rcall('ZREM', k_sched(q), id)
+    if purge_takes(q, id, 's') then r = nil end
+  end
+  if not r or r[1] ~= 's' or not r[3] then
+    if x and r then return false end
+    local broken = failure_record(FLOW_BROKEN_REASON, FLOW_BROKEN_TYPE, FLOW_BROKEN, 0, nil, now)
+    if x and fq ~= home then
+      flow_outbox(home, fq, id .. '|b', {'e', f, fq, 'f', broken})
+    else
+      flow_end(fq, f, 'f', broken, now)
+    end
+    return false
+  end
+  rcall('ZREM', k_sched(q), id)
+  if collector and k == steps - 1 then
+    rcall('HDEL', jk, 'mh', 'mt', 'r')
+    rcall('HSET', jk, 'res', payload)
+    finalize(id, q, 's', 'c', now)
+    return true
+  end
+  -- At the head of its priority level: a flow under way finishes before new work starts,
+  -- instead of its next step or callback queueing behind the members of every flow
+  -- enqueued since (O(1); the embedded broker does the same).
+  rcall('HDEL', jk, 'mh', 'mt')
+  local head, tail = r[3], r[4]
+  -- A traced callback (its body has every field up to its trace context: 12) gets its
+  -- members' span links as the body's 13th field, trace_links.
+  if links and links ~= '' and string.byte(head, 1) == 156 then
+    head, tail = '\157' .. string.sub(head, 2), tail .. msgpack_str(links)
+  end
+  -- Due from the hand-off (its queue wait does not include the steps before it).
+  rcall('HSET', jk, 'm', head .. msgpack_bin(payload) .. tail, 's', 'w', 'r', now)
+  push_waiting(q, sane_prio(r[5]), id, true)
+  count(q, 's', -1)
+  count(q, 'w', 1)
+  work_queues[q] = true
+  return true
+end
+
+-- Give held step k its input (flow_release_at). `sq`: the flow record's 'sq' (or a
+-- step's 'fsq') when the caller read it already (nil: read here). `x`, `home`: a flow
+-- across slots, run on `home`'s slot (nil: the root's): a step on another queue gets
+-- its input through the outbox. `links`: see flow_release_at.
+local function flow_release(fq, f, k, steps, collector, payload, now, sq, x, home, links)
+  local id = flow_step_id(f, k, steps)
+  if sq == nil then sq = rcall('HGET', k_flow(fq, f), 'sq') end
+  local q = flow_queues(sq, steps, fq)[k + 1]
+  home = home or fq
+  if x and q ~= home then
+    flow_outbox(home, q, id .. '|r',
+      {'r', f, fq, k, steps, collector and '1' or '0', payload, links or false})
+    return
+  end
+  flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home, links)
+end
+
+-- Every member settled: fail the flow (a member failed, default policy) or release
+-- step 0 with the msgpack array of the members' elements, in input order (one HMGET
+-- per 1000 members).
+local function flow_fan_in(fq, f, steps, n, collector, now)
+  local fk = k_flow(fq, f)
+  local names = {'fi', 'fst', 'fe', 'mq', 'sq', 'x', 'L'}
+  local first = math.min(n, 1000)
+  for i = 0, first - 1 do names[#names + 1] = 'r' .. i end
+  local vals = rcall('HMGET', fk, unpack(names))
+  if vals[1] then
+    flow_end(fq, f, vals[2], vals[3], now)
+    return
+  end
+  local parts = {msgpack_array_header(n)}
+  for j = 8, #vals do parts[#parts + 1] = vals[j] or '\192' end
+  for s = first, n - 1, 1000 do
+    local more = {}
+    for i = s, math.min(s + 999, n - 1) do more[#more + 1] = 'r' .. i end
+    local got = rcall('HMGET', fk, unpack(more))
+    for j = 1, #got do parts[#parts + 1] = got[j] or '\192' end
+  end
+  local links = nil
+  if vals[7] then
+    local ln = {}
+    for i = 0, math.min(n, MAX_SPAN_LINKS) - 1 do ln[#ln + 1] = 'l' .. i end
+    local t = {}
+    for _, v in ipairs(rcall('HMGET', fk, unpack(ln))) do
+      if v then t[#t + 1] = v end
+    end
+    links = table.concat(t, ',')
+  end
+  -- The payload carries the results now: the flow record keeps only its shape.
+  rcall('DEL', fk)
+  rcall('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0',
+    'mq', vals[4] or '', 'sq', vals[5] or '')
+  local x = vals[6] == '1'
+  if x then rcall('HSET', fk, 'x', '1') end
+  flow_release(fq, f, 0, steps, collector, table.concat(parts), now, vals[5] or false, x, nil,
+    links)
+end
+
+-- A job of a flow across slots settled on queue q, not its flow's root: a member
+-- reports to the root, a completed step releases the next one (here or through the
+-- outbox), a step that failed or was cancelled ends the flow at the root. `ext`: the
+-- job's fx, fS, fsq. (The last step is the flow's own job, always at the root.)
+local function flow_settle_away(q, id, fq, f, fm, fs, state, res, err, now, ext)
+  if fm then
+    flow_outbox(q, fq, id .. '|m',
+      {'m', f, fq, fm, state, res or false, err or false, span_links[id] or false})
+  elseif state == 'c' then
+    flow_release(fq, f, tonumber(fs) + 1, tonumber(ext[2]), false, res or '\192', now,
+      ext[3] or false, true, q)
+  else
+    flow_outbox(q, fq, id .. '|e', {'e', f, fq, state, err or false})
+  end
+end
+
+-- `q`, `id`: the settled job (nil: applied at the root for it); `ext`: its fx, fS,
+-- fsq when read already (a removed job's, read before it went).
+flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
+  if flow_ended[f] then return end
+  if q and q ~= fq then
+    ext = ext or rcall('HMGET', k_job(q, id), 'fx', 'fS', 'fsq')
+    if ext[1] == '1' then
+      flow_settle_away(q, id, fq, f, fm, fs, state, res, err, now, ext)
+      return
+    end
+  end
+  local fk = k_flow(fq, f)
+  local meta = rcall('HMGET', fk, 'S', 'n', 'col', 'pol', 'x')
+  if not meta[1] then return end  -- the flow has ended: a late member or a cancelled step
+  local steps, collector, x = tonumber(meta[1]), meta[3] == '1', meta[5] == '1'
+  if fm then
+    local i = tonumber(fm)
+    -- r<i>: its element and its settled mark (set once); '' for a failed one ('a').
+    local el = ''
+    if meta[4] == 'c' then
+      if state == 'c' then el = '\146\162ok' .. (res or '\192')
+      else el = '\146\166failed' .. (err or '\192') end
+    elseif state == 'c' then
+      el = res or '\192'
+    end
+    if rcall('HSETNX', fk, 'r' .. i, el) == 0 then return end
+    -- k<state letter>: settled members per final state, for inspect (flow_info.lua).
+    rcall('HINCRBY', fk, 'k' .. state, 1)
+    local link = span_links[f .. '.m' .. i]
+    if link and i < MAX_SPAN_LINKS then rcall('HSET', fk, 'l' .. i, link, 'L', 1) end
+    if meta[4] ~= 'c' and state ~= 'c' then
+      local fi = tonumber(rcall('HGET', fk, 'fi'))
+      if not fi or i < fi then
+        rcall('HSET', fk, 'fi', i, 'fst', state, 'fe', err or '\192')
+      end
+    end
+    if rcall('HINCRBY', fk, 'c', -1) == 0 then
+      flow_fan_in(fq, f, steps, tonumber(meta[2]), collector, now)
+    end
+    return
+  end
+  local k = tonumber(fs)
+  if state == 'c' then
+    if k == steps - 1 then
+      rcall('DEL', fk)
+    else
+      flow_release(fq, f, k + 1, steps, collector, res or '\192', now, nil, x)
+    end
+  elseif k == steps - 1 and state == 'x' then
+    flow_end(fq, f, 'x', nil, now)  -- the flow's own job was cancelled first: stop the rest
+  else
+    flow_end(fq, f, state, err, now)
+  end
+end
+
+-- Apply one outbox record (see above) on the slot of queue q: 1 when it changed
+-- something, 0 when it had been applied already (or its flow has ended).
+local function flow_apply(q, rec, now)
+  local kind, f, fq = rec[1], rec[2], rec[3]
+  if kind == 'm' then
+    local fk = k_flow(fq, f)
+    if rcall('EXISTS', fk) == 0 or rcall('HEXISTS', fk, 'r' .. rec[4]) == 1 then
+      return 0
+    end
+    -- The member's process span, for the fan-in's span links (flow_settle reads it).
+    if rec[8] then span_links[f .. '.m' .. rec[4]] = rec[8] end
+    flow_settle(fq, f, rec[4], nil, rec[5], rec[6] or nil, rec[7] or nil, now)
+    return 1
+  elseif kind == 'e' then
+    if rcall('EXISTS', k_flow(fq, f)) == 0 then return 0 end
+    flow_end(fq, f, rec[4], rec[5] or nil, now)
+    return 1
+  elseif kind == 'r' then
+    local k, steps = tonumber(rec[4]), tonumber(rec[5])
+    local done = flow_release_at(q, flow_step_id(f, k, steps), fq, f, k, steps, rec[6] == '1',
+      rec[7], now, true, q, rec[8] or nil)
+    return done and 1 or 0
+  end
+  local changed = 0
+  if kind == 'E' then
+    flow_ended[f] = true
+    for i = 6, #rec do
+      local r = read_hash(q, rec[i], 's')
+      if r and (r[1] == 'a' or r[1] == 'w' or r[1] == 's') then changed = 1 end
+      flow_end_job(q, rec[i], rec[4], rec[5] or nil, now)
+    end
+  elseif kind == 'a' then
+    local start = tonumber(rec[4])
+    for i = 5, #rec do
+      local id = rec[i]
+      local r = read_hash(q, id, 's', 'fp', 'p', 'fl')
+      if r and r[2] and r[4] == f then
+        changed = 1
+        rcall('HDEL', k_job(q, id), 'fp')
+        if i - 4 <= start and r[1] == 's' then
+          rcall('ZREM', k_sched(q), id)
+          rcall('HDEL', k_job(q, id), 'r')
+          rcall('HSET', k_job(q, id), 's', 'w')
+          push_waiting(q, sane_prio(r[3]), id, false)
+          count(q, 's', -1)
+          count(q, 'w', 1)
+          work_queues[q] = true
+        end
+      end
+    end
+  elseif kind == 'D' then
+    for i = 4, #rec do
+      local id = rec[i]
+      local r = read_hash(q, id, 's', 'fp', 'fl')
+      if r and r[1] == 's' and r[2] and r[3] == f then
+        changed = 1
+        rcall('ZREM', k_sched(q), id)
+        rcall('DEL', k_job(q, id))
+        count(q, 's', -1)
+      end
+    end
+  end
+  return changed
+end
+
+-- The flow link of a job about to be deleted (remove, purge): nil for a job of no flow.
+local function flow_link(q, id)
+  local r = rpcall('HMGET', k_job(q, id), 'fl', 'fm', 'fs', 'fq', 'fx', 'fS', 'fsq')
+  if type(r) ~= 'table' or r.err or not r[1] then return nil end
+  if not r[4] then r[4] = q end
+  r.q, r.id = q, id
+  return r
+end
+
+-- A job of a flow was deleted (after its key is gone) in state `s`: when it had not
+-- finished, its flow treats it as failed with reason flow_broken, never waits for it.
+local function flow_removed(link, s)
+  if not link or s == 'c' or s == 'f' or s == 'x' then return end
+  local now = now_us()
+  flow_settle(link[4], link[1], link[2], link[3], 'f', nil,
+    failure_record(FLOW_BROKEN_REASON, FLOW_BROKEN_TYPE, FLOW_BROKEN, 0, nil, now), now, link.q, link.id,
+    {link[5], link[6], link[7]})
+end
+
