@@ -44,17 +44,17 @@ from .connection import (
     make_cluster_client,
 )
 from .core import _missing
+from .enqueue import EnqueueOps
 from .errors import broker_error, scrub
 from .flows import FlowOps, Handoff, unwrap
 from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .inspection import InspectOps
 from .keys import Keys
+from .leases import LeaseOps
 from .listener import Notifications
 from .migrate import migrate_layout
-from .producer import ProducerOps
 from .schedules import ScheduleOps
 from .scripts import LIBRARY, SHARDED_LIBRARY
-from .worker import WorkerOps
 
 __all__ = ["RedisBroker"]
 
@@ -76,7 +76,7 @@ def _already_loaded(exc: BaseException) -> bool:
     return isinstance(exc, rexc.ResponseError) and "already exists" in str(exc)
 
 
-class RedisBroker(ProducerOps, FlowOps, WorkerOps, InspectOps, ScheduleOps):
+class RedisBroker(EnqueueOps, FlowOps, LeaseOps, InspectOps, ScheduleOps):
     """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA

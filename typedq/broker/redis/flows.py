@@ -34,7 +34,7 @@ from ..base import EnqueueOutcome, JobMessage
 from ..flow import FlowSpec, FlowState, id_taken, member_id
 from .codec import encode, encode_body, text
 from .core import RedisCore, _request_token
-from .producer import _PIPELINE_BYTES
+from .enqueue import _PIPELINE_BYTES
 
 __all__ = [
     "HANDOFF_MARK",

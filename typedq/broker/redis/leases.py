@@ -1,9 +1,9 @@
-"""The Redis broker's worker side, mixed into RedisBroker: claim, waiting for work, lease
+"""The Redis broker's lease side, mixed into RedisBroker: claim, waiting for work, lease
 renewal, the settles (complete, fail, release), progress, cancel requests and the reaper
 pass.
 
 Claim is one script (on Redis Cluster one per queue's slot, all sent at once:
-:meth:`WorkerOps._claim_per_slot`); :meth:`WorkerOps.complete_and_claim` completes and
+:meth:`LeaseOps._claim_per_slot`); :meth:`LeaseOps.complete_and_claim` completes and
 claims in one script, a worker's one call per job in its steady state. A claimed job is
 remembered by its lease token until it is settled, so the settles find its queue
 without a search.
@@ -35,14 +35,14 @@ from .codec import FINISH, LEASE, MICRO, decode_job, encode, text, us
 from .core import RedisCore, _request_token
 from .health import log
 
-__all__ = ["WorkerOps"]
+__all__ = ["LeaseOps"]
 
 #: Fields per job in a claim script's answer (after its first item, the next due time):
 #: id, body, token, attempt, enqueued_at, stalls, queue, due time (claim.lua).
 _CLAIMED_FIELDS = 8
 
 
-class WorkerOps(RedisCore):
+class LeaseOps(RedisCore):
     """Worker methods of the Redis broker."""
 
     def set_limits(self, limits: Mapping[str, LimitSpec]) -> None:

@@ -1,9 +1,9 @@
-"""The Redis broker's producer side, mixed into RedisBroker: enqueue, ordered batches,
+"""The Redis broker's enqueue side, mixed into RedisBroker: enqueue, ordered batches,
 waiting for a job to finish, cancel.
 
 An enqueue is one script (one per queue on Redis Cluster, each queue's jobs stored
 atomically); jobs of one queue, priority, eta and delay travel in ``enqueue.lua``'s
-shared form (:meth:`ProducerOps._enqueue_call`). :meth:`ProducerOps.enqueue_batches`
+shared form (:meth:`EnqueueOps._enqueue_call`). :meth:`EnqueueOps.enqueue_batches`
 pipelines one script per batch, in order. Workflows are in :mod:`.flows`.
 """
 
@@ -26,7 +26,7 @@ from ..base import CancelOutcome, EnqueueOutcome, JobMessage, JobRecord, JobStat
 from .codec import encode_body, text, us
 from .core import RedisCore, _missing, _request_token
 
-__all__ = ["ProducerOps"]
+__all__ = ["EnqueueOps"]
 
 #: Bounds of one pipeline of enqueue_batches: scripts, and bytes of job bodies.
 _PIPELINE_SCRIPTS = 32
@@ -43,7 +43,7 @@ def _alike(
     return True
 
 
-class ProducerOps(RedisCore):
+class EnqueueOps(RedisCore):
     """Producer methods of the Redis broker."""
 
     async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
