@@ -399,7 +399,9 @@ async def test_deleting_an_active_job_keeps_its_slot_until_its_lease_ends(
         broker.set_limits({"one": LimitSpec(concurrency=1)})
         first, second = msg(task="one"), msg(task="one")
         await broker.enqueue([first])
-        (running,) = await broker.claim(["q"], 1, worker_id="w", lease=0.5)
+        # A lease of 1 s: long enough that the checks below run before it ends on a busy
+        # box (0.5 s ran out before them once, on a loaded Cluster).
+        (running,) = await broker.claim(["q"], 1, worker_id="w", lease=1.0)
         await broker.enqueue([second])
         if how == "remove":
             assert await broker.remove([first.id]) == [True]
