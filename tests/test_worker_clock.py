@@ -1,6 +1,7 @@
-"""The worker's timing on virtual time: lease renewal, the reaper, the heartbeat and the
-shutdown grace run on the clock a worker is given (``Worker(..., clock=...)``), so a test
-of a 9-second lease moves a :class:`~typedq.clock.VirtualClock` and sleeps for nothing.
+"""The worker's timing on virtual time: lease renewal, the reaper, the heartbeat, the
+scheduler's backoff and the shutdown grace run on the clock a worker is given
+(``Worker(..., clock=...)``), so a test of a 9-second lease moves a
+:class:`~typedq.clock.VirtualClock` and sleeps for nothing.
 
 The embedded broker's own deadlines stay real here: a spy in front of it records each
 call on the worker's clock, and the assertions are about when the worker made them.
@@ -11,16 +12,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
 import pytest
 
 from tests.support import TEST_DEADLINE, FaultyBroker, In, Out
-from typedq import App, JobState
-from typedq.broker.base import LeaseStatus, WorkerInfo
+from typedq import App, BrokerUnavailable, JobState
+from typedq.broker.base import Broker, LeaseStatus, WorkerInfo
 from typedq.clock import VirtualClock
+from typedq.schedule import Scheduler
 
 pytestmark = pytest.mark.anyio
 
@@ -241,3 +243,28 @@ async def test_heartbeats_are_written_every_interval_at_the_clock_s_time(app_nam
         assert info.started_at == EPOCH
         assert info.heartbeat_at == EPOCH + at
     assert spy.unregistered == [worker.id]
+
+
+class Unreachable:
+    """A broker that never answers the scheduler (each try recorded on the clock)."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.tries: list[float] = []
+
+    async def sync_schedules(self, *args: Any, **kwargs: Any) -> Any:
+        self.tries.append(self.clock.monotonic())
+        raise BrokerUnavailable("the broker is down")
+
+
+async def test_the_scheduler_backs_off_on_its_clock() -> None:
+    clock = VirtualClock(start=EPOCH)
+    broker = Unreachable(clock)
+    scheduler = Scheduler(cast(Broker, broker), [], prune=True, clock=clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scheduler.run)
+        await until(lambda: bool(broker.tries))
+        await advance(clock, 12.0, step=0.1)
+        tg.cancel_scope.cancel()
+    # Doubling from 0.1 s, capped at 5 s: 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5, ...
+    assert broker.tries == pytest.approx([0.0, 0.1, 0.3, 0.7, 1.5, 3.1, 6.3, 11.3])

@@ -4,6 +4,8 @@ Runtime code (worker, settler, scheduler, embedded broker) never calls ``time.ti
 ``time.monotonic()`` or ``anyio.sleep()`` directly; it asks the :class:`Clock` it was given.
 Production uses :data:`SYSTEM_CLOCK`; tests pass a :class:`VirtualClock` and move time
 with :meth:`VirtualClock.advance`, so a test of a 30-second lease takes no real time.
+A bounded wait (a grace period, a backoff cut short by an event) is
+:func:`move_on_after` of the clock, not :func:`anyio.move_on_after`.
 
 Two kinds of time, as in the standard library:
 
