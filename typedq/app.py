@@ -11,6 +11,7 @@ from typing_extensions import Unpack
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
 from .broker.capabilities import EventStreams, Limits, Schedules
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import ConfigError
 from .limits import ConcurrencyLimit, RateLimit
 from .names import check_name
@@ -342,6 +343,7 @@ class App(AppBase):
         queues: list[str] | None = None,
         grace: float = 10.0,
         allow_unknown_queues: bool = False,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> Worker[Any, Any]:
         """A worker for every task of this app (an async context manager).
 
@@ -350,6 +352,8 @@ class App(AppBase):
         :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
         :param allow_unknown_queues: take jobs from ``queues`` no task of this app uses
             (else such a queue, a typo as a rule, is a ConfigError)
+        :param clock: what the worker reads time from and sleeps on (a
+            :class:`~typedq.clock.VirtualClock` in tests)
         """
         return Worker(
             self,
@@ -357,4 +361,5 @@ class App(AppBase):
             queues=queues,
             grace=grace,
             allow_unknown_queues=allow_unknown_queues,
+            clock=clock,
         )

@@ -4,6 +4,8 @@ Runtime code (worker, settler, scheduler, embedded broker) never calls ``time.ti
 ``time.monotonic()`` or ``anyio.sleep()`` directly; it asks the :class:`Clock` it was given.
 Production uses :data:`SYSTEM_CLOCK`; tests pass a :class:`VirtualClock` and move time
 with :meth:`VirtualClock.advance`, so a test of a 30-second lease takes no real time.
+A bounded wait (a grace period, a backoff cut short by an event) is
+:func:`move_on_after` of the clock, not :func:`anyio.move_on_after`.
 
 Two kinds of time, as in the standard library:
 
@@ -19,12 +21,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 import anyio
 import anyio.lowlevel
 
-__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock", "VirtualClock"]
+__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock", "VirtualClock", "move_on_after"]
 
 
 @runtime_checkable
@@ -77,7 +81,9 @@ class VirtualClock:
     def __init__(self, start: float | None = None) -> None:
         self._wall_origin = time.time() if start is None else start
         self._elapsed = 0.0
-        self._sleepers: list[tuple[float, int, anyio.Event]] = []
+        #: Pending waits by deadline: sleepers (an event to set) and deadlines of cancel
+        #: scopes (:func:`move_on_after`: a callback that cancels the scope).
+        self._sleepers: list[tuple[float, int, _Wake]] = []
         self._order = itertools.count()
 
     def time(self) -> float:
@@ -104,9 +110,30 @@ class VirtualClock:
                 self._sleepers.remove(entry)
                 heapq.heapify(self._sleepers)
 
+    @contextmanager
+    def _deadline(self, seconds: float, scope: anyio.CancelScope) -> Iterator[None]:
+        """Cancel ``scope`` once this clock passes ``seconds`` from now (while inside)."""
+        if seconds <= 0:
+            scope.cancel()
+            yield
+            return
+        entry: tuple[float, int, _Wake] = (
+            self._elapsed + seconds,
+            next(self._order),
+            _Expiry(scope),
+        )
+        heapq.heappush(self._sleepers, entry)
+        try:
+            yield
+        finally:
+            if not entry[2].is_set():  # left before its deadline: forget the entry
+                self._sleepers.remove(entry)
+                heapq.heapify(self._sleepers)
+
     @property
     def sleepers(self) -> int:
-        """How many coroutines are sleeping on this clock."""
+        """How many coroutines are sleeping on this clock (or inside a
+        :func:`move_on_after` of it)."""
         return len(self._sleepers)
 
     def next_deadline(self) -> float | None:
@@ -143,6 +170,49 @@ class VirtualClock:
 
     def __repr__(self) -> str:
         return f"VirtualClock(time={self.time():.6f}, sleepers={len(self._sleepers)})"
+
+
+class _Wake(Protocol):
+    """What a pending wait is woken by: an event for a sleeper, an expiry for a scope."""
+
+    def set(self) -> None: ...
+    def is_set(self) -> bool: ...
+
+
+class _Expiry:
+    """Cancels a scope when its deadline passes (a :func:`move_on_after` on virtual time)."""
+
+    __slots__ = ("_fired", "_scope")
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        self._scope = scope
+        self._fired = False
+
+    def set(self) -> None:
+        self._fired = True
+        self._scope.cancel()
+
+    def is_set(self) -> bool:
+        return self._fired
+
+
+@contextmanager
+def move_on_after(
+    clock: Clock, seconds: float, *, shield: bool = False
+) -> Iterator[anyio.CancelScope]:
+    """``anyio.move_on_after`` on ``clock``'s time: the block is cancelled once ``seconds``
+    of that clock pass (its ``cancelled_caught`` then tells).
+
+    On the system clock this is :func:`anyio.move_on_after` itself (the event loop's own
+    deadline); on a :class:`VirtualClock` the deadline passes when the clock is advanced
+    past it. Another clock is read as real time.
+    """
+    if isinstance(clock, VirtualClock):
+        with anyio.CancelScope(shield=shield) as scope, clock._deadline(seconds, scope):
+            yield scope
+        return
+    with anyio.move_on_after(seconds, shield=shield) as scope:
+        yield scope
 
 
 async def _settle(rounds: int = 8) -> None:

@@ -31,6 +31,7 @@ from cronsim import CronSim, CronSimError
 from typing_extensions import TypedDict, Unpack
 
 from .broker.base import FireOutcome, JobMessage, ScheduleState, TickFiring
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import BrokerUnavailable, ConfigError
 from .names import check_name
 from .task import Task, TIn
@@ -375,6 +376,8 @@ class Scheduler:
     :param prune: delete the broker state of schedules not in ``schedules`` at start
         (the app's full set); False when running only some of them
     :param worker_id: for log lines
+    :param clock: what the backoff after a failed step sleeps on (the wait for the next
+        tick is the broker's own, by the broker's clock)
     """
 
     def __init__(
@@ -384,8 +387,10 @@ class Scheduler:
         *,
         prune: bool,
         worker_id: str = "",
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.broker = broker
+        self.clock = clock
         self.schedules = {s.name: s for s in schedules}
         self.prune = prune
         self.worker_id = worker_id
@@ -416,7 +421,7 @@ class Scheduler:
                     exc,
                     backoff,
                 )
-                await anyio.sleep(backoff)
+                await self.clock.sleep(backoff)
                 continue
             try:
                 await self._sleep(wake)
@@ -424,7 +429,7 @@ class Scheduler:
                 # The clock or a finish could not be asked for (an outage): look again
                 # soon; the next step reports a lasting failure.
                 log.debug("worker %s: scheduler sleep failed (%s)", self.worker_id, exc)
-                await anyio.sleep(0.5)
+                await self.clock.sleep(0.5)
 
     async def sync(self) -> None:
         """Reconcile the broker's schedule states with these definitions (by digest)."""

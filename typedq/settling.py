@@ -17,7 +17,6 @@ applies backpressure instead of re-running finished jobs. At shutdown the worker
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -35,6 +34,7 @@ from .broker.base import (
     Release,
     new_claim_id,
 )
+from .clock import SYSTEM_CLOCK, Clock, move_on_after
 from .errors import BrokerError, BrokerUnavailable, FailureRecord
 from .logs import job_fields
 from .outcomes import (
@@ -106,6 +106,7 @@ class Settler:
     :param start: runs jobs a refill claimed
     :param concurrency: how many runners may settle at once (1: the batchers' inline
         sends wait for no batch mates)
+    :param clock: what re-sends back off on and how long a refusal lasted is measured by
     """
 
     def __init__(
@@ -119,8 +120,10 @@ class Settler:
         stopping: Callable[[], bool],
         start: Callable[[Sequence[ClaimedJob]], None],
         concurrency: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._broker = broker
+        self.clock = clock
         self.worker_id = worker_id
         self.queues = list(queues)
         self._rotation = QueueRotation(queues)
@@ -292,7 +295,7 @@ class Settler:
     async def _backoff(self, delay: float) -> float:
         """Wait ``delay`` seconds (cut short by ``give_up``); the next delay."""
         assert self._give_up is not None, "Settler.run has not started"
-        with anyio.move_on_after(delay):
+        with move_on_after(self.clock, delay):
             await self._give_up.wait()
         return min(_SETTLE_BACKOFF_CAP, delay * 2)
 
@@ -327,7 +330,7 @@ class Settler:
                 if isinstance(exc, BrokerUnavailable):
                     refused_since = None
                 else:
-                    now = time.monotonic()
+                    now = self.clock.monotonic()
                     if refused_since is None:
                         refused_since = now
                     elif now - refused_since > _SETTLE_REFUSED_FOR:

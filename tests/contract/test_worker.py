@@ -27,6 +27,7 @@ from typedq import (
     Worker,
 )
 from typedq.broker.base import Completion, FinishOutcome
+from typedq.clock import VirtualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -273,7 +274,9 @@ async def test_cancel_running_async_handler(app_name: str, broker_url: str) -> N
 async def test_graceful_shutdown_finishes_short_and_hands_back_long(
     app_name: str, broker_url: str
 ) -> None:
+    """On a virtual clock: the grace period and the short job's work take no real time."""
     app = App(app_name, broker=broker_url)
+    clock = VirtualClock()
     short_started = anyio.Event()
     long_started = anyio.Event()
     long_cancelled = anyio.Event()
@@ -284,7 +287,7 @@ async def test_graceful_shutdown_finishes_short_and_hands_back_long(
     async def work(x: In, ctx: JobContext) -> Out:
         if x.n == 0:
             short_started.set()
-            await anyio.sleep(0.1)
+            await clock.sleep(0.1)
             return Out(0)
         long_attempts.append(ctx.attempt)
         long_started.set()
@@ -298,13 +301,24 @@ async def test_graceful_shutdown_finishes_short_and_hands_back_long(
 
     with anyio.fail_after(TEST_DEADLINE):
         async with app:
-            async with app.worker(concurrency=2, grace=0.3) as first:
+            async with app.worker(concurrency=2, grace=0.3, clock=clock) as first:
                 short = await work.enqueue(In(0))
                 long = await work.enqueue(In(1))
                 await short_started.wait()
                 await long_started.wait()
-                leaving = time.monotonic()
-            took = time.monotonic() - leaving
+                leaving = clock.monotonic()
+                first.stop()
+                await anyio.wait_all_tasks_blocked()  # the shutdown's grace has begun
+                await clock.advance(0.1)  # the short job finishes within it
+                assert await short.result(timeout=5) == Out(0)
+                await clock.advance(0.15)
+                assert not long_cancelled.is_set()  # 0.25 s in: still within the grace
+                await clock.advance(0.1)  # past the grace: the long job is cancelled
+                await long_cancelled.wait()
+                exit_began = time.monotonic()
+            # The rest of the shutdown waits for no more time, virtual or real.
+            assert time.monotonic() - exit_began < 5
+            took = clock.monotonic() - leaving
             assert 0.25 <= took < 5
             assert long_cancelled.is_set()
             assert await short.status() is JobState.COMPLETED

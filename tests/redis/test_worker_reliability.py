@@ -48,6 +48,7 @@ from typedq.broker.base import (
     LeaseStatus,
     Release,
 )
+from typedq.clock import VirtualClock
 from typedq.names import new_job_id
 
 pytestmark = pytest.mark.anyio
@@ -383,21 +384,33 @@ async def test_one_bad_settle_does_not_poison_its_batch(app_name: str, broker_ur
 
 
 class RenewSpy(FaultyBroker):
-    """Records when each job's lease was renewed."""
+    """Records when each job's lease was renewed, on the worker's (virtual) clock."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
+        self.clock = VirtualClock()
         self.renewed: list[tuple[float, str]] = []
+        self._renewal: anyio.Event | None = None
 
     async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:
         statuses = await super().renew(leases, lease)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self.renewed.extend((now, job_id) for job_id, _ in leases)
+        if self._renewal is not None:
+            self._renewal.set()
         return statuses
 
     async def renewed_after(self, job_id: str, since: float) -> None:
-        while not any(at > since and jid == job_id for at, jid in self.renewed):  # noqa: ASYNC110
-            await anyio.sleep(0.05)
+        """Wait for a renewal of ``job_id`` that the broker answered after ``since``
+        (virtual time; one sent over a network may still be on its way)."""
+        while not any(at > since and jid == job_id for at, jid in self.renewed):
+            self._renewal = anyio.Event()
+            await self._renewal.wait()
+
+    async def advance(self, seconds: float, step: float = 0.1) -> None:
+        """Move the worker's clock in steps (each step's wake-ups run before the next)."""
+        for _ in range(round(seconds / step)):
+            await self.clock.advance(step)
 
 
 async def test_a_timed_out_sync_thread_keeps_its_slot_until_it_returns(
@@ -446,6 +459,7 @@ async def test_a_timed_out_sync_thread_keeps_its_slot_until_it_returns(
 async def test_shutdown_keeps_renewing_a_running_sync_job_and_records_its_outcome(
     app_name: str, broker_url: str
 ) -> None:
+    """On a virtual clock: the grace period and the lease pass without real waiting."""
     spy = RenewSpy.for_url(broker_url, app_name)
     assert isinstance(spy, RenewSpy)
     app = App(app_name, broker=spy, lease=3.0, max_stalls=0)
@@ -464,13 +478,15 @@ async def test_shutdown_keeps_renewing_a_running_sync_job_and_records_its_outcom
     try:
         with anyio.fail_after(TEST_DEADLINE):
             async with app:
-                async with app.worker(grace=0.1) as worker:
+                async with app.worker(grace=0.1, clock=spy.clock) as worker:
                     job = await steady.enqueue(In(5))
                     await anyio.to_thread.run_sync(started.wait, TEST_DEADLINE)
                     worker.stop()
-                    cancelled_at = time.monotonic() + 0.1
+                    await anyio.wait_all_tasks_blocked()  # the shutdown's grace has begun
+                    cancelled_at = spy.clock.monotonic() + 0.1
                     # Past the grace period the thread still runs: its lease must still be
                     # renewed, or another worker would start the job meanwhile.
+                    await spy.advance(1.5)
                     await spy.renewed_after(job.id, cancelled_at + 0.2)
                     assert await job.status() is JobState.ACTIVE
                     finish.set()
@@ -485,6 +501,7 @@ async def test_shutdown_keeps_renewing_a_running_sync_job_and_records_its_outcom
 async def test_cancel_of_a_sync_job_keeps_renewing_until_its_thread_returns(
     app_name: str, broker_url: str
 ) -> None:
+    """On a virtual clock: more than a lease passes without real waiting."""
     spy = RenewSpy.for_url(broker_url, app_name)
     assert isinstance(spy, RenewSpy)
     app = App(app_name, broker=spy, lease=1.5, max_stalls=0)
@@ -505,13 +522,13 @@ async def test_cancel_of_a_sync_job_keeps_renewing_until_its_thread_returns(
 
     try:
         with anyio.fail_after(TEST_DEADLINE):
-            async with app, app.worker() as worker:
+            async with app, app.worker(clock=spy.clock) as worker:
                 job = await crunch.enqueue(In(1))
                 await anyio.to_thread.run_sync(started.wait, TEST_DEADLINE)
                 assert await job.cancel() is True
-                asked = time.monotonic()
+                asked = spy.clock.monotonic()
                 # Longer than a lease: the thread still runs, so the lease is renewed.
-                await anyio.sleep(2.0)
+                await spy.advance(2.0)
                 await spy.renewed_after(job.id, asked + 1.6)
                 assert await job.status() is JobState.ACTIVE
                 finish.set()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 
-from typedq.clock import SYSTEM_CLOCK, Clock, VirtualClock
+from typedq.clock import SYSTEM_CLOCK, Clock, VirtualClock, move_on_after
 
 
 def test_the_system_clock_reads_real_time() -> None:
@@ -76,3 +77,40 @@ async def test_a_cancelled_sleep_is_forgotten() -> None:
     assert clock.sleepers == 0
     assert clock.next_deadline() is None
     await clock.sleep(0)  # a checkpoint, not a sleep
+
+
+@pytest.mark.anyio
+async def test_move_on_after_a_virtual_clock_cancels_when_the_clock_passes_its_deadline() -> None:
+    clock = VirtualClock(start=0.0)
+    reached: list[str] = []
+
+    async def waits() -> None:
+        with move_on_after(clock, 2.0) as scope:
+            await anyio.sleep_forever()
+        reached.append(f"moved on at {clock.monotonic()}: {scope.cancelled_caught}")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waits)
+        await anyio.wait_all_tasks_blocked()
+        assert clock.sleepers == 1
+        await clock.advance(1.5)
+        assert reached == []
+        await clock.advance(1.0)
+    assert reached == ["moved on at 2.0: True"]
+    assert clock.sleepers == 0
+
+
+@pytest.mark.anyio
+async def test_move_on_after_left_early_or_at_zero_leaves_no_deadline() -> None:
+    clock = VirtualClock(start=0.0)
+    with move_on_after(clock, 5.0) as scope:
+        await anyio.lowlevel.checkpoint()
+    assert not scope.cancelled_caught
+    assert clock.sleepers == 0  # the deadline went with the block
+    with move_on_after(clock, 0) as scope:
+        await anyio.sleep_forever()
+    assert scope.cancelled_caught
+    # The system clock's is anyio's own deadline, in real time.
+    with move_on_after(SYSTEM_CLOCK, 0.01) as scope:
+        await anyio.sleep_forever()
+    assert scope.cancelled_caught

@@ -1,0 +1,227 @@
+"""The worker's runners: each runs claimed jobs one at a time and settles their outcome.
+
+A worker starts ``concurrency`` long-lived runners (no task spawned per job). Each job
+runs in a fresh copy of the runner's contextvars context
+(:func:`typedq.execution.run_in_context`), as if it had a task of its own, and its
+handler in its own cancel scope (whose deadline is the job's timeout), so cancelling one
+job stops only that job's handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ..broker.base import ClaimedJob
+from ..clock import Clock
+from ..errors import FailureRecord
+from ..execution import Executor, Running, run_in_context
+from ..logs import job_fields
+from ..observe import Observers, outcome_of
+from ..outcomes import Complete, Fail, Outcome, describe, minimal_failure
+from ..settling import GaveUp, Settler
+from .jobs import RunningJobs
+from .stats import WorkerStats
+
+if TYPE_CHECKING:
+    from ..tracing import Tracing
+
+__all__ = ["JobRunner"]
+
+log = logging.getLogger("typedq.worker")
+
+
+class JobRunner:
+    """Runs the jobs of a worker's table through its executor and settler.
+
+    :param worker_id: names the worker in log lines and failure records
+    :param jobs: the worker's table of running jobs (where claimed jobs wait)
+    :param executor: runs one attempt of a job
+    :param settler: records outcomes with the broker
+    :param stats: the worker's counters
+    :param tracing: the app's OpenTelemetry tracing (None: off)
+    :param clock: times each job for observers and DEBUG lines
+    """
+
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        jobs: RunningJobs,
+        executor: Executor,
+        settler: Settler,
+        stats: WorkerStats,
+        tracing: Tracing | None,
+        clock: Clock,
+    ) -> None:
+        self.worker_id = worker_id
+        self.jobs = jobs
+        self.executor = executor
+        self.settler = settler
+        self.stats = stats
+        self.tracing = tracing
+        self.clock = clock
+        #: Told what the jobs do (set before the worker starts; None: nobody listens).
+        self.observer: Observers | None = None
+
+    async def run(self) -> None:
+        """One of the worker's ``concurrency`` runners: runs claimed jobs one at a time,
+        each in a fresh copy of this task's context, so what a job sets in contextvars
+        (its span, a handler's own variables) is its own, as in a task of its own."""
+        queued = self.jobs.queued
+        idle = self.jobs.idle
+        try:
+            # On asyncio a bare future is the cheapest wake-up (an anyio event wraps an
+            # asyncio.Event, which makes a future per wait anyway); anyio's cancel scopes
+            # still cancel the wait, as they cancel any await of the task.
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # another backend (trio)
+            loop = None
+        # The event loop's own event class (anyio.Event() finds the backend each call).
+        event = type(anyio.Event())
+        while True:
+            if not queued:
+                if loop is not None:
+                    future: asyncio.Future[None] = loop.create_future()
+                    idle.append(future)
+                    await future
+                else:
+                    wake = event()
+                    idle.append(wake)
+                    await wake.wait()
+                continue
+            claimed, running = queued.popleft()
+            await run_in_context(contextvars.copy_context(), self._run_job(claimed, running))
+
+    async def _run_job(self, claimed: ClaimedJob, running: Running) -> None:
+        job_id, task = claimed.message.id, claimed.message.task
+        worker_id = self.worker_id
+        observer = self.observer
+        debug = log.isEnabledFor(logging.DEBUG)
+        if observer is not None:
+            observer.job_started(claimed)
+        if debug:
+            log.debug(
+                "job %s (%s) attempt %d started",
+                job_id,
+                task,
+                claimed.attempt,
+                extra=job_fields(claimed, worker_id),
+            )
+        timed = debug or observer is not None
+        began = self.clock.monotonic() if timed else 0.0
+        # The job runs in a context of its own (run): its span stays current in it.
+        traced = (
+            self.tracing.process(claimed, own_context=True) if self.tracing is not None else None
+        )
+        try:
+            try:
+                attempt = await self.executor.attempt(claimed, running)
+                if attempt.fingerprint_mismatch is not None:
+                    self._count_mismatch(task, *attempt.fingerprint_mismatch)
+                    if observer is not None:
+                        observer.schema_mismatch(claimed)
+                outcome: Outcome = attempt.outcome
+            except BaseException as exc:
+                if traced is not None:
+                    traced.end(None)
+                if not isinstance(exc, Exception):
+                    raise
+                log.exception(
+                    "worker %s: job %s (%s) attempt %d: attempt failed",
+                    worker_id,
+                    job_id,
+                    task,
+                    claimed.attempt,
+                    extra=job_fields(claimed, worker_id),
+                )
+                outcome = Fail(self._minimal(claimed, exc, "could not run this job"))
+            else:
+                if traced is not None:
+                    span = traced.end(outcome)
+                    if span and isinstance(outcome, Complete | Fail):
+                        # A fan-out member's span: its callback's span links to it.
+                        outcome = dataclasses.replace(outcome, span=span)
+            ended = self.clock.monotonic() if timed else 0.0
+            try:
+                await self.settler.settle(claimed, outcome)
+            except GaveUp:
+                raise
+            except Exception as exc:
+                if not isinstance(outcome, Complete | Fail) or self.settler.gave_up:
+                    raise
+                # Last resort: the job still gets a (minimal) failure record rather than
+                # sitting claimed until its lease expires and counting as a stall.
+                log.exception(
+                    "worker %s: could not record the outcome of job %s (%s) attempt %d; "
+                    "recording a minimal failure instead",
+                    worker_id,
+                    job_id,
+                    task,
+                    claimed.attempt,
+                    extra=job_fields(claimed, worker_id),
+                )
+                outcome = Fail(self._minimal(claimed, exc, "could not record the outcome"))
+                await self.settler.settle(claimed, outcome)
+            if timed:
+                how = outcome_of(outcome)
+                if observer is not None:
+                    observer.job_finished(claimed, how, ended - began)
+                if debug:
+                    log.debug(
+                        "job %s (%s) attempt %d finished: %s in %.3fs",
+                        job_id,
+                        task,
+                        claimed.attempt,
+                        how.value,
+                        ended - began,
+                        extra=job_fields(claimed, worker_id),
+                    )
+        except GaveUp:
+            self.stats.settles_given_up += 1
+            log.warning(
+                "worker %s: shutdown gave up recording the outcome of job %s (%s) attempt %d; "
+                "it comes back when its lease expires",
+                worker_id,
+                job_id,
+                task,
+                claimed.attempt,
+                extra=job_fields(claimed, worker_id),
+            )
+        except Exception:
+            log.exception(
+                "worker %s: job %s (%s) attempt %d could not be settled; it comes back when "
+                "its lease expires",
+                worker_id,
+                job_id,
+                task,
+                claimed.attempt,
+                extra=job_fields(claimed, worker_id),
+            )
+        finally:
+            self.jobs.finished(claimed, running)
+
+    def _minimal(self, claimed: ClaimedJob, exc: BaseException, what: str) -> FailureRecord:
+        return minimal_failure(
+            claimed,
+            worker_id=self.worker_id,
+            error_type="WorkerError",
+            message=f"the worker {what}: {type(exc).__name__}: {describe(exc)}",
+        )
+
+    def _count_mismatch(self, task: str, producer: str, ours: str) -> None:
+        key = (task, producer)
+        if key not in self.stats.fingerprint_mismatches:
+            log.warning(
+                "task %r: a producer's schema fingerprint %s differs from the worker's %s; "
+                "the payload validated, so it ran (regenerate the producer's stubs)",
+                task,
+                producer,
+                ours,
+            )
+        self.stats.fingerprint_mismatches[key] += 1
