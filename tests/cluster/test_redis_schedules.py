@@ -277,3 +277,35 @@ async def test_the_cluster_firing_state_follows_resets_and_repairs_a_lagging_app
         outcome, third = await fire(repaired)
         assert (outcome, third.fired) == (FireOutcome.FIRED, 2)
         assert (await broker.counts("q"))[JobState.WAITING] == 3
+
+
+@pytest.mark.cluster
+async def test_pruning_a_schedule_on_cluster_deletes_its_firing_state(
+    redis_cluster: RedisCluster,
+) -> None:
+    """Issue 24: a schedule pruned on Redis Cluster left its firing state (``Q S``, in the
+    slot of its ticks' queue) behind, one field per schedule ever declared. Pruning now
+    deletes it there too; a schedule still declared keeps its own."""
+    redis_cluster.flushall()
+    async with broker_at(redis_cluster.url) as broker:
+        states = await broker.sync_schedules([("gone", "d"), ("kept", "d")], prune=False)
+        for state in states:
+            new = state.last_tick_us + 1_000
+            await anyio.sleep(0.01)  # the tick is due
+            firing = TickFiring(
+                name=state.name,
+                digest="d",
+                expected_last_us=state.last_tick_us,
+                new_last_us=new,
+                messages=[tick(state.name, new)],
+                queue="q",
+            )
+            ((outcome, _),) = await broker.fire_schedules([firing])
+            assert outcome is FireOutcome.FIRED
+        assert broker._redis is not None
+        firing_key = broker.keys.schedule_firing("q")
+        assert sorted(await broker._redis.hkeys(firing_key)) == [b"gone", b"kept"]
+        (kept,) = await broker.sync_schedules([("kept", "d")], prune=True)
+        assert kept.name == "kept"
+        assert await broker._redis.hkeys(firing_key) == [b"kept"]
+        assert [s.name for s in await broker.schedule_states()] == ["kept"]

@@ -67,8 +67,27 @@ class ScheduleOps(RedisCore):
         for name, digest in schedules:
             args += (check_name("schedule", name), digest)
         reply = await self._eval("schedule_sync", [self.keys.schedules], args)
-        states = [parse_state(name, raw) for (name, _), raw in zip(schedules, reply, strict=True)]
+        n = len(schedules)
+        states = [
+            parse_state(name, raw) for (name, _), raw in zip(schedules, reply[:n], strict=True)
+        ]
+        pruned = [text(name) for name in reply[n:]]
+        if pruned and self.cluster:
+            await self._prune_firing_states(pruned)
         return [s for s in states if s is not None]
+
+    async def _prune_firing_states(self, names: Sequence[str]) -> None:
+        """Redis Cluster: delete the firing states of pruned schedules, kept in the slot
+        of the queue their ticks go to (``Q S``); which queue that was is not recorded,
+        so every known queue's hash is cleaned (one single-slot HDEL each)."""
+        queues = await self.known_queues()
+        if not queues:
+            return
+        with self._translate("schedule prune"):
+            pipe = self._conn().pipeline(transaction=False)
+            for queue in queues:
+                pipe.hdel(self.keys.schedule_firing(queue), *names)
+            await pipe.execute()
 
     async def fire_schedules(
         self, firings: Sequence[TickFiring]

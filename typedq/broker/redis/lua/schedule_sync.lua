@@ -6,7 +6,9 @@
 -- one field per declared schedule).
 -- KEYS[1] = schedules hash
 -- ARGV: P, prune ('0' | '1'), n, then n x (name, digest)
--- Returns the n states, in order ('digest|last|fired_at|fired|skipped|last_job').
+-- Returns the n states, in order ('digest|last|fired_at|fired|skipped|last_job'), then
+-- the names pruned (on Redis Cluster the caller deletes their firing states, which live
+-- in their queues' slots).
 local n = tonumber(ARGV[3])
 if not is_int(n) or n < 0 or #ARGV ~= 3 + 2 * n or (ARGV[2] ~= '0' and ARGV[2] ~= '1') then
   return bad_args('schedule_sync')
@@ -19,9 +21,13 @@ for i = 0, n - 1 do
   end
   listed[name] = true
 end
+local pruned = {}
 if ARGV[2] == '1' then
   for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if not listed[name] then redis.call('HDEL', KEYS[1], name) end
+    if not listed[name] then
+      redis.call('HDEL', KEYS[1], name)
+      pruned[#pruned + 1] = name
+    end
   end
 end
 local now = string.format('%d', now_us())
@@ -35,4 +41,5 @@ for i = 0, n - 1 do
   end
   out[i + 1] = cur
 end
+for _, name in ipairs(pruned) do out[#out + 1] = name end
 return out
