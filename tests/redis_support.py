@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import msgspec
+import pytest
 import redis.asyncio as aioredis
 
 from typedq.broker.base import BrokerSettings, JobMessage
@@ -48,3 +49,15 @@ async def raw_redis(url: str, **kwargs: Any) -> AsyncIterator[aioredis.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+def server_url(request: pytest.FixtureRequest, backend: str) -> str:
+    """The URL of the session's redis-server (``redis``) or of its Redis Cluster
+    (``cluster``, flushed first), for tests parametrized over the two."""
+    if backend == "cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        cluster.flushall()
+        url: str = cluster.url
+        return url
+    redis_url: str = request.getfixturevalue("redis_url")
+    return redis_url

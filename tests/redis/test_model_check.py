@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import anyio
 import pytest
 
+from tests.redis_support import server_url
 from tests.support import connected, msg
 from typedq import JobState, QueueFull
 from typedq.broker.base import (
@@ -289,12 +290,7 @@ async def step_views(driver: Driver) -> tuple[object, ...]:
 async def test_broker_follows_the_reference(
     request: pytest.FixtureRequest, app_name: str, backend: str, seed: int
 ) -> None:
-    if backend == "cluster":
-        cluster = request.getfixturevalue("redis_cluster")
-        cluster.flushall()
-        url: str = cluster.url
-    else:
-        url = request.getfixturevalue("redis_url")
+    url = server_url(request, backend)
     generator = Generator(seed)
     ops: list[Op] = []
     handles_issued = 0

@@ -34,6 +34,7 @@ import anyio
 import pytest
 
 from tests.model_combined_shrink import shrink
+from tests.redis_support import server_url
 from tests.support import TEST_DEADLINE, connected
 from typedq import JobState
 from typedq.broker.base import (
@@ -408,12 +409,7 @@ def _listing(steps: Sequence[Step]) -> str:
 async def test_brokers_agree_where_features_meet(
     request: pytest.FixtureRequest, app_name: str, backend: str, seed: int
 ) -> None:
-    if backend == "cluster":
-        cluster = request.getfixturevalue("redis_cluster")
-        cluster.flushall()
-        url: str = cluster.url
-    else:
-        url = request.getfixturevalue("redis_url")
+    url = server_url(request, backend)
     steps = program(seed)
     if backend == "cluster":
         steps = for_cluster(steps)
