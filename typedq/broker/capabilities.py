@@ -12,7 +12,8 @@ app's declarations need once, as it connects (:func:`require`): an app with sche
 on a broker without them fails there, in one line, instead of at its first tick.
 
 The protocols restate the methods' signatures (mypy and the seam's tests check them
-against Broker's); the Broker's docstrings are the reference for what each does.
+against Broker's); the docstrings of the Broker's defaults
+(:mod:`typedq.broker.capability_defaults`) are the reference for what each does.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ class BrokerSettings(msgspec.Struct, frozen=True, kw_only=True):
     :param retention: bounds on finished jobs
     :param max_queue_length: enqueues beyond this many waiting+scheduled jobs per queue
         are refused with QueueFull (0 = unbounded; the partitions of a queue declared
-        with :meth:`Broker.set_partitions` share it: :meth:`Broker.queue_cap`)
+        with :meth:`~typedq.broker.base.Broker.set_partitions` share it:
+        :meth:`~typedq.broker.base.Broker.queue_cap`)
     :param events_max: about how many events a queue's event stream keeps (typedq.events)
     """
 
