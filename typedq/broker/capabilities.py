@@ -22,11 +22,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import Unsupported
-from .base import Broker, is_capability_default
+from .base import Broker
+from .capability_defaults import is_capability_default
 
 if TYPE_CHECKING:
     from ..limits import LimitSpec
-    from .base import (
+    from .flow import FlowSpec, FlowState
+    from .messages import (
         EnqueueOutcome,
         EventRead,
         FireOutcome,
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
         TickFiring,
         WorkerInfo,
     )
-    from .flow import FlowSpec, FlowState
 
 __all__ = [
     "CAPABILITIES",
