@@ -8,7 +8,8 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from .base import Broker, BrokerSettings
+from .base import Broker
+from .settings import BrokerSettings
 
 __all__ = ["Broker", "BrokerSettings", "broker_from_url", "redact_url"]
 

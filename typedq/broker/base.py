@@ -4,6 +4,11 @@ A broker moves envelopes (:class:`JobMessage`) between states and knows no tasks
 models or runtime. Every method that touches jobs takes a batch, so a networked
 backend does one round trip per call, never one per job.
 
+The values it speaks (envelopes, claims, settles, outcomes, snapshots, and the
+capabilities' values) are in :mod:`typedq.broker.messages`, the broker-wide settings in
+:mod:`typedq.broker.settings`; this module re-exports them all, so this module alone is
+the seam.
+
 States: ``waiting`` (claimable now), ``scheduled`` (delayed or backing off),
 ``active`` (claimed under a lease), and the final ``completed``, ``failed`` and
 ``cancelled``. Time for delays comes from the broker's clock (Redis ``TIME`` on
@@ -38,8 +43,10 @@ instead of poll: ``enqueue_batches`` (one ``enqueue`` per batch), ``complete_and
 ``queue_cap`` (``CORE_WITH_DEFAULTS`` in :mod:`typedq.broker.capabilities` lists all 10).
 
 **Capabilities** (:mod:`typedq.broker.capabilities`, one ``typing.Protocol`` each): a
-backend adds them by overriding their methods; until it does, the defaults here raise
-:class:`~typedq.errors.Unsupported` (``flow_state`` answers None: no job is a flow's).
+backend adds them by overriding their methods; until it does, the defaults it inherits
+(:class:`~typedq.broker.capability_defaults.CapabilityDefaults`, a base of
+:class:`Broker`) raise :class:`~typedq.errors.Unsupported` (``flow_state`` answers None:
+no job is a flow's).
 
 - ``Flows`` (2): ``enqueue_flows``, ``flow_state`` (typedq.workflow)
 - ``Schedules`` (5): ``broker_time_us``, ``sleep_until_us``, ``sync_schedules``,
@@ -62,22 +69,50 @@ sends no heartbeat).
 from __future__ import annotations
 
 import abc
-import secrets
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from enum import IntEnum, StrEnum
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import anyio
-import msgspec
 
-from ..errors import BrokerError, QueueFull, Unsupported
-from ..limits import LimitSpec
+from ..errors import BrokerError, QueueFull
+from .capability_defaults import CapabilityDefaults, capability_default, is_capability_default
+
+# The values the seam speaks live in .messages and .settings; they are re-exported here
+# (``__all__``), so ``from typedq.broker.base import JobMessage`` keeps working.
+from .messages import (
+    CLAIM_RECORD_TTL,
+    ERROR_HISTORY,
+    HISTORY_MINUTES,
+    MAX_SPAN_LINKS,
+    CancelOutcome,
+    ClaimedJob,
+    Completion,
+    EnqueueOutcome,
+    EventRead,
+    Failure,
+    FinishOutcome,
+    FireOutcome,
+    JobList,
+    JobMessage,
+    JobRecord,
+    JobState,
+    LeaseStatus,
+    MinuteRollup,
+    QueueEvent,
+    QueueStats,
+    Release,
+    RetryOutcome,
+    ScheduleState,
+    TickFiring,
+    WorkerInfo,
+    check_claim_id,
+    new_claim_id,
+)
+from .settings import BrokerSettings, Retention
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
-
-    from .flow import FlowSpec, FlowState
 
 __all__ = [
     "CLAIM_RECORD_TTL",
@@ -115,462 +150,15 @@ __all__ = [
 ]
 
 
-#: Seconds a broker remembers a claim by its id (longer than any client's retries).
-CLAIM_RECORD_TTL = 60.0
-
-
-#: How many attempts' FailureRecords a job keeps (``JobRecord.errors``), newest last.
-ERROR_HISTORY = 10
-
-#: How many members a fan-in callback's span links to, the first by index (the
-#: OpenTelemetry SDK's default limit of links per span; MAX_SPAN_LINKS, generated into the Lua by broker/redis/constants.py).
-MAX_SPAN_LINKS = 128
-
-#: How many minutes of throughput rollups a broker keeps per queue (24 hours).
-HISTORY_MINUTES = 1440
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-#: The attribute that marks a :class:`Broker` method's default as "lacks the capability".
-_LACKING = "__typedq_capability_default__"
-
-
-def capability_default(method: _F) -> _F:
-    """Mark a :class:`Broker` method as the default of a capability's method: a broker
-    whose class still has it lacks that capability (see
-    :mod:`typedq.broker.capabilities`)."""
-    setattr(method, _LACKING, True)
-    return method
-
-
-def is_capability_default(method: object) -> bool:
-    """Whether ``method`` is a capability's default (the broker does not implement it)."""
-    return bool(getattr(method, _LACKING, False))
-
-
 #: How long the polling defaults of the core (``wait_finished``, ``wait_for_jobs``,
 #: ``wait_cancel_requests``) sleep at most between looks, in seconds.
 _POLL = 0.5
 
 
-def new_claim_id() -> str:
-    """A fresh claim id: 16 random hex digits."""
-    return secrets.token_hex(8)
-
-
-_HEX_DIGITS = frozenset("0123456789abcdef")
-
-
-def check_claim_id(claim_id: str) -> str:
-    """Return ``claim_id`` if it is 8 to 64 lowercase hex digits, else raise ValueError."""
-    # A set test, not a generator over the characters: it runs once per claim call.
-    if not (8 <= len(claim_id) <= 64 and set(claim_id) <= _HEX_DIGITS):
-        raise ValueError(f"claim id {claim_id!r} must be 8 to 64 lowercase hex digits")
-    return claim_id
-
-
-class JobState(StrEnum):
-    """Where a job is in its life."""
-
-    WAITING = "waiting"
-    SCHEDULED = "scheduled"
-    ACTIVE = "active"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def is_final(self) -> bool:
-        """True for completed, failed and cancelled."""
-        return self in _FINAL
-
-
-_FINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
-
-
-class JobMessage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
-    """The envelope: everything a worker needs to run a job, as the producer made it.
-
-    ``payload`` is the encoded input model; the broker never looks inside it.
-    """
-
-    id: str
-    task: str
-    queue: str
-    payload: bytes
-    #: Fingerprint of the producer's view of the task's input schema.
-    fingerprint: str = ""
-    #: Higher runs first among waiting jobs of a queue.
-    priority: int = 0
-    #: Absolute run time (broker clock, epoch seconds); 0 = now, unless ``delay`` > 0.
-    eta: float = 0.0
-    #: Seconds after enqueue (broker clock); ignored when ``eta`` is set.
-    delay: float = 0.0
-    #: Retries allowed after the first attempt; ``-1`` means "the task's default".
-    max_retries: int = -1
-    #: Per-attempt timeout in seconds; ``-1`` means "the task's default", 0 none.
-    timeout: float = -1.0
-    #: The rate-limit bucket of the job within its task (``""``: the task-wide one);
-    #: computed by the producer from ``RateLimit(key=...)`` (see typedq.limits).
-    rate_key: str = ""
-    #: The concurrency-limit bucket of the job within its task (``""``: task-wide).
-    concurrency_key: str = ""
-    #: The tick (epoch seconds) of the schedule that enqueued this job; 0 = not scheduled.
-    scheduled_for: float = 0.0
-    #: The producer's trace context (typedq.tracing): the propagator's carrier as
-    #: ``key=value`` lines (W3C ``traceparent``/``tracestate`` by default); "" = none.
-    trace_context: str = ""
-    #: A fan-in callback's links to its members' process spans: their W3C
-    #: ``traceparent`` values, comma-separated, in member order (at most
-    #: :data:`MAX_SPAN_LINKS`); set by the broker at the fan-in, when the callback
-    #: carries a trace context and its members' attempts were traced. "" = none.
-    trace_links: str = ""
-
-
-class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):
-    """A job handed to a worker under a lease."""
-
-    message: JobMessage
-    token: str
-    #: 1 for the first run, bumped by every claim (retries and stall recoveries).
-    attempt: int
-    enqueued_at: float
-    #: How often the job's lease has expired so far.
-    stalls: int = 0
-    #: When the job became claimable this time (broker clock, epoch seconds), when it
-    #: was not its enqueue: a retry's due time, a hand-back or stall recovery, a
-    #: workflow hand-off, a scheduled job's due time; 0.0 = since its enqueue, or the
-    #: time its own ``eta``/``delay`` named (see :meth:`due_at`).
-    run_at: float = 0.0
-
-    def due_at(self) -> float:
-        """When this attempt's wait for a worker began (its queue wait counts from it)."""
-        if self.run_at > 0:
-            return self.run_at
-        message = self.message
-        if message.eta > 0:
-            return max(self.enqueued_at, message.eta)
-        return self.enqueued_at + message.delay
-
-
-class JobList(msgspec.Struct, frozen=True):
-    """One page of :meth:`Broker.page_jobs`: ``ids`` in the state's order, and the
-    ``cursor`` that continues after them (None when the state has no more jobs)."""
-
-    ids: list[str]
-    cursor: str | None
-
-
-class EnqueueOutcome(msgspec.Struct, frozen=True):
-    """``created`` is False when a job with that id already existed (deduplicated)."""
-
-    id: str
-    created: bool
-
-
-class Completion(msgspec.Struct, frozen=True):
-    """A successful attempt: the encoded result."""
-
-    id: str
-    token: str
-    result: bytes
-    #: The attempt's process span (W3C ``traceparent``), for a traced fan-out member:
-    #: its fan-in callback's span links to it (:attr:`JobMessage.trace_links`). "" = none.
-    span: str = ""
-
-
-class Failure(msgspec.Struct, frozen=True, kw_only=True):
-    """A failed attempt: the encoded FailureRecord, and whether to run it again.
-
-    ``retry_delay`` is None for a final failure; otherwise the job is scheduled again
-    after that many seconds (0 = waiting at once). ``cancelled`` ends the job in the
-    ``cancelled`` state instead of ``failed``. ``refund`` (with a ``retry_delay``) gives
-    the attempt back: the next run has the same attempt number (a handler that raised
-    :class:`~typedq.limits.RateLimited`).
-    """
-
-    id: str
-    token: str
-    error: bytes
-    retry_delay: float | None = None
-    cancelled: bool = False
-    refund: bool = False
-    #: As :attr:`Completion.span` (a collecting fan-in links to failed members too).
-    span: str = ""
-
-
-class Release(msgspec.Struct, frozen=True):
-    """Hand a claimed job back unrun (worker shutdown): waiting again, attempt not spent."""
-
-    id: str
-    token: str
-
-
-class FinishOutcome(IntEnum):
-    """The answer to a fenced transition (complete, fail, release)."""
-
-    OK = 0
-    #: The same token already finished this job: a re-sent request; nothing changed.
-    ALREADY_FINISHED = 1
-    #: The job belongs to another lease (expired and reclaimed) or is not active.
-    LEASE_LOST = 2
-    #: No such job (never existed or removed by retention).
-    NOT_FOUND = 3
-
-
-class LeaseStatus(IntEnum):
-    """The answer to ``renew`` for one lease."""
-
-    OK = 0
-    #: The token is no longer the job's own: stop the handler, write nothing.
-    LOST = 1
-    #: ``cancel()`` was asked for this running job: cancel the handler.
-    CANCEL_REQUESTED = 2
-
-
-class CancelOutcome(StrEnum):
-    """The answer to ``cancel``."""
-
-    CANCELLED = "cancelled"  # was waiting or scheduled: now cancelled
-    REQUESTED = "requested"  # is running: its worker was asked to cancel it
-    ALREADY_FINAL = "already_final"  # had already completed, failed or been cancelled
-    NOT_FOUND = "not_found"
-
-
-class RetryOutcome(StrEnum):
-    """The answer to ``retry`` for one job."""
-
-    RETRIED = "retried"  # was failed or cancelled: waiting again, with a fresh attempt count
-    NOT_RETRYABLE = "not_retryable"  # is waiting, scheduled, active or completed: unchanged
-    NOT_FOUND = "not_found"
-    #: A workflow's job that cannot run again on its own (unchanged): a fan-out member,
-    #: a step that never ran, or a job of a flow that is running; re-enqueue the flow.
-    #: (The step of an ended flow that failed or was cancelled is retried, and resumes
-    #: its flow: see typedq.broker.flow.)
-    IN_FLOW = "in_flow"
-
-
-class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
-    """What the broker keeps of one schedule (bounded: one record per declared schedule).
-
-    Times are integer microseconds of the broker's clock.
-    """
-
-    name: str
-    #: The hash of the definition this state belongs to.
-    digest: str
-    #: The newest tick handled (fired or skipped); at a (re)start, the broker's now.
-    last_tick_us: int
-    #: The job of the newest fired tick ("" before the first).
-    last_job: str = ""
-    #: When (broker clock) the newest tick was fired; 0 = never.
-    last_fired_us: int = 0
-    fired: int = 0
-    skipped: int = 0
-
-
-class FireOutcome(StrEnum):
-    """The answer to one :class:`TickFiring`."""
-
-    #: The jobs were enqueued (if any) and the state moved to ``new_last_us``.
-    FIRED = "fired"
-    #: The state no longer held ``expected_last_us`` / ``digest`` (another worker fired
-    #: these ticks, or another definition reset it): nothing changed.
-    STALE = "stale"
-    #: overlap="skip" and the previous tick's job is unfinished: the ticks are counted
-    #: as skipped and the state moved on.
-    OVERLAP_SKIPPED = "overlap_skipped"
-    #: overlap="queue" and the previous tick's job is unfinished: nothing changed.
-    HELD = "held"
-    #: The queue is at max_queue_length: the ticks are counted as skipped, state moved on.
-    FULL = "full"
-
-
-class TickFiring(msgspec.Struct, frozen=True, kw_only=True):
-    """Fire some ticks of a schedule, atomically, if its state is still as read.
-
-    The broker checks the state's digest and ``last_tick_us`` against ``digest`` and
-    ``expected_last_us`` (compare and set), applies the overlap policy against the job
-    of the newest fired tick, enqueues ``messages`` (deterministic ids: an existing id
-    is not replaced) and records ``new_last_us``, all in one step.
-    """
-
-    name: str
-    digest: str
-    expected_last_us: int
-    new_last_us: int
-    messages: list[JobMessage]
-    #: Due ticks the scheduler's policies dropped (added to the skipped count).
-    skipped: int = 0
-    overlap: str = "allow"
-    #: The queue of the schedule's tick jobs (every tick of a schedule goes to one):
-    #: where Redis Cluster fires it, atomically. "" = the messages' queue.
-    queue: str = ""
-
-
-class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of one job as the broker holds it."""
-
-    message: JobMessage
-    state: JobState
-    attempt: int
-    enqueued_at: float
-    #: When the job becomes claimable (scheduled jobs), or became so last (kept once due:
-    #: a delayed job's due time, a retry's, a hand-back's or stall recovery's, a workflow
-    #: step's hand-off); 0 for a job claimable since its enqueue.
-    run_at: float = 0.0
-    started_at: float = 0.0
-    finished_at: float = 0.0
-    #: Encoded result (completed) or FailureRecord (failed / cancelled / last retried error).
-    result: bytes | None = None
-    error: bytes | None = None
-    progress: bytes | None = None
-    stalls: int = 0
-    cancel_requested: bool = False
-    worker_id: str | None = None
-    #: Every failed attempt's encoded FailureRecord, oldest first, the last
-    #: :data:`ERROR_HISTORY` of them (kept across ``retry``). A job stored before the
-    #: history existed has only its ``error`` here.
-    errors: tuple[bytes, ...] = ()
-
-
-class MinuteRollup(msgspec.Struct, frozen=True):
-    """What one queue did in one minute (``Broker.history``), by the broker's clock."""
-
-    #: The minute's start, epoch seconds (a multiple of 60).
-    minute: int
-    #: Jobs that completed, failed for good, and failed an attempt and were retried.
-    completed: int = 0
-    failed: int = 0
-    retried: int = 0
-
-
-class Retention(msgspec.Struct, frozen=True, kw_only=True):
-    """How long, and how many, finished jobs are kept (so memory stays bounded).
-
-    Whichever bound is hit first removes the oldest finished jobs of that state.
-    """
-
-    completed_ttl: float = 24 * 3600.0
-    completed_max: int = 10_000
-    failed_ttl: float = 7 * 24 * 3600.0
-    failed_max: int = 100_000
-
-
-class QueueStats(msgspec.Struct, frozen=True, kw_only=True):
-    """A queue at a glance (``queue_stats``): jobs per state, and how long the job that
-    has waited longest has been waiting."""
-
-    queue: str
-    counts: dict[JobState, int]
-    #: Seconds (broker clock) the longest-waiting claimable job has waited: since it
-    #: became due (its enqueue, its eta or delay, a retry's due time, a hand-back or
-    #: stall recovery, a workflow hand-off), also for a due scheduled job not yet moved
-    #: to waiting. 0 when nothing waits.
-    oldest_waiting: float = 0.0
-    #: Finished jobs that retention (:class:`Retention`) has deleted from this queue,
-    #: per final state, since the queue's first job: they are gone for good.
-    trimmed: dict[JobState, int] = msgspec.field(default_factory=dict)
-
-
-class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """A live worker as the broker's worker registry holds it (``typedq inspect --workers``)."""
-
-    id: str
-    host: str
-    pid: int
-    queues: list[str]
-    concurrency: int
-    #: Jobs it ran at its last heartbeat.
-    in_flight: int
-    #: When it started and when it last reported (epoch seconds, the worker's clock).
-    started_at: float
-    heartbeat_at: float
-    #: The typedq version it runs.
-    version: str
-
-
-class BrokerSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Broker-wide behaviour chosen by the App.
-
-    :param namespace: the App's name; every key of a networked broker is inside it
-    :param max_stalls: lease expiries after which a job fails with reason ``stalled``
-    :param retention: bounds on finished jobs
-    :param max_queue_length: enqueues beyond this many waiting+scheduled jobs per queue
-        are refused with QueueFull (0 = unbounded; the partitions of a queue declared
-        with :meth:`Broker.set_partitions` share it: :meth:`Broker.queue_cap`)
-    :param events_max: about how many events a queue's event stream keeps (typedq.events)
-    """
-
-    namespace: str = "typedq"
-    max_stalls: int = 3
-    retention: Retention = Retention()
-    max_queue_length: int = 0
-    events_max: int = 10_000
-
-
-class QueueEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """One job of a queue reached a final state (typedq.events), as the broker wrote it.
-
-    :ivar seq: the event's number in its queue's stream (1, 2, ...; never reused)
-    :ivar id: the job's id
-    :ivar task: the job's task
-    :ivar state: completed, failed or cancelled
-    :ivar data: the encoded result (completed) or FailureRecord (failed, cancelled);
-        ``b""`` when the job has none
-    :ivar attempt: the attempt that ended it (0: none ran)
-    """
-
-    seq: int
-    id: str
-    task: str
-    state: JobState
-    data: bytes = b""
-    attempt: int = 0
-
-
-class EventRead(msgspec.Struct, frozen=True, kw_only=True):
-    """What one read of a queue's event stream found.
-
-    :ivar events: the events after the position asked for, oldest first
-    :ivar missed: events after that position that the stream no longer holds (it is
-        capped: a reader fell behind by more than the cap); they come before ``events``
-    """
-
-    events: list[QueueEvent]
-    missed: int = 0
-
-
-class Broker(abc.ABC):
+class Broker(CapabilityDefaults, abc.ABC):
     """A job store and dispatcher. Methods are coroutine functions; batches in, batches out."""
 
     settings: BrokerSettings
-    #: The limits of the tasks this process's workers run, by task name
-    #: (:meth:`set_limits`); the claim enforces them. Empty: a claim costs nothing more.
-    limits: Mapping[str, LimitSpec] = MappingProxyType({})
-
-    # -- task limits (capability Limits) ---------------------------------------------
-
-    @capability_default
-    def set_limits(self, limits: Mapping[str, LimitSpec]) -> None:
-        """Declare the rate and concurrency limits of tasks (a worker does, at start-up).
-
-        Every later ``claim`` of this broker object enforces them atomically with the
-        claim (see :mod:`typedq.limits`); a task not named here is not limited by this
-        process's claims. Merged with earlier calls (workers of one app share a broker).
-        A broker whose claim enforces limits overrides this with :meth:`_merge_limits`.
-        """
-        raise self._unsupported("task limits (rate_limit=, concurrency=)")
-
-    def _merge_limits(self, limits: Mapping[str, LimitSpec]) -> None:
-        """What :meth:`set_limits` does on a broker that enforces limits."""
-        self.limits = MappingProxyType({**self.limits, **limits})
-
-    def _unsupported(self, what: str) -> Unsupported:
-        """The error of a capability's default: this broker cannot do ``what``."""
-        return Unsupported(f"{type(self).__name__} does not support {what}")
-
     #: The partitioned queues of the apps using this broker object: queue -> partitions
     #: (:meth:`set_partitions`); they share ``max_queue_length`` (:meth:`queue_cap`).
     partitions: Mapping[str, int] = MappingProxyType({})
@@ -631,28 +219,6 @@ class Broker(abc.ABC):
             except (QueueFull, BrokerError) as exc:
                 results.append(exc)
         return results
-
-    # -- workflows (capability Flows) --------------------------------------------------
-
-    @capability_default
-    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
-        """Store workflows (:mod:`typedq.broker.flow`), each atomically with all its jobs.
-
-        Per flow: its outcome (``created`` is False when a job with the flow's id already
-        existed: nothing was stored) or the error that refused it (QueueFull when its jobs
-        would pass ``max_queue_length``: nothing of it was stored).
-        """
-        raise self._unsupported("workflows")
-
-    @capability_default
-    async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
-        """The shape and progress of the flow that the job ``flow_id`` belongs to (the
-        flow's own job, a step or a member); None if it is no flow's (or it is gone).
-
-        :param queue: the job's queue, when the caller knows it (see :meth:`get`)
-
-        This default, of a broker without workflows, answers None: no job is a flow's."""
-        return None
 
     @abc.abstractmethod
     async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
@@ -822,61 +388,6 @@ class Broker(abc.ABC):
             round trip it makes first), so a live view (``dict.keys()``) stays current.
         """
 
-    # -- schedules (typedq.schedule; capability Schedules) --------------------------------
-
-    @capability_default
-    async def broker_time_us(self) -> int:
-        """The broker's clock, integer microseconds since the epoch (Redis ``TIME``)."""
-        raise self._unsupported("schedules")
-
-    @capability_default
-    async def sleep_until_us(self, when_us: int) -> None:
-        """Sleep until the broker's clock reaches ``when_us``, or a little less (the
-        caller checks the time again). Cancel the caller's scope to wake early."""
-        raise self._unsupported("schedules")
-
-    @capability_default
-    async def sync_schedules(
-        self, schedules: Sequence[tuple[str, str]], *, prune: bool
-    ) -> list[ScheduleState]:
-        """Reconcile schedule states with definitions ``(name, digest)``, atomically.
-
-        A schedule with no state, or a state of another digest, gets a fresh one starting
-        at the broker's now (nothing fires from stale state); an equal digest keeps its
-        state. ``prune`` deletes the states of every schedule not listed. Returns the
-        states of the listed schedules, in order.
-        """
-        raise self._unsupported("schedules")
-
-    @capability_default
-    async def fire_schedules(
-        self, firings: Sequence[TickFiring]
-    ) -> list[tuple[FireOutcome, ScheduleState | None]]:
-        """Apply each firing atomically (see :class:`TickFiring`); per firing its outcome
-        and the schedule's state afterwards (``None``: the schedule has no state)."""
-        raise self._unsupported("schedules")
-
-    @capability_default
-    async def schedule_states(self) -> list[ScheduleState]:
-        """Every schedule state the broker holds, by name."""
-        raise self._unsupported("schedules")
-
-    # -- operator actions (``typedq inspect``, the dashboard; capability OperatorActions) --
-
-    @capability_default
-    async def purge(self, queue: str, states: Sequence[JobState]) -> int:
-        """Delete the jobs of ``queue`` in ``states``; return how many.
-
-        Jobs of a workflow among them end their flow as :meth:`remove` does (a job that
-        had not finished fails the rest with ``flow_broken``), and the count is exactly
-        the jobs deleted, whatever order the backend deletes them in: a job of such a flow
-        that is itself in ``states`` on ``queue`` is deleted (and counted), never left
-        failed, and a fan-in callback that deleting its last members releases into a
-        purged state is deleted too. Nothing of the queue is left in ``states`` (but what
-        arrives meanwhile).
-        """
-        raise self._unsupported("operator actions (purge)")
-
     # -- listing (``typedq inspect``) ---------------------------------------------------
 
     @abc.abstractmethod
@@ -925,108 +436,13 @@ class Broker(abc.ABC):
         )
         return JobList(ids, str(offset + limit) if more else None)
 
-    @capability_default
-    async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
-        """Put failed or cancelled jobs back to ``waiting`` at once, each atomically.
-        ``queue``: as for :meth:`get`.
-
-        A retried job keeps its id, envelope and priority; its attempt and stall counts
-        start again from zero (the task's retry budget applies afresh), and its finish
-        time, result and error record are cleared. Jobs in any other state are left
-        unchanged (``NOT_RETRYABLE``).
-        """
-        raise self._unsupported("operator actions (retry)")
-
-    @capability_default
-    async def remove(
-        self,
-        ids: Sequence[str],
-        *,
-        states: Sequence[JobState] | None = None,
-        queue: str | None = None,
-    ) -> list[bool]:
-        """Delete jobs (their data and every index entry); True for each one deleted.
-        ``queue``: as for :meth:`get`.
-
-        :param states: delete a job only while it is in one of these states (checked
-            atomically with the delete), so a job that moved on since it was listed is
-            kept; ``None`` deletes in any state. Deleting an active job makes its
-            worker's finish answer ``NOT_FOUND``; a waiter on it is woken. A job of a
-            workflow deleted before it finished (the flow's own job too) fails the rest
-            of its flow with ``flow_broken``; ids are acted on in order.
-        """
-        raise self._unsupported("operator actions (remove)")
-
-    # -- observability (metrics, the worker and queue registries) ---------------------
-    # queue_stats is a core method with a default; the rest is capability Observability.
+    # -- queue stats (metrics; the rest of observability is a capability) ---------------
 
     async def queue_stats(self, queues: Sequence[str]) -> list[QueueStats]:
         """Counts per state and the oldest waiting job's age, per queue, in one call (what
         a metrics scrape asks). This default calls ``counts`` per queue and reports no
         age; the brokers of typedq answer in one round trip."""
         return [QueueStats(queue=q, counts=await self.counts(q)) for q in queues]
-
-    @capability_default
-    async def history(self, queues: Sequence[str], minutes: int = 60) -> list[list[MinuteRollup]]:
-        """Per queue, the last ``minutes`` minutes' rollups, oldest first, one per minute
-        (zeros where nothing happened), the current minute last.
-
-        The rollups are kept in the broker (so they survive restarts of workers and
-        dashboards), bounded to :data:`HISTORY_MINUTES`; every completion, final failure
-        and retry counts in the minute it happened.
-
-        :raises ValueError: ``minutes`` is not between 1 and :data:`HISTORY_MINUTES`
-        :raises Unsupported: the broker keeps no rollups
-        """
-        raise self._unsupported("throughput history (it keeps no rollups)")
-
-    @capability_default
-    async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
-        """Add or refresh ``info`` in the worker registry for ``ttl`` seconds (a worker's
-        heartbeat); its queues join the queue registry for good.
-
-        :raises Unsupported: the broker keeps no registry
-        """
-        raise self._unsupported("a worker registry")
-
-    @capability_default
-    async def unregister_worker(self, worker_id: str) -> None:
-        """Remove a worker from the registry (a clean shutdown); unknown ids are ignored."""
-        raise self._unsupported("a worker registry")
-
-    @capability_default
-    async def list_workers(self) -> list[WorkerInfo]:
-        """The workers whose last heartbeat has not expired, by id."""
-        raise self._unsupported("a worker registry")
-
-    @capability_default
-    async def list_queues(self) -> list[str]:
-        """Every queue a worker ever registered or this app's producers ever enqueued to
-        (each producer process adds a queue at its first enqueue to it), sorted."""
-        raise self._unsupported("a queue registry")
-
-    # -- events (typedq.events; capability EventStreams) ----------------------------------
-
-    @capability_default
-    async def enable_events(self, queue: str) -> int:
-        """Start (or keep) writing ``queue``'s event stream, capped near
-        ``settings.events_max``: every job of the queue that reaches a final state from
-        now on adds a :class:`QueueEvent`. Idempotent.
-
-        :return: the number of the last event written so far (0: none yet)
-        """
-        raise self._unsupported("event streams")
-
-    @capability_default
-    async def read_events(
-        self, queue: str, after: int, *, timeout: float, limit: int = 500
-    ) -> EventRead:
-        """The events of ``queue`` numbered after ``after`` (at most ``limit``), waiting
-        up to ``timeout`` seconds for one when there is none yet (never polling).
-
-        ``missed`` counts the events after ``after`` that the cap already dropped.
-        """
-        raise self._unsupported("event streams")
 
 
 def bad_cursor(cursor: str) -> ValueError:

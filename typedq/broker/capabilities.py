@@ -12,7 +12,8 @@ app's declarations need once, as it connects (:func:`require`): an app with sche
 on a broker without them fails there, in one line, instead of at its first tick.
 
 The protocols restate the methods' signatures (mypy and the seam's tests check them
-against Broker's); the Broker's docstrings are the reference for what each does.
+against Broker's); the docstrings of the Broker's defaults
+(:mod:`typedq.broker.capability_defaults`) are the reference for what each does.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import Unsupported
-from .base import Broker, is_capability_default
+from .base import Broker
+from .capability_defaults import is_capability_default
 
 if TYPE_CHECKING:
     from ..limits import LimitSpec
-    from .base import (
+    from .flow import FlowSpec, FlowState
+    from .messages import (
         EnqueueOutcome,
         EventRead,
         FireOutcome,
@@ -36,7 +39,6 @@ if TYPE_CHECKING:
         TickFiring,
         WorkerInfo,
     )
-    from .flow import FlowSpec, FlowState
 
 __all__ = [
     "CAPABILITIES",

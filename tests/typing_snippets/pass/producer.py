@@ -39,7 +39,7 @@ async def produce() -> None:
         reveal_type(await job.result())  # R: snip.Receipt
         receipt: Receipt = await job.result(timeout=10)
         print(receipt.total_cents)
-        reveal_type(await job.status())  # R: typedq.broker.base.JobState
+        reveal_type(await job.status())  # R: typedq.broker.messages.JobState
         status: JobStatus = await job.status()
         if status is JobState.COMPLETED:
             print(status.value)

@@ -29,7 +29,7 @@ async def test_flaky_is_retried() -> None:
             await harness.advance(60)
         reveal_type(await job.result(timeout=5))  # R: snip.Receipt
         counts = await harness.counts()
-        reveal_type(counts)  # R: dict[typedq.broker.base.JobState, int]
+        reveal_type(counts)  # R: dict[typedq.broker.messages.JobState, int]
         assert counts[JobState.COMPLETED] == 1
     clock.advance(1.5)
     reveal_type(clock())  # R: float

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ...errors import FailureRecord
-from ..base import CLAIM_RECORD_TTL, ERROR_HISTORY, HISTORY_MINUTES, MAX_SPAN_LINKS
 from ..flow import FLOW_BROKEN_MESSAGE, HELD_AT
+from ..messages import CLAIM_RECORD_TTL, ERROR_HISTORY, HISTORY_MINUTES, MAX_SPAN_LINKS
 from ..records import (
     CANCELLED_ON_HAND_BACK,
     CANCELLED_WITH_FLOW,

@@ -1,0 +1,263 @@
+"""The capabilities' defaults: what a :class:`~typedq.broker.base.Broker` does for a
+capability its backend has not implemented (raise :class:`~typedq.errors.Unsupported`).
+
+:class:`CapabilityDefaults` is a base of :class:`~typedq.broker.base.Broker`: it has
+one method per method of each capability protocol (:mod:`typedq.broker.capabilities`),
+marked :func:`capability_default`. A backend adds a capability by overriding its
+methods; :func:`typedq.broker.capabilities.supports` tells a capability's default (still
+marked) from a backend's own. ``flow_state``'s default answers None (no job is a
+flow's) instead of raising, so a caller asking about any job needs no check first.
+
+These methods' docstrings are the reference for what each capability does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..errors import Unsupported
+from ..limits import LimitSpec
+
+if TYPE_CHECKING:
+    from .flow import FlowSpec, FlowState
+    from .messages import (
+        EnqueueOutcome,
+        EventRead,
+        FireOutcome,
+        JobState,
+        MinuteRollup,
+        RetryOutcome,
+        ScheduleState,
+        TickFiring,
+        WorkerInfo,
+    )
+
+__all__ = ["CapabilityDefaults", "capability_default", "is_capability_default"]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: The attribute that marks a :class:`~typedq.broker.base.Broker` method's default as
+#: "lacks the capability".
+_LACKING = "__typedq_capability_default__"
+
+
+def capability_default(method: _F) -> _F:
+    """Mark a :class:`~typedq.broker.base.Broker` method as the default of a capability's
+    method: a broker whose class still has it lacks that capability (see
+    :mod:`typedq.broker.capabilities`)."""
+    setattr(method, _LACKING, True)
+    return method
+
+
+def is_capability_default(method: object) -> bool:
+    """Whether ``method`` is a capability's default (the broker does not implement it)."""
+    return bool(getattr(method, _LACKING, False))
+
+
+class CapabilityDefaults:
+    """The capabilities' methods as a broker without them has them: each raises
+    :class:`~typedq.errors.Unsupported` (``flow_state`` answers None)."""
+
+    #: The limits of the tasks this process's workers run, by task name
+    #: (:meth:`set_limits`); the claim enforces them. Empty: a claim costs nothing more.
+    limits: Mapping[str, LimitSpec] = MappingProxyType({})
+
+    def _unsupported(self, what: str) -> Unsupported:
+        """The error of a capability's default: this broker cannot do ``what``."""
+        return Unsupported(f"{type(self).__name__} does not support {what}")
+
+    # -- workflows (typedq.workflow; capability Flows) -------------------------------------
+
+    @capability_default
+    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        """Store workflows (:mod:`typedq.broker.flow`), each atomically with all its jobs.
+
+        Per flow: its outcome (``created`` is False when a job with the flow's id already
+        existed: nothing was stored) or the error that refused it (QueueFull when its jobs
+        would pass ``max_queue_length``: nothing of it was stored).
+        """
+        raise self._unsupported("workflows")
+
+    @capability_default
+    async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
+        """The shape and progress of the flow that the job ``flow_id`` belongs to (the
+        flow's own job, a step or a member); None if it is no flow's (or it is gone).
+
+        :param queue: the job's queue, when the caller knows it (see
+            :meth:`~typedq.broker.base.Broker.get`)
+
+        This default, of a broker without workflows, answers None: no job is a flow's."""
+        return None
+
+    # -- schedules (typedq.schedule; capability Schedules) ---------------------------------
+
+    @capability_default
+    async def broker_time_us(self) -> int:
+        """The broker's clock, integer microseconds since the epoch (Redis ``TIME``)."""
+        raise self._unsupported("schedules")
+
+    @capability_default
+    async def sleep_until_us(self, when_us: int) -> None:
+        """Sleep until the broker's clock reaches ``when_us``, or a little less (the
+        caller checks the time again). Cancel the caller's scope to wake early."""
+        raise self._unsupported("schedules")
+
+    @capability_default
+    async def sync_schedules(
+        self, schedules: Sequence[tuple[str, str]], *, prune: bool
+    ) -> list[ScheduleState]:
+        """Reconcile schedule states with definitions ``(name, digest)``, atomically.
+
+        A schedule with no state, or a state of another digest, gets a fresh one starting
+        at the broker's now (nothing fires from stale state); an equal digest keeps its
+        state. ``prune`` deletes the states of every schedule not listed. Returns the
+        states of the listed schedules, in order.
+        """
+        raise self._unsupported("schedules")
+
+    @capability_default
+    async def fire_schedules(
+        self, firings: Sequence[TickFiring]
+    ) -> list[tuple[FireOutcome, ScheduleState | None]]:
+        """Apply each firing atomically (see :class:`~typedq.broker.messages.TickFiring`);
+        per firing its outcome and the schedule's state afterwards (``None``: the schedule
+        has no state)."""
+        raise self._unsupported("schedules")
+
+    @capability_default
+    async def schedule_states(self) -> list[ScheduleState]:
+        """Every schedule state the broker holds, by name."""
+        raise self._unsupported("schedules")
+
+    # -- task limits (typedq.limits; capability Limits) ------------------------------------
+
+    @capability_default
+    def set_limits(self, limits: Mapping[str, LimitSpec]) -> None:
+        """Declare the rate and concurrency limits of tasks (a worker does, at start-up).
+
+        Every later ``claim`` of this broker object enforces them atomically with the
+        claim (see :mod:`typedq.limits`); a task not named here is not limited by this
+        process's claims. Merged with earlier calls (workers of one app share a broker).
+        A broker whose claim enforces limits overrides this with :meth:`_merge_limits`.
+        """
+        raise self._unsupported("task limits (rate_limit=, concurrency=)")
+
+    def _merge_limits(self, limits: Mapping[str, LimitSpec]) -> None:
+        """What :meth:`set_limits` does on a broker that enforces limits."""
+        self.limits = MappingProxyType({**self.limits, **limits})
+
+    # -- observability (metrics, the dashboard, ``typedq inspect``; capability Observability) ---
+
+    @capability_default
+    async def history(self, queues: Sequence[str], minutes: int = 60) -> list[list[MinuteRollup]]:
+        """Per queue, the last ``minutes`` minutes' rollups, oldest first, one per minute
+        (zeros where nothing happened), the current minute last.
+
+        The rollups are kept in the broker (so they survive restarts of workers and
+        dashboards), bounded to :data:`~typedq.broker.messages.HISTORY_MINUTES`; every
+        completion, final failure and retry counts in the minute it happened.
+
+        :raises ValueError: ``minutes`` is not between 1 and
+            :data:`~typedq.broker.messages.HISTORY_MINUTES`
+        :raises Unsupported: the broker keeps no rollups
+        """
+        raise self._unsupported("throughput history (it keeps no rollups)")
+
+    @capability_default
+    async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
+        """Add or refresh ``info`` in the worker registry for ``ttl`` seconds (a worker's
+        heartbeat); its queues join the queue registry for good.
+
+        :raises Unsupported: the broker keeps no registry
+        """
+        raise self._unsupported("a worker registry")
+
+    @capability_default
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Remove a worker from the registry (a clean shutdown); unknown ids are ignored."""
+        raise self._unsupported("a worker registry")
+
+    @capability_default
+    async def list_workers(self) -> list[WorkerInfo]:
+        """The workers whose last heartbeat has not expired, by id."""
+        raise self._unsupported("a worker registry")
+
+    @capability_default
+    async def list_queues(self) -> list[str]:
+        """Every queue a worker ever registered or this app's producers ever enqueued to
+        (each producer process adds a queue at its first enqueue to it), sorted."""
+        raise self._unsupported("a queue registry")
+
+    # -- events (typedq.events; capability EventStreams) -----------------------------------
+
+    @capability_default
+    async def enable_events(self, queue: str) -> int:
+        """Start (or keep) writing ``queue``'s event stream, capped near
+        ``settings.events_max``: every job of the queue that reaches a final state from
+        now on adds a :class:`~typedq.broker.messages.QueueEvent`. Idempotent.
+
+        :return: the number of the last event written so far (0: none yet)
+        """
+        raise self._unsupported("event streams")
+
+    @capability_default
+    async def read_events(
+        self, queue: str, after: int, *, timeout: float, limit: int = 500
+    ) -> EventRead:
+        """The events of ``queue`` numbered after ``after`` (at most ``limit``), waiting
+        up to ``timeout`` seconds for one when there is none yet (never polling).
+
+        ``missed`` counts the events after ``after`` that the cap already dropped.
+        """
+        raise self._unsupported("event streams")
+
+    # -- operator actions (``typedq inspect``, the dashboard; capability OperatorActions) ---
+
+    @capability_default
+    async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
+        """Put failed or cancelled jobs back to ``waiting`` at once, each atomically.
+        ``queue``: as for :meth:`~typedq.broker.base.Broker.get`.
+
+        A retried job keeps its id, envelope and priority; its attempt and stall counts
+        start again from zero (the task's retry budget applies afresh), and its finish
+        time, result and error record are cleared. Jobs in any other state are left
+        unchanged (``NOT_RETRYABLE``).
+        """
+        raise self._unsupported("operator actions (retry)")
+
+    @capability_default
+    async def remove(
+        self,
+        ids: Sequence[str],
+        *,
+        states: Sequence[JobState] | None = None,
+        queue: str | None = None,
+    ) -> list[bool]:
+        """Delete jobs (their data and every index entry); True for each one deleted.
+        ``queue``: as for :meth:`~typedq.broker.base.Broker.get`.
+
+        :param states: delete a job only while it is in one of these states (checked
+            atomically with the delete), so a job that moved on since it was listed is
+            kept; ``None`` deletes in any state. Deleting an active job makes its
+            worker's finish answer ``NOT_FOUND``; a waiter on it is woken. A job of a
+            workflow deleted before it finished (the flow's own job too) fails the rest
+            of its flow with ``flow_broken``; ids are acted on in order.
+        """
+        raise self._unsupported("operator actions (remove)")
+
+    @capability_default
+    async def purge(self, queue: str, states: Sequence[JobState]) -> int:
+        """Delete the jobs of ``queue`` in ``states``; return how many.
+
+        Jobs of a workflow among them end their flow as :meth:`remove` does (a job that
+        had not finished fails the rest with ``flow_broken``), and the count is exactly
+        the jobs deleted, whatever order the backend deletes them in: a job of such a flow
+        that is itself in ``states`` on ``queue`` is deleted (and counted), never left
+        failed, and a fan-in callback that deleting its last members releases into a
+        purged state is deleted too. Nothing of the queue is left in ``states`` (but what
+        arrives meanwhile).
+        """
+        raise self._unsupported("operator actions (purge)")
