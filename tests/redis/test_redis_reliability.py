@@ -44,7 +44,7 @@ async def broker_at(url: str, name: str = "rel", **settings: Any) -> AsyncIterat
 def tokens(monkeypatch: pytest.MonkeyPatch, *values: str) -> Iterator[None]:
     """The request tokens the broker makes next, in order (a re-send reuses one)."""
     it = iter(values)
-    for where in ("producer", "worker"):  # the modules whose scripts take a request token
+    for where in ("enqueue", "leases"):  # the modules whose scripts take a request token
         monkeypatch.setattr(f"typedq.broker.redis.{where}._request_token", lambda: next(it))
     try:
         yield
