@@ -28,6 +28,9 @@ from typing_extensions import Unpack
 from .broker.base import JobMessage
 from .context import JobContext
 from .errors import PartialEnqueue
+
+# The ``X as X`` imports from handlers, queues and taskoptions re-export what was split out
+# of this module (issue 25): every name is still importable from typedq.task.
 from .handlers import count_params
 from .handlers import handler_types as handler_types
 from .job import Job
@@ -40,8 +43,6 @@ from .names import (
     partition_queue,
     partition_queues,
 )
-
-# Moved out of this module (issue 25); still importable from here, as before.
 from .queues import check_limits_partitions as check_limits_partitions
 from .queues import check_partitions as check_partitions
 from .queues import check_queues as check_queues
