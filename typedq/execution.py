@@ -2,7 +2,8 @@
 
 :class:`Executor` decodes the payload, calls the handler under its cancel scope and
 timeout, and turns whatever happened into an :data:`~typedq.outcomes.Outcome` with a
-structured :class:`~typedq.errors.FailureRecord`. It never raises for anything the job
+structured :class:`~typedq.errors.FailureRecord` (what went wrong is classified by
+:class:`~typedq.failures.Failures`). It never raises for anything the job
 did: bad payloads, unknown tasks and handler errors are all outcomes, and so is anything
 unexpected on the way (a decoder blowing up, an exception whose ``__str__`` raises, a
 retry delay that is not a number): every attempt ends in an outcome of its own job.
@@ -23,8 +24,6 @@ import contextvars
 import logging
 import math
 import threading
-import time
-import traceback
 import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Literal, TypeVar
@@ -32,20 +31,11 @@ from typing import Any, Literal, TypeVar
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-import msgspec
 
 from .broker.base import ClaimedJob
 from .context import JobContext
-from .errors import (
-    Abort,
-    FailureReason,
-    FailureRecord,
-    InvalidPayload,
-    PayloadTooLarge,
-    Reject,
-    Retry,
-)
-from .limits import RateLimited
+from .errors import FailureReason, InvalidPayload, PayloadTooLarge
+from .failures import Failures, type_name
 from .logs import job_fields
 from .outcomes import (
     Abandon,
@@ -53,14 +43,10 @@ from .outcomes import (
     Complete,
     Drop,
     Fail,
-    HandBack,
     Outcome,
     describe,
     minimal_failure,
-    qualified,
-    safe_retry_delay,
 )
-from .serde import codec_for
 from .task import Task
 
 __all__ = ["CancelReason", "Executor", "Running", "run_in_context"]
@@ -68,8 +54,6 @@ __all__ = ["CancelReason", "Executor", "Running", "run_in_context"]
 log = logging.getLogger("typedq.worker")
 
 T = TypeVar("T")
-
-_TRACEBACK_LIMIT = 8192
 
 #: Why a running job's scope was cancelled: ``job.cancel()``, a lost lease, or shutdown.
 CancelReason = Literal["cancel", "lease_lost", "shutdown"]
@@ -186,13 +170,6 @@ def run_in_context(
             error = exc
 
 
-def _type_name(exc: BaseException) -> str:
-    try:
-        return qualified(type(exc))
-    except Exception:
-        return "Exception"
-
-
 class Executor:
     """Runs claimed jobs of a set of tasks (one per worker).
 
@@ -218,46 +195,11 @@ class Executor:
         self._threads = threads
         self._progress = progress
         self._thread_exited = thread_exited
+        #: Builds the failure records and failed outcomes of the attempts.
+        self.failures = Failures(worker_id)
         #: The running event loop's own cancel scope class, looked up on first use:
         #: ``anyio.CancelScope()`` finds the backend anew on every call, a cost per job.
         self._scope_class: type[anyio.CancelScope] | None = None
-
-    def _failure(
-        self,
-        claimed: ClaimedJob,
-        reason: FailureReason,
-        error_type: str,
-        message: str,
-        *,
-        retryable: bool,
-        exc: BaseException | None = None,
-        domain: Any = None,
-    ) -> FailureRecord:
-        tb = None
-        if exc is not None:
-            try:
-                tb = _format_traceback(exc)
-            except Exception as inner:  # a broken __str__, a recursion too deep to print
-                tb = f"<traceback unavailable: formatting it raised {_type_name(inner)}>"
-        domain_type = domain_payload = None
-        if domain is not None:
-            try:
-                domain_payload = codec_for(type(domain)).encode(domain)
-                domain_type = qualified(type(domain))
-            except Exception as inner:
-                message = f"{message} (its data could not be stored: {describe(inner)})"
-        return FailureRecord(
-            reason=reason,
-            error_type=error_type,
-            message=message,
-            attempt=claimed.attempt,
-            retryable=retryable,
-            traceback=tb,
-            domain_type=domain_type,
-            domain_payload=domain_payload,
-            worker_id=self.worker_id,
-            failed_at=time.time(),
-        )
 
     async def attempt(self, claimed: ClaimedJob, running: Running) -> Attempt:
         """Run one claimed job to an outcome; never raises for anything the job did.
@@ -296,7 +238,7 @@ class Executor:
             minimal_failure(
                 claimed,
                 worker_id=self.worker_id,
-                error_type=_type_name(exc),
+                error_type=type_name(exc),
                 message=f"the worker could not run this job: {describe(exc)}",
             )
         )
@@ -308,7 +250,7 @@ class Executor:
         task = self.tasks.get(message.task)
         if task is None:
             return Fail(
-                self._failure(
+                self.failures.record(
                     claimed,
                     FailureReason.UNKNOWN_TASK,
                     "UnknownTask",
@@ -319,13 +261,15 @@ class Executor:
         try:
             return task, task.input.decode(message.payload)
         except (InvalidPayload, PayloadTooLarge) as exc:
-            return Fail(self._invalid_payload(claimed, task, describe(exc)))
+            return Fail(self.failures.invalid_payload(claimed, task, describe(exc)))
         except Exception as exc:
             # Not a validation error but still the payload's doing: a payload nested too
             # deep (RecursionError), a validator raising TypeError, __post_init__ raising
             # KeyError. The same payload fails the same way again: no retries.
             return Fail(
-                self._invalid_payload(claimed, task, f"{_type_name(exc)}: {describe(exc)}", exc=exc)
+                self.failures.invalid_payload(
+                    claimed, task, f"{type_name(exc)}: {describe(exc)}", exc=exc
+                )
             )
 
     async def _run(
@@ -390,9 +334,9 @@ class Executor:
         if reason is None:
             # The timeout: the attempt ends now, even if a sync handler's thread
             # runs on (it cannot be killed; its slot stays taken until it returns).
-            return self._timed_out(claimed, task, timeout)
+            return self.failures.timed_out(claimed, task, timeout)
         if reason == "lease_lost" or not running.thread_alive:
-            return self._cancelled_outcome(claimed, reason)
+            return self.failures.cancelled(claimed, reason)
         # A cancel request or a shutdown while a sync handler's thread still runs:
         # wait for it (the lease is still renewed), within the job's timeout.
         with anyio.CancelScope(deadline=deadline):
@@ -403,10 +347,10 @@ class Executor:
         if got is None:
             if reason == "shutdown":
                 return Abandon()
-            return self._cancelled_outcome(claimed, reason)
+            return self.failures.cancelled(claimed, reason)
         if not got[0] and not isinstance(got[1], Exception):
             # It saw check_cancelled() (or ended some other abrupt way).
-            return self._cancelled_outcome(claimed, reason)
+            return self.failures.cancelled(claimed, reason)
         return got
 
     def _classify(
@@ -418,79 +362,7 @@ class Executor:
         ok, value = got
         if ok:
             return self._encode_result(claimed, task, value)
-        return self._handler_error(claimed, task, value)
-
-    def _timed_out(self, claimed: ClaimedJob, task: Task[Any, Any], timeout: float | None) -> Fail:
-        return self._retry_or_fail(
-            claimed,
-            task,
-            self._failure(
-                claimed,
-                FailureReason.TIMEOUT,
-                "TimeoutError",
-                f"attempt {claimed.attempt} ran longer than its timeout of {timeout} s",
-                retryable=True,
-            ),
-        )
-
-    def _handler_error(self, claimed: ClaimedJob, task: Task[Any, Any], exc: Exception) -> Fail:
-        if isinstance(exc, RateLimited):
-            # An external rate limit: back to the queue after retry_after, attempt unspent.
-            record = self._failure(
-                claimed, FailureReason.ERROR, "RateLimited", describe(exc), retryable=True, exc=exc
-            )
-            return Fail(record, retry_delay=safe_retry_delay(exc.retry_after), refund=True)
-        if isinstance(exc, Retry):
-            record = self._failure(
-                claimed, FailureReason.ERROR, "Retry", describe(exc), retryable=True, exc=exc
-            )
-            delay = exc.delay
-            if delay is not None and not _valid_delay(delay):
-                return Fail(
-                    _not_retried(record, f"Retry(delay={delay!r}) is not a finite number >= 0")
-                )
-            return self._retry_or_fail(claimed, task, record, delay=delay)
-        if isinstance(exc, Abort):
-            return Fail(
-                self._failure(
-                    claimed,
-                    FailureReason.ABORTED,
-                    "Abort",
-                    describe(exc),
-                    retryable=False,
-                    exc=exc,
-                )
-            )
-        if isinstance(exc, Reject):
-            return Fail(self._rejected(claimed, task, exc))
-        return self._retry_or_fail(
-            claimed,
-            task,
-            self._failure(
-                claimed,
-                FailureReason.ERROR,
-                _type_name(exc),
-                describe(exc),
-                retryable=True,
-                exc=exc,
-            ),
-        )
-
-    def _cancelled_outcome(self, claimed: ClaimedJob, reason: CancelReason) -> Outcome:
-        if reason == "shutdown":
-            return HandBack()
-        if reason == "lease_lost":
-            return Drop()
-        return Fail(
-            self._failure(
-                claimed,
-                FailureReason.CANCELLED,
-                "JobCancelled",
-                f"cancelled while running (attempt {claimed.attempt})",
-                retryable=False,
-            ),
-            cancelled=True,
-        )
+        return self.failures.handler_error(claimed, task, value)
 
     def _context(self, claimed: ClaimedJob, task: Task[Any, Any]) -> JobContext:
         message = claimed.message
@@ -572,111 +444,7 @@ class Executor:
         try:
             return Complete(task.output.encode(result))
         except Exception as exc:
-            return Fail(
-                self._failure(
-                    claimed,
-                    FailureReason.INVALID_RESULT,
-                    "EncodeError",
-                    f"task {task.name!r} returned a value its output model rejects: "
-                    f"{describe(exc)}",
-                    retryable=False,
-                )
-            )
-
-    def _invalid_payload(
-        self,
-        claimed: ClaimedJob,
-        task: Task[Any, Any],
-        why: str,
-        *,
-        exc: BaseException | None = None,
-    ) -> FailureRecord:
-        fingerprint = claimed.message.fingerprint
-        if fingerprint and fingerprint != task.input.fingerprint:
-            return self._failure(
-                claimed,
-                FailureReason.SCHEMA_MISMATCH,
-                "SchemaMismatch",
-                f"task {task.name!r}: the producer's input schema {fingerprint} does not match "
-                f"the worker's {task.input.fingerprint}, and the payload does not validate: {why}",
-                retryable=False,
-                exc=exc,
-            )
-        return self._failure(
-            claimed,
-            FailureReason.INVALID_PAYLOAD,
-            "ValidationError",
-            f"task {task.name!r}: invalid payload: {why}",
-            retryable=False,
-            exc=exc,
-        )
-
-    def _rejected(self, claimed: ClaimedJob, task: Task[Any, Any], exc: Reject) -> FailureRecord:
-        error = exc.error
-        if not isinstance(error, task.options.errors):
-            declared = ", ".join(e.__qualname__ for e in task.options.errors) or "none"
-            return self._failure(
-                claimed,
-                FailureReason.ERROR,
-                "UndeclaredDomainError",
-                f"task {task.name!r} rejected with {type(error).__qualname__}, which is not "
-                f"among its declared errors ({declared}); add it to @app.task(errors=...)",
-                retryable=False,
-                exc=exc,
-            )
-        return self._failure(
-            claimed,
-            FailureReason.DOMAIN_ERROR,
-            qualified(type(error)),
-            describe(exc),
-            retryable=False,
-            domain=error,
-        )
-
-    def _retry_or_fail(
-        self,
-        claimed: ClaimedJob,
-        task: Task[Any, Any],
-        record: FailureRecord,
-        *,
-        delay: float | None = None,
-    ) -> Fail:
-        message = claimed.message
-        retries = task.options.retries if message.max_retries < 0 else message.max_retries
-        failures = claimed.attempt - claimed.stalls  # stall recoveries do not spend retries
-        if failures > retries:
-            return Fail(msgspec.structs.replace(record, retryable=False))
-        if delay is None:
-            try:
-                delay = task.options.backoff.delay(failures)
-            except Exception as exc:  # an overflowing backoff, say
-                return Fail(
-                    _not_retried(
-                        record,
-                        f"its backoff could not compute retry {failures}'s delay: "
-                        f"{_type_name(exc)}: {describe(exc)}",
-                    )
-                )
-            if not _valid_delay(delay):
-                return Fail(
-                    _not_retried(record, f"its backoff gave retry {failures} the delay {delay!r}")
-                )
-        return Fail(record, retry_delay=safe_retry_delay(delay))
-
-
-def _format_traceback(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc))[-_TRACEBACK_LIMIT:]
-
-
-def _valid_delay(delay: object) -> bool:
-    return isinstance(delay, int | float) and math.isfinite(delay) and delay >= 0
-
-
-def _not_retried(record: FailureRecord, why: str) -> FailureRecord:
-    """A final version of ``record``: it is not retried, and the message says why."""
-    return msgspec.structs.replace(
-        record, retryable=False, message=f"{record.message} (not retried: {why})"
-    )
+            return self.failures.invalid_result(claimed, task, exc)
 
 
 def _timeout_of(task: Task[Any, Any], timeout: float) -> float | None:

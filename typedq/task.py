@@ -10,15 +10,11 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import datetime, timedelta
-from enum import Enum
 from typing import (
     TYPE_CHECKING,
     Any,
-    Final,
     Generic,
     Literal,
-    NamedTuple,
     Protocol,
     TypeAlias,
     TypeVar,
@@ -27,34 +23,39 @@ from typing import (
 
 import msgspec
 import pydantic
-from typing_extensions import TypedDict, Unpack
+from typing_extensions import Unpack
 
-from .backoff import Backoff
 from .broker.base import JobMessage
 from .context import JobContext
-from .errors import ConfigError, InvalidOption, PartialEnqueue
+from .errors import PartialEnqueue
+
+# The ``X as X`` imports from handlers, queues and taskoptions re-export what was split out
+# of this module (issue 25): every name is still importable from typedq.task.
+from .handlers import count_params
+from .handlers import handler_types as handler_types
 from .job import Job
 from .limits import ConcurrencyLimit, RateLimit, check_limit_option, limit_key
 from .names import (
-    MAX_PARTITIONS,
     check_job_id,
-    check_name,
     key_job_id,
     new_job_id,
     new_job_ids,
     partition_queue,
     partition_queues,
 )
-from .options import (
-    MAX_PRIORITY,
-    MAX_RETRIES,
-    MAX_SECONDS,
-    MIN_PRIORITY,
-    check_int_option,
-    check_seconds_option,
-    where,
-)
-from .serde import Codec, codec_for, is_input_type, is_model_type, optional_model
+from .queues import check_limits_partitions as check_limits_partitions
+from .queues import check_partitions as check_partitions
+from .queues import check_queues as check_queues
+from .queues import expand_queues as expand_queues
+from .serde import Codec, codec_for
+from .taskoptions import DEFAULT_QUEUE as DEFAULT_QUEUE
+from .taskoptions import UNSET as UNSET
+from .taskoptions import BatchOptions as BatchOptions
+from .taskoptions import CallOptions, call_options
+from .taskoptions import EnqueueOptions as EnqueueOptions
+from .taskoptions import TaskDefaults as TaskDefaults
+from .taskoptions import TaskOptions as TaskOptions
+from .taskoptions import Unset as Unset
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -96,39 +97,6 @@ TNext = TypeVar("TNext", bound=msgspec.Struct | pydantic.BaseModel | None)
 TMid = TypeVar("TMid", bound=msgspec.Struct | pydantic.BaseModel)
 
 
-class Unset(Enum):
-    """The type of :data:`UNSET`: "not given, use the task's default" (unlike ``None``)."""
-
-    UNSET = "UNSET"
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-#: Per-call option not given: the task's default applies.
-UNSET: Final = Unset.UNSET
-
-DEFAULT_QUEUE: Final = "default"
-
-
-class BatchOptions(TypedDict, total=False):
-    """The per-call options of ``enqueue_many`` (and of ``enqueue``, which takes
-    :class:`EnqueueOptions`); each is optional. See :meth:`TaskBase.enqueue`."""
-
-    delay: float | timedelta
-    eta: datetime | float | None
-    priority: int | Unset
-
-
-class EnqueueOptions(BatchOptions, total=False):
-    """The per-call options of ``enqueue`` and ``message``; each is optional, and one not
-    given keeps the task's default. See :meth:`TaskBase.enqueue`."""
-
-    job_id: str | None
-    retries: int | Unset
-    timeout: float | Unset | None
-
-
 class _Owner(Protocol):
     """What a task is bound to: an App or a producer-only Client."""
 
@@ -156,110 +124,6 @@ class Registry(Protocol):
     def resources(self) -> tuple[Resource[Any], ...]: ...
     @property
     def schedules(self) -> Mapping[str, Schedule[Any]]: ...
-
-
-class TaskDefaults(TypedDict, total=False):
-    """The task options ``@app.task(...)`` and ``Producer.task(...)`` both take (a task's
-    defaults; see :class:`TaskOptions`). Each is optional: an option not given keeps the
-    default of :class:`TaskOptions` (``backoff=None`` too)."""
-
-    queue: str
-    retries: int
-    backoff: Backoff | None
-    timeout: float | None
-    priority: int
-    errors: tuple[type[Any], ...]
-    partitions: int
-
-
-class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """A task's defaults; per-call options to ``enqueue`` override some of them.
-
-    :param name: the registered name (defaults to the function's ``__name__``)
-    :param queue: the queue its jobs go to
-    :param retries: retries after the first attempt (so ``retries=3`` runs at most 4 times)
-    :param backoff: delay policy between retries
-    :param timeout: seconds per attempt; ``None`` for no limit
-    :param priority: higher runs first among waiting jobs of the queue
-    :param errors: domain error models the handler may raise with ``Reject``
-    :param partitions: split the queue into this many sub-queues ``<queue>.p0`` ...
-        (1 to :data:`~typedq.names.MAX_PARTITIONS`; 1: the plain queue), each job going
-        to the one a stable hash of its id picks; on Redis Cluster they spread over
-        shards. Priorities and FIFO hold per partition.
-    """
-
-    name: str
-    queue: str = DEFAULT_QUEUE
-    retries: int = 0
-    backoff: Backoff = Backoff()
-    timeout: float | None = None
-    priority: int = 0
-    errors: tuple[type[Any], ...] = ()
-    partitions: int = 1
-
-    @classmethod
-    def of(cls, name: str, given: TaskDefaults) -> TaskOptions:
-        """The options named ``name`` with the defaults ``given`` (the rest as declared here).
-
-        :raises ConfigError: an option out of its range, naming the task and the option
-        """
-        return cls(
-            name=name,
-            queue=given.get("queue", DEFAULT_QUEUE),
-            retries=given.get("retries", 0),
-            backoff=given.get("backoff") or Backoff(),
-            timeout=given.get("timeout"),
-            priority=given.get("priority", 0),
-            errors=tuple(given.get("errors", ())),
-            partitions=given.get("partitions", 1),
-        )
-
-    def __post_init__(self) -> None:
-        check_name("task", self.name)
-        check_name("queue", self.queue)
-        subject = f"task {self.name!r}"
-        check_int_option("retries", self.retries, 0, MAX_RETRIES, subject=subject)
-        check_int_option("priority", self.priority, MIN_PRIORITY, MAX_PRIORITY, subject=subject)
-        check_int_option("partitions", self.partitions, 1, MAX_PARTITIONS, subject=subject)
-        longest = partition_queues(self.queue, self.partitions)[-1]
-        if len(longest) > 128:
-            raise ConfigError(
-                f"{subject}: queue {self.queue!r} is too long for {self.partitions} partitions "
-                f"({longest!r} passes 128 characters); use a shorter queue name"
-            )
-        if self.timeout is not None:
-            check_seconds_option("timeout", self.timeout, positive=True, subject=subject)
-        for error in self.errors:
-            if not is_model_type(error):
-                raise ConfigError(
-                    f"task {self.name!r}: errors= takes msgspec.Struct or pydantic.BaseModel "
-                    f"classes, got {error!r}"
-                )
-
-
-def _epoch(eta: datetime | float, subject: str) -> float:
-    if isinstance(eta, datetime):
-        if eta.tzinfo is None:
-            raise InvalidOption(
-                f"{where(subject)}eta={eta!r} is a naive datetime; pass an aware one, e.g. "
-                "datetime.now(timezone.utc) + timedelta(minutes=5)"
-            )
-        seconds = eta.timestamp()
-        if not 0 <= seconds <= MAX_SECONDS:
-            raise InvalidOption(
-                f"{where(subject)}eta={eta!r} is out of range: use a time from 1970 to "
-                f"{datetime.fromtimestamp(MAX_SECONDS).year}"
-            )
-        return seconds
-    return check_seconds_option("eta", eta, subject=subject, unit="epoch seconds")
-
-
-class _CallOptions(NamedTuple):
-    delay: float
-    eta: float
-    priority: int
-    max_retries: int
-    timeout: float
 
 
 class Enqueuer(Protocol[TIn_contra, TOut]):
@@ -368,32 +232,11 @@ class TaskBase(Generic[TIn, TOut]):
         options: BatchOptions,
         retries: int | Unset,
         timeout: float | Unset | None,
-    ) -> _CallOptions:
+    ) -> CallOptions:
         """The per-call options, checked and in envelope form (not given: the defaults)."""
-        subject = f"task {self.name!r}"
-        delay_s = check_seconds_option("delay", options.get("delay", 0.0), subject=subject)
-        eta = options.get("eta")
-        eta_s = 0.0 if eta is None else _epoch(eta, subject)
-        priority = options.get("priority", UNSET)
-        prio = (
-            self.options.priority
-            if isinstance(priority, Unset)
-            else check_int_option("priority", priority, MIN_PRIORITY, MAX_PRIORITY, subject=subject)
-        )
-        max_retries = (
-            -1
-            if isinstance(retries, Unset)
-            else check_int_option("retries", retries, 0, MAX_RETRIES, subject=subject)
-        )
-        if isinstance(timeout, Unset):
-            timeout_s = -1.0
-        elif timeout is None:
-            timeout_s = 0.0
-        else:
-            timeout_s = check_seconds_option("timeout", timeout, positive=True, subject=subject)
-        return _CallOptions(delay_s, eta_s, prio, max_retries, timeout_s)
+        return call_options(self.options, options, retries, timeout)
 
-    def _build(self, payload: TIn, job_id: str | None, options: _CallOptions) -> JobMessage:
+    def _build(self, payload: TIn, job_id: str | None, options: CallOptions) -> JobMessage:
         if job_id is not None:
             check_job_id(job_id)
         elif self.key is not None:
@@ -419,7 +262,7 @@ class TaskBase(Generic[TIn, TOut]):
             else "",
         )
 
-    def _build_many(self, payloads: Iterable[TIn], options: _CallOptions) -> list[JobMessage]:
+    def _build_many(self, payloads: Iterable[TIn], options: CallOptions) -> list[JobMessage]:
         """The envelopes :meth:`_build` makes for ``payloads`` (new ids), made in one pass:
         the payloads encoded in one loop and each envelope a copy of one template with its
         id, queue and payload. A key function or a limit key (code run per payload) takes
@@ -589,7 +432,7 @@ class Task(TaskBase[TIn, TOut]):
         self.app = app
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
-        self.takes_context = _count_params(fn) >= 2
+        self.takes_context = count_params(fn) >= 2
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -612,58 +455,6 @@ class Task(TaskBase[TIn, TOut]):
         return typing.cast(TOut, self.fn(*args))
 
 
-def _count_params(fn: Callable[..., Any]) -> int:
-    return len(
-        [
-            p
-            for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    )
-
-
-def handler_types(fn: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
-    """The (input, output) model types from a handler's annotations, checked."""
-    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}"
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception as exc:
-        raise ConfigError(f"cannot resolve the annotations of handler {where}: {exc}") from exc
-    params = [
-        p
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    if not 1 <= len(params) <= 2:
-        raise ConfigError(
-            f"handler {where} must take the input model, and optionally a JobContext: "
-            f"it takes {len(params)} positional parameters"
-        )
-    input_type = hints.get(params[0].name)
-    if not is_input_type(input_type):
-        raise ConfigError(
-            f"handler {where}: parameter {params[0].name!r} is annotated {input_type!r}, "
-            "but must be a msgspec.Struct or pydantic.BaseModel subclass, or a list of one "
-            "(list[Model], or list[Ok[Model] | Failed] for a collecting fan-in)"
-        )
-    if "return" not in hints:
-        raise ConfigError(f"handler {where} needs a return annotation (a model, or None)")
-    output_type: Any = hints["return"]
-    if output_type is None:
-        output_type = type(None)
-    if not (
-        output_type is type(None)
-        or is_model_type(output_type)
-        or optional_model(output_type) is not None
-    ):
-        raise ConfigError(
-            f"handler {where} returns {output_type!r}; it must return a msgspec.Struct or "
-            "pydantic.BaseModel subclass, None, or Model | None"
-        )
-    assert input_type is not None
-    return input_type, output_type
-
-
 AsyncHandler: TypeAlias = Callable[[TIn], Awaitable[TOut]]
 AsyncContextHandler: TypeAlias = Callable[[TIn, JobContext], Awaitable[TOut]]
 SyncHandler: TypeAlias = Callable[[TIn], TOut]
@@ -682,77 +473,3 @@ class TaskDecorator(Protocol):
     def __call__(self, fn: SyncContextHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
     @overload
     def __call__(self, fn: SyncHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
-
-
-def check_limits_partitions(
-    options: TaskOptions, rate_limit: object | None, concurrency: object | None
-) -> None:
-    """Refuse a limit on a partitioned task: each partition is a queue of its own (on
-    Redis Cluster, on a shard of its own), and a claim counts a limit in its queue, so P
-    partitions would let P times the limit through (issue 24)."""
-    if options.partitions == 1 or (rate_limit is None and concurrency is None):
-        return
-    which = "rate_limit" if rate_limit is not None else "concurrency"
-    raise ConfigError(
-        f"task {options.name!r}: {which}= cannot be combined with partitions="
-        f"{options.partitions}: each partition is a queue of its own, so the limit would be "
-        "counted per partition; drop partitions= (a limit already paces the task), or move "
-        "the limit to an unpartitioned task"
-    )
-
-
-def check_partitions(new: TaskOptions, others: Iterable[TaskOptions]) -> None:
-    """Refuse a task whose queue clashes with the partitions of the app's other tasks.
-
-    Tasks sharing a queue must split it alike, and no task's queue may be a partition
-    of another task's partitioned queue (``<queue>.p<n>`` is reserved for those).
-
-    :raises ConfigError: naming both tasks and the fix
-    """
-    for other in others:
-        if other.queue == new.queue and other.partitions != new.partitions:
-            raise ConfigError(
-                f"task {new.name!r}: queue {new.queue!r} has partitions={other.partitions} "
-                f"for task {other.name!r}; give every task of a queue the same partitions="
-            )
-        for a, b in ((new, other), (other, new)):
-            if a.partitions > 1 and b.queue in partition_queues(a.queue, a.partitions):
-                raise ConfigError(
-                    f"task {b.name!r}: queue {b.queue!r} is a partition of task {a.name!r}'s "
-                    f"queue {a.queue!r} (partitions={a.partitions}); rename the queue"
-                )
-
-
-def expand_queues(tasks: Iterable[TaskBase[Any, Any]], queues: Iterable[str]) -> list[str]:
-    """``queues`` with each partitioned queue of ``tasks`` replaced by its partitions
-    (``["emails"]`` -> ``["emails.p0", ..., "emails.p7"]``), without repeats."""
-    split = {t.queue: t.queues for t in tasks if t.options.partitions > 1}
-    out: dict[str, None] = {}
-    for queue in queues:
-        out.update(dict.fromkeys(split.get(queue, [queue])))
-    return list(out)
-
-
-def check_queues(
-    tasks: Iterable[TaskBase[Any, Any]], queues: Iterable[str], *, app: str, insist: str
-) -> None:
-    """Refuse a queue no task of ``tasks`` stores jobs in (a typo runs nothing, quietly).
-
-    A partitioned queue is known by its name and by each partition's.
-
-    :param app: the app's name, for the message
-    :param insist: how to take jobs from such a queue anyway (a flag, an argument)
-    :raises ConfigError: one line naming the unknown queues, the known ones and ``insist``
-    """
-    tasks = list(tasks)
-    known = {t.queue for t in tasks} | {q for t in tasks for q in t.queues}
-    unknown = [q for q in dict.fromkeys(queues) if q not in known]
-    if unknown:
-        names = ", ".join(repr(q) for q in unknown)
-        declared = ", ".join(sorted({t.queue for t in tasks})) or "none"
-        raise ConfigError(
-            f"{'queue' if len(unknown) == 1 else 'queues'} {names} "
-            f"{'is' if len(unknown) == 1 else 'are'} used by no task of app {app!r} "
-            f"(its queues: {declared}); check the spelling, or pass {insist} to take "
-            "jobs from it anyway"
-        )

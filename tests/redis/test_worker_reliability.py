@@ -36,6 +36,7 @@ from typedq import (
     JobState,
     Retry,
     execution,
+    failures,
     outcomes,
 )
 from typedq import settling as settling_module
@@ -168,7 +169,7 @@ async def test_exceptions_that_break_the_failure_record_are_still_recorded(
         def broken_formatter(exc: BaseException) -> str:
             raise RecursionError("maximum recursion depth exceeded while formatting")
 
-        monkeypatch.setattr(execution, "_format_traceback", broken_formatter)
+        monkeypatch.setattr(failures, "_format_traceback", broken_formatter)
 
     @app.task(retries=0)
     async def broken(x: In) -> Out:
