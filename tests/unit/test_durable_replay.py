@@ -14,6 +14,7 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 from pydantic import BaseModel
@@ -715,3 +716,32 @@ def test_a_signal_checks_its_name_and_payload() -> None:
         Signal("no spaces", Approval)
     assert approval.decode(approval.encode(Approval(ok=True, by="x"))) == Approval(ok=True, by="x")
     assert repr(approval) == f"Signal('approval', {__name__}.Approval)"
+
+
+async def test_a_suspension_inside_a_task_group_still_suspends_the_run() -> None:
+    async def grouped(run: Run, user: NewUser) -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(run.sleep, 5)
+            group.start_soon(run.sleep, 9)
+
+    decision = await replay(grouped, NewUser(name="a"), [], run_id="r", now=START)
+    # The first sleep stops the run; the other child's call only unwinds (gather is how
+    # several steps run at once).
+    assert isinstance(decision, SleepUntil)
+    assert len(decision.append) == 1
+
+
+async def test_a_do_block_that_raises_records_nothing() -> None:
+    async def flaky(run: Run, user: NewUser) -> Out:
+        def boom() -> int:
+            ran["boom"] += 1
+            raise RuntimeError("the service is down")
+
+        return Out(await run.do("call", boom))
+
+    host = Host(flaky, NewUser(name="a"))
+    for attempt in (1, 2):
+        decision = await host.advance()
+        assert isinstance(decision, Failed)
+        assert decision.append == ()
+        assert ran["boom"] == attempt
