@@ -33,6 +33,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from .broker.base import ClaimedJob
+from .clock import SYSTEM_CLOCK, Clock
 from .context import JobContext
 from .errors import FailureReason, InvalidPayload, PayloadTooLarge
 from .failures import Failures, type_name
@@ -189,6 +190,7 @@ class Executor:
         threads: anyio.CapacityLimiter,
         progress: Callable[[ClaimedJob, bytes], Coroutine[Any, Any, None]],
         thread_exited: Callable[[Running], None] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.tasks = tasks
         self.worker_id = worker_id
@@ -196,7 +198,7 @@ class Executor:
         self._progress = progress
         self._thread_exited = thread_exited
         #: Builds the failure records and failed outcomes of the attempts.
-        self.failures = Failures(worker_id)
+        self.failures = Failures(worker_id, clock)
         #: The running event loop's own cancel scope class, looked up on first use:
         #: ``anyio.CancelScope()`` finds the backend anew on every call, a cost per job.
         self._scope_class: type[anyio.CancelScope] | None = None
@@ -240,6 +242,7 @@ class Executor:
                 worker_id=self.worker_id,
                 error_type=type_name(exc),
                 message=f"the worker could not run this job: {describe(exc)}",
+                failed_at=self.failures.clock.time(),
             )
         )
 

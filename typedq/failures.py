@@ -13,13 +13,13 @@ outcome types and the helpers keeping a record storable are :mod:`typedq.outcome
 from __future__ import annotations
 
 import math
-import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from .broker.base import ClaimedJob
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import Abort, FailureReason, FailureRecord, Reject, Retry
 from .limits import RateLimited
 from .outcomes import Drop, Fail, HandBack, Outcome, describe, qualified, safe_retry_delay
@@ -46,10 +46,12 @@ class Failures:
     """Builds the failure records and failed outcomes of one worker's attempts.
 
     :param worker_id: recorded in every failure record
+    :param clock: the worker's clock, which dates every failure record
     """
 
-    def __init__(self, worker_id: str) -> None:
+    def __init__(self, worker_id: str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.worker_id = worker_id
+        self.clock = clock
 
     def record(
         self,
@@ -87,7 +89,7 @@ class Failures:
             domain_type=domain_type,
             domain_payload=domain_payload,
             worker_id=self.worker_id,
-            failed_at=time.time(),
+            failed_at=self.clock.time(),
         )
 
     def timed_out(self, claimed: ClaimedJob, task: Task[Any, Any], timeout: float | None) -> Fail:

@@ -9,7 +9,6 @@ the broker. Neither module needs the other: both need these.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +111,7 @@ def minimal_failure(
     worker_id: str,
     error_type: str,
     message: str,
+    failed_at: float,
     reason: FailureReason = FailureReason.ERROR,
     retryable: bool = False,
 ) -> FailureRecord:
@@ -129,7 +129,7 @@ def minimal_failure(
         attempt=claimed.attempt,
         retryable=retryable,
         worker_id=worker_id,
-        failed_at=time.time(),
+        failed_at=failed_at,
     )
 
 

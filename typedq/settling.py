@@ -285,6 +285,7 @@ class Settler:
                     worker_id=self.worker_id,
                     error_type=record.error_type,
                     message=record.message,
+                    failed_at=record.failed_at,
                     reason=record.reason,
                     retryable=record.retryable,
                 )

@@ -19,7 +19,7 @@ import anyio.lowlevel
 import pytest
 
 from tests.support import TEST_DEADLINE, FaultyBroker, In, Out
-from typedq import App, BrokerUnavailable, JobState
+from typedq import App, BrokerUnavailable, JobFailed, JobState
 from typedq.broker.base import Broker, LeaseStatus, WorkerInfo
 from typedq.clock import VirtualClock
 from typedq.schedule import Scheduler
@@ -268,3 +268,20 @@ async def test_the_scheduler_backs_off_on_its_clock() -> None:
         tg.cancel_scope.cancel()
     # Doubling from 0.1 s, capped at 5 s: 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5, ...
     assert broker.tries == pytest.approx([0.0, 0.1, 0.3, 0.7, 1.5, 3.1, 6.3, 11.3])
+
+
+async def test_a_failure_record_is_dated_by_the_workers_clock(app_name: str) -> None:
+    app, _, clock = clocked_app(app_name, lease=9.0)
+
+    @app.task
+    async def broken(x: In) -> Out:
+        raise ValueError(f"no {x.n}")
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(clock=clock, grace=0):
+            await clock.advance(42.0)
+            job = await broken.enqueue(In(7))
+            with pytest.raises(JobFailed) as failed:
+                await job.result(timeout=10)
+    assert failed.value.record.message == "no 7"
+    assert failed.value.record.failed_at == EPOCH + 42.0

@@ -172,6 +172,7 @@ class Worker(Generic[TIn, TOut]):
                 threads=anyio.CapacityLimiter(concurrency),
                 progress=self._report_progress,
                 thread_exited=jobs.thread_exited,
+                clock=clock,
             ),
             settler=self._settler,
             stats=self.stats,

@@ -212,6 +212,7 @@ class JobRunner:
             worker_id=self.worker_id,
             error_type="WorkerError",
             message=f"the worker {what}: {type(exc).__name__}: {describe(exc)}",
+            failed_at=self.clock.time(),
         )
 
     def _count_mismatch(self, task: str, producer: str, ours: str) -> None:
