@@ -19,10 +19,11 @@ import redis.asyncio as aioredis
 
 from tests import redis_app
 from tests.redis_harness import RedisProcess, flushall, redis_process
+from tests.redis_support import STALL_SOCKET_TIMEOUT, with_socket_timeout
 from tests.support import spawn_worker, stop_workers
 from typedq import JobState, RedisDataLost
 from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobMessage
-from typedq.broker.redis import SOCKET_TIMEOUT, RedisBroker
+from typedq.broker.redis import RedisBroker
 from typedq.task import DEFAULT_QUEUE
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -360,7 +361,7 @@ async def test_server_stall_longer_than_the_socket_timeout(redis_server: RedisPr
     """DEBUG SLEEP past the client's socket timeout: the client re-sends every script
     (its automatic retry); each must take effect once."""
     flushall(redis_server.port)
-    broker = RedisBroker(redis_server.url, BrokerSettings(namespace="stall"))
+    broker = RedisBroker(with_socket_timeout(redis_server.url), BrokerSettings(namespace="stall"))
     await broker.connect()
     raw = aioredis.Redis.from_url(redis_server.url, socket_timeout=30)
     try:
@@ -375,7 +376,7 @@ async def test_server_stall_longer_than_the_socket_timeout(redis_server: RedisPr
                 tg.start_soon(broker.counts, "q")
         await raw.config_resetstat()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(SOCKET_TIMEOUT + 1))
+            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(STALL_SOCKET_TIMEOUT + 1))
             await anyio.sleep(0.1)
             results: dict[str, object] = {}
 

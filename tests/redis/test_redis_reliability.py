@@ -18,7 +18,13 @@ import anyio
 import pytest
 
 from tests import redis_support
-from tests.redis_support import Item, message, raw_redis
+from tests.redis_support import (
+    STALL_SOCKET_TIMEOUT,
+    Item,
+    message,
+    raw_redis,
+    with_socket_timeout,
+)
 from typedq import App, JobState, QueueFull
 from typedq.broker.base import (
     CancelOutcome,
@@ -28,7 +34,7 @@ from typedq.broker.base import (
     JobMessage,
     RetryOutcome,
 )
-from typedq.broker.redis import SOCKET_TIMEOUT, RedisBroker
+from typedq.broker.redis import RedisBroker
 from typedq.task import DEFAULT_QUEUE
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -109,7 +115,10 @@ async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(redi
     """DEBUG SLEEP past the socket timeout with two claims of one worker in flight:
     redis-py re-sends both after both first copies ran; each re-send must hand back
     its own first copy's jobs (a record per worker made one of them claim more)."""
-    async with broker_at(redis_url) as broker, raw_redis(redis_url, socket_timeout=30) as raw:
+    async with (
+        broker_at(with_socket_timeout(redis_url)) as broker,
+        raw_redis(redis_url, socket_timeout=30) as raw,
+    ):
         await broker.enqueue([message(f"j{i}") for i in range(20)])
         async with anyio.create_task_group() as tg:
             for _ in range(4):
@@ -117,7 +126,7 @@ async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(redi
         await raw.config_resetstat()
         claims: list[list[str]] = []
         async with anyio.create_task_group() as tg:
-            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(SOCKET_TIMEOUT + 1))
+            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(STALL_SOCKET_TIMEOUT + 1))
             await anyio.sleep(0.1)
 
             async def claim() -> None:
@@ -232,7 +241,10 @@ async def test_replies_lost_in_a_server_stall_are_answered_as_the_first_time(
 ) -> None:
     """DEBUG SLEEP past the socket timeout: redis-py sends cancel and enqueue again
     after their first copies ran; the answers are still CANCELLED and created=True."""
-    async with broker_at(redis_url) as broker, raw_redis(redis_url, socket_timeout=30) as raw:
+    async with (
+        broker_at(with_socket_timeout(redis_url)) as broker,
+        raw_redis(redis_url, socket_timeout=30) as raw,
+    ):
         await broker.enqueue([message("victim")])
         fresh = [message(f"n{i}") for i in range(10)]
         # Open pooled connections first, so both scripts are sent before the stall.
@@ -242,7 +254,7 @@ async def test_replies_lost_in_a_server_stall_are_answered_as_the_first_time(
         await raw.config_resetstat()
         results: dict[str, Any] = {}
         async with anyio.create_task_group() as tg:
-            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(SOCKET_TIMEOUT + 1))
+            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(STALL_SOCKET_TIMEOUT + 1))
             await anyio.sleep(0.1)
 
             async def cancel() -> None:
