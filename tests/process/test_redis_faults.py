@@ -26,6 +26,9 @@ from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobMes
 from typedq.broker.redis import RedisBroker
 from typedq.task import DEFAULT_QUEUE
 
+#: The worker processes' epoch-check interval in the data-loss test, seconds.
+EPOCH_CHECK = 0.5
+
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 
@@ -41,15 +44,19 @@ def workers(
     concurrency: int,
     lease: float = 1.0,
     ledger: RedisProcess | None = None,
+    epoch_check: float | None = None,
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``count`` worker processes of tests.redis_app; stopped (SIGTERM, then KILL) after.
 
     :param ledger: the server whose db 1 counts executions (default: ``server``)
+    :param epoch_check: the workers' epoch-check interval, seconds (None: typedq's 2 s)
     """
     env = {
         "TYPEDQ_TEST_LEDGER": ledger_url(ledger or server),
         "TYPEDQ_TEST_LEASE": str(lease),
     }
+    if epoch_check is not None:
+        env["_TYPEDQ_TEST_EPOCH_CHECK"] = str(epoch_check)
     procs = []
     for i in range(count):
         log_path = server.dir / f"worker-{i}-{time.monotonic_ns()}.log"
@@ -225,7 +232,8 @@ async def test_redis_restart_without_persistence_is_reported_once(
     flushall(redis_server.port)
     with (
         redis_process(appendonly=False) as server,
-        workers(server, 1, concurrency=8, ledger=redis_server) as procs,
+        # Epoch checks every 0.5 s (the recovery pass's period with the 1 s lease), not 2 s.
+        workers(server, 1, concurrency=8, ledger=redis_server, epoch_check=EPOCH_CHECK) as procs,
     ):
         async with producer(server, redis_server) as ledger:
             broker = redis_app.app.broker
@@ -262,7 +270,8 @@ async def test_redis_restart_without_persistence_is_reported_once(
                 await job.result(timeout=30)
             executed = await runs(ledger)
             assert await broker.check_epoch()
-            await anyio.sleep(3.0)  # a few more recovery passes: no second report
+            # Two more of the worker's epoch checks at least: no second report.
+            await anyio.sleep(2 * EPOCH_CHECK + 0.5)
             assert procs[0].poll() is None
             (line,) = lost_data_lines(server)
             assert "ERROR" in line
