@@ -108,10 +108,11 @@ async def test_a_scheduled_job_moved_to_waiting_ages_from_its_due_time(
 # A job that waits again (a retry, a hand-back, a stall recovery, a manual retry)
 # counts its wait from then, in the oldest-waiting age and in the ClaimedJob's due time
 # (what typedq_queue_wait_seconds measures), never from its first enqueue: one retried
-# job must not make a healthy queue look behind. Each job below was enqueued a second
-# (OLD) before it waits again, so a wait counted from the enqueue cannot pass.
+# job must not make a healthy queue look behind. Each job below was enqueued half a
+# second (OLD) before it waits again, so a wait counted from the enqueue cannot pass: the
+# checks tell the two apart by OLD / 2, beyond their 0.1 s tolerances for a busy machine.
 
-OLD = 1.0
+OLD = 0.5
 
 
 async def aged_claim(broker: Broker, *, lease: float = 30.0) -> tuple[ClaimedJob, float]:
