@@ -146,7 +146,7 @@ async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(redi
 
 @pytest.mark.slow
 async def test_client_kill_loop_runs_every_job_once_without_stalls(redis_url: str) -> None:
-    """CLIENT KILL TYPE normal every 200 ms while a worker drains 2,000 jobs with
+    """CLIENT KILL TYPE normal every 200 ms while a worker drains 1,200 jobs with
     max_stalls=0: a stall would fail a job as `stalled` without running it."""
     app = App("ckill", broker=redis_url, lease=10.0, max_stalls=0)
     ran: dict[str, int] = {}
@@ -155,10 +155,10 @@ async def test_client_kill_loop_runs_every_job_once_without_stalls(redis_url: st
     async def work(item: Item) -> Item:
         key = str(item.n)
         ran[key] = ran.get(key, 0) + 1
-        await anyio.sleep(0.02)  # about 5 s in all: some 25 kills land mid-run
+        await anyio.sleep(0.02)  # about 3 s in all: some 15 kills land mid-run
         return item
 
-    total = 2000
+    total = 1200
     kills = 0
     async with app, raw_redis(redis_url) as admin:
         broker = app.broker
