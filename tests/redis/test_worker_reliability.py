@@ -487,9 +487,7 @@ async def test_cancel_of_a_sync_job_keeps_renewing_until_its_thread_returns(
 ) -> None:
     spy = RenewSpy.for_url(broker_url, app_name)
     assert isinstance(spy, RenewSpy)
-    # Short, so waiting past one takes little time; as long as the blocked-loop test's.
-    lease = 0.6
-    app = App(app_name, broker=spy, lease=lease, max_stalls=0)
+    app = App(app_name, broker=spy, lease=1.5, max_stalls=0)
     started = threading.Event()
     finish = threading.Event()
     stopped: list[str] = []
@@ -513,8 +511,8 @@ async def test_cancel_of_a_sync_job_keeps_renewing_until_its_thread_returns(
                 assert await job.cancel() is True
                 asked = time.monotonic()
                 # Longer than a lease: the thread still runs, so the lease is renewed.
-                await anyio.sleep(1.33 * lease)
-                await spy.renewed_after(job.id, asked + 1.07 * lease)
+                await anyio.sleep(2.0)
+                await spy.renewed_after(job.id, asked + 1.6)
                 assert await job.status() is JobState.ACTIVE
                 finish.set()
                 with pytest.raises(JobFailed) as caught:
