@@ -18,10 +18,13 @@ PYTHONS ?= 3.11 3.12 3.13
 REQUIRE_PYTHONS ?=
 PYENV_ROOT ?= $(HOME)/.pyenv
 PYTEST_ARGS ?=
-# Two: most of the suite's time is spent waiting (leases, grace periods, worker processes,
-# faults), so two processes on two cores overlap those waits; each test file stays in one
-# process (--dist loadfile), so a file's session set-up runs once.
-PYTEST_JOBS ?= 2
+# Four, on two cores too: most of the suite's time is spent waiting (leases, grace periods,
+# worker processes, faults), and four processes overlap more of those waits than two (on a
+# 2-core box, tests/redis + tests/process took 129 s with -n 4, 136 s with -n 3, 189 s with
+# -n 2: means of 2-3 interleaved runs, all green; issue 25). Each test file stays in one
+# process (--dist loadfile), so a file's session set-up runs once (--dist loadgroup, which
+# spreads a file's tests, was slower: 150 s with -n 3 or 4).
+PYTEST_JOBS ?= 4
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile)
 # The tier of tests that do not depend on the interpreter running the suite (docs, packaging,
 # typing with mypy and basedpyright, the stubs, the dashboard in a browser, the benchmarks'

@@ -15,7 +15,26 @@ import redis.asyncio as aioredis
 from typedq.broker.base import BrokerSettings, JobMessage
 from typedq.broker.redis import RedisBroker
 
-__all__ = ["Item", "broker_at", "message", "raw_redis"]
+__all__ = [
+    "STALL_SOCKET_TIMEOUT",
+    "Item",
+    "broker_at",
+    "message",
+    "raw_redis",
+    "with_socket_timeout",
+]
+
+
+#: Seconds of socket timeout for the brokers of the server-stall tests (``DEBUG SLEEP``
+#: past the socket timeout, so the client re-sends its scripts): 1 s, not typedq's 5 s
+#: (:data:`typedq.broker.redis.SOCKET_TIMEOUT`), so each stall lasts 2 s rather than 6.
+STALL_SOCKET_TIMEOUT = 1.0
+
+
+def with_socket_timeout(url: str, seconds: float = STALL_SOCKET_TIMEOUT) -> str:
+    """``url`` with a ``socket_timeout`` query option: redis-py options in a broker URL's
+    query override typedq's client settings (documented on :class:`RedisBroker`)."""
+    return f"{url}{'&' if '?' in url else '?'}socket_timeout={seconds:g}"
 
 
 class Item(msgspec.Struct, frozen=True):

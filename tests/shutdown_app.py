@@ -11,7 +11,8 @@ import msgspec
 
 from typedq import App
 
-app = App("shutdown", lease=2.0)
+#: 2 s unless ``$TYPEDQ_TEST_LEASE`` says otherwise (a test waiting out leases shortens it).
+app = App("shutdown", lease=float(os.environ.get("TYPEDQ_TEST_LEASE", "2.0")))
 
 
 class Nap(msgspec.Struct, frozen=True):

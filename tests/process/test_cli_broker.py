@@ -46,12 +46,12 @@ def test_unreachable_broker_without_waiting_is_one_line_and_exit_75() -> None:
 def test_wait_for_broker_logs_the_wait_once_then_gives_up() -> None:
     url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
     process = TypedqProcess(
-        "worker", "examples.quickstart:app", "--broker", url, "--wait-for-broker", "2.5"
+        "worker", "examples.quickstart:app", "--broker", url, "--wait-for-broker", "1"
     )
     try:
         assert process.wait() == 75
         line = process.wait_for("waiting for the broker at 127.0.0.1:")
-        assert "for up to 2.5s (--wait-for-broker)" in line
+        assert "for up to 1s (--wait-for-broker)" in line
         error = process.wait_for("typedq: error:")
         assert "gave up after" in error
         # Several tries, one line for the wait (its reason never changed), one to give up.
@@ -71,7 +71,9 @@ def test_a_worker_waits_for_the_broker_by_default_and_starts_once_it_answers() -
         line = process.wait_for("waiting for the broker")
         assert f"127.0.0.1:{server.port}" in line
         assert "for as long as it takes" in line
-        time.sleep(1.5)  # several tries, no new line, no exit
+        # Two tries (the backoff starts at 0.5 s), no new line, no exit; Redis is back
+        # before the third, at 1.5 s.
+        time.sleep(1)
         assert process.proc.poll() is None
         server.start()
         process.wait_for("reached the broker")
@@ -128,7 +130,10 @@ def test_worker_logs_reconnected_after_an_outage(server: RedisProcess) -> None:
 
 
 def test_rediss_to_a_plain_redis_says_tls_handshake_failed(server: RedisProcess) -> None:
-    url = f"rediss://127.0.0.1:{server.port}/0"
+    # A plain Redis stays silent during the TLS handshake, so the connect times out (and is
+    # retried) before the worker tells why: a short connect timeout (a redis-py option in
+    # the URL's query overrides typedq's 2 s) keeps that wait under a second.
+    url = f"rediss://127.0.0.1:{server.port}/0?socket_connect_timeout=0.2"
     process = TypedqProcess("worker", "examples.quickstart:app", "--broker", url)
     try:
         assert process.wait(timeout=60) == 2

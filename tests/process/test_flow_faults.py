@@ -109,12 +109,17 @@ async def test_chains_survive_a_sigkilled_worker(redis_server: RedisProcess) -> 
     assert twice <= victim_ids  # only what the killed worker was running ran again
 
 
+#: Members per fan-in: 10 fan-ins of 12 keep both workers' 16 slots busy well past the kill
+#: (~1.5 s of 0.2 s members), which is what the test needs of the count.
+MEMBERS = 12
+
+
 async def test_fan_ins_survive_a_sigkilled_worker(redis_server: RedisProcess) -> None:
     flushall(redis_server.port)
     with _workers(redis_server, 2) as (victim, survivor):
         async with _producer(redis_server) as ledger:
             jobs = [
-                await flow_app.square.map(Work(n=f + i, sleep=0.2) for i in range(30))
+                await flow_app.square.map(Work(n=f + i, sleep=0.2) for i in range(MEMBERS))
                 .then(flow_app.gather)
                 .enqueue()
                 for f in range(10)
@@ -130,8 +135,10 @@ async def test_fan_ins_survive_a_sigkilled_worker(redis_server: RedisProcess) ->
                 if _str(line).endswith(f" {victim.pid}")
             }
             assert survivor.poll() is None
-    assert results == [Work(n=sum((f + i) ** 2 for i in range(30)) * 1000 + 30) for f in range(10)]
-    members = {f"{job.id}.m{i}" for job in jobs for i in range(30)}
+    assert results == [
+        Work(n=sum((f + i) ** 2 for i in range(MEMBERS)) * 1000 + MEMBERS) for f in range(10)
+    ]
+    members = {f"{job.id}.m{i}" for job in jobs for i in range(MEMBERS)}
     assert set(runs) == members | {job.id for job in jobs}
     twice = {job_id for job_id, n in runs.items() if n > 1}
     assert set(runs.values()) <= {1, 2}

@@ -19,11 +19,15 @@ import redis.asyncio as aioredis
 
 from tests import redis_app
 from tests.redis_harness import RedisProcess, flushall, redis_process
+from tests.redis_support import STALL_SOCKET_TIMEOUT, with_socket_timeout
 from tests.support import spawn_worker, stop_workers
 from typedq import JobState, RedisDataLost
 from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobMessage
-from typedq.broker.redis import SOCKET_TIMEOUT, RedisBroker
+from typedq.broker.redis import RedisBroker
 from typedq.task import DEFAULT_QUEUE
+
+#: The worker processes' epoch-check interval in the data-loss test, seconds.
+EPOCH_CHECK = 0.5
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio, pytest.mark.asyncio_only]
 
@@ -40,15 +44,19 @@ def workers(
     concurrency: int,
     lease: float = 1.0,
     ledger: RedisProcess | None = None,
+    epoch_check: float | None = None,
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``count`` worker processes of tests.redis_app; stopped (SIGTERM, then KILL) after.
 
     :param ledger: the server whose db 1 counts executions (default: ``server``)
+    :param epoch_check: the workers' epoch-check interval, seconds (None: typedq's 2 s)
     """
     env = {
         "TYPEDQ_TEST_LEDGER": ledger_url(ledger or server),
         "TYPEDQ_TEST_LEASE": str(lease),
     }
+    if epoch_check is not None:
+        env["_TYPEDQ_TEST_EPOCH_CHECK"] = str(epoch_check)
     procs = []
     for i in range(count):
         log_path = server.dir / f"worker-{i}-{time.monotonic_ns()}.log"
@@ -224,7 +232,8 @@ async def test_redis_restart_without_persistence_is_reported_once(
     flushall(redis_server.port)
     with (
         redis_process(appendonly=False) as server,
-        workers(server, 1, concurrency=8, ledger=redis_server) as procs,
+        # Epoch checks every 0.5 s (the recovery pass's period with the 1 s lease), not 2 s.
+        workers(server, 1, concurrency=8, ledger=redis_server, epoch_check=EPOCH_CHECK) as procs,
     ):
         async with producer(server, redis_server) as ledger:
             broker = redis_app.app.broker
@@ -261,7 +270,8 @@ async def test_redis_restart_without_persistence_is_reported_once(
                 await job.result(timeout=30)
             executed = await runs(ledger)
             assert await broker.check_epoch()
-            await anyio.sleep(3.0)  # a few more recovery passes: no second report
+            # Two more of the worker's epoch checks at least: no second report.
+            await anyio.sleep(2 * EPOCH_CHECK + 0.5)
             assert procs[0].poll() is None
             (line,) = lost_data_lines(server)
             assert "ERROR" in line
@@ -360,7 +370,7 @@ async def test_server_stall_longer_than_the_socket_timeout(redis_server: RedisPr
     """DEBUG SLEEP past the client's socket timeout: the client re-sends every script
     (its automatic retry); each must take effect once."""
     flushall(redis_server.port)
-    broker = RedisBroker(redis_server.url, BrokerSettings(namespace="stall"))
+    broker = RedisBroker(with_socket_timeout(redis_server.url), BrokerSettings(namespace="stall"))
     await broker.connect()
     raw = aioredis.Redis.from_url(redis_server.url, socket_timeout=30)
     try:
@@ -375,7 +385,7 @@ async def test_server_stall_longer_than_the_socket_timeout(redis_server: RedisPr
                 tg.start_soon(broker.counts, "q")
         await raw.config_resetstat()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(SOCKET_TIMEOUT + 1))
+            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(STALL_SOCKET_TIMEOUT + 1))
             await anyio.sleep(0.1)
             results: dict[str, object] = {}
 

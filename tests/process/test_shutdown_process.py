@@ -24,13 +24,18 @@ from typedq import Job, JobState
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow, pytest.mark.asyncio_only]
 
 GRACE = 1.5
+#: The workers' lease in the hung-handler test: shorter than the grace, so the job
+#: outliving a lease on the first worker proves its lease was renewed meanwhile.
+HUNG_LEASE = 1.0
 
 
 def start_worker(
-    url: str, concurrency: int, log: BinaryIO | None = None
+    url: str, concurrency: int, log: BinaryIO | None = None, *, lease: float | None = None
 ) -> subprocess.Popen[bytes]:
+    """A worker process of tests.shutdown_app (its lease: the app's 2 s unless given)."""
+    env = {"TYPEDQ_TEST_LEASE": str(lease)} if lease is not None else None
     return spawn_worker(
-        "tests.shutdown_app:app", url, concurrency=concurrency, grace=GRACE, output=log
+        "tests.shutdown_app:app", url, concurrency=concurrency, grace=GRACE, env=env, output=log
     )
 
 
@@ -143,7 +148,8 @@ async def test_sigterm_with_a_hung_sync_handler_exits_before_the_job_runs_again(
         workers = {}
         with log.open("wb") as out:
             for _ in range(2):
-                process = start_worker(redis_server.url, concurrency=1, log=out)
+                # A 1 s lease: the test waits one lease of renewals, then one to expire.
+                process = start_worker(redis_server.url, concurrency=1, log=out, lease=HUNG_LEASE)
                 workers[process.pid] = process
         try:
             ((first_pid, _),) = await started_runs(runs, 1)
@@ -154,9 +160,9 @@ async def test_sigterm_with_a_hung_sync_handler_exits_before_the_job_runs_again(
             code, exited_at = await exit_of(first)
             took = time.monotonic() - signalled
             assert code == 0
-            # Grace, then at most one lease (2 s) of renewing the running thread's
-            # lease, then the process ends although the thread never returns.
-            assert took < GRACE + 2.0 + 15
+            # Grace, then at most one lease of renewing the running thread's lease, then
+            # the process ends although the thread never returns.
+            assert took < GRACE + HUNG_LEASE + 15
             # Meanwhile the lease was renewed: the other worker could not take the job.
             # Once the process is gone, the lease expires and the job comes back.
             (_, (second_pid, second_start)) = await started_runs(runs, 2)

@@ -18,7 +18,13 @@ import anyio
 import pytest
 
 from tests import redis_support
-from tests.redis_support import Item, message, raw_redis
+from tests.redis_support import (
+    STALL_SOCKET_TIMEOUT,
+    Item,
+    message,
+    raw_redis,
+    with_socket_timeout,
+)
 from typedq import App, JobState, QueueFull
 from typedq.broker.base import (
     CancelOutcome,
@@ -28,7 +34,7 @@ from typedq.broker.base import (
     JobMessage,
     RetryOutcome,
 )
-from typedq.broker.redis import SOCKET_TIMEOUT, RedisBroker
+from typedq.broker.redis import RedisBroker
 from typedq.task import DEFAULT_QUEUE
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -109,7 +115,10 @@ async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(redi
     """DEBUG SLEEP past the socket timeout with two claims of one worker in flight:
     redis-py re-sends both after both first copies ran; each re-send must hand back
     its own first copy's jobs (a record per worker made one of them claim more)."""
-    async with broker_at(redis_url) as broker, raw_redis(redis_url, socket_timeout=30) as raw:
+    async with (
+        broker_at(with_socket_timeout(redis_url)) as broker,
+        raw_redis(redis_url, socket_timeout=30) as raw,
+    ):
         await broker.enqueue([message(f"j{i}") for i in range(20)])
         async with anyio.create_task_group() as tg:
             for _ in range(4):
@@ -117,7 +126,7 @@ async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(redi
         await raw.config_resetstat()
         claims: list[list[str]] = []
         async with anyio.create_task_group() as tg:
-            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(SOCKET_TIMEOUT + 1))
+            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(STALL_SOCKET_TIMEOUT + 1))
             await anyio.sleep(0.1)
 
             async def claim() -> None:
@@ -137,7 +146,7 @@ async def test_two_claims_of_one_worker_resent_after_a_stall_orphan_nothing(redi
 
 @pytest.mark.slow
 async def test_client_kill_loop_runs_every_job_once_without_stalls(redis_url: str) -> None:
-    """CLIENT KILL TYPE normal every 200 ms while a worker drains 2,000 jobs with
+    """CLIENT KILL TYPE normal every 200 ms while a worker drains 1,200 jobs with
     max_stalls=0: a stall would fail a job as `stalled` without running it."""
     app = App("ckill", broker=redis_url, lease=10.0, max_stalls=0)
     ran: dict[str, int] = {}
@@ -146,10 +155,10 @@ async def test_client_kill_loop_runs_every_job_once_without_stalls(redis_url: st
     async def work(item: Item) -> Item:
         key = str(item.n)
         ran[key] = ran.get(key, 0) + 1
-        await anyio.sleep(0.02)  # about 5 s in all: some 25 kills land mid-run
+        await anyio.sleep(0.02)  # about 3 s in all: some 15 kills land mid-run
         return item
 
-    total = 2000
+    total = 1200
     kills = 0
     async with app, raw_redis(redis_url) as admin:
         broker = app.broker
@@ -232,7 +241,10 @@ async def test_replies_lost_in_a_server_stall_are_answered_as_the_first_time(
 ) -> None:
     """DEBUG SLEEP past the socket timeout: redis-py sends cancel and enqueue again
     after their first copies ran; the answers are still CANCELLED and created=True."""
-    async with broker_at(redis_url) as broker, raw_redis(redis_url, socket_timeout=30) as raw:
+    async with (
+        broker_at(with_socket_timeout(redis_url)) as broker,
+        raw_redis(redis_url, socket_timeout=30) as raw,
+    ):
         await broker.enqueue([message("victim")])
         fresh = [message(f"n{i}") for i in range(10)]
         # Open pooled connections first, so both scripts are sent before the stall.
@@ -242,7 +254,7 @@ async def test_replies_lost_in_a_server_stall_are_answered_as_the_first_time(
         await raw.config_resetstat()
         results: dict[str, Any] = {}
         async with anyio.create_task_group() as tg:
-            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(SOCKET_TIMEOUT + 1))
+            tg.start_soon(raw.execute_command, "DEBUG", "SLEEP", str(STALL_SOCKET_TIMEOUT + 1))
             await anyio.sleep(0.1)
 
             async def cancel() -> None:
