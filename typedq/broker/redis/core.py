@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
 from ...errors import BrokerError
 from ..base import Broker
+from .connection import Lane
 from .health import EpochWatch, MemoryWatch
 from .keys import Keys
 from .listener import Notifications
@@ -57,12 +58,30 @@ class RedisCore(Broker):
     _library: Library
     _held: dict[str, tuple[str, str]]
     _acks: dict[str, list[str]]
+    #: Where the broker is, for messages ("Redis at host:port").
+    _where: str
+    #: The worker's own connection for its per-job scripts (standalone Redis), if any.
+    _lane: Lane | None
 
     if TYPE_CHECKING:
 
         def _conn(self) -> aioredis.Redis: ...
 
         def _error(self, exc: BaseException, op: str) -> BrokerError: ...
+
+        def _raise(self, exc: BaseException, op: str) -> NoReturn: ...
+
+        async def _load_library(self) -> None: ...
+
+        def _executor(self, name: str) -> Any: ...
+
+        def _queue_calls(
+            self, pipe: Any, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+        ) -> None: ...
+
+        async def _pipelined(
+            self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+        ) -> list[Any]: ...
 
         def _translate(self, op: str) -> contextlib.AbstractContextManager[None]: ...
 
