@@ -12,7 +12,7 @@ calls, and it is the step's idempotency key (``run_id:position``).
 A position may hold several entries, appended over time: a step is ``StepScheduled`` when
 the run asks for it, then ``StepCompleted`` or ``StepFailed``; a wait is ``WaitStarted``,
 then ``SignalReceived`` or ``SignalTimedOut``. Entries are msgspec Structs encoded as
-msgpack (tagged by ``k``): no pickle, readable by any broker and by ``typedq inspect``.
+msgpack (tagged by ``k``): plain data, readable by any broker and by ``typedq inspect``.
 """
 
 from __future__ import annotations
