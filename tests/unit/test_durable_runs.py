@@ -1,0 +1,277 @@
+"""Durable runs on the embedded broker: ``@app.durable``, RunHandle and the run's turns.
+
+The broker's clock is a :class:`~typedq.testing.FakeClock`: a run that sleeps for a day
+resumes when the test advances the clock, in milliseconds of real time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import anyio
+import msgspec
+import pytest
+
+from tests.support import TEST_DEADLINE
+from typedq import App
+from typedq.broker.base import JobState
+from typedq.broker.memory import MemoryBroker
+from typedq.broker.runs import (
+    AppendOutcome,
+    RunAppend,
+    RunSignal,
+    RunSpec,
+    RunState,
+    SignalOutcome,
+)
+from typedq.durable import Run, RunTimeout, Signal, StepScheduled, decode_entries, encode_entries
+from typedq.errors import JobCancelled, JobFailed, ResultTimeout
+from typedq.testing import FakeClock, run_worker
+
+pytestmark = pytest.mark.anyio
+
+EPOCH = 1_700_000_000.0
+
+
+class User(msgspec.Struct, frozen=True):
+    name: str
+
+
+class Account(msgspec.Struct, frozen=True):
+    id: str
+
+
+class Approval(msgspec.Struct, frozen=True):
+    ok: bool
+
+
+class Onboarded(msgspec.Struct, frozen=True):
+    account: str
+    approved: bool
+
+
+approval = Signal("approval", Approval)
+
+
+def onboarding_app(calls: Counter[str]) -> App:
+    app = App("runs")
+
+    @app.task
+    async def create_account(user: User) -> Account:
+        calls["create_account"] += 1
+        return Account(id=f"acct-{user.name}")
+
+    @app.durable
+    async def onboard(run: Run, user: User) -> Onboarded:
+        account = await run.step(create_account, user)
+        await run.sleep(timedelta(days=1))
+        try:
+            ok = (await run.wait_for(approval, timeout=timedelta(days=7))).ok
+        except RunTimeout:
+            ok = False
+        return Onboarded(account=account.id, approved=ok)
+
+    return app
+
+
+async def wait_state(app: App, run_id: str, predicate: object) -> None:
+    """Poll the run until ``predicate(record)`` holds."""
+    assert callable(predicate)
+    with anyio.fail_after(TEST_DEADLINE):
+        while True:
+            [record] = await app.broker.get_runs([run_id])
+            if record is not None and predicate(record):
+                return
+            await anyio.sleep(0.005)
+
+
+def sleeping(record: object) -> bool:
+    return getattr(record, "wake_at", None) is not None and not getattr(record, "wait_signal")
+
+
+async def test_a_run_steps_sleeps_waits_for_a_signal_and_completes() -> None:
+    calls: Counter[str] = Counter()
+    app = onboarding_app(calls)
+    onboard = app.durables["onboard"]
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app, clock=FakeClock(EPOCH)) as harness:
+            handle = await onboard.start(User(name="ada"), run_id="user-42")
+            await wait_state(app, "user-42", sleeping)  # after the step, in the day's sleep
+            await harness.advance(86_400)
+            await wait_state(app, "user-42", lambda r: r.wait_signal == "approval")
+            assert await handle.send(approval, Approval(ok=True)) is SignalOutcome.DELIVERED
+            assert await handle.result(timeout=TEST_DEADLINE) == Onboarded("acct-ada", True)
+            # Finished: a signal is refused, and cancel says it had already ended.
+            assert await handle.send(approval, Approval(ok=False)) is SignalOutcome.FINISHED
+            assert await handle.cancel() is False
+    assert calls["create_account"] == 1
+
+
+async def test_a_signal_sent_before_the_wait_is_kept() -> None:
+    calls: Counter[str] = Counter()
+    app = onboarding_app(calls)
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app, clock=FakeClock(EPOCH)) as harness:
+            handle = await app.durables["onboard"].start(User(name="bo"), run_id="early")
+            assert await handle.send(approval, Approval(ok=True)) is SignalOutcome.DELIVERED
+            await wait_state(app, "early", sleeping)
+            await harness.advance(86_400)
+            assert await handle.result(timeout=TEST_DEADLINE) == Onboarded("acct-bo", True)
+
+
+async def test_the_wait_times_out_on_the_broker_clock() -> None:
+    calls: Counter[str] = Counter()
+    app = onboarding_app(calls)
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app, clock=FakeClock(EPOCH)) as harness:
+            handle = await app.durables["onboard"].start(User(name="cy"), run_id="late")
+            await wait_state(app, "late", sleeping)
+            await harness.advance(86_400)
+            await wait_state(app, "late", lambda r: r.wait_signal == "approval")
+            await harness.advance(8 * 86_400)
+            assert await handle.result(timeout=TEST_DEADLINE) == Onboarded("acct-cy", False)
+
+
+async def test_start_is_idempotent_by_run_id() -> None:
+    calls: Counter[str] = Counter()
+    app = onboarding_app(calls)
+    onboard = app.durables["onboard"]
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app, clock=FakeClock(EPOCH)):
+            first = await onboard.start(User(name="ada"), run_id="same")
+            second = await onboard.start(User(name="other"), run_id="same")
+            assert first.run_id == second.run_id == "same"
+            await wait_state(app, "same", sleeping)
+            record = await second.record()
+            assert onboard.input.decode(record.spec.input) == User(name="ada")
+    assert calls["create_account"] == 1
+
+
+async def test_a_failed_step_fails_the_run_and_cancel_ends_a_waiting_one() -> None:
+    app = App("runs")
+
+    @app.task
+    async def boom(user: User) -> Account:
+        raise ValueError("no account")
+
+    @app.durable
+    async def failing(run: Run, user: User) -> Account:
+        return await run.step(boom, user)
+
+    @app.durable(queue="slow")
+    async def waiting(run: Run, user: User) -> None:
+        await run.wait_for(approval)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app, clock=FakeClock(EPOCH)):
+            handle = await failing.start(User(name="x"), run_id="fails")
+            with pytest.raises(JobFailed, match="failed"):
+                await handle.result(timeout=TEST_DEADLINE)
+            record = await handle.record()
+            assert record.failure is not None and "no account" in record.failure.message
+
+            held = await waiting.start(User(name="y"), run_id="held")
+            await wait_state(app, "held", lambda r: r.wait_signal == "approval")
+            assert await held.cancel() is True
+            with pytest.raises(JobCancelled):
+                await held.result(timeout=TEST_DEADLINE)
+            other = await waiting.start(User(name="z"), run_id="held-2")
+            with pytest.raises(ResultTimeout):
+                await other.result(timeout=0.05)
+
+
+async def test_a_worker_stopped_mid_run_resumes_without_rerunning_finished_steps() -> None:
+    calls: Counter[str] = Counter()
+    gate = anyio.Event()
+    app = App("runs", lease=1.0)
+
+    @app.task
+    async def first(user: User) -> Account:
+        calls["first"] += 1
+        return Account(id="one")
+
+    @app.task
+    async def second(acct: Account) -> Account:
+        calls["second"] += 1
+        await gate.wait()
+        return Account(id=acct.id + "+two")
+
+    @app.durable
+    async def two_steps(run: Run, user: User) -> Account:
+        one = await run.step(first, user)
+        return await run.step(second, one)
+
+    clock = FakeClock(EPOCH)
+    broker = MemoryBroker(app.settings, clock=clock)
+    with anyio.fail_after(TEST_DEADLINE), app.using_broker(broker):
+        async with app:
+            handle = await two_steps.start(User(name="k"), run_id="crashy")
+            # The first worker runs the first step, starts the second, and is stopped
+            # (cancelled) while the second is running.
+            with anyio.CancelScope() as scope:
+                async with app.worker(concurrency=4, grace=0):
+                    while calls["second"] == 0:
+                        await anyio.sleep(0.005)
+                    scope.cancel()
+            gate.set()
+            # A new worker: the second step's job comes back (handed back or stalled)
+            # and the run resumes from its log.
+            async with app.worker(concurrency=4, grace=0):
+                clock.advance(60)
+                await broker.recover_stalled()
+                broker.wake()
+                assert await handle.result(timeout=TEST_DEADLINE) == Account(id="one+two")
+    assert calls["first"] == 1
+    assert calls["second"] >= 1
+
+
+# -- the embedded broker's run store, directly ---------------------------------------------
+
+
+def spec(run_id: str) -> RunSpec:
+    return RunSpec(
+        id=run_id, name="f", queue="q", turn_task="typedq.run.f", turn_payload=b"\x90", input=b""
+    )
+
+
+async def test_the_store_fences_appends_and_keeps_signals_in_order() -> None:
+    broker = MemoryBroker(clock=FakeClock(EPOCH))
+    await broker.connect()
+    try:
+        [(created, record)] = await broker.create_runs([spec("r1")])
+        assert created and record.state is RunState.RUNNING
+        [(created, _)] = await broker.create_runs([spec("r1")])
+        assert not created
+        assert (await broker.counts("q"))[JobState.WAITING] == 1  # its first turn
+        entry = encode_entries([StepScheduled(position=0, task="t", digest="0" * 16)])
+        ok, stale = await broker.append_runs(
+            [
+                RunAppend(run_id="r1", expected=0, entries=(entry,)),
+                RunAppend(run_id="r1", expected=0, entries=(entry,)),
+            ]
+        )
+        assert (ok, stale) == (AppendOutcome.APPENDED, AppendOutcome.CONFLICT)
+        [record] = await broker.get_runs(["r1"])
+        assert record is not None
+        assert [e for b in record.log for e in decode_entries(b)][0].position == 0
+        sent = await broker.signal_runs(
+            [RunSignal(run_id="r1", signal="s", payload=p) for p in (b"1", b"2")]
+        )
+        assert sent == [SignalOutcome.DELIVERED] * 2
+        [record] = await broker.get_runs(["r1"])
+        assert record is not None and record.inbox == {"s": (b"1", b"2")}
+        [taken] = await broker.append_runs(
+            [RunAppend(run_id="r1", expected=1, take_signal="s", wait_signal="s")]
+        )
+        assert taken is AppendOutcome.APPENDED
+        [record] = await broker.get_runs(["r1"])
+        assert record is not None and record.inbox == {"s": (b"2",)}
+        assert await broker.cancel_runs(["r1", "r1", "nope"]) == [True, False, False]
+        assert await broker.signal_runs([RunSignal(run_id="r1", signal="s", payload=b"")]) == [
+            SignalOutcome.FINISHED
+        ]
+        assert await broker.get_runs(["nope"]) == [None]
+        assert await broker.wake_runs([("r1", 0.0), ("nope", 0.0)]) == [False, False]
+    finally:
+        await broker.close()
