@@ -7,6 +7,7 @@ resumes when the test advances the clock, in milliseconds of real time.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 
 import anyio
@@ -20,6 +21,7 @@ from typedq.broker.memory import MemoryBroker
 from typedq.broker.runs import (
     AppendOutcome,
     RunAppend,
+    RunRecord,
     RunSignal,
     RunSpec,
     RunState,
@@ -75,9 +77,8 @@ def onboarding_app(calls: Counter[str]) -> App:
     return app
 
 
-async def wait_state(app: App, run_id: str, predicate: object) -> None:
+async def wait_state(app: App, run_id: str, predicate: Callable[[RunRecord], bool]) -> None:
     """Poll the run until ``predicate(record)`` holds."""
-    assert callable(predicate)
     with anyio.fail_after(TEST_DEADLINE):
         while True:
             [record] = await app.broker.get_runs([run_id])
@@ -86,8 +87,8 @@ async def wait_state(app: App, run_id: str, predicate: object) -> None:
             await anyio.sleep(0.005)
 
 
-def sleeping(record: object) -> bool:
-    return getattr(record, "wake_at", None) is not None and not getattr(record, "wait_signal")
+def sleeping(record: RunRecord) -> bool:
+    return record.wake_at is not None and record.wait_signal is None
 
 
 async def test_a_run_steps_sleeps_waits_for_a_signal_and_completes() -> None:
@@ -169,7 +170,8 @@ async def test_a_failed_step_fails_the_run_and_cancel_ends_a_waiting_one() -> No
             with pytest.raises(JobFailed, match="failed"):
                 await handle.result(timeout=TEST_DEADLINE)
             record = await handle.record()
-            assert record.failure is not None and "no account" in record.failure.message
+            assert record.failure is not None
+            assert "no account" in record.failure.message
 
             held = await waiting.start(User(name="y"), run_id="held")
             await wait_state(app, "held", lambda r: r.wait_signal == "approval")
@@ -184,6 +186,7 @@ async def test_a_failed_step_fails_the_run_and_cancel_ends_a_waiting_one() -> No
 async def test_a_worker_stopped_mid_run_resumes_without_rerunning_finished_steps() -> None:
     calls: Counter[str] = Counter()
     gate = anyio.Event()
+    started = anyio.Event()
     app = App("runs", lease=1.0)
 
     @app.task
@@ -194,6 +197,7 @@ async def test_a_worker_stopped_mid_run_resumes_without_rerunning_finished_steps
     @app.task
     async def second(acct: Account) -> Account:
         calls["second"] += 1
+        started.set()
         await gate.wait()
         return Account(id=acct.id + "+two")
 
@@ -211,8 +215,7 @@ async def test_a_worker_stopped_mid_run_resumes_without_rerunning_finished_steps
             # (cancelled) while the second is running.
             with anyio.CancelScope() as scope:
                 async with app.worker(concurrency=4, grace=0):
-                    while calls["second"] == 0:
-                        await anyio.sleep(0.005)
+                    await started.wait()
                     scope.cancel()
             gate.set()
             # A new worker: the second step's job comes back (handed back or stalled)
@@ -240,7 +243,8 @@ async def test_the_store_fences_appends_and_keeps_signals_in_order() -> None:
     await broker.connect()
     try:
         [(created, record)] = await broker.create_runs([spec("r1")])
-        assert created and record.state is RunState.RUNNING
+        assert created
+        assert record.state is RunState.RUNNING
         [(created, _)] = await broker.create_runs([spec("r1")])
         assert not created
         assert (await broker.counts("q"))[JobState.WAITING] == 1  # its first turn
@@ -252,21 +256,23 @@ async def test_the_store_fences_appends_and_keeps_signals_in_order() -> None:
             ]
         )
         assert (ok, stale) == (AppendOutcome.APPENDED, AppendOutcome.CONFLICT)
-        [record] = await broker.get_runs(["r1"])
-        assert record is not None
-        assert [e for b in record.log for e in decode_entries(b)][0].position == 0
+        [logged] = await broker.get_runs(["r1"])
+        assert logged is not None
+        assert [e.position for b in logged.log for e in decode_entries(b)] == [0]
         sent = await broker.signal_runs(
             [RunSignal(run_id="r1", signal="s", payload=p) for p in (b"1", b"2")]
         )
         assert sent == [SignalOutcome.DELIVERED] * 2
-        [record] = await broker.get_runs(["r1"])
-        assert record is not None and record.inbox == {"s": (b"1", b"2")}
+        [kept] = await broker.get_runs(["r1"])
+        assert kept is not None
+        assert kept.inbox == {"s": (b"1", b"2")}
         [taken] = await broker.append_runs(
             [RunAppend(run_id="r1", expected=1, take_signal="s", wait_signal="s")]
         )
         assert taken is AppendOutcome.APPENDED
-        [record] = await broker.get_runs(["r1"])
-        assert record is not None and record.inbox == {"s": (b"2",)}
+        [left] = await broker.get_runs(["r1"])
+        assert left is not None
+        assert left.inbox == {"s": (b"2",)}
         assert await broker.cancel_runs(["r1", "r1", "nope"]) == [True, False, False]
         assert await broker.signal_runs([RunSignal(run_id="r1", signal="s", payload=b"")]) == [
             SignalOutcome.FINISHED

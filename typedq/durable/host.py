@@ -63,7 +63,6 @@ from .replay import (
     Decision,
     DurableFunction,
     Failed,
-    Run,
     ScheduleSteps,
     SleepUntil,
     WaitForSignal,
@@ -126,7 +125,7 @@ def durable_types(fn: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
         output_type = type(None)
     if output_type is not type(None) and not is_model_type(output_type):
         raise ConfigError(f"durable function {where} must return a model or None")
-    return input_type, output_type
+    return typing.cast(type[Any], input_type), output_type
 
 
 class DurableTask(Generic[TIn, TOut]):
@@ -210,9 +209,7 @@ class DurableTask(Generic[TIn, TOut]):
     async def _outcomes(self, run_id: str, entries: Sequence[LogEntry]) -> list[LogEntry]:
         """The outcomes of the scheduled steps whose jobs have finished, not yet logged."""
         done = {e.position for e in entries if isinstance(e, StepCompleted | StepFailed)}
-        open_steps = [
-            e for e in entries if isinstance(e, StepScheduled) and e.position not in done
-        ]
+        open_steps = [e for e in entries if isinstance(e, StepScheduled) and e.position not in done]
         if not open_steps:
             return []
         ids = [f"{run_id}:{e.position}" for e in open_steps]
@@ -377,10 +374,9 @@ class RunHandle(Generic[TOut]):
         [cancelled] = await self._durable._app.broker.cancel_runs([self.run_id])
         return cancelled
 
-    async def events(self) -> AsyncIterator[Any]:
+    def events(self) -> AsyncIterator[Any]:
         """The run's emits and step events, as they happen: not implemented yet.
 
         :raises Unsupported: always, for now
         """
         raise Unsupported("RunHandle.events() is not implemented yet (issue 26)")
-        yield  # an async generator

@@ -48,8 +48,8 @@ from .leases import Leases, WallClock, as_clock
 from .limits import MICRO, Limiter
 from .lines import Lines
 from .observe import Events, Registry, Rollups
-from .runs import RunStore
 from .retention import Finished
+from .runs import RunStore
 from .schedules import Schedules
 
 __all__ = ["JobPath"]
