@@ -16,7 +16,7 @@ import pytest
 
 from tests.support import TEST_DEADLINE
 from typedq import App
-from typedq.broker.base import JobState
+from typedq.broker.base import Completion, JobMessage, JobState
 from typedq.broker.memory import MemoryBroker
 from typedq.broker.runs import (
     AppendOutcome,
@@ -26,6 +26,7 @@ from typedq.broker.runs import (
     RunSpec,
     RunState,
     SignalOutcome,
+    StepOutcome,
 )
 from typedq.durable import Run, RunTimeout, Signal, StepScheduled, decode_entries, encode_entries
 from typedq.errors import JobCancelled, JobFailed, ResultTimeout
@@ -281,3 +282,65 @@ async def test_the_store_fences_appends_and_keeps_signals_in_order() -> None:
         assert await broker.wake_runs([("r1", 0.0), ("nope", 0.0)]) == [False, False]
     finally:
         await broker.close()
+
+
+async def test_the_store_keeps_a_waited_jobs_outcome_and_wakes_the_run() -> None:
+    broker = MemoryBroker(clock=FakeClock(EPOCH))
+    await broker.connect()
+    try:
+        await broker.create_runs([spec("r2")])
+        step = JobMessage(id="r2:0", task="t", queue="steps", payload=b"")
+        await broker.enqueue([step])
+        [appended] = await broker.append_runs(
+            [RunAppend(run_id="r2", expected=0, wait_jobs=("r2:0",))]
+        )
+        assert appended is AppendOutcome.APPENDED
+        [claimed] = await broker.claim(["steps"], 1, worker_id="w", lease=30)
+        await broker.complete([Completion(claimed.message.id, claimed.token, b"out")])
+        # The job's record may go (retention, an operator): the run keeps its outcome.
+        assert await broker.remove(["r2:0"]) == [True]
+        [record] = await broker.get_runs(["r2"])
+        assert record is not None
+        assert record.outcomes == {"r2:0": StepOutcome(state=JobState.COMPLETED, result=b"out")}
+        # Its first turn still waits, unclaimed: the step's end adds no second one.
+        assert (await broker.counts("q"))[JobState.WAITING] == 1
+        [turn] = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert turn.message.id == "r2:t1"
+        assert await broker.wake_runs([("r2", 0.0)]) == [True]  # claimed: a new turn is due
+        assert (await broker.counts("q"))[JobState.WAITING] == 1
+    finally:
+        await broker.close()
+
+
+async def test_a_saga_catches_a_failed_step_and_compensates() -> None:
+    app = App("runs")
+    calls: Counter[str] = Counter()
+
+    @app.task
+    async def reserve(user: User) -> Account:
+        calls["reserve"] += 1
+        return Account(id="held")
+
+    @app.task(retries=0)
+    async def charge(acct: Account) -> Account:
+        calls["charge"] += 1
+        raise ValueError("card declined")
+
+    @app.task
+    async def release(acct: Account) -> Account:
+        calls["release"] += 1
+        return Account(id="released")
+
+    @app.durable
+    async def order(run: Run, user: User) -> Account:
+        held, again = await run.gather(run.step(reserve, user), run.step(reserve, user))
+        try:
+            return await run.step(charge, held)
+        except JobFailed:
+            return await run.step(release, again)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app, clock=FakeClock(EPOCH)):
+            handle = await order.start(User(name="s"), run_id="saga")
+            assert await handle.result(timeout=TEST_DEADLINE) == Account(id="released")
+    assert calls == Counter(reserve=2, charge=1, release=1)

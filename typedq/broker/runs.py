@@ -19,10 +19,12 @@ from enum import StrEnum
 import msgspec
 
 from ..errors import FailureRecord
+from .messages import JobState
 
 __all__ = [
     "AppendOutcome",
     "RunAppend",
+    "StepOutcome",
     "RunRecord",
     "RunSignal",
     "RunSpec",
@@ -65,6 +67,19 @@ class RunSpec(msgspec.Struct, frozen=True, kw_only=True):
     input: bytes
 
 
+class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """A job the run waited on, as it ended: kept with the run until a turn records it,
+    so that the job's own record may be trimmed or removed meanwhile.
+
+    :param result: the encoded result (completed)
+    :param error: the encoded FailureRecord (failed, cancelled)
+    """
+
+    state: JobState
+    result: bytes | None = None
+    error: bytes | None = None
+
+
 class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     """A snapshot of one run (``get_runs``)."""
 
@@ -84,6 +99,8 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     wait_jobs: tuple[str, ...] = ()
     wait_signal: str | None = None
     wake_at: float | None = None
+    #: The waited-on jobs that have ended since, by job id (see :class:`StepOutcome`).
+    outcomes: dict[str, StepOutcome] = {}
 
 
 class RunAppend(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 import anyio
 import msgspec
 
-from ..broker.base import JobMessage, JobRecord, JobState
+from ..broker.base import JobMessage, JobState
 from ..broker.runs import (
     AppendOutcome,
     RunAppend,
@@ -189,7 +189,7 @@ class DurableTask(Generic[TIn, TOut]):
             if record is None or record.state.is_final:
                 return
             entries = [e for blob in record.log for e in decode_entries(blob)]
-            fresh = await self._outcomes(run_id, entries)
+            fresh = await self._outcomes(record, entries)
             log = RunLog([*entries, *fresh])
             now = await broker.broker_time_us() / 1_000_000
             try:
@@ -206,17 +206,23 @@ class DurableTask(Generic[TIn, TOut]):
                 return
         raise RuntimeError(f"run {run_id}: no turn settled after {_MAX_ROUNDS} rounds")
 
-    async def _outcomes(self, run_id: str, entries: Sequence[LogEntry]) -> list[LogEntry]:
-        """The outcomes of the scheduled steps whose jobs have finished, not yet logged."""
+    async def _outcomes(self, record: RunRecord, entries: Sequence[LogEntry]) -> list[LogEntry]:
+        """The outcomes of the scheduled steps whose jobs have ended, not yet logged: those
+        the broker kept with the run, else the jobs' own records."""
         done = {e.position for e in entries if isinstance(e, StepCompleted | StepFailed)}
         open_steps = [e for e in entries if isinstance(e, StepScheduled) and e.position not in done]
         if not open_steps:
             return []
-        ids = [f"{run_id}:{e.position}" for e in open_steps]
-        records = await self._app.broker.get(ids)
+        ids = [f"{record.spec.id}:{e.position}" for e in open_steps]
+        unknown = [job_id for job_id in ids if job_id not in record.outcomes]
+        read = dict(zip(unknown, await self._app.broker.get(unknown), strict=True))
         out: list[LogEntry] = []
-        for step, job_id, job in zip(open_steps, ids, records, strict=True):
-            out.extend(_outcome(step, job_id, job))
+        for step, job_id in zip(open_steps, ids, strict=True):
+            kept = record.outcomes.get(job_id)
+            if kept is not None:
+                out.extend(_outcome(step, job_id, kept.state, kept.result, kept.error))
+            elif (job := read.get(job_id)) is not None:
+                out.extend(_outcome(step, job_id, job.state, job.result, job.error))
         return out
 
     async def _act(
@@ -286,12 +292,14 @@ class DurableTask(Generic[TIn, TOut]):
         await self._app.broker.enqueue(messages)
 
 
-def _outcome(step: StepScheduled, job_id: str, job: JobRecord | None) -> list[LogEntry]:
-    if job is None or not job.state.is_final:
+def _outcome(
+    step: StepScheduled, job_id: str, state: JobState, result: bytes | None, error: bytes | None
+) -> list[LogEntry]:
+    if not state.is_final:
         return []
-    if job.state is JobState.COMPLETED:
-        return [StepCompleted(position=step.position, task=step.task, output=job.result or b"")]
-    failure = decode_failure(job.error, job_id)
+    if state is JobState.COMPLETED:
+        return [StepCompleted(position=step.position, task=step.task, output=result or b"")]
+    failure = decode_failure(error, job_id)
     return [StepFailed(position=step.position, task=step.task, failure=failure)]
 
 

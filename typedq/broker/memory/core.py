@@ -178,7 +178,7 @@ class JobPath(Broker):
         if job.flow_id is not None:
             self.flows.settled(job, state, job.result, job.error, now)
         if self.runs.by_job:
-            self.runs.job_finished(job_id)
+            self.runs.job_finished(job)
 
     # -- producer side -------------------------------------------------------------
 

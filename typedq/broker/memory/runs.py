@@ -24,10 +24,12 @@ from ..runs import (
     RunSpec,
     RunState,
     SignalOutcome,
+    StepOutcome,
 )
 
 if TYPE_CHECKING:
     from .core import JobPath
+    from .jobs import Job
 
 __all__ = ["RunStore"]
 
@@ -41,6 +43,7 @@ class StoredRun:
         "finished_at",
         "inbox",
         "log",
+        "outcomes",
         "result",
         "spec",
         "state",
@@ -63,6 +66,7 @@ class StoredRun:
         self.wait_jobs: tuple[str, ...] = ()
         self.wait_signal: str | None = None
         self.wake_at: float | None = None
+        self.outcomes: dict[str, StepOutcome] = {}
         #: The id of the last immediate turn enqueued (skip another while it waits).
         self.turn: str | None = None
         #: Turns enqueued so far: the next turn's id suffix.
@@ -81,6 +85,7 @@ class StoredRun:
             wait_jobs=self.wait_jobs,
             wait_signal=self.wait_signal,
             wake_at=self.wake_at,
+            outcomes=dict(self.outcomes),
         )
 
 
@@ -126,6 +131,9 @@ class RunStore:
             self._finish(run, item.state, item.result, item.failure)
             return AppendOutcome.APPENDED
         run.wait_jobs, run.wait_signal, run.wake_at = item.wait_jobs, item.wait_signal, item.wake_at
+        # The outcomes the appending turn read are in its entries now; keep only those of
+        # jobs it still waits on (one that ended after its read).
+        run.outcomes = {k: v for k, v in run.outcomes.items() if k in item.wait_jobs}
         jobs = self._broker.table.jobs
         for job_id in item.wait_jobs:
             self.by_job.setdefault(job_id, set()).add(run.spec.id)
@@ -171,12 +179,16 @@ class RunStore:
 
     # -- the job path's hook -----------------------------------------------------------
 
-    def job_finished(self, job_id: str) -> None:
-        """A job reached a final state: wake every run waiting on it."""
-        waiting = self.by_job.pop(job_id, None)
+    def job_finished(self, job: Job) -> None:
+        """A job reached a final state: keep its outcome with every run waiting on it,
+        and wake them."""
+        waiting = self.by_job.pop(job.message.id, None)
         for run_id in waiting or ():
             run = self.runs.get(run_id)
             if run is not None and not run.state.is_final:
+                run.outcomes[job.message.id] = StepOutcome(
+                    state=job.state, result=job.result, error=job.error
+                )
                 self.wake(run, 0.0)
 
     # -- internals ---------------------------------------------------------------------
