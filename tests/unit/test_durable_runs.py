@@ -28,8 +28,17 @@ from typedq.broker.runs import (
     SignalOutcome,
     StepOutcome,
 )
-from typedq.durable import Run, RunTimeout, Signal, StepScheduled, decode_entries, encode_entries
+from typedq.durable import (
+    Emitted,
+    Run,
+    RunTimeout,
+    Signal,
+    StepScheduled,
+    decode_entries,
+    encode_entries,
+)
 from typedq.errors import JobCancelled, JobFailed, ResultTimeout
+from typedq.serde import codec_for
 from typedq.testing import FakeClock, run_worker
 
 pytestmark = pytest.mark.anyio
@@ -344,3 +353,30 @@ async def test_a_saga_catches_a_failed_step_and_compensates() -> None:
             handle = await order.start(User(name="s"), run_id="saga")
             assert await handle.result(timeout=TEST_DEADLINE) == Account(id="released")
     assert calls == Counter(reserve=2, charge=1, release=1)
+
+
+class Progress(msgspec.Struct, frozen=True):
+    done: int
+
+
+async def test_events_are_the_runs_timeline_until_it_ends() -> None:
+    app = App("runs")
+
+    @app.task
+    async def make(user: User) -> Account:
+        return Account(id=user.name)
+
+    @app.durable
+    async def traced(run: Run, user: User) -> Account:
+        account = await run.step(make, user)
+        await run.emit(Progress(done=1))
+        return account
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app, clock=FakeClock(EPOCH)):
+            handle = await traced.start(User(name="e"), run_id="timeline")
+            seen = [entry async for entry in handle.events()]
+    assert [type(e).__name__ for e in seen] == ["StepScheduled", "StepCompleted", "Emitted"]
+    emitted = seen[-1]
+    assert isinstance(emitted, Emitted)
+    assert codec_for(Progress).decode(emitted.payload) == Progress(done=1)

@@ -41,7 +41,6 @@ from ..errors import (
     JobFailed,
     JobNotFound,
     ResultTimeout,
-    Unsupported,
 )
 from ..failures import type_name
 from ..job import decode_failure
@@ -382,9 +381,22 @@ class RunHandle(Generic[TOut]):
         [cancelled] = await self._durable._app.broker.cancel_runs([self.run_id])
         return cancelled
 
-    def events(self) -> AsyncIterator[Any]:
-        """The run's emits and step events, as they happen: not implemented yet.
+    async def events(self) -> AsyncIterator[LogEntry]:
+        """The run's timeline: every entry of its log (steps scheduled and ended, sleeps,
+        waits, signals, emits, patch markers), oldest first, as they are appended; ends
+        when the run has ended.
 
-        :raises Unsupported: always, for now
+        An ``Emitted`` entry holds the event model's name and its encoded payload (decode
+        it with the model: ``codec_for(Progress).decode(entry.payload)``). On the embedded
+        broker this looks at the run every 10 ms (no push yet).
         """
-        raise Unsupported("RunHandle.events() is not implemented yet (issue 26)")
+        seen = 0
+        while True:
+            record = await self.record()
+            for blob in record.log[seen:]:
+                for entry in decode_entries(blob):
+                    yield entry
+            seen = len(record.log)
+            if record.state.is_final:
+                return
+            await anyio.sleep(_POLL)
