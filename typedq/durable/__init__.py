@@ -4,8 +4,8 @@ A durable run is ``async def f(run: Run, inp: TIn) -> TOut``, re-run from the to
 every suspension or crash against its log (:mod:`typedq.durable.log`); :func:`replay`
 (:mod:`typedq.durable.replay`) runs it once and says what the host does next;
 :mod:`typedq.durable.host` is the host (``@app.durable``, :class:`DurableTask`,
-:class:`RunHandle`, the run's turns). See docs/durable.md. Nothing here is exported from
-:mod:`typedq` yet.
+:class:`RunHandle`, the run's turns). See docs/durable.md. :mod:`typedq` exports
+``Run``, ``RunHandle``, ``Signal``, ``RunTimeout`` and ``NonDeterministic``.
 """
 
 from __future__ import annotations
