@@ -39,6 +39,7 @@ from typedq.durable import (
 )
 from typedq.errors import JobCancelled, JobFailed, ResultTimeout
 from typedq.serde import codec_for
+from typedq.stubgen import select_tasks
 from typedq.testing import FakeClock, run_worker
 
 pytestmark = pytest.mark.anyio
@@ -380,3 +381,10 @@ async def test_events_are_the_runs_timeline_until_it_ends() -> None:
     emitted = seen[-1]
     assert isinstance(emitted, Emitted)
     assert codec_for(Progress).decode(emitted.payload) == Progress(done=1)
+
+
+def test_a_durables_turn_task_gets_no_producer_stub() -> None:
+    calls: Counter[str] = Counter()
+    app = onboarding_app(calls)
+    assert "typedq.run.onboard" in app.tasks  # what workers run
+    assert [t.name for t in select_tasks(app)] == ["create_account"]
