@@ -12,7 +12,14 @@ from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
 from .broker.capabilities import EventStreams, Limits, Runs, Schedules
 from .clock import SYSTEM_CLOCK, Clock
-from .durable.host import TURN_PREFIX, DurableDecorator, DurableTask, RunTurn, durable_types
+from .durable.host import (
+    TURN_PREFIX,
+    TURN_RETRIES,
+    DurableDecorator,
+    DurableTask,
+    RunTurn,
+    durable_types,
+)
 from .durable.replay import DurableFunction
 from .errors import ConfigError
 from .limits import ConcurrencyLimit, RateLimit
@@ -228,7 +235,8 @@ class App(AppBase):
 
         ``async def f(run: Run, inp: Model) -> Model | None``, re-run against its log
         after every suspension or crash (docs/durable.md). Its options are those of its
-        turn task ``typedq.run.<name>`` (see :class:`~typedq.durable.host.DurableTask`).
+        turn task ``typedq.run.<name>`` (see :class:`~typedq.durable.host.DurableTask`);
+        ``retries`` defaults to 10 there, as a turn is a replay.
 
         :param name: the durable function's name (default: the function's ``__name__``)
         """
@@ -247,7 +255,10 @@ class App(AppBase):
             async def turn(turn: RunTurn) -> None:
                 await durable.turn(turn.run_id)
 
-            durable.turn_task = self.task(name=TURN_PREFIX + run_name, **defaults)(turn)
+            # A turn is a replay, safe to run again: retried by default, so that a broker
+            # hiccup in a turn does not leave the run without a next turn.
+            options: TaskDefaults = {"retries": TURN_RETRIES, **defaults}
+            durable.turn_task = self.task(name=TURN_PREFIX + run_name, **options)(turn)
             self._durables[run_name] = durable
             return durable
 

@@ -388,3 +388,25 @@ def test_a_durables_turn_task_gets_no_producer_stub() -> None:
     app = onboarding_app(calls)
     assert "typedq.run.onboard" in app.tasks  # what workers run
     assert [t.name for t in select_tasks(app)] == ["create_account"]
+
+
+async def test_a_step_of_another_apps_task_fails_the_run() -> None:
+    app, other = App("runs"), App("other")
+
+    @other.task
+    async def elsewhere(user: User) -> Account:
+        return Account(id="x")
+
+    @app.durable
+    async def strays(run: Run, user: User) -> Account:
+        return await run.step(elsewhere, user)
+
+    assert strays.turn_task.options.retries == 10
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app, clock=FakeClock(EPOCH)):
+            handle = await strays.start(User(name="s"))
+            with pytest.raises(JobFailed, match="ConfigError"):
+                await handle.result(timeout=TEST_DEADLINE)
+            record = await handle.record()
+            assert record.failure is not None
+            assert "does not have" in record.failure.message

@@ -73,12 +73,15 @@ if TYPE_CHECKING:
     from ..app import App
     from ..task import Task
 
-__all__ = ["DurableDecorator", "DurableTask", "RunHandle", "RunTurn", "TURN_PREFIX"]
+__all__ = ["DurableDecorator", "DurableTask", "RunHandle", "RunTurn", "TURN_PREFIX", "TURN_RETRIES"]
 
 T = TypeVar("T")
 
 #: The prefix of a durable function's turn task: ``typedq.run.<name>``.
 TURN_PREFIX = "typedq.run."
+
+#: A turn task's default retries (a turn is a replay: running it again is safe).
+TURN_RETRIES = 10
 
 #: How many times a turn reads the run again after losing a compare-and-append, or
 #: after recording a signal it found waiting, before it gives up (the turn job fails
@@ -197,7 +200,12 @@ class DurableTask(Generic[TIn, TOut]):
                 )
             except NonDeterministic as exc:
                 decision = Failed(error=exc)
-            append, again = await self._act(record, decision, [*fresh, *decision.append], now)
+            entries = [*fresh, *decision.append]
+            try:
+                append, again = await self._act(record, decision, entries, now)
+            except ConfigError as exc:
+                # A step of a task this app does not have: no turn can ever run it.
+                append, again = await self._act(record, Failed(error=exc), entries, now)
             [outcome] = await broker.append_runs([append])
             if outcome is AppendOutcome.APPENDED and not again:
                 return
@@ -278,7 +286,10 @@ class DurableTask(Generic[TIn, TOut]):
         for request in decision.schedule:
             task = tasks.get(request.task)
             if task is None:
-                raise ConfigError(f"run step: app has no task {request.task!r}")
+                raise ConfigError(
+                    f"run {self.name!r} asks for a step of task {request.task!r}, which app "
+                    f"{self._app.name!r} does not have: a step runs a task of the run's own app"
+                )
             messages.append(
                 JobMessage(
                     id=request.key,
