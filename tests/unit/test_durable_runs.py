@@ -318,6 +318,14 @@ async def test_the_store_keeps_a_waited_jobs_outcome_and_wakes_the_run() -> None
         assert turn.message.id == "r2:t1"
         assert await broker.wake_runs([("r2", 0.0)]) == [True]  # claimed: a new turn is due
         assert (await broker.counts("q"))[JobState.WAITING] == 1
+        # An append that records the outcome drops it from the run.
+        [recorded] = await broker.append_runs(
+            [RunAppend(run_id="r2", expected=0, recorded_jobs=("r2:0",))]
+        )
+        assert recorded is AppendOutcome.APPENDED
+        [after] = await broker.get_runs(["r2"])
+        assert after is not None
+        assert after.outcomes == {}
     finally:
         await broker.close()
 

@@ -68,8 +68,9 @@ class RunSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """A job the run waited on, as it ended: kept with the run until a turn records it,
-    so that the job's own record may be trimmed or removed meanwhile.
+    """A step job of the run (id ``run_id:position``), as it ended: kept with the run
+    until an append records it, so that the job's own record may be trimmed or removed
+    meanwhile.
 
     :param result: the encoded result (completed)
     :param error: the encoded FailureRecord (failed, cancelled)
@@ -99,7 +100,8 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     wait_jobs: tuple[str, ...] = ()
     wait_signal: str | None = None
     wake_at: float | None = None
-    #: The waited-on jobs that have ended since, by job id (see :class:`StepOutcome`).
+    #: Its step jobs (ids ``run_id:position``) that have ended and whose outcomes no
+    #: append has recorded yet, by job id (see :class:`StepOutcome`).
     outcomes: dict[str, StepOutcome] = {}
 
 
@@ -114,12 +116,15 @@ class RunAppend(msgspec.Struct, frozen=True, kw_only=True):
 
     :param take_signal: pop the oldest payload of this signal from the inbox (the
         caller appends it as the wait's ``SignalReceived`` entry)
+    :param recorded_jobs: the step jobs whose outcomes the entries record: the broker
+        drops them from the run's kept outcomes (:attr:`RunRecord.outcomes`)
     """
 
     run_id: str
     expected: int
     entries: tuple[bytes, ...] = ()
     take_signal: str | None = None
+    recorded_jobs: tuple[str, ...] = ()
     state: RunState = RunState.RUNNING
     result: bytes | None = None
     failure: FailureRecord | None = None

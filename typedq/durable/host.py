@@ -239,7 +239,12 @@ class DurableTask(Generic[TIn, TOut]):
         the turn goes on (a waiting signal was taken: replay at once)."""
         run_id = record.spec.id
         blobs = tuple(encode_entries([e]) for e in entries)
-        base = RunAppend(run_id=run_id, expected=len(record.log), entries=blobs)
+        recorded = tuple(
+            f"{run_id}:{e.position}" for e in entries if isinstance(e, StepCompleted | StepFailed)
+        )
+        base = RunAppend(
+            run_id=run_id, expected=len(record.log), entries=blobs, recorded_jobs=recorded
+        )
         if isinstance(decision, ScheduleSteps):
             await self._enqueue_steps(decision)
             waits = [r.key for r in decision.schedule]

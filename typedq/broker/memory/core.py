@@ -177,7 +177,7 @@ class JobPath(Broker):
                 self.events.emit(ring, job, state)
         if job.flow_id is not None:
             self.flows.settled(job, state, job.result, job.error, now)
-        if self.runs.by_job:
+        if self.runs.runs:
             self.runs.job_finished(job)
 
     # -- producer side -------------------------------------------------------------

@@ -131,9 +131,10 @@ class RunStore:
             self._finish(run, item.state, item.result, item.failure)
             return AppendOutcome.APPENDED
         run.wait_jobs, run.wait_signal, run.wake_at = item.wait_jobs, item.wait_signal, item.wake_at
-        # The outcomes the appending turn read are in its entries now; keep only those of
-        # jobs it still waits on (one that ended after its read).
-        run.outcomes = {k: v for k, v in run.outcomes.items() if k in item.wait_jobs}
+        # The outcomes this append records are in the log now; the others stay (a job
+        # that ended after the turn's read).
+        for job_id in item.recorded_jobs:
+            run.outcomes.pop(job_id, None)
         jobs = self._broker.table.jobs
         for job_id in item.wait_jobs:
             self.by_job.setdefault(job_id, set()).add(run.spec.id)
@@ -180,16 +181,18 @@ class RunStore:
     # -- the job path's hook -----------------------------------------------------------
 
     def job_finished(self, job: Job) -> None:
-        """A job reached a final state: keep its outcome with every run waiting on it,
-        and wake them."""
-        waiting = self.by_job.pop(job.message.id, None)
-        for run_id in waiting or ():
-            run = self.runs.get(run_id)
-            if run is not None and not run.state.is_final:
-                run.outcomes[job.message.id] = StepOutcome(
-                    state=job.state, result=job.result, error=job.error
-                )
-                self.wake(run, 0.0)
+        """A job reached a final state: if it is a step of a running run (id
+        ``run_id:position``), keep its outcome with the run, so that the job's own record
+        may go before a turn reads it; wake every run waiting on it."""
+        job_id = job.message.id
+        run_id, _, position = job_id.rpartition(":")
+        run = self.runs.get(run_id) if position.isdigit() else None
+        if run is not None and not run.state.is_final:
+            run.outcomes[job_id] = StepOutcome(state=job.state, result=job.result, error=job.error)
+        for waiting_id in self.by_job.pop(job_id, ()):
+            waiting = self.runs.get(waiting_id)
+            if waiting is not None and not waiting.state.is_final:
+                self.wake(waiting, 0.0)
 
     # -- internals ---------------------------------------------------------------------
 
