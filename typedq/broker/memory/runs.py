@@ -241,4 +241,5 @@ class RunStore:
         run.state = state
         run.result = result
         run.failure = failure
+        run.outcomes = {}  # an ended run replays no more
         run.finished_at = self._broker.clock.time()
