@@ -12,6 +12,11 @@ from .broker.base import JobState as JobState
 from .broker.base import Retention as Retention
 from .client import Client as Client
 from .context import JobContext as JobContext
+from .durable import NonDeterministic as NonDeterministic
+from .durable import Run as Run
+from .durable import RunHandle as RunHandle
+from .durable import RunTimeout as RunTimeout
+from .durable import Signal as Signal
 from .errors import Abort as Abort
 from .errors import BrokerError as BrokerError
 from .errors import BrokerUnavailable as BrokerUnavailable
@@ -96,6 +101,7 @@ __all__ = [
     "JobNotFound",
     "JobState",
     "JobStatus",
+    "NonDeterministic",
     "NotConnected",
     "Ok",
     "PartialEnqueue",
@@ -112,7 +118,11 @@ __all__ = [
     "ResultTimeout",
     "Retention",
     "Retry",
+    "Run",
+    "RunHandle",
+    "RunTimeout",
     "Schedule",
+    "Signal",
     "Task",
     "TaskStub",
     "TypedqError",

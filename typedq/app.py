@@ -10,8 +10,17 @@ from typing_extensions import Unpack
 
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
-from .broker.capabilities import EventStreams, Limits, Schedules
+from .broker.capabilities import EventStreams, Limits, Runs, Schedules
 from .clock import SYSTEM_CLOCK, Clock
+from .durable.host import (
+    TURN_PREFIX,
+    TURN_RETRIES,
+    DurableDecorator,
+    DurableTask,
+    RunTurn,
+    durable_types,
+)
+from .durable.replay import DurableFunction
 from .errors import ConfigError
 from .limits import ConcurrencyLimit, RateLimit
 from .names import check_name
@@ -98,6 +107,7 @@ class App(AppBase):
         self._tasks: dict[str, Task[Any, Any]] = {}
         self._resources: dict[str, Resource[Any]] = {}
         self._schedules: dict[str, Schedule[Any]] = {}
+        self._durables: dict[str, DurableTask[Any, Any]] = {}
 
     def __repr__(self) -> str:
         return f"App({self.name!r}, tasks={sorted(self._tasks)})"
@@ -195,6 +205,62 @@ class App(AppBase):
             )
             self._tasks[options.name] = task
             return task
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    # -- durable runs (typedq.durable) --------------------------------------------------
+
+    @property
+    def durables(self) -> Mapping[str, DurableTask[Any, Any]]:
+        """The durable functions by name."""
+        return dict(self._durables)
+
+    @overload
+    def durable(self, fn: DurableFunction[TIn, TOut], /) -> DurableTask[TIn, TOut]: ...
+    @overload
+    def durable(
+        self, *, name: str | None = None, **defaults: Unpack[TaskDefaults]
+    ) -> DurableDecorator: ...
+
+    def durable(
+        self,
+        fn: DurableFunction[Any, Any] | None = None,
+        *,
+        name: str | None = None,
+        **defaults: Unpack[TaskDefaults],
+    ) -> Any:
+        """Register a durable function: ``@app.durable`` or ``@app.durable(queue=...)``.
+
+        ``async def f(run: Run, inp: Model) -> Model | None``, re-run against its log
+        after every suspension or crash (docs/durable.md). Its options are those of its
+        turn task ``typedq.run.<name>`` (see :class:`~typedq.durable.host.DurableTask`);
+        ``retries`` defaults to 10 there, as a turn is a replay.
+
+        :param name: the durable function's name (default: the function's ``__name__``)
+        """
+
+        def register(fn: DurableFunction[Any, Any]) -> DurableTask[Any, Any]:
+            input_type, output_type = durable_types(fn)
+            run_name = check_name("durable", name or fn.__name__)
+            if run_name in self._durables:
+                raise ConfigError(f"app {self.name!r} already has a durable {run_name!r}")
+            if defaults.get("partitions", 1) != 1:
+                raise ConfigError(f"durable {run_name!r}: a run's queue takes no partitions")
+            durable: DurableTask[Any, Any] = DurableTask(
+                fn, app=self, name=run_name, input_type=input_type, output_type=output_type
+            )
+
+            async def turn(turn: RunTurn) -> None:
+                await durable.turn(turn.run_id)
+
+            # A turn is a replay, safe to run again: retried by default, so that a broker
+            # hiccup in a turn does not leave the run without a next turn.
+            options: TaskDefaults = {"retries": TURN_RETRIES, **defaults}
+            durable.turn_task = self.task(name=TURN_PREFIX + run_name, **options)(turn)
+            self._durables[run_name] = durable
+            return durable
 
         if fn is not None:
             return register(fn)
@@ -332,6 +398,8 @@ class App(AppBase):
             needs[Limits] = f"rate_limit/concurrency of tasks {', '.join(limited)}"
         if self.event_streams:
             needs[EventStreams] = "App(event_streams=True)"
+        if self._durables:
+            needs[Runs] = f"durable functions {', '.join(sorted(self._durables))}"
         return needs
 
     # -- workers -------------------------------------------------------------------

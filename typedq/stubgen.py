@@ -30,6 +30,7 @@ from typing import Any
 
 from .app import App
 from .backoff import Backoff
+from .durable.host import TURN_PREFIX
 from .errors import ConfigError
 from .serde import list_item, optional_model
 from .task import Task
@@ -54,8 +55,11 @@ class StubError(ConfigError):
 
 
 def select_tasks(app: App, names: Sequence[str] = ()) -> list[Task[Any, Any]]:
-    """The app's tasks sorted by name, or just ``names``; raise for an unknown name or none."""
-    tasks = app.tasks
+    """The app's tasks sorted by name, or just ``names``; raise for an unknown name or none.
+
+    A durable function's turn task (``typedq.run.<name>``) is the runtime's, not a
+    producer's: it gets no stub (start runs with ``DurableTask.start``)."""
+    tasks = {n: t for n, t in app.tasks.items() if not n.startswith(TURN_PREFIX)}
     if not tasks:
         raise ConfigError(
             f"app {app.name!r} has no tasks: register handlers with @app.task in the module "

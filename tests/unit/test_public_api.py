@@ -89,6 +89,17 @@ def test_no_public_name_outside_all() -> None:
         ("Job", "result", True),
         ("Job", "cancel", True),
         ("Job", "status", True),
+        ("App", "durable", False),
+        ("RunHandle", "send", True),
+        ("RunHandle", "result", True),
+        ("RunHandle", "cancel", True),
+        ("Run", "step", False),
+        ("Run", "sleep", True),
+        ("Run", "wait_for", True),
+        ("Run", "do", True),
+        ("Run", "gather", True),
+        ("Run", "emit", True),
+        ("Run", "patched", False),
     ],
 )
 def test_spec_methods(owner: str, method: str, is_async: bool) -> None:
@@ -98,7 +109,8 @@ def test_spec_methods(owner: str, method: str, is_async: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "type_parameters"), [("Task", 2), ("Job", 1), ("Worker", 2), ("App", 0)]
+    ("name", "type_parameters"),
+    [("Task", 2), ("Job", 1), ("Worker", 2), ("App", 0), ("RunHandle", 1), ("Signal", 1)],
 )
 def test_spec_classes(name: str, type_parameters: int) -> None:
     """``Task[TIn, TOut]``, ``Job[TOut]``, ``Worker[TIn, TOut]``: generic classes."""
@@ -115,6 +127,10 @@ def test_spec_exceptions() -> None:
     assert issubclass(typedq.PartialEnqueue, typedq.TypedqError)
     assert issubclass(typedq.Retry, Exception)
     assert typedq.Retry(delay=5).delay == 5
+    # Durable runs (SPEC section 7): a timed-out wait is a TimeoutError, caught in the run.
+    assert issubclass(typedq.RunTimeout, typedq.TypedqError)
+    assert issubclass(typedq.RunTimeout, TimeoutError)
+    assert issubclass(typedq.NonDeterministic, typedq.TypedqError)
 
 
 class _Invoice(msgspec.Struct):

@@ -57,6 +57,8 @@ no job is a flow's).
 - ``EventStreams`` (2): ``enable_events``, ``read_events`` (typedq.events)
 - ``OperatorActions`` (3): ``retry``, ``remove``, ``purge`` (``typedq inspect``, the
   dashboard)
+- ``Runs`` (6): ``create_runs``, ``get_runs``, ``append_runs``, ``signal_runs``,
+  ``wake_runs``, ``cancel_runs`` (typedq.durable; values in :mod:`typedq.broker.runs`)
 
 A client checks the capabilities its app's declarations need once, when it connects
 (:func:`typedq.broker.capabilities.require`): an app with schedules, task limits or

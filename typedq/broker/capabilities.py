@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         TickFiring,
         WorkerInfo,
     )
+    from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
 
 __all__ = [
     "CAPABILITIES",
@@ -49,6 +50,7 @@ __all__ = [
     "Limits",
     "Observability",
     "OperatorActions",
+    "Runs",
     "Schedules",
     "capabilities_of",
     "members",
@@ -179,6 +181,25 @@ class OperatorActions(Protocol):
     async def purge(self, queue: str, states: Sequence[JobState]) -> int: ...
 
 
+@runtime_checkable
+class Runs(Protocol):
+    """Durable runs (:mod:`typedq.durable`): a run's record and log, compare-and-append,
+    signal inboxes, and turns enqueued by the broker when the run has something to do
+    (values in :mod:`typedq.broker.runs`)."""
+
+    async def create_runs(self, specs: Sequence[RunSpec]) -> list[tuple[bool, RunRecord]]: ...
+
+    async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]: ...
+
+    async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]: ...
+
+    async def signal_runs(self, signals: Sequence[RunSignal]) -> list[SignalOutcome]: ...
+
+    async def wake_runs(self, wakes: Sequence[tuple[str, float]]) -> list[bool]: ...
+
+    async def cancel_runs(self, run_ids: Sequence[str]) -> list[bool]: ...
+
+
 #: Every capability, in the order of the seam's description (typedq.broker.base).
 CAPABILITIES: tuple[type[Any], ...] = (
     Flows,
@@ -187,6 +208,7 @@ CAPABILITIES: tuple[type[Any], ...] = (
     Observability,
     EventStreams,
     OperatorActions,
+    Runs,
 )
 
 

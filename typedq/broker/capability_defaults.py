@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         TickFiring,
         WorkerInfo,
     )
+    from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
 
 __all__ = ["CapabilityDefaults", "capability_default", "is_capability_default"]
 
@@ -261,3 +262,44 @@ class CapabilityDefaults:
         arrives meanwhile).
         """
         raise self._unsupported("operator actions (purge)")
+
+    # -- durable runs (typedq.durable; capability Runs) ----------------------------------
+
+    @capability_default
+    async def create_runs(self, specs: Sequence[RunSpec]) -> list[tuple[bool, RunRecord]]:
+        """Create each run and enqueue its first turn; per spec, ``(created, record)``.
+
+        Idempotent by run id: a spec whose id exists already changes nothing and answers
+        ``(False, the existing record)``, whatever its fields.
+        """
+        raise self._unsupported("durable runs")
+
+    @capability_default
+    async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
+        """Each run's record (state, log, inbox, result or failure), None if unknown."""
+        raise self._unsupported("durable runs")
+
+    @capability_default
+    async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]:
+        """Apply each compare-and-append (:class:`~typedq.broker.runs.RunAppend`): only
+        while the run runs and its log still has ``expected`` entries; then set what it
+        waits for (waking it at once if that is already true) or finish it."""
+        raise self._unsupported("durable runs")
+
+    @capability_default
+    async def signal_runs(self, signals: Sequence[RunSignal]) -> list[SignalOutcome]:
+        """Add each payload to its run's inbox for the signal (oldest first); wake a run
+        that waits for it. A finished run refuses (``FINISHED``), keeping nothing."""
+        raise self._unsupported("durable runs")
+
+    @capability_default
+    async def wake_runs(self, wakes: Sequence[tuple[str, float]]) -> list[bool]:
+        """Enqueue a turn of each ``(run_id, at)``: now (``at`` <= the broker's time, or
+        0) or at ``at`` (epoch seconds, broker clock). False: unknown or finished run."""
+        raise self._unsupported("durable runs")
+
+    @capability_default
+    async def cancel_runs(self, run_ids: Sequence[str]) -> list[bool]:
+        """Cancel each running run (state ``cancelled``) and the jobs it waits on.
+        False: unknown or already finished."""
+        raise self._unsupported("durable runs")

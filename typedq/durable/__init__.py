@@ -1,13 +1,16 @@
-"""Durable runs (preview): the replay core, not yet wired to ``app.durable`` or the brokers.
+"""Durable runs (preview): the replay core, and ``@app.durable`` on the embedded broker.
 
 A durable run is ``async def f(run: Run, inp: TIn) -> TOut``, re-run from the top after
 every suspension or crash against its log (:mod:`typedq.durable.log`); :func:`replay`
-(:mod:`typedq.durable.replay`) runs it once and says what the host does next. See
-docs/durable.md. Nothing here is exported from :mod:`typedq` yet.
+(:mod:`typedq.durable.replay`) runs it once and says what the host does next;
+:mod:`typedq.durable.host` is the host (``@app.durable``, :class:`DurableTask`,
+:class:`RunHandle`, the run's turns). See docs/durable.md. :mod:`typedq` exports
+``Run``, ``RunHandle``, ``Signal``, ``RunTimeout`` and ``NonDeterministic``.
 """
 
 from __future__ import annotations
 
+from .host import DurableTask, RunHandle
 from .log import (
     DoRecorded,
     Emitted,
@@ -48,6 +51,9 @@ __all__ = [
     "RunTimeout",
     "NonDeterministic",
     "DurableFunction",
+    # on an app: @app.durable
+    "DurableTask",
+    "RunHandle",
     # the engine and its decisions
     "replay",
     "Decision",

@@ -12,6 +12,7 @@ Read it in this order:
 - :mod:`.limits`: rate windows, concurrency slots and ghosts, the gates that park jobs;
 - :mod:`.flows`: running workflows;
 - :mod:`.schedules`: schedule states;
+- :mod:`.runs`: durable runs (their records, logs, inboxes, and the turns they enqueue);
 - :mod:`.retention`: finished jobs and their bounds;
 - :mod:`.observe`: throughput rollups, event streams, the worker and queue registry;
 - :mod:`.listing`: listing and paging a state's jobs;

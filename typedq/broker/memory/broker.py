@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...errors import ConfigError, QueueFull
-from ...names import check_worker_id
+from ...names import check_job_ids, check_worker_id
 from ...options import check_numbers
 from ..base import (
     EnqueueOutcome,
@@ -25,6 +25,8 @@ from ..base import (
     WorkerInfo,
 )
 from ..flow import FlowSpec, FlowState
+from ..records import broker_failure
+from ..runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
 from . import listing
 from .core import JobPath
 from .jobs import Job
@@ -101,6 +103,43 @@ class MemoryBroker(JobPath):
     async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
         self._check()
         return self.flows.state(flow_id)
+
+    # -- durable runs (see typedq.broker.runs and .runs) -----------------------------
+
+    async def create_runs(self, specs: Sequence[RunSpec]) -> list[tuple[bool, RunRecord]]:
+        self._check()
+        check_job_ids([spec.id for spec in specs])
+        return [self.runs.create(spec) for spec in specs]
+
+    async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
+        self._check()
+        return [self.runs.get(run_id) for run_id in run_ids]
+
+    async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]:
+        self._check()
+        return [self.runs.append(item) for item in appends]
+
+    async def signal_runs(self, signals: Sequence[RunSignal]) -> list[SignalOutcome]:
+        self._check()
+        return [self.runs.signal(item) for item in signals]
+
+    async def wake_runs(self, wakes: Sequence[tuple[str, float]]) -> list[bool]:
+        self._check()
+        return [self.runs.wake_run(run_id, at) for run_id, at in wakes]
+
+    async def cancel_runs(self, run_ids: Sequence[str]) -> list[bool]:
+        self._check()
+        out = []
+        for run_id in run_ids:
+            failure = broker_failure(
+                "cancelled", "run cancelled", attempt=0, failed_at=self.clock.time()
+            )
+            waited = self.runs.cancel(run_id, failure)
+            out.append(waited is not None)
+            # A step still running is asked to stop, as a cancelled job is.
+            for job_id in waited or ():
+                await self.cancel(job_id)
+        return out
 
     # -- operations ------------------------------------------------------------------
 

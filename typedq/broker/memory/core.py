@@ -49,6 +49,7 @@ from .limits import MICRO, Limiter
 from .lines import Lines
 from .observe import Events, Registry, Rollups
 from .retention import Finished
+from .runs import RunStore
 from .schedules import Schedules
 
 __all__ = ["JobPath"]
@@ -77,6 +78,7 @@ class JobPath(Broker):
         self.leases = Leases(self.clock, self.table, self.lines, self.limiter)
         self.finished = Finished(self.table, self.settings)
         self.flows = Flows(self)
+        self.runs = RunStore(self)
         self.schedules = Schedules()
         self.rollups = Rollups()
         self.events = Events(self.settings.events_max)
@@ -175,6 +177,8 @@ class JobPath(Broker):
                 self.events.emit(ring, job, state)
         if job.flow_id is not None:
             self.flows.settled(job, state, job.result, job.error, now)
+        if self.runs.runs:
+            self.runs.job_finished(job)
 
     # -- producer side -------------------------------------------------------------
 

@@ -1,0 +1,24 @@
+"""What mypy rejects on durable runs' handles (issue 26): a start input that is not the
+function's, a signal payload of another model, a result used as another type."""
+
+from __future__ import annotations
+
+from snip import CardDeclined, Image, Receipt, SendInvoice, app
+
+from typedq.durable import Run, Signal
+
+approval = Signal("approval", CardDeclined)
+
+
+@app.durable
+async def checkout(run: Run, invoice: SendInvoice) -> Receipt:
+    return Receipt(receipt_id=str(invoice.invoice_id), total_cents=1)
+
+
+async def mismatches() -> None:
+    await checkout.start(Image(url="x"))  # E: arg-type "Image"; expected "SendInvoice"
+    handle = await checkout.start(SendInvoice(customer_id=1, invoice_id=2))
+    img = Image(url="x")
+    await handle.send(approval, img)  # E: misc Cannot infer value of type parameter "TPayload"
+    image: Image = await handle.result()  # E: assignment "Receipt", variable has type "Image"
+    print(image)

@@ -1,0 +1,245 @@
+"""The embedded broker's durable runs (capability ``Runs``; values in
+:mod:`typedq.broker.runs`): each run's record, and the turns it enqueues.
+
+A turn is a job of the run's turn task on its queue (see :mod:`typedq.broker.runs`). The
+store enqueues one when a run is created, when a job it waits on reaches a final state
+(:meth:`RunStore.job_finished`, called where the job path finishes a job), when a signal
+it waits for arrives, and at its timer (a turn job with an ``eta``). At most one
+immediate turn of a run waits at a time; a turn that finds nothing to do (a timer that
+a signal beat) replays to the same decision and appends nothing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ...errors import FailureRecord
+from ..base import JobMessage, JobState
+from ..runs import (
+    AppendOutcome,
+    RunAppend,
+    RunRecord,
+    RunSignal,
+    RunSpec,
+    RunState,
+    SignalOutcome,
+    StepOutcome,
+)
+
+if TYPE_CHECKING:
+    from .core import JobPath
+    from .jobs import Job
+
+__all__ = ["RunStore"]
+
+
+class StoredRun:
+    """One run as the embedded broker holds it (mutable; snapshots are RunRecords)."""
+
+    __slots__ = (
+        "created_at",
+        "failure",
+        "finished_at",
+        "inbox",
+        "log",
+        "outcomes",
+        "result",
+        "spec",
+        "state",
+        "turn",
+        "turns",
+        "wait_jobs",
+        "wait_signal",
+        "wake_at",
+    )
+
+    def __init__(self, spec: RunSpec, now: float) -> None:
+        self.spec = spec
+        self.state = RunState.RUNNING
+        self.log: list[bytes] = []
+        self.inbox: dict[str, deque[bytes]] = {}
+        self.created_at = now
+        self.finished_at = 0.0
+        self.result: bytes | None = None
+        self.failure: FailureRecord | None = None
+        self.wait_jobs: tuple[str, ...] = ()
+        self.wait_signal: str | None = None
+        self.wake_at: float | None = None
+        self.outcomes: dict[str, StepOutcome] = {}
+        #: The id of the last immediate turn enqueued (skip another while it waits).
+        self.turn: str | None = None
+        #: Turns enqueued so far: the next turn's id suffix.
+        self.turns = 0
+
+    def snapshot(self) -> RunRecord:
+        return RunRecord(
+            spec=self.spec,
+            state=self.state,
+            log=tuple(self.log),
+            inbox={name: tuple(q) for name, q in self.inbox.items() if q},
+            created_at=self.created_at,
+            finished_at=self.finished_at,
+            result=self.result,
+            failure=self.failure,
+            wait_jobs=self.wait_jobs,
+            wait_signal=self.wait_signal,
+            wake_at=self.wake_at,
+            outcomes=dict(self.outcomes),
+        )
+
+
+class RunStore:
+    """Every run of an embedded broker, and which run waits on which job."""
+
+    def __init__(self, broker: JobPath) -> None:
+        self._broker = broker
+        self.runs: dict[str, StoredRun] = {}
+        #: job id -> the runs waiting on it (see :meth:`job_finished`).
+        self.by_job: dict[str, set[str]] = {}
+
+    # -- the capability's operations (MemoryBroker checks the connection) ----------------
+
+    def create(self, spec: RunSpec) -> tuple[bool, RunRecord]:
+        run = self.runs.get(spec.id)
+        if run is not None:
+            return False, run.snapshot()
+        run = self.runs[spec.id] = StoredRun(spec, self._broker.clock.time())
+        self.wake(run, 0.0)
+        return True, run.snapshot()
+
+    def get(self, run_id: str) -> RunRecord | None:
+        run = self.runs.get(run_id)
+        return None if run is None else run.snapshot()
+
+    def append(self, item: RunAppend) -> AppendOutcome:
+        run = self.runs.get(item.run_id)
+        if run is None:
+            return AppendOutcome.NOT_FOUND
+        if run.state.is_final:
+            return AppendOutcome.FINISHED
+        if len(run.log) != item.expected:
+            return AppendOutcome.CONFLICT
+        if item.take_signal is not None:
+            waiting = run.inbox.get(item.take_signal)
+            if not waiting:
+                return AppendOutcome.CONFLICT  # only appends take: cannot happen when fenced
+            waiting.popleft()
+        run.log.extend(item.entries)
+        self._unwait(run)
+        if item.state.is_final:
+            self._finish(run, item.state, item.result, item.failure)
+            return AppendOutcome.APPENDED
+        run.wait_jobs, run.wait_signal, run.wake_at = item.wait_jobs, item.wait_signal, item.wake_at
+        # The outcomes this append records are in the log now; the others stay (a job
+        # that ended after the turn's read).
+        for job_id in item.recorded_jobs:
+            run.outcomes.pop(job_id, None)
+        jobs = self._broker.table.jobs
+        for job_id in item.wait_jobs:
+            self.by_job.setdefault(job_id, set()).add(run.spec.id)
+        now = self._broker.clock.time()
+        # A wait already over when it is set wakes the run at once.
+        if (
+            any(job_id in jobs and jobs[job_id].state.is_final for job_id in item.wait_jobs)
+            or (item.wait_signal is not None and run.inbox.get(item.wait_signal))
+            or (item.wake_at is not None and item.wake_at <= now)
+        ):
+            self.wake(run, 0.0)
+        elif item.wake_at is not None:
+            self.wake(run, item.wake_at)
+        return AppendOutcome.APPENDED
+
+    def signal(self, item: RunSignal) -> SignalOutcome:
+        run = self.runs.get(item.run_id)
+        if run is None:
+            return SignalOutcome.NOT_FOUND
+        if run.state.is_final:
+            return SignalOutcome.FINISHED
+        run.inbox.setdefault(item.signal, deque()).append(item.payload)
+        if run.wait_signal == item.signal:
+            self.wake(run, 0.0)
+        return SignalOutcome.DELIVERED
+
+    def wake_run(self, run_id: str, at: float) -> bool:
+        run = self.runs.get(run_id)
+        if run is None or run.state.is_final:
+            return False
+        self.wake(run, at)
+        return True
+
+    def cancel(self, run_id: str, failure: FailureRecord) -> tuple[str, ...] | None:
+        """Cancel a running run: the jobs it waited on (to cancel), or None."""
+        run = self.runs.get(run_id)
+        if run is None or run.state.is_final:
+            return None
+        waited = run.wait_jobs
+        self._unwait(run)
+        self._finish(run, RunState.CANCELLED, None, failure)
+        return waited
+
+    # -- the job path's hook -----------------------------------------------------------
+
+    def job_finished(self, job: Job) -> None:
+        """A job reached a final state: if it is a step of a running run (id
+        ``run_id:position``), keep its outcome with the run, so that the job's own record
+        may go before a turn reads it; wake every run waiting on it."""
+        job_id = job.message.id
+        run_id, _, position = job_id.rpartition(":")
+        run = self.runs.get(run_id) if position.isdigit() else None
+        if run is not None and not run.state.is_final:
+            run.outcomes[job_id] = StepOutcome(state=job.state, result=job.result, error=job.error)
+        for waiting_id in self.by_job.pop(job_id, ()):
+            waiting = self.runs.get(waiting_id)
+            if waiting is not None and not waiting.state.is_final:
+                self.wake(waiting, 0.0)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def wake(self, run: StoredRun, at: float) -> None:
+        """Enqueue a turn of ``run``: now (``at`` 0 or past) or at ``at``."""
+        broker = self._broker
+        now = broker.clock.time()
+        immediate = at <= now
+        if immediate and run.turn is not None:
+            queued = broker.table.jobs.get(run.turn)
+            if queued is not None and queued.state is JobState.WAITING:
+                return
+        run.turns += 1
+        turn_id = f"{run.spec.id}:t{run.turns}"
+        broker._enqueue(
+            [
+                JobMessage(
+                    id=turn_id,
+                    task=run.spec.turn_task,
+                    queue=run.spec.queue,
+                    payload=run.spec.turn_payload,
+                    eta=0.0 if immediate else at,
+                )
+            ]
+        )
+        if immediate:
+            run.turn = turn_id
+        broker.wake()
+
+    def _unwait(self, run: StoredRun) -> None:
+        for job_id in run.wait_jobs:
+            waiting = self.by_job.get(job_id)
+            if waiting is not None:
+                waiting.discard(run.spec.id)
+                if not waiting:
+                    del self.by_job[job_id]
+        run.wait_jobs, run.wait_signal, run.wake_at = (), None, None
+
+    def _finish(
+        self,
+        run: StoredRun,
+        state: RunState,
+        result: bytes | None,
+        failure: FailureRecord | None,
+    ) -> None:
+        run.state = state
+        run.result = result
+        run.failure = failure
+        run.outcomes = {}  # an ended run replays no more
+        run.finished_at = self._broker.clock.time()

@@ -1,0 +1,158 @@
+"""The values of the ``Runs`` capability: durable runs as a broker stores them.
+
+A durable run (:mod:`typedq.durable`) is, to a broker, a record: its input, its log (a
+list of encoded entries, only ever appended, and only by a writer that read its current
+length: compare-and-append), a signal inbox per signal name, what it waits for, and its
+result or failure. The broker knows no models and does not read the entries.
+
+A run becomes work as **turns**: a turn is a job of the run's turn task
+(``typedq.run.<name>``) on the run's queue, whose payload the host gave when it created
+the run. The broker enqueues a turn when the run is created, when a job it waits on
+reaches a final state, when its timer is due, and when a signal it waits for arrives; a
+turn replays the run and appends what the replay decided (:class:`RunAppend`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import msgspec
+
+from ..errors import FailureRecord
+from .messages import JobState
+
+__all__ = [
+    "AppendOutcome",
+    "RunAppend",
+    "StepOutcome",
+    "RunRecord",
+    "RunSignal",
+    "RunSpec",
+    "RunState",
+    "SignalOutcome",
+]
+
+
+class RunState(StrEnum):
+    """Where a run is: ``running`` (a turn is due or it waits), or finished."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        """Completed, failed or cancelled: the run takes no more appends or signals."""
+        return self is not RunState.RUNNING
+
+
+class RunSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A run to create (``create_runs``).
+
+    :param id: the run's id (a job id: ``[A-Za-z0-9][A-Za-z0-9_.:-]``); a second create
+        with the same id returns the existing run
+    :param name: the durable function's name
+    :param queue: where its turns (and, by default, its steps) go
+    :param turn_task: the task name of its turns
+    :param turn_payload: the encoded input of every turn job
+    :param input: the run's encoded input
+    """
+
+    id: str
+    name: str
+    queue: str
+    turn_task: str
+    turn_payload: bytes
+    input: bytes
+
+
+class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """A step job of the run (id ``run_id:position``), as it ended: kept with the run
+    until an append records it, so that the job's own record may be trimmed or removed
+    meanwhile.
+
+    :param result: the encoded result (completed)
+    :param error: the encoded FailureRecord (failed, cancelled)
+    """
+
+    state: JobState
+    result: bytes | None = None
+    error: bytes | None = None
+
+
+class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of one run (``get_runs``)."""
+
+    spec: RunSpec
+    state: RunState
+    #: The encoded log entries (one msgpack array of one entry each), oldest first.
+    log: tuple[bytes, ...]
+    #: Signals delivered and not yet taken, per signal name, oldest first.
+    inbox: dict[str, tuple[bytes, ...]]
+    created_at: float
+    finished_at: float = 0.0
+    #: The encoded result (completed).
+    result: bytes | None = None
+    #: Why it failed or was cancelled.
+    failure: FailureRecord | None = None
+    #: What the last append said the run waits for.
+    wait_jobs: tuple[str, ...] = ()
+    wait_signal: str | None = None
+    wake_at: float | None = None
+    #: Its step jobs (ids ``run_id:position``) that have ended and whose outcomes no
+    #: append has recorded yet, by job id (see :class:`StepOutcome`).
+    outcomes: dict[str, StepOutcome] = {}
+
+
+class RunAppend(msgspec.Struct, frozen=True, kw_only=True):
+    """One compare-and-append (``append_runs``): applied only while the run's log still
+    has ``expected`` entries and the run is running.
+
+    With ``state`` RUNNING, the run then waits: for any of ``wait_jobs`` to reach a final
+    state, for ``wait_signal`` to be delivered, for the clock to pass ``wake_at`` (each
+    wakes it: a turn is enqueued; one already true at the append wakes it at once). With
+    a final ``state`` the run is done, with ``result`` or ``failure``.
+
+    :param take_signal: pop the oldest payload of this signal from the inbox (the
+        caller appends it as the wait's ``SignalReceived`` entry)
+    :param recorded_jobs: the step jobs whose outcomes the entries record: the broker
+        drops them from the run's kept outcomes (:attr:`RunRecord.outcomes`)
+    """
+
+    run_id: str
+    expected: int
+    entries: tuple[bytes, ...] = ()
+    take_signal: str | None = None
+    recorded_jobs: tuple[str, ...] = ()
+    state: RunState = RunState.RUNNING
+    result: bytes | None = None
+    failure: FailureRecord | None = None
+    wait_jobs: tuple[str, ...] = ()
+    wait_signal: str | None = None
+    wake_at: float | None = None
+
+
+class AppendOutcome(StrEnum):
+    """The answer to one :class:`RunAppend`."""
+
+    APPENDED = "appended"
+    CONFLICT = "conflict"  # the log's length is no longer the expected one: read again
+    FINISHED = "finished"  # the run is completed, failed or cancelled: nothing changed
+    NOT_FOUND = "not_found"
+
+
+class RunSignal(msgspec.Struct, frozen=True, kw_only=True):
+    """A signal to deliver (``signal_runs``): kept in the run's inbox for ``signal``."""
+
+    run_id: str
+    signal: str
+    payload: bytes
+
+
+class SignalOutcome(StrEnum):
+    """The answer to one :class:`RunSignal`."""
+
+    DELIVERED = "delivered"
+    FINISHED = "finished"  # refused: the run is completed, failed or cancelled
+    NOT_FOUND = "not_found"

@@ -1,0 +1,418 @@
+"""Durable runs on a broker: ``@app.durable``, :class:`DurableTask`, :class:`RunHandle`,
+and the run's turn, which a worker runs.
+
+A run becomes work as **turns** (see :mod:`typedq.broker.runs`): each is a job of the
+internal task ``typedq.run.<name>`` on the run's queue, enqueued by the broker when the
+run is created, when a step it waits on finishes, when its timer is due and when a
+signal it waits for arrives. A turn reads the run, records the outcomes of its finished
+steps (read from the step jobs' records) and a waiting signal's payload, replays the
+function (:func:`~typedq.durable.replay`) and appends what the replay decided with one
+compare-and-append, then acts: enqueues the steps (before the append: a step job's id is
+``run_id:position``, so enqueueing twice is one job), waits, or finishes the run.
+A turn that loses the compare-and-append reads the run again and replays again.
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+import typing
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+import anyio
+import msgspec
+
+from ..broker.base import JobMessage, JobState
+from ..broker.runs import (
+    AppendOutcome,
+    RunAppend,
+    RunRecord,
+    RunSignal,
+    RunSpec,
+    RunState,
+    SignalOutcome,
+)
+from ..errors import (
+    ConfigError,
+    FailureReason,
+    FailureRecord,
+    JobCancelled,
+    JobFailed,
+    JobNotFound,
+    ResultTimeout,
+)
+from ..failures import type_name
+from ..job import decode_failure
+from ..names import check_job_id, new_job_id
+from ..serde import Codec, codec_for, is_model_type
+from ..task import TIn, TOut
+from .log import (
+    LogEntry,
+    RunLog,
+    SignalReceived,
+    StepCompleted,
+    StepFailed,
+    StepScheduled,
+    decode_entries,
+    encode_entries,
+)
+from .replay import (
+    Completed,
+    Decision,
+    DurableFunction,
+    Failed,
+    ScheduleSteps,
+    SleepUntil,
+    WaitForSignal,
+    replay,
+)
+from .types import NonDeterministic, Signal, TPayload
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..task import Task
+
+__all__ = ["DurableDecorator", "DurableTask", "RunHandle", "RunTurn", "TURN_PREFIX", "TURN_RETRIES"]
+
+T = TypeVar("T")
+
+#: The prefix of a durable function's turn task: ``typedq.run.<name>``.
+TURN_PREFIX = "typedq.run."
+
+#: A turn task's default retries (a turn is a replay: running it again is safe).
+TURN_RETRIES = 10
+
+#: How many times a turn reads the run again after losing a compare-and-append, or
+#: after recording a signal it found waiting, before it gives up (the turn job fails
+#: and is retried).
+_MAX_ROUNDS = 100
+
+#: How often ``RunHandle.result`` looks at the run (seconds).
+_POLL = 0.01
+
+
+class RunTurn(msgspec.Struct, frozen=True):
+    """The input of a run's turn job: which run to replay."""
+
+    run_id: str
+
+
+class DurableDecorator(Protocol):
+    """What ``@app.durable(...)`` with options returns: the decorator proper."""
+
+    def __call__(self, fn: DurableFunction[TIn, TOut], /) -> DurableTask[TIn, TOut]: ...
+
+
+def durable_types(fn: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
+    """The (input, output) models of ``async def f(run: Run, inp: TIn) -> TOut``."""
+    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}"
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(f"durable function {where} must be an async def")
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise ConfigError(f"cannot resolve the annotations of durable {where}: {exc}") from exc
+    params = list(inspect.signature(fn).parameters.values())
+    if len(params) != 2:
+        raise ConfigError(f"durable function {where} must take (run: Run, inp: Model)")
+    input_type = hints.get(params[1].name)
+    if not is_model_type(input_type):
+        raise ConfigError(
+            f"durable function {where}: its input {params[1].name!r} must be annotated with "
+            "a msgspec.Struct or pydantic.BaseModel subclass"
+        )
+    output_type: Any = hints.get("return", type(None))
+    if output_type is None:
+        output_type = type(None)
+    if output_type is not type(None) and not is_model_type(output_type):
+        raise ConfigError(f"durable function {where} must return a model or None")
+    return typing.cast(type[Any], input_type), output_type
+
+
+class DurableTask(Generic[TIn, TOut]):
+    """A durable function of an app (``@app.durable``): start runs of it.
+
+    Its options (``queue``, ``retries``, ``timeout``...) are those of its turn task
+    ``typedq.run.<name>``: the queue its turns go to, and how a turn that fails (a
+    broker error, a crash) is retried. Its steps keep their own tasks' options.
+    """
+
+    def __init__(
+        self,
+        fn: DurableFunction[TIn, TOut],
+        *,
+        app: App,
+        name: str,
+        input_type: type[Any],
+        output_type: type[Any],
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self._app = app
+        self.input: Codec[TIn] = codec_for(input_type)
+        self.output: Codec[TOut] = codec_for(output_type)
+        self.turn_task: Task[RunTurn, None]  # set by App.durable, which registers it
+
+    def __repr__(self) -> str:
+        return f"DurableTask({self.name!r})"
+
+    @property
+    def queue(self) -> str:
+        """Where its turns go."""
+        return self.turn_task.options.queue
+
+    async def start(self, inp: TIn, *, run_id: str | None = None) -> RunHandle[TOut]:
+        """Start a run on ``inp`` (idempotent by ``run_id``: starting an id that exists
+        returns the existing run's handle, whatever ``inp``)."""
+        run_id = new_job_id() if run_id is None else check_job_id(run_id)
+        spec = RunSpec(
+            id=run_id,
+            name=self.name,
+            queue=self.queue,
+            turn_task=self.turn_task.name,
+            turn_payload=self.turn_task.input.encode(RunTurn(run_id)),
+            input=self.input.encode(inp),
+        )
+        [(_created, _record)] = await self._app.broker.create_runs([spec])
+        return self.handle(run_id)
+
+    def handle(self, run_id: str) -> RunHandle[TOut]:
+        """The handle of an existing run (no broker call)."""
+        return RunHandle(run_id, self)
+
+    # -- the turn (a worker runs it as the job of the turn task) --------------------------
+
+    async def turn(self, run_id: str) -> None:
+        """Replay the run once more and carry out the decision (see the module doc)."""
+        broker = self._app.broker
+        for _ in range(_MAX_ROUNDS):
+            [record] = await broker.get_runs([run_id])
+            if record is None or record.state.is_final:
+                return
+            entries = [e for blob in record.log for e in decode_entries(blob)]
+            fresh = await self._outcomes(record, entries)
+            log = RunLog([*entries, *fresh])
+            now = await broker.broker_time_us() / 1_000_000
+            try:
+                decision: Decision[TOut] = await replay(
+                    self.fn, self.input.decode(record.spec.input), log, run_id=run_id, now=now
+                )
+            except NonDeterministic as exc:
+                decision = Failed(error=exc)
+            entries = [*fresh, *decision.append]
+            try:
+                append, again = await self._act(record, decision, entries, now)
+            except ConfigError as exc:
+                # A step of a task this app does not have: no turn can ever run it.
+                append, again = await self._act(record, Failed(error=exc), entries, now)
+            [outcome] = await broker.append_runs([append])
+            if outcome is AppendOutcome.APPENDED and not again:
+                return
+            if outcome in (AppendOutcome.FINISHED, AppendOutcome.NOT_FOUND):
+                return
+        raise RuntimeError(f"run {run_id}: no turn settled after {_MAX_ROUNDS} rounds")
+
+    async def _outcomes(self, record: RunRecord, entries: Sequence[LogEntry]) -> list[LogEntry]:
+        """The outcomes of the scheduled steps whose jobs have ended, not yet logged: those
+        the broker kept with the run, else the jobs' own records."""
+        done = {e.position for e in entries if isinstance(e, StepCompleted | StepFailed)}
+        open_steps = [e for e in entries if isinstance(e, StepScheduled) and e.position not in done]
+        if not open_steps:
+            return []
+        ids = [f"{record.spec.id}:{e.position}" for e in open_steps]
+        unknown = [job_id for job_id in ids if job_id not in record.outcomes]
+        read = dict(zip(unknown, await self._app.broker.get(unknown), strict=True))
+        out: list[LogEntry] = []
+        for step, job_id in zip(open_steps, ids, strict=True):
+            kept = record.outcomes.get(job_id)
+            if kept is not None:
+                out.extend(_outcome(step, job_id, kept.state, kept.result, kept.error))
+            elif (job := read.get(job_id)) is not None:
+                out.extend(_outcome(step, job_id, job.state, job.result, job.error))
+        return out
+
+    async def _act(
+        self, record: RunRecord, decision: Decision[TOut], entries: list[LogEntry], now: float
+    ) -> tuple[RunAppend, bool]:
+        """The append that records ``decision``, having enqueued its steps; and whether
+        the turn goes on (a waiting signal was taken: replay at once)."""
+        run_id = record.spec.id
+        blobs = tuple(encode_entries([e]) for e in entries)
+        recorded = tuple(
+            f"{run_id}:{e.position}" for e in entries if isinstance(e, StepCompleted | StepFailed)
+        )
+        base = RunAppend(
+            run_id=run_id, expected=len(record.log), entries=blobs, recorded_jobs=recorded
+        )
+        if isinstance(decision, ScheduleSteps):
+            await self._enqueue_steps(decision)
+            waits = [r.key for r in decision.schedule]
+            waits += [f"{run_id}:{p}" for p in decision.pending]
+            return msgspec.structs.replace(base, wait_jobs=tuple(waits)), False
+        if isinstance(decision, SleepUntil):
+            return msgspec.structs.replace(base, wake_at=decision.until), False
+        if isinstance(decision, WaitForSignal):
+            kept = record.inbox.get(decision.signal)
+            if kept:
+                got = SignalReceived(
+                    position=decision.position, signal=decision.signal, payload=kept[0]
+                )
+                taken = (*blobs, encode_entries([got]))
+                return (
+                    msgspec.structs.replace(base, entries=taken, take_signal=decision.signal),
+                    True,
+                )
+            return (
+                msgspec.structs.replace(
+                    base, wait_signal=decision.signal, wake_at=decision.deadline
+                ),
+                False,
+            )
+        if isinstance(decision, Completed):
+            result = self.output.encode(decision.result)
+            return (
+                msgspec.structs.replace(base, state=RunState.COMPLETED, result=result),
+                False,
+            )
+        assert isinstance(decision, Failed)
+        return (
+            msgspec.structs.replace(
+                base, state=RunState.FAILED, failure=_failure(decision.error, now)
+            ),
+            False,
+        )
+
+    async def _enqueue_steps(self, decision: ScheduleSteps) -> None:
+        if not decision.schedule:
+            return
+        tasks = self._app.tasks
+        messages = []
+        for request in decision.schedule:
+            task = tasks.get(request.task)
+            if task is None:
+                raise ConfigError(
+                    f"run {self.name!r} asks for a step of task {request.task!r}, which app "
+                    f"{self._app.name!r} does not have: a step runs a task of the run's own app"
+                )
+            messages.append(
+                JobMessage(
+                    id=request.key,
+                    task=request.task,
+                    queue=task.queue_for(request.key),
+                    payload=request.payload,
+                    fingerprint=task.input.fingerprint,
+                )
+            )
+        await self._app.broker.enqueue(messages)
+
+
+def _outcome(
+    step: StepScheduled, job_id: str, state: JobState, result: bytes | None, error: bytes | None
+) -> list[LogEntry]:
+    if not state.is_final:
+        return []
+    if state is JobState.COMPLETED:
+        return [StepCompleted(position=step.position, task=step.task, output=result or b"")]
+    failure = decode_failure(error, job_id)
+    return [StepFailed(position=step.position, task=step.task, failure=failure)]
+
+
+def _failure(error: Exception, now: float) -> FailureRecord:
+    return FailureRecord(
+        reason=FailureReason.ERROR,
+        error_type=type_name(error),
+        message=str(error),
+        attempt=0,
+        retryable=False,
+        traceback="".join(traceback.format_exception(error)),
+        failed_at=now,
+    )
+
+
+class RunHandle(Generic[TOut]):
+    """A run of a durable function: signal it, await its result, cancel it."""
+
+    def __init__(self, run_id: str, durable: DurableTask[Any, TOut]) -> None:
+        self.run_id = run_id
+        self._durable = durable
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.run_id!r}, {self._durable.name!r})"
+
+    async def record(self) -> RunRecord:
+        """The run as the broker holds it.
+
+        :raises JobNotFound: no such run
+        """
+        [record] = await self._durable._app.broker.get_runs([self.run_id])
+        if record is None:
+            raise JobNotFound(f"no durable run {self.run_id!r}")
+        return record
+
+    async def send(self, signal: Signal[TPayload], payload: TPayload) -> SignalOutcome:
+        """Deliver ``payload`` on ``signal``: kept until the run waits for it (oldest first).
+
+        :returns: ``DELIVERED``, or ``FINISHED`` when the run has already ended (nothing
+            is kept)
+        :raises JobNotFound: no such run
+        """
+        item = RunSignal(run_id=self.run_id, signal=signal.name, payload=signal.encode(payload))
+        [outcome] = await self._durable._app.broker.signal_runs([item])
+        if outcome is SignalOutcome.NOT_FOUND:
+            raise JobNotFound(f"no durable run {self.run_id!r}")
+        return outcome
+
+    async def result(self, timeout: float | None = None) -> TOut:
+        """The run's result, once it has completed.
+
+        :raises JobFailed: it failed (``JobCancelled``: it was cancelled), with the record
+        :raises ResultTimeout: not finished within ``timeout`` seconds
+        """
+        # The embedded broker has no push for a run's end yet: look at it every 10 ms.
+        with anyio.move_on_after(timeout):
+            while True:
+                record = await self.record()
+                if record.state.is_final:
+                    return self._finished(record)
+                await anyio.sleep(_POLL)
+        raise ResultTimeout(f"run {self.run_id} did not finish within {timeout}s")
+
+    def _finished(self, record: RunRecord) -> TOut:
+        if record.state is RunState.COMPLETED:
+            return self._durable.output.decode(record.result or b"")
+        failure = record.failure or FailureRecord(
+            reason=FailureReason.ERROR, error_type="Unknown", message="", attempt=0,
+            retryable=False,
+        )  # fmt: skip
+        if record.state is RunState.CANCELLED:
+            raise JobCancelled(self.run_id, self._durable.name, failure)
+        raise JobFailed(self.run_id, self._durable.name, failure)
+
+    async def cancel(self) -> bool:
+        """End the run (state ``cancelled``) and cancel the steps it waits on.
+
+        :returns: False if it had already finished
+        """
+        [cancelled] = await self._durable._app.broker.cancel_runs([self.run_id])
+        return cancelled
+
+    async def events(self) -> AsyncIterator[LogEntry]:
+        """The run's timeline: every entry of its log (steps scheduled and ended, sleeps,
+        waits, signals, emits, patch markers), oldest first, as they are appended; ends
+        when the run has ended.
+
+        An ``Emitted`` entry holds the event model's name and its encoded payload (decode
+        it with the model: ``codec_for(Progress).decode(entry.payload)``). On the embedded
+        broker this looks at the run every 10 ms (no push yet).
+        """
+        seen = 0
+        while True:
+            record = await self.record()
+            for blob in record.log[seen:]:
+                for entry in decode_entries(blob):
+                    yield entry
+            seen = len(record.log)
+            if record.state.is_final:
+                return
+            await anyio.sleep(_POLL)
