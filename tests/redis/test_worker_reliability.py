@@ -401,12 +401,19 @@ class RenewSpy(FaultyBroker):
             self._renewal.set()
         return statuses
 
-    async def renewed_after(self, job_id: str, since: float) -> None:
+    async def renewed_after(self, job_id: str, since: float, most: float = 5.0) -> None:
         """Wait for a renewal of ``job_id`` that the broker answered after ``since``
-        (virtual time; one sent over a network may still be on its way)."""
+        (virtual time), moving the clock on while none has: a renewal's round trip to a
+        real Redis takes real time, during which the steps of :meth:`advance` went on, so
+        the renewal loop's next sleep may end after where ``advance`` stopped (it waited
+        forever here once, on a loaded box). At most ``most`` more virtual seconds."""
+        deadline = self.clock.monotonic() + most
         while not any(at > since and jid == job_id for at, jid in self.renewed):
+            assert self.clock.monotonic() < deadline, f"no renewal of {job_id} after {since}"
             self._renewal = anyio.Event()
-            await self._renewal.wait()
+            with anyio.move_on_after(0.05):  # real time: a reply on its way lands
+                await self._renewal.wait()
+            await self.clock.advance(0.1)
 
     async def advance(self, seconds: float, step: float = 0.1) -> None:
         """Move the worker's clock in steps (each step's wake-ups run before the next)."""
