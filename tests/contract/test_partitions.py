@@ -120,15 +120,26 @@ async def test_max_queue_length_is_shared_by_the_partitions(app_name: str, broke
 
     with anyio.fail_after(TEST_DEADLINE):
         async with app:
+            # Ids chosen so that every partition is offered exactly 10 jobs (random ids
+            # left a partition with fewer than 3 now and then).
+            offered = dict.fromkeys(split.queues, 0)
+            ids: list[str] = []
+            i = 0
+            while len(ids) < 40:
+                job_id = f"job-{i}"
+                i += 1
+                if offered[split.queue_for(job_id)] < 10:
+                    offered[split.queue_for(job_id)] += 1
+                    ids.append(job_id)
             refusals: list[str] = []
-            for i in range(40):
+            for n, job_id in enumerate(ids):
                 try:
-                    await split.enqueue(In(i))
+                    await split.enqueue(In(n), job_id=job_id)
                 except QueueFull as exc:
                     refusals.append(str(exc))
             assert all("max_queue_length=3" in r for r in refusals)
             per_partition = [(await app.broker.counts(q))[JobState.WAITING] for q in split.queues]
-            assert per_partition == [3, 3, 3, 3]  # (40 random ids fill every partition)
+            assert per_partition == [3, 3, 3, 3]
             assert len(refusals) == 28
             # A batch is held to the same share (nothing of a refused batch is stored).
             with pytest.raises(QueueFull):
