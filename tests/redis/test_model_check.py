@@ -304,11 +304,20 @@ async def step_views(driver: Driver) -> tuple[object, ...]:
 
 @pytest.mark.redis
 @pytest.mark.asyncio_only
-@pytest.mark.parametrize("backend", ["redis", "cluster"])
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_broker_follows_the_reference(
+    request: pytest.FixtureRequest, app_name: str, seed: int
+) -> None:
+    # Cluster's run of the same seeds: tests/cluster/test_model_check_cluster.py (a file of
+    # its own, so that `--dist loadfile` runs the two halves on two processes).
+    await check_seed(request, app_name, "redis", seed)
+
+
+async def check_seed(
     request: pytest.FixtureRequest, app_name: str, backend: str, seed: int
 ) -> None:
+    """Runs seed ``seed``'s operations on ``backend`` (``redis`` or ``cluster``) and on the
+    embedded broker step by step; fails at the first step whose answers or views differ."""
     url = server_url(request, backend)
     generator = Generator(seed)
     ops: list[Op] = []

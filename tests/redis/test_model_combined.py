@@ -423,11 +423,20 @@ def _listing(steps: Sequence[Step]) -> str:
 
 @pytest.mark.asyncio_only
 @pytest.mark.redis
-@pytest.mark.parametrize("backend", ["redis", "cluster"])
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_brokers_agree_where_features_meet(
+    request: pytest.FixtureRequest, app_name: str, seed: int
+) -> None:
+    # Cluster's run of the same seeds: tests/cluster/test_model_combined_cluster.py (a file
+    # of its own, so that `--dist loadfile` runs the two halves on two processes).
+    await check_seed(request, app_name, "redis", seed)
+
+
+async def check_seed(
     request: pytest.FixtureRequest, app_name: str, backend: str, seed: int
 ) -> None:
+    """Runs seed ``seed``'s program in lockstep on ``backend`` (``redis`` or ``cluster``)
+    and the embedded broker; fails with the shrunk program on a mismatch."""
     url = server_url(request, backend)
     steps = program(seed)
     if backend == "cluster":
