@@ -1,6 +1,7 @@
 """Driving a fault run: worker processes of :mod:`tests.netfault_app`, a producer, a checker.
 
-Shared by tests/process/test_network_faults.py and bench/soak.py. The broker's redis-server
+Shared by the network fault tests (tests/process/test_network_*.py), bench/soak.py and
+bench/client_kill_figures.py. The broker's redis-server
 may sit behind a :class:`~tests.netproxy.NetProxy` (workers and producer use
 ``worker_url``); the test's own observer and the ledger talk to their servers
 directly, so faults never blind the judge.
@@ -15,14 +16,18 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import anyio
 import redis.asyncio as aioredis
 
 from tests import netfault_app
 from tests.history import History, Report
-from tests.redis_harness import RedisProcess
+from tests.netproxy import NetProxy, net_proxy
+from tests.redis_harness import RedisProcess, redis_process
+from tests.redis_support import with_socket_timeout
 from tests.support import ROOT, spawn_worker, stop_workers
 from typedq import JobState
 from typedq.broker.base import BrokerSettings
@@ -194,4 +199,122 @@ class FaultRun:
         return self.history.check()
 
 
-__all__ = ["ROOT", "FaultRun"]
+# -- the network fault tests' runs (tests/process/test_network_*.py) -------------------------
+
+#: Jobs per fault kind through the proxy: enough for ~5 s of busy slots (the faults land
+#: on claims in flight throughout; each test checks how many faults it applied).
+TOTAL = 3_000
+WORKERS = 2
+#: Jobs are enqueued over this many seconds (faster than they run: a backlog forms).
+PRODUCE_SECONDS = 2.0
+#: Seconds each job works (asleep): 2 x 32 slots run ~640 jobs/s, so a run keeps every
+#: slot busy for ~5 s, with claims in flight all the time while the faults hit.
+WORK = 0.1
+#: Seconds after the last enqueue within which every job must have completed. Generous:
+#: a job orphaned by a defect comes back only after its lease, and the box is shared.
+DRAIN_DEADLINE = 90.0
+
+
+@contextlib.asynccontextmanager
+async def fault_run(
+    log_dir: Path, *, lease: float, proxied: bool = True, socket_timeout: float | None = None
+) -> AsyncIterator[tuple[FaultRun, NetProxy | None]]:
+    """A broker redis-server (behind a proxy unless ``proxied=False``), a ledger server,
+    2 worker processes; stopped and cleaned up afterwards.
+
+    :param socket_timeout: the workers' and the producer's socket timeout (None: typedq's)
+    """
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(redis_process())
+        ledger_server = stack.enter_context(redis_process())
+        proxy = stack.enter_context(net_proxy(server.port, lifetime=600)) if proxied else None
+        url = proxy.url() if proxy is not None else server.url
+        if socket_timeout is not None:
+            url = with_socket_timeout(url, socket_timeout)
+        run = FaultRun(
+            server,
+            ledger_server,
+            url,
+            lease=lease,
+            concurrency=32,
+            log_dir=log_dir,
+        )
+        await run.connect()
+        try:
+            for _ in range(WORKERS):
+                run.spawn_worker()
+            yield run, proxy
+        finally:
+            run.stop_workers()
+            await run.close()
+
+
+async def run_with_faults(
+    run: FaultRun,
+    faults: Callable[[anyio.Event], Coroutine[Any, Any, None]],
+    *,
+    total: int = TOTAL,
+    work: float = WORK,
+) -> tuple[Report, bool]:
+    """Produce ``total`` jobs while ``faults`` runs (until told to stop), wait, then judge."""
+    stop_faults = anyio.Event()
+    began = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(faults, stop_faults)
+        await run.produce(total, seconds=PRODUCE_SECONDS, work=work)
+        drained = await run.wait_completed(total, DRAIN_DEADLINE)
+        stop_faults.set()
+    if not drained:
+        # Faults are off now: give orphaned jobs their chance, so the report tells
+        # "late" (stalled, then run) from "lost" (never completes).
+        drained = await run.wait_completed(total, 30)
+    report = await run.check()
+    print(f"\n[network faults] took {time.monotonic() - began:.1f}s {report.figures()}")
+    if not report.ok or report.stalls_no_dead_worker:
+        print(report.summary())
+        print("worker logs, most frequent warnings and errors:")
+        for line in run.log_digest():
+            print("  " + line)
+    return report, drained
+
+
+def assert_exactly_once(report: Report, run: FaultRun, total: int = TOTAL) -> None:
+    """No worker died: nothing lost, nothing run twice, nothing stalled.
+
+    (A plain module, not rewritten by pytest: each assert says what it compared.)
+    """
+    assert not run.history.killed_pids, f"workers killed: {run.history.killed_pids}"
+    assert all(p.poll() is None for p in run.workers), "a worker process died"
+    assert report.lost == {}, f"{len(report.lost)} jobs lost:\n{report.summary()}"
+    assert report.duplicates == {}, (
+        f"{len(report.duplicates)} jobs ran more than once:\n{report.summary()}"
+    )
+    assert report.stalls_no_dead_worker == 0, (
+        f"{report.stalls_no_dead_worker} stalls with no dead worker:\n{report.summary()}"
+    )
+    assert report.completed == report.enqueued == total, (
+        f"completed {report.completed}, enqueued {report.enqueued}, of {total}"
+    )
+
+
+async def every(period: float, stop: anyio.Event, action: Callable[[], object]) -> None:
+    """Call ``action`` every ``period`` seconds until ``stop`` is set."""
+    while not stop.is_set():
+        action()
+        with anyio.move_on_after(period):
+            await stop.wait()
+
+
+__all__ = [
+    "DRAIN_DEADLINE",
+    "PRODUCE_SECONDS",
+    "ROOT",
+    "TOTAL",
+    "WORK",
+    "WORKERS",
+    "FaultRun",
+    "assert_exactly_once",
+    "every",
+    "fault_run",
+    "run_with_faults",
+]

@@ -1,0 +1,24 @@
+"""The model check of tests/redis/test_model_check.py on Redis Cluster: the same seeds,
+step by step against the embedded broker (the reference).
+
+A file of its own so that ``--dist loadfile`` runs it on another process than the single
+Redis half (the two are the suite's longest CPU-bound files).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.redis import test_model_check as model
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.redis
+@pytest.mark.cluster
+@pytest.mark.asyncio_only
+@pytest.mark.parametrize("seed", model.SEEDS)
+async def test_cluster_follows_the_reference(
+    request: pytest.FixtureRequest, app_name: str, seed: int
+) -> None:
+    await model.check_seed(request, app_name, "cluster", seed)
