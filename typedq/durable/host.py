@@ -169,7 +169,9 @@ class DurableTask(Generic[TIn, TOut]):
         spec = RunSpec(
             id=run_id,
             name=self.name,
-            queue=self.queue,
+            # A partitioned turn task's partition of the run id: its turns go there, and
+            # the broker keeps the run on that queue's slot.
+            queue=self.turn_task.queue_for(run_id),
             turn_task=self.turn_task.name,
             turn_payload=self.turn_task.input.encode(RunTurn(run_id)),
             input=self.input.encode(inp),
@@ -246,7 +248,7 @@ class DurableTask(Generic[TIn, TOut]):
             run_id=run_id, expected=len(record.log), entries=blobs, recorded_jobs=recorded
         )
         if isinstance(decision, ScheduleSteps):
-            await self._enqueue_steps(decision)
+            await self._enqueue_steps(decision, record.spec.queue)
             waits = [r.key for r in decision.schedule]
             waits += [f"{run_id}:{p}" for p in decision.pending]
             return msgspec.structs.replace(base, wait_jobs=tuple(waits)), False
@@ -283,7 +285,7 @@ class DurableTask(Generic[TIn, TOut]):
             False,
         )
 
-    async def _enqueue_steps(self, decision: ScheduleSteps) -> None:
+    async def _enqueue_steps(self, decision: ScheduleSteps, run_queue: str) -> None:
         if not decision.schedule:
             return
         tasks = self._app.tasks
@@ -302,6 +304,8 @@ class DurableTask(Generic[TIn, TOut]):
                     queue=task.queue_for(request.key),
                     payload=request.payload,
                     fingerprint=task.input.fingerprint,
+                    # The broker that finishes the step tells the run (on this queue).
+                    run_queue=run_queue,
                 )
             )
         await self._app.broker.enqueue(messages)

@@ -7,11 +7,16 @@ store enqueues one when a run is created, when a job it waits on reaches a final
 it waits for arrives, and at its timer (a turn job with an ``eta``). At most one
 immediate turn of a run waits at a time; a turn that finds nothing to do (a timer that
 a signal beat) replays to the same decision and appends nothing.
+
+Ended runs are kept as finished jobs are (:class:`~typedq.broker.settings.Retention`):
+completed ones within ``completed_ttl``/``completed_max``, failed and cancelled ones
+within ``failed_ttl``/``failed_max`` (each final state counted on its own), the oldest
+dropped first; a run past its age bound reads as none.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 from ...errors import FailureRecord
@@ -97,10 +102,16 @@ class RunStore:
         self.runs: dict[str, StoredRun] = {}
         #: job id -> the runs waiting on it (see :meth:`job_finished`).
         self.by_job: dict[str, set[str]] = {}
+        #: Ended runs per final state, run id -> when it ended, oldest first (retention).
+        self.ended: dict[RunState, OrderedDict[str, float]] = {
+            state: OrderedDict()
+            for state in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
+        }
 
     # -- the capability's operations (MemoryBroker checks the connection) ----------------
 
     def create(self, spec: RunSpec) -> tuple[bool, RunRecord]:
+        self.expire()
         run = self.runs.get(spec.id)
         if run is not None:
             return False, run.snapshot()
@@ -109,10 +120,12 @@ class RunStore:
         return True, run.snapshot()
 
     def get(self, run_id: str) -> RunRecord | None:
+        self.expire()
         run = self.runs.get(run_id)
         return None if run is None else run.snapshot()
 
     def append(self, item: RunAppend) -> AppendOutcome:
+        self.expire()
         run = self.runs.get(item.run_id)
         if run is None:
             return AppendOutcome.NOT_FOUND
@@ -151,6 +164,7 @@ class RunStore:
         return AppendOutcome.APPENDED
 
     def signal(self, item: RunSignal) -> SignalOutcome:
+        self.expire()
         run = self.runs.get(item.run_id)
         if run is None:
             return SignalOutcome.NOT_FOUND
@@ -162,6 +176,7 @@ class RunStore:
         return SignalOutcome.DELIVERED
 
     def wake_run(self, run_id: str, at: float) -> bool:
+        self.expire()
         run = self.runs.get(run_id)
         if run is None or run.state.is_final:
             return False
@@ -170,6 +185,7 @@ class RunStore:
 
     def cancel(self, run_id: str, failure: FailureRecord) -> tuple[str, ...] | None:
         """Cancel a running run: the jobs it waited on (to cancel), or None."""
+        self.expire()
         run = self.runs.get(run_id)
         if run is None or run.state.is_final:
             return None
@@ -177,6 +193,35 @@ class RunStore:
         self._unwait(run)
         self._finish(run, RunState.CANCELLED, None, failure)
         return waited
+
+    # -- retention ------------------------------------------------------------------
+
+    def _bounds(self, state: RunState) -> tuple[float, int]:
+        retention = self._broker.settings.retention
+        if state is RunState.COMPLETED:
+            return retention.completed_ttl, retention.completed_max
+        return retention.failed_ttl, retention.failed_max
+
+    def trim(self, state: RunState, now: float) -> None:
+        """Drop the oldest ended runs of ``state`` past its count or age bound."""
+        ttl, cap = self._bounds(state)
+        ended = self.ended[state]
+        for _ in range(len(ended) - cap):
+            self.runs.pop(ended.popitem(last=False)[0], None)
+        expired = now - ttl
+        while ended:
+            run_id, finished_at = next(iter(ended.items()))
+            if finished_at > expired:
+                break
+            del ended[run_id]
+            self.runs.pop(run_id, None)
+
+    def expire(self) -> None:
+        """Drop the ended runs past their age bound (before any operation reads one)."""
+        now = self._broker.clock.time()
+        for state, ended in self.ended.items():
+            if ended:
+                self.trim(state, now)
 
     # -- the job path's hook -----------------------------------------------------------
 
@@ -242,4 +287,6 @@ class RunStore:
         run.result = result
         run.failure = failure
         run.outcomes = {}  # an ended run replays no more
-        run.finished_at = self._broker.clock.time()
+        run.finished_at = now = self._broker.clock.time()
+        self.ended[state][run.spec.id] = now
+        self.trim(state, now)
