@@ -169,9 +169,7 @@ class DurableTask(Generic[TIn, TOut]):
         spec = RunSpec(
             id=run_id,
             name=self.name,
-            # A partitioned turn task's partition of the run id: its turns go there, and
-            # the broker keeps the run on that queue's slot.
-            queue=self.turn_task.queue_for(run_id),
+            queue=self.queue,
             turn_task=self.turn_task.name,
             turn_payload=self.turn_task.input.encode(RunTurn(run_id)),
             input=self.input.encode(inp),
