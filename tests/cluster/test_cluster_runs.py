@@ -155,6 +155,16 @@ async def test_a_steps_hand_off_left_behind_is_applied_by_the_reaper_once(
         )
         assert again == [1]
         assert await broker.get(["r:t3"], queue=home) == [None]
+        # Once an append recorded the outcome, a late copy of its hand-off keeps nothing.
+        [ok] = await broker.append_runs([RunAppend(run_id="r", expected=0, recorded_jobs=("r:0",))])
+        assert ok is AppendOutcome.APPENDED
+        late = await broker._eval(
+            "flow_apply", [broker.keys.seq(home)], [broker.keys.prefix, home, seen[0].record]
+        )
+        assert late == [0]
+        [record] = await broker.get_runs(["r"])
+        assert record is not None
+        assert set(record.outcomes) == {"r:1"}
         assert await outbox_size(broker, steps) == 0
         redis: Any = broker._conn()
         assert text(await redis.hget(broker.keys.runs, "r")) == home

@@ -134,10 +134,12 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    waits)
     Q ul:<run id>         list     its log: encoded entries, oldest first (compare-and-
                                    append: LLEN is the length a writer expects)
-    Q uo:<run id>         hash     its step jobs (``<run id>:<position>``) that ended and
-                                   no append recorded yet: id -> state letter and the
-                                   result (``c``) or FailureRecord (``f x``); written by
-                                   the script that finishes the step (a job whose body
+    Q uo:<run id>         hash     its step jobs (``<run id>:<position>``) that ended:
+                                   id -> state letter and the result (``c``) or
+                                   FailureRecord (``f x``) until an append records it,
+                                   then '' (the step has ended: a wait on it is over, a
+                                   late hand-off is dropped); written by the script
+                                   that finishes the step (a job whose body
                                    names the run's queue: ``run_queue``), through the
                                    outbox when the run is on another slot (Cluster)
     Q uS:<run id>         set      the signals that have an inbox

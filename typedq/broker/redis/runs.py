@@ -83,8 +83,11 @@ def _record(reply: list[Any]) -> RunRecord:
         wait_jobs=tuple(text(wj).split()) if wj is not None else (),
         wait_signal=None if ws is None else text(ws),
         wake_at=None if wa is None else from_us(wa),
+        # ('' marks an outcome an append recorded: not kept any more.)
         outcomes={
-            text(outcomes[i]): _outcome(_blob(outcomes[i + 1])) for i in range(0, len(outcomes), 2)
+            text(outcomes[i]): _outcome(_blob(outcomes[i + 1]))
+            for i in range(0, len(outcomes), 2)
+            if outcomes[i + 1]
         },
     )
 

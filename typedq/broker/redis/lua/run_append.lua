@@ -47,14 +47,20 @@ local function append(a)
   if ws ~= '' then t[#t + 1] = 'ws'; t[#t + 1] = ws end
   if wa then t[#t + 1] = 'wa'; t[#t + 1] = ARGV[a + 8] end
   if #t > 0 then rcall('HSET', rk, unpack(t)) end
-  -- The outcomes this append records are in the log now; the others stay (a step that
-  -- ended after the turn's read).
+  -- The outcomes this append records are in the log now: each leaves a mark '' (the
+  -- step has ended: a wait on it is over; a late or repeated hand-off of it is not kept
+  -- again). The others stay (a step that ended after the turn's read).
   local m = tonumber(ARGV[a + 10 + n])
   if m > 0 then
-    rcall('HDEL', k_run_outcomes(q, r), unpack(ARGV, a + 11 + n, a + 10 + n + m))
+    local marks = {}
+    for j = a + 11 + n, a + 10 + n + m do
+      marks[#marks + 1] = ARGV[j]
+      marks[#marks + 1] = ''
+    end
+    rcall('HSET', k_run_outcomes(q, r), unpack(marks))
   end
   -- A wait already over when it is set wakes the run at once: a step it waits on that
-  -- has ended (its outcome is kept), a signal in the inbox, a timer due.
+  -- has ended (its outcome or its mark is kept), a signal in the inbox, a timer due.
   local over = (wa and wa <= now)
     or (ws ~= '' and rcall('EXISTS', k_run_inbox(q, r, ws)) == 1)
   if not over and wj ~= '' then

@@ -115,14 +115,17 @@ end
 
 -- Step `id` of run `r` (on queue rq, this script's slot) ended in state `state`: keep
 -- its outcome while the run is running, and wake the run when it waits on the step.
--- 1 when the run took it, 0 when there is no such run or it has ended.
+-- 1 when the run took it, 0 when there is no such run, it has ended or recorded it.
 run_settle = function(rq, r, id, state, res, err, now)
   local rk = k_run(rq, r)
   local m = rcall('HMGET', rk, 'st', 'wj')
   if m[1] ~= 'r' then return 0 end
+  local ok = k_run_outcomes(rq, r)
+  -- '' marks an outcome an append recorded already (a hand-off applied late or twice).
+  if rcall('HGET', ok, id) == '' then return 0 end
   local v = state
   if state == 'c' then v = v .. (res or '') elseif err then v = v .. err end
-  rcall('HSET', k_run_outcomes(rq, r), id, v)
+  rcall('HSET', ok, id, v)
   if run_lists(m[2], id) then run_wake(rq, r, 0, now) end
   return 1
 end
