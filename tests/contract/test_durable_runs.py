@@ -525,3 +525,43 @@ async def test_ended_runs_are_kept_within_the_retention_bounds(
         ]
         # The running and the completed ones are not aged out by failed_ttl.
         assert [r is not None for r in await broker.get_runs(["c0", "c2", "c3"])] == [True] * 3
+
+
+async def test_wait_run_wakes_when_the_log_grows_or_the_run_ends(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        assert await broker.wait_run("nope", 0, 0.01) is None
+        await broker.create_runs([spec("w")])
+        # Nothing new: the record as it is, after the timeout.
+        start = anyio.current_time()
+        [record] = await broker.get_runs(["w"])
+        assert await broker.wait_run("w", 0, 0.05) == record
+        assert anyio.current_time() - start >= 0.04
+        got: list[RunRecord | None] = []
+
+        async def wait(seen: int) -> None:
+            got.append(await broker.wait_run("w", seen, TEST_DEADLINE))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, 0)
+            await anyio.sleep(0.05)
+            # An append without entries (what it waits for) wakes no one.
+            await broker.append_runs([RunAppend(run_id="w", expected=0, wait_signal="s")])
+            await anyio.sleep(0.05)
+            assert got == []
+            start = anyio.current_time()
+            await broker.append_runs([RunAppend(run_id="w", expected=0, entries=(ENTRY,))])
+        assert anyio.current_time() - start < TEST_DEADLINE / 2
+        [grown] = got
+        assert grown is not None
+        assert len(grown.log) == 1
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, 1)
+            await anyio.sleep(0.05)
+            assert await broker.cancel_runs(["w"]) == [True]
+        ended = got[-1]
+        assert ended is not None
+        assert ended.state is RunState.CANCELLED
+        # Ended: at once, whatever it has seen.
+        assert await broker.wait_run("w", 5, TEST_DEADLINE) == ended

@@ -141,6 +141,10 @@ class MemoryBroker(JobPath):
                 await self.cancel(job_id)
         return out
 
+    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
+        self._check()
+        return await self.runs.wait(run_id, seen, timeout)
+
     # -- operations ------------------------------------------------------------------
 
     async def purge(self, queue: str, states: Sequence[JobState]) -> int:

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
+import anyio
+
 from ...errors import FailureRecord
 from ..base import JobMessage, JobState
 from ..runs import (
@@ -107,6 +109,9 @@ class RunStore:
             state: OrderedDict()
             for state in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
         }
+        #: run id -> the event its waiters (:meth:`wait`) wait on: set when its log grows
+        #: or it ends.
+        self.watchers: dict[str, anyio.Event] = {}
 
     # -- the capability's operations (MemoryBroker checks the connection) ----------------
 
@@ -139,6 +144,8 @@ class RunStore:
                 return AppendOutcome.CONFLICT  # only appends take: cannot happen when fenced
             waiting.popleft()
         run.log.extend(item.entries)
+        if item.entries:
+            self._changed(run)
         self._unwait(run)
         if item.state.is_final:
             self._finish(run, item.state, item.result, item.failure)
@@ -193,6 +200,26 @@ class RunStore:
         self._unwait(run)
         self._finish(run, RunState.CANCELLED, None, failure)
         return waited
+
+    async def wait(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
+        """The run once its log has more than ``seen`` entries or it has ended, or after
+        ``timeout`` seconds (see ``Runs.wait_run``); None: no such run."""
+        with anyio.move_on_after(timeout):
+            while True:
+                record = self.get(run_id)
+                if record is None or record.state.is_final or len(record.log) > seen:
+                    return record
+                event = self.watchers.get(run_id)
+                if event is None:
+                    event = self.watchers[run_id] = anyio.Event()
+                await event.wait()
+        return self.get(run_id)
+
+    def _changed(self, run: StoredRun) -> None:
+        """Its log grew or it ended: wake its waiters."""
+        event = self.watchers.pop(run.spec.id, None)
+        if event is not None:
+            event.set()
 
     # -- retention ------------------------------------------------------------------
 
@@ -290,3 +317,4 @@ class RunStore:
         run.finished_at = now = self._broker.clock.time()
         self.ended[state][run.spec.id] = now
         self.trim(state, now)
+        self._changed(run)

@@ -180,9 +180,9 @@ lost its data, and is reported as :class:`~typedq.errors.RedisDataLost` naming t
 
 Channels (not keys). Standalone Redis, app-wide (``PUBLISH``): ``P ev:w`` (a queue got
 work while a worker waited for it, see ``Q W``: space-separated queue names), ``P ev:d`` (jobs reached a final state:
-space-separated ids), ``P ev:x`` (a running job was asked to cancel: its id). Redis
+space-separated ids; a durable run whose log grew or that ended: ``~<run id>``), ``P ev:x`` (a running job was asked to cancel: its id). Redis
 Cluster, per queue (sharded pub/sub, ``SPUBLISH``/``SSUBSCRIBE``): ``Q ev:w`` (the queue
-got work while a worker waited: its name), ``Q ev:d`` (its jobs reached a final state: ids), ``Q ev:x`` (one
+got work while a worker waited: its name), ``Q ev:d`` (its jobs reached a final state: ids; and ``~<run id>`` as on ``P ev:d``), ``Q ev:x`` (one
 of its running jobs was asked to cancel: its id); each carries the queue's hash tag, so
 it lives on the shard that holds the queue and a notice reaches only that shard.
 

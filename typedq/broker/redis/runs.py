@@ -17,9 +17,12 @@ across slots (applied on the run's slot by ``flow_apply``).
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 import msgspec
 
 from ...errors import FailureRecord
@@ -69,7 +72,7 @@ def _outcome(value: bytes) -> StepOutcome:
 
 
 def _record(reply: list[Any]) -> RunRecord:
-    """A run as ``run_reply`` (lua/common/runs.lua) answers it."""
+    """A run as ``run_ops.reply`` (lua/common/runs.lua) answers it."""
     spec, st, ca, fa, res, err, wj, ws, wa, log, inbox, outcomes = reply
     return RunRecord(
         spec=_decode_spec(spec),
@@ -243,3 +246,25 @@ class RunOps(RedisCore):
             for job_id in reply or ():
                 await self.cancel(text(job_id))
         return [reply is not None for reply in replies]
+
+    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
+        # The run scripts announce a log that grew or a run that ended as '~<run id>'
+        # with the finished jobs' notice of the run's queue (lua/common/runs.lua).
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        (queue,) = await self._run_queues_of([run_id])
+        if queue is None:
+            return None
+        with self._notes.done_waiter("~" + run_id) as waiter:
+            await self._notes.subscribe(self._notes.done_channel(queue), wait=deadline)
+            while True:
+                # A fresh event before each look: a notice that lands between the read
+                # and the wait still wakes us.
+                waiter.event = anyio.Event()
+                (record,) = await self.get_runs([run_id])
+                if record is None or record.state.is_final or len(record.log) > seen:
+                    return record
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._redis is None:
+                    return record
+                with anyio.move_on_after(remaining):
+                    await waiter.event.wait()

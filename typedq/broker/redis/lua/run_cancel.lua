@@ -8,21 +8,21 @@
 -- retention dropped}.
 local q = ARGV[2]
 if #ARGV < 6 or q == '' then return bad_args('run_cancel') end
-run_bounds(ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+run_ops.bounds(ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 local now = now_us()
 local out = {}
 for i = 7, #ARGV do
   local r = ARGV[i]
-  if run_state(q, r, now) == 'r' then
+  if run_ops.state(q, r, now) == 'r' then
     local waited = {}
-    for id in string.gmatch(rcall('HGET', k_run(q, r), 'wj') or '', '%S+') do
+    for id in string.gmatch(rcall('HGET', k_run(q, 'u:', r), 'wj') or '', '%S+') do
       waited[#waited + 1] = id
     end
-    run_finish(q, r, 'x', nil,
+    run_ops.finish(q, r, 'x', nil,
       failure_record(CANCELLED_REASON, CANCELLED_TYPE, RUN_CANCELLED, 0, nil, now), now)
     out[#out + 1] = waited
   else
     out[#out + 1] = false
   end
 end
-return run_answer(out)
+return run_ops.answer(out)

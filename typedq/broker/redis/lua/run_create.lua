@@ -5,21 +5,21 @@
 -- KEYS[1] = the queue's order counter
 -- ARGV: P, queue, completed ttl (µs), completed max, failed ttl, failed max, then per
 --   run: id, spec (msgpack RunSpec), the body of its turn jobs
--- Returns {per run {created 0/1, the run (run_reply)}, ids retention dropped}.
+-- Returns {per run {created 0/1, the run (run_ops.reply)}, ids retention dropped}.
 local q = ARGV[2]
 if #ARGV < 6 or (#ARGV - 6) % 3 ~= 0 or q == '' then return bad_args('run_create') end
-run_bounds(ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+run_ops.bounds(ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 local now = now_us()
 local out = {}
 for i = 7, #ARGV, 3 do
   local r = ARGV[i]
   local created = 0
-  if not run_state(q, r, now) then
-    rcall('HSET', k_run(q, r), 'sp', ARGV[i + 1], 'tb', ARGV[i + 2], 'st', 'r',
+  if not run_ops.state(q, r, now) then
+    rcall('HSET', k_run(q, 'u:', r), 'sp', ARGV[i + 1], 'tb', ARGV[i + 2], 'st', 'r',
       'ca', string.format('%d', now), 'n', 0)
-    run_wake(q, r, 0, now)
+    run_ops.wake(q, r, 0, now)
     created = 1
   end
-  out[#out + 1] = {created, run_reply(q, r)}
+  out[#out + 1] = {created, run_ops.reply(q, r)}
 end
-return run_answer(out)
+return run_ops.answer(out)

@@ -8,21 +8,21 @@
 -- Returns {per signal 'delivered' | 'finished' | 'not_found', ids retention dropped}.
 local q = ARGV[2]
 if #ARGV < 6 or (#ARGV - 6) % 3 ~= 0 or q == '' then return bad_args('run_signal') end
-run_bounds(ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+run_ops.bounds(ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 local now = now_us()
 local out = {}
 for i = 7, #ARGV, 3 do
   local r, s = ARGV[i], ARGV[i + 1]
-  local st = run_state(q, r, now)
+  local st = run_ops.state(q, r, now)
   if not st then
     out[#out + 1] = 'not_found'
   elseif st ~= 'r' then
     out[#out + 1] = 'finished'
   else
-    rcall('RPUSH', k_run_inbox(q, r, s), ARGV[i + 2])
-    rcall('SADD', k_run_signals(q, r), s)
-    if rcall('HGET', k_run(q, r), 'ws') == s then run_wake(q, r, 0, now) end
+    rcall('RPUSH', k_run(q, 'us:', r .. '|' .. s), ARGV[i + 2])
+    rcall('SADD', k_run(q, 'uS:', r), s)
+    if rcall('HGET', k_run(q, 'u:', r), 'ws') == s then run_ops.wake(q, r, 0, now) end
     out[#out + 1] = 'delivered'
   end
 end
-return run_answer(out)
+return run_ops.answer(out)

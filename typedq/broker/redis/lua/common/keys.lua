@@ -153,13 +153,10 @@ local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
 -- work notice (publish), so enqueues while every worker is busy publish nothing.
 local function k_waiter(q) return k_fixed(q, 'W') end
 
--- Durable runs (typedq/broker/runs.py, common/runs.lua), on the run's queue: a run's
--- record (hash), log (list), kept step outcomes (hash), the names of its signals with
--- an inbox (set) and one inbox per signal (list); per final state, the queue's finished
--- runs by finish time (retention).
-local function k_run(q, r) return k_q(q) .. 'u:' .. r end
-local function k_run_log(q, r) return k_q(q) .. 'ul:' .. r end
-local function k_run_outcomes(q, r) return k_q(q) .. 'uo:' .. r end
-local function k_run_signals(q, r) return k_q(q) .. 'uS:' .. r end
-local function k_run_inbox(q, r, s) return k_q(q) .. 'us:' .. r .. '|' .. s end
-local function k_run_done(q, st) return k_q(q) .. 'ud:' .. st end
+-- Durable runs (typedq/broker/runs.py, common/runs.lua), on the run's queue: `kind`
+-- 'u:' a run's record (hash), 'ul:' its log (list), 'uo:' its kept step outcomes
+-- (hash), 'uS:' the names of its signals with an inbox (set), 'us:' one inbox per signal
+-- (list; `r` is '<run id>|<signal>'), 'ud:' per final state (`r` its letter) the
+-- queue's ended runs by end time. (One helper: the library's main chunk holds at most
+-- 200 locals.)
+local function k_run(q, kind, r) return k_q(q) .. kind .. r end
