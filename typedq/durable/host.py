@@ -88,7 +88,7 @@ TURN_RETRIES = 10
 #: and is retried).
 _MAX_ROUNDS = 100
 
-#: How often ``RunHandle.result`` looks at the run (seconds).
+#: How often ``RunHandle.events`` looks at the run (seconds).
 _POLL = 0.01
 
 
@@ -371,13 +371,17 @@ class RunHandle(Generic[TOut]):
         :raises JobFailed: it failed (``JobCancelled``: it was cancelled), with the record
         :raises ResultTimeout: not finished within ``timeout`` seconds
         """
-        # The embedded broker has no push for a run's end yet: look at it every 10 ms.
+        # The broker wakes the wait when the run's log grows or it ends (no polling).
+        broker = self._durable._app.broker
         with anyio.move_on_after(timeout):
+            seen = 0
             while True:
-                record = await self.record()
+                record = await broker.wait_run(self.run_id, seen, None)
+                if record is None:
+                    raise JobNotFound(f"no durable run {self.run_id!r}")
                 if record.state.is_final:
                     return self._finished(record)
-                await anyio.sleep(_POLL)
+                seen = len(record.log)
         raise ResultTimeout(f"run {self.run_id} did not finish within {timeout}s")
 
     def _finished(self, record: RunRecord) -> TOut:
