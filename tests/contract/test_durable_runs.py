@@ -523,6 +523,14 @@ async def test_ended_runs_are_kept_within_the_retention_bounds(
         assert await broker.signal_runs([RunSignal(run_id="x1", signal="s", payload=b"")]) == [
             SignalOutcome.NOT_FOUND
         ]
+        # One that expired unseen is dropped by the create that takes its id again.
+        await broker.create_runs([spec("x2")])
+        assert await broker.cancel_runs(["x2"]) == [True]
+        await anyio.sleep(0.5)
+        [(created, fresh)] = await broker.create_runs([spec("x2")])
+        assert created
+        [found] = await broker.get_runs(["x2"])
+        assert found == fresh
         # The running and the completed ones are not aged out by failed_ttl.
         assert [r is not None for r in await broker.get_runs(["c0", "c2", "c3"])] == [True] * 3
 

@@ -144,11 +144,17 @@ class RunOps(RedisCore):
         return [known.get(r) for r in run_ids]
 
     async def _run_calls(
-        self, name: str, items: Sequence[tuple[str, list[Any]]], missing: Any
+        self,
+        name: str,
+        items: Sequence[tuple[str, list[Any]]],
+        missing: Any,
+        *,
+        live: frozenset[str] = frozenset(),
     ) -> list[Any]:
         """Script ``name`` once per queue over the runs of that queue (one round trip);
         per item (run id, its arguments) its answer, ``missing`` for a run not indexed.
-        The runs retention dropped leave the index."""
+        The runs retention dropped leave the index, but for ``live`` ones (created
+        again under their id by this very call)."""
         queues = await self._run_queues_of([run_id for run_id, _ in items])
         groups: dict[str, list[int]] = {}
         for i, q in enumerate(queues):
@@ -169,7 +175,7 @@ class RunOps(RedisCore):
         for idx, (answers, dropped) in zip(groups.values(), replies, strict=True):
             for i, answer in zip(idx, answers, strict=True):
                 out[i] = answer
-            gone += [text(r) for r in dropped]
+            gone += [r for r in map(text, dropped) if r not in live]
         if gone:
             await self._forget_runs(gone)
         return out
@@ -216,7 +222,9 @@ class RunOps(RedisCore):
             )
             for spec in specs
         ]
-        replies = await self._run_calls("run_create", items, None)
+        replies = await self._run_calls(
+            "run_create", items, None, live=frozenset(spec.id for spec in specs)
+        )
         return [(bool(int(created)), _record(record)) for created, record in replies]
 
     async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
