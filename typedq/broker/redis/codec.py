@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from ...names import check_name
 from ..base import FinishOutcome, JobMessage, JobState, LeaseStatus
 from .keys import STATE_LETTERS
 
@@ -100,6 +101,9 @@ def encode_body(m: JobMessage) -> bytes:
         # The usual job (the task's defaults, no limit keys, not traced): one tuple
         # encoded, without building and trimming the whole field list.
         return encode((m.task, m.payload, m.fingerprint) if m.fingerprint else (m.task, m.payload))
+    if m.run_queue:
+        # A durable run's queue: it names keys the finishing script touches (runs.lua).
+        check_name("queue", m.run_queue)
     fields = [m.task, m.payload, m.fingerprint, m.priority, m.max_retries, m.timeout, m.eta]
     fields += (m.delay, m.rate_key, m.concurrency_key, m.scheduled_for, m.trace_context)
     fields += (m.trace_links, m.run_queue)
