@@ -573,3 +573,13 @@ async def test_wait_run_wakes_when_the_log_grows_or_the_run_ends(
         assert ended.state is RunState.CANCELLED
         # Ended: at once, whatever it has seen.
         assert await broker.wait_run("w", 5, TEST_DEADLINE) == ended
+
+
+async def test_a_turn_is_enqueued_past_max_queue_length(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url, max_queue_length=1) as broker:
+        await broker.enqueue([JobMessage(id="filler", task="t", queue="q", payload=b"")])
+        [(created, _)] = await broker.create_runs([spec("full")])
+        assert created
+        assert await waiting_turns(broker) == 2  # the filler and the run's first turn
+        [turn] = await broker.get(["full:t1"], queue="q")
+        assert turn is not None

@@ -279,7 +279,9 @@ class RunStore:
                 return
         run.turns += 1
         turn_id = f"{run.spec.id}:t{run.turns}"
-        broker._enqueue(
+        # Past max_queue_length too: a turn is the run's own continuation (as a flow's
+        # hand-off is), never refused (the Redis broker's run scripts do the same).
+        broker.lines.add(
             [
                 JobMessage(
                     id=turn_id,
@@ -288,7 +290,8 @@ class RunStore:
                     payload=run.spec.turn_payload,
                     eta=0.0 if immediate else at,
                 )
-            ]
+            ],
+            now,
         )
         if immediate:
             run.turn = turn_id
