@@ -461,12 +461,19 @@ async def test_a_steps_outcome_is_kept_and_wakes_the_waiting_run(
         assert done.outcomes == {"r2:2": StepOutcome(state=JobState.COMPLETED, result=b"2")}
         assert done.wake_at is not None
         # A job that is not a run's step (no run_queue) is none of its business.
-        await broker.enqueue([JobMessage(id="r2:9", task="t", queue="q", payload=b"")])
-        [claimed9] = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        await broker.enqueue([JobMessage(id="r2:9", task="t", queue="plain", payload=b"")])
+        [claimed9] = await broker.claim(["plain"], 1, worker_id="w", lease=30)
+        assert claimed9.message.id == "r2:9"
         await broker.complete([Completion(claimed9.message.id, claimed9.token, b"")])
+        # ... nor a wait on it: no turn at once.
+        [ok] = await broker.append_runs(
+            [RunAppend(run_id="r2", expected=0, recorded_jobs=("r2:2",), wait_jobs=("r2:9",))]
+        )
+        assert ok is AppendOutcome.APPENDED
+        assert await broker.get(["r2:t5"], queue="q") == [None]
         [same] = await broker.get_runs(["r2"])
         assert same is not None
-        assert set(same.outcomes) == {"r2:2"}
+        assert same.outcomes == {}
 
 
 async def test_a_wait_already_over_wakes_the_run_at_once(app_name: str, broker_url: str) -> None:

@@ -159,9 +159,15 @@ class RunStore:
         for job_id in item.wait_jobs:
             self.by_job.setdefault(job_id, set()).add(run.spec.id)
         now = self._broker.clock.time()
-        # A wait already over when it is set wakes the run at once.
+        # A wait already over when it is set wakes the run at once (a step: a job that
+        # carries its run's queue, see job_finished).
         if (
-            any(job_id in jobs and jobs[job_id].state.is_final for job_id in item.wait_jobs)
+            any(
+                (job := jobs.get(job_id)) is not None
+                and job.state.is_final
+                and job.message.run_queue
+                for job_id in item.wait_jobs
+            )
             or (item.wait_signal is not None and run.inbox.get(item.wait_signal))
             or (item.wake_at is not None and item.wake_at <= now)
         ):
@@ -254,9 +260,14 @@ class RunStore:
 
     def job_finished(self, job: Job) -> None:
         """A job reached a final state: if it is a step of a running run (id
-        ``run_id:position``), keep its outcome with the run, so that the job's own record
-        may go before a turn reads it; wake every run waiting on it."""
-        job_id = job.message.id
+        ``run_id:position``, carrying the run's queue: ``JobMessage.run_queue``, which
+        the Redis broker needs to find the run), keep its outcome with the run, so that
+        the job's own record may go before a turn reads it; wake every run waiting on it.
+        Any other job is no run's business."""
+        message = job.message
+        if not message.run_queue:
+            return
+        job_id = message.id
         run_id, _, position = job_id.rpartition(":")
         run = self.runs.get(run_id) if position.isdigit() else None
         if run is not None and not run.state.is_final:
