@@ -133,6 +133,12 @@ async def test_lua_key_names_match_the_keys_module(redis_url: str) -> None:
             k.outbox("q1"),
             k.handoff("q1", "job-1|m"),
             k.waiter("q1"),
+            k.run("q1", "job-1"),
+            k.run_log("q1", "job-1"),
+            k.run_outcomes("q1", "job-1"),
+            k.run_signals("q1", "job-1"),
+            k.run_inbox("q1", "job-1", "sig"),
+            k.runs_done("q1", "c"),
         ]
         # Every key of a queue carries the queue's hash tag, nothing else's.
         assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])

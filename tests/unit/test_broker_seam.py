@@ -23,7 +23,6 @@ from typedq.broker.capabilities import (
     CORE_WITH_DEFAULTS,
     Flows,
     Limits,
-    Runs,
     Schedules,
     capabilities_of,
     members,
@@ -37,7 +36,7 @@ pytestmark = pytest.mark.anyio
 BACKENDS = [MemoryBroker, RedisBroker]
 
 #: The capabilities a backend does not have yet (it keeps Broker's Unsupported defaults).
-LACKING: dict[type[Broker], tuple[type[Any], ...]] = {RedisBroker: (Runs,)}
+LACKING: dict[type[Broker], tuple[type[Any], ...]] = {}
 
 
 def _shape(fn: Callable[..., Any]) -> list[tuple[str, Any, Any]]:

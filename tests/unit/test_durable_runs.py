@@ -299,7 +299,7 @@ async def test_the_store_keeps_a_waited_jobs_outcome_and_wakes_the_run() -> None
     await broker.connect()
     try:
         await broker.create_runs([spec("r2")])
-        step = JobMessage(id="r2:0", task="t", queue="steps", payload=b"")
+        step = JobMessage(id="r2:0", task="t", queue="steps", payload=b"", run_queue="q")
         await broker.enqueue([step])
         [appended] = await broker.append_runs(
             [RunAppend(run_id="r2", expected=0, wait_jobs=("r2:0",))]

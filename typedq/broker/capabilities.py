@@ -199,6 +199,8 @@ class Runs(Protocol):
 
     async def cancel_runs(self, run_ids: Sequence[str]) -> list[bool]: ...
 
+    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None: ...
+
 
 #: Every capability, in the order of the seam's description (typedq.broker.base).
 CAPABILITIES: tuple[type[Any], ...] = (

@@ -303,3 +303,10 @@ class CapabilityDefaults:
         """Cancel each running run (state ``cancelled``) and the jobs it waits on.
         False: unknown or already finished."""
         raise self._unsupported("durable runs")
+
+    @capability_default
+    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
+        """Wait, without polling, until the run's log has more than ``seen`` entries or
+        the run has ended, at most ``timeout`` seconds (None: no bound); then its record
+        as it is (on timeout too). None: no such run (or it went, by retention)."""
+        raise self._unsupported("durable runs")

@@ -141,6 +141,10 @@ class JobMessage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     #: :data:`MAX_SPAN_LINKS`); set by the broker at the fan-in, when the callback
     #: carries a trace context and its members' attempts were traced. "" = none.
     trace_links: str = ""
+    #: A step of a durable run (typedq.durable; id ``<run_id>:<position>``): the queue
+    #: the run is stored on, so that the broker that finishes the job keeps its outcome
+    #: with the run and wakes it (the Redis broker finds the run by it). "" = no run.
+    run_queue: str = ""
 
 
 class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):

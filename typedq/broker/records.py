@@ -20,6 +20,7 @@ __all__ = [
     "CANCELLED_ON_HAND_BACK",
     "CANCELLED_WITH_FLOW",
     "CANCELLED_WORKER_LOST",
+    "RUN_CANCELLED",
     "BrokerFailure",
     "broker_failure",
     "cancelled_while",
@@ -43,6 +44,9 @@ CANCELLED_ON_HAND_BACK = "cancelled while its worker handed it back"
 #: A cancel was requested while the job ran, and its lease expired before the worker
 #: recorded the cancellation.
 CANCELLED_WORKER_LOST = "cancelled; its worker was lost before it confirmed"
+
+#: A durable run was cancelled (``cancel_runs``): the run's failure record.
+RUN_CANCELLED = "run cancelled"
 
 
 def cancelled_while(state: str) -> str:

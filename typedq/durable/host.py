@@ -88,7 +88,7 @@ TURN_RETRIES = 10
 #: and is retried).
 _MAX_ROUNDS = 100
 
-#: How often ``RunHandle.result`` looks at the run (seconds).
+#: How often ``RunHandle.events`` looks at the run (seconds).
 _POLL = 0.01
 
 
@@ -246,7 +246,7 @@ class DurableTask(Generic[TIn, TOut]):
             run_id=run_id, expected=len(record.log), entries=blobs, recorded_jobs=recorded
         )
         if isinstance(decision, ScheduleSteps):
-            await self._enqueue_steps(decision)
+            await self._enqueue_steps(decision, record.spec.queue)
             waits = [r.key for r in decision.schedule]
             waits += [f"{run_id}:{p}" for p in decision.pending]
             return msgspec.structs.replace(base, wait_jobs=tuple(waits)), False
@@ -283,7 +283,7 @@ class DurableTask(Generic[TIn, TOut]):
             False,
         )
 
-    async def _enqueue_steps(self, decision: ScheduleSteps) -> None:
+    async def _enqueue_steps(self, decision: ScheduleSteps, run_queue: str) -> None:
         if not decision.schedule:
             return
         tasks = self._app.tasks
@@ -302,6 +302,8 @@ class DurableTask(Generic[TIn, TOut]):
                     queue=task.queue_for(request.key),
                     payload=request.payload,
                     fingerprint=task.input.fingerprint,
+                    # The broker that finishes the step tells the run (on this queue).
+                    run_queue=run_queue,
                 )
             )
         await self._app.broker.enqueue(messages)
@@ -369,13 +371,17 @@ class RunHandle(Generic[TOut]):
         :raises JobFailed: it failed (``JobCancelled``: it was cancelled), with the record
         :raises ResultTimeout: not finished within ``timeout`` seconds
         """
-        # The embedded broker has no push for a run's end yet: look at it every 10 ms.
+        # The broker wakes the wait when the run's log grows or it ends (no polling).
+        broker = self._durable._app.broker
         with anyio.move_on_after(timeout):
+            seen = 0
             while True:
-                record = await self.record()
+                record = await broker.wait_run(self.run_id, seen, None)
+                if record is None:
+                    raise JobNotFound(f"no durable run {self.run_id!r}")
                 if record.state.is_final:
                     return self._finished(record)
-                await anyio.sleep(_POLL)
+                seen = len(record.log)
         raise ResultTimeout(f"run {self.run_id} did not finish within {timeout}s")
 
     def _finished(self, record: RunRecord) -> TOut:

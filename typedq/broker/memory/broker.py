@@ -25,7 +25,7 @@ from ..base import (
     WorkerInfo,
 )
 from ..flow import FlowSpec, FlowState
-from ..records import broker_failure
+from ..records import RUN_CANCELLED, broker_failure
 from ..runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
 from . import listing
 from .core import JobPath
@@ -132,7 +132,7 @@ class MemoryBroker(JobPath):
         out = []
         for run_id in run_ids:
             failure = broker_failure(
-                "cancelled", "run cancelled", attempt=0, failed_at=self.clock.time()
+                "cancelled", RUN_CANCELLED, attempt=0, failed_at=self.clock.time()
             )
             waited = self.runs.cancel(run_id, failure)
             out.append(waited is not None)
@@ -140,6 +140,10 @@ class MemoryBroker(JobPath):
             for job_id in waited or ():
                 await self.cancel(job_id)
         return out
+
+    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
+        self._check()
+        return await self.runs.wait(run_id, seen, timeout)
 
     # -- operations ------------------------------------------------------------------
 

@@ -7,12 +7,19 @@ store enqueues one when a run is created, when a job it waits on reaches a final
 it waits for arrives, and at its timer (a turn job with an ``eta``). At most one
 immediate turn of a run waits at a time; a turn that finds nothing to do (a timer that
 a signal beat) replays to the same decision and appends nothing.
+
+Ended runs are kept as finished jobs are (:class:`~typedq.broker.settings.Retention`):
+completed ones within ``completed_ttl``/``completed_max``, failed and cancelled ones
+within ``failed_ttl``/``failed_max`` (each final state counted on its own), the oldest
+dropped first; a run past its age bound reads as none.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
+
+import anyio
 
 from ...errors import FailureRecord
 from ..base import JobMessage, JobState
@@ -97,10 +104,19 @@ class RunStore:
         self.runs: dict[str, StoredRun] = {}
         #: job id -> the runs waiting on it (see :meth:`job_finished`).
         self.by_job: dict[str, set[str]] = {}
+        #: Ended runs per final state, run id -> when it ended, oldest first (retention).
+        self.ended: dict[RunState, OrderedDict[str, float]] = {
+            state: OrderedDict()
+            for state in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
+        }
+        #: run id -> the event its waiters (:meth:`wait`) wait on: set when its log grows
+        #: or it ends.
+        self.watchers: dict[str, anyio.Event] = {}
 
     # -- the capability's operations (MemoryBroker checks the connection) ----------------
 
     def create(self, spec: RunSpec) -> tuple[bool, RunRecord]:
+        self.expire()
         run = self.runs.get(spec.id)
         if run is not None:
             return False, run.snapshot()
@@ -109,10 +125,12 @@ class RunStore:
         return True, run.snapshot()
 
     def get(self, run_id: str) -> RunRecord | None:
+        self.expire()
         run = self.runs.get(run_id)
         return None if run is None else run.snapshot()
 
     def append(self, item: RunAppend) -> AppendOutcome:
+        self.expire()
         run = self.runs.get(item.run_id)
         if run is None:
             return AppendOutcome.NOT_FOUND
@@ -126,6 +144,8 @@ class RunStore:
                 return AppendOutcome.CONFLICT  # only appends take: cannot happen when fenced
             waiting.popleft()
         run.log.extend(item.entries)
+        if item.entries:
+            self._changed(run)
         self._unwait(run)
         if item.state.is_final:
             self._finish(run, item.state, item.result, item.failure)
@@ -139,9 +159,15 @@ class RunStore:
         for job_id in item.wait_jobs:
             self.by_job.setdefault(job_id, set()).add(run.spec.id)
         now = self._broker.clock.time()
-        # A wait already over when it is set wakes the run at once.
+        # A wait already over when it is set wakes the run at once (a step: a job that
+        # carries its run's queue, see job_finished).
         if (
-            any(job_id in jobs and jobs[job_id].state.is_final for job_id in item.wait_jobs)
+            any(
+                (job := jobs.get(job_id)) is not None
+                and job.state.is_final
+                and job.message.run_queue
+                for job_id in item.wait_jobs
+            )
             or (item.wait_signal is not None and run.inbox.get(item.wait_signal))
             or (item.wake_at is not None and item.wake_at <= now)
         ):
@@ -151,6 +177,7 @@ class RunStore:
         return AppendOutcome.APPENDED
 
     def signal(self, item: RunSignal) -> SignalOutcome:
+        self.expire()
         run = self.runs.get(item.run_id)
         if run is None:
             return SignalOutcome.NOT_FOUND
@@ -162,6 +189,7 @@ class RunStore:
         return SignalOutcome.DELIVERED
 
     def wake_run(self, run_id: str, at: float) -> bool:
+        self.expire()
         run = self.runs.get(run_id)
         if run is None or run.state.is_final:
             return False
@@ -170,6 +198,7 @@ class RunStore:
 
     def cancel(self, run_id: str, failure: FailureRecord) -> tuple[str, ...] | None:
         """Cancel a running run: the jobs it waited on (to cancel), or None."""
+        self.expire()
         run = self.runs.get(run_id)
         if run is None or run.state.is_final:
             return None
@@ -178,13 +207,67 @@ class RunStore:
         self._finish(run, RunState.CANCELLED, None, failure)
         return waited
 
+    async def wait(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
+        """The run once its log has more than ``seen`` entries or it has ended, or after
+        ``timeout`` seconds (see ``Runs.wait_run``); None: no such run."""
+        with anyio.move_on_after(timeout):
+            while True:
+                record = self.get(run_id)
+                if record is None or record.state.is_final or len(record.log) > seen:
+                    return record
+                event = self.watchers.get(run_id)
+                if event is None:
+                    event = self.watchers[run_id] = anyio.Event()
+                await event.wait()
+        return self.get(run_id)
+
+    def _changed(self, run: StoredRun) -> None:
+        """Its log grew or it ended: wake its waiters."""
+        event = self.watchers.pop(run.spec.id, None)
+        if event is not None:
+            event.set()
+
+    # -- retention ------------------------------------------------------------------
+
+    def _bounds(self, state: RunState) -> tuple[float, int]:
+        retention = self._broker.settings.retention
+        if state is RunState.COMPLETED:
+            return retention.completed_ttl, retention.completed_max
+        return retention.failed_ttl, retention.failed_max
+
+    def trim(self, state: RunState, now: float) -> None:
+        """Drop the oldest ended runs of ``state`` past its count or age bound."""
+        ttl, cap = self._bounds(state)
+        ended = self.ended[state]
+        for _ in range(len(ended) - cap):
+            self.runs.pop(ended.popitem(last=False)[0], None)
+        expired = now - ttl
+        while ended:
+            run_id, finished_at = next(iter(ended.items()))
+            if finished_at > expired:
+                break
+            del ended[run_id]
+            self.runs.pop(run_id, None)
+
+    def expire(self) -> None:
+        """Drop the ended runs past their age bound (before any operation reads one)."""
+        now = self._broker.clock.time()
+        for state, ended in self.ended.items():
+            if ended:
+                self.trim(state, now)
+
     # -- the job path's hook -----------------------------------------------------------
 
     def job_finished(self, job: Job) -> None:
         """A job reached a final state: if it is a step of a running run (id
-        ``run_id:position``), keep its outcome with the run, so that the job's own record
-        may go before a turn reads it; wake every run waiting on it."""
-        job_id = job.message.id
+        ``run_id:position``, carrying the run's queue: ``JobMessage.run_queue``, which
+        the Redis broker needs to find the run), keep its outcome with the run, so that
+        the job's own record may go before a turn reads it; wake every run waiting on it.
+        Any other job is no run's business."""
+        message = job.message
+        if not message.run_queue:
+            return
+        job_id = message.id
         run_id, _, position = job_id.rpartition(":")
         run = self.runs.get(run_id) if position.isdigit() else None
         if run is not None and not run.state.is_final:
@@ -207,7 +290,9 @@ class RunStore:
                 return
         run.turns += 1
         turn_id = f"{run.spec.id}:t{run.turns}"
-        broker._enqueue(
+        # Past max_queue_length too: a turn is the run's own continuation (as a flow's
+        # hand-off is), never refused (the Redis broker's run scripts do the same).
+        broker.lines.add(
             [
                 JobMessage(
                     id=turn_id,
@@ -216,7 +301,8 @@ class RunStore:
                     payload=run.spec.turn_payload,
                     eta=0.0 if immediate else at,
                 )
-            ]
+            ],
+            now,
         )
         if immediate:
             run.turn = turn_id
@@ -242,4 +328,7 @@ class RunStore:
         run.result = result
         run.failure = failure
         run.outcomes = {}  # an ended run replays no more
-        run.finished_at = self._broker.clock.time()
+        run.finished_at = now = self._broker.clock.time()
+        self.ended[state][run.spec.id] = now
+        self.trim(state, now)
+        self._changed(run)

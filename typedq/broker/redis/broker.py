@@ -3,7 +3,8 @@
 :class:`RedisBroker` is one class made of mixins, one module per concept: calling the
 library's scripts in :mod:`.calls`, enqueue and waiting for results in :mod:`.enqueue`,
 workflows in :mod:`.flows`, the worker's claim, lease and settle path in :mod:`.leases`,
-reads and operator actions in :mod:`.inspection`, schedules in :mod:`.schedules`; they
+reads and operator actions in :mod:`.inspection`, schedules in :mod:`.schedules`, durable
+runs in :mod:`.runs`; they
 see this core through :class:`~.core.RedisCore`. The core is here: connect (standalone
 Redis and Cluster) and its startup checks, the epoch and memory checks, the queue
 registry and where a job is, close, error translation, and delivering the hand-offs of
@@ -51,6 +52,7 @@ from .keys import Keys
 from .leases import LeaseOps
 from .listener import Notifications
 from .migrate import migrate_layout
+from .runs import RunOps
 from .schedules import ScheduleOps
 from .scripts import LIBRARY, SHARDED_LIBRARY
 
@@ -61,7 +63,7 @@ __all__ = ["RedisBroker"]
 HANDOFF_AGE = 5.0
 
 
-class RedisBroker(ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, ScheduleOps):
+class RedisBroker(ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, ScheduleOps, RunOps):
     """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA
@@ -102,6 +104,8 @@ class RedisBroker(ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, Schedu
         self.handoff_age = HANDOFF_AGE
         # Outbox entries applied and not deleted yet, per queue (see _deliver).
         self._acks: dict[str, list[str]] = {}
+        # Durable run id -> its queue, as the app's run index said (see .runs).
+        self._run_locations: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"RedisBroker({redact_url(self.url)!r}, namespace={self.settings.namespace!r})"

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from ...names import check_name
 from ..base import FinishOutcome, JobMessage, JobState, LeaseStatus
 from .keys import STATE_LETTERS
 
@@ -69,10 +70,13 @@ class Body(msgspec.Struct, frozen=True, array_like=True):
     #: A fan-in callback's links to its members' spans, appended by the fan-in script
     #: (common/flow_settle.lua flow_release) to a body that has all the fields above.
     trace_links: str = ""
+    #: A durable run's step: the run's queue (common/runs.lua reads it at index 14 when
+    #: the job reaches a final state).
+    run_queue: str = ""
 
 
 _decode_body = msgspec.msgpack.Decoder(Body).decode
-_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0, "", "", 0.0, "", "")
+_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0, "", "", 0.0, "", "", "")
 
 
 #: The defaults of the body's fields after the fingerprint (see :func:`encode_body`).
@@ -92,13 +96,17 @@ def encode_body(m: JobMessage) -> bytes:
         m.scheduled_for,
         m.trace_context,
         m.trace_links,
+        m.run_queue,
     ) == _TAIL_DEFAULTS:
         # The usual job (the task's defaults, no limit keys, not traced): one tuple
         # encoded, without building and trimming the whole field list.
         return encode((m.task, m.payload, m.fingerprint) if m.fingerprint else (m.task, m.payload))
+    if m.run_queue:
+        # A durable run's queue: it names keys the finishing script touches (runs.lua).
+        check_name("queue", m.run_queue)
     fields = [m.task, m.payload, m.fingerprint, m.priority, m.max_retries, m.timeout, m.eta]
     fields += (m.delay, m.rate_key, m.concurrency_key, m.scheduled_for, m.trace_context)
-    fields.append(m.trace_links)
+    fields += (m.trace_links, m.run_queue)
     n = len(fields)
     while n > 2 and fields[n - 1] == _BODY_DEFAULTS[n - 1]:
         n -= 1
@@ -135,6 +143,7 @@ def decode_job(job_id: str, queue: str, raw: bytes) -> JobMessage:
         scheduled_for=b.scheduled_for,
         trace_context=b.trace_context,
         trace_links=b.trace_links,
+        run_queue=b.run_queue,
     )
 
 

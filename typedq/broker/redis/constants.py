@@ -23,6 +23,7 @@ from ..records import (
     CANCELLED_ON_HAND_BACK,
     CANCELLED_WITH_FLOW,
     CANCELLED_WORKER_LOST,
+    RUN_CANCELLED,
     BrokerFailure,
     broker_failure,
     cancelled_while,
@@ -78,6 +79,7 @@ LUA_CONSTANTS: Mapping[str, int | str] = MappingProxyType(
         "CANCELLED_ON_HAND_BACK": CANCELLED_ON_HAND_BACK,
         "CANCELLED_WORKER_LOST": CANCELLED_WORKER_LOST,
         "CANCELLED_WHILE": cancelled_while(""),  # + the state's name
+        "RUN_CANCELLED": RUN_CANCELLED,  # a durable run's record (common/runs.lua)
         "STALLED_REASON": _STALLED.reason.value,
         "STALLED_TYPE": _STALLED.error_type,
         "STALLED_FORMAT": _stalled_format(),  # string.format(_, stalls, stalls, max_stalls)

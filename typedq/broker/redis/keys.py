@@ -121,6 +121,34 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    notice (no mark: no notice, nobody waits). No TTL: a
                                    mark that expired under a waiter would lose its
                                    wake-up; one key per queue that ever waited
+    Q u:<run id>          hash     a durable run (typedq/broker/runs.py), on the run's
+                                   queue (a partitioned durable task's: the partition of
+                                   the run id): ``sp`` its RunSpec (msgpack), ``tb`` the
+                                   body of its turn jobs, ``st`` state letter (``r``
+                                   running, ``c f x``), ``ca``/``fa`` created/finished
+                                   (µs), ``res``/``err`` result or FailureRecord, ``wj``
+                                   the jobs it waits on (space-separated), ``ws`` the
+                                   signal it waits for, ``wa`` its timer (µs), ``n``
+                                   turns enqueued (turn ``<run id>:t<n>``), ``t`` the
+                                   last immediate turn's id (no second one while it
+                                   waits)
+    Q ul:<run id>         list     its log: encoded entries, oldest first (compare-and-
+                                   append: LLEN is the length a writer expects)
+    Q uo:<run id>         hash     its step jobs (``<run id>:<position>``) that ended:
+                                   id -> state letter and the result (``c``) or
+                                   FailureRecord (``f x``) until an append records it,
+                                   then '' (the step has ended: a wait on it is over, a
+                                   late hand-off is dropped); written by the script
+                                   that finishes the step (a job whose body
+                                   names the run's queue: ``run_queue``), through the
+                                   outbox when the run is on another slot (Cluster)
+    Q uS:<run id>         set      the signals that have an inbox
+    Q us:<run id>|<sig>   list     one signal's inbox: payloads delivered and not taken
+    Q ud:c|ud:f|ud:x      zset     finished runs of the queue -> finished_at (µs), for
+                                   retention as finished jobs (completed: completed_ttl/
+                                   completed_max, failed and cancelled: failed_*); an
+                                   expired run reads as none, and is deleted by the next
+                                   run to finish or the next read of it
     Q S                   hash     schedule name -> its firing state on Redis Cluster
                                    (as ``P schedules``): the schedules whose ticks go to
                                    this queue fire here, in the slot of their jobs, and
@@ -139,6 +167,8 @@ The app-wide layout (``P`` is ``typedq:{<namespace>}:``)::
     P wk:<worker id>      string   a worker's msgpack WorkerInfo, expiring with its heartbeat
     P queues              set      queue registry: every queue a worker served or a
                                    producer enqueued to (added once per queue and process)
+    P runs                hash     durable run id -> its queue (where its keys are);
+                                   written by create_runs, an entry deleted with its run
     P schedules           hash     schedule name -> its state (typedq.schedule):
                                    'digest|last_tick|fired_at|fired|skipped|last_job';
                                    one field per declared schedule (pruned at start-up)
@@ -150,9 +180,9 @@ lost its data, and is reported as :class:`~typedq.errors.RedisDataLost` naming t
 
 Channels (not keys). Standalone Redis, app-wide (``PUBLISH``): ``P ev:w`` (a queue got
 work while a worker waited for it, see ``Q W``: space-separated queue names), ``P ev:d`` (jobs reached a final state:
-space-separated ids), ``P ev:x`` (a running job was asked to cancel: its id). Redis
+space-separated ids; a durable run whose log grew or that ended: ``~<run id>``), ``P ev:x`` (a running job was asked to cancel: its id). Redis
 Cluster, per queue (sharded pub/sub, ``SPUBLISH``/``SSUBSCRIBE``): ``Q ev:w`` (the queue
-got work while a worker waited: its name), ``Q ev:d`` (its jobs reached a final state: ids), ``Q ev:x`` (one
+got work while a worker waited: its name), ``Q ev:d`` (its jobs reached a final state: ids; and ``~<run id>`` as on ``P ev:d``), ``Q ev:x`` (one
 of its running jobs was asked to cancel: its id); each carries the queue's hash tag, so
 it lives on the shard that holds the queue and a notice reaches only that shard.
 
@@ -240,6 +270,7 @@ class Keys:
         "namespace",
         "prefix",
         "queues",
+        "runs",
         "schedules",
         "work_channel",
         "workers",
@@ -257,6 +288,8 @@ class Keys:
         self.cancel_channel = p + "ev:x"
         self.workers = p + "workers"
         self.queues = p + "queues"
+        #: Durable run id -> its queue.
+        self.runs = p + "runs"
 
     def queue_prefix(self, queue: str) -> str:
         """The prefix of the keys of ``queue`` but its jobs': ``tq:{<namespace>:<queue>}:``."""
@@ -372,6 +405,30 @@ class Keys:
     def handoff(self, queue: str, entry: str) -> str:
         """One entry of ``queue``'s outbox: its target queue and record."""
         return f"{self.queue_prefix(queue)}ho:{entry}"
+
+    def run(self, queue: str, run_id: str) -> str:
+        """The record of a durable run (a hash) on ``queue``."""
+        return f"{self.queue_prefix(queue)}u:{run_id}"
+
+    def run_log(self, queue: str, run_id: str) -> str:
+        """The log of a durable run (a list of encoded entries)."""
+        return f"{self.queue_prefix(queue)}ul:{run_id}"
+
+    def run_outcomes(self, queue: str, run_id: str) -> str:
+        """The kept outcomes of a durable run's ended steps not yet recorded."""
+        return f"{self.queue_prefix(queue)}uo:{run_id}"
+
+    def run_signals(self, queue: str, run_id: str) -> str:
+        """The names of a durable run's signals that have an inbox (a set)."""
+        return f"{self.queue_prefix(queue)}uS:{run_id}"
+
+    def run_inbox(self, queue: str, run_id: str, signal: str) -> str:
+        """One signal's inbox of a durable run (a list of payloads, oldest first)."""
+        return f"{self.queue_prefix(queue)}us:{run_id}|{signal}"
+
+    def runs_done(self, queue: str, letter: str) -> str:
+        """The finished durable runs of ``queue`` in one final state (``c f x``)."""
+        return f"{self.queue_prefix(queue)}ud:{letter}"
 
     def worker(self, worker_id: str) -> str:
         """The key of one worker's registry entry."""

@@ -187,6 +187,10 @@ local done_ids = {}
 local work_queues = {}
 local function note_done(q, id) done_ids[#done_ids + 1] = id end
 local function publish_cancel(q, id) rcall('PUBLISH', CH_CANCEL, id) end
+-- Is a durable run on queue `rq` out of reach of a script on queue `q`'s slot? Never on
+-- one Redis (a script may touch any key); on Redis Cluster (sharded.lua) whenever the
+-- queues differ: a step's outcome then travels through the outbox (common/runs.lua).
+local function run_away(q, rq) return false end
 -- The work notice names only the queues whose waiter mark this call consumed: a
 -- worker waits for work only after a claim that came up short, and that claim set the
 -- mark in the same script that found nothing more to claim, so any later call giving

@@ -5,6 +5,13 @@
 -- A job of a workflow settled: hand off or end the flow (defined with the workflow
 -- helpers in common/flow_settle.lua).
 local flow_settle
+-- A job whose id ends in ':<digits>' reached a final state: when its body names a durable
+-- run's queue (a step, see common/runs.lua), keep its outcome with the run and wake it.
+local run_step_done
+-- A durable run's step ended (its outcome, on the run's slot): common/runs.lua.
+local run_settle
+-- string.find, read once per call (finalize_after looks at every finished job's id).
+local find = string.find
 -- Per job key, its flow link {fl, fm, fs, fq} or false, when the script already read
 -- it (complete and fail do, with the fields they read anyway): finalize then needs no
 -- read of its own; true: a job of a flow whose link finalize reads with its outcome
@@ -68,6 +75,11 @@ local function finalize_after(id, q, jk, from, state, now, at, fl)
   if state == 'c' or state == 'f' then roll(q, state) end
   note_done(q, id)
   emit_event(id, q, state)
+  -- A durable run's step has an id '<run id>:<position>': for every other job a plain
+  -- search for ':' (most ids have none; then a pattern match), no command.
+  if find(id, ':', 1, true) and find(id, ':%d+$') then
+    run_step_done(q, id, jk, state, now)
+  end
   if fl == true then
     -- A job of a flow whose link was not read yet (complete_one): link and outcome in
     -- one read.

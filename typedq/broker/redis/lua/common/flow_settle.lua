@@ -268,6 +268,9 @@ local function flow_apply(q, rec, now)
     if rcall('EXISTS', k_flow(fq, f)) == 0 then return 0 end
     flow_end(fq, f, rec[4], rec[5] or nil, now)
     return 1
+  elseif kind == 'R' then
+    -- A durable run's step ended on another slot (common/runs.lua): at the run's queue.
+    return run_settle(fq, f, rec[4], rec[5], rec[6] or nil, rec[7] or nil, now)
   elseif kind == 'r' then
     local k, steps = tonumber(rec[4]), tonumber(rec[5])
     local done = flow_release_at(q, flow_step_id(f, k, steps), fq, f, k, steps, rec[6] == '1',

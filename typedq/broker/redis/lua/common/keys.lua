@@ -153,3 +153,10 @@ local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
 -- work notice (publish), so enqueues while every worker is busy publish nothing.
 local function k_waiter(q) return k_fixed(q, 'W') end
 
+-- Durable runs (typedq/broker/runs.py, common/runs.lua), on the run's queue: `kind`
+-- 'u:' a run's record (hash), 'ul:' its log (list), 'uo:' its kept step outcomes
+-- (hash), 'uS:' the names of its signals with an inbox (set), 'us:' one inbox per signal
+-- (list; `r` is '<run id>|<signal>'), 'ud:' per final state (`r` its letter) the
+-- queue's ended runs by end time. (One helper: the library's main chunk holds at most
+-- 200 locals.)
+local function k_run(q, kind, r) return k_q(q) .. kind .. r end
