@@ -184,6 +184,7 @@ async def main() -> None:
             async for event in ada.emitted(Progress):
                 print(f"ada: {event.stage} ({event.done}/{event.of})")
 
+        results: list[Onboarded] = []
         async with anyio.create_task_group() as watchers:
             watchers.start_soon(watch)
             await harness.idle()  # every run has created its account and sleeps
@@ -191,7 +192,7 @@ async def main() -> None:
             await harness.idle()  # every run now waits for its approval
             await ada.send(approval, Approval(ok=True, reviewer="grace"))
             await bob.send(approval, Approval(ok=True, reviewer="grace"))
-            results = [await ada.result(timeout=10), await bob.result(timeout=10)]
+            results += [await ada.result(timeout=10), await bob.result(timeout=10)]
             # Nobody answers for cy: a week later, the wait times out.
             await harness.advance(timedelta(days=7).total_seconds())
             results.append(await cy.result(timeout=10))
