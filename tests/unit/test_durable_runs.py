@@ -484,3 +484,18 @@ async def test_a_sleep_ends_after_advancing_exactly_its_length_from_a_fractional
             await wait_state(app, "nap", sleeping)
             await harness.advance(86_400)
             assert await handle.result(timeout=1) == Account(id="n")
+
+
+def test_known_signals_name_each_signal_once_and_leave_out_ambiguous_names() -> None:
+    from typedq.durable.types import known_signals
+
+    once = Signal("known-once", Approval)
+    twice = Signal("known-twice", Approval)
+    again = Signal("known-twice", Approval)  # the same name and model: one entry
+    clash_a = Signal("known-clash", Approval)
+    clash_b = Signal("known-clash", User)  # another model: a tool cannot tell which
+    known = known_signals()
+    assert known["known-once"] is once
+    assert known["known-twice"].model is Approval
+    assert "known-clash" not in known
+    del once, twice, again, clash_a, clash_b
