@@ -339,7 +339,8 @@ def _failure(error: Exception, now: float) -> FailureRecord:
 
 
 class RunHandle(Generic[TOut]):
-    """A run of a durable function: signal it, await its result, cancel it."""
+    """A run of a durable function: signal it, await its result, watch its typed events
+    (:meth:`emitted`) or its timeline (:meth:`events`), cancel it."""
 
     def __init__(self, run_id: str, durable: DurableTask[Any, TOut]) -> None:
         self.run_id = run_id
