@@ -118,6 +118,7 @@ async def test_a_run_page_shows_the_timeline_and_its_json_read_only() -> None:
             ):
                 assert shown in page, shown
             assert '<form method="post"' not in page  # read-only: no cancel, no signal
+            assert 'data-refresh="2"' in page  # running: the page refreshes itself
             assert 'href="/runs"' in page  # in the navigation
 
             r = await http.get("/api/runs/order-3")
@@ -163,6 +164,7 @@ async def test_signal_and_cancel_need_the_token_and_the_form_is_typed() -> None:
             assert "(the run waits for it)" in page
             assert 'name="field.level"' in page
             assert "Cancel run" in page
+            assert "data-refresh" not in page  # a refresh would wipe a half-filled form
 
             r = await http.post(
                 "/runs/order-4/signal",

@@ -250,6 +250,10 @@ class Dashboard:
         if view is None:
             return self.render(request, "run.html", 404, run=None, asked=run_id)
         running = not view.state.is_final
+        signals = _signal_forms(view) if running else []
+        # A page with signal forms for an operator does not refresh itself: a refresh
+        # would wipe a half-filled form (the action's redirect shows the new state).
+        acting = signals and self.guard.session(request.cookies.get(COOKIE)) is not None
         return self.render(
             request,
             "run.html",
@@ -262,8 +266,8 @@ class Dashboard:
                 (e, RUN_ENTRY_LABELS.get(e.kind, e.kind), run_detail(e, _when))
                 for e in view.entries
             ],
-            signals=_signal_forms(view) if running else [],
-            refresh=2 if running else 0,
+            signals=signals,
+            refresh=2 if running and not acting else 0,
         )
 
     async def run_json(self, request: Request) -> Response:
