@@ -306,6 +306,12 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
     inspect.add_argument(
         "--workers", action="store_true", help="list the live workers (the worker registry)"
     )
+    inspect.add_argument(
+        "--run",
+        default=None,
+        metavar="ID",
+        help="show a durable run: its state, input and timeline (steps, sleeps, signals...)",
+    )
     actions = inspect.add_mutually_exclusive_group()
     for action in ("retry", "cancel", "purge"):
         actions.add_argument(

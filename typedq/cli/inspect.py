@@ -1,4 +1,4 @@
-"""``typedq inspect``: counts, jobs, workflows and workers, and retry / cancel / purge
+"""``typedq inspect``: counts, jobs, workflows, durable runs and workers, and retry / cancel / purge
 (the parser is in :mod:`typedq.cli`; the queries in :mod:`typedq.inspector`, the tables in
 :mod:`typedq.cli.render`).
 """
@@ -68,7 +68,12 @@ def inspect_command(args: argparse.Namespace) -> int:
         )
     views = [
         flag
-        for flag, on in (("--job", args.job), ("--workers", args.workers), ("--flow", args.flow))
+        for flag, on in (
+            ("--job", args.job),
+            ("--workers", args.workers),
+            ("--flow", args.flow),
+            ("--run", args.run),
+        )
         if on
     ]
     if len(views) > 1 or (views and (chosen or state is not None)):
@@ -109,6 +114,12 @@ def inspect_command(args: argparse.Namespace) -> int:
                     raise ConfigError(f"no job {args.job!r} in app {name!r} (finished jobs "
                                       "expire by the app's retention)")  # fmt: skip
                 return show(detail, lambda: render.render_job(out, detail))
+            if args.run:
+                run_view = await tool.run(args.run)
+                if run_view is None:
+                    raise ConfigError(f"no durable run {args.run!r} in app {name!r} (finished "
+                                      "runs expire by the app's retention)")  # fmt: skip
+                return show(run_view, lambda: render.render_run(out, run_view))
             if args.workers:
                 workers = await tool.workers()
                 return show(workers, lambda: render.render_workers(out, name, workers))

@@ -22,13 +22,17 @@ from ..broker.base import JobState, WorkerInfo
 from ..errors import FailureRecord
 from ..inspector import (
     DONE_OUTCOMES,
+    RUN_ENTRY_LABELS,
     ActionReport,
     FlowView,
     JobDetail,
     Overview,
+    RunView,
     ScheduleView,
     partition_of,
     partition_totals,
+    run_detail,
+    run_waiting,
 )
 
 __all__ = [
@@ -36,6 +40,7 @@ __all__ = [
     "render_flow",
     "render_job",
     "render_overview",
+    "render_run",
     "render_schedules",
     "render_workers",
 ]
@@ -317,6 +322,60 @@ def render_job(console: Console, detail: JobDetail) -> None:
             console.print(f"domain error: {error.domain_type}", markup=False, highlight=False)
         if error.traceback:
             console.print(Syntax(error.traceback.rstrip(), "pytb", word_wrap=True))
+
+
+def render_run(console: Console, run: RunView) -> None:
+    """Draw a durable run: its facts, input, timeline (one row per log entry) and its
+    result or failure."""
+    from rich.syntax import Syntax
+
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")
+    rows = [
+        ("run", run.id),
+        ("durable", run.name),
+        ("queue", run.queue),
+        ("state", run.state.value),
+        ("created", _when(run.created_at)),
+    ]
+    if run.finished_at:
+        rows.append(("finished", _when(run.finished_at)))
+    if waiting := run_waiting(run, _when):
+        rows.append(("waits for", waiting))
+    if run.inbox:
+        rows.append(("inbox", ", ".join(f"{n} ({c})" for n, c in run.inbox.items())))
+    if run.unlogged_steps:
+        rows.append(("ended steps", ", ".join(run.unlogged_steps) + " (not logged yet)"))
+    for name, value in rows:
+        facts.add_row(name, value)
+    console.print(facts)
+    console.print("[bold]input[/bold]")
+    console.print(_json_text(run.input), soft_wrap=True, markup=False, highlight=False)
+    if run.entries:
+        table = Table(box=box.SIMPLE_HEAD, title="timeline", title_justify="left")
+        table.add_column("#", justify="right", no_wrap=True)
+        table.add_column("entry", no_wrap=True)
+        table.add_column("name", overflow="fold")
+        table.add_column("detail", overflow="fold")
+        for entry in run.entries:
+            table.add_row(
+                str(entry.position),
+                RUN_ENTRY_LABELS.get(entry.kind, entry.kind),
+                entry.name,
+                run_detail(entry, _when),
+            )
+        console.print(table)
+    else:
+        console.print("timeline: no entries yet (its first turn has not run)")
+    if run.result is not None:
+        console.print("[bold]result[/bold]")
+        console.print(_json_text(run.result), soft_wrap=True, markup=False, highlight=False)
+    if run.failure is not None:
+        console.print(f"[bold]failure[/bold] ({run.failure.reason.value})")
+        console.print(_error_text(run.failure), soft_wrap=True, markup=False, highlight=False)
+        if run.failure.traceback:
+            console.print(Syntax(run.failure.traceback.rstrip(), "pytb", word_wrap=True))
 
 
 def _json_text(value: Any) -> str:

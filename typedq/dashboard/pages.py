@@ -21,8 +21,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from ..broker import redact_url
 from ..broker.base import JobState
+from ..durable.types import Signal, known_signals
 from ..errors import TypedqError
-from ..inspector import ACTIONS
+from ..inspector import ACTIONS, RUN_ENTRY_LABELS, RunView, run_detail, run_waiting
+from ..schema import model_schema
 from .chart import throughput_svg
 from .forms import form_fields, parse_form
 from .security import COOKIE, Guard
@@ -235,6 +237,53 @@ class Dashboard:
             request, "flows.html", flow=flow, asked=job_id, refresh=5 if flow.running else 0
         )
 
+    async def runs(self, request: Request) -> Response:
+        wanted = request.query_params.get("id", "").strip()
+        if wanted:
+            base = request.scope.get("root_path", "")
+            return RedirectResponse(f"{base}/runs/{quote(wanted, safe=':')}", status_code=303)
+        return self.render(request, "run.html", run=None, asked="")
+
+    async def run(self, request: Request, *, status: int = 200, problem: str = "") -> Response:
+        run_id = request.path_params["run_id"]
+        view = await self.source.run(run_id)
+        if view is None:
+            return self.render(request, "run.html", 404, run=None, asked=run_id)
+        running = not view.state.is_final
+        signals = _signal_forms(view) if running else []
+        # A page with signal forms for an operator does not refresh itself: a refresh
+        # would wipe a half-filled form (the action's redirect shows the new state).
+        acting = signals and self.guard.session(request.cookies.get(COOKIE)) is not None
+        return self.render(
+            request,
+            "run.html",
+            status,
+            run=view,
+            asked=run_id,
+            problem=problem,
+            waiting=run_waiting(view, _when),
+            rows=[
+                (e, RUN_ENTRY_LABELS.get(e.kind, e.kind), run_detail(e, _when))
+                for e in view.entries
+            ],
+            signals=signals,
+            refresh=2 if running and not acting else 0,
+        )
+
+    async def run_json(self, request: Request) -> Response:
+        """``GET /api/runs/{run_id}``: the run as JSON (:class:`~typedq.inspector.RunView`,
+        what ``typedq inspect --run ID --json`` prints); 404 with ``{"error": ...}``."""
+        run_id = request.path_params["run_id"]
+        if not self.source.client.connected:
+            return _json_response({"error": "the dashboard's app is not connected"}, 503)
+        try:
+            view = await self.source.run(run_id)
+        except TypedqError as exc:
+            return _json_response({"error": str(exc)}, 400)
+        if view is None:
+            return _json_response({"error": f"no durable run {run_id!r}"}, 404)
+        return _json_response(view, 200)
+
     async def schedules(self, request: Request) -> Response:
         views = await self.source.schedule_views()
         return self.render(request, "schedules.html", schedules=views)
@@ -318,6 +367,37 @@ class Dashboard:
             request, f"/queues/{quote(queue, safe=':')}", f"purged {report.done} {state.value} jobs"
         )
 
+    async def cancel_run(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        tool = self.source.inspector(self.source.declared_queues or ["default"])
+        cancelled = await tool.cancel_run(run_id)
+        done = "run cancelled" if cancelled else "cancel: the run had already ended"
+        return self.back(request, f"/runs/{quote(run_id, safe=':')}", done)
+
+    async def signal_run(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        form = request.state.form
+        name = _field(form, "signal")
+        signal = known_signals().get(name)
+        if signal is None:
+            return await self.run(
+                request,
+                status=400,
+                problem=f"no signal {name!r} is defined in the dashboard's process: it sends "
+                "only signals whose model it knows (run it on the app's MODULE:APP)",
+            )
+        fields = form_fields(model_schema(signal.codec), None)
+        try:
+            data = parse_form(fields, {k: v for k, v in form.items() if isinstance(v, str)})
+            payload = signal.codec.encode(signal.codec.decode(msgspec.msgpack.encode(data)))
+        except (ValueError, TypedqError) as exc:
+            return await self.run(request, status=400, problem=f"not sent: {exc}")
+        tool = self.source.inspector(self.source.declared_queues or ["default"])
+        outcome = await tool.signal_run(run_id, signal.name, payload)
+        return self.back(
+            request, f"/runs/{quote(run_id, safe=':')}", f"signal {name}: {outcome.value}"
+        )
+
     async def rerun(self, request: Request) -> Response:
         job_id = request.path_params["job_id"]
         page = await self.source.job(job_id)
@@ -347,6 +427,23 @@ _REASON = {
     429: "Too many requests",
     503: "Not connected",
 }
+
+
+def _signal_forms(view: RunView) -> list[tuple[Signal[Any], list[Any]]]:
+    """The signals a running run can be sent from its page, each with its form's fields:
+    every signal the process defines, the one the run waits for first."""
+    signals = list(known_signals().values())
+    signals.sort(key=lambda s: (s.name != view.wait_signal, s.name))
+    return [(s, form_fields(model_schema(s.codec), None)) for s in signals]
+
+
+def _json_response(value: Any, status: int) -> Response:
+    return Response(
+        msgspec.json.encode(value),
+        status_code=status,
+        media_type="application/json",
+        headers={"cache-control": "no-store"},
+    )
 
 
 def _field(form: FormData, name: str) -> str:

@@ -17,7 +17,14 @@ from ..broker.base import JobRecord, JobState, MinuteRollup, QueueStats, WorkerI
 from ..broker.flow import waits_for
 from ..client import Client
 from ..errors import FailureRecord, Unsupported
-from ..inspector import FlowView, Inspector, ScheduleView, attempt_records, plain_data
+from ..inspector import (
+    FlowView,
+    Inspector,
+    RunView,
+    ScheduleView,
+    attempt_records,
+    plain_data,
+)
 from ..job import decode_failure
 from ..producer import Producer
 from ..schedule import Schedule
@@ -232,6 +239,13 @@ class Source:
     async def schedule_views(self) -> list[ScheduleView]:
         """Every schedule: next and last fire, counts, policy status."""
         return await self.inspector(await self.queues()).schedules()
+
+    async def run(self, run_id: str) -> RunView | None:
+        """A durable run in full, or None when there is no such run.
+
+        :raises Unsupported: the broker keeps no durable runs
+        """
+        return await self.inspector(self.declared_queues or ["default"]).run(run_id)
 
     async def workers(self) -> list[WorkerInfo]:
         """The live workers (an empty list when the broker keeps no registry)."""

@@ -18,10 +18,11 @@ import inspect
 import traceback
 import typing
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import anyio
 import msgspec
+import pydantic
 
 from ..broker.base import JobMessage, JobState
 from ..broker.runs import (
@@ -48,6 +49,7 @@ from ..names import check_job_id, new_job_id
 from ..serde import Codec, codec_for, is_model_type
 from ..task import TIn, TOut
 from .log import (
+    Emitted,
     LogEntry,
     RunLog,
     SignalReceived,
@@ -56,6 +58,7 @@ from .log import (
     StepScheduled,
     decode_entries,
     encode_entries,
+    same_event,
 )
 from .replay import (
     Completed,
@@ -76,6 +79,11 @@ if TYPE_CHECKING:
 __all__ = ["DurableDecorator", "DurableTask", "RunHandle", "RunTurn", "TURN_PREFIX", "TURN_RETRIES"]
 
 T = TypeVar("T")
+
+#: The models of the events a watcher reads (``RunHandle.emitted``).
+E1 = TypeVar("E1", bound=msgspec.Struct | pydantic.BaseModel)
+E2 = TypeVar("E2", bound=msgspec.Struct | pydantic.BaseModel)
+E3 = TypeVar("E3", bound=msgspec.Struct | pydantic.BaseModel)
 
 #: The prefix of a durable function's turn task: ``typedq.run.<name>``.
 TURN_PREFIX = "typedq.run."
@@ -333,7 +341,8 @@ def _failure(error: Exception, now: float) -> FailureRecord:
 
 
 class RunHandle(Generic[TOut]):
-    """A run of a durable function: signal it, await its result, cancel it."""
+    """A run of a durable function: signal it, await its result, watch its typed events
+    (:meth:`emitted`) or its timeline (:meth:`events`), cancel it."""
 
     def __init__(self, run_id: str, durable: DurableTask[Any, TOut]) -> None:
         self.run_id = run_id
@@ -408,9 +417,9 @@ class RunHandle(Generic[TOut]):
         waits, signals, emits, patch markers), oldest first, as they are appended; ends
         when the run has ended.
 
-        An ``Emitted`` entry holds the event model's name and its encoded payload (decode
-        it with the model: ``codec_for(Progress).decode(entry.payload)``). On the embedded
-        broker this looks at the run every 10 ms (no push yet).
+        This is the view for tools; a watcher of the run's events reads them typed with
+        :meth:`emitted`. An ``Emitted`` entry holds the event model's name and its encoded
+        payload. On the embedded broker this looks at the run every 10 ms (no push yet).
         """
         seen = 0
         while True:
@@ -422,3 +431,41 @@ class RunHandle(Generic[TOut]):
             if record.state.is_final:
                 return
             await anyio.sleep(_POLL)
+
+    @overload
+    def emitted(self, model: type[E1], /) -> AsyncIterator[E1]: ...
+    @overload
+    def emitted(self, model: type[E1], model2: type[E2], /) -> AsyncIterator[E1 | E2]: ...
+    @overload
+    def emitted(
+        self, model: type[E1], model2: type[E2], model3: type[E3], /
+    ) -> AsyncIterator[E1 | E2 | E3]: ...
+
+    async def emitted(self, *models: type[Any]) -> AsyncIterator[Any]:
+        """The events the run emits (``run.emit(...)``) of the given models, decoded and
+        validated, oldest first, as they are appended; ends when the run has ended.
+
+        ``async for p in handle.emitted(Progress)`` gives ``Progress`` values (mypy knows);
+        with two or three models, their union (tell them apart with ``isinstance`` or
+        ``match``). Events of other models are skipped. A watcher that starts late still
+        sees every event from the first: the log keeps them.
+
+        :raises ConfigError: no model given, or one that is not a msgspec Struct or
+            Pydantic model
+        """
+        if not models:
+            raise ConfigError("RunHandle.emitted needs the event models to read, e.g. (Progress)")
+        for model in models:
+            if not is_model_type(model):
+                raise ConfigError(
+                    f"RunHandle.emitted takes event models (msgspec Struct or Pydantic model "
+                    f"classes), got {model!r}"
+                )
+        codecs = [(model, codec_for(model)) for model in models]
+        async for entry in self.events():
+            if not isinstance(entry, Emitted):
+                continue
+            for model, codec in codecs:
+                if same_event(entry.event, model):
+                    yield codec.decode(entry.payload)
+                    break

@@ -40,6 +40,8 @@ __all__ = [
     "WaitStarted",
     "decode_entries",
     "encode_entries",
+    "event_name",
+    "same_event",
 ]
 
 
@@ -124,6 +126,26 @@ class PatchMarked(Entry, frozen=True, kw_only=True, tag="patch"):
     """``run.patched(patch)`` was first reached by this run: it takes the patched path."""
 
     patch: str
+
+
+def event_name(model: type[object]) -> str:
+    """The name an ``Emitted`` entry records for an event model: its qualified name."""
+    return f"{model.__module__}.{model.__qualname__}"
+
+
+def same_event(recorded: str, model: type[object]) -> bool:
+    """Whether an ``Emitted`` entry's ``event`` names ``model``.
+
+    The same name, or the same qualified name where either side's module is
+    ``__main__``: a script that defines its models and emits (or watches) them names
+    the module ``__main__``, while the worker that imports it names it by its path.
+    """
+    wanted = event_name(model)
+    if recorded == wanted:
+        return True
+    if not recorded.startswith("__main__.") and model.__module__ != "__main__":
+        return False
+    return recorded.endswith("." + model.__qualname__)
 
 
 #: Every kind of log entry (a tagged union).

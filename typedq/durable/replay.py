@@ -53,6 +53,7 @@ from .log import (
     StepScheduled,
     WaitStarted,
     describe,
+    event_name,
 )
 from .types import NonDeterministic, RunTimeout, Signal, TPayload
 
@@ -447,7 +448,7 @@ class Run:
         """Send ``event`` (a model) to the run's watchers, once: a replay does not resend it."""
         self._guard()
         kind = type(event)
-        name = f"{kind.__module__}.{kind.__qualname__}"
+        name = event_name(kind)
         position = self._take()
         entries = self._check(
             position, f"emit {name}", lambda e: isinstance(e, Emitted) and e.event == name

@@ -8,7 +8,8 @@ with :meth:`Signal.encode`, which accepts only an ``Approval`` (the future
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+import weakref
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import pydantic
@@ -17,7 +18,7 @@ from ..errors import TypedqError
 from ..names import check_name
 from ..serde import Codec, codec_for
 
-__all__ = ["NonDeterministic", "RunTimeout", "Signal"]
+__all__ = ["NonDeterministic", "RunTimeout", "Signal", "known_signals"]
 
 #: A signal's payload: a model, as task inputs are.
 TPayload = TypeVar("TPayload", bound=msgspec.Struct | pydantic.BaseModel)
@@ -34,6 +35,7 @@ class Signal(Generic[TPayload]):
         self.name = check_name("signal", name)
         self.model = model
         self.codec: Codec[TPayload] = codec_for(model)
+        _signals.add(self)
 
     def __repr__(self) -> str:
         return f"Signal({self.name!r}, {self.codec.name})"
@@ -45,6 +47,27 @@ class Signal(Generic[TPayload]):
     def decode(self, data: bytes) -> TPayload:
         """A recorded payload, validated back into the model."""
         return self.codec.decode(data)
+
+
+#: Every Signal this process has created (module-level ones live as long as their module):
+#: what tools such as the dashboard offer typed forms for.
+_signals: weakref.WeakSet[Signal[Any]] = weakref.WeakSet()
+
+
+def known_signals() -> dict[str, Signal[Any]]:
+    """The signals this process has defined, by name (those of the imported modules).
+
+    A name defined twice with different models is left out: a tool cannot tell which
+    model a run of it waits for.
+    """
+    by_name: dict[str, list[Signal[Any]]] = {}
+    for signal in list(_signals):
+        by_name.setdefault(signal.name, []).append(signal)
+    return {
+        name: found[0]
+        for name, found in sorted(by_name.items())
+        if len({s.model for s in found}) == 1
+    }
 
 
 class RunTimeout(TypedqError, TimeoutError):

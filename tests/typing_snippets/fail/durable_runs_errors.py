@@ -1,5 +1,6 @@
 """What mypy rejects on durable runs' handles (issue 26): a start input that is not the
-function's, a signal payload of another model, a result used as another type."""
+function's, a signal payload of another model, a result used as another type, an event
+read as another model or of a type that is not a model."""
 
 from __future__ import annotations
 
@@ -22,3 +23,8 @@ async def mismatches() -> None:
     await handle.send(approval, img)  # E: misc Cannot infer value of type parameter "TPayload"
     image: Image = await handle.result()  # E: assignment "Receipt", variable has type "Image"
     print(image)
+    async for event in handle.emitted(Image):
+        receipt: Receipt = event  # E: assignment "Image", variable has type "Receipt"
+        print(receipt)
+    async for _ in handle.emitted(int):  # E: type-var "int"
+        break

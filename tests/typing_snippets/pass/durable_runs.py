@@ -1,13 +1,14 @@
 """Durable runs on an app (issue 26): ``@app.durable`` gives a DurableTask typed by the
-function's input and result; a RunHandle's ``send`` takes the signal's model."""
+function's input and result; a RunHandle's ``send`` takes the signal's model, and
+``emitted`` yields the event models it is given."""
 
 from __future__ import annotations
 
 from typing import reveal_type
 
-from snip import CardDeclined, Receipt, SendInvoice, app
+from snip import CardDeclined, Image, Receipt, SendInvoice, app
 
-from typedq.durable import Run, Signal
+from typedq.durable import LogEntry, Run, Signal
 
 approval = Signal("approval", CardDeclined)
 
@@ -20,6 +21,7 @@ async def charge(invoice: SendInvoice) -> Receipt:
 @app.durable
 async def checkout(run: Run, invoice: SendInvoice) -> Receipt:
     await run.wait_for(approval)
+    await run.emit(Image(url="progress"))
     return await run.step(charge, invoice)
 
 
@@ -39,3 +41,10 @@ async def drive() -> None:
     receipt = await handle.result(timeout=5)
     reveal_type(receipt)  # R: snip.Receipt
     await handle.cancel()
+    async for image in handle.emitted(Image):
+        reveal_type(image)  # R: snip.Image
+    async for event in handle.emitted(Image, CardDeclined):
+        reveal_type(event)  # R: snip.Image | snip.CardDeclined
+    async for entry in handle.events():
+        timeline: LogEntry = entry
+        print(timeline.position)
