@@ -193,15 +193,15 @@ async def main() -> None:
             await ada.send(approval, Approval(ok=True, reviewer="grace"))
             await bob.send(approval, Approval(ok=True, reviewer="grace"))
             results += [await ada.result(timeout=10), await bob.result(timeout=10)]
+            # The timeline, for tools (`typedq inspect --run user-bob` draws the same log);
+            # read now: a finished run goes with the result retention (a day by default).
+            steps = [e.task async for e in bob.events() if isinstance(e, StepCompleted)]
             # Nobody answers for cy: a week later, the wait times out.
             await harness.advance(timedelta(days=7).total_seconds())
             results.append(await cy.result(timeout=10))
         # (The watcher has ended: its iteration stops when ada's run has ended.)
         for result in results:
             print(result)
-
-        # The timeline, for tools (`typedq inspect --run user-bob` draws the same log).
-        steps = [e.task async for e in bob.events() if isinstance(e, StepCompleted)]
         print("bob's completed steps:", ", ".join(steps))
 
 

@@ -24,8 +24,6 @@ from rich.console import Console
 from tests.redis_harness import RedisProcess, flushall
 from tests.support import TEST_DEADLINE
 from typedq import Abort, App, JobFailed
-from typedq.broker.capabilities import Runs, supports
-from typedq.broker.redis import RedisBroker
 from typedq.broker.runs import RunRecord, RunState, SignalOutcome
 from typedq.cli.render import render_run
 from typedq.durable import Run, RunTimeout, Signal
@@ -238,8 +236,6 @@ def test_inspect_run_errors_are_one_clear_line(args: list[str], message: str) ->
 
 
 def test_inspect_run_on_redis_shows_the_timeline(redis_server: RedisProcess) -> None:
-    if not supports(RedisBroker, Runs):
-        pytest.skip("the Redis broker keeps no durable runs yet (issue 26: another branch)")
     flushall(redis_server.port)
     app = onboarding_app(redis_server.url)
     quick = app.durables["quick"]

@@ -462,12 +462,6 @@ def test_an_event_recorded_under_main_matches_the_model_imported_by_path() -> No
     assert not same_event("__main__.Other", Progress)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the embedded broker rounds its clock to whole microseconds (round, not floor): "
-    "a sleep's end computed from it can lie a fraction of a microsecond after the fake "
-    "clock's now + the sleep, so advancing by exactly the sleep does not wake the run",
-)
 async def test_a_sleep_ends_after_advancing_exactly_its_length_from_a_fractional_start() -> None:
     app = App("runs")
 

@@ -96,9 +96,6 @@ TURN_RETRIES = 10
 #: and is retried).
 _MAX_ROUNDS = 100
 
-#: How often ``RunHandle.events`` looks at the run (seconds).
-_POLL = 0.01
-
 
 class RunTurn(msgspec.Struct, frozen=True):
     """The input of a run's turn job: which run to replay."""
@@ -419,18 +416,26 @@ class RunHandle(Generic[TOut]):
 
         This is the view for tools; a watcher of the run's events reads them typed with
         :meth:`emitted`. An ``Emitted`` entry holds the event model's name and its encoded
-        payload. On the embedded broker this looks at the run every 10 ms (no push yet).
+        payload. The broker wakes the iteration when the log grows or the run ends (no
+        polling). A run that retention removes after its end, before this read its last
+        entries, ends the iteration there.
+
+        :raises JobNotFound: no such run
         """
+        broker = self._durable._app.broker
         seen = 0
         while True:
-            record = await self.record()
+            record = await broker.wait_run(self.run_id, seen, None)
+            if record is None:
+                if seen == 0:
+                    raise JobNotFound(f"no durable run {self.run_id!r}")
+                return  # ended, and retention has removed it since
             for blob in record.log[seen:]:
                 for entry in decode_entries(blob):
                     yield entry
             seen = len(record.log)
             if record.state.is_final:
                 return
-            await anyio.sleep(_POLL)
 
     @overload
     def emitted(self, model: type[E1], /) -> AsyncIterator[E1]: ...

@@ -5,6 +5,7 @@ and purging jobs, stats, history, workers, events).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ...errors import ConfigError, QueueFull
@@ -48,7 +49,9 @@ class MemoryBroker(JobPath):
     # -- schedules ---------------------------------------------------------------------
 
     def _now_us(self) -> int:
-        return round(self.clock.time() * MICRO)
+        # Floor, as Redis TIME does: a deadline computed from it never lies after the
+        # clock's own now + the delay (rounding up made an exact advance miss it).
+        return math.floor(self.clock.time() * MICRO)
 
     async def broker_time_us(self) -> int:
         self._check()
