@@ -22,4 +22,7 @@ out[#out + 1] = qch(q, 'x')
 out[#out + 1] = k_outbox(q)
 out[#out + 1] = k_handoff(q, ARGV[4] .. '|m')
 out[#out + 1] = k_waiter(q)
+out[#out + 1] = k_unique(q, 't1|k:1')
+out[#out + 1] = k_unique_job(q, ARGV[4])
+out[#out + 1] = k_debounce(q, 't1|k:1')
 return out

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from ...errors import ConfigError, QueueFull
 from ...names import check_job_ids, check_worker_id
-from ...options import check_numbers
+from ...options import check_controls, check_numbers
 from ..base import (
     EnqueueControl,
     EnqueueOutcome,
@@ -53,6 +53,7 @@ class MemoryBroker(JobPath):
     ) -> list[EnqueueOutcome]:
         self._check()
         check_numbers(m for m, _ in items)
+        check_controls(items)
         outcomes: list[EnqueueOutcome] = []
         try:
             for message, control in items:

@@ -62,16 +62,19 @@ class Control:
         now = self.path.clock.time()
         jobs = self.path.table.jobs
         if control.wait > 0:
+            # A debounced job runs `wait` after its last enqueue: its envelope says so.
+            message = msgspec.structs.replace(message, eta=0.0, delay=control.wait)
             held_id = self.debounced.get(marker)
             job = jobs.get(held_id) if held_id is not None else None
-            if job is not None and job.state is SCHEDULED and job.run_at > now:
+            # Replaced only while scheduled, never claimed yet (a retry waiting out its
+            # backoff is scheduled too) and not due.
+            if job is not None and job.state is SCHEDULED and job.attempt == 0 and job.run_at > now:
                 run_at = min(now + control.wait, job.enqueued_at + control.max_wait)
                 job.message = msgspec.structs.replace(
                     message, id=job.message.id, queue=job.message.queue
                 )
                 self.path.lines.to_scheduled(job, run_at)
                 return EnqueueOutcome(job.message.id, False)
-            message = msgspec.structs.replace(message, eta=0.0, delay=control.wait)
             (outcome,) = self.path._enqueue([message])
             if outcome.created:
                 if held_id is not None:
