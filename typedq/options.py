@@ -164,7 +164,7 @@ def check_controls(items: Iterable[tuple[JobMessage, EnqueueControl]]) -> None:
     """
     for m, c in items:
         what = f"job {m.id!r} of task {m.task!r}"
-        if not (isinstance(c.key, str) and c.key and _LIMIT_KEY.fullmatch(c.key)):
+        if not (c.key and _LIMIT_KEY.fullmatch(c.key)):
             raise InvalidOption(
                 f"{what}: control key={c.key!r} is not a key: use 1 to 200 characters from "
                 "A-Z a-z 0-9 _ . : - (typedq.limits.limit_key makes one from any value)"
