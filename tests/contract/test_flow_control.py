@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from tests.support import TEST_DEADLINE
-from typedq import App, ConfigError, Debounce, InvalidOption, JobState, Retention
+from typedq import App, ConfigError, Debounce, InvalidOption, JobState, QueueFull, Retention
 from typedq.broker.base import Broker, BrokerSettings, Completion, Failure
 from typedq.broker.memory import MemoryBroker
 from typedq.testing import FakeClock
@@ -36,13 +36,20 @@ class Timeline:
     """An app on the test's broker, and time that passes: the fake clock on the embedded
     broker, real time on Redis (``unit`` seconds per step of the tests' windows)."""
 
-    def __init__(self, app_name: str, broker_url: str, retention: Retention | None) -> None:
+    def __init__(
+        self, app_name: str, broker_url: str, retention: Retention | None, cap: int
+    ) -> None:
         self.fake = broker_url.startswith("memory")
         self.clock = FakeClock(T0)
-        settings = BrokerSettings(namespace=app_name, retention=retention or Retention())
+        settings = BrokerSettings(
+            namespace=app_name, retention=retention or Retention(), max_queue_length=cap
+        )
         self.memory = MemoryBroker(settings, clock=self.clock)
         self.app = App(
-            app_name, broker=self.memory if self.fake else broker_url, retention=retention
+            app_name,
+            broker=self.memory if self.fake else broker_url,
+            retention=retention,
+            max_queue_length=cap,
         )
         #: One step of the tests' windows: 10 s of fake time, 0.6 s of real time.
         self.unit = 10.0 if self.fake else 0.6
@@ -62,9 +69,9 @@ class Timeline:
 
 @contextlib.asynccontextmanager
 async def timeline(
-    app_name: str, broker_url: str, retention: Retention | None = None
+    app_name: str, broker_url: str, retention: Retention | None = None, cap: int = 0
 ) -> AsyncIterator[Timeline]:
-    line = Timeline(app_name, broker_url, retention)
+    line = Timeline(app_name, broker_url, retention, cap)
     with anyio.fail_after(TEST_DEADLINE):
         async with line.app:
             yield line
@@ -189,6 +196,35 @@ async def test_a_removed_job_frees_its_key(app_name: str, broker_url: str) -> No
         second = await index.enqueue(Doc("a"))
         assert second.created
         assert second.id != first.id
+
+
+async def test_a_full_queue_refuses_a_new_key_and_marks_nothing(
+    app_name: str, broker_url: str
+) -> None:
+    async with timeline(app_name, broker_url, cap=1) as line:
+        app = line.app
+
+        @app.task(queue="uc", key=lambda d: d.doc, unique_for=timedelta(hours=1))
+        async def index(d: Doc) -> None:
+            pass
+
+        @app.task(queue="uc", debounce=Debounce(key=lambda d: d.doc, wait=60.0))
+        async def render(d: Doc) -> None:
+            pass
+
+        first = await index.enqueue(Doc("a"))
+        with pytest.raises(QueueFull):
+            await index.enqueue(Doc("b"))
+        with pytest.raises(QueueFull):
+            await render.enqueue(Doc("c"))
+        held = await index.enqueue(Doc("a"))  # a held key needs no room
+        assert (held.id, held.created) == (first.id, False)
+        await run_one(line.broker, "uc")
+        second = await index.enqueue(Doc("b"))  # b was never marked
+        assert second.created
+        counts = await line.broker.counts("uc")
+        assert counts[JobState.WAITING] == 1
+        assert counts[JobState.COMPLETED] == 1
 
 
 # -- debounce ----------------------------------------------------------------------------
