@@ -42,7 +42,9 @@ local function emit_event(id, q, state)
     local c = rcall('HMGET', k_events_cfg(q), 'cap', 'u')
     cap = tonumber(c[1]) or false
     events_cap[q] = cap
-    unique_on[q] = c[2] and true or false
+    -- Only a queue with unique jobs is noted: the table stays empty (nothing to make
+    -- again for the next call) in the usual case.
+    if c[2] then unique_on[q] = true end
   end
   if not cap then return end
   local r = rcall('HMGET', k_job(q, id), 'm', 'res', 'err', 'a')
