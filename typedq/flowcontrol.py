@@ -105,14 +105,20 @@ class FlowControlSpec:
         try:
             value = self.key(payload)
         except Exception as exc:
+            said = " ".join(str(exc).split())  # one line, whatever the exception says
             raise InvalidOption(
-                f"task {self.task!r}: the key function raised {type(exc).__name__}: {exc}; "
+                f"task {self.task!r}: the key function raised {type(exc).__name__}: {said}; "
                 "nothing was enqueued (fix the key function or the payload)"
             ) from exc
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise InvalidOption(
                 f"task {self.task!r}: the key function returned {type(value).__name__}, not a "
                 "str or an int; nothing was enqueued (return e.g. str(m.order_id))"
+            )
+        if value == "":
+            raise InvalidOption(
+                f"task {self.task!r}: the key function returned an empty key; nothing was "
+                "enqueued (return a non-empty str, or an int)"
             )
         key = key_job_id(self.task, str(value)).partition(":")[2]
         return EnqueueControl(

@@ -349,8 +349,13 @@ class TaskBase(Generic[TIn, TOut]):
             (``job.created`` is False): idempotent producers
         :param retries: override the task's retries for this job (0 to :data:`~typedq.options.MAX_RETRIES`)
         :param timeout: override the task's timeout for this job (seconds > 0, or None)
-        :raises InvalidOption: a number that is not finite or out of its range (nothing
-            is sent, and concurrent enqueues are not affected)
+
+        A task with ``unique_for=`` or ``debounce=`` enqueues through its key: a held
+        key (or a debounced job still collecting) returns that job, ``created`` False
+        (docs/flow-control.md).
+
+        :raises InvalidOption: a number that is not finite or out of its range, or the
+            key function failed (nothing is sent, and concurrent enqueues are not affected)
         :raises PayloadTooLarge, EncodeError, InvalidName, NotConnected, QueueFull:
         """
         if self.flow_control is not None:

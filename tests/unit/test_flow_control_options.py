@@ -84,6 +84,18 @@ def test_the_control_carries_a_redis_safe_key() -> None:
     assert task.flow_control.control(Doc("a b/c")).key.startswith("h")  # hashed
     assert task.flow_control.control(Doc("ord-1")).key == "ord-1"
     assert task.flow_control.control(Doc("7")).key == "7"
+    with pytest.raises(InvalidOption, match="returned an empty key"):
+        task.flow_control.control(Doc(""))
+
+
+def test_a_raising_key_function_is_reported_on_one_line() -> None:
+    def key(d: Doc) -> str:
+        raise ValueError("first line\nsecond line")
+
+    task = declare(key=key, unique_for=60)
+    with pytest.raises(InvalidOption) as info:
+        task.flow_control.control(Doc("a"))
+    assert "raised ValueError: first line second line; nothing was enqueued" in str(info.value)
 
 
 def envelope() -> JobMessage:
