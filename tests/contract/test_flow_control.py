@@ -51,8 +51,9 @@ class Timeline:
             retention=retention,
             max_queue_length=cap,
         )
-        #: One step of the tests' windows: 10 s of fake time, 0.6 s of real time.
-        self.unit = 10.0 if self.fake else 0.6
+        #: One step of the tests' windows: 10 s of fake time, 1 s of real time (the
+        #: real-time checks leave a loaded machine most of a step of slack).
+        self.unit = 10.0 if self.fake else 1.0
 
     @property
     def broker(self) -> Broker:
@@ -283,12 +284,12 @@ async def test_debounce_runs_at_max_wait_after_the_first_enqueue(
             pass
 
         first = await render.enqueue(Doc("a", "v0"))
-        await line.passes(0.8)
+        await line.passes(0.7)
         second = await render.enqueue(Doc("a", "v1"))
         assert (second.id, second.created) == (first.id, False)
         (record,) = await line.broker.get([first.id])
         assert record is not None
-        # min(now + wait, first + max_wait): max_wait wins (0.8 + 1 > 1.5 units).
+        # min(now + wait, first + max_wait): max_wait wins (0.7 + 1 > 1.5 units).
         assert abs(record.run_at - (record.enqueued_at + 1.5 * wait)) < 1e-5
         assert render.input.decode(record.message.payload) == Doc("a", "v1")
 
