@@ -28,4 +28,7 @@ out[#out + 1] = k_run(q, 'uo:', ARGV[4])
 out[#out + 1] = k_run(q, 'uS:', ARGV[4])
 out[#out + 1] = k_run(q, 'us:', ARGV[4] .. '|sig')
 out[#out + 1] = k_run(q, 'ud:', 'c')
+out[#out + 1] = k_unique(q, 't1|k:1')
+out[#out + 1] = k_unique_job(q, ARGV[4])
+out[#out + 1] = k_debounce(q, 't1|k:1')
 return out

@@ -46,6 +46,7 @@ from .events import EventStream as EventStream
 from .events import FailedEvent as FailedEvent
 from .fanin import Failed as Failed
 from .fanin import Ok as Ok
+from .flowcontrol import Debounce as Debounce
 from .job import Job as Job
 from .job import JobInfo as JobInfo
 from .job import JobStatus as JobStatus
@@ -80,6 +81,7 @@ __all__ = [
     "CompletedEvent",
     "ConcurrencyLimit",
     "ConfigError",
+    "Debounce",
     "EncodeError",
     "Enqueuer",
     "EventGap",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from typing_extensions import Unpack
 
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
-from .broker.capabilities import EventStreams, Limits, Runs, Schedules
+from .broker.capabilities import EventStreams, FlowControl, Limits, Runs, Schedules
 from .clock import SYSTEM_CLOCK, Clock
 from .durable.host import (
     TURN_PREFIX,
@@ -22,6 +23,7 @@ from .durable.host import (
 )
 from .durable.replay import DurableFunction
 from .errors import ConfigError
+from .flowcontrol import Debounce
 from .limits import ConcurrencyLimit, RateLimit
 from .names import check_name
 from .options import check_int_option
@@ -141,6 +143,8 @@ class App(AppBase):
         key: Callable[[Any], str] | None = None,
         rate_limit: RateLimit[Any] | None = None,
         concurrency: ConcurrencyLimit[Any] | None = None,
+        unique_for: timedelta | float | None = None,
+        debounce: Debounce[Any] | None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> TaskDecorator: ...
 
@@ -152,6 +156,8 @@ class App(AppBase):
         key: Callable[[Any], str] | None = None,
         rate_limit: RateLimit[Any] | None = None,
         concurrency: ConcurrencyLimit[Any] | None = None,
+        unique_for: timedelta | float | None = None,
+        debounce: Debounce[Any] | None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> Any:
         """Register a handler as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
@@ -178,7 +184,14 @@ class App(AppBase):
             worker (per key with ``key=``): :class:`~typedq.RateLimit`
         :param concurrency: at most ``limit`` running at once (per key with ``key=``),
             across every worker: :class:`~typedq.ConcurrencyLimit`
-        :raises ConfigError: a bad limit (naming the task and the fix)
+        :param unique_for: with ``key=``: one job per key while it is pending or running,
+            and for this long (a timedelta or seconds) after it completed; an enqueue of
+            a held key returns the holder (``created`` False). docs/flow-control.md
+        :param debounce: :class:`~typedq.Debounce`: enqueues of one key collapse into one
+            job that runs ``wait`` after the last (with its payload), at the latest
+            ``max_wait`` after the first. docs/flow-control.md
+        :raises ConfigError: a bad limit, or conflicting or out-of-range unique_for /
+            debounce (naming the task and the fix)
         """
 
         def register(handler: Callable[..., Any]) -> Task[Any, Any]:
@@ -202,6 +215,8 @@ class App(AppBase):
                 max_payload_bytes=self.max_payload_bytes,
                 rate_limit=rate_limit,
                 concurrency=concurrency,
+                unique_for=unique_for,
+                debounce=debounce,
             )
             self._tasks[options.name] = task
             return task
@@ -398,6 +413,9 @@ class App(AppBase):
             needs[Limits] = f"rate_limit/concurrency of tasks {', '.join(limited)}"
         if self.event_streams:
             needs[EventStreams] = "App(event_streams=True)"
+        controlled = sorted(n for n, t in self._tasks.items() if t.flow_control is not None)
+        if controlled:
+            needs[FlowControl] = f"unique_for/debounce of tasks {', '.join(controlled)}"
         if self._durables:
             needs[Runs] = f"durable functions {', '.join(sorted(self._durables))}"
         return needs

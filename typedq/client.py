@@ -19,7 +19,7 @@ import anyio
 
 from .batching import Batcher
 from .broker import broker_from_url, redact_url
-from .broker.base import Broker, BrokerSettings, EnqueueOutcome, JobMessage
+from .broker.base import Broker, BrokerSettings, EnqueueControl, EnqueueOutcome, JobMessage
 from .broker.capabilities import require
 from .broker.flow import FlowSpec
 from .errors import ConfigError, NotConnected, PartialEnqueue
@@ -189,6 +189,22 @@ class Client:
         if self.tracing is not None:
             return await self.tracing.send(message, self._enqueuer.submit)
         return await self._enqueuer.submit(message)
+
+    async def _enqueue_controlled(
+        self, message: JobMessage, control: EnqueueControl
+    ) -> EnqueueOutcome:
+        """Enqueue one checked envelope under a unique window or debounce
+        (typedq.flowcontrol): one broker call of its own, not coalesced with plain
+        enqueues, so their path stays as it is."""
+        self._require()
+
+        async def submit(carried: JobMessage) -> EnqueueOutcome:
+            (outcome,) = await self.broker.enqueue_controlled([(carried, control)])
+            return outcome
+
+        if self.tracing is not None:
+            return await self.tracing.send(message, submit)
+        return await submit(message)
 
     async def _enqueue_flow_batch(self, specs: list[FlowSpec]) -> list[EnqueueOutcome | Exception]:
         return await self.broker.enqueue_flows(specs)

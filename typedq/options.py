@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Final
 
-from .broker.base import JobMessage
+from .broker.base import EnqueueControl, JobMessage
 from .errors import InvalidOption
 from .names import check_job_id, check_name
 
@@ -34,6 +34,7 @@ __all__ = [
     "MIN_PRIORITY",
     "check_int_option",
     "check_message",
+    "check_controls",
     "check_numbers",
     "check_seconds_option",
 ]
@@ -151,3 +152,32 @@ def check_numbers(messages: Iterable[JobMessage]) -> None:
             ok = False
         if not ok:
             check_message(m)  # raises with the field's own message
+
+
+def check_controls(items: Iterable[tuple[JobMessage, EnqueueControl]]) -> None:
+    """Refuse keyed enqueues (capability FlowControl) whose control is malformed, before a
+    broker stores anything of the call: a key that is no limit key, both or neither of a
+    unique window and a debounce, or times out of range. (A task's controls are made
+    right by :mod:`typedq.flowcontrol`; this is for ones built by hand.)
+
+    :raises InvalidOption: naming the job and the field
+    """
+    for m, c in items:
+        what = f"job {m.id!r} of task {m.task!r}"
+        if not (c.key and _LIMIT_KEY.fullmatch(c.key)):
+            raise InvalidOption(
+                f"{what}: control key={c.key!r} is not a key: use 1 to 200 characters from "
+                "A-Z a-z 0-9 _ . : - (typedq.limits.limit_key makes one from any value)"
+            )
+        if (c.unique_for > 0) == (c.wait > 0):
+            raise InvalidOption(
+                f"{what}: a control is a unique window (unique_for > 0) or a debounce "
+                f"(wait > 0), not {'both' if c.wait > 0 else 'neither'}"
+            )
+        if c.unique_for > 0:
+            check_seconds_option("unique_for", c.unique_for, positive=True, subject=what)
+        else:
+            check_seconds_option("wait", c.wait, positive=True, subject=what)
+            check_seconds_option("max_wait", c.max_wait, positive=True, subject=what)
+            if c.wait > c.max_wait:
+                raise InvalidOption(f"{what}: wait={c.wait} passes max_wait={c.max_wait}")

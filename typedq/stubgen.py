@@ -329,7 +329,12 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
         comment = _comment(task.fn)
         if comment is not None:
             lines.append(comment)
-        if task.key is not None:
+        if task.flow_control is not None:
+            lines.append(
+                "# The worker keeps one job per key (unique_for=, debounce=); a stub cannot "
+                "compute keys: its enqueues are plain jobs (docs/flow-control.md)."
+            )
+        elif task.key is not None:
             lines.append(
                 "# The worker derives job ids from the input (key=): pass job_id= to dedupe."
             )

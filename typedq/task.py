@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import timedelta
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -27,7 +28,8 @@ from typing_extensions import Unpack
 
 from .broker.base import JobMessage
 from .context import JobContext
-from .errors import PartialEnqueue
+from .errors import ConfigError, InvalidOption, PartialEnqueue
+from .flowcontrol import Debounce, check_flow_control
 
 # The ``X as X`` imports from handlers, queues and taskoptions re-export what was split out
 # of this module (issue 25): every name is still importable from typedq.task.
@@ -180,6 +182,10 @@ class TaskBase(Generic[TIn, TOut]):
     :param rate_limit: the task's rate limit; its key function runs here, at the
         producer, and the key travels in the envelope
     :param concurrency: the task's concurrency limit (its key, likewise)
+    :param unique_for: one job per key (``key=``) while it is pending or running and
+        this long after it completed (a timedelta or seconds; docs/flow-control.md)
+    :param debounce: collapse enqueues of one key into one job (docs/flow-control.md)
+    :raises ConfigError: conflicting or out-of-range options, naming the fix
     """
 
     def __init__(
@@ -193,11 +199,21 @@ class TaskBase(Generic[TIn, TOut]):
         max_payload_bytes: int | None = None,
         rate_limit: RateLimit[TIn] | None = None,
         concurrency: ConcurrencyLimit[TIn] | None = None,
+        unique_for: timedelta | float | None = None,
+        debounce: Debounce[TIn] | None = None,
     ) -> None:
         self.options = options
         self.name = options.name
         self.queue = options.queue
         self.key = key
+        #: The task's unique window or debounce (None: neither; its enqueues take the
+        #: plain path, which never looks at this but once).
+        self.flow_control = check_flow_control(
+            self.name, key, unique_for, debounce, options.partitions
+        )
+        # A key-derived id dedups only while the job exists; a unique window or a
+        # debounce gives each job a fresh id and lets the broker's marker dedup.
+        self._id_key = key if self.flow_control is None else None
         check_limit_option(self.name, "rate_limit", rate_limit, RateLimit)
         check_limit_option(self.name, "concurrency", concurrency, ConcurrencyLimit)
         check_limits_partitions(options, rate_limit, concurrency)
@@ -239,8 +255,8 @@ class TaskBase(Generic[TIn, TOut]):
     def _build(self, payload: TIn, job_id: str | None, options: CallOptions) -> JobMessage:
         if job_id is not None:
             check_job_id(job_id)
-        elif self.key is not None:
-            job_id = key_job_id(self.name, self.key(payload))
+        elif self._id_key is not None:
+            job_id = key_job_id(self.name, self._id_key(payload))
         else:
             job_id = new_job_id()
         return JobMessage(
@@ -267,7 +283,7 @@ class TaskBase(Generic[TIn, TOut]):
         the payloads encoded in one loop and each envelope a copy of one template with its
         id, queue and payload. A key function or a limit key (code run per payload) takes
         the job-by-job path."""
-        if self.key is not None or self.rate_limit is not None or self.concurrency is not None:
+        if self._id_key is not None or self.rate_limit is not None or self.concurrency is not None:
             return [self._build(payload, None, options) for payload in payloads]
         data = self.input.encode_many(payloads)
         template = JobMessage(
@@ -333,12 +349,40 @@ class TaskBase(Generic[TIn, TOut]):
             (``job.created`` is False): idempotent producers
         :param retries: override the task's retries for this job (0 to :data:`~typedq.options.MAX_RETRIES`)
         :param timeout: override the task's timeout for this job (seconds > 0, or None)
-        :raises InvalidOption: a number that is not finite or out of its range (nothing
-            is sent, and concurrent enqueues are not affected)
+
+        A task with ``unique_for=`` or ``debounce=`` enqueues through its key: a held
+        key (or a debounced job still collecting) returns that job, ``created`` False
+        (docs/flow-control.md).
+
+        :raises InvalidOption: a number that is not finite or out of its range, or the
+            key function failed (nothing is sent, and concurrent enqueues are not affected)
         :raises PayloadTooLarge, EncodeError, InvalidName, NotConnected, QueueFull:
         """
+        if self.flow_control is not None:
+            return await self._enqueue_controlled(payload, options)
         message = self.message(payload, **options)
         outcome = await self._owner.client._enqueue(message)  # checked by message()
+        return self._job(outcome.id, created=outcome.created)
+
+    async def _enqueue_controlled(self, payload: TIn, options: EnqueueOptions) -> Job[TOut]:
+        """Enqueue under the task's unique window or debounce (typedq.flowcontrol): the
+        key computed and the options checked before anything is sent."""
+        spec = self.flow_control
+        assert spec is not None
+        if spec.wait > 0:
+            if options.get("job_id") is not None:
+                raise ConfigError(
+                    f"task {self.name!r}: a debounced job's id is the broker's to pick (one "
+                    "job per key); drop job_id= or the task's debounce="
+                )
+            if options.get("delay") or options.get("eta") is not None:
+                raise InvalidOption(
+                    f"task {self.name!r}: a debounced job runs Debounce.wait after the last "
+                    "enqueue; drop delay=/eta= (or the task's debounce=)"
+                )
+        control = spec.control(payload)
+        message = self.message(payload, **options)
+        outcome = await self._owner.client._enqueue_controlled(message, control)
         return self._job(outcome.id, created=outcome.created)
 
     async def enqueue_many(
@@ -358,6 +402,12 @@ class TaskBase(Generic[TIn, TOut]):
             duplicates (then ``task.job(id)`` gives their handles)
         :raises QueueFull, BrokerError: every chunk was refused (nothing was stored)
         """
+        if self.flow_control is not None:
+            # One job after the other, each under the task's unique window or debounce.
+            return [
+                await self._enqueue_controlled(p, typing.cast(EnqueueOptions, options))
+                for p in list(payloads)
+            ]
         checked = self._options(options, UNSET, UNSET)  # checked once for all
         messages = self._build_many(payloads, checked)
         client = self._owner.client
@@ -418,6 +468,8 @@ class Task(TaskBase[TIn, TOut]):
         max_payload_bytes: int | None = None,
         rate_limit: RateLimit[TIn] | None = None,
         concurrency: ConcurrencyLimit[TIn] | None = None,
+        unique_for: timedelta | float | None = None,
+        debounce: Debounce[TIn] | None = None,
     ) -> None:
         super().__init__(
             owner=app,
@@ -428,6 +480,8 @@ class Task(TaskBase[TIn, TOut]):
             max_payload_bytes=max_payload_bytes,
             rate_limit=rate_limit,
             concurrency=concurrency,
+            unique_for=unique_for,
+            debounce=debounce,
         )
         self.app = app
         self.fn = fn

@@ -28,7 +28,7 @@ from tests.redis_harness import (
 )
 from tests.redis_support import broker_at, message
 from tests.support import In, spawn_worker, stop_workers
-from typedq import App, ConfigError
+from typedq import App, ConfigError, Debounce
 from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobState
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.codec import text
@@ -545,3 +545,33 @@ async def test_a_claim_over_queues_of_several_slots_takes_as_many_jobs_as_asked(
         assert len(held) == 16
         assert sorted(j.message.id for j in held if j.message.queue == "b") == ["b0", "b1"]
         assert len({j.message.id for j in held}) == 16
+
+
+async def test_unique_and_debounce_markers_live_in_the_task_queues_slot(
+    url: str, redis_cluster: RedisCluster
+) -> None:
+    app = App("marks", broker=url)
+
+    @app.task(queue="orders", key=lambda m: str(m.n), unique_for=60)
+    async def charge(m: In) -> None:
+        pass
+
+    @app.task(queue="edits", debounce=Debounce(key=lambda m: str(m.n), wait=30))
+    async def render(m: In) -> None:
+        pass
+
+    with anyio.fail_after(20):
+        async with app:
+            held = await charge.enqueue(In(7))
+            assert not (await charge.enqueue(In(7))).created
+            await render.enqueue(In(3))
+    keys = Keys("marks")
+    expected = {
+        keys.unique("orders", "charge|7"): keys.queue_prefix("orders"),
+        keys.unique_job("orders", held.id): keys.queue_prefix("orders"),
+        keys.debounce("edits", "render|3"): keys.queue_prefix("edits"),
+    }
+    found = set().union(*(await keys_per_primary(redis_cluster)).values())
+    for marker, prefix in expected.items():
+        assert marker in found
+        assert key_slot(marker.encode()) == key_slot(prefix.encode())

@@ -139,9 +139,14 @@ async def test_lua_key_names_match_the_keys_module(redis_url: str) -> None:
             k.run_signals("q1", "job-1"),
             k.run_inbox("q1", "job-1", "sig"),
             k.runs_done("q1", "c"),
+            k.unique("q1", "t1|k:1"),
+            k.unique_job("q1", "job-1"),
+            k.debounce("q1", "t1|k:1"),
         ]
         # Every key of a queue carries the queue's hash tag, nothing else's.
         assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])
+        # So do the unique and debounce markers (Redis Cluster: in the queue's slot).
+        assert all(n.decode().startswith("tq:{layout:q1}:") for n in names[-3:])
     async with raw_redis(redis_url) as raw:
         async with broker_at(redis_url, "layout") as broker:
             await broker.enqueue([message("a"), message("b", queue="other", priority=2)])

@@ -110,7 +110,15 @@ def test_spec_methods(owner: str, method: str, is_async: bool) -> None:
 
 @pytest.mark.parametrize(
     ("name", "type_parameters"),
-    [("Task", 2), ("Job", 1), ("Worker", 2), ("App", 0), ("RunHandle", 1), ("Signal", 1)],
+    [
+        ("Task", 2),
+        ("Job", 1),
+        ("Worker", 2),
+        ("App", 0),
+        ("RunHandle", 1),
+        ("Signal", 1),
+        ("Debounce", 1),
+    ],
 )
 def test_spec_classes(name: str, type_parameters: int) -> None:
     """``Task[TIn, TOut]``, ``Job[TOut]``, ``Worker[TIn, TOut]``: generic classes."""

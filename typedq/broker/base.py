@@ -59,6 +59,8 @@ no job is a flow's).
   dashboard)
 - ``Runs`` (6): ``create_runs``, ``get_runs``, ``append_runs``, ``signal_runs``,
   ``wake_runs``, ``cancel_runs`` (typedq.durable; values in :mod:`typedq.broker.runs`)
+- ``FlowControl`` (1): ``enqueue_controlled``, keyed enqueues under a unique window or a
+  debounce (typedq.flowcontrol, docs/flow-control.md)
 
 A client checks the capabilities its app's declarations need once, when it connects
 (:func:`typedq.broker.capabilities.require`): an app with schedules, task limits or
@@ -90,6 +92,7 @@ from .messages import (
     CancelOutcome,
     ClaimedJob,
     Completion,
+    EnqueueControl,
     EnqueueOutcome,
     EventRead,
     Failure,
@@ -126,6 +129,7 @@ __all__ = [
     "CancelOutcome",
     "ClaimedJob",
     "Completion",
+    "EnqueueControl",
     "EnqueueOutcome",
     "EventRead",
     "Failure",

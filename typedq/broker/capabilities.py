@@ -29,9 +29,11 @@ if TYPE_CHECKING:
     from ..limits import LimitSpec
     from .flow import FlowSpec, FlowState
     from .messages import (
+        EnqueueControl,
         EnqueueOutcome,
         EventRead,
         FireOutcome,
+        JobMessage,
         JobState,
         MinuteRollup,
         RetryOutcome,
@@ -46,6 +48,7 @@ __all__ = [
     "CORE",
     "CORE_WITH_DEFAULTS",
     "EventStreams",
+    "FlowControl",
     "Flows",
     "Limits",
     "Observability",
@@ -133,6 +136,16 @@ class Limits(Protocol):
 
 
 @runtime_checkable
+class FlowControl(Protocol):
+    """Unique windows and debounce (:mod:`typedq.flowcontrol`): keyed enqueues whose
+    marker the broker keeps, atomically with the job."""
+
+    async def enqueue_controlled(
+        self, items: Sequence[tuple[JobMessage, EnqueueControl]]
+    ) -> list[EnqueueOutcome]: ...
+
+
+@runtime_checkable
 class Observability(Protocol):
     """What metrics, the dashboard and ``typedq inspect`` read besides the core: the
     per-minute throughput rollups and the worker and queue registries."""
@@ -211,6 +224,7 @@ CAPABILITIES: tuple[type[Any], ...] = (
     EventStreams,
     OperatorActions,
     Runs,
+    FlowControl,
 )
 
 

@@ -23,9 +23,11 @@ from ..limits import LimitSpec
 if TYPE_CHECKING:
     from .flow import FlowSpec, FlowState
     from .messages import (
+        EnqueueControl,
         EnqueueOutcome,
         EventRead,
         FireOutcome,
+        JobMessage,
         JobState,
         MinuteRollup,
         RetryOutcome,
@@ -132,6 +134,32 @@ class CapabilityDefaults:
     async def schedule_states(self) -> list[ScheduleState]:
         """Every schedule state the broker holds, by name."""
         raise self._unsupported("schedules")
+
+    # -- unique windows and debounce (typedq.flowcontrol; capability FlowControl) ---------
+
+    @capability_default
+    async def enqueue_controlled(
+        self, items: Sequence[tuple[JobMessage, EnqueueControl]]
+    ) -> list[EnqueueOutcome]:
+        """Enqueue keyed jobs under a unique window or a debounce, each atomically, in
+        order (docs/flow-control.md; the rules are the embedded broker's,
+        :mod:`typedq.broker.memory.control`).
+
+        Unique (``control.unique_for`` > 0): while the key's marker names a job that is
+        waiting, scheduled or active, or one that completed less than ``unique_for``
+        ago, the answer is that job (``created`` False) and nothing is stored; else the
+        job is stored and the marker names it. A job that failed for good or was
+        cancelled frees its key at once.
+
+        Debounce (``control.wait`` > 0): while the key's marker names a job still
+        scheduled and not due yet, that job takes the new envelope's payload and
+        options (id and queue kept) and its run time becomes ``min(now + wait,
+        enqueued_at + max_wait)`` (``created`` False); else the job is stored,
+        scheduled ``wait`` from now, and the marker names it.
+
+        :raises QueueFull: a new job would pass ``max_queue_length`` (nothing stored)
+        """
+        raise self._unsupported("unique windows and debounce (unique_for=, debounce=)")
 
     # -- task limits (typedq.limits; capability Limits) ------------------------------------
 

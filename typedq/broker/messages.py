@@ -28,6 +28,7 @@ __all__ = [
     "CancelOutcome",
     "ClaimedJob",
     "Completion",
+    "EnqueueControl",
     "EnqueueOutcome",
     "EventRead",
     "Failure",
@@ -180,6 +181,26 @@ class JobList(msgspec.Struct, frozen=True):
 
     ids: list[str]
     cursor: str | None
+
+
+class EnqueueControl(msgspec.Struct, frozen=True, kw_only=True):
+    """How one keyed enqueue is controlled (capability FlowControl, docs/flow-control.md):
+    a unique window (``unique_for`` > 0) or a debounce (``wait`` > 0), never both.
+
+    The key's marker is ``<task>|<key>`` within the job's queue (on Redis, under the
+    queue's hash tag). Times are seconds on the broker's clock.
+    """
+
+    #: The flow-control key the producer computed (``[A-Za-z0-9_.:-]{1,200}``, as a
+    #: limit key: :func:`typedq.limits.limit_key` makes one from any value).
+    key: str
+    #: Unique window: a job of this key that COMPLETED holds the key this long after it
+    #: finished; one waiting, scheduled or active (retries included) always does.
+    unique_for: float = 0.0
+    #: Debounce: the job runs ``wait`` after the last enqueue of its key ...
+    wait: float = 0.0
+    #: ... and at most ``max_wait`` after the first one.
+    max_wait: float = 0.0
 
 
 class EnqueueOutcome(msgspec.Struct, frozen=True):

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 
 from ...errors import ConfigError, QueueFull
 from ...names import check_job_ids, check_worker_id
-from ...options import check_numbers
+from ...options import check_controls, check_numbers
 from ..base import (
+    EnqueueControl,
     EnqueueOutcome,
     EventRead,
     FireOutcome,
@@ -45,6 +46,22 @@ class MemoryBroker(JobPath):
         registrations), or a bare ``() -> float`` of wall time (such as
         :class:`typedq.testing.FakeClock`), whose monotonic time is then the system's
     """
+
+    # -- unique windows and debounce (memory/control.py) -----------------------------------
+
+    async def enqueue_controlled(
+        self, items: Sequence[tuple[JobMessage, EnqueueControl]]
+    ) -> list[EnqueueOutcome]:
+        self._check()
+        check_numbers(m for m, _ in items)
+        check_controls(items)
+        outcomes: list[EnqueueOutcome] = []
+        try:
+            for message, control in items:
+                outcomes.append(self.control.enqueue(message, control))
+        finally:
+            self.wake()
+        return outcomes
 
     # -- schedules ---------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from ..records import (
     cancelled_while,
     stalled_message,
 )
+from .control import Control
 from .flows import Flows
 from .jobs import ACTIVE, CANCELLED, COMPLETED, FAILED, Job, JobTable, encode
 from .leases import Leases, WallClock, as_clock
@@ -80,6 +81,7 @@ class JobPath(Broker):
         self.flows = Flows(self)
         self.runs = RunStore(self)
         self.schedules = Schedules()
+        self.control = Control(self)
         self.rollups = Rollups()
         self.events = Events(self.settings.events_max)
         self._connected = False
@@ -179,6 +181,8 @@ class JobPath(Broker):
             self.flows.settled(job, state, job.result, job.error, now)
         if self.runs.runs:
             self.runs.job_finished(job)
+        if self.control.tracked:
+            self.control.finished(job_id, state, now)
 
     # -- producer side -------------------------------------------------------------
 

@@ -16,14 +16,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
+import msgspec
 import redis.exceptions as rexc
 from anyio.abc import TaskStatus
 
 from ...errors import BrokerError, QueueFull
 from ...names import check_job_id, check_job_ids, check_name
-from ...options import check_numbers
-from ..base import CancelOutcome, EnqueueOutcome, JobMessage, JobRecord, JobState
-from .codec import encode_body, text, us
+from ...options import check_controls, check_numbers
+from ..base import (
+    CancelOutcome,
+    EnqueueControl,
+    EnqueueOutcome,
+    JobMessage,
+    JobRecord,
+    JobState,
+)
+from .codec import as_int, encode_body, text, us
 from .core import RedisCore, _missing, _request_token
 
 __all__ = ["EnqueueOps"]
@@ -254,6 +262,53 @@ class EnqueueOps(RedisCore):
             execute("FCALL", function, len(keys), *keys, *args)
         replies: list[Any] = await pipe.execute(raise_on_error=False)
         return replies
+
+    async def enqueue_controlled(
+        self, items: Sequence[tuple[JobMessage, EnqueueControl]]
+    ) -> list[EnqueueOutcome]:
+        """One ``enqueue_controlled.lua`` call per job, in order (each atomic with its
+        key's marker, in its queue's slot; the rules: memory/control.py). Keyed enqueues
+        go one at a time: each answers which job holds its key."""
+        check_numbers(m for m, _ in items)
+        check_controls(items)
+        for m, _ in items:
+            check_job_id(m.id)
+            check_name("queue", m.queue)
+        if not items:
+            self._conn()
+            return []
+        await self._note_queues([m.queue for m, _ in items])
+        if self._epoch.is_due():
+            await self.check_epoch()
+        outcomes: list[EnqueueOutcome] = []
+        for message, control in items:
+            if control.wait > 0:
+                # A debounced job runs `wait` after its last enqueue: its envelope says so.
+                message = msgspec.structs.replace(message, eta=0.0, delay=control.wait)
+            queue = message.queue
+            args: list[Any] = [
+                self.keys.prefix,
+                self.queue_cap([queue]),
+                message.id,
+                queue,
+                str(int(message.priority)),
+                us(message.eta) if message.eta else 0,
+                us(message.delay) if message.delay else 0,
+                encode_body(message),
+                f"{message.task}|{control.key}",
+            ]
+            if control.wait > 0:
+                # The marker outlives the job's latest run time (max_wait after its first
+                # enqueue), by a second: after that it names a job that is due anyway.
+                ttl_ms = math.ceil(control.max_wait * 1000) + 1000
+                args += ["d", us(control.wait), us(control.max_wait), ttl_ms]
+            else:
+                args += ["u", max(1, math.ceil(control.unique_for * 1000))]
+            reply = await self._eval(
+                "enqueue_controlled", [self.keys.request(queue, _request_token())], args
+            )
+            outcomes.append(EnqueueOutcome(text(reply[1]), as_int(reply[0]) == 1))
+        return outcomes
 
     async def wait_finished(
         self,

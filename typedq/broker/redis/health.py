@@ -128,6 +128,9 @@ def check_slots(keys: Keys, queues: Sequence[str]) -> str | None:
             keys.request(queue, "tok"),
             keys.events(queue),
             keys.events_config(queue),
+            keys.unique(queue, "t|k"),
+            keys.unique_job(queue, "id"),
+            keys.debounce(queue, "t|k"),
             keys.minute(queue, 0),
             *(keys.queue_channel(queue, kind) for kind in "wdx"),
         ]

@@ -68,9 +68,12 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    epoch, Redis clock): ``c`` completed, ``f`` failed for
                                    good, ``r`` retried; written once per queue per script
                                    call, expires 25 h after its first write (24 h shown)
-    Q E                   hash     the queue's event stream is on (typedq.events): ``cap``
-                                   (about how many events it keeps) and ``n`` the number
-                                   of the last event written; written by enable_events
+    Q E                   hash     the queue's event stream is on (typedq.events) while it
+                                   has ``cap`` (about how many events it keeps); ``n`` the
+                                   number of the last event written; written by
+                                   enable_events. ``u`` '1': some job of the queue held a
+                                   unique key (read with ``cap``, so finalize pays nothing
+                                   more to know it)
     Q ev                  stream   the queue's events, entry id ``<n>-1``: ``i`` job id,
                                    ``k`` task, ``s`` final state letter, ``d`` result or
                                    failure record, ``a`` attempt; XADD MAXLEN ~ cap in
@@ -114,6 +117,20 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    of active jobs an operator deleted
     Q cc:<task>|<key>:g   zset     those ghosts -> when their lease would have ended
                                    (µs); a claim counting the slot drops ended ones
+    Q uk:<task>|<key>     string   a unique key's marker (typedq.flowcontrol): the id of
+                                   the job holding the key; no TTL while that job is not
+                                   final, PEXPIRE its window once it completed (finalize:
+                                   common/finish.lua release_unique); deleted when it
+                                   failed or was cancelled. A marker without a TTL whose
+                                   job is gone (removed, purged) is stale: replaced
+    Q uj:<id>             string   the unique key job ``id`` holds, '<window ms>|<task>|<key>',
+                                   until it finishes; finalize reads it only in queues
+                                   whose ``E`` hash has ``u`` '1' (set by the first unique
+                                   enqueue): no cost to queues without unique tasks
+    Q db:<task>|<key>     string   a debounce key's marker: the id of the job collecting
+                                   the key's enqueues while it is a scheduled job string
+                                   not due yet; expires a second after the job's latest
+                                   run time (max_wait after its first enqueue)
     Q W                   string   the waiter mark '1': a claim of the queue came up
                                    short (took fewer jobs than asked for), so its worker
                                    is about to wait for work; the next call that gives
@@ -375,6 +392,19 @@ class Keys:
     def slots(self, queue: str, task: str, key: str) -> str:
         """The set of active job ids holding a concurrency slot of one bucket."""
         return f"{self.queue_prefix(queue)}cc:{task}|{key}"
+
+    def unique(self, queue: str, marker: str) -> str:
+        """A unique key's marker (``marker`` is ``<task>|<key>``): the id of the job that
+        holds the key; it expires the job's window after the job completed."""
+        return f"{self.queue_prefix(queue)}uk:{marker}"
+
+    def unique_job(self, queue: str, job_id: str) -> str:
+        """The unique key job ``job_id`` holds until it finishes: ``<window ms>|<marker>``."""
+        return f"{self.queue_prefix(queue)}uj:{job_id}"
+
+    def debounce(self, queue: str, marker: str) -> str:
+        """A debounce key's marker: the id of the job collecting the key's enqueues."""
+        return f"{self.queue_prefix(queue)}db:{marker}"
 
     def waiter(self, queue: str) -> str:
         """The waiter mark of ``queue``: set by a claim that came up short (a worker is

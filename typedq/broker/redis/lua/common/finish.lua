@@ -39,12 +39,19 @@ end
 -- Job `id` of queue `q` reached final state `state`: when the queue's event stream is
 -- on, add its event '<n>-1' (n: the queue's next event number), capped near its 'cap'.
 -- One HGET per queue per call when it is off.
+-- The same read says whether some job of the queue held a unique key (field 'u', set
+-- by enqueue_controlled.lua): only then does finalize look for the key a job holds.
 local events_cap = {}
+local unique_on = {}
 local function emit_event(id, q, state)
   local cap = events_cap[q]
   if cap == nil then
-    cap = tonumber(rcall('HGET', k_events_cfg(q), 'cap')) or false
+    local c = rcall('HMGET', k_events_cfg(q), 'cap', 'u')
+    cap = tonumber(c[1]) or false
     events_cap[q] = cap
+    -- Only a queue with unique jobs is noted: the table stays empty (nothing to make
+    -- again for the next call) in the usual case.
+    if c[2] then unique_on[q] = true end
   end
   if not cap then return end
   local r = rcall('HMGET', k_job(q, id), 'm', 'res', 'err', 'a')
@@ -55,6 +62,21 @@ local function emit_event(id, q, state)
   -- again) loses that event rather than aborting the transition half done.
   rpcall('XADD', k_events(q), 'MAXLEN', '~', cap, n .. '-1', 'i', id, 'k',
     body_task(r[1]), 's', state, 'd', data or '', 'a', r[4] or '0')
+end
+
+-- Job `id` of queue `q`, which may hold a unique key, reached final `state`: a completed
+-- job keeps its key for its window (its marker expires then, even if retention deletes
+-- the job sooner), a failed or cancelled one frees it at once (memory/control.py).
+local function release_unique(q, id, state)
+  local hk = k_unique_job(q, id)
+  local v = rcall('GET', hk)
+  if not v then return end
+  rcall('DEL', hk)
+  local window, marker = string.match(v, '^(%d+)|(.+)$')
+  if not window then return end
+  local mk = k_unique(q, marker)
+  if rcall('GET', mk) ~= id then return end
+  if state == 'c' then rcall('PEXPIRE', mk, window) else rcall('DEL', mk) end
 end
 
 -- The rest of a job's move to a final state, once its hash holds the state (finalize,
@@ -80,6 +102,7 @@ local function finalize_after(id, q, jk, from, state, now, at, fl)
   if find(id, ':', 1, true) and find(id, ':%d+$') then
     run_step_done(q, id, jk, state, now)
   end
+  if unique_on[q] then release_unique(q, id, state) end
   if fl == true then
     -- A job of a flow whose link was not read yet (complete_one): link and outcome in
     -- one read.

@@ -148,6 +148,13 @@ local function k_events(q) return k_q(q) .. 'ev' end
 local function k_events_cfg(q) return k_fixed(q, 'E') end
 -- A queue's own channels (Redis Cluster, see sharded.lua).
 local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
+-- Unique windows and debounce (typedq/flowcontrol.py, enqueue_controlled.lua): a unique
+-- key's marker ('<task>|<key>' -> the id of the job holding it; expiring once that job
+-- completed), the marker a job holds ('<window ms>|<task>|<key>', until it finishes),
+-- a debounce key's marker (-> the id of the job collecting its enqueues).
+local function k_unique(q, marker) return k_q(q) .. 'uk:' .. marker end
+local function k_unique_job(q, id) return k_q(q) .. 'uj:' .. id end
+local function k_debounce(q, marker) return k_q(q) .. 'db:' .. marker end
 -- A queue's waiter mark: a claim that came up short sets it (its worker is about to
 -- wait for work); the next call that gives the queue work deletes it and publishes the
 -- work notice (publish), so enqueues while every worker is busy publish nothing.
