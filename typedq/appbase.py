@@ -16,6 +16,7 @@ from .errors import ConfigError
 from .names import check_name
 
 if TYPE_CHECKING:
+    from .broker.schemas import SchemaRecord
     from .events import EventStream
     from .task import TaskBase, TOut
     from .tracing import Tracing
@@ -50,6 +51,7 @@ class AppBase:
         self.max_payload_bytes = max_payload_bytes
         self._client = Client(broker, name=name, settings=settings, tracing=tracing)
         self._client.requirements = self._requirements
+        self._client.schema_records = self._schema_records
 
     @property
     def client(self) -> Client:
@@ -69,12 +71,21 @@ class AppBase:
             broker, name=self.name, settings=self.settings, tracing=self._client.tracing or False
         )
         self._client.requirements = self._requirements
+        self._client.schema_records = self._schema_records
         self._declare_partitions({})
 
     def _requirements(self) -> dict[type[Any], str]:
         """The broker capabilities this namespace's declarations need (capability ->
         what needs it), checked when its client connects; a producer needs none."""
         return {}
+
+    def _schema_records(self) -> list[SchemaRecord]:
+        """The schema registry's records of this namespace's tasks (recorded once per
+        process at connect, see :class:`~typedq.client.Client`)."""
+        from .compat import schema_record
+
+        tasks = getattr(self, "_tasks", {})
+        return [schema_record(t.name, t.input, t.output) for t in tasks.values()]
 
     def _declare_partitions(self, more: Mapping[str, int]) -> None:
         """Tell the broker the partitioned queues (they share ``max_queue_length``: see

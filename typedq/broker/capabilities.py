@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         WorkerInfo,
     )
     from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+    from .schemas import SchemaRecord
 
 __all__ = [
     "CAPABILITIES",
@@ -51,6 +52,7 @@ __all__ = [
     "Observability",
     "OperatorActions",
     "Runs",
+    "SchemaRegistry",
     "Schedules",
     "capabilities_of",
     "members",
@@ -200,6 +202,17 @@ class Runs(Protocol):
     async def cancel_runs(self, run_ids: Sequence[str]) -> list[bool]: ...
 
 
+@runtime_checkable
+class SchemaRegistry(Protocol):
+    """The schema registry (:mod:`typedq.broker.schemas`): each task's input and output
+    JSON Schemas per input fingerprint, as producers and workers knew them, for
+    ``typedq verify``."""
+
+    async def record_schemas(self, records: Sequence[SchemaRecord]) -> list[bool]: ...
+
+    async def schema_records(self) -> list[SchemaRecord]: ...
+
+
 #: Every capability, in the order of the seam's description (typedq.broker.base).
 CAPABILITIES: tuple[type[Any], ...] = (
     Flows,
@@ -209,6 +222,7 @@ CAPABILITIES: tuple[type[Any], ...] = (
     EventStreams,
     OperatorActions,
     Runs,
+    SchemaRegistry,
 )
 
 

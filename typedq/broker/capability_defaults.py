@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         WorkerInfo,
     )
     from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+    from .schemas import SchemaRecord
 
 __all__ = ["CapabilityDefaults", "capability_default", "is_capability_default"]
 
@@ -303,3 +304,17 @@ class CapabilityDefaults:
         """Cancel each running run (state ``cancelled``) and the jobs it waits on.
         False: unknown or already finished."""
         raise self._unsupported("durable runs")
+
+    # -- the schema registry (``typedq verify``; capability SchemaRegistry) -----------------
+
+    @capability_default
+    async def record_schemas(self, records: Sequence[SchemaRecord]) -> list[bool]:
+        """Keep each record unless one of its ``(task, fingerprint)`` is kept already
+        (the first one stays, with the broker's time of it as ``first_seen``); per
+        record, True when it was new. One round trip on a networked broker."""
+        raise self._unsupported("a schema registry")
+
+    @capability_default
+    async def schema_records(self) -> list[SchemaRecord]:
+        """Every record kept, by task and then by ``first_seen``."""
+        raise self._unsupported("a schema registry")
