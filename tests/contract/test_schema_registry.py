@@ -46,6 +46,13 @@ async def test_the_first_record_of_a_fingerprint_stays(app_name: str, broker_url
         assert kept.input_schema == '{"a":1}'  # the first one stays
         assert before - 1 <= kept.first_seen <= time.time() + 1
         assert records[2].first_seen >= kept.first_seen
+        assert await broker.forget_schemas([("b", "f1"), ("b", "nope"), ("c", "f1")]) == [
+            True,
+            False,
+            False,
+        ]
+        assert [r.fingerprint for r in await broker.schema_records()] == ["f0", "f2"]
+        assert await broker.forget_schemas([]) == []
 
 
 async def test_an_app_records_its_tasks_once_per_process(app_name: str, broker_url: str) -> None:

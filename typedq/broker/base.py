@@ -59,7 +59,8 @@ no job is a flow's).
   dashboard)
 - ``Runs`` (6): ``create_runs``, ``get_runs``, ``append_runs``, ``signal_runs``,
   ``wake_runs``, ``cancel_runs`` (typedq.durable; values in :mod:`typedq.broker.runs`)
-- ``SchemaRegistry`` (2): ``record_schemas``, ``schema_records`` (``typedq verify``;
+- ``SchemaRegistry`` (3): ``record_schemas``, ``schema_records``, ``forget_schemas``
+  (``typedq verify``;
   values in :mod:`typedq.broker.schemas`)
 
 A client checks the capabilities its app's declarations need once, when it connects

@@ -212,6 +212,8 @@ class SchemaRegistry(Protocol):
 
     async def schema_records(self) -> list[SchemaRecord]: ...
 
+    async def forget_schemas(self, keys: Sequence[tuple[str, str]]) -> list[bool]: ...
+
 
 #: Every capability, in the order of the seam's description (typedq.broker.base).
 CAPABILITIES: tuple[type[Any], ...] = (

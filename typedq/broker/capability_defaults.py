@@ -318,3 +318,10 @@ class CapabilityDefaults:
     async def schema_records(self) -> list[SchemaRecord]:
         """Every record kept, by task and then by ``first_seen``."""
         raise self._unsupported("a schema registry")
+
+    @capability_default
+    async def forget_schemas(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
+        """Delete the records of these ``(task, fingerprint)`` pairs (``typedq verify
+        --forget``: no producer of that schema runs any more); True per record deleted.
+        A process that still runs with one does not record it again until it restarts."""
+        raise self._unsupported("a schema registry")

@@ -68,6 +68,10 @@ class MemoryBroker(JobPath):
         self._check()
         return self.schema_store.listed()
 
+    async def forget_schemas(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
+        self._check()
+        return self.schema_store.forget(keys)
+
     # -- schedules ---------------------------------------------------------------------
 
     def _now_us(self) -> int:

@@ -29,6 +29,10 @@ class SchemaStore:
             out.append(new)
         return out
 
+    def forget(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
+        """Delete the records of ``keys``; True per record deleted."""
+        return [self.records.pop(key, None) is not None for key in keys]
+
     def listed(self) -> list[SchemaRecord]:
         """Every record, by task and then first seen."""
         return sorted(self.records.values(), key=lambda r: (r.task, r.first_seen, r.fingerprint))

@@ -62,9 +62,7 @@ __all__ = ["RedisBroker"]
 HANDOFF_AGE = 5.0
 
 
-class RedisBroker(
-    ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, ScheduleOps, SchemaOps
-):
+class RedisBroker(ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, ScheduleOps, SchemaOps):
     """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA

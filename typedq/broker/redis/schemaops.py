@@ -30,7 +30,7 @@ _decoder = msgspec.msgpack.Decoder(_Stored)
 
 class SchemaOps(RedisCore):
     """``record_schemas`` (one script call: HSETNX per record, the Redis clock's time)
-    and ``schema_records`` (HGETALL)."""
+    ``schema_records`` (HGETALL) and ``forget_schemas`` (HDEL, pipelined)."""
 
     async def record_schemas(self, records: Sequence[SchemaRecord]) -> list[bool]:
         if not records:
@@ -64,3 +64,14 @@ class SchemaOps(RedisCore):
                 )
             )
         return sorted(out, key=lambda r: (r.task, r.first_seen, r.fingerprint))
+
+    async def forget_schemas(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
+        if not keys:
+            return []
+        with self._translate("forget_schemas"):
+            # One key: a Redis Cluster pipeline sends it to one node in one round trip.
+            async with self._conn().pipeline(transaction=False) as pipe:
+                for task, fingerprint in keys:
+                    pipe.hdel(self.keys.schemas, f"{task}|{fingerprint}")
+                replies = await pipe.execute()
+        return [bool(n) for n in replies]
