@@ -24,6 +24,9 @@ Completed jobs never run again and are not read. A schedule's payload is the app
 code, not the broker's; workflow steps not yet started are ``scheduled`` jobs whose
 envelope carries their fingerprint.
 
+A fingerprint the task upcasts from (``@task.upcast``, :mod:`typedq.upcast`) is
+compatible: the worker decodes it with the upcaster's model of that very schema.
+
 ``--against`` a producer stub module (:mod:`typedq.producer`) adds a row per stub: its
 declared input model against the app's (a producer deployed from an old stub).
 """
@@ -187,6 +190,16 @@ def _row(app: App, key: tuple[str, str], record: SchemaRecord | None, jobs: int)
             verdict = Verdict("compatible", f"task `{name}` is not in the app; no job carries it")
         return _make(name, fingerprint, jobs, verdict, source, first_seen)
     current = fingerprint == task.input.fingerprint
+    upcaster = task.upcasters.get(fingerprint)
+    if upcaster is not None:
+        # The worker turns these payloads into the current model (typedq.upcast); the
+        # upcaster's model has this very fingerprint, so it decodes them.
+        verdict = Verdict("compatible", f"upcast by {upcaster.name}")
+        if record is not None:
+            back = check(task.output.json_schema, json.loads(record.output_schema))
+            if not back.ok:
+                verdict = Verdict(back.verdict, f"result: {back.reason}")
+        return _make(name, fingerprint, jobs, verdict, source, first_seen)
     if record is None:
         verdict = (
             Verdict("compatible")
