@@ -25,26 +25,114 @@ cannot compare is ``unknown``, never guessed compatible. Knows no broker.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec.inspect as mi
+import pydantic
+
 from .broker.schemas import SchemaRecord
 from .serde import Codec
 
-__all__ = ["Verdict", "check", "schema_record"]
+__all__ = ["Verdict", "check", "decoding_schema", "schema_record"]
 
 
 def schema_record(task: str, input_codec: Codec[Any], output_codec: Codec[Any]) -> SchemaRecord:
     """What a process records for ``task`` in the broker's schema registry: the input
-    schema whose fingerprint its jobs carry, and the output schema."""
+    schema (of the fingerprint its jobs carry) and the output schema, each as
+    :func:`decoding_schema` has it."""
     return SchemaRecord(
         task=task,
         fingerprint=input_codec.fingerprint,
-        input_schema=_dump(input_codec.json_schema),
-        output_schema=_dump(output_codec.json_schema),
+        input_schema=_dump(decoding_schema(input_codec)),
+        output_schema=_dump(decoding_schema(output_codec)),
     )
+
+
+def decoding_schema(codec: Codec[Any]) -> dict[str, Any]:
+    """The codec's JSON Schema with what msgpack tells apart and msgspec's JSON Schema
+    does not: msgspec (0.23) writes ``datetime`` and ``time`` as a bare string, but
+    msgpack carries a datetime as a timestamp that a ``str`` field refuses, so here they
+    get their ``format`` (``date-time``, ``time``), as Pydantic writes them. The schema
+    :func:`check` compares; the fingerprint stays the codec's own."""
+    schema = codec.json_schema
+    tp: Any = codec.type
+    if isinstance(tp, type) and issubclass(tp, pydantic.BaseModel):
+        return schema
+    try:
+        info = mi.type_info(tp)
+    except Exception:
+        return schema  # not msgspec's to describe (a fan-in's outcomes): as it is
+    out = copy.deepcopy(schema)
+    _Formats(out).walk(out, info, set())
+    return out
+
+
+class _Formats:
+    """Adds the formats msgspec leaves out, walking its schema and its type info together."""
+
+    def __init__(self, root: dict[str, Any]) -> None:
+        self.defs: dict[str, Any] = root.get("$defs", {})
+
+    def _node(self, node: Any) -> Any:
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return self.defs.get(ref[len("#/$defs/") :], node)
+        return node
+
+    def walk(self, node: Any, info: mi.Type, seen: set[int]) -> None:
+        node = self._node(node)
+        if not isinstance(node, dict):
+            return
+        if isinstance(info, mi.Metadata):
+            self.walk(node, info.type, seen)
+        elif isinstance(info, (mi.DateTimeType, mi.TimeType)):
+            if node.get("type") == "string" and "format" not in node:
+                node["format"] = "date-time" if isinstance(info, mi.DateTimeType) else "time"
+        elif isinstance(info, mi.UnionType):
+            members = [self._node(m) for m in node.get("anyOf", [])]
+            for member_info in info.types:
+                kind = _kind(member_info)
+                matches = [m for m in members if isinstance(m, dict) and m.get("type") == kind]
+                if kind is not None and len(matches) == 1:
+                    self.walk(matches[0], member_info, seen)
+        elif isinstance(info, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):
+            self.walk(node.get("items"), info.item_type, seen)
+        elif isinstance(info, mi.TupleType):
+            for item, item_info in zip(node.get("prefixItems", []), info.item_types, strict=False):
+                self.walk(item, item_info, seen)
+        elif isinstance(info, mi.DictType):
+            self.walk(node.get("additionalProperties"), info.value_type, seen)
+        elif isinstance(info, mi.StructType) and id(node) not in seen:
+            seen.add(id(node))
+            if info.array_like:
+                items = node.get("prefixItems", [])
+                for item, field in zip(items, info.fields, strict=False):
+                    self.walk(item, field.type, seen)
+            else:
+                properties = node.get("properties", {})
+                for field in info.fields:
+                    if field.encode_name in properties:
+                        self.walk(properties[field.encode_name], field.type, seen)
+
+
+def _kind(info: mi.Type) -> str | None:
+    """The JSON type a union member of ``info`` is written as (msgspec allows one of
+    each kind in a union), for the members worth walking into."""
+    while isinstance(info, mi.Metadata):
+        info = info.type
+    if isinstance(info, (mi.DateTimeType, mi.TimeType)):
+        return "string"
+    if isinstance(info, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType, mi.TupleType)):
+        return "array"
+    if isinstance(info, mi.DictType):
+        return "object"
+    if isinstance(info, mi.StructType):
+        return "object"
+    return None
 
 
 def _dump(schema: Mapping[str, Any]) -> str:

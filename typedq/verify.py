@@ -43,7 +43,7 @@ import msgspec
 from .app import App
 from .broker.base import Broker, JobState
 from .broker.schemas import SchemaRecord
-from .compat import Verdict, check
+from .compat import Verdict, check, decoding_schema
 from .errors import Unsupported
 from .producer import Producer
 
@@ -196,7 +196,7 @@ def _row(app: App, key: tuple[str, str], record: SchemaRecord | None, jobs: int)
         # upcaster's model has this very fingerprint, so it decodes them.
         verdict = Verdict("compatible", f"upcast by {upcaster.name}")
         if record is not None:
-            back = check(task.output.json_schema, json.loads(record.output_schema))
+            back = check(decoding_schema(task.output), json.loads(record.output_schema))
             if not back.ok:
                 verdict = Verdict(back.verdict, f"result: {back.reason}")
         return _make(name, fingerprint, jobs, verdict, source, first_seen)
@@ -209,8 +209,8 @@ def _row(app: App, key: tuple[str, str], record: SchemaRecord | None, jobs: int)
         return _make(name, fingerprint, jobs, verdict, "current" if current else source, 0.0)
     verdict = _both_ways(
         json.loads(record.input_schema),
-        task.input.json_schema,
-        task.output.json_schema,
+        decoding_schema(task.input),
+        decoding_schema(task.output),
         json.loads(record.output_schema),
     )
     return _make(name, fingerprint, jobs, verdict, "current" if current else source, first_seen)
@@ -255,10 +255,10 @@ def _stub_rows(app: App, producer: Producer) -> list[Row]:
             verdict = Verdict("incompatible", f"the stub's task `{name}` is not in the app")
         else:
             verdict = _both_ways(
-                stub.input.json_schema,
-                task.input.json_schema,
-                task.output.json_schema,
-                stub.output.json_schema,
+                decoding_schema(stub.input),
+                decoding_schema(task.input),
+                decoding_schema(task.output),
+                decoding_schema(stub.output),
             )
         rows.append(_make(name, stub.input.fingerprint, 0, verdict, "stub", 0.0))
     return rows

@@ -18,6 +18,7 @@ from tests.support import In, Out, connected
 from typedq import App, Producer
 from typedq.broker.capabilities import SchemaRegistry, supports
 from typedq.broker.schemas import SchemaRecord
+from typedq.compat import decoding_schema
 from typedq.serde import codec_for
 
 pytestmark = pytest.mark.anyio
@@ -65,8 +66,8 @@ async def test_an_app_records_its_tasks_once_per_process(app_name: str, broker_u
     async with app:
         (rec,) = await app.broker.schema_records()
         assert (rec.task, rec.fingerprint) == ("double", codec_for(In).fingerprint)
-        assert json.loads(rec.input_schema) == codec_for(In).json_schema
-        assert json.loads(rec.output_schema) == codec_for(Out).json_schema
+        assert json.loads(rec.input_schema) == decoding_schema(codec_for(In))
+        assert json.loads(rec.output_schema) == decoding_schema(codec_for(Out))
     calls: list[int] = []
     original = type(app.broker).record_schemas
 

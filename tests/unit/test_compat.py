@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
 import pydantic
 import pytest
 
-from typedq.compat import check, schema_record
+from typedq.compat import check, decoding_schema, schema_record
 from typedq.errors import InvalidPayload
 from typedq.serde import codec_for
 
@@ -237,6 +238,19 @@ CASES = [
         {"x": 3},
     ),
     Case(
+        "datetime unchanged",
+        {"at": (same(datetime), REQUIRED)},
+        {"at": (same(datetime), REQUIRED)},
+        {"at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)},
+    ),
+    Case(
+        "datetime became string",
+        {"at": (same(datetime), REQUIRED)},
+        {"at": (STR, REQUIRED)},
+        {"at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)},
+        "format of `at` changed date-time -> none",
+    ),
+    Case(
         "field order and defaults changed",
         {"a": (INT, REQUIRED), "b": (STR, "x")},
         {"b": (STR, "y"), "a": (INT, REQUIRED)},
@@ -266,7 +280,7 @@ def test_the_verdict_agrees_with_decoding(lib: str, case: Case) -> None:
         decodes = False
     else:
         decodes = True
-    verdict = check(codec_for(old).json_schema, codec_for(new).json_schema)
+    verdict = check(decoding_schema(codec_for(old)), decoding_schema(codec_for(new)))
     assert verdict.ok == decodes, (verdict, decodes)
     assert verdict.reason == case.reason
     assert verdict.verdict == ("compatible" if not case.reason else "incompatible")
@@ -276,7 +290,7 @@ def test_a_record_holds_the_schemas_the_fingerprint_is_made_of() -> None:
     model = build("msgspec", "Payload", {"id": (INT, REQUIRED)}, forbid=False)
     record = schema_record("t", codec_for(model), codec_for(type(None)))
     assert record.fingerprint == codec_for(model).fingerprint
-    assert json.loads(record.input_schema) == codec_for(model).json_schema
+    assert json.loads(record.input_schema) == decoding_schema(codec_for(model))
     assert json.loads(record.output_schema) == {"type": "null"}
 
 
