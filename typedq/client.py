@@ -28,7 +28,7 @@ from .names import check_name
 from .options import check_message
 
 if TYPE_CHECKING:
-    from .broker.schemas import SchemaRecord
+    from .serde import Codec
     from .tracing import Tracing
 
 __all__ = ["DEFAULT_BROKER_ENV", "Client", "load_tracing"]
@@ -96,9 +96,10 @@ class Client:
         #: The broker capabilities (typedq.broker.capabilities) the app using this client
         #: declares a need for, each with what needs it; checked once, at connect.
         self.requirements: Callable[[], Mapping[type[Any], str]] = dict
-        #: The schema records (typedq.broker.schemas) of the tasks of the app using this
-        #: client, recorded in the broker's schema registry once per process, at connect.
-        self.schema_records: Callable[[], Sequence[SchemaRecord]] = list
+        #: The tasks of the app using this client as ``(name, input codec, output
+        #: codec)``: their schemas are recorded in the broker's schema registry
+        #: (typedq.broker.schemas) once per process, at connect.
+        self.schema_sources: Callable[[], Sequence[tuple[str, Codec[Any], Codec[Any]]]] = list
 
     def __repr__(self) -> str:
         return f"Client({redact_url(self.url)!r}, name={self.name!r})"
@@ -157,7 +158,13 @@ class Client:
         if not supports(self.broker, SchemaRegistry):
             return
         done = _recorded.setdefault(self.broker, set())
-        records = [r for r in self.schema_records() if (r.task, r.fingerprint) not in done]
+        from .compat import schema_record
+
+        records = [
+            schema_record(name, given, output)
+            for name, given, output in self.schema_sources()
+            if (name, given.fingerprint) not in done
+        ]
         if not records:
             return
         try:
