@@ -9,17 +9,17 @@ stubs`` is :mod:`typedq.cli.stubs`, and loading ``MODULE:APP`` is :mod:`typedq.c
 ``typedq stubs MODULE:APP --out stubs/NAME.py`` writes typed producer stubs (without
 ``--out``, or with ``--out -``, it prints them; ``--check`` exits 1 with a diff when the
 file is stale; ``typedq stubs [--check] FILE...`` regenerates files from the command in
-their header). ``typedq schema MODULE:APP`` prints each task's JSON Schemas. ``typedq verify
-MODULE:APP`` checks the app's models against the schemas the broker holds (:mod:`typedq.cli.verify`). ``typedq
+their header). ``typedq schema MODULE:APP`` prints each task's JSON Schemas. ``typedq
 inspect`` shows counts, failed jobs, and retries, cancels or purges jobs (see
-:mod:`typedq.inspector`).
+:mod:`typedq.inspector`). ``typedq verify MODULE:APP`` checks the app's models against
+the schemas the broker still holds (:mod:`typedq.cli.verify`, docs/deploys.md).
 
 ``--log-level`` and ``--broker`` go before or after the subcommand. Options without a
 flag fall back on ``TYPEDQ_*`` environment variables (see ``typedq --help``): the flag
 wins over the variable, the variable over the built-in default.
 
-Every error is one line on stderr and exit status 2; ``--check`` and inspect actions
-that left some job untouched exit 1.
+Every error is one line on stderr and exit status 2; ``--check``, inspect actions
+that left some job untouched and ``verify`` finding an incompatible schema exit 1.
 """
 
 from __future__ import annotations
