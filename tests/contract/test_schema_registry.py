@@ -15,11 +15,14 @@ import msgspec
 import pytest
 
 from tests.support import In, Out, connected
-from typedq import App, Producer
+from typedq import App, Producer, Unsupported
+from typedq.broker.base import Broker, BrokerSettings
 from typedq.broker.capabilities import SchemaRegistry, supports
+from typedq.broker.memory import MemoryBroker
 from typedq.broker.schemas import SchemaRecord
 from typedq.compat import decoding_schema
 from typedq.serde import codec_for
+from typedq.verify import verify
 
 pytestmark = pytest.mark.anyio
 
@@ -109,3 +112,25 @@ async def test_a_producer_records_its_stubs_and_a_new_model_adds_a_fingerprint(
         codec_for(In).fingerprint,
         codec_for(Renamed).fingerprint,
     }
+
+
+class NoRegistry(MemoryBroker):
+    """An embedded broker that keeps the registry's Unsupported defaults."""
+
+    record_schemas = Broker.record_schemas
+    schema_records = Broker.schema_records
+    forget_schemas = Broker.forget_schemas
+
+
+async def test_a_broker_without_a_registry_is_skipped_at_connect_and_refuses_verify() -> None:
+    broker = NoRegistry(BrokerSettings(namespace="bare"))
+    assert not supports(broker, SchemaRegistry)
+    app = App("bare", broker=broker)
+
+    @app.task(queue="q")
+    async def double(payload: In) -> Out:
+        return Out(payload.n * 2)
+
+    async with app:  # connects: nothing to record on, nothing raised
+        with pytest.raises(Unsupported, match="does not support a schema registry"):
+            await verify(app, broker)
