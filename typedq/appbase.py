@@ -17,6 +17,7 @@ from .names import check_name
 
 if TYPE_CHECKING:
     from .events import EventStream
+    from .serde import Codec
     from .task import TaskBase, TOut
     from .tracing import Tracing
 
@@ -50,6 +51,7 @@ class AppBase:
         self.max_payload_bytes = max_payload_bytes
         self._client = Client(broker, name=name, settings=settings, tracing=tracing)
         self._client.requirements = self._requirements
+        self._client.schema_sources = self._schema_sources
 
     @property
     def client(self) -> Client:
@@ -69,12 +71,19 @@ class AppBase:
             broker, name=self.name, settings=self.settings, tracing=self._client.tracing or False
         )
         self._client.requirements = self._requirements
+        self._client.schema_sources = self._schema_sources
         self._declare_partitions({})
 
     def _requirements(self) -> dict[type[Any], str]:
         """The broker capabilities this namespace's declarations need (capability ->
         what needs it), checked when its client connects; a producer needs none."""
         return {}
+
+    def _schema_sources(self) -> list[tuple[str, Codec[Any], Codec[Any]]]:
+        """This namespace's tasks as the schema registry records them (once per process,
+        at connect, see :class:`~typedq.client.Client`): name, input and output codecs."""
+        tasks = getattr(self, "_tasks", {})
+        return [(t.name, t.input, t.output) for t in tasks.values()]
 
     def _declare_partitions(self, more: Mapping[str, int]) -> None:
         """Tell the broker the partitioned queues (they share ``max_queue_length``: see

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -20,13 +21,14 @@ import anyio
 from .batching import Batcher
 from .broker import broker_from_url, redact_url
 from .broker.base import Broker, BrokerSettings, EnqueueControl, EnqueueOutcome, JobMessage
-from .broker.capabilities import require
+from .broker.capabilities import SchemaRegistry, require, supports
 from .broker.flow import FlowSpec
-from .errors import ConfigError, NotConnected, PartialEnqueue
+from .errors import BrokerError, ConfigError, NotConnected, PartialEnqueue
 from .names import check_name
 from .options import check_message
 
 if TYPE_CHECKING:
+    from .serde import Codec
     from .tracing import Tracing
 
 __all__ = ["DEFAULT_BROKER_ENV", "Client", "load_tracing"]
@@ -39,6 +41,10 @@ log = logging.getLogger("typedq.client")
 #: Whether this process was told (once) that jobs went to an embedded broker no worker
 #: of this process serves.
 _warned_unserved = False
+
+#: Per broker object: the ``(task, fingerprint)`` pairs this process recorded in its
+#: schema registry, so each is sent once per process, whoever connects again.
+_recorded: weakref.WeakKeyDictionary[Broker, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
 
 
 class Client:
@@ -90,6 +96,10 @@ class Client:
         #: The broker capabilities (typedq.broker.capabilities) the app using this client
         #: declares a need for, each with what needs it; checked once, at connect.
         self.requirements: Callable[[], Mapping[type[Any], str]] = dict
+        #: The tasks of the app using this client as ``(name, input codec, output
+        #: codec)``: their schemas are recorded in the broker's schema registry
+        #: (typedq.broker.schemas) once per process, at connect.
+        self.schema_sources: Callable[[], Sequence[tuple[str, Codec[Any], Codec[Any]]]] = list
 
     def __repr__(self) -> str:
         return f"Client({redact_url(self.url)!r}, name={self.name!r})"
@@ -116,6 +126,7 @@ class Client:
             require(self.broker, self.requirements(), user=f"app {self.name!r}")
             await self.broker.connect()
             stack.push_async_callback(self.broker.close)
+            await self._record_schemas()
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
             await tg.start(self._enqueuer.run)
@@ -138,6 +149,32 @@ class Client:
             return
         stack, self._stack = self._stack, None
         await stack.aclose()
+
+    async def _record_schemas(self) -> None:
+        """Record this app's task schemas in the broker's schema registry (for ``typedq
+        verify``): the pairs this process has not recorded yet, in one call, at connect,
+        so no enqueue ever waits for it. A broker without a registry is skipped; one
+        that fails here only costs a warning (the next connect tries again)."""
+        if not supports(self.broker, SchemaRegistry):
+            return
+        done = _recorded.setdefault(self.broker, set())
+        from .compat import schema_record
+
+        records = [
+            schema_record(name, given, output)
+            for name, given, output in self.schema_sources()
+            if (name, given.fingerprint) not in done
+        ]
+        if not records:
+            return
+        try:
+            await self.broker.record_schemas(records)
+        except BrokerError as exc:
+            log.warning(
+                "app %r: could not record its task schemas (typedq verify): %s", self.name, exc
+            )
+            return
+        done.update((r.task, r.fingerprint) for r in records)
 
     def _require(self) -> None:
         if self._stack is None:

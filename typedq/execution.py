@@ -49,6 +49,7 @@ from .outcomes import (
     minimal_failure,
 )
 from .task import Task
+from .upcast import Upcaster
 
 __all__ = ["CancelReason", "Executor", "Running", "run_in_context"]
 
@@ -264,6 +265,10 @@ class Executor:
                     retryable=False,
                 )
             )
+        if task.upcasters:
+            upcaster = task.upcasters.get(message.fingerprint)
+            if upcaster is not None:
+                return self._upcast(claimed, task, upcaster)
         try:
             return task, task.input.decode(message.payload)
         except (InvalidPayload, PayloadTooLarge) as exc:
@@ -277,6 +282,17 @@ class Executor:
                     claimed, task, f"{type_name(exc)}: {describe(exc)}", exc=exc
                 )
             )
+
+    def _upcast(
+        self, claimed: ClaimedJob, task: Task[Any, Any], upcaster: Upcaster[Any]
+    ) -> tuple[Task[Any, Any], Any] | Fail:
+        """A job of an old schema with an upcaster (typedq.upcast): its payload in the
+        current model, or a ``schema_mismatch`` failure naming the upcaster."""
+        try:
+            return task, upcaster.apply(claimed.message.payload)
+        except (InvalidPayload, PayloadTooLarge) as exc:
+            why = f"upcast by {upcaster.name} failed: {describe(exc)}"
+            return Fail(self.failures.invalid_payload(claimed, task, why))
 
     async def _run(
         self, claimed: ClaimedJob, task: Task[Any, Any], payload: Any, running: Running

@@ -59,6 +59,9 @@ from .taskoptions import TaskDefaults as TaskDefaults
 from .taskoptions import TaskOptions as TaskOptions
 from .taskoptions import Unset as Unset
 
+#: The old payload an upcaster takes (typedq.upcast).
+TOld = TypeVar("TOld")
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
     from .client import Client
     from .resources import Resource
     from .schedule import Schedule
+    from .upcast import Upcaster
     from .workflow import Chain, FanOut
 
 __all__ = [
@@ -489,6 +493,33 @@ class Task(TaskBase[TIn, TOut]):
         self.takes_context = count_params(fn) >= 2
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+        #: Upcasters by the old input fingerprint they take (:meth:`upcast`).
+        self.upcasters: dict[str, Upcaster[TIn]] = {}
+
+    def upcast(
+        self, from_fingerprint: str
+    ) -> Callable[[Callable[[TOld], TIn]], Callable[[TOld], TIn]]:
+        """Register a function turning a payload of the old input schema
+        ``from_fingerprint`` into this task's input model (see :mod:`typedq.upcast`);
+        workers apply it to the jobs carrying that fingerprint instead of failing them
+        with ``schema_mismatch``.
+
+        :raises ConfigError: see :class:`~typedq.upcast.Upcaster`, or a second upcaster
+            of the same fingerprint
+        """
+        from .errors import ConfigError
+        from .upcast import Upcaster
+
+        def register(fn: Callable[[TOld], TIn]) -> Callable[[TOld], TIn]:
+            if from_fingerprint in self.upcasters:
+                raise ConfigError(
+                    f"task {self.name!r} already upcasts from {from_fingerprint} "
+                    f"({self.upcasters[from_fingerprint].name})"
+                )
+            self.upcasters[from_fingerprint] = Upcaster(from_fingerprint, fn, self.input)
+            return fn
+
+        return register
 
     # -- running ----------------------------------------------------------------
 

@@ -57,10 +57,12 @@ no job is a flow's).
 - ``EventStreams`` (2): ``enable_events``, ``read_events`` (typedq.events)
 - ``OperatorActions`` (3): ``retry``, ``remove``, ``purge`` (``typedq inspect``, the
   dashboard)
-- ``Runs`` (6): ``create_runs``, ``get_runs``, ``append_runs``, ``signal_runs``,
-  ``wake_runs``, ``cancel_runs`` (typedq.durable; values in :mod:`typedq.broker.runs`)
+- ``Runs`` (7): ``create_runs``, ``get_runs``, ``append_runs``, ``signal_runs``,
+  ``wake_runs``, ``cancel_runs``, ``wait_run`` (typedq.durable; values in :mod:`typedq.broker.runs`)
 - ``FlowControl`` (1): ``enqueue_controlled``, keyed enqueues under a unique window or a
   debounce (typedq.flowcontrol, docs/flow-control.md)
+- ``SchemaRegistry`` (3): ``record_schemas``, ``schema_records``, ``forget_schemas``
+  (``typedq verify``; values in :mod:`typedq.broker.schemas`)
 
 A client checks the capabilities its app's declarations need once, when it connects
 (:func:`typedq.broker.capabilities.require`): an app with schedules, task limits or

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         WorkerInfo,
     )
     from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+    from .schemas import SchemaRecord
 
 __all__ = [
     "CAPABILITIES",
@@ -54,6 +55,7 @@ __all__ = [
     "Observability",
     "OperatorActions",
     "Runs",
+    "SchemaRegistry",
     "Schedules",
     "capabilities_of",
     "members",
@@ -215,6 +217,19 @@ class Runs(Protocol):
     async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None: ...
 
 
+@runtime_checkable
+class SchemaRegistry(Protocol):
+    """The schema registry (:mod:`typedq.broker.schemas`): each task's input and output
+    JSON Schemas per input fingerprint, as producers and workers knew them, for
+    ``typedq verify``."""
+
+    async def record_schemas(self, records: Sequence[SchemaRecord]) -> list[bool]: ...
+
+    async def schema_records(self) -> list[SchemaRecord]: ...
+
+    async def forget_schemas(self, keys: Sequence[tuple[str, str]]) -> list[bool]: ...
+
+
 #: Every capability, in the order of the seam's description (typedq.broker.base).
 CAPABILITIES: tuple[type[Any], ...] = (
     Flows,
@@ -225,6 +240,7 @@ CAPABILITIES: tuple[type[Any], ...] = (
     OperatorActions,
     Runs,
     FlowControl,
+    SchemaRegistry,
 )
 
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         WorkerInfo,
     )
     from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+    from .schemas import SchemaRecord
 
 __all__ = ["CapabilityDefaults", "capability_default", "is_capability_default"]
 
@@ -338,3 +339,24 @@ class CapabilityDefaults:
         the run has ended, at most ``timeout`` seconds (None: no bound); then its record
         as it is (on timeout too). None: no such run (or it went, by retention)."""
         raise self._unsupported("durable runs")
+
+    # -- the schema registry (``typedq verify``; capability SchemaRegistry) -----------------
+
+    @capability_default
+    async def record_schemas(self, records: Sequence[SchemaRecord]) -> list[bool]:
+        """Keep each record unless one of its ``(task, fingerprint)`` is kept already
+        (the first one stays, with the broker's time of it as ``first_seen``); per
+        record, True when it was new. One round trip on a networked broker."""
+        raise self._unsupported("a schema registry")
+
+    @capability_default
+    async def schema_records(self) -> list[SchemaRecord]:
+        """Every record kept, by task and then by ``first_seen``."""
+        raise self._unsupported("a schema registry")
+
+    @capability_default
+    async def forget_schemas(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
+        """Delete the records of these ``(task, fingerprint)`` pairs (``typedq verify
+        --forget``: no producer of that schema runs any more); True per record deleted.
+        A process that still runs with one does not record it again until it restarts."""
+        raise self._unsupported("a schema registry")

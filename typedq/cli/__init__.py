@@ -11,14 +11,15 @@ stubs`` is :mod:`typedq.cli.stubs`, and loading ``MODULE:APP`` is :mod:`typedq.c
 file is stale; ``typedq stubs [--check] FILE...`` regenerates files from the command in
 their header). ``typedq schema MODULE:APP`` prints each task's JSON Schemas. ``typedq
 inspect`` shows counts, failed jobs, and retries, cancels or purges jobs (see
-:mod:`typedq.inspector`).
+:mod:`typedq.inspector`). ``typedq verify MODULE:APP`` checks the app's models against
+the schemas the broker still holds (:mod:`typedq.cli.verify`, docs/deploys.md).
 
 ``--log-level`` and ``--broker`` go before or after the subcommand. Options without a
 flag fall back on ``TYPEDQ_*`` environment variables (see ``typedq --help``): the flag
 wins over the variable, the variable over the built-in default.
 
-Every error is one line on stderr and exit status 2; ``--check`` and inspect actions
-that left some job untouched exit 1.
+Every error is one line on stderr and exit status 2; ``--check``, inspect actions
+that left some job untouched and ``verify`` finding an incompatible schema exit 1.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ..schema import app_schema as schema_of
 from .common import load_app
 from .inspect import inspect_command
 from .stubs import stubs_command
+from .verify import verify_command
 from .worker import exit_past_threads, worker_command
 
 __all__ = ["PROVIDERS", "load_app", "main"]
@@ -116,8 +118,10 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"{variable}={raw!r} is not {kind}; fix or unset it (or give the flag)"
             ) from None
-    if args.broker and args.command not in ("worker", "inspect", "dashboard"):
-        raise ConfigError(f"--broker is for worker, inspect and dashboard, not {args.command}")
+    if args.broker and args.command not in ("worker", "inspect", "dashboard", "verify"):
+        raise ConfigError(
+            f"--broker is for worker, inspect, verify and dashboard, not {args.command}"
+        )
     if args.log_format not in ("text", "json"):
         raise ConfigError(f"log format {args.log_format!r} is not text or json")
     if getattr(args, "processes", 1) < 1:
@@ -322,6 +326,40 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
             help=f"{action} these jobs, or with --state every job in that state",
         )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    verify = sub.add_parser(
+        "verify",
+        parents=[common, with_broker],
+        help="check an app's models against the schemas the broker still holds",
+        description="Compare the app's task models with every input schema fingerprint in "
+        "the broker: the schema registry (what producers and workers recorded) and the jobs "
+        "not completed yet (a bounded scan). Exit 0 compatible, 1 incompatible, 2 could not "
+        "check.",
+    )
+    verify.add_argument("app", help="MODULE:APP, the release to check")
+    verify.add_argument(
+        "--against",
+        default=None,
+        metavar="STUBS",
+        help="a producer stub module (stubs/x.py or stubs.x[:NAME]): check its models too",
+    )
+    verify.add_argument(
+        "--sample",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="read at most N jobs to count them per fingerprint (default 10000; past it "
+        "counts are lower bounds)",
+    )
+    verify.add_argument(
+        "--forget",
+        action="append",
+        default=[],
+        metavar="TASK:FINGERPRINT",
+        help="first delete this schema from the registry (no producer of it runs any more; "
+        "repeatable)",
+    )
+    verify.add_argument("--json", action="store_true", help="print JSON instead of a table")
     for provider in providers.values():
         provider.add_parser(sub, [common, with_broker])
     return parser
@@ -352,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _schema(args)
         elif args.command == "inspect":
             return inspect_command(args)
+        elif args.command == "verify":
+            return verify_command(args)
         elif args.command in providers:
             return int(providers[args.command].run(args))
     except TypedqError as exc:

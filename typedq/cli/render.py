@@ -34,6 +34,7 @@ from ..inspector import (
     run_detail,
     run_waiting,
 )
+from ..verify import Report as VerifyReport
 
 __all__ = [
     "render_action",
@@ -42,6 +43,7 @@ __all__ = [
     "render_overview",
     "render_run",
     "render_schedules",
+    "render_verify",
     "render_workers",
 ]
 
@@ -431,3 +433,46 @@ def render_workers(console: Console, app: str, workers: Sequence[WorkerInfo]) ->
             cells.append(worker.version)
         table.add_row(*cells)
     console.print(table)
+
+
+_VERDICT_STYLE = {"compatible": "green", "incompatible": "bold red", "unknown": "yellow"}
+
+
+def render_verify(console: Console, report: VerifyReport, *, sample: int) -> None:
+    """Draw ``typedq verify``'s table: task, fingerprint, jobs, verdict, reason (jobs
+    "at least N" when the scan stopped at ``--sample``)."""
+    table = Table(
+        title=f"app {report.app!r}: task schemas against the broker",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("task", no_wrap=True)
+    table.add_column("fingerprint", no_wrap=True)
+    table.add_column("seen", no_wrap=True)
+    table.add_column("jobs", justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("reason", overflow="fold", ratio=1)
+    for row in report.rows:
+        jobs = "-" if row.source == "stub" else str(row.jobs)
+        if report.capped and row.source != "stub":
+            jobs = f"at least {row.jobs}"
+        seen = {"current": "current", "stub": "stub", "jobs": "jobs only"}.get(
+            row.source, _when(row.first_seen, short=True)
+        )
+        style = _VERDICT_STYLE.get(row.verdict, "")
+        table.add_row(
+            row.task,
+            row.fingerprint,
+            seen,
+            jobs,
+            f"[{style}]{row.verdict}[/]" if style else row.verdict,
+            row.reason,
+        )
+    console.print(table)
+    scanned = f"read {report.scanned} jobs"
+    if report.capped:
+        scanned += f" (stopped at --sample {sample}: job counts are lower bounds)"
+    console.print(scanned)
+    if report.note:
+        console.print(report.note)

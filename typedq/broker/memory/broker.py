@@ -6,12 +6,14 @@ and purging jobs, stats, history, workers, events).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from ...clock import SYSTEM_CLOCK, Clock
 from ...errors import ConfigError, QueueFull
 from ...names import check_job_ids, check_worker_id
 from ...options import check_controls, check_numbers
 from ..base import (
+    BrokerSettings,
     EnqueueControl,
     EnqueueOutcome,
     EventRead,
@@ -29,10 +31,12 @@ from ..base import (
 from ..flow import FlowSpec, FlowState
 from ..records import RUN_CANCELLED, broker_failure
 from ..runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+from ..schemas import SchemaRecord
 from . import listing
 from .core import JobPath
 from .jobs import Job
 from .limits import MICRO
+from .schemas import SchemaStore
 
 __all__ = ["MemoryBroker"]
 
@@ -62,6 +66,29 @@ class MemoryBroker(JobPath):
         finally:
             self.wake()
         return outcomes
+
+    def __init__(
+        self,
+        settings: BrokerSettings | None = None,
+        *,
+        clock: Clock | Callable[[], float] = SYSTEM_CLOCK,
+    ) -> None:
+        super().__init__(settings, clock=clock)
+        self.schema_store = SchemaStore()
+
+    # -- the schema registry (typedq verify) -------------------------------------------
+
+    async def record_schemas(self, records: Sequence[SchemaRecord]) -> list[bool]:
+        self._check()
+        return self.schema_store.record(records, self.clock.time())
+
+    async def schema_records(self) -> list[SchemaRecord]:
+        self._check()
+        return self.schema_store.listed()
+
+    async def forget_schemas(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
+        self._check()
+        return self.schema_store.forget(keys)
 
     # -- schedules ---------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ from .listener import Notifications
 from .migrate import migrate_layout
 from .runs import RunOps
 from .schedules import ScheduleOps
+from .schemaops import SchemaOps
 from .scripts import LIBRARY, SHARDED_LIBRARY
 
 __all__ = ["RedisBroker"]
@@ -63,7 +64,9 @@ __all__ = ["RedisBroker"]
 HANDOFF_AGE = 5.0
 
 
-class RedisBroker(ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, ScheduleOps, RunOps):
+class RedisBroker(
+    ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, ScheduleOps, RunOps, SchemaOps
+):
     """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA

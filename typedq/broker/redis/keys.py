@@ -189,6 +189,10 @@ The app-wide layout (``P`` is ``typedq:{<namespace>}:``)::
     P schedules           hash     schedule name -> its state (typedq.schedule):
                                    'digest|last_tick|fired_at|fired|skipped|last_job';
                                    one field per declared schedule (pruned at start-up)
+    P schemas             hash     schema registry (typedq verify): '<task>|<fingerprint>'
+                                   -> '<first seen µs>|<msgpack [task, fingerprint,
+                                   input schema, output schema]>'; written once per
+                                   process and fingerprint (at connect), never pruned
 
 Data loss: each shard may lose its data on its own (a failover to an empty replica).
 The broker checks the app's epoch and the epoch of every queue it uses (at connect,
@@ -289,6 +293,7 @@ class Keys:
         "queues",
         "runs",
         "schedules",
+        "schemas",
         "work_channel",
         "workers",
     )
@@ -300,6 +305,7 @@ class Keys:
         p = self.prefix
         self.epoch = p + "epoch"
         self.schedules = p + "schedules"
+        self.schemas = p + "schemas"
         self.work_channel = p + "ev:w"
         self.done_channel = p + "ev:d"
         self.cancel_channel = p + "ev:x"

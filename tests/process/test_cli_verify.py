@@ -1,0 +1,129 @@
+"""``typedq verify`` as a process against Redis (the embedded broker is per process):
+an old release enqueues jobs and records its schemas; new releases are verified.
+Exit 0 compatible, 1 incompatible, 2 could not check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.redis_harness import RedisProcess, flushall, free_port
+from tests.verify_app import OrderV1, old
+from typedq.serde import codec_for
+
+pytestmark = [pytest.mark.redis]
+
+ROOT = Path(__file__).resolve().parents[2]
+V1 = codec_for(OrderV1).fingerprint
+
+
+def typedq_verify(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "typedq", "verify", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TYPEDQ_BROKER": "", "COLUMNS": "200"},
+        check=False,
+    )
+
+
+def enqueue_old_jobs(url: str, n: int) -> None:
+    async def fill() -> None:
+        with old.using_broker(url):
+            async with old:
+                await old.tasks["place"].enqueue_many([OrderV1(i) for i in range(n)])
+
+    anyio.run(fill)
+
+
+@pytest.fixture
+def url(redis_server: RedisProcess) -> str:
+    flushall(redis_server.port)
+    return redis_server.url
+
+
+def test_a_compatible_release_exits_0_with_a_table(url: str) -> None:
+    enqueue_old_jobs(url, 4)
+    done = typedq_verify("tests.verify_app:compatible", "--broker", url)
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if V1 in line]
+    assert line.split()[:2] == ["place", V1]
+    assert " 4 " in line
+    assert "compatible" in line
+    assert "read 4 jobs" in done.stdout
+
+
+def test_an_incompatible_release_exits_1_naming_the_field(url: str) -> None:
+    enqueue_old_jobs(url, 2)
+    done = typedq_verify("tests.verify_app:incompatible", "--broker", url, "--json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["exit_code"] == 1
+    (row,) = [r for r in report["rows"] if r["fingerprint"] == V1]
+    assert row == {
+        "task": "place",
+        "fingerprint": V1,
+        "jobs": 2,
+        "verdict": "incompatible",
+        "reason": "field `amount` became required",
+        "source": "registry",
+        "first_seen": row["first_seen"],
+    }
+    assert row["first_seen"] > 0
+    current = [r for r in report["rows"] if r["source"] == "current"]
+    assert [r["verdict"] for r in current] == ["compatible"]
+
+
+def test_a_capped_scan_says_at_least(url: str) -> None:
+    enqueue_old_jobs(url, 30)
+    done = typedq_verify("tests.verify_app:compatible", "--broker", url, "--sample", "10")
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if V1 in line]
+    assert "at least 10" in line
+    assert "stopped at --sample 10" in done.stdout
+
+
+def test_against_a_stale_stub_module(url: str) -> None:
+    done = typedq_verify(
+        "tests.verify_app:incompatible", "--broker", url, "--against", "tests/verify_stubs.py"
+    )
+    assert done.returncode == 1, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if "stub" in line and V1 in line]
+    assert "field `amount` became required" in line
+    ok = typedq_verify(
+        "tests.verify_app:compatible", "--broker", url, "--against", "tests.verify_stubs"
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_forget_drops_a_schema_no_producer_runs(url: str) -> None:
+    enqueue_old_jobs(url, 0)
+    assert typedq_verify("tests.verify_app:incompatible", "--broker", url).returncode == 1
+    done = typedq_verify(
+        "tests.verify_app:incompatible", "--broker", url, "--forget", f"place:{V1}"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_unreachable_broker_exits_2_in_one_line() -> None:
+    done = typedq_verify(
+        "tests.verify_app:compatible", "--broker", f"redis://127.0.0.1:{free_port()}/0"
+    )
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("typedq: error:")]
+    assert len(errors) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_embedded_broker_cannot_be_verified() -> None:
+    done = typedq_verify("tests.verify_app:compatible")
+    assert done.returncode == 2
+    assert "memory:// is this process's own embedded broker" in done.stderr

@@ -1,0 +1,35 @@
+"""The values of the ``SchemaRegistry`` capability: the schemas a broker has seen.
+
+Every producer and worker process records, once per process and fingerprint, the
+JSON Schemas of each of its tasks' input and output (:class:`SchemaRecord`); the broker
+keeps the first record of each ``(task, fingerprint)`` with the time it first saw it.
+``typedq verify`` (:mod:`typedq.verify`) reads them back to tell whether a new release's
+models still decode the payloads that older producers write. The broker treats the
+schemas as opaque text.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["SchemaRecord"]
+
+
+class SchemaRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One task's schemas as some process of the app knew them.
+
+    ``input_schema`` is the JSON Schema whose fingerprint travels in the envelope
+    (:attr:`typedq.serde.Codec.fingerprint` is computed over it); ``output_schema`` the
+    schema of what the task returns (Pydantic's serialization mode).
+    """
+
+    task: str
+    #: The input schema's fingerprint (16 hex digits).
+    fingerprint: str
+    #: The input's JSON Schema, as JSON text.
+    input_schema: str
+    #: The output's JSON Schema, as JSON text.
+    output_schema: str
+    #: When the broker first recorded it (broker clock, epoch seconds); the broker sets
+    #: it, a recording process leaves it 0.
+    first_seen: float = 0.0

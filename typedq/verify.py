@@ -1,0 +1,264 @@
+"""``typedq verify``: may this release's models meet what the broker still holds?
+
+:func:`verify` compares an app's current task models with every input schema
+fingerprint the broker knows of: the schema registry's records (every fingerprint a
+producer or worker process of the app recorded, :mod:`typedq.broker.schemas`) and the
+fingerprints the jobs still in the broker carry. Per ``(task, fingerprint)`` a
+:class:`Row`: how many jobs carry it, and a verdict by the rules of
+:mod:`typedq.compat` (old schema from the registry against the current model):
+
+- ``compatible``: the current schema itself, or one whose payloads the current model
+  decodes (and whose readers decode the current results);
+- ``incompatible``: with the reason naming the field; a job of a task the app no longer
+  has is incompatible too;
+- ``unknown``: jobs carry a fingerprint the registry has no schema for (enqueued by a
+  producer older than the registry), or the rules cannot compare the schemas.
+
+Counting the jobs per fingerprint reads them: a bounded, paged scan of every queue's
+waiting, scheduled (held workflow steps too), active, failed and cancelled jobs (the
+last two run again when retried), round-robin over queues and states, through
+``page_jobs`` and ``get`` (one round trip per page), at most ``sample`` jobs in all; a
+scan cut short reports its counts as lower bounds (:attr:`Report.capped`). The
+broker keeps no count per fingerprint (that would cost every enqueue and claim).
+Completed jobs never run again and are not read. A schedule's payload is the app's
+code, not the broker's; workflow steps not yet started are ``scheduled`` jobs whose
+envelope carries their fingerprint.
+
+A fingerprint the task upcasts from (``@task.upcast``, :mod:`typedq.upcast`) is
+compatible: the worker decodes it with the upcaster's model of that very schema.
+
+``--against`` a producer stub module (:mod:`typedq.producer`) adds a row per stub: its
+declared input model against the app's (a producer deployed from an old stub).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from .app import App
+from .broker.base import Broker, JobState
+from .broker.schemas import SchemaRecord
+from .compat import Verdict, check, decoding_schema
+from .errors import Unsupported
+from .producer import Producer
+
+__all__ = ["SCANNED_STATES", "Report", "Row", "count_fingerprints", "verify"]
+
+#: The states whose jobs may still be decoded by a worker (failed and cancelled ones
+#: when an operator retries them).
+SCANNED_STATES = (
+    JobState.WAITING,
+    JobState.SCHEDULED,
+    JobState.ACTIVE,
+    JobState.FAILED,
+    JobState.CANCELLED,
+)
+
+#: Ids per page of the scan (one ``page_jobs`` and one ``get`` each).
+PAGE = 500
+
+
+class Row(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``(task, fingerprint)`` and its verdict."""
+
+    task: str
+    fingerprint: str
+    #: Jobs found carrying it (a lower bound when the report is capped).
+    jobs: int
+    #: compatible, incompatible or unknown.
+    verdict: str
+    reason: str = ""
+    #: Where the fingerprint was seen: ``current`` (the app's own), ``registry``,
+    #: ``jobs`` (carried by jobs, not in the registry), ``stub`` (``--against``).
+    source: str = "registry"
+    #: When the registry first saw it (broker clock, epoch seconds); 0: not recorded.
+    first_seen: float = 0.0
+
+
+class Report(msgspec.Struct, frozen=True, kw_only=True):
+    """What :func:`verify` found."""
+
+    app: str
+    rows: list[Row]
+    #: Jobs read by the scan.
+    scanned: int
+    #: The scan stopped at its limit: job counts are lower bounds ("at least").
+    capped: bool
+    #: Why some fingerprint could not be checked, in a line (empty: everything was).
+    note: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        """0 every row compatible, 1 any incompatible, 2 any unknown (and none worse)."""
+        verdicts = {row.verdict for row in self.rows}
+        if "incompatible" in verdicts:
+            return 1
+        if "unknown" in verdicts:
+            return 2
+        return 0
+
+
+async def count_fingerprints(
+    broker: Broker, queues: Sequence[str], *, sample: int
+) -> tuple[Counter[tuple[str, str]], int, bool]:
+    """Count ``(task, fingerprint)`` over the jobs of ``queues`` in :data:`SCANNED_STATES`:
+    ``(counts, jobs read, capped)``. Pages go round-robin over every queue and state, so
+    a cap leaves no state unread while another is read deep; at most ``sample`` jobs
+    are read, each once (a job met again while it moves is not counted twice)."""
+    counts: Counter[tuple[str, str]] = Counter()
+    streams: list[tuple[str, JobState, str | None]] = [
+        (q, s, None) for q in queues for s in SCANNED_STATES
+    ]
+    seen: set[tuple[str, str]] = set()
+    read = 0
+    while streams and read < sample:
+        share = max(1, min(PAGE, (sample - read) // len(streams)))
+        following: list[tuple[str, JobState, str | None]] = []
+        for queue, state, cursor in streams:
+            if read >= sample:
+                following.append((queue, state, cursor))
+                continue
+            page = await broker.page_jobs(
+                queue, state, cursor=cursor, limit=min(share, sample - read)
+            )
+            fresh = [i for i in page.ids if (queue, i) not in seen]
+            seen.update((queue, i) for i in fresh)
+            for record in await broker.get(fresh, queue=queue) if fresh else []:
+                if record is None:
+                    continue  # gone since it was listed
+                counts[(record.message.task, record.message.fingerprint)] += 1
+            read += len(fresh)
+            if page.cursor is not None:
+                following.append((queue, state, page.cursor))
+        streams = following
+    return counts, read, bool(streams)
+
+
+async def verify(
+    app: App,
+    broker: Broker,
+    *,
+    against: Producer | None = None,
+    sample: int = 10_000,
+    queues: Sequence[str] | None = None,
+) -> Report:
+    """Compare ``app``'s models with the broker's fingerprints (see the module).
+
+    :param broker: connected
+    :param against: a producer stub module's Producer whose declared models to check too
+    :param sample: the most jobs the scan reads
+    :param queues: the queues to scan (default: the broker's queue registry and the app's)
+    :raises Unsupported: the broker has no schema registry
+    """
+    records = await broker.schema_records()
+    if queues is None:
+        try:
+            registered = await broker.list_queues()
+        except Unsupported:
+            registered = []
+        queues = sorted(set(registered) | set(app.queues))
+    counts, scanned, capped = await count_fingerprints(broker, queues, sample=sample)
+    by_key = {(r.task, r.fingerprint): r for r in records}
+    keys = sorted({*by_key, *counts, *((t.name, t.input.fingerprint) for t in app.tasks.values())})
+    rows = [_row(app, key, by_key.get(key), counts.get(key, 0)) for key in keys]
+    if against is not None:
+        rows += _stub_rows(app, against)
+    unknown = sum(1 for r in rows if r.verdict == "unknown" and r.source == "jobs")
+    note = (
+        f"{unknown} fingerprint(s) carried by jobs have no recorded schema (enqueued "
+        "before the registry, or by a producer that could not record)"
+        if unknown
+        else ""
+    )
+    return Report(app=app.name, rows=rows, scanned=scanned, capped=capped, note=note)
+
+
+def _row(app: App, key: tuple[str, str], record: SchemaRecord | None, jobs: int) -> Row:
+    name, fingerprint = key
+    first_seen = record.first_seen if record is not None else 0.0
+    task = app.tasks.get(name)
+    source = "registry" if record is not None else "jobs"
+    if task is None:
+        if jobs:
+            verdict = Verdict("incompatible", f"task `{name}` is not in the app; jobs carry it")
+        else:
+            verdict = Verdict("compatible", f"task `{name}` is not in the app; no job carries it")
+        return _make(name, fingerprint, jobs, verdict, source, first_seen)
+    current = fingerprint == task.input.fingerprint
+    upcaster = task.upcasters.get(fingerprint)
+    if upcaster is not None:
+        # The worker turns these payloads into the current model (typedq.upcast); the
+        # upcaster's model has this very fingerprint, so it decodes them.
+        verdict = Verdict("compatible", f"upcast by {upcaster.name}")
+        if record is not None:
+            back = check(decoding_schema(task.output), json.loads(record.output_schema))
+            if not back.ok:
+                verdict = Verdict(back.verdict, f"result: {back.reason}")
+        return _make(name, fingerprint, jobs, verdict, source, first_seen)
+    if record is None:
+        verdict = (
+            Verdict("compatible")
+            if current
+            else Verdict("unknown", "no schema recorded for this fingerprint")
+        )
+        return _make(name, fingerprint, jobs, verdict, "current" if current else source, 0.0)
+    verdict = _both_ways(
+        json.loads(record.input_schema),
+        decoding_schema(task.input),
+        decoding_schema(task.output),
+        json.loads(record.output_schema),
+    )
+    return _make(name, fingerprint, jobs, verdict, "current" if current else source, first_seen)
+
+
+def _both_ways(
+    old_input: Mapping[str, Any],
+    new_input: Mapping[str, Any],
+    new_output: Mapping[str, Any],
+    old_output: Mapping[str, Any],
+) -> Verdict:
+    """The old payloads into the new input model; then the new results into the old
+    output model (a producer of the old release waiting for a result decodes it)."""
+    verdict = check(old_input, new_input)
+    if not verdict.ok:
+        return verdict
+    back = check(new_output, old_output)
+    if not back.ok:
+        return Verdict(back.verdict, f"result: {back.reason}")
+    return verdict
+
+
+def _make(
+    task: str, fingerprint: str, jobs: int, verdict: Verdict, source: str, first_seen: float
+) -> Row:
+    return Row(
+        task=task,
+        fingerprint=fingerprint,
+        jobs=jobs,
+        verdict=verdict.verdict,
+        reason=verdict.reason,
+        source=source,
+        first_seen=first_seen,
+    )
+
+
+def _stub_rows(app: App, producer: Producer) -> list[Row]:
+    rows = []
+    for name, stub in sorted(producer.tasks.items()):
+        task = app.tasks.get(name)
+        if task is None:
+            verdict = Verdict("incompatible", f"the stub's task `{name}` is not in the app")
+        else:
+            verdict = _both_ways(
+                decoding_schema(stub.input),
+                decoding_schema(task.input),
+                decoding_schema(task.output),
+                decoding_schema(stub.output),
+            )
+        rows.append(_make(name, stub.input.fingerprint, 0, verdict, "stub", 0.0))
+    return rows
