@@ -38,6 +38,9 @@ from .errors import RedisDataLost as RedisDataLost
 from .errors import Reject as Reject
 from .errors import ResultTimeout as ResultTimeout
 from .errors import Retry as Retry
+from .errors import StreamInterrupted as StreamInterrupted
+from .errors import StreamRestarted as StreamRestarted
+from .errors import StreamTruncated as StreamTruncated
 from .errors import TypedqError as TypedqError
 from .errors import Unsupported as Unsupported
 from .events import CompletedEvent as CompletedEvent
@@ -116,6 +119,9 @@ __all__ = [
     "ResourceError",
     "Resources",
     "ResultTimeout",
+    "StreamInterrupted",
+    "StreamRestarted",
+    "StreamTruncated",
     "Retention",
     "Retry",
     "Run",

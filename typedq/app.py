@@ -10,7 +10,7 @@ from typing_extensions import Unpack
 
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
-from .broker.capabilities import EventStreams, Limits, Runs, Schedules
+from .broker.capabilities import EventStreams, JobStreams, Limits, Runs, Schedules
 from .clock import SYSTEM_CLOCK, Clock
 from .durable.host import (
     TURN_PREFIX,
@@ -30,12 +30,15 @@ from .schedule import Schedule, ScheduleOptions
 from .task import (
     AsyncContextHandler,
     AsyncHandler,
+    EmitTaskDecorator,
+    StreamTask,
     SyncContextHandler,
     SyncHandler,
     Task,
     TaskDecorator,
     TaskDefaults,
     TaskOptions,
+    TEmit,
     TIn,
     TOut,
     check_limits_partitions,
@@ -141,8 +144,20 @@ class App(AppBase):
         key: Callable[[Any], str] | None = None,
         rate_limit: RateLimit[Any] | None = None,
         concurrency: ConcurrencyLimit[Any] | None = None,
+        emits: None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> TaskDecorator: ...
+    @overload
+    def task(
+        self,
+        *,
+        emits: type[TEmit],
+        name: str | None = None,
+        key: Callable[[Any], str] | None = None,
+        rate_limit: RateLimit[Any] | None = None,
+        concurrency: ConcurrencyLimit[Any] | None = None,
+        **defaults: Unpack[TaskDefaults],
+    ) -> EmitTaskDecorator[TEmit]: ...
 
     def task(
         self,
@@ -152,6 +167,7 @@ class App(AppBase):
         key: Callable[[Any], str] | None = None,
         rate_limit: RateLimit[Any] | None = None,
         concurrency: ConcurrencyLimit[Any] | None = None,
+        emits: type[Any] | None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> Any:
         """Register a handler as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
@@ -178,6 +194,9 @@ class App(AppBase):
             worker (per key with ``key=``): :class:`~typedq.RateLimit`
         :param concurrency: at most ``limit`` running at once (per key with ``key=``),
             across every worker: :class:`~typedq.ConcurrencyLimit`
+        :param emits: the model of the items the handler streams: it takes a
+            ``JobContext[emits]`` and calls ``await ctx.emit(item)``; the producer reads
+            them with ``job.stream()`` (docs/streams.md; the broker needs JobStreams)
         :raises ConfigError: a bad limit (naming the task and the fix)
         """
 
@@ -192,7 +211,7 @@ class App(AppBase):
             check_limits_partitions(options, rate_limit, concurrency)
             check_partitions(options, [t.options for t in self._tasks.values()])
             self._declare_partitions({options.queue: options.partitions})
-            task: Task[Any, Any] = Task(
+            task: Task[Any, Any] = (Task if emits is None else StreamTask)(
                 handler,
                 app=self,
                 options=options,
@@ -202,6 +221,7 @@ class App(AppBase):
                 max_payload_bytes=self.max_payload_bytes,
                 rate_limit=rate_limit,
                 concurrency=concurrency,
+                emits=emits,
             )
             self._tasks[options.name] = task
             return task
@@ -400,6 +420,9 @@ class App(AppBase):
             needs[EventStreams] = "App(event_streams=True)"
         if self._durables:
             needs[Runs] = f"durable functions {', '.join(sorted(self._durables))}"
+        emitting = sorted(name for name, task in self._tasks.items() if task.emits is not None)
+        if emitting:
+            needs[JobStreams] = f"emits= of tasks {', '.join(emitting)}"
         return needs
 
     # -- workers -------------------------------------------------------------------

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         WorkerInfo,
     )
     from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+    from .streams import StreamAppend, StreamEntry
 
 __all__ = [
     "CAPABILITIES",
@@ -47,6 +48,7 @@ __all__ = [
     "CORE_WITH_DEFAULTS",
     "EventStreams",
     "Flows",
+    "JobStreams",
     "Limits",
     "Observability",
     "OperatorActions",
@@ -162,6 +164,18 @@ class EventStreams(Protocol):
 
 
 @runtime_checkable
+class JobStreams(Protocol):
+    """Per-job streams of typed items a task emits (:mod:`typedq.streams`,
+    ``@app.task(emits=...)``); values in :mod:`typedq.broker.streams`."""
+
+    async def append_streams(self, appends: Sequence[StreamAppend]) -> list[bool]: ...
+
+    async def read_stream(
+        self, job_id: str, *, queue: str, after: str, timeout: float, limit: int = 1000
+    ) -> list[StreamEntry]: ...
+
+
+@runtime_checkable
 class OperatorActions(Protocol):
     """What an operator does to jobs (``typedq inspect``, the dashboard): retry the
     failed, remove jobs, purge a queue's states."""
@@ -209,6 +223,7 @@ CAPABILITIES: tuple[type[Any], ...] = (
     EventStreams,
     OperatorActions,
     Runs,
+    JobStreams,
 )
 
 

@@ -27,6 +27,7 @@ from ..base import (
 from ..flow import FlowSpec, FlowState
 from ..records import broker_failure
 from ..runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+from ..streams import StreamAppend, StreamEntry
 from . import listing
 from .core import JobPath
 from .jobs import Job
@@ -297,3 +298,19 @@ class MemoryBroker(JobPath):
             await self.events.wait(queue, timeout)
             self._check()
         return self.events.read(queue, after, limit)
+
+    # -- job streams (typedq.streams) ----------------------------------------------------
+
+    async def append_streams(self, appends: Sequence[StreamAppend]) -> list[bool]:
+        self._check()
+        return [self.streams.append(a) for a in appends]
+
+    async def read_stream(
+        self, job_id: str, *, queue: str, after: str, timeout: float, limit: int = 1000
+    ) -> list[StreamEntry]:
+        self._check()
+        at = int(after) if after else 0
+        if not self.streams.has_after(job_id, at):
+            await self.streams.wait(job_id, timeout)
+            self._check()
+        return self.streams.read(job_id, at, max(1, limit))

@@ -53,6 +53,7 @@ from .listener import Notifications
 from .migrate import migrate_layout
 from .schedules import ScheduleOps
 from .scripts import LIBRARY, SHARDED_LIBRARY
+from .streams import StreamOps
 
 __all__ = ["RedisBroker"]
 
@@ -61,7 +62,7 @@ __all__ = ["RedisBroker"]
 HANDOFF_AGE = 5.0
 
 
-class RedisBroker(ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, ScheduleOps):
+class RedisBroker(ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, ScheduleOps, StreamOps):
     """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
     :param url: ``redis://[[user]:password@]host:port/db``, ``rediss://...`` (TLS; CA

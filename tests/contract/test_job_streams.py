@@ -1,0 +1,222 @@
+"""Typed job streams on every broker (``@app.task(emits=...)``, ``ctx.emit``,
+``job.stream()``; docs/streams.md): order, the end, replay, retries, the cap, and the
+errors of a wrong emit."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import anyio
+import anyio.lowlevel
+import msgspec
+import pytest
+
+from tests.support import TEST_DEADLINE, In, Out
+from typedq import (
+    App,
+    Backoff,
+    ConfigError,
+    JobContext,
+    JobFailed,
+    StreamRestarted,
+    StreamTruncated,
+)
+from typedq.broker.streams import STREAM_MAX
+
+pytestmark = pytest.mark.anyio
+
+
+class Token(msgspec.Struct, frozen=True):
+    text: str
+    i: int = 0
+
+
+class Other(msgspec.Struct, frozen=True):
+    n: int
+
+
+async def test_items_arrive_in_order_and_the_stream_ends(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    go = anyio.Event()
+
+    @app.task(emits=Token)
+    async def generate(p: In, ctx: JobContext[Token]) -> Out:
+        await go.wait()
+        for i in range(p.n):
+            await ctx.emit(Token(f"t{i}", i))
+            if i % 50 == 0:
+                await anyio.lowlevel.checkpoint()  # some batches of one, some of many
+        return Out(p.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await generate.enqueue(In(300))
+            stream = job.stream(poll=0.2)
+            got: list[Token] = []
+            go.set()  # the reader is there before the first item
+            async for token in stream:
+                got.append(token)
+            assert [t.i for t in got] == list(range(300))
+            assert got[7] == Token("t7", 7)
+            assert stream.attempt == 1
+            assert await job.result(timeout=5) == Out(300)
+
+
+async def test_a_finished_jobs_stream_replays(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(emits=Token)
+    def generate(p: In, ctx: JobContext[Token]) -> Out:
+        for i in range(p.n):
+            ctx.emit_sync(Token("x", i))  # a sync handler, in a worker thread
+        return Out(p.n)
+
+    @app.task(emits=Token)
+    async def silent(p: In, ctx: JobContext[Token]) -> Out:
+        return Out(p.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await generate.enqueue(In(20))
+            quiet = await silent.enqueue(In(1))
+            assert await job.result(timeout=5) == Out(20)
+            assert await quiet.result(timeout=5) == Out(1)
+            for handle in (job, generate.job(job.id)):
+                assert [t.i async for t in handle.stream(poll=0.2)] == list(range(20))
+            assert [t async for t in quiet.stream(poll=0.2)] == []
+
+
+async def test_a_retried_job_restarts_its_stream(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    first_read = anyio.Event()
+
+    @app.task(emits=Token, retries=1, backoff=Backoff(kind="fixed", base=0))
+    async def flaky(p: In, ctx: JobContext[Token]) -> Out:
+        if ctx.attempt == 1:
+            await ctx.emit(Token("a"))
+            await ctx.emit(Token("b"))
+            await first_read.wait()
+            raise RuntimeError("the model went away")
+        await ctx.emit(Token("c"))
+        await ctx.emit(Token("d"))
+        return Out(ctx.attempt)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await flaky.enqueue(In(0))
+            stream = job.stream(poll=0.2)
+            seen: list[str] = []
+            restarts: list[int] = []
+            while True:
+                try:
+                    async for token in stream:
+                        seen.append(token.text)
+                        if token.text == "b":
+                            first_read.set()
+                    break
+                except StreamRestarted as exc:
+                    restarts.append(exc.attempt)
+                    seen.append("|")
+            assert seen == ["a", "b", "|", "c", "d"]
+            assert restarts == [2]
+            assert stream.attempt == 2
+            assert await job.result(timeout=5) == Out(2)
+            # A replay reads the last attempt's items only: no restart in it.
+            assert [t.text async for t in job.stream(poll=0.2)] == ["c", "d"]
+
+
+async def test_a_reader_behind_the_cap_is_told_what_it_missed(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+    total = STREAM_MAX + 500
+
+    @app.task(emits=Token)
+    async def flood(p: In, ctx: JobContext[Token]) -> Out:
+        for i in range(p.n):
+            await ctx.emit(Token("", i))
+        return Out(p.n)
+
+    with anyio.fail_after(TEST_DEADLINE * 2):
+        async with app, app.worker(concurrency=1):
+            job = await flood.enqueue(In(total))
+            assert await job.result(timeout=30) == Out(total)
+            stream = job.stream(poll=0.2)
+            with pytest.raises(StreamTruncated) as info:
+                await stream.__anext__()
+            missed = info.value.missed
+            # The embedded broker keeps exactly STREAM_MAX entries (the end entry is one);
+            # Redis trims whole nodes (MAXLEN ~): at least STREAM_MAX.
+            assert 1 <= missed <= 501
+            rest = [t.i async for t in stream]  # the same iterator goes on
+            assert rest == list(range(missed, total))
+
+
+async def test_emitting_the_wrong_model_fails_the_attempt(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(emits=Token)
+    async def wrong(p: In, ctx: JobContext[Token]) -> Out:
+        await ctx.emit(Token("fine"))
+        await cast(Any, ctx).emit(Other(1))  # what mypy refuses, at run time
+        return Out(0)
+
+    with pytest.raises(TypeError, match="emits Token, not Other"):
+        await wrong(In(0))  # a direct call checks too
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=1):
+            job = await wrong.enqueue(In(0))
+            with pytest.raises(JobFailed) as info:
+                await job.result(timeout=5)
+            assert info.value.record.error_type == "TypeError"
+            assert "task 'wrong' emits Token, not Other" in info.value.record.message
+            # What it emitted before the error is there, then the stream ends.
+            assert [t.text async for t in job.stream(poll=0.2)] == ["fine"]
+
+
+async def test_emit_from_a_task_without_emits_is_a_clear_error(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def plain(p: In, ctx: JobContext) -> Out:
+        await cast(Any, ctx).emit(Token("x"))  # JobContext[Never]: mypy refuses it
+        return Out(0)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=1):
+            job = await plain.enqueue(In(0))
+            with pytest.raises(JobFailed) as info:
+                await job.result(timeout=5)
+            assert info.value.record.error_type == "typedq.errors.ConfigError"
+            assert "@app.task(emits=Model)" in info.value.record.message
+            assert not hasattr(job, "stream")  # a plain task's handle has no stream
+
+
+async def test_a_job_cancelled_before_it_ran_has_an_empty_stream(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(emits=Token)
+    async def later(p: In, ctx: JobContext[Token]) -> Out:
+        await ctx.emit(Token("never"))
+        return Out(0)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            job = await later.enqueue(In(0), delay=3600)
+            assert await job.cancel()
+            # No end entry (it never ran): the look at the job ends the stream.
+            assert [t async for t in job.stream(poll=0.2)] == []
+
+
+def test_emits_must_be_a_model() -> None:
+    app = App("streams-config")
+
+    async def bad(p: In) -> Out:
+        return Out(0)
+
+    with pytest.raises(ConfigError, match=r"emits=<class .int.> must be a msgspec\.Struct"):
+        cast(Any, app.task)(emits=int)(bad)  # mypy refuses emits=int
