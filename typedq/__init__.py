@@ -52,6 +52,7 @@ from .fanin import Ok as Ok
 from .job import Job as Job
 from .job import JobInfo as JobInfo
 from .job import JobStatus as JobStatus
+from .job import StreamJob as StreamJob
 from .limits import ConcurrencyLimit as ConcurrencyLimit
 from .limits import RateLimit as RateLimit
 from .limits import RateLimited as RateLimited
@@ -63,6 +64,7 @@ from .resources import Resources as Resources
 from .schedule import Schedule as Schedule
 from .task import UNSET as UNSET
 from .task import Enqueuer as Enqueuer
+from .task import StreamTask as StreamTask
 from .task import Task as Task
 from .worker import Worker as Worker
 from .workflow import Chain as Chain
@@ -119,9 +121,6 @@ __all__ = [
     "ResourceError",
     "Resources",
     "ResultTimeout",
-    "StreamInterrupted",
-    "StreamRestarted",
-    "StreamTruncated",
     "Retention",
     "Retry",
     "Run",
@@ -129,6 +128,11 @@ __all__ = [
     "RunTimeout",
     "Schedule",
     "Signal",
+    "StreamInterrupted",
+    "StreamJob",
+    "StreamRestarted",
+    "StreamTask",
+    "StreamTruncated",
     "Task",
     "TaskStub",
     "TypedqError",

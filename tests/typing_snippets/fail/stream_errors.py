@@ -54,3 +54,10 @@ async def read() -> None:
     streamed = await streaming.enqueue(SendInvoice(customer_id=1, invoice_id=2))
     async for token in streamed.stream():
         print(token.n)  # E: attr-defined "Token" has no attribute "n"
+
+
+# P: ok key= needs the mypy plugin
+# E: attr-defined "SendInvoice" has no attribute "nope"
+@app.task(emits=Token, key=lambda inv: inv.nope)
+async def keyed(invoice: SendInvoice, ctx: JobContext[Token]) -> Receipt:
+    return Receipt(receipt_id="r", total_cents=1)

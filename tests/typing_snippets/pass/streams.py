@@ -47,3 +47,8 @@ async def read() -> None:
     many = await write.enqueue_many([])
     reveal_type(many[0])  # R: typedq.job.StreamJob[snip.Receipt, snip.Token]
     print(again, await quiet.enqueue(SendInvoice(customer_id=1, invoice_id=2)))
+
+
+@app.task(emits=Token, key=lambda inv: f"{inv.invoice_id}")  # the plugin checks the key here too
+async def keyed(invoice: SendInvoice, ctx: JobContext[Token]) -> Receipt:
+    return Receipt(receipt_id="r", total_cents=1)
