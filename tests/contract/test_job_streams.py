@@ -11,7 +11,7 @@ import anyio.lowlevel
 import msgspec
 import pytest
 
-from tests.support import TEST_DEADLINE, In, Out
+from tests.support import TEST_DEADLINE, In, Out, claim_one, connected, msg
 from typedq import (
     App,
     Backoff,
@@ -21,7 +21,9 @@ from typedq import (
     StreamRestarted,
     StreamTruncated,
 )
-from typedq.broker.streams import STREAM_MAX
+from typedq.broker.base import Completion, Failure, FinishOutcome
+from typedq.broker.messages import JobState
+from typedq.broker.streams import STREAM_MAX, StreamAppend
 
 pytestmark = pytest.mark.anyio
 
@@ -220,3 +222,100 @@ def test_emits_must_be_a_model() -> None:
 
     with pytest.raises(ConfigError, match=r"emits=<class .int.> must be a msgspec\.Struct"):
         cast(Any, app.task)(emits=int)(bad)  # mypy refuses emits=int
+
+
+# -- the broker seam: fences, runs, the end entry ------------------------------------
+
+
+def _append(
+    job_id: str, token: str, attempt: int, seq: int, items: list[bytes], **more: Any
+) -> StreamAppend:
+    return StreamAppend(
+        job_id=job_id, queue="q", token=token, attempt=attempt, seq=seq, items=items, **more
+    )
+
+
+async def test_appends_are_fenced_by_the_runs_token(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([msg(job_id="s"), msg(job_id="w")])
+        run = await claim_one(broker)
+        assert run.message.id == "s"
+        # A waiting job, an unknown job, a stranger's token: refused, nothing stored.
+        assert await broker.append_streams(
+            [
+                _append("w", run.token, 1, 0, [b"x"]),
+                _append("nope", run.token, 1, 0, [b"x"]),
+                _append("s", "stranger", 1, 0, [b"x"]),
+                _append("s", run.token, 1, 0, [b"a", b"b"], fresh=True),
+                _append("s", run.token, 1, 2, [b"c"]),
+            ]
+        ) == [False, False, False, True, True]
+        entries = await broker.read_stream("s", queue="q", after="", timeout=0)
+        assert [(e.data, e.seq, e.attempt, e.end) for e in entries] == [
+            (b"a", 0, 1, None),
+            (b"b", 1, 1, None),
+            (b"c", 2, 1, None),
+        ]
+        assert await broker.read_stream("w", queue="q", after="", timeout=0) == []
+        # Positions grow; reading after one gives what follows it.
+        after = await broker.read_stream("s", queue="q", after=entries[0].position, timeout=0)
+        assert [e.data for e in after] == [b"b", b"c"]
+        # The end entry only once the job is final by this token.
+        assert await broker.append_streams([_append("s", run.token, 1, 3, [], end=True)]) == [False]
+        assert await broker.complete([Completion("s", run.token, b"\xc0")]) == [FinishOutcome.OK]
+        # After the finish, items are refused; the end is taken and records the state.
+        assert await broker.append_streams(
+            [_append("s", run.token, 1, 3, [b"late"]), _append("s", run.token, 1, 3, [], end=True)]
+        ) == [False, True]
+        tail = await broker.read_stream("s", queue="q", after=entries[-1].position, timeout=0)
+        assert [(e.data, e.seq, e.end) for e in tail] == [(b"", 3, JobState.COMPLETED)]
+
+
+async def test_a_new_run_empties_the_stream_and_positions_keep_growing(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([msg(job_id="r")])
+        first = await claim_one(broker)
+        assert await broker.append_streams(
+            [_append("r", first.token, 1, 0, [b"a", b"b"], fresh=True)]
+        ) == [True]
+        old = await broker.read_stream("r", queue="q", after="", timeout=0)
+        failure = Failure(id="r", token=first.token, error=b"\x90", retry_delay=0.0)
+        assert await broker.fail([failure]) == [FinishOutcome.OK]
+        second = await claim_one(broker)
+        assert second.attempt == 2
+        # The old run's token no longer writes; the new run's first write empties it.
+        assert await broker.append_streams(
+            [
+                _append("r", first.token, 1, 2, [b"stale"]),
+                _append("r", second.token, 2, 0, [b"c"], fresh=True),
+            ]
+        ) == [False, True]
+        everything = await broker.read_stream("r", queue="q", after="", timeout=0)
+        assert [(e.data, e.attempt, e.seq) for e in everything] == [(b"c", 2, 0)]
+        # A reader positioned in the old run gets the new run's entries after it.
+        follow = await broker.read_stream("r", queue="q", after=old[-1].position, timeout=0)
+        assert [e.data for e in follow] == [b"c"]
+
+
+async def test_a_read_waits_for_the_next_append(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([msg(job_id="l")])
+        run = await claim_one(broker)
+        got: list[bytes] = []
+
+        async def read() -> None:
+            entries = await broker.read_stream("l", queue="q", after="", timeout=3.0)
+            got.extend(e.data for e in entries)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.sleep(0.2)  # the reader waits (not polling: woken by the append)
+            assert got == []
+            ok = await broker.append_streams([_append("l", run.token, 1, 0, [b"x"], fresh=True)])
+            assert ok == [True]
+        assert got == [b"x"]
+        # Nothing after: a read with a timeout comes back empty once it ran out.
+        last = await broker.read_stream("l", queue="q", after="", timeout=0)
+        assert await broker.read_stream("l", queue="q", after=last[-1].position, timeout=0.1) == []
