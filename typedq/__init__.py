@@ -57,6 +57,7 @@ from .limits import ConcurrencyLimit as ConcurrencyLimit
 from .limits import RateLimit as RateLimit
 from .limits import RateLimited as RateLimited
 from .producer import Producer as Producer
+from .producer import StreamTaskStub as StreamTaskStub
 from .producer import TaskStub as TaskStub
 from .resources import Resource as Resource
 from .resources import ResourceError as ResourceError
@@ -132,6 +133,7 @@ __all__ = [
     "StreamJob",
     "StreamRestarted",
     "StreamTask",
+    "StreamTaskStub",
     "StreamTruncated",
     "Task",
     "TaskStub",
