@@ -394,15 +394,22 @@ class Executor:
         be lost), so before the attempt settles."""
         error: Exception | None = None
         value: Any = None
-        async with anyio.create_task_group() as tg:
-            await tg.start(emitter.run)
-            try:
-                value = await self._call(task, args, running)
-            except Exception as exc:
-                # Raised outside the task group, so it stays itself (not a group).
-                error = exc
-            await emitter.flush()
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(emitter.run)
+                try:
+                    value = await self._call(task, args, running)
+                except Exception as exc:
+                    # Raised outside the task group, so it stays itself (not a group).
+                    error = exc
+                try:
+                    await emitter.flush()
+                except Exception as exc:
+                    # Its items could not be stored: the attempt fails (and is retried).
+                    error = error or exc
+                tg.cancel_scope.cancel()
+        finally:
+            emitter.close()
         if error is not None:
             raise error
         return value

@@ -40,7 +40,12 @@ from typing_extensions import TypeVar
 
 from .broker.messages import JobState
 from .broker.streams import StreamAppend, StreamEntry
-from .errors import BrokerError, JobNotFound, StreamRestarted, StreamTruncated
+from .errors import (
+    BrokerUnavailable,
+    JobNotFound,
+    StreamRestarted,
+    StreamTruncated,
+)
 
 if TYPE_CHECKING:
     from .broker.base import Broker
@@ -125,19 +130,44 @@ class Emitter:
         #: The broker refused an append: this run no longer holds the job (its lease
         #: was lost); later items are dropped.
         self.refused = False
+        #: The attempt is over: later items (a sync handler's thread that runs on after
+        #: its timeout) are dropped, never waited for.
+        self.closed = False
+        #: Why a batch could not be stored (not an outage of the broker, which is
+        #: retried): the next ``emit`` raises it.
+        self.error: Exception | None = None
 
     async def emit(self, item: Any) -> None:
-        """Queue ``item`` for the stream; waits only while the buffer is full."""
+        """Queue ``item`` for the stream; waits only while the buffer is full.
+
+        :raises BrokerError: the broker could not store an earlier batch (or another
+            error that stopped the flush loop)
+        """
         check_item(self._codec, item, self._claimed.message.task)
         data = self._codec.encode(item)
-        while len(self._buffer) >= self._max and not self.refused:
+        while len(self._buffer) >= self._max and self._open():
             if self._room is None:
                 self._room = anyio.Event()
             await self._room.wait()
-        if self.refused:
+        if self.error is not None:
+            raise self.error
+        if not self._open():
             return
         self._buffer.append(data)
         self._wake.set()
+
+    def _open(self) -> bool:
+        return not (self.refused or self.closed or self.error is not None)
+
+    def _make_room(self) -> None:
+        if self._room is not None:
+            self._room.set()
+            self._room = None
+
+    def close(self) -> None:
+        """The attempt is over: drop later items, wake an ``emit`` waiting for room."""
+        self.closed = True
+        self._make_room()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -147,16 +177,25 @@ class Emitter:
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception as exc:
+                # Kept for the handler: its next emit (or the final flush) raises it.
+                self.error = exc
+                self._make_room()
+                return
 
     async def flush(self) -> None:
-        """Send every buffered item (in order with a batch already on its way)."""
+        """Send every buffered item (in order with a batch already on its way).
+
+        :raises BrokerError: the broker could not store a batch (now or before)
+        """
         async with self._lock:
+            if self.error is not None:
+                raise self.error
             while self._buffer:
                 batch, self._buffer = self._buffer, []
-                if self._room is not None:
-                    self._room.set()
-                    self._room = None
+                self._make_room()
                 await self._send(batch, end=False, ttl=None)
 
     async def end(self, ttl: float) -> bool:
@@ -186,26 +225,26 @@ class Emitter:
             try:
                 (ok,) = await self._broker.append_streams([append])
                 break
-            except BrokerError as exc:
+            except BrokerUnavailable as exc:
                 if end:
                     raise
                 # The run goes on (its lease is renewed meanwhile); emits wait once the
-                # buffer is full. Re-sending is safe: the same items, the same numbers.
-                log.warning(
-                    "job %s (%s): could not append to its stream (%s); retrying",
-                    claimed.message.id,
-                    claimed.message.task,
-                    exc,
-                )
+                # buffer is full. Re-sending is safe: a batch is stored whole or not at
+                # all (one script call), with the same numbers.
+                if delay == _RESEND[0]:
+                    log.warning(
+                        "job %s (%s): could not append to its stream (%s); retrying",
+                        claimed.message.id,
+                        claimed.message.task,
+                        exc,
+                    )
                 await self._clock.sleep(delay)
                 delay = min(_RESEND[1], delay * 2)
         if not ok:
             if not end:
                 self.refused = True
                 self._buffer.clear()
-                if self._room is not None:
-                    self._room.set()
-                    self._room = None
+                self._make_room()
             return False
         self.sent += len(items)
         self._fresh = False

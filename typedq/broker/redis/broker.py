@@ -405,6 +405,7 @@ class RedisBroker(ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, Schedu
         if lane is not None:
             with contextlib.suppress(Exception):
                 await lane.close()
+        await self._close_readers()
         for client in (self._sub_client, self._redis):
             if client is not None:
                 with contextlib.suppress(Exception):

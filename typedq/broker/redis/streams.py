@@ -3,27 +3,65 @@ stream per job, ``Q js:<id>`` in the job's queue slot (layout in :mod:`.keys`).
 
 Appends are one script call per job's batch (``stream_append.lua``: the fence, the
 trims, every XADD and the TTL in one round trip; several jobs' batches pipelined).
-Reads are XREAD BLOCK on a pooled connection, as the queue event streams' (the
-connection is held, dedicated to the read, while it waits; a read returns as soon as an
-entry comes: no polling).
+Reads are XREAD BLOCK on connections of their own: a client (a pool of up to
+:data:`READER_CONNECTIONS`) made at the first read, apart from the command pool, so
+readers waiting on quiet streams never hold the connections jobs need. A waiting read
+holds one connection, and returns as soon as an entry comes (no polling).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from ...names import check_name
 from ..streams import STREAM_MAX, StreamAppend, StreamEntry
 from .codec import STATES, as_int, text
-from .connection import SOCKET_TIMEOUT
+from .connection import SOCKET_TIMEOUT, make_client, make_cluster_client
 from .core import RedisCore
 
-__all__ = ["StreamOps"]
+__all__ = ["READER_CONNECTIONS", "StreamOps"]
+
+#: Stream reads waiting at once per broker (one connection each; on Redis Cluster per
+#: node); reads beyond wait, bounded, for one to come free.
+READER_CONNECTIONS = 256
 
 
 class StreamOps(RedisCore):
     """The job-stream methods of :class:`~.broker.RedisBroker`."""
+
+    url: str
+    #: The stream readers' client (made at the first read), or None.
+    _stream_readers: Any = None
+
+    def _readers(self) -> Any:
+        """The stream readers' client: its own connections, made at the first read."""
+        self._conn()  # NotConnected before connect and after close
+        client = self._stream_readers
+        if client is None:
+            name = f"typedq:{self.settings.namespace}:streams"
+            if self.cluster:
+                client = make_cluster_client(
+                    self.url, client_name=name, max_connections=READER_CONNECTIONS
+                )
+            else:
+                client = make_client(
+                    self.url,
+                    client_name=name,
+                    max_connections=READER_CONNECTIONS,
+                    health_check_interval=0,
+                )
+            self._stream_readers = client
+        return client
+
+    async def _close_readers(self) -> None:
+        """Close the stream readers' client (the broker closes)."""
+        client, self._stream_readers = self._stream_readers, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+                await client.connection_pool.disconnect()
 
     async def append_streams(self, appends: Sequence[StreamAppend]) -> list[bool]:
         if not appends:
@@ -56,13 +94,14 @@ class StreamOps(RedisCore):
         key = self.keys.job_stream(check_name("queue", queue), job_id)
         start = after or "0-0"
         with self._translate("read_stream"):
+            readers = self._readers()
             if timeout <= 0:
-                reply: Any = await self._conn().xread({key: start}, count=max(1, limit))
+                reply: Any = await readers.xread({key: start}, count=max(1, limit))
             else:
-                # Held on one pooled connection while it waits: it must answer before
-                # the socket timeout, so a long wait is several reads (the caller's loop).
+                # It must answer before the socket timeout, so a long wait is several
+                # reads (the caller's loop).
                 block = max(1, min(int(timeout * 1000), int(SOCKET_TIMEOUT * 1000) - 1000))
-                reply = await self._conn().xread({key: start}, count=max(1, limit), block=block)
+                reply = await readers.xread({key: start}, count=max(1, limit), block=block)
         entries: list[Any] = reply[0][1] if reply else []
         out = []
         for entry_id, fields in entries:
