@@ -24,6 +24,7 @@ from typedq import (
 from typedq.broker.base import Completion, Failure, FinishOutcome
 from typedq.broker.messages import JobState
 from typedq.broker.streams import STREAM_MAX, StreamAppend
+from typedq.testing import job_context
 
 pytestmark = pytest.mark.anyio
 
@@ -319,3 +320,18 @@ async def test_a_read_waits_for_the_next_append(app_name: str, broker_url: str) 
         # Nothing after: a read with a timeout comes back empty once it ran out.
         last = await broker.read_stream("l", queue="q", after="", timeout=0)
         assert await broker.read_stream("l", queue="q", after=last[-1].position, timeout=0.1) == []
+
+
+async def test_a_direct_call_emits_into_the_tests_list() -> None:
+    app = App("streams-direct")
+
+    @app.task(emits=Token)
+    async def generate(p: In, ctx: JobContext[Token]) -> Out:
+        for i in range(p.n):
+            await ctx.emit(Token("t", i))
+        return Out(p.n)
+
+    tokens: list[Token] = []
+    assert await generate(In(3), job_context(emitted=tokens)) == Out(3)
+    assert [t.i for t in tokens] == [0, 1, 2]
+    assert await generate(In(2)) == Out(2)  # no list: checked and dropped
