@@ -22,4 +22,5 @@ out[#out + 1] = qch(q, 'x')
 out[#out + 1] = k_outbox(q)
 out[#out + 1] = k_handoff(q, ARGV[4] .. '|m')
 out[#out + 1] = k_waiter(q)
+out[#out + 1] = k_jstream(q, ARGV[4])
 return out

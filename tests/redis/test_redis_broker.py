@@ -133,6 +133,7 @@ async def test_lua_key_names_match_the_keys_module(redis_url: str) -> None:
             k.outbox("q1"),
             k.handoff("q1", "job-1|m"),
             k.waiter("q1"),
+            k.job_stream("q1", "job-1"),
         ]
         # Every key of a queue carries the queue's hash tag, nothing else's.
         assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])
