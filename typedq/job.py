@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any, Generic, cast
 
 import anyio
 import msgspec
@@ -295,7 +295,7 @@ class StreamJob(Job[TOut], Generic[TOut, TEmit_co]):
         :param poll: seconds between looks at the job's state while the stream is quiet
             (the end normally comes as an entry of the stream; the looks end the stream
             of a job whose worker died or that was cancelled before it ran)
-        :raises ConfigError: the job's task declares no ``emits=``
+        :raises ConfigError: the job's task declares no ``emits=``, or ``poll`` is not > 0
         :raises JobNotFound: (iterating) there is no such job
         :raises StreamRestarted, StreamTruncated: (iterating) see docs/streams.md
         """
@@ -303,5 +303,11 @@ class StreamJob(Job[TOut], Generic[TOut, TEmit_co]):
             raise ConfigError(
                 f"task {self.task!r} declares no stream: job.stream() needs a task "
                 "registered with @app.task(emits=Model)"
+            )
+        # Checked as a number: callers mypy does not check may pass anything.
+        if not (isinstance(cast(object, poll), int | float) and 0 < poll < math.inf):
+            raise ConfigError(
+                f"job.stream(poll={poll!r}): poll must be a number of seconds > 0 (how "
+                "often a quiet stream looks at the job's state)"
             )
         return JobStream(self, self._emits, poll=poll)

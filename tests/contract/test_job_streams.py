@@ -335,3 +335,16 @@ async def test_a_direct_call_emits_into_the_tests_list() -> None:
     assert await generate(In(3), job_context(emitted=tokens)) == Out(3)
     assert [t.i for t in tokens] == [0, 1, 2]
     assert await generate(In(2)) == Out(2)  # no list: checked and dropped
+
+
+async def test_poll_must_be_positive() -> None:
+    app = App("streams-poll")
+
+    @app.task(emits=Token)
+    async def generate(p: In, ctx: JobContext[Token]) -> Out:
+        return Out(p.n)
+
+    job = generate.job("j1")
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match=r"job.stream\(poll=.*\): poll must be"):
+            job.stream(poll=bad)
