@@ -18,6 +18,7 @@ from typedq import (
     ConfigError,
     JobContext,
     JobFailed,
+    Producer,
     StreamRestarted,
     StreamTruncated,
 )
@@ -348,3 +349,22 @@ async def test_poll_must_be_positive() -> None:
     for bad in (0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match=r"job.stream\(poll=.*\): poll must be"):
             job.stream(poll=bad)
+
+
+async def test_a_producer_stub_streams_the_workers_items(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(emits=Token)
+    async def generate(p: In, ctx: JobContext[Token]) -> Out:
+        for i in range(p.n):
+            await ctx.emit(Token("p", i))
+        return Out(p.n)
+
+    # The producer service: no handler, the task declared with emits= (typedq stubs).
+    producer = Producer(app_name, broker=app.broker if broker_url == "memory://" else broker_url)
+    stub = producer.task("generate", In, Out, emits=Token)
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=1), producer:
+            job = await stub.enqueue(In(5))
+            assert [t.i async for t in job.stream(poll=0.2)] == list(range(5))
+            assert await job.result(timeout=5) == Out(5)
