@@ -33,7 +33,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from .broker.base import Broker, ClaimedJob
-from .clock import SYSTEM_CLOCK, Clock
+from .clock import SYSTEM_CLOCK, Clock, VirtualClock, move_on_after
 from .context import JobContext
 from .errors import FailureReason, InvalidPayload, PayloadTooLarge
 from .failures import Failures, type_name
@@ -208,6 +208,9 @@ class Executor:
         self._thread_exited = thread_exited
         #: Builds the failure records and failed outcomes of the attempts.
         self.failures = Failures(worker_id, clock)
+        #: A virtual clock times the attempts' timeouts (tests); on any other clock the
+        #: event loop's own deadline does, at no cost per job.
+        self._virtual = clock if isinstance(clock, VirtualClock) else None
         #: The running event loop's own cancel scope class, looked up on first use:
         #: ``anyio.CancelScope()`` finds the backend anew on every call, a cost per job.
         self._scope_class: type[anyio.CancelScope] | None = None
@@ -322,11 +325,43 @@ class Executor:
         # One scope for both ways an attempt is interrupted: its deadline is the timeout,
         # and cancelling it is a cancel, a lost lease or a shutdown (each sets
         # running.cancel_reason first, which is how _interrupted tells them apart).
+        virtual = self._virtual
+        if virtual is not None:
+            return await self._call_on_virtual_time(virtual, args, task, running, timeout)
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
         scope_class = self._scope_class
         if scope_class is None:
             scope_class = self._scope_class = type(anyio.CancelScope())
         with scope_class(deadline=deadline) as scope:
+            running.scope = scope
+            if running.cancel_reason is not None:
+                scope.cancel()
+            try:
+                if running.emitter is None:
+                    got = (True, await self._call(task, args, running))
+                else:
+                    got = (True, await self._call_emitting(task, args, running, running.emitter))
+            except Exception as exc:
+                got = (False, exc)
+            finally:
+                running.in_handler = False
+        return got, deadline
+
+    async def _call_on_virtual_time(
+        self,
+        clock: VirtualClock,
+        args: tuple[Any, ...],
+        task: Task[Any, Any],
+        running: Running,
+        timeout: float | None,
+    ) -> tuple[tuple[bool, Any] | None, float]:
+        """:meth:`_call_with_limits` with the timeout on a virtual clock: the scope is
+        cancelled when the clock is advanced past it (the deadline is on the clock's
+        monotonic time)."""
+        got: tuple[bool, Any] | None = None
+        deadline = math.inf if timeout is None else clock.monotonic() + timeout
+        limit = anyio.CancelScope() if timeout is None else move_on_after(clock, timeout)
+        with limit as scope:
             running.scope = scope
             if running.cancel_reason is not None:
                 scope.cancel()
@@ -360,8 +395,14 @@ class Executor:
             return self.failures.cancelled(claimed, reason)
         # A cancel request or a shutdown while a sync handler's thread still runs:
         # wait for it (the lease is still renewed), within the job's timeout.
-        with anyio.CancelScope(deadline=deadline):
+        if self._virtual is not None and deadline != math.inf:
+            with move_on_after(self._virtual, deadline - self._virtual.monotonic()):
+                await running.wait_thread()
+        elif self._virtual is not None:
             await running.wait_thread()
+        else:
+            with anyio.CancelScope(deadline=deadline):
+                await running.wait_thread()
         if running.lost:
             return Drop()
         got = running.thread_result

@@ -247,12 +247,15 @@ class Supervisor:
     # -- metrics -----------------------------------------------------------------------
 
     def _serve_metrics(self) -> None:
-        from .cli.common import metrics_module
+        from .errors import ConfigError
 
-        metrics_module()  # one line when the extra is missing
+        try:
+            from .metrics import serve_registry
+        except ConfigError:  # the extra is missing: say which option needs it, in one line
+            raise ConfigError(
+                "--metrics-port needs prometheus-client: pip install 'typedq[metrics]'"
+            ) from None
         from prometheus_client import CollectorRegistry  # type: ignore[import-not-found, unused-ignore]  # optional extra
-
-        from .metrics import serve_registry
 
         registry = CollectorRegistry()
         registry.register(GroupCollector(self))

@@ -25,7 +25,7 @@ from typedq import (
 from typedq.broker.base import Completion, Failure, FinishOutcome
 from typedq.broker.messages import JobState
 from typedq.broker.streams import STREAM_MAX, StreamAppend
-from typedq.testing import job_context
+from typedq.testing import job_context, run_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -368,3 +368,20 @@ async def test_a_producer_stub_streams_the_workers_items(app_name: str, broker_u
             job = await stub.enqueue(In(5))
             assert [t.i async for t in job.stream(poll=0.2)] == list(range(5))
             assert await job.result(timeout=5) == Out(5)
+
+
+async def test_streams_under_the_test_harness() -> None:
+    """typedq.testing.run_worker (an embedded broker on a virtual clock)."""
+    app = App("streams-harness")
+
+    @app.task(emits=Token, timeout=60)
+    async def generate(p: In, ctx: JobContext[Token]) -> Out:
+        for i in range(p.n):
+            await ctx.emit(Token("h", i))
+        return Out(p.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app):
+            job = await generate.enqueue(In(4))
+            assert [t.i async for t in job.stream()] == [0, 1, 2, 3]
+            assert await job.result(timeout=5) == Out(4)

@@ -75,6 +75,21 @@ def test_the_dashboard_loads_without_rich() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        p
+        for p in PACKAGE.rglob("*.py")
+        if p.parent.name not in ("cli", "dashboard") and p != PACKAGE / "__main__.py"
+    ),
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_only_the_tools_import_the_cli(path: Path) -> None:
+    # The runtime (worker, supervisor, brokers) sits below the command line; ``python -m
+    # typedq`` (typedq/__main__.py, left out) is the one entry point into it.
+    assert _reaches(path, "typedq.cli") == []
+
+
 def test_serde_knows_no_broker() -> None:
     assert _reaches(PACKAGE / "serde.py", "typedq.broker") == []
 

@@ -285,3 +285,29 @@ async def test_a_failure_record_is_dated_by_the_workers_clock(app_name: str) -> 
                 await job.result(timeout=10)
     assert failed.value.record.message == "no 7"
     assert failed.value.record.failed_at == EPOCH + 42.0
+
+
+async def test_a_job_s_timeout_runs_on_the_workers_clock(app_name: str) -> None:
+    """An hour's timeout passes when the worker's virtual clock passes it, not before
+    (the handler waits on an event nobody sets: only the timeout ends it)."""
+    app, _, clock = clocked_app(app_name, lease=9.0)
+    started = anyio.Event()
+
+    @app.task(timeout=3600, retries=0)
+    async def stuck(x: In) -> Out:
+        started.set()
+        await anyio.Event().wait()
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(clock=clock, grace=0):
+            job = await stuck.enqueue(In(1))
+            await started.wait()
+            await advance(clock, 3540.0, step=60.0)
+            await advance(clock, 59.5)
+            assert await job.status() is JobState.ACTIVE  # 3599.5 s: still within its hour
+            await advance(clock, 1.0)
+            with pytest.raises(JobFailed) as failed:
+                await job.result(timeout=10)
+    assert failed.value.record.reason == "timeout"
+    assert failed.value.record.failed_at == pytest.approx(EPOCH + 3600.5, abs=0.6)
