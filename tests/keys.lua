@@ -31,4 +31,5 @@ out[#out + 1] = k_run(q, 'ud:', 'c')
 out[#out + 1] = k_unique(q, 't1|k:1')
 out[#out + 1] = k_unique_job(q, ARGV[4])
 out[#out + 1] = k_debounce(q, 't1|k:1')
+out[#out + 1] = k_jstream(q, ARGV[4])
 return out

@@ -38,6 +38,9 @@ from .errors import RedisDataLost as RedisDataLost
 from .errors import Reject as Reject
 from .errors import ResultTimeout as ResultTimeout
 from .errors import Retry as Retry
+from .errors import StreamInterrupted as StreamInterrupted
+from .errors import StreamRestarted as StreamRestarted
+from .errors import StreamTruncated as StreamTruncated
 from .errors import TypedqError as TypedqError
 from .errors import Unsupported as Unsupported
 from .events import CompletedEvent as CompletedEvent
@@ -50,10 +53,12 @@ from .flowcontrol import Debounce as Debounce
 from .job import Job as Job
 from .job import JobInfo as JobInfo
 from .job import JobStatus as JobStatus
+from .job import StreamJob as StreamJob
 from .limits import ConcurrencyLimit as ConcurrencyLimit
 from .limits import RateLimit as RateLimit
 from .limits import RateLimited as RateLimited
 from .producer import Producer as Producer
+from .producer import StreamTaskStub as StreamTaskStub
 from .producer import TaskStub as TaskStub
 from .resources import Resource as Resource
 from .resources import ResourceError as ResourceError
@@ -61,6 +66,7 @@ from .resources import Resources as Resources
 from .schedule import Schedule as Schedule
 from .task import UNSET as UNSET
 from .task import Enqueuer as Enqueuer
+from .task import StreamTask as StreamTask
 from .task import Task as Task
 from .worker import Worker as Worker
 from .workflow import Chain as Chain
@@ -125,6 +131,12 @@ __all__ = [
     "RunTimeout",
     "Schedule",
     "Signal",
+    "StreamInterrupted",
+    "StreamJob",
+    "StreamRestarted",
+    "StreamTask",
+    "StreamTaskStub",
+    "StreamTruncated",
     "Task",
     "TaskStub",
     "TypedqError",

@@ -11,7 +11,7 @@ from typing_extensions import Unpack
 
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
-from .broker.capabilities import EventStreams, FlowControl, Limits, Runs, Schedules
+from .broker.capabilities import EventStreams, FlowControl, JobStreams, Limits, Runs, Schedules
 from .clock import SYSTEM_CLOCK, Clock
 from .durable.host import (
     TURN_PREFIX,
@@ -32,12 +32,15 @@ from .schedule import Schedule, ScheduleOptions
 from .task import (
     AsyncContextHandler,
     AsyncHandler,
+    EmitTaskDecorator,
+    StreamTask,
     SyncContextHandler,
     SyncHandler,
     Task,
     TaskDecorator,
     TaskDefaults,
     TaskOptions,
+    TEmit,
     TIn,
     TOut,
     check_limits_partitions,
@@ -145,8 +148,22 @@ class App(AppBase):
         concurrency: ConcurrencyLimit[Any] | None = None,
         unique_for: timedelta | float | None = None,
         debounce: Debounce[Any] | None = None,
+        emits: None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> TaskDecorator: ...
+    @overload
+    def task(
+        self,
+        *,
+        emits: type[TEmit],
+        name: str | None = None,
+        key: Callable[[Any], str] | None = None,
+        rate_limit: RateLimit[Any] | None = None,
+        concurrency: ConcurrencyLimit[Any] | None = None,
+        unique_for: timedelta | float | None = None,
+        debounce: Debounce[Any] | None = None,
+        **defaults: Unpack[TaskDefaults],
+    ) -> EmitTaskDecorator[TEmit]: ...
 
     def task(
         self,
@@ -158,6 +175,7 @@ class App(AppBase):
         concurrency: ConcurrencyLimit[Any] | None = None,
         unique_for: timedelta | float | None = None,
         debounce: Debounce[Any] | None = None,
+        emits: type[Any] | None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> Any:
         """Register a handler as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
@@ -190,6 +208,9 @@ class App(AppBase):
         :param debounce: :class:`~typedq.Debounce`: enqueues of one key collapse into one
             job that runs ``wait`` after the last (with its payload), at the latest
             ``max_wait`` after the first. docs/flow-control.md
+        :param emits: the model of the items the handler streams: it takes a
+            ``JobContext[emits]`` and calls ``await ctx.emit(item)``; the producer reads
+            them with ``job.stream()`` (docs/streams.md; the broker needs JobStreams)
         :raises ConfigError: a bad limit, or conflicting or out-of-range unique_for /
             debounce (naming the task and the fix)
         """
@@ -205,7 +226,7 @@ class App(AppBase):
             check_limits_partitions(options, rate_limit, concurrency)
             check_partitions(options, [t.options for t in self._tasks.values()])
             self._declare_partitions({options.queue: options.partitions})
-            task: Task[Any, Any] = Task(
+            task: Task[Any, Any] = (Task if emits is None else StreamTask)(
                 handler,
                 app=self,
                 options=options,
@@ -217,6 +238,7 @@ class App(AppBase):
                 concurrency=concurrency,
                 unique_for=unique_for,
                 debounce=debounce,
+                emits=emits,
             )
             self._tasks[options.name] = task
             return task
@@ -418,6 +440,9 @@ class App(AppBase):
             needs[FlowControl] = f"unique_for/debounce of tasks {', '.join(controlled)}"
         if self._durables:
             needs[Runs] = f"durable functions {', '.join(sorted(self._durables))}"
+        emitting = sorted(name for name, task in self._tasks.items() if task.emits is not None)
+        if emitting:
+            needs[JobStreams] = f"emits= of tasks {', '.join(emitting)}"
         return needs
 
     # -- workers -------------------------------------------------------------------

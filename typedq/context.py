@@ -11,23 +11,43 @@ A handler receives it when it declares a second parameter::
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Generic, Never, Protocol
 
 import anyio
 import anyio.from_thread
 import msgspec
+import pydantic
+from typing_extensions import TypeVar
 
+from .errors import ConfigError
 from .resources import Resource, ResourceError, Resources, current_resources
 
 __all__ = ["JobContext"]
 
 T = TypeVar("T")
+#: What the job's task emits (``@app.task(emits=Token)``: ``JobContext[Token]``). A bare
+#: ``JobContext`` is ``JobContext[Never]``: its ``emit`` takes nothing, so mypy refuses
+#: an emit from a handler that did not declare what it emits.
+TEmit_contra = TypeVar(
+    "TEmit_contra",
+    bound=msgspec.Struct | pydantic.BaseModel,
+    contravariant=True,
+    default=Never,
+)
+
+
+class _Emits(Protocol):
+    async def emit(self, item: Any, /) -> None: ...
+
 
 _encode = msgspec.msgpack.Encoder().encode
 
 
-class JobContext:
+class JobContext(Generic[TEmit_contra]):
     """Facts about the running job, progress reporting and cooperative cancellation.
+
+    Generic in what the task emits (``ctx: JobContext[Token]`` in a handler of
+    ``@app.task(emits=Token)``: :meth:`emit`, docs/streams.md).
 
     :ivar job_id: the job's id
     :ivar task: the task's name
@@ -43,6 +63,7 @@ class JobContext:
     """
 
     __slots__ = (
+        "_emitter",
         "_report",
         "_resources",
         "attempt",
@@ -67,6 +88,7 @@ class JobContext:
         report: Callable[[bytes], Coroutine[Any, Any, None]] | None = None,
         resources: Resources | None = None,
         scheduled_for: float | None = None,
+        emitter: _Emits | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -77,6 +99,7 @@ class JobContext:
         self.scheduled_for = scheduled_for
         self.last_progress: Any = None
         self._report = report
+        self._emitter = emitter
         # Captured now, in the task that runs the attempt: a sync handler's thread then
         # reads the same resources without needing the worker's context.
         self._resources = resources if resources is not None else current_resources()
@@ -111,6 +134,32 @@ class JobContext:
         self.last_progress = value
         if self._report is not None:
             anyio.from_thread.run(self._report, _encode(value))
+
+    async def emit(self, item: TEmit_contra) -> None:
+        """Add ``item`` to the job's stream (``job.stream()`` at the producer), in order.
+
+        Returns at once (the worker sends items in batches), unless 5,000 items are
+        still unsent: then it waits for room (back-pressure). Items a run emitted are
+        stored before its job settles.
+
+        :raises TypeError: ``item`` is not an instance of the task's ``emits`` model
+        :raises ConfigError: the task declares no ``emits=``
+        """
+        if self._emitter is None:
+            raise self._no_stream()
+        await self._emitter.emit(item)
+
+    def emit_sync(self, item: TEmit_contra) -> None:
+        """``emit`` for sync handlers running in a worker thread."""
+        if self._emitter is None:
+            raise self._no_stream()
+        anyio.from_thread.run(self._emitter.emit, item)
+
+    def _no_stream(self) -> ConfigError:
+        return ConfigError(
+            f"task {self.task!r} called ctx.emit but declares no stream: register it with "
+            "@app.task(emits=Model) (and annotate the context JobContext[Model])"
+        )
 
     @staticmethod
     def check_cancelled() -> None:

@@ -68,6 +68,9 @@ __all__ = [
     "Reject",
     "ResultTimeout",
     "Retry",
+    "StreamInterrupted",
+    "StreamRestarted",
+    "StreamTruncated",
     "TypedqError",
     "Unsupported",
 ]
@@ -217,6 +220,39 @@ class PartialEnqueue(TypedqError):
 
 class ResultTimeout(TypedqError, TimeoutError):
     """``Job.result(timeout=...)`` ran out before the job reached a final state."""
+
+
+class StreamInterrupted(TypedqError):
+    """A job's stream (``job.stream()``) did not go on from the last item it gave: the
+    iterator stays usable, iterate it again to read on (docs/streams.md)."""
+
+
+class StreamRestarted(StreamInterrupted):
+    """The job was retried while its stream was read: the items after this are those
+    of attempt :attr:`attempt`, from its first (drop what the earlier attempt gave)."""
+
+    def __init__(self, job_id: str, task: str, attempt: int) -> None:
+        super().__init__(
+            f"job {job_id} ({task}) started again (attempt {attempt}) while its stream was "
+            "read: its items start over; iterate the stream again to read them"
+        )
+        self.job_id = job_id
+        self.attempt = attempt
+
+
+class StreamTruncated(StreamInterrupted):
+    """The reader fell so far behind that the stream (capped at
+    :data:`~typedq.broker.streams.STREAM_MAX` items per job) dropped :attr:`missed`
+    items it had not read; it goes on with the oldest item kept."""
+
+    def __init__(self, job_id: str, task: str, missed: int) -> None:
+        super().__init__(
+            f"job {job_id} ({task}): {missed} items of its stream were dropped before they "
+            "were read (a stream keeps its last 10,000); iterate the stream again to read "
+            "on from the oldest kept"
+        )
+        self.job_id = job_id
+        self.missed = missed
 
 
 class FailureReason(StrEnum):

@@ -32,7 +32,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from .broker.base import ClaimedJob
+from .broker.base import Broker, ClaimedJob
 from .clock import SYSTEM_CLOCK, Clock, VirtualClock, move_on_after
 from .context import JobContext
 from .errors import FailureReason, InvalidPayload, PayloadTooLarge
@@ -48,6 +48,7 @@ from .outcomes import (
     describe,
     minimal_failure,
 )
+from .streams import Emitter
 from .task import Task
 from .upcast import Upcaster
 
@@ -75,6 +76,7 @@ class Running:
         "abandoned",
         "cancel_reason",
         "claimed",
+        "emitter",
         "in_handler",
         "lost",
         "scope",
@@ -94,6 +96,8 @@ class Running:
         #: What the thread did: (True, value) or (False, exception); None while it runs.
         self.thread_result: tuple[bool, Any] | None = None
         self._wake: anyio.Event | None = None
+        #: The attempt's stream emitter (a task with ``emits=``), else None.
+        self.emitter: Emitter | None = None
 
     def cancel(self, reason: CancelReason) -> None:
         """Cancel the attempt's scope (the first reason given is the one that counts)."""
@@ -181,6 +185,8 @@ class Executor:
     :param progress: stores a running job's progress with the broker
     :param thread_exited: called in the event loop when a handler thread returns (it may
         be long after its attempt ended)
+    :param broker: gives the broker emitting tasks' streams go to (``emits=``), read at
+        each use; None: no broker (unit tests of the executor: nothing is streamed)
     """
 
     def __init__(
@@ -192,8 +198,11 @@ class Executor:
         progress: Callable[[ClaimedJob, bytes], Coroutine[Any, Any, None]],
         thread_exited: Callable[[Running], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        broker: Callable[[], Broker] | None = None,
     ) -> None:
         self.tasks = tasks
+        self._broker = broker
+        self._clock = clock
         self.worker_id = worker_id
         self._threads = threads
         self._progress = progress
@@ -321,7 +330,13 @@ class Executor:
             deadline of the timeout
         """
         # A handler that takes no context gets none: nothing to build for it.
-        args = (payload, self._context(claimed, task)) if task.takes_context else (payload,)
+        if task.emits is not None and self._broker is not None:
+            running.emitter = Emitter(self._broker(), claimed, task.emits, self._clock)
+        args = (
+            (payload, self._context(claimed, task, running.emitter))
+            if task.takes_context
+            else (payload,)
+        )
         got: tuple[bool, Any] | None = None
         # One scope for both ways an attempt is interrupted: its deadline is the timeout,
         # and cancelling it is a cancel, a lost lease or a shutdown (each sets
@@ -338,7 +353,10 @@ class Executor:
             if running.cancel_reason is not None:
                 scope.cancel()
             try:
-                got = (True, await self._call(task, args, running))
+                if running.emitter is None:
+                    got = (True, await self._call(task, args, running))
+                else:
+                    got = (True, await self._call_emitting(task, args, running, running.emitter))
             except Exception as exc:
                 got = (False, exc)
             finally:
@@ -364,7 +382,10 @@ class Executor:
             if running.cancel_reason is not None:
                 scope.cancel()
             try:
-                got = (True, await self._call(task, args, running))
+                if running.emitter is None:
+                    got = (True, await self._call(task, args, running))
+                else:
+                    got = (True, await self._call_emitting(task, args, running, running.emitter))
             except Exception as exc:
                 got = (False, exc)
             finally:
@@ -421,7 +442,67 @@ class Executor:
             return self._encode_result(claimed, task, value)
         return self.failures.handler_error(claimed, task, value)
 
-    def _context(self, claimed: ClaimedJob, task: Task[Any, Any]) -> JobContext:
+    async def _call_emitting(
+        self, task: Task[Any, Any], args: tuple[Any, ...], running: Running, emitter: Emitter
+    ) -> Any:
+        """Call an emitting task's handler with its stream's flush loop beside it; the
+        items it emitted are all stored when this returns or raises (not when the
+        attempt is cancelled: a timed-out, cancelled or lost attempt's last batch may
+        be lost), so before the attempt settles."""
+        error: Exception | None = None
+        value: Any = None
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(emitter.run)
+                try:
+                    value = await self._call(task, args, running)
+                except Exception as exc:
+                    # Raised outside the task group, so it stays itself (not a group).
+                    error = exc
+                try:
+                    await emitter.flush()
+                except Exception as exc:
+                    # Its items could not be stored: the attempt fails (and is retried).
+                    error = error or exc
+                tg.cancel_scope.cancel()
+        finally:
+            emitter.close()
+        if error is not None:
+            raise error
+        return value
+
+    async def end_stream(self, running: Running, outcome: Outcome) -> None:
+        """After an emitting attempt settled: write its stream's end entry when the
+        outcome is final (the broker takes it only if the job is final by this attempt),
+        so readers end at once. Best effort: a reader that finds no end entry ends when
+        it sees the job final."""
+        emitter = running.emitter
+        if emitter is None or self._broker is None:
+            return
+        retention = self._broker().settings.retention
+        if isinstance(outcome, Complete):
+            ttl = retention.completed_ttl
+        elif isinstance(outcome, Fail) and outcome.retry_delay is None:
+            ttl = retention.failed_ttl
+        else:
+            return
+        claimed = running.claimed
+        try:
+            await emitter.end(ttl)
+        except Exception as exc:
+            log.warning(
+                "job %s (%s) attempt %d: could not end its stream (%s); its readers end "
+                "when they see the job final",
+                claimed.message.id,
+                claimed.message.task,
+                claimed.attempt,
+                describe(exc),
+                extra=job_fields(claimed, self.worker_id),
+            )
+
+    def _context(
+        self, claimed: ClaimedJob, task: Task[Any, Any], emitter: Emitter | None = None
+    ) -> JobContext[Any]:
         message = claimed.message
         return JobContext(
             job_id=message.id,
@@ -432,6 +513,7 @@ class Executor:
             worker_id=self.worker_id,
             report=lambda data: self._progress(claimed, data),
             scheduled_for=message.scheduled_for or None,
+            emitter=emitter,
         )
 
     async def _call(self, task: Task[Any, Any], args: tuple[Any, ...], running: Running) -> Any:

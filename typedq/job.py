@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, cast
 
 import anyio
 import msgspec
+import pydantic
+from typing_extensions import TypeVar
 
 from .broker.base import Broker, CancelOutcome, JobRecord, JobState
 from .errors import (
     BrokerDataError,
     BrokerUnavailable,
+    ConfigError,
     FailureReason,
     FailureRecord,
     JobCancelled,
@@ -21,13 +24,17 @@ from .errors import (
     ResultTimeout,
 )
 from .serde import Codec, codec_for
+from .streams import POLL, JobStream
 
 if TYPE_CHECKING:
     from .client import Client
 
-__all__ = ["Job", "JobInfo", "JobStatus"]
+__all__ = ["Job", "JobInfo", "JobStatus", "StreamJob"]
 
 TOut = TypeVar("TOut")
+#: What the job's task emits (``@app.task(emits=Token)``: ``StreamJob[Out, Token]``,
+#: whose ``stream()`` yields ``Token``).
+TEmit_co = TypeVar("TEmit_co", bound=msgspec.Struct | pydantic.BaseModel, covariant=True)
 
 #: The status of a job: ``waiting``, ``scheduled``, ``active``, ``completed``, ``failed``,
 #: ``cancelled``.
@@ -74,7 +81,7 @@ def decode_failure(data: bytes | None, job_id: str) -> FailureRecord:
 
 
 class Job(Generic[TOut]):
-    """A handle on one enqueued job.
+    """A handle on one enqueued job (of an emitting task: :class:`StreamJob`).
 
     :ivar id: the job id
     :ivar task: the task name
@@ -83,7 +90,7 @@ class Job(Generic[TOut]):
         only there (a job id is unique per queue); None looks in every queue
     """
 
-    __slots__ = ("_client", "_errors", "_out", "created", "id", "queue", "task")
+    __slots__ = ("_client", "_emits", "_errors", "_out", "created", "id", "queue", "task")
 
     def __init__(
         self,
@@ -95,8 +102,10 @@ class Job(Generic[TOut]):
         *,
         created: bool = True,
         queue: str | None = None,
+        emits: Codec[Any] | None = None,
     ) -> None:
         self._client = client
+        self._emits = emits
         self.queue = queue
         self.id = job_id
         self.task = task
@@ -268,3 +277,37 @@ class Job(Generic[TOut]):
         """
         outcome = await self._client.broker.cancel(self.id, queue=self.queue)
         return outcome in (CancelOutcome.CANCELLED, CancelOutcome.REQUESTED)
+
+
+class StreamJob(Job[TOut], Generic[TOut, TEmit_co]):
+    """A handle on a job of a task that emits ``TEmit_co`` (``@app.task(emits=...)``):
+    a :class:`Job` with :meth:`stream`."""
+
+    __slots__ = ()
+
+    def stream(self, *, poll: float = POLL) -> JobStream[TEmit_co]:
+        """The items the job emits (``ctx.emit``), in order, as they come: an async
+        iterator that ends once the job is final (a finished job's stream replays, while
+        it is kept: as long as the job's record). It holds the items of the job's current
+        attempt: a retry starts it over (:class:`~typedq.errors.StreamRestarted`). See
+        docs/streams.md.
+
+        :param poll: seconds between looks at the job's state while the stream is quiet
+            (the end normally comes as an entry of the stream; the looks end the stream
+            of a job whose worker died or that was cancelled before it ran)
+        :raises ConfigError: the job's task declares no ``emits=``, or ``poll`` is not > 0
+        :raises JobNotFound: (iterating) there is no such job
+        :raises StreamRestarted, StreamTruncated: (iterating) see docs/streams.md
+        """
+        if self._emits is None:
+            raise ConfigError(
+                f"task {self.task!r} declares no stream: job.stream() needs a task "
+                "registered with @app.task(emits=Model)"
+            )
+        # Checked as a number: callers mypy does not check may pass anything.
+        if not (isinstance(cast(object, poll), int | float) and 0 < poll < math.inf):
+            raise ConfigError(
+                f"job.stream(poll={poll!r}): poll must be a number of seconds > 0 (how "
+                "often a quiet stream looks at the job's state)"
+            )
+        return JobStream(self, self._emits, poll=poll)

@@ -27,19 +27,31 @@ own (see docs/producers.md). This module never imports the worker runtime.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 from typing_extensions import Unpack
 
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings
 from .errors import ConfigError
+from .job import StreamJob, TEmit_co
 from .names import check_name
 from .serde import Model
-from .task import TaskBase, TaskDefaults, TaskOptions, TIn, TOut, _Owner, check_partitions
+from .task import (
+    BatchOptions,
+    EnqueueOptions,
+    TaskBase,
+    TaskDefaults,
+    TaskOptions,
+    TEmit,
+    TIn,
+    TOut,
+    _Owner,
+    check_partitions,
+)
 
-__all__ = ["Producer", "TaskStub"]
+__all__ = ["Producer", "StreamTaskStub", "TaskStub"]
 
 if TYPE_CHECKING:
     from .tracing import Tracing
@@ -70,6 +82,7 @@ class TaskStub(TaskBase[TIn, TOut]):
         output_type: type[TOut],
         max_payload_bytes: int | None = None,
         fingerprint: str | None = None,
+        emits: type[Any] | None = None,
     ) -> None:
         super().__init__(
             owner=owner,
@@ -77,6 +90,7 @@ class TaskStub(TaskBase[TIn, TOut]):
             input_type=input_type,
             output_type=output_type,
             max_payload_bytes=max_payload_bytes,
+            emits=emits,
         )
         self._max_payload_bytes = max_payload_bytes
         self.generated_fingerprint = fingerprint
@@ -100,12 +114,38 @@ class TaskStub(TaskBase[TIn, TOut]):
 
     def bind(self, owner: _Owner) -> TaskStub[TIn, TOut]:
         """The same task, sending through another owner's client (a Client, a Producer, an App)."""
-        return TaskStub(
+        return type(self)(
             owner=owner,
             options=self.options,
             input_type=self.input.type,
             output_type=self.output.type,
             max_payload_bytes=self._max_payload_bytes,
+            emits=None if self.emits is None else self.emits.type,
+        )
+
+
+class StreamTaskStub(TaskStub[TIn, TOut], Generic[TIn, TOut, TEmit_co]):
+    """A stub of a task that emits ``TEmit_co`` (``@app.task(emits=...)``): its job
+    handles are :class:`~typedq.job.StreamJob`, whose ``stream()`` yields the items."""
+
+    def job(self, job_id: str) -> StreamJob[TOut, TEmit_co]:
+        """A handle on an existing job of this task, by id."""
+        return cast("StreamJob[TOut, TEmit_co]", super().job(job_id))
+
+    async def enqueue(
+        self, payload: TIn, **options: Unpack[EnqueueOptions]
+    ) -> StreamJob[TOut, TEmit_co]:
+        """Enqueue one job and return its handle (see :meth:`TaskBase.enqueue`)."""
+        return cast("StreamJob[TOut, TEmit_co]", await super().enqueue(payload, **options))
+
+    # list is invariant, so mypy calls this narrower return an incompatible override;
+    # every element is a StreamJob, which is a Job[TOut].
+    async def enqueue_many(  # type: ignore[override]
+        self, payloads: Iterable[TIn], **options: Unpack[BatchOptions]
+    ) -> list[StreamJob[TOut, TEmit_co]]:
+        """Enqueue many jobs in few round trips (see :meth:`TaskBase.enqueue_many`)."""
+        return cast(
+            "list[StreamJob[TOut, TEmit_co]]", await super().enqueue_many(payloads, **options)
         )
 
 
@@ -161,6 +201,7 @@ class Producer(AppBase):
         *,
         optional_output: Literal[False] = False,
         fingerprint: str | None = None,
+        emits: None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> TaskStub[TIn, TOut]: ...
     @overload
@@ -172,8 +213,33 @@ class Producer(AppBase):
         *,
         optional_output: Literal[True],
         fingerprint: str | None = None,
+        emits: None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> TaskStub[TIn, M | None]: ...
+    @overload
+    def task(
+        self,
+        name: str,
+        input_type: type[TIn],
+        output_type: type[TOut],
+        *,
+        optional_output: Literal[False] = False,
+        fingerprint: str | None = None,
+        emits: type[TEmit],
+        **defaults: Unpack[TaskDefaults],
+    ) -> StreamTaskStub[TIn, TOut, TEmit]: ...
+    @overload
+    def task(
+        self,
+        name: str,
+        input_type: type[TIn],
+        output_type: type[M],
+        *,
+        optional_output: Literal[True],
+        fingerprint: str | None = None,
+        emits: type[TEmit],
+        **defaults: Unpack[TaskDefaults],
+    ) -> StreamTaskStub[TIn, M | None, TEmit]: ...
 
     def task(
         self,
@@ -183,6 +249,7 @@ class Producer(AppBase):
         *,
         optional_output: bool = False,
         fingerprint: str | None = None,
+        emits: type[Any] | None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> TaskStub[Any, Any]:
         """Declare a task the worker registers with ``@app.task``.
@@ -204,6 +271,8 @@ class Producer(AppBase):
         :param partitions: the worker's partitions of the queue (must match: the producer
             picks the partition each job goes to)
         :param fingerprint: the input schema's fingerprint when the stub was generated
+        :param emits: the model the worker's handler emits (``@app.task(emits=...)``):
+            the stub's jobs are :class:`~typedq.job.StreamJob` handles (docs/streams.md)
         :raises ConfigError: a name declared twice, a non-model type, a bad option
         """
         options = TaskOptions.of(name, defaults)
@@ -213,13 +282,14 @@ class Producer(AppBase):
         self._declare_partitions({options.queue: options.partitions})
         if optional_output:
             output_type = cast(type[Any], output_type | None)
-        stub: TaskStub[Any, Any] = TaskStub(
+        stub: TaskStub[Any, Any] = (TaskStub if emits is None else StreamTaskStub)(
             owner=self,
             options=options,
             input_type=input_type,
             output_type=output_type,
             max_payload_bytes=self.max_payload_bytes,
             fingerprint=fingerprint,
+            emits=emits,
         )
         self._tasks[name] = stub
         return stub

@@ -237,6 +237,8 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
         if returned is not type(None):
             models.append((returned, "output", task))
         models.extend((error, "declared error", task) for error in task.options.errors)
+        if task.emits is not None:
+            models.append((task.emits.type, "emitted", task))
     # Names used by more than one module are imported under an alias, in every module.
     owners: dict[str, set[str]] = {}
     for tp, role, task in models:
@@ -294,7 +296,8 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
         "    Backoff,",
         *(["    Failed,", "    Ok,"] if collects else []),
         "    Producer,",
-        "    TaskStub,",
+        *(["    StreamTaskStub,"] if any(t.emits is not None for t in selected) else []),
+        *(["    TaskStub,"] if any(t.emits is None for t in selected) else []),
         ")",
         "",
         "# isort: split",
@@ -351,9 +354,12 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
                 f"# The worker limits this task per key ({', '.join(keyed)}); a stub cannot "
                 "compute keys: its jobs share the task-wide bucket (docs/limits.md)."
             )
+        emits = None if task.emits is None else names.models[task.emits.type]
+        stub = "TaskStub" if emits is None else "StreamTaskStub"
         lines += [
-            f"{variables[task.name]}: TaskStub[{inputs[task.name]}, {output}"
-            f"{' | None' if inner else ''}] = {producer}.task(",
+            f"{variables[task.name]}: {stub}[{inputs[task.name]}, {output}"
+            f"{' | None' if inner else ''}{'' if emits is None else f', {emits}'}] = "
+            f"{producer}.task(",
             f"    {_literal(task.name, what)},",
             f"    {inputs[task.name]},",
             f"    {'type(None)' if output == 'None' else output},",
@@ -366,6 +372,7 @@ def generate(app: App, *, target: str, out: str, tasks: Sequence[str] = ()) -> s
             *([f"    partitions={options.partitions!r},"] if options.partitions != 1 else []),
             f"    errors={_tuple([names.models[e] for e in options.errors], '    ')},",
             f"    fingerprint={_literal(task.input.fingerprint, what)},",
+            *([f"    emits={emits},"] if emits is not None else []),
             ")",
         ]
     return "\n".join(lines) + "\n"

@@ -35,7 +35,7 @@ from .flowcontrol import Debounce, check_flow_control
 # of this module (issue 25): every name is still importable from typedq.task.
 from .handlers import count_params
 from .handlers import handler_types as handler_types
-from .job import Job
+from .job import Job, StreamJob, TEmit_co
 from .limits import ConcurrencyLimit, RateLimit, check_limit_option, limit_key
 from .names import (
     check_job_id,
@@ -49,7 +49,8 @@ from .queues import check_limits_partitions as check_limits_partitions
 from .queues import check_partitions as check_partitions
 from .queues import check_queues as check_queues
 from .queues import expand_queues as expand_queues
-from .serde import Codec, codec_for
+from .serde import Codec, codec_for, is_model_type
+from .streams import LocalEmitter
 from .taskoptions import DEFAULT_QUEUE as DEFAULT_QUEUE
 from .taskoptions import UNSET as UNSET
 from .taskoptions import BatchOptions as BatchOptions
@@ -76,8 +77,10 @@ __all__ = [
     "UNSET",
     "BatchOptions",
     "EnqueueOptions",
+    "EmitTaskDecorator",
     "Enqueuer",
     "Registry",
+    "StreamTask",
     "Task",
     "TaskBase",
     "TaskDecorator",
@@ -97,6 +100,8 @@ TIn_contra = TypeVar(
     bound=msgspec.Struct | pydantic.BaseModel | Sequence[msgspec.Struct | pydantic.BaseModel],
     contravariant=True,
 )
+#: What an emitting task's handler emits (``emits=``).
+TEmit = TypeVar("TEmit", bound=msgspec.Struct | pydantic.BaseModel)
 #: The next step's output (``then``).
 TNext = TypeVar("TNext", bound=msgspec.Struct | pydantic.BaseModel | None)
 #: A task's output as the next step's input (``then``).
@@ -189,6 +194,7 @@ class TaskBase(Generic[TIn, TOut]):
     :param unique_for: one job per key (``key=``) while it is pending or running and
         this long after it completed (a timedelta or seconds; docs/flow-control.md)
     :param debounce: collapse enqueues of one key into one job (docs/flow-control.md)
+    :param emits: the model its handler emits (``ctx.emit``), None for none
     :raises ConfigError: conflicting or out-of-range options, naming the fix
     """
 
@@ -205,6 +211,7 @@ class TaskBase(Generic[TIn, TOut]):
         concurrency: ConcurrencyLimit[TIn] | None = None,
         unique_for: timedelta | float | None = None,
         debounce: Debounce[TIn] | None = None,
+        emits: type[Any] | None = None,
     ) -> None:
         self.options = options
         self.name = options.name
@@ -225,6 +232,15 @@ class TaskBase(Generic[TIn, TOut]):
         self.concurrency = concurrency
         self.input: Codec[TIn] = codec_for(input_type, max_bytes=max_payload_bytes)
         self.output: Codec[TOut] = codec_for(output_type)
+        #: The model the handler emits (``ctx.emit``), or None: the task streams nothing.
+        self.emits: Codec[Any] | None = None
+        if emits is not None:
+            if not is_model_type(emits):
+                raise ConfigError(
+                    f"task {self.name!r}: emits={emits!r} must be a msgspec.Struct or "
+                    "pydantic.BaseModel subclass (the model of the items ctx.emit sends)"
+                )
+            self.emits = codec_for(emits)
         self._owner = owner
 
     def __repr__(self) -> str:
@@ -313,7 +329,8 @@ class TaskBase(Generic[TIn, TOut]):
         ]
 
     def _job(self, job_id: str, *, created: bool) -> Job[TOut]:
-        return Job(
+        # An emitting task's handles are StreamJobs (StreamTask's methods say so to mypy).
+        return (Job if self.emits is None else StreamJob)(
             self._owner.client,
             job_id,
             self.name,
@@ -321,6 +338,7 @@ class TaskBase(Generic[TIn, TOut]):
             self.options.errors,
             created=created,
             queue=self.queue_for(job_id),
+            emits=self.emits,
         )
 
     def queue_for(self, job_id: str) -> str:
@@ -421,9 +439,12 @@ class TaskBase(Generic[TIn, TOut]):
             exc.jobs = [self._job(o.id, created=o.created) for o in exc.outcomes if o is not None]
             raise
         # The handles made inline (each job's queue is its envelope's: no hash again).
-        name, output, errors = self.name, self.output, self.options.errors
+        name, output, errors, emits = self.name, self.output, self.options.errors, self.emits
+        handle = Job if emits is None else StreamJob
         return [
-            Job(client, o.id, name, output, errors, created=o.created, queue=m.queue)
+            handle(
+                client, o.id, name, output, errors, created=o.created, queue=m.queue, emits=emits
+            )
             for o, m in zip(outcomes, messages, strict=True)
         ]
 
@@ -474,6 +495,7 @@ class Task(TaskBase[TIn, TOut]):
         concurrency: ConcurrencyLimit[TIn] | None = None,
         unique_for: timedelta | float | None = None,
         debounce: Debounce[TIn] | None = None,
+        emits: type[Any] | None = None,
     ) -> None:
         super().__init__(
             owner=app,
@@ -486,6 +508,7 @@ class Task(TaskBase[TIn, TOut]):
             concurrency=concurrency,
             unique_for=unique_for,
             debounce=debounce,
+            emits=emits,
         )
         self.app = app
         self.fn = fn
@@ -523,16 +546,22 @@ class Task(TaskBase[TIn, TOut]):
 
     # -- running ----------------------------------------------------------------
 
-    def __call__(self, payload: TIn, ctx: JobContext | None = None) -> Awaitable[TOut]:
-        """Run the handler here, now, without the queue: ``await send_invoice(inv)``."""
+    def __call__(self, payload: TIn, ctx: JobContext[Any] | None = None) -> Awaitable[TOut]:
+        """Run the handler here, now, without the queue: ``await send_invoice(inv)``.
+        Items it emits are checked, and dropped (no job has a stream)."""
         return self.invoke(payload, ctx or self._local_context())
 
-    def _local_context(self) -> JobContext:
+    def _local_context(self) -> JobContext[Any]:
         return JobContext(
-            job_id="local", task=self.name, queue=self.queue, attempt=1, enqueued_at=0.0
+            job_id="local",
+            task=self.name,
+            queue=self.queue,
+            attempt=1,
+            enqueued_at=0.0,
+            emitter=None if self.emits is None else LocalEmitter(self.emits, self.name),
         )
 
-    async def invoke(self, payload: TIn, ctx: JobContext) -> TOut:
+    async def invoke(self, payload: TIn, ctx: JobContext[Any]) -> TOut:
         """Call the handler in this task (async) or inline (sync); the worker threads sync ones."""
         args = (payload, ctx) if self.takes_context else (payload,)
         if self.is_async:
@@ -540,10 +569,38 @@ class Task(TaskBase[TIn, TOut]):
         return typing.cast(TOut, self.fn(*args))
 
 
+class StreamTask(Task[TIn, TOut], Generic[TIn, TOut, TEmit_co]):
+    """A task whose handler emits ``TEmit_co`` items (``@app.task(emits=...)``): its job
+    handles are :class:`~typedq.job.StreamJob`, whose ``stream()`` yields them."""
+
+    def job(self, job_id: str) -> StreamJob[TOut, TEmit_co]:
+        """A handle on an existing job of this task, by id."""
+        return typing.cast("StreamJob[TOut, TEmit_co]", super().job(job_id))
+
+    async def enqueue(
+        self, payload: TIn, **options: Unpack[EnqueueOptions]
+    ) -> StreamJob[TOut, TEmit_co]:
+        """Enqueue one job and return its handle (see :meth:`TaskBase.enqueue`)."""
+        return typing.cast("StreamJob[TOut, TEmit_co]", await super().enqueue(payload, **options))
+
+    # list is invariant, so mypy calls this narrower return an incompatible override;
+    # every element is a StreamJob, which is a Job[TOut].
+    async def enqueue_many(  # type: ignore[override]
+        self, payloads: Iterable[TIn], **options: Unpack[BatchOptions]
+    ) -> list[StreamJob[TOut, TEmit_co]]:
+        """Enqueue many jobs in few round trips (see :meth:`TaskBase.enqueue_many`)."""
+        jobs = await super().enqueue_many(payloads, **options)
+        return typing.cast("list[StreamJob[TOut, TEmit_co]]", jobs)
+
+
 AsyncHandler: TypeAlias = Callable[[TIn], Awaitable[TOut]]
 AsyncContextHandler: TypeAlias = Callable[[TIn, JobContext], Awaitable[TOut]]
 SyncHandler: TypeAlias = Callable[[TIn], TOut]
 SyncContextHandler: TypeAlias = Callable[[TIn, JobContext], TOut]
+#: A handler of an emitting task (``@app.task(emits=TEmit)``): its context is
+#: ``JobContext[TEmit]``.
+AsyncEmitHandler: TypeAlias = Callable[[TIn, JobContext[TEmit]], Awaitable[TOut]]
+SyncEmitHandler: TypeAlias = Callable[[TIn, JobContext[TEmit]], TOut]
 BackoffKind: TypeAlias = Literal["fixed", "exponential"]
 
 
@@ -558,3 +615,21 @@ class TaskDecorator(Protocol):
     def __call__(self, fn: SyncContextHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
     @overload
     def __call__(self, fn: SyncHandler[TIn, TOut], /) -> Task[TIn, TOut]: ...
+
+
+class EmitTaskDecorator(Protocol[TEmit]):
+    """What ``app.task(emits=Token, ...)`` returns: applied to a handler taking a
+    ``JobContext[Token]``, makes a ``StreamTask[TIn, TOut, Token]``."""
+
+    @overload
+    def __call__(
+        self, fn: AsyncEmitHandler[TIn, TEmit, TOut], /
+    ) -> StreamTask[TIn, TOut, TEmit]: ...
+    @overload
+    def __call__(self, fn: AsyncHandler[TIn, TOut], /) -> StreamTask[TIn, TOut, TEmit]: ...
+    @overload
+    def __call__(
+        self, fn: SyncEmitHandler[TIn, TEmit, TOut], /
+    ) -> StreamTask[TIn, TOut, TEmit]: ...
+    @overload
+    def __call__(self, fn: SyncHandler[TIn, TOut], /) -> StreamTask[TIn, TOut, TEmit]: ...

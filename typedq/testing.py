@@ -161,7 +161,8 @@ def job_context(
     queue: str = "default",
     attempt: int = 1,
     enqueued_at: float = 0.0,
-) -> JobContext:
+    emitted: list[Any] | None = None,
+) -> JobContext[Any]:
     """A job context for calling a handler directly, with test doubles for its resources::
 
         receipt = await charge(order, job_context(provide(db, fake_pool)))
@@ -169,6 +170,8 @@ def job_context(
     :param resources: what ``ctx.get`` returns, ``provide(db, fake_pool)``; asking for
         another resource raises :class:`~typedq.ResourceError`
     :param attempt: what ``ctx.attempt`` says (to test a handler's retry behaviour)
+    :param emitted: a list that gets what the handler emits (``ctx.emit``, a task with
+        ``emits=``, docs/streams.md), in order
     """
     return JobContext(
         job_id=job_id,
@@ -177,4 +180,15 @@ def job_context(
         attempt=attempt,
         enqueued_at=enqueued_at,
         resources=Resources.of(resources, where="this test's job_context"),
+        emitter=None if emitted is None else _Collect(emitted),
     )
+
+
+class _Collect:
+    """The emitter of a test's job context: appends every item to a list."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    async def emit(self, item: Any, /) -> None:
+        self.items.append(item)

@@ -142,6 +142,7 @@ async def test_lua_key_names_match_the_keys_module(redis_url: str) -> None:
             k.unique("q1", "t1|k:1"),
             k.unique_job("q1", "job-1"),
             k.debounce("q1", "t1|k:1"),
+            k.job_stream("q1", "job-1"),
         ]
         # Every key of a queue carries the queue's hash tag, nothing else's.
         assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])

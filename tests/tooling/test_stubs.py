@@ -369,3 +369,61 @@ def test_stub_and_schema_of_list_inputs(mypy_cache: Path) -> None:
     assert tasks["skus"]["input"]["items"] == {"$ref": "#/$defs/Item"}
     assert "Item" in tasks["skus"]["input"]["$defs"]
     assert tasks["report"]["input"]["items"]["anyOf"][0]["prefixItems"][0] == {"const": "ok"}
+
+
+def test_stub_of_emitting_tasks(mypy_cache: Path) -> None:
+    """A task with ``emits=``: the stub is a StreamTaskStub, so a producer's
+    ``job.stream()`` is typed by the emitted model, as with the real task."""
+    out = ROOT / "tests" / "stubfix" / "generated_stream_stub_under_test.py"
+    try:
+        result = run("stubs", "tests.stubfix.streaming:app", "--out", str(out.relative_to(ROOT)))
+        assert result.returncode == 0, result.stderr
+        text = out.read_text()
+        assert "spell: StreamTaskStub[Item_models_a, Gone, Item_models_b] = app.task(" in text
+        assert "maybe: StreamTaskStub[Item_models_a, Gone | None, Outer.Inner] = app.task(" in text
+        assert "    emits=Item_models_b,\n" in text
+        producer = out.with_name("generated_stream_producer_under_test.py")
+        producer.write_text(
+            "from tests.stubfix.generated_stream_stub_under_test import Item_models_a, spell\n\n\n"
+            "async def go() -> None:\n"
+            "    job = await spell.enqueue(Item_models_a(sku='ab'))\n"
+            "    async for item in job.stream():\n"
+            "        print(item.sku)\n"
+            "        print(item.nope)  # type: ignore[attr-defined]\n"
+        )
+        try:
+            for tool in (["ruff", "check"], ["ruff", "format", "--check"]):
+                lint = subprocess.run(
+                    [sys.executable, "-m", *tool, str(out)],
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                assert lint.returncode == 0, lint.stdout + lint.stderr
+            typed = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "mypy",
+                    "--cache-dir",
+                    str(mypy_cache),
+                    str(out),
+                    str(producer),
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert typed.returncode == 0, typed.stdout
+        finally:
+            producer.unlink(missing_ok=True)
+        imported = python(
+            "import tests.stubfix.generated_stream_stub_under_test as s\n"
+            "from tests.stubfix.streaming import app\n"
+            "print(type(s.spell).__name__, s.spell.emits.type is app.tasks['spell'].emits.type)"
+        )
+        assert imported.stdout.split() == ["StreamTaskStub", "True"], imported.stderr
+    finally:
+        out.unlink(missing_ok=True)

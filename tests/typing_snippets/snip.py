@@ -30,6 +30,12 @@ class Thumb(msgspec.Struct):
     width: int
 
 
+class Token(msgspec.Struct):
+    """What a streaming task emits (the stream snippets)."""
+
+    text: str
+
+
 class CardDeclined(msgspec.Struct):
     code: str
 

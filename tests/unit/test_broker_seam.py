@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from tests.support import TEST_DEADLINE, FaultyBroker, broker_methods
-from typedq import App, BrokerError, RateLimit, Unsupported
+from typedq import App, BrokerError, JobContext, RateLimit, Unsupported
 from typedq.broker.base import Broker, BrokerSettings, JobState
 from typedq.broker.capabilities import (
     CAPABILITIES,
@@ -154,6 +154,7 @@ async def test_an_app_runs_on_a_core_only_broker() -> None:
         "purge",
         "enqueue_flows",
         "get_runs",
+        "append_streams",
     ],
 )
 async def test_a_missing_capability_raises_unsupported(method: str) -> None:
@@ -161,6 +162,7 @@ async def test_a_missing_capability_raises_unsupported(method: str) -> None:
     args: dict[str, list[Any]] = {"enable_events": ["q"], "retry": [["x"]], "purge": ["q", []]}
     args["enqueue_flows"] = [[]]
     args["get_runs"] = [["run-1"]]
+    args["append_streams"] = [[]]
     with pytest.raises(Unsupported, match="CoreOnly does not support") as caught:
         await getattr(broker, method)(*args.get(method, []))
     # One error for "this backend cannot do that", caught as either of its bases.
@@ -181,6 +183,10 @@ async def test_an_app_declaring_what_the_broker_lacks_fails_at_connect() -> None
     async def send(x: Num) -> None:
         pass
 
+    @app.task(emits=Num)
+    async def speak(x: Num, ctx: JobContext[Num]) -> None:
+        await ctx.emit(x)
+
     app.schedule(send, Num(1), every=60, name="tick")
     with pytest.raises(Unsupported) as caught:
         async with app:
@@ -191,6 +197,7 @@ async def test_an_app_declaring_what_the_broker_lacks_fails_at_connect() -> None
     for part in ("Schedules (schedules tick)", "Limits (rate_limit/concurrency of tasks send)"):
         assert part in message
     assert "EventStreams (App(event_streams=True))" in message
+    assert "JobStreams (emits= of tasks speak)" in message
     assert broker.connects == 0, "the check comes before connecting"
     assert not app.client.connected
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -11,7 +11,7 @@ from tests.support import In, Out
 from typedq import App, ConcurrencyLimit, ConfigError, Producer, RateLimit
 from typedq.names import check_name, partition_queue, partition_queues
 from typedq.settling import QueueRotation
-from typedq.task import expand_queues
+from typedq.task import TaskDecorator, expand_queues
 
 
 def test_the_partition_is_a_stable_hash_of_the_job_id() -> None:
@@ -38,7 +38,7 @@ def test_partitions_out_of_range_is_one_line(bad: object) -> None:
     options: dict[str, Any] = {"partitions": bad}  # bad values on purpose, untyped
     with pytest.raises(ConfigError, match="partitions=") as err:
 
-        @app.task(queue="emails", **options)
+        @cast(TaskDecorator, app.task(queue="emails", **options))
         async def send(x: In) -> Out:
             return Out(x.n)
 
@@ -115,7 +115,7 @@ def test_a_limit_on_a_partitioned_task_is_refused_in_one_line(limit: str) -> Non
     )
     with pytest.raises(ConfigError) as info:
 
-        @app.task(partitions=4, **given)
+        @cast(TaskDecorator, app.task(partitions=4, **given))
         async def send(p: In) -> None: ...
 
     message = str(info.value)

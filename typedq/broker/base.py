@@ -58,11 +58,14 @@ no job is a flow's).
 - ``OperatorActions`` (3): ``retry``, ``remove``, ``purge`` (``typedq inspect``, the
   dashboard)
 - ``Runs`` (7): ``create_runs``, ``get_runs``, ``append_runs``, ``signal_runs``,
-  ``wake_runs``, ``cancel_runs``, ``wait_run`` (typedq.durable; values in :mod:`typedq.broker.runs`)
+  ``wake_runs``, ``cancel_runs``, ``wait_run`` (typedq.durable; values in
+  :mod:`typedq.broker.runs`)
 - ``FlowControl`` (1): ``enqueue_controlled``, keyed enqueues under a unique window or a
   debounce (typedq.flowcontrol, docs/flow-control.md)
-- ``SchemaRegistry`` (3): ``record_schemas``, ``schema_records``, ``forget_schemas``
-  (``typedq verify``; values in :mod:`typedq.broker.schemas`)
+- ``SchemaRegistry`` (3): ``record_schemas``, ``schema_records``,
+  ``forget_schemas`` (``typedq verify``; values in :mod:`typedq.broker.schemas`)
+- ``JobStreams`` (2): ``append_streams``, ``read_stream`` (typed streams from a task:
+  ``emits=``, ``job.stream()``; values in :mod:`typedq.broker.streams`)
 
 A client checks the capabilities its app's declarations need once, when it connects
 (:func:`typedq.broker.capabilities.require`): an app with schedules, task limits or

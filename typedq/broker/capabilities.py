@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     )
     from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
     from .schemas import SchemaRecord
+    from .streams import StreamAppend, StreamEntry
 
 __all__ = [
     "CAPABILITIES",
@@ -51,6 +52,7 @@ __all__ = [
     "EventStreams",
     "FlowControl",
     "Flows",
+    "JobStreams",
     "Limits",
     "Observability",
     "OperatorActions",
@@ -177,6 +179,18 @@ class EventStreams(Protocol):
 
 
 @runtime_checkable
+class JobStreams(Protocol):
+    """Per-job streams of typed items a task emits (:mod:`typedq.streams`,
+    ``@app.task(emits=...)``); values in :mod:`typedq.broker.streams`."""
+
+    async def append_streams(self, appends: Sequence[StreamAppend]) -> list[bool]: ...
+
+    async def read_stream(
+        self, job_id: str, *, queue: str, after: str, timeout: float, limit: int = 1000
+    ) -> list[StreamEntry]: ...
+
+
+@runtime_checkable
 class OperatorActions(Protocol):
     """What an operator does to jobs (``typedq inspect``, the dashboard): retry the
     failed, remove jobs, purge a queue's states."""
@@ -241,6 +255,7 @@ CAPABILITIES: tuple[type[Any], ...] = (
     Runs,
     FlowControl,
     SchemaRegistry,
+    JobStreams,
 )
 
 

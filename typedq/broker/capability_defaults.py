@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     )
     from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
     from .schemas import SchemaRecord
+    from .streams import StreamAppend, StreamEntry
 
 __all__ = ["CapabilityDefaults", "capability_default", "is_capability_default"]
 
@@ -243,6 +244,32 @@ class CapabilityDefaults:
         ``missed`` counts the events after ``after`` that the cap already dropped.
         """
         raise self._unsupported("event streams")
+
+    # -- job streams (typedq.streams; capability JobStreams) ------------------------------
+
+    @capability_default
+    async def append_streams(self, appends: Sequence[StreamAppend]) -> list[bool]:
+        """Add each :class:`~typedq.broker.streams.StreamAppend`'s items (then its end
+        entry, when it has one) to its job's stream, atomically per append; True for each
+        one taken, False for one its token no longer holds (the lease was lost, or the
+        job did not end by this token).
+
+        A ``fresh`` append first empties the stream (a previous run's entries); positions
+        keep growing across that, so a reader after a position misses nothing new. The
+        stream keeps about the last :data:`~typedq.broker.streams.STREAM_MAX` entries and
+        expires ``ttl`` seconds after the append.
+        """
+        raise self._unsupported("job streams")
+
+    @capability_default
+    async def read_stream(
+        self, job_id: str, *, queue: str, after: str, timeout: float, limit: int = 1000
+    ) -> list[StreamEntry]:
+        """The entries of ``job_id``'s stream after position ``after`` (``""``: from the
+        start), oldest first, at most ``limit``; when there are none yet, wait up to
+        ``timeout`` seconds for one (never polling). An empty list: none came.
+        """
+        raise self._unsupported("job streams")
 
     # -- operator actions (``typedq inspect``, the dashboard; capability OperatorActions) ---
 

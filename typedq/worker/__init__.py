@@ -173,6 +173,7 @@ class Worker(Generic[TIn, TOut]):
                 progress=self._report_progress,
                 thread_exited=jobs.thread_exited,
                 clock=clock,
+                broker=broker,
             ),
             settler=self._settler,
             stats=self.stats,

@@ -168,6 +168,8 @@ class JobRunner:
                 )
                 outcome = Fail(self._minimal(claimed, exc, "could not record the outcome"))
                 await self.settler.settle(claimed, outcome)
+            if running.emitter is not None:
+                await self.executor.end_stream(running, outcome)
             if timed:
                 how = outcome_of(outcome)
                 if observer is not None:

@@ -44,7 +44,7 @@ async def wrong_context(invoice: SendInvoice, ctx: int) -> Receipt:
     return Receipt(receipt_id=str(ctx), total_cents=1)
 
 
-@app.task  # E: arg-type "Callable[[SendInvoice, JobContext, int], Receipt]"
+@app.task  # E: arg-type "Callable[[SendInvoice, JobContext[Never], int], Receipt]"
 def three_params(invoice: SendInvoice, ctx: JobContext, extra: int) -> Receipt:
     return Receipt(receipt_id=str(extra), total_cents=1)
 

@@ -32,6 +32,7 @@ from ..flow import FlowSpec, FlowState
 from ..records import RUN_CANCELLED, broker_failure
 from ..runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
 from ..schemas import SchemaRecord
+from ..streams import StreamAppend, StreamEntry
 from . import listing
 from .core import JobPath
 from .jobs import Job
@@ -348,3 +349,19 @@ class MemoryBroker(JobPath):
             await self.events.wait(queue, timeout)
             self._check()
         return self.events.read(queue, after, limit)
+
+    # -- job streams (typedq.streams) ----------------------------------------------------
+
+    async def append_streams(self, appends: Sequence[StreamAppend]) -> list[bool]:
+        self._check()
+        return [self.streams.append(a) for a in appends]
+
+    async def read_stream(
+        self, job_id: str, *, queue: str, after: str, timeout: float, limit: int = 1000
+    ) -> list[StreamEntry]:
+        self._check()
+        at = int(after) if after else 0
+        if not self.streams.has_after(job_id, at):
+            await self.streams.wait(job_id, timeout)
+            self._check()
+        return self.streams.read(job_id, at, max(1, limit))

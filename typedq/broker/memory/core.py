@@ -52,6 +52,7 @@ from .observe import Events, Registry, Rollups
 from .retention import Finished
 from .runs import RunStore
 from .schedules import Schedules
+from .streams import JobStreamStore
 
 __all__ = ["JobPath"]
 
@@ -84,6 +85,7 @@ class JobPath(Broker):
         self.control = Control(self)
         self.rollups = Rollups()
         self.events = Events(self.settings.events_max)
+        self.streams = JobStreamStore(self.clock.time, self.table.jobs.get)
         self._connected = False
         self._users = 0
         self._work: anyio.Event | None = None
@@ -117,6 +119,7 @@ class JobPath(Broker):
             event.set()
         self._finish_waiters.clear()
         self.events.wake_all()
+        self.streams.wake_all()
 
     def _check(self) -> None:
         if not self._connected:

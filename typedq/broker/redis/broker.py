@@ -56,6 +56,7 @@ from .runs import RunOps
 from .schedules import ScheduleOps
 from .schemaops import SchemaOps
 from .scripts import LIBRARY, SHARDED_LIBRARY
+from .streams import StreamOps
 
 __all__ = ["RedisBroker"]
 
@@ -65,7 +66,15 @@ HANDOFF_AGE = 5.0
 
 
 class RedisBroker(
-    ScriptCalls, EnqueueOps, FlowOps, LeaseOps, InspectOps, ScheduleOps, RunOps, SchemaOps
+    ScriptCalls,
+    EnqueueOps,
+    FlowOps,
+    LeaseOps,
+    InspectOps,
+    ScheduleOps,
+    RunOps,
+    SchemaOps,
+    StreamOps,
 ):
     """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 
@@ -411,6 +420,7 @@ class RedisBroker(
         if lane is not None:
             with contextlib.suppress(Exception):
                 await lane.close()
+        await self._close_readers()
         for client in (self._sub_client, self._redis):
             if client is not None:
                 with contextlib.suppress(Exception):

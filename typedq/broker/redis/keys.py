@@ -78,6 +78,16 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    ``k`` task, ``s`` final state letter, ``d`` result or
                                    failure record, ``a`` attempt; XADD MAXLEN ~ cap in
                                    the scripts' finalize (only while ``E`` exists)
+    Q js:<id>             stream   the job's stream (typedq.streams, ``emits=``): the
+                                   items its current run emitted, entry fields ``a``
+                                   attempt, ``n`` number in the run, ``d`` the item; then
+                                   the end entry (``e`` the final state letter, no
+                                   ``d``), written after the job is final. XADD MAXLEN ~
+                                   STREAM_MAX (10,000) by stream_append.lua, fenced by the
+                                   run's token; a run's first append empties it (XTRIM
+                                   MAXLEN 0, keeping the last id). Expires STREAM_LIVE_TTL
+                                   (a day) after each append while the job runs, and the
+                                   retention TTL of its final state after the end entry
     Q f:<flow id>         hash     a running workflow (typedq/broker/flow.py), on the
                                    queue of the flow's own job: ``S`` steps, ``n``
                                    members, ``c`` members not settled, ``col`` collector,
@@ -386,6 +396,10 @@ class Keys:
     def events(self, queue: str) -> str:
         """The capped stream of ``queue``'s events (typedq.events)."""
         return self.queue_prefix(queue) + "ev"
+
+    def job_stream(self, queue: str, job_id: str) -> str:
+        """The stream of one job's emitted items (typedq.streams)."""
+        return f"{self.queue_prefix(queue)}js:{job_id}"
 
     def events_config(self, queue: str) -> str:
         """The hash that turns ``queue``'s event stream on: its cap and last event number."""

@@ -145,6 +145,8 @@ local function k_minute(q, minute) return k_q(q) .. 'h:' .. minute end
 local ROLLUP_TTL_S = 25 * 3600
 -- Events (typedq/events.py): a queue's capped stream, on while its config hash exists.
 local function k_events(q) return k_q(q) .. 'ev' end
+-- A job's stream (typedq/streams.py): the items its current run emitted.
+local function k_jstream(q, id) return k_q(q) .. 'js:' .. id end
 local function k_events_cfg(q) return k_fixed(q, 'E') end
 -- A queue's own channels (Redis Cluster, see sharded.lua).
 local function qch(q, kind) return k_q(q) .. 'ev:' .. kind end
