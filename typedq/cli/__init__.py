@@ -11,7 +11,8 @@ stubs`` is :mod:`typedq.cli.stubs`, and loading ``MODULE:APP`` is :mod:`typedq.c
 file is stale; ``typedq stubs [--check] FILE...`` regenerates files from the command in
 their header). ``typedq schema MODULE:APP`` prints each task's JSON Schemas. ``typedq
 inspect`` shows counts, failed jobs, and retries, cancels or purges jobs (see
-:mod:`typedq.inspector`).
+:mod:`typedq.inspector`); ``typedq jobs`` finds jobs by filter and retries, cancels or
+removes every match (:mod:`typedq.cli.jobs`, :mod:`typedq.bulk`).
 
 ``--log-level`` and ``--broker`` go before or after the subcommand. Options without a
 flag fall back on ``TYPEDQ_*`` environment variables (see ``typedq --help``): the flag
@@ -41,6 +42,7 @@ from ..errors import ConfigError, TypedqError
 from ..schema import app_schema as schema_of
 from .common import load_app
 from .inspect import inspect_command
+from .jobs import add_jobs_parser, jobs_command
 from .stubs import stubs_command
 from .worker import exit_past_threads, worker_command
 
@@ -116,8 +118,10 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"{variable}={raw!r} is not {kind}; fix or unset it (or give the flag)"
             ) from None
-    if args.broker and args.command not in ("worker", "inspect", "dashboard"):
-        raise ConfigError(f"--broker is for worker, inspect and dashboard, not {args.command}")
+    if args.broker and args.command not in ("worker", "inspect", "jobs", "dashboard"):
+        raise ConfigError(
+            f"--broker is for worker, inspect, jobs and dashboard, not {args.command}"
+        )
     if args.log_format not in ("text", "json"):
         raise ConfigError(f"log format {args.log_format!r} is not text or json")
     if getattr(args, "processes", 1) < 1:
@@ -316,6 +320,7 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
             help=f"{action} these jobs, or with --state every job in that state",
         )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_jobs_parser(sub, [common, with_broker])
     for provider in providers.values():
         provider.add_parser(sub, [common, with_broker])
     return parser
@@ -346,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _schema(args)
         elif args.command == "inspect":
             return inspect_command(args)
+        elif args.command == "jobs":
+            return jobs_command(args)
         elif args.command in providers:
             return int(providers[args.command].run(args))
     except TypedqError as exc:
