@@ -25,10 +25,11 @@ HTML, both from the structures below.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import types
 import typing
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -362,7 +363,9 @@ class BulkQuery:
         stats = await self.client.broker.queue_stats(self.queues)
         return {s.queue: s.counts.get(self.filter.state, 0) for s in stats}
 
-    async def pages(self, *, size: int = BATCH) -> AsyncIterator[tuple[str, int, list[JobRecord]]]:
+    async def pages(
+        self, *, size: int = BATCH
+    ) -> AsyncGenerator[tuple[str, int, list[JobRecord]], None]:
         """Walk the state once, queue by queue: per page, its queue, how many jobs it
         examined and the records that match. Bounded: one page in memory at a time.
 
@@ -411,10 +414,11 @@ class BulkQuery:
         the count is exact)."""
         total = examined = 0
         jobs: list[JobView] = []
-        async for _, seen, matched in self.pages():
-            examined += seen
-            total += len(matched)
-            jobs += [job_view(r) for r in matched[: max(0, limit - len(jobs))]]
+        async with contextlib.aclosing(self.pages()) as pages:
+            async for _, seen, matched in pages:
+                examined += seen
+                total += len(matched)
+                jobs += [job_view(r) for r in matched[: max(0, limit - len(jobs))]]
         return BulkPreview(
             filter=self.filter, queues=self.queues, total=total, examined=examined, jobs=jobs
         )
@@ -422,8 +426,9 @@ class BulkQuery:
     async def count(self) -> int:
         """How many jobs match now."""
         total = 0
-        async for _, _, matched in self.pages():
-            total += len(matched)
+        async with contextlib.aclosing(self.pages()) as pages:
+            async for _, _, matched in pages:
+                total += len(matched)
         return total
 
     async def apply(
@@ -453,23 +458,28 @@ class BulkQuery:
         send, receive = anyio.create_memory_object_stream[tuple[str, int, list[str]]](1)
 
         async def read() -> None:
-            async with send:
-                async for queue, seen, records in self.pages(size=size):
+            async with send, contextlib.aclosing(self.pages(size=size)) as pages:
+                async for queue, seen, records in pages:
                     await send.send((queue, seen, [r.message.id for r in records]))
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read)
-            async with receive:
-                async for queue, seen, ids in receive:
-                    examined += seen
-                    matched += len(ids)
-                    if ids and not dry_run:
-                        for outcome in await self._act(action, queue, ids):
-                            outcomes[outcome] = outcomes.get(outcome, 0) + 1
-                            done += outcome in BULK_DONE
-                    report = self._report(action, dry_run, examined, matched, done, outcomes)
-                    if progress is not None:
-                        progress(report, bound)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read)
+                async with receive:
+                    async for queue, seen, ids in receive:
+                        examined += seen
+                        matched += len(ids)
+                        if ids and not dry_run:
+                            for outcome in await self._act(action, queue, ids):
+                                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                                done += outcome in BULK_DONE
+                        report = self._report(action, dry_run, examined, matched, done, outcomes)
+                        if progress is not None:
+                            progress(report, bound)
+        except BaseExceptionGroup as group:
+            # The reader's or the caller's error as itself (a BrokerError, the progress
+            # callback's), not wrapped in the task group's group.
+            raise _sole(group) from None
         return report
 
     def _report(
@@ -512,3 +522,11 @@ class BulkQuery:
             for job_id in ids:
                 tg.start_soon(cancel, job_id)
         return [out[i] for i in ids]
+
+
+def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception a group of one holds (through nested groups), else the group."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -230,3 +230,28 @@ async def test_a_bad_filter_is_one_line(app: App) -> None:
         query(app, task="nope")
     with pytest.raises(ConfigError, match="cannot retry waiting jobs; retry applies to"):
         await query(app, state=JobState.WAITING).apply("retry")
+
+
+class Interrupted(Exception):
+    pass
+
+
+async def test_an_interrupted_run_resumed_acts_on_what_still_matches(app: App) -> None:
+    await run_to_the_end(app, orders(60))  # 40 failed: 20 CardDeclined, 20 OutOfStock
+    q = query(app, error_type="CardDeclined")
+
+    def stop_after_two_pages(report: object, bound: int) -> None:
+        if getattr(report, "examined", 0) >= 10:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        await q.apply("retry", size=5, progress=stop_after_two_pages)
+    counts = await app.broker.counts("orders")
+    first = counts[JobState.WAITING]
+    assert 0 < first < 20  # some retried, not all
+    resumed = await q.apply("retry", size=5)
+    assert resumed.matched == resumed.done == 20 - first
+    counts = await app.broker.counts("orders")
+    assert counts[JobState.WAITING] == 20  # each retried once: 20 in all
+    assert counts[JobState.FAILED] == 20
+    assert await q.count() == 0
