@@ -55,6 +55,7 @@ __all__ = [
     "JobFilter",
     "Where",
     "check_action",
+    "describe_filter",
     "parse_since",
     "parse_where",
 ]
@@ -154,6 +155,28 @@ def check_action(action: BulkAction, state: JobState) -> None:
             f"cannot {action} {state.value} jobs; {action} applies to: {allowed} "
             "(choose with --state)"
         )
+
+
+def describe_filter(flt: JobFilter) -> str:
+    """The filter in words: ``failed jobs of task T, error E, finished in the last 1h``."""
+    parts = [f"{flt.state.value} jobs"]
+    if flt.task is not None:
+        parts.append(f"of task {flt.task}")
+    if flt.error_type is not None:
+        parts.append(f"with error {flt.error_type}")
+    if flt.since is not None:
+        verb = "finished" if flt.state.is_final else "enqueued"
+        parts.append(f"{verb} in the last {_duration(flt.since)}")
+    if flt.where:
+        parts.append("where " + " and ".join(flt.where))
+    return ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 # -- --where -------------------------------------------------------------------------

@@ -173,7 +173,7 @@ async def _with_progress(
 ) -> BulkReport:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from .render import describe_filter
+    from ..bulk import describe_filter
 
     progress = Progress(
         TextColumn("{task.description}"),

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..broker.base import JobState, WorkerInfo
-from ..bulk import BULK_DONE, BulkPreview, BulkReport, JobFilter
+from ..bulk import BULK_DONE, BulkPreview, BulkReport, describe_filter
 from ..errors import FailureRecord
 from ..inspector import (
     DONE_OUTCOMES,
@@ -33,7 +33,6 @@ from ..inspector import (
 )
 
 __all__ = [
-    "describe_filter",
     "render_action",
     "render_bulk_preview",
     "render_bulk_report",
@@ -379,28 +378,6 @@ def render_workers(console: Console, app: str, workers: Sequence[WorkerInfo]) ->
 
 
 # -- typedq jobs (bulk actions by filter, typedq.bulk) ------------------------------------
-
-
-def describe_filter(flt: JobFilter) -> str:
-    """The filter in words: ``failed jobs of task T, error E, finished in the last 1h``."""
-    parts = [f"{flt.state.value} jobs"]
-    if flt.task is not None:
-        parts.append(f"of task {flt.task}")
-    if flt.error_type is not None:
-        parts.append(f"with error {flt.error_type}")
-    if flt.since is not None:
-        verb = "finished" if flt.state.is_final else "enqueued"
-        parts.append(f"{verb} in the last {_duration(flt.since)}")
-    if flt.where:
-        parts.append("where " + " and ".join(flt.where))
-    return ", ".join(parts)
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 def render_bulk_preview(console: Console, preview: BulkPreview) -> None:
