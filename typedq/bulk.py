@@ -205,6 +205,8 @@ def _model_fields(model: Any) -> dict[str, Any] | None:
 def _parse_value(tp: Any, raw: str, pydantic_model: bool) -> Any:
     """``raw`` as a value of type ``tp`` (``"3"`` -> 3, ``"true"`` -> True, ``null`` ->
     None for an optional field; containers as JSON)."""
+    if raw == "null" and type(None) in typing.get_args(tp):
+        return None  # an optional field: null is None (also for a str | None field)
     if tp is str:
         return raw
     if pydantic_model:
@@ -252,6 +254,8 @@ def parse_where(task: TaskBase[Any, Any], text: str) -> Where:
             _optional_inner(tp), pydantic.BaseModel
         )
         tp = fields[part]
+    if raw == "null" and type(None) in typing.get_args(tp):
+        return Where(path=path, text=text, value=None)  # an optional field left empty
     if _model_fields(tp) is not None:
         inner = _model_fields(tp) or {}
         raise ConfigError(
@@ -270,11 +274,12 @@ _MISSING = object()
 
 
 def _field_value(model: Any, path: tuple[str, ...]) -> Any:
+    """The payload's value at ``path``; _MISSING past a nested model that is None."""
     value = model
     for part in path:
-        value = getattr(value, part, _MISSING)
-        if value is _MISSING or value is None:
+        if value is None:
             return _MISSING
+        value = getattr(value, part, _MISSING)
     return value
 
 

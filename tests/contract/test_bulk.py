@@ -129,6 +129,7 @@ async def test_nested_fields_and_optional_values(app: App) -> None:
     )
     assert await query(app, task="charge", where=("address.city=Paris",)).count() == 1
     assert await query(app, task="charge", where=("address.zip=75001",)).count() == 1
+    assert await query(app, task="charge", where=("address=null",)).count() == 2
     # A missing nested model matches no value of its fields.
     assert await query(app, task="charge", where=("address.city=Lyon",)).count() == 0
 
@@ -225,7 +226,7 @@ async def test_a_bad_filter_is_one_line(app: App) -> None:
     with pytest.raises(ConfigError, match="is not field=value"):
         query(app, task="charge", where=("tenant",))
     with pytest.raises(ConfigError, match="address is a model; name one of its fields"):
-        query(app, task="charge", where=("address=1",))
+        query(app, task="charge", where=("address=1",))  # only null names a model's value
     with pytest.raises(ConfigError, match="'nope' is not a task of app"):
         query(app, task="nope")
     with pytest.raises(ConfigError, match="cannot retry waiting jobs; retry applies to"):
