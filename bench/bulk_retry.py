@@ -39,6 +39,10 @@ def make_app(url: str) -> App:
     return app
 
 
+#: For ``typedq jobs bench.bulk_retry:app --broker URL``: the bench's app and task.
+app = make_app("memory://")
+
+
 async def one_round(url: str, total: int, where: bool) -> float:
     app = make_app(url)
     async with app:

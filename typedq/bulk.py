@@ -291,7 +291,7 @@ class BulkQuery:
 
     :param client: connected to the app's broker
     :param queues: the queues to look in (the app's); a known ``task`` narrows them to
-        its queue (or partitions)
+        its queue (or its partitions) among them
     :param filter: the filter
     :param tasks: the app's tasks by name (``where`` needs the task's input model); empty
         when only the app's name is known (``--app NAME``): then ``where`` is refused
@@ -331,7 +331,16 @@ class BulkQuery:
             raise ConfigError(f"--since must be a duration >= 0, got {filter.since}")
         self.task = task
         self.wheres = [parse_where(task, w) for w in filter.where] if task is not None else []
-        self.queues = sorted(set(task.queues if task is not None else queues))
+        looked = set(queues)
+        if task is not None:
+            # The task's jobs are only in its queue (or partitions): look there alone.
+            looked = {q for q in task.queues if q in looked}
+            if not looked:
+                raise ConfigError(
+                    f"task {task.name!r} stores its jobs in {', '.join(task.queues)}, not in "
+                    f"the queues asked ({', '.join(sorted(set(queues))) or 'none'})"
+                )
+        self.queues = sorted(looked)
         if not self.queues:
             raise ConfigError("no queue to look in: give --queue NAME")
         # Only the last failure record is read (a job of another state has none).

@@ -229,6 +229,9 @@ async def test_a_bad_filter_is_one_line(app: App) -> None:
         query(app, task="charge", where=("address=1",))  # only null names a model's value
     with pytest.raises(ConfigError, match="'nope' is not a task of app"):
         query(app, task="nope")
+    with pytest.raises(ConfigError, match=r"task 'charge' stores its jobs in orders, not in "
+                       r"the queues asked \(other\)"):  # fmt: skip
+        BulkQuery(app.client, ["other"], JobFilter(task="charge"), tasks=app.tasks)
     with pytest.raises(ConfigError, match="cannot retry waiting jobs; retry applies to"):
         await query(app, state=JobState.WAITING).apply("retry")
 
