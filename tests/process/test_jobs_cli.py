@@ -8,9 +8,11 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -254,3 +256,52 @@ async def test_progress_bar_draws_on_a_terminal() -> None:
     assert report.done == 30
     assert "remove waiting jobs" in screen.getvalue()
     assert "30/30" in screen.getvalue()
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisProcess) -> None:
+    """Ctrl-C in the middle of a bulk retry: exit status 130, no traceback, some jobs
+    retried; the same command again retries the rest, none twice."""
+    flushall(redis_server.port)
+    total = 6000
+    fail_orders(redis_server, [bulk_app.Order(i, "acme") for i in range(total)])
+    control = redis.Redis.from_url(redis_server.url)
+    execute: Any = control.execute_command  # untyped in redis-py
+    args = [sys.executable, "-m", "typedq", "jobs", APP, "--broker", redis_server.url]
+    args += ["--task", "charge", "--retry", "--json"]
+    env = {**os.environ, "TYPEDQ_BROKER": "", "PYTHONPATH": str(ROOT)}
+
+    async def first_pages_retried() -> None:
+        bulk_app.app.use_broker(redis_server.url)
+        async with bulk_app.app:
+            await wait_for(bulk_app.app, JobState.WAITING, 1)
+
+    proc = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        # Once the first page is retried, hold the broker's writes: the run stops before
+        # its next retry, and Ctrl-C lands in the middle of the walk.
+        anyio.run(first_pages_retried)
+        execute("CLIENT", "PAUSE", "20000", "WRITE")
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        execute("CLIENT", "UNPAUSE")
+        control.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    first = state_counts(redis_server)
+    assert 0 < first[JobState.WAITING] < total
+    assert first[JobState.WAITING] + first[JobState.FAILED] == total
+
+    again = jobs(APP, "--broker", redis_server.url, "--task", "charge", "--retry", "--json")
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    assert report["matched"] == report["done"] == first[JobState.FAILED]
+    after = state_counts(redis_server)
+    assert (after[JobState.WAITING], after[JobState.FAILED]) == (total, 0)
