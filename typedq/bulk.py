@@ -343,7 +343,7 @@ class BulkQuery:
         self.queues = sorted(looked)
         if not self.queues:
             raise ConfigError("no queue to look in: give --queue NAME")
-        # Only the last failure record is read (a job of another state has none).
+        # Payloads are decoded only when a where condition reads them.
         self._decode_payload: Callable[[bytes], Any] | None = (
             task.input.decode if task is not None and self.wheres else None
         )
