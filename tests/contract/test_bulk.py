@@ -259,3 +259,28 @@ async def test_an_interrupted_run_resumed_acts_on_what_still_matches(app: App) -
     assert counts[JobState.WAITING] == 20  # each retried once: 20 in all
     assert counts[JobState.FAILED] == 20
     assert await q.count() == 0
+
+
+async def test_a_partitioned_task_is_walked_in_every_partition(
+    broker_url: str, app_name: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="split", partitions=3, retries=0)
+    async def split(order: Order) -> None:
+        raise CardDeclined(str(order.n))
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            jobs = await split.enqueue_many(orders(30))
+            async with app.worker(concurrency=8):
+                for job in jobs:
+                    with pytest.raises(JobFailed):
+                        await job.result(timeout=10)
+            q = BulkQuery(app.client, app.queues, JobFilter(task="split"), tasks=app.tasks)
+            assert q.queues == ["split.p0", "split.p1", "split.p2"]
+            report = await q.apply("retry", size=4)
+            assert (report.matched, report.done) == (30, 30)
+            waiting = [(await app.broker.counts(p))[JobState.WAITING] for p in q.queues]
+            assert sum(waiting) == 30
+            assert all(waiting)  # every partition held some
