@@ -42,6 +42,7 @@ __all__ = [
     "ScheduleView",
     "all_done",
     "attempt_records",
+    "job_view",
     "partition_of",
     "partition_totals",
     "plain_data",
@@ -354,6 +355,10 @@ def _view(record: JobRecord) -> JobView:
         run_at=record.run_at,
         started_at=record.started_at,
     )
+
+
+#: One job as ``inspect`` shows it (also the bulk actions' preview, :mod:`typedq.bulk`).
+job_view = _view
 
 
 def plain_data(data: bytes | None) -> Any:

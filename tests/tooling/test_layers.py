@@ -49,7 +49,7 @@ def _reaches(path: Path, prefix: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "path",
-    [*sorted((PACKAGE / "dashboard").glob("*.py")), PACKAGE / "inspector.py"],
+    [*sorted((PACKAGE / "dashboard").glob("*.py")), PACKAGE / "inspector.py", PACKAGE / "bulk.py"],
     ids=lambda p: str(p.relative_to(PACKAGE)),
 )
 def test_the_dashboard_and_the_queries_import_no_rich(path: Path) -> None:

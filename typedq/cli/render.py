@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..broker.base import JobState, WorkerInfo
+from ..bulk import BULK_DONE, BulkPreview, BulkReport, describe_filter
 from ..errors import FailureRecord
 from ..inspector import (
     DONE_OUTCOMES,
@@ -38,6 +39,8 @@ from ..verify import Report as VerifyReport
 
 __all__ = [
     "render_action",
+    "render_bulk_preview",
+    "render_bulk_report",
     "render_flow",
     "render_job",
     "render_overview",
@@ -476,3 +479,57 @@ def render_verify(console: Console, report: VerifyReport, *, sample: int) -> Non
     console.print(scanned)
     if report.note:
         console.print(report.note)
+
+
+# -- typedq jobs (bulk actions by filter, typedq.bulk) ------------------------------------
+
+
+def render_bulk_preview(console: Console, preview: BulkPreview) -> None:
+    """Draw the matches of a filter: the count, then the first of them."""
+    what = describe_filter(preview.filter)
+    console.print(f"{preview.total} matching {what} (examined {preview.examined})")
+    if not preview.jobs:
+        return
+    title, field = _WHEN.get(preview.filter.state, ("finished", "finished_at"))
+    shown = f"first {len(preview.jobs)}" if len(preview.jobs) < preview.total else "all"
+    table = Table(title=shown, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("id", no_wrap=True)
+    table.add_column("task", no_wrap=True, overflow="ellipsis", max_width=24)
+    if len(preview.queues) > 1:
+        table.add_column("queue", no_wrap=True, overflow="ellipsis", max_width=16)
+    table.add_column("try", justify="right", no_wrap=True)
+    table.add_column(title, no_wrap=True)
+    errors = any(job.error is not None for job in preview.jobs)
+    if errors:
+        table.add_column("error", overflow="fold", ratio=1)
+    for job in preview.jobs:
+        cells = [job.id, job.task]
+        if len(preview.queues) > 1:
+            cells.append(job.queue)
+        cells += [str(job.attempt), _when(getattr(job, field))]
+        if errors:
+            cells.append("-" if job.error is None else _error_text(job.error))
+        table.add_row(*cells)
+    console.print(table)
+
+
+#: The past tense of each bulk action, for the report line.
+_DONE_WORDS = {"retry": "retried", "cancel": "cancelled", "remove": "removed"}
+
+
+def render_bulk_report(console: Console, report: BulkReport) -> None:
+    """Draw what a bulk action did (or, dry run, would do)."""
+    what = describe_filter(report.filter)
+    if report.dry_run:
+        console.print(
+            f"dry run: would {report.action} {report.matched} matching {what} "
+            f"(examined {report.examined}; nothing changed)"
+        )
+        return
+    console.print(
+        f"{_DONE_WORDS[report.action]} {report.done} of {report.matched} matching {what} "
+        f"(examined {report.examined})"
+    )
+    others = {o: n for o, n in report.outcomes.items() if o not in BULK_DONE}
+    if others:
+        console.print("left unchanged: " + ", ".join(f"{n} {o}" for o, n in sorted(others.items())))

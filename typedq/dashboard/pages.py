@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -17,12 +17,13 @@ import jinja2
 import msgspec
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from ..broker import redact_url
 from ..broker.base import JobState
+from ..bulk import BULK_ACTIONS, BulkQuery, JobFilter, describe_filter, parse_since
 from ..durable.types import Signal, known_signals
-from ..errors import TypedqError
+from ..errors import ConfigError, TypedqError
 from ..inspector import ACTIONS, RUN_ENTRY_LABELS, RunView, run_detail, run_waiting
 from ..schema import model_schema
 from .chart import throughput_svg
@@ -148,7 +149,8 @@ class Dashboard:
 
     def back(self, request: Request, path: str, done: str) -> Response:
         base = request.scope.get("root_path", "")
-        return RedirectResponse(f"{base}{path}?{urlencode({'done': done})}", status_code=303)
+        sep = "&" if "?" in path else "?"
+        return RedirectResponse(f"{base}{path}{sep}{urlencode({'done': done})}", status_code=303)
 
     # -- pages -----------------------------------------------------------------------
 
@@ -398,6 +400,83 @@ class Dashboard:
             request, f"/runs/{quote(run_id, safe=':')}", f"signal {name}: {outcome.value}"
         )
 
+    # -- bulk actions by filter (typedq.bulk; ``typedq jobs`` on the command line) ------
+
+    async def _bulk_query(self, fields: Mapping[str, str]) -> BulkQuery:
+        """The BulkQuery of a bulk form's fields (ConfigError: one line on a bad one)."""
+        return BulkQuery(
+            self.source.client,
+            await self.source.queues(),
+            _bulk_filter(fields),
+            tasks=self.source.tasks,
+        )
+
+    async def bulk(self, request: Request) -> Response:
+        """The bulk page: the filter form; once asked, the count, the first matches and
+        (logged in) the action form, which sends the count back to be confirmed."""
+        fields = _bulk_fields(request.query_params)
+        preview = None
+        problem = ""
+        if request.query_params.get("go"):
+            try:
+                preview = await (await self._bulk_query(fields)).preview(limit=BULK_SHOWN)
+            except ConfigError as exc:
+                problem = str(exc)
+        state = None if preview is None else preview.filter.state
+        return self.render(
+            request,
+            "bulk.html",
+            400 if problem else 200,
+            form=fields,
+            tasks=sorted(self.source.tasks),
+            preview=preview,
+            problem=problem,
+            described=describe_filter(preview.filter) if preview is not None else "",
+            actions=[a for a, states in BULK_ACTIONS.items() if state in states],
+        )
+
+    async def bulk_count(self, request: Request) -> Response:
+        """``GET /bulk/count?state=&task=&error_type=&since=&where=``: how many jobs the
+        filter matches now, as JSON (``{"count": N, "examined": M}``; 400 with
+        ``{"error": ...}`` for a bad filter)."""
+        try:
+            query = await self._bulk_query(_bulk_fields(request.query_params))
+            preview = await query.preview(limit=0)
+        except ConfigError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse(
+            {"count": preview.total, "examined": preview.examined, "queues": preview.queues},
+            headers={"cache-control": "no-store"},
+        )
+
+    async def bulk_apply(self, request: Request) -> Response:
+        """Apply an action to every job the posted filter matches, once the posted
+        ``expected`` count equals the count now (else 409: look again first)."""
+        form = request.state.form
+        fields = _bulk_fields(form)
+        action = _field(form, "action")
+        try:
+            expected = int(_field(form, "expected"))
+        except ValueError:
+            return self.problem(request, 400, "expected must be the count the page showed")
+        if action not in BULK_ACTIONS:
+            return self.problem(request, 400, "action must be retry, cancel or remove")
+        try:
+            query = await self._bulk_query(fields)
+            now = await query.count()
+            if now != expected:
+                return self.problem(
+                    request,
+                    409,
+                    f"the filter matches {now} jobs now, not the {expected} you confirmed: "
+                    "look at them again before acting",
+                )
+            report = await query.apply(action)
+        except ConfigError as exc:
+            return self.problem(request, 400, str(exc))
+        done = f"{action}: {report.done} of {report.matched} matching jobs"
+        return self.back(request, f"/bulk?{urlencode({**fields, 'go': '1'})}", done)
+
     async def rerun(self, request: Request) -> Response:
         job_id = request.path_params["job_id"]
         page = await self.source.job(job_id)
@@ -424,6 +503,7 @@ _REASON = {
     400: "Bad request",
     403: "Forbidden",
     404: "Not found",
+    409: "Conflict",
     429: "Too many requests",
     503: "Not connected",
 }
@@ -449,3 +529,33 @@ def _json_response(value: Any, status: int) -> Response:
 def _field(form: FormData, name: str) -> str:
     value = form.get(name)
     return value if isinstance(value, str) else ""
+
+
+#: Matching jobs the bulk page lists (the count covers them all).
+BULK_SHOWN = 20
+_BULK_FIELDS = ("state", "task", "error_type", "since", "where")
+
+
+def _bulk_fields(params: Mapping[str, Any]) -> dict[str, str]:
+    """The bulk form's fields (strings; absent: ''), the state ``failed`` by default."""
+    out = {}
+    for name in _BULK_FIELDS:
+        value = params.get(name)
+        out[name] = value.strip() if isinstance(value, str) else ""
+    out["state"] = out["state"] or JobState.FAILED.value
+    return out
+
+
+def _bulk_filter(fields: Mapping[str, str]) -> JobFilter:
+    """A JobFilter from the bulk form's fields (``where``: one condition a line)."""
+    try:
+        state = JobState(fields["state"])
+    except ValueError:
+        raise ConfigError(f"state {fields['state']!r} is not a job state") from None
+    return JobFilter(
+        state=state,
+        task=fields["task"] or None,
+        error_type=fields["error_type"] or None,
+        since=parse_since(fields["since"]) if fields["since"] else None,
+        where=tuple(line.strip() for line in fields["where"].splitlines() if line.strip()),
+    )
