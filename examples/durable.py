@@ -185,6 +185,7 @@ async def main() -> None:
                 print(f"ada: {event.stage} ({event.done}/{event.of})")
 
         results: list[Onboarded] = []
+        steps: list[str] = []
         async with anyio.create_task_group() as watchers:
             watchers.start_soon(watch)
             await harness.idle()  # every run has created its account and sleeps
@@ -195,7 +196,7 @@ async def main() -> None:
             results += [await ada.result(timeout=10), await bob.result(timeout=10)]
             # The timeline, for tools (`typedq inspect --run user-bob` draws the same log);
             # read now: a finished run goes with the result retention (a day by default).
-            steps = [e.task async for e in bob.events() if isinstance(e, StepCompleted)]
+            steps += [e.task async for e in bob.events() if isinstance(e, StepCompleted)]
             # Nobody answers for cy: a week later, the wait times out.
             await harness.advance(timedelta(days=7).total_seconds())
             results.append(await cy.result(timeout=10))

@@ -58,12 +58,13 @@ async def commands_of(url: str, call: Callable[[], Awaitable[Any]]) -> Counter[s
 SETTLE_AND_CLAIM_ONE = Counter(
     {
         "TIME": 1,
-        # the completion: the job's fields, out of active, the job hash, into done
-        "HMGET": 1,
+        # the completion: the job's fields; the queue's events config and unique flag
+        # (once per queue); out of active, the job hash, into done
+        "HMGET": 2,
         "ZREM": 1,
         "HSET": 2,  # the completed job; the claimed job
         "ZADD": 2,  # into done; into active
-        "HGET": 2,  # the queue's events config (once per queue); the index entry
+        "HGET": 1,  # the index entry
         # retention (count and age bounds, once per queue and call)
         "ZCARD": 1,
         "ZCOUNT": 1,
@@ -105,11 +106,10 @@ ENQUEUE_PER_JOB = Counter({"HSETNX": 1})
 COMPLETE_ONE = Counter(
     {
         "TIME": 1,
-        "HMGET": 1,
+        "HMGET": 2,  # the job's fields; the queue's events config and unique flag
         "ZREM": 1,
         "HSET": 1,
         "ZADD": 1,
-        "HGET": 1,
         "ZCARD": 1,
         "ZCOUNT": 1,
         "HINCRBY": 3,  # active -1, completed +1, the rollup
