@@ -103,6 +103,9 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     #: Its step jobs (ids ``run_id:position``) that have ended and whose outcomes no
     #: append has recorded yet, by job id (see :class:`StepOutcome`).
     outcomes: dict[str, StepOutcome] = {}
+    #: The broker's clock when this snapshot was read (seconds; 0: not told): a turn
+    #: replays at this time instead of asking the broker for it again.
+    read_at: float = 0.0
 
 
 class RunAppend(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,6 +15,7 @@ A turn that loses the compare-and-append reads the run again and replays again.
 from __future__ import annotations
 
 import inspect
+import sys
 import traceback
 import typing
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -198,7 +199,8 @@ class DurableTask(Generic[TIn, TOut]):
             entries = [e for blob in record.log for e in decode_entries(blob)]
             fresh = await self._outcomes(record, entries)
             log = RunLog([*entries, *fresh])
-            now = await broker.broker_time_us() / 1_000_000
+            # The broker's time at the read (one round trip less per turn), else asked.
+            now = record.read_at or await broker.broker_time_us() / 1_000_000
             try:
                 decision: Decision[TOut] = await replay(
                     self.fn, self.input.decode(record.spec.input), log, run_id=run_id, now=now
@@ -377,17 +379,16 @@ class RunHandle(Generic[TOut]):
         :raises JobFailed: it failed (``JobCancelled``: it was cancelled), with the record
         :raises ResultTimeout: not finished within ``timeout`` seconds
         """
-        # The broker wakes the wait when the run's log grows or it ends (no polling).
+        # The broker wakes the wait when the run ends (no polling): a log that could
+        # never grow that long (``seen``) asks for the end only.
         broker = self._durable._app.broker
         with anyio.move_on_after(timeout):
-            seen = 0
             while True:
-                record = await broker.wait_run(self.run_id, seen, None)
+                record = await broker.wait_run(self.run_id, sys.maxsize, None)
                 if record is None:
                     raise JobNotFound(f"no durable run {self.run_id!r}")
                 if record.state.is_final:
                     return self._finished(record)
-                seen = len(record.log)
         raise ResultTimeout(f"run {self.run_id} did not finish within {timeout}s")
 
     def _finished(self, record: RunRecord) -> TOut:

@@ -16,10 +16,12 @@ dropped first; a run past its age bound reads as none.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 
 from ...errors import FailureRecord
 from ..base import JobMessage, JobState
@@ -127,7 +129,11 @@ class RunStore:
     def get(self, run_id: str) -> RunRecord | None:
         self.expire()
         run = self.runs.get(run_id)
-        return None if run is None else run.snapshot()
+        if run is None:
+            return None
+        # The broker's µs clock (floored, as broker_time_us reads it).
+        read_at = math.floor(self._broker.clock.time() * 1_000_000) / 1_000_000
+        return msgspec.structs.replace(run.snapshot(), read_at=read_at)
 
     def append(self, item: RunAppend) -> AppendOutcome:
         self.expire()

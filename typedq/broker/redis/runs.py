@@ -73,7 +73,8 @@ def _outcome(value: bytes) -> StepOutcome:
 
 def _record(reply: list[Any]) -> RunRecord:
     """A run as ``run_ops.reply`` (lua/common/runs.lua) answers it."""
-    spec, st, ca, fa, res, err, wj, ws, wa, log, inbox, outcomes = reply
+    spec, st, ca, fa, res, err, wj, ws, wa, log, inbox, outcomes = reply[:12]
+    read_at = from_us(reply[12]) if len(reply) > 12 else 0.0  # run_get adds its time
     return RunRecord(
         spec=_decode_spec(spec),
         state=_RUN_STATES[text(st)],
@@ -92,6 +93,7 @@ def _record(reply: list[Any]) -> RunRecord:
             for i in range(0, len(outcomes), 2)
             if outcomes[i + 1]
         },
+        read_at=read_at,
     )
 
 

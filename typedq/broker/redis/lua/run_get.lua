@@ -3,7 +3,8 @@
 -- deleted and reads as none.
 -- KEYS[1] = the queue's order counter
 -- ARGV: P, queue, completed ttl (µs), completed max, failed ttl, failed max, run ids...
--- Returns {per run its reply (run_ops.reply) or false, ids retention dropped}.
+-- Returns {per run its reply (run_ops.reply, then the time of the read in µs) or false,
+-- ids retention dropped}.
 local q = ARGV[2]
 if #ARGV < 6 or q == '' then return bad_args('run_get') end
 run_ops.bounds(ARGV[3], ARGV[4], ARGV[5], ARGV[6])
@@ -11,6 +12,8 @@ local now = now_us()
 local out = {}
 for i = 7, #ARGV do
   local r = ARGV[i]
-  out[#out + 1] = run_ops.state(q, r, now) and run_ops.reply(q, r) or false
+  local reply = run_ops.state(q, r, now) and run_ops.reply(q, r) or false
+  if reply then reply[#reply + 1] = now end  -- the read's time: a turn replays at it
+  out[#out + 1] = reply
 end
 return run_ops.answer(out)
