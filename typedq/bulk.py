@@ -62,6 +62,10 @@ __all__ = [
 
 BulkAction = Literal["retry", "cancel", "remove"]
 
+#: Ids per ``get`` of waiting jobs (see the page loop): about 2 ms of Redis per call
+#: at 100,000 waiting jobs in a queue.
+_WAITING_GET_CHUNK = 20
+
 #: The states each bulk action applies to.
 BULK_ACTIONS: dict[BulkAction, tuple[JobState, ...]] = {
     "retry": (JobState.FAILED, JobState.CANCELLED),
@@ -424,7 +428,16 @@ class BulkQuery:
                 if not listed.ids:
                     break
                 remaining -= len(listed.ids)
-                records = await broker.get(listed.ids, queue=queue)
+                if state is JobState.WAITING:
+                    # A waiting job that lives only in its queue's list is found by a
+                    # search of the list on Redis (~0.1 ms per id at 100,000 waiting):
+                    # small reads keep each call short.
+                    records = []
+                    for at in range(0, len(listed.ids), _WAITING_GET_CHUNK):
+                        chunk = listed.ids[at : at + _WAITING_GET_CHUNK]
+                        records += await broker.get(chunk, queue=queue)
+                else:
+                    records = await broker.get(listed.ids, queue=queue)
                 matched = []
                 older = False
                 for record in records:
