@@ -8,6 +8,7 @@ here: sleeps and timeouts are tens of milliseconds, and time bounds are generous
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
@@ -599,3 +600,31 @@ async def test_a_turn_is_enqueued_past_max_queue_length(app_name: str, broker_ur
         assert await waiting_turns(broker) == 2  # the filler and the run's first turn
         [turn] = await broker.get(["full:t1"], queue="q")
         assert turn is not None
+
+
+async def test_wait_run_for_the_end_only_sleeps_through_a_growing_log(
+    app_name: str, broker_url: str
+) -> None:
+    """``seen`` sys.maxsize (what RunHandle.result asks): appends that grow the log do not
+    end the wait; the run's end does."""
+    async with connected(app_name, broker_url) as broker:
+        await broker.create_runs([spec("e")])
+        got: list[RunRecord | None] = []
+
+        async def wait() -> None:
+            got.append(await broker.wait_run("e", sys.maxsize, TEST_DEADLINE))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.sleep(0.05)
+            await broker.append_runs([RunAppend(run_id="e", expected=0, entries=(ENTRY,))])
+            await anyio.sleep(0.1)
+            assert got == []
+            await broker.append_runs([RunAppend(run_id="e", expected=1, entries=(ENTRY,))])
+            await anyio.sleep(0.1)
+            assert got == []
+            assert await broker.cancel_runs(["e"]) == [True]
+        [ended] = got
+        assert ended is not None
+        assert ended.state is RunState.CANCELLED
+        assert len(ended.log) == 2

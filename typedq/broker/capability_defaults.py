@@ -364,7 +364,9 @@ class CapabilityDefaults:
     async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
         """Wait, without polling, until the run's log has more than ``seen`` entries or
         the run has ended, at most ``timeout`` seconds (None: no bound); then its record
-        as it is (on timeout too). None: no such run (or it went, by retention)."""
+        as it is (on timeout too). None: no such run (or it went, by retention).
+        ``seen`` ``sys.maxsize`` waits for the end only (a backend may then skip the
+        wake-ups of a growing log)."""
         raise self._unsupported("durable runs")
 
     # -- the schema registry (``typedq verify``; capability SchemaRegistry) -----------------

@@ -17,7 +17,9 @@ across slots (applied on the run's slot by ``flow_apply``).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -258,18 +260,25 @@ class RunOps(RedisCore):
         return [reply is not None for reply in replies]
 
     async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
-        # The run scripts announce a log that grew or a run that ended as '~<run id>'
-        # with the finished jobs' notice of the run's queue (lua/common/runs.lua).
+        # The run scripts announce a log that grew as '~<run id>' and a run that ended as
+        # '~!<run id>' with the finished jobs' notice of the run's queue
+        # (lua/common/runs.lua); a wait for the end only (``seen`` sys.maxsize, as
+        # RunHandle.result asks) listens for the end alone, and reads the run only then.
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         (queue,) = await self._run_queues_of([run_id])
         if queue is None:
             return None
-        with self._notes.done_waiter("~" + run_id) as waiter:
+        with contextlib.ExitStack() as stack:
+            waiters = [stack.enter_context(self._notes.done_waiter("~!" + run_id))]
+            if seen < sys.maxsize:
+                waiters.append(stack.enter_context(self._notes.done_waiter("~" + run_id)))
             await self._notes.subscribe(self._notes.done_channel(queue), wait=deadline)
             while True:
                 # A fresh event before each look: a notice that lands between the read
                 # and the wait still wakes us.
-                waiter.event = anyio.Event()
+                event = anyio.Event()
+                for waiter in waiters:
+                    waiter.event = event
                 (record,) = await self.get_runs([run_id])
                 if record is None or record.state.is_final or len(record.log) > seen:
                     return record
@@ -277,4 +286,4 @@ class RunOps(RedisCore):
                 if remaining <= 0 or self._redis is None:
                     return record
                 with anyio.move_on_after(remaining):
-                    await waiter.event.wait()
+                    await event.wait()

@@ -110,9 +110,9 @@ function run_ops.finish(q, r, st, res, err, now)
   rcall('DEL', k_run(q, 'uo:', r))
   rcall('ZADD', k_run(q, 'ud:', st), string.format('%d', now), r)
   run_ops.trim(q, st, now)
-  -- It ended: announced with the finished jobs' notice as '~<run id>' (no job id starts
-  -- with '~'), for wait_run's waiters.
-  note_done(q, '~' .. r)
+  -- It ended: announced with the finished jobs' notice as '~!<run id>' (no job id starts
+  -- with '~'; a log that grew is '~<run id>'), for wait_run's waiters.
+  note_done(q, '~!' .. r)
 end
 
 -- Step `id` of run `r` (on queue rq, this script's slot) ended in state `state`: keep
