@@ -13,6 +13,7 @@ from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
 from .broker.capabilities import EventStreams, FlowControl, JobStreams, Limits, Runs, Schedules
 from .clock import SYSTEM_CLOCK, Clock
+from .context import JobContext
 from .durable.host import (
     TURN_PREFIX,
     TURN_RETRIES,
@@ -289,12 +290,21 @@ class App(AppBase):
                 fn, app=self, name=run_name, input_type=input_type, output_type=output_type
             )
 
-            async def turn(turn: RunTurn) -> None:
-                await durable.turn(turn.run_id)
-
             # A turn is a replay, safe to run again: retried by default, so that a broker
             # hiccup in a turn does not leave the run without a next turn.
             options: TaskDefaults = {"retries": TURN_RETRIES, **defaults}
+            retries = options.get("retries", TURN_RETRIES)
+
+            async def turn(turn: RunTurn, ctx: JobContext) -> None:
+                try:
+                    await durable.turn(turn.run_id)
+                except Exception as exc:
+                    if ctx.attempt > retries:
+                        # Its last attempt: no turn would come again, so the run fails
+                        # with why instead of waiting for ever.
+                        await durable.fail_run(turn.run_id, exc, attempts=ctx.attempt)
+                    raise
+
             durable.turn_task = self.task(name=TURN_PREFIX + run_name, **options)(turn)
             self._durables[run_name] = durable
             return durable

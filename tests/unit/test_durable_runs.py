@@ -493,3 +493,34 @@ def test_known_signals_name_each_signal_once_and_leave_out_ambiguous_names() -> 
     assert known["known-twice"].model is Approval
     assert "known-clash" not in known
     del once, twice, again, clash_a, clash_b
+
+
+async def test_a_turn_that_fails_for_good_fails_its_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its turn job's last attempt failing (a broker error, a bug in the host) ends the
+    run as failed with why, instead of leaving it running with no turn to come."""
+    app = App("runs")
+
+    @app.durable(retries=1)
+    async def doomed(run: Run, user: User) -> Account:
+        return Account(id=user.name)
+
+    turns: list[str] = []
+
+    async def broken_turn(run_id: str) -> None:
+        turns.append(run_id)
+        raise RuntimeError("the turn broke")
+
+    monkeypatch.setattr(doomed, "turn", broken_turn)
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app, clock=FakeClock(EPOCH)) as harness:
+            handle = await doomed.start(User(name="d"), run_id="doomed")
+            await harness.idle()
+            await harness.advance(60)  # past the turn's retry backoff
+            with pytest.raises(JobFailed) as failed:
+                await handle.result(timeout=5)
+    assert turns == ["doomed", "doomed"]  # the first attempt and its one retry
+    assert failed.value.record.error_type == "RuntimeError"
+    assert "turn failed 2 times" in failed.value.record.message
+    assert "the turn broke" in failed.value.record.message

@@ -220,6 +220,27 @@ class DurableTask(Generic[TIn, TOut]):
                 return
         raise RuntimeError(f"run {run_id}: no turn settled after {_MAX_ROUNDS} rounds")
 
+    async def fail_run(self, run_id: str, error: Exception, *, attempts: int) -> None:
+        """End a running run as failed because its turn failed ``attempts`` times (the
+        turn job's last attempt): a compare-and-append of the failure, read again on a
+        conflict. Nothing when it has ended already."""
+        broker = self._app.broker
+        for _ in range(_MAX_ROUNDS):
+            [record] = await broker.get_runs([run_id])
+            if record is None or record.state.is_final:
+                return
+            now = record.read_at or await broker.broker_time_us() / 1_000_000
+            failure = msgspec.structs.replace(
+                _failure(error, now),
+                message=f"the run's turn failed {attempts} times, the last with: {error}",
+            )
+            append = RunAppend(
+                run_id=run_id, expected=len(record.log), state=RunState.FAILED, failure=failure
+            )
+            [outcome] = await broker.append_runs([append])
+            if outcome is not AppendOutcome.CONFLICT:
+                return
+
     async def _outcomes(self, record: RunRecord, entries: Sequence[LogEntry]) -> list[LogEntry]:
         """The outcomes of the scheduled steps whose jobs have ended, not yet logged: those
         the broker kept with the run, else the jobs' own records."""
