@@ -1,37 +1,30 @@
-"""The Redis listener's next due time of a worker's queues, from claim answers that
-arrive in any order (the claim loop's own claims and the refills sent with completions
-travel on different connections)."""
+"""The next due time a Redis worker's wait is bounded by comes from its own claims'
+answers only: a refill (a claim sent with completions, on another connection) may be
+read after the worker's claim although it ran before it, and its "nothing scheduled"
+once dropped a due time the worker's claim had seen, so the worker slept past a due job
+to its 5 s bound (seen as durable sleeps resuming ~5 s late)."""
 
 from __future__ import annotations
 
-import time
+import pytest
 
-from typedq.broker.redis.keys import Keys
-from typedq.broker.redis.listener import Notifications
+from typedq.broker.base import BrokerSettings
+from typedq.broker.redis import RedisBroker
 
-
-def notes() -> Notifications:
-    return Notifications(Keys("claims"))
+pytestmark = pytest.mark.anyio
 
 
-def test_an_answer_brings_the_next_due_time_closer_never_later() -> None:
-    n = notes()
-    n.claim_answered(["q"], 2_000_000)  # due in 2 s
-    n.claim_answered(["q"], 5_000_000)  # an answer read late: does not push it back
-    due = n._next_due[("q",)]
-    assert due - time.monotonic() <= 2.0
-    n.claim_answered(["q"], 500_000)  # closer: taken
-    assert n._next_due[("q",)] - time.monotonic() <= 0.5
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
 
 
-def test_an_answer_with_nothing_scheduled_keeps_a_due_time_still_ahead() -> None:
-    """A refill that ran on Redis before a job was scheduled, read after the claim that
-    saw the job, must not drop its due time (the worker would sleep past it)."""
-    n = notes()
-    n.claim_answered(["q"], 1_000_000)
-    n.claim_answered(["q"], -1)
-    assert ("q",) in n._next_due
-    # Once passed, a due time goes with the next answer that has none.
-    n._next_due[("q",)] = time.monotonic() - 0.1
-    n.claim_answered(["q"], -1)
-    assert ("q",) not in n._next_due
+async def test_a_refill_answer_leaves_the_workers_next_due_time_alone() -> None:
+    broker = RedisBroker("redis://127.0.0.1:1/0", BrokerSettings(namespace="answers"))
+    key = ("q",)
+    assert await broker._claimed(["q"], [250_000], "w") == []  # the worker's claim: 0.25 s
+    due = broker._notes._next_due[key]
+    assert await broker._claimed(["q"], [-1], "w", refill=True) == []
+    assert broker._notes._next_due[key] == due
+    assert await broker._claimed(["q"], [-1], "w") == []  # its own next claim: none
+    assert key not in broker._notes._next_due

@@ -151,7 +151,7 @@ class LeaseOps(RedisCore):
             merged[0] = 0
         elif any(d > 0 for d in dues):
             merged[0] = min(d for d in dues if d > 0)
-        return await self._claimed(queues, merged, worker_id), outcomes
+        return await self._claimed(queues, merged, worker_id, refill=True), outcomes
 
     def _claim_call(
         self,
@@ -200,9 +200,22 @@ class LeaseOps(RedisCore):
                     args += (item.id, item.token, item.result)
         return keys, args
 
-    async def _claimed(self, queues: Sequence[str], reply: Any, worker_id: str) -> list[ClaimedJob]:
-        """Decode a claim script's reply; fail (for good) jobs whose bytes are garbage."""
-        self._notes.claim_answered(queues, int(reply[0]))
+    async def _claimed(
+        self, queues: Sequence[str], reply: Any, worker_id: str, *, refill: bool = False
+    ) -> list[ClaimedJob]:
+        """Decode a claim script's reply; fail (for good) jobs whose bytes are garbage.
+
+        :param refill: the claim refilled the slots of completions sent with it: its
+            answer's next due time is not the worker's (see below)
+        """
+        if not refill:
+            # The next due time bounds the worker's wait after its own claim, which set
+            # the waiter marks: a job scheduled after that claim ran is published (the
+            # mark), one scheduled before is in its answer. A refill's answer, read on
+            # another connection in any order, says nothing the worker's wait needs, and
+            # once dropped the due time of a job the worker's own claim had seen (the
+            # worker then slept past it, to its 5 s bound).
+            self._notes.claim_answered(queues, int(reply[0]))
         claimed: list[ClaimedJob] = []
         broken: list[Failure] = []
         held = self._held
@@ -381,7 +394,9 @@ class LeaseOps(RedisCore):
             for i in idx:
                 done[i] = settled[at]
                 at += 1
-        return self._settled(items, done), await self._claimed(queues, reply, worker_id)
+        return self._settled(items, done), await self._claimed(
+            queues, reply, worker_id, refill=True
+        )
 
     async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
         if not items:

@@ -236,19 +236,9 @@ class Notifications:
         """The claim answered when the next scheduled job of ``queues`` is due, in
         microseconds from now (negative: none is scheduled)."""
         key = _key(queues)
-        now = time.monotonic()
-        known = self._next_due.get(key)
-        if known is not None and known <= now:
-            known = None  # passed: the wait it bounded is over
-        # Answers of claims in flight together (the claim loop's, and refills sent with
-        # completions on another connection) arrive in any order: one that ran on Redis
-        # before a job was scheduled may be read after one that saw it. So an answer only
-        # brings the next due time closer, never drops or delays one still ahead; a due
-        # time that another worker's claim made stale costs one empty claim.
         if next_due_us >= 0:
-            due = now + next_due_us / MICRO
-            self._next_due[key] = due if known is None else min(known, due)
-        elif known is None:
+            self._next_due[key] = time.monotonic() + next_due_us / MICRO
+        else:
             self._next_due.pop(key, None)
 
     def look_again(self, queues: Sequence[str]) -> None:
