@@ -20,7 +20,9 @@ waits until ``release:<point>`` exists (or until it is killed). The points:
   records the step as scheduled;
 - ``do``: inside the ``do`` block (the value is not recorded yet);
 - ``signal``: in the run's function right before ``run.wait_for(go)``;
-- ``signalled``: right after ``run.wait_for(go)`` returned.
+- ``signalled``: right after ``run.wait_for(go)`` returned;
+- ``handoff``: on Redis Cluster, after a step's completion wrote the run's hand-off to
+  the outbox of the step's queue and before the worker applies it on the run's slot.
 """
 
 from __future__ import annotations
@@ -168,3 +170,18 @@ if any(p.startswith("enqueued:") for p in HOLDS):
 
     hook: Any = _enqueue_then_hold
     pipeline._enqueue_steps = hook  # type: ignore[method-assign]
+
+if "handoff" in HOLDS:
+    # Only in a process told to hold there: on Redis Cluster, after a step's completion
+    # script wrote the run's hand-off to its queue's outbox and before this process applies
+    # it on the run's slot (flow_apply).
+    from typedq.broker.redis import RedisBroker
+
+    _deliver = RedisBroker._deliver
+
+    async def _hold_then_deliver(self: RedisBroker, handoffs: Any) -> None:
+        await hold("handoff")
+        await _deliver(self, handoffs)
+
+    deliver: Any = _hold_then_deliver
+    RedisBroker._deliver = deliver  # type: ignore[method-assign]

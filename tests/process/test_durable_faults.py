@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 
 from tests import durable_app
 from tests.durable_app import STEPS, TURNS, Go, Outcome, Plan, expected, go, pipeline
-from tests.redis_harness import RedisProcess, flushall
+from tests.redis_harness import RedisCluster, RedisProcess, flushall
 from tests.support import ROOT
 from typedq import JobState, RunHandle
 from typedq.broker.runs import RunRecord, SignalOutcome
@@ -64,10 +64,12 @@ def _entries(record: RunRecord) -> list[LogEntry]:
 
 
 class Scene:
-    """Worker processes of tests.durable_app on one redis-server, and the ledger."""
+    """Worker processes of tests.durable_app on a broker (``url``), and the ledger (on
+    ``server``, which also holds the workers' logs)."""
 
-    def __init__(self, server: RedisProcess, ledger: aioredis.Redis) -> None:
+    def __init__(self, server: RedisProcess, url: str, ledger: aioredis.Redis) -> None:
         self.server = server
+        self.url = url
         self.ledger = ledger
         self.procs: list[subprocess.Popen[bytes]] = []
         self.killed: set[int] = set()
@@ -85,7 +87,7 @@ class Scene:
         }
         env.pop("TYPEDQ_BROKER", None)
         args = [sys.executable, "-m", "typedq", "worker", "tests.durable_app:app"]
-        args += ["--broker", self.server.url, "--concurrency", str(concurrency), "--grace", "2"]
+        args += ["--broker", self.url, "--concurrency", str(concurrency), "--grace", "2"]
         if queues is not None:
             args += ["--queues", queues]
         log_path = self.server.dir / f"durable-worker-{time.monotonic_ns()}.log"
@@ -146,11 +148,15 @@ class Scene:
 
 
 @asynccontextmanager
-async def _scene(server: RedisProcess) -> AsyncIterator[Scene]:
+async def _scene(server: RedisProcess, cluster: RedisCluster | None = None) -> AsyncIterator[Scene]:
+    """Workers on ``server`` (or on ``cluster``, the ledger staying on ``server``)."""
     flushall(server.port)
-    durable_app.app.use_broker(server.url)
+    if cluster is not None:
+        cluster.flushall()
+    url = server.url if cluster is None else cluster.url
+    durable_app.app.use_broker(url)
     ledger = aioredis.Redis.from_url(f"redis://127.0.0.1:{server.port}/1")
-    scene = Scene(server, ledger)
+    scene = Scene(server, url, ledger)
     try:
         async with durable_app.app:
             yield scene
@@ -225,6 +231,21 @@ async def _check(
 
 
 STEP_INDEXES = list(range(STEPS))
+#: Every step on one Redis; the middle one on Redis Cluster too, where a run's turns and
+#: its steps are on two slots (the steps' outcomes travel through the outbox).
+STEPS_WHERE = [
+    *((k, "redis") for k in STEP_INDEXES),
+    pytest.param(2, "cluster", marks=pytest.mark.cluster),
+]
+WHERE = ["redis", pytest.param("cluster", marks=pytest.mark.cluster)]
+
+
+def _cluster(request: pytest.FixtureRequest, where: str) -> RedisCluster | None:
+    """The session's Redis Cluster when ``where`` says so."""
+    if where != "cluster":
+        return None
+    cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+    return cluster
 
 
 @pytest.mark.parametrize("k", STEP_INDEXES)
@@ -263,15 +284,15 @@ async def test_sigkill_in_the_turn_that_read_a_step_outcome(
         await _check(scene, handle, plan)
 
 
-@pytest.mark.parametrize("k", STEP_INDEXES)
+@pytest.mark.parametrize(("k", "where"), STEPS_WHERE)
 async def test_sigkill_between_enqueueing_a_step_and_logging_it(
-    redis_server: RedisProcess, k: int
+    redis_server: RedisProcess, request: pytest.FixtureRequest, k: int, where: str
 ) -> None:
     """Killed in the turn after it enqueued step K's job and before the append that
     records the step as scheduled; the step runs meanwhile (a steps-only worker) and
     completes while the log does not name it. The next turn schedules the same job id
     (no second job), finds the outcome kept and records it: the step ran once."""
-    async with _scene(redis_server) as scene:
+    async with _scene(redis_server, _cluster(request, where)) as scene:
         victim = scene.spawn(holds=[f"enqueued:{k}"], queues=TURNS, concurrency=1)
         scene.spawn(queues=DEFAULT_QUEUE)
         await scene.arm(f"enqueued:{k}")
@@ -287,15 +308,15 @@ async def test_sigkill_between_enqueueing_a_step_and_logging_it(
         await _check(scene, handle, plan)
 
 
-@pytest.mark.parametrize("k", STEP_INDEXES)
+@pytest.mark.parametrize(("k", "where"), STEPS_WHERE)
 async def test_sigkill_after_a_step_completed_with_no_turn_worker(
-    redis_server: RedisProcess, k: int
+    redis_server: RedisProcess, request: pytest.FixtureRequest, k: int, where: str
 ) -> None:
     """The turns' worker is killed while step K runs; step K completes (its outcome and
     the run's next turn are written by the step's completion) and its worker is killed
     right after: no process is left that saw the outcome. A fresh worker finishes the
     run; the step is not run again."""
-    async with _scene(redis_server) as scene:
+    async with _scene(redis_server, _cluster(request, where)) as scene:
         turns = scene.spawn(queues=TURNS)
         steps = scene.spawn(holds=[f"step:{k}"], queues=DEFAULT_QUEUE)
         await scene.arm(f"step:{k}")
@@ -310,6 +331,36 @@ async def test_sigkill_after_a_step_completed_with_no_turn_worker(
         assert not _has(StepCompleted, k)(record)
         scene.kill(steps)
         scene.spawn()
+        await _check(scene, handle, plan)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("k", [0, 4])
+async def test_sigkill_between_a_steps_completion_and_its_handoff_on_cluster(
+    redis_server: RedisProcess, redis_cluster: RedisCluster, k: int
+) -> None:
+    """On Redis Cluster a run's turns (queue ``turns``) and its steps (``default``) are
+    on two slots: step K's completion writes the run's hand-off to the outbox of the
+    step's queue, and its worker applies it on the run's slot right after. The worker is
+    killed in between: a live worker's reaper pass applies the hand-off (once it is
+    HANDOFF_AGE old) and the run goes on; the step is not run again."""
+    async with _scene(redis_server, redis_cluster) as scene:
+        scene.spawn(queues=TURNS)
+        steps = scene.spawn(holds=[f"step:{k}", "handoff"], queues=DEFAULT_QUEUE)
+        await scene.arm(f"step:{k}")
+        plan = Plan(n=13)
+        handle = await pipeline.start(plan, run_id=f"outbox-{k}")
+        await scene.held(f"step:{k}", steps)
+        await scene.arm("handoff")
+        await scene.release(f"step:{k}")
+        await scene.held("handoff", steps)
+        job_id = f"{handle.run_id}:{k}"
+        assert await _step_completed(job_id)
+        record = await handle.record()
+        assert job_id not in record.outcomes  # the hand-off is not applied yet
+        assert not _has(StepCompleted, k)(record)
+        scene.kill(steps)
+        scene.spawn(queues=DEFAULT_QUEUE)
         await _check(scene, handle, plan)
 
 
@@ -395,12 +446,15 @@ BATCH = 1000
 KILLS = 3
 
 
-async def test_a_batch_of_runs_survives_repeated_sigkills(redis_server: RedisProcess) -> None:
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_batch_of_runs_survives_repeated_sigkills(
+    redis_server: RedisProcess, request: pytest.FixtureRequest, where: str
+) -> None:
     """BATCH runs of five steps on two worker processes, one SIGKILLed and restarted
     KILLS times while they run: every run completes with its result, each step is
     recorded once in its run's log, and a step ran more than once only if a killed
     worker had started it."""
-    async with _scene(redis_server) as scene:
+    async with _scene(redis_server, _cluster(request, where)) as scene:
         scene.spawn(concurrency=16)
         victim = scene.spawn(concurrency=16)
         started = time.monotonic()
