@@ -19,6 +19,8 @@ waits until ``release:<point>`` exists (or until it is killed). The points:
 - ``enqueued:K``: in the turn, after it enqueued step K's job and before the append that
   records the step as scheduled;
 - ``do``: inside the ``do`` block (the value is not recorded yet);
+- ``woke``: in the run's function right after ``run.sleep`` returned (the turn its
+  timer started);
 - ``signal``: in the run's function right before ``run.wait_for(go)``;
 - ``signalled``: right after ``run.wait_for(go)`` returned;
 - ``handoff``: on Redis Cluster, after a step's completion wrote the run's hand-off to
@@ -39,7 +41,11 @@ from typedq.durable.replay import ScheduleSteps
 
 __all__ = ["STEPS", "Go", "Outcome", "Plan", "StepIn", "StepOut", "app", "expected", "go"]
 
-app = App("durcrash", lease=float(os.environ.get("TYPEDQ_TEST_LEASE", "1.0")), max_stalls=10)
+app = App(
+    "durcrash",
+    lease=float(os.environ.get("TYPEDQ_TEST_LEASE", "1.0")),
+    max_stalls=int(os.environ.get("TYPEDQ_TEST_MAX_STALLS", "10")),
+)
 
 #: The number of steps of a run.
 STEPS = 5
@@ -149,6 +155,7 @@ async def pipeline(run: Run, plan: Plan) -> Outcome:
             n += await run.do("salt", salt)
         if k == 3 and plan.sleep:
             await run.sleep(plan.sleep)
+            await hold("woke")
         if k == 3 and plan.wait:
             await hold("signal")
             n += (await run.wait_for(go)).bump

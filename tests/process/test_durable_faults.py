@@ -35,7 +35,7 @@ from tests import durable_app
 from tests.durable_app import STEPS, TURNS, Go, Outcome, Plan, expected, go, pipeline
 from tests.redis_harness import RedisCluster, RedisProcess, flushall
 from tests.support import ROOT
-from typedq import JobState, RunHandle
+from typedq import JobFailed, JobState, RunHandle
 from typedq.broker.runs import RunRecord, SignalOutcome
 from typedq.durable import (
     DoRecorded,
@@ -75,7 +75,12 @@ class Scene:
         self.killed: set[int] = set()
 
     def spawn(
-        self, *, holds: Iterable[str] = (), queues: str | None = None, concurrency: int = 4
+        self,
+        *,
+        holds: Iterable[str] = (),
+        queues: str | None = None,
+        concurrency: int = 4,
+        max_stalls: int = 10,
     ) -> subprocess.Popen[bytes]:
         """A worker process (``--queues`` ``queues``, default all) holding at ``holds``."""
         env = {
@@ -84,6 +89,7 @@ class Scene:
             "TYPEDQ_TEST_LEDGER": f"redis://127.0.0.1:{self.server.port}/1",
             "TYPEDQ_TEST_LEASE": "1.0",
             "TYPEDQ_TEST_HOLD": ",".join(holds),
+            "TYPEDQ_TEST_MAX_STALLS": str(max_stalls),
         }
         env.pop("TYPEDQ_BROKER", None)
         args = [sys.executable, "-m", "typedq", "worker", "tests.durable_app:app"]
@@ -401,6 +407,21 @@ async def test_every_worker_sigkilled_while_the_run_sleeps(redis_server: RedisPr
         await _check(scene, handle, plan)
 
 
+async def test_sigkill_in_the_turn_a_sleep_woke(redis_server: RedisProcess) -> None:
+    """Killed in the turn that the sleep's timer started, after the sleep returned and
+    before anything was appended: the timer's turn job stalls and comes back; the run
+    goes on from its sleep, no step runs again."""
+    async with _scene(redis_server) as scene:
+        victim = scene.spawn(holds=["woke"])
+        await scene.arm("woke")
+        plan = Plan(n=8, sleep=0.5)
+        handle = await pipeline.start(plan, run_id="woke")
+        await scene.held("woke", victim)
+        scene.kill(victim)
+        scene.spawn()
+        await _check(scene, handle, plan)
+
+
 async def test_every_worker_sigkilled_while_the_run_waits_for_a_signal(
     redis_server: RedisProcess,
 ) -> None:
@@ -437,6 +458,41 @@ async def test_sigkill_during_a_signal_delivery(redis_server: RedisProcess, poin
         scene.kill(victim)
         scene.spawn()
         record = await _check(scene, handle, plan, bump=9)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=TimeoutError,
+    reason="a turn job that fails for good (here: stalled past max_stalls, its worker "
+    "SIGKILLed each time) tells the run nothing: the run stays 'running' with no turn and "
+    "no step job left, until something wakes it by hand (wake_runs)",
+)
+async def test_a_run_whose_turn_keeps_killing_its_worker_ends(redis_server: RedisProcess) -> None:
+    """A turn that kills its worker every time (a poison turn: the replay runs out of
+    memory, say) fails its job once it has stalled past ``max_stalls``, as any job does.
+    The run must not be lost with it: it should end (failed, with the stalled record),
+    as a run whose step job stalled past ``max_stalls`` does (the step's failure is
+    raised in the function). Today it stays running, with no job that would move it."""
+    async with _scene(redis_server) as scene:
+        await scene.arm("after:0")
+        plan = Plan(n=1)
+        handle = await pipeline.start(plan, run_id="poison")
+        for _ in range(2):  # max_stalls=1: the second stall fails the turn's job
+            victim = scene.spawn(holds=["after:0"], max_stalls=1)
+            await scene.held("after:0", victim)
+            scene.kill(victim)
+        scene.spawn(max_stalls=1)
+        # The turn that read step 0's outcome is the run's second (t1 started it).
+        turn = f"{handle.run_id}:t2"
+
+        async def turn_failed() -> bool:
+            [job] = await durable_app.app.broker.get([turn])
+            return job is not None and job.state is JobState.FAILED
+
+        await _until_true("the turn's job failed", turn_failed)
+        with anyio.fail_after(5), pytest.raises(JobFailed) as failed:
+            await handle.result()
+        assert failed.value.reason.value == "stalled"
 
 
 # -- the batch --------------------------------------------------------------------------
