@@ -21,6 +21,7 @@ waits until ``release:<point>`` exists (or until it is killed). The points:
 - ``do``: inside the ``do`` block (the value is not recorded yet);
 - ``woke``: in the run's function right after ``run.sleep`` returned (the turn its
   timer started);
+- ``gathered``: right after ``run.gather`` of steps 3 and 4 returned;
 - ``signal``: in the run's function right before ``run.wait_for(go)``;
 - ``signalled``: right after ``run.wait_for(go)`` returned;
 - ``handoff``: on Redis Cluster, after a step's completion wrote the run's hand-off to
@@ -65,6 +66,7 @@ class Plan(msgspec.Struct, frozen=True):
     do: bool = False  # a `do` block before step 2
     sleep: float = 0.0  # a run.sleep of this many seconds before step 3 (0: none)
     wait: bool = False  # a run.wait_for(go) before step 3
+    gather: bool = False  # steps 3 and 4 at once (run.gather), on the same value
 
 
 class StepIn(msgspec.Struct, frozen=True):
@@ -111,6 +113,8 @@ def expected(plan: Plan, bump: int = 0) -> Outcome:
             n += SALT
         if k == 3 and plan.wait:
             n += bump
+        if k == 3 and plan.gather:
+            return Outcome(n=_step(n, 3) + _step(n, 4))
         n = _step(n, k)
     return Outcome(n=n)
 
@@ -160,6 +164,12 @@ async def pipeline(run: Run, plan: Plan) -> Outcome:
             await hold("signal")
             n += (await run.wait_for(go)).bump
             await hold("signalled")
+        if k == 3 and plan.gather:
+            a, b = await run.gather(
+                run.step(add, StepIn(n=n, k=3)), run.step(add, StepIn(n=n, k=4))
+            )
+            await hold("gathered")
+            return Outcome(n=a.n + b.n)
         n = (await run.step(add, StepIn(n=n, k=k))).n
         await hold(f"after:{k}")
     return Outcome(n=n)

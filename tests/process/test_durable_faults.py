@@ -370,6 +370,29 @@ async def test_sigkill_between_a_steps_completion_and_its_handoff_on_cluster(
         await _check(scene, handle, plan)
 
 
+@pytest.mark.parametrize("point", ["step:3", "step:4", "gathered"])
+async def test_sigkill_in_a_gather(redis_server: RedisProcess, point: str) -> None:
+    """Steps 3 and 4 run at once (``run.gather``); the worker is killed inside one of
+    them while the other completes, or in the turn that read both outcomes. The run
+    waits for the one it still needs (the turn that logs the first outcome waits on the
+    pending one), and records each once; only the interrupted step runs again."""
+    async with _scene(redis_server) as scene:
+        victim = scene.spawn(holds=[point])
+        await scene.arm(point)
+        plan = Plan(n=9, gather=True)
+        handle = await pipeline.start(plan, run_id=f"gather-{point.replace(':', '-')}")
+        await scene.held(point, victim)
+        if point.startswith("step:"):
+            other = 4 if point == "step:3" else 3
+            # The other step completes while this one is held (positions are the indexes).
+            job_id = f"{handle.run_id}:{other}"
+            await _until_true(f"step {other} completed", lambda: _step_completed(job_id))
+        scene.kill(victim)
+        scene.spawn()
+        twice = [int(point[5:])] if point.startswith("step:") else []
+        await _check(scene, handle, plan, twice=twice)
+
+
 async def test_sigkill_inside_a_do_block(redis_server: RedisProcess) -> None:
     """Killed inside the ``do`` block: it runs again (at-least-once) and its value is
     recorded once."""
