@@ -628,3 +628,37 @@ async def test_wait_run_for_the_end_only_sleeps_through_a_growing_log(
         assert ended is not None
         assert ended.state is RunState.CANCELLED
         assert len(ended.log) == 2
+
+
+async def test_a_turn_that_fails_for_good_fails_its_run(app_name: str, broker_url: str) -> None:
+    """No turn comes again after a turn job failed for good (its retries or its stalls
+    spent: a turn that kills its worker each time): the run fails with the turn's record,
+    instead of staying running with nothing to move it."""
+    why = FailureRecord(
+        reason=FailureReason.STALLED,
+        error_type="Stalled",
+        message="stalled 4 times",
+        attempt=4,
+        retryable=False,
+    )
+    async with connected(app_name, broker_url) as broker:
+        await broker.create_runs([spec("tf"), spec("ok")])
+        turns = await broker.claim(["q"], 2, worker_id="w", lease=30)
+        assert sorted(t.message.id for t in turns) == ["ok:t1", "tf:t1"]
+        turn = next(t for t in turns if t.message.id == "tf:t1")
+        other = next(t for t in turns if t.message.id == "ok:t1")
+        encoded = msgspec.msgpack.encode(why)
+        await broker.fail([Failure(id=turn.message.id, token=turn.token, error=encoded)])
+        # A turn that fails but is retried leaves its run alone.
+        await broker.fail(
+            [Failure(id=other.message.id, token=other.token, error=encoded, retry_delay=0)]
+        )
+        failed, running = await broker.get_runs(["tf", "ok"])
+        assert failed is not None
+        assert running is not None
+        assert failed.state is RunState.FAILED
+        assert failed.failure == why
+        assert running.state is RunState.RUNNING
+        # Ended: the failed run takes no more appends.
+        [late] = await broker.append_runs([RunAppend(run_id="tf", expected=0)])
+        assert late is AppendOutcome.FINISHED

@@ -483,19 +483,12 @@ async def test_sigkill_during_a_signal_delivery(redis_server: RedisProcess, poin
         record = await _check(scene, handle, plan, bump=9)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TimeoutError,
-    reason="a turn job that fails for good (here: stalled past max_stalls, its worker "
-    "SIGKILLed each time) tells the run nothing: the run stays 'running' with no turn and "
-    "no step job left, until something wakes it by hand (wake_runs)",
-)
 async def test_a_run_whose_turn_keeps_killing_its_worker_ends(redis_server: RedisProcess) -> None:
     """A turn that kills its worker every time (a poison turn: the replay runs out of
     memory, say) fails its job once it has stalled past ``max_stalls``, as any job does.
     The run must not be lost with it: it should end (failed, with the stalled record),
     as a run whose step job stalled past ``max_stalls`` does (the step's failure is
-    raised in the function). Today it stays running, with no job that would move it."""
+    raised in the function): the broker fails a run whose turn job failed for good."""
     async with _scene(redis_server) as scene:
         await scene.arm("after:0")
         plan = Plan(n=1)

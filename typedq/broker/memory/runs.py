@@ -272,6 +272,8 @@ class RunStore:
         Any other job is no run's business."""
         message = job.message
         if not message.run_queue:
+            if job.state is JobState.FAILED:
+                self._turn_failed(job)
             return
         job_id = message.id
         run_id, _, position = job_id.rpartition(":")
@@ -282,6 +284,23 @@ class RunStore:
             waiting = self.runs.get(waiting_id)
             if waiting is not None and not waiting.state.is_final:
                 self.wake(waiting, 0.0)
+
+    def _turn_failed(self, job: Job) -> None:
+        """A job that is no step failed for good: when it is a turn of a running run (id
+        ``run_id:t<n>``, of the run's turn task), no turn comes again, so the run fails
+        with the turn's failure record."""
+        run_id, _, tail = job.message.id.rpartition(":")
+        if not (tail[:1] == "t" and tail[1:].isdigit()):
+            return
+        run = self.runs.get(run_id)
+        if run is None or run.state.is_final or job.message.task != run.spec.turn_task:
+            return
+        try:
+            failure = msgspec.msgpack.decode(job.error or b"", type=FailureRecord)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            failure = None
+        self._unwait(run)
+        self._finish(run, RunState.FAILED, None, failure)
 
     # -- internals ---------------------------------------------------------------------
 

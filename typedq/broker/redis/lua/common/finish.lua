@@ -6,7 +6,8 @@
 -- helpers in common/flow_settle.lua).
 local flow_settle
 -- A job whose id ends in ':<digits>' reached a final state: when its body names a durable
--- run's queue (a step, see common/runs.lua), keep its outcome with the run and wake it.
+-- run's queue (a step, see common/runs.lua), keep its outcome with the run and wake it;
+-- a run's turn (':t<digits>') that failed for good fails its run.
 local run_step_done
 -- A durable run's step ended (its outcome, on the run's slot): common/runs.lua.
 local run_settle
@@ -99,8 +100,12 @@ local function finalize_after(id, q, jk, from, state, now, at, fl)
   emit_event(id, q, state)
   -- A durable run's step has an id '<run id>:<position>': for every other job a plain
   -- search for ':' (most ids have none; then a pattern match), no command.
-  if find(id, ':', 1, true) and find(id, ':%d+$') then
-    run_step_done(q, id, jk, state, now)
+  if find(id, ':', 1, true) then
+    if find(id, ':%d+$') then
+      run_step_done(q, id, jk, state, now)
+    elseif state == 'f' and find(id, ':t%d+$') then
+      run_step_done(q, id, jk, state, now, true)  -- a run's turn failed for good
+    end
   end
   if unique_on[q] then release_unique(q, id, state) end
   if fl == true then

@@ -137,8 +137,17 @@ end
 
 -- Job `id` of queue `q` (its hash `jk`) reached final state `state`, and its id ends in
 -- ':<digits>': a durable run's step when its body's run_queue names the run's queue.
--- The run is told here, or through the outbox when it is on another slot.
-run_step_done = function(q, id, jk, state, now)
+-- The run is told here, or through the outbox when it is on another slot. With `turn`,
+-- the job is a turn of a run of `q` that failed for good.
+run_step_done = function(q, id, jk, state, now, turn)
+  if turn then
+    -- A turn job ('<run id>:t<n>', on the run's own queue) failed for good: its retries
+    -- or its stalls are spent, no turn comes again, so the run fails with its record.
+    local r = string.match(id, '^(.+):t%d+$')
+    if rcall('HGET', k_run(q, 'u:', r), 'st') ~= 'r' then return end
+    run_ops.finish(q, r, 'f', nil, rcall('HGET', jk, 'err') or nil, now)
+    return
+  end
   local f = rcall('HMGET', jk, 'm', 'res', 'err')
   -- The run queue is the body's 14th and last field (run_queue): a fixarray of 14
   -- fields ending with the name as a msgpack str. Read from the end (cmsgpack reads no
