@@ -25,6 +25,9 @@ _names = itertools.count()
 #: box, issue 25): under ``--dist loadfile`` each is one unit of work, and a long one
 #: handed out last ends the run alone on one process while the others sit idle.
 LONGEST_FILES = (
+    "tests/process/test_durable_faults.py",  # ~70 (SIGKILLed workers at each step)
+    "tests/process/test_durable_faults_more.py",  # ~40
+    "tests/process/test_durable_batch.py",  # ~20
     "tests/tooling/test_stubs.py",  # ~60 (mypy runs; first interpreter only)
     "tests/tooling/test_first_app.py",  # ~45 (mypy runs)
     "tests/process/test_supervisor.py",  # ~30
