@@ -1,0 +1,198 @@
+"""Fair shares (typedq.fair): a task's waiting jobs claimed round-robin across keys.
+
+Broker-level tests enqueue envelopes carrying ``fair_key``/``fair_weight`` (what
+``Fair(key=...)`` makes at the producer) and read the order claims hand them out; the
+app-level ones go through ``@app.task(fair=...)`` and a worker.
+"""
+
+from __future__ import annotations
+
+import anyio
+import msgspec
+import pytest
+
+from tests.support import TEST_DEADLINE, Out, connected, msg
+from typedq import App, Fair, JobState
+from typedq.broker.base import Broker, CancelOutcome, Completion, Failure, JobMessage
+from typedq.limits import LimitSpec
+
+pytestmark = pytest.mark.anyio
+
+
+def fair(
+    key: str,
+    *,
+    weight: int = 1,
+    job_id: str | None = None,
+    priority: int = 0,
+    task: str = "t",
+    concurrency_key: str = "",
+    delay: float = 0.0,
+) -> JobMessage:
+    """A fair job of ``task`` for key ``key``."""
+    return msgspec.structs.replace(
+        msg(task=task, job_id=job_id, priority=priority, delay=delay),
+        fair_key=key,
+        fair_weight=weight,
+        concurrency_key=concurrency_key,
+    )
+
+
+async def claim_order(broker: Broker, n: int, *, limit: int = 1) -> list[str]:
+    """The ids of the next ``n`` jobs claims of ``limit`` hand out (completed at once)."""
+    order: list[str] = []
+    while len(order) < n:
+        claimed = await broker.claim(["q"], limit, worker_id="w", lease=30)
+        if not claimed:
+            break
+        order += [job.message.id for job in claimed]
+        await broker.complete(
+            [Completion(id=j.message.id, token=j.token, result=b"\xc0") for j in claimed]
+        )
+    return order
+
+
+async def test_a_flood_of_one_key_does_not_delay_another_keys_job(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(300)])
+        await broker.enqueue([fair("b", job_id="b0"), fair("c", job_id="c0")])
+        order = await claim_order(broker, 4)
+        # Three active keys: b's and c's jobs come within the next three claims.
+        assert order[:3] == ["a0", "b0", "c0"]
+        assert order[3] == "a1"
+        # Big claims too: one claim of 10 takes a key's job once per turn.
+        await broker.enqueue([fair("b", job_id=f"b{i}") for i in range(1, 4)])
+        batch = [j.message.id for j in await broker.claim(["q"], 6, worker_id="w", lease=30)]
+        assert batch == ["a2", "b1", "a3", "b2", "a4", "b3"]
+
+
+async def test_fair_jobs_take_turns_with_plain_jobs_of_their_level(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(3)])
+        await broker.enqueue([msg(job_id="p0"), msg(job_id="p1")])
+        # The key holds one place in the FIFO: a0, then the plain jobs that came after
+        # it joined, then its next turn.
+        assert await claim_order(broker, 5) == ["a0", "p0", "p1", "a1", "a2"]
+
+
+async def test_weights_take_that_many_jobs_per_turn(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("big", weight=3, job_id=f"B{i}") for i in range(9)])
+        await broker.enqueue([fair("small", job_id=f"s{i}") for i in range(3)])
+        order = await claim_order(broker, 12, limit=2)
+        assert order == [
+            *("B0", "B1", "B2", "s0"),
+            *("B3", "B4", "B5", "s1"),
+            *("B6", "B7", "B8", "s2"),
+        ]
+
+
+async def test_priorities_come_before_fairness(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(3)])
+        await broker.enqueue([fair("a", job_id="urgent", priority=5)])
+        await broker.enqueue([fair("b", job_id="b0")])
+        assert await claim_order(broker, 5) == ["urgent", "a0", "b0", "a1", "a2"]
+
+
+async def test_fair_waiting_jobs_are_counted_listed_cancelled_and_removed(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(4)])
+        await broker.enqueue([fair("b", job_id="b0"), msg(job_id="p0")])
+        counts = await broker.counts("q")
+        assert counts[JobState.WAITING] == 6
+        listed = await broker.list_jobs("q", JobState.WAITING, limit=100)
+        assert sorted(listed) == ["a0", "a1", "a2", "a3", "b0", "p0"]
+        assert await broker.cancel("a1", queue="q") is CancelOutcome.CANCELLED
+        assert await broker.cancel("b0", queue="q") is CancelOutcome.CANCELLED
+        assert await broker.remove(["a2"], queue="q") == [True]
+        assert (await broker.counts("q"))[JobState.WAITING] == 3
+        assert sorted(await broker.list_jobs("q", JobState.WAITING)) == ["a0", "a3", "p0"]
+        assert await claim_order(broker, 10) == ["a0", "p0", "a3"]
+        assert (await broker.counts("q"))[JobState.WAITING] == 0
+        # A key whose jobs all left comes back with its next job.
+        await broker.enqueue([fair("b", job_id="b1")])
+        assert await claim_order(broker, 10) == ["b1"]
+
+
+async def test_purge_drops_fair_waiting_jobs(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(5)])
+        await broker.enqueue([fair("b", job_id="b0"), msg(job_id="p0")])
+        assert await broker.purge("q", [JobState.WAITING]) == 7
+        assert (await broker.counts("q"))[JobState.WAITING] == 0
+        assert await broker.list_jobs("q", JobState.WAITING) == []
+        assert await broker.claim(["q"], 10, worker_id="w", lease=30) == []
+        await broker.enqueue([fair("a", job_id="a9"), fair("b", job_id="b9")])
+        assert await claim_order(broker, 10) == ["a9", "b9"]
+
+
+async def test_a_retry_goes_back_fair(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(4)])
+        await broker.enqueue([fair("b", job_id="b0")])
+        (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert first.message.id == "a0"
+        # Failed with a retry due now: it waits again in a's lane, not ahead of b.
+        await broker.fail(
+            [Failure(id=first.message.id, token=first.token, error=b"err", retry_delay=0.0)]
+        )
+        assert await claim_order(broker, 5) == ["b0", "a1", "a2", "a3", "a0"]
+
+
+async def test_a_concurrency_limit_per_key_parks_only_that_key(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(concurrency=1)})
+        await broker.enqueue([fair("a", job_id=f"a{i}", concurrency_key="a") for i in range(50)])
+        await broker.enqueue([fair("b", job_id=f"b{i}", concurrency_key="b") for i in range(2)])
+        claimed = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        # One of each key runs; a's flood is parked by its gate, b's next too.
+        assert [j.message.id for j in claimed] == ["a0", "b0"]
+        await broker.complete(
+            [Completion(id=j.message.id, token=j.token, result=b"\xc0") for j in claimed]
+        )
+        again = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        assert sorted(j.message.id for j in again) == ["a1", "b1"]
+        await broker.complete(
+            [Completion(id=j.message.id, token=j.token, result=b"\xc0") for j in again]
+        )
+        (third,) = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        assert third.message.id == "a2"
+        assert (await broker.counts("q"))[JobState.WAITING] == 47
+
+
+class Work(msgspec.Struct, frozen=True):
+    tenant: str
+    n: int
+
+
+async def test_fair_tasks_through_the_app(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    started: list[tuple[str, int]] = []
+
+    @app.task(fair=Fair(key=lambda w: w.tenant, weights={"big": 2}))
+    async def work(w: Work) -> Out:
+        started.append((w.tenant, w.n))
+        return Out(w.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            message = work.message(Work("big", 0))
+            assert (message.fair_key, message.fair_weight) == ("big", 2)
+            assert work.message(Work("small", 0)).fair_weight == 1
+            jobs = await work.enqueue_many([Work("big", i) for i in range(40)])
+            late = await work.enqueue(Work("small", 0))
+            async with app.worker(concurrency=1):
+                assert (await late.result(timeout=TEST_DEADLINE)).n == 0
+                for job in jobs:
+                    await job.result(timeout=TEST_DEADLINE)
+            # The small tenant's one job started within the first few.
+            assert started.index(("small", 0)) <= 3
