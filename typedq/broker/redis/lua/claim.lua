@@ -487,7 +487,13 @@ if nq > 1 then
     while pops < max_pops do
       local id = rcall('LINDEX', lk, -1)
       if not id then return nil end
-      if not is_bare(id) then
+      if string.byte(id, 1) == 126 then
+        -- A fair key's marker: its lane's head job's enqueue time.
+        local _, _, g = marker_parts(id)
+        local lid = g and rcall('LINDEX', k_lane(q, g, prio), -1)
+        local r = lid and read_keyed(q, lid, 'e')
+        return r and tonumber(r[1]) or 0
+      elseif not is_bare(id) then
         local f = parse_entry(id)
         if f and entry_live(q, prio, f) then return tonumber(f.e) or 0 end
       elseif not take_stale(q, prio, id) then
@@ -524,13 +530,20 @@ local ids, one_line = limit > 1 and {} or nil, nil
 local leases = limit > 1 and {} or nil
 
 
-local function activate(id, q, prio)
+-- Fair shares (common/lanes.lua): a marker popped takes its key's turn (take_turn); a
+-- fair job popped from a level list (not from its lane) moves to its lane (divert).
+local take_turn, divert
+
+local function activate(id, q, prio, laned)
   if not is_bare(id) then
     -- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
     -- (Here, not in a function of its own: one closure fewer per call. Its fields as
     -- locals, not parse_entry's table: one table fewer per job.)
     local eid, o, e, r, m = entry_parts(id)
-    if not eid then return end
+    if not eid then
+      if string.byte(id, 1) == 126 then return take_turn(q, prio, id) end  -- '~'
+      return
+    end
     -- Live: the index holds its order and level (entry_live's check, without its table).
     local ik = k_idx(q, eid)
     if rcall('HGET', ik, eid) ~= (prio == '0' and o or o .. '|' .. prio) then
@@ -582,6 +595,7 @@ local function activate(id, q, prio)
     -- A stale entry: the job left waiting meanwhile (or waits in another queue or
     -- at another priority level).
     if r[1] ~= 'w' or (r[2] and r[2] ~= q) or sane_prio(r[7]) ~= prio then return end
+    if not laned and divert(q, prio, id, r[3]) then return end
     local slot
     if has_limits then
       local ok
@@ -609,6 +623,7 @@ local function activate(id, q, prio)
     else
       f = {s = 'w', q = q, o = 0, e = now, p = false, r = false, m = ''}
     end
+    if not laned and divert(q, prio, id, f.m) then return end
     local slot
     if has_limits then
       local ok
@@ -631,6 +646,46 @@ local function activate(id, q, prio)
     out[n + 8] = tonumber(f.r) or 0
   end
   one_line = claimed_job(q, id, lease_until, leases, ids)
+end
+
+-- A fair key's turn (its marker `v` popped from level `prio` of `q`): up to its weight
+-- of jobs from its lane, while this claim has room. Returns the marker to put back at
+-- the head when the claim ran out of room mid-turn (the caller pushes it last, so it
+-- is first out); else the marker went back to the tail (jobs left) or away (none).
+take_turn = function(q, prio, v)
+  local taken, weight, group = marker_parts(v)
+  if not taken then return nil end
+  local lk = k_lane(q, group, prio)
+  local left = true
+  while taken < weight and claimed < limit and pops < max_pops do
+    local id = rcall('RPOP', lk)
+    if not id then left = false; break end
+    pops, taken = pops + 1, taken + 1
+    activate(id, q, prio, true)
+  end
+  if left and rcall('EXISTS', lk) == 0 then left = false end
+  if not left then
+    rcall('SREM', k_lanes(q), prio .. '|' .. group)
+    return nil
+  end
+  rcall('ZADD', k_levels(q), level_score(prio), prio)
+  if taken < weight then return '~' .. taken .. '|' .. weight .. '|' .. group end
+  rcall('LPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group)
+  return nil
+end
+
+-- A fair job (`body`) popped from its level list: it joins its key's lane. A key with
+-- no job waiting takes its turn now, where the job stood in the line. Returns true when
+-- the job was fair (moved, or claimed by its turn), false for any other job.
+divert = function(q, prio, id, body)
+  local group, weight = fair_of(body)
+  if not group then return false end
+  local lk = k_lane(q, group, prio)
+  if rcall('LPUSH', lk, id) > 1 then return true end
+  rcall('SADD', k_lanes(q), prio .. '|' .. group)
+  local back = take_turn(q, prio, '~0|' .. weight .. '|' .. group)
+  if back then rcall('RPUSH', k_wait(q, prio), back) end
+  return true
 end
 
 while claimed < limit and pops < max_pops do
@@ -665,9 +720,17 @@ while claimed < limit and pops < max_pops do
   -- Fewer than asked: the list is empty now (Redis deleted it), so its level goes too
   -- (the next round looks at the next level instead of finding this one empty).
   if #popped < want then rcall('ZREM', k_levels(bq), bprio) end
-  for _, id in ipairs(popped) do
+  for j, id in ipairs(popped) do
     pops = pops + 1
-    activate(id, bq, bprio)
+    local back = activate(id, bq, bprio)
+    if back or (claimed >= limit and j < #popped) then
+      -- A fair turn took more than one job (or stopped mid-turn): what this claim has
+      -- no room for goes back to the head, in order, the unfinished turn first.
+      for k = #popped, j + 1, -1 do rcall('RPUSH', blk, popped[k]) end
+      if back then rcall('RPUSH', blk, back) end
+      rcall('ZADD', k_levels(bq), level_score(bprio), bprio)
+      break
+    end
   end
 end
 
