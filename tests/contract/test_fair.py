@@ -11,9 +11,16 @@ import anyio
 import msgspec
 import pytest
 
-from tests.support import TEST_DEADLINE, Out, connected, msg
-from typedq import App, Fair, JobState
-from typedq.broker.base import Broker, CancelOutcome, Completion, Failure, JobMessage
+from tests.support import TEST_DEADLINE, Out, connected, msg, sleep_until
+from typedq import App, Fair, JobState, QueueFull
+from typedq.broker.base import (
+    Broker,
+    CancelOutcome,
+    Completion,
+    Failure,
+    JobMessage,
+    Release,
+)
 from typedq.limits import LimitSpec
 
 pytestmark = pytest.mark.anyio
@@ -196,3 +203,62 @@ async def test_fair_tasks_through_the_app(app_name: str, broker_url: str) -> Non
                     await job.result(timeout=TEST_DEADLINE)
             # The small tenant's one job started within the first few.
             assert started.index(("small", 0)) <= 3
+
+
+async def test_a_due_scheduled_fair_job_and_a_handed_back_one_wait_fair(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(4)])
+        await broker.enqueue([fair("b", job_id="b-late", delay=0.2)])
+        record = (await broker.get(["b-late"], queue="q"))[0]
+        assert record is not None
+        assert record.state is JobState.SCHEDULED
+        await sleep_until(record.run_at)
+        # Due: promoted as b's first job, so b takes the next turn after a's.
+        (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        (second,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert [first.message.id, second.message.id] == ["a0", "b-late"]
+        # Handed back unrun (a worker shutting down): waiting again, still fair.
+        await broker.release([Release(id=first.message.id, token=first.token)])
+        await broker.complete([Completion(id="b-late", token=second.token, result=b"\xc0")])
+        order = await claim_order(broker, 10)
+        assert sorted(order) == ["a0", "a1", "a2", "a3"]
+        assert (await broker.counts("q"))[JobState.WAITING] == 0
+
+
+async def test_fair_jobs_are_read_paged_and_capped(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url, max_queue_length=12) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}", priority=i % 2) for i in range(6)])
+        await broker.enqueue([fair("b", job_id=f"b{i}") for i in range(3)] + [msg(job_id="p")])
+        record = (await broker.get(["a3"], queue="q"))[0]
+        assert record is not None
+        assert record.state is JobState.WAITING
+        assert (record.message.fair_key, record.message.fair_weight) == ("a", 1)
+        assert record.message.priority == 1
+        listed: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = await broker.page_jobs("q", JobState.WAITING, cursor=cursor, limit=3)
+            listed += page.ids
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        assert sorted(listed) == sorted([f"a{i}" for i in range(6)] + ["b0", "b1", "b2", "p"])
+        with pytest.raises(QueueFull):
+            await broker.enqueue([fair("c", job_id=f"c{i}") for i in range(3)])
+        await broker.enqueue([fair("c", job_id="c0"), fair("c", job_id="c1")])
+        assert (await broker.counts("q"))[JobState.WAITING] == 12
+
+
+async def test_a_claim_over_several_queues_takes_fair_turns(app_name: str, broker_url: str) -> None:
+    if "cluster" in broker_url:
+        pytest.skip("a claim on Redis Cluster names one queue (one slot)")
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(5)])
+        await broker.enqueue([fair("b", job_id="b0")])
+        await broker.enqueue([msg(queue="q2", job_id="other")])
+        claimed = await broker.claim(["q", "q2"], 10, worker_id="w", lease=30)
+        ids = [j.message.id for j in claimed]
+        assert sorted(ids) == ["a0", "a1", "a2", "a3", "a4", "b0", "other"]
+        assert ids.index("b0") <= 2
