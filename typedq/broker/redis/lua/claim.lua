@@ -658,19 +658,30 @@ take_turn = function(q, prio, v)
   local lk = k_lane(q, group, prio)
   local left = true
   while taken < weight and claimed < limit and pops < max_pops do
-    local id = rcall('RPOP', lk)
-    if not id then left = false; break end
-    pops, taken = pops + 1, taken + 1
-    activate(id, q, prio, true)
+    -- As many as the turn and the claim have room for, in one RPOP (a stale id among
+    -- them takes its place in the turn, as on the embedded broker).
+    local want = math.min(weight - taken, limit - claimed, max_pops - pops)
+    local ids = rpcall('RPOP', lk, num_text(want))
+    if type(ids) ~= 'table' or ids.err then ids = {} end
+    for _, id in ipairs(ids) do
+      pops, taken = pops + 1, taken + 1
+      activate(id, q, prio, true)
+    end
+    if #ids < want then left = false; break end
   end
   if left and rcall('EXISTS', lk) == 0 then left = false end
   if not left then
     rcall('SREM', k_lanes(q), prio .. '|' .. group)
     return nil
   end
-  rcall('ZADD', k_levels(q), level_score(prio), prio)
-  if taken < weight then return '~' .. taken .. '|' .. weight .. '|' .. group end
-  rcall('LPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group)
+  if taken < weight then
+    rcall('ZADD', k_levels(q), level_score(prio), prio)
+    return '~' .. taken .. '|' .. weight .. '|' .. group
+  end
+  -- Back at the tail; a level list this claim emptied (and unlisted) is listed again.
+  if rcall('LPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group) == 1 then
+    rcall('ZADD', k_levels(q), level_score(prio), prio)
+  end
   return nil
 end
 
