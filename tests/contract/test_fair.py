@@ -262,3 +262,55 @@ async def test_a_claim_over_several_queues_takes_fair_turns(app_name: str, broke
         ids = [j.message.id for j in claimed]
         assert sorted(ids) == ["a0", "a1", "a2", "a3", "a4", "b0", "other"]
         assert ids.index("b0") <= 2
+
+
+async def test_a_fan_out_of_a_fair_task_runs_fair(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    started: list[str] = []
+
+    @app.task(fair=Fair(key=lambda w: w.tenant))
+    async def work(w: Work) -> Out:
+        started.append(w.tenant)
+        return Out(w.n)
+
+    @app.task
+    async def total(outs: list[Out]) -> Out:
+        return Out(sum(o.n for o in outs))
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            items = [Work("big", i) for i in range(30)] + [Work("small", 100)]
+            job = await work.map(items).then(total).enqueue()
+            async with app.worker(concurrency=1):
+                assert await job.result(timeout=TEST_DEADLINE) == Out(sum(range(30)) + 100)
+    # The members carry their key: the small tenant's one member runs within the first
+    # few, not after the big tenant's thirty.
+    assert started.index("small") <= 3
+
+
+async def test_delayed_fair_jobs_wait_fair_once_due(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}", delay=0.2) for i in range(4)])
+        await broker.enqueue([fair("b", job_id="b0", delay=0.2)])
+        record = (await broker.get(["b0"], queue="q"))[0]
+        assert record is not None
+        await sleep_until(record.run_at)
+        # Promoted together: each key takes its turns, b's job is not behind a's four.
+        assert await claim_order(broker, 5) == ["a0", "b0", "a1", "a2", "a3"]
+
+
+async def test_unique_and_debounced_fair_jobs_wait_fair(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(key=lambda w: f"{w.tenant}-{w.n}", unique_for=60, fair=Fair(key=lambda w: w.tenant))
+    async def once(w: Work) -> None:
+        pass
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            for i in range(4):
+                await once.enqueue(Work("a", i))
+            await once.enqueue(Work("b", 0))
+            claimed = await app.broker.claim([once.queue], 2, worker_id="w", lease=30)
+            tenants = [msgspec.msgpack.decode(j.message.payload, type=Work).tenant for j in claimed]
+            assert tenants == ["a", "b"]

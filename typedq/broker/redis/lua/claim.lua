@@ -146,9 +146,15 @@ for qi = 7, 6 + nq do
         -- A scheduled job string becomes a waiting entry (see keys.py).
         local f = parse_rec(rcall('GET', jk), q)
         if f and f.s == 's' and f.q == q then
-          rcall('DEL', jk)
-          -- It keeps its due time: its queue wait counts from it (keys.py).
-          push_entry(q, sane_prio(f.p), id, order + i, f.e, f.m, f.r)
+          -- It keeps its due time: its queue wait counts from it (keys.py). A fair job
+          -- keeps its job string and waits in its key's lane (common/lanes.lua).
+          local group, weight = fair_of(f.m)
+          if group then
+            store_fair(q, sane_prio(f.p), id, order + i, f.e, f.m, f.r, group, weight)
+          else
+            rcall('DEL', jk)
+            push_entry(q, sane_prio(f.p), id, order + i, f.e, f.m, f.r)
+          end
           count(q, 's', -1)
           count(q, 'w', 1)
         end

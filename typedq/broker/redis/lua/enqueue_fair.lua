@@ -138,9 +138,7 @@ for i = 0, n - 1 do
       local body = ARGV[b + body_at]
       local group, weight = fair_of(body)
       if group then
-        rcall('SET', k_job(q, id), pack_rec({s = 'w', q = q, o = order, e = now,
-          p = prio ~= '0' and prio, r = false, m = body}))
-        lane_push(q, prio, id, group, weight)
+        store_fair(q, prio, id, order, now, body, false, group, weight)
       else
         local o = int_text(order)
         l[#l + 1] = pack_entry(id, o, now_text, body)

@@ -325,3 +325,11 @@ local function marker_parts(v)
   if not t then return nil end
   return tonumber(t), tonumber(w), g
 end
+
+-- Store fair job `id` (body `m`, fair_of's `group` and `weight`) waiting: its job string
+-- (order `o`, enqueued_at `e`, due time `r` or false) and its id in its key's lane.
+local function store_fair(q, prio, id, o, e, m, r, group, weight)
+  rcall('SET', k_job(q, id), pack_rec({s = 'w', q = q, o = o, e = e,
+    p = prio ~= '0' and prio, r = r, m = m}))
+  lane_push(q, prio, id, group, weight)
+end
