@@ -601,7 +601,7 @@ local function activate(id, q, prio, laned)
     -- A stale entry: the job left waiting meanwhile (or waits in another queue or
     -- at another priority level).
     if r[1] ~= 'w' or (r[2] and r[2] ~= q) or sane_prio(r[7]) ~= prio then return end
-    if not laned and divert(q, prio, id, r[3]) then return end
+    if not laned and divert(q, prio, id, r[3], nil, jk) then return end
     local slot
     if has_limits then
       local ok
@@ -629,7 +629,7 @@ local function activate(id, q, prio, laned)
     else
       f = {s = 'w', q = q, o = 0, e = now, p = false, r = false, m = ''}
     end
-    if not laned and divert(q, prio, id, f.m) then return end
+    if not laned and divert(q, prio, id, f.m, f.o) then return end
     local slot
     if has_limits then
       local ok
@@ -691,14 +691,28 @@ take_turn = function(q, prio, v)
   return nil
 end
 
--- A fair job (`body`) popped from its level list: it joins its key's lane. A key with
+-- A fair job (`body`; its order `o`, or its hash `jk` to read it from) popped from its
+-- level list: it joins its key's lane. A key with
 -- no job waiting takes its turn now, where the job stood in the line. Returns true when
 -- the job was fair (moved, or claimed by its turn), false for any other job.
-divert = function(q, prio, id, body)
+divert = function(q, prio, id, body, o, jk)
   local group, weight = fair_of(body)
   if not group then return false end
+  if jk then o = rcall('HGET', jk, 'o') end  -- (a job hash's order, read only for a fair one)
   local lk = k_lane(q, group, prio)
-  if rcall('LPUSH', lk, id) > 1 then return true end
+  local head = rcall('LINDEX', lk, -1)
+  if head then
+    -- The key has jobs waiting: a job older than its lane's head (a hand-back, a stall
+    -- recovery: its old place) goes first, any other at the tail.
+    local r = read_keyed(q, head, 'o')
+    if r and tonumber(o) and tonumber(r[1]) and tonumber(o) < tonumber(r[1]) then
+      rcall('RPUSH', lk, id)
+    else
+      rcall('LPUSH', lk, id)
+    end
+    return true
+  end
+  rcall('LPUSH', lk, id)
   rcall('SADD', k_lanes(q), prio .. '|' .. group)
   local back = take_turn(q, prio, '~0|' .. weight .. '|' .. group)
   if back then rcall('RPUSH', k_wait(q, prio), back) end
