@@ -138,6 +138,12 @@ for i = 0, n - 1 do
       local body = ARGV[b + body_at]
       local group, weight = fair_of(body)
       if group then
+        -- The plain jobs before it in the call go first (their entries, then its marker):
+        -- the call's order is the line's, as on the embedded broker.
+        if #l > 0 then
+          push_entries(q, prio, k_wait(q, prio), l)
+          for k = #l, 1, -1 do l[k] = nil end
+        end
         store_fair(q, prio, id, order, now, body, false, group, weight)
       else
         local o = int_text(order)
