@@ -26,6 +26,4 @@ async def wrong_model(invoice: SendInvoice) -> None:
     pass
 
 
-Fair(
-    key=lambda m: "k", default_weight="2"
-)  # E: arg-type "str"  # P: reportArgumentType "Literal['2']"
+Fair(key=str, default_weight="2")  # E: arg-type "str"  # P: reportArgumentType "Literal['2']"
