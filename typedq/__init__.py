@@ -47,6 +47,7 @@ from .events import CompletedEvent as CompletedEvent
 from .events import EventGap as EventGap
 from .events import EventStream as EventStream
 from .events import FailedEvent as FailedEvent
+from .fair import Fair as Fair
 from .fanin import Failed as Failed
 from .fanin import Ok as Ok
 from .flowcontrol import Debounce as Debounce
@@ -96,6 +97,7 @@ __all__ = [
     "FailedEvent",
     "FailureReason",
     "FailureRecord",
+    "Fair",
     "FanOut",
     "Flow",
     "InvalidName",

@@ -24,6 +24,7 @@ from .durable.host import (
 )
 from .durable.replay import DurableFunction
 from .errors import ConfigError
+from .fair import Fair
 from .flowcontrol import Debounce
 from .limits import ConcurrencyLimit, RateLimit
 from .names import check_name
@@ -149,6 +150,7 @@ class App(AppBase):
         concurrency: ConcurrencyLimit[Any] | None = None,
         unique_for: timedelta | float | None = None,
         debounce: Debounce[Any] | None = None,
+        fair: Fair[Any] | None = None,
         emits: None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> TaskDecorator: ...
@@ -163,6 +165,7 @@ class App(AppBase):
         concurrency: ConcurrencyLimit[Any] | None = None,
         unique_for: timedelta | float | None = None,
         debounce: Debounce[Any] | None = None,
+        fair: Fair[Any] | None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> EmitTaskDecorator[TEmit]: ...
 
@@ -176,6 +179,7 @@ class App(AppBase):
         concurrency: ConcurrencyLimit[Any] | None = None,
         unique_for: timedelta | float | None = None,
         debounce: Debounce[Any] | None = None,
+        fair: Fair[Any] | None = None,
         emits: type[Any] | None = None,
         **defaults: Unpack[TaskDefaults],
     ) -> Any:
@@ -212,7 +216,9 @@ class App(AppBase):
         :param emits: the model of the items the handler streams: it takes a
             ``JobContext[emits]`` and calls ``await ctx.emit(item)``; the producer reads
             them with ``job.stream()`` (docs/streams.md; the broker needs JobStreams)
-        :raises ConfigError: a bad limit, or conflicting or out-of-range unique_for /
+        :param fair: :class:`~typedq.Fair`: the task's waiting jobs are claimed
+            round-robin across the key's values (weighted), not FIFO. docs/flow-control.md
+        :raises ConfigError: a bad limit or fair=, or conflicting or out-of-range unique_for /
             debounce (naming the task and the fix)
         """
 
@@ -240,6 +246,7 @@ class App(AppBase):
                 unique_for=unique_for,
                 debounce=debounce,
                 emits=emits,
+                fair=fair,
             )
             self._tasks[options.name] = task
             return task

@@ -7,7 +7,7 @@ pydantic.BaseModel) or None, not "int"``: mypy alone, for a plain ``def``, says 
 it expected ``Callable[..., Awaitable[Never]]``.
 
 It also checks the key functions of the limits, ``rate_limit=RateLimit(..., key=...)``
-and ``concurrency=ConcurrencyLimit(..., key=...)``, and of ``debounce=Debounce(key=...)``: those are generic in the model their
+and ``concurrency=ConcurrencyLimit(..., key=...)``, and of ``debounce=Debounce(key=...)`` and ``fair=Fair(key=...)``: those are generic in the model their
 key reads (``RateLimit[M]``), and the plugin narrows the parameter ``RateLimit[Any]`` to
 ``RateLimit[ThatModel]``, so mypy infers the constructor call in that context and checks
 the lambda body against the handler's input type. (A limit built beforehand and stored
@@ -111,10 +111,15 @@ RESULT_BASES = ("msgspec.Struct", "pydantic.main.BaseModel")
 TASK_FULLNAME = "typedq.task.Task"
 #: The generic limit classes whose model parameter the plugin narrows.
 LIMIT_FULLNAMES = frozenset(
-    {"typedq.limits.RateLimit", "typedq.limits.ConcurrencyLimit", "typedq.flowcontrol.Debounce"}
+    {
+        "typedq.limits.RateLimit",
+        "typedq.limits.ConcurrencyLimit",
+        "typedq.flowcontrol.Debounce",
+        "typedq.fair.Fair",
+    }
 )
 #: The App.task parameters that take them.
-LIMIT_PARAMETERS = ("rate_limit", "concurrency", "debounce")
+LIMIT_PARAMETERS = ("rate_limit", "concurrency", "debounce", "fair")
 
 
 # Attributes of compound statements that hold nested blocks (if/while/for/with/try/match).

@@ -29,6 +29,7 @@ from typing_extensions import Unpack
 from .broker.base import JobMessage
 from .context import JobContext
 from .errors import ConfigError, InvalidOption, PartialEnqueue
+from .fair import Fair, check_fair
 from .flowcontrol import Debounce, check_flow_control
 
 # The ``X as X`` imports from handlers, queues and taskoptions re-export what was split out
@@ -195,6 +196,8 @@ class TaskBase(Generic[TIn, TOut]):
         this long after it completed (a timedelta or seconds; docs/flow-control.md)
     :param debounce: collapse enqueues of one key into one job (docs/flow-control.md)
     :param emits: the model its handler emits (``ctx.emit``), None for none
+    :param fair: claim its jobs round-robin across keys (docs/flow-control.md); its key
+        function runs here, at the producer, and the key travels in the envelope
     :raises ConfigError: conflicting or out-of-range options, naming the fix
     """
 
@@ -212,6 +215,7 @@ class TaskBase(Generic[TIn, TOut]):
         unique_for: timedelta | float | None = None,
         debounce: Debounce[TIn] | None = None,
         emits: type[Any] | None = None,
+        fair: Fair[TIn] | None = None,
     ) -> None:
         self.options = options
         self.name = options.name
@@ -230,6 +234,8 @@ class TaskBase(Generic[TIn, TOut]):
         check_limits_partitions(options, rate_limit, concurrency)
         self.rate_limit = rate_limit
         self.concurrency = concurrency
+        #: The task's fair shares (None: its jobs wait FIFO within their priority).
+        self.fair = check_fair(self.name, fair, options.partitions)
         self.input: Codec[TIn] = codec_for(input_type, max_bytes=max_payload_bytes)
         self.output: Codec[TOut] = codec_for(output_type)
         #: The model the handler emits (``ctx.emit``), or None: the task streams nothing.
@@ -279,6 +285,9 @@ class TaskBase(Generic[TIn, TOut]):
             job_id = key_job_id(self.name, self._id_key(payload))
         else:
             job_id = new_job_id()
+        fair_key, fair_weight = (
+            ("", 0) if self.fair is None else self.fair.share(self.name, payload)
+        )
         return JobMessage(
             id=job_id,
             task=self.name,
@@ -296,6 +305,8 @@ class TaskBase(Generic[TIn, TOut]):
             concurrency_key=limit_key(self.name, self.concurrency.key, payload)
             if self.concurrency is not None
             else "",
+            fair_key=fair_key,
+            fair_weight=fair_weight,
         )
 
     def _build_many(self, payloads: Iterable[TIn], options: CallOptions) -> list[JobMessage]:
@@ -303,7 +314,12 @@ class TaskBase(Generic[TIn, TOut]):
         the payloads encoded in one loop and each envelope a copy of one template with its
         id, queue and payload. A key function or a limit key (code run per payload) takes
         the job-by-job path."""
-        if self._id_key is not None or self.rate_limit is not None or self.concurrency is not None:
+        if (
+            self._id_key is not None
+            or self.rate_limit is not None
+            or self.concurrency is not None
+            or self.fair is not None
+        ):
             return [self._build(payload, None, options) for payload in payloads]
         data = self.input.encode_many(payloads)
         template = JobMessage(
@@ -496,6 +512,7 @@ class Task(TaskBase[TIn, TOut]):
         unique_for: timedelta | float | None = None,
         debounce: Debounce[TIn] | None = None,
         emits: type[Any] | None = None,
+        fair: Fair[TIn] | None = None,
     ) -> None:
         super().__init__(
             owner=app,
@@ -509,6 +526,7 @@ class Task(TaskBase[TIn, TOut]):
             unique_for=unique_for,
             debounce=debounce,
             emits=emits,
+            fair=fair,
         )
         self.app = app
         self.fn = fn

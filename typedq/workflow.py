@@ -100,23 +100,29 @@ def _check_held(task: TaskBase[Any, Any]) -> None:
 
 
 class _Given(NamedTuple):
-    """A payload known at enqueue: its bytes and the limit keys it gives."""
+    """A payload known at enqueue: its bytes and the limit and fair keys it gives."""
 
     payload: bytes
     rate_key: str
     concurrency_key: str
+    fair_key: str = ""
+    fair_weight: int = 0
 
 
 def _given(task: TaskBase[Any, Any], model: Any) -> _Given:
     rate, conc = task.rate_limit, task.concurrency
+    fair_key, fair_weight = task.fair.share(task.name, model) if task.fair else ("", 0)
     return _Given(
         task.input.encode(model),
         limit_key(task.name, rate.key, model) if rate is not None else "",
         limit_key(task.name, conc.key, model) if conc is not None else "",
+        fair_key,
+        fair_weight,
     )
 
 
-#: A held step's: no payload yet (and no limit key, see _check_held).
+#: A held step's: no payload yet (and no limit key, see _check_held; no fair key: a
+#: held step of a fair task waits as a plain job once released).
 _HELD = _Given(b"", "", "")
 
 
@@ -134,6 +140,8 @@ def _envelope(
         priority=task.options.priority,
         rate_key=given.rate_key,
         concurrency_key=given.concurrency_key,
+        fair_key=given.fair_key,
+        fair_weight=given.fair_weight,
     )
 
 

@@ -118,6 +118,7 @@ def test_spec_methods(owner: str, method: str, is_async: bool) -> None:
         ("RunHandle", 1),
         ("Signal", 1),
         ("Debounce", 1),
+        ("Fair", 1),
     ],
 )
 def test_spec_classes(name: str, type_parameters: int) -> None:

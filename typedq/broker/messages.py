@@ -146,6 +146,12 @@ class JobMessage(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     #: the run is stored on, so that the broker that finishes the job keeps its outcome
     #: with the run and wakes it (the Redis broker finds the run by it). "" = no run.
     run_queue: str = ""
+    #: Fair shares (typedq.fair): the job's key within its task, computed by the producer
+    #: from ``Fair(key=...)``; the task's waiting jobs are claimed round-robin across keys.
+    fair_key: str = ""
+    #: How many jobs of ``fair_key`` one turn takes (its weight, from 1); 0 = not fair
+    #: (FIFO within its priority level, as every job of a task without ``fair=``).
+    fair_weight: int = 0
 
 
 class ClaimedJob(msgspec.Struct, frozen=True, kw_only=True):

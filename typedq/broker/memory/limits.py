@@ -123,8 +123,8 @@ class Limiter:
             line = self.lines.waiting[queue]
             while parked and room > 0:
                 entry = heapq.heappop(parked)
-                if live(entry[3], entry[2], WAITING) is not None:
-                    line.push(entry)
+                if (job := live(entry[3], entry[2], WAITING)) is not None:
+                    line.push(entry, job.message)
                     room -= 1  # (an entry of a job that left waiting is dropped)
             if parked and closed:
                 # Full now (so someone holds a slot or a recent start): closed until then.

@@ -15,7 +15,27 @@ from collections.abc import Iterable, Iterator, Sequence
 from ..base import EnqueueOutcome, JobMessage, JobState
 from .jobs import SCHEDULED, WAITING, Entry, Job, JobTable
 
-__all__ = ["Level", "Lines", "WaitLine"]
+__all__ = ["Level", "Lines", "Turn", "WaitLine"]
+
+
+class Turn:
+    """One fair key's place in its level's line (typedq.fair): the key's own waiting
+    entries (``lane``, a :class:`Level`), the jobs one turn takes (``weight``, the
+    latest job's), how many this turn took so far (``taken``), and the order it holds
+    in the level's FIFO (``order``: where it joined, or went back to the tail)."""
+
+    __slots__ = ("group", "lane", "order", "taken", "weight")
+
+    def __init__(self, group: tuple[str, str], order: int, weight: int) -> None:
+        self.group = group
+        self.lane = Level()
+        self.order = order
+        self.weight = weight
+        self.taken = 0
+
+
+def _order(item: Entry | Turn) -> int:
+    return item.order if type(item) is Turn else item[1]  # type: ignore[index]
 
 
 class Level:
@@ -25,34 +45,85 @@ class Level:
     (a flow's released step): those go to the ends of ``fifo``, O(1) both ways. The rest
     (a job handed back to its old place) go to the small heap ``late``; the next entry is
     the smaller of the two heads.
+
+    A fair key (typedq.fair) is one :class:`Turn` in ``fifo`` however many jobs it has
+    waiting (``turns`` finds it by (task, key)): its jobs wait in its own lane, a turn
+    takes up to its weight of them, and the turn goes back to the tail while jobs remain.
     """
 
-    __slots__ = ("fifo", "late")
+    __slots__ = ("fifo", "late", "turns")
 
     def __init__(self) -> None:
-        self.fifo: deque[Entry] = deque()
+        self.fifo: deque[Entry | Turn] = deque()
         self.late: list[Entry] = []
+        self.turns: dict[tuple[str, str], Turn] = {}
 
     def push(self, entry: Entry) -> None:
         fifo = self.fifo
-        if not fifo or entry[1] > fifo[-1][1]:
+        if not fifo or entry[1] > _order(fifo[-1]):
             fifo.append(entry)
-        elif entry[1] < fifo[0][1]:
+        elif entry[1] < _order(fifo[0]):
             fifo.appendleft(entry)
         else:
             heapq.heappush(self.late, entry)
 
-    def peek(self) -> Entry:
+    def push_fair(self, entry: Entry, group: tuple[str, str], weight: int) -> None:
+        """Add ``entry`` to fair key ``group``'s lane; a key with no turn in the line
+        joins it (at the tail, or at the head for an entry placed at the head)."""
+        turn = self.turns.get(group)
+        if turn is None:
+            turn = self.turns[group] = Turn(group, entry[1], weight)
+            fifo = self.fifo
+            if fifo and entry[1] < _order(fifo[0]):
+                fifo.appendleft(turn)
+            else:
+                if fifo:
+                    turn.order = max(entry[1], _order(fifo[-1]))
+                fifo.append(turn)
+        else:
+            turn.weight = weight
+        turn.lane.push(entry)
+
+    def _late_first(self) -> bool:
         fifo, late = self.fifo, self.late
-        if late and (not fifo or late[0] < fifo[0]):
-            return late[0]
-        return fifo[0]
+        return bool(late) and (not fifo or late[0][1] < _order(fifo[0]))
+
+    def peek(self) -> Entry:
+        if self._late_first():
+            return self.late[0]
+        head = self.fifo[0]
+        return head.lane.peek() if type(head) is Turn else head  # type: ignore[return-value]
 
     def pop(self) -> Entry:
-        fifo, late = self.fifo, self.late
-        if late and (not fifo or late[0] < fifo[0]):
-            return heapq.heappop(late)
-        return fifo.popleft()
+        if self._late_first():
+            return heapq.heappop(self.late)
+        fifo = self.fifo
+        head = fifo[0]
+        if type(head) is not Turn:
+            return fifo.popleft()  # type: ignore[return-value]
+        lane = head.lane
+        entry = lane.pop()
+        head.taken += 1
+        if not lane.fifo and not lane.late:
+            # The key has no job left: it leaves the line (a new job joins it again).
+            fifo.popleft()
+            del self.turns[head.group]
+        elif head.taken >= head.weight:
+            # Its turn is over: back to the tail, after every entry that joined since.
+            fifo.popleft()
+            head.taken = 0
+            if fifo:
+                head.order = _order(fifo[-1])
+            fifo.append(head)
+        return entry
+
+    def __iter__(self) -> Iterator[Entry]:
+        for item in self.fifo:
+            if type(item) is Turn:
+                yield from item.lane
+            else:
+                yield item  # type: ignore[misc]
+        yield from self.late
 
 
 class WaitLine:
@@ -71,8 +142,15 @@ class WaitLine:
         self.levels: dict[int, Level] = {}
         self.keys: list[int] = []
 
-    def push(self, entry: Entry) -> None:
-        self.level(entry[0]).push(entry)
+    def push(self, entry: Entry, message: JobMessage | None = None) -> None:
+        """Add ``entry`` (of the job of ``message``) to its level: a fair job's to its
+        key's lane."""
+        if message is not None and message.fair_weight:
+            self.level(entry[0]).push_fair(
+                entry, (message.task, message.fair_key), message.fair_weight
+            )
+        else:
+            self.level(entry[0]).push(entry)
 
     def level(self, key: int) -> Level:
         """The level of ``key`` (-priority), made if missing."""
@@ -105,8 +183,7 @@ class WaitLine:
 
     def __iter__(self) -> Iterator[Entry]:
         for level in self.levels.values():
-            yield from level.fifo
-            yield from level.late
+            yield from level
 
 
 def best(line: WaitLine) -> Entry:
@@ -153,7 +230,7 @@ class Lines:
         last_queue = None
         last_key = 0
         counts: dict[JobState, int] = {}
-        fifo: deque[Entry] | None = None  # the level of (last_queue, last_key), once used
+        fifo: deque[Entry | Turn] | None = None  # the level of (last_queue, last_key), once used
         for message in messages:
             job_id = message.id
             if job_id in jobs:
@@ -178,10 +255,13 @@ class Lines:
             else:
                 jobs[job_id] = Job(message, now, seq, version)
                 counts[WAITING] += 1
-                if fifo is None:
-                    fifo = waiting[queue].level(key).fifo
-                # A new order is above every order given before: the tail of its level.
-                fifo.append((key, seq, version, job_id))
+                if message.fair_weight:
+                    waiting[queue].push((key, seq, version, job_id), message)
+                else:
+                    if fifo is None:
+                        fifo = waiting[queue].level(key).fifo
+                    # A new order is above every order given before: the tail of its level.
+                    fifo.append((key, seq, version, job_id))
             append(EnqueueOutcome(job_id, True))
         table.seq = seq
         table.versions = version
@@ -203,7 +283,9 @@ class Lines:
         if due is not None:
             job.run_at = due
         message = job.message
-        self.waiting[message.queue].push((-message.priority, job.order, job.version, message.id))
+        self.waiting[message.queue].push(
+            (-message.priority, job.order, job.version, message.id), message
+        )
 
     def to_scheduled(self, job: Job, run_at: float) -> None:
         """Scheduled: due at ``run_at`` (epoch seconds)."""

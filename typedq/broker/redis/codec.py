@@ -73,10 +73,14 @@ class Body(msgspec.Struct, frozen=True, array_like=True):
     #: A durable run's step: the run's queue (common/runs.lua reads it at index 14 when
     #: the job reaches a final state).
     run_queue: str = ""
+    #: Fair shares (typedq.fair): the key and its weight, fields 15 and 16 (the claim
+    #: script reads them from a body of 16 fields: lanes.lua fair_of).
+    fair_key: str = ""
+    fair_weight: int = 0
 
 
 _decode_body = msgspec.msgpack.Decoder(Body).decode
-_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0, "", "", 0.0, "", "", "")
+_BODY_DEFAULTS = ("", b"", "", 0, -1, -1.0, 0.0, 0.0, "", "", 0.0, "", "", "", "", 0)
 
 
 #: The defaults of the body's fields after the fingerprint (see :func:`encode_body`).
@@ -97,6 +101,8 @@ def encode_body(m: JobMessage) -> bytes:
         m.trace_context,
         m.trace_links,
         m.run_queue,
+        m.fair_key,
+        m.fair_weight,
     ) == _TAIL_DEFAULTS:
         # The usual job (the task's defaults, no limit keys, not traced): one tuple
         # encoded, without building and trimming the whole field list.
@@ -107,6 +113,10 @@ def encode_body(m: JobMessage) -> bytes:
     fields = [m.task, m.payload, m.fingerprint, m.priority, m.max_retries, m.timeout, m.eta]
     fields += (m.delay, m.rate_key, m.concurrency_key, m.scheduled_for, m.trace_context)
     fields += (m.trace_links, m.run_queue)
+    if m.fair_weight:
+        # A fair job's body has all 16 fields (the claim script finds them by count).
+        fields += (m.fair_key, m.fair_weight)
+        return encode(fields)
     n = len(fields)
     while n > 2 and fields[n - 1] == _BODY_DEFAULTS[n - 1]:
         n -= 1
@@ -144,6 +154,8 @@ def decode_job(job_id: str, queue: str, raw: bytes) -> JobMessage:
         trace_context=b.trace_context,
         trace_links=b.trace_links,
         run_queue=b.run_queue,
+        fair_key=b.fair_key,
+        fair_weight=b.fair_weight,
     )
 
 

@@ -51,6 +51,15 @@ def _alike(
     return True
 
 
+def _script(messages: Sequence[JobMessage]) -> str:
+    """The enqueue script of ``messages``: ``enqueue_fair`` when one is a fair job
+    (typedq.fair), else ``enqueue`` (whose path fair shares leave as it was)."""
+    for m in messages:
+        if m.fair_weight:
+            return "enqueue_fair"
+    return "enqueue"
+
+
 class EnqueueOps(RedisCore):
     """Producer methods of the Redis broker."""
 
@@ -73,7 +82,7 @@ class EnqueueOps(RedisCore):
             if cap > 0:
                 await self._check_caps(messages, cap)
             created = await self._per_queue(
-                "enqueue",
+                _script(messages),
                 queues,
                 lambda q, idx: self._enqueue_call([messages[i] for i in idx], cap=cap)[:2],
                 0,
@@ -83,7 +92,7 @@ class EnqueueOps(RedisCore):
         await self._note_queues(queues)
         if self._epoch.is_due():
             await self.check_epoch()
-        created = await self._eval("enqueue", keys, args)
+        created = await self._eval(_script(messages), keys, args)
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
 
     async def _check_caps(self, messages: Sequence[JobMessage], cap: int) -> None:
@@ -182,8 +191,9 @@ class EnqueueOps(RedisCore):
         """
         for batch in batches:
             check_numbers(batch)  # before any batch is stored
-        if self.cluster:
+        if self.cluster or any(m.fair_weight for batch in batches for m in batch):
             # A batch may span slots: each is stored by enqueue (one script per queue).
+            # Fair jobs (enqueue_fair.lua) likewise: one enqueue per batch, in order.
             return await super().enqueue_batches(batches)
         calls = [self._enqueue_call(batch) if batch else None for batch in batches]
         await self._note_queues([m.queue for batch in batches for m in batch])

@@ -114,6 +114,22 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    -> when the gate opens (µs; +inf until a concurrency
                                    slot frees, 0 once one did); a gate is
                                    '<r|c>|<task>|<key>' (rate or concurrency)
+    Q fk:<task>|<key>:<prio>
+                          list     fair shares (typedq.fair): the waiting jobs of one
+                                   fair key at one level, bare ids (a fair job waits as
+                                   a job string, ``J``), LPUSH at the tail, RPOP the
+                                   head. While it has jobs, the level list ``Q w:<prio>``
+                                   holds one marker for it, '~<taken>|<weight>|<task>|
+                                   <key>': a claim popping it takes up to ``weight`` jobs
+                                   of the lane (``taken`` of them so far, when a claim
+                                   ran out of room mid-turn: then the marker goes back
+                                   at the head) and pushes it back at the tail while the
+                                   lane has jobs. A fair job pushed to a level list as a
+                                   bare id (retry, hand-back, promotion, unparked) moves
+                                   to its lane when the claim pops it (its body names
+                                   the key: a 16-field body, lanes.lua fair_of)
+    Q F                   set      the fair lanes that have jobs, '<prio>|<task>|<key>'
+                                   (listing and purge find them here)
     Q g:<gate>            list     the waiting jobs a gate parked, '<prio>|<id>', FIFO;
                                    still waiting (counted, cancellable), never claimed
                                    and put back: the claim skips past them
@@ -388,6 +404,14 @@ class Keys:
     def gates(self, queue: str) -> str:
         """The zset of ``queue``'s limit gates that parked jobs, by opening time."""
         return self.queue_prefix(queue) + "G"
+
+    def lane(self, queue: str, task: str, key: str, priority: int) -> str:
+        """The waiting jobs of one fair key (typedq.fair) at one priority level."""
+        return f"{self.queue_prefix(queue)}fk:{task}|{key}:{priority}"
+
+    def lanes(self, queue: str) -> str:
+        """The set of ``queue``'s fair lanes that have jobs: ``'<prio>|<task>|<key>'``."""
+        return self.queue_prefix(queue) + "F"
 
     def gate(self, queue: str, gate: str) -> str:
         """The list of waiting jobs one limit gate of ``queue`` parked."""

@@ -146,9 +146,15 @@ for qi = 7, 6 + nq do
         -- A scheduled job string becomes a waiting entry (see keys.py).
         local f = parse_rec(rcall('GET', jk), q)
         if f and f.s == 's' and f.q == q then
-          rcall('DEL', jk)
-          -- It keeps its due time: its queue wait counts from it (keys.py).
-          push_entry(q, sane_prio(f.p), id, order + i, f.e, f.m, f.r)
+          -- It keeps its due time: its queue wait counts from it (keys.py). A fair job
+          -- keeps its job string and waits in its key's lane (common/lanes.lua).
+          local group, weight = fair_of(f.m)
+          if group then
+            store_fair(q, sane_prio(f.p), id, order + i, f.e, f.m, f.r, group, weight)
+          else
+            rcall('DEL', jk)
+            push_entry(q, sane_prio(f.p), id, order + i, f.e, f.m, f.r)
+          end
           count(q, 's', -1)
           count(q, 'w', 1)
         end
@@ -487,7 +493,13 @@ if nq > 1 then
     while pops < max_pops do
       local id = rcall('LINDEX', lk, -1)
       if not id then return nil end
-      if not is_bare(id) then
+      if string.byte(id, 1) == 126 then
+        -- A fair key's marker: its lane's head job's enqueue time.
+        local _, _, g = marker_parts(id)
+        local lid = g and rcall('LINDEX', k_lane(q, g, prio), -1)
+        local r = lid and read_keyed(q, lid, 'e')
+        return r and tonumber(r[1]) or 0
+      elseif not is_bare(id) then
         local f = parse_entry(id)
         if f and entry_live(q, prio, f) then return tonumber(f.e) or 0 end
       elseif not take_stale(q, prio, id) then
@@ -524,13 +536,20 @@ local ids, one_line = limit > 1 and {} or nil, nil
 local leases = limit > 1 and {} or nil
 
 
-local function activate(id, q, prio)
+-- Fair shares (common/lanes.lua): a marker popped takes its key's turn (take_turn); a
+-- fair job popped from a level list (not from its lane) moves to its lane (divert).
+local take_turn, divert
+
+local function activate(id, q, prio, laned)
   if not is_bare(id) then
     -- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
     -- (Here, not in a function of its own: one closure fewer per call. Its fields as
     -- locals, not parse_entry's table: one table fewer per job.)
     local eid, o, e, r, m = entry_parts(id)
-    if not eid then return end
+    if not eid then
+      if string.byte(id, 1) == 126 then return take_turn(q, prio, id) end  -- '~'
+      return
+    end
     -- Live: the index holds its order and level (entry_live's check, without its table).
     local ik = k_idx(q, eid)
     if rcall('HGET', ik, eid) ~= (prio == '0' and o or o .. '|' .. prio) then
@@ -582,6 +601,7 @@ local function activate(id, q, prio)
     -- A stale entry: the job left waiting meanwhile (or waits in another queue or
     -- at another priority level).
     if r[1] ~= 'w' or (r[2] and r[2] ~= q) or sane_prio(r[7]) ~= prio then return end
+    if not laned and divert(q, prio, id, r[3], nil, jk) then return end
     local slot
     if has_limits then
       local ok
@@ -609,6 +629,7 @@ local function activate(id, q, prio)
     else
       f = {s = 'w', q = q, o = 0, e = now, p = false, r = false, m = ''}
     end
+    if not laned and divert(q, prio, id, f.m, f.o) then return end
     local slot
     if has_limits then
       local ok
@@ -631,6 +652,71 @@ local function activate(id, q, prio)
     out[n + 8] = tonumber(f.r) or 0
   end
   one_line = claimed_job(q, id, lease_until, leases, ids)
+end
+
+-- A fair key's turn (its marker `v` popped from level `prio` of `q`): up to its weight
+-- of jobs from its lane, while this claim has room. Returns the marker to put back at
+-- the head when the claim ran out of room mid-turn (the caller pushes it last, so it
+-- is first out); else the marker went back to the tail (jobs left) or away (none).
+take_turn = function(q, prio, v)
+  local taken, weight, group = marker_parts(v)
+  if not taken then return nil end
+  local lk = k_lane(q, group, prio)
+  local left = true
+  while taken < weight and claimed < limit and pops < max_pops do
+    -- As many as the turn and the claim have room for, in one RPOP (a stale id among
+    -- them takes its place in the turn, as on the embedded broker).
+    local want = math.min(weight - taken, limit - claimed, max_pops - pops)
+    local ids = rpcall('RPOP', lk, num_text(want))
+    if type(ids) ~= 'table' or ids.err then ids = {} end
+    for _, id in ipairs(ids) do
+      pops, taken = pops + 1, taken + 1
+      activate(id, q, prio, true)
+    end
+    if #ids < want then left = false; break end
+  end
+  if left and rcall('EXISTS', lk) == 0 then left = false end
+  if not left then
+    rcall('SREM', k_lanes(q), prio .. '|' .. group)
+    return nil
+  end
+  if taken < weight then
+    rcall('ZADD', k_levels(q), level_score(prio), prio)
+    return '~' .. taken .. '|' .. weight .. '|' .. group
+  end
+  -- Back at the tail; a level list this claim emptied (and unlisted) is listed again.
+  if rcall('LPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group) == 1 then
+    rcall('ZADD', k_levels(q), level_score(prio), prio)
+  end
+  return nil
+end
+
+-- A fair job (`body`; its order `o`, or its hash `jk` to read it from) popped from its
+-- level list: it joins its key's lane. A key with
+-- no job waiting takes its turn now, where the job stood in the line. Returns true when
+-- the job was fair (moved, or claimed by its turn), false for any other job.
+divert = function(q, prio, id, body, o, jk)
+  local group, weight = fair_of(body)
+  if not group then return false end
+  if jk then o = rcall('HGET', jk, 'o') end  -- (a job hash's order, read only for a fair one)
+  local lk = k_lane(q, group, prio)
+  local head = rcall('LINDEX', lk, -1)
+  if head then
+    -- The key has jobs waiting: a job older than its lane's head (a hand-back, a stall
+    -- recovery: its old place) goes first, any other at the tail.
+    local r = read_keyed(q, head, 'o')
+    if r and tonumber(o) and tonumber(r[1]) and tonumber(o) < tonumber(r[1]) then
+      rcall('RPUSH', lk, id)
+    else
+      rcall('LPUSH', lk, id)
+    end
+    return true
+  end
+  rcall('LPUSH', lk, id)
+  rcall('SADD', k_lanes(q), prio .. '|' .. group)
+  local back = take_turn(q, prio, '~0|' .. weight .. '|' .. group)
+  if back then rcall('RPUSH', k_wait(q, prio), back) end
+  return true
 end
 
 while claimed < limit and pops < max_pops do
@@ -665,9 +751,17 @@ while claimed < limit and pops < max_pops do
   -- Fewer than asked: the list is empty now (Redis deleted it), so its level goes too
   -- (the next round looks at the next level instead of finding this one empty).
   if #popped < want then rcall('ZREM', k_levels(bq), bprio) end
-  for _, id in ipairs(popped) do
+  for j, id in ipairs(popped) do
     pops = pops + 1
-    activate(id, bq, bprio)
+    local back = activate(id, bq, bprio)
+    if back or (claimed >= limit and j < #popped) then
+      -- A fair turn took more than one job (or stopped mid-turn): what this claim has
+      -- no room for goes back to the head, in order, the unfinished turn first.
+      for k = #popped, j + 1, -1 do rcall('RPUSH', blk, popped[k]) end
+      if back then rcall('RPUSH', blk, back) end
+      rcall('ZADD', k_levels(bq), level_score(bprio), bprio)
+      break
+    end
   end
 end
 

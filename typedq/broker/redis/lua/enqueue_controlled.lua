@@ -55,9 +55,14 @@ local function store(run_delay)
     rcall('ZADD', k_sched(q), run_at, id)
     count(q, 's', 1)
   else
-    local o = int_text(order)
-    push_entries(q, prio, k_wait(q, prio), {pack_entry(id, o, last_now_text, body)})
-    rcall('HSET', k_idx(q, id), id, idx_val(o, prio))
+    local group, weight = fair_of(body)  -- a fair task's job (typedq.fair): its lane
+    if group then
+      store_fair(q, prio, id, order, now, body, false, group, weight)
+    else
+      local o = int_text(order)
+      push_entries(q, prio, k_wait(q, prio), {pack_entry(id, o, last_now_text, body)})
+      rcall('HSET', k_idx(q, id), id, idx_val(o, prio))
+    end
     count(q, 'w', 1)
   end
   work_queues[q] = true

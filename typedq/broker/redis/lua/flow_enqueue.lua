@@ -197,7 +197,13 @@ for fi, f in ipairs(flows) do
               ids = {}
               pend[q] = ids
             end
-            ids[#ids + 1] = fid .. '.m' .. i
+            local group, weight = fair_of(ARGV[f.at + i])
+            if group then
+              -- A fair task's member (typedq.fair) waits in its key's lane.
+              lane_push(q, prio, fid .. '.m' .. i, group, weight)
+            else
+              ids[#ids + 1] = fid .. '.m' .. i
+            end
             if #ids == CHUNK then
               redis.call('LPUSH', k_wait(q, prio), unpack(ids))
               pend[q] = {}

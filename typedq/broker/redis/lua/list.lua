@@ -134,6 +134,19 @@ if state == 'w' then
       total = total + len
     end
   end
+  -- Fair keys' lanes (typedq.fair; their markers in the levels list nothing), lane by
+  -- lane: each key's jobs in its claim order.
+  local lanes = redis.call('SMEMBERS', k_lanes(q))
+  table.sort(lanes)
+  for _, lane in ipairs(lanes) do
+    local prio, group = string.match(lane, '^(%-?%d+)|(.+)$')
+    local lk = prio and k_lane(q, group, prio)
+    local len = lk and redis.call('LLEN', lk) or 0
+    if len > 0 then
+      lists[#lists + 1] = {lk, len, prio, total}
+      total = total + len
+    end
+  end
   -- The waiting jobs a limit gate parked (typedq.limits), gate by gate, each gate's in
   -- the order it gives them back.
   for _, gate in ipairs(redis.call('ZRANGE', k_gates(q), 0, 999)) do
@@ -148,6 +161,7 @@ if state == 'w' then
   local function entry_id(entry, level)
     if not level then return string.match(entry, '^%-?%d+|(.+)$') end
     if is_bare(entry) then return entry end
+    if string.byte(entry, 1) == 126 then return nil end  -- a fair key's marker
     return string.match(entry, '^([^|]+)|')
   end
   -- Calls f(position, entry, list) for the entries at positions [lo, hi), in order,

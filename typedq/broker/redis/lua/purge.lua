@@ -53,10 +53,30 @@ if state == 'w' then
       redis.call('ZREM', k_levels(q), t[1])
     else
       local popped = redis.call('RPOP', lk, budget - seen) or {}
-      for _, id in ipairs(popped) do
+      for j, id in ipairs(popped) do
         seen = seen + 1
         -- A counted stale entry is consumed; only a live entry drops its job.
-        if not is_bare(id) then
+        local _, _, group = marker_parts(id)
+        if group then
+          -- A fair key's marker (common/lanes.lua): its lane's jobs go too, within the
+          -- budget; a lane not emptied keeps its marker, at the head.
+          local fk = k_lane(q, group, t[1])
+          local ids = redis.call('RPOP', fk, math.max(1, budget - seen)) or {}
+          for _, fid in ipairs(ids) do
+            seen = seen + 1
+            if not take_stale(q, t[1], fid) then
+              local r = read_keyed(q, fid, 's', 'q', 'p')
+              if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == t[1] then drop(fid) end
+            end
+          end
+          if redis.call('EXISTS', fk) == 1 then
+            for k = #popped, j + 1, -1 do redis.call('RPUSH', lk, popped[k]) end
+            redis.call('RPUSH', lk, id)
+            seen = budget
+            break
+          end
+          redis.call('SREM', k_lanes(q), t[1] .. '|' .. group)
+        elseif not is_bare(id) then
           local f = parse_entry(id)
           if f and entry_live(q, t[1], f) then
             redis.call('HDEL', f.ik, f.id)

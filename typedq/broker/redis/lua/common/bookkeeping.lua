@@ -111,7 +111,9 @@ local function push_back_in_order(back)
       local has_stale = rcall('EXISTS', sk) == 1
       local seen = {}
       for _, id in ipairs(popped) do
-        if not is_bare(id) then
+        if string.byte(id, 1) == 126 then
+          dead[#dead + 1] = id  -- a fair key's marker (lanes.lua): kept, first out
+        elseif not is_bare(id) then
           local f = parse_entry(id)
           if f and entry_live(g.q, g.prio, f) then live[#live + 1] = {id, tonumber(f.o), true} end
         else

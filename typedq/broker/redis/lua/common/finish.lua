@@ -223,6 +223,22 @@ end
 -- stale entries at all; then a claim pays one EXISTS, not one HGET per job.
 local stale_any = {}
 local function mark_stale(q, prio, id)
+  -- A fair job (typedq.fair) waiting in its key's lane: its lane entry becomes '|' (a
+  -- removed entry: it still counts in its key's turn, as a stale entry does on the
+  -- embedded broker, but names no job), so no stale id of it is left where another
+  -- list's entry of the same id could be taken for it. Queues without fair lanes pay
+  -- one EXISTS.
+  if rcall('EXISTS', k_lanes(q)) == 1 then
+    local r = read_keyed(q, id, 'm')
+    local group = r and fair_of(r[1])
+    local lk = group and k_lane(q, group, prio)
+    local pos = lk and rcall('LPOS', lk, id)
+    if pos then
+      rcall('LSET', lk, pos, '|')
+      rcall('HDEL', k_parked(q), id)
+      return
+    end
+  end
   rcall('HINCRBY', k_stale(q), prio .. '|' .. id, 1)
   rcall('HDEL', k_parked(q), id)  -- a parked job's gate entry is stale from now on
   stale_any[q] = true

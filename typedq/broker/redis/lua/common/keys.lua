@@ -132,6 +132,10 @@ local function k_flow(q, f) return k_q(q) .. 'f:' .. f end
 -- A gate is '<r|c>|<task>|<key>'; a slot name ('ck' of the job hash) '<task>|<key>'.
 local function k_gates(q) return k_fixed(q, 'G') end
 local function k_gate(q, gate) return k_q(q) .. 'g:' .. gate end
+-- Fair shares (typedq.fair): one key's waiting jobs of one level ('<task>|<key>' group),
+-- and the set of the queue's lanes that have jobs ('<prio>|<group>').
+local function k_lane(q, group, prio) return k_q(q) .. 'fk:' .. group .. ':' .. prio end
+local function k_lanes(q) return k_fixed(q, 'F') end
 -- The jobs gates hold parked now: id -> its gate (a gate's list also keeps stale entries).
 local function k_parked(q) return k_fixed(q, 'P') end
 local function k_rate(q, task, key) return k_q(q) .. 'rl:' .. task .. '|' .. key end

@@ -103,7 +103,10 @@ local function queue_full(q, extra, limit)
   return nil
 end
 
-local function entry_order(v) return tonumber(string.match(v, '^[^|]+|(%d+)|')) end
+local function entry_order(v)
+  if string.byte(v, 1) == 126 then return nil end  -- a fair key's marker ('~')
+  return tonumber(string.match(v, '^[^|]+|(%d+)|'))
+end
 
 -- LRANGE of list `lk` (`n` entries) from index a to b, counted from the end nearer to
 -- them (Redis walks a long list's nodes from the end an index is counted from).
@@ -245,3 +248,88 @@ local function sane_prio(p)
   return '0'
 end
 
+
+-- Fair shares (typedq.fair; keys.py has the layout). A fair job keeps a job string of
+-- its own while it waits and its id waits in its key's lane (Q fk:<task>|<key>:<prio>,
+-- LPUSH at the tail); the level list holds one marker for the key while its lane has
+-- jobs, '~<taken>|<weight>|<task>|<key>' (an id starts with a letter or digit, an entry
+-- with it: never '~'). A claim that pops the marker takes up to `weight` jobs from the
+-- lane (its turn; `taken` so far, when a claim ran out of room mid-turn) and pushes the
+-- marker back at the tail while the lane has jobs (at the head, mid-turn).
+-- The offset after the msgpack scalar at `i` of `s` (nil: not one a body holds).
+local function fair_skip(s, i)
+  local b = string.byte(s, i)
+  if not b then return nil end
+  if b <= 0x7f or b >= 0xe0 or b == 0xc0 or b == 0xc2 or b == 0xc3 then return i + 1 end
+  if b >= 0xa0 and b <= 0xbf then return i + 1 + b - 0xa0 end
+  local function u(n)
+    local v = 0
+    for k = i + 1, i + n do v = v * 256 + (string.byte(s, k) or 0) end
+    return v
+  end
+  if b == 0xc4 or b == 0xd9 then return i + 2 + u(1) end
+  if b == 0xc5 or b == 0xda then return i + 3 + u(2) end
+  if b == 0xc6 or b == 0xdb then return i + 5 + u(4) end
+  if b == 0xcc or b == 0xd0 then return i + 2 end
+  if b == 0xcd or b == 0xd1 then return i + 3 end
+  if b == 0xca or b == 0xce or b == 0xd2 then return i + 5 end
+  if b == 0xcb or b == 0xcf or b == 0xd3 then return i + 9 end
+  return nil
+end
+
+-- The fair group '<task>|<key>' and weight of a job body (nil: not a fair job). A fair
+-- body has all 16 fields (redis/codec.py): an array16 header 0xdc 0x00 0x10; any other
+-- body costs one byte compare.
+local function fair_of(body)
+  if not body or string.byte(body, 1) ~= 0xdc or string.byte(body, 3) ~= 16 then return nil end
+  local i = 4
+  local b = string.byte(body, i)
+  local task
+  if b and b >= 0xa0 and b <= 0xbf then task = string.sub(body, i + 1, i + b - 0xa0)
+  elseif b == 0xd9 then task = string.sub(body, i + 2, i + 1 + string.byte(body, i + 1))
+  else return nil end
+  for _ = 1, 14 do
+    i = fair_skip(body, i)
+    if not i then return nil end
+  end
+  b = string.byte(body, i)
+  local key
+  if b and b >= 0xa0 and b <= 0xbf then key, i = string.sub(body, i + 1, i + b - 0xa0), i + 1 + b - 0xa0
+  elseif b == 0xd9 then
+    local len = string.byte(body, i + 1)
+    key, i = string.sub(body, i + 2, i + 1 + len), i + 2 + len
+  else return nil end
+  b = string.byte(body, i)
+  local w
+  if b and b >= 1 and b <= 0x7f then w = b
+  elseif b == 0xcc then w = string.byte(body, i + 1)
+  elseif b == 0xcd then w = string.byte(body, i + 1) * 256 + string.byte(body, i + 2)
+  else return nil end
+  if not w or w < 1 then return nil end
+  return task .. '|' .. key, w
+end
+
+-- Fair job `id` waits in its key's lane (the tail); a key that had no job waiting joins
+-- its level's line (the marker at the tail). Returns true when it joined.
+local function lane_push(q, prio, id, group, weight)
+  if rcall('LPUSH', k_lane(q, group, prio), id) > 1 then return false end
+  rcall('LPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group)
+  rcall('ZADD', k_levels(q), level_score(prio), prio)
+  rcall('SADD', k_lanes(q), prio .. '|' .. group)
+  return true
+end
+
+-- A marker's parts: taken, weight, group (nil: not a marker).
+local function marker_parts(v)
+  local t, w, g = string.match(v, '^~(%d+)|(%d+)|(.+)$')
+  if not t then return nil end
+  return tonumber(t), tonumber(w), g
+end
+
+-- Store fair job `id` (body `m`, fair_of's `group` and `weight`) waiting: its job string
+-- (order `o`, enqueued_at `e`, due time `r` or false) and its id in its key's lane.
+local function store_fair(q, prio, id, o, e, m, r, group, weight)
+  rcall('SET', k_job(q, id), pack_rec({s = 'w', q = q, o = o, e = e,
+    p = prio ~= '0' and prio, r = r, m = m}))
+  lane_push(q, prio, id, group, weight)
+end

@@ -1,0 +1,316 @@
+"""Fair shares (typedq.fair): a task's waiting jobs claimed round-robin across keys.
+
+Broker-level tests enqueue envelopes carrying ``fair_key``/``fair_weight`` (what
+``Fair(key=...)`` makes at the producer) and read the order claims hand them out; the
+app-level ones go through ``@app.task(fair=...)`` and a worker.
+"""
+
+from __future__ import annotations
+
+import anyio
+import msgspec
+import pytest
+
+from tests.support import TEST_DEADLINE, Out, connected, msg, sleep_until
+from typedq import App, Fair, JobState, QueueFull
+from typedq.broker.base import (
+    Broker,
+    CancelOutcome,
+    Completion,
+    Failure,
+    JobMessage,
+    Release,
+)
+from typedq.limits import LimitSpec
+
+pytestmark = pytest.mark.anyio
+
+
+def fair(
+    key: str,
+    *,
+    weight: int = 1,
+    job_id: str | None = None,
+    priority: int = 0,
+    task: str = "t",
+    concurrency_key: str = "",
+    delay: float = 0.0,
+) -> JobMessage:
+    """A fair job of ``task`` for key ``key``."""
+    return msgspec.structs.replace(
+        msg(task=task, job_id=job_id, priority=priority, delay=delay),
+        fair_key=key,
+        fair_weight=weight,
+        concurrency_key=concurrency_key,
+    )
+
+
+async def claim_order(broker: Broker, n: int, *, limit: int = 1) -> list[str]:
+    """The ids of the next ``n`` jobs claims of ``limit`` hand out (completed at once)."""
+    order: list[str] = []
+    while len(order) < n:
+        claimed = await broker.claim(["q"], limit, worker_id="w", lease=30)
+        if not claimed:
+            break
+        order += [job.message.id for job in claimed]
+        await broker.complete(
+            [Completion(id=j.message.id, token=j.token, result=b"\xc0") for j in claimed]
+        )
+    return order
+
+
+async def test_a_flood_of_one_key_does_not_delay_another_keys_job(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(300)])
+        await broker.enqueue([fair("b", job_id="b0"), fair("c", job_id="c0")])
+        order = await claim_order(broker, 4)
+        # Three active keys: b's and c's jobs come within the next three claims.
+        assert order[:3] == ["a0", "b0", "c0"]
+        assert order[3] == "a1"
+        # Big claims too: one claim of 10 takes a key's job once per turn.
+        await broker.enqueue([fair("b", job_id=f"b{i}") for i in range(1, 4)])
+        batch = [j.message.id for j in await broker.claim(["q"], 6, worker_id="w", lease=30)]
+        assert batch == ["a2", "b1", "a3", "b2", "a4", "b3"]
+
+
+async def test_fair_jobs_take_turns_with_plain_jobs_of_their_level(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(3)])
+        await broker.enqueue([msg(job_id="p0"), msg(job_id="p1")])
+        # The key holds one place in the FIFO: a0, then the plain jobs that came after
+        # it joined, then its next turn.
+        assert await claim_order(broker, 5) == ["a0", "p0", "p1", "a1", "a2"]
+
+
+async def test_weights_take_that_many_jobs_per_turn(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("big", weight=3, job_id=f"B{i}") for i in range(9)])
+        await broker.enqueue([fair("small", job_id=f"s{i}") for i in range(3)])
+        order = await claim_order(broker, 12, limit=2)
+        assert order == [
+            *("B0", "B1", "B2", "s0"),
+            *("B3", "B4", "B5", "s1"),
+            *("B6", "B7", "B8", "s2"),
+        ]
+
+
+async def test_priorities_come_before_fairness(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(3)])
+        await broker.enqueue([fair("a", job_id="urgent", priority=5)])
+        await broker.enqueue([fair("b", job_id="b0")])
+        assert await claim_order(broker, 5) == ["urgent", "a0", "b0", "a1", "a2"]
+
+
+async def test_fair_waiting_jobs_are_counted_listed_cancelled_and_removed(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(4)])
+        await broker.enqueue([fair("b", job_id="b0"), msg(job_id="p0")])
+        counts = await broker.counts("q")
+        assert counts[JobState.WAITING] == 6
+        listed = await broker.list_jobs("q", JobState.WAITING, limit=100)
+        assert sorted(listed) == ["a0", "a1", "a2", "a3", "b0", "p0"]
+        assert await broker.cancel("a1", queue="q") is CancelOutcome.CANCELLED
+        assert await broker.cancel("b0", queue="q") is CancelOutcome.CANCELLED
+        assert await broker.remove(["a2"], queue="q") == [True]
+        assert (await broker.counts("q"))[JobState.WAITING] == 3
+        assert sorted(await broker.list_jobs("q", JobState.WAITING)) == ["a0", "a3", "p0"]
+        assert await claim_order(broker, 10) == ["a0", "p0", "a3"]
+        assert (await broker.counts("q"))[JobState.WAITING] == 0
+        # A key whose jobs all left comes back with its next job.
+        await broker.enqueue([fair("b", job_id="b1")])
+        assert await claim_order(broker, 10) == ["b1"]
+
+
+async def test_purge_drops_fair_waiting_jobs(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(5)])
+        await broker.enqueue([fair("b", job_id="b0"), msg(job_id="p0")])
+        assert await broker.purge("q", [JobState.WAITING]) == 7
+        assert (await broker.counts("q"))[JobState.WAITING] == 0
+        assert await broker.list_jobs("q", JobState.WAITING) == []
+        assert await broker.claim(["q"], 10, worker_id="w", lease=30) == []
+        await broker.enqueue([fair("a", job_id="a9"), fair("b", job_id="b9")])
+        assert await claim_order(broker, 10) == ["a9", "b9"]
+
+
+async def test_a_retry_goes_back_fair(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(4)])
+        await broker.enqueue([fair("b", job_id="b0")])
+        (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert first.message.id == "a0"
+        # Failed with a retry due now: it waits again in a's lane, not ahead of b.
+        await broker.fail(
+            [Failure(id=first.message.id, token=first.token, error=b"err", retry_delay=0.0)]
+        )
+        assert await claim_order(broker, 5) == ["b0", "a1", "a2", "a3", "a0"]
+
+
+async def test_a_concurrency_limit_per_key_parks_only_that_key(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(concurrency=1)})
+        await broker.enqueue([fair("a", job_id=f"a{i}", concurrency_key="a") for i in range(50)])
+        await broker.enqueue([fair("b", job_id=f"b{i}", concurrency_key="b") for i in range(2)])
+        claimed = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        # One of each key runs; a's flood is parked by its gate, b's next too.
+        assert [j.message.id for j in claimed] == ["a0", "b0"]
+        await broker.complete(
+            [Completion(id=j.message.id, token=j.token, result=b"\xc0") for j in claimed]
+        )
+        again = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        assert sorted(j.message.id for j in again) == ["a1", "b1"]
+        await broker.complete(
+            [Completion(id=j.message.id, token=j.token, result=b"\xc0") for j in again]
+        )
+        (third,) = await broker.claim(["q"], 10, worker_id="w", lease=30)
+        assert third.message.id == "a2"
+        assert (await broker.counts("q"))[JobState.WAITING] == 47
+
+
+class Work(msgspec.Struct, frozen=True):
+    tenant: str
+    n: int
+
+
+async def test_fair_tasks_through_the_app(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    started: list[tuple[str, int]] = []
+
+    @app.task(fair=Fair(key=lambda w: w.tenant, weights={"big": 2}))
+    async def work(w: Work) -> Out:
+        started.append((w.tenant, w.n))
+        return Out(w.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            message = work.message(Work("big", 0))
+            assert (message.fair_key, message.fair_weight) == ("big", 2)
+            assert work.message(Work("small", 0)).fair_weight == 1
+            jobs = await work.enqueue_many([Work("big", i) for i in range(40)])
+            late = await work.enqueue(Work("small", 0))
+            async with app.worker(concurrency=1):
+                assert (await late.result(timeout=TEST_DEADLINE)).n == 0
+                for job in jobs:
+                    await job.result(timeout=TEST_DEADLINE)
+            # The small tenant's one job started within the first few.
+            assert started.index(("small", 0)) <= 3
+
+
+async def test_a_due_scheduled_fair_job_and_a_handed_back_one_wait_fair(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(4)])
+        await broker.enqueue([fair("b", job_id="b-late", delay=0.2)])
+        record = (await broker.get(["b-late"], queue="q"))[0]
+        assert record is not None
+        assert record.state is JobState.SCHEDULED
+        await sleep_until(record.run_at)
+        # Due: promoted as b's first job, so b takes the next turn after a's.
+        (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        (second,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert [first.message.id, second.message.id] == ["a0", "b-late"]
+        # Handed back unrun (a worker shutting down): waiting again, still fair.
+        await broker.release([Release(id=first.message.id, token=first.token)])
+        await broker.complete([Completion(id="b-late", token=second.token, result=b"\xc0")])
+        order = await claim_order(broker, 10)
+        assert sorted(order) == ["a0", "a1", "a2", "a3"]
+        assert (await broker.counts("q"))[JobState.WAITING] == 0
+
+
+async def test_fair_jobs_are_read_paged_and_capped(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url, max_queue_length=12) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}", priority=i % 2) for i in range(6)])
+        await broker.enqueue([fair("b", job_id=f"b{i}") for i in range(3)] + [msg(job_id="p")])
+        record = (await broker.get(["a3"], queue="q"))[0]
+        assert record is not None
+        assert record.state is JobState.WAITING
+        assert (record.message.fair_key, record.message.fair_weight) == ("a", 1)
+        assert record.message.priority == 1
+        listed: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = await broker.page_jobs("q", JobState.WAITING, cursor=cursor, limit=3)
+            listed += page.ids
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        assert sorted(listed) == sorted([f"a{i}" for i in range(6)] + ["b0", "b1", "b2", "p"])
+        with pytest.raises(QueueFull):
+            await broker.enqueue([fair("c", job_id=f"c{i}") for i in range(3)])
+        await broker.enqueue([fair("c", job_id="c0"), fair("c", job_id="c1")])
+        assert (await broker.counts("q"))[JobState.WAITING] == 12
+
+
+async def test_a_claim_over_several_queues_takes_fair_turns(app_name: str, broker_url: str) -> None:
+    if "cluster" in broker_url:
+        pytest.skip("a claim on Redis Cluster names one queue (one slot)")
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(5)])
+        await broker.enqueue([fair("b", job_id="b0")])
+        await broker.enqueue([msg(queue="q2", job_id="other")])
+        claimed = await broker.claim(["q", "q2"], 10, worker_id="w", lease=30)
+        ids = [j.message.id for j in claimed]
+        assert sorted(ids) == ["a0", "a1", "a2", "a3", "a4", "b0", "other"]
+        assert ids.index("b0") <= 2
+
+
+async def test_a_fan_out_of_a_fair_task_runs_fair(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+    started: list[str] = []
+
+    @app.task(fair=Fair(key=lambda w: w.tenant))
+    async def work(w: Work) -> Out:
+        started.append(w.tenant)
+        return Out(w.n)
+
+    @app.task
+    async def total(outs: list[Out]) -> Out:
+        return Out(sum(o.n for o in outs))
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            items = [Work("big", i) for i in range(30)] + [Work("small", 100)]
+            job = await work.map(items).then(total).enqueue()
+            async with app.worker(concurrency=1):
+                assert await job.result(timeout=TEST_DEADLINE) == Out(sum(range(30)) + 100)
+    # The members carry their key: the small tenant's one member runs within the first
+    # few, not after the big tenant's thirty.
+    assert started.index("small") <= 3
+
+
+async def test_delayed_fair_jobs_wait_fair_once_due(app_name: str, broker_url: str) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}", delay=0.2) for i in range(4)])
+        await broker.enqueue([fair("b", job_id="b0", delay=0.2)])
+        record = (await broker.get(["b0"], queue="q"))[0]
+        assert record is not None
+        await sleep_until(record.run_at)
+        # Promoted together: each key takes its turns, b's job is not behind a's four.
+        assert await claim_order(broker, 5) == ["a0", "b0", "a1", "a2", "a3"]
+
+
+async def test_unique_and_debounced_fair_jobs_wait_fair(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(key=lambda w: f"{w.tenant}-{w.n}", unique_for=60, fair=Fair(key=lambda w: w.tenant))
+    async def once(w: Work) -> None:
+        pass
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            for i in range(4):
+                await once.enqueue(Work("a", i))
+            await once.enqueue(Work("b", 0))
+            claimed = await app.broker.claim([once.queue], 2, worker_id="w", lease=30)
+            tenants = [msgspec.msgpack.decode(j.message.payload, type=Work).tenant for j in claimed]
+            assert tenants == ["a", "b"]
