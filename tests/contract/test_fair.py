@@ -252,8 +252,6 @@ async def test_fair_jobs_are_read_paged_and_capped(app_name: str, broker_url: st
 
 
 async def test_a_claim_over_several_queues_takes_fair_turns(app_name: str, broker_url: str) -> None:
-    if "cluster" in broker_url:
-        pytest.skip("a claim on Redis Cluster names one queue (one slot)")
     async with connected(app_name, broker_url) as broker:
         await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(5)])
         await broker.enqueue([fair("b", job_id="b0")])
