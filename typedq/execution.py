@@ -26,6 +26,7 @@ import math
 import threading
 import types
 from collections.abc import Callable, Coroutine, Generator
+from contextlib import AbstractContextManager
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -342,41 +343,19 @@ class Executor:
         # and cancelling it is a cancel, a lost lease or a shutdown (each sets
         # running.cancel_reason first, which is how _interrupted tells them apart).
         virtual = self._virtual
-        if virtual is not None:
-            return await self._call_on_virtual_time(virtual, args, task, running, timeout)
-        deadline = math.inf if timeout is None else anyio.current_time() + timeout
-        scope_class = self._scope_class
-        if scope_class is None:
-            scope_class = self._scope_class = type(anyio.CancelScope())
-        with scope_class(deadline=deadline) as scope:
-            running.scope = scope
-            if running.cancel_reason is not None:
-                scope.cancel()
-            try:
-                if running.emitter is None:
-                    got = (True, await self._call(task, args, running))
-                else:
-                    got = (True, await self._call_emitting(task, args, running, running.emitter))
-            except Exception as exc:
-                got = (False, exc)
-            finally:
-                running.in_handler = False
-        return got, deadline
-
-    async def _call_on_virtual_time(
-        self,
-        clock: VirtualClock,
-        args: tuple[Any, ...],
-        task: Task[Any, Any],
-        running: Running,
-        timeout: float | None,
-    ) -> tuple[tuple[bool, Any] | None, float]:
-        """:meth:`_call_with_limits` with the timeout on a virtual clock: the scope is
-        cancelled when the clock is advanced past it (the deadline is on the clock's
-        monotonic time)."""
-        got: tuple[bool, Any] | None = None
-        deadline = math.inf if timeout is None else clock.monotonic() + timeout
-        limit = anyio.CancelScope() if timeout is None else move_on_after(clock, timeout)
+        limit: AbstractContextManager[anyio.CancelScope]
+        if virtual is None:
+            # The event loop's own deadline (the cancel scope class looked up once).
+            deadline = math.inf if timeout is None else anyio.current_time() + timeout
+            scope_class = self._scope_class
+            if scope_class is None:
+                scope_class = self._scope_class = type(anyio.CancelScope())
+            limit = scope_class(deadline=deadline)
+        else:
+            # A virtual clock's: the scope is cancelled when the clock is advanced past it
+            # (the deadline is on the clock's monotonic time).
+            deadline = math.inf if timeout is None else virtual.monotonic() + timeout
+            limit = anyio.CancelScope() if timeout is None else move_on_after(virtual, timeout)
         with limit as scope:
             running.scope = scope
             if running.cancel_reason is not None:
