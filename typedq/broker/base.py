@@ -34,13 +34,14 @@ Broker once it has these.
 - worker: ``claim``, ``renew``, ``complete``, ``fail``, ``release``,
   ``set_progress``, ``recover_stalled``
 
-**Core methods with a default** (8) that a backend overrides to be faster or to push
+**Core methods with a default** (10) that a backend overrides to be faster or to push
 instead of poll: ``enqueue_batches`` (one ``enqueue`` per batch), ``complete_and_claim``
 (two calls), ``page_jobs`` (pages by offset), ``queue_stats`` (``counts`` per queue),
 ``wait_finished`` (polls ``get``), ``wait_for_jobs`` (sleeps a little),
+``wait_for_handoff`` and ``end_handoff`` (``wait_for_jobs``, no direct hand-off),
 ``cancel_requests`` (none: ``renew`` answering ``CANCEL_REQUESTED`` is the backstop) and
 ``wait_cancel_requests`` (sleeps). Plus the plain helpers ``set_partitions`` and
-``queue_cap`` (``CORE_WITH_DEFAULTS`` in :mod:`typedq.broker.capabilities` lists all 10).
+``queue_cap`` (``CORE_WITH_DEFAULTS`` in :mod:`typedq.broker.capabilities` lists all 12).
 
 **Capabilities** (:mod:`typedq.broker.capabilities`, one ``typing.Protocol`` each): a
 backend adds them by overriding their methods; until it does, the defaults it inherits
@@ -313,6 +314,29 @@ class Broker(CapabilityDefaults, abc.ABC):
         default sleeps up to half a second (the caller looks again: it polls).
         """
         await anyio.sleep(max(0.0, min(timeout, _POLL)))
+
+    async def wait_for_handoff(
+        self,
+        queues: Sequence[str],
+        free: int,
+        timeout: float,
+        *,
+        worker_id: str,
+        lease: float,
+    ) -> list[ClaimedJob]:
+        """:meth:`wait_for_jobs` for a worker with ``free`` idle slots, after a claim of
+        ``queues`` that came up short: a backend that can hand new jobs straight to a
+        waiting worker returns them (at most ``free``, claimed under ``lease`` for
+        ``worker_id``, as :meth:`claim` would) instead of waking it to claim. Until
+        :meth:`end_handoff`, or a wait that returns no job, the worker claims nothing
+        for those slots itself (the backend may still be handing jobs to them).
+        This default waits with :meth:`wait_for_jobs` and returns no job."""
+        await self.wait_for_jobs(queues, timeout)
+        return []
+
+    async def end_handoff(self, worker_id: str) -> None:
+        """The worker stops waiting (shutdown): no more jobs are handed to it, and those
+        handed but not taken are handed back. This default has nothing to end."""
 
     @abc.abstractmethod
     async def renew(self, leases: Sequence[tuple[str, str]], lease: float) -> list[LeaseStatus]:

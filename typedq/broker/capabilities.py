@@ -92,6 +92,8 @@ CORE_WITH_DEFAULTS = (
     "queue_stats",
     "wait_finished",
     "wait_for_jobs",
+    "wait_for_handoff",
+    "end_handoff",
     "cancel_requests",
     "wait_cancel_requests",
     "set_partitions",

@@ -78,17 +78,40 @@ class Claimer:
             if self.phase.stopping:
                 scope.cancel()
             if for_jobs:
-                try:
-                    await self.broker().wait_for_jobs(self.queues, seconds or 5.0)
-                except Exception as exc:
-                    # An outage must not end the worker: the next claim reports it.
-                    log.debug("worker %s: waiting for jobs failed: %s", self.worker_id, exc)
-                    await self.clock.sleep(min(seconds or 5.0, 1.0))
+                await self._wait_for_jobs(seconds or 5.0)
             elif seconds is not None:
                 await self.clock.sleep(seconds)
             elif self.jobs.free_slots <= 0:
                 await self.jobs.changed().wait()
         self._wait_scope = None
+
+    async def _wait_for_jobs(self, seconds: float) -> None:
+        """Wait for work after a claim that came up short. Jobs the broker hands over
+        directly (:meth:`~typedq.broker.base.Broker.wait_for_handoff`) start at once, and
+        the wait goes on for the slots left without a claim (while the broker may hand
+        jobs to those slots, a claim of them could take more jobs than there are slots);
+        a wait that brings no job ends, and the loop claims."""
+        broker = self.broker()
+        first = True
+        while not self.phase.stopping:
+            free = self.jobs.free_slots
+            if free <= 0 and not first:
+                return  # all slots taken by handed jobs (their registration is over)
+            first = False
+            try:
+                handed = await broker.wait_for_handoff(
+                    self.queues, free, seconds, worker_id=self.worker_id, lease=self.lease
+                )
+            except Exception as exc:
+                # An outage must not end the worker: the next claim reports it.
+                log.debug("worker %s: waiting for jobs failed: %s", self.worker_id, exc)
+                await self.clock.sleep(min(seconds, 1.0))
+                return
+            if not handed:
+                return
+            self.jobs.start(handed)
+            # The handed jobs' runners go before the wait resumes (as after a claim).
+            await anyio.lowlevel.checkpoint()
 
     async def run(self) -> None:
         """Claim until shutdown; then hand back what a claim with a lost answer took."""
@@ -165,7 +188,18 @@ class Claimer:
             if pending is not None:
                 await self._hand_back_lost_claim(broker, *pending)
         finally:
-            self.done.set()
+            try:
+                # Jobs handed to this worker's wait but not taken yet go back.
+                await broker.end_handoff(self.worker_id)
+            except Exception as exc:
+                log.warning(
+                    "worker %s: could not end its direct hand-off (%s); jobs handed to it "
+                    "come back when their lease expires",
+                    self.worker_id,
+                    exc,
+                )
+            finally:
+                self.done.set()
 
     async def _hand_back_lost_claim(
         self, broker: Broker, claim_id: str, limit: int, queues: list[str]

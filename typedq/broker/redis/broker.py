@@ -49,7 +49,7 @@ from .flows import FlowOps, Handoff
 from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .inspection import InspectOps
 from .keys import Keys
-from .leases import LeaseOps
+from .direct import DirectHandoff
 from .listener import Notifications
 from .migrate import migrate_layout
 from .runs import RunOps
@@ -69,7 +69,7 @@ class RedisBroker(
     ScriptCalls,
     EnqueueOps,
     FlowOps,
-    LeaseOps,
+    DirectHandoff,
     InspectOps,
     ScheduleOps,
     RunOps,
@@ -118,6 +118,10 @@ class RedisBroker(
         self._acks: dict[str, list[str]] = {}
         # Durable run id -> its queue, as the app's run index said (see .runs).
         self._run_locations: dict[str, str] = {}
+        # Direct hand-off (see .direct): each worker's registration, the blocking pops'
+        # connection.
+        self._registrations = {}
+        self._blocking = {}
 
     def __repr__(self) -> str:
         return f"RedisBroker({redact_url(self.url)!r}, namespace={self.settings.namespace!r})"
@@ -416,6 +420,13 @@ class RedisBroker(
             with contextlib.suppress(BrokerError):
                 await self._eval_many(self._ack_calls(acks))
         await self._notes.close()
+        self._registrations.clear()
+        blocking, self._blocking = list(self._blocking.values()), {}
+        for conn in blocking:
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+                if self._redis is not None:
+                    await self._redis.connection_pool.release(conn)
         lane, self._lane = self._lane, None
         if lane is not None:
             with contextlib.suppress(Exception):

@@ -164,6 +164,17 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    notice (no mark: no notice, nobody waits). No TTL: a
                                    mark that expired under a waiter would lose its
                                    wake-up; one key per queue that ever waited
+    Q H                   hash     direct hand-off (broker/redis/direct.py): the
+                                   registrations of idle workers of the queue,
+                                   registration token -> its home queue; expires with
+                                   the last registration (10 s unless renewed)
+    Q I:<token>           list     a registration's inbox (on its home queue, the
+                                   first of its worker's queues): jobs handed to it,
+                                   '<id>|<token>|<enqueued_at>|<queue>|<body>', or ''
+                                   (ended: work was stored); ``:c`` string
+                                   '<slots>|<lease_us>|<ttl_ms>|<worker>' while it
+                                   takes jobs, ``:h`` list '<queue>|<id>' of the jobs
+                                   handed to it; all expire with the registration
     Q u:<run id>          hash     a durable run (typedq/broker/runs.py), on the run's
                                    queue (a partitioned durable task's: the partition of
                                    the run id): ``sp`` its RunSpec (msgpack), ``tb`` the
@@ -455,6 +466,14 @@ class Keys:
         about to wait), consumed by the next call giving the queue work, which then
         publishes the work notice."""
         return self.queue_prefix(queue) + "W"
+
+    def handoffs(self, queue: str) -> str:
+        """The hand-off registrations of ``queue``'s idle workers (see .direct)."""
+        return self.queue_prefix(queue) + "H"
+
+    def inbox(self, home: str, token: str) -> str:
+        """The inbox of hand-off registration ``token``, on its home queue's slot."""
+        return f"{self.queue_prefix(home)}I:{token}"
 
     def schedule_firing(self, queue: str) -> str:
         """The firing states (Redis Cluster) of the schedules whose ticks go to ``queue``:

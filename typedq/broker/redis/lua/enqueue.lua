@@ -94,6 +94,11 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
   end
   local now_text, tail = last_now_text, sprio ~= '0' and '|' .. sprio or ''
   local ip, format, call = k_idx_prefix(sq), string.format, redis.call
+  -- Idle workers registered for a direct hand-off (common/bookkeeping.lua's hand_off):
+  -- the new jobs are gathered for it (hid, ho, hm: id, order, body) instead of as
+  -- waiting entries. A registration exists only while nothing waits in the queue.
+  local hid, ho, hm = nil, nil, nil
+  if rcall('EXISTS', k_fixed(sq, 'H')) == 1 then hid, ho, hm = {}, {}, {} end
   for i = 1, n do
     out[i], rec[i] = 0, '0'
     if not keyless or keyless[i] then
@@ -101,7 +106,11 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
       local o = format('%d', order + fresh + 1)
       if call('HSETNX', ip .. idx_bucket(id), id, o .. tail) == 1 then  -- (k_idx)
         fresh = fresh + 1
-        entries[fresh] = id .. '|' .. o .. '|' .. now_text .. '||' .. ARGV[first + stride * (i - 1) + body_at]
+        if hid then
+          hid[fresh], ho[fresh], hm[fresh] = id, o, ARGV[first + stride * (i - 1) + body_at]
+        else
+          entries[fresh] = id .. '|' .. o .. '|' .. now_text .. '||' .. ARGV[first + stride * (i - 1) + body_at]
+        end
         out[i], rec[i] = 1, '1'
       end
     end
@@ -109,10 +118,20 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
   if fresh < candidates then
     rcall('INCRBY', k_seq(sq), num_text(fresh - candidates))
   end
-  if fresh > 0 then
+  local stored = fresh
+  if hid and fresh > 0 then
+    local handed = hand_off(sq, sprio, hid, ho, hm, 1, fresh, now, now_text)
+    for j = handed + 1, fresh do
+      entries[j - handed] = hid[j] .. '|' .. ho[j] .. '|' .. now_text .. '||' .. hm[j]
+    end
+    stored = fresh - handed
+  end
+  if stored > 0 then
     push_entries(sq, sprio, k_wait(sq, sprio), entries)
-    count(sq, 'w', fresh)
+    count(sq, 'w', stored)
     work_queues[sq] = true
+  end
+  if fresh > 0 then
     rcall('SET', KEYS[2], table.concat(rec), 'PX', REQ_TTL_MS)
   end
   flush_counts()

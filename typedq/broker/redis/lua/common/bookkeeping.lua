@@ -193,6 +193,25 @@ local function publish_cancel(q, id) rcall('PUBLISH', CH_CANCEL, id) end
 -- one Redis (a script may touch any key); on Redis Cluster (sharded.lua) whenever the
 -- queues differ: a step's outcome then travels through the outbox (common/runs.lua).
 local function run_away(q, rq) return false end
+-- The hand-off registrations of queue `q` end (work came to it another way than a
+-- hand-off: stored where claims find it): each registered worker finds '' in its
+-- inbox and claims. A registration is always made with its queues' waiter marks
+-- (handoff.lua), so publish, which consumes a mark, looks here only then.
+local function wake_handoffs(q)
+  local hk = k_fixed(q, 'H')
+  local regs = rcall('HGETALL', hk)
+  if #regs == 0 then return end
+  rcall('DEL', hk)
+  for i = 1, #regs, 2 do
+    local inbox = k_q(regs[i + 1]) .. 'I:' .. regs[i]
+    local v = rcall('GET', inbox .. ':c')
+    if v then
+      rcall('DEL', inbox .. ':c')
+      rcall('LPUSH', inbox, '')
+      rcall('PEXPIRE', inbox, tonumber(string.match(v, '^%d+|%d+|(%d+)|')) or REQ_TTL_MS)
+    end
+  end
+end
 -- The work notice names only the queues whose waiter mark this call consumed: a
 -- worker waits for work only after a claim that came up short, and that claim set the
 -- mark in the same script that found nothing more to claim, so any later call giving
@@ -206,6 +225,7 @@ local function publish()
     if rcall('DEL', k_waiter(q)) == 1 then
       qs = qs or {}
       qs[#qs + 1] = q
+      wake_handoffs(q)
     end
   end
   if qs then rcall('PUBLISH', CH_WORK, table.concat(qs, ' ')) end
@@ -235,4 +255,73 @@ local function claimed_job(q, id, lease_until, leases, lines)
   local line = q .. '|' .. id
   if lines then lines[#lines + 1] = line end
   return line
+end
+
+-- Direct hand-off (issue 31): jobs `ids[first..last]` (orders `orders`, bodies
+-- `bodies`, all of level `prio`), just enqueued into queue `q` where nothing else
+-- waits, go straight to idle workers registered in `q` (handoff.lua): each such job
+-- is claimed here, as claim.lua's activate claims a waiting entry, under the lease and
+-- worker of its registration and the token '<registration>.<id>', and pushed to the
+-- registration's inbox as '<id>|<token>|<enqueued_at>|<queue>|<body>', where the
+-- worker's blocking pop takes it: one hop from enqueue to worker, no claim. A
+-- registration takes at most its free slots; one whose slots are all taken ends.
+-- `now` (µs, and its text `now_text`): the enqueue's clock. Returns how many jobs of
+-- ids[first..] were handed (the first ones, in order); their index fields (the
+-- enqueue's HSETNX) are deleted here.
+local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text)
+  local hk = k_fixed(q, 'H')
+  local regs = rcall('HGETALL', hk)
+  if #regs == 0 or rcall('EXISTS', k_gates(q)) == 1 then return 0 end
+  local at = first
+  for i = 1, #regs, 2 do
+    if at > last then break end
+    local tok, home = regs[i], regs[i + 1]
+    local inbox = k_q(home) .. 'I:' .. tok
+    local v = rcall('GET', inbox .. ':c')
+    local slots, lease, ttl, worker
+    if v then slots, lease, ttl, worker = string.match(v, '^(%d+)|(%d+)|(%d+)|(.*)$') end
+    slots = tonumber(slots)
+    if not slots or slots < 1 then
+      rcall('HDEL', hk, tok)  -- ended (another queue's hand-off, or it expired)
+    else
+      local take = math.min(slots, last - at + 1)
+      local lease_until = num_text(now + tonumber(lease))
+      local items, lines, leases = {}, {}, {}
+      for k = 1, take do
+        local j = at + k - 1
+        local id, o, m = ids[j], orders[j], bodies[j]
+        local jt = tok .. '.' .. id
+        rcall('HDEL', k_idx(q, id), id)
+        if prio == '0' then
+          rcall('HSET', k_job(q, id), 'm', m, 'q', q, 's', 'a', 'o', o, 'e', now_text,
+            'a', '1', 't', jt, 'st', now_text, 'w', worker)
+        else
+          rcall('HSET', k_job(q, id), 'm', m, 'q', q, 's', 'a', 'o', o, 'e', now_text,
+            'a', '1', 't', jt, 'st', now_text, 'w', worker, 'p', prio)
+        end
+        leases[2 * k - 1], leases[2 * k] = lease_until, id
+        items[k] = id .. '|' .. jt .. '|' .. now_text .. '|' .. q .. '|' .. m
+        lines[k] = q .. '|' .. id
+      end
+      for s = 1, take, 500 do
+        local e = math.min(s + 499, take)
+        rcall('ZADD', k_active(q), unpack(leases, 2 * s - 1, 2 * e))
+        rcall('LPUSH', inbox, unpack(items, s, e))
+        rcall('RPUSH', inbox .. ':h', unpack(lines, s, e))
+      end
+      rcall('PEXPIRE', inbox, ttl)
+      rcall('PEXPIRE', inbox .. ':h', ttl)
+      if take == slots then
+        rcall('DEL', inbox .. ':c')
+        rcall('HDEL', hk, tok)
+      else
+        rcall('SET', inbox .. ':c', (slots - take) .. '|' .. lease .. '|' .. ttl .. '|' .. worker,
+          'KEEPTTL')
+      end
+      at = at + take
+    end
+  end
+  local handed = at - first
+  if handed > 0 then count(q, 'a', handed) end
+  return handed
 end

@@ -165,6 +165,12 @@ local function k_debounce(q, marker) return k_q(q) .. 'db:' .. marker end
 -- wait for work); the next call that gives the queue work deletes it and publishes the
 -- work notice (publish), so enqueues while every worker is busy publish nothing.
 local function k_waiter(q) return k_fixed(q, 'W') end
+-- Direct hand-off (common/bookkeeping.lua's hand_off, handoff.lua): a queue's idle
+-- workers' registrations, k_fixed(q, 'H') (hash: registration token -> its home
+-- queue), and one registration's inbox on its home queue's slot, k_q(home) .. 'I:' ..
+-- token (list; its ':c' string holds '<slots>|<lease_us>|<ttl_ms>|<worker>' while it
+-- takes jobs, its ':h' list the '<queue>|<id>' of every job handed to it). (No helper
+-- of their own: the library's main chunk holds at most 200 locals.)
 
 -- Durable runs (typedq/broker/runs.py, common/runs.lua), on the run's queue: `kind`
 -- 'u:' a run's record (hash), 'ul:' its log (list), 'uo:' its kept step outcomes

@@ -15,6 +15,9 @@ local function publish()
   for q, ids in pairs(done_by_q) do rcall('SPUBLISH', qch(q, 'd'), table.concat(ids, ' ')) end
   -- Only where a waiter mark was consumed (see common/bookkeeping.lua's publish).
   for q in pairs(work_queues) do
-    if rcall('DEL', k_waiter(q)) == 1 then rcall('SPUBLISH', qch(q, 'w'), q) end
+    if rcall('DEL', k_waiter(q)) == 1 then
+      rcall('SPUBLISH', qch(q, 'w'), q)
+      wake_handoffs(q)
+    end
   end
 end
