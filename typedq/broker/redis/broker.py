@@ -43,13 +43,13 @@ from .connection import (
     make_client,
     make_cluster_client,
 )
+from .direct import DirectHandoff
 from .enqueue import EnqueueOps
 from .errors import broker_error, scrub
 from .flows import FlowOps, Handoff
 from .health import EpochWatch, MemoryWatch, check_config, check_slots, log
 from .inspection import InspectOps
 from .keys import Keys
-from .direct import DirectHandoff
 from .listener import Notifications
 from .migrate import migrate_layout
 from .runs import RunOps

@@ -43,7 +43,7 @@ import anyio
 from ..base import ClaimedJob, Release
 from .codec import MICRO, text, us
 from .connection import SOCKET_TIMEOUT
-from .core import RedisCore, _request_token
+from .core import _request_token
 from .health import log
 from .leases import LeaseOps
 
@@ -249,11 +249,11 @@ class DirectHandoff(LeaseOps):
     async def _hand_back(self, jobs: Sequence[ClaimedJob], worker_id: str) -> None:
         if jobs:
             await self.release([Release(j.message.id, j.token) for j in jobs])
-            log.info("worker %s: handed back %d jobs handed to it at shutdown", worker_id, len(jobs))
+            log.info(
+                "worker %s: handed back %d jobs handed to it at shutdown", worker_id, len(jobs)
+            )
 
-    async def _pop(
-        self, worker_id: str, inbox: str, count: int, wait: float
-    ) -> list[bytes] | None:
+    async def _pop(self, worker_id: str, inbox: str, count: int, wait: float) -> list[bytes] | None:
         """``BLMPOP`` of up to ``count`` items of ``inbox``, blocking up to ``wait``
         seconds, on the worker's blocking connection, never re-sent (see the module)."""
         conn = self._blocking.get(worker_id)

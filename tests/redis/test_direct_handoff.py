@@ -1,0 +1,264 @@
+"""Direct hand-off (issue 31, broker/redis/direct.py): an idle worker registers and
+blocks on an inbox of its own; an enqueue that finds it hands the new jobs over already
+claimed, never more than the worker's free slots; work stored any other way ends the
+registration (the worker claims); a pop whose answer is lost, a shutdown and a cancel
+lose no job and run none twice. Real redis-server spawned by the suite.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import anyio
+import msgspec
+import pytest
+
+from tests.redis_support import broker_at, message, raw_redis
+from typedq import App
+from typedq.broker.base import ClaimedJob, Completion, FinishOutcome, JobState
+from typedq.broker.redis import RedisBroker
+from typedq.limits import LimitSpec
+
+pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
+
+#: Far past the pop's own bound (3 s): only a hand-off or a wake-up ends the wait
+#: sooner than that within the test's deadline.
+LONG = 3600.0
+PROMPT = 20.0
+
+
+async def idle(broker: RedisBroker, queues: list[str], free: int = 4) -> None:
+    """A worker's claim that comes up short (it is about to wait)."""
+    assert await broker.claim(queues, free, worker_id="w", lease=30) == []
+
+
+async def wait_handed(
+    broker: RedisBroker, queues: list[str], free: int, out: list[list[ClaimedJob]]
+) -> None:
+    out.append(await broker.wait_for_handoff(queues, free, LONG, worker_id="w", lease=30))
+
+
+async def registered(broker: RedisBroker, queue: str) -> None:
+    """Until the worker's registration is in the queue's hash."""
+    async with raw_redis(broker.url) as raw:
+        with anyio.fail_after(PROMPT):
+            while not await raw.exists(broker.keys.handoffs(queue)):  # noqa: ASYNC110
+                await anyio.sleep(0.005)
+
+
+def handed_token(job: ClaimedJob) -> bool:
+    """A hand-off's token ('<registration>.<id>'), not a claim's ('<claim>.<n>')."""
+    return job.token.endswith("." + job.message.id)
+
+
+async def test_an_enqueue_hands_its_job_to_the_waiting_worker(redis_url: str) -> None:
+    async with broker_at(redis_url, "ho") as worker, broker_at(redis_url, "ho") as producer:
+        await idle(worker, ["q"])
+        got: list[list[ClaimedJob]] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_handed, worker, ["q"], 4, got)
+            await registered(worker, "q")
+            await producer.enqueue([message("j")])
+        ((job,),) = got
+        assert job.message.id == "j"
+        assert job.attempt == 1
+        assert handed_token(job)
+        # Claimed for the worker: active under that token, nothing waiting.
+        (record,) = await producer.get(["j"], queue="q")
+        assert record is not None
+        assert record.state is JobState.ACTIVE
+        counts = await producer.counts("q")
+        assert counts[JobState.ACTIVE] == 1
+        assert counts[JobState.WAITING] == 0
+        # The worker settles it like any claimed job.
+        assert await worker.complete([Completion("j", job.token, b"\xc0")]) == [FinishOutcome.OK]
+
+
+async def test_never_more_jobs_than_free_slots_the_rest_wait(redis_url: str) -> None:
+    async with broker_at(redis_url, "ho") as worker, broker_at(redis_url, "ho") as producer:
+        await idle(worker, ["q"], 2)
+        got: list[list[ClaimedJob]] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_handed, worker, ["q"], 2, got)
+            await registered(worker, "q")
+            await producer.enqueue([message(f"j{i}") for i in range(5)])
+        (jobs,) = got
+        assert [j.message.id for j in jobs] == ["j0", "j1"]  # the oldest, in order
+        counts = await producer.counts("q")
+        assert counts[JobState.ACTIVE] == 2
+        assert counts[JobState.WAITING] == 3
+        # The registration is spent: the next enqueue is stored, and claims find all.
+        await producer.enqueue([message("j5")])
+        claimed = await worker.claim(["q"], 10, worker_id="w2", lease=30)
+        assert [j.message.id for j in claimed] == ["j2", "j3", "j4", "j5"]
+
+
+async def test_work_stored_another_way_wakes_the_worker_to_claim(redis_url: str) -> None:
+    """A job enqueued for later is stored, not handed: the registration ends with ''
+    in the inbox, the wait returns no job, and the claim after it sees the work."""
+    async with broker_at(redis_url, "ho") as worker, broker_at(redis_url, "ho") as producer:
+        await idle(worker, ["q"])
+        got: list[list[ClaimedJob]] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_handed, worker, ["q"], 4, got)
+            await registered(worker, "q")
+            with anyio.fail_after(PROMPT):
+                later = msgspec.structs.replace(message("s"), delay=0.2)
+                await producer.enqueue([later])
+        assert got == [[]]
+        async with raw_redis(redis_url) as raw:
+            assert await raw.exists(worker.keys.handoffs("q")) == 0
+
+
+async def test_a_worker_registers_only_while_nothing_waits(redis_url: str) -> None:
+    async with broker_at(redis_url, "ho") as worker, broker_at(redis_url, "ho") as producer:
+        await idle(worker, ["q"])
+        # Work came after the short claim, before the wait: the wait returns at once.
+        await producer.enqueue([message("j")])
+        with anyio.fail_after(PROMPT):
+            assert await worker.wait_for_handoff(["q"], 4, LONG, worker_id="w", lease=30) == []
+        (job,) = await worker.claim(["q"], 4, worker_id="w", lease=30)
+        assert job.message.id == "j"
+        assert not handed_token(job)
+
+
+async def test_a_lost_pop_answer_loses_no_job(redis_url: str) -> None:
+    """Jobs taken from the inbox by a pop whose answer never reached the worker (here:
+    popped by another client) come back from the registration's record when it ends
+    with ``recover`` (what a failed pop does), and only those the worker does not hold."""
+    async with (
+        broker_at(redis_url, "ho") as worker,
+        broker_at(redis_url, "ho") as producer,
+        raw_redis(redis_url) as raw,
+    ):
+        await idle(worker, ["q"])
+        jobs, reg = await worker._register(None, ("q",), 4, worker_id="w", lease=30)
+        assert jobs == []
+        assert reg is not None
+        await producer.enqueue([message("a"), message("b"), message("c")])
+        inbox = worker.keys.inbox("q", reg.token)
+        lost: list[bytes] = await raw.rpop(inbox, 2)  # type: ignore[assignment]
+        assert [x.split(b"|")[0] for x in lost] == [b"a", b"b"]  # the pop's lost answer
+        back = await worker._end(reg, worker_id="w", lease=30, recover=True)
+        assert sorted(j.message.id for j in back) == ["a", "b", "c"]
+        # Once held, a job is not answered again (the worker runs it already).
+        again, reg2 = await worker._register(None, ("q",), 4, worker_id="w", lease=30)
+        assert again == []
+        assert reg2 is not None
+        await producer.enqueue([message("d")])
+        await raw.rpop(worker.keys.inbox("q", reg2.token), 1)
+        back = await worker._end(reg2, worker_id="w", lease=30, recover=True)
+        assert [j.message.id for j in back] == ["d"]
+        assert await worker._end(reg2, worker_id="w", lease=30, recover=True) == []
+
+
+async def test_a_killed_blocking_connection_ends_the_wait_cleanly(redis_url: str) -> None:
+    async with (
+        broker_at(redis_url, "ho") as worker,
+        broker_at(redis_url, "ho") as producer,
+        raw_redis(redis_url) as raw,
+    ):
+        await idle(worker, ["q"])
+        got: list[list[ClaimedJob]] = []
+        with anyio.fail_after(PROMPT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait_handed, worker, ["q"], 4, got)
+                await registered(worker, "q")
+                while not [c for c in await raw.client_list() if c.get("cmd") == "blmpop"]:  # noqa: ASYNC110
+                    await anyio.sleep(0.005)
+                for c in await raw.client_list():
+                    if c.get("cmd") == "blmpop":
+                        await raw.client_kill_filter(_id=c["id"])
+        assert got == [[]]
+        assert await raw.exists(worker.keys.handoffs("q")) == 0
+        # The next enqueue is stored for a claim, and the worker waits again as before.
+        await producer.enqueue([message("j")])
+        (job,) = await worker.claim(["q"], 4, worker_id="w", lease=30)
+        assert job.message.id == "j"
+
+
+async def test_shutdown_hands_back_jobs_handed_but_not_taken(redis_url: str) -> None:
+    async with broker_at(redis_url, "ho") as worker, broker_at(redis_url, "ho") as producer:
+        await idle(worker, ["q"])
+        got: list[list[ClaimedJob]] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_handed, worker, ["q"], 4, got)
+            await registered(worker, "q")
+            await producer.enqueue([message("a")])
+        ((_a,),) = got
+        # The registration still has 3 slots: a job handed now sits in the inbox.
+        await producer.enqueue([message("b")])
+        await worker.end_handoff("w")
+        counts = await producer.counts("q")
+        assert counts[JobState.WAITING] == 1
+        assert counts[JobState.ACTIVE] == 1
+        (b,) = await producer.claim(["q"], 4, worker_id="w2", lease=30)
+        assert b.message.id == "b"
+        assert b.attempt == 1
+        async with raw_redis(redis_url) as raw:
+            assert await raw.keys(worker.keys.queue_prefix("q") + "I:*") == []
+
+
+async def test_a_worker_with_limits_is_never_handed_a_job(redis_url: str) -> None:
+    async with broker_at(redis_url, "ho") as worker, broker_at(redis_url, "ho") as producer:
+        worker.set_limits({"t": LimitSpec(concurrency=1)})
+        await idle(worker, ["q"])
+        async with anyio.create_task_group() as tg:
+
+            async def enqueue_later() -> None:
+                await anyio.sleep(0.2)
+                await producer.enqueue([message("j")])
+
+            tg.start_soon(enqueue_later)
+            with anyio.fail_after(PROMPT):
+                assert await worker.wait_for_handoff(["q"], 4, LONG, worker_id="w", lease=30) == []
+        async with raw_redis(redis_url) as raw:
+            assert await raw.exists(worker.keys.handoffs("q")) == 0
+        (job,) = await worker.claim(["q"], 4, worker_id="w", lease=30)
+        assert not handed_token(job)
+
+
+class In(msgspec.Struct):
+    n: int
+
+
+class Out(msgspec.Struct):
+    n: int
+
+
+async def test_workers_run_trickled_jobs_once_each(redis_url: str) -> None:
+    """Two workers of one app, jobs enqueued one by one (each finds an idle worker):
+    every job runs once, most of them handed over directly."""
+    app = App("hotrickle", broker=redis_url)
+    runs: Counter[int] = Counter()
+    tokens: list[bool] = []
+
+    @app.task
+    async def tally(x: In) -> Out:
+        runs[x.n] += 1
+        return Out(x.n)
+
+    with anyio.fail_after(60):
+        async with app:
+            async with app.worker(concurrency=2) as w1, app.worker(concurrency=3) as w2:
+                jobs = []
+                for i in range(120):
+                    jobs.append(await tally.enqueue(In(i)))
+                    if i % 10 == 0:
+                        await anyio.sleep(0.01)
+                results = [await job.result(timeout=10) for job in jobs]
+            broker = app.broker
+            assert isinstance(broker, RedisBroker)
+            async with raw_redis(redis_url) as raw:
+                for job in jobs:
+                    # The token of its completed attempt ('d').
+                    token = await raw.hget(broker.keys.job("default", job.id), "d")
+                    tokens.append(
+                        isinstance(token, bytes) and token.endswith(f".{job.id}".encode())
+                    )
+                # Nothing left registered once the workers stopped.
+                assert await raw.keys(broker.keys.queue_prefix("default") + "I:*") == []
+    assert results == [Out(i) for i in range(120)]
+    assert runs == dict.fromkeys(range(120), 1)
+    assert w1.stats.completed + w2.stats.completed == 120
+    assert sum(tokens) > 60  # most went straight to an idle worker
