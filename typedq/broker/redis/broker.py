@@ -422,11 +422,9 @@ class RedisBroker(
         await self._notes.close()
         self._registrations.clear()
         blocking, self._blocking = list(self._blocking.values()), {}
-        for conn in blocking:
+        for held in blocking:
             with contextlib.suppress(Exception):
-                await conn.disconnect()
-                if self._redis is not None:
-                    await self._redis.connection_pool.release(conn)
+                await self._give_back(held)
         lane, self._lane = self._lane, None
         if lane is not None:
             with contextlib.suppress(Exception):

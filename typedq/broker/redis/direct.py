@@ -24,11 +24,13 @@ How it holds (see handoff.lua and common/bookkeeping.lua's ``hand_off``):
 - A registration lasts ``_TTL`` unless renewed; a worker that died leaves jobs claimed
   under it, which come back when their lease expires, like any job of a dead worker.
 
+On Redis Cluster the inbox is in its queue's slot and the pop goes to the node that owns
+it, on a connection of that node's (a pop answered MOVED ends the registration: the
+worker claims, and registers at the slot's new owner next time).
+
 Not used (the worker waits for a pub/sub notice, :meth:`wait_for_jobs`): on Redis
-Cluster (yet: the keys are laid out for it, an inbox in its home queue's slot, but the
-blocking pop would go through the cluster client, which re-sends a command whose
-answer was lost), and by a worker whose claims carry task limits (a gated job must
-never be handed off).
+Cluster by a worker of several queues (they span several slots), and by a worker whose
+claims carry task limits (a gated job must never be handed off).
 """
 
 from __future__ import annotations
@@ -71,20 +73,29 @@ class _Registration:
     due: float | None
 
 
+@dataclasses.dataclass
+class _Blocking:
+    """A worker's connection for blocking pops, and where it is from."""
+
+    conn: Any
+    #: The Redis Cluster node it is a connection of (None: the standalone client's pool).
+    node: Any = None
+
+
 class DirectHandoff(LeaseOps):
     """The Redis broker's ``wait_for_handoff`` and ``end_handoff``."""
 
     #: The registration of each worker using this broker (by worker id).
     _registrations: dict[str, _Registration]
-    #: Each worker's connection for its blocking pops (taken at first use, given back to
-    #: the pool by end_handoff): workers sharing this broker each block on their own.
-    _blocking: dict[str, Any]
+    #: Each worker's connection for its blocking pops (taken at first use, given back by
+    #: end_handoff): workers sharing this broker each block on their own.
+    _blocking: dict[str, _Blocking]
 
     def _handoff_possible(self, queues: Sequence[str]) -> bool:
         # A worker with limits claims gated jobs only through its claims' gates. Redis
-        # Cluster: not yet (its blocking pop would go through the cluster client, which
-        # re-sends a command whose answer was lost).
-        return not self.limits and not self.cluster
+        # Cluster: an inbox is in one slot, and one queue's keys are (a worker of
+        # several queues, partitions say, spans several slots).
+        return not self.limits and not (self.cluster and len(set(queues)) > 1)
 
     async def wait_for_handoff(
         self,
@@ -146,10 +157,10 @@ class DirectHandoff(LeaseOps):
 
     async def end_handoff(self, worker_id: str) -> None:
         reg = self._registrations.pop(worker_id, None)
-        conn = self._blocking.pop(worker_id, None)
+        blocking = self._blocking.pop(worker_id, None)
         with anyio.CancelScope(shield=True), anyio.move_on_after(SOCKET_TIMEOUT):
-            if conn is not None and self._redis is not None:
-                await self._redis.connection_pool.release(conn)
+            if blocking is not None:
+                await self._give_back(blocking)
             if reg is not None:
                 jobs = await self._end(reg, worker_id=worker_id, lease=1.0, recover=False)
                 await self._hand_back(jobs, worker_id)
@@ -256,10 +267,7 @@ class DirectHandoff(LeaseOps):
     async def _pop(self, worker_id: str, inbox: str, count: int, wait: float) -> list[bytes] | None:
         """``BLMPOP`` of up to ``count`` items of ``inbox``, blocking up to ``wait``
         seconds, on the worker's blocking connection, never re-sent (see the module)."""
-        conn = self._blocking.get(worker_id)
-        if conn is None:
-            pool: Any = self._conn().connection_pool  # get_connection is untyped in redis-py
-            conn = self._blocking[worker_id] = await pool.get_connection()
+        conn = await self._blocking_connection(worker_id, inbox)
         try:
             await conn.send_command(
                 "BLMPOP", f"{max(0.001, wait):.3f}", 1, inbox, "RIGHT", "COUNT", count
@@ -276,3 +284,31 @@ class DirectHandoff(LeaseOps):
             raise reply
         items: list[bytes] = list(reply[1])
         return items
+
+    async def _blocking_connection(self, worker_id: str, inbox: str) -> Any:
+        """The worker's connection for blocking pops of ``inbox``: from the standalone
+        client's pool, or (Redis Cluster) of the node owning the inbox's slot now."""
+        held = self._blocking.get(worker_id)
+        if self.cluster:
+            client: Any = self._conn()
+            node = client.get_node_from_key(inbox)
+            if held is not None and held.node is not node:
+                del self._blocking[worker_id]
+                await self._give_back(held)
+                held = None
+            if held is None:
+                held = self._blocking[worker_id] = _Blocking(node.acquire_connection(), node)
+        elif held is None:
+            pool: Any = self._conn().connection_pool  # get_connection is untyped in redis-py
+            held = self._blocking[worker_id] = _Blocking(await pool.get_connection())
+        return held.conn
+
+    async def _give_back(self, held: _Blocking) -> None:
+        """Close a blocking connection and give it back where it is from."""
+        try:
+            await held.conn.disconnect()
+        finally:
+            if held.node is not None:
+                held.node.release(held.conn)
+            elif self._redis is not None:
+                await self._redis.connection_pool.release(held.conn)
