@@ -109,6 +109,8 @@ class DirectHandoff(LeaseOps):
         if free <= 0 or not queues or not self._handoff_possible(queues):
             await self.wait_for_jobs(queues, timeout)
             return []
+        if self._notes.looking_again(queues):
+            return []  # the last claim met jobs it failed: more may wait unannounced
         regs = self._registrations
         key = tuple(sorted(set(queues)))
         reg = regs.get(worker_id)

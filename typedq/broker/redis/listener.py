@@ -246,6 +246,10 @@ class Notifications:
         claimable that no notification will announce)."""
         self._claim_gen[_key(queues)] = -1
 
+    def looking_again(self, queues: Sequence[str]) -> bool:
+        """Whether :meth:`look_again` was called for ``queues`` since their last claim."""
+        return self._claim_gen.get(_key(queues)) == -1
+
     async def wait_for_work(
         self,
         queues: Sequence[str],
