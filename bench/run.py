@@ -49,7 +49,7 @@ VENVS = BENCH / ".venvs"
 RESULTS = BENCH / "results"
 PROJECT_PYTHON = ROOT / ".venv" / "bin" / "python"
 
-SYSTEMS = ["typedq", "arq", "saq", "streaq", "taskiq", "bullmq", "celery", "raw"]
+SYSTEMS = ["typedq", "arq", "saq", "streaq", "taskiq", "bullmq", "celery", "dramatiq", "rq", "raw"]
 # Not peers: reference floors, shown in the table but never the "best peer".
 FLOORS = ("raw",)
 WORKLOADS = ["single", "bulk", "e2e", "drain", "latency", "memory", "chain", "fanin"]
@@ -590,7 +590,10 @@ def plot(src: Path, dest: Path) -> None:
     data = json.loads(src.read_text())
     systems: list[str] = data["systems"]
     medians = data["medians"]
-    colors = {s: f"C{i}" for i, s in enumerate(systems)}
+    # The default cycle has 10 colours; more systems (all peers plus --baseline) need tab20's
+    # 20 so that no two bars share one.
+    palette = plt.get_cmap("tab20") if len(systems) > 10 else None
+    colors = {s: palette(i) if palette else f"C{i}" for i, s in enumerate(systems)}
     e2e_cases = [c for c in medians if c.startswith("e2e_c")]
     panels = [
         ("single enqueue: jobs/s", ["single"], "jobs_per_s", False),
