@@ -73,9 +73,11 @@ function run_ops.enqueue(q, id, body, at, now)
       m = body}))
     rcall('ZADD', k_sched(q), string.format('%d', at), id)
     count(q, 's', 1)
-  else
+  elseif hand_off(q, '0', {id}, {num_text(o)}, {body}, 1, 1, now, num_text(now)) == 0 then
     push_entry(q, '0', id, o, now, body)
     count(q, 'w', 1)
+  else
+    return  -- handed straight to an idle worker (common/bookkeeping.lua): no notice
   end
   work_queues[q] = true
 end
