@@ -233,7 +233,9 @@ async def test_delay_schedules_until_due(app_name: str, broker_url: str) -> None
 
 async def test_eta_schedules_until_due(app_name: str, broker_url: str) -> None:
     async with connected(app_name, broker_url) as broker:
-        eta = time.time() + 0.25
+        # A second ahead: the claim below must run before it, also on a loaded box
+        # (0.25 s was passed there once between the enqueue and the claim).
+        eta = time.time() + 1.0
         # eta wins over delay when both are set.
         message = msg(eta=eta, delay=60.0)
         await broker.enqueue([message])
