@@ -42,7 +42,7 @@ from typing import Any
 
 import anyio
 
-from ..base import ClaimedJob, Release
+from ..base import ClaimedJob, Completion, FinishOutcome, Release
 from .codec import MICRO, text, us
 from .connection import SOCKET_TIMEOUT
 from .core import _request_token
@@ -156,6 +156,27 @@ class DirectHandoff(LeaseOps):
         if woke:
             regs.pop(worker_id, None)  # ended by the script that stored work
         return jobs
+
+    async def complete_and_claim(
+        self,
+        items: Sequence[Completion],
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None = None,
+    ) -> tuple[list[FinishOutcome], list[ClaimedJob]]:
+        """While the worker is registered for a hand-off, its completions refill nothing:
+        nothing waits in its queues (work stored there ends the registration, and the
+        worker then claims for every free slot), so a refill claim would come back empty.
+        The completions go alone (a cheaper script)."""
+        reg = self._registrations.get(worker_id)
+        if reg is not None and reg.slots > 0:
+            return await self.complete(items), []
+        return await super().complete_and_claim(
+            items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+        )
 
     async def end_handoff(self, worker_id: str) -> None:
         reg = self._registrations.pop(worker_id, None)
