@@ -42,6 +42,7 @@ does, and a worker draining it must not starve the loop).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import types
 from collections import deque
@@ -64,13 +65,52 @@ T = TypeVar("T")
 
 
 class _Event(Protocol):
-    """What the batcher needs of an event: ``anyio.Event``, or ``asyncio.Event`` on asyncio."""
+    """What the batcher needs of an event: ``anyio.Event``, or :class:`_LoopEvent` on
+    asyncio."""
 
     def set(self) -> None: ...
 
     def is_set(self) -> bool: ...
 
-    async def wait(self) -> object: ...
+    def wait(self) -> Awaitable[object]: ...
+
+
+class _LoopEvent:
+    """An event of one asyncio event loop: each wait is a bare future of that loop.
+
+    ``asyncio.Event`` looks the running loop up on every wait (a ``getpid`` system call
+    each time on Linux, the check that the loop was not inherited through a fork) and
+    waits in a coroutine of its own; nearly every item waits on its batch's event, so
+    that is a cost per item. An event is set once (a batch's answer, a sender's wake),
+    so the futures of waiters that went away (cancelled) are simply skipped then.
+    """
+
+    __slots__ = ("_is_set", "_loop", "_waiters")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiters: list[asyncio.Future[None]] = []
+        self._is_set = False
+
+    def set(self) -> None:
+        if not self._is_set:
+            self._is_set = True
+            for waiter in self._waiters:
+                if not waiter.done():  # done: its waiter was cancelled
+                    waiter.set_result(None)
+            self._waiters.clear()
+
+    def is_set(self) -> bool:
+        return self._is_set
+
+    def wait(self) -> Awaitable[object]:
+        """Awaited until the event is set (at once if it is)."""
+        waiter = self._loop.create_future()
+        if self._is_set:
+            waiter.set_result(None)
+        else:
+            self._waiters.append(waiter)
+        return waiter
 
 
 class _Batch(Generic[I, R]):
@@ -205,14 +245,15 @@ class Batcher(Generic[I, R]):
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Flush submitted items until cancelled. Runs in its owner's task group."""
         try:
-            asyncio.get_running_loop()
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # another backend (trio)
             self._event = type(anyio.Event())
         else:
-            # On asyncio the loop's own event: anyio's wraps it, one more coroutine per
-            # waiting caller (nearly every item waits). A batch is never set before its
-            # callers wait, so anyio's extra checkpoint on a set event is never missed.
-            self._event = asyncio.Event
+            # On asyncio bare futures of the loop (_LoopEvent): anyio's event wraps an
+            # asyncio.Event, one more coroutine per waiting caller (nearly every item
+            # waits). A batch is never set before its callers wait, so anyio's extra
+            # checkpoint on a set event is never missed.
+            self._event = functools.partial(_LoopEvent, loop)
         try:
             async with anyio.create_task_group() as tg:
                 for _ in range(self.max_in_flight):

@@ -83,7 +83,7 @@ class VirtualClock:
         self._elapsed = 0.0
         #: Pending waits by deadline: sleepers (an event to set) and deadlines of cancel
         #: scopes (:func:`move_on_after`: a callback that cancels the scope).
-        self._sleepers: list[tuple[float, int, _Wake]] = []
+        self._sleepers: list[VirtualDeadline] = []
         self._order = itertools.count()
 
     def time(self) -> float:
@@ -101,7 +101,7 @@ class VirtualClock:
             await anyio.lowlevel.checkpoint()
             return
         wake = anyio.Event()
-        entry = (self._elapsed + seconds, next(self._order), wake)
+        entry: VirtualDeadline = (self._elapsed + seconds, next(self._order), wake)
         heapq.heappush(self._sleepers, entry)
         try:
             await wake.wait()
@@ -113,22 +113,33 @@ class VirtualClock:
     @contextmanager
     def _deadline(self, seconds: float, scope: anyio.CancelScope) -> Iterator[None]:
         """Cancel ``scope`` once this clock passes ``seconds`` from now (while inside)."""
-        if seconds <= 0:
-            scope.cancel()
-            yield
-            return
-        entry: tuple[float, int, _Wake] = (
-            self._elapsed + seconds,
-            next(self._order),
-            _Expiry(scope),
-        )
-        heapq.heappush(self._sleepers, entry)
+        entry = self.cancel_after(seconds, scope)
         try:
             yield
         finally:
-            if not entry[2].is_set():  # left before its deadline: forget the entry
-                self._sleepers.remove(entry)
-                heapq.heapify(self._sleepers)
+            self.withdraw(entry)
+
+    def cancel_after(self, seconds: float, scope: anyio.CancelScope) -> VirtualDeadline | None:
+        """Cancel ``scope`` once this clock passes ``seconds`` from now, unless the deadline
+        is withdrawn first (:meth:`withdraw`). The form of :func:`move_on_after` for a
+        scope entered elsewhere (a worker's runner keeps one across its jobs).
+
+        :return: the pending deadline, or None when ``seconds`` has already passed (the
+            scope is then cancelled at once)
+        """
+        if seconds <= 0:
+            scope.cancel()
+            return None
+        entry: VirtualDeadline = (self._elapsed + seconds, next(self._order), _Expiry(scope))
+        heapq.heappush(self._sleepers, entry)
+        return entry
+
+    def withdraw(self, deadline: VirtualDeadline | None) -> None:
+        """Forget a deadline of :meth:`cancel_after` whose scope was left before it
+        passed (one that passed already, or None, is ignored)."""
+        if deadline is not None and not deadline[2].is_set():
+            self._sleepers.remove(deadline)
+            heapq.heapify(self._sleepers)
 
     @property
     def sleepers(self) -> int:
@@ -177,6 +188,10 @@ class _Wake(Protocol):
 
     def set(self) -> None: ...
     def is_set(self) -> bool: ...
+
+
+#: A pending deadline of :meth:`VirtualClock.cancel_after`: (when, order, what it sets).
+VirtualDeadline = tuple[float, int, _Wake]
 
 
 class _Expiry:

@@ -26,7 +26,6 @@ import math
 import threading
 import types
 from collections.abc import Callable, Coroutine, Generator
-from contextlib import AbstractContextManager
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -34,7 +33,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from .broker.base import Broker, ClaimedJob
-from .clock import SYSTEM_CLOCK, Clock, VirtualClock, move_on_after
+from .clock import SYSTEM_CLOCK, Clock, VirtualClock, VirtualDeadline, move_on_after
 from .context import JobContext
 from .errors import FailureReason, InvalidPayload, PayloadTooLarge
 from .failures import Failures, type_name
@@ -53,7 +52,7 @@ from .streams import Emitter
 from .task import Task
 from .upcast import Upcaster
 
-__all__ = ["CancelReason", "Executor", "Running", "run_in_context"]
+__all__ = ["CancelReason", "Executor", "HandlerScope", "Running", "run_in_context"]
 
 log = logging.getLogger("typedq.worker")
 
@@ -87,6 +86,8 @@ class Running:
 
     def __init__(self, claimed: ClaimedJob) -> None:
         self.claimed = claimed
+        #: The cancel scope its handler runs in, while it runs (None before and after:
+        #: a runner's scope goes on to its next job, see :class:`HandlerScope`).
         self.scope: anyio.CancelScope | None = None
         self.cancel_reason: CancelReason | None = None
         #: True while an async handler runs (it can be stopped by cancelling its scope).
@@ -142,6 +143,70 @@ class Running:
         """Until the thread returns, the lease is lost, or shutdown gives up on it."""
         if self._wake is not None and self.thread_alive and not (self.lost or self.abandoned):
             await self._wake.wait()
+
+
+class HandlerScope:
+    """The cancel scope a task's handlers run in, one job after another.
+
+    Entering and leaving an anyio cancel scope per job costs about as much as the rest
+    of running a no-op job (the scope finds its task, its task's state, its parent, and
+    undoes it all on the way out). A worker's runner runs its jobs one at a time, so it
+    keeps one scope entered in its task across them: each job's handler only arms it
+    (its timeout as the scope's deadline; its cancel, lost lease or shutdown as the
+    scope's cancel, through :attr:`Running.scope`) and disarms it when it returns, so no
+    cancellation meant for a job reaches the runner's own work between handlers
+    (settling, waiting for the next job). A cancelled scope stays cancelled: it is left
+    as soon as its handler ends (:meth:`leave`) and the next job enters a new one.
+
+    Its scope is entered and left in the task that uses it, innermost: the handlers'
+    own scopes are all left when they return, and whatever the task does between
+    handlers leaves the scopes it enters. Use it as a context manager around the jobs
+    (``with HandlerScope() as scopes:``): the scope still entered is left at the end.
+    """
+
+    __slots__ = ("_scope", "_scope_class")
+
+    def __init__(self) -> None:
+        self._scope: anyio.CancelScope | None = None
+        #: The running event loop's own scope class, looked up on first use
+        #: (``anyio.CancelScope()`` finds the backend anew on every call).
+        self._scope_class: type[anyio.CancelScope] | None = None
+
+    def __enter__(self) -> HandlerScope:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> bool:
+        return self.leave(exc)
+
+    def enter(self) -> anyio.CancelScope:
+        """The scope entered for the next handler (entered now if none is)."""
+        scope = self._scope
+        if scope is None:
+            scope_class = self._scope_class
+            if scope_class is None:
+                scope = anyio.CancelScope()
+                self._scope_class = type(scope)
+            else:
+                scope = scope_class()
+            scope.__enter__()
+            self._scope = scope
+        return scope
+
+    def leave(self, exc: BaseException | None = None) -> bool:
+        """Leave the entered scope, if any, as ``exc`` propagates out of it (None: as
+        its block ends normally); True when the scope swallowed ``exc`` (its own
+        cancellation), as its ``__exit__`` says."""
+        scope, self._scope = self._scope, None
+        if scope is None:
+            return False
+        if exc is None:
+            return bool(scope.__exit__(None, None, None))
+        return bool(scope.__exit__(type(exc), exc, exc.__traceback__))
 
 
 @types.coroutine
@@ -213,16 +278,18 @@ class Executor:
         #: A virtual clock times the attempts' timeouts (tests); on any other clock the
         #: event loop's own deadline does, at no cost per job.
         self._virtual = clock if isinstance(clock, VirtualClock) else None
-        #: The running event loop's own cancel scope class, looked up on first use:
-        #: ``anyio.CancelScope()`` finds the backend anew on every call, a cost per job.
-        self._scope_class: type[anyio.CancelScope] | None = None
 
-    async def attempt(self, claimed: ClaimedJob, running: Running) -> Attempt:
+    async def attempt(
+        self, claimed: ClaimedJob, running: Running, scopes: HandlerScope | None = None
+    ) -> Attempt:
         """Run one claimed job to an outcome; never raises for anything the job did.
 
         Three steps, each its own method: decode the payload (:meth:`_decode`), call the
         handler under its cancel scope and timeout (:meth:`_call_with_limits`), and
         classify what happened (:meth:`_interrupted`, :meth:`_classify`).
+
+        :param scopes: the scope the calling task's handlers run in, kept across its
+            jobs (a worker's runner); None: one of its own for this attempt
         """
         try:
             decoded = self._decode(claimed)
@@ -236,7 +303,7 @@ class Executor:
         if producer and producer != task.input.fingerprint:
             mismatch = (producer, task.input.fingerprint)
         try:
-            outcome = await self._run(claimed, task, payload, running)
+            outcome = await self._run(claimed, task, payload, running, scopes)
         except Exception as exc:
             outcome = self._defect(claimed, exc)
         return Attempt(outcome, fingerprint_mismatch=mismatch)
@@ -305,10 +372,17 @@ class Executor:
             return Fail(self.failures.invalid_payload(claimed, task, why))
 
     async def _run(
-        self, claimed: ClaimedJob, task: Task[Any, Any], payload: Any, running: Running
+        self,
+        claimed: ClaimedJob,
+        task: Task[Any, Any],
+        payload: Any,
+        running: Running,
+        scopes: HandlerScope | None,
     ) -> Outcome:
         timeout = _timeout_of(task, claimed.message.timeout)
-        got, deadline = await self._call_with_limits(claimed, task, payload, running, timeout)
+        got, deadline = await self._call_with_limits(
+            claimed, task, payload, running, timeout, scopes
+        )
         if got is None:
             ended = await self._interrupted(claimed, task, running, timeout, deadline)
             if not isinstance(ended, tuple):
@@ -323,6 +397,7 @@ class Executor:
         payload: Any,
         running: Running,
         timeout: float | None,
+        scopes: HandlerScope | None,
     ) -> tuple[tuple[bool, Any] | None, float]:
         """Call the handler in the attempt's cancel scope, within its timeout.
 
@@ -339,27 +414,29 @@ class Executor:
             else (payload,)
         )
         got: tuple[bool, Any] | None = None
+        kept = scopes is not None
+        if scopes is None:
+            scopes = HandlerScope()
         # One scope for both ways an attempt is interrupted: its deadline is the timeout,
         # and cancelling it is a cancel, a lost lease or a shutdown (each sets
         # running.cancel_reason first, which is how _interrupted tells them apart).
+        scope = scopes.enter()
+        running.scope = scope
+        if running.cancel_reason is not None:
+            scope.cancel()
         virtual = self._virtual
-        limit: AbstractContextManager[anyio.CancelScope]
-        if virtual is None:
-            # The event loop's own deadline (the cancel scope class looked up once).
-            deadline = math.inf if timeout is None else anyio.current_time() + timeout
-            scope_class = self._scope_class
-            if scope_class is None:
-                scope_class = self._scope_class = type(anyio.CancelScope())
-            limit = scope_class(deadline=deadline)
+        expiry: VirtualDeadline | None = None
+        if timeout is None:
+            deadline = math.inf
+        elif virtual is None:
+            # The event loop's own deadline.
+            deadline = scope.deadline = anyio.current_time() + timeout
         else:
             # A virtual clock's: the scope is cancelled when the clock is advanced past it
             # (the deadline is on the clock's monotonic time).
-            deadline = math.inf if timeout is None else virtual.monotonic() + timeout
-            limit = anyio.CancelScope() if timeout is None else move_on_after(virtual, timeout)
-        with limit as scope:
-            running.scope = scope
-            if running.cancel_reason is not None:
-                scope.cancel()
+            deadline = virtual.monotonic() + timeout
+            expiry = virtual.cancel_after(timeout, scope)
+        try:
             try:
                 if running.emitter is None:
                     got = (True, await self._call(task, args, running))
@@ -368,7 +445,24 @@ class Executor:
             except Exception as exc:
                 got = (False, exc)
             finally:
+                # Disarmed: from here on, nothing meant for this job cancels the scope.
                 running.in_handler = False
+                running.scope = None
+                if expiry is not None:
+                    assert virtual is not None
+                    virtual.withdraw(expiry)
+        except BaseException as exc:
+            # A cancellation: the scope's own (the attempt is interrupted, got stays
+            # None) or from further out, which goes on (the scope is left either way).
+            if not scopes.leave(exc):
+                raise
+        else:
+            if not kept or scope.cancel_called:
+                # A cancelled scope stays so (cancelled as the handler returned, or the
+                # handler swallowed it): the next job gets a new one.
+                scopes.leave()
+            elif deadline != math.inf and virtual is None:
+                scope.deadline = math.inf
         return got, deadline
 
     async def _interrupted(

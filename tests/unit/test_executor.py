@@ -19,8 +19,9 @@ import pytest
 from tests.support import TEST_DEADLINE, In, Out
 from typedq import Abort, App, FailureReason, JobContext, Reject, Retry
 from typedq.broker.base import ClaimedJob, JobMessage
-from typedq.execution import Executor, Running
-from typedq.outcomes import Abandon, Attempt, Complete, Drop, Fail, HandBack
+from typedq.clock import SYSTEM_CLOCK, Clock, VirtualClock
+from typedq.execution import Executor, HandlerScope, Running
+from typedq.outcomes import Abandon, Attempt, Complete, Drop, Fail, HandBack, Outcome
 
 pytestmark = pytest.mark.anyio
 
@@ -280,3 +281,131 @@ async def test_shutdown_gives_up_on_a_sync_thread_that_does_not_return() -> None
             await done.wait()
             gate.set()
     assert result == [Attempt(Abandon())]
+
+
+# -- a runner's scope, kept across its jobs (HandlerScope) ---------------------------
+
+
+def gated_app() -> tuple[App, dict[int, anyio.Event], dict[int, anyio.Event]]:
+    """An app of one task, ``gated``, whose handler for ``In(n)`` sets ``started[n]``
+    and returns ``Out(n)`` once ``gates[n]`` is set (:func:`gated_jobs` makes both)."""
+    app = App("executor-kept-scope")
+    started: dict[int, anyio.Event] = {}
+    gates: dict[int, anyio.Event] = {}
+
+    @app.task
+    async def gated(x: In) -> Out:
+        started[x.n].set()
+        await gates[x.n].wait()
+        return Out(x.n)
+
+    return app, started, gates
+
+
+def executor_of(app: App, clock: Clock = SYSTEM_CLOCK) -> Executor:
+    return Executor(
+        dict(app.tasks),
+        worker_id="w1",
+        threads=anyio.CapacityLimiter(1),
+        progress=no_progress,
+        clock=clock,
+    )
+
+
+def gated_jobs(
+    started: dict[int, anyio.Event], gates: dict[int, anyio.Event], *timeouts: float
+) -> list[Running]:
+    """One job of ``gated`` per timeout (-1: the task's, none), numbered from 1."""
+    jobs = []
+    for n, timeout in enumerate(timeouts, start=1):
+        started[n], gates[n] = anyio.Event(), anyio.Event()
+        jobs.append(Running(claimed("gated", In(n), timeout=timeout)))
+    return jobs
+
+
+async def run_in_one_scope(ex: Executor, jobs: list[Running], outcomes: list[Outcome]) -> None:
+    """Attempt ``jobs`` one after another in this task, in one kept scope (as a runner)."""
+    with HandlerScope() as scopes:
+        for running in jobs:
+            outcomes.append((await ex.attempt(running.claimed, running, scopes)).outcome)
+
+
+def completed(n: int) -> Complete:
+    return Complete(msgspec.msgpack.encode(Out(n)))
+
+
+async def test_a_kept_scope_cancels_only_the_job_whose_handler_runs() -> None:
+    app, started, gates = gated_app()
+    ex = executor_of(app)
+    jobs = gated_jobs(started, gates, -1, -1, -1)
+    outcomes: list[Outcome] = []
+    with anyio.fail_after(TEST_DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_in_one_scope, ex, jobs, outcomes)
+            await started[1].wait()
+            jobs[0].cancel("cancel")  # job 1 stops; the runner's next job gets a new scope
+            await started[2].wait()
+            gates[2].set()
+            await started[3].wait()
+            # Job 2's handler returned already: its cancel or lost lease now reaches nothing.
+            jobs[1].cancel("cancel")
+            jobs[1].mark_lost()
+            await anyio.wait_all_tasks_blocked()
+            gates[3].set()
+    assert isinstance(outcomes[0], Fail)
+    assert outcomes[0].cancelled
+    assert outcomes[1:] == [completed(2), completed(3)]
+
+
+async def test_a_kept_scope_times_out_each_job_on_its_own_deadline() -> None:
+    clock = VirtualClock()
+    app, started, gates = gated_app()
+    ex = executor_of(app, clock)
+    jobs = gated_jobs(started, gates, 10.0, -1, 5.0)
+    gates[1].set()  # job 1 returns at once, well within its 10 s
+    outcomes: list[Outcome] = []
+    with anyio.fail_after(TEST_DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_in_one_scope, ex, jobs, outcomes)
+            await started[2].wait()
+            assert clock.sleepers == 0  # job 1's deadline went with it
+            await clock.advance(20.0)  # past where job 1's deadline was: job 2 runs on
+            gates[2].set()
+            await started[3].wait()
+            await clock.advance(6.0)  # past job 3's 5 s
+    assert outcomes[:2] == [completed(1), completed(2)]
+    assert isinstance(outcomes[2], Fail)
+    assert outcomes[2].record.reason is FailureReason.TIMEOUT
+    assert clock.sleepers == 0
+
+
+async def test_a_kept_scope_is_disarmed_when_a_timed_handler_returns() -> None:
+    job = claimed("double", timeout=30.0)
+    with HandlerScope() as scopes:
+        attempt = await executor().attempt(job, Running(job), scopes)
+        assert attempt.outcome == Complete(msgspec.msgpack.encode(Out(2)))
+        assert scopes.enter().deadline == math.inf  # the same scope, no deadline left
+
+
+async def test_a_cancel_from_outside_goes_through_a_kept_scope() -> None:
+    app, started, gates = gated_app()
+    ex = executor_of(app)
+    jobs = gated_jobs(started, gates, -1, -1)
+    outcomes: list[Outcome] = []
+    outer = anyio.CancelScope()
+    caught: list[bool] = []
+
+    async def runner() -> None:
+        with outer:
+            await run_in_one_scope(ex, jobs[:1], outcomes)
+        caught.append(outer.cancelled_caught)
+        gates[2].set()
+        await run_in_one_scope(ex, jobs[1:], outcomes)  # the task goes on unharmed
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner)
+            await started[1].wait()
+            outer.cancel()  # the runner's own cancellation (a shutdown's), not its job's
+    assert caught == [True]
+    assert outcomes == [completed(2)]

@@ -3,8 +3,10 @@
 A worker starts ``concurrency`` long-lived runners (no task spawned per job). Each job
 runs in a fresh copy of the runner's contextvars context
 (:func:`typedq.execution.run_in_context`), as if it had a task of its own, and its
-handler in its own cancel scope (whose deadline is the job's timeout), so cancelling one
-job stops only that job's handler.
+handler in a cancel scope armed for that job alone (its deadline is the job's timeout),
+so cancelling one job stops only that job's handler. The scope is the runner's, entered
+once and re-armed per job (:class:`typedq.execution.HandlerScope`): a scope per job
+would cost as much as the rest of a no-op job.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import anyio
 from ..broker.base import ClaimedJob
 from ..clock import Clock
 from ..errors import FailureRecord
-from ..execution import Executor, Running, run_in_context
+from ..execution import Executor, HandlerScope, Running, run_in_context
 from ..logs import job_fields
 from ..observe import Observers, outcome_of
 from ..outcomes import Complete, Fail, Outcome, describe, minimal_failure
@@ -84,21 +86,25 @@ class JobRunner:
             loop = None
         # The event loop's own event class (anyio.Event() finds the backend each call).
         event = type(anyio.Event())
-        while True:
-            if not queued:
-                if loop is not None:
-                    future: asyncio.Future[None] = loop.create_future()
-                    idle.append(future)
-                    await future
-                else:
-                    wake = event()
-                    idle.append(wake)
-                    await wake.wait()
-                continue
-            claimed, running = queued.popleft()
-            await run_in_context(contextvars.copy_context(), self._run_job(claimed, running))
+        # The cancel scope the handlers run in: entered once, re-armed per job.
+        with HandlerScope() as scopes:
+            while True:
+                if not queued:
+                    if loop is not None:
+                        future: asyncio.Future[None] = loop.create_future()
+                        idle.append(future)
+                        await future
+                    else:
+                        wake = event()
+                        idle.append(wake)
+                        await wake.wait()
+                    continue
+                claimed, running = queued.popleft()
+                await run_in_context(
+                    contextvars.copy_context(), self._run_job(claimed, running, scopes)
+                )
 
-    async def _run_job(self, claimed: ClaimedJob, running: Running) -> None:
+    async def _run_job(self, claimed: ClaimedJob, running: Running, scopes: HandlerScope) -> None:
         job_id, task = claimed.message.id, claimed.message.task
         worker_id = self.worker_id
         observer = self.observer
@@ -121,7 +127,7 @@ class JobRunner:
         )
         try:
             try:
-                attempt = await self.executor.attempt(claimed, running)
+                attempt = await self.executor.attempt(claimed, running, scopes)
                 if attempt.fingerprint_mismatch is not None:
                     self._count_mismatch(task, *attempt.fingerprint_mismatch)
                     if observer is not None:
