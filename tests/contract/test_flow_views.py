@@ -10,10 +10,11 @@ import anyio
 import msgspec
 import pytest
 
-from tests.support import TEST_DEADLINE
+from tests.support import TEST_DEADLINE, claim_one, connected, msg
 from typedq import App, Debounce, Fair
 from typedq.broker.base import Broker, Completion
 from typedq.broker.flowviews import FlowKey, FlowKind
+from typedq.broker.streams import StreamAppend
 
 pytestmark = pytest.mark.anyio
 
@@ -111,3 +112,36 @@ async def test_pages_are_bounded_and_cover_every_key(app_name: str, broker_url: 
             assert len(page.keys) <= 1000
             with pytest.raises(ValueError, match="invalid page cursor"):
                 await app.broker.flow_keys("fp", "unique", cursor="nonsense")
+
+
+async def test_streams_of_a_queue_are_listed_with_their_entries(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([msg(job_id="s1"), msg(job_id="s2"), msg(job_id="other", queue="o")])
+        runs = [await claim_one(broker) for _ in range(2)]
+        for i, run in enumerate(runs):
+            items = [b"x"] * (i + 2)
+            appended = await broker.append_streams(
+                [
+                    StreamAppend(
+                        job_id=run.message.id,
+                        queue="q",
+                        token=run.token,
+                        attempt=1,
+                        seq=0,
+                        items=items,
+                        fresh=True,
+                    )
+                ]
+            )
+            assert appended == [True]
+        streams = await walk(broker, "q", "stream", 1)
+        by_id = {k.job_id: k for k in streams}
+        assert {i: k.waiting for i, k in by_id.items()} == {
+            runs[0].message.id: 2,
+            runs[1].message.id: 3,
+        }
+        # Readers: the embedded broker says none waits now; Redis does not know (None).
+        assert all(k.readers in (0, None) for k in streams)
+        assert await walk(broker, "o", "stream", 10) == []

@@ -13,8 +13,8 @@ import msgspec
 __all__ = ["FLOW_KINDS", "FlowKey", "FlowKeyPage", "FlowKind"]
 
 #: The kinds of keys :meth:`flow_keys` pages: fair shares, debounce windows, unique windows.
-FlowKind = Literal["fair", "debounce", "unique"]
-FLOW_KINDS: tuple[FlowKind, ...] = ("fair", "debounce", "unique")
+FlowKind = Literal["fair", "debounce", "unique", "stream"]
+FLOW_KINDS: tuple[FlowKind, ...] = ("fair", "debounce", "unique", "stream")
 
 #: The most keys one page holds (a larger ``limit`` is cut to it).
 MAX_FLOW_PAGE = 1000
@@ -31,6 +31,11 @@ class FlowKey(msgspec.Struct, frozen=True, kw_only=True):
       (None: it is no longer scheduled, e.g. it started).
     - ``unique``: the job ``job_id`` holding the key; ``until`` is when the window ends
       (the job completed), None while the job has not finished.
+    - ``stream``: the stream of job ``job_id`` (``emits=``, typedq.streams; ``task`` and
+      ``key`` empty): ``waiting`` is the entries it keeps now (its current run's items,
+      at most 10,000, plus the end entry once the job is final); ``readers`` is whether
+      a reader waits on it now (1 or 0) on the embedded broker, None on Redis, which
+      keeps no record of readers (a blocked XREAD is not a registration).
     """
 
     kind: FlowKind
@@ -41,6 +46,7 @@ class FlowKey(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 0
     weight: int | None = None
     until: float | None = None
+    readers: int | None = None
 
 
 class FlowKeyPage(msgspec.Struct, frozen=True):

@@ -41,8 +41,12 @@ def flow_keys(
         source = _debounced(path, queue)
     elif kind == "unique":
         source = _unique(path, queue)
+    elif kind == "stream":
+        source = _streams(path, queue)
     else:
-        raise ValueError(f"unknown flow-control kind {kind!r}: one of fair, debounce, unique")
+        raise ValueError(
+            f"unknown flow-control kind {kind!r}: one of fair, debounce, unique, stream"
+        )
     keys: list[FlowKey] = []
     examined = 0
     budget = max(1, limit) * SCAN_FACTOR
@@ -126,4 +130,23 @@ def _unique(path: JobPath, queue: str) -> Iterator[FlowKey | None]:
             key=key,
             job_id=job_id,
             until=None if until == math.inf else until,
+        )
+
+
+def _streams(path: JobPath, queue: str) -> Iterator[FlowKey | None]:
+    jobs = path.table.jobs
+    now = path.clock.time()
+    for job_id, stream in path.streams._streams.items():
+        job = jobs.get(job_id)
+        if job is None or job.message.queue != queue or stream.expires <= now:
+            yield None
+            continue
+        waiter = stream.waiter
+        yield FlowKey(
+            kind="stream",
+            task="",
+            key="",
+            job_id=job_id,
+            waiting=len(stream.entries),
+            readers=int(waiter is not None and not waiter.is_set()),
         )

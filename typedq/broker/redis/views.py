@@ -28,7 +28,8 @@ __all__ = ["ViewOps"]
 #: SCAN steps one page runs at most (a step of an idle keyspace finds nothing).
 MAX_STEPS = 8
 
-_LETTER = {"unique": "u", "debounce": "d", "fair": "f"}
+_LETTER = {"unique": "u", "debounce": "d", "fair": "f", "stream": "s"}
+_PATTERN = {"u": "uk:*", "d": "db:*", "s": "js:*", "f": ""}
 _CURSOR = re.compile(r"(\d{1,20})\|(\d{1,9})")
 _GLOB = re.compile(r"([\\*?\[\]])")
 
@@ -42,7 +43,9 @@ class ViewOps(RedisCore):
         check_name("queue", queue)
         letter = _LETTER.get(kind)
         if letter is None:
-            raise ValueError(f"unknown flow-control kind {kind!r}: one of fair, debounce, unique")
+            raise ValueError(
+                f"unknown flow-control kind {kind!r}: one of fair, debounce, unique, stream"
+            )
         limit = max(0, min(limit, MAX_FLOW_PAGE))
         scan, skip = "0", 0
         if cursor is not None:
@@ -52,7 +55,7 @@ class ViewOps(RedisCore):
             scan, skip = match[1], int(match[2])
         k = self.keys
         prefix = k.queue_prefix(queue)
-        pattern = _GLOB.sub(r"\\\1", prefix) + ("uk:*" if letter == "u" else "db:*")
+        pattern = _GLOB.sub(r"\\\1", prefix) + _PATTERN[letter]
         keys: list[FlowKey] = []
         for _ in range(MAX_STEPS):
             if len(keys) >= limit:
@@ -87,6 +90,18 @@ def _parse(kind: FlowKind, reply: list[Any]) -> list[FlowKey]:
                 out.append(
                     FlowKey(kind="fair", task=task, key=key, waiting=waiting, priority=int(prio))
                 )
+        return out
+    if kind == "stream":
+        for i in range(0, len(rows), 2):
+            out.append(
+                FlowKey(
+                    kind="stream",
+                    task="",
+                    key="",
+                    job_id=text(rows[i]),
+                    waiting=as_int(rows[i + 1]),
+                )
+            )
         return out
     for i in range(0, len(rows), 3):
         task, _, key = text(rows[i]).partition("|")

@@ -5,13 +5,14 @@
 -- keyspace (a step may find none: the caller follows the cursor). SCAN walks the keys of
 -- the node serving the queue's slot, matching the queue's own prefix only.
 -- KEYS[1] = the queue's active zset (routes the call to the queue's slot)
--- ARGV: P, queue, kind ('u' unique, 'd' debounce, 'f' fair), cursor, count, MATCH
---   pattern of the marker keys (the queue prefix escaped for glob, then 'uk:*' or 'db:*')
+-- ARGV: P, queue, kind ('u' unique, 'd' debounce, 'f' fair, 's' job streams), cursor,
+--   count, MATCH pattern (the queue prefix escaped for glob, then 'uk:*', 'db:*', 'js:*')
 -- Returns {next cursor ('0' at the end), now (µs), then per key:
 --   u: marker ('<task>|<key>'), holder id, ms left of the window (-1: no TTL, the job
 --      has not finished);
 --   d: marker, collecting id, run time (µs; -1: not scheduled now);
---   f: lane ('<prio>|<task>|<key>'), jobs in the lane}
+--   f: lane ('<prio>|<task>|<key>'), jobs in the lane;
+--   s: job id, entries in its stream (XLEN)}
 local q, kind, cur, count, pattern = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 if #ARGV ~= 6 or q == '' or not is_int(count) or count < 1 or count > 10000
     or not string.match(cur, '^%d+$') then
@@ -31,10 +32,17 @@ if kind == 'f' then
   end
   return out
 end
-if kind ~= 'u' and kind ~= 'd' then return bad_args('flow_keys') end
+if kind ~= 'u' and kind ~= 'd' and kind ~= 's' then return bad_args('flow_keys') end
 local r = rcall('SCAN', cur, 'MATCH', pattern, 'COUNT', count)
 out[1] = r[1]
 local skip = #qp + 3
+if kind == 's' then
+  for _, name in ipairs(r[2]) do
+    out[#out + 1] = string.sub(name, skip + 1)
+    out[#out + 1] = rcall('XLEN', name)
+  end
+  return out
+end
 for _, name in ipairs(r[2]) do
   local id = rcall('GET', name)
   if id then
