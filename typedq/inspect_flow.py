@@ -1,7 +1,7 @@
-"""What ``typedq inspect --fair/--debounced/--unique QUEUE`` and the dashboard's queue
-page show of a queue's flow control: one bounded page of its fair keys with jobs
-waiting, its debounce keys and their collecting jobs, or its unique keys held (the
-broker's capability :class:`~typedq.broker.capabilities.FlowViews`).
+"""What ``typedq inspect --fair/--debounced/--unique/--streams QUEUE`` and the
+dashboard's queue page show of a queue's flow control: one bounded page of its fair keys
+with jobs waiting, its debounce keys and their collecting jobs, its unique keys held, or
+its job streams (the broker's capability :class:`~typedq.broker.capabilities.FlowViews`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,12 @@ if TYPE_CHECKING:
 __all__ = ["FlowKeysView", "flow_keys_view", "render_flow_keys"]
 
 #: The CLI's option per kind, for titles and messages.
-OPTION: dict[FlowKind, str] = {"fair": "--fair", "debounce": "--debounced", "unique": "--unique"}
+OPTION: dict[FlowKind, str] = {
+    "fair": "--fair",
+    "debounce": "--debounced",
+    "unique": "--unique",
+    "stream": "--streams",
+}
 
 
 class FlowKeysView(msgspec.Struct, frozen=True):
@@ -66,7 +71,7 @@ def render_flow_keys(console: Console, view: FlowKeysView) -> None:
     from rich.text import Text
 
     what = {"fair": "fair keys with jobs waiting", "debounce": "debounced keys",
-            "unique": "unique keys held"}[view.kind]  # fmt: skip
+            "unique": "unique keys held", "stream": "job streams"}[view.kind]  # fmt: skip
     if not view.keys:
         console.print(Text(f"no {what} in queue {view.queue!r}"))
     else:
@@ -77,6 +82,17 @@ def render_flow_keys(console: Console, view: FlowKeysView) -> None:
             box=box.SIMPLE_HEAD,
             pad_edge=False,
         )
+        if view.kind == "stream":
+            table.add_column("job", no_wrap=True)
+            table.add_column("entries", justify="right")
+            table.add_column("readers waiting", justify="right")
+            for key in view.keys:
+                readers = "?" if key.readers is None else str(key.readers)
+                table.add_row(Text(key.job_id), Text(str(key.waiting)), Text(readers))
+            console.print(table)
+            if view.cursor is not None:
+                console.print(Text(f"more: --streams {view.queue} --cursor {view.cursor}"))
+            return
         table.add_column("task", no_wrap=True)
         table.add_column("key", overflow="fold", ratio=1)
         if view.kind == "fair":

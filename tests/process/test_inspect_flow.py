@@ -104,12 +104,16 @@ def test_cli_lists_fair_debounced_and_unique_keys(
         cursor = ["--cursor", data["cursor"]]
     assert seen == {"invoice-9", *(f"extra-{i}" for i in range(5))}
 
+    streams = inspect(*target, "--streams", "fq")
+    assert streams.returncode == 0, streams.stderr
+    assert "no job streams in queue 'fq'" in streams.stdout
+
     empty = inspect(*target, "--fair", "elsewhere")
     assert "no fair keys with jobs waiting in queue 'elsewhere'" in empty.stdout
 
     wrong = inspect(*target, "--cursor", "1|0")
     assert wrong.returncode == 2
-    assert "--cursor goes with --fair, --debounced or --unique" in wrong.stderr
+    assert "--cursor goes with --fair, --debounced, --unique or --streams" in wrong.stderr
     both = inspect(*target, "--fair", "fq", "--workers")
     assert both.returncode == 2
 
@@ -123,3 +127,17 @@ def test_keys_are_shown_as_text_not_markup() -> None:
     assert "[bold]x[/bold]" in text
     assert "?" in text  # a weight the broker cannot tell
     assert "more: --fair q --cursor 7" in text
+
+
+def test_streams_table_says_when_readers_are_unknown() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=False)
+    streams = [
+        FlowKey(kind="stream", task="", key="", job_id="01JOB", waiting=12, readers=None),
+        FlowKey(kind="stream", task="", key="", job_id="02JOB", waiting=3, readers=1),
+    ]
+    render_flow_keys(console, FlowKeysView("q", "stream", streams, None))
+    text = out.getvalue()
+    assert "job streams in queue 'q'" in text
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if "JOB" in line}
+    assert rows == {"01JOB": ["12", "?"], "02JOB": ["3", "1"]}

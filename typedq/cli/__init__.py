@@ -323,6 +323,7 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
         ("--fair", "fair", "the fair keys with jobs waiting (jobs per key, weight, level)"),
         ("--debounced", "debounce", "the debounce keys and the jobs collecting them"),
         ("--unique", "unique", "the unique keys held, their jobs and when windows end"),
+        ("--streams", "stream", "the job streams (emits=) and the entries each keeps"),
     ):
         inspect.add_argument(
             flag,
@@ -334,7 +335,8 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
     inspect.add_argument(
         "--cursor",
         default=None,
-        help="with --fair, --debounced or --unique: the next page (the cursor a page printed)",
+        help="with --fair, --debounced, --unique or --streams: the next page (the cursor a "
+        "page printed)",
     )
     actions = inspect.add_mutually_exclusive_group()
     for action in ("retry", "cancel", "purge"):

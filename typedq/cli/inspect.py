@@ -77,6 +77,7 @@ def inspect_command(args: argparse.Namespace) -> int:
             ("--fair", args.flow_fair),
             ("--debounced", args.flow_debounce),
             ("--unique", args.flow_unique),
+            ("--streams", args.flow_stream),
         )
         if on
     ]
@@ -84,7 +85,7 @@ def inspect_command(args: argparse.Namespace) -> int:
         (k for k in FLOW_KINDS if getattr(args, f"flow_{k}") is not None), None
     )
     if args.cursor is not None and flow_kind is None:
-        raise ConfigError("--cursor goes with --fair, --debounced or --unique")
+        raise ConfigError("--cursor goes with --fair, --debounced, --unique or --streams")
     if len(views) > 1 or (views and (chosen or state is not None)):
         others = views[1:] + [f"--{a}" for a in chosen] + (["--state"] if state else [])
         raise ConfigError(f"{views[0]} cannot be combined with {', '.join(others)}")
