@@ -63,6 +63,9 @@ no job is a flow's).
   :mod:`typedq.broker.runs`)
 - ``FlowControl`` (1): ``enqueue_controlled``, keyed enqueues under a unique window or a
   debounce (typedq.flowcontrol, docs/flow-control.md)
+- ``FlowViews`` (1): ``flow_keys``, bounded pages of a queue's fair keys, debounce keys
+  and unique keys held (``typedq inspect``, the dashboard; values in
+  :mod:`typedq.broker.flowviews`)
 - ``SchemaRegistry`` (3): ``record_schemas``, ``schema_records``,
   ``forget_schemas`` (``typedq verify``; values in :mod:`typedq.broker.schemas`)
 - ``JobStreams`` (2): ``append_streams``, ``read_stream`` (typed streams from a task:

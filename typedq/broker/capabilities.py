@@ -28,6 +28,7 @@ from .capability_defaults import is_capability_default
 if TYPE_CHECKING:
     from ..limits import LimitSpec
     from .flow import FlowSpec, FlowState
+    from .flowviews import FlowKeyPage, FlowKind
     from .messages import (
         EnqueueControl,
         EnqueueOutcome,
@@ -152,6 +153,17 @@ class FlowControl(Protocol):
 
 
 @runtime_checkable
+class FlowViews(Protocol):
+    """Read-only pages of a queue's flow control for ``typedq inspect`` and the dashboard:
+    fair keys with jobs waiting, debounce keys, unique keys held
+    (:mod:`typedq.broker.flowviews`)."""
+
+    async def flow_keys(
+        self, queue: str, kind: FlowKind, *, cursor: str | None = None, limit: int = 100
+    ) -> FlowKeyPage: ...
+
+
+@runtime_checkable
 class Observability(Protocol):
     """What metrics, the dashboard and ``typedq inspect`` read besides the core: the
     per-minute throughput rollups and the worker and queue registries."""
@@ -256,6 +268,7 @@ CAPABILITIES: tuple[type[Any], ...] = (
     OperatorActions,
     Runs,
     FlowControl,
+    FlowViews,
     SchemaRegistry,
     JobStreams,
 )

@@ -22,6 +22,7 @@ from ..limits import LimitSpec
 
 if TYPE_CHECKING:
     from .flow import FlowSpec, FlowState
+    from .flowviews import FlowKeyPage, FlowKind
     from .messages import (
         EnqueueControl,
         EnqueueOutcome,
@@ -162,6 +163,25 @@ class CapabilityDefaults:
         :raises QueueFull: a new job would pass ``max_queue_length`` (nothing stored)
         """
         raise self._unsupported("unique windows and debounce (unique_for=, debounce=)")
+
+    # -- views of flow control (typed inspect, the dashboard; capability FlowViews) -------
+
+    @capability_default
+    async def flow_keys(
+        self, queue: str, kind: FlowKind, *, cursor: str | None = None, limit: int = 100
+    ) -> FlowKeyPage:
+        """One page of up to ``limit`` (at most 1,000) of ``queue``'s flow-control keys
+        of ``kind`` (:class:`~typedq.broker.flowviews.FlowKey` says what each holds):
+        ``"fair"``, fair keys with jobs waiting; ``"debounce"``, debounce keys and their
+        collecting jobs; ``"unique"``, unique keys held (by a job not finished, or for
+        a window not ended). From ``cursor`` (None: the first page); the answer's
+        cursor continues, None at the end. A page costs in proportion to ``limit`` (on
+        Redis, a SCAN/SSCAN step of the queue's slot with COUNT ``limit``: a page may
+        be short, even empty, before the end; follow the cursor), never to the whole
+        keyspace. Read-only. A cursor is opaque, for the same queue and kind; another
+        string raises ValueError.
+        """
+        raise self._unsupported("views of flow control (typedq inspect --flow)")
 
     # -- task limits (typedq.limits; capability Limits) ------------------------------------
 

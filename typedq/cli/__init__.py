@@ -319,6 +319,25 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
         metavar="ID",
         help="show a durable run: its state, input and timeline (steps, sleeps, signals...)",
     )
+    for flag, kind, what in (
+        ("--fair", "fair", "the fair keys with jobs waiting (jobs per key, weight, level)"),
+        ("--debounced", "debounce", "the debounce keys and the jobs collecting them"),
+        ("--unique", "unique", "the unique keys held, their jobs and when windows end"),
+        ("--streams", "stream", "the job streams (emits=) and the entries each keeps"),
+    ):
+        inspect.add_argument(
+            flag,
+            dest=f"flow_{kind}",
+            default=None,
+            metavar="QUEUE",
+            help=f"list {what} in QUEUE (--limit per page)",
+        )
+    inspect.add_argument(
+        "--cursor",
+        default=None,
+        help="with --fair, --debounced, --unique or --streams: the next page (the cursor a "
+        "page printed)",
+    )
     actions = inspect.add_mutually_exclusive_group()
     for action in ("retry", "cancel", "purge"):
         actions.add_argument(

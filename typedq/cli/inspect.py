@@ -15,6 +15,7 @@ import anyio
 import msgspec
 
 from ..broker.base import JobState
+from ..broker.flowviews import FLOW_KINDS, FlowKind
 from ..client import DEFAULT_BROKER_ENV, Client
 from ..errors import ConfigError, Unsupported
 from ..schedule import Schedule
@@ -39,7 +40,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     """``typedq inspect``: show or act on jobs as ``args`` asks; the exit status."""
     from rich.console import Console
 
-    from .. import inspector  # imported here: rich loads only for inspect
+    from .. import inspect_flow, inspector  # imported here: rich loads only for inspect
     from . import render
 
     if args.target:
@@ -73,9 +74,18 @@ def inspect_command(args: argparse.Namespace) -> int:
             ("--workers", args.workers),
             ("--flow", args.flow),
             ("--run", args.run),
+            ("--fair", args.flow_fair),
+            ("--debounced", args.flow_debounce),
+            ("--unique", args.flow_unique),
+            ("--streams", args.flow_stream),
         )
         if on
     ]
+    flow_kind: FlowKind | None = next(
+        (k for k in FLOW_KINDS if getattr(args, f"flow_{k}") is not None), None
+    )
+    if args.cursor is not None and flow_kind is None:
+        raise ConfigError("--cursor goes with --fair, --debounced, --unique or --streams")
     if len(views) > 1 or (views and (chosen or state is not None)):
         others = views[1:] + [f"--{a}" for a in chosen] + (["--state"] if state else [])
         raise ConfigError(f"{views[0]} cannot be combined with {', '.join(others)}")
@@ -120,6 +130,15 @@ def inspect_command(args: argparse.Namespace) -> int:
                     raise ConfigError(f"no durable run {args.run!r} in app {name!r} (finished "
                                       "runs expire by the app's retention)")  # fmt: skip
                 return show(run_view, lambda: render.render_run(out, run_view))
+            if flow_kind is not None:
+                keys = await inspect_flow.flow_keys_view(
+                    client.broker,
+                    getattr(args, f"flow_{flow_kind}"),
+                    flow_kind,
+                    limit=args.limit,
+                    cursor=args.cursor,
+                )
+                return show(keys, lambda: inspect_flow.render_flow_keys(out, keys))
             if args.workers:
                 workers = await tool.workers()
                 return show(workers, lambda: render.render_workers(out, name, workers))

@@ -174,11 +174,13 @@ class Dashboard:
             return self.problem(request, 400, "cursor must be one the previous page linked to")
         (stats,) = await self.source.client.broker.queue_stats([queue])
         tasks = sorted(t.name for t in self.source.tasks.values() if t.queue == queue)
+        flow = await self.source.flow_sections(queue)
         return self.render(
             request,
             "queue.html",
             page=page,
             stats=stats,
+            flow=flow,
             tasks=tasks,
             refresh=5,
             purgeable=[s for s in JobState if stats.counts.get(s, 0)],

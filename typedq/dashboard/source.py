@@ -14,9 +14,12 @@ import msgspec
 
 from ..app import App
 from ..broker.base import JobRecord, JobState, MinuteRollup, QueueStats, WorkerInfo
+from ..broker.capabilities import FlowViews, supports
 from ..broker.flow import waits_for
+from ..broker.flowviews import FLOW_KINDS
 from ..client import Client
 from ..errors import FailureRecord, Unsupported
+from ..inspect_flow import FlowKeysView, flow_keys_view
 from ..inspector import (
     FlowView,
     Inspector,
@@ -35,6 +38,9 @@ __all__ = ["JobPage", "QueuePage", "QueueRow", "Source"]
 #: Jobs per queue page, and the most entries a page with a task filter looks through.
 PAGE_SIZE = 50
 FILTER_SCAN = 5000
+#: Keys per kind the queue page shows of its flow control (``typedq inspect --fair``
+#: and the like page through the rest).
+FLOW_PAGE = 20
 #: Minutes of history the overview charts.
 CHART_MINUTES = 60
 
@@ -153,6 +159,16 @@ class Source:
             )
             for s, h in zip(stats, history, strict=True)
         ]
+
+    async def flow_sections(self, queue: str) -> list[FlowKeysView]:
+        """The first page (``FLOW_PAGE`` keys) of ``queue``'s fair keys, debounced keys
+        and unique keys held, only the kinds that have any (none on a broker without
+        the FlowViews capability): one bounded broker call per kind."""
+        broker = self.client.broker
+        if not supports(broker, FlowViews):
+            return []
+        views = [await flow_keys_view(broker, queue, kind, limit=FLOW_PAGE) for kind in FLOW_KINDS]
+        return [v for v in views if v.keys]
 
     async def queue_page(
         self, queue: str, state: JobState, *, cursor: str | None, at: int, task: str

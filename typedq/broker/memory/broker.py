@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from ...clock import SYSTEM_CLOCK, Clock
 from ...errors import ConfigError, QueueFull
-from ...names import check_job_ids, check_worker_id
+from ...names import check_job_ids, check_name, check_worker_id
 from ...options import check_controls, check_numbers
 from ..base import (
     BrokerSettings,
@@ -29,6 +29,7 @@ from ..base import (
     WorkerInfo,
 )
 from ..flow import FlowSpec, FlowState
+from ..flowviews import FlowKeyPage, FlowKind
 from ..records import RUN_CANCELLED, broker_failure
 from ..runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
 from ..schemas import SchemaRecord
@@ -38,6 +39,7 @@ from .core import JobPath
 from .jobs import Job
 from .limits import MICRO
 from .schemas import SchemaStore
+from .views import flow_keys
 
 __all__ = ["MemoryBroker"]
 
@@ -67,6 +69,15 @@ class MemoryBroker(JobPath):
         finally:
             self.wake()
         return outcomes
+
+    # -- views of flow control (memory/views.py) --------------------------------------------
+
+    async def flow_keys(
+        self, queue: str, kind: FlowKind, *, cursor: str | None = None, limit: int = 100
+    ) -> FlowKeyPage:
+        self._check()
+        check_name("queue", queue)
+        return flow_keys(self, queue, kind, cursor, limit)
 
     def __init__(
         self,

@@ -57,6 +57,7 @@ from .schedules import ScheduleOps
 from .schemaops import SchemaOps
 from .scripts import LIBRARY, SHARDED_LIBRARY
 from .streams import StreamOps
+from .views import ViewOps
 
 __all__ = ["RedisBroker"]
 
@@ -75,6 +76,7 @@ class RedisBroker(
     RunOps,
     SchemaOps,
     StreamOps,
+    ViewOps,
 ):
     """The durable broker on Redis 7+: standalone, or Redis Cluster (one slot per queue).
 

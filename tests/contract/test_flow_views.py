@@ -1,0 +1,147 @@
+"""Views of flow control (capability FlowViews, docs/flow-control.md "Inspecting flow
+control"): fair keys with jobs waiting, debounce keys, unique keys held, paged and
+bounded, on every broker."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import anyio
+import msgspec
+import pytest
+
+from tests.support import TEST_DEADLINE, claim_one, connected, msg
+from typedq import App, Debounce, Fair
+from typedq.broker.base import Broker, Completion
+from typedq.broker.flowviews import FlowKey, FlowKind
+from typedq.broker.streams import StreamAppend
+
+pytestmark = pytest.mark.anyio
+
+
+class Doc(msgspec.Struct, frozen=True):
+    doc: str
+
+
+async def walk(broker: Broker, queue: str, kind: FlowKind, limit: int) -> list[FlowKey]:
+    """Every key of ``kind``, following the cursors (each page at most ``limit``)."""
+    out: list[FlowKey] = []
+    cursor: str | None = None
+    for _ in range(10_000):
+        page = await broker.flow_keys(queue, kind, cursor=cursor, limit=limit)
+        assert len(page.keys) <= limit
+        out += page.keys
+        cursor = page.cursor
+        if cursor is None:
+            return out
+    raise AssertionError("the cursors never ended")
+
+
+async def test_views_show_fair_keys_debounced_jobs_and_unique_keys(
+    app_name: str, broker_url: str
+) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="fv", fair=Fair(key=lambda d: d.doc, weights={"big": 3}))
+    async def share(d: Doc) -> None:
+        pass
+
+    @app.task(queue="fv", debounce=Debounce(key=lambda d: d.doc, wait=600.0, max_wait=3600.0))
+    async def settle(d: Doc) -> None:
+        pass
+
+    @app.task(queue="fv", key=lambda d: d.doc, unique_for=timedelta(hours=1))
+    async def once(d: Doc) -> None:
+        pass
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            broker = app.broker
+            for kind in ("fair", "debounce", "unique"):
+                assert (await walk(broker, "fv", kind, 10)) == []
+            for doc in ("big", "big", "small"):
+                await share.enqueue(Doc(doc))
+            debounced = await settle.enqueue(Doc("d1"))
+            held = await once.enqueue(Doc("u1"))
+            done = await once.enqueue(Doc("u2"))
+            # u2 completes: held for its window, which now has an end.
+            claimed = await broker.claim(["fv"], 10, worker_id="w", lease=30)
+            mine = [c for c in claimed if c.message.id == done.id]
+            assert mine
+            await broker.complete([Completion(done.id, mine[0].token, b"")])
+
+            fair = {(k.task, k.key): k for k in await walk(broker, "fv", "fair", 10)}
+            # The claim above may have taken some fair jobs: what is left is listed.
+            for key in fair.values():
+                assert key.waiting >= 1
+                assert key.weight in (None, 1, 3)
+            debounce = await walk(broker, "fv", "debounce", 10)
+            assert [(k.task, k.key, k.job_id) for k in debounce] == [("settle", "d1", debounced.id)]
+            assert debounce[0].until is not None
+            unique = {k.key: k for k in await walk(broker, "fv", "unique", 10)}
+            assert unique["u1"].job_id == held.id
+            assert unique["u1"].until is None or held.id in {c.message.id for c in claimed}
+            assert unique["u2"].job_id == done.id
+            assert unique["u2"].until is not None
+            # Another queue sees none of them.
+            assert await walk(broker, "other", "unique", 10) == []
+
+
+async def test_pages_are_bounded_and_cover_every_key(app_name: str, broker_url: str) -> None:
+    app = App(app_name, broker=broker_url)
+
+    @app.task(queue="fp", fair=Fair(key=lambda d: d.doc))
+    async def share(d: Doc) -> None:
+        pass
+
+    @app.task(queue="fp", key=lambda d: d.doc, unique_for=timedelta(hours=1))
+    async def once(d: Doc) -> None:
+        pass
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            for i in range(25):
+                await share.enqueue(Doc(f"k{i}"))
+                await once.enqueue(Doc(f"u{i}"))
+            fair = await walk(app.broker, "fp", "fair", 4)
+            assert {k.key for k in fair} == {f"k{i}" for i in range(25)}
+            assert all(k.waiting == 1 for k in fair)
+            unique = await walk(app.broker, "fp", "unique", 3)
+            assert {k.key for k in unique} == {f"u{i}" for i in range(25)}
+            page = await app.broker.flow_keys("fp", "unique", limit=5000)
+            assert len(page.keys) <= 1000
+            with pytest.raises(ValueError, match="invalid page cursor"):
+                await app.broker.flow_keys("fp", "unique", cursor="nonsense")
+
+
+async def test_streams_of_a_queue_are_listed_with_their_entries(
+    app_name: str, broker_url: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([msg(job_id="s1"), msg(job_id="s2"), msg(job_id="other", queue="o")])
+        runs = [await claim_one(broker) for _ in range(2)]
+        for i, run in enumerate(runs):
+            items = [b"x"] * (i + 2)
+            appended = await broker.append_streams(
+                [
+                    StreamAppend(
+                        job_id=run.message.id,
+                        queue="q",
+                        token=run.token,
+                        attempt=1,
+                        seq=0,
+                        items=items,
+                        fresh=True,
+                    )
+                ]
+            )
+            assert appended == [True]
+        streams = await walk(broker, "q", "stream", 1)
+        by_id = {k.job_id: k for k in streams}
+        assert {i: k.waiting for i, k in by_id.items()} == {
+            runs[0].message.id: 2,
+            runs[1].message.id: 3,
+        }
+        # Readers: the embedded broker says none waits now; Redis does not know (None).
+        assert all(k.readers in (0, None) for k in streams)
+        assert await walk(broker, "o", "stream", 10) == []
