@@ -180,7 +180,7 @@ class JobPath(Broker):
             ring = rings.get(message.queue)
             if ring is not None:
                 self.events.emit(ring, job, state)
-        if job.flow_id is not None:
+        if job.flow_id is not None and not job.parked:
             self.flows.settled(job, state, job.result, job.error, now)
         if self.runs.runs:
             self.runs.job_finished(job)
@@ -428,6 +428,7 @@ class JobPath(Broker):
                     if item.span:
                         self.flows.note_span(job, item.span)
                     state = CANCELLED if item.cancelled or job.cancel_requested else FAILED
+                    job.parked = state is FAILED and item.park and job.flow_id is not None
                     self._finish(job, state, now)
                     if state is FAILED:
                         self.rollups.roll(job.message.queue, 1, now)

@@ -1,0 +1,153 @@
+"""Parked jobs (SPEC section 9, docs/deploys.md): a step of a workflow whose payload a
+deploy left undecodable (``schema_mismatch``) fails without ending its flow; once the
+app is fixed, an operator retry runs it and the flow goes on as if nothing happened. A
+cancel still ends the flow; an ordinary failure still fails it. Runs on every broker."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from tests.stubfix import orders_v1, orders_v2
+from tests.support import TEST_DEADLINE, In, Out
+from typedq import App, FailureReason, JobCancelled, JobFailed, JobState, Producer
+from typedq.broker.base import Broker, BrokerSettings, RetryOutcome
+from typedq.broker.memory import MemoryBroker
+
+pytestmark = pytest.mark.anyio
+
+V1 = orders_v1.Order
+
+
+@pytest.fixture
+def shared(broker_url: str, app_name: str) -> str | Broker:
+    """What both sides connect to: one MemoryBroker instance, or the Redis URL."""
+    if broker_url.startswith("memory"):
+        return MemoryBroker(BrokerSettings(namespace=app_name))
+    return broker_url
+
+
+def v2_app(name: str, broker: str | Broker, ran: list[str]) -> App:
+    """The deployed app: ``place`` takes the breaking v2 order, while ``make`` (not yet
+    moved on) still makes v1 orders, which ``place`` cannot decode."""
+    app = App(name, broker=broker)
+
+    @app.task(queue="orders")
+    async def make(x: In) -> orders_v1.Order:
+        ran.append("make")
+        return orders_v1.Order(x.n, x.n)
+
+    @app.task(queue="orders")
+    async def place(order: orders_v2.Order) -> orders_v1.Ack:
+        ran.append("place")
+        return orders_v1.Ack(order.order_id, note=str(order.amount_cents))
+
+    @app.task(queue="orders")
+    async def note(ack: orders_v1.Ack) -> Out:
+        ran.append("note")
+        return Out(int(ack.note or "0"))
+
+    @app.task(queue="orders")
+    async def total(acks: list[orders_v1.Ack]) -> Out:
+        ran.append("total")
+        return Out(sum(int(a.note or "0") for a in acks))
+
+    return app
+
+
+def fix(app: App, producer: Producer) -> None:
+    """The fix: ``place`` upcasts the old producer's v1 orders."""
+    v1 = producer.tasks["place"].input.fingerprint
+
+    @app.tasks["place"].upcast(v1)
+    def from_v1(order: orders_v1.Order) -> orders_v2.Order:
+        return orders_v2.Order(order.order_id, order.amount * 100)
+
+
+async def parked(app: App, job_id: str) -> None:
+    """Wait until job ``job_id`` failed with ``schema_mismatch``."""
+    with pytest.raises(JobFailed) as failed:
+        await app.tasks["place"].job(job_id).result(timeout=10)
+    assert failed.value.record.reason is FailureReason.SCHEMA_MISMATCH
+
+
+async def test_a_parked_chain_step_resumes_its_flow_after_a_retry(
+    shared: str | Broker, app_name: str
+) -> None:
+    ran: list[str] = []
+    app = v2_app(app_name, shared, ran)
+    old = Producer(app_name, broker=shared)
+    make = old.task("make", In, V1, queue="orders")
+    place = old.task("place", V1, orders_v1.Ack, queue="orders")
+    note = old.task("note", orders_v1.Ack, Out, queue="orders")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old, app, app.worker(concurrency=2):
+            job = await make.then(place).then(note).enqueue(In(3))
+            step = f"{job.id}.1"
+            await parked(app, step)
+            state = await app.broker.flow_state(job.id)
+            assert state is not None and state.pending != -1  # the flow still runs
+            assert await job.status() is JobState.SCHEDULED  # its last step never ran
+            fix(app, old)
+            assert await app.broker.retry([step]) == [RetryOutcome.RETRIED]
+            assert await job.result(timeout=10) == Out(300)
+            assert await job.status() is JobState.COMPLETED
+    assert ran == ["make", "place", "note"]
+
+
+async def test_a_parked_fan_out_member_fires_the_callback_once_after_a_retry(
+    shared: str | Broker, app_name: str
+) -> None:
+    ran: list[str] = []
+    app = v2_app(app_name, shared, ran)
+    old = Producer(app_name, broker=shared)
+    place = old.task("place", V1, orders_v1.Ack, queue="orders")
+    total = old.task("total", list[orders_v1.Ack], Out, queue="orders")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old, app, app.worker(concurrency=2):
+            job = await place.map(V1(i, i) for i in range(3)).then(total).enqueue()
+            members = [f"{job.id}.m{i}" for i in range(3)]
+            for member in members:
+                await parked(app, member)
+            assert await job.status() is JobState.SCHEDULED
+            fix(app, old)
+            assert await app.broker.retry(members) == [RetryOutcome.RETRIED] * 3
+            assert await job.result(timeout=10) == Out(300)
+    assert ran.count("total") == 1
+
+
+async def test_cancelling_a_parked_flow_ends_it(shared: str | Broker, app_name: str) -> None:
+    ran: list[str] = []
+    app = v2_app(app_name, shared, ran)
+    old = Producer(app_name, broker=shared)
+    make = old.task("make", In, V1, queue="orders")
+    place = old.task("place", V1, orders_v1.Ack, queue="orders")
+    note = old.task("note", orders_v1.Ack, Out, queue="orders")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old, app, app.worker(concurrency=2):
+            job = await make.then(place).then(note).enqueue(In(3))
+            await parked(app, f"{job.id}.1")
+            assert await job.cancel()
+            with pytest.raises(JobCancelled):
+                await job.result(timeout=10)
+    assert "note" not in ran
+
+
+async def test_an_ordinary_failure_still_fails_its_flow(
+    shared: str | Broker, app_name: str
+) -> None:
+    app = App(app_name, broker=shared)
+
+    @app.task
+    async def bad(x: In) -> In:
+        raise ValueError("no")
+
+    @app.task
+    async def after(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app, app.worker(concurrency=2):
+            job = await bad.then(after).enqueue(In(1))
+            with pytest.raises(JobFailed):
+                await job.result(timeout=10)
