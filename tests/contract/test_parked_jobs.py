@@ -86,7 +86,8 @@ async def test_a_parked_chain_step_resumes_its_flow_after_a_retry(
             step = f"{job.id}.1"
             await parked(app, step)
             state = await app.broker.flow_state(job.id)
-            assert state is not None and state.pending != -1  # the flow still runs
+            assert state is not None
+            assert state.pending != -1  # the flow still runs
             assert await job.status() is JobState.SCHEDULED  # its last step never ran
             fix(app, old)
             assert await app.broker.retry([step]) == [RetryOutcome.RETRIED]
