@@ -152,3 +152,26 @@ async def test_an_ordinary_failure_still_fails_its_flow(
             job = await bad.then(after).enqueue(In(1))
             with pytest.raises(JobFailed):
                 await job.result(timeout=10)
+
+
+async def test_cancelling_the_parked_job_ends_its_flow(shared: str | Broker, app_name: str) -> None:
+    ran: list[str] = []
+    app = v2_app(app_name, shared, ran)
+    old = Producer(app_name, broker=shared)
+    make = old.task("make", In, V1, queue="orders")
+    place = old.task("place", V1, orders_v1.Ack, queue="orders")
+    note = old.task("note", orders_v1.Ack, Out, queue="orders")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old, app, app.worker(concurrency=2):
+            job = await make.then(place).then(note).enqueue(In(3))
+            step = place.job(f"{job.id}.1")
+            await parked(app, step.id)
+            assert await step.cancel()
+            assert await step.status() is JobState.CANCELLED
+            with pytest.raises(JobCancelled):
+                await job.result(timeout=10)
+            state = await app.broker.flow_state(job.id)
+            assert state is not None
+            assert state.pending == -1  # ended
+            assert await step.cancel() is False  # final now, like any cancelled job
+    assert "note" not in ran

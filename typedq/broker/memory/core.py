@@ -273,15 +273,24 @@ class JobPath(Broker):
         job = self.table.jobs.get(job_id)
         if job is None:
             return CancelOutcome.NOT_FOUND
-        if job.state.is_final:
+        parked = job.parked and job.state is FAILED
+        if job.state.is_final and not parked:
             return CancelOutcome.ALREADY_FINAL
         if job.state is JobState.ACTIVE:
             self.request_cancel(job)
             return CancelOutcome.REQUESTED
         now = self.clock.time()
+        if parked:
+            # A parked job (failed, its flow waiting for it) is cancelled as a waiting
+            # one would be: its flow ends as cancelled.
+            job.parked = False
+            self.finished.by_state[FAILED].pop(job_id, None)
         job.error = encode(
             broker_failure(
-                "cancelled", cancelled_while(job.state.value), attempt=job.attempt, failed_at=now
+                "cancelled",
+                cancelled_while("parked" if parked else job.state.value),
+                attempt=job.attempt,
+                failed_at=now,
             )
         )
         self.to_final(job, JobState.CANCELLED, now)
