@@ -175,3 +175,76 @@ async def test_cancelling_the_parked_job_ends_its_flow(shared: str | Broker, app
             assert state.pending == -1  # ended
             assert await step.cancel() is False  # final now, like any cancelled job
     assert "note" not in ran
+
+
+async def test_a_parked_step_of_a_flow_across_queues_resumes_it(
+    shared: str | Broker, app_name: str
+) -> None:
+    """Steps on other queues (other slots on Redis Cluster: the flow settles through its
+    outbox there): a park emits no flow failure, and the retry resumes the flow."""
+    ran: list[str] = []
+    app = v2_app(app_name, shared, ran)
+
+    @app.task(queue="notes")
+    async def remark(ack: orders_v1.Ack) -> Out:
+        ran.append("remark")
+        return Out(int(ack.note or "0") + 1)
+
+    old = Producer(app_name, broker=shared)
+    make = old.task("make", In, V1, queue="orders")
+    place = old.task("place", V1, orders_v1.Ack, queue="orders")
+    last = old.task("remark", orders_v1.Ack, Out, queue="notes")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old, app, app.worker(concurrency=2):
+            job = await make.then(place).then(last).enqueue(In(2))
+            step = f"{job.id}.1"
+            await parked(app, step)
+            assert await job.status() is JobState.SCHEDULED
+            fix(app, old)
+            assert await app.broker.retry([step]) == [RetryOutcome.RETRIED]
+            assert await job.result(timeout=10) == Out(201)
+    assert ran == ["make", "place", "remark"]
+
+
+async def test_a_parked_fan_in_callback_completes_its_flow_after_a_retry(
+    shared: str | Broker, app_name: str
+) -> None:
+    """The callback itself is parked (its members' v1 results do not decode as the
+    deployed v2 list); the fix is a release whose callback decodes them."""
+    ran: list[str] = []
+    app = v2_app(app_name, shared, ran)
+
+    @app.task(queue="orders")
+    async def count(orders: list[orders_v2.Order]) -> Out:
+        ran.append("count v2")
+        return Out(len(orders))
+
+    old = Producer(app_name, broker=shared)
+    make = old.task("make", In, V1, queue="orders")
+    count_v1 = old.task("count", list[V1], Out, queue="orders")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old:
+            async with app, app.worker(concurrency=2):
+                job = await make.map(In(i) for i in range(3)).then(count_v1).enqueue()
+                await parked_callback(app, job.id)
+                state = await app.broker.flow_state(job.id)
+                assert state is not None
+                assert state.pending != -1  # the flow still runs
+            fixed = App(app_name, broker=shared)
+
+            @fixed.task(queue="orders")
+            async def count(orders: list[orders_v1.Order]) -> Out:
+                ran.append("count v1")
+                return Out(sum(o.amount for o in orders))
+
+            async with fixed, fixed.worker(concurrency=2):
+                assert await fixed.broker.retry([job.id]) == [RetryOutcome.RETRIED]
+                assert await fixed.tasks["count"].job(job.id).result(timeout=10) == Out(3)
+    assert ran.count("count v1") == 1
+
+
+async def parked_callback(app: App, job_id: str) -> None:
+    """Wait until the callback ``job_id`` failed with ``schema_mismatch``."""
+    with pytest.raises(JobFailed) as failed:
+        await app.tasks["count"].job(job_id).result(timeout=10)
+    assert failed.value.record.reason is FailureReason.SCHEMA_MISMATCH
