@@ -35,7 +35,7 @@ from .broker.base import (
     new_claim_id,
 )
 from .clock import SYSTEM_CLOCK, Clock, move_on_after
-from .errors import BrokerError, BrokerUnavailable, FailureRecord
+from .errors import BrokerError, BrokerUnavailable, FailureReason, FailureRecord
 from .logs import job_fields
 from .outcomes import (
     Abandon,
@@ -237,6 +237,8 @@ class Settler:
             cancelled=outcome.cancelled,
             refund=outcome.refund,
             span=outcome.span,
+            # A deploy's undecodable payload parks the job: its flow waits for a retry.
+            park=outcome.record.reason == FailureReason.SCHEMA_MISMATCH,
         )
         result = await self._persist(claimed, "failure", self._failer.submit, failure)
         if outcome.cancelled:

@@ -245,6 +245,10 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
     refund: bool = False
     #: As :attr:`Completion.span` (a collecting fan-in links to failed members too).
     span: str = ""
+    #: With a final failure (``retry_delay`` None): the job is *parked* (a payload a
+    #: deploy left undecodable, ``schema_mismatch``): failed, but its workflow does not
+    #: end with it; an operator retry runs it again and the flow goes on from there.
+    park: bool = False
 
 
 class Release(msgspec.Struct, frozen=True):

@@ -180,7 +180,7 @@ class JobPath(Broker):
             ring = rings.get(message.queue)
             if ring is not None:
                 self.events.emit(ring, job, state)
-        if job.flow_id is not None:
+        if job.flow_id is not None and not job.parked:
             self.flows.settled(job, state, job.result, job.error, now)
         if self.runs.runs:
             self.runs.job_finished(job)
@@ -273,15 +273,24 @@ class JobPath(Broker):
         job = self.table.jobs.get(job_id)
         if job is None:
             return CancelOutcome.NOT_FOUND
-        if job.state.is_final:
+        parked = job.parked and job.state is FAILED
+        if job.state.is_final and not parked:
             return CancelOutcome.ALREADY_FINAL
         if job.state is JobState.ACTIVE:
             self.request_cancel(job)
             return CancelOutcome.REQUESTED
         now = self.clock.time()
+        if parked:
+            # A parked job (failed, its flow waiting for it) is cancelled as a waiting
+            # one would be: its flow ends as cancelled.
+            job.parked = False
+            self.finished.by_state[FAILED].pop(job_id, None)
         job.error = encode(
             broker_failure(
-                "cancelled", cancelled_while(job.state.value), attempt=job.attempt, failed_at=now
+                "cancelled",
+                cancelled_while("parked" if parked else job.state.value),
+                attempt=job.attempt,
+                failed_at=now,
             )
         )
         self.to_final(job, JobState.CANCELLED, now)
@@ -428,6 +437,7 @@ class JobPath(Broker):
                     if item.span:
                         self.flows.note_span(job, item.span)
                     state = CANCELLED if item.cancelled or job.cancel_requested else FAILED
+                    job.parked = state is FAILED and item.park and job.flow_id is not None
                     self._finish(job, state, now)
                     if state is FAILED:
                         self.rollups.roll(job.message.queue, 1, now)

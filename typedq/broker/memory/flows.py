@@ -242,6 +242,10 @@ class Flows:
         of a running flow or of a flow whose later steps are gone may not (see the Redis
         twin, ``flow_retry`` in redis/lua/common/)."""
         assert job.flow_id is not None
+        if job.parked:
+            # Parked: its flow still waits for it (running), it goes on from here.
+            job.parked = False
+            return job.flow_id in self.running
         if job.flow_member >= 0 or job.flow_id in self.running:
             return False
         if not job.message.payload:

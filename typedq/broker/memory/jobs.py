@@ -69,6 +69,8 @@ class Job(msgspec.Struct, gc=False):
     flow_id: str | None = None
     flow_member: int = -1
     flow_step: int = -1
+    #: Failed with a park (a deploy's undecodable payload): its flow still waits for it.
+    parked: bool = False
     #: On a flow's own job: (steps, members), for inspect after the flow ended.
     flow_shape: tuple[int, int] | None = None
     #: The concurrency slot (task, key) this job holds while active, if any.

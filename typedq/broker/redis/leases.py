@@ -412,7 +412,7 @@ class LeaseOps(RedisCore):
                 if item.cancelled:
                     mode, delay = "x", 0
                 elif item.retry_delay is None:
-                    mode, delay = "f", 0
+                    mode, delay = "p" if item.park else "f", 0
                 else:
                     mode, delay = "l" if item.refund else "r", us(item.retry_delay)
                 args += (item.id, item.token, item.error, mode, delay, "")

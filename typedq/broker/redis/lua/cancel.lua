@@ -8,19 +8,27 @@ local q, ttl, cap, id = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 if not ttl or not is_int(cap) or #ARGV ~= 5 or id == '' or q == '' then return bad_args('cancel') end
 local prev = redis.pcall('GET', KEYS[1])
 if prev == 'cancelled' or prev == 'requested' then return prev end
-local r = read_job(q, id, 's', 'q', 'a', 'p')
+local r = read_job(q, id, 's', 'q', 'a', 'p', 'pk')
 if not r then return 'not_found' end
 local s = r[1]
-if s == 'c' or s == 'f' or s == 'x' then return 'already_final' end
+-- A parked job (failed, its flow waiting for it: fail.lua's 'p') is cancelled as a
+-- waiting one would be: its flow ends as cancelled.
+local parked = s == 'f' and r[5]
+if (s == 'c' or s == 'f' or s == 'x') and not parked then return 'already_final' end
 if s == 'a' then
   redis.call('HSET', k_job(q, id), 'cr', 1)
   redis.call('SET', KEYS[1], 'requested', 'PX', REQ_TTL_MS)
   publish_cancel(q, id)
   return 'requested'
 end
-if s ~= 'w' and s ~= 's' then return 'not_found' end
+if s ~= 'w' and s ~= 's' and not parked then return 'not_found' end
 local now = now_us()
 local state_name = 'waiting'
+if parked then
+  state_name = 'parked'
+  redis.call('HDEL', k_job(q, id), 'pk')
+  redis.call('ZREM', k_done(q, 'f'), id)
+end
 if s == 's' then
   state_name = 'scheduled'
   redis.call('ZREM', k_sched(q), id)

@@ -3,7 +3,8 @@
 -- mode 'r': retry after delay_us (0 = waiting at once) unless a cancel was requested
 -- (its due time 'r' is when it becomes claimable again, now for an immediate retry);
 -- 'l': like 'r', but the attempt is given back (RateLimited: not spent);
--- 'f': failed for good; 'x': cancelled. A non-empty `message` replaces the stored
+-- 'f': failed for good; 'p': failed for good but parked (a deploy's undecodable payload:
+-- its flow is not settled, it waits for an operator retry, field 'pk'); 'x': cancelled. A non-empty `message` replaces the stored
 -- envelope (a job whose bytes could not be decoded gets a readable one).
 -- KEYS[1] = the queue's active zset (the slot this runs on)
 -- ARGV: P, queue, failed_ttl_us, failed_max, n, then n x (id, token, error, mode, delay_us,
@@ -16,7 +17,7 @@ end
 for i = 0, n - 1 do
   local b = 6 + 6 * i
   local mode = ARGV[b + 3]
-  if (mode ~= 'r' and mode ~= 'l' and mode ~= 'f' and mode ~= 'x') or not tonumber(ARGV[b + 4]) then
+  if (mode ~= 'r' and mode ~= 'l' and mode ~= 'f' and mode ~= 'x' and mode ~= 'p') or not tonumber(ARGV[b + 4]) then
     return bad_args('fail')
   end
 end
@@ -40,7 +41,12 @@ for i = 0, n - 1 do
     if mode == 'x' or r[5] then
       finalize(id, q, 'a', 'x', now)
       touched_x = touched_x + 1
-    elseif mode == 'f' then
+    elseif mode == 'f' or mode == 'p' then
+      if mode == 'p' and r[9] then
+        -- Parked: no flow link for finalize, so its flow neither fails nor hands off.
+        flow_links[jk] = false
+        redis.call('HSET', jk, 'pk', '1')
+      end
       finalize(id, q, 'a', 'f', now)
       touched_f = touched_f + 1
     else

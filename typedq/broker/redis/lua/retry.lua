@@ -18,9 +18,17 @@ local now = now_us()
 -- results are gone), a step that never ran (retry the one that failed), a job of a
 -- flow that is running (resumed already), or a flow whose later steps are gone.
 local function flow_retry(q, id)
-  local r = read_hash(q, id, 'fl', 'fm', 'fs', 'fq', 'mh', 'fx')
+  local r = read_hash(q, id, 'fl', 'fm', 'fs', 'fq', 'mh', 'fx', 'pk')
   if not r or not r[1] then return nil end
   local f, fq = r[1], r[4] or q
+  if r[7] then
+    -- Parked (fail.lua's 'p'): its flow still waits for it and goes on from here.
+    redis.call('HDEL', k_job(q, id), 'pk')
+    -- (A flow across slots keeps its record on its root's slot, out of reach here: its
+    -- completion settles through the outbox, which finds the flow or not.)
+    if (r[6] == '1' and fq ~= q) or redis.call('EXISTS', k_flow(fq, f)) == 1 then return nil end
+    return 'in_flow'
+  end
   if r[2] or r[5] or not r[3] then return 'in_flow' end
   -- A flow across slots resumes only from its root's queue, with every later step there.
   local across = r[6] == '1'
