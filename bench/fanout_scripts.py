@@ -99,11 +99,18 @@ async def measure(client: aioredis.Redis, label: str, run: Any) -> str:
     longest, name = max(timed, default=(0, "-"))
     fcall = stats.get("cmdstat_fcall", {"calls": 0, "usec": 0})
     over = sum(us > 5000 for us, _ in timed)
+    by_name: dict[str, list[int]] = {}
+    for us, n in timed:
+        by_name.setdefault(n.split("_", 2)[-1], []).append(us)
+    per = "; ".join(
+        f"{n} x{len(v)} median {sorted(v)[len(v) // 2] / 1000:.2f} max {max(v) / 1000:.2f} ms"
+        for n, v in sorted(by_name.items())
+    )
     return (
         f"{label:<28} longest {longest / 1000:8.2f} ms ({name.split('_', 2)[-1]}, "
         f"{over} over 5 ms)  "
         f"scripts {int(fcall['calls']):>5}  sum {int(fcall['usec']) / 1000:8.2f} ms  "
-        f"wall {wall * 1000:8.1f} ms"
+        f"wall {wall * 1000:8.1f} ms\n    (over 200 µs: {per or 'none'})"
     )
 
 

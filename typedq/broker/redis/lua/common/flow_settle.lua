@@ -338,3 +338,83 @@ local function flow_removed(link, s)
     {link[5], link[6], link[7]})
 end
 
+
+-- A large fan-out is stored in bounded steps (typedq/broker/redis/staging.py): its
+-- members' bodies are staged first (flow_stage.lua: k_staged, expiring, nothing reads
+-- it), then flow_enqueue stores the flow (its record, steps and own job) with the members
+-- still staged: the record's `g` is how many are released (0), `go` the order number
+-- before member 0's, `gp` their priority, `ge` the flow's enqueue time. flow_unstage
+-- then releases them in order, `limit` per call (flow_open.lua; the reaper's recover.lua
+-- finishes a release its client left), each waiting as flow_enqueue would have stored
+-- it. The flow's counter `c` counts the unreleased members as not settled, so its fan-in
+-- cannot run before the last one is released and settled. A member whose id another job
+-- took since it was staged (or whose staged body is gone) settles as failed with reason
+-- flow_broken, as a member removed before it ran would. Returns how many members are
+-- still staged (0: released, or the flow has ended and its staged members are dropped).
+local function flow_unstage(q, fq, f, limit, now)
+  local fk, sk = k_flow(fq, f), k_staged(q, f)
+  local meta = rcall('HMGET', fk, 'g', 'n', 'go', 'gp', 'ge')
+  if not meta[1] then
+    -- Released already, or the flow ended (cancelled) first: what is staged never runs.
+    -- (UNLINK: a large hash is freed off the main thread.)
+    rcall('UNLINK', sk)
+    rcall('ZREM', k_releasing(q), fq .. '|' .. f)
+    return 0
+  end
+  local g, n, base, prio, e = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3]), meta[4],
+    meta[5]
+  local to = math.min(n, g + limit)
+  if to <= g then return n - g end
+  local fields = {}
+  for i = g, to - 1 do fields[#fields + 1] = i end
+  local bodies = rcall('HMGET', sk, unpack(fields))
+  -- Released fields go (the hash shrinks as the release goes, and is gone after the last).
+  rcall('HDEL', sk, unpack(fields))
+  local ids, lost = {}, {}
+  for j = 1, #fields do
+    local i, body = fields[j], bodies[j]
+    local id = f .. '.m' .. i
+    if not body or job_exists(q, id) then
+      lost[#lost + 1] = i
+    else
+      local jk = k_job(q, id)
+      if prio ~= '0' then
+        rcall('HSET', jk, 'm', body, 'q', q, 'o', base + i + 1, 'e', e, 'p', prio, 's', 'w',
+          'fl', f, 'fq', fq, 'fm', i)
+      else
+        rcall('HSET', jk, 'm', body, 'q', q, 'o', base + i + 1, 'e', e, 's', 'w',
+          'fl', f, 'fq', fq, 'fm', i)
+      end
+      local group, weight = fair_of(body)
+      if group then lane_push(q, prio, id, group, weight) else ids[#ids + 1] = id end
+    end
+  end
+  if #ids > 0 then rcall('LPUSH', k_wait(q, prio), unpack(ids)) end
+  rcall('ZADD', k_levels(q), level_score(prio), prio)
+  count(q, 'w', #fields - #lost)
+  work_queues[q] = true
+  -- The cursor first: a lost member's settlement below may end the flow (its record).
+  if to == n then
+    rcall('HDEL', fk, 'g', 'go', 'gp', 'ge')
+    rcall('ZREM', k_releasing(q), fq .. '|' .. f)
+  else
+    rcall('HSET', fk, 'g', to)
+    rcall('ZADD', k_releasing(q), now, fq .. '|' .. f)
+  end
+  if #lost > 0 then
+    local broken = failure_record(FLOW_BROKEN_REASON, FLOW_BROKEN_TYPE, FLOW_BROKEN, 0, nil, now)
+    for _, i in ipairs(lost) do flow_settle(fq, f, i, nil, 'f', nil, broken, now) end
+  end
+  return n - to
+end
+
+-- The reaper: release the next `limit` members of one of queue q's fan-outs whose
+-- release made no step for `age` µs (its client stopped between two steps).
+local function flow_unstage_due(q, now, age, limit)
+  local due = rcall('ZRANGEBYSCORE', k_releasing(q), '-inf', string.format('%d', now - age),
+    'LIMIT', 0, 1)
+  for _, entry in ipairs(due) do
+    local fq, f = string.match(entry, '^([^|]+)|(.*)$')
+    if fq then flow_unstage(q, fq, f, limit, now) else rcall('ZREM', k_releasing(q), entry) end
+  end
+end
