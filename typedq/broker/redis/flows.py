@@ -274,10 +274,9 @@ class FlowOps(RedisCore):
         members = spec.members
         if len(members) < 2:
             return False
-        if len(members) <= STAGE_MEMBERS:
-            # (the payload is most of a body: the bodies are encoded only when staged)
-            if sum(len(m.payload) for m in members) <= STAGE_BYTES:
-                return False
+        # (the payload is most of a body: the bodies are encoded only when staged)
+        if len(members) <= STAGE_MEMBERS and sum(len(m.payload) for m in members) <= STAGE_BYTES:
+            return False
         queue = members[0].queue
         if any(m.queue != queue for m in members):
             return False
@@ -299,7 +298,7 @@ class FlowOps(RedisCore):
         calls += [("flow_open", seq, [prefix, queue, root, spec.id, b - a]) for a, b in ranges]
         replies: list[Any] = []
         start = size = 0
-        for i, (name, _, call_args) in enumerate(calls):
+        for i, (_, _, call_args) in enumerate(calls):
             size += sum(len(a) for a in call_args if isinstance(a, bytes))
             if size > _PIPELINE_BYTES or i == len(calls) - 1:
                 replies += await self._eval_pipelined(calls[start : i + 1])
