@@ -30,7 +30,6 @@ from ..records import (
     stalled_message,
 )
 from .keys import INDEX_BUCKETS
-from .staging import RELEASE_CHUNK, RELEASE_STALE, STAGE_TTL
 
 __all__ = ["LUA_CONSTANTS", "lua_literal", "lua_preamble"]
 
@@ -69,12 +68,6 @@ LUA_CONSTANTS: Mapping[str, int | str] = MappingProxyType(
         "IDX_BUCKETS": INDEX_BUCKETS,
         # A held step of a flow is scheduled at this time (µs), past any real one.
         "HELD_US": round(HELD_AT * 1_000_000),
-        # A large fan-out stored in steps (staging.py): how long its staged members live
-        # unless the flow is stored (ms), when the reaper finishes a release its client
-        # left (µs without a step) and how many members it releases per pass.
-        "FLOW_STAGE_TTL_MS": round(STAGE_TTL * 1000),
-        "FLOW_RELEASE_STALE_US": round(RELEASE_STALE * 1_000_000),
-        "FLOW_RELEASE_CHUNK": RELEASE_CHUNK,
         # The records a broker writes itself (typedq/broker/records.py): reason, error
         # type and messages.
         "FLOW_BROKEN": FLOW_BROKEN_MESSAGE,

@@ -35,7 +35,7 @@ from ..flow import FlowSpec, FlowState, id_taken, member_id
 from .codec import encode, encode_body, text
 from .core import RedisCore, _request_token
 from .enqueue import _PIPELINE_BYTES
-from .staging import STAGE_BYTES, STAGE_MEMBERS, chunks
+from .staging import STAGE_BYTES, STAGE_MEMBERS, STAGE_TTL, chunks
 
 __all__ = [
     "HANDOFF_MARK",
@@ -291,8 +291,10 @@ class FlowOps(RedisCore):
         bodies = [encode_body(m) for m in spec.members]
         ranges = chunks([len(b) for b in bodies])
         seq = [self.keys.seq(queue)]
+        ttl = round(STAGE_TTL * 1000)
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = [
-            ("flow_stage", seq, [prefix, queue, spec.id, root, a, *bodies[a:b]]) for a, b in ranges
+            ("flow_stage", seq, [prefix, queue, spec.id, root, ttl, a, *bodies[a:b]])
+            for a, b in ranges
         ]
         calls.append(self._flow_call([spec], args))
         calls += [("flow_open", seq, [prefix, queue, root, spec.id, b - a]) for a, b in ranges]

@@ -22,8 +22,9 @@ What is not atomic any more: between steps 2 and 3's last call, the flow's first
 members may be claimed (and run) while its last ones are still staged (not yet
 inspectable or counted as waiting). The release is finished by the client (the same
 round trip), by a re-sent enqueue of the flow (same id), or else by the reaper
-(``recover.lua``: a chunk per pass once a release made no step for
-:data:`RELEASE_STALE`); a flow cancelled meanwhile drops its staged members.
+(``recover.lua``: 200 members per pass once a release made no step for 5 s; see
+``flow_ops.release_due`` in ``lua/common/flow_settle.lua``); a flow cancelled meanwhile
+drops its staged members.
 
 Staged only: a fan-out whose members share one queue on the slot of the flow's own job
 (always so on one Redis). A fan-out across slots (Redis Cluster) is stored as before.
@@ -35,8 +36,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
-    "RELEASE_CHUNK",
-    "RELEASE_STALE",
     "STAGE_BYTES",
     "STAGE_MEMBERS",
     "STAGE_TTL",
@@ -50,10 +49,6 @@ STAGE_MEMBERS = 250
 STAGE_BYTES = 1024 * 1024
 #: Seconds a staging hash lives after its last chunk unless its flow is stored.
 STAGE_TTL = 600.0
-#: Seconds without a release step after which the reaper releases a chunk itself.
-RELEASE_STALE = 5.0
-#: Members the reaper releases per pass.
-RELEASE_CHUNK = 200
 
 
 def chunks(sizes: Sequence[int]) -> list[tuple[int, int]]:

@@ -20,7 +20,7 @@
 --   none when staged), S x (id, queue, priority, body, head, tail)
 -- A large fan-out (typedq/broker/redis/staging.py): flow_stage.lua staged its members
 -- (one queue, the root's slot) before this call, which stores the flow with them still
--- staged (the record's g/go/gp/ge, see flow_unstage in common/flow_settle.lua): then
+-- staged (the record's g/go/gp/ge, see flow_ops.release in common/flow_settle.lua): then
 -- flow_open.lua releases them, a bounded chunk per call. Its staged members missing
 -- (expired, or a chunk was refused): 'TYPEDQ_FLOW_UNSTAGED', nothing stored.
 -- A flow across slots: flow_part.lua stored (held, pending) its jobs on every other
@@ -102,7 +102,7 @@ local function first_taken(f, fq)
     if not f.across or ARGV[at + 1] == fq then ids[#ids + 1] = {ARGV[at + 1], ARGV[at]} end
   end
   local keys, names, queues = {}, {}, {}
-  -- (Staged members: flow_stage.lua checked theirs; flow_unstage checks them again.)
+  -- (Staged members: flow_stage.lua checked theirs; flow_ops.release checks them again.)
   for i = 0, f.staged and -1 or f.n - 1 do
     local q = f.mqs[i + 1]
     if not f.across or q == fq then
@@ -138,7 +138,7 @@ for fi, f in ipairs(flows) do
     -- A re-sent large fan-out staged its members again: dropped, unless the stored
     -- flow's own release is still under way (it reads them).
     if f.staged and redis.call('HEXISTS', k_flow(fq, f.id), 'g') == 0 then
-      redis.call('UNLINK', k_staged(f.mqs[1], f.id))
+      redis.call('UNLINK', flow_ops.staged(f.mqs[1], f.id))
     end
     -- Across slots, a flow that has ended: what this copy's parts stored on the other
     -- queues (jobs the ended flow's retention had dropped) is pending and never started
@@ -176,7 +176,7 @@ for fi, f in ipairs(flows) do
     -- A derived id (F.m<i>, F.<k>) taken by another job: refused, nothing stored.
     local taken = first_taken(f, fq)
     if taken then refused = 'TYPEDQ_FLOW_ID_TAKEN ' .. taken end
-    if f.staged and not refused and redis.call('HLEN', k_staged(f.mqs[1], f.id)) ~= f.n then
+    if f.staged and not refused and redis.call('HLEN', flow_ops.staged(f.mqs[1], f.id)) ~= f.n then
       refused = 'TYPEDQ_FLOW_UNSTAGED'
     end
     if limit > 0 and not refused then
@@ -191,7 +191,7 @@ for fi, f in ipairs(flows) do
     end
     if refused then
       out[fi] = refused
-      if f.staged then redis.call('UNLINK', k_staged(f.mqs[1], f.id)) end
+      if f.staged then redis.call('UNLINK', flow_ops.staged(f.mqs[1], f.id)) end
     else
       -- This flow's order numbers on each queue: one INCRBY reserves them all, handed
       -- out in the order the jobs are stored (members, then steps), as one INCR each would.
@@ -291,8 +291,8 @@ for fi, f in ipairs(flows) do
       if staged_from then
         local q = f.mqs[1]
         redis.call('HSET', k_flow(fq, fid), 'g', 0, 'go', staged_from, 'gp', f.mprio, 'ge', now)
-        redis.call('PERSIST', k_staged(q, fid))
-        redis.call('ZADD', k_releasing(q), now, fq .. '|' .. fid)
+        redis.call('PERSIST', flow_ops.staged(q, fid))
+        redis.call('ZADD', flow_ops.releasing(q), now, fq .. '|' .. fid)
       end
       if f.across then
         redis.call('HSET', k_flow(fq, fid), 'x', '1')

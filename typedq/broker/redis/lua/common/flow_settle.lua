@@ -340,25 +340,33 @@ end
 
 
 -- A large fan-out is stored in bounded steps (typedq/broker/redis/staging.py): its
--- members' bodies are staged first (flow_stage.lua: k_staged, expiring, nothing reads
+-- members' bodies are staged first (flow_stage.lua: flow_ops.staged, expiring, nothing reads
 -- it), then flow_enqueue stores the flow (its record, steps and own job) with the members
 -- still staged: the record's `g` is how many are released (0), `go` the order number
--- before member 0's, `gp` their priority, `ge` the flow's enqueue time. flow_unstage
+-- before member 0's, `gp` their priority, `ge` the flow's enqueue time. flow_ops.release
 -- then releases them in order, `limit` per call (flow_open.lua; the reaper's recover.lua
 -- finishes a release its client left), each waiting as flow_enqueue would have stored
 -- it. The flow's counter `c` counts the unreleased members as not settled, so its fan-in
 -- cannot run before the last one is released and settled. A member whose id another job
 -- took since it was staged (or whose staged body is gone) settles as failed with reason
--- flow_broken, as a member removed before it ran would. Returns how many members are
--- still staged (0: released, or the flow has ended and its staged members are dropped).
-local function flow_unstage(q, fq, f, limit, now)
-  local fk, sk = k_flow(fq, f), k_staged(q, f)
+-- flow_broken, as a member removed before it ran would.
+-- The helpers are fields of flow_ops (common/flows.lua): flow_ops.staged(q, F), the
+-- staged members' hash (member index -> body, on the members' queue);
+-- flow_ops.releasing(q), the queue's fan-outs whose release is under way ('<fq>|<F>' ->
+-- µs of its last step); flow_ops.release, flow_ops.release_due.
+function flow_ops.staged(q, f) return k_q(q) .. 'fg:' .. f end
+function flow_ops.releasing(q) return k_fixed(q, 'fR') end
+-- Release the next `limit` members of flow F (its record on fq, its members on q).
+-- Returns how many are still staged (0: released, or the flow has ended and its staged
+-- members are dropped).
+function flow_ops.release(q, fq, f, limit, now)
+  local fk, sk = k_flow(fq, f), flow_ops.staged(q, f)
   local meta = rcall('HMGET', fk, 'g', 'n', 'go', 'gp', 'ge')
   if not meta[1] then
     -- Released already, or the flow ended (cancelled) first: what is staged never runs.
     -- (UNLINK: a large hash is freed off the main thread.)
     rcall('UNLINK', sk)
-    rcall('ZREM', k_releasing(q), fq .. '|' .. f)
+    rcall('ZREM', flow_ops.releasing(q), fq .. '|' .. f)
     return 0
   end
   local g, n, base, prio, e = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3]), meta[4],
@@ -396,10 +404,10 @@ local function flow_unstage(q, fq, f, limit, now)
   -- The cursor first: a lost member's settlement below may end the flow (its record).
   if to == n then
     rcall('HDEL', fk, 'g', 'go', 'gp', 'ge')
-    rcall('ZREM', k_releasing(q), fq .. '|' .. f)
+    rcall('ZREM', flow_ops.releasing(q), fq .. '|' .. f)
   else
     rcall('HSET', fk, 'g', to)
-    rcall('ZADD', k_releasing(q), now, fq .. '|' .. f)
+    rcall('ZADD', flow_ops.releasing(q), now, fq .. '|' .. f)
   end
   if #lost > 0 then
     local broken = failure_record(FLOW_BROKEN_REASON, FLOW_BROKEN_TYPE, FLOW_BROKEN, 0, nil, now)
@@ -408,13 +416,15 @@ local function flow_unstage(q, fq, f, limit, now)
   return n - to
 end
 
--- The reaper: release the next `limit` members of one of queue q's fan-outs whose
--- release made no step for `age` µs (its client stopped between two steps).
-local function flow_unstage_due(q, now, age, limit)
-  local due = rcall('ZRANGEBYSCORE', k_releasing(q), '-inf', string.format('%d', now - age),
+-- The reaper: release the next 200 members of one of queue q's fan-outs whose release
+-- made no step for 5 s (its client stopped between two steps; its own release calls run
+-- within milliseconds of each other).
+function flow_ops.release_due(q, now)
+  local age, limit = 5000000, 200
+  local due = rcall('ZRANGEBYSCORE', flow_ops.releasing(q), '-inf', string.format('%d', now - age),
     'LIMIT', 0, 1)
   for _, entry in ipairs(due) do
     local fq, f = string.match(entry, '^([^|]+)|(.*)$')
-    if fq then flow_unstage(q, fq, f, limit, now) else rcall('ZREM', k_releasing(q), entry) end
+    if fq then flow_ops.release(q, fq, f, limit, now) else rcall('ZREM', flow_ops.releasing(q), entry) end
   end
 end

@@ -126,11 +126,6 @@ local function k_seq(q) return k_fixed(q, 'o') end
 local function k_qepoch(q) return k_q(q) .. 'e' end
 local function k_req(q, tok) return k_q(q) .. 'r:' .. tok end
 local function k_flow(q, f) return k_q(q) .. 'f:' .. f end
--- A large fan-out's members staged before it is stored (flow_stage.lua): member index ->
--- body, on the members' queue; and the queue's fan-outs whose members are being released
--- ('<fq>|<F>' -> µs of the last release step; common/flow_settle.lua's flow_unstage).
-local function k_staged(q, f) return k_q(q) .. 'fg:' .. f end
-local function k_releasing(q) return k_fixed(q, 'fR') end
 -- Limits (typedq/limits.py): a queue's gates (zset gate -> when it opens, µs; +inf: when
 -- a concurrency slot frees), the waiting entries a gate parked ('<prio>|<id>', FIFO),
 -- a rate bucket's start times in its window (zset), a concurrency bucket's slot holders.
