@@ -270,7 +270,7 @@ class FlowOps(RedisCore):
     def _stages(self, spec: FlowSpec) -> bool:
         """Is ``spec`` a large fan-out, stored in bounded steps (:mod:`.staging`)? One
         with more than STAGE_MEMBERS members or STAGE_BYTES of payloads, all on one
-        queue of the slot of the flow's own job."""
+        queue, and every job of it on one slot."""
         members = spec.members
         if len(members) < 2:
             return False
@@ -280,7 +280,10 @@ class FlowOps(RedisCore):
         queue = members[0].queue
         if any(m.queue != queue for m in members):
             return False
-        return not self.cluster or self._slot(queue) == self._slot(spec.steps[-1].queue)
+        # (a flow across slots is stored per slot instead: _enqueue_flows_per_slot)
+        return (
+            not self.cluster or len({self._slot(m.queue) for m in (members[0], *spec.steps)}) == 1
+        )
 
     async def _enqueue_staged(self, spec: FlowSpec) -> EnqueueOutcome | Exception:
         """Store a large fan-out in bounded steps (:mod:`.staging`): stage its members a
