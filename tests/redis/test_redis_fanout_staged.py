@@ -69,9 +69,9 @@ def _app(name: str, url: str) -> tuple[App, Any, Any, list[int]]:
 
 async def _staged_keys(raw: Any, keys: Keys, queue: str) -> list[bytes]:
     """The staging hashes of ``queue`` (``Q fg:<flow>``) and its releasing zset, if any."""
-    found = [k async for k in raw.scan_iter(keys.queue_prefix(queue) + "fg:*")]
-    if await raw.exists(keys.queue_prefix(queue) + "fR"):
-        found.append((keys.queue_prefix(queue) + "fR").encode())
+    found = [k async for k in raw.scan_iter(keys.staged(queue, "*"))]
+    if await raw.exists(keys.releasing(queue)):
+        found.append(keys.releasing(queue).encode())
     return found
 
 
@@ -167,7 +167,7 @@ async def test_a_fan_out_staged_but_not_stored_is_never_claimable_and_expires(
         broker = app.broker
         assert isinstance(broker, RedisBroker)
         await _stage(broker, spec, upto=2)  # two of three chunks, then the client died
-        staged = keys.queue_prefix("default") + "fg:crash"
+        staged = keys.staged("default", "crash")
         assert await raw.hlen(staged) == 2 * SMALL
         assert 0 < await raw.pttl(staged) <= STAGE_TTL * 1000
         assert await broker.claim(["default"], 100, worker_id="w", lease=30) == []
@@ -206,7 +206,7 @@ async def test_a_release_its_client_left_is_finished_by_the_reaper(
         assert state is not None
         assert (state.members, state.pending) == (size, size)
         assert await broker.claim(["default"], 100, worker_id="w", lease=30) == []
-        releasing = keys.queue_prefix("default") + "fR"
+        releasing = keys.releasing("default")
         assert await raw.zcard(releasing) == 1
         await broker.recover_stalled()  # a step was made just now: not due yet
         counts = await broker.counts("default")
