@@ -9,7 +9,10 @@ logging every one of those would slow the script it measures), and through the p
 API alone (no worker) builds:
 
 - per size N: ``task.map(N inputs).then(callback).enqueue()`` (a fan-out and its fan-in);
-- ``task.enqueue_many(M payloads)`` (a bulk enqueue, chunked by the client's batch_size).
+- ``task.enqueue_many(M payloads)`` (a bulk enqueue, chunked by the client's batch_size);
+- with ``--drain D``: a fan-out of D members run to its end by an in-process worker (the
+  scripts of claiming and completing, and the fan-in: the last member's completion
+  gathers every result into the callback's payload).
 
 For each: the longest command Redis ran (SLOWLOG, reset before each run: Redis's own
 execution time, not the round trips, and which script), the script calls and their summed
@@ -114,7 +117,7 @@ async def measure(client: aioredis.Redis, label: str, run: Any) -> str:
     )
 
 
-async def main(sizes: list[int], bulk: int) -> None:
+async def main(sizes: list[int], bulk: int, drain: int) -> None:
     with redis_server() as server:
         app.use_broker(server.url)
         client = aioredis.Redis.from_url(server.url)
@@ -138,6 +141,15 @@ async def main(sizes: list[int], bulk: int) -> None:
 
                 lines.append(await measure(client, f"enqueue_many {bulk:,}", many))
                 print(lines[-1], flush=True)
+            if drain:
+                job = await work.map([item(i) for i in range(drain)]).then(gather).enqueue()
+
+                async def run() -> None:
+                    async with app.worker(concurrency=64):
+                        await job.result(timeout=600)
+
+                lines.append(await measure(client, f"run fan-out {drain:,}", run))
+                print(lines[-1], flush=True)
         await client.aclose()
 
 
@@ -145,5 +157,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--bulk", type=int, default=100_000)
+    parser.add_argument("--drain", type=int, default=0)
     opts = parser.parse_args()
-    anyio.run(main, [int(s) for s in opts.sizes.split(",") if s], opts.bulk)
+    anyio.run(main, [int(s) for s in opts.sizes.split(",") if s], opts.bulk, opts.drain)

@@ -51,7 +51,7 @@ local function flow_end(fq, f, state, err, now)
   local fk = k_flow(fq, f)
   local meta = rcall('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x')
   if not meta[1] then return end
-  rcall('DEL', fk)
+  rcall('UNLINK', fk)  -- (a large fan-out's record: freed off the main thread)
   local steps, n = tonumber(meta[1]), tonumber(meta[2])
   local ids = {}
   local mq, sq = flow_queues(meta[3], n, fq), flow_queues(meta[4], steps, fq)
@@ -170,8 +170,9 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
     end
     links = table.concat(t, ',')
   end
-  -- The payload carries the results now: the flow record keeps only its shape.
-  rcall('DEL', fk)
+  -- The payload carries the results now: the flow record keeps only its shape. (UNLINK:
+  -- a record of many members' results is freed off the main thread.)
+  rcall('UNLINK', fk)
   rcall('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0',
     'mq', vals[4] or '', 'sq', vals[5] or '')
   local x = vals[6] == '1'
