@@ -76,6 +76,18 @@ async def gather(items: list[Done]) -> Summary:
     return Summary(len(items))
 
 
+@app.task(queue="drain")
+async def run_one(item: Item) -> Done:
+    """The member of the fan-out run to its end (on its own queue: no backlog)."""
+    return Done(item.n)
+
+
+@app.task(queue="drain")
+async def run_gather(items: list[Done]) -> Summary:
+    """Its fan-in callback."""
+    return Summary(len(items))
+
+
 def item(i: int) -> Item:
     return Item(i, f"item-{i:07d}", "x" * 30)
 
@@ -142,10 +154,11 @@ async def main(sizes: list[int], bulk: int, drain: int) -> None:
                 lines.append(await measure(client, f"enqueue_many {bulk:,}", many))
                 print(lines[-1], flush=True)
             if drain:
-                job = await work.map([item(i) for i in range(drain)]).then(gather).enqueue()
+                fan = run_one.map([item(i) for i in range(drain)]).then(run_gather)
+                job = await fan.enqueue()
 
                 async def run() -> None:
-                    async with app.worker(concurrency=64):
+                    async with app.worker(concurrency=64, queues=["drain"]):
                         await job.result(timeout=600)
 
                 lines.append(await measure(client, f"run fan-out {drain:,}", run))
