@@ -20,7 +20,7 @@ import pytest
 from tests.redis_harness import RedisProcess, flushall
 from tests.redis_support import raw_redis, server_url
 from tests.support import TEST_DEADLINE
-from typedq import App, FailureReason, JobFailed, JobState
+from typedq import App, Failed, FailureReason, JobFailed, JobState, Ok
 from typedq.broker.base import ClaimedJob, Completion
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.codec import encode_body
@@ -319,3 +319,42 @@ async def test_a_member_id_taken_between_staging_and_release_breaks_the_flow(
                 assert await other.result(timeout=20) == N(200)
     assert caught.value.record.reason is FailureReason.FLOW_BROKEN
     assert runs == []
+
+
+async def test_a_fan_in_of_several_blocks_keeps_every_outcome_in_order(
+    redis_server: RedisProcess,
+) -> None:
+    """Past 1000 members the fan-in's elements are joined a block of 1000 at a time as
+    each block settles (flow_settle.lua), and the fan-in joins the blocks: a collecting
+    callback still gets every member's outcome, in input order, once."""
+    flushall(redis_server.port)
+    app = App("stageblocks", broker=redis_server.url)
+    size = 2 * 1000 + 37
+    runs: list[list[Ok[N] | Failed]] = []
+
+    class Odd(Exception):
+        pass
+
+    @app.task(retries=0)
+    async def check(x: N) -> N:
+        if x.n % 7 == 3:
+            raise Odd(str(x.n))
+        return N(x.n)
+
+    @app.task
+    async def report(xs: list[Ok[N] | Failed]) -> Total:
+        runs.append(xs)
+        return Total(sum(1 for x in xs if isinstance(x, Ok)))
+
+    async with app:
+        job = await check.map(N(i) for i in range(size)).collect(report).enqueue()
+        with anyio.fail_after(TEST_DEADLINE):
+            async with app.worker(concurrency=32):
+                total = await job.result(timeout=60)
+    assert len(runs) == 1
+    (outcomes,) = runs
+    assert [isinstance(x, Failed) for x in outcomes] == [i % 7 == 3 for i in range(size)]
+    assert [x.value.n for x in outcomes if isinstance(x, Ok)] == [
+        i for i in range(size) if i % 7 != 3
+    ]
+    assert total == Total(sum(1 for i in range(size) if i % 7 != 3))

@@ -139,14 +139,28 @@ local function flow_release(fq, f, k, steps, collector, payload, now, sq, x, hom
   flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home, links)
 end
 
+-- Members s..e's elements, joined in input order (a member with none: nil). (A field
+-- of flow_ops, common/flows.lua: the library's main chunk is at its 200 locals.)
+function flow_ops.elements(fk, s, e)
+  local names = {}
+  for i = s, e do names[#names + 1] = 'r' .. i end
+  local got = rcall('HMGET', fk, unpack(names))
+  for j = 1, #got do got[j] = got[j] or '\192' end
+  return table.concat(got)
+end
+
 -- Every member settled: fail the flow (a member failed, default policy) or release
--- step 0 with the msgpack array of the members' elements, in input order (one HMGET
--- per 1000 members).
+-- step 0 with the msgpack array of the members' elements, in input order. A fan-out of
+-- more than 1000 members was joined a block of 1000 at a time as each block settled
+-- (b<k>, flow_settle): here only the blocks are joined, so no one script reads every
+-- member's element (a block its settles did not join, read here: one HMGET).
 local function flow_fan_in(fq, f, steps, n, collector, now)
   local fk = k_flow(fq, f)
   local names = {'fi', 'fst', 'fe', 'mq', 'sq', 'x', 'L'}
-  local first = math.min(n, 1000)
-  for i = 0, first - 1 do names[#names + 1] = 'r' .. i end
+  local blocks = n > 1000
+  if not blocks then
+    for i = 0, n - 1 do names[#names + 1] = 'r' .. i end
+  end
   local vals = rcall('HMGET', fk, unpack(names))
   if vals[1] then
     flow_end(fq, f, vals[2], vals[3], now)
@@ -154,11 +168,14 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
   end
   local parts = {msgpack_array_header(n)}
   for j = 8, #vals do parts[#parts + 1] = vals[j] or '\192' end
-  for s = first, n - 1, 1000 do
-    local more = {}
-    for i = s, math.min(s + 999, n - 1) do more[#more + 1] = 'r' .. i end
-    local got = rcall('HMGET', fk, unpack(more))
-    for j = 1, #got do parts[#parts + 1] = got[j] or '\192' end
+  if blocks then
+    local bn = {}
+    for k = 0, math.floor((n - 1) / 1000) do bn[#bn + 1] = 'b' .. k end
+    local got = rcall('HMGET', fk, unpack(bn))
+    for j = 1, #bn do
+      local s = (j - 1) * 1000
+      parts[#parts + 1] = got[j] or flow_ops.elements(fk, s, math.min(s + 999, n - 1))
+    end
   end
   local links = nil
   if vals[7] then
@@ -223,6 +240,17 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
       el = res or '\192'
     end
     if rcall('HSETNX', fk, 'r' .. i, el) == 0 then return end
+    local n = tonumber(meta[2])
+    if n > 1000 then
+      -- A block of 1000 members all settled: its elements joined once, now (b<k>), so
+      -- the fan-in joins blocks, not every member's element (bc<k>: settled in block k).
+      local k = math.floor(i / 1000)
+      local s = k * 1000
+      local e = math.min(s + 999, n - 1)
+      if rcall('HINCRBY', fk, 'bc' .. k, 1) == e - s + 1 then
+        rcall('HSET', fk, 'b' .. k, flow_ops.elements(fk, s, e))
+      end
+    end
     -- k<state letter>: settled members per final state, for inspect (flow_info.lua).
     rcall('HINCRBY', fk, 'k' .. state, 1)
     local link = span_links[f .. '.m' .. i]
