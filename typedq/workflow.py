@@ -14,7 +14,8 @@ and types the flow's ``Job`` with the last step's output. Callers mypy does not 
 a :class:`~typedq.errors.ConfigError` when the flow is built.
 
 A flow is stored in one broker call (every job of it at once, see
-:mod:`typedq.broker.flow` for the representation and the guarantees); its ``Job`` is the
+:mod:`typedq.broker.flow` for the representation and the guarantees; on Redis a large
+fan-out is stored in bounded steps, :mod:`typedq.broker.redis.staging`); its ``Job`` is the
 last step's, so ``job.result()`` waits for the whole flow and ``job.cancel()`` cancels
 what has not finished. Failure policy: a step that fails (after its retries) fails the
 flow with its FailureRecord, and later steps never run; ``then`` after a fan-out fails

@@ -145,6 +145,8 @@ async def test_lua_key_names_match_the_keys_module(redis_url: str) -> None:
             k.job_stream("q1", "job-1"),
             k.lane("q1", "t1", "k:1", -3),
             k.lanes("q1"),
+            k.staged("q1", "job-1"),
+            k.releasing("q1"),
         ]
         # Every key of a queue carries the queue's hash tag, nothing else's.
         assert all(n.decode().startswith("tq:{layout:q1}") for n in names[:7])

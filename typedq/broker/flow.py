@@ -10,7 +10,10 @@ Ids are derived from the flow id ``F`` (:func:`step_id`, :func:`member_id`): mem
 is ``F.m<i>``, step ``k`` is ``F.<k>``, and the last step is ``F`` itself.
 
 Every job is created at enqueue, in one atomic call: the members (``waiting``), then the
-steps. A step whose input is not known yet is *held*: stored as ``scheduled`` with
+steps. (On Redis a large fan-out is the exception: a Lua script blocks Redis while it
+runs, so its members are staged and then released in bounded chunks after the flow is
+stored, see :mod:`typedq.broker.redis.staging`; its callback still fires once, after the
+last member settled.) A step whose input is not known yet is *held*: stored as ``scheduled`` with
 ``run_at = HELD_AT`` (far past any real time, so never promoted) and an empty payload.
 Each job carries its link to the flow (flow id and position); the broker keeps a flow
 record while the flow runs: the member count still running, each member's result (or

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import msgspec
 from redis.crc import key_slot
 
-from ...errors import ConfigError, QueueFull
+from ...errors import BrokerError, ConfigError, QueueFull
 from ...names import check_job_id, check_name
 from ...options import check_numbers
 from ..base import EnqueueOutcome, JobMessage
@@ -35,6 +35,7 @@ from ..flow import FlowSpec, FlowState, id_taken, member_id
 from .codec import encode, encode_body, text
 from .core import RedisCore, _request_token
 from .enqueue import _PIPELINE_BYTES
+from .staging import STAGE_BYTES, STAGE_MEMBERS, STAGE_TTL, chunks
 
 __all__ = [
     "HANDOFF_MARK",
@@ -93,7 +94,9 @@ def split_body(message: JobMessage) -> tuple[bytes, bytes, bytes]:
     return body, head, rest[len(_EMPTY_BIN) :]
 
 
-def flow_args(spec: FlowSpec, *, across: bool = False) -> tuple[list[Any], int]:
+def flow_args(
+    spec: FlowSpec, *, across: bool = False, staged: bool = False
+) -> tuple[list[Any], int]:
     """The arguments of one flow in ``flow_enqueue.lua``, and the bytes of its bodies.
 
     A fan-out's members are one task's jobs: one priority, ids derived from the flow's
@@ -102,6 +105,8 @@ def flow_args(spec: FlowSpec, *, across: bool = False) -> tuple[list[Any], int]:
 
     :param across: the root's part of a flow across slots: only the jobs on the queue
         of the flow's own job are stored by this call, the others travel without bodies
+    :param staged: a large fan-out whose members ``flow_stage`` staged (see
+        :mod:`.staging`): they travel as their count alone
     """
     root = spec.steps[-1].queue
     members = spec.members
@@ -118,7 +123,7 @@ def flow_args(spec: FlowSpec, *, across: bool = False) -> tuple[list[Any], int]:
         "c" if spec.collect else "a",
         queue,
         priority,
-        "1" if across else "0",
+        "s" if staged else "1" if across else "0",
     ]
     size = 0
     for i, m in enumerate(members):
@@ -128,6 +133,8 @@ def flow_args(spec: FlowSpec, *, across: bool = False) -> tuple[list[Any], int]:
             raise ValueError(
                 f"member {i} of flow {spec.id!r} must have id {member_id(spec.id, i)!r}"
             )
+        if staged:
+            continue
         body = encode_body(m) if not across or m.queue == root else b""
         size += len(body)
         args.append(body)
@@ -202,8 +209,10 @@ class FlowOps(RedisCore):
     """Workflow methods of the Redis broker."""
 
     async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
-        """Store workflows: one ``flow_enqueue`` script per group of flows (up to ~8 MB
-        of bodies), pipelined in one round trip; each flow is stored atomically, whole."""
+        """Store workflows: one ``flow_enqueue`` script per group of flows (up to
+        :data:`.staging.STAGE_MEMBERS` jobs or ~1 MB of bodies: each script stays short),
+        pipelined in one round trip; each flow is stored atomically, whole. A large
+        fan-out is stored in bounded steps instead (:mod:`.staging`)."""
         for spec in flows:
             check_numbers((*spec.members, *spec.steps))
         if not flows:
@@ -212,22 +221,43 @@ class FlowOps(RedisCore):
         await self._note_queues([m.queue for spec in flows for m in (*spec.members, *spec.steps)])
         if self._epoch.is_due():
             await self.check_epoch()
-        if self.cluster:
-            return await self._enqueue_flows_per_slot(flows)
+        out: list[EnqueueOutcome | Exception | None] = [None] * len(flows)
+        rest: list[int] = []
+        for i, spec in enumerate(flows):
+            if self._stages(spec):
+                out[i] = await self._enqueue_staged(spec)
+            else:
+                rest.append(i)
+        if rest:
+            others = [flows[i] for i in rest]
+            if self.cluster:
+                done = await self._enqueue_flows_per_slot(others)
+            else:
+                done = await self._enqueue_flows_grouped(others)
+            for i, outcome in zip(rest, done, strict=True):
+                out[i] = outcome
+        return [o for o in out if o is not None]
+
+    async def _enqueue_flows_grouped(
+        self, flows: Sequence[FlowSpec]
+    ) -> list[EnqueueOutcome | Exception]:
+        """Workflows on one Redis: one ``flow_enqueue`` per group of flows, pipelined."""
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
         groups: list[list[FlowSpec]] = []
         args: list[Any] = []
         group: list[FlowSpec] = []
-        size = 0
+        size = jobs = 0
         for spec in flows:
             more, extra = flow_args(spec)
-            if group and size + extra > _PIPELINE_BYTES:
+            count = len(spec.members) + len(spec.steps)
+            if group and (size + extra > STAGE_BYTES or jobs + count > STAGE_MEMBERS):
                 groups.append(group)
                 calls.append(self._flow_call(group, args))
-                group, args, size = [], [], 0
+                group, args, size, jobs = [], [], 0, 0
             group.append(spec)
             args += more
             size += extra
+            jobs += count
         groups.append(group)
         calls.append(self._flow_call(group, args))
         replies = await self._eval_pipelined(calls)
@@ -236,6 +266,58 @@ class FlowOps(RedisCore):
             for group, reply in zip(groups, replies, strict=True)
             for spec, answer in zip(group, reply, strict=True)
         ]
+
+    def _stages(self, spec: FlowSpec) -> bool:
+        """Is ``spec`` a large fan-out, stored in bounded steps (:mod:`.staging`)? One
+        with more than STAGE_MEMBERS members or STAGE_BYTES of payloads, all on one
+        queue, and every job of it on one slot."""
+        members = spec.members
+        if len(members) < 2:
+            return False
+        # (the payload is most of a body: the bodies are encoded only when staged)
+        if len(members) <= STAGE_MEMBERS and sum(len(m.payload) for m in members) <= STAGE_BYTES:
+            return False
+        queue = members[0].queue
+        if any(m.queue != queue for m in members):
+            return False
+        # (a flow across slots is stored per slot instead: _enqueue_flows_per_slot)
+        return (
+            not self.cluster or len({self._slot(m.queue) for m in (members[0], *spec.steps)}) == 1
+        )
+
+    async def _enqueue_staged(self, spec: FlowSpec) -> EnqueueOutcome | Exception:
+        """Store a large fan-out in bounded steps (:mod:`.staging`): stage its members a
+        chunk per script, store the flow, release the members a chunk per script; in
+        order, pipelined (a round trip per ~8 MB of bodies)."""
+        queue, root, prefix = spec.members[0].queue, spec.steps[-1].queue, self.keys.prefix
+        args, _ = flow_args(spec, staged=True)  # (checks the members' ids and priority)
+        bodies = [encode_body(m) for m in spec.members]
+        ranges = chunks([len(b) for b in bodies])
+        seq = [self.keys.seq(queue)]
+        ttl = round(STAGE_TTL * 1000)
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = [
+            ("flow_stage", seq, [prefix, queue, spec.id, root, ttl, a, *bodies[a:b]])
+            for a, b in ranges
+        ]
+        calls.append(self._flow_call([spec], args))
+        calls += [("flow_open", seq, [prefix, queue, root, spec.id, b - a]) for a, b in ranges]
+        replies: list[Any] = []
+        start = size = 0
+        for i, (_, _, call_args) in enumerate(calls):
+            size += sum(len(a) for a in call_args if isinstance(a, bytes))
+            if size > _PIPELINE_BYTES or i == len(calls) - 1:
+                replies += await self._eval_pipelined(calls[start : i + 1])
+                start, size = i + 1, 0
+        staged, stored = replies[: len(ranges)], replies[len(ranges)][0]
+        for reply in staged:
+            if isinstance(reply, bytes | str) and text(reply).startswith("TYPEDQ_FLOW_ID_TAKEN"):
+                return ConfigError(id_taken(text(reply).split()[1], spec.id))
+        if stored in (b"TYPEDQ_FLOW_UNSTAGED", "TYPEDQ_FLOW_UNSTAGED"):
+            return BrokerError(
+                f"enqueue of flow {spec.id!r}: its staged members vanished before it was "
+                "stored (deleted, or expired): nothing was stored, enqueue it again"
+            )
+        return flow_outcome(spec, stored)
 
     async def _enqueue_flows_per_slot(
         self, flows: Sequence[FlowSpec]

@@ -96,7 +96,22 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    share it), per member ``d<i>`` settled and ``r<i>``
                                    its fan-in element, ``fi fst fe`` the first failed
                                    member; deleted when the flow ends; ``x`` '1' in a
-                                   flow across slots (Redis Cluster, see below)
+                                   flow across slots (Redis Cluster, see below); ``g go
+                                   gp ge`` while a large fan-out's staged members are
+                                   being released (staging.py): how many are released,
+                                   the order number before member 0's, their priority,
+                                   the flow's enqueue time
+    Q fg:<flow id>        hash     a large fan-out's staged members (staging.py), on the
+                                   members' queue: member index -> body; nothing reads
+                                   it but the release (flow_open.lua, recover.lua), which
+                                   deletes each member's field as it releases it;
+                                   expires (PEXPIRE, ten minutes) until its flow is
+                                   stored (flow_enqueue.lua PERSISTs it then)
+    Q fR                  zset     the queue's large fan-outs whose release is under way:
+                                   '<queue of the flow's own job>|<flow id>' -> when the
+                                   release last made a step (µs); the reaper pass
+                                   (recover.lua) releases a chunk of one that made none
+                                   for 5 s
     Q ho                  zset     the queue's outbox (flows across slots): entry id ->
                                    when it was written (µs); an entry is a hand-off that
                                    a script on this slot made to a job or flow record on
@@ -411,6 +426,14 @@ class Keys:
     def flow(self, queue: str, flow_id: str) -> str:
         """The record of a running workflow, on the queue of the flow's own job."""
         return f"{self.queue_prefix(queue)}f:{flow_id}"
+
+    def staged(self, queue: str, flow_id: str) -> str:
+        """The staged members of a large fan-out (staging.py), on the members' queue."""
+        return f"{self.queue_prefix(queue)}fg:{flow_id}"
+
+    def releasing(self, queue: str) -> str:
+        """The zset of ``queue``'s large fan-outs whose members are being released."""
+        return self.queue_prefix(queue) + "fR"
 
     def gates(self, queue: str) -> str:
         """The zset of ``queue``'s limit gates that parked jobs, by opening time."""

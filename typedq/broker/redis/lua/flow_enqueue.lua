@@ -15,8 +15,14 @@
 --   id, steps S, members n, fan_out ('0'/'1'), collector ('0'/'1'), policy ('a'/'c'),
 --   the members' queues (one name when all share it, else one per member, space-
 --   separated; '' when n = 0) and priority (one task: all alike), across
---   ('1': a flow across slots on Redis Cluster, this call its root's part; else '0'),
---   n x body (member i's id is <id>.m<i>), S x (id, queue, priority, body, head, tail)
+--   ('1': a flow across slots on Redis Cluster, this call its root's part; 's': a large
+--   fan-out whose members are staged; else '0'), n x body (member i's id is <id>.m<i>;
+--   none when staged), S x (id, queue, priority, body, head, tail)
+-- A large fan-out (typedq/broker/redis/staging.py): flow_stage.lua staged its members
+-- (one queue, the root's slot) before this call, which stores the flow with them still
+-- staged (the record's g/go/gp/ge, see flow_ops.release in common/flow_settle.lua): then
+-- flow_open.lua releases them, a bounded chunk per call. Its staged members missing
+-- (expired, or a chunk was refused): 'TYPEDQ_FLOW_UNSTAGED', nothing stored.
 -- A flow across slots: flow_part.lua stored (held, pending) its jobs on every other
 -- queue before this call; this call stores the jobs on the queue of the flow's own job
 -- and the record (x '1'), and starts the others through its outbox (common/flows.lua).
@@ -45,15 +51,24 @@ local b = 4
 for _ = 1, m do
   local f = {id = ARGV[b], steps = tonumber(ARGV[b + 1]), n = tonumber(ARGV[b + 2]),
     fan_out = ARGV[b + 3] == '1', collector = ARGV[b + 4] == '1', pol = ARGV[b + 5],
-    mq = ARGV[b + 6], mprio = ARGV[b + 7], across = ARGV[b + 8] == '1'}
+    mq = ARGV[b + 6], mprio = ARGV[b + 7], across = ARGV[b + 8] == '1',
+    staged = ARGV[b + 8] == 's'}
   if not f.id or f.id == '' or not is_int(f.steps) or f.steps < 1 or not is_int(f.n)
       or f.n < 0 or (f.n > 0 and (not f.mq or not is_int(f.mprio))) then
     return bad_args('flow_enqueue')
   end
-  f.mqs = f.n > 0 and member_queues(f.mq, f.n) or {}
+  if f.staged then
+    -- (one queue: not one entry per member)
+    if f.n == 0 or bad_queue(f.mq) or string.find(f.mq, ' ', 1, true) then
+      return bad_args('flow_enqueue')
+    end
+    f.mqs = {f.mq}
+  else
+    f.mqs = f.n > 0 and member_queues(f.mq, f.n) or {}
+  end
   if not f.mqs then return bad_args('flow_enqueue') end
   f.at = b + 9             -- the first member's body
-  f.st = f.at + f.n        -- the first step's id
+  f.st = f.at + (f.staged and 0 or f.n)  -- the first step's id
   b = f.st + 6 * f.steps
   if b - 1 > #ARGV then return bad_args('flow_enqueue') end
   for k = 0, f.steps - 1 do
@@ -87,7 +102,8 @@ local function first_taken(f, fq)
     if not f.across or ARGV[at + 1] == fq then ids[#ids + 1] = {ARGV[at + 1], ARGV[at]} end
   end
   local keys, names, queues = {}, {}, {}
-  for i = 0, f.n - 1 do
+  -- (Staged members: flow_stage.lua checked theirs; flow_ops.release checks them again.)
+  for i = 0, f.staged and -1 or f.n - 1 do
     local q = f.mqs[i + 1]
     if not f.across or q == fq then
       keys[#keys + 1] = k_job(q, f.id .. '.m' .. i)
@@ -119,6 +135,11 @@ for fi, f in ipairs(flows) do
   local fq = ARGV[f.st + 6 * (f.steps - 1) + 1]
   if job_exists(fq, f.id) then
     out[fi] = 0
+    -- A re-sent large fan-out staged its members again: dropped, unless the stored
+    -- flow's own release is still under way (it reads them).
+    if f.staged and redis.call('HEXISTS', k_flow(fq, f.id), 'g') == 0 then
+      redis.call('UNLINK', flow_ops.staged(f.mqs[1], f.id))
+    end
     -- Across slots, a flow that has ended: what this copy's parts stored on the other
     -- queues (jobs the ended flow's retention had dropped) is pending and never started
     -- by anyone: drop it (flow_apply 'D': pending held jobs only). A running flow's
@@ -138,9 +159,13 @@ for fi, f in ipairs(flows) do
     local adding, refused = {}, nil
     -- Across slots: only the jobs on fq are this call's (here: local).
     local function here(q) return not f.across or q == fq end
-    for i = 1, f.n do
-      local q = f.mqs[i]
-      if here(q) then adding[q] = (adding[q] or 0) + 1 end
+    if f.staged then
+      adding[f.mq] = f.n
+    else
+      for i = 1, f.n do
+        local q = f.mqs[i]
+        if here(q) then adding[q] = (adding[q] or 0) + 1 end
+      end
     end
     local sq = {}
     for k = 0, f.steps - 1 do
@@ -151,6 +176,9 @@ for fi, f in ipairs(flows) do
     -- A derived id (F.m<i>, F.<k>) taken by another job: refused, nothing stored.
     local taken = first_taken(f, fq)
     if taken then refused = 'TYPEDQ_FLOW_ID_TAKEN ' .. taken end
+    if f.staged and not refused and redis.call('HLEN', flow_ops.staged(f.mqs[1], f.id)) ~= f.n then
+      refused = 'TYPEDQ_FLOW_UNSTAGED'
+    end
     if limit > 0 and not refused then
       for q, extra in pairs(adding) do
         local c = redis.call('HMGET', k_counts(q), 'w', 's')
@@ -163,6 +191,7 @@ for fi, f in ipairs(flows) do
     end
     if refused then
       out[fi] = refused
+      if f.staged then redis.call('UNLINK', flow_ops.staged(f.mqs[1], f.id)) end
     else
       -- This flow's order numbers on each queue: one INCRBY reserves them all, handed
       -- out in the order the jobs are stored (members, then steps), as one INCR each would.
@@ -173,7 +202,11 @@ for fi, f in ipairs(flows) do
       end
       local fid = f.id
       local fx = f.across and '1' or nil
-      if f.n > 0 then
+      local staged_from = nil  -- staged members: the order number before member 0's
+      if f.staged then
+        staged_from = order[f.mqs[1]]
+        order[f.mqs[1]] = staged_from + f.n
+      elseif f.n > 0 then
         local prio = f.mprio
         local pend = {}  -- per queue: the ids not pushed yet (one LPUSH per CHUNK)
         for i = 0, f.n - 1 do
@@ -255,6 +288,12 @@ for fi, f in ipairs(flows) do
       if f.collector then col = '1' end
       redis.call('HSET', k_flow(fq, fid), 'S', f.steps, 'n', f.n, 'c', f.n, 'col', col,
         'pol', pol, 'mq', f.n > 0 and f.mq or '', 'sq', flow_queue_list(sq))
+      if staged_from then
+        local q = f.mqs[1]
+        redis.call('HSET', k_flow(fq, fid), 'g', 0, 'go', staged_from, 'gp', f.mprio, 'ge', now)
+        redis.call('PERSIST', flow_ops.staged(q, fid))
+        redis.call('ZADD', flow_ops.releasing(q), now, fq .. '|' .. fid)
+      end
       if f.across then
         redis.call('HSET', k_flow(fq, fid), 'x', '1')
         -- Start the jobs stored on the other queues: members and a chain's step 0 to

@@ -6,7 +6,8 @@
 -- KEYS[1] = the queue's active zset
 -- Also hands back the queue's outbox entries (flows across slots, see common/flows.lua)
 -- written at least handoff_age_us ago: the caller applies them (their writer died
--- before it did, or its apply failed).
+-- before it did, or its apply failed). And releases the next members of a large fan-out
+-- whose release made no step for a while (common/flow_settle.lua's flow_ops.release_due).
 -- ARGV: P, queue, limit, max_stalls, completed_ttl_us, completed_max, failed_ttl_us,
 --       failed_max, handoff_age_us, ids the caller holds and renews itself (left
 --       alone: see Broker.recover_stalled's `holding`)...
@@ -64,7 +65,9 @@ if limit > 0 then
   end
 end
 push_back_in_order(back)
-flow_outbox_due(q, now, handoff_age, 100)
+flow_ops.outbox_due(q, now, handoff_age, 100)
+-- A large fan-out whose client stopped releasing its staged members: the next chunk.
+flow_ops.release_due(q, now)
 flush_counts()
 publish()
 return flow_reply(recovered)

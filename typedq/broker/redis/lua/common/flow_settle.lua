@@ -51,7 +51,7 @@ local function flow_end(fq, f, state, err, now)
   local fk = k_flow(fq, f)
   local meta = rcall('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x')
   if not meta[1] then return end
-  rcall('DEL', fk)
+  rcall('UNLINK', fk)  -- (a large fan-out's record: freed off the main thread)
   local steps, n = tonumber(meta[1]), tonumber(meta[2])
   local ids = {}
   local mq, sq = flow_queues(meta[3], n, fq), flow_queues(meta[4], steps, fq)
@@ -139,14 +139,28 @@ local function flow_release(fq, f, k, steps, collector, payload, now, sq, x, hom
   flow_release_at(q, id, fq, f, k, steps, collector, payload, now, x, home, links)
 end
 
+-- Members s..e's elements, joined in input order (a member with none: nil). (A field
+-- of flow_ops, common/flows.lua: the library's main chunk is at its 200 locals.)
+function flow_ops.elements(fk, s, e)
+  local names = {}
+  for i = s, e do names[#names + 1] = 'r' .. i end
+  local got = rcall('HMGET', fk, unpack(names))
+  for j = 1, #got do got[j] = got[j] or '\192' end
+  return table.concat(got)
+end
+
 -- Every member settled: fail the flow (a member failed, default policy) or release
--- step 0 with the msgpack array of the members' elements, in input order (one HMGET
--- per 1000 members).
+-- step 0 with the msgpack array of the members' elements, in input order. A fan-out of
+-- more than 1000 members was joined a block of 1000 at a time as each block settled
+-- (b<k>, flow_settle): here only the blocks are joined, so no one script reads every
+-- member's element (a block its settles did not join, read here: one HMGET).
 local function flow_fan_in(fq, f, steps, n, collector, now)
   local fk = k_flow(fq, f)
   local names = {'fi', 'fst', 'fe', 'mq', 'sq', 'x', 'L'}
-  local first = math.min(n, 1000)
-  for i = 0, first - 1 do names[#names + 1] = 'r' .. i end
+  local blocks = n > 1000
+  if not blocks then
+    for i = 0, n - 1 do names[#names + 1] = 'r' .. i end
+  end
   local vals = rcall('HMGET', fk, unpack(names))
   if vals[1] then
     flow_end(fq, f, vals[2], vals[3], now)
@@ -154,11 +168,14 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
   end
   local parts = {msgpack_array_header(n)}
   for j = 8, #vals do parts[#parts + 1] = vals[j] or '\192' end
-  for s = first, n - 1, 1000 do
-    local more = {}
-    for i = s, math.min(s + 999, n - 1) do more[#more + 1] = 'r' .. i end
-    local got = rcall('HMGET', fk, unpack(more))
-    for j = 1, #got do parts[#parts + 1] = got[j] or '\192' end
+  if blocks then
+    local bn = {}
+    for k = 0, math.floor((n - 1) / 1000) do bn[#bn + 1] = 'b' .. k end
+    local got = rcall('HMGET', fk, unpack(bn))
+    for j = 1, #bn do
+      local s = (j - 1) * 1000
+      parts[#parts + 1] = got[j] or flow_ops.elements(fk, s, math.min(s + 999, n - 1))
+    end
   end
   local links = nil
   if vals[7] then
@@ -170,8 +187,9 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
     end
     links = table.concat(t, ',')
   end
-  -- The payload carries the results now: the flow record keeps only its shape.
-  rcall('DEL', fk)
+  -- The payload carries the results now: the flow record keeps only its shape. (UNLINK:
+  -- a record of many members' results is freed off the main thread.)
+  rcall('UNLINK', fk)
   rcall('HSET', fk, 'S', steps, 'n', n, 'c', 0, 'col', collector and '1' or '0',
     'mq', vals[4] or '', 'sq', vals[5] or '')
   local x = vals[6] == '1'
@@ -222,6 +240,17 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
       el = res or '\192'
     end
     if rcall('HSETNX', fk, 'r' .. i, el) == 0 then return end
+    local n = tonumber(meta[2])
+    if n > 1000 then
+      -- A block of 1000 members all settled: its elements joined once, now (b<k>), so
+      -- the fan-in joins blocks, not every member's element (bc<k>: settled in block k).
+      local k = math.floor(i / 1000)
+      local s = k * 1000
+      local e = math.min(s + 999, n - 1)
+      if rcall('HINCRBY', fk, 'bc' .. k, 1) == e - s + 1 then
+        rcall('HSET', fk, 'b' .. k, flow_ops.elements(fk, s, e))
+      end
+    end
     -- k<state letter>: settled members per final state, for inspect (flow_info.lua).
     rcall('HINCRBY', fk, 'k' .. state, 1)
     local link = span_links[f .. '.m' .. i]
@@ -338,3 +367,93 @@ local function flow_removed(link, s)
     {link[5], link[6], link[7]})
 end
 
+
+-- A large fan-out is stored in bounded steps (typedq/broker/redis/staging.py): its
+-- members' bodies are staged first (flow_stage.lua: flow_ops.staged, expiring, nothing reads
+-- it), then flow_enqueue stores the flow (its record, steps and own job) with the members
+-- still staged: the record's `g` is how many are released (0), `go` the order number
+-- before member 0's, `gp` their priority, `ge` the flow's enqueue time. flow_ops.release
+-- then releases them in order, `limit` per call (flow_open.lua; the reaper's recover.lua
+-- finishes a release its client left), each waiting as flow_enqueue would have stored
+-- it. The flow's counter `c` counts the unreleased members as not settled, so its fan-in
+-- cannot run before the last one is released and settled. A member whose id another job
+-- took since it was staged (or whose staged body is gone) settles as failed with reason
+-- flow_broken, as a member removed before it ran would.
+-- The helpers are fields of flow_ops (common/flows.lua): flow_ops.staged(q, F), the
+-- staged members' hash (member index -> body, on the members' queue);
+-- flow_ops.releasing(q), the queue's fan-outs whose release is under way ('<fq>|<F>' ->
+-- µs of its last step); flow_ops.release, flow_ops.release_due.
+function flow_ops.staged(q, f) return k_q(q) .. 'fg:' .. f end
+function flow_ops.releasing(q) return k_fixed(q, 'fR') end
+-- Release the next `limit` members of flow F (its record on fq, its members on q).
+-- Returns how many are still staged (0: released, or the flow has ended and its staged
+-- members are dropped).
+function flow_ops.release(q, fq, f, limit, now)
+  local fk, sk = k_flow(fq, f), flow_ops.staged(q, f)
+  local meta = rcall('HMGET', fk, 'g', 'n', 'go', 'gp', 'ge')
+  if not meta[1] then
+    -- Released already, or the flow ended (cancelled) first: what is staged never runs.
+    -- (UNLINK: a large hash is freed off the main thread.)
+    rcall('UNLINK', sk)
+    rcall('ZREM', flow_ops.releasing(q), fq .. '|' .. f)
+    return 0
+  end
+  local g, n, base, prio, e = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3]), meta[4],
+    meta[5]
+  local to = math.min(n, g + limit)
+  if to <= g then return n - g end
+  local fields = {}
+  for i = g, to - 1 do fields[#fields + 1] = i end
+  local bodies = rcall('HMGET', sk, unpack(fields))
+  -- Released fields go (the hash shrinks as the release goes, and is gone after the last).
+  rcall('HDEL', sk, unpack(fields))
+  local ids, lost = {}, {}
+  for j = 1, #fields do
+    local i, body = fields[j], bodies[j]
+    local id = f .. '.m' .. i
+    if not body or job_exists(q, id) then
+      lost[#lost + 1] = i
+    else
+      local jk = k_job(q, id)
+      if prio ~= '0' then
+        rcall('HSET', jk, 'm', body, 'q', q, 'o', base + i + 1, 'e', e, 'p', prio, 's', 'w',
+          'fl', f, 'fq', fq, 'fm', i)
+      else
+        rcall('HSET', jk, 'm', body, 'q', q, 'o', base + i + 1, 'e', e, 's', 'w',
+          'fl', f, 'fq', fq, 'fm', i)
+      end
+      local group, weight = fair_of(body)
+      if group then lane_push(q, prio, id, group, weight) else ids[#ids + 1] = id end
+    end
+  end
+  if #ids > 0 then rcall('LPUSH', k_wait(q, prio), unpack(ids)) end
+  rcall('ZADD', k_levels(q), level_score(prio), prio)
+  count(q, 'w', #fields - #lost)
+  work_queues[q] = true
+  -- The cursor first: a lost member's settlement below may end the flow (its record).
+  if to == n then
+    rcall('HDEL', fk, 'g', 'go', 'gp', 'ge')
+    rcall('ZREM', flow_ops.releasing(q), fq .. '|' .. f)
+  else
+    rcall('HSET', fk, 'g', to)
+    rcall('ZADD', flow_ops.releasing(q), now, fq .. '|' .. f)
+  end
+  if #lost > 0 then
+    local broken = failure_record(FLOW_BROKEN_REASON, FLOW_BROKEN_TYPE, FLOW_BROKEN, 0, nil, now)
+    for _, i in ipairs(lost) do flow_settle(fq, f, i, nil, 'f', nil, broken, now) end
+  end
+  return n - to
+end
+
+-- The reaper: release the next 200 members of one of queue q's fan-outs whose release
+-- made no step for 5 s (its client stopped between two steps; its own release calls run
+-- within milliseconds of each other).
+function flow_ops.release_due(q, now)
+  local age, limit = 5000000, 200
+  local due = rcall('ZRANGEBYSCORE', flow_ops.releasing(q), '-inf', string.format('%d', now - age),
+    'LIMIT', 0, 1)
+  for _, entry in ipairs(due) do
+    local fq, f = string.match(entry, '^([^|]+)|(.*)$')
+    if fq then flow_ops.release(q, fq, f, limit, now) else rcall('ZREM', flow_ops.releasing(q), entry) end
+  end
+end
