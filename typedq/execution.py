@@ -414,6 +414,10 @@ class Executor:
             else (payload,)
         )
         got: tuple[bool, Any] | None = None
+        if running.cancel_reason is not None:
+            # Cancelled before it started (a prefetched job at shutdown, a cancel request
+            # that came first): the handler is not called at all.
+            return got, math.inf
         kept = scopes is not None
         if scopes is None:
             scopes = HandlerScope()
@@ -422,8 +426,6 @@ class Executor:
         # running.cancel_reason first, which is how _interrupted tells them apart).
         scope = scopes.enter()
         running.scope = scope
-        if running.cancel_reason is not None:
-            scope.cancel()
         virtual = self._virtual
         expiry: VirtualDeadline | None = None
         if timeout is None:
