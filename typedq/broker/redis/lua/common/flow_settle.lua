@@ -349,8 +349,9 @@ local function flow_apply(q, rec, now)
 end
 
 -- The flow link of a job about to be deleted (remove, purge): nil for a job of no flow.
+-- r[8]: parked (fail.lua's 'pk').
 local function flow_link(q, id)
-  local r = rpcall('HMGET', k_job(q, id), 'fl', 'fm', 'fs', 'fq', 'fx', 'fS', 'fsq')
+  local r = rpcall('HMGET', k_job(q, id), 'fl', 'fm', 'fs', 'fq', 'fx', 'fS', 'fsq', 'pk')
   if type(r) ~= 'table' or r.err or not r[1] then return nil end
   if not r[4] then r[4] = q end
   r.q, r.id = q, id
@@ -358,15 +359,37 @@ local function flow_link(q, id)
 end
 
 -- A job of a flow was deleted (after its key is gone) in state `s`: when it had not
--- finished, its flow treats it as failed with reason flow_broken, never waits for it.
+-- finished (or was parked: its flow waited for it), its flow treats it as failed with
+-- reason flow_broken, never waits for it.
 local function flow_removed(link, s)
-  if not link or s == 'c' or s == 'f' or s == 'x' then return end
+  if not link or ((s == 'c' or s == 'f' or s == 'x') and not (s == 'f' and link[8])) then return end
   local now = now_us()
   flow_settle(link[4], link[1], link[2], link[3], 'f', nil,
     failure_record(FLOW_BROKEN_REASON, FLOW_BROKEN_TYPE, FLOW_BROKEN, 0, nil, now), now, link.q, link.id,
     {link[5], link[6], link[7]})
 end
 
+
+-- Failed-job retention deleted parked job `id` of queue `q` (common/bookkeeping.lua's
+-- trim; `r`: its fl, fm, fs, fq, fx, fS, fsq and err, read before): its flow, which
+-- waited for it, settles it as failed (a member counted once, a step ending the flow)
+-- with its own record's reason (schema_mismatch), type and attempt, and a message that
+-- says what happened. The embedded twin: Flows.parked_trimmed, the message's text
+-- typedq/broker/records.py's parked_trimmed_message (the contract test holds the two
+-- to the same text: the main chunk has no local left for a constant).
+function flow_ops.trim_parked(q, id, r, now)
+  if not r[1] then return end
+  local ok, rec = pcall(cmsgpack.unpack, r[8] or '')
+  if not ok or type(rec) ~= 'table' then rec = {} end
+  local msg = type(rec.message) == 'string' and rec.message or ''
+  flow_settle(r[4] or q, r[1], r[2], r[3], 'f', nil,
+    failure_record(type(rec.reason) == 'string' and rec.reason or 'schema_mismatch',
+      type(rec.error_type) == 'string' and rec.error_type or 'SchemaMismatch',
+      'parked job ' .. id .. ' was deleted by failed-job retention before a retry, so '
+        .. 'its flow fails; it had failed with: ' .. msg,
+      tonumber(rec.attempt) or 0, nil, now),
+    now, q, id, {r[5], r[6], r[7]})
+end
 
 -- A large fan-out is stored in bounded steps (typedq/broker/redis/staging.py): its
 -- members' bodies are staged first (flow_stage.lua: flow_ops.staged, expiring, nothing reads
