@@ -378,3 +378,28 @@ async def test_removing_a_parked_step_fails_its_flow(shared: str | Broker, app_n
             assert state is not None
             assert state.pending == -1
     assert "note" not in ran
+
+
+async def test_purging_failed_jobs_takes_a_parked_step_and_what_its_flow_ends(
+    shared: str | Broker, app_name: str
+) -> None:
+    """A purge of the failed state deletes a parked step; its flow then ends (as a
+    removed step's does), failing the held step, which is in the purged state too: it
+    goes as well, counted, on every broker (nothing failed is left)."""
+    ran: list[str] = []
+    app = v2_app(app_name, shared, ran)
+    old = Producer(app_name, broker=shared)
+    make = old.task("make", In, V1, queue="orders")
+    place = old.task("place", V1, orders_v1.Ack, queue="orders")
+    note = old.task("note", orders_v1.Ack, Out, queue="orders")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old, app, app.worker(concurrency=2):
+            job = await make.then(place).then(note).enqueue(In(3))
+            await parked(app, f"{job.id}.1")
+            assert await app.broker.purge("orders", [JobState.FAILED]) == 2
+            counts = await app.broker.counts("orders")
+            assert counts.get(JobState.FAILED, 0) == 0
+            assert await app.broker.get([job.id]) == [None]
+            state = await app.broker.flow_state(job.id)
+            assert state is None or state.pending == -1
+    assert "note" not in ran

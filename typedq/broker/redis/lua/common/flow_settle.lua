@@ -9,9 +9,13 @@ local purging
 -- it, as it would have had it come first (the embedded broker deletes all of them
 -- before any flow reacts), so the outcome and the count do not depend on the order or
 -- the batch the jobs fall in. True when it was deleted (the caller took its sorted-set
--- entry, or marked its waiting entry stale, already).
-local function purge_takes(q, id, s)
-  if not purging or purging.q ~= q or not purging.states[s] or (s ~= 's' and s ~= 'w') then
+-- entry, or marked its waiting entry stale, already). `final`: the state the flow's end
+-- would put it in: purged too, it goes now (the embedded broker's next round deletes
+-- it there), as when a purge of the failed state deletes a parked job (fail.lua's 'pk')
+-- whose flow then fails its held steps.
+local function purge_takes(q, id, s, final)
+  if not purging or purging.q ~= q or (s ~= 's' and s ~= 'w')
+      or not (purging.states[s] or (final and purging.states[final])) then
     return false
   end
   rcall('DEL', k_job(q, id))
@@ -31,13 +35,11 @@ local function flow_end_job(q, id, state, err, now)
     publish_cancel(q, id)
   elseif s == 'w' or s == 's' then
     if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else rcall('ZREM', k_sched(q), id) end
-    if purge_takes(q, id, s) then return end
     local st = 'x'
-    local e = err
-    if e then st = state else
-      e = failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW,
-        tonumber(r[4]) or 0, nil, now)
-    end
+    if err then st = state end
+    if purge_takes(q, id, s, st) then return end
+    local e = err or failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW,
+      tonumber(r[4]) or 0, nil, now)
     rcall('HSET', k_job(q, id), 'err', e)
     finalize(id, q, s, st, now)
   end
