@@ -123,14 +123,6 @@ local function flow_reply(r)
   return t
 end
 
--- The answer of a claim with a settle section (claim.lua): the claim's answer and the
--- completions' outcomes, once the completions' counts are written and announced.
-local function settle_answer(out, settled)
-  flush_counts()
-  publish()
-  return flow_reply({out, settled})
-end
-
 -- flow_ops (declared in common/bookkeeping.lua): flow_ops.outbox_due here.
 
 -- The reaper: hand back up to `limit` entries of queue q's outbox written `age` µs or
