@@ -237,9 +237,10 @@ class RunCounts(msgspec.Struct, kw_only=True):
 
 
 async def count_runs(broker: Broker, app: App, *, sample: int) -> RunCounts:
-    """Read the running durable runs (at most ``sample``): count their input
-    fingerprints, and decode what they hold without one (see the module). A broker
-    without runs has none."""
+    """Read the running durable runs: count their input fingerprints, and decode what
+    they hold without one (see the module). At most ``sample`` runs are looked at,
+    ended ones (skipped: never replayed) included, so the work stays bounded however
+    many ended runs retention keeps. A broker without runs has none."""
     counts: Counter[tuple[str, str]] = Counter()
     decoded: dict[str, _Decoded] = {}
     if not supports(broker, Runs):
@@ -247,26 +248,29 @@ async def count_runs(broker: Broker, app: App, *, sample: int) -> RunCounts:
     signals = known_signals()
     seen: set[str] = set()
     read = 0
+    # Runs looked at, ended ones too (retention keeps many): the bound of the work.
+    fetched = 0
     cursor: str | None = None
     left: list[str] = []  # ids listed and not read yet (a page may hold more than asked)
-    while read < sample:
+    while fetched < sample:
         if not left:
             if cursor is None and seen:
                 break
-            ids, cursor = await broker.page_runs(cursor=cursor, limit=min(PAGE, sample - read))
+            ids, cursor = await broker.page_runs(cursor=cursor, limit=min(PAGE, sample - fetched))
             left = [i for i in ids if i not in seen]
             seen.update(left)
             if not left and cursor is None:
                 break
-        chunk = left[: min(RUN_CHUNK, sample - read)]
+        chunk = left[: min(RUN_CHUNK, sample - fetched)]
         del left[: len(chunk)]
+        fetched += len(chunk)
         for record in await broker.get_runs(chunk):
             if record is None or record.state.is_final:
                 continue  # gone, or ended: never replayed again
             read += 1
             _count_run(app, record, signals, counts, decoded)
     verdicts = {name: (found.verdict(), len(found.runs)) for name, found in decoded.items()}
-    capped = bool(left) or (cursor is not None and read >= sample)
+    capped = bool(left) or (cursor is not None and fetched >= sample)
     return RunCounts(fingerprints=counts, decoded=verdicts, read=read, capped=capped)
 
 

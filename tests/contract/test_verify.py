@@ -290,5 +290,13 @@ async def test_runs_are_paged_and_bounded(app_name: str, broker_url: str) -> Non
         counts = await count_runs(app.broker, app, sample=4)
         assert (counts.read, counts.capped) == (4, True)
         counts = await count_runs(app.broker, app, sample=100)
-    assert (counts.read, counts.capped) == (7, False)
+        assert (counts.read, counts.capped) == (7, False)
+        assert await app.broker.cancel_runs(["r0", "r1", "r2"]) == [True] * 3
+        # Ended runs never replay: skipped, yet looked at within the bound.
+        ended = await count_runs(app.broker, app, sample=100)
+        bounded = await count_runs(app.broker, app, sample=3)
     assert counts.fingerprints[("run:onboard", codec_for(OrderV1).fingerprint)] == 7
+    assert (ended.read, ended.capped) == (4, False)
+    assert ended.fingerprints[("run:onboard", codec_for(OrderV1).fingerprint)] == 4
+    assert bounded.read <= 3
+    assert bounded.capped
