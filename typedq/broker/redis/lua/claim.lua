@@ -539,7 +539,12 @@ local leases = limit > 1 and {} or nil
 -- Fair shares (common/lanes.lua): a marker popped takes its key's turn (take_turn); a
 -- fair job popped from a level list (not from its lane) moves to its lane (divert).
 local take_turn, divert
+-- The markers of turns that ended with jobs left, to push back at the tail of the level
+-- list being popped (take_turn; one LPUSH per pop of the claim loop, not one per turn).
+local tails = {}
 
+-- `laned`: the job came out of its fair key's lane: the marker's '<weight>|<task>|<key>'
+-- (its claimed hash keeps it as 'fk': a retry or hand-back goes back to that lane).
 local function activate(id, q, prio, laned)
   if not is_bare(id) then
     -- A waiting entry (see keys.py) claimed: its index entry goes, its job becomes the hash.
@@ -593,7 +598,16 @@ local function activate(id, q, prio, laned)
   -- consumed and skipped, so the job is claimed only through its live entry.
   if take_stale(q, prio, id) then return end
   local jk = k_job(q, id)
-  local ty = rcall('TYPE', jk).ok
+  local ty, raw
+  if laned then
+    -- A lane's id is usually a waiting job string (store_fair): read and deleted in one
+    -- GETDEL, no TYPE first; a hash (a retried or handed-back fair job) answers an error.
+    raw = rpcall('GETDEL', jk)
+    if not raw then return end  -- an id with no job behind it: dropped
+    if type(raw) == 'string' then ty = 'string' else raw = nil; ty = rcall('TYPE', jk).ok end
+  else
+    ty = rcall('TYPE', jk).ok
+  end
   if ty == 'none' then return end  -- an id with no job behind it: dropped
   local f
   if ty == 'hash' then
@@ -613,15 +627,19 @@ local function activate(id, q, prio, laned)
     local tok = tok_prefix .. count_text(claimed)
     rcall('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', last_now_text, 'w', worker)
     if slot then rcall('HSET', jk, 'ck', slot) end
+    if laned then rcall('HSET', jk, 'fk', laned) end
     local n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = attempt, tonumber(r[5]) or 0, tonumber(r[6]) or 0, q
     out[n + 8] = tonumber(r[8]) or 0
   else
     if ty == 'string' then
-      local raw = rcall('GET', jk)
+      if not raw then raw = rcall('GET', jk) end
       f = parse_rec(raw, q)
-      if f and (f.s ~= 'w' or f.q ~= q or sane_prio(f.p) ~= prio) then return end  -- stale
+      if f and (f.s ~= 'w' or f.q ~= q or sane_prio(f.p) ~= prio) then
+        if laned then rcall('SET', jk, raw) end  -- stale: the GETDEL's string stays
+        return
+      end
       -- Bytes that are not a job: keep them as the job's body, so the worker fails
       -- this job with reason decode_error instead of losing it. (They most likely
       -- replaced a counted waiting job, so the counts stay as they are.)
@@ -634,19 +652,30 @@ local function activate(id, q, prio, laned)
     if has_limits then
       local ok
       ok, slot = admit(id, q, prio, f.m)
-      if not ok then return end
+      if not ok then
+        if raw and laned then rcall('SET', jk, raw) end  -- parked: keeps its job string
+        return
+      end
     end
     claimed = claimed + 1
     local tok = tok_prefix .. count_text(claimed)
-    rcall('DEL', jk)
-    local fields = rec_fields(f)
-    local n = #fields
-    fields[6] = 'a'  -- the state
-    fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', '1', 't', tok
-    fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', last_now_text, 'w', worker
-    if slot then fields[n + 9], fields[n + 10] = 'ck', slot end
-    rcall('HSET', jk, unpack(fields))
-    n = #out
+    if not (raw and laned) then rcall('DEL', jk) end
+    if laned and not slot and not f.r and (not f.p or f.p == '0') then
+      -- A fair job string's usual case, without a table of the fields and its unpack.
+      rcall('HSET', jk, 'm', f.m, 'q', f.q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
+        'st', last_now_text, 'w', worker, 'fk', laned)
+    else
+      local fields = rec_fields(f)
+      local n = #fields
+      fields[6] = 'a'  -- the state
+      fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', '1', 't', tok
+      fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', last_now_text, 'w', worker
+      n = n + 8
+      if slot then fields[n + 1], fields[n + 2] = 'ck', slot; n = n + 2 end
+      if laned then fields[n + 1], fields[n + 2] = 'fk', laned end
+      rcall('HSET', jk, unpack(fields))
+    end
+    local n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
     out[n + 8] = tonumber(f.r) or 0
@@ -657,10 +686,13 @@ end
 -- A fair key's turn (its marker `v` popped from level `prio` of `q`): up to its weight
 -- of jobs from its lane, while this claim has room. Returns the marker to put back at
 -- the head when the claim ran out of room mid-turn (the caller pushes it last, so it
--- is first out); else the marker went back to the tail (jobs left) or away (none).
+-- is first out); else the marker goes back to the tail (jobs left: into `tails`, which
+-- the claim loop pushes in one LPUSH after each pop, in order) or away (none).
 take_turn = function(q, prio, v)
-  local taken, weight, group = marker_parts(v)
-  if not taken then return nil end
+  -- (Text captures, no numbers: a number made text again costs a format.)
+  local ts, fk, ws, group = string.match(v, '^~(%d+)|((%d+)|(.+))$')
+  if not ts then return nil end
+  local taken, weight = tonumber(ts), tonumber(ws)
   local lk = k_lane(q, group, prio)
   local left = true
   while taken < weight and claimed < limit and pops < max_pops do
@@ -671,7 +703,7 @@ take_turn = function(q, prio, v)
     if type(ids) ~= 'table' or ids.err then ids = {} end
     for _, id in ipairs(ids) do
       pops, taken = pops + 1, taken + 1
-      activate(id, q, prio, true)
+      activate(id, q, prio, fk)
     end
     if #ids < want then left = false; break end
   end
@@ -682,12 +714,11 @@ take_turn = function(q, prio, v)
   end
   if taken < weight then
     rcall('ZADD', k_levels(q), level_score(prio), prio)
-    return '~' .. taken .. '|' .. weight .. '|' .. group
+    return '~' .. taken .. '|' .. fk
   end
-  -- Back at the tail; a level list this claim emptied (and unlisted) is listed again.
-  if rcall('LPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group) == 1 then
-    rcall('ZADD', k_levels(q), level_score(prio), prio)
-  end
+  -- Back at the tail (a marker that began its turn at 0 is the same text again).
+  if ts ~= '0' then v = '~0|' .. fk end
+  tails[#tails + 1] = v
   return nil
 end
 
@@ -762,6 +793,14 @@ while claimed < limit and pops < max_pops do
       rcall('ZADD', k_levels(bq), level_score(bprio), bprio)
       break
     end
+  end
+  if #tails > 0 then
+    -- The ended turns' markers, at the tail in turn order; a level list this claim
+    -- emptied (and unlisted) is listed again.
+    if rcall('LPUSH', blk, unpack(tails)) == #tails then
+      rcall('ZADD', k_levels(bq), level_score(bprio), bprio)
+    end
+    tails = {}
   end
 end
 
