@@ -598,16 +598,7 @@ local function activate(id, q, prio, laned)
   -- consumed and skipped, so the job is claimed only through its live entry.
   if take_stale(q, prio, id) then return end
   local jk = k_job(q, id)
-  local ty, raw
-  if laned then
-    -- A lane's id is usually a waiting job string (store_fair): read and deleted in one
-    -- GETDEL, no TYPE first; a hash (a retried or handed-back fair job) answers an error.
-    raw = rpcall('GETDEL', jk)
-    if not raw then return end  -- an id with no job behind it: dropped
-    if type(raw) == 'string' then ty = 'string' else raw = nil; ty = rcall('TYPE', jk).ok end
-  else
-    ty = rcall('TYPE', jk).ok
-  end
+  local ty = rcall('TYPE', jk).ok
   if ty == 'none' then return end  -- an id with no job behind it: dropped
   local f
   if ty == 'hash' then
@@ -634,12 +625,9 @@ local function activate(id, q, prio, laned)
     out[n + 8] = tonumber(r[8]) or 0
   else
     if ty == 'string' then
-      if not raw then raw = rcall('GET', jk) end
+      local raw = rcall('GET', jk)
       f = parse_rec(raw, q)
-      if f and (f.s ~= 'w' or f.q ~= q or sane_prio(f.p) ~= prio) then
-        if laned then rcall('SET', jk, raw) end  -- stale: the GETDEL's string stays
-        return
-      end
+      if f and (f.s ~= 'w' or f.q ~= q or sane_prio(f.p) ~= prio) then return end  -- stale
       -- Bytes that are not a job: keep them as the job's body, so the worker fails
       -- this job with reason decode_error instead of losing it. (They most likely
       -- replaced a counted waiting job, so the counts stay as they are.)
@@ -652,34 +640,67 @@ local function activate(id, q, prio, laned)
     if has_limits then
       local ok
       ok, slot = admit(id, q, prio, f.m)
-      if not ok then
-        if raw and laned then rcall('SET', jk, raw) end  -- parked: keeps its job string
-        return
-      end
+      if not ok then return end
     end
     claimed = claimed + 1
     local tok = tok_prefix .. count_text(claimed)
-    if not (raw and laned) then rcall('DEL', jk) end
-    if laned and not slot and not f.r and (not f.p or f.p == '0') then
-      -- A fair job string's usual case, without a table of the fields and its unpack.
-      rcall('HSET', jk, 'm', f.m, 'q', f.q, 's', 'a', 'o', f.o, 'e', f.e, 'a', '1', 't', tok,
-        'st', last_now_text, 'w', worker, 'fk', laned)
-    else
-      local fields = rec_fields(f)
-      local n = #fields
-      fields[6] = 'a'  -- the state
-      fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', '1', 't', tok
-      fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', last_now_text, 'w', worker
-      n = n + 8
-      if slot then fields[n + 1], fields[n + 2] = 'ck', slot; n = n + 2 end
-      if laned then fields[n + 1], fields[n + 2] = 'fk', laned end
-      rcall('HSET', jk, unpack(fields))
-    end
+    rcall('DEL', jk)
+    local fields = rec_fields(f)
+    local n = #fields
+    fields[6] = 'a'  -- the state
+    fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', '1', 't', tok
+    fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', last_now_text, 'w', worker
+    n = n + 8
+    if slot then fields[n + 1], fields[n + 2] = 'ck', slot; n = n + 2 end
+    if laned then fields[n + 1], fields[n + 2] = 'fk', laned end
+    rcall('HSET', jk, unpack(fields))
     local n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
     out[n + 8] = tonumber(f.r) or 0
   end
+  one_line = claimed_job(q, id, lease_until, leases, ids)
+end
+
+-- A job id taken from its fair key's lane (`fk`: the marker's '<weight>|<task>|<key>'):
+-- the usual one, a waiting job string of this queue and level, is read and deleted in
+-- one GETDEL (no TYPE first) and claimed here without a table of its fields; any other
+-- (a job hash: retried or handed back; a claim with limits; a stale or foreign string,
+-- put back as it was) is activate's.
+local function claim_laned(id, q, prio, fk)
+  if has_limits or not is_bare(id) then return activate(id, q, prio, fk) end
+  if take_stale(q, prio, id) then return end
+  local jk = k_job(q, id)
+  local raw = rpcall('GETDEL', jk)
+  if type(raw) ~= 'string' then
+    if not raw then return end  -- an id with no job behind it: dropped
+    return activate(id, q, prio, fk)  -- not a string (WRONGTYPE): a hash, or bytes
+  end
+  local s, rq, o, e, p, r, at = string.match(raw, '^([ws])([^|]*)|(%d+)|(%d+)|(%-?%d*)|(%d*)|()')
+  if s ~= 'w' or (rq ~= '' and rq ~= q) or (p ~= '' and p ~= prio) or (p == '' and prio ~= '0') then
+    rcall('SET', jk, raw)
+    return activate(id, q, prio, fk)
+  end
+  local m = string.sub(raw, at)
+  claimed = claimed + 1
+  local tok = tok_prefix .. count_text(claimed)
+  if p == '' and r == '' then
+    rcall('HSET', jk, 'm', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1', 't', tok,
+      'st', last_now_text, 'w', worker, 'fk', fk)
+  elseif r == '' then
+    rcall('HSET', jk, 'm', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1', 't', tok,
+      'st', last_now_text, 'w', worker, 'fk', fk, 'p', p)
+  elseif p == '' then
+    rcall('HSET', jk, 'm', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1', 't', tok,
+      'st', last_now_text, 'w', worker, 'fk', fk, 'r', r)
+  else
+    rcall('HSET', jk, 'm', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1', 't', tok,
+      'st', last_now_text, 'w', worker, 'fk', fk, 'p', p, 'r', r)
+  end
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3] = id, m, tok
+  out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(e) or 0, 0, q
+  out[n + 8] = r ~= '' and tonumber(r) or 0
   one_line = claimed_job(q, id, lease_until, leases, ids)
 end
 
@@ -689,23 +710,37 @@ end
 -- is first out); else the marker goes back to the tail (jobs left: into `tails`, which
 -- the claim loop pushes in one LPUSH after each pop, in order) or away (none).
 take_turn = function(q, prio, v)
-  -- (Text captures, no numbers: a number made text again costs a format.)
-  local ts, fk, ws, group = string.match(v, '^~(%d+)|((%d+)|(.+))$')
-  if not ts then return nil end
+  -- (Text captures, no numbers: a number made text again costs a format. The usual
+  -- marker, a new turn of weight 1, is cut, not matched.)
+  local ts, fk, ws, group
+  if string.sub(v, 1, 5) == '~0|1|' and #v > 5 then
+    ts, fk, ws, group = '0', string.sub(v, 4), '1', string.sub(v, 6)
+  else
+    ts, fk, ws, group = string.match(v, '^~(%d+)|((%d+)|(.+))$')
+    if not ts then return nil end
+  end
   local taken, weight = tonumber(ts), tonumber(ws)
   local lk = k_lane(q, group, prio)
   local left = true
   while taken < weight and claimed < limit and pops < max_pops do
     -- As many as the turn and the claim have room for, in one RPOP (a stale id among
-    -- them takes its place in the turn, as on the embedded broker).
+    -- them takes its place in the turn, as on the embedded broker); one is popped
+    -- without a count (its answer is the id, not a table of it).
     local want = math.min(weight - taken, limit - claimed, max_pops - pops)
-    local ids = rpcall('RPOP', lk, num_text(want))
-    if type(ids) ~= 'table' or ids.err then ids = {} end
-    for _, id in ipairs(ids) do
+    if want == 1 then
+      local id = rpcall('RPOP', lk)
+      if type(id) ~= 'string' then left = false; break end
       pops, taken = pops + 1, taken + 1
-      activate(id, q, prio, fk)
+      claim_laned(id, q, prio, fk)
+    else
+      local ids = rpcall('RPOP', lk, num_text(want))
+      if type(ids) ~= 'table' or ids.err then ids = {} end
+      for _, id in ipairs(ids) do
+        pops, taken = pops + 1, taken + 1
+        claim_laned(id, q, prio, fk)
+      end
+      if #ids < want then left = false; break end
     end
-    if #ids < want then left = false; break end
   end
   if left and rcall('EXISTS', lk) == 0 then left = false end
   if not left then
