@@ -141,7 +141,7 @@ for qi = 7, 6 + nq do
     local order = rcall('INCRBY', k_seq(q), #due) - #due
     for i, id in ipairs(due) do
       local jk = k_job(q, id)
-      local ty, prio = rcall('TYPE', jk).ok, nil
+      local ty, prio, fk = rcall('TYPE', jk).ok, nil, nil
       if ty == 'string' then
         -- A scheduled job string becomes a waiting entry (see keys.py).
         local f = parse_rec(rcall('GET', jk), q)
@@ -159,14 +159,16 @@ for qi = 7, 6 + nq do
           count(q, 'w', 1)
         end
       elseif ty == 'hash' then
-        local r = rcall('HMGET', jk, 's', 'p', 'q')
+        -- (fk: a fair job claimed before, due again after its retry's delay: it waits
+        -- in its key's lane, common/bookkeeping.lua push_waiting.)
+        local r = rcall('HMGET', jk, 's', 'p', 'q', 'fk')
         if r[1] == 's' and (not r[3] or r[3] == q) then
           rcall('HSET', jk, 's', 'w', 'o', order + i)
-          prio = sane_prio(r[2])
+          prio, fk = sane_prio(r[2]), r[4]
         end
       end
       if prio then
-        push_waiting(q, prio, id, false)
+        push_waiting(q, prio, id, false, fk)
         count(q, 's', -1)
         count(q, 'w', 1)
       end
@@ -451,12 +453,18 @@ if any_gated and limit > 0 then
             rcall('HDEL', k_parked(q), id)
             -- A job that left waiting meanwhile goes back as a dead entry, first (its
             -- cancel or remove counted it stale; whoever pops it consumes that).
-            local r = read_keyed(q, id, 's', 'q', 'p', 'o')
-            local order = 0
+            -- A fair job goes back into its key's lane (push_back_in_order): a hash
+            -- names its key ('fk'), a job string's body does (lanes.lua fair_of).
+            local r, ty = read_keyed(q, id, 's', 'q', 'p', 'o', 'fk', 'm')
+            local order, fk = 0, nil
             if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then
-              order = tonumber(r[4]) or 0
+              order, fk = tonumber(r[4]) or 0, r[5] or nil
+              if not fk and ty == 'string' then
+                local group, weight = fair_of(r[6])
+                if group then fk = weight .. '|' .. group end
+              end
             end
-            back[#back + 1] = {id, q, prio, order}
+            back[#back + 1] = {id, q, prio, order, fk}
           end
         end
         push_back_in_order(back)
