@@ -676,8 +676,10 @@ end
 -- (a job hash: retried or handed back; a claim with limits; a stale or foreign string,
 -- put back as it was) is activate's.
 local function claim_laned(id, q, prio, fk)
-  if has_limits or not is_bare(id) then return activate(id, q, prio, fk) end
-  if take_stale(q, prio, id) then return end
+  -- (A lane holds job ids, which hold no '|', and '|', a removed job's entry.)
+  if id == '|' then return end
+  if has_limits then return activate(id, q, prio, fk) end
+  if stale_any[q] ~= false and take_stale(q, prio, id) then return end
   local jk = k_job(q, id)
   local raw = rpcall('GETDEL', jk)
   if type(raw) ~= 'string' then
@@ -720,14 +722,15 @@ end
 take_turn = function(q, prio, v)
   -- (Text captures, no numbers: a number made text again costs a format. The usual
   -- marker, a new turn of weight 1, is cut, not matched.)
-  local ts, fk, ws, group
+  local ts, fk, taken, weight, group
   if string.sub(v, 1, 5) == '~0|1|' and #v > 5 then
-    ts, fk, ws, group = '0', string.sub(v, 4), '1', string.sub(v, 6)
+    ts, fk, taken, weight, group = '0', string.sub(v, 4), 0, 1, string.sub(v, 6)
   else
+    local ws
     ts, fk, ws, group = string.match(v, '^~(%d+)|((%d+)|(.+))$')
     if not ts then return nil end
+    taken, weight = tonumber(ts), tonumber(ws)
   end
-  local taken, weight = tonumber(ts), tonumber(ws)
   local lk = k_lane(q, group, prio)
   local left = true
   while taken < weight and claimed < limit and pops < max_pops do
