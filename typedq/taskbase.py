@@ -23,7 +23,7 @@ import pydantic
 from typing_extensions import Unpack
 
 from .broker.base import JobMessage
-from .errors import ConfigError, InvalidOption, PartialEnqueue
+from .errors import ConfigError, InvalidOption, PartialEnqueue, Unsupported
 from .fair import Fair, check_fair
 from .flowcontrol import Debounce, check_flow_control
 from .job import Job, StreamJob
@@ -106,12 +106,22 @@ class Enqueuer(Protocol[TIn_contra, TOut]):
         """A handle on an existing job of this task, by id."""
         ...
 
-    async def enqueue(self, payload: TIn_contra, **options: Unpack[EnqueueOptions]) -> Job[TOut]:
+    async def enqueue(
+        self,
+        payload: TIn_contra,
+        *,
+        within: object | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> Job[TOut]:
         """Enqueue one job and return its handle."""
         ...
 
     async def enqueue_many(
-        self, payloads: Iterable[TIn_contra], **options: Unpack[BatchOptions]
+        self,
+        payloads: Iterable[TIn_contra],
+        *,
+        within: object | None = None,
+        **options: Unpack[BatchOptions],
     ) -> list[Job[TOut]]:
         """Enqueue many jobs in few round trips."""
         ...
@@ -313,12 +323,19 @@ class TaskBase(Generic[TIn, TOut]):
         """A handle on an existing job of this task, by id."""
         return self._job(check_job_id(job_id), created=False)
 
-    async def enqueue(self, payload: TIn, **options: Unpack[EnqueueOptions]) -> Job[TOut]:
+    async def enqueue(
+        self, payload: TIn, *, within: object | None = None, **options: Unpack[EnqueueOptions]
+    ) -> Job[TOut]:
         """Enqueue one job and return its handle.
 
         Concurrent calls are coalesced into one broker round trip.
 
         :param payload: the input model
+        :param within: your database connection with a transaction open (a psycopg 3
+            ``AsyncConnection``, an asyncpg ``Connection``, a SQLAlchemy ``AsyncSession``
+            or ``AsyncConnection``): the job is stored in that transaction and exists if
+            and only if it commits. Needs the PostgreSQL broker; on another broker it
+            raises Unsupported (docs/producers.md "Enqueue in your transaction")
         :param delay: run no sooner than this many seconds from now (finite, 0 to
             :data:`~typedq.options.MAX_SECONDS`, or a timedelta)
         :param eta: run no sooner than this time (aware datetime or epoch seconds, finite,
@@ -338,11 +355,25 @@ class TaskBase(Generic[TIn, TOut]):
             key function failed (nothing is sent, and concurrent enqueues are not affected)
         :raises PayloadTooLarge, EncodeError, InvalidName, NotConnected, QueueFull:
         """
+        if within is not None:
+            self._refuse_controlled_within()
+            message = self.message(payload, **options)
+            (outcome,) = await self._owner.client._enqueue_within(within, [message])
+            return self._job(outcome.id, created=outcome.created)
         if self.flow_control is not None:
             return await self._enqueue_controlled(payload, options)
         message = self.message(payload, **options)
         outcome = await self._owner.client._enqueue(message)  # checked by message()
         return self._job(outcome.id, created=outcome.created)
+
+    def _refuse_controlled_within(self) -> None:
+        """``within=`` stores plain jobs only (so far): a unique window's or a debounce's
+        key lives in the broker's own bookkeeping, outside the caller's transaction."""
+        if self.flow_control is not None:
+            raise Unsupported(
+                f"task {self.name!r}: within= cannot enqueue a task with unique_for= or "
+                "debounce= yet; enqueue it after your transaction commits"
+            )
 
     async def _enqueue_controlled(self, payload: TIn, options: EnqueueOptions) -> Job[TOut]:
         """Enqueue under the task's unique window or debounce (typedq.flowcontrol): the
@@ -366,9 +397,16 @@ class TaskBase(Generic[TIn, TOut]):
         return self._job(outcome.id, created=outcome.created)
 
     async def enqueue_many(
-        self, payloads: Iterable[TIn], **options: Unpack[BatchOptions]
+        self,
+        payloads: Iterable[TIn],
+        *,
+        within: object | None = None,
+        **options: Unpack[BatchOptions],
     ) -> list[Job[TOut]]:
         """Enqueue many jobs in few round trips; the jobs come back in input order.
+
+        With ``within=`` (see :meth:`enqueue`) every job is stored in your transaction, in
+        one call: all of them exist if and only if it commits.
 
         Every payload is checked (its model class, that it encodes, its size) and every
         id made before anything is sent, so a bad one enqueues nothing. Field values are
@@ -382,6 +420,12 @@ class TaskBase(Generic[TIn, TOut]):
             duplicates (then ``task.job(id)`` gives their handles)
         :raises QueueFull, BrokerError: every chunk was refused (nothing was stored)
         """
+        if within is not None:
+            self._refuse_controlled_within()
+            checked = self._options(options, UNSET, UNSET)
+            messages = self._build_many(payloads, checked)
+            outcomes = await self._owner.client._enqueue_within(within, messages)
+            return [self._job(o.id, created=o.created) for o in outcomes]
         if self.flow_control is not None:
             # One job after the other, each under the task's unique window or debounce.
             return [
