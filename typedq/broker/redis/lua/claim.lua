@@ -193,6 +193,8 @@ while c.claimed < limit and c.pops < c.max_pops do
       break
     end
   end
+  -- The fair turns that ended with jobs left go back to the tail (one LPUSH).
+  if c.tails then claim_ops.push_tails(c, bq, bprio, blk) end
 end
 
 local claimed = c.claimed

@@ -73,7 +73,17 @@ local function flush_counts()
   end
 end
 
-local function push_waiting(q, prio, id, at_head)
+-- `fk`: the job hash's fair key ('<weight>|<task>|<key>', set when a claim took it from
+-- its key's lane; typedq.fair): the job waits again in that lane, at its tail (a retry),
+-- and a key that had no job waiting joins its level's line (lanes.lua lane_push).
+local function push_waiting(q, prio, id, at_head, fk)
+  if fk and not at_head then
+    local w, g = string.match(fk, '^(%d+)|(.+)$')
+    if g then
+      lane_push(q, prio, id, g, w)
+      return
+    end
+  end
   local lk = k_wait(q, prio)
   if at_head then rcall('RPUSH', lk, id) else rcall('LPUSH', lk, id) end
   rcall('ZADD', k_levels(q), level_score(prio), prio)
@@ -91,17 +101,40 @@ local PLACE_SCAN = 64
 -- lot back. Entries that are not live here (stale or dead) stay in front of the
 -- live ones, in their own order, so a stale entry still precedes its id's live one;
 -- a waiting entry that is not live is dropped (it has no stale count to consume).
--- back: {id, queue, prio, order} per job.
+-- back: {id, queue, prio, order, fk} per job; fk (the job hash's fair key, see
+-- push_waiting; nil for any other job): it goes back into its key's lane instead, first
+-- when it is older than the lane's head job (its old place, as a hand-back is on the
+-- embedded broker), else at the tail; a key with no job waiting takes its place in the
+-- line again by the job's order (its marker is merged in as the job would be).
 local function push_back_in_order(back)
   local levels = {}
   for _, b in ipairs(back) do
-    local lk = k_wait(b[2], b[3])
-    local g = levels[lk]
-    if not g then
-      g = {q = b[2], prio = b[3], items = {}}
-      levels[lk] = g
+    local item = b[1]
+    local w, fg
+    if b[5] then w, fg = string.match(b[5], '^(%d+)|(.+)$') end
+    if fg then
+      local lk = k_lane(b[2], fg, b[3])
+      local head = rcall('LINDEX', lk, -1)
+      if head then
+        local r = read_keyed(b[2], head, 'o')
+        local ho = r and tonumber(r[1])
+        if ho and b[4] < ho then rcall('RPUSH', lk, b[1]) else rcall('LPUSH', lk, b[1]) end
+        item = nil
+      else
+        rcall('LPUSH', lk, b[1])
+        rcall('SADD', k_lanes(b[2]), b[3] .. '|' .. fg)
+        item = '~0|' .. w .. '|' .. fg
+      end
     end
-    g.items[#g.items + 1] = {b[1], b[4], false}
+    if item then
+      local lk = k_wait(b[2], b[3])
+      local g = levels[lk]
+      if not g then
+        g = {q = b[2], prio = b[3], items = {}}
+        levels[lk] = g
+      end
+      g.items[#g.items + 1] = {item, b[4], false}
+    end
   end
   for lk, g in pairs(levels) do
     local dead, live = {}, g.items

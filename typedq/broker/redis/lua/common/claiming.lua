@@ -66,7 +66,7 @@ function claim_ops.promote_due(q)
     local order = rcall('INCRBY', k_seq(q), #due) - #due
     for i, id in ipairs(due) do
       local jk = k_job(q, id)
-      local ty, prio = rcall('TYPE', jk).ok, nil
+      local ty, prio, fk = rcall('TYPE', jk).ok, nil, nil
       if ty == 'string' then
         -- A scheduled job string becomes a waiting entry (see keys.py).
         local f = parse_rec(rcall('GET', jk), q)
@@ -84,14 +84,16 @@ function claim_ops.promote_due(q)
           count(q, 'w', 1)
         end
       elseif ty == 'hash' then
-        local r = rcall('HMGET', jk, 's', 'p', 'q')
+        -- (fk: a fair job claimed before, due again after its retry's delay: it waits
+        -- in its key's lane, common/bookkeeping.lua push_waiting.)
+        local r = rcall('HMGET', jk, 's', 'p', 'q', 'fk')
         if r[1] == 's' and (not r[3] or r[3] == q) then
           rcall('HSET', jk, 's', 'w', 'o', order + i)
-          prio = sane_prio(r[2])
+          prio, fk = sane_prio(r[2]), r[4]
         end
       end
       if prio then
-        push_waiting(q, prio, id, false)
+        push_waiting(q, prio, id, false, fk)
         count(q, 's', -1)
         count(q, 'w', 1)
       end
@@ -153,7 +155,8 @@ function claim_ops.live_head(c, q)
 end
 
 -- Claim the entry `id` popped from level `prio` of queue q (from a fair key's lane when
--- `laned`), or drop it when its job left. A fair key's marker takes the key's turn:
+-- `laned`: the marker's '<weight>|<task>|<key>', which the claimed hash keeps as 'fk' so
+-- that a retry or hand-back goes back to that lane), or drop it when its job left. A fair key's marker takes the key's turn:
 -- returned is the marker to put back at the head when the claim ran out of room
 -- mid-turn (see take_turn); nil otherwise.
 function claim_ops.activate(c, id, q, prio, laned)
@@ -229,6 +232,7 @@ function claim_ops.activate(c, id, q, prio, laned)
     local tok = c.tok_prefix .. count_text(c.claimed)
     rcall('HSET', jk, 's', 'a', 'a', attempt, 't', tok, 'st', last_now_text, 'w', c.worker)
     if slot then rcall('HSET', jk, 'ck', slot) end
+    if laned then rcall('HSET', jk, 'fk', laned) end
     local n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, r[3] or '', tok
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = attempt, tonumber(r[5]) or 0, tonumber(r[6]) or 0, q
@@ -260,7 +264,9 @@ function claim_ops.activate(c, id, q, prio, laned)
     fields[6] = 'a'  -- the state
     fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'a', '1', 't', tok
     fields[n + 5], fields[n + 6], fields[n + 7], fields[n + 8] = 'st', last_now_text, 'w', c.worker
-    if slot then fields[n + 9], fields[n + 10] = 'ck', slot end
+    n = n + 8
+    if slot then fields[n + 1], fields[n + 2] = 'ck', slot; n = n + 2 end
+    if laned then fields[n + 1], fields[n + 2] = 'fk', laned end
     rcall('HSET', jk, unpack(fields))
     n = #out
     out[n + 1], out[n + 2], out[n + 3] = id, f.m, tok
@@ -270,26 +276,91 @@ function claim_ops.activate(c, id, q, prio, laned)
   c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids)
 end
 
+-- A job id taken from its fair key's lane (`fk`: the marker's '<weight>|<task>|<key>'):
+-- the usual one, a waiting job string of this queue and level, is read and deleted in
+-- one GETDEL (no TYPE first) and claimed here without a table of its fields; any other
+-- (a job hash: retried or handed back; a claim with limits; a stale or foreign string,
+-- put back as it was) is activate's.
+function claim_ops.claim_laned(c, id, q, prio, fk)
+  -- (A lane holds job ids, which hold no '|', and '|', a removed job's entry.)
+  if id == '|' then return end
+  if c.has_limits then return claim_ops.activate(c, id, q, prio, fk) end
+  if stale_any[q] ~= false and take_stale(q, prio, id) then return end
+  local jk = k_job(q, id)
+  local raw = rpcall('GETDEL', jk)
+  if type(raw) ~= 'string' then
+    if not raw then return end  -- an id with no job behind it: dropped
+    return claim_ops.activate(c, id, q, prio, fk)  -- not a string (WRONGTYPE): a hash, or bytes
+  end
+  local s, rq, o, e, p, r, at = string.match(raw, '^([ws])([^|]*)|(%d+)|(%d+)|(%-?%d*)|(%d*)|()')
+  if s ~= 'w' or (rq ~= '' and rq ~= q) or (p ~= '' and p ~= prio) or (p == '' and prio ~= '0') then
+    rcall('SET', jk, raw)
+    return claim_ops.activate(c, id, q, prio, fk)
+  end
+  local m = string.sub(raw, at)
+  local claimed = c.claimed + 1
+  c.claimed = claimed
+  local tok, worker = c.tok_prefix .. count_text(claimed), c.worker
+  if p == '' and r == '' then
+    rcall('HSET', jk, 'm', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1', 't', tok,
+      'st', last_now_text, 'w', worker, 'fk', fk)
+  elseif r == '' then
+    rcall('HSET', jk, 'm', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1', 't', tok,
+      'st', last_now_text, 'w', worker, 'fk', fk, 'p', p)
+  elseif p == '' then
+    rcall('HSET', jk, 'm', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1', 't', tok,
+      'st', last_now_text, 'w', worker, 'fk', fk, 'r', r)
+  else
+    rcall('HSET', jk, 'm', m, 'q', q, 's', 'a', 'o', o, 'e', e, 'a', '1', 't', tok,
+      'st', last_now_text, 'w', worker, 'fk', fk, 'p', p, 'r', r)
+  end
+  local out = c.out
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3] = id, m, tok
+  out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(e) or 0, 0, q
+  out[n + 8] = r ~= '' and tonumber(r) or 0
+  c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids)
+end
+
 -- A fair key's turn (its marker `v` popped from level `prio` of `q`): up to its weight
 -- of jobs from its lane, while this claim has room. Returns the marker to put back at
 -- the head when the claim ran out of room mid-turn (the caller pushes it last, so it
--- is first out); else the marker went back to the tail (jobs left) or away (none).
+-- is first out); else the marker goes back to the tail (jobs left: into c.tails, which
+-- the claim loop pushes in one LPUSH after each pop, in order: claim_ops.push_tails)
+-- or away (none).
 function claim_ops.take_turn(c, q, prio, v)
-  local taken, weight, group = marker_parts(v)
-  if not taken then return nil end
+  -- (Text captures, no numbers: a number made text again costs a format. The usual
+  -- marker, a new turn of weight 1, is cut, not matched.)
+  local ts, fk, taken, weight, group
+  if string.sub(v, 1, 5) == '~0|1|' and #v > 5 then
+    ts, fk, taken, weight, group = '0', string.sub(v, 4), 0, 1, string.sub(v, 6)
+  else
+    local ws
+    ts, fk, ws, group = string.match(v, '^~(%d+)|((%d+)|(.+))$')
+    if not ts then return nil end
+    taken, weight = tonumber(ts), tonumber(ws)
+  end
   local lk = k_lane(q, group, prio)
   local left = true
   while taken < weight and c.claimed < c.limit and c.pops < c.max_pops do
     -- As many as the turn and the claim have room for, in one RPOP (a stale id among
-    -- them takes its place in the turn, as on the embedded broker).
+    -- them takes its place in the turn, as on the embedded broker); one is popped
+    -- without a count (its answer is the id, not a table of it).
     local want = math.min(weight - taken, c.limit - c.claimed, c.max_pops - c.pops)
-    local ids = rpcall('RPOP', lk, num_text(want))
-    if type(ids) ~= 'table' or ids.err then ids = {} end
-    for _, id in ipairs(ids) do
+    if want == 1 then
+      local id = rpcall('RPOP', lk)
+      if type(id) ~= 'string' then left = false; break end
       c.pops, taken = c.pops + 1, taken + 1
-      claim_ops.activate(c, id, q, prio, true)
+      claim_ops.claim_laned(c, id, q, prio, fk)
+    else
+      local ids = rpcall('RPOP', lk, num_text(want))
+      if type(ids) ~= 'table' or ids.err then ids = {} end
+      for _, id in ipairs(ids) do
+        c.pops, taken = c.pops + 1, taken + 1
+        claim_ops.claim_laned(c, id, q, prio, fk)
+      end
+      if #ids < want then left = false; break end
     end
-    if #ids < want then left = false; break end
   end
   if left and rcall('EXISTS', lk) == 0 then left = false end
   if not left then
@@ -298,13 +369,30 @@ function claim_ops.take_turn(c, q, prio, v)
   end
   if taken < weight then
     rcall('ZADD', k_levels(q), level_score(prio), prio)
-    return '~' .. taken .. '|' .. weight .. '|' .. group
+    return '~' .. taken .. '|' .. fk
   end
-  -- Back at the tail; a level list this claim emptied (and unlisted) is listed again.
-  if rcall('LPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group) == 1 then
+  -- Back at the tail (a marker that began its turn at 0 is the same text again).
+  if ts ~= '0' then v = '~0|' .. fk end
+  local tails = c.tails
+  if not tails then
+    tails = {}
+    c.tails = tails
+  end
+  tails[#tails + 1] = v
+  return nil
+end
+
+-- The markers of the turns that ended with jobs left (take_turn's c.tails), pushed at
+-- the tail of level `prio` of `q` (the list `lk` the claim loop popped them from) in
+-- one LPUSH, in turn order; a level list this claim emptied (and unlisted) is listed
+-- again.
+function claim_ops.push_tails(c, q, prio, lk)
+  local tails = c.tails
+  if not tails or #tails == 0 then return end
+  if rcall('LPUSH', lk, unpack(tails)) == #tails then
     rcall('ZADD', k_levels(q), level_score(prio), prio)
   end
-  return nil
+  c.tails = nil
 end
 
 -- A fair job (`body`; its order `o`, or its hash `jk` to read it from) popped from its

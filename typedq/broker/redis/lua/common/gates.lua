@@ -273,12 +273,18 @@ function claim_ops.open_gates(c, q, limit)
           rcall('HDEL', k_parked(q), id)
           -- A job that left waiting meanwhile goes back as a dead entry, first (its
           -- cancel or remove counted it stale; whoever pops it consumes that).
-          local r = read_keyed(q, id, 's', 'q', 'p', 'o')
-          local order = 0
+          -- A fair job goes back into its key's lane (push_back_in_order): a hash
+          -- names its key ('fk'), a job string's body does (lanes.lua fair_of).
+          local r, ty = read_keyed(q, id, 's', 'q', 'p', 'o', 'fk', 'm')
+          local order, fk = 0, nil
           if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio then
-            order = tonumber(r[4]) or 0
+            order, fk = tonumber(r[4]) or 0, r[5] or nil
+            if not fk and ty == 'string' then
+              local group, weight = fair_of(r[6])
+              if group then fk = weight .. '|' .. group end
+            end
           end
-          back[#back + 1] = {id, q, prio, order}
+          back[#back + 1] = {id, q, prio, order, fk}
         end
       end
       push_back_in_order(back)
