@@ -313,9 +313,11 @@ BEGIN
         PERFORM pg_notify(p_channel, 'f:' || p_ns);
     END IF;
     IF retried THEN
+        -- Waiting at once, or scheduled: a waiting worker looks again (and learns when
+        -- the retry is due).
         PERFORM pg_notify(p_channel, 'w:' || p_ns || ':' || q)
         FROM (SELECT DISTINCT x.queue AS q FROM {s}.jobs x
-              WHERE x.ns = p_ns AND x.id = ANY (p_ids) AND x.state = 0) d;
+              WHERE x.ns = p_ns AND x.id = ANY (p_ids) AND x.state IN (0, 1)) d;
     END IF;
     RETURN out;
 END $$;
