@@ -36,14 +36,17 @@ from ..base import (
     EnqueueOutcome,
     Failure,
     FinishOutcome,
+    JobList,
     JobMessage,
     JobRecord,
     JobState,
     LeaseStatus,
+    QueueStats,
     Release,
     check_claim_id,
     new_claim_id,
 )
+from ..memory.listing import CURSOR_LETTERS, cursor_place
 from ..records import (
     CANCELLED_ON_HAND_BACK,
     CANCELLED_WORKER_LOST,
@@ -74,6 +77,17 @@ _LIST_ORDER = {
     JobState.WAITING: "priority DESC, seq",
     JobState.SCHEDULED: "run_at, seq",
     JobState.ACTIVE: "started_at, seq",
+}
+
+#: A job's place in its state's order for paging (``page_jobs``), as memory's listing
+#: has it: (number, order), then the id.
+_PLACES = {
+    JobState.WAITING: ("-priority", "seq"),
+    JobState.SCHEDULED: ("run_at", "seq"),
+    JobState.ACTIVE: ("started_at", "seq"),
+    JobState.COMPLETED: ("-seq", "0"),
+    JobState.FAILED: ("-seq", "0"),
+    JobState.CANCELLED: ("-seq", "0"),
 }
 
 #: stalled_message as a format() template of PostgreSQL: %1$s stalls, %2$s max_stalls.
@@ -131,6 +145,25 @@ class PostgresBroker(Broker):
             ),
             "cancels": f"SELECT id FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2) "
             "AND state = 2 AND cancel_requested",
+            "stats": (
+                "SELECT queue, 'c' AS kind, state, count(*)::float8 AS v "
+                f"FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) GROUP BY queue, state "
+                "UNION ALL "
+                "SELECT queue, 'o', 0, min(CASE WHEN run_at > 0 THEN run_at ELSE enqueued_at END) "
+                f"FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
+                f"AND (state = 0 OR (state = 1 AND run_at <= {s}.now_s())) GROUP BY queue "
+                "UNION ALL "
+                f"SELECT queue, 't', state, n::float8 FROM {s}.trimmed "
+                "WHERE ns = $1 AND queue = ANY ($2) "
+                f"UNION ALL SELECT '', 'n', 0, {s}.now_s()"
+            ),
+        }
+        self._page_sql = {
+            state: f"SELECT id, ({a})::float8 AS a, ({b})::bigint AS b FROM {s}.jobs "
+            "WHERE ns = $1 AND queue = $2 AND state = $3 "
+            f"AND (({a})::float8, ({b})::bigint, id) > ($4, $5, $6) "
+            f"ORDER BY ({a})::float8, ({b})::bigint, id LIMIT $7"
+            for state, (a, b) in _PLACES.items()
         }
         self._list_sql = {
             state: f"SELECT id FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
@@ -515,6 +548,31 @@ class PostgresBroker(Broker):
 
         return await call("recover_stalled", self.target.safe, send)
 
+    async def queue_stats(self, queues: Sequence[str]) -> list[QueueStats]:
+        rows = await self._fetch("queue_stats", self._sql["stats"], self.ns, list(queues))
+        counts = {q: dict.fromkeys(JobState, 0) for q in queues}
+        oldest: dict[str, float] = {}
+        trimmed: dict[str, dict[JobState, int]] = {q: {} for q in queues}
+        now = 0.0
+        for queue, kind, state, value in rows:
+            if kind == "c":
+                counts[queue][_STATES[state]] = int(value)
+            elif kind == "o":
+                oldest[queue] = value
+            elif kind == "t":
+                trimmed[queue][_STATES[state]] = int(value)
+            else:
+                now = value
+        return [
+            QueueStats(
+                queue=q,
+                counts=counts[q],
+                oldest_waiting=max(0.0, now - oldest[q]) if q in oldest else 0.0,
+                trimmed=trimmed[q],
+            )
+            for q in queues
+        ]
+
     # -- listing -----------------------------------------------------------------------
 
     async def list_jobs(
@@ -525,6 +583,34 @@ class PostgresBroker(Broker):
             "list_jobs", self._list_sql[state], self.ns, queue, _CODE[state], max(0, offset), limit
         )
         return [row[0] for row in rows]
+
+    async def page_jobs(
+        self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 100
+    ) -> JobList:
+        letter = CURSOR_LETTERS[state]
+        after = (-math.inf, 0, "") if cursor is None else cursor_place(cursor, letter)
+        limit = max(0, min(limit, 1000))
+        rows = await self._fetch(
+            "page_jobs",
+            self._page_sql[state],
+            self.ns,
+            queue,
+            _CODE[state],
+            float(after[0]),
+            int(after[1]) if cursor is not None else -(2**62),
+            after[2],
+            limit + 1,
+        )
+        ids = [row["id"] for row in rows[:limit]]
+        if len(rows) <= limit or not ids:
+            return JobList(ids, None)
+        last = rows[limit - 1]
+        integral = state is not JobState.SCHEDULED and state is not JobState.ACTIVE
+        return JobList(ids, f"{letter}{_place_text(last['a'], integral)}:{last['b']}:{last['id']}")
+
+
+def _place_text(value: float, integral: bool) -> str:
+    return repr(int(value)) if integral else repr(value)
 
 
 def _driver() -> Any:

@@ -66,7 +66,8 @@ CREATE INDEX jobs_waiting ON {s}.jobs (ns, queue, priority DESC, seq) WHERE stat
 CREATE INDEX jobs_scheduled ON {s}.jobs (ns, queue, run_at) WHERE state = 1;
 CREATE INDEX jobs_active ON {s}.jobs (ns, lease_until) WHERE state = 2;
 CREATE INDEX jobs_finished ON {s}.jobs (ns, state, finished_at) WHERE state >= 3;
-CREATE INDEX jobs_queue_state ON {s}.jobs (ns, queue, state);
+CREATE INDEX jobs_finished_order ON {s}.jobs (ns, state, seq) WHERE state >= 3;
+CREATE INDEX jobs_queue_state ON {s}.jobs (ns, queue, state, seq);
 
 -- How many finished jobs of each state a namespace holds (retention's count bound).
 CREATE TABLE {s}.finished (
@@ -74,6 +75,15 @@ CREATE TABLE {s}.finished (
     state smallint NOT NULL,
     n bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (ns, state)
+);
+
+-- How many finished jobs retention deleted, per queue and state (QueueStats.trimmed).
+CREATE TABLE {s}.trimmed (
+    ns text NOT NULL,
+    queue text NOT NULL,
+    state smallint NOT NULL,
+    n bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (ns, queue, state)
 );
 
 -- Recent claims by claim id: a re-sent claim answers what its first copy took.
@@ -101,19 +111,33 @@ BEGIN
     ON CONFLICT (ns, state) DO UPDATE SET n = f.n + k
     RETURNING n INTO total;
     IF total > cap THEN
+        WITH d AS (
+            DELETE FROM {s}.jobs j USING (
+                SELECT o.id FROM {s}.jobs o
+                WHERE o.ns = p_ns AND o.state = st
+                ORDER BY o.seq LIMIT least(total - cap, 1000)
+            ) old WHERE j.ns = p_ns AND j.id = old.id
+            RETURNING j.queue
+        ), c AS (
+            INSERT INTO {s}.trimmed AS t (ns, queue, state, n)
+            SELECT p_ns, d.queue, st, count(*) FROM d GROUP BY d.queue
+            ON CONFLICT (ns, queue, state) DO UPDATE SET n = t.n + excluded.n
+        )
+        SELECT count(*) INTO gone FROM d;
+    END IF;
+    WITH d AS (
         DELETE FROM {s}.jobs j USING (
             SELECT o.id FROM {s}.jobs o
-            WHERE o.ns = p_ns AND o.state = st
-            ORDER BY o.finished_at, o.seq LIMIT least(total - cap, 1000)
-        ) old WHERE j.ns = p_ns AND j.id = old.id;
-        GET DIAGNOSTICS gone = ROW_COUNT;
-    END IF;
-    DELETE FROM {s}.jobs j USING (
-        SELECT o.id FROM {s}.jobs o
-        WHERE o.ns = p_ns AND o.state = st AND o.finished_at <= now - ttl
-        ORDER BY o.finished_at LIMIT 1000
-    ) old WHERE j.ns = p_ns AND j.id = old.id;
-    GET DIAGNOSTICS more = ROW_COUNT;
+            WHERE o.ns = p_ns AND o.state = st AND o.finished_at <= now - ttl
+            ORDER BY o.finished_at LIMIT 1000
+        ) old WHERE j.ns = p_ns AND j.id = old.id
+        RETURNING j.queue
+    ), c AS (
+        INSERT INTO {s}.trimmed AS t (ns, queue, state, n)
+        SELECT p_ns, d.queue, st, count(*) FROM d GROUP BY d.queue
+        ON CONFLICT (ns, queue, state) DO UPDATE SET n = t.n + excluded.n
+    )
+    SELECT count(*) INTO more FROM d;
     gone := gone + more;
     IF gone > 0 THEN
         UPDATE {s}.finished SET n = n - gone WHERE ns = p_ns AND state = st;
@@ -289,7 +313,7 @@ BEGIN
                 done_token = p_tokens[i], token = NULL, finished_at = now, lease_until = 0,
                 seq = nextval('{s}.job_seq')
             WHERE ns = p_ns AND id = p_ids[i];
-            ended[st - 3] := ended[st - 3] + 1;
+            ended[st - 2] := ended[st - 2] + 1;
         ELSE
             UPDATE {s}.jobs SET error = p_errors[i],
                 errors = (j.errors || p_errors[i])[greatest(1, cardinality(j.errors) + 2 - p_history):],
