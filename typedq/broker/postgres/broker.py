@@ -54,7 +54,7 @@ from ..records import (
     cancelled_while,
     stalled_message,
 )
-from .connection import Listener, call, channel_of, migrate, parse_url
+from .connection import READ_TRIES, Listener, call, channel_of, migrate, parse_url
 from .schema import STATE_CODES
 
 __all__ = ["PostgresBroker"]
@@ -265,9 +265,11 @@ class PostgresBroker(Broker):
         pool = self._check()
         return await call(op, self.target.safe, lambda: pool.fetchval(sql, *args), cap)
 
-    async def _fetch(self, op: str, sql: str, *args: Any) -> list[Any]:
+    async def _fetch(self, op: str, sql: str, *args: Any, read: bool = False) -> list[Any]:
         pool = self._check()
-        rows: list[Any] = await call(op, self.target.safe, lambda: pool.fetch(sql, *args))
+        rows: list[Any] = await call(
+            op, self.target.safe, lambda: pool.fetch(sql, *args), tries=READ_TRIES if read else 1
+        )
         return rows
 
     def _final_bounds(self) -> tuple[list[float], list[int]]:
@@ -309,7 +311,7 @@ class PostgresBroker(Broker):
         if not ids:
             self._check()
             return []
-        rows = await self._fetch("get", self._sql["get"], self.ns, list(ids))
+        rows = await self._fetch("get", self._sql["get"], self.ns, list(ids), read=True)
         found = {row["id"]: _record(row) for row in rows}
         return [found.get(i) for i in ids]
 
@@ -360,7 +362,7 @@ class PostgresBroker(Broker):
         return _CANCEL[int(code)]
 
     async def counts(self, queue: str) -> dict[JobState, int]:
-        rows = await self._fetch("counts", self._sql["counts"], self.ns, queue)
+        rows = await self._fetch("counts", self._sql["counts"], self.ns, queue, read=True)
         counts = dict.fromkeys(JobState, 0)
         for state, n in rows:
             counts[_STATES[state]] = n
@@ -403,7 +405,9 @@ class PostgresBroker(Broker):
         entry = (frozenset(queues), event)
         self._work.add(entry)
         try:
-            rows = await self._fetch("wait_for_jobs", self._sql["due"], self.ns, list(queues))
+            rows = await self._fetch(
+                "wait_for_jobs", self._sql["due"], self.ns, list(queues), read=True
+            )
             waiting, due_in = rows[0][0], rows[0][1]
             if waiting:
                 return
@@ -507,7 +511,9 @@ class PostgresBroker(Broker):
         if not ids:
             self._check()
             return []
-        rows = await self._fetch("cancel_requests", self._sql["cancels"], self.ns, list(ids))
+        rows = await self._fetch(
+            "cancel_requests", self._sql["cancels"], self.ns, list(ids), read=True
+        )
         asked = {row[0] for row in rows}
         return [i for i in ids if i in asked]
 
@@ -549,7 +555,9 @@ class PostgresBroker(Broker):
         return await call("recover_stalled", self.target.safe, send)
 
     async def queue_stats(self, queues: Sequence[str]) -> list[QueueStats]:
-        rows = await self._fetch("queue_stats", self._sql["stats"], self.ns, list(queues))
+        rows = await self._fetch(
+            "queue_stats", self._sql["stats"], self.ns, list(queues), read=True
+        )
         counts = {q: dict.fromkeys(JobState, 0) for q in queues}
         oldest: dict[str, float] = {}
         trimmed: dict[str, dict[JobState, int]] = {q: {} for q in queues}
@@ -580,7 +588,14 @@ class PostgresBroker(Broker):
     ) -> list[str]:
         limit = max(0, min(limit, 1000))
         rows = await self._fetch(
-            "list_jobs", self._list_sql[state], self.ns, queue, _CODE[state], max(0, offset), limit
+            "list_jobs",
+            self._list_sql[state],
+            self.ns,
+            queue,
+            _CODE[state],
+            max(0, offset),
+            limit,
+            read=True,
         )
         return [row[0] for row in rows]
 
@@ -600,6 +615,7 @@ class PostgresBroker(Broker):
             int(after[1]) if cursor is not None else -(2**62),
             after[2],
             limit + 1,
+            read=True,
         )
         ids = [row["id"] for row in rows[:limit]]
         if len(rows) <= limit or not ids:

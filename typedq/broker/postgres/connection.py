@@ -94,6 +94,9 @@ def broker_error(exc: BaseException, op: str, where: str, cap: int = 0) -> Broke
             TimeoutError,
             asyncpg.PostgresConnectionError,
             asyncpg.InterfaceError,
+            # A connection killed while a call ran can leave asyncpg's protocol mid-call
+            # when the pool resets it: the connection is gone, as for the others.
+            asyncpg.exceptions.InternalClientError,
             asyncpg.CannotConnectNowError,
             asyncpg.AdminShutdownError,
         ),
@@ -208,17 +211,37 @@ class Listener:
                 await conn.close(timeout=2)
 
 
-async def call(op: str, where: str, make: Callable[[], Awaitable[T]], cap: int = 0) -> T:
-    """``await make()`` with asyncpg's errors translated (:func:`broker_error`)."""
-    try:
-        return await make()
-    except BrokerError:
-        raise
-    except (OSError, TimeoutError) as exc:
-        raise broker_error(exc, op, where, cap) from exc
-    except Exception as exc:
-        import asyncpg
+#: How often a read is sent again when its connection was lost (killed by the server,
+#: a restart): the pool opens a new one. Writes are not: their callers re-send them
+#: (they are fenced or keyed by id).
+READ_TRIES = 3
 
-        if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError):
-            raise broker_error(exc, op, where, cap) from exc
-        raise
+
+async def call(
+    op: str, where: str, make: Callable[[], Awaitable[T]], cap: int = 0, *, tries: int = 1
+) -> T:
+    """``await make()`` with asyncpg's errors translated (:func:`broker_error`); a read
+    (``tries`` > 1) is sent again after a lost connection."""
+    for attempt in range(1, tries + 1):
+        try:
+            return await make()
+        except BrokerError:
+            raise
+        except (OSError, TimeoutError) as exc:
+            error: BrokerError = broker_error(exc, op, where, cap)
+            cause: BaseException = exc
+        except Exception as exc:
+            import asyncpg
+
+            if not isinstance(
+                exc,
+                asyncpg.PostgresError
+                | asyncpg.InterfaceError
+                | asyncpg.exceptions.InternalClientError,
+            ):
+                raise
+            error, cause = broker_error(exc, op, where, cap), exc
+        if attempt == tries or not isinstance(error, BrokerUnavailable):
+            raise error from cause
+        await asyncio.sleep(0.02 * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
