@@ -98,9 +98,11 @@ CREATE FUNCTION {s}.now_s() RETURNS double precision
 LANGUAGE sql VOLATILE AS $$ SELECT extract(epoch FROM clock_timestamp())::double precision $$;
 
 -- Count ``k`` more finished jobs of ``st``, then apply retention to that state: the
--- oldest past the count bound go, and those older than the ttl (at most 1000 a call).
+-- oldest past the count bound go, and with ``sweep`` (the reaper's pass, recover) those
+-- older than the ttl (at most 1000 each a call). The age bound is applied by the
+-- reaper's pass alone: a finish costs no scan of the finished jobs' ages.
 CREATE FUNCTION {s}.finished_add(p_ns text, st smallint, k integer, ttl double precision,
-                                 cap bigint, now double precision)
+                                 cap bigint, now double precision, sweep boolean)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     total bigint;
@@ -124,6 +126,12 @@ BEGIN
             ON CONFLICT (ns, queue, state) DO UPDATE SET n = t.n + excluded.n
         )
         SELECT count(*) INTO gone FROM d;
+    END IF;
+    IF NOT sweep THEN
+        IF gone > 0 THEN
+            UPDATE {s}.finished SET n = n - gone WHERE ns = p_ns AND state = st;
+        END IF;
+        RETURN;
     END IF;
     WITH d AS (
         DELETE FROM {s}.jobs j USING (
@@ -224,15 +232,24 @@ BEGIN
     ) d
     WHERE j.ns = p_ns AND j.id = d.id;
     RETURN QUERY
+    -- The best p_limit of each queue (an index walk each: "queue = ANY" would sort every
+    -- waiting job), then the best p_limit of those; the others stay locked only until
+    -- this call's transaction ends.
     WITH picked AS (
-        SELECT x.id, row_number() OVER (ORDER BY x.priority DESC, x.seq) AS k
+        SELECT y.id, row_number() OVER (ORDER BY y.priority DESC, y.seq) AS k
         FROM (
-            SELECT w.id, w.priority, w.seq FROM {s}.jobs w
-            WHERE w.ns = p_ns AND w.queue = ANY (p_queues) AND w.state = 0
-            ORDER BY w.priority DESC, w.seq
+            SELECT x.id, x.priority, x.seq
+            FROM unnest(p_queues) AS qn (q),
+            LATERAL (
+                SELECT w.id, w.priority, w.seq FROM {s}.jobs w
+                WHERE w.ns = p_ns AND w.queue = qn.q AND w.state = 0
+                ORDER BY w.priority DESC, w.seq
+                LIMIT p_limit
+                FOR UPDATE SKIP LOCKED
+            ) x
+            ORDER BY x.priority DESC, x.seq
             LIMIT p_limit
-            FOR UPDATE SKIP LOCKED
-        ) x
+        ) y
     )
     UPDATE {s}.jobs j
     SET state = 2, attempt = j.attempt + 1, token = p_claim || '.' || picked.k,
@@ -277,7 +294,7 @@ BEGIN
         END IF;
     END LOOP;
     IF done > 0 THEN
-        PERFORM {s}.finished_add(p_ns, 3::smallint, done, p_ttl, p_cap, now);
+        PERFORM {s}.finished_add(p_ns, 3::smallint, done, p_ttl, p_cap, now, false);
         PERFORM pg_notify(p_channel, 'f:' || p_ns);
     END IF;
     RETURN out;
@@ -330,7 +347,7 @@ BEGIN
     FOR k IN 1 .. 3 LOOP
         IF ended[k] > 0 THEN
             PERFORM {s}.finished_add(p_ns, (k + 2)::smallint, ended[k],
-                                     p_ttl[least(k, 2)], p_cap[least(k, 2)], now);
+                                     p_ttl[least(k, 2)], p_cap[least(k, 2)], now, false);
         END IF;
     END LOOP;
     IF ended[1] + ended[2] + ended[3] > 0 THEN
@@ -379,7 +396,7 @@ BEGIN
         out := out || 0::smallint;
     END LOOP;
     IF cancelled > 0 THEN
-        PERFORM {s}.finished_add(p_ns, 5::smallint, cancelled, p_ttl, p_cap, now);
+        PERFORM {s}.finished_add(p_ns, 5::smallint, cancelled, p_ttl, p_cap, now, false);
         PERFORM pg_notify(p_channel, 'f:' || p_ns);
     END IF;
     PERFORM pg_notify(p_channel, 'w:' || p_ns || ':' || q)
@@ -411,7 +428,7 @@ BEGIN
         br_message = CASE WHEN st = 0 THEN p_waiting ELSE p_scheduled END,
         seq = nextval('{s}.job_seq')
     WHERE ns = p_ns AND id = p_id;
-    PERFORM {s}.finished_add(p_ns, 5::smallint, 1, p_ttl, p_cap, now);
+    PERFORM {s}.finished_add(p_ns, 5::smallint, 1, p_ttl, p_cap, now, false);
     PERFORM pg_notify(p_channel, 'f:' || p_ns);
     RETURN 0;
 END $$;
@@ -462,7 +479,7 @@ BEGIN
     END LOOP;
     FOR k IN 1 .. 3 LOOP
         PERFORM {s}.finished_add(p_ns, (k + 2)::smallint, ended[k],
-                                 p_ttl[least(k, 2)], p_cap[least(k, 2)], now);
+                                 p_ttl[least(k, 2)], p_cap[least(k, 2)], now, true);
     END LOOP;
     IF ended[1] + ended[2] + ended[3] > 0 THEN
         PERFORM pg_notify(p_channel, 'f:' || p_ns);
