@@ -7,7 +7,8 @@ their token, and the waits are woken by LISTEN/NOTIFY (:class:`.connection.Liste
 never by polling in the steady state.
 
 What this broker has: the 14 core methods, plus ``wait_for_jobs``, ``wait_finished``,
-``cancel_requests`` and ``wait_cancel_requests`` pushed by notifications. Every
+``cancel_requests`` and ``wait_cancel_requests`` pushed by notifications, and
+``complete_and_claim``, ``queue_stats`` and ``page_jobs`` (keyset cursors) of its own. Every
 capability (flows, schedules, limits, observability, event streams, operator actions,
 runs, flow control, the schema registry, job streams) keeps the seam's Unsupported
 default, so an app that declares one fails at connect in one line (docs/brokers.md).
@@ -119,6 +120,8 @@ class PostgresBroker(Broker):
             "enqueue": f"SELECT {s}.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             "claim": f"SELECT * FROM {s}.claim($1, $2, $3, $4, $5, $6)",
             "complete": f"SELECT {s}.complete($1, $2, $3, $4, $5, $6, $7)",
+            "complete_and_claim": f"SELECT * FROM {s}.complete_and_claim($1, $2, $3, $4, $5, "
+            "$6, $7, $8, $9, $10, $11, $12)",
             "fail": f"SELECT {s}.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             "release": f"SELECT {s}.release($1, $2, $3, $4, $5, $6, $7)",
             "cancel": f"SELECT {s}.cancel($1, $2, $3, $4, $5, $6, $7)",
@@ -386,18 +389,7 @@ class PostgresBroker(Broker):
         rows = await self._fetch(
             "claim", self._sql["claim"], self.ns, list(queues), limit, worker_id, lease, claim_id
         )
-        rows.sort(key=lambda row: row["n"])
-        return [
-            ClaimedJob(
-                message=_decode_message(row["message"]),
-                token=row["token"],
-                attempt=row["attempt"],
-                enqueued_at=row["enqueued_at"],
-                stalls=row["stalls"],
-                run_at=row["run_at"],
-            )
-            for row in rows
-        ]
+        return _claimed(rows)
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
         self._check()
@@ -455,6 +447,45 @@ class PostgresBroker(Broker):
             self.channel,
         )
         return [_FINISH[c] for c in codes]
+
+    async def complete_and_claim(
+        self,
+        items: Sequence[Completion],
+        queues: Sequence[str],
+        limit: int,
+        *,
+        worker_id: str,
+        lease: float,
+        claim_id: str | None = None,
+    ) -> tuple[list[FinishOutcome], list[ClaimedJob]]:
+        # One round trip, one transaction: the completions, then the claim.
+        claim_id = new_claim_id() if claim_id is None else check_claim_id(claim_id)
+        if not items:
+            claimed = await self.claim(
+                queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+            )
+            return [], claimed
+        if limit <= 0 or not queues:
+            return await self.complete(items), []
+        r = self.settings.retention
+        rows = await self._fetch(
+            "complete_and_claim",
+            self._sql["complete_and_claim"],
+            self.ns,
+            [i.id for i in items],
+            [i.token for i in items],
+            [i.result for i in items],
+            r.completed_ttl,
+            r.completed_max,
+            self.channel,
+            list(queues),
+            limit,
+            worker_id,
+            lease,
+            claim_id,
+        )
+        outcomes = [_FINISH[c] for c in rows[0]["codes"]]
+        return outcomes, _claimed([row for row in rows if row["n"] is not None])
 
     async def fail(self, items: Sequence[Failure]) -> list[FinishOutcome]:
         if not items:
@@ -623,6 +654,22 @@ class PostgresBroker(Broker):
         last = rows[limit - 1]
         integral = state is not JobState.SCHEDULED and state is not JobState.ACTIVE
         return JobList(ids, f"{letter}{_place_text(last['a'], integral)}:{last['b']}:{last['id']}")
+
+
+def _claimed(rows: list[Any]) -> list[ClaimedJob]:
+    """The rows of a claim as ClaimedJobs, in claim order."""
+    rows.sort(key=lambda row: row["n"])
+    return [
+        ClaimedJob(
+            message=_decode_message(row["message"]),
+            token=row["token"],
+            attempt=row["attempt"],
+            enqueued_at=row["enqueued_at"],
+            stalls=row["stalls"],
+            run_at=row["run_at"],
+        )
+        for row in rows
+    ]
 
 
 def _place_text(value: float, integral: bool) -> str:

@@ -300,6 +300,40 @@ BEGIN
     RETURN out;
 END $$;
 
+-- complete, then claim: the slots a worker frees are refilled in the same round trip.
+-- Every row carries the completions' answers; with nothing claimed, one row of them.
+CREATE FUNCTION {s}.complete_and_claim(p_ns text, p_ids text[], p_tokens text[],
+                                       p_results bytea[], p_ttl double precision,
+                                       p_cap bigint, p_channel text, p_queues text[],
+                                       p_limit integer, p_worker text,
+                                       p_lease double precision, p_claim text)
+RETURNS TABLE (codes smallint[], n bigint, message bytea, token text, attempt integer,
+               enqueued_at double precision, stalls integer, run_at double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    done smallint[];
+    r record;
+    got boolean := false;
+BEGIN
+    done := {s}.complete(p_ns, p_ids, p_tokens, p_results, p_ttl, p_cap, p_channel);
+    FOR r IN SELECT * FROM {s}.claim(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim) LOOP
+        codes := done;
+        n := r.n;
+        message := r.message;
+        token := r.token;
+        attempt := r.attempt;
+        enqueued_at := r.enqueued_at;
+        stalls := r.stalls;
+        run_at := r.run_at;
+        got := true;
+        RETURN NEXT;
+    END LOOP;
+    IF NOT got THEN
+        codes := done;
+        RETURN NEXT;
+    END IF;
+END $$;
+
 -- Failed attempts: retried (scheduled after the delay, or waiting at once), or final
 -- (failed; cancelled when asked to or when a cancel was requested).
 CREATE FUNCTION {s}.fail(p_ns text, p_ids text[], p_tokens text[], p_errors bytea[],
