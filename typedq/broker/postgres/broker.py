@@ -178,7 +178,8 @@ class PostgresBroker(Broker):
         self._users = 0
         #: Waiters for work: (queues, event), woken by ``w:`` notifications of a queue.
         self._work: set[tuple[frozenset[str], anyio.Event]] = set()
-        self._finished: set[anyio.Event] = set()
+        #: Waiters for a job's end, by job id, woken by its ``f:`` notification.
+        self._finished: dict[str, set[anyio.Event]] = {}
         self._cancels: set[anyio.Event] = set()
 
     def __repr__(self) -> str:
@@ -240,16 +241,17 @@ class PostgresBroker(Broker):
     # -- notifications -----------------------------------------------------------------
 
     def _notified(self, payload: str) -> None:
+        # ``<kind>:<ns>:<key>``: names have no ':' (a job id may), so the first two split.
         kind, _, rest = payload.partition(":")
-        ns, _, queue = rest.partition(":")
+        ns, _, key = rest.partition(":")
         if ns != self.ns:
             return
-        if kind == "w":
+        if kind == "w":  # key: a queue
             for queues, event in list(self._work):
-                if queue in queues:
+                if key in queues:
                     event.set()
-        elif kind == "f":
-            for event in list(self._finished):
+        elif kind == "f":  # key: a job id
+            for event in self._finished.get(key, ()):
                 event.set()
         elif kind == "c":
             for event in list(self._cancels):
@@ -259,7 +261,10 @@ class PostgresBroker(Broker):
         """Wake every waiter (the listener was remade: a notification may be lost)."""
         for _, event in list(self._work):
             event.set()
-        for event in (*self._finished, *self._cancels):
+        for events in self._finished.values():
+            for event in events:
+                event.set()
+        for event in self._cancels:
             event.set()
 
     # -- calls -------------------------------------------------------------------------
@@ -331,7 +336,7 @@ class PostgresBroker(Broker):
         started = False
         while True:
             event = anyio.Event()
-            self._finished.add(event)
+            self._finished.setdefault(job_id, set()).add(event)
             try:
                 if not started:
                     task_status.started()
@@ -347,7 +352,11 @@ class PostgresBroker(Broker):
                 if self._pool is None:
                     return None
             finally:
-                self._finished.discard(event)
+                events = self._finished.get(job_id)
+                if events is not None:
+                    events.discard(event)
+                    if not events:
+                        del self._finished[job_id]
 
     async def cancel(self, job_id: str, *, queue: str | None = None) -> CancelOutcome:
         ttls, caps = self._final_bounds()

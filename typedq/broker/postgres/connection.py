@@ -3,7 +3,7 @@ the broker's notifications, and asyncpg's errors as typedq's.
 
 Driver: asyncpg (asyncio only). A broker holds one pool for its calls and one more
 connection that LISTENs on the schema's channel (``typedq_<schema>``): ``w:<ns>:<queue>``
-(work may be claimable in that queue), ``f:<ns>`` (jobs finished), ``c:<ns>`` (a running
+(work may be claimable in that queue), ``f:<ns>:<job id>`` (the job finished), ``c:<ns>`` (a running
 job's cancel was requested). Notifications are sent by the schema's functions, so they
 are delivered when the transaction that made the change commits.
 """

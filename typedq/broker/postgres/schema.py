@@ -289,13 +289,13 @@ BEGIN
         IF FOUND THEN
             out := out || 0::smallint;
             done := done + 1;
+            PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || p_ids[i]);
         ELSE
             out := out || {s}.fenced(p_ns, p_ids[i], p_tokens[i]);
         END IF;
     END LOOP;
     IF done > 0 THEN
         PERFORM {s}.finished_add(p_ns, 3::smallint, done, p_ttl, p_cap, now, false);
-        PERFORM pg_notify(p_channel, 'f:' || p_ns);
     END IF;
     RETURN out;
 END $$;
@@ -365,6 +365,7 @@ BEGIN
                 seq = nextval('{s}.job_seq')
             WHERE ns = p_ns AND id = p_ids[i];
             ended[st - 2] := ended[st - 2] + 1;
+            PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || p_ids[i]);
         ELSE
             UPDATE {s}.jobs SET error = p_errors[i],
                 errors = (j.errors || p_errors[i])[greatest(1, cardinality(j.errors) + 2 - p_history):],
@@ -384,9 +385,6 @@ BEGIN
                                      p_ttl[least(k, 2)], p_cap[least(k, 2)], now, false);
         END IF;
     END LOOP;
-    IF ended[1] + ended[2] + ended[3] > 0 THEN
-        PERFORM pg_notify(p_channel, 'f:' || p_ns);
-    END IF;
     IF retried THEN
         -- Waiting at once, or scheduled: a waiting worker looks again (and learns when
         -- the retry is due).
@@ -422,6 +420,7 @@ BEGIN
                 br_kind = 'cancelled_w', br_message = p_message, seq = nextval('{s}.job_seq')
             WHERE ns = p_ns AND id = p_ids[i];
             cancelled := cancelled + 1;
+            PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || p_ids[i]);
         ELSE
             UPDATE {s}.jobs SET state = 0, attempt = attempt - 1, done_token = p_tokens[i],
                 token = NULL, lease_until = 0, run_at = now
@@ -431,7 +430,6 @@ BEGIN
     END LOOP;
     IF cancelled > 0 THEN
         PERFORM {s}.finished_add(p_ns, 5::smallint, cancelled, p_ttl, p_cap, now, false);
-        PERFORM pg_notify(p_channel, 'f:' || p_ns);
     END IF;
     PERFORM pg_notify(p_channel, 'w:' || p_ns || ':' || q)
     FROM (SELECT DISTINCT x.queue AS q FROM {s}.jobs x
@@ -463,7 +461,7 @@ BEGIN
         seq = nextval('{s}.job_seq')
     WHERE ns = p_ns AND id = p_id;
     PERFORM {s}.finished_add(p_ns, 5::smallint, 1, p_ttl, p_cap, now, false);
-    PERFORM pg_notify(p_channel, 'f:' || p_ns);
+    PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || p_id);
     RETURN 0;
 END $$;
 
@@ -497,6 +495,7 @@ BEGIN
                 br_message = p_lost, seq = nextval('{s}.job_seq')
             WHERE ns = p_ns AND id = j.id;
             ended[3] := ended[3] + 1;
+            PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || j.id);
         ELSIF j.stalls + 1 > p_max_stalls THEN
             UPDATE {s}.jobs SET state = 4, stalls = stalls + 1, done_token = NULL,
                 token = NULL, lease_until = 0, finished_at = now, br_kind = 'stalled',
@@ -504,6 +503,7 @@ BEGIN
                 seq = nextval('{s}.job_seq')
             WHERE ns = p_ns AND id = j.id;
             ended[2] := ended[2] + 1;
+            PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || j.id);
         ELSE
             UPDATE {s}.jobs SET state = 0, stalls = stalls + 1, done_token = NULL,
                 token = NULL, lease_until = 0, run_at = now
@@ -515,9 +515,6 @@ BEGIN
         PERFORM {s}.finished_add(p_ns, (k + 2)::smallint, ended[k],
                                  p_ttl[least(k, 2)], p_cap[least(k, 2)], now, true);
     END LOOP;
-    IF ended[1] + ended[2] + ended[3] > 0 THEN
-        PERFORM pg_notify(p_channel, 'f:' || p_ns);
-    END IF;
     IF requeued THEN
         PERFORM pg_notify(p_channel, 'w:' || p_ns || ':' || q)
         FROM (SELECT DISTINCT x.queue AS q FROM {s}.jobs x
