@@ -576,9 +576,17 @@ class PostgresBroker(Broker):
         sql = self._sql["recover"]
 
         async def send() -> int:
-            # ``holding`` is read when the call is sent (a live view stays current).
-            got: int = await pool.fetchval(
-                sql,
+            # ``holding`` is read when the call is sent (a live view stays current): once
+            # a connection is in hand and the statement prepared, so that no round trip
+            # (a new connection's, a prepare's) comes between the read and the send. A job
+            # claimed meanwhile whose handler then blocks the loop past its lease is left
+            # alone. (The reaper's pass is rare: the extra prepare costs nothing much.)
+            async with pool.acquire() as conn:
+                statement = await conn.prepare(sql)
+                return await _recover(statement)
+
+        async def _recover(statement: Any) -> int:
+            got: int = await statement.fetchval(
                 self.ns,
                 limit,
                 list(holding),
