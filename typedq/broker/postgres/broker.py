@@ -80,6 +80,9 @@ _LIST_ORDER = {
     JobState.ACTIVE: "started_at, seq",
 }
 
+#: Seconds ``close`` waits for the pool's connections to come back before dropping them.
+_CLOSE_TIMEOUT = 5.0
+
 #: A job's place in its state's order for paging (``page_jobs``), as memory's listing
 #: has it: (number, order), then the id.
 _PLACES = {
@@ -227,7 +230,12 @@ class PostgresBroker(Broker):
         if listener is not None:
             await listener.close()
         if pool is not None:
-            await pool.close()
+            try:
+                # Graceful: calls in flight end first; a connection that does not come
+                # back within the bound (a dead server) is dropped.
+                await asyncio.wait_for(pool.close(), _CLOSE_TIMEOUT)
+            except (TimeoutError, OSError):
+                pool.terminate()
 
     def _check(self) -> Any:
         pool = self._pool
