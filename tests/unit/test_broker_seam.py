@@ -24,6 +24,7 @@ from typedq.broker.capabilities import (
     Flows,
     Limits,
     Schedules,
+    TransactionalEnqueue,
     capabilities_of,
     members,
     supports,
@@ -36,9 +37,14 @@ pytestmark = pytest.mark.anyio
 
 BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 
-#: The capabilities a backend does not have yet (it keeps Broker's Unsupported defaults).
-#: The PostgreSQL broker has the core store alone so far (issue 30; docs/brokers.md).
-LACKING: dict[type[Broker], tuple[type[Any], ...]] = {PostgresBroker: tuple(CAPABILITIES)}
+#: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
+#: jobs stored in the caller's database transaction need a broker in that database. The
+#: PostgreSQL broker has the core store alone so far (issue 30; docs/brokers.md).
+LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
+    MemoryBroker: (TransactionalEnqueue,),
+    RedisBroker: (TransactionalEnqueue,),
+    PostgresBroker: tuple(CAPABILITIES),
+}
 
 
 def _shape(fn: Callable[..., Any]) -> list[tuple[str, Any, Any]]:
