@@ -23,6 +23,7 @@ from typedq.broker.capabilities import (
     CORE_WITH_DEFAULTS,
     Flows,
     Limits,
+    OperatorActions,
     Schedules,
     TransactionalEnqueue,
     capabilities_of,
@@ -39,11 +40,12 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
-#: PostgreSQL broker has the core store alone so far (issue 30; docs/brokers.md).
+#: PostgreSQL broker has the core store and operator actions so far (issue 30;
+#: docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
-    PostgresBroker: tuple(CAPABILITIES),
+    PostgresBroker: tuple(cap for cap in CAPABILITIES if cap is not OperatorActions),
 }
 
 

@@ -1,7 +1,7 @@
 """The PostgreSQL broker (``postgresql://`` / ``postgres://``; extra ``typedq[postgres]``).
 
-Today: the core store of the seam (:mod:`typedq.broker.base`), in a schema of its own
-created and migrated on first connect. Capabilities follow one at a time; until then
+Today: the core store of the seam (:mod:`typedq.broker.base`) and operator actions, in
+a schema of its own created and migrated on first connect. Capabilities follow one at a time; until then
 they raise :class:`~typedq.errors.Unsupported` (docs/brokers.md says which).
 
 - :mod:`.schema`: tables, indexes and the functions that move jobs (numbered migrations)

@@ -8,10 +8,12 @@ never by polling in the steady state.
 
 What this broker has: the 14 core methods, plus ``wait_for_jobs``, ``wait_finished``,
 ``cancel_requests`` and ``wait_cancel_requests`` pushed by notifications, and
-``complete_and_claim``, ``queue_stats`` and ``page_jobs`` (keyset cursors) of its own. Every
-capability (flows, schedules, limits, observability, event streams, operator actions,
-runs, flow control, the schema registry, job streams) keeps the seam's Unsupported
-default, so an app that declares one fails at connect in one line (docs/brokers.md).
+``complete_and_claim``, ``queue_stats`` and ``page_jobs`` (keyset cursors) of its own;
+and one capability, OperatorActions (retry, remove, purge). Every other capability
+(flows, schedules, limits, observability, event streams, runs, flow control, flow views,
+the schema registry, job streams, transactional enqueue) keeps the seam's Unsupported
+default: an app that declares one of those it needs at connect fails there in one line
+(docs/brokers.md).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ..base import (
     LeaseStatus,
     QueueStats,
     Release,
+    RetryOutcome,
     check_claim_id,
     new_claim_id,
 )
@@ -66,6 +69,7 @@ _decode_message = msgspec.msgpack.Decoder(JobMessage).decode
 _STATES = [JobState(name) for name in STATE_CODES]
 _CODE = {state: code for code, state in enumerate(_STATES)}
 _FINISH = list(FinishOutcome)
+_RETRY = [RetryOutcome.RETRIED, RetryOutcome.NOT_RETRYABLE, RetryOutcome.NOT_FOUND]
 _CANCEL = [
     CancelOutcome.CANCELLED,
     CancelOutcome.REQUESTED,
@@ -129,6 +133,8 @@ class PostgresBroker(Broker):
             "release": f"SELECT {s}.release($1, $2, $3, $4, $5, $6, $7)",
             "cancel": f"SELECT {s}.cancel($1, $2, $3, $4, $5, $6, $7)",
             "recover": f"SELECT {s}.recover($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            "retry": f"SELECT {s}.retry($1, $2, $3)",
+            "remove": f"SELECT {s}.remove($1, $2, $3, $4, $5)",
             "get": f"SELECT {_RECORD_COLUMNS} FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2)",
             "counts": f"SELECT state, count(*) FROM {s}.jobs WHERE ns = $1 AND queue = $2 "
             "GROUP BY state",
@@ -636,6 +642,53 @@ class PostgresBroker(Broker):
             )
             for q in queues
         ]
+
+    # -- operator actions (capability OperatorActions; no workflows here yet) ----------
+
+    async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
+        if not ids:
+            self._check()
+            return []
+        codes = await self._fetchval("retry", self._sql["retry"], self.ns, list(ids), self.channel)
+        return [_RETRY[c] for c in codes]
+
+    async def remove(
+        self,
+        ids: Sequence[str],
+        *,
+        states: Sequence[JobState] | None = None,
+        queue: str | None = None,
+    ) -> list[bool]:
+        if not ids:
+            self._check()
+            return []
+        codes = None if states is None else [_CODE[state] for state in states]
+        gone = set(
+            await self._fetchval(
+                "remove", self._sql["remove"], self.ns, list(ids), codes, None, self.channel
+            )
+        )
+        # Ids are acted on in order: an id repeated is deleted by its first mention.
+        out = []
+        for job_id in ids:
+            out.append(job_id in gone)
+            gone.discard(job_id)
+        return out
+
+    async def purge(self, queue: str, states: Sequence[JobState]) -> int:
+        if not states:
+            self._check()
+            return 0
+        gone = await self._fetchval(
+            "purge",
+            self._sql["remove"],
+            self.ns,
+            None,
+            [_CODE[state] for state in states],
+            queue,
+            self.channel,
+        )
+        return len(gone)
 
     # -- listing -----------------------------------------------------------------------
 

@@ -465,6 +465,64 @@ BEGIN
     RETURN 0;
 END $$;
 
+-- Operator actions (capability OperatorActions). Retry: a failed or cancelled job is
+-- waiting again at the tail of its level, a fresh life (attempt and stalls from zero, its
+-- finish, result, error and worker cleared; its error history kept). Answers per id:
+-- 0 retried, 1 not retryable (any other state), 2 not found.
+CREATE FUNCTION {s}.retry(p_ns text, p_ids text[], p_channel text)
+RETURNS smallint[] LANGUAGE plpgsql AS $$
+DECLARE
+    now double precision := {s}.now_s();
+    out smallint[] := '{{}}';
+    st smallint;
+    q text;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
+        SELECT x.state, x.queue INTO st, q FROM {s}.jobs x
+        WHERE x.ns = p_ns AND x.id = p_ids[i] FOR UPDATE;
+        IF NOT FOUND THEN
+            out := out || 2::smallint;
+        ELSIF st NOT IN (4, 5) THEN
+            out := out || 1::smallint;
+        ELSE
+            UPDATE {s}.jobs SET state = 0, seq = nextval('{s}.job_seq'), run_at = now,
+                attempt = 0, stalls = 0, started_at = 0, finished_at = 0, result = NULL,
+                error = NULL, progress = NULL, cancel_requested = false, worker_id = NULL,
+                done_token = NULL, token = NULL, br_kind = NULL, br_message = NULL
+            WHERE ns = p_ns AND id = p_ids[i];
+            UPDATE {s}.finished SET n = n - 1 WHERE ns = p_ns AND state = st;
+            PERFORM pg_notify(p_channel, 'w:' || p_ns || ':' || q);
+            out := out || 0::smallint;
+        END IF;
+    END LOOP;
+    RETURN out;
+END $$;
+
+-- Delete jobs (of p_ids, in any state or in p_states; of p_queue in p_states when p_ids
+-- is NULL): finished jobs leave retention's count, and each deleted job's waiters are
+-- woken. Answers the ids deleted.
+CREATE FUNCTION {s}.remove(p_ns text, p_ids text[], p_states smallint[], p_queue text,
+                           p_channel text)
+RETURNS text[] LANGUAGE plpgsql AS $$
+DECLARE
+    gone text[];
+BEGIN
+    WITH d AS (
+        DELETE FROM {s}.jobs j
+        WHERE j.ns = p_ns
+          AND (CASE WHEN p_ids IS NULL THEN j.queue = p_queue ELSE j.id = ANY (p_ids) END)
+          AND (p_states IS NULL OR j.state = ANY (p_states))
+        RETURNING j.id, j.state
+    ), c AS (
+        UPDATE {s}.finished f SET n = f.n - k.cnt
+        FROM (SELECT d.state, count(*) AS cnt FROM d WHERE d.state >= 3 GROUP BY d.state) k
+        WHERE f.ns = p_ns AND f.state = k.state
+    )
+    SELECT coalesce(array_agg(d.id), '{{}}') INTO gone FROM d;
+    PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || g) FROM unnest(gone) g;
+    RETURN gone;
+END $$;
+
 -- Jobs whose lease expired (but those in p_holding): waiting again at their old place
 -- (stall counted), or, past max_stalls, failed (stalled); cancelled when a cancel was
 -- requested. Also applies every final state's age bound, and forgets old claim ids.
