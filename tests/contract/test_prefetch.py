@@ -11,7 +11,7 @@ import pytest
 from tests.support import TEST_DEADLINE, In, Out
 from typedq import App, ConfigError, JobContext, JobState, Worker
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 async def until_count(app: App, state: JobState, n: int) -> dict[JobState, int]:
