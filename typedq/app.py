@@ -468,6 +468,7 @@ class App(AppBase):
         self,
         *,
         concurrency: int = 16,
+        prefetch: int = 0,
         queues: list[str] | None = None,
         grace: float = 10.0,
         allow_unknown_queues: bool = False,
@@ -476,6 +477,8 @@ class App(AppBase):
         """A worker for every task of this app (an async context manager).
 
         :param concurrency: how many jobs run at once (claimed only for free slots)
+        :param prefetch: jobs held beyond ``concurrency`` (claimed ahead, or being recorded
+            while the next runs; see :class:`~typedq.worker.Worker`); 0: none
         :param queues: which queues to take jobs from (default: every queue of the app)
         :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
         :param allow_unknown_queues: take jobs from ``queues`` no task of this app uses
@@ -486,6 +489,7 @@ class App(AppBase):
         return Worker(
             self,
             concurrency=concurrency,
+            prefetch=prefetch,
             queues=queues,
             grace=grace,
             allow_unknown_queues=allow_unknown_queues,

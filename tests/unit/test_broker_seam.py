@@ -24,6 +24,7 @@ from typedq.broker.capabilities import (
     Flows,
     Limits,
     Schedules,
+    TransactionalEnqueue,
     capabilities_of,
     members,
     supports,
@@ -35,8 +36,12 @@ pytestmark = pytest.mark.anyio
 
 BACKENDS = [MemoryBroker, RedisBroker]
 
-#: The capabilities a backend does not have yet (it keeps Broker's Unsupported defaults).
-LACKING: dict[type[Broker], tuple[type[Any], ...]] = {}
+#: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
+#: jobs stored in the caller's database transaction need a broker in that database.
+LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
+    MemoryBroker: (TransactionalEnqueue,),
+    RedisBroker: (TransactionalEnqueue,),
+}
 
 
 def _shape(fn: Callable[..., Any]) -> list[tuple[str, Any, Any]]:

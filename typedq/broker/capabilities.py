@@ -59,6 +59,7 @@ __all__ = [
     "OperatorActions",
     "Runs",
     "SchemaRegistry",
+    "TransactionalEnqueue",
     "Schedules",
     "capabilities_of",
     "members",
@@ -258,6 +259,17 @@ class SchemaRegistry(Protocol):
     async def forget_schemas(self, keys: Sequence[tuple[str, str]]) -> list[bool]: ...
 
 
+@runtime_checkable
+class TransactionalEnqueue(Protocol):
+    """Enqueue inside the caller's own database transaction (``task.enqueue(...,
+    within=conn)``): the jobs exist if and only if that transaction commits. Only a
+    broker that lives in the caller's database can (the PostgreSQL broker)."""
+
+    async def enqueue_within(
+        self, conn: object, messages: Sequence[JobMessage]
+    ) -> list[EnqueueOutcome]: ...
+
+
 #: Every capability, in the order of the seam's description (typedq.broker.base).
 CAPABILITIES: tuple[type[Any], ...] = (
     Flows,
@@ -271,6 +283,7 @@ CAPABILITIES: tuple[type[Any], ...] = (
     FlowViews,
     SchemaRegistry,
     JobStreams,
+    TransactionalEnqueue,
 )
 
 

@@ -409,3 +409,16 @@ class CapabilityDefaults:
         --forget``: no producer of that schema runs any more); True per record deleted.
         A process that still runs with one does not record it again until it restarts."""
         raise self._unsupported("a schema registry")
+
+    # -- transactional enqueue (``within=``; capability TransactionalEnqueue) --------------
+
+    @capability_default
+    async def enqueue_within(
+        self, conn: object, messages: Sequence[JobMessage]
+    ) -> list[EnqueueOutcome]:
+        """Store ``messages`` through ``conn``, the caller's own database connection, in
+        the transaction it has open: they exist if and only if it commits (and workers
+        hear of them at the commit). Per message its outcome, as ``enqueue`` answers.
+        A connection the broker cannot use (another database, an unknown driver) is an
+        :class:`~typedq.errors.InvalidOption`."""
+        raise self._unsupported("enqueue within a transaction")

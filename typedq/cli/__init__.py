@@ -86,6 +86,7 @@ def seconds(raw: str) -> float:
 _ENV_DEFAULTS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "log_level": ("TYPEDQ_LOG_LEVEL", str, "INFO"),
     "concurrency": ("TYPEDQ_CONCURRENCY", int, 16),
+    "prefetch": ("TYPEDQ_PREFETCH", int, 0),
     "queues": ("TYPEDQ_QUEUES", str, ""),
     "grace": ("TYPEDQ_GRACE", float, 10.0),
     # Forever: a worker that starts during an outage waits like a running one rides it
@@ -147,6 +148,7 @@ variable, the variable over the built-in default):
   {DEFAULT_BROKER_ENV}            broker URL for an app that names none (else memory://)
   TYPEDQ_LOG_LEVEL         --log-level
   TYPEDQ_CONCURRENCY       worker --concurrency
+  TYPEDQ_PREFETCH          worker --prefetch
   TYPEDQ_QUEUES            worker --queues
   TYPEDQ_GRACE             worker --grace
   TYPEDQ_WAIT_FOR_BROKER   worker --wait-for-broker
@@ -196,6 +198,16 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
         type=int,
         default=None,
         help=_env_help("concurrency", "jobs run at once"),
+    )
+    worker.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help=_env_help(
+            "prefetch",
+            "jobs held beyond --concurrency: claimed ahead, or recorded while the next "
+            "runs (for short jobs; a prefetched job waits behind running ones)",
+        ),
     )
     worker.add_argument(
         "--queues", "-q", default=None, help=_env_help("queues", "comma-separated queues")

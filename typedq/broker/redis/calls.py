@@ -25,7 +25,7 @@ __all__ = ["ScriptCalls"]
 _LOADS = 5
 #: Scripts sent on the broker's :class:`~typedq.broker.redis.connection.Lane` when it is
 #: free (standalone Redis): the worker's calls of every job (claim, settle and claim).
-_LANE_SCRIPTS = frozenset({"claim", "complete"})
+_LANE_SCRIPTS = frozenset({"claim", "complete", "run_get", "run_schedule", "run_append"})
 
 
 def _already_loaded(exc: BaseException) -> bool:

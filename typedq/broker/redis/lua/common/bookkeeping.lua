@@ -236,7 +236,7 @@ local function mark_waiters(args, first, last)
   for i = first, last do rcall('SET', k_waiter(args[i]), '1') end
 end
 
--- The bookkeeping of job `id` of queue `q` that a claim took (claim.lua's activate, the
+-- The bookkeeping of job `id` of queue `q` that a claim took (common/claiming.lua's activate, the
 -- same for a waiting entry as for a job with a key): its lease until `lease_until` (text)
 -- queued in `leases` (queue -> lease_until, id, ...: one ZADD per queue at the end of a
 -- claim of several jobs) or added now (nil: a claim of one), waiting -1 / active +1, and
@@ -260,7 +260,7 @@ end
 -- Direct hand-off (issue 31): jobs `ids[first..last]` (orders `orders`, bodies
 -- `bodies`, all of level `prio`), just enqueued into queue `q` where nothing else
 -- waits, go straight to idle workers registered in `q` (handoff.lua): each such job
--- is claimed here, as claim.lua's activate claims a waiting entry, under the lease and
+-- is claimed here, as common/claiming.lua's activate claims a waiting entry, under the lease and
 -- worker of its registration and the token '<registration>.<id>', and pushed to the
 -- registration's inbox as '<id>|<token>|<enqueued_at>|<queue>|<body>', where the
 -- worker's blocking pop takes it: one hop from enqueue to worker, no claim. A
