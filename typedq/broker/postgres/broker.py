@@ -24,7 +24,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
-from ...errors import ConfigError, NotConnected
+from ...errors import ConfigError, InvalidOption, NotConnected
 from ...options import check_numbers
 from ..base import (
     ERROR_HISTORY,
@@ -56,6 +56,7 @@ from ..records import (
 )
 from .connection import READ_TRIES, Listener, call, channel_of, migrate, parse_url
 from .schema import STATE_CODES
+from .within import EnqueueArgs, enqueue_within, within_error
 
 __all__ = ["PostgresBroker"]
 
@@ -278,8 +279,8 @@ class PostgresBroker(Broker):
 
     # -- producer side -----------------------------------------------------------------
 
-    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
-        self._check()
+    def _enqueue_args(self, messages: Sequence[JobMessage]) -> EnqueueArgs:
+        """The enqueue function's arguments for ``messages`` (checked first)."""
         check_numbers(messages)
         for message in messages:
             if not isinstance(message.payload, bytes):
@@ -287,13 +288,8 @@ class PostgresBroker(Broker):
                     f"job {message.id!r}: the payload must be bytes (an encoded model), "
                     f"not {type(message.payload).__name__}"
                 )
-        if not messages:
-            return []
         queues = [m.queue for m in messages]
-        cap = self.queue_cap(set(queues))
-        created = await self._fetchval(
-            "enqueue",
-            self._sql["enqueue"],
+        return (
             self.ns,
             [m.id for m in messages],
             queues,
@@ -301,11 +297,34 @@ class PostgresBroker(Broker):
             [m.priority for m in messages],
             [m.eta for m in messages],
             [m.delay for m in messages],
-            cap,
+            self.queue_cap(set(queues)),
             self.channel,
-            cap=cap,
         )
+
+    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
+        self._check()
+        args = self._enqueue_args(messages)
+        if not messages:
+            return []
+        created = await self._fetchval("enqueue", self._sql["enqueue"], *args, cap=args[7])
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
+
+    async def enqueue_within(
+        self, conn: object, messages: Sequence[JobMessage]
+    ) -> list[EnqueueOutcome]:
+        """Store ``messages`` in the transaction open on ``conn`` (see
+        :mod:`typedq.broker.postgres.within`): they exist if and only if it commits."""
+        self._check()
+        args = self._enqueue_args(messages)
+        if not messages:
+            return []
+        try:
+            created = await enqueue_within(conn, self.target.schema, self._sql["enqueue"], args)
+        except InvalidOption:
+            raise
+        except Exception as exc:
+            raise within_error(exc, self.target.safe, args[7]) from exc
+        return [EnqueueOutcome(m.id, c) for m, c in zip(messages, created, strict=True)]
 
     async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
         if not ids:
