@@ -54,8 +54,16 @@ from ..records import (
     cancelled_while,
     stalled_message,
 )
-from .connection import READ_TRIES, Listener, call, channel_of, migrate, parse_url
-from .schema import STATE_CODES
+from .connection import (
+    READ_TRIES,
+    Listener,
+    call,
+    channel_of,
+    migrate,
+    parse_url,
+    schema_version,
+)
+from .schema import MIGRATIONS, STATE_CODES
 from .within import EnqueueArgs, enqueue_within, within_error
 
 __all__ = ["PostgresBroker"]
@@ -209,6 +217,22 @@ class PostgresBroker(Broker):
             self._users = 0
             await self._teardown()
             raise
+
+    async def schema_versions(self, *, apply: bool) -> tuple[int, int]:
+        """``(the schema's version, the newest)``, on a connection of its own (no
+        pool, no listener); with ``apply`` the schema is migrated first and the version it
+        had is returned (``typedq migrate``; ``connect`` migrates too)."""
+        asyncpg = _driver()
+        where = self.target.safe
+        conn = await call("connect", where, lambda: asyncpg.connect(self.target.dsn))
+        try:
+            if apply:
+                had = await call("migrate", where, lambda: migrate(conn, self.target.schema))
+            else:
+                had = await call("version", where, lambda: schema_version(conn, self.target.schema))
+        finally:
+            await conn.close()
+        return int(had), len(MIGRATIONS)
 
     async def close(self) -> None:
         if self._users == 0:
