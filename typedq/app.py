@@ -12,6 +12,7 @@ from typing_extensions import Unpack
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
 from .broker.capabilities import EventStreams, FlowControl, JobStreams, Limits, Runs, Schedules
+from .broker.runs import RUN_SCHEMA_PREFIX
 from .clock import SYSTEM_CLOCK, Clock
 from .context import JobContext
 from .durable.host import (
@@ -52,6 +53,7 @@ from .task import (
 from .worker import Worker
 
 if TYPE_CHECKING:
+    from .serde import Codec
     from .tracing import Tracing
 
 __all__ = ["App"]
@@ -461,6 +463,14 @@ class App(AppBase):
         if emitting:
             needs[JobStreams] = f"emits= of tasks {', '.join(emitting)}"
         return needs
+
+    def _schema_sources(self) -> list[tuple[str, Codec[Any], Codec[Any]]]:
+        """The tasks, then each durable function's run input and result as
+        ``run:<name>`` (runs keep their input's fingerprint: ``typedq verify``)."""
+        durables = [
+            (f"{RUN_SCHEMA_PREFIX}{d.name}", d.input, d.output) for d in self._durables.values()
+        ]
+        return super()._schema_sources() + durables
 
     # -- workers -------------------------------------------------------------------
 

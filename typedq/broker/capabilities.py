@@ -245,6 +245,10 @@ class Runs(Protocol):
 
     async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None: ...
 
+    async def page_runs(
+        self, *, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[str], str | None]: ...
+
 
 @runtime_checkable
 class SchemaRegistry(Protocol):

@@ -389,6 +389,18 @@ class CapabilityDefaults:
         wake-ups of a growing log)."""
         raise self._unsupported("durable runs")
 
+    @capability_default
+    async def page_runs(
+        self, *, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[str], str | None]:
+        """A page of the app's run ids (running and ended ones retention keeps): about
+        ``limit`` of them (a hint: a backend may answer a few more or fewer, none while
+        more follow) and the cursor of the next page, None after the last. Bounded work
+        per call (``typedq verify`` reads the runs' stored payloads page by page); a run
+        created or ended while the pages are read may be met or not, never twice in one
+        walk on a quiet broker."""
+        raise self._unsupported("durable runs")
+
     # -- the schema registry (``typedq verify``; capability SchemaRegistry) -----------------
 
     @capability_default

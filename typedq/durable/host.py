@@ -179,6 +179,7 @@ class DurableTask(Generic[TIn, TOut]):
             turn_task=self.turn_task.name,
             turn_payload=self.turn_task.input.encode(RunTurn(run_id)),
             input=self.input.encode(inp),
+            fingerprint=self.input.fingerprint,
         )
         [(_created, _record)] = await self._app.broker.create_runs([spec])
         return self.handle(run_id)

@@ -163,8 +163,17 @@ local function failure_record(reason, error_type, message, attempt, worker, now)
   return cmsgpack.pack(rec)
 end
 
+-- Helpers of workflows that the hot paths do not call, as fields of one table made at
+-- load (the library's main chunk holds at most 200 locals: a local per helper would use
+-- them up): flow_ops.outbox_due (common/flows.lua), the staging of large fan-outs and
+-- flow_ops.trim_parked, which trim below calls (common/flow_settle.lua).
+local flow_ops = {}  --@keep
+
 -- Retention: drop the oldest finished jobs of one state of queue `q` while there are
 -- more than `cap` or they are older than `ttl`; at most `budget` per call (bounded work).
+-- A parked job (fail.lua's 'pk': its flow waits for an operator retry) goes as any
+-- failed one, and its flow then fails (flow_ops.trim_parked): after the trim's own deletions,
+-- so a flow's end that fails more jobs of the queue leaves them to the next trim.
 local function trim(q, state, now, ttl, cap, budget)
   flush_zsets()
   local zkey = k_done(q, state)
@@ -174,13 +183,22 @@ local function trim(q, state, now, ttl, cap, budget)
   if n <= 0 then return 0 end
   if n > budget then n = budget end
   local popped = rcall('ZPOPMIN', zkey, n)
+  local parked
   for i = 1, #popped, 2 do
-    local r = read_hash(q, popped[i], 's')
+    local r = read_hash(q, popped[i], 's', 'pk')
     if r and r[1] == state then
+      if r[2] then
+        parked = parked or {}
+        parked[#parked + 1] = {popped[i], rcall('HMGET', k_job(q, popped[i]), 'fl', 'fm',
+          'fs', 'fq', 'fx', 'fS', 'fsq', 'err')}
+      end
       rcall('DEL', k_job(q, popped[i]))
       count(q, state, -1)
       count(q, 't' .. state, 1)  -- trimmed by retention (queue_stats' trimmed counts)
     end
+  end
+  if parked then
+    for _, p in ipairs(parked) do flow_ops.trim_parked(q, p[1], p[2], now) end
   end
   return n
 end
