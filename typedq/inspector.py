@@ -18,6 +18,7 @@ import msgspec
 
 from .broker import redact_url
 from .broker.base import CancelOutcome, JobState, WorkerInfo
+from .broker.capabilities import Schedules, supports
 from .broker.flow import HELD_AT, member_id, step_id, waits_for
 from .broker.runs import RunSignal, SignalOutcome
 from .client import Client
@@ -150,8 +151,11 @@ class Inspector:
         self.declared = None if schedules is None else {s.name: s for s in schedules}
 
     async def schedules(self) -> list[ScheduleView]:
-        """The schedules with their next and last fire times, by name."""
+        """The schedules with their next and last fire times, by name (none on a broker
+        without schedules: it can hold none)."""
         broker = self.client.broker
+        if not supports(broker, Schedules):
+            return []
         states = {s.name: s for s in await broker.schedule_states()}
         declared = self.declared or {}
         if not states and not declared:

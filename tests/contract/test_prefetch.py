@@ -14,6 +14,16 @@ from typedq import App, ConfigError, JobContext, JobState, Worker
 pytestmark = pytest.mark.anyio
 
 
+async def until_count(app: App, state: JobState, n: int) -> dict[JobState, int]:
+    """The queue's counts once ``n`` of its jobs are in ``state`` (polled: the broker's
+    side of a worker's claim has no event to wait on)."""
+    while True:
+        counts = await app.broker.counts("default")
+        if counts.get(state, 0) == n:
+            return counts
+        await anyio.sleep(0.005)
+
+
 async def test_prefetch_holds_the_extra_jobs_but_runs_concurrency_handlers(
     app_name: str, broker_url: str
 ) -> None:
@@ -73,11 +83,7 @@ async def test_a_prefetched_job_waits_behind_a_long_one_and_goes_back_at_shutdow
                 await long_started.wait()
                 second = await work.enqueue(In(1))
                 # The second job is claimed (prefetched) while the first still runs.
-                while True:
-                    counts = await app.broker.counts("default")
-                    if counts.get(JobState.ACTIVE, 0) == 2:
-                        break
-                    await anyio.sleep(0.005)
+                await until_count(app, JobState.ACTIVE, 2)
                 assert [n for n, _ in started] == [0]
                 worker.stop(force=True)
             counts = await app.broker.counts("default")
@@ -116,17 +122,9 @@ async def test_a_graceful_stop_hands_prefetched_jobs_back_at_once(
             async with app.worker(concurrency=1, prefetch=1, grace=60) as worker:
                 await long_started.wait()
                 second = await work.enqueue(In(1))
-                while True:
-                    counts = await app.broker.counts("default")
-                    if counts.get(JobState.ACTIVE, 0) == 2:
-                        break
-                    await anyio.sleep(0.005)
+                await until_count(app, JobState.ACTIVE, 2)
                 worker.stop()
-                while True:
-                    counts = await app.broker.counts("default")
-                    if counts.get(JobState.WAITING, 0) == 1:
-                        break
-                    await anyio.sleep(0.005)
+                counts = await until_count(app, JobState.WAITING, 1)
                 assert counts.get(JobState.ACTIVE, 0) == 1  # job 0, still in its grace
                 assert started == [0]
                 release.set()
