@@ -46,3 +46,16 @@ def test_migrate_without_a_schema_to_migrate_says_so(
     err = capsys.readouterr().err
     assert "typedq migrate needs MODULE:APP or --broker URL" in err
     assert err.count("\n") == 1
+
+
+def test_inspect_shows_a_postgres_brokers_counts(
+    pg_cluster: PgCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The overview needs the core alone: a broker without schedules shows none."""
+    schema = f"cli_{next(_schemas)}"
+    url = f"{pg_cluster.url}?schema={schema}"
+    assert main(["inspect", "--broker", url, "--app", "billing"]) == 0
+    out = capsys.readouterr().out
+    assert "app 'billing' on postgresql://" in out
+    assert "default" in out
+    assert "no failed jobs" in out
