@@ -14,7 +14,8 @@ inspect`` shows counts, failed jobs, and retries, cancels or purges jobs (see
 :mod:`typedq.inspector`). ``typedq verify MODULE:APP`` checks the app's models against
 the schemas the broker still holds (:mod:`typedq.cli.verify`, docs/deploys.md).
 ``typedq jobs`` finds jobs by filter and retries, cancels or
-removes every match (:mod:`typedq.cli.jobs`, :mod:`typedq.bulk`).
+removes every match (:mod:`typedq.cli.jobs`, :mod:`typedq.bulk`). ``typedq migrate``
+brings a PostgreSQL broker's schema to this release (:mod:`typedq.cli.migrate`).
 
 ``--log-level`` and ``--broker`` go before or after the subcommand. Options without a
 flag fall back on ``TYPEDQ_*`` environment variables (see ``typedq --help``): the flag
@@ -45,6 +46,7 @@ from ..schema import app_schema as schema_of
 from .common import load_app
 from .inspect import inspect_command
 from .jobs import add_jobs_parser, jobs_command
+from .migrate import add_migrate_parser, migrate_command
 from .stubs import stubs_command
 from .verify import verify_command
 from .worker import exit_past_threads, worker_command
@@ -122,9 +124,17 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"{variable}={raw!r} is not {kind}; fix or unset it (or give the flag)"
             ) from None
-    if args.broker and args.command not in ("worker", "inspect", "jobs", "dashboard", "verify"):
+    if args.broker and args.command not in (
+        "worker",
+        "inspect",
+        "jobs",
+        "dashboard",
+        "verify",
+        "migrate",
+    ):
         raise ConfigError(
-            f"--broker is for worker, inspect, jobs, verify and dashboard, not {args.command}"
+            f"--broker is for worker, inspect, jobs, verify, migrate and dashboard, not "
+            f"{args.command}"
         )
     if args.log_format not in ("text", "json"):
         raise ConfigError(f"log format {args.log_format!r} is not text or json")
@@ -395,6 +405,7 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
     )
     verify.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_jobs_parser(sub, [common, with_broker])
+    add_migrate_parser(sub, [common, with_broker])
     for provider in providers.values():
         provider.add_parser(sub, [common, with_broker])
     return parser
@@ -429,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return verify_command(args)
         elif args.command == "jobs":
             return jobs_command(args)
+        elif args.command == "migrate":
+            return migrate_command(args)
         elif args.command in providers:
             return int(providers[args.command].run(args))
     except TypedqError as exc:

@@ -27,7 +27,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
-from ...errors import ConfigError, NotConnected
+from ...errors import ConfigError, InvalidOption, NotConnected
 from ...options import check_numbers
 from ..base import (
     ERROR_HISTORY,
@@ -58,8 +58,17 @@ from ..records import (
     cancelled_while,
     stalled_message,
 )
-from .connection import READ_TRIES, Listener, call, channel_of, migrate, parse_url
-from .schema import STATE_CODES
+from .connection import (
+    READ_TRIES,
+    Listener,
+    call,
+    channel_of,
+    migrate,
+    parse_url,
+    schema_version,
+)
+from .schema import MIGRATIONS, STATE_CODES
+from .within import EnqueueArgs, enqueue_within, within_error
 
 __all__ = ["PostgresBroker"]
 
@@ -222,6 +231,22 @@ class PostgresBroker(Broker):
             await self._teardown()
             raise
 
+    async def schema_versions(self, *, apply: bool) -> tuple[int, int]:
+        """``(the schema's version, the newest)``, on a connection of its own (no
+        pool, no listener); with ``apply`` the schema is migrated first and the version it
+        had is returned (``typedq migrate``; ``connect`` migrates too)."""
+        asyncpg = _driver()
+        where = self.target.safe
+        conn = await call("connect", where, lambda: asyncpg.connect(self.target.dsn))
+        try:
+            if apply:
+                had = await call("migrate", where, lambda: migrate(conn, self.target.schema))
+            else:
+                had = await call("version", where, lambda: schema_version(conn, self.target.schema))
+        finally:
+            await conn.close()
+        return int(had), len(MIGRATIONS)
+
     async def close(self) -> None:
         if self._users == 0:
             return
@@ -300,8 +325,8 @@ class PostgresBroker(Broker):
 
     # -- producer side -----------------------------------------------------------------
 
-    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
-        self._check()
+    def _enqueue_args(self, messages: Sequence[JobMessage]) -> EnqueueArgs:
+        """The enqueue function's arguments for ``messages`` (checked first)."""
         check_numbers(messages)
         for message in messages:
             if not isinstance(message.payload, bytes):
@@ -309,13 +334,8 @@ class PostgresBroker(Broker):
                     f"job {message.id!r}: the payload must be bytes (an encoded model), "
                     f"not {type(message.payload).__name__}"
                 )
-        if not messages:
-            return []
         queues = [m.queue for m in messages]
-        cap = self.queue_cap(set(queues))
-        created = await self._fetchval(
-            "enqueue",
-            self._sql["enqueue"],
+        return (
             self.ns,
             [m.id for m in messages],
             queues,
@@ -323,11 +343,34 @@ class PostgresBroker(Broker):
             [m.priority for m in messages],
             [m.eta for m in messages],
             [m.delay for m in messages],
-            cap,
+            self.queue_cap(set(queues)),
             self.channel,
-            cap=cap,
         )
+
+    async def enqueue(self, messages: Sequence[JobMessage]) -> list[EnqueueOutcome]:
+        self._check()
+        args = self._enqueue_args(messages)
+        if not messages:
+            return []
+        created = await self._fetchval("enqueue", self._sql["enqueue"], *args, cap=args[7])
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
+
+    async def enqueue_within(
+        self, conn: object, messages: Sequence[JobMessage]
+    ) -> list[EnqueueOutcome]:
+        """Store ``messages`` in the transaction open on ``conn`` (see
+        :mod:`typedq.broker.postgres.within`): they exist if and only if it commits."""
+        self._check()
+        args = self._enqueue_args(messages)
+        if not messages:
+            return []
+        try:
+            created = await enqueue_within(conn, self.target.schema, self._sql["enqueue"], args)
+        except InvalidOption:
+            raise
+        except Exception as exc:
+            raise within_error(exc, self.target.safe, args[7]) from exc
+        return [EnqueueOutcome(m.id, c) for m, c in zip(messages, created, strict=True)]
 
     async def get(self, ids: Sequence[str], *, queue: str | None = None) -> list[JobRecord | None]:
         if not ids:

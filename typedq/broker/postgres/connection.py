@@ -26,6 +26,7 @@ __all__ = [
     "channel_of",
     "migrate",
     "parse_url",
+    "schema_version",
 ]
 
 log = logging.getLogger("typedq.broker.postgres")
@@ -135,6 +136,11 @@ async def migrate(conn: Any, schema: str) -> int:
             await conn.execute(f'INSERT INTO "{schema}".migrations (version) VALUES ($1)', step)
             log.info("typedq: PostgreSQL schema %s migrated to version %d", schema, step)
     return version
+
+
+async def schema_version(conn: Any, schema: str) -> int:
+    """The version ``schema`` is at (0: not created yet)."""
+    return await _version(conn, schema)
 
 
 async def _version(conn: Any, schema: str) -> int:
