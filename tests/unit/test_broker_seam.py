@@ -45,7 +45,9 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
-    PostgresBroker: tuple(cap for cap in CAPABILITIES if cap is not OperatorActions),
+    PostgresBroker: tuple(
+        cap for cap in CAPABILITIES if cap not in (OperatorActions, TransactionalEnqueue)
+    ),
 }
 
 

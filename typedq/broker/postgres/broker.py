@@ -27,7 +27,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
-from ...errors import ConfigError, InvalidOption, NotConnected
+from ...errors import ConfigError, InvalidOption, NotConnected, Unsupported
 from ...options import check_numbers
 from ..base import (
     ERROR_HISTORY,
@@ -333,6 +333,12 @@ class PostgresBroker(Broker):
                 raise TypeError(
                     f"job {message.id!r}: the payload must be bytes (an encoded model), "
                     f"not {type(message.payload).__name__}"
+                )
+            if message.fair_weight:
+                # Refused, not stored FIFO: a task declared fair must not quietly lose it.
+                raise Unsupported(
+                    f"PostgresBroker does not enforce fair shares yet (task "
+                    f"{message.task!r} has fair=): drop fair= or use redis://"
                 )
         queues = [m.queue for m in messages]
         return (
