@@ -201,7 +201,14 @@ class JobStreams(Protocol):
     async def append_streams(self, appends: Sequence[StreamAppend]) -> list[bool]: ...
 
     async def read_stream(
-        self, job_id: str, *, queue: str, after: str, timeout: float, limit: int = 1000
+        self,
+        job_id: str,
+        *,
+        queue: str,
+        after: str,
+        timeout: float,
+        limit: int = 1000,
+        reader: str = "",
     ) -> list[StreamEntry]: ...
 
 
