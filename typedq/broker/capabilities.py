@@ -100,6 +100,8 @@ CORE_WITH_DEFAULTS = (
     "wait_cancel_requests",
     "set_partitions",
     "queue_cap",
+    # A job stream's reader leaves (a no-op where readers are not counted).
+    "leave_stream",
 )
 
 
