@@ -7,6 +7,12 @@ Reads are XREAD BLOCK on connections of their own: a client (a pool of up to
 :data:`READER_CONNECTIONS`) made at the first read, apart from the command pool, so
 readers waiting on quiet streams never hold the connections jobs need. A waiting read
 holds one connection, and returns as soon as an entry comes (no polling).
+
+Readers (``read_stream(..., reader=)``, counted by ``flow_keys``): a sorted set beside
+the stream, ``Q jr:<id>`` (``stream_reader.lua``), which a reader joins at its first
+read and refreshes only when its entry would end within the read's wait plus
+:data:`REFRESH_MARGIN` (about every 5 s of its reads, one script call on the command
+pool), and leaves in one call. The emit path never touches it.
 """
 
 from __future__ import annotations
