@@ -59,7 +59,7 @@ def render_flow_keys(console: Console, view: FlowKeysView) -> None:
         if view.kind == "stream":
             table.add_column("job", no_wrap=True)
             table.add_column("entries", justify="right")
-            table.add_column("readers waiting", justify="right")
+            table.add_column("readers", justify="right")
             for key in view.keys:
                 readers = "?" if key.readers is None else str(key.readers)
                 table.add_row(Text(key.job_id), Text(str(key.waiting)), Text(readers))

@@ -27,7 +27,9 @@ still kept. Both leave the iterator usable: iterate it again to go on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import secrets
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Generic
@@ -268,14 +270,40 @@ class JobStream(AsyncIterator[T_co], Generic[T_co]):
         self._looked = False
         self._final = False
         self._done = False
+        #: This reader's id among the stream's readers (``flow_keys`` counts them), and
+        #: whether the broker may count it now (it read, and has not left).
+        self._reader = secrets.token_hex(8)
+        self._joined = False
         self.attempt: int | None = None
 
     def __aiter__(self) -> JobStream[T_co]:
         return self
 
+    async def aclose(self) -> None:
+        """Stop reading: the stream no longer counts this reader (``typedq inspect
+        --streams``), and iterating it again ends at once. A reader that stops early
+        (``break``) calls it, e.g. with ``contextlib.aclosing(job.stream())``; one that
+        does not drops out of the count a few seconds later
+        (:data:`~typedq.broker.streams.READER_TTL`)."""
+        self._done = True
+        self._pending.clear()
+        await self._leave()
+
+    async def _leave(self) -> None:
+        if not self._joined or self._queue is None:
+            return
+        self._joined = False
+        # The count is only a view: a broker that cannot be told now forgets the reader
+        # when its registration's time passes.
+        with contextlib.suppress(Exception):
+            await self._job._client.broker.leave_stream(
+                self._job.id, queue=self._queue, reader=self._reader
+            )
+
     async def __anext__(self) -> T_co:
         while True:
             if self._done:
+                await self._leave()
                 raise StopAsyncIteration
             if not self._pending:
                 await self._fill()
@@ -297,7 +325,7 @@ class JobStream(AsyncIterator[T_co], Generic[T_co]):
             self._expect = entry.seq + 1
             if entry.end is not None:
                 self._done = True
-                raise StopAsyncIteration
+                continue
             return self._codec.decode(entry.data)
 
     async def _fill(self) -> None:
@@ -307,8 +335,14 @@ class JobStream(AsyncIterator[T_co], Generic[T_co]):
             self._queue = (await self._job._record()).message.queue
         # The first read and the reads after the job was seen final do not wait.
         wait = 0.0 if not self._looked or self._final else self._poll
+        self._joined = True
         entries = await broker.read_stream(
-            self._job.id, queue=self._queue, after=self._position, timeout=wait, limit=READ_LIMIT
+            self._job.id,
+            queue=self._queue,
+            after=self._position,
+            timeout=wait,
+            limit=READ_LIMIT,
+            reader=self._reader,
         )
         if entries:
             self._pending.extend(entries)
@@ -322,6 +356,7 @@ class JobStream(AsyncIterator[T_co], Generic[T_co]):
             state = await self._job.status()
         except JobNotFound:
             if self.attempt is None:
+                await self._leave()
                 raise
             self._done = True  # read, then removed or trimmed: nothing more will come
             return

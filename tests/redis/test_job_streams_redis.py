@@ -9,10 +9,10 @@ import msgspec
 import pytest
 
 from tests.redis_support import raw_redis
-from tests.support import TEST_DEADLINE, In, Out
+from tests.support import TEST_DEADLINE, In, Out, claim_one, connected, msg
 from typedq import App, JobContext, Retention
 from typedq.broker.redis import RedisBroker
-from typedq.broker.streams import STREAM_LIVE_TTL, STREAM_MAX
+from typedq.broker.streams import STREAM_LIVE_TTL, STREAM_MAX, StreamAppend
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
@@ -72,3 +72,39 @@ async def test_a_stream_keeps_about_the_cap(redis_url: str) -> None:
             length = await raw.xlen(broker.keys.job_stream("default", job.id))
             # MAXLEN ~ trims whole nodes (100 entries by default): a little over the cap.
             assert STREAM_MAX <= length <= STREAM_MAX + 200
+
+
+async def test_a_readers_count_costs_no_command_per_read_or_emit(redis_url: str) -> None:
+    """A reader registers at its first read and then every few seconds (not per read),
+    and leaves in one call; the emit path never touches the readers' set."""
+    async with connected("streamreaders", redis_url) as broker, raw_redis(redis_url) as raw:
+        assert isinstance(broker, RedisBroker)
+        await broker.enqueue([msg(job_id="r1")])
+        run = await claim_one(broker)
+        readers_key = broker.keys.job_readers("q", "r1")
+        seen: list[str] = []
+        async with raw.monitor() as monitor:
+            for i in range(20):
+                append = StreamAppend(
+                    job_id="r1",
+                    queue="q",
+                    token=run.token,
+                    attempt=1,
+                    seq=i,
+                    items=[b"x"],
+                    fresh=i == 0,
+                )
+                assert await broker.append_streams([append]) == [True]
+                got = await broker.read_stream("r1", queue="q", after="", timeout=0, reader="me")
+                assert len(got) == i + 1
+            await broker.leave_stream("r1", queue="q", reader="me")
+            await raw.echo("typedq-monitor-end")
+            while True:
+                command = await monitor.next_command()
+                if command["command"] == "ECHO typedq-monitor-end":
+                    break
+                if readers_key in command["command"] and command["client_type"] == "lua":
+                    seen.append(command["command"].split()[0].upper())
+        # The first read's registration, then the leave: nothing per read or append.
+        assert seen == ["ZREMRANGEBYSCORE", "ZADD", "PTTL", "PEXPIRE", "ZREM"]
+        assert await raw.exists(readers_key) == 0  # its last reader left

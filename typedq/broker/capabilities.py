@@ -100,6 +100,8 @@ CORE_WITH_DEFAULTS = (
     "wait_cancel_requests",
     "set_partitions",
     "queue_cap",
+    # A job stream's reader leaves (a no-op where readers are not counted).
+    "leave_stream",
 )
 
 
@@ -201,7 +203,14 @@ class JobStreams(Protocol):
     async def append_streams(self, appends: Sequence[StreamAppend]) -> list[bool]: ...
 
     async def read_stream(
-        self, job_id: str, *, queue: str, after: str, timeout: float, limit: int = 1000
+        self,
+        job_id: str,
+        *,
+        queue: str,
+        after: str,
+        timeout: float,
+        limit: int = 1000,
+        reader: str = "",
     ) -> list[StreamEntry]: ...
 
 

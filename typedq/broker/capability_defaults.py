@@ -283,13 +283,31 @@ class CapabilityDefaults:
 
     @capability_default
     async def read_stream(
-        self, job_id: str, *, queue: str, after: str, timeout: float, limit: int = 1000
+        self,
+        job_id: str,
+        *,
+        queue: str,
+        after: str,
+        timeout: float,
+        limit: int = 1000,
+        reader: str = "",
     ) -> list[StreamEntry]:
         """The entries of ``job_id``'s stream after position ``after`` (``""``: from the
         start), oldest first, at most ``limit``; when there are none yet, wait up to
         ``timeout`` seconds for one (never polling). An empty list: none came.
+
+        ``reader`` (non-empty: an id unique to one reader, ``job.stream()``'s) counts the
+        caller among the stream's readers (``flow_keys(kind="stream")``'s ``readers``)
+        until :meth:`leave_stream`, or :data:`~typedq.broker.streams.READER_TTL` seconds
+        after this read's wait, whichever comes first.
         """
         raise self._unsupported("job streams")
+
+    async def leave_stream(self, job_id: str, *, queue: str, reader: str) -> None:
+        """Stop counting ``reader`` among the readers of ``job_id``'s stream (its
+        ``job.stream()`` ended or was closed). A broker that counts no readers has
+        nothing to forget: the default does nothing."""
+        return None
 
     # -- operator actions (``typedq inspect``, the dashboard; capability OperatorActions) ---
 

@@ -25,17 +25,19 @@ class FlowKey(msgspec.Struct, frozen=True, kw_only=True):
 
     - ``fair``: a fair key with jobs waiting: ``waiting`` entries in its lane at level
       ``priority`` (an upper bound: an entry of a job that moved on is dropped when its
-      turn comes), and the jobs one turn takes (``weight``; None where the broker cannot
-      tell it cheaply: Redis keeps it in the lane's marker in the level list).
+      turn comes), and the jobs one turn takes (``weight``: its newest waiting job's,
+      which Redis's turn marker also carries unless the task's weights changed while
+      the key had jobs waiting; None where the broker cannot tell).
     - ``debounce``: the key's collecting job ``job_id``; ``until`` is when the job runs
       (None: it is no longer scheduled, e.g. it started).
     - ``unique``: the job ``job_id`` holding the key; ``until`` is when the window ends
       (the job completed), None while the job has not finished.
     - ``stream``: the stream of job ``job_id`` (``emits=``, typedq.streams; ``task`` and
       ``key`` empty): ``waiting`` is the entries it keeps now (its current run's items,
-      at most 10,000, plus the end entry once the job is final); ``readers`` is whether
-      a reader waits on it now (1 or 0) on the embedded broker, None on Redis, which
-      keeps no record of readers (a blocked XREAD is not a registration).
+      at most 10,000, plus the end entry once the job is final); ``readers`` is how many
+      ``job.stream()`` readers read it now (registered with their reads, until they end,
+      close, or stop reading for :data:`~typedq.broker.streams.READER_TTL`; None where
+      the broker does not count them).
     """
 
     kind: FlowKind

@@ -19,7 +19,7 @@ import msgspec
 
 from .messages import JobState
 
-__all__ = ["STREAM_MAX", "STREAM_LIVE_TTL", "StreamAppend", "StreamEntry"]
+__all__ = ["READER_TTL", "STREAM_MAX", "STREAM_LIVE_TTL", "StreamAppend", "StreamEntry"]
 
 #: About how many entries a job's stream keeps (the oldest go first): 10,000 items of
 #: ~100 bytes is ~1.5 MB per streaming job on Redis.
@@ -28,6 +28,12 @@ STREAM_MAX = 10_000
 #: Seconds a stream outlives its last append while its job has not ended (a run whose
 #: worker died writes no end entry): a day, as the completed jobs' default retention.
 STREAM_LIVE_TTL = 24 * 3600.0
+
+#: Seconds a reader of a job's stream (``read_stream(..., reader=)``) stays counted after
+#: its last read ends (beyond the time that read may wait): a reader that died without
+#: leaving (``leave_stream``) drops out of the readers' count (``typedq inspect
+#: --streams``) within about this long.
+READER_TTL = 10.0
 
 
 class StreamEntry(msgspec.Struct, frozen=True, kw_only=True):

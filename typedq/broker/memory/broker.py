@@ -34,7 +34,7 @@ from ..flowviews import FlowKeyPage, FlowKind
 from ..records import RUN_CANCELLED, broker_failure
 from ..runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
 from ..schemas import SchemaRecord
-from ..streams import StreamAppend, StreamEntry
+from ..streams import READER_TTL, StreamAppend, StreamEntry
 from . import listing
 from .core import JobPath
 from .jobs import Job
@@ -379,11 +379,26 @@ class MemoryBroker(JobPath):
         return [self.streams.append(a) for a in appends]
 
     async def read_stream(
-        self, job_id: str, *, queue: str, after: str, timeout: float, limit: int = 1000
+        self,
+        job_id: str,
+        *,
+        queue: str,
+        after: str,
+        timeout: float,
+        limit: int = 1000,
+        reader: str = "",
     ) -> list[StreamEntry]:
         self._check()
         at = int(after) if after else 0
+        if reader:
+            self.streams.join(job_id, reader, self.clock.time() + max(0.0, timeout) + READER_TTL)
         if not self.streams.has_after(job_id, at):
             await self.streams.wait(job_id, timeout)
             self._check()
+        if reader:
+            self.streams.join(job_id, reader, self.clock.time() + READER_TTL)
         return self.streams.read(job_id, at, max(1, limit))
+
+    async def leave_stream(self, job_id: str, *, queue: str, reader: str) -> None:
+        self._check()
+        self.streams.leave(job_id, reader)

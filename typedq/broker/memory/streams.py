@@ -53,6 +53,9 @@ class JobStreamStore:
         self.cap = cap
         self._streams: dict[str, _Stream] = {}
         self._appends = 0
+        #: The readers of each job's stream (``read_stream(..., reader=)``): reader id ->
+        #: when it stops counting (broker time) unless it reads again.
+        self._readers: dict[str, dict[str, float]] = {}
 
     def _live(self, job_id: str) -> _Stream | None:
         stream = self._streams.get(job_id)
@@ -136,12 +139,46 @@ class JobStreamStore:
         start = bisect.bisect_right(entries, after, key=_position)
         return [entries[i] for i in range(start, min(len(entries), start + limit))]
 
+    def join(self, job_id: str, reader: str, until: float) -> None:
+        """Count ``reader`` among ``job_id``'s readers until ``until`` (broker time),
+        dropping the readers of that stream whose time passed."""
+        readers = self._readers.get(job_id)
+        if readers is None:
+            readers = self._readers[job_id] = {}
+        else:
+            now = self._now()
+            for gone in [r for r, t in readers.items() if t <= now]:
+                del readers[gone]
+        readers[reader] = until
+
+    def leave(self, job_id: str, reader: str) -> None:
+        """Stop counting ``reader`` among ``job_id``'s readers."""
+        readers = self._readers.get(job_id)
+        if readers is not None:
+            readers.pop(reader, None)
+            if not readers:
+                del self._readers[job_id]
+
+    def readers(self, job_id: str) -> int:
+        """How many readers read ``job_id``'s stream now (their time has not passed)."""
+        readers = self._readers.get(job_id)
+        if not readers:
+            return 0
+        now = self._now()
+        return sum(1 for t in readers.values() if t > now)
+
     def sweep(self) -> None:
         """Drop the expired streams (no reader waits on one: a waiter keeps its own
-        reference to the event, and is woken by its timeout)."""
+        reference to the event, and is woken by its timeout) and the readers whose time
+        passed."""
         now = self._now()
         for job_id in [i for i, s in self._streams.items() if s.expires <= now]:
             del self._streams[job_id]
+        for job_id, readers in list(self._readers.items()):
+            for gone in [r for r, t in readers.items() if t <= now]:
+                del readers[gone]
+            if not readers:
+                del self._readers[job_id]
 
     def wake_all(self) -> None:
         """Wake every waiting reader (the broker closes)."""

@@ -141,12 +141,11 @@ def _streams(path: JobPath, queue: str) -> Iterator[FlowKey | None]:
         if job is None or job.message.queue != queue or stream.expires <= now:
             yield None
             continue
-        waiter = stream.waiter
         yield FlowKey(
             kind="stream",
             task="",
             key="",
             job_id=job_id,
             waiting=len(stream.entries),
-            readers=int(waiter is not None and not waiter.is_set()),
+            readers=path.streams.readers(job_id),
         )

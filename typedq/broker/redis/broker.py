@@ -124,6 +124,8 @@ class RedisBroker(
         # connection.
         self._registrations = {}
         self._blocking = {}
+        # Job stream readers' registrations this process holds (see .streams).
+        self._reader_until = {}
 
     def __repr__(self) -> str:
         return f"RedisBroker({redact_url(self.url)!r}, namespace={self.settings.namespace!r})"

@@ -88,6 +88,14 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    MAXLEN 0, keeping the last id). Expires STREAM_LIVE_TTL
                                    (a day) after each append while the job runs, and the
                                    retention TTL of its final state after the end entry
+    Q jr:<id>             zset     the readers of the job's stream (``job.stream()``):
+                                   member a reader's id, score (ms, the Redis clock)
+                                   when it stops counting unless it reads again
+                                   (READER_TTL after its read's wait); written by
+                                   stream_reader.lua every few seconds of a reader's
+                                   reads and when it leaves, never by the emit path;
+                                   read by flow_keys.lua (ZCOUNT). Expires with its last
+                                   member
     Q f:<flow id>         hash     a running workflow (typedq/broker/flow.py), on the
                                    queue of the flow's own job: ``S`` steps, ``n``
                                    members, ``c`` members not settled, ``col`` collector,
@@ -462,6 +470,11 @@ class Keys:
     def job_stream(self, queue: str, job_id: str) -> str:
         """The stream of one job's emitted items (typedq.streams)."""
         return f"{self.queue_prefix(queue)}js:{job_id}"
+
+    def job_readers(self, queue: str, job_id: str) -> str:
+        """The readers of one job's stream (typedq.streams): reader id -> when it stops
+        counting."""
+        return f"{self.queue_prefix(queue)}jr:{job_id}"
 
     def events_config(self, queue: str) -> str:
         """The hash that turns ``queue``'s event stream on: its cap and last event number."""

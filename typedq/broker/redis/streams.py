@@ -7,21 +7,35 @@ Reads are XREAD BLOCK on connections of their own: a client (a pool of up to
 :data:`READER_CONNECTIONS`) made at the first read, apart from the command pool, so
 readers waiting on quiet streams never hold the connections jobs need. A waiting read
 holds one connection, and returns as soon as an entry comes (no polling).
+
+Readers (``read_stream(..., reader=)``, counted by ``flow_keys``): a sorted set beside
+the stream, ``Q jr:<id>`` (``stream_reader.lua``), which a reader joins at its first
+read and refreshes only when its entry would end within the read's wait plus
+:data:`REFRESH_MARGIN` (about every 5 s of its reads, one script call on the command
+pool), and leaves in one call. The emit path never touches it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ...names import check_name
-from ..streams import STREAM_MAX, StreamAppend, StreamEntry
+from ..streams import READER_TTL, STREAM_MAX, StreamAppend, StreamEntry
 from .codec import STATES, as_int, text
 from .connection import SOCKET_TIMEOUT, make_client, make_cluster_client
 from .core import RedisCore
 
 __all__ = ["READER_CONNECTIONS", "StreamOps"]
+
+#: Seconds of a reader's registration (``stream_reader.lua``) that must be left beyond a
+#: read's wait, else the read refreshes it first: with READER_TTL 10 s, a reader refreshes
+#: about every 5 s of its reads.
+REFRESH_MARGIN = READER_TTL / 2
+#: Registrations this broker remembers before it forgets the ones already ended.
+_HELD_MAX = 1024
 
 #: Stream reads waiting at once per broker (one connection each; on Redis Cluster per
 #: node); reads beyond wait, bounded, for one to come free.
@@ -34,6 +48,9 @@ class StreamOps(RedisCore):
     url: str
     #: The stream readers' client (made at the first read), or None.
     _stream_readers: Any = None
+    #: (job id, reader id) -> until when (monotonic) its registration in the stream's
+    #: readers (``Q jr:<id>``) holds for sure; made at the first registration.
+    _reader_until: dict[tuple[str, str], float]
 
     def _readers(self) -> Any:
         """The stream readers' client: its own connections, made at the first read."""
@@ -89,18 +106,31 @@ class StreamOps(RedisCore):
         return [bool(as_int(r)) for r in replies]
 
     async def read_stream(
-        self, job_id: str, *, queue: str, after: str, timeout: float, limit: int = 1000
+        self,
+        job_id: str,
+        *,
+        queue: str,
+        after: str,
+        timeout: float,
+        limit: int = 1000,
+        reader: str = "",
     ) -> list[StreamEntry]:
         key = self.keys.job_stream(check_name("queue", queue), job_id)
         start = after or "0-0"
+        # It must answer before the socket timeout, so a long wait is several reads (the
+        # caller's loop).
+        block = (
+            0
+            if timeout <= 0
+            else max(1, min(int(timeout * 1000), int(SOCKET_TIMEOUT * 1000) - 1000))
+        )
+        if reader:
+            await self._join_readers(queue, job_id, reader, block)
         with self._translate("read_stream"):
             readers = self._readers()
-            if timeout <= 0:
+            if block == 0:
                 reply: Any = await readers.xread({key: start}, count=max(1, limit))
             else:
-                # It must answer before the socket timeout, so a long wait is several
-                # reads (the caller's loop).
-                block = max(1, min(int(timeout * 1000), int(SOCKET_TIMEOUT * 1000) - 1000))
                 reply = await readers.xread({key: start}, count=max(1, limit), block=block)
         entries: list[Any] = reply[0][1] if reply else []
         out = []
@@ -118,3 +148,33 @@ class StreamOps(RedisCore):
                 )
             )
         return out
+
+    async def _join_readers(self, queue: str, job_id: str, reader: str, block_ms: int) -> None:
+        """Count ``reader`` among the stream's readers for the read about to wait
+        ``block_ms``: one ``stream_reader`` call when its entry would end within the
+        read plus :data:`REFRESH_MARGIN` (so once every few seconds of a reader's reads,
+        never per entry read); else nothing."""
+        now = time.monotonic()
+        held = self._reader_until.get((job_id, reader))
+        need = now + block_ms / 1000 + REFRESH_MARGIN
+        if held is not None and held >= need:
+            return
+        ttl_ms = block_ms + round(READER_TTL * 1000)
+        await self._eval(
+            "stream_reader",
+            [self.keys.job_readers(queue, job_id)],
+            [self.keys.prefix, reader, ttl_ms],
+        )
+        held_map = self._reader_until
+        if len(held_map) >= _HELD_MAX:
+            for gone in [k for k, t in held_map.items() if t < now]:
+                del held_map[gone]
+        held_map[(job_id, reader)] = now + ttl_ms / 1000
+
+    async def leave_stream(self, job_id: str, *, queue: str, reader: str) -> None:
+        self._reader_until.pop((job_id, reader), None)
+        await self._eval(
+            "stream_reader",
+            [self.keys.job_readers(check_name("queue", queue), job_id)],
+            [self.keys.prefix, reader, 0],
+        )

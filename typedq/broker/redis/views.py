@@ -2,7 +2,9 @@
 :mod:`typedq.broker.flowviews`), mixed into RedisBroker.
 
 Each page runs ``lua/flow_keys.lua`` a few times at most: one SCAN step (unique keys
-``Q uk:*``, debounce keys ``Q db:*``) or SSCAN step (fair lanes, the set ``Q F``) of
+``Q uk:*``, debounce keys ``Q db:*``, job streams ``Q js:*`` with their readers' sets
+``Q jr:<id>``) or SSCAN step (fair lanes, the set ``Q F``, with each lane's length and
+its newest job's weight) of
 COUNT ``limit`` each, in the queue's slot (on Redis Cluster, the node serving it). So a
 page costs in proportion to its limit, never to the keyspace; it may be short, even
 empty, before the end (SCAN passes other keys): follow the cursor. A SCAN step may
@@ -82,17 +84,25 @@ def _parse(kind: FlowKind, reply: list[Any]) -> list[FlowKey]:
     rows = reply[2:]
     out: list[FlowKey] = []
     if kind == "fair":
-        for i in range(0, len(rows), 2):
+        for i in range(0, len(rows), 3):
             prio, _, marker = text(rows[i]).partition("|")
             task, _, key = marker.partition("|")
             waiting = as_int(rows[i + 1])
+            weight = as_int(rows[i + 2])
             if waiting:
                 out.append(
-                    FlowKey(kind="fair", task=task, key=key, waiting=waiting, priority=int(prio))
+                    FlowKey(
+                        kind="fair",
+                        task=task,
+                        key=key,
+                        waiting=waiting,
+                        priority=int(prio),
+                        weight=weight if weight > 0 else None,
+                    )
                 )
         return out
     if kind == "stream":
-        for i in range(0, len(rows), 2):
+        for i in range(0, len(rows), 3):
             out.append(
                 FlowKey(
                     kind="stream",
@@ -100,6 +110,7 @@ def _parse(kind: FlowKind, reply: list[Any]) -> list[FlowKey]:
                     key="",
                     job_id=text(rows[i]),
                     waiting=as_int(rows[i + 1]),
+                    readers=as_int(rows[i + 2]),
                 )
             )
         return out

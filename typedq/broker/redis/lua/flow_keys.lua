@@ -11,8 +11,12 @@
 --   u: marker ('<task>|<key>'), holder id, ms left of the window (-1: no TTL, the job
 --      has not finished);
 --   d: marker, collecting id, run time (µs; -1: not scheduled now);
---   f: lane ('<prio>|<task>|<key>'), jobs in the lane;
---   s: job id, entries in its stream (XLEN)}
+--   f: lane ('<prio>|<task>|<key>'), jobs in the lane, the key's weight (-1: unknown):
+--      the fair weight of the lane's newest job (of its 3 newest entries, the first that
+--      names a job), which the key's turn marker carries unless the task's weights
+--      changed while the key had jobs waiting;
+--   s: job id, entries in its stream (XLEN), readers counted now (ZCOUNT of its
+--      readers' set Q jr:<id> past now: stream_reader.lua)}
 local q, kind, cur, count, pattern = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 if #ARGV ~= 6 or q == '' or not is_int(count) or count < 1 or count > 10000
     or not string.match(cur, '^%d+$') then
@@ -26,8 +30,16 @@ if kind == 'f' then
   for _, lane in ipairs(r[2]) do
     local prio, marker = string.match(lane, '^([^|]*)|(.*)$')
     if prio then
+      local lk = qp .. 'fk:' .. marker .. ':' .. prio
+      local weight = -1
+      for _, id in ipairs(rcall('LRANGE', lk, 0, 2)) do
+        local r = read_keyed(q, id, 'm')
+        local _, w = fair_of(r and r[1])
+        if w then weight = w; break end
+      end
       out[#out + 1] = lane
-      out[#out + 1] = rcall('LLEN', qp .. 'fk:' .. marker .. ':' .. prio)
+      out[#out + 1] = rcall('LLEN', lk)
+      out[#out + 1] = weight
     end
   end
   return out
@@ -37,9 +49,12 @@ local r = rcall('SCAN', cur, 'MATCH', pattern, 'COUNT', count)
 out[1] = r[1]
 local skip = #qp + 3
 if kind == 's' then
+  local live = '(' .. math.floor(out[2] / 1000)
   for _, name in ipairs(r[2]) do
-    out[#out + 1] = string.sub(name, skip + 1)
+    local id = string.sub(name, skip + 1)
+    out[#out + 1] = id
     out[#out + 1] = rcall('XLEN', name)
+    out[#out + 1] = rcall('ZCOUNT', qp .. 'jr:' .. id, live, '+inf')
   end
   return out
 end
