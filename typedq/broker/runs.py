@@ -19,7 +19,7 @@ from enum import StrEnum
 import msgspec
 
 from ..errors import FailureRecord
-from .messages import JobState
+from .messages import JobMessage, JobState
 
 __all__ = [
     "AppendOutcome",
@@ -121,6 +121,12 @@ class RunAppend(msgspec.Struct, frozen=True, kw_only=True):
         caller appends it as the wait's ``SignalReceived`` entry)
     :param recorded_jobs: the step jobs whose outcomes the entries record: the broker
         drops them from the run's kept outcomes (:attr:`RunRecord.outcomes`)
+    :param steps: the step jobs the entries schedule, stored as ``enqueue`` stores them
+        (an id taken already stores nothing; ``QueueFull`` and a Redis at maxmemory refuse
+        the call) with the append: at the latest in the same call, so that a turn that
+        schedules steps is one round trip where the broker can (Redis: the steps of the
+        run's slot). A broker may store them before the compare, even when the append is
+        not applied (their ids are the run's positions: a later turn schedules the same).
     """
 
     run_id: str
@@ -134,6 +140,7 @@ class RunAppend(msgspec.Struct, frozen=True, kw_only=True):
     wait_jobs: tuple[str, ...] = ()
     wait_signal: str | None = None
     wake_at: float | None = None
+    steps: tuple[JobMessage, ...] = ()
 
 
 class AppendOutcome(StrEnum):

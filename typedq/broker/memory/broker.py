@@ -176,7 +176,13 @@ class MemoryBroker(JobPath):
 
     async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]:
         self._check()
-        return [self.runs.append(item) for item in appends]
+        out = []
+        for item in appends:
+            if item.steps:
+                # Stored before the compare (RunAppend.steps), as a turn's enqueue was.
+                await self.enqueue(item.steps)
+            out.append(self.runs.append(item))
+        return out
 
     async def signal_runs(self, signals: Sequence[RunSignal]) -> list[SignalOutcome]:
         self._check()

@@ -29,6 +29,7 @@ import msgspec
 
 from ...errors import FailureRecord
 from ...names import check_job_ids, check_name
+from ...options import check_numbers
 from ..base import JobMessage
 from ..runs import (
     AppendOutcome,
@@ -154,11 +155,12 @@ class RunOps(RedisCore):
         missing: Any,
         *,
         live: frozenset[str] = frozenset(),
+        extra: Sequence[Any] = (),
     ) -> list[Any]:
         """Script ``name`` once per queue over the runs of that queue (one round trip);
         per item (run id, its arguments) its answer, ``missing`` for a run not indexed.
         The runs retention dropped leave the index, but for ``live`` ones (created
-        again under their id by this very call)."""
+        again under their id by this very call). ``extra``: arguments after the head."""
         queues = await self._run_queues_of([run_id for run_id, _ in items])
         groups: dict[str, list[int]] = {}
         for i, q in enumerate(queues):
@@ -170,7 +172,7 @@ class RunOps(RedisCore):
             return out
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
         for q, idx in groups.items():
-            args = self._run_head(q)
+            args = [*self._run_head(q), *extra]
             for i in idx:
                 args += items[i][1]
             calls.append((name, [self.keys.seq(q)], args))
@@ -236,9 +238,64 @@ class RunOps(RedisCore):
         return [None if reply is None else _record(reply) for reply in replies]
 
     async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]:
-        items = [(a.run_id, _append_args(a)) for a in appends]
-        replies = await self._run_calls("run_append", items, b"not_found")
-        return [AppendOutcome(text(reply)) for reply in replies]
+        # The steps an append schedules go with it (run_schedule.lua: one round trip)
+        # when that script can store them: plain waiting jobs (no priority, eta, delay
+        # or fair share) on the run's slot (any queue on one Redis; on Redis Cluster the
+        # run's own queue). Any other step is enqueued first, as a turn used to.
+        inline: list[list[JobMessage]] = []
+        apart: list[JobMessage] = []
+        for a in appends:
+            here: list[JobMessage] = []
+            for m in a.steps:
+                (here if self._inline_step(m) else apart).append(m)
+            inline.append(here)
+        if apart:
+            await self.enqueue(apart)
+        if not any(inline):
+            items = [(a.run_id, _append_args(a)) for a in appends]
+            replies = await self._run_calls("run_append", items, b"not_found")
+            return [AppendOutcome(text(reply)) for reply in replies]
+        steps = [m for here in inline for m in here]
+        check_numbers(steps)
+        check_job_ids([m.id for m in steps])
+        queues = list(dict.fromkeys(m.queue for m in steps))
+        for queue in queues:
+            check_name("queue", queue)
+        await self._note_queues(queues)
+        if self._epoch.is_due():
+            await self.check_epoch()
+        cap = self.queue_cap(queues)
+        out: list[AppendOutcome | None] = [None] * len(appends)
+        # Appends with steps in run_schedule (refused at maxmemory, as an enqueue is),
+        # the others in run_append (which runs at the limit).
+        for name, idx in (
+            ("run_schedule", [i for i, here in enumerate(inline) if here]),
+            ("run_append", [i for i, here in enumerate(inline) if not here]),
+        ):
+            if not idx:
+                continue
+            items = []
+            for i in idx:
+                args: list[Any] = [len(inline[i])] if name == "run_schedule" else []
+                for m in inline[i]:
+                    args += (m.id, m.queue, encode_body(m))
+                items.append((appends[i].run_id, args + _append_args(appends[i])))
+            replies = await self._run_calls(
+                name, items, b"not_found", extra=[cap] if name == "run_schedule" else []
+            )
+            for i, reply in zip(idx, replies, strict=True):
+                out[i] = AppendOutcome(text(reply))
+        return [o if o is not None else AppendOutcome.NOT_FOUND for o in out]
+
+    def _inline_step(self, m: JobMessage) -> bool:
+        """Whether run_schedule.lua stores step ``m`` with its run's append."""
+        return (
+            m.priority == 0
+            and not m.eta
+            and not m.delay
+            and not m.fair_weight
+            and (not self.cluster or m.queue == m.run_queue)
+        )
 
     async def signal_runs(self, signals: Sequence[RunSignal]) -> list[SignalOutcome]:
         items = [(s.run_id, [s.run_id, s.signal, s.payload]) for s in signals]
