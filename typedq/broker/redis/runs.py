@@ -204,12 +204,6 @@ class RunOps(RedisCore):
         await self._note_queues(list(dict.fromkeys(spec.queue for spec in specs)))
         if self._epoch.is_due():
             await self.check_epoch()
-        # The index first: a run created before under an id stays where it is.
-        args: list[Any] = [self.keys.prefix]
-        for spec in specs:
-            args += (spec.id, spec.queue)
-        where = await self._eval("run_index", [self.keys.runs], args)
-        self._keep_locations([(s.id, text(q)) for s, q in zip(specs, where, strict=True)])
         items = [
             (
                 spec.id,
@@ -228,10 +222,60 @@ class RunOps(RedisCore):
             )
             for spec in specs
         ]
-        replies = await self._run_calls(
-            "run_create", items, None, live=frozenset(spec.id for spec in specs)
-        )
+        live = frozenset(spec.id for spec in specs)
+        if not self.cluster:
+            return await self._start_runs(specs, items, live)
+        # The index first: a run created before under an id stays where it is.
+        args: list[Any] = [self.keys.prefix]
+        for spec in specs:
+            args += (spec.id, spec.queue)
+        where = await self._eval("run_index", [self.keys.runs], args)
+        self._keep_locations([(s.id, text(q)) for s, q in zip(specs, where, strict=True)])
+        replies = await self._run_calls("run_create", items, None, live=live)
         return [(bool(int(created)), _record(record)) for created, record in replies]
+
+    async def _start_runs(
+        self,
+        specs: Sequence[RunSpec],
+        items: Sequence[tuple[str, list[Any]]],
+        live: frozenset[str],
+    ) -> list[tuple[bool, RunRecord]]:
+        """create_runs on one Redis: index and create in one script per queue
+        (run_start.lua, one round trip); an id indexed on another queue already (a run
+        created before under it) is created there as on Redis Cluster (run_create.lua)."""
+        groups: dict[str, list[int]] = {}
+        for i, spec in enumerate(specs):
+            groups.setdefault(spec.queue, []).append(i)
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+        for q, idx in groups.items():
+            args = self._run_head(q)
+            for i in idx:
+                args += items[i][1]
+            calls.append(("run_start", [self.keys.seq(q), self.keys.runs], args))
+        replies = await self._eval_many(calls)
+        out: list[Any] = [None] * len(specs)
+        elsewhere: list[int] = []
+        located: list[tuple[str, str]] = []
+        gone: list[str] = []
+        for (q, idx), (answers, dropped) in zip(groups.items(), replies, strict=True):
+            for i, answer in zip(idx, answers, strict=True):
+                if int(answer[0]) == 2:
+                    elsewhere.append(i)
+                    located.append((specs[i].id, text(answer[1])))
+                else:
+                    out[i] = answer
+                    located.append((specs[i].id, q))
+            gone += [r for r in map(text, dropped) if r not in live]
+        self._keep_locations(located)
+        if gone:
+            await self._forget_runs(gone)
+        if elsewhere:
+            again = await self._run_calls(
+                "run_create", [items[i] for i in elsewhere], None, live=live
+            )
+            for i, answer in zip(elsewhere, again, strict=True):
+                out[i] = answer
+        return [(bool(int(created)), _record(record)) for created, record in out]
 
     async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
         replies = await self._run_calls("run_get", [(r, [r]) for r in run_ids], None)

@@ -181,6 +181,19 @@ run_step_done = function(q, id, jk, state, now, turn)
   end
 end
 
+-- Create run `r` on queue `q` with spec `sp` and turn job body `tb` unless it exists:
+-- stored running, its first turn enqueued. Its answer: {created 0/1, the run's reply}.
+function run_ops.create(q, r, sp, tb, now)
+  local created = 0
+  if not run_ops.state(q, r, now) then
+    rcall('HSET', k_run(q, 'u:', r), 'sp', sp, 'tb', tb, 'st', 'r',
+      'ca', string.format('%d', now), 'n', 0)
+    run_ops.wake(q, r, 0, now)
+    created = 1
+  end
+  return {created, run_ops.reply(q, r)}
+end
+
 -- Compare-and-append number `a` of a run script's arguments `args` (run_append.lua's
 -- form: run id, expected length, ... recorded job ids) to its run on queue `q`: applied
 -- only while the run is running and its log has the expected length; then the run waits
