@@ -23,6 +23,7 @@ from .broker import broker_from_url, redact_url
 from .broker.base import Broker, BrokerSettings, EnqueueControl, EnqueueOutcome, JobMessage
 from .broker.capabilities import SchemaRegistry, require, supports
 from .broker.flow import FlowSpec
+from .broker.runs import RunRecord
 from .errors import BrokerError, ConfigError, NotConnected, PartialEnqueue
 from .names import check_name
 from .options import check_message
@@ -91,6 +92,11 @@ class Client:
         self._flow_enqueuer: Batcher[FlowSpec, EnqueueOutcome | Exception] = Batcher(
             self._enqueue_flow_batch, max_batch=64, name="flow enqueue batcher"
         )
+        # Durable runs (typedq.durable): the reads of concurrent turns share a broker call
+        # on a broker that does I/O (Broker.coalesce_run_reads), two calls in flight.
+        self._run_reader: Batcher[str, RunRecord | None] = Batcher(
+            self.broker.get_runs, max_batch=64, max_in_flight=2, name="run read batcher"
+        )
         self._stack: contextlib.AsyncExitStack | None = None
         self._users = 0
         #: The broker capabilities (typedq.broker.capabilities) the app using this client
@@ -131,6 +137,7 @@ class Client:
             stack.callback(tg.cancel_scope.cancel)
             await tg.start(self._enqueuer.run)
             await tg.start(self._flow_enqueuer.run)
+            await tg.start(self._run_reader.run)
         except BaseException:
             self._users -= 1
             await stack.aclose()
@@ -206,6 +213,14 @@ class Client:
             yield
         finally:
             self.workers -= 1
+
+    async def read_run(self, run_id: str) -> RunRecord | None:
+        """A durable run's record (``get_runs``), in one broker call with the reads of
+        other turns of this process meanwhile where the broker coalesces them."""
+        if self._stack is not None and self.broker.coalesce_run_reads:
+            return await self._run_reader.submit(run_id)
+        [record] = await self.broker.get_runs([run_id])
+        return record
 
     async def _enqueue_batch(self, messages: list[JobMessage]) -> list[EnqueueOutcome]:
         return await self.broker.enqueue(messages)

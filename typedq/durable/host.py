@@ -194,7 +194,7 @@ class DurableTask(Generic[TIn, TOut]):
         """Replay the run once more and carry out the decision (see the module doc)."""
         broker = self._app.broker
         for _ in range(_MAX_ROUNDS):
-            [record] = await broker.get_runs([run_id])
+            record = await self._app.client.read_run(run_id)
             if record is None or record.state.is_final:
                 return
             entries = [e for blob in record.log for e in decode_entries(blob)]

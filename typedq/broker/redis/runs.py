@@ -124,6 +124,8 @@ class RunOps(RedisCore):
 
     #: Run id -> its queue, as the index said (bounded: see _KEEP_LOCATIONS).
     _run_locations: dict[str, str]
+    #: Concurrent turns' reads share a round trip (Client.read_run).
+    coalesce_run_reads = True
 
     def _run_head(self, queue: str) -> list[Any]:
         """The arguments every run script starts with: prefix, queue, retention."""
