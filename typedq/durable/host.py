@@ -214,7 +214,7 @@ class DurableTask(Generic[TIn, TOut]):
             except ConfigError as exc:
                 # A step of a task this app does not have: no turn can ever run it.
                 append, again = self._act(record, Failed(error=exc), entries, now)
-            [outcome] = await broker.append_runs([append])
+            outcome = await self._app.client.append_run(append)
             if outcome is AppendOutcome.APPENDED and not again:
                 return
             if outcome in (AppendOutcome.FINISHED, AppendOutcome.NOT_FOUND):

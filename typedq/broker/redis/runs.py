@@ -21,7 +21,7 @@ import contextlib
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -124,8 +124,9 @@ class RunOps(RedisCore):
 
     #: Run id -> its queue, as the index said (bounded: see _KEEP_LOCATIONS).
     _run_locations: dict[str, str]
-    #: Concurrent turns' reads share a round trip (Client.read_run).
-    coalesce_run_reads = True
+    #: Concurrent turns' reads and appends share round trips (Client.read_run,
+    #: Client.append_run).
+    coalesce_run_calls = True
 
     def _run_head(self, queue: str) -> list[Any]:
         """The arguments every run script starts with: prefix, queue, retention."""
@@ -163,20 +164,33 @@ class RunOps(RedisCore):
         per item (run id, its arguments) its answer, ``missing`` for a run not indexed.
         The runs retention dropped leave the index, but for ``live`` ones (created
         again under their id by this very call). ``extra``: arguments after the head."""
-        queues = await self._run_queues_of([run_id for run_id, _ in items])
-        groups: dict[str, list[int]] = {}
+        named = [(name, run_id, args) for run_id, args in items]
+        return await self._named_run_calls(named, missing, live=live, extra={name: extra})
+
+    async def _named_run_calls(
+        self,
+        items: Sequence[tuple[str, str, list[Any]]],
+        missing: Any,
+        *,
+        live: frozenset[str] = frozenset(),
+        extra: Mapping[str, Sequence[Any]] | None = None,
+    ) -> list[Any]:
+        """:meth:`_run_calls` with a script per item (script, run id, its arguments):
+        one call per script and queue, all in one round trip."""
+        queues = await self._run_queues_of([run_id for _, run_id, _ in items])
+        groups: dict[tuple[str, str], list[int]] = {}
         for i, q in enumerate(queues):
             if q is not None:
-                groups.setdefault(q, []).append(i)
+                groups.setdefault((items[i][0], q), []).append(i)
         out: list[Any] = [missing] * len(items)
         if not groups:
             self._conn()
             return out
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
-        for q, idx in groups.items():
-            args = [*self._run_head(q), *extra]
+        for (name, q), idx in groups.items():
+            args = [*self._run_head(q), *((extra or {}).get(name, ()))]
             for i in idx:
-                args += items[i][1]
+                args += items[i][2]
             calls.append((name, [self.keys.seq(q)], args))
         replies = await self._eval_many(calls)
         gone: list[str] = []
@@ -298,8 +312,8 @@ class RunOps(RedisCore):
         if apart:
             await self.enqueue(apart)
         if not any(inline):
-            items = [(a.run_id, _append_args(a)) for a in appends]
-            replies = await self._run_calls("run_append", items, b"not_found")
+            plain = [(a.run_id, _append_args(a)) for a in appends]
+            replies = await self._run_calls("run_append", plain, b"not_found")
             return [AppendOutcome(text(reply)) for reply in replies]
         steps = [m for here in inline for m in here]
         check_numbers(steps)
@@ -311,27 +325,19 @@ class RunOps(RedisCore):
         if self._epoch.is_due():
             await self.check_epoch()
         cap = self.queue_cap(queues)
-        out: list[AppendOutcome | None] = [None] * len(appends)
         # Appends with steps in run_schedule (refused at maxmemory, as an enqueue is),
-        # the others in run_append (which runs at the limit).
-        for name, idx in (
-            ("run_schedule", [i for i, here in enumerate(inline) if here]),
-            ("run_append", [i for i, here in enumerate(inline) if not here]),
-        ):
-            if not idx:
+        # the others in run_append (which runs at the limit): one round trip.
+        items: list[tuple[str, str, list[Any]]] = []
+        for a, here in zip(appends, inline, strict=True):
+            if not here:
+                items.append(("run_append", a.run_id, _append_args(a)))
                 continue
-            items = []
-            for i in idx:
-                args: list[Any] = [len(inline[i])] if name == "run_schedule" else []
-                for m in inline[i]:
-                    args += (m.id, m.queue, encode_body(m))
-                items.append((appends[i].run_id, args + _append_args(appends[i])))
-            replies = await self._run_calls(
-                name, items, b"not_found", extra=[cap] if name == "run_schedule" else []
-            )
-            for i, reply in zip(idx, replies, strict=True):
-                out[i] = AppendOutcome(text(reply))
-        return [o if o is not None else AppendOutcome.NOT_FOUND for o in out]
+            args: list[Any] = [len(here)]
+            for m in here:
+                args += (m.id, m.queue, encode_body(m))
+            items.append(("run_schedule", a.run_id, args + _append_args(a)))
+        replies = await self._named_run_calls(items, b"not_found", extra={"run_schedule": [cap]})
+        return [AppendOutcome(text(reply)) for reply in replies]
 
     def _inline_step(self, m: JobMessage) -> bool:
         """Whether run_schedule.lua stores step ``m`` with its run's append."""
