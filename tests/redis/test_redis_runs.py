@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.redis_support import broker_at
-from typedq.broker.base import Completion, JobMessage, JobState
+from typedq.broker.base import BrokerSettings, Completion, JobMessage, JobState
+from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.codec import encode_body
 from typedq.broker.runs import AppendOutcome, RunAppend, RunSpec, StepOutcome
+from typedq.client import Client
 from typedq.errors import InvalidName, QueueFull
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -139,3 +142,61 @@ async def test_steps_go_with_their_append_or_not_at_all(redis_url: str) -> None:
         [record] = await broker.get_runs(["r"])
         assert record is not None
         assert record.wait_jobs == ("r:0", "r:1")
+
+
+async def test_coalesced_appends_a_full_queue_refuses_only_its_own(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Turns of one process append through one batcher (Client.append_run): appends sent
+    together whose steps fill a queue past max_queue_length fail alone with QueueFull
+    (nothing of theirs stored); the others of the batch are appended with their steps."""
+    broker = RedisBroker(redis_url, BrokerSettings(namespace="rbatch", max_queue_length=4))
+    client = Client(broker, name="rbatch", settings=broker.settings)
+    async with client:
+        assert broker.coalesce_run_calls
+        runs = [f"r{i}" for i in range(8)]
+        await broker.create_runs([_spec(r, "q") for r in runs])
+        outcomes: dict[str, AppendOutcome | Exception] = {}
+
+        async def append(i: int, run_id: str) -> None:
+            # Even runs' steps go to queue "ok" (one each: four fit), odd runs' five
+            # steps to "full" (more than max_queue_length on their own).
+            ks = range(1) if i % 2 == 0 else range(5)
+            steps = tuple(
+                JobMessage(
+                    id=f"{run_id}:{k}",
+                    task="t",
+                    queue="ok" if i % 2 == 0 else "full",
+                    payload=b"",
+                    run_queue="q",
+                )
+                for k in ks
+            )
+            item = RunAppend(
+                run_id=run_id,
+                expected=0,
+                entries=(b"x",),
+                wait_jobs=tuple(s.id for s in steps),
+                steps=steps,
+            )
+            try:
+                outcomes[run_id] = await client.append_run(item)
+            except QueueFull as exc:
+                outcomes[run_id] = exc
+
+        async with anyio.create_task_group() as tg:
+            for i, run_id in enumerate(runs):
+                tg.start_soon(append, i, run_id)
+        for i, run_id in enumerate(runs):
+            [record] = await broker.get_runs([run_id])
+            assert record is not None
+            if i % 2:
+                assert isinstance(outcomes[run_id], QueueFull)
+                assert record.log == ()
+                assert await broker.get([f"{run_id}:0"]) == [None]
+            else:
+                assert outcomes[run_id] is AppendOutcome.APPENDED
+                assert record.log == (b"x",)
+        assert (await broker.counts("ok"))[JobState.WAITING] == 4
+    # They were sent together: the batch's refusal had them sent again one by one.
+    assert "run append batcher: a batch of" in caplog.text
