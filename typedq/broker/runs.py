@@ -14,7 +14,9 @@ turn replays the run and appends what the replay decided (:class:`RunAppend`).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
+from typing import TypeAlias
 
 import msgspec
 
@@ -24,6 +26,7 @@ from .messages import JobMessage, JobState
 __all__ = [
     "AppendOutcome",
     "RunAppend",
+    "RunReader",
     "StepOutcome",
     "RunRecord",
     "RunSignal",
@@ -166,3 +169,8 @@ class SignalOutcome(StrEnum):
     DELIVERED = "delivered"
     FINISHED = "finished"  # refused: the run is completed, failed or cancelled
     NOT_FOUND = "not_found"
+
+
+#: How ``wait_run`` reads a run (its record, None: no such run), when the caller has a
+#: reader of its own (a client whose concurrent reads share a broker call).
+RunReader: TypeAlias = Callable[[str], Awaitable[RunRecord | None]]

@@ -407,11 +407,13 @@ class RunHandle(Generic[TOut]):
         :raises ResultTimeout: not finished within ``timeout`` seconds
         """
         # The broker wakes the wait when the run ends (no polling): a log that could
-        # never grow that long (``seen``) asks for the end only.
+        # never grow that long (``seen``) asks for the end only. Its reads go with those
+        # of the process's other waits and turns (Client.read_run).
         broker = self._durable._app.broker
+        read = self._durable._app.client.read_run
         with anyio.move_on_after(timeout):
             while True:
-                record = await broker.wait_run(self.run_id, sys.maxsize, None)
+                record = await broker.wait_run(self.run_id, sys.maxsize, None, reader=read)
                 if record is None:
                     raise JobNotFound(f"no durable run {self.run_id!r}")
                 if record.state.is_final:
@@ -451,9 +453,10 @@ class RunHandle(Generic[TOut]):
         :raises JobNotFound: no such run
         """
         broker = self._durable._app.broker
+        read = self._durable._app.client.read_run
         seen = 0
         while True:
-            record = await broker.wait_run(self.run_id, seen, None)
+            record = await broker.wait_run(self.run_id, seen, None, reader=read)
             if record is None:
                 if seen == 0:
                     raise JobNotFound(f"no durable run {self.run_id!r}")

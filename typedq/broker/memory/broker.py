@@ -31,7 +31,15 @@ from ..base import (
 from ..flow import FlowSpec, FlowState
 from ..flowviews import FlowKeyPage, FlowKind
 from ..records import RUN_CANCELLED, broker_failure
-from ..runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+from ..runs import (
+    AppendOutcome,
+    RunAppend,
+    RunReader,
+    RunRecord,
+    RunSignal,
+    RunSpec,
+    SignalOutcome,
+)
 from ..schemas import SchemaRecord
 from ..streams import StreamAppend, StreamEntry
 from . import listing
@@ -206,8 +214,10 @@ class MemoryBroker(JobPath):
                 await self.cancel(job_id)
         return out
 
-    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
-        self._check()
+    async def wait_run(
+        self, run_id: str, seen: int, timeout: float | None, *, reader: RunReader | None = None
+    ) -> RunRecord | None:
+        self._check()  # (no reads to share: ``reader`` is not used)
         return await self.runs.wait(run_id, seen, timeout)
 
     # -- operations ------------------------------------------------------------------

@@ -34,6 +34,7 @@ from ..base import JobMessage
 from ..runs import (
     AppendOutcome,
     RunAppend,
+    RunReader,
     RunRecord,
     RunSignal,
     RunSpec,
@@ -368,7 +369,9 @@ class RunOps(RedisCore):
                 await self.cancel(text(job_id))
         return [reply is not None for reply in replies]
 
-    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
+    async def wait_run(
+        self, run_id: str, seen: int, timeout: float | None, *, reader: RunReader | None = None
+    ) -> RunRecord | None:
         # The run scripts announce a log that grew as '~<run id>' and a run that ended as
         # '~!<run id>' with the finished jobs' notice of the run's queue
         # (lua/common/runs.lua); a wait for the end only (``seen`` sys.maxsize, as
@@ -388,7 +391,10 @@ class RunOps(RedisCore):
                 event = anyio.Event()
                 for waiter in waiters:
                     waiter.event = event
-                (record,) = await self.get_runs([run_id])
+                if reader is None:
+                    (record,) = await self.get_runs([run_id])
+                else:
+                    record = await reader(run_id)
                 if record is None or record.state.is_final or len(record.log) > seen:
                     return record
                 remaining = deadline - time.monotonic()
