@@ -23,7 +23,7 @@ from .broker import broker_from_url, redact_url
 from .broker.base import Broker, BrokerSettings, EnqueueControl, EnqueueOutcome, JobMessage
 from .broker.capabilities import SchemaRegistry, require, supports
 from .broker.flow import FlowSpec
-from .broker.runs import AppendOutcome, RunAppend, RunRecord
+from .broker.runs import AppendOutcome, RunAppend, RunRecord, RunSpec
 from .errors import BrokerError, ConfigError, NotConnected, PartialEnqueue, QueueFull
 from .names import check_name
 from .options import check_message
@@ -100,11 +100,15 @@ class Client:
             self._enqueue_flow_batch, max_batch=64, name="flow enqueue batcher"
         )
         # Durable runs (typedq.durable): the reads of concurrent turns share a broker call,
-        # and so do their appends, on a broker that does I/O (Broker.coalesce_run_calls),
-        # two calls of each in flight. An append refused for a full queue is the refusal
-        # of its own steps' queue: the others of its batch are sent again without it.
+        # and so do their appends and the starts of runs, on a broker that does I/O
+        # (Broker.coalesce_run_calls), two calls of each in flight. An append refused for
+        # a full queue is the refusal of its own steps' queue: the others of its batch
+        # are sent again without it.
         self._run_reader: Batcher[str, RunRecord | None] = Batcher(
             self.broker.get_runs, max_batch=64, max_in_flight=2, name="run read batcher"
+        )
+        self._run_creator: Batcher[RunSpec, tuple[bool, RunRecord]] = Batcher(
+            self.broker.create_runs, max_batch=64, max_in_flight=2, name="run start batcher"
         )
         self._run_appender: Batcher[RunAppend, AppendOutcome] = Batcher(
             self.broker.append_runs,
@@ -154,6 +158,7 @@ class Client:
             await tg.start(self._enqueuer.run)
             await tg.start(self._flow_enqueuer.run)
             await tg.start(self._run_reader.run)
+            await tg.start(self._run_creator.run)
             await tg.start(self._run_appender.run)
         except BaseException:
             self._users -= 1
@@ -238,6 +243,15 @@ class Client:
             return await self._run_reader.submit(run_id)
         [record] = await self.broker.get_runs([run_id])
         return record
+
+    async def create_run(self, spec: RunSpec) -> tuple[bool, RunRecord]:
+        """Create a durable run (``create_runs``; idempotent by id), in one broker call
+        with the other runs this process starts meanwhile where the broker coalesces
+        them."""
+        if self._stack is not None and self.broker.coalesce_run_calls:
+            return await self._run_creator.submit(spec)
+        [created] = await self.broker.create_runs([spec])
+        return created
 
     async def append_run(self, append: RunAppend) -> AppendOutcome:
         """A durable run's compare-and-append (``append_runs``), in one broker call with

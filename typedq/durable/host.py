@@ -181,7 +181,7 @@ class DurableTask(Generic[TIn, TOut]):
             turn_payload=self.turn_task.input.encode(RunTurn(run_id)),
             input=self.input.encode(inp),
         )
-        [(_created, _record)] = await self._app.broker.create_runs([spec])
+        await self._app.client.create_run(spec)
         return self.handle(run_id)
 
     def handle(self, run_id: str) -> RunHandle[TOut]:
