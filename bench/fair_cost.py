@@ -8,6 +8,12 @@ after another, and Redis' ``INFO commandstats`` gives µs per claim call (FCALL)
 and fair alternate within a round; the medians over the rounds are printed with their
 ratio. Enqueue cost per job is printed too (a fair job is stored as a job string and
 its id pushed to its lane, a plain one as a waiting entry).
+
+``--callgrind``: the same claims (one round, ``--calls`` of them after one to warm up)
+against redis-server under ``valgrind --tool=callgrind`` (bench/script_cost.py's
+driver), reporting the instructions Redis executed per claim call, plain and fair:
+deterministic on a loaded box, where the µs above spread wide. Keep ``--calls`` small
+(200); filling the queue under valgrind takes a while.
 """
 
 from __future__ import annotations
@@ -67,6 +73,41 @@ async def one(
         await client.aclose()
 
 
+async def instructions(
+    url: str, dump: Any, keys: int, per_key: int, batch: int, calls: int, fair: bool
+) -> float:
+    """Instructions redis-server (under callgrind) executed per claim call."""
+    client = aioredis.Redis.from_url(url)
+    app = App("fairbench", broker=url)
+    try:
+        await client.flushall()
+        async with app:
+            broker: Any = app.broker
+            messages = _messages(keys, per_key, fair)
+            for s in range(0, len(messages), 500):
+                await broker.enqueue(messages[s : s + 500])
+            await broker.claim(["q"], batch, worker_id="w", lease=600)  # warm up
+            dump()
+            for _ in range(calls):
+                await broker.claim(["q"], batch, worker_id="w", lease=600)
+            return float(dump()) / calls
+    finally:
+        await client.aclose()
+
+
+async def main_callgrind(keys: int, per_key: int, batches: list[int], calls: int) -> None:
+    from bench.script_cost import callgrind_server
+
+    with callgrind_server() as (url, dump):
+        for batch in batches:
+            plain = await instructions(url, dump, keys, per_key, batch, calls, False)
+            fair = await instructions(url, dump, keys, per_key, batch, calls, True)
+            print(
+                f"keys {keys} x {per_key}, batch {batch:>2}: claim instructions/call plain "
+                f"{plain / 1000:.1f}k fair {fair / 1000:.1f}k ({fair / plain:.2f}x)"
+            )
+
+
 async def main(keys: int, per_key: int, batches: list[int], calls: int, rounds: int) -> None:
     with redis_server() as server:
         for batch in batches:
@@ -92,5 +133,12 @@ if __name__ == "__main__":
     parser.add_argument("--batch", default="1,16")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--callgrind", action="store_true", help="instructions per claim, redis under valgrind"
+    )
     a = parser.parse_args()
-    anyio.run(main, a.keys, a.per_key, [int(b) for b in a.batch.split(",")], a.calls, a.rounds)
+    batches = [int(b) for b in a.batch.split(",")]
+    if a.callgrind:
+        anyio.run(main_callgrind, a.keys, a.per_key, batches, a.calls)
+    else:
+        anyio.run(main, a.keys, a.per_key, batches, a.calls, a.rounds)

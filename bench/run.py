@@ -50,6 +50,9 @@ RESULTS = BENCH / "results"
 PROJECT_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 SYSTEMS = ["typedq", "arq", "saq", "streaq", "taskiq", "bullmq", "celery", "dramatiq", "rq", "raw"]
+#: The prefetch of system ``typedq-prefetch`` (typedq's worker with ``--prefetch``).
+TYPEDQ_PREFETCH = 4
+
 # Not peers: reference floors, shown in the table but never the "best peer".
 FLOORS = ("raw",)
 WORKLOADS = ["single", "bulk", "e2e", "drain", "latency", "memory", "chain", "fanin"]
@@ -231,8 +234,14 @@ def run_one(
     env["BENCH_REDIS_URL"] = server.url
     env.pop("BENCH_TYPEDQ_BROKER", None)
     module = system.partition("@")[0]  # typedq@REV: typedq as of REV (--baseline)
+    env.pop("TYPEDQ_PREFETCH", None)
     if system == "typedq-memory":
         env["BENCH_TYPEDQ_BROKER"] = "memory://"
+        module = "typedq"
+    elif system == "typedq-prefetch":
+        # The same adapter, its worker started with `--prefetch` (TYPEDQ_PREFETCH): a
+        # worker setting, not the default (docs/workers.md "Prefetch").
+        env["TYPEDQ_PREFETCH"] = str(TYPEDQ_PREFETCH)
         module = "typedq"
     argv = [str(python_for(system)), "-m", f"bench.adapters.{module}", json.dumps(params)]
     load = os.getloadavg()[0]

@@ -12,6 +12,7 @@ from typing_extensions import Unpack
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
 from .broker.base import Broker, BrokerSettings, Retention
 from .broker.capabilities import EventStreams, FlowControl, JobStreams, Limits, Runs, Schedules
+from .broker.runs import RUN_SCHEMA_PREFIX
 from .clock import SYSTEM_CLOCK, Clock
 from .context import JobContext
 from .durable.host import (
@@ -52,6 +53,7 @@ from .task import (
 from .worker import Worker
 
 if TYPE_CHECKING:
+    from .serde import Codec
     from .tracing import Tracing
 
 __all__ = ["App"]
@@ -462,12 +464,21 @@ class App(AppBase):
             needs[JobStreams] = f"emits= of tasks {', '.join(emitting)}"
         return needs
 
+    def _schema_sources(self) -> list[tuple[str, Codec[Any], Codec[Any]]]:
+        """The tasks, then each durable function's run input and result as
+        ``run:<name>`` (runs keep their input's fingerprint: ``typedq verify``)."""
+        durables = [
+            (f"{RUN_SCHEMA_PREFIX}{d.name}", d.input, d.output) for d in self._durables.values()
+        ]
+        return super()._schema_sources() + durables
+
     # -- workers -------------------------------------------------------------------
 
     def worker(
         self,
         *,
         concurrency: int = 16,
+        prefetch: int = 0,
         queues: list[str] | None = None,
         grace: float = 10.0,
         allow_unknown_queues: bool = False,
@@ -476,6 +487,8 @@ class App(AppBase):
         """A worker for every task of this app (an async context manager).
 
         :param concurrency: how many jobs run at once (claimed only for free slots)
+        :param prefetch: jobs held beyond ``concurrency`` (claimed ahead, or being recorded
+            while the next runs; see :class:`~typedq.worker.Worker`); 0: none
         :param queues: which queues to take jobs from (default: every queue of the app)
         :param grace: seconds in-flight jobs may finish at shutdown before being cancelled
         :param allow_unknown_queues: take jobs from ``queues`` no task of this app uses
@@ -486,6 +499,7 @@ class App(AppBase):
         return Worker(
             self,
             concurrency=concurrency,
+            prefetch=prefetch,
             queues=queues,
             grace=grace,
             allow_unknown_queues=allow_unknown_queues,

@@ -21,10 +21,17 @@ import anyio
 from .batching import Batcher, is_batch_wide
 from .broker import broker_from_url, redact_url
 from .broker.base import Broker, BrokerSettings, EnqueueControl, EnqueueOutcome, JobMessage
-from .broker.capabilities import SchemaRegistry, require, supports
+from .broker.capabilities import SchemaRegistry, TransactionalEnqueue, require, supports
 from .broker.flow import FlowSpec
 from .broker.runs import AppendOutcome, RunAppend, RunRecord, RunSpec
-from .errors import BrokerError, ConfigError, NotConnected, PartialEnqueue, QueueFull
+from .errors import (
+    BrokerError,
+    ConfigError,
+    NotConnected,
+    PartialEnqueue,
+    QueueFull,
+    Unsupported,
+)
 from .names import check_name
 from .options import check_message
 
@@ -281,6 +288,38 @@ class Client:
         if self.tracing is not None:
             return await self.tracing.send(message, self._enqueuer.submit)
         return await self._enqueuer.submit(message)
+
+    async def _enqueue_within(
+        self, conn: object, messages: list[JobMessage]
+    ) -> list[EnqueueOutcome]:
+        """Store checked envelopes in the caller's open database transaction (``within=``):
+        one broker call through ``conn``, never coalesced with other enqueues (they are
+        not in that transaction).
+
+        :raises Unsupported: the broker cannot (its jobs do not live in the caller's
+            database): says what to do instead
+        """
+        self._require()
+        broker = self.broker
+        if not supports(broker, TransactionalEnqueue):
+            raise Unsupported(
+                f"within= stores jobs in your database transaction, which needs the "
+                f"PostgreSQL broker (postgresql://...), and this app's broker is "
+                f"{redact_url(self.url)}: enqueue after your transaction commits (or write "
+                "the jobs to an outbox table in it and enqueue them from there)"
+            )
+        if not messages:
+            return []
+
+        async def send(carried: list[JobMessage]) -> list[EnqueueOutcome]:
+            outcomes = await broker.enqueue_within(conn, carried)
+            if len(outcomes) != len(carried):
+                raise RuntimeError(f"{broker!r} answered {len(outcomes)} of {len(carried)} jobs")
+            return outcomes
+
+        if self.tracing is not None:
+            return await self.tracing.send_many(messages, send)
+        return await send(messages)
 
     async def _enqueue_controlled(
         self, message: JobMessage, control: EnqueueControl

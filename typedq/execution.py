@@ -20,13 +20,11 @@ meanwhile), because handing the job on while its code still runs would run it tw
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import math
 import threading
-import types
-from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -37,6 +35,7 @@ from .clock import SYSTEM_CLOCK, Clock, VirtualClock, VirtualDeadline, move_on_a
 from .context import JobContext
 from .errors import FailureReason, InvalidPayload, PayloadTooLarge
 from .failures import Failures, type_name
+from .handlerscope import HandlerScope, run_in_context
 from .logs import job_fields
 from .outcomes import (
     Abandon,
@@ -48,6 +47,7 @@ from .outcomes import (
     describe,
     minimal_failure,
 )
+from .running import CancelReason, Running
 from .streams import Emitter
 from .task import Task
 from .upcast import Upcaster
@@ -55,191 +55,6 @@ from .upcast import Upcaster
 __all__ = ["CancelReason", "Executor", "HandlerScope", "Running", "run_in_context"]
 
 log = logging.getLogger("typedq.worker")
-
-T = TypeVar("T")
-
-#: Why a running job's scope was cancelled: ``job.cancel()``, a lost lease, or shutdown.
-CancelReason = Literal["cancel", "lease_lost", "shutdown"]
-
-
-class Running:
-    """A claimed job this worker runs: its claim, cancel scope, and why it was cancelled.
-
-    It also tracks the attempt's handler thread (sync handlers): ``thread_alive`` stays
-    True until the thread really returns, however long after the attempt ended, so the
-    worker can count the thread against its concurrency. ``lost`` is set once the broker
-    said the lease is gone: only then does the worker stop renewing it.
-    """
-
-    __slots__ = (
-        "_wake",
-        "abandoned",
-        "cancel_reason",
-        "claimed",
-        "emitter",
-        "in_handler",
-        "lost",
-        "scope",
-        "thread_alive",
-        "thread_result",
-    )
-
-    def __init__(self, claimed: ClaimedJob) -> None:
-        self.claimed = claimed
-        #: The cancel scope its handler runs in, while it runs (None before and after:
-        #: a runner's scope goes on to its next job, see :class:`HandlerScope`).
-        self.scope: anyio.CancelScope | None = None
-        self.cancel_reason: CancelReason | None = None
-        #: True while an async handler runs (it can be stopped by cancelling its scope).
-        self.in_handler = False
-        self.lost = False
-        self.abandoned = False
-        self.thread_alive = False
-        #: What the thread did: (True, value) or (False, exception); None while it runs.
-        self.thread_result: tuple[bool, Any] | None = None
-        self._wake: anyio.Event | None = None
-        #: The attempt's stream emitter (a task with ``emits=``), else None.
-        self.emitter: Emitter | None = None
-
-    def cancel(self, reason: CancelReason) -> None:
-        """Cancel the attempt's scope (the first reason given is the one that counts)."""
-        if self.cancel_reason is None:
-            self.cancel_reason = reason
-        if self.scope is not None:
-            self.scope.cancel()
-
-    def mark_lost(self) -> None:
-        """The broker says the lease is gone: stop, write nothing, stop renewing."""
-        self.lost = True
-        self.cancel("lease_lost")
-        self._set_wake()
-
-    def abandon(self) -> None:
-        """Shutdown stops waiting for this attempt's thread (it may run on)."""
-        self.abandoned = True
-        self._set_wake()
-
-    def thread_started(self) -> None:
-        self.thread_alive = True
-        self.thread_result = None
-        self._wake = anyio.Event()
-
-    def thread_skipped(self) -> None:
-        """The attempt was cancelled before its thread started the handler."""
-        self.thread_alive = False
-        self._set_wake()
-
-    def thread_exited(self, result: tuple[bool, Any]) -> None:
-        """Called in the event loop once the handler thread has returned."""
-        self.thread_alive = False
-        self.thread_result = result
-        self._set_wake()
-
-    def _set_wake(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
-
-    async def wait_thread(self) -> None:
-        """Until the thread returns, the lease is lost, or shutdown gives up on it."""
-        if self._wake is not None and self.thread_alive and not (self.lost or self.abandoned):
-            await self._wake.wait()
-
-
-class HandlerScope:
-    """The cancel scope a task's handlers run in, one job after another.
-
-    Entering and leaving an anyio cancel scope per job costs about as much as the rest
-    of running a no-op job (the scope finds its task, its task's state, its parent, and
-    undoes it all on the way out). A worker's runner runs its jobs one at a time, so it
-    keeps one scope entered in its task across them: each job's handler only arms it
-    (its timeout as the scope's deadline; its cancel, lost lease or shutdown as the
-    scope's cancel, through :attr:`Running.scope`) and disarms it when it returns, so no
-    cancellation meant for a job reaches the runner's own work between handlers
-    (settling, waiting for the next job). A cancelled scope stays cancelled: it is left
-    as soon as its handler ends (:meth:`leave`) and the next job enters a new one.
-
-    Its scope is entered and left in the task that uses it, innermost: the handlers'
-    own scopes are all left when they return, and whatever the task does between
-    handlers leaves the scopes it enters. Use it as a context manager around the jobs
-    (``with HandlerScope() as scopes:``): the scope still entered is left at the end.
-    """
-
-    __slots__ = ("_scope", "_scope_class")
-
-    def __init__(self) -> None:
-        self._scope: anyio.CancelScope | None = None
-        #: The running event loop's own scope class, looked up on first use
-        #: (``anyio.CancelScope()`` finds the backend anew on every call).
-        self._scope_class: type[anyio.CancelScope] | None = None
-
-    def __enter__(self) -> HandlerScope:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> bool:
-        return self.leave(exc)
-
-    def enter(self) -> anyio.CancelScope:
-        """The scope entered for the next handler (entered now if none is)."""
-        scope = self._scope
-        if scope is None:
-            scope_class = self._scope_class
-            if scope_class is None:
-                scope = anyio.CancelScope()
-                self._scope_class = type(scope)
-            else:
-                scope = scope_class()
-            scope.__enter__()
-            self._scope = scope
-        return scope
-
-    def leave(self, exc: BaseException | None = None) -> bool:
-        """Leave the entered scope, if any, as ``exc`` propagates out of it (None: as
-        its block ends normally); True when the scope swallowed ``exc`` (its own
-        cancellation), as its ``__exit__`` says."""
-        scope, self._scope = self._scope, None
-        if scope is None:
-            return False
-        if exc is None:
-            return bool(scope.__exit__(None, None, None))
-        return bool(scope.__exit__(type(exc), exc, exc.__traceback__))
-
-
-@types.coroutine
-def run_in_context(
-    context: contextvars.Context, coro: Coroutine[Any, Any, T]
-) -> Generator[Any, Any, T]:
-    """Await ``coro`` in the current task with each of its steps run in ``context``.
-
-    What a task spawned with its own copy of the context would give, without spawning
-    one: the contextvars the coroutine sets stay in ``context``, and anything it starts
-    from there (a thread, a child task) inherits ``context``. Cancellation and the event
-    loop's messages pass through unchanged (what the loop sends or throws in is sent or
-    thrown into ``coro``), so cancel scopes entered in ``coro`` work as in any await.
-    """
-    send, throw = coro.send, coro.throw
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            if error is None:
-                yielded = context.run(send, value)
-            else:
-                thrown, error = error, None
-                yielded = context.run(throw, thrown)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]  # the coroutine's T
-        try:
-            value = yield yielded
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:
-            error = exc
 
 
 class Executor:
@@ -414,6 +229,10 @@ class Executor:
             else (payload,)
         )
         got: tuple[bool, Any] | None = None
+        if running.cancel_reason is not None:
+            # Cancelled before it started (a prefetched job at shutdown, a cancel request
+            # that came first): the handler is not called at all.
+            return got, math.inf
         kept = scopes is not None
         if scopes is None:
             scopes = HandlerScope()
@@ -422,8 +241,6 @@ class Executor:
         # running.cancel_reason first, which is how _interrupted tells them apart).
         scope = scopes.enter()
         running.scope = scope
-        if running.cancel_reason is not None:
-            scope.cancel()
         virtual = self._virtual
         expiry: VirtualDeadline | None = None
         if timeout is None:

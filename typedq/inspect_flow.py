@@ -1,7 +1,7 @@
-"""What ``typedq inspect --fair/--debounced/--unique/--streams QUEUE`` and the
-dashboard's queue page show of a queue's flow control: one bounded page of its fair keys
-with jobs waiting, its debounce keys and their collecting jobs, its unique keys held, or
-its job streams (the broker's capability :class:`~typedq.broker.capabilities.FlowViews`).
+"""The table ``typedq inspect --fair/--debounced/--unique/--streams QUEUE`` draws of a
+queue's flow control (with ``rich``, imported when it draws). The page it draws is read
+by :mod:`typedq.views.flowkeys` (the dashboard's queue page reads it there too, and
+imports no ``rich``); its names are importable from here as before.
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-import msgspec
-
-from .broker.base import Broker
-from .broker.capabilities import FlowViews, supports
-from .broker.flowviews import FlowKey, FlowKind
-from .errors import Unsupported
+from .broker.flowviews import FlowKind
+from .views.flowkeys import FlowKeysView as FlowKeysView
+from .views.flowkeys import flow_keys_view as flow_keys_view
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -30,29 +27,6 @@ OPTION: dict[FlowKind, str] = {
     "unique": "--unique",
     "stream": "--streams",
 }
-
-
-class FlowKeysView(msgspec.Struct, frozen=True):
-    """One page of ``queue``'s keys of ``kind``; ``cursor`` continues it
-    (``--cursor``), None when there are no more."""
-
-    queue: str
-    kind: FlowKind
-    keys: list[FlowKey]
-    cursor: str | None
-
-
-async def flow_keys_view(
-    broker: Broker, queue: str, kind: FlowKind, *, limit: int = 20, cursor: str | None = None
-) -> FlowKeysView:
-    """Read one page (at most ``limit`` keys) of ``queue``'s ``kind`` keys.
-
-    :raises Unsupported: the broker has no flow-control views
-    """
-    if not supports(broker, FlowViews):
-        raise Unsupported(f"broker {type(broker).__name__} cannot list flow-control keys")
-    page = await broker.flow_keys(queue, kind, cursor=cursor, limit=limit)
-    return FlowKeysView(queue, kind, page.keys, page.cursor)
 
 
 def until_text(when: float | None, now: float) -> str:

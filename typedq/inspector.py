@@ -10,22 +10,31 @@ are :mod:`typedq.cli.render`, and ``--json`` prints these structures as they are
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import anyio
 import msgspec
 
 from .broker import redact_url
-from .broker.base import CancelOutcome, JobRecord, JobState, ScheduleState, WorkerInfo
+from .broker.base import CancelOutcome, JobState, WorkerInfo
+from .broker.capabilities import Schedules, supports
 from .broker.flow import HELD_AT, member_id, step_id, waits_for
-from .broker.runs import RunRecord, RunSignal, RunState, SignalOutcome
+from .broker.runs import RunSignal, SignalOutcome
 from .client import Client
-from .durable import log as durable_log
-from .errors import BrokerDataError, ConfigError, FailureRecord
-from .job import decode_failure
+from .errors import ConfigError
 from .schedule import Schedule
+from .views.jobs import JobDetail, JobView, attempt_records, job_detail, job_view, plain_data
+from .views.partitions import partition_of, partition_totals
+from .views.runs import (
+    RUN_ENTRY_LABELS,
+    RunEntryView,
+    RunView,
+    run_detail,
+    run_view,
+    run_waiting,
+)
+from .views.schedules import ScheduleView, schedule_view
 
 __all__ = [
     "ACTIONS",
@@ -66,70 +75,6 @@ PAGE = 500
 #: Fan-out members per page of a flow (Inspector.flow, the dashboard's flow page).
 MEMBER_PAGE = 50
 _CANCEL_CONCURRENCY = 32
-
-
-class JobView(msgspec.Struct, frozen=True, kw_only=True):
-    """One job as ``inspect`` shows it."""
-
-    id: str
-    task: str
-    queue: str
-    state: JobState
-    attempt: int
-    priority: int
-    enqueued_at: float
-    finished_at: float
-    error: FailureRecord | None = None
-    #: When a scheduled job is due (0 otherwise), and when the current attempt started.
-    run_at: float = 0.0
-    started_at: float = 0.0
-    #: A held workflow step (state ``scheduled``): what it waits on, e.g. "waiting for
-    #: step 1 (F.1) of flow F" (see typedq.broker.flow.waits_for); "" otherwise.
-    waits_for: str = ""
-
-
-class JobDetail(msgspec.Struct, frozen=True, kw_only=True):
-    """One job in full (``typedq inspect --job ID``): its view, payload, result, error
-    record (the last failed attempt's, with its traceback) and progress. Payload,
-    result and progress are the stored msgpack decoded to plain data (as JSON shows
-    them); None when absent."""
-
-    job: JobView
-    payload: Any = None
-    result: Any = None
-    progress: Any = None
-    stalls: int = 0
-    worker_id: str | None = None
-    cancel_requested: bool = False
-    #: Every failed attempt's record, oldest first (the broker keeps the last 10).
-    attempts: list[FailureRecord] = []
-
-
-class ScheduleView(msgspec.Struct, frozen=True, kw_only=True):
-    """One schedule as ``inspect`` shows it (times: epoch seconds, broker clock).
-
-    ``status`` is ``"ok"``; ``"changed"`` when the broker's state belongs to another
-    definition (workers of another version run it); ``"not started"`` when no worker
-    has reconciled it yet; ``"not declared"`` for a state the inspected app does not
-    declare (left by a removed schedule until a worker prunes it), or when no app was
-    given to compare with.
-    """
-
-    name: str
-    task: str | None
-    every: float | None
-    cron: str | None
-    tz: str | None
-    status: str
-    #: The next tick (None: unknown without the app's declaration).
-    next_fire: float | None
-    #: The newest tick handled (fired or skipped).
-    last_tick: float | None
-    #: When the newest fired tick was enqueued.
-    last_fired: float | None
-    last_job: str | None
-    fired: int
-    skipped: int
 
 
 class Overview(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,219 +128,6 @@ class ActionReport(msgspec.Struct, frozen=True, kw_only=True):
     outcomes: dict[str, str]
 
 
-class RunEntryView(msgspec.Struct, frozen=True, kw_only=True):
-    """One entry of a durable run's log, as plain data.
-
-    :param kind: the entry's tag in the log: ``step`` (scheduled), ``step_ok``,
-        ``step_failed``, ``do``, ``sleep``, ``wait``, ``signal``, ``signal_timeout``,
-        ``emit``, ``patch``
-    :param name: the task, ``do`` block, signal, event model or patch id (``""`` for a sleep)
-    :param value: the step's output, the ``do`` value, the signal's payload or the event,
-        decoded as plain data (None for the other kinds)
-    :param at: a sleep's end or a wait's deadline (epoch seconds)
-    """
-
-    position: int
-    kind: str
-    name: str
-    value: Any = None
-    at: float | None = None
-    failure: FailureRecord | None = None
-    #: The scheduled step's input digest (a replay with another input diverges).
-    digest: str = ""
-    #: A step's job id (``run_id:position``): ``typedq inspect --job`` shows it.
-    job: str = ""
-
-
-class RunView(msgspec.Struct, frozen=True, kw_only=True):
-    """A durable run in full: its state, input, what it waits for, its timeline (every
-    log entry, oldest first) and its result or failure (``typedq inspect --run``, the
-    dashboard's run page)."""
-
-    id: str
-    name: str
-    queue: str
-    state: RunState
-    created_at: float
-    finished_at: float
-    input: Any
-    #: What the running run waits for: any of these step jobs to end, this signal, the
-    #: clock to pass ``wake_at`` (a sleep's end, a wait's deadline); none: a turn is due.
-    wait_jobs: list[str]
-    wait_signal: str | None
-    wake_at: float | None
-    #: Signals sent and not yet taken by a wait, how many per name.
-    inbox: dict[str, int]
-    entries: list[RunEntryView]
-    result: Any = None
-    failure: FailureRecord | None = None
-    #: Its step jobs that have ended and that no turn has logged yet.
-    unlogged_steps: list[str] = []
-
-
-def _entry_view(run_id: str, entry: durable_log.LogEntry) -> RunEntryView:
-    kind = type(entry).__struct_config__.tag
-    view = RunEntryView(position=entry.position, kind=str(kind), name="")
-    if isinstance(
-        entry, durable_log.StepScheduled | durable_log.StepCompleted | durable_log.StepFailed
-    ):
-        view = msgspec.structs.replace(view, job=f"{run_id}:{entry.position}")
-    if isinstance(entry, durable_log.StepScheduled):
-        return msgspec.structs.replace(view, name=entry.task, digest=entry.digest)
-    if isinstance(entry, durable_log.StepCompleted):
-        return msgspec.structs.replace(view, name=entry.task, value=plain_data(entry.output))
-    if isinstance(entry, durable_log.StepFailed):
-        return msgspec.structs.replace(view, name=entry.task, failure=entry.failure)
-    if isinstance(entry, durable_log.DoRecorded):
-        return msgspec.structs.replace(view, name=entry.name, value=plain_data(entry.value))
-    if isinstance(entry, durable_log.SleepStarted):
-        return msgspec.structs.replace(view, at=entry.until)
-    if isinstance(entry, durable_log.WaitStarted):
-        return msgspec.structs.replace(view, name=entry.signal, at=entry.deadline)
-    if isinstance(entry, durable_log.SignalReceived):
-        return msgspec.structs.replace(view, name=entry.signal, value=plain_data(entry.payload))
-    if isinstance(entry, durable_log.SignalTimedOut):
-        return msgspec.structs.replace(view, name=entry.signal)
-    if isinstance(entry, durable_log.Emitted):
-        return msgspec.structs.replace(view, name=entry.event, value=plain_data(entry.payload))
-    assert isinstance(entry, durable_log.PatchMarked)
-    return msgspec.structs.replace(view, name=entry.patch)
-
-
-#: How tools name each kind of run log entry.
-RUN_ENTRY_LABELS = {
-    "step": "step scheduled",
-    "step_ok": "step completed",
-    "step_failed": "step failed",
-    "do": "do",
-    "sleep": "sleep",
-    "wait": "wait for signal",
-    "signal": "signal received",
-    "signal_timeout": "signal timed out",
-    "emit": "emitted",
-    "patch": "patched",
-}
-
-
-def run_waiting(view: RunView, when: Callable[[float], str]) -> str:
-    """What a running run waits for, in words (``when`` formats an epoch time); ``""``
-    once it has ended."""
-    if view.state.is_final:
-        return ""
-    parts = []
-    if view.wait_jobs:
-        parts.append("step jobs " + ", ".join(view.wait_jobs))
-    if view.wait_signal is not None:
-        parts.append(f"signal {view.wait_signal!r}")
-    if view.wake_at is not None:
-        if parts:
-            parts[-1] += f" until {when(view.wake_at)}"
-        else:
-            parts.append(f"the clock to pass {when(view.wake_at)}")
-    return "; ".join(parts) if parts else "its next turn"
-
-
-def run_detail(entry: RunEntryView, when: Callable[[float], str]) -> str:
-    """An entry's detail in one line: the value as JSON, the time, the error."""
-    if entry.failure is not None:
-        failure = entry.failure
-        return f"{failure.error_type}: {failure.message}" if failure.message else failure.error_type
-    if entry.kind == "step":
-        return f"job {entry.job}, input {entry.digest}"
-    if entry.kind == "sleep" and entry.at is not None:
-        return f"until {when(entry.at)}"
-    if entry.kind == "wait":
-        return "no deadline" if entry.at is None else f"deadline {when(entry.at)}"
-    if entry.value is not None:
-        return msgspec.json.encode(entry.value).decode()
-    return ""
-
-
-def run_view(record: RunRecord) -> RunView:
-    """A run as :class:`RunView` (its log decoded; an unreadable entry raises
-    :class:`~typedq.errors.BrokerDataError`)."""
-    run_id = record.spec.id
-    entries = [
-        _entry_view(run_id, e) for blob in record.log for e in durable_log.decode_entries(blob)
-    ]
-    return RunView(
-        id=record.spec.id,
-        name=record.spec.name,
-        queue=record.spec.queue,
-        state=record.state,
-        created_at=record.created_at,
-        finished_at=record.finished_at,
-        input=plain_data(record.spec.input),
-        wait_jobs=[] if record.state.is_final else list(record.wait_jobs),
-        wait_signal=None if record.state.is_final else record.wait_signal,
-        wake_at=None if record.state.is_final else record.wake_at,
-        inbox={name: len(kept) for name, kept in sorted(record.inbox.items()) if kept},
-        entries=entries,
-        result=plain_data(record.result),
-        failure=record.failure,
-        unlogged_steps=sorted(record.outcomes),
-    )
-
-
-def _view(record: JobRecord) -> JobView:
-    message = record.message
-    error = None
-    if record.error is not None:
-        error = decode_failure(record.error, message.id)
-    return JobView(
-        id=message.id,
-        task=message.task,
-        queue=message.queue,
-        state=record.state,
-        attempt=record.attempt,
-        priority=message.priority,
-        enqueued_at=record.enqueued_at,
-        finished_at=record.finished_at,
-        error=error,
-        run_at=record.run_at,
-        started_at=record.started_at,
-    )
-
-
-#: One job as ``inspect`` shows it (also the bulk actions' preview, :mod:`typedq.bulk`).
-job_view = _view
-
-
-def plain_data(data: bytes | None) -> Any:
-    """Stored msgpack as plain data; a note instead when it does not decode (the
-    inspector's job view and the dashboard's)."""
-    if data is None:
-        return None
-    try:
-        return msgspec.msgpack.decode(data)
-    except msgspec.DecodeError:
-        return f"<{len(data)} bytes that are not msgpack>"
-
-
-def attempt_records(record: JobRecord) -> list[FailureRecord]:
-    """Every failed attempt's record of a job, oldest first (unreadable ones left out)."""
-    out = []
-    for raw in record.errors:
-        try:
-            out.append(decode_failure(raw, record.message.id))
-        except BrokerDataError:
-            continue
-    return out
-
-
-def _detail(record: JobRecord) -> JobDetail:
-    return JobDetail(
-        job=_view(record),
-        payload=plain_data(record.message.payload),
-        result=plain_data(record.result),
-        progress=plain_data(record.progress),
-        stalls=record.stalls,
-        worker_id=record.worker_id,
-        cancel_requested=record.cancel_requested,
-        attempts=attempt_records(record),
-    )
-
-
 class Inspector:
     """Inspect and operate an app's jobs through a connected :class:`~typedq.Client`.
 
@@ -419,15 +151,18 @@ class Inspector:
         self.declared = None if schedules is None else {s.name: s for s in schedules}
 
     async def schedules(self) -> list[ScheduleView]:
-        """The schedules with their next and last fire times, by name."""
+        """The schedules with their next and last fire times, by name (none on a broker
+        without schedules: it can hold none)."""
         broker = self.client.broker
+        if not supports(broker, Schedules):
+            return []
         states = {s.name: s for s in await broker.schedule_states()}
         declared = self.declared or {}
         if not states and not declared:
             return []
         now = await broker.broker_time_us()
         return [
-            _schedule_view(name, states.get(name), declared.get(name), now)
+            schedule_view(name, states.get(name), declared.get(name), now)
             for name in sorted(states.keys() | declared.keys())
         ]
 
@@ -442,7 +177,7 @@ class Inspector:
         for queue in self.queues:
             ids += await self.client.broker.list_jobs(queue, state, limit=limit)
         records = await self.client.broker.get(ids) if ids else []
-        return [_view(r) for r in records if r is not None]
+        return [job_view(r) for r in records if r is not None]
 
     async def overview(self, state: JobState = JobState.FAILED, *, limit: int = 20) -> Overview:
         """Counts per state per queue, and the jobs of ``state``."""
@@ -482,7 +217,7 @@ class Inspector:
         ids += [member_id(flow_id, i) for i in range(start, end)]
         records = await broker.get(ids)
         steps, members = records[: shape.steps], records[shape.steps :]
-        page = [None if r is None else _view(r) for r in members]
+        page = [None if r is None else job_view(r) for r in members]
         counts: dict[JobState, int] = {}
         if start == 0 and end == shape.members:
             # The page holds every member: count them all, whatever their state.
@@ -499,7 +234,7 @@ class Inspector:
             None
             if r is None
             else msgspec.structs.replace(
-                _view(r), waits_for=waits_for(shape, r.message.id, r.run_at)
+                job_view(r), waits_for=waits_for(shape, r.message.id, r.run_at)
             )
             for r in steps
         ]
@@ -525,7 +260,7 @@ class Inspector:
         (record,) = await self.client.broker.get([job_id])
         if record is None:
             return None
-        detail = _detail(record)
+        detail = job_detail(record)
         if record.run_at >= HELD_AT:
             flow = await self.client.broker.flow_state(job_id)
             if flow is not None:
@@ -637,44 +372,6 @@ class Inspector:
         return {i: cancelled[i] for i in ids}
 
 
-def _seconds(us: int) -> float | None:
-    return us / 1_000_000 if us else None
-
-
-def _schedule_view(
-    name: str,
-    state: ScheduleState | None,
-    declared: Schedule[Any] | None,
-    now_us: int,
-) -> ScheduleView:
-    if declared is None:
-        status = "not declared"
-    elif state is None:
-        status = "not started"
-    elif state.digest != declared.digest:
-        status = "changed"
-    else:
-        status = "ok"
-    next_fire = None
-    if declared is not None:
-        start = now_us if state is None or status != "ok" else max(state.last_tick_us, now_us)
-        next_fire = declared.next_tick(start) / 1_000_000
-    return ScheduleView(
-        name=name,
-        task=declared.task.name if declared is not None else None,
-        every=declared.every if declared is not None else None,
-        cron=declared.cron if declared is not None else None,
-        tz=str(declared.tz) if declared is not None and declared.cron else None,
-        status=status,
-        next_fire=next_fire,
-        last_tick=_seconds(state.last_tick_us) if state is not None else None,
-        last_fired=_seconds(state.last_fired_us) if state is not None else None,
-        last_job=(state.last_job or None) if state is not None else None,
-        fired=state.fired if state is not None else 0,
-        skipped=state.skipped if state is not None else 0,
-    )
-
-
 #: The outcomes of an action that took effect (the rest left the job as it was).
 DONE_OUTCOMES = frozenset(
     {"retried", "purged", CancelOutcome.CANCELLED.value, CancelOutcome.REQUESTED.value}
@@ -689,38 +386,3 @@ def _report(action: Action, state: JobState | None, outcomes: dict[str, str]) ->
 def all_done(report: ActionReport) -> bool:
     """True when every job of the report was acted on (the CLI's exit status)."""
     return report.done == len(report.outcomes)
-
-
-# -- partitions --------------------------------------------------------------------
-
-
-_PARTITION = re.compile(r"(.+)\.p(0|[1-9][0-9]{0,2})")
-
-
-def partition_of(queue: str) -> tuple[str, int] | None:
-    """``("emails", 3)`` for ``emails.p3`` (a partition's name), else None."""
-    match = _PARTITION.fullmatch(queue)
-    return None if match is None else (match[1], int(match[2]))
-
-
-def partition_totals(
-    counts: Mapping[str, Mapping[JobState, int]],
-) -> dict[str, tuple[int, dict[JobState, int], str]]:
-    """The counts of each partitioned queue summed over its partitions (those of ``counts``
-    named ``<queue>.p<n>``, at least two): ``{queue: (partitions, counts, last partition
-    in sorted order)}``."""
-    groups: dict[str, list[str]] = {}
-    for queue in counts:
-        parent = partition_of(queue)
-        if parent is not None:
-            groups.setdefault(parent[0], []).append(queue)
-    totals: dict[str, tuple[int, dict[JobState, int], str]] = {}
-    for name, members in groups.items():
-        if len(members) < 2:
-            continue
-        summed: dict[JobState, int] = {}
-        for member in members:
-            for state, n in counts[member].items():
-                summed[state] = summed.get(state, 0) + n
-        totals[name] = (len(members), summed, max(members))
-    return totals

@@ -56,7 +56,6 @@ import bisect
 import logging
 import math
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -65,6 +64,7 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from .broker.base import Broker, ClaimedJob, QueueStats
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import ConfigError
 from .observe import JobOutcome, WorkerObserver
 from .task import TIn, TOut
@@ -366,6 +366,9 @@ class Metrics(WorkerObserver):
         self._broker_errors: dict[str, int] = {}
         self._stalled = 0
         self._workers: list[Worker[Any, Any]] = []
+        #: What queue waits are measured on: the clock of the workers this watches (the
+        #: system clock until one starts; a VirtualClock in tests).
+        self._clock: Clock = SYSTEM_CLOCK
         # The task names the attached workers' apps declare: the only task labels.
         self._declared: set[str] = set()
         self.jobs = _JobCollector(self)
@@ -399,6 +402,7 @@ class Metrics(WorkerObserver):
     # -- the observer ----------------------------------------------------------------
 
     def worker_started(self, worker: Worker[Any, Any]) -> None:
+        self._clock = worker.clock
         self._declare(worker)
         self._workers.append(worker)
         self.queues.add(worker)
@@ -410,7 +414,7 @@ class Metrics(WorkerObserver):
     def job_started(self, job: ClaimedJob) -> None:
         # Every attempt, from when it became due this time: a retry from its due time
         # (not its first enqueue), a job handed back or recovered from the hand-back.
-        wait = time.time() - job.due_at()
+        wait = self._clock.time() - job.due_at()
         self._of(job).wait.observe(wait if wait > 0 else 0.0)
 
     def job_finished(self, job: ClaimedJob, outcome: JobOutcome, duration: float) -> None:

@@ -133,20 +133,24 @@ class StreamTaskStub(TaskStub[TIn, TOut], Generic[TIn, TOut, TEmit_co]):
         return cast("StreamJob[TOut, TEmit_co]", super().job(job_id))
 
     async def enqueue(
-        self, payload: TIn, **options: Unpack[EnqueueOptions]
+        self, payload: TIn, *, within: object | None = None, **options: Unpack[EnqueueOptions]
     ) -> StreamJob[TOut, TEmit_co]:
         """Enqueue one job and return its handle (see :meth:`TaskBase.enqueue`)."""
-        return cast("StreamJob[TOut, TEmit_co]", await super().enqueue(payload, **options))
+        job = await super().enqueue(payload, within=within, **options)
+        return cast("StreamJob[TOut, TEmit_co]", job)
 
     # list is invariant, so mypy calls this narrower return an incompatible override;
     # every element is a StreamJob, which is a Job[TOut].
     async def enqueue_many(  # type: ignore[override]
-        self, payloads: Iterable[TIn], **options: Unpack[BatchOptions]
+        self,
+        payloads: Iterable[TIn],
+        *,
+        within: object | None = None,
+        **options: Unpack[BatchOptions],
     ) -> list[StreamJob[TOut, TEmit_co]]:
         """Enqueue many jobs in few round trips (see :meth:`TaskBase.enqueue_many`)."""
-        return cast(
-            "list[StreamJob[TOut, TEmit_co]]", await super().enqueue_many(payloads, **options)
-        )
+        jobs = await super().enqueue_many(payloads, within=within, **options)
+        return cast("list[StreamJob[TOut, TEmit_co]]", jobs)
 
 
 class Producer(AppBase):

@@ -185,7 +185,8 @@ class Schedule(Generic[TIn]):
                     + (hint if fields == 6 else "")
                 )
             try:
-                CronSim(self.cron, datetime.now(UTC))
+                # Parsed against a fixed time: validity does not depend on when.
+                CronSim(self.cron, datetime(2000, 1, 1, tzinfo=UTC))
             except CronSimError as exc:
                 raise ConfigError(
                     f"{label}: invalid cron expression {cron!r} ({exc}); use five fields "

@@ -27,6 +27,17 @@ envelope carries their fingerprint.
 A fingerprint the task upcasts from (``@task.upcast``, :mod:`typedq.upcast`) is
 compatible: the worker decodes it with the upcaster's model of that very schema.
 
+Durable runs (capability ``Runs``, :mod:`typedq.durable`) hold payloads a replay
+decodes again, and no job carries them: :func:`count_runs` reads the running runs
+(``page_runs``, then ``get_runs``, bounded like the job scan). A run's input carries its
+fingerprint (:attr:`~typedq.broker.runs.RunSpec.fingerprint`), checked as a job's is,
+under ``run:<name>`` (the registry records each durable function's schemas so). What a
+run holds without a fingerprint is decoded with the model that will read it, and its
+row (fingerprint ``-``) says whether every payload decoded: the signals in its inbox and
+those its log recorded (``signal:<name>``, the process's :class:`~typedq.Signal` of that
+name), its steps' results recorded or kept for the next turn (``result:<task>``), and
+the input of a run created before runs kept the fingerprint.
+
 ``--against`` a producer stub module (:mod:`typedq.producer`) adds a row per stub: its
 declared input model against the app's (a producer deployed from an old stub).
 """
@@ -42,12 +53,26 @@ import msgspec
 
 from .app import App
 from .broker.base import Broker, JobState
+from .broker.capabilities import Runs, supports
+from .broker.runs import RUN_SCHEMA_PREFIX, RunRecord
 from .broker.schemas import SchemaRecord
 from .compat import Verdict, check, decoding_schema
-from .errors import Unsupported
+from .durable.host import TURN_PREFIX
+from .durable.log import SignalReceived, StepCompleted, StepScheduled, decode_entries
+from .durable.types import Signal, known_signals
+from .errors import BrokerDataError, Unsupported
 from .producer import Producer
+from .serde import Codec
 
-__all__ = ["SCANNED_STATES", "Report", "Row", "count_fingerprints", "verify"]
+__all__ = [
+    "SCANNED_STATES",
+    "Report",
+    "Row",
+    "RunCounts",
+    "count_fingerprints",
+    "count_runs",
+    "verify",
+]
 
 #: The states whose jobs may still be decoded by a worker (failed and cancelled ones
 #: when an operator retries them).
@@ -62,6 +87,12 @@ SCANNED_STATES = (
 #: Ids per page of the scan (one ``page_jobs``, then ``get`` calls of GET_CHUNK ids).
 PAGE = 500
 
+#: Runs per ``get_runs`` of the run scan (a run's record carries its log).
+RUN_CHUNK = 20
+
+#: The fingerprint column of a row checked by decoding payloads that carry none.
+DECODED = "-"
+
 #: Ids per ``get`` of the scan: on Redis, reading a waiting job that lives only in its
 #: queue's list is a search of that list, ~0.1 ms per id at 100,000 waiting jobs; 20 ids
 #: keep each call near 2 ms, so the scan never blocks Redis for long
@@ -74,13 +105,15 @@ class Row(msgspec.Struct, frozen=True, kw_only=True):
 
     task: str
     fingerprint: str
-    #: Jobs found carrying it (a lower bound when the report is capped).
+    #: Jobs found carrying it (a lower bound when the report is capped); on a row of
+    #: durable runs (``run:``, ``signal:``, ``result:``), the running runs holding it.
     jobs: int
     #: compatible, incompatible or unknown.
     verdict: str
     reason: str = ""
     #: Where the fingerprint was seen: ``current`` (the app's own), ``registry``,
-    #: ``jobs`` (carried by jobs, not in the registry), ``stub`` (``--against``).
+    #: ``jobs`` (carried by jobs, not in the registry), ``stub`` (``--against``),
+    #: ``runs`` (payloads durable runs hold without a fingerprint, decoded: ``-``).
     source: str = "registry"
     #: When the registry first saw it (broker clock, epoch seconds); 0: not recorded.
     first_seen: float = 0.0
@@ -97,6 +130,9 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     capped: bool
     #: Why some fingerprint could not be checked, in a line (empty: everything was).
     note: str = ""
+    #: Running durable runs read (their rows count runs, not jobs); ``capped`` covers
+    #: this scan too.
+    runs: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -138,12 +174,172 @@ async def count_fingerprints(
                 for record in await broker.get(fresh[at : at + GET_CHUNK], queue=queue):
                     if record is None:
                         continue  # gone since it was listed
-                    counts[(record.message.task, record.message.fingerprint)] += 1
+                    message = record.message
+                    if not message.fingerprint and message.task.startswith(TURN_PREFIX):
+                        # A run's turn, which the broker enqueues without a fingerprint:
+                        # its payload is typedq's own (the run's id); what the run holds
+                        # is read from the run (count_runs).
+                        continue
+                    counts[(message.task, message.fingerprint)] += 1
             read += len(fresh)
             if page.cursor is not None:
                 following.append((queue, state, page.cursor))
         streams = following
     return counts, read, bool(streams)
+
+
+class _Decoded:
+    """Payloads of one row decoded with the model that will read them (``missing``: no
+    model to read them with, and why: the row's verdict)."""
+
+    __slots__ = ("bad", "count", "first", "missing", "runs")
+
+    def __init__(self, missing: Verdict | None = None) -> None:
+        self.count = 0
+        self.bad = 0
+        self.first = ""
+        self.missing = missing
+        self.runs: set[str] = set()
+
+    def add(self, run_id: str, codec: Codec[Any] | None, payload: bytes) -> None:
+        self.count += 1
+        self.runs.add(run_id)
+        if codec is None:
+            return
+        try:
+            codec.decode(payload)
+        except Exception as exc:  # the codec's own error, whichever library
+            self.bad += 1
+            if not self.first:
+                self.first = f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+    def verdict(self) -> Verdict:
+        if self.missing is not None:
+            return self.missing
+        if self.bad:
+            return Verdict(
+                "incompatible", f"{self.bad} of {self.count} payloads do not decode: {self.first}"
+            )
+        return Verdict("compatible", f"{self.count} payloads decode")
+
+
+class RunCounts(msgspec.Struct, kw_only=True):
+    """What :func:`count_runs` found: the running runs' input fingerprints, and the
+    payloads they hold without one, decoded."""
+
+    #: ``(run:<name>, input fingerprint)`` -> runs.
+    fingerprints: Counter[tuple[str, str]]
+    #: Row name (``signal:<name>``, ``result:<task>``, ``run:<name>``) -> its verdict
+    #: and how many runs hold such payloads.
+    decoded: dict[str, tuple[Verdict, int]]
+    read: int
+    capped: bool
+
+
+async def count_runs(broker: Broker, app: App, *, sample: int) -> RunCounts:
+    """Read the running durable runs: count their input fingerprints, and decode what
+    they hold without one (see the module). At most ``sample`` runs are looked at,
+    ended ones (skipped: never replayed) included, so the work stays bounded however
+    many ended runs retention keeps. A broker without runs has none."""
+    counts: Counter[tuple[str, str]] = Counter()
+    decoded: dict[str, _Decoded] = {}
+    if not supports(broker, Runs):
+        return RunCounts(fingerprints=counts, decoded={}, read=0, capped=False)
+    signals = known_signals()
+    seen: set[str] = set()
+    read = 0
+    # Runs looked at, ended ones too (retention keeps many): the bound of the work.
+    fetched = 0
+    cursor: str | None = None
+    left: list[str] = []  # ids listed and not read yet (a page may hold more than asked)
+    while fetched < sample:
+        if not left:
+            if cursor is None and seen:
+                break
+            ids, cursor = await broker.page_runs(cursor=cursor, limit=min(PAGE, sample - fetched))
+            left = [i for i in ids if i not in seen]
+            seen.update(left)
+            if not left and cursor is None:
+                break
+        chunk = left[: min(RUN_CHUNK, sample - fetched)]
+        del left[: len(chunk)]
+        fetched += len(chunk)
+        for record in await broker.get_runs(chunk):
+            if record is None or record.state.is_final:
+                continue  # gone, or ended: never replayed again
+            read += 1
+            _count_run(app, record, signals, counts, decoded)
+    verdicts = {name: (found.verdict(), len(found.runs)) for name, found in decoded.items()}
+    capped = bool(left) or (cursor is not None and fetched >= sample)
+    return RunCounts(fingerprints=counts, decoded=verdicts, read=read, capped=capped)
+
+
+def _count_run(
+    app: App,
+    record: RunRecord,
+    signals: Mapping[str, Signal[Any]],
+    counts: Counter[tuple[str, str]],
+    decoded: dict[str, _Decoded],
+) -> None:
+    spec = record.spec
+    run_id = spec.id
+
+    def decode(row: str, codec: Codec[Any] | None, payload: bytes, missing: Verdict) -> None:
+        found = decoded.get(row)
+        if found is None:
+            found = decoded[row] = _Decoded(None if codec is not None else missing)
+        found.add(run_id, codec, payload)
+
+    def signal(name: str, payload: bytes) -> None:
+        model = signals.get(name)
+        decode(
+            f"signal:{name}",
+            None if model is None else model.codec,
+            payload,
+            Verdict("unknown", f"no Signal `{name}` in the app's modules to decode it with"),
+        )
+
+    def result(name: str, payload: bytes) -> None:
+        task = app.tasks.get(name)
+        decode(
+            f"result:{name}",
+            None if task is None else task.output,
+            payload,
+            Verdict("incompatible", f"task `{name}` is not in the app; runs hold its results"),
+        )
+
+    if spec.fingerprint:
+        counts[(f"{RUN_SCHEMA_PREFIX}{spec.name}", spec.fingerprint)] += 1
+    else:  # created before runs kept their input's fingerprint
+        durable = app.durables.get(spec.name)
+        decode(
+            f"{RUN_SCHEMA_PREFIX}{spec.name}",
+            None if durable is None else durable.input,
+            spec.input,
+            Verdict("incompatible", f"durable function `{spec.name}` is not in the app"),
+        )
+    for name, payloads in record.inbox.items():
+        for payload in payloads:
+            signal(name, payload)
+    steps: dict[int, str] = {}
+    for blob in record.log:
+        try:
+            entries = decode_entries(blob)
+        except BrokerDataError:
+            continue  # not a log typedq wrote: its next turn reports it
+        for entry in entries:
+            if isinstance(entry, StepCompleted):
+                result(entry.task, entry.output)
+            elif isinstance(entry, SignalReceived):
+                signal(entry.signal, entry.payload)
+            elif isinstance(entry, StepScheduled):
+                steps[entry.position] = entry.task
+    # Step outcomes kept for the next turn (not in the log yet): their results too.
+    for job_id, outcome in record.outcomes.items():
+        position = job_id.rpartition(":")[2]
+        task_name = steps.get(int(position)) if position.isdigit() else None
+        if outcome.result is not None and task_name is not None:
+            result(task_name, outcome.result)
 
 
 async def verify(
@@ -170,9 +366,19 @@ async def verify(
             registered = []
         queues = sorted(set(registered) | set(app.queues))
     counts, scanned, capped = await count_fingerprints(broker, queues, sample=sample)
+    runs = await count_runs(broker, app, sample=sample)
+    counts.update(runs.fingerprints)
     by_key = {(r.task, r.fingerprint): r for r in records}
-    keys = sorted({*by_key, *counts, *((t.name, t.input.fingerprint) for t in app.tasks.values())})
+    current = [(t.name, t.input.fingerprint) for t in app.tasks.values()]
+    current += [
+        (f"{RUN_SCHEMA_PREFIX}{d.name}", d.input.fingerprint) for d in app.durables.values()
+    ]
+    keys = sorted({*by_key, *counts, *current})
     rows = [_row(app, key, by_key.get(key), counts.get(key, 0)) for key in keys]
+    rows += [
+        _make(name, DECODED, held, verdict, "runs", 0.0)
+        for name, (verdict, held) in sorted(runs.decoded.items())
+    ]
     if against is not None:
         rows += _stub_rows(app, against)
     unknown = sum(1 for r in rows if r.verdict == "unknown" and r.source == "jobs")
@@ -182,19 +388,44 @@ async def verify(
         if unknown
         else ""
     )
-    return Report(app=app.name, rows=rows, scanned=scanned, capped=capped, note=note)
+    return Report(
+        app=app.name,
+        rows=rows,
+        scanned=scanned,
+        capped=capped or runs.capped,
+        note=note,
+        runs=runs.read,
+    )
+
+
+class _Models(msgspec.Struct, frozen=True):
+    """What reads a row's payloads: a task's models, or a durable function's."""
+
+    input: Codec[Any]
+    output: Codec[Any]
+    upcasters: Mapping[str, Any]
+
+
+def _models(app: App, name: str) -> _Models | None:
+    if name.startswith(RUN_SCHEMA_PREFIX):
+        durable = app.durables.get(name[len(RUN_SCHEMA_PREFIX) :])
+        return None if durable is None else _Models(durable.input, durable.output, {})
+    task = app.tasks.get(name)
+    return None if task is None else _Models(task.input, task.output, task.upcasters)
 
 
 def _row(app: App, key: tuple[str, str], record: SchemaRecord | None, jobs: int) -> Row:
     name, fingerprint = key
     first_seen = record.first_seen if record is not None else 0.0
-    task = app.tasks.get(name)
+    task = _models(app, name)
     source = "registry" if record is not None else "jobs"
     if task is None:
+        holders = "runs hold" if name.startswith(RUN_SCHEMA_PREFIX) else "jobs carry"
         if jobs:
-            verdict = Verdict("incompatible", f"task `{name}` is not in the app; jobs carry it")
+            verdict = Verdict("incompatible", f"task `{name}` is not in the app; {holders} it")
         else:
-            verdict = Verdict("compatible", f"task `{name}` is not in the app; no job carries it")
+            none = "no run holds" if name.startswith(RUN_SCHEMA_PREFIX) else "no job carries"
+            verdict = Verdict("compatible", f"task `{name}` is not in the app; {none} it")
         return _make(name, fingerprint, jobs, verdict, source, first_seen)
     current = fingerprint == task.input.fingerprint
     upcaster = task.upcasters.get(fingerprint)

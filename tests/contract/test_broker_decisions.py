@@ -28,7 +28,7 @@ from typedq.broker.base import (
     new_claim_id,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 #: A lease token no claim ever handed out.
 STRANGER = "not-a-claim-token"

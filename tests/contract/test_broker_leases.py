@@ -35,7 +35,7 @@ from typedq.broker.base import (
 )
 from typedq.job import decode_failure
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 LEASE = 0.2
 

@@ -16,7 +16,7 @@ from typedq import App, InvalidName, JobState
 from typedq.broker.base import Broker, ClaimedJob, Failure, Release, WorkerInfo
 from typedq.observe import JobOutcome, WorkerObserver
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 def info(worker_id: str, queues: list[str], in_flight: int = 0) -> WorkerInfo:

@@ -19,7 +19,7 @@ from typedq.broker.base import Completion, FinishOutcome
 from typedq.broker.flow import FlowSpec
 from typedq.names import new_job_id
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 async def test_enqueue_claim_complete_round_trip(app_name: str, broker_url: str) -> None:

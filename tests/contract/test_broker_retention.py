@@ -9,7 +9,7 @@ from tests.support import TEST_DEADLINE, In, Out, connected, count, msg
 from typedq import App, JobNotFound, JobState, Retention
 from typedq.broker.base import Broker, ClaimedJob, Completion, Failure
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 async def run_all(broker: Broker, ids: list[str], *, fail: bool = False, step: int = 5) -> None:

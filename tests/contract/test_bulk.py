@@ -17,7 +17,7 @@ from typedq import App, JobFailed, JobState, Reject
 from typedq.bulk import BulkQuery, JobFilter
 from typedq.errors import ConfigError
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 class Address(msgspec.Struct, frozen=True):

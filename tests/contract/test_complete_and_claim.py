@@ -8,7 +8,7 @@ from tests.support import claim_one, connected, count, msg, one
 from typedq import JobState
 from typedq.broker.base import Completion, FinishOutcome
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 async def test_completes_first_then_claims_up_to_the_limit(app_name: str, broker_url: str) -> None:

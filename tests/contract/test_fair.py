@@ -20,6 +20,7 @@ from typedq.broker.base import (
     Failure,
     JobMessage,
     Release,
+    RetryOutcome,
 )
 from typedq.limits import LimitSpec
 
@@ -312,3 +313,42 @@ async def test_unique_and_debounced_fair_jobs_wait_fair(app_name: str, broker_ur
             claimed = await app.broker.claim([once.queue], 2, worker_id="w", lease=30)
             tenants = [msgspec.msgpack.decode(j.message.payload, type=Work).tenant for j in claimed]
             assert tenants == ["a", "b"]
+
+
+@pytest.mark.parametrize("how", ["retry-now", "retry-later", "operator-retry", "lease-expired"])
+async def test_retried_fair_jobs_take_turns_in_their_keys_lane(
+    app_name: str, broker_url: str, how: str
+) -> None:
+    """A burst of one key's retries (a retry due now or later, an operator's retry, a
+    recovery of expired leases) waits in that key's lane: the keys still take turns,
+    instead of the retried jobs going first, one after another, as participants of
+    their own."""
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(3)])
+        claimed = await broker.claim(["q"], 3, worker_id="w", lease=60)
+        assert [j.message.id for j in claimed] == ["a0", "a1", "a2"]
+        await broker.enqueue([fair("b", job_id=f"b{i}") for i in range(3)])
+        if how == "lease-expired":
+            leases = [(j.message.id, j.token) for j in claimed]
+            assert await broker.renew(leases, 0.001) is not None
+            await anyio.sleep(0.05)
+            assert await broker.recover_stalled() == 3
+        else:
+            delay = {"retry-now": 0.0, "retry-later": 0.05, "operator-retry": None}[how]
+            await broker.fail(
+                [
+                    Failure(id=j.message.id, token=j.token, error=b"err", retry_delay=delay)
+                    for j in claimed
+                ]
+            )
+            if how == "operator-retry":
+                assert await broker.retry(["a0", "a1", "a2"]) == [RetryOutcome.RETRIED] * 3
+            elif how == "retry-later":
+                await anyio.sleep(0.1)
+        counts = await broker.counts("q")
+        assert counts[JobState.WAITING] + counts[JobState.SCHEDULED] == 6
+        order = await claim_order(broker, 6)
+        # One job per key per turn, each key's jobs in their order.
+        assert [i for i in order if i[0] == "a"] == ["a0", "a1", "a2"]
+        assert [i for i in order if i[0] == "b"] == ["b0", "b1", "b2"]
+        assert [i[0] for i in order] in (list("ababab"), list("bababa")), order

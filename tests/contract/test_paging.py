@@ -24,7 +24,7 @@ from typedq import JobState
 from typedq.broker.base import Broker, Completion, Failure
 from typedq.limits import LimitSpec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 LIMITS = (1, 7, 100, 1000)
 

@@ -1,7 +1,9 @@
 """Parked jobs (SPEC section 9, docs/deploys.md): a step of a workflow whose payload a
 deploy left undecodable (``schema_mismatch``) fails without ending its flow; once the
 app is fixed, an operator retry runs it and the flow goes on as if nothing happened. A
-cancel still ends the flow; an ordinary failure still fails it. Runs on every broker."""
+cancel still ends the flow; an ordinary failure still fails it; failed-job retention
+deleting a parked job fails its flow, saying so (a member counted once). Runs on every
+broker."""
 
 from __future__ import annotations
 
@@ -10,9 +12,19 @@ import pytest
 
 from tests.stubfix import orders_v1, orders_v2
 from tests.support import TEST_DEADLINE, In, Out
-from typedq import App, FailureReason, JobCancelled, JobFailed, JobState, Producer
+from typedq import (
+    App,
+    FailureReason,
+    JobCancelled,
+    JobFailed,
+    JobState,
+    Producer,
+    Retention,
+)
 from typedq.broker.base import Broker, BrokerSettings, RetryOutcome
 from typedq.broker.memory import MemoryBroker
+from typedq.broker.records import parked_trimmed_message
+from typedq.errors import FailureRecord
 
 pytestmark = pytest.mark.anyio
 
@@ -27,10 +39,12 @@ def shared(broker_url: str, app_name: str) -> str | Broker:
     return broker_url
 
 
-def v2_app(name: str, broker: str | Broker, ran: list[str]) -> App:
+def v2_app(
+    name: str, broker: str | Broker, ran: list[str], retention: Retention | None = None
+) -> App:
     """The deployed app: ``place`` takes the breaking v2 order, while ``make`` (not yet
     moved on) still makes v1 orders, which ``place`` cannot decode."""
-    app = App(name, broker=broker)
+    app = App(name, broker=broker, retention=retention)
 
     @app.task(queue="orders")
     async def make(x: In) -> orders_v1.Order:
@@ -64,11 +78,12 @@ def fix(app: App, producer: Producer) -> None:
         return orders_v2.Order(order.order_id, order.amount * 100)
 
 
-async def parked(app: App, job_id: str) -> None:
-    """Wait until job ``job_id`` failed with ``schema_mismatch``."""
+async def parked(app: App, job_id: str) -> FailureRecord:
+    """Wait until job ``job_id`` failed with ``schema_mismatch``: its record."""
     with pytest.raises(JobFailed) as failed:
         await app.tasks["place"].job(job_id).result(timeout=10)
     assert failed.value.record.reason is FailureReason.SCHEMA_MISMATCH
+    return failed.value.record
 
 
 async def test_a_parked_chain_step_resumes_its_flow_after_a_retry(
@@ -248,3 +263,143 @@ async def parked_callback(app: App, job_id: str) -> None:
     with pytest.raises(JobFailed) as failed:
         await app.tasks["count"].job(job_id).result(timeout=10)
     assert failed.value.record.reason is FailureReason.SCHEMA_MISMATCH
+
+
+def kept_failed(broker_url: str, app_name: str, failed_max: int) -> tuple[str | Broker, Retention]:
+    """What both sides connect to, keeping at most ``failed_max`` failed jobs a queue."""
+    retention = Retention(failed_max=failed_max)
+    if broker_url.startswith("memory"):
+        return MemoryBroker(BrokerSettings(namespace=app_name, retention=retention)), retention
+    return broker_url, retention
+
+
+def with_failing(app: App, ran: list[str]) -> None:
+    """``fail``: an ordinary failure on the flows' queue, to push retention."""
+
+    @app.task(queue="orders")
+    async def fail(x: In) -> Out:
+        ran.append("fail")
+        raise ValueError("no")
+
+
+async def test_retention_deleting_a_parked_step_fails_its_flow_saying_so(
+    broker_url: str, app_name: str
+) -> None:
+    """A parked step is failed like any other, so failed-job retention deletes it in
+    time; its flow then fails (never waits forever for a job that is gone), with reason
+    schema_mismatch and a message naming the job and retention."""
+    ran: list[str] = []
+    shared, retention = kept_failed(broker_url, app_name, failed_max=1)
+    app = v2_app(app_name, shared, ran, retention)
+    with_failing(app, ran)
+    old = Producer(app_name, broker=shared)
+    make = old.task("make", In, V1, queue="orders")
+    place = old.task("place", V1, orders_v1.Ack, queue="orders")
+    note = old.task("note", orders_v1.Ack, Out, queue="orders")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old, app, app.worker(concurrency=2):
+            job = await make.then(place).then(note).enqueue(In(3))
+            step = f"{job.id}.1"
+            own = await parked(app, step)
+            await app.tasks["fail"].enqueue(In(1))  # the failed bound (1) deletes the step
+            with pytest.raises(JobFailed) as failed:
+                await job.result(timeout=10)
+            record = failed.value.record
+            assert record.reason is FailureReason.SCHEMA_MISMATCH
+            assert record.error_type == own.error_type
+            # The same text on every broker (the Lua spells it: records.py's docstring).
+            assert record.message == parked_trimmed_message(step, own.message)
+            assert "was deleted by failed-job retention" in record.message
+            assert await app.broker.get([step]) == [None]
+            state = await app.broker.flow_state(job.id)
+            assert state is not None
+            assert state.pending == -1  # ended
+            assert await app.broker.retry([step]) == [RetryOutcome.NOT_FOUND]
+    assert "note" not in ran
+
+
+async def test_retention_deleting_a_parked_member_counts_it_failed_once(
+    broker_url: str, app_name: str
+) -> None:
+    """A fan-out member deleted while parked settles as failed, once: the other parked
+    members are retried and complete, and the callback then fails with its record."""
+    ran: list[str] = []
+    shared, retention = kept_failed(broker_url, app_name, failed_max=4)
+    app = v2_app(app_name, shared, ran, retention)
+    with_failing(app, ran)
+    old = Producer(app_name, broker=shared)
+    place = old.task("place", V1, orders_v1.Ack, queue="orders")
+    total = old.task("total", list[orders_v1.Ack], Out, queue="orders")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old, app, app.worker(concurrency=2):
+            job = await place.map(V1(i, i) for i in range(4)).then(total).enqueue()
+            members = [f"{job.id}.m{i}" for i in range(4)]
+            owns = {member: await parked(app, member) for member in members}
+            bad = await app.tasks["fail"].enqueue(In(1))  # the fifth failed job: one goes
+            with pytest.raises(JobFailed):
+                await bad.result(timeout=10)
+            records = await app.broker.get(members)
+            gone = [m for m, r in zip(members, records, strict=True) if r is None]
+            assert len(gone) == 1
+            state = await app.broker.flow_state(job.id)
+            assert state is not None
+            assert (state.pending, state.failed) == (3, 1)  # settled as failed, once
+            fix(app, old)
+            rest = [m for m in members if m not in gone]
+            assert await app.broker.retry(rest) == [RetryOutcome.RETRIED] * 3
+            with pytest.raises(JobFailed) as failed:
+                await job.result(timeout=10)
+            record = failed.value.record
+            assert record.reason is FailureReason.SCHEMA_MISMATCH
+            assert record.message == parked_trimmed_message(gone[0], owns[gone[0]].message)
+    assert ran.count("place") == 3
+    assert "total" not in ran
+
+
+async def test_removing_a_parked_step_fails_its_flow(shared: str | Broker, app_name: str) -> None:
+    """An operator's remove of a parked step (inspect --remove, jobs --remove) ends its
+    flow as a removed step does (flow_broken): the flow never waits for a deleted job."""
+    ran: list[str] = []
+    app = v2_app(app_name, shared, ran)
+    old = Producer(app_name, broker=shared)
+    make = old.task("make", In, V1, queue="orders")
+    place = old.task("place", V1, orders_v1.Ack, queue="orders")
+    note = old.task("note", orders_v1.Ack, Out, queue="orders")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old, app, app.worker(concurrency=2):
+            job = await make.then(place).then(note).enqueue(In(3))
+            step = f"{job.id}.1"
+            await parked(app, step)
+            assert await app.broker.remove([step]) == [True]
+            with pytest.raises(JobFailed) as failed:
+                await job.result(timeout=10)
+            assert failed.value.record.reason is FailureReason.FLOW_BROKEN
+            state = await app.broker.flow_state(job.id)
+            assert state is not None
+            assert state.pending == -1
+    assert "note" not in ran
+
+
+async def test_purging_failed_jobs_takes_a_parked_step_and_what_its_flow_ends(
+    shared: str | Broker, app_name: str
+) -> None:
+    """A purge of the failed state deletes a parked step; its flow then ends (as a
+    removed step's does), failing the held step, which is in the purged state too: it
+    goes as well, counted, on every broker (nothing failed is left)."""
+    ran: list[str] = []
+    app = v2_app(app_name, shared, ran)
+    old = Producer(app_name, broker=shared)
+    make = old.task("make", In, V1, queue="orders")
+    place = old.task("place", V1, orders_v1.Ack, queue="orders")
+    note = old.task("note", orders_v1.Ack, Out, queue="orders")
+    with anyio.fail_after(TEST_DEADLINE):
+        async with old, app, app.worker(concurrency=2):
+            job = await make.then(place).then(note).enqueue(In(3))
+            await parked(app, f"{job.id}.1")
+            assert await app.broker.purge("orders", [JobState.FAILED]) == 2
+            counts = await app.broker.counts("orders")
+            assert counts.get(JobState.FAILED, 0) == 0
+            assert await app.broker.get([job.id]) == [None]
+            state = await app.broker.flow_state(job.id)
+            assert state is None or state.pending == -1
+    assert "note" not in ran

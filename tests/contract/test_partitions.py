@@ -11,7 +11,7 @@ from tests.support import TEST_DEADLINE, In, Out, connected, msg
 from typedq import App, JobState, QueueFull
 from typedq.names import partition_queue
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 async def test_jobs_of_a_partitioned_task_complete_and_handles_find_them(

@@ -14,7 +14,7 @@ from typedq import App, FailureReason, JobFailed
 from typedq.broker.base import JobMessage
 from typedq.names import new_job_id
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 class Note(msgspec.Struct):

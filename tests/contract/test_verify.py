@@ -10,9 +10,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from typedq import App, Producer
+from typedq import App, Producer, Run, Signal
+from typedq.broker.runs import AppendOutcome, RunAppend, RunSignal, SignalOutcome
+from typedq.durable.log import StepCompleted, StepScheduled, encode_entries
 from typedq.serde import codec_for
-from typedq.verify import count_fingerprints, verify
+from typedq.verify import count_fingerprints, count_runs, verify
 
 pytestmark = pytest.mark.anyio
 
@@ -155,3 +157,146 @@ async def test_a_stale_stub_is_checked_against_the_app(app_name: str, broker_url
     assert rows["place"].reason == "field `amount` became required"
     assert rows["gone"].verdict == "incompatible"
     assert rows["gone"].reason == "the stub's task `gone` is not in the app"
+
+
+# -- durable runs: what they hold is checked as jobs are --------------------------------
+
+
+class Approval(msgspec.Struct, frozen=True):
+    ok: bool
+
+
+class ApprovalV2(msgspec.Struct, frozen=True):
+    ok: bool
+    by: str  # required: an old sender's payloads lack it
+
+
+class DoneV2(msgspec.Struct, frozen=True):
+    ok: bool
+    count: int  # required: an old release's results lack it
+
+
+APPROVAL = Signal("verify-approval", ApprovalV2)  # the new release's signal
+
+
+def durable_app(name: str, url: str, model: type[msgspec.Struct]) -> App:
+    """An app whose durable function ``onboard`` takes ``model``."""
+    app = App(name, broker=url)
+
+    async def onboard(run: Run, order: OrderV1) -> Done:  # the model is swapped below
+        await run.wait_for(APPROVAL)
+        return Done(True)
+
+    onboard.__annotations__["order"] = model
+    app.durable(queue="orders")(onboard)
+    return app
+
+
+async def test_a_run_input_of_an_old_fingerprint_is_checked(app_name: str, broker_url: str) -> None:
+    """A run keeps its input's fingerprint; the registry records the durable function's
+    schemas as ``run:<name>``; verify counts running runs per fingerprint and checks
+    them by the same rules as jobs: compatible, then incompatible."""
+    old = durable_app(app_name, broker_url, OrderV1)
+    async with old:
+        await old.durables["onboard"].start(OrderV1(1), run_id="r1")
+        await old.durables["onboard"].start(OrderV1(2), run_id="r2")
+        fine = await verify(durable_app(app_name, broker_url, OrderV2), old.broker)
+        broken = await verify(durable_app(app_name, broker_url, OrderV3), old.broker)
+    key = ("run:onboard", codec_for(OrderV1).fingerprint)
+    rows = {(r.task, r.fingerprint): r for r in fine.rows}
+    assert (rows[key].jobs, rows[key].verdict, rows[key].source) == (2, "compatible", "registry")
+    assert fine.runs == 2
+    assert fine.exit_code == 0
+    rows = {(r.task, r.fingerprint): r for r in broken.rows}
+    assert (rows[key].jobs, rows[key].verdict) == (2, "incompatible")
+    assert rows[key].reason == "field `amount` became required"
+    assert broken.exit_code == 1
+
+
+async def test_signals_a_run_holds_are_decoded_with_the_current_model(
+    app_name: str, broker_url: str
+) -> None:
+    """A signal sent by an old release waits in the run's inbox with no fingerprint:
+    verify decodes it with the Signal the release defines under that name."""
+    app = durable_app(app_name, broker_url, OrderV1)
+    async with app:
+        await app.durables["onboard"].start(OrderV1(1), run_id="r1")
+        report = await verify(app, app.broker)
+        assert not [r for r in report.rows if r.task.startswith("signal:")]
+        # An old sender's payload (its model had no `by`), and a current one.
+        old = codec_for(Approval).encode(Approval(True))
+        new = APPROVAL.encode(ApprovalV2(True, by="ops"))
+        assert await app.broker.signal_runs(
+            [RunSignal(run_id="r1", signal=APPROVAL.name, payload=new)]
+        ) == [SignalOutcome.DELIVERED]
+        report = await verify(app, app.broker)
+        (row,) = [r for r in report.rows if r.task == "signal:verify-approval"]
+        assert (row.fingerprint, row.jobs, row.verdict, row.source) == (
+            "-",
+            1,
+            "compatible",
+            "runs",
+        )
+        await app.broker.signal_runs([RunSignal(run_id="r1", signal=APPROVAL.name, payload=old)])
+        report = await verify(app, app.broker)
+    (row,) = [r for r in report.rows if r.task == "signal:verify-approval"]
+    assert (row.jobs, row.verdict) == (1, "incompatible")
+    assert row.reason.startswith("1 of 2 payloads do not decode: ")
+    assert "`by`" in row.reason
+    assert report.exit_code == 1
+
+
+async def test_step_results_a_run_recorded_are_decoded_with_the_task_output(
+    app_name: str, broker_url: str
+) -> None:
+    """A replay decodes its steps' recorded results with the task's current output
+    model: a result an old release recorded is checked too."""
+    app = durable_app(app_name, broker_url, OrderV1)
+
+    @app.task(queue="orders")
+    async def score(order: OrderV1) -> DoneV2:
+        return DoneV2(True, 1)
+
+    async with app:
+        await app.durables["onboard"].start(OrderV1(1), run_id="r1")
+        entries = encode_entries(
+            [
+                StepScheduled(position=0, task="score", digest="0" * 16),
+                StepCompleted(position=0, task="score", output=codec_for(Done).encode(Done(True))),
+            ]
+        )
+        assert await app.broker.append_runs(
+            [RunAppend(run_id="r1", expected=0, entries=(entries,))]
+        ) == [AppendOutcome.APPENDED]
+        report = await verify(app, app.broker)
+    (row,) = [r for r in report.rows if r.task == "result:score"]
+    assert (row.jobs, row.verdict) == (1, "incompatible")
+    assert "`count`" in row.reason
+
+
+async def test_runs_are_paged_and_bounded(app_name: str, broker_url: str) -> None:
+    app = durable_app(app_name, broker_url, OrderV1)
+    async with app:
+        for i in range(7):
+            await app.durables["onboard"].start(OrderV1(i), run_id=f"r{i}")
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            ids, cursor = await app.broker.page_runs(cursor=cursor, limit=3)
+            seen += ids
+            if cursor is None:
+                break
+        assert sorted(set(seen)) == [f"r{i}" for i in range(7)]
+        counts = await count_runs(app.broker, app, sample=4)
+        assert (counts.read, counts.capped) == (4, True)
+        counts = await count_runs(app.broker, app, sample=100)
+        assert (counts.read, counts.capped) == (7, False)
+        assert await app.broker.cancel_runs(["r0", "r1", "r2"]) == [True] * 3
+        # Ended runs never replay: skipped, yet looked at within the bound.
+        ended = await count_runs(app.broker, app, sample=100)
+        bounded = await count_runs(app.broker, app, sample=3)
+    assert counts.fingerprints[("run:onboard", codec_for(OrderV1).fingerprint)] == 7
+    assert (ended.read, ended.capped) == (4, False)
+    assert ended.fingerprints[("run:onboard", codec_for(OrderV1).fingerprint)] == 4
+    assert bounded.read <= 3
+    assert bounded.capped

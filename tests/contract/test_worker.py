@@ -29,7 +29,7 @@ from typedq import (
 from typedq.broker.base import Completion, FinishOutcome
 from typedq.clock import VirtualClock
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 NO_WAIT = Backoff(kind="fixed", base=0.0, jitter=0.0)
 

@@ -15,7 +15,7 @@ import pytest
 from tests.support import In, Out
 from typedq import App, JobContext, JobState
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 # Short enough that the handler's block outlasts it three times over, long enough that a
 # busy CI machine not scheduling the worker process for a moment does not (that would be

@@ -37,7 +37,7 @@ from typedq import (
 from typedq.broker.base import JobMessage
 from typedq.names import new_job_id
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 NO_WAIT = Backoff(kind="fixed", base=0.0, jitter=0.0)
 

@@ -15,7 +15,7 @@ import pytest
 from tests.support import TEST_DEADLINE, FaultyBroker, In, Out
 from typedq import App, Backoff, JobContext, JobState
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 async def test_worker_survives_failing_claims(app_name: str, broker_url: str) -> None:

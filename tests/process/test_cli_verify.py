@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from tests.redis_harness import RedisProcess, flushall, free_port
-from tests.verify_app import OrderV1, old
+from tests.verify_app import OrderV1, old, runs_old
 from typedq.serde import codec_for
 
 pytestmark = [pytest.mark.redis]
@@ -42,6 +42,16 @@ def enqueue_old_jobs(url: str, n: int) -> None:
                 await old.tasks["place"].enqueue_many([OrderV1(i) for i in range(n)])
 
     anyio.run(fill)
+
+
+def start_old_runs(url: str, n: int) -> None:
+    async def start() -> None:
+        with runs_old.using_broker(url):
+            async with runs_old:
+                for i in range(n):
+                    await runs_old.durables["onboard"].start(OrderV1(i), run_id=f"r{i}")
+
+    anyio.run(start)
 
 
 @pytest.fixture
@@ -127,3 +137,26 @@ def test_the_embedded_broker_cannot_be_verified() -> None:
     done = typedq_verify("tests.verify_app:compatible")
     assert done.returncode == 2
     assert "memory:// is this process's own embedded broker" in done.stderr
+
+
+def test_running_durable_runs_are_verified(url: str) -> None:
+    """Runs of the old release hold OrderV1 inputs: counted per fingerprint as
+    ``run:onboard``, checked as jobs are."""
+    start_old_runs(url, 3)
+    done = typedq_verify("tests.verify_app:runs_compatible", "--broker", url)
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if V1 in line]
+    assert line.split()[:2] == ["run:onboard", V1]
+    assert " 3 " in line
+    assert "and 3 running durable runs" in done.stdout  # (the jobs read: their turns)
+    done = typedq_verify("tests.verify_app:runs_incompatible", "--broker", url, "--json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    (row,) = [r for r in report["rows"] if r["fingerprint"] == V1]
+    assert (row["task"], row["jobs"], row["verdict"], row["reason"]) == (
+        "run:onboard",
+        3,
+        "incompatible",
+        "field `amount` became required",
+    )
+    assert report["runs"] == 3

@@ -14,10 +14,11 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from tests.redis_support import broker_at, message, raw_redis
-from typedq.broker.base import Completion, FinishOutcome
+from typedq.broker.base import Completion, FinishOutcome, JobMessage
 from typedq.broker.redis import RedisBroker
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -222,3 +223,25 @@ async def test_a_completion_makes_the_pinned_commands(url: str) -> None:
         )
         per_job = _per_job(batch, one, 4)
         assert per_job == COMPLETE_PER_JOB, f"per job: {sorted(per_job.items())}"
+
+
+#: Each more job of a fair claim (typedq.fair; weight-1 keys whose lanes keep jobs): its
+#: id from its key's lane, its job string read and deleted (no TYPE first), the job
+#: hash, and whether its lane has jobs left. The markers of the turns go back to the
+#: level's tail in one LPUSH per call, and a plain job of the claim makes three (HGET,
+#: HDEL, HSET: SETTLE_AND_CLAIM_PER_JOB without the completion's two).
+FAIR_CLAIM_PER_JOB = Counter({"RPOP": 1, "GETDEL": 1, "HSET": 1, "EXISTS": 1})
+
+
+async def test_a_fair_claim_makes_the_pinned_commands(url: str) -> None:
+    def fair(job_id: str, key: str) -> JobMessage:
+        return msgspec.structs.replace(message(job_id), fair_key=key, fair_weight=1)
+
+    async with broker_at(url, "cost") as broker:
+        await broker.enqueue([fair(f"k{k}-{r}", f"k{k}") for r in range(3) for k in range(20)])
+        await broker.claim(["q"], 1, worker_id="w", lease=30)
+        one = await commands_of(url, lambda: broker.claim(["q"], 1, worker_id="w", lease=30))
+        five = await commands_of(url, lambda: broker.claim(["q"], 5, worker_id="w", lease=30))
+        per_job = _per_job(five, one, 4)
+        assert per_job == FAIR_CLAIM_PER_JOB, f"per job: {sorted(per_job.items())}"
+        assert (one["LPUSH"], five["LPUSH"], one["TYPE"], five["TYPE"]) == (1, 1, 0, 0)

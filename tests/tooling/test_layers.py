@@ -49,7 +49,12 @@ def _reaches(path: Path, prefix: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "path",
-    [*sorted((PACKAGE / "dashboard").glob("*.py")), PACKAGE / "inspector.py", PACKAGE / "bulk.py"],
+    [
+        *sorted((PACKAGE / "dashboard").glob("*.py")),
+        PACKAGE / "inspector.py",
+        *sorted((PACKAGE / "views").glob("*.py")),
+        PACKAGE / "bulk.py",
+    ],
     ids=lambda p: str(p.relative_to(PACKAGE)),
 )
 def test_the_dashboard_and_the_queries_import_no_rich(path: Path) -> None:
@@ -60,7 +65,8 @@ def test_the_dashboard_loads_without_rich() -> None:
     pytest.importorskip("starlette")
     pytest.importorskip("jinja2")
     code = (
-        "import sys; import typedq.dashboard.app, typedq.dashboard.cli, typedq.inspector; "
+        "import sys; import typedq.dashboard.app, typedq.dashboard.cli, typedq.inspector, "
+        "typedq.views.flowkeys; "
         "loaded = sorted(m for m in sys.modules if m == 'rich' or m.startswith('rich.')); "
         "print(loaded); sys.exit(1 if loaded else 0)"
     )

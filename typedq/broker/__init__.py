@@ -15,8 +15,8 @@ __all__ = ["Broker", "BrokerSettings", "broker_from_url", "redact_url"]
 
 
 def broker_from_url(url: str, settings: BrokerSettings) -> Broker:
-    """Make the broker a URL names: ``memory://``, ``redis://`` / ``rediss://`` or
-    ``redis+cluster://`` / ``rediss+cluster://``."""
+    """Make the broker a URL names: ``memory://``, ``redis://`` / ``rediss://``,
+    ``redis+cluster://`` / ``rediss+cluster://`` or ``postgresql://`` / ``postgres://``."""
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         from .memory import MemoryBroker
@@ -26,9 +26,14 @@ def broker_from_url(url: str, settings: BrokerSettings) -> Broker:
         from .redis import RedisBroker
 
         return RedisBroker(url, settings)
+    if scheme in ("postgresql", "postgres"):
+        from .postgres import PostgresBroker
+
+        return PostgresBroker(url, settings)
     raise ConfigError(
         f"unknown broker URL {redact_url(url)!r}: use memory:// (embedded), "
-        "redis://host:port/db, rediss://host:port/db or redis+cluster://host:port[,host:port...]"
+        "redis://host:port/db, rediss://host:port/db, redis+cluster://host:port[,host:port...] "
+        "or postgresql://user@host:port/db"
     )
 
 

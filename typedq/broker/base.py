@@ -58,9 +58,9 @@ no job is a flow's).
 - ``EventStreams`` (2): ``enable_events``, ``read_events`` (typedq.events)
 - ``OperatorActions`` (3): ``retry``, ``remove``, ``purge`` (``typedq inspect``, the
   dashboard)
-- ``Runs`` (7): ``create_runs``, ``get_runs``, ``append_runs``, ``signal_runs``,
-  ``wake_runs``, ``cancel_runs``, ``wait_run`` (typedq.durable; values in
-  :mod:`typedq.broker.runs`)
+- ``Runs`` (8): ``create_runs``, ``get_runs``, ``append_runs``, ``signal_runs``,
+  ``wake_runs``, ``cancel_runs``, ``wait_run``, ``page_runs`` (typedq.durable,
+  ``typedq verify``; values in :mod:`typedq.broker.runs`)
 - ``FlowControl`` (1): ``enqueue_controlled``, keyed enqueues under a unique window or a
   debounce (typedq.flowcontrol, docs/flow-control.md)
 - ``FlowViews`` (1): ``flow_keys``, bounded pages of a queue's fair keys, debounce keys
@@ -70,6 +70,8 @@ no job is a flow's).
   ``forget_schemas`` (``typedq verify``; values in :mod:`typedq.broker.schemas`)
 - ``JobStreams`` (2): ``append_streams``, ``read_stream`` (typed streams from a task:
   ``emits=``, ``job.stream()``; values in :mod:`typedq.broker.streams`)
+- ``TransactionalEnqueue`` (1): ``enqueue_within``, jobs stored in the caller's own
+  database transaction (``task.enqueue(..., within=conn)``: the PostgreSQL broker)
 
 A client checks the capabilities its app's declarations need once, when it connects
 (:func:`typedq.broker.capabilities.require`): an app with schedules, task limits or

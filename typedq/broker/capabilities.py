@@ -67,6 +67,7 @@ __all__ = [
     "OperatorActions",
     "Runs",
     "SchemaRegistry",
+    "TransactionalEnqueue",
     "Schedules",
     "capabilities_of",
     "members",
@@ -254,6 +255,10 @@ class Runs(Protocol):
         self, run_id: str, seen: int, timeout: float | None, *, reader: RunReader | None = None
     ) -> RunRecord | None: ...
 
+    async def page_runs(
+        self, *, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[str], str | None]: ...
+
 
 @runtime_checkable
 class SchemaRegistry(Protocol):
@@ -266,6 +271,17 @@ class SchemaRegistry(Protocol):
     async def schema_records(self) -> list[SchemaRecord]: ...
 
     async def forget_schemas(self, keys: Sequence[tuple[str, str]]) -> list[bool]: ...
+
+
+@runtime_checkable
+class TransactionalEnqueue(Protocol):
+    """Enqueue inside the caller's own database transaction (``task.enqueue(...,
+    within=conn)``): the jobs exist if and only if that transaction commits. Only a
+    broker that lives in the caller's database can (the PostgreSQL broker)."""
+
+    async def enqueue_within(
+        self, conn: object, messages: Sequence[JobMessage]
+    ) -> list[EnqueueOutcome]: ...
 
 
 #: Every capability, in the order of the seam's description (typedq.broker.base).
@@ -281,6 +297,7 @@ CAPABILITIES: tuple[type[Any], ...] = (
     FlowViews,
     SchemaRegistry,
     JobStreams,
+    TransactionalEnqueue,
 )
 
 

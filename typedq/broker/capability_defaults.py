@@ -400,6 +400,18 @@ class CapabilityDefaults:
         it (``get_runs`` of one id by default; a client's coalescing reader)."""
         raise self._unsupported("durable runs")
 
+    @capability_default
+    async def page_runs(
+        self, *, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[str], str | None]:
+        """A page of the app's run ids (running and ended ones retention keeps): about
+        ``limit`` of them (a hint: a backend may answer a few more or fewer, none while
+        more follow) and the cursor of the next page, None after the last. Bounded work
+        per call (``typedq verify`` reads the runs' stored payloads page by page); a run
+        created or ended while the pages are read may be met or not, never twice in one
+        walk on a quiet broker."""
+        raise self._unsupported("durable runs")
+
     # -- the schema registry (``typedq verify``; capability SchemaRegistry) -----------------
 
     @capability_default
@@ -420,3 +432,16 @@ class CapabilityDefaults:
         --forget``: no producer of that schema runs any more); True per record deleted.
         A process that still runs with one does not record it again until it restarts."""
         raise self._unsupported("a schema registry")
+
+    # -- transactional enqueue (``within=``; capability TransactionalEnqueue) --------------
+
+    @capability_default
+    async def enqueue_within(
+        self, conn: object, messages: Sequence[JobMessage]
+    ) -> list[EnqueueOutcome]:
+        """Store ``messages`` through ``conn``, the caller's own database connection, in
+        the transaction it has open: they exist if and only if it commits (and workers
+        hear of them at the commit). Per message its outcome, as ``enqueue`` answers.
+        A connection the broker cannot use (another database, an unknown driver) is an
+        :class:`~typedq.errors.InvalidOption`."""
+        raise self._unsupported("enqueue within a transaction")

@@ -24,6 +24,7 @@ __all__ = [
     "BrokerFailure",
     "broker_failure",
     "cancelled_while",
+    "parked_trimmed_message",
     "stalled_message",
 ]
 
@@ -52,6 +53,19 @@ RUN_CANCELLED = "run cancelled"
 def cancelled_while(state: str) -> str:
     """The message of a job cancelled before any worker ran it (``waiting``, ``scheduled``)."""
     return f"cancelled while {state}"
+
+
+def parked_trimmed_message(job_id: str, message: str) -> str:
+    """The message a flow fails with when failed-job retention deleted its parked job
+    ``job_id`` before an operator retried it; ``message`` is the job's own failure's
+    (the record keeps its reason, ``schema_mismatch``, its error type and attempt). The
+    Redis twin spells it in ``redis/lua/common/flow_settle.lua`` (``trim_parked``: the
+    library's main chunk has no local left for a constant); the contract test
+    ``tests/contract/test_parked_jobs.py`` holds the two to the same text."""
+    return (
+        f"parked job {job_id} was deleted by failed-job retention before a retry, so its "
+        f"flow fails; it had failed with: {message}"
+    )
 
 
 def stalled_message(stalls: int, max_stalls: int) -> str:

@@ -24,6 +24,7 @@ from ..errors import FailureRecord
 from .messages import JobMessage, JobState
 
 __all__ = [
+    "RUN_SCHEMA_PREFIX",
     "AppendOutcome",
     "RunAppend",
     "RunReader",
@@ -34,6 +35,12 @@ __all__ = [
     "RunState",
     "SignalOutcome",
 ]
+
+
+#: The schema registry records a durable function's run input and result under
+#: ``run:<name>`` (a task name never holds ':'); runs carry that input's fingerprint
+#: (:attr:`RunSpec.fingerprint`), which ``typedq verify`` checks as it checks jobs'.
+RUN_SCHEMA_PREFIX = "run:"
 
 
 class RunState(StrEnum):
@@ -60,6 +67,9 @@ class RunSpec(msgspec.Struct, frozen=True, kw_only=True):
     :param turn_task: the task name of its turns
     :param turn_payload: the encoded input of every turn job
     :param input: the run's encoded input
+    :param fingerprint: the input schema's fingerprint (the durable function's input
+        model when the run was created; ``""``: a run created before runs kept it), for
+        ``typedq verify``
     """
 
     id: str
@@ -68,6 +78,7 @@ class RunSpec(msgspec.Struct, frozen=True, kw_only=True):
     turn_task: str
     turn_payload: bytes
     input: bytes
+    fingerprint: str = ""
 
 
 class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,7 +14,8 @@ inspect`` shows counts, failed jobs, and retries, cancels or purges jobs (see
 :mod:`typedq.inspector`). ``typedq verify MODULE:APP`` checks the app's models against
 the schemas the broker still holds (:mod:`typedq.cli.verify`, docs/deploys.md).
 ``typedq jobs`` finds jobs by filter and retries, cancels or
-removes every match (:mod:`typedq.cli.jobs`, :mod:`typedq.bulk`).
+removes every match (:mod:`typedq.cli.jobs`, :mod:`typedq.bulk`). ``typedq migrate``
+brings a PostgreSQL broker's schema to this release (:mod:`typedq.cli.migrate`).
 
 ``--log-level`` and ``--broker`` go before or after the subcommand. Options without a
 flag fall back on ``TYPEDQ_*`` environment variables (see ``typedq --help``): the flag
@@ -45,6 +46,7 @@ from ..schema import app_schema as schema_of
 from .common import load_app
 from .inspect import inspect_command
 from .jobs import add_jobs_parser, jobs_command
+from .migrate import add_migrate_parser, migrate_command
 from .stubs import stubs_command
 from .verify import verify_command
 from .worker import exit_past_threads, worker_command
@@ -86,6 +88,7 @@ def seconds(raw: str) -> float:
 _ENV_DEFAULTS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "log_level": ("TYPEDQ_LOG_LEVEL", str, "INFO"),
     "concurrency": ("TYPEDQ_CONCURRENCY", int, 16),
+    "prefetch": ("TYPEDQ_PREFETCH", int, 0),
     "queues": ("TYPEDQ_QUEUES", str, ""),
     "grace": ("TYPEDQ_GRACE", float, 10.0),
     # Forever: a worker that starts during an outage waits like a running one rides it
@@ -121,9 +124,17 @@ def _apply_env_defaults(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"{variable}={raw!r} is not {kind}; fix or unset it (or give the flag)"
             ) from None
-    if args.broker and args.command not in ("worker", "inspect", "jobs", "dashboard", "verify"):
+    if args.broker and args.command not in (
+        "worker",
+        "inspect",
+        "jobs",
+        "dashboard",
+        "verify",
+        "migrate",
+    ):
         raise ConfigError(
-            f"--broker is for worker, inspect, jobs, verify and dashboard, not {args.command}"
+            f"--broker is for worker, inspect, jobs, verify, migrate and dashboard, not "
+            f"{args.command}"
         )
     if args.log_format not in ("text", "json"):
         raise ConfigError(f"log format {args.log_format!r} is not text or json")
@@ -147,6 +158,7 @@ variable, the variable over the built-in default):
   {DEFAULT_BROKER_ENV}            broker URL for an app that names none (else memory://)
   TYPEDQ_LOG_LEVEL         --log-level
   TYPEDQ_CONCURRENCY       worker --concurrency
+  TYPEDQ_PREFETCH          worker --prefetch
   TYPEDQ_QUEUES            worker --queues
   TYPEDQ_GRACE             worker --grace
   TYPEDQ_WAIT_FOR_BROKER   worker --wait-for-broker
@@ -196,6 +208,16 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
         type=int,
         default=None,
         help=_env_help("concurrency", "jobs run at once"),
+    )
+    worker.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help=_env_help(
+            "prefetch",
+            "jobs held beyond --concurrency: claimed ahead, or recorded while the next "
+            "runs (for short jobs; a prefetched job waits behind running ones)",
+        ),
     )
     worker.add_argument(
         "--queues", "-q", default=None, help=_env_help("queues", "comma-separated queues")
@@ -383,6 +405,7 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
     )
     verify.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_jobs_parser(sub, [common, with_broker])
+    add_migrate_parser(sub, [common, with_broker])
     for provider in providers.values():
         provider.add_parser(sub, [common, with_broker])
     return parser
@@ -417,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return verify_command(args)
         elif args.command == "jobs":
             return jobs_command(args)
+        elif args.command == "migrate":
+            return migrate_command(args)
         elif args.command in providers:
             return int(providers[args.command].run(args))
     except TypedqError as exc:

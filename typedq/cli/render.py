@@ -460,7 +460,7 @@ def render_verify(console: Console, report: VerifyReport, *, sample: int) -> Non
         jobs = "-" if row.source == "stub" else str(row.jobs)
         if report.capped and row.source != "stub":
             jobs = f"at least {row.jobs}"
-        seen = {"current": "current", "stub": "stub", "jobs": "jobs only"}.get(
+        seen = {"current": "current", "stub": "stub", "jobs": "jobs only", "runs": "in runs"}.get(
             row.source, _when(row.first_seen, short=True)
         )
         style = _VERDICT_STYLE.get(row.verdict, "")
@@ -474,8 +474,10 @@ def render_verify(console: Console, report: VerifyReport, *, sample: int) -> Non
         )
     console.print(table)
     scanned = f"read {report.scanned} jobs"
+    if report.runs:
+        scanned += f" and {report.runs} running durable runs (their rows count runs)"
     if report.capped:
-        scanned += f" (stopped at --sample {sample}: job counts are lower bounds)"
+        scanned += f" (stopped at --sample {sample}: counts are lower bounds)"
     console.print(scanned)
     if report.note:
         console.print(report.note)

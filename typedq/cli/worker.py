@@ -114,6 +114,7 @@ def _supervise(args: argparse.Namespace, url: str) -> int:
         [
             ("--broker", args.broker),
             ("--concurrency", args.concurrency),
+            ("--prefetch", args.prefetch),
             ("--queues", args.queues or None),
             ("--allow-unknown-queue", "" if args.allow_unknown_queue else None),
             ("--grace", args.grace),
@@ -148,6 +149,7 @@ def _single(exc: BaseException) -> BaseException:
 async def _run_worker(app: App, args: argparse.Namespace) -> int:
     worker = app.worker(
         concurrency=args.concurrency,
+        prefetch=args.prefetch,
         queues=_queues(args),
         grace=args.grace,
         allow_unknown_queues=args.allow_unknown_queue,

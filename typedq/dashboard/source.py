@@ -19,7 +19,6 @@ from ..broker.flow import waits_for
 from ..broker.flowviews import FLOW_KINDS
 from ..client import Client
 from ..errors import FailureRecord, Unsupported
-from ..inspect_flow import FlowKeysView, flow_keys_view
 from ..inspector import (
     FlowView,
     Inspector,
@@ -32,6 +31,7 @@ from ..job import decode_failure
 from ..producer import Producer
 from ..schedule import Schedule
 from ..task import TaskBase
+from ..views.flowkeys import FlowKeysView, flow_keys_view
 
 __all__ = ["JobPage", "QueuePage", "QueueRow", "Source"]
 

@@ -180,6 +180,7 @@ class DurableTask(Generic[TIn, TOut]):
             turn_task=self.turn_task.name,
             turn_payload=self.turn_task.input.encode(RunTurn(run_id)),
             input=self.input.encode(inp),
+            fingerprint=self.input.fingerprint,
         )
         await self._app.client.create_run(spec)
         return self.handle(run_id)

@@ -12,6 +12,9 @@ first call that has no record yet **suspends** the run, and ``replay`` returns a
 - :class:`WaitForSignal`: replay when ``signal`` is delivered, or at ``deadline``;
 - :class:`Completed` / :class:`Failed`: the function returned / raised.
 
+(The decisions are :mod:`typedq.durable.decisions`, importable from here; how a ``do``
+block's value is stored, :mod:`typedq.durable.values`.)
+
 Every decision carries ``append``: the entries this replay recorded (``do`` values, emits,
 patch markers, the new sleep, wait and scheduled steps), which the host appends to the log
 before acting on the decision. The engine is pure: it does no I/O, reads the time only from
@@ -34,11 +37,20 @@ from typing import Any, Generic, NoReturn, TypeAlias, TypeVar, cast, overload
 import msgspec
 import pydantic
 
-from ..errors import ConfigError, FailureReason, JobCancelled, JobFailed
+from ..errors import FailureReason, JobCancelled, JobFailed
 from ..names import check_name
 from ..options import check_seconds_option
-from ..serde import Codec, codec_for, is_model_type
+from ..serde import codec_for
 from ..task import TaskBase, TIn, TOut
+from .decisions import (
+    Completed,
+    Decision,
+    Failed,
+    ScheduleSteps,
+    SleepUntil,
+    StepRequest,
+    WaitForSignal,
+)
 from .log import (
     DoRecorded,
     Emitted,
@@ -56,6 +68,7 @@ from .log import (
     event_name,
 )
 from .types import NonDeterministic, RunTimeout, Signal, TPayload
+from .values import ValueCodec
 
 __all__ = [
     "Completed",
@@ -81,81 +94,6 @@ T5 = TypeVar("T5")
 
 #: What ``@app.durable`` will decorate: ``async def f(run: Run, inp: TIn) -> TOut``.
 DurableFunction: TypeAlias = Callable[["Run", TIn], Awaitable[TOut]]
-
-
-# -- decisions ------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StepRequest:
-    """A step the host must run: a job of ``task`` with this input, id ``key``.
-
-    :param position: the step's call position (its log entries are keyed by it)
-    :param task: the task's registered name
-    :param payload: the encoded input
-    :param key: the job id, ``run_id:position``: stable across replays, so a step
-        scheduled twice (a crash between enqueue and log write) is one job
-    """
-
-    position: int
-    task: str
-    payload: bytes
-    key: str
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Decided:
-    #: New entries, in position order, to append to the log before acting on the decision.
-    append: tuple[LogEntry, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ScheduleSteps(_Decided):
-    """Suspended on steps: enqueue ``schedule``; replay when every awaited step has an outcome.
-
-    :param schedule: steps asked for the first time (their ``StepScheduled`` is in ``append``)
-    :param pending: positions of awaited steps scheduled by an earlier replay, still running
-    """
-
-    schedule: tuple[StepRequest, ...]
-    pending: tuple[int, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SleepUntil(_Decided):
-    """Suspended in ``run.sleep``: replay once the clock passes ``until`` (epoch seconds)."""
-
-    position: int
-    until: float
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WaitForSignal(_Decided):
-    """Suspended in ``run.wait_for``: deliver ``signal`` at ``position`` (append a
-    ``SignalReceived``, the oldest one sent first), or replay at ``deadline``, when the
-    replay records the timeout itself."""
-
-    position: int
-    signal: str
-    deadline: float | None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Completed(_Decided, Generic[T_co]):
-    """The function returned ``result``: the run is done."""
-
-    result: T_co
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Failed(_Decided):
-    """The function raised ``error`` (a step's failure it did not catch, or its own)."""
-
-    error: Exception
-
-
-#: What :func:`replay` returns.
-Decision: TypeAlias = ScheduleSteps | SleepUntil | WaitForSignal | Completed[TOut] | Failed
 
 
 class _Suspend(BaseException):
@@ -370,7 +308,7 @@ class Run:
         entries = self._check(
             position, f"do {name!r}", lambda e: isinstance(e, DoRecorded) and e.name == name
         )
-        codec = _ValueCodec(name, type)
+        codec = ValueCodec(name, type)
         if entries:
             return codec.decode(cast(DoRecorded, entries[0]).value)
         value = fn()
@@ -507,54 +445,6 @@ class Run:
     def _suspend(self, decision: ScheduleSteps | SleepUntil | WaitForSignal) -> NoReturn:
         self._suspension = decision
         raise _Suspend
-
-
-# -- do values -------------------------------------------------------------------------
-
-_PLAIN = (type(None), bool, int, float, str, bytes)
-_msgpack = msgspec.msgpack.Encoder()
-_untyped = msgspec.msgpack.Decoder()
-
-
-def _is_plain(value: object) -> bool:
-    if isinstance(value, _PLAIN):
-        return True
-    if isinstance(value, list):
-        return all(_is_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
-    return False
-
-
-class _ValueCodec:
-    """How a ``do`` block's value is stored: a model's codec, msgspec for ``type=``, or
-    plain msgpack."""
-
-    def __init__(self, name: str, tp: type[Any] | None) -> None:
-        self.name = name
-        self.type = tp
-        self._model: Codec[Any] | None = (
-            codec_for(tp) if tp is not None and is_model_type(tp) else None
-        )
-        self._decoder: msgspec.msgpack.Decoder[Any] = (
-            _untyped if tp is None or self._model else msgspec.msgpack.Decoder(tp)
-        )
-
-    def encode(self, value: Any) -> bytes:
-        if self._model is not None:
-            return self._model.encode(value)
-        if self.type is None and not _is_plain(value):
-            raise ConfigError(
-                f"run.do({self.name!r}) returned a {type(value).__qualname__}, which the log "
-                "cannot give back as such: pass type=... (a model, a dataclass, tuple[...]) "
-                "or return plain values (None, bool, int, float, str, bytes, list, dict)"
-            )
-        return _msgpack.encode(value)
-
-    def decode(self, data: bytes) -> Any:
-        if self._model is not None:
-            return self._model.decode(data)
-        return self._decoder.decode(data)
 
 
 # -- the engine ------------------------------------------------------------------------

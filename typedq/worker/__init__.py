@@ -80,6 +80,12 @@ class Worker(Generic[TIn, TOut]):
     :param target: the task to run, or the app whose tasks to run (a producer stub is
         refused: a worker needs the handler)
     :param concurrency: how many jobs run at once
+    :param prefetch: how many jobs the worker may hold beyond ``concurrency``: claimed
+        ahead to start the moment a handler returns, or finished and being recorded while
+        the next one runs (default 0: a job waits in the broker until a slot is free, so
+        an idle worker of the group can take it). Raises throughput when handlers are
+        short (the broker's round trip overlaps the next handler); a prefetched job
+        waits behind the running ones, so keep it 0 for long jobs
     :param queues: with an app, the queues to take jobs from (default: every queue of it);
         one no task of the app uses is a ConfigError (a typo would run nothing, quietly)
     :param allow_unknown_queues: take jobs from such queues anyway
@@ -97,6 +103,7 @@ class Worker(Generic[TIn, TOut]):
         /,
         *,
         concurrency: int = 16,
+        prefetch: int = 0,
         grace: float = 10.0,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None: ...
@@ -107,6 +114,7 @@ class Worker(Generic[TIn, TOut]):
         /,
         *,
         concurrency: int = 16,
+        prefetch: int = 0,
         queues: Sequence[str] | None = None,
         grace: float = 10.0,
         allow_unknown_queues: bool = False,
@@ -119,6 +127,7 @@ class Worker(Generic[TIn, TOut]):
         /,
         *,
         concurrency: int = 16,
+        prefetch: int = 0,
         queues: Sequence[str] | None = None,
         grace: float = 10.0,
         allow_unknown_queues: bool = False,
@@ -129,12 +138,15 @@ class Worker(Generic[TIn, TOut]):
         self._scope = scope
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+        if prefetch < 0:
+            raise ConfigError(f"prefetch must be >= 0, got {prefetch}")
         if grace < 0:
             raise ConfigError(f"grace must be >= 0, got {grace}")
         self.app: Registry = app
         self.tasks = scope.tasks
         self.queues = scope.queues
         self.concurrency = concurrency
+        self.prefetch = prefetch
         self.grace = grace
         self.lease = app.lease
         self.clock = clock
@@ -148,8 +160,9 @@ class Worker(Generic[TIn, TOut]):
         # The parts (see the module's docstring); none touches the event loop until run.
         broker = self._broker
         self._phase = Phase()
+        # The table's slots: the running jobs and the prefetched ones.
         self._jobs = jobs = RunningJobs(
-            concurrency, worker_id=self.id, stats=self.stats, phase=self._phase
+            concurrency + prefetch, worker_id=self.id, stats=self.stats, phase=self._phase
         )
         self._settler = Settler(
             broker,
@@ -159,8 +172,9 @@ class Worker(Generic[TIn, TOut]):
             stats=self.stats,
             stopping=self._is_stopping,
             start=jobs.start,
-            # Outcomes are settled by the runners only: at most `concurrency` at once.
-            concurrency=concurrency,
+            # Outcomes are settled by the runners (or, with prefetch, for them): at most
+            # one per slot at once.
+            concurrency=concurrency + prefetch,
             clock=clock,
         )
         self._runner = JobRunner(
@@ -391,6 +405,8 @@ class Worker(Generic[TIn, TOut]):
             self._serve_scope = scope
             async with anyio.create_task_group() as tg:
                 await tg.start(self._settler.run)
+                if self.prefetch:
+                    self._runner.behind = tg
                 for _ in range(self.concurrency):
                     tg.start_soon(self._runner.run)
                 tg.start_soon(self._claimer.run)

@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import anyio
+from anyio.abc import TaskGroup
 
 from ..broker.base import ClaimedJob
 from ..clock import Clock
@@ -70,6 +71,10 @@ class JobRunner:
         self.clock = clock
         #: Told what the jobs do (set before the worker starts; None: nobody listens).
         self.observer: Observers | None = None
+        #: With prefetch, where outcomes are recorded while the runner goes on (the
+        #: worker's own task group, set as it starts); None: the runner records each
+        #: outcome itself before it takes the next job.
+        self.behind: TaskGroup | None = None
 
     async def run(self) -> None:
         """One of the worker's ``concurrency`` runners: runs claimed jobs one at a time,
@@ -153,7 +158,26 @@ class JobRunner:
                     if span and isinstance(outcome, Complete | Fail):
                         # A fan-out member's span: its callback's span links to it.
                         outcome = dataclasses.replace(outcome, span=span)
-            ended = self.clock.monotonic() if timed else 0.0
+        except BaseException:
+            self.jobs.finished(claimed, running)
+            raise
+        ended = self.clock.monotonic() if timed else 0.0
+        behind = self.behind
+        if behind is not None:
+            # Prefetch: the runner goes on with the next job while this outcome is
+            # recorded; the job keeps its slot (and lease) until then. The task is
+            # spawned here, in the job's own context, which it copies.
+            behind.start_soon(self._settle, claimed, running, outcome, ended - began)
+        else:
+            await self._settle(claimed, running, outcome, ended - began)
+
+    async def _settle(
+        self, claimed: ClaimedJob, running: Running, outcome: Outcome, took: float
+    ) -> None:
+        """Record an attempt's outcome, tell observers, and free its slot."""
+        job_id, task = claimed.message.id, claimed.message.task
+        worker_id = self.worker_id
+        try:
             try:
                 await self.settler.settle(claimed, outcome)
             except GaveUp:
@@ -176,10 +200,12 @@ class JobRunner:
                 await self.settler.settle(claimed, outcome)
             if running.emitter is not None:
                 await self.executor.end_stream(running, outcome)
-            if timed:
+            observer = self.observer
+            debug = log.isEnabledFor(logging.DEBUG)
+            if observer is not None or debug:
                 how = outcome_of(outcome)
                 if observer is not None:
-                    observer.job_finished(claimed, how, ended - began)
+                    observer.job_finished(claimed, how, took)
                 if debug:
                     log.debug(
                         "job %s (%s) attempt %d finished: %s in %.3fs",
@@ -187,7 +213,7 @@ class JobRunner:
                         task,
                         claimed.attempt,
                         how.value,
-                        ended - began,
+                        took,
                         extra=job_fields(claimed, worker_id),
                     )
         except GaveUp:

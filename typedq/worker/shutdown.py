@@ -1,6 +1,7 @@
 """A worker's graceful shutdown, in four bounded phases.
 
-1. Grace: claiming stops; in-flight jobs may finish within ``grace`` seconds.
+1. Grace: claiming stops; jobs claimed but not started (prefetched) go back unrun;
+   in-flight jobs may finish within ``grace`` seconds.
 2. Cancel: async handlers are cancelled and handed back to the queue unspent; sync
    handlers' threads cannot be stopped, so their attempts wait for them.
 3. A bounded extra wait (one lease, leases still renewed) for those threads and for
@@ -19,6 +20,7 @@ import anyio
 
 from ..clock import Clock, move_on_after
 from ..logs import job_fields
+from ..outcomes import HandBack
 from ..settling import Settler
 from .claimer import Claimer
 from .jobs import Phase, RunningJobs
@@ -81,6 +83,8 @@ class Shutdown:
         phase = self.phase
         phase.stopping = True
         self.claimer.interrupt()
+        # Jobs claimed but not started (prefetched) go back unrun: stopping starts no job.
+        await self._hand_back_queued()
         # 1. Grace: in-flight jobs may finish.
         with anyio.CancelScope() as self._phase_scope:
             if phase.forced:
@@ -112,6 +116,30 @@ class Shutdown:
         with anyio.move_on_after(_FINAL_WAIT):
             await jobs.until(lambda: not jobs.running)
         self._report_leftovers()
+
+    async def _hand_back_queued(self) -> None:
+        """Hand the jobs claimed but not started back to the queue at once (a runner
+        takes them off the table no more), each bounded by a lease: during an outage
+        one that could not be handed back comes back when its lease expires."""
+        queued = list(self.jobs.queued)
+        self.jobs.queued.clear()
+        for claimed, running in queued:
+            running.cancel("shutdown")
+            try:
+                with move_on_after(self.clock, self.lease):
+                    await self.settler.settle(claimed, HandBack())
+            except Exception as exc:
+                log.warning(
+                    "worker %s: could not hand back job %s (%s), claimed but not started "
+                    "(%s); it comes back when its lease expires",
+                    self.worker_id,
+                    claimed.message.id,
+                    claimed.message.task,
+                    exc,
+                    extra=job_fields(claimed, self.worker_id),
+                )
+            finally:
+                self.jobs.finished(claimed, running)
 
     def _report_leftovers(self) -> None:
         """Log the jobs left unsettled and the threads still running."""

@@ -27,7 +27,7 @@ async def wrong_payloads() -> None:
     await send_invoice.enqueue()  # E: call-arg Missing positional argument "payload"
     await send_invoice.enqueue({"customer_id": 1, "invoice_id": 7})  # E: arg-type "dict[str, int]"
     await send_invoice.enqueue(None)  # E: arg-type "None"; expected "SendInvoice"
-    await send_invoice.enqueue(INVOICE, INVOICE)  # E: call-arg Too many positional  # E: arg-type
+    await send_invoice.enqueue(INVOICE, INVOICE)  # E: call-arg Too many positional
     await send_invoice.enqueue_many([RECEIPT])  # E: list-item "Receipt"; expected "SendInvoice"
     await send_invoice.enqueue_many(r for r in [RECEIPT])  # E: misc "Receipt"
     await send_invoice.enqueue_many(INVOICE)  # E: arg-type expected "Iterable[SendInvoice]"

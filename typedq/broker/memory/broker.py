@@ -5,13 +5,14 @@ and purging jobs, stats, history, workers, events).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 
 from ...clock import SYSTEM_CLOCK, Clock
 from ...errors import ConfigError, QueueFull
 from ...names import check_job_ids, check_name, check_worker_id
-from ...options import check_controls, check_numbers
+from ...options import check_controls, check_int_option, check_numbers
 from ..base import (
     BrokerSettings,
     EnqueueControl,
@@ -181,6 +182,16 @@ class MemoryBroker(JobPath):
     async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
         self._check()
         return [self.runs.get(run_id) for run_id in run_ids]
+
+    async def page_runs(
+        self, *, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[str], str | None]:
+        self._check()
+        limit = check_int_option("limit", limit, 1, 10_000)
+        ids = sorted(self.runs.runs)
+        start = 0 if cursor is None else bisect.bisect_right(ids, cursor)
+        page = ids[start : start + limit]
+        return page, (page[-1] if start + limit < len(ids) else None)
 
     async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]:
         self._check()

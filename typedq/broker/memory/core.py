@@ -80,6 +80,7 @@ class JobPath(Broker):
         self.leases = Leases(self.clock, self.table, self.lines, self.limiter)
         self.finished = Finished(self.table, self.settings)
         self.flows = Flows(self)
+        self.finished.on_parked_trimmed = self.flows.parked_trimmed
         self.runs = RunStore(self)
         self.schedules = Schedules()
         self.control = Control(self)

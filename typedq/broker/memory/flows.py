@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ...errors import ConfigError
+from ...errors import ConfigError, FailureReason, FailureRecord
 from ..base import MAX_SPAN_LINKS, EnqueueOutcome, JobMessage, JobState
 from ..flow import (
     FLOW_BROKEN_MESSAGE,
@@ -26,7 +26,7 @@ from ..flow import (
     member_id,
     step_id,
 )
-from ..records import CANCELLED_WITH_FLOW, broker_failure
+from ..records import CANCELLED_WITH_FLOW, broker_failure, parked_trimmed_message
 from .jobs import SCHEDULED, Job, encode
 
 if TYPE_CHECKING:
@@ -178,11 +178,41 @@ class Flows:
             self._end(flow, state, error, now)
 
     def removed(self, job: Job) -> None:
-        """A deleted job of a flow had not finished: its flow treats it as failed with
-        reason ``flow_broken`` (attempt 0, like the Redis twin ``flow_removed``)."""
-        if job.flow_id is not None and not job.state.is_final:
+        """A deleted job of a flow had not finished (or was parked: its flow waited for
+        it): its flow treats it as failed with reason ``flow_broken`` (attempt 0, like
+        the Redis twin ``flow_removed``)."""
+        if job.flow_id is not None and (not job.state.is_final or job.parked):
+            job.parked = False
             now = self.broker.clock.time()
             self.settled(job, JobState.FAILED, None, _broken(now), now)
+
+    def parked_trimmed(self, job: Job, now: float) -> None:
+        """Failed-job retention deleted parked ``job`` before an operator retried it: its
+        flow, which waited for it, settles it as failed (a member counted once, a step
+        ending the flow) with the job's own reason (``schema_mismatch``), error type and
+        attempt, and a message that says what happened (the Redis twin:
+        ``flow_ops.trim_parked`` in redis/lua/common/flow_settle.lua)."""
+        if job.flow_id is None:
+            return
+        try:
+            own = msgspec.msgpack.decode(job.error or b"", type=FailureRecord)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            own = FailureRecord(
+                reason=FailureReason.SCHEMA_MISMATCH,
+                error_type="SchemaMismatch",
+                message="",
+                attempt=0,
+                retryable=False,
+            )
+        record = FailureRecord(
+            reason=own.reason,
+            error_type=own.error_type,
+            message=parked_trimmed_message(job.message.id, own.message),
+            attempt=own.attempt,
+            retryable=False,
+            failed_at=now,
+        )
+        self.settled(job, JobState.FAILED, None, encode(record), now)
 
     def _fan_in(self, flow: Flow, now: float) -> None:
         if flow.failed is not None:

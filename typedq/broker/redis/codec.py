@@ -115,6 +115,13 @@ def encode_body(m: JobMessage) -> bytes:
     fields += (m.trace_links, m.run_queue)
     if m.fair_weight:
         # A fair job's body has all 16 fields (the claim script finds them by count).
+        # Its whole-number times go as ints (msgpack: 1 byte for -1 or 0, not a 9-byte
+        # float; Body reads them back as floats), so the job's hash stays under Redis's
+        # 64-byte value of the compact (listpack) encoding more often.
+        for i in (5, 6, 7, 10):
+            v = fields[i]
+            if type(v) is float and v.is_integer() and -(2**53) < v < 2**53:
+                fields[i] = int(v)
         fields += (m.fair_key, m.fair_weight)
         return encode(fields)
     n = len(fields)

@@ -139,10 +139,12 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    of the lane (``taken`` of them so far, when a claim
                                    ran out of room mid-turn: then the marker goes back
                                    at the head) and pushes it back at the tail while the
-                                   lane has jobs. A fair job pushed to a level list as a
-                                   bare id (retry, hand-back, promotion, unparked) moves
-                                   to its lane when the claim pops it (its body names
-                                   the key: a 16-field body, lanes.lua fair_of)
+                                   lane has jobs. A retried, handed-back or unparked
+                                   fair job goes back to its lane (the job hash's
+                                   ``fk``, or its 16-field body: lanes.lua fair_of); one
+                                   pushed to a level list as a bare id (claimed before
+                                   ``fk`` existed) moves to its lane when the claim pops
+                                   it
     Q F                   set      the fair lanes that have jobs, '<prio>|<task>|<key>'
                                    (listing and purge find them here)
     Q g:<gate>            list     the waiting jobs a gate parked, '<prio>|<id>', FIFO;
@@ -287,7 +289,9 @@ Job hash fields: ``m`` body, ``q`` queue, ``p`` priority (absent = 0),
 ``s`` state letter (``w s a c f x``), ``o`` order, ``e`` enqueued_at, ``r`` run_at (the
 due time of a scheduled job; kept once due, and set when the job is due again: a
 retry, hand-back, stall recovery or workflow hand-off; its queue wait counts from it),
-``a`` attempt, ``k`` stalls, ``ck`` the concurrency slot held, ``t`` lease token, ``d`` token of the last fenced
+``a`` attempt, ``k`` stalls, ``ck`` the concurrency slot held, ``fk`` the fair key
+(typedq.fair) of a job a claim took from its lane, '<weight>|<task>|<key>' (a retry
+or hand-back puts it back into that lane), ``t`` lease token, ``d`` token of the last fenced
 transition, ``st`` started_at, ``fa`` finished_at, ``w`` worker id, ``cr`` cancel
 requested, ``res`` result, ``err`` FailureRecord, ``eh`` every failed attempt's
 FailureRecord (a msgpack array of their bytes, the last 10; absent on jobs stored before

@@ -46,7 +46,7 @@ class LeaseOps(RedisCore):
     """Worker methods of the Redis broker."""
 
     def set_limits(self, limits: Mapping[str, LimitSpec]) -> None:
-        """Declare tasks' limits; every later claim enforces them (claim.lua's gates)."""
+        """Declare tasks' limits; every later claim enforces them (common/gates.lua)."""
         self._merge_limits(limits)
 
     async def claim(

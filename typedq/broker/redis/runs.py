@@ -27,9 +27,9 @@ from typing import Any
 import anyio
 import msgspec
 
-from ...errors import FailureRecord
+from ...errors import FailureRecord, InvalidOption
 from ...names import check_job_ids, check_name
-from ...options import check_numbers
+from ...options import check_int_option, check_numbers
 from ..base import JobMessage
 from ..runs import (
     AppendOutcome,
@@ -293,6 +293,21 @@ class RunOps(RedisCore):
             for i, answer in zip(elsewhere, again, strict=True):
                 out[i] = answer
         return [(bool(int(created)), _record(record)) for created, record in out]
+
+    async def page_runs(
+        self, *, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[str], str | None]:
+        # One HSCAN step of the app's run index (P runs, on the app's slot): bounded work
+        # per call, as SCAN's guarantees (a run there the whole walk is met, maybe twice
+        # while the hash is rehashed: the caller counts each id once).
+        limit = check_int_option("limit", limit, 1, 10_000)
+        at = 0 if cursor is None else int(cursor) if cursor.isdigit() else -1
+        if at < 0:
+            raise InvalidOption(f"page_runs: cursor {cursor!r} is not one this broker gave")
+        with self._translate("runs index"):
+            following, found = await self._conn().hscan(self.keys.runs, at, count=limit)
+        ids = [text(run_id) for run_id in found]
+        return ids, (None if int(following) == 0 else str(following))
 
     async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
         replies = await self._run_calls("run_get", [(r, [r]) for r in run_ids], None)

@@ -104,6 +104,8 @@ PARTS = (
     "common/runs.lua",
     "common/errors.lua",
     "common/schedules.lua",
+    "common/gates.lua",
+    "common/claiming.lua",
 )
 #: The part only the Redis Cluster variant holds (its wake-ups replace the ones before).
 SHARDED_PART = "common/sharded.lua"

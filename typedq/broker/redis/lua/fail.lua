@@ -27,7 +27,8 @@ local touched_f, touched_x = 0, 0
 for i = 0, n - 1 do
   local b = 6 + 6 * i
   local id, tok, mode, delay = ARGV[b], ARGV[b + 1], ARGV[b + 3], tonumber(ARGV[b + 4])
-  local r = read_hash(q, id, 's', 't', 'd', 'q', 'cr', 'p', 'ck', 'a', 'fl', 'fm', 'fs', 'fq')
+  local r = read_hash(q, id, 's', 't', 'd', 'q', 'cr', 'p', 'ck', 'a', 'fl', 'fm', 'fs', 'fq',
+    'fk')
   if not r then
     out[i + 1] = not_active_answer(q, id)
   elseif r[1] == 'a' and r[2] == tok then
@@ -60,7 +61,7 @@ for i = 0, n - 1 do
         count(q, 's', 1)
       else
         redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', k_seq(q)), 'r', now)
-        push_waiting(q, sane_prio(r[6]), id, false)
+        push_waiting(q, sane_prio(r[6]), id, false, r[13])  -- a fair job: its key's lane
         count(q, 'w', 1)
       end
       count(q, 'a', -1)

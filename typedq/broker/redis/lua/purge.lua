@@ -27,7 +27,7 @@ end
 local next_cursor = -1
 if state == 'w' then
   local seen = 0
-  -- Jobs parked by a closed limit gate first (see claim.lua), like list entries.
+  -- Jobs parked by a closed limit gate first (see common/gates.lua), like list entries.
   local gk = k_gates(q)
   while seen < budget do
     local g = redis.call('ZRANGE', gk, 0, 0)

@@ -36,7 +36,7 @@ if limit > 0 then
     local r = false
     if not holding[id] then
       redis.call('ZREM', active, id)
-      r = read_hash(q, id, 's', 'q', 'a', 'k', 'cr', 'w', 'p', 'o', 'ck')
+      r = read_hash(q, id, 's', 'q', 'a', 'k', 'cr', 'w', 'p', 'o', 'ck', 'fk')
     end
     if r and r[1] == 'a' then
       recovered = recovered + 1
@@ -56,7 +56,7 @@ if limit > 0 then
         finalize(id, q, 'a', 'f', now)
       else
         redis.call('HSET', jk, 's', 'w', 'r', now)  -- due again: waits from now
-        back[#back + 1] = {id, q, sane_prio(r[7]), tonumber(r[8]) or 0}
+        back[#back + 1] = {id, q, sane_prio(r[7]), tonumber(r[8]) or 0, r[10]}
         count(q, 'a', -1)
         count(q, 'w', 1)
         work_queues[q] = true

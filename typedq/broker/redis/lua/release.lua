@@ -13,7 +13,7 @@ local back = {}
 local touched_x = 0
 for i = 0, n - 1 do
   local id, tok = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
-  local r = read_hash(q, id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o', 'w', 'ck')
+  local r = read_hash(q, id, 's', 't', 'd', 'q', 'cr', 'p', 'a', 'o', 'w', 'ck', 'fk')
   if not r then
     out[i + 1] = not_active_answer(q, id)
   elseif r[1] == 'a' and r[2] == tok then
@@ -31,7 +31,7 @@ for i = 0, n - 1 do
     else
       redis.call('HSET', jk, 's', 'w', 'r', now)  -- due again: waits from the hand-back
       redis.call('HDEL', jk, 't')
-      back[#back + 1] = {id, q, sane_prio(r[6]), tonumber(r[8]) or 0}
+      back[#back + 1] = {id, q, sane_prio(r[6]), tonumber(r[8]) or 0, r[11]}
       count(q, 'a', -1)
       count(q, 'w', 1)
       work_queues[q] = true

@@ -65,7 +65,7 @@ end
 local out = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
-  local r = read_job(q, id, 's', 'q', 'p')
+  local r = read_job(q, id, 's', 'q', 'p', 'fk', 'm')
   if not r then
     out[i - 2] = 'not_found'
   elseif r[1] ~= 'f' and r[1] ~= 'x' then
@@ -78,7 +78,14 @@ for i = 3, #ARGV do
     redis.call('HDEL', jk, 'a', 'k', 'st', 'fa', 'res', 'err', 'pg', 'cr', 'w', 't', 'd')
     -- Due again now: its queue wait counts from the retry, not from its enqueue.
     redis.call('HSET', jk, 's', 'w', 'o', redis.call('INCR', k_seq(q)), 'r', now)
-    push_waiting(q, sane_prio(r[3]), id, false)
+    -- A fair job waits in its key's lane: the key a claim kept on it ('fk'), or for one
+    -- never claimed (cancelled while waiting) its body's (lanes.lua fair_of).
+    local fk = r[4]
+    if not fk then
+      local group, weight = fair_of(r[5])
+      if group then fk = weight .. '|' .. group end
+    end
+    push_waiting(q, sane_prio(r[3]), id, false, fk)
     count(q, r[1], -1)
     count(q, 'w', 1)
     work_queues[q] = true

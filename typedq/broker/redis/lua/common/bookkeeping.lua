@@ -73,7 +73,17 @@ local function flush_counts()
   end
 end
 
-local function push_waiting(q, prio, id, at_head)
+-- `fk`: the job hash's fair key ('<weight>|<task>|<key>', set when a claim took it from
+-- its key's lane; typedq.fair): the job waits again in that lane, at its tail (a retry),
+-- and a key that had no job waiting joins its level's line (lanes.lua lane_push).
+local function push_waiting(q, prio, id, at_head, fk)
+  if fk and not at_head then
+    local w, g = string.match(fk, '^(%d+)|(.+)$')
+    if g then
+      lane_push(q, prio, id, g, w)
+      return
+    end
+  end
   local lk = k_wait(q, prio)
   if at_head then rcall('RPUSH', lk, id) else rcall('LPUSH', lk, id) end
   rcall('ZADD', k_levels(q), level_score(prio), prio)
@@ -91,17 +101,40 @@ local PLACE_SCAN = 64
 -- lot back. Entries that are not live here (stale or dead) stay in front of the
 -- live ones, in their own order, so a stale entry still precedes its id's live one;
 -- a waiting entry that is not live is dropped (it has no stale count to consume).
--- back: {id, queue, prio, order} per job.
+-- back: {id, queue, prio, order, fk} per job; fk (the job hash's fair key, see
+-- push_waiting; nil for any other job): it goes back into its key's lane instead, first
+-- when it is older than the lane's head job (its old place, as a hand-back is on the
+-- embedded broker), else at the tail; a key with no job waiting takes its place in the
+-- line again by the job's order (its marker is merged in as the job would be).
 local function push_back_in_order(back)
   local levels = {}
   for _, b in ipairs(back) do
-    local lk = k_wait(b[2], b[3])
-    local g = levels[lk]
-    if not g then
-      g = {q = b[2], prio = b[3], items = {}}
-      levels[lk] = g
+    local item = b[1]
+    local w, fg
+    if b[5] then w, fg = string.match(b[5], '^(%d+)|(.+)$') end
+    if fg then
+      local lk = k_lane(b[2], fg, b[3])
+      local head = rcall('LINDEX', lk, -1)
+      if head then
+        local r = read_keyed(b[2], head, 'o')
+        local ho = r and tonumber(r[1])
+        if ho and b[4] < ho then rcall('RPUSH', lk, b[1]) else rcall('LPUSH', lk, b[1]) end
+        item = nil
+      else
+        rcall('LPUSH', lk, b[1])
+        rcall('SADD', k_lanes(b[2]), b[3] .. '|' .. fg)
+        item = '~0|' .. w .. '|' .. fg
+      end
     end
-    g.items[#g.items + 1] = {b[1], b[4], false}
+    if item then
+      local lk = k_wait(b[2], b[3])
+      local g = levels[lk]
+      if not g then
+        g = {q = b[2], prio = b[3], items = {}}
+        levels[lk] = g
+      end
+      g.items[#g.items + 1] = {item, b[4], false}
+    end
   end
   for lk, g in pairs(levels) do
     local dead, live = {}, g.items
@@ -163,8 +196,17 @@ local function failure_record(reason, error_type, message, attempt, worker, now)
   return cmsgpack.pack(rec)
 end
 
+-- Helpers of workflows that the hot paths do not call, as fields of one table made at
+-- load (the library's main chunk holds at most 200 locals: a local per helper would use
+-- them up): flow_ops.outbox_due (common/flows.lua), the staging of large fan-outs and
+-- flow_ops.trim_parked, which trim below calls (common/flow_settle.lua).
+local flow_ops = {}  --@keep
+
 -- Retention: drop the oldest finished jobs of one state of queue `q` while there are
 -- more than `cap` or they are older than `ttl`; at most `budget` per call (bounded work).
+-- A parked job (fail.lua's 'pk': its flow waits for an operator retry) goes as any
+-- failed one, and its flow then fails (flow_ops.trim_parked): after the trim's own deletions,
+-- so a flow's end that fails more jobs of the queue leaves them to the next trim.
 local function trim(q, state, now, ttl, cap, budget)
   flush_zsets()
   local zkey = k_done(q, state)
@@ -174,13 +216,22 @@ local function trim(q, state, now, ttl, cap, budget)
   if n <= 0 then return 0 end
   if n > budget then n = budget end
   local popped = rcall('ZPOPMIN', zkey, n)
+  local parked
   for i = 1, #popped, 2 do
-    local r = read_hash(q, popped[i], 's')
+    local r = read_hash(q, popped[i], 's', 'pk')
     if r and r[1] == state then
+      if r[2] then
+        parked = parked or {}
+        parked[#parked + 1] = {popped[i], rcall('HMGET', k_job(q, popped[i]), 'fl', 'fm',
+          'fs', 'fq', 'fx', 'fS', 'fsq', 'err')}
+      end
       rcall('DEL', k_job(q, popped[i]))
       count(q, state, -1)
       count(q, 't' .. state, 1)  -- trimmed by retention (queue_stats' trimmed counts)
     end
+  end
+  if parked then
+    for _, p in ipairs(parked) do flow_ops.trim_parked(q, p[1], p[2], now) end
   end
   return n
 end
@@ -236,7 +287,7 @@ local function mark_waiters(args, first, last)
   for i = first, last do rcall('SET', k_waiter(args[i]), '1') end
 end
 
--- The bookkeeping of job `id` of queue `q` that a claim took (claim.lua's activate, the
+-- The bookkeeping of job `id` of queue `q` that a claim took (common/claiming.lua's activate, the
 -- same for a waiting entry as for a job with a key): its lease until `lease_until` (text)
 -- queued in `leases` (queue -> lease_until, id, ...: one ZADD per queue at the end of a
 -- claim of several jobs) or added now (nil: a claim of one), waiting -1 / active +1, and
@@ -260,7 +311,7 @@ end
 -- Direct hand-off (issue 31): jobs `ids[first..last]` (orders `orders`, bodies
 -- `bodies`, all of level `prio`), just enqueued into queue `q` where nothing else
 -- waits, go straight to idle workers registered in `q` (handoff.lua): each such job
--- is claimed here, as claim.lua's activate claims a waiting entry, under the lease and
+-- is claimed here, as common/claiming.lua's activate claims a waiting entry, under the lease and
 -- worker of its registration and the token '<registration>.<id>', and pushed to the
 -- registration's inbox as '<id>|<token>|<enqueued_at>|<queue>|<body>', where the
 -- worker's blocking pop takes it: one hop from enqueue to worker, no claim. A

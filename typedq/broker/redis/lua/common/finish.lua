@@ -159,7 +159,7 @@ end
 -- ghost '~<id>' until the job's lease would have ended (`until_us`: by then its worker,
 -- told the lease is lost, has cancelled the handler), and the slot's gate opens then.
 -- Ghosts are in the zset '<slot set>:g' by when they end; the claim's count of the slot
--- drops ended ones (claim.lua's held). A lease already over frees the slot at once.
+-- drops ended ones (common/gates.lua's held). A lease already over frees the slot at once.
 local function ghost_slot(id, q, slot, until_us)
   if not slot then return end
   local ends = tonumber(until_us)

@@ -9,9 +9,13 @@ local purging
 -- it, as it would have had it come first (the embedded broker deletes all of them
 -- before any flow reacts), so the outcome and the count do not depend on the order or
 -- the batch the jobs fall in. True when it was deleted (the caller took its sorted-set
--- entry, or marked its waiting entry stale, already).
-local function purge_takes(q, id, s)
-  if not purging or purging.q ~= q or not purging.states[s] or (s ~= 's' and s ~= 'w') then
+-- entry, or marked its waiting entry stale, already). `final`: the state the flow's end
+-- would put it in: purged too, it goes now (the embedded broker's next round deletes
+-- it there), as when a purge of the failed state deletes a parked job (fail.lua's 'pk')
+-- whose flow then fails its held steps.
+local function purge_takes(q, id, s, final)
+  if not purging or purging.q ~= q or (s ~= 's' and s ~= 'w')
+      or not (purging.states[s] or (final and purging.states[final])) then
     return false
   end
   rcall('DEL', k_job(q, id))
@@ -31,13 +35,11 @@ local function flow_end_job(q, id, state, err, now)
     publish_cancel(q, id)
   elseif s == 'w' or s == 's' then
     if s == 'w' then mark_stale(q, sane_prio(r[3]), id) else rcall('ZREM', k_sched(q), id) end
-    if purge_takes(q, id, s) then return end
     local st = 'x'
-    local e = err
-    if e then st = state else
-      e = failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW,
-        tonumber(r[4]) or 0, nil, now)
-    end
+    if err then st = state end
+    if purge_takes(q, id, s, st) then return end
+    local e = err or failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW,
+      tonumber(r[4]) or 0, nil, now)
     rcall('HSET', k_job(q, id), 'err', e)
     finalize(id, q, s, st, now)
   end
@@ -349,8 +351,9 @@ local function flow_apply(q, rec, now)
 end
 
 -- The flow link of a job about to be deleted (remove, purge): nil for a job of no flow.
+-- r[8]: parked (fail.lua's 'pk').
 local function flow_link(q, id)
-  local r = rpcall('HMGET', k_job(q, id), 'fl', 'fm', 'fs', 'fq', 'fx', 'fS', 'fsq')
+  local r = rpcall('HMGET', k_job(q, id), 'fl', 'fm', 'fs', 'fq', 'fx', 'fS', 'fsq', 'pk')
   if type(r) ~= 'table' or r.err or not r[1] then return nil end
   if not r[4] then r[4] = q end
   r.q, r.id = q, id
@@ -358,15 +361,37 @@ local function flow_link(q, id)
 end
 
 -- A job of a flow was deleted (after its key is gone) in state `s`: when it had not
--- finished, its flow treats it as failed with reason flow_broken, never waits for it.
+-- finished (or was parked: its flow waited for it), its flow treats it as failed with
+-- reason flow_broken, never waits for it.
 local function flow_removed(link, s)
-  if not link or s == 'c' or s == 'f' or s == 'x' then return end
+  if not link or ((s == 'c' or s == 'f' or s == 'x') and not (s == 'f' and link[8])) then return end
   local now = now_us()
   flow_settle(link[4], link[1], link[2], link[3], 'f', nil,
     failure_record(FLOW_BROKEN_REASON, FLOW_BROKEN_TYPE, FLOW_BROKEN, 0, nil, now), now, link.q, link.id,
     {link[5], link[6], link[7]})
 end
 
+
+-- Failed-job retention deleted parked job `id` of queue `q` (common/bookkeeping.lua's
+-- trim; `r`: its fl, fm, fs, fq, fx, fS, fsq and err, read before): its flow, which
+-- waited for it, settles it as failed (a member counted once, a step ending the flow)
+-- with its own record's reason (schema_mismatch), type and attempt, and a message that
+-- says what happened. The embedded twin: Flows.parked_trimmed, the message's text
+-- typedq/broker/records.py's parked_trimmed_message (the contract test holds the two
+-- to the same text: the main chunk has no local left for a constant).
+function flow_ops.trim_parked(q, id, r, now)
+  if not r[1] then return end
+  local ok, rec = pcall(cmsgpack.unpack, r[8] or '')
+  if not ok or type(rec) ~= 'table' then rec = {} end
+  local msg = type(rec.message) == 'string' and rec.message or ''
+  flow_settle(r[4] or q, r[1], r[2], r[3], 'f', nil,
+    failure_record(type(rec.reason) == 'string' and rec.reason or 'schema_mismatch',
+      type(rec.error_type) == 'string' and rec.error_type or 'SchemaMismatch',
+      'parked job ' .. id .. ' was deleted by failed-job retention before a retry, so '
+        .. 'its flow fails; it had failed with: ' .. msg,
+      tonumber(rec.attempt) or 0, nil, now),
+    now, q, id, {r[5], r[6], r[7]})
+end
 
 -- A large fan-out is stored in bounded steps (typedq/broker/redis/staging.py): its
 -- members' bodies are staged first (flow_stage.lua: flow_ops.staged, expiring, nothing reads

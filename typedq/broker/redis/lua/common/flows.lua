@@ -123,18 +123,7 @@ local function flow_reply(r)
   return t
 end
 
--- The answer of a claim with a settle section (claim.lua): the claim's answer and the
--- completions' outcomes, once the completions' counts are written and announced.
-local function settle_answer(out, settled)
-  flush_counts()
-  publish()
-  return flow_reply({out, settled})
-end
-
--- Helpers of workflows that the hot paths do not call, as fields of one table made at
--- load (the library's main chunk holds at most 200 locals: a local per helper would use
--- them up): flow_ops.outbox_due here, the staging of large fan-outs (flow_settle.lua).
-local flow_ops = {}  --@keep
+-- flow_ops (declared in common/bookkeeping.lua): flow_ops.outbox_due here.
 
 -- The reaper: hand back up to `limit` entries of queue q's outbox written `age` µs or
 -- more ago (their writer died before it applied them, or its apply failed).

@@ -33,7 +33,7 @@ local function pack_entry(id, o, e, m, r)
 end
 
 -- A waiting entry's id, order, enqueued_at, run_at (false: none) and body, as values (no
--- table: claim.lua's activate, once per claimed job); nil for a bare id, a removed
+-- table: common/claiming.lua's activate, once per claimed job); nil for a bare id, a removed
 -- entry's '|' or other bytes.
 local function entry_parts(v)
   local id, o, e, r, at = string.match(v, '^([^|]+)|(%d+)|(%d+)|(%d*)|()')

@@ -1,0 +1,220 @@
+"""The PostgreSQL broker beyond the contract suite: its URL, its schema's migrations, what
+it refuses at connect, the records it writes itself, and its connections killed under a
+running worker (a throwaway cluster: tests/pg_harness.py)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import anyio
+import asyncpg
+import msgspec
+import pytest
+
+from tests.pg_harness import PgCluster
+from tests.support import TEST_DEADLINE, In, Out, claim_one, connected, msg, one
+from typedq import App, ConfigError, FailureRecord, Fair, JobState, Unsupported
+from typedq.broker import broker_from_url
+from typedq.broker.base import BrokerSettings
+from typedq.broker.postgres import PostgresBroker
+from typedq.broker.postgres.schema import MIGRATIONS
+from typedq.broker.records import CANCELLED_WORKER_LOST, stalled_message
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+_schemas = itertools.count()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PgCluster) -> str:
+    return pg_cluster.url
+
+
+def fresh_schema(url: str) -> tuple[str, str]:
+    schema = f"fresh_{next(_schemas)}_{id(url) % 1000}"
+    return schema, f"{url}?schema={schema}"
+
+
+def test_urls_name_the_broker_and_its_schema() -> None:
+    settings = BrokerSettings()
+    for scheme in ("postgresql", "postgres"):
+        broker = broker_from_url(f"{scheme}://u:secret@h:5/db?schema=jobs_1", settings)
+        assert isinstance(broker, PostgresBroker)
+        assert broker.target.schema == "jobs_1"
+        assert "schema" not in broker.target.dsn
+        assert "secret" not in repr(broker)
+    assert broker_from_url("postgresql://h/db", settings).target.schema == "typedq"  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"invalid schema 'Bad-Name' in the broker URL: use"):
+        broker_from_url("postgresql://h/db?schema=Bad-Name", settings)
+
+
+async def test_several_processes_migrate_a_fresh_schema_once(pg_url: str) -> None:
+    schema, url = fresh_schema(pg_url)
+    brokers = [PostgresBroker(url, BrokerSettings(namespace=f"m{i}")) for i in range(6)]
+    with anyio.fail_after(TEST_DEADLINE):
+        async with anyio.create_task_group() as tg:
+            for broker in brokers:
+                tg.start_soon(broker.connect)
+        try:
+            conn = await asyncpg.connect(pg_url)
+            try:
+                query = f'SELECT version FROM "{schema}".migrations'  # noqa: S608 (a test's own name)
+                versions = await conn.fetch(query)
+            finally:
+                await conn.close()
+            assert sorted(r[0] for r in versions) == list(range(1, len(MIGRATIONS) + 1))
+            # Every broker works on the schema; connecting again migrates nothing.
+            for broker in brokers:
+                assert (await broker.enqueue([msg()]))[0].created
+            again = PostgresBroker(url)
+            await again.connect()
+            await again.close()
+        finally:
+            for broker in brokers:
+                await broker.close()
+
+
+async def test_an_app_with_schedules_fails_at_connect_naming_the_capability(
+    pg_url: str, app_name: str
+) -> None:
+    app = App(app_name, broker=pg_url)
+
+    @app.task
+    async def poll(x: In) -> Out:
+        return Out(x.n)
+
+    app.schedule(poll, In(1), every=60)
+    with pytest.raises(Unsupported) as info:
+        async with app:
+            pass
+    message = str(info.value)
+    assert "\n" not in message
+    assert "PostgresBroker lacks what app" in message
+    assert "Schedules (schedules" in message
+
+
+async def test_a_workflow_on_postgres_is_refused_where_it_is_enqueued(
+    pg_url: str, app_name: str
+) -> None:
+    app = App(app_name, broker=pg_url)
+
+    @app.task
+    async def step(x: In) -> Out:
+        return Out(x.n)
+
+    @app.task
+    async def last(x: Out) -> Out:
+        return x
+
+    async with app:
+        with pytest.raises(Unsupported, match="PostgresBroker does not support workflows"):
+            await step.then(last).enqueue(In(1))
+        # Plain tasks work on the same app.
+        job = await step.enqueue(In(2))
+        async with app.worker():
+            assert await job.result(timeout=TEST_DEADLINE) == Out(2)
+
+
+def test_trio_is_refused_in_one_line(pg_url: str) -> None:
+    broker = PostgresBroker(pg_url)
+
+    async def go() -> None:
+        await broker.connect()
+
+    with pytest.raises(ConfigError, match=r"runs on asyncio .* run the app under anyio's asyncio"):
+        anyio.run(go, backend="trio")
+
+
+_record = msgspec.msgpack.Decoder(FailureRecord).decode
+
+
+async def test_the_broker_writes_stalled_and_lost_records_as_memory_does(
+    pg_url: str, app_name: str
+) -> None:
+    async with connected(app_name, pg_url, max_stalls=0) as broker:
+        stalled, lost = msg(), msg()
+        await broker.enqueue([stalled, lost])
+        first = await claim_one(broker, lease=0.05, worker_id="w-a")
+        second = await claim_one(broker, lease=0.05, worker_id="w-b")
+        assert await broker.cancel(second.message.id) == "requested"
+        await anyio.sleep(0.2)  # the leases (broker clock) run out
+        assert await broker.recover_stalled() == 2
+        a = await one(broker, first.message.id)
+        assert a.state is JobState.FAILED
+        assert a.error is not None
+        assert a.errors == (a.error,)
+        record = _record(a.error)
+        assert record.reason == "stalled"
+        assert record.message == stalled_message(1, 0)
+        assert record.worker_id == "w-a"
+        assert record.attempt == 1
+        b = await one(broker, second.message.id)
+        assert b.state is JobState.CANCELLED
+        assert b.error is not None
+        assert _record(b.error).message == CANCELLED_WORKER_LOST
+
+
+async def _terminate_others(url: str, stop: anyio.Event, killed: list[int]) -> None:
+    """Every 200 ms, terminate every other client connection of the cluster."""
+    conn = await asyncpg.connect(url)
+    try:
+        while not stop.is_set():
+            n = await conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            killed.append(int(n))
+            with anyio.move_on_after(0.2):
+                await stop.wait()
+    finally:
+        await conn.close()
+
+
+@pytest.mark.slow
+async def test_terminated_connections_lose_no_job_and_run_none_twice(
+    pg_url: str, app_name: str
+) -> None:
+    app = App(app_name, broker=pg_url, lease=5.0)
+    runs: Counter[int] = Counter()
+
+    @app.task
+    async def tally(x: In) -> Out:
+        runs[x.n] += 1
+        await anyio.sleep(0.001)
+        return Out(x.n)
+
+    killed: list[int] = []
+    with anyio.fail_after(120):
+        async with app:
+            jobs = await tally.enqueue_many(In(i) for i in range(500))
+            stop = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_terminate_others, pg_url, stop, killed)
+                async with app.worker(concurrency=16):
+                    # Waiting for the results reads through the storm too.
+                    results = [await job.result(timeout=60) for job in jobs]
+                stop.set()
+    assert results == [Out(i) for i in range(500)]
+    assert runs == dict.fromkeys(range(500), 1)  # none lost, none run twice
+    assert sum(killed) > 5  # the storm did hit the broker's connections
+
+
+async def test_a_fair_task_is_refused_where_it_is_enqueued(pg_url: str, app_name: str) -> None:
+    """Fair shares are not enforced on PostgreSQL yet: refused in one line, nothing stored
+    (rather than claimed FIFO as if fair= had not been declared)."""
+    app = App(app_name, broker=pg_url)
+
+    @app.task(fair=Fair(key=lambda x: str(x.n % 2)))
+    async def shared(x: In) -> Out:
+        return Out(x.n)
+
+    async with app:
+        with pytest.raises(Unsupported, match=r"^PostgresBroker does not enforce fair shares"):
+            await shared.enqueue(In(1))
+        assert sum((await app.broker.counts("default")).values()) == 0
