@@ -16,8 +16,9 @@ waits until ``release:<point>`` exists (or until it is killed). The points:
 - ``step:K``: inside step K's handler (its job is running);
 - ``after:K``: in the run's function right after step K returned, i.e. in the turn that
   read step K's outcome and has not appended it to the log yet;
-- ``enqueued:K``: in the turn, after it enqueued step K's job and before the append that
-  records the step as scheduled;
+- ``enqueued:K``: in the turn, after step K's job is stored and before the append that
+  records the step as scheduled (the path of steps stored before their append: see the
+  hook below);
 - ``do``: inside the ``do`` block (the value is not recorded yet);
 - ``woke``: in the run's function right after ``run.sleep`` returned (the turn its
   timer started);
@@ -38,7 +39,6 @@ import msgspec
 
 from tests.ledger import ledger
 from typedq import App, JobContext, Run, Signal
-from typedq.durable.replay import ScheduleSteps
 
 __all__ = ["STEPS", "Go", "Outcome", "Plan", "StepIn", "StepOut", "app", "expected", "go"]
 
@@ -176,17 +176,25 @@ async def pipeline(run: Run, plan: Plan) -> Outcome:
 
 
 if any(p.startswith("enqueued:") for p in HOLDS):
-    # Only in a process told to hold there: the turn stops after enqueueing its steps and
-    # before its append (the host's window where a step exists that the log does not name).
-    _enqueue_steps = pipeline._enqueue_steps
+    # Only in a process told to hold there: the turn's step jobs are stored before its
+    # append, and it stops there (the window where a step exists that the log does not
+    # name). A broker stores the steps of an append with it where it can (RedisBroker:
+    # the steps of the run's slot, one script) and before it otherwise (steps on another
+    # slot or with controls, the embedded broker): this forces the second path.
+    from typedq.broker.redis import RedisBroker
 
-    async def _enqueue_then_hold(decision: ScheduleSteps, run_queue: str) -> None:
-        await _enqueue_steps(decision, run_queue)
-        for request in decision.schedule:
-            await hold(f"enqueued:{add.input.decode(request.payload).k}")
+    _append_runs = RedisBroker.append_runs
+
+    async def _enqueue_then_hold(self: RedisBroker, appends: Any) -> Any:
+        for item in appends:
+            if item.steps:
+                await self.enqueue(list(item.steps))
+                for step in item.steps:
+                    await hold(f"enqueued:{add.input.decode(step.payload).k}")
+        return await _append_runs(self, appends)
 
     hook: Any = _enqueue_then_hold
-    pipeline._enqueue_steps = hook  # type: ignore[method-assign]
+    RedisBroker.append_runs = hook  # type: ignore[method-assign]
 
 if "handoff" in HOLDS:
     # Only in a process told to hold there: on Redis Cluster, after a step's completion

@@ -18,12 +18,20 @@ from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 
-from .batching import Batcher
+from .batching import Batcher, is_batch_wide
 from .broker import broker_from_url, redact_url
 from .broker.base import Broker, BrokerSettings, EnqueueControl, EnqueueOutcome, JobMessage
 from .broker.capabilities import SchemaRegistry, TransactionalEnqueue, require, supports
 from .broker.flow import FlowSpec
-from .errors import BrokerError, ConfigError, NotConnected, PartialEnqueue, Unsupported
+from .broker.runs import AppendOutcome, RunAppend, RunRecord, RunSpec
+from .errors import (
+    BrokerError,
+    ConfigError,
+    NotConnected,
+    PartialEnqueue,
+    QueueFull,
+    Unsupported,
+)
 from .names import check_name
 from .options import check_message
 
@@ -45,6 +53,13 @@ _warned_unserved = False
 #: Per broker object: the ``(task, fingerprint)`` pairs this process recorded in its
 #: schema registry, so each is sent once per process, whoever connects again.
 _recorded: weakref.WeakKeyDictionary[Broker, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
+
+
+def _append_batch_wide(exc: Exception) -> bool:
+    """Which errors of a batch of run appends are the whole batch's: those of
+    :func:`~typedq.batching.is_batch_wide` but a full queue, which is one append's steps'
+    queue (the script refuses before it writes: the others are sent again alone)."""
+    return not isinstance(exc, QueueFull) and is_batch_wide(exc)
 
 
 class Client:
@@ -91,6 +106,24 @@ class Client:
         self._flow_enqueuer: Batcher[FlowSpec, EnqueueOutcome | Exception] = Batcher(
             self._enqueue_flow_batch, max_batch=64, name="flow enqueue batcher"
         )
+        # Durable runs (typedq.durable): the reads of concurrent turns share a broker call,
+        # and so do their appends and the starts of runs, on a broker that does I/O
+        # (Broker.coalesce_run_calls), two calls of each in flight. An append refused for
+        # a full queue is the refusal of its own steps' queue: the others of its batch
+        # are sent again without it.
+        self._run_reader: Batcher[str, RunRecord | None] = Batcher(
+            self.broker.get_runs, max_batch=64, max_in_flight=2, name="run read batcher"
+        )
+        self._run_creator: Batcher[RunSpec, tuple[bool, RunRecord]] = Batcher(
+            self.broker.create_runs, max_batch=64, max_in_flight=2, name="run start batcher"
+        )
+        self._run_appender: Batcher[RunAppend, AppendOutcome] = Batcher(
+            self.broker.append_runs,
+            max_batch=64,
+            max_in_flight=2,
+            name="run append batcher",
+            batch_wide=_append_batch_wide,
+        )
         self._stack: contextlib.AsyncExitStack | None = None
         self._users = 0
         #: The broker capabilities (typedq.broker.capabilities) the app using this client
@@ -131,6 +164,9 @@ class Client:
             stack.callback(tg.cancel_scope.cancel)
             await tg.start(self._enqueuer.run)
             await tg.start(self._flow_enqueuer.run)
+            await tg.start(self._run_reader.run)
+            await tg.start(self._run_creator.run)
+            await tg.start(self._run_appender.run)
         except BaseException:
             self._users -= 1
             await stack.aclose()
@@ -206,6 +242,32 @@ class Client:
             yield
         finally:
             self.workers -= 1
+
+    async def read_run(self, run_id: str) -> RunRecord | None:
+        """A durable run's record (``get_runs``), in one broker call with the reads of
+        other turns of this process meanwhile where the broker coalesces them."""
+        if self._stack is not None and self.broker.coalesce_run_calls:
+            return await self._run_reader.submit(run_id)
+        [record] = await self.broker.get_runs([run_id])
+        return record
+
+    async def create_run(self, spec: RunSpec) -> tuple[bool, RunRecord]:
+        """Create a durable run (``create_runs``; idempotent by id), in one broker call
+        with the other runs this process starts meanwhile where the broker coalesces
+        them."""
+        if self._stack is not None and self.broker.coalesce_run_calls:
+            return await self._run_creator.submit(spec)
+        [created] = await self.broker.create_runs([spec])
+        return created
+
+    async def append_run(self, append: RunAppend) -> AppendOutcome:
+        """A durable run's compare-and-append (``append_runs``), in one broker call with
+        the appends of other turns of this process meanwhile where the broker coalesces
+        them (each is fenced by its run's log length: one sent again answers CONFLICT)."""
+        if self._stack is not None and self.broker.coalesce_run_calls:
+            return await self._run_appender.submit(append)
+        [outcome] = await self.broker.append_runs([append])
+        return outcome
 
     async def _enqueue_batch(self, messages: list[JobMessage]) -> list[EnqueueOutcome]:
         return await self.broker.enqueue(messages)

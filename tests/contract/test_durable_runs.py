@@ -393,6 +393,46 @@ async def _some_failure(broker: Broker) -> FailureRecord:
     return record.failure
 
 
+async def test_an_appends_steps_are_stored_with_it(app_name: str, broker_url: str) -> None:
+    """RunAppend.steps: the step jobs an append schedules are stored with it (on the
+    run's queue and on others), once, and the run waits on them; one that ends wakes it."""
+    async with connected(app_name, broker_url) as broker:
+        await broker.create_runs([spec("r3")])
+        steps = tuple(
+            JobMessage(id=f"r3:{i}", task="t", queue=q, payload=b"", run_queue="q")
+            for i, q in enumerate(("q", "other"))
+        )
+        [appended] = await broker.append_runs(
+            [
+                RunAppend(
+                    run_id="r3",
+                    expected=0,
+                    entries=(ENTRY,),
+                    wait_jobs=("r3:0", "r3:1"),
+                    steps=steps,
+                )
+            ]
+        )
+        assert appended is AppendOutcome.APPENDED
+        [again] = await broker.append_runs(
+            [RunAppend(run_id="r3", expected=0, wait_jobs=("r3:0",), steps=steps[:1])]
+        )
+        assert again is AppendOutcome.CONFLICT
+        jobs = await broker.get(["r3:0", "r3:1"])
+        assert [(j.message.queue, j.state) for j in jobs if j is not None] == [
+            ("q", JobState.WAITING),
+            ("other", JobState.WAITING),
+        ]
+        assert await waiting_turns(broker) == 2  # the first turn and r3:0, once
+        [record] = await broker.get_runs(["r3"])
+        assert record is not None
+        assert record.wait_jobs == ("r3:0", "r3:1")
+        [claimed] = await broker.claim(["other"], 1, worker_id="w", lease=30)
+        await broker.complete([Completion(claimed.message.id, claimed.token, b"out")])
+        woken = await wait_record(broker, "r3", lambda r: "r3:1" in r.outcomes)
+        assert woken.outcomes["r3:1"] == StepOutcome(state=JobState.COMPLETED, result=b"out")
+
+
 async def test_a_steps_outcome_is_kept_and_wakes_the_waiting_run(
     app_name: str, broker_url: str
 ) -> None:

@@ -179,6 +179,10 @@ class Broker(CapabilityDefaults, abc.ABC):
     #: The partitioned queues of the apps using this broker object: queue -> partitions
     #: (:meth:`set_partitions`); they share ``max_queue_length`` (:meth:`queue_cap`).
     partitions: Mapping[str, int] = MappingProxyType({})
+    #: Whether the reads and appends of concurrent durable-run turns of a process are
+    #: worth coalescing into one ``get_runs`` / ``append_runs`` call each (a broker whose
+    #: calls are round trips).
+    coalesce_run_calls: bool = False
 
     def set_partitions(self, partitions: Mapping[str, int]) -> None:
         """Declare partitioned queues (queue -> number of partitions); an app does, at

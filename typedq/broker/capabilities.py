@@ -42,7 +42,15 @@ if TYPE_CHECKING:
         TickFiring,
         WorkerInfo,
     )
-    from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+    from .runs import (
+        AppendOutcome,
+        RunAppend,
+        RunReader,
+        RunRecord,
+        RunSignal,
+        RunSpec,
+        SignalOutcome,
+    )
     from .schemas import SchemaRecord
     from .streams import StreamAppend, StreamEntry
 
@@ -252,7 +260,9 @@ class Runs(Protocol):
 
     async def cancel_runs(self, run_ids: Sequence[str]) -> list[bool]: ...
 
-    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None: ...
+    async def wait_run(
+        self, run_id: str, seen: int, timeout: float | None, *, reader: RunReader | None = None
+    ) -> RunRecord | None: ...
 
     async def page_runs(
         self, *, cursor: str | None = None, limit: int = 100

@@ -36,7 +36,15 @@ if TYPE_CHECKING:
         TickFiring,
         WorkerInfo,
     )
-    from .runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+    from .runs import (
+        AppendOutcome,
+        RunAppend,
+        RunReader,
+        RunRecord,
+        RunSignal,
+        RunSpec,
+        SignalOutcome,
+    )
     from .schemas import SchemaRecord
     from .streams import StreamAppend, StreamEntry
 
@@ -399,12 +407,15 @@ class CapabilityDefaults:
         raise self._unsupported("durable runs")
 
     @capability_default
-    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
+    async def wait_run(
+        self, run_id: str, seen: int, timeout: float | None, *, reader: RunReader | None = None
+    ) -> RunRecord | None:
         """Wait, without polling, until the run's log has more than ``seen`` entries or
         the run has ended, at most ``timeout`` seconds (None: no bound); then its record
         as it is (on timeout too). None: no such run (or it went, by retention).
         ``seen`` ``sys.maxsize`` waits for the end only (a backend may then skip the
-        wake-ups of a growing log)."""
+        wake-ups of a growing log). ``reader``: how a backend that reads the run reads
+        it (``get_runs`` of one id by default; a client's coalescing reader)."""
         raise self._unsupported("durable runs")
 
     @capability_default

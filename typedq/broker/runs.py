@@ -14,17 +14,20 @@ turn replays the run and appends what the replay decided (:class:`RunAppend`).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
+from typing import TypeAlias
 
 import msgspec
 
 from ..errors import FailureRecord
-from .messages import JobState
+from .messages import JobMessage, JobState
 
 __all__ = [
     "RUN_SCHEMA_PREFIX",
     "AppendOutcome",
     "RunAppend",
+    "RunReader",
     "StepOutcome",
     "RunRecord",
     "RunSignal",
@@ -132,6 +135,12 @@ class RunAppend(msgspec.Struct, frozen=True, kw_only=True):
         caller appends it as the wait's ``SignalReceived`` entry)
     :param recorded_jobs: the step jobs whose outcomes the entries record: the broker
         drops them from the run's kept outcomes (:attr:`RunRecord.outcomes`)
+    :param steps: the step jobs the entries schedule, stored as ``enqueue`` stores them
+        (an id taken already stores nothing; ``QueueFull`` and a Redis at maxmemory refuse
+        the call) with the append: at the latest in the same call, so that a turn that
+        schedules steps is one round trip where the broker can (Redis: the steps of the
+        run's slot). A broker may store them before the compare, even when the append is
+        not applied (their ids are the run's positions: a later turn schedules the same).
     """
 
     run_id: str
@@ -145,6 +154,7 @@ class RunAppend(msgspec.Struct, frozen=True, kw_only=True):
     wait_jobs: tuple[str, ...] = ()
     wait_signal: str | None = None
     wake_at: float | None = None
+    steps: tuple[JobMessage, ...] = ()
 
 
 class AppendOutcome(StrEnum):
@@ -170,3 +180,8 @@ class SignalOutcome(StrEnum):
     DELIVERED = "delivered"
     FINISHED = "finished"  # refused: the run is completed, failed or cancelled
     NOT_FOUND = "not_found"
+
+
+#: How ``wait_run`` reads a run (its record, None: no such run), when the caller has a
+#: reader of its own (a client whose concurrent reads share a broker call).
+RunReader: TypeAlias = Callable[[str], Awaitable[RunRecord | None]]

@@ -7,8 +7,9 @@ run is created, when a step it waits on finishes, when its timer is due and when
 signal it waits for arrives. A turn reads the run, records the outcomes of its finished
 steps (read from the step jobs' records) and a waiting signal's payload, replays the
 function (:func:`~typedq.durable.replay`) and appends what the replay decided with one
-compare-and-append, then acts: enqueues the steps (before the append: a step job's id is
-``run_id:position``, so enqueueing twice is one job), waits, or finishes the run.
+compare-and-append, which also carries the jobs of the steps it schedules (stored with
+it: one call on Redis; a step job's id is ``run_id:position``, so storing it twice is one
+job), and the run waits or finishes.
 A turn that loses the compare-and-append reads the run again and replays again.
 """
 
@@ -181,7 +182,7 @@ class DurableTask(Generic[TIn, TOut]):
             input=self.input.encode(inp),
             fingerprint=self.input.fingerprint,
         )
-        [(_created, _record)] = await self._app.broker.create_runs([spec])
+        await self._app.client.create_run(spec)
         return self.handle(run_id)
 
     def handle(self, run_id: str) -> RunHandle[TOut]:
@@ -194,7 +195,7 @@ class DurableTask(Generic[TIn, TOut]):
         """Replay the run once more and carry out the decision (see the module doc)."""
         broker = self._app.broker
         for _ in range(_MAX_ROUNDS):
-            [record] = await broker.get_runs([run_id])
+            record = await self._app.client.read_run(run_id)
             if record is None or record.state.is_final:
                 return
             entries = [e for blob in record.log for e in decode_entries(blob)]
@@ -210,11 +211,11 @@ class DurableTask(Generic[TIn, TOut]):
                 decision = Failed(error=exc)
             entries = [*fresh, *decision.append]
             try:
-                append, again = await self._act(record, decision, entries, now)
+                append, again = self._act(record, decision, entries, now)
             except ConfigError as exc:
                 # A step of a task this app does not have: no turn can ever run it.
-                append, again = await self._act(record, Failed(error=exc), entries, now)
-            [outcome] = await broker.append_runs([append])
+                append, again = self._act(record, Failed(error=exc), entries, now)
+            outcome = await self._app.client.append_run(append)
             if outcome is AppendOutcome.APPENDED and not again:
                 return
             if outcome in (AppendOutcome.FINISHED, AppendOutcome.NOT_FOUND):
@@ -261,11 +262,11 @@ class DurableTask(Generic[TIn, TOut]):
                 out.extend(_outcome(step, job_id, job.state, job.result, job.error))
         return out
 
-    async def _act(
+    def _act(
         self, record: RunRecord, decision: Decision[TOut], entries: list[LogEntry], now: float
     ) -> tuple[RunAppend, bool]:
-        """The append that records ``decision``, having enqueued its steps; and whether
-        the turn goes on (a waiting signal was taken: replay at once)."""
+        """The append that records ``decision`` (with the jobs of the steps it schedules);
+        and whether the turn goes on (a waiting signal was taken: replay at once)."""
         run_id = record.spec.id
         blobs = tuple(encode_entries([e]) for e in entries)
         recorded = tuple(
@@ -275,10 +276,13 @@ class DurableTask(Generic[TIn, TOut]):
             run_id=run_id, expected=len(record.log), entries=blobs, recorded_jobs=recorded
         )
         if isinstance(decision, ScheduleSteps):
-            await self._enqueue_steps(decision, record.spec.queue)
+            # The step jobs go with the append (RunAppend.steps): stored in the same
+            # call where the broker can, else before it. A step job's id is
+            # ``run_id:position``, so storing it twice is one job.
+            steps = self._step_jobs(decision, record.spec.queue)
             waits = [r.key for r in decision.schedule]
             waits += [f"{run_id}:{p}" for p in decision.pending]
-            return msgspec.structs.replace(base, wait_jobs=tuple(waits)), False
+            return msgspec.structs.replace(base, wait_jobs=tuple(waits), steps=steps), False
         if isinstance(decision, SleepUntil):
             return msgspec.structs.replace(base, wake_at=decision.until), False
         if isinstance(decision, WaitForSignal):
@@ -312,9 +316,11 @@ class DurableTask(Generic[TIn, TOut]):
             False,
         )
 
-    async def _enqueue_steps(self, decision: ScheduleSteps, run_queue: str) -> None:
-        if not decision.schedule:
-            return
+    def _step_jobs(self, decision: ScheduleSteps, run_queue: str) -> tuple[JobMessage, ...]:
+        """The jobs of the steps ``decision`` schedules.
+
+        :raises ConfigError: a step of a task the app does not have
+        """
         tasks = self._app.tasks
         messages = []
         for request in decision.schedule:
@@ -335,7 +341,7 @@ class DurableTask(Generic[TIn, TOut]):
                     run_queue=run_queue,
                 )
             )
-        await self._app.broker.enqueue(messages)
+        return tuple(messages)
 
 
 def _outcome(
@@ -402,11 +408,13 @@ class RunHandle(Generic[TOut]):
         :raises ResultTimeout: not finished within ``timeout`` seconds
         """
         # The broker wakes the wait when the run ends (no polling): a log that could
-        # never grow that long (``seen``) asks for the end only.
+        # never grow that long (``seen``) asks for the end only. Its reads go with those
+        # of the process's other waits and turns (Client.read_run).
         broker = self._durable._app.broker
+        read = self._durable._app.client.read_run
         with anyio.move_on_after(timeout):
             while True:
-                record = await broker.wait_run(self.run_id, sys.maxsize, None)
+                record = await broker.wait_run(self.run_id, sys.maxsize, None, reader=read)
                 if record is None:
                     raise JobNotFound(f"no durable run {self.run_id!r}")
                 if record.state.is_final:
@@ -446,9 +454,10 @@ class RunHandle(Generic[TOut]):
         :raises JobNotFound: no such run
         """
         broker = self._durable._app.broker
+        read = self._durable._app.client.read_run
         seen = 0
         while True:
-            record = await broker.wait_run(self.run_id, seen, None)
+            record = await broker.wait_run(self.run_id, seen, None, reader=read)
             if record is None:
                 if seen == 0:
                     raise JobNotFound(f"no durable run {self.run_id!r}")

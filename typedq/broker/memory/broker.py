@@ -32,7 +32,15 @@ from ..base import (
 from ..flow import FlowSpec, FlowState
 from ..flowviews import FlowKeyPage, FlowKind
 from ..records import RUN_CANCELLED, broker_failure
-from ..runs import AppendOutcome, RunAppend, RunRecord, RunSignal, RunSpec, SignalOutcome
+from ..runs import (
+    AppendOutcome,
+    RunAppend,
+    RunReader,
+    RunRecord,
+    RunSignal,
+    RunSpec,
+    SignalOutcome,
+)
 from ..schemas import SchemaRecord
 from ..streams import READER_TTL, StreamAppend, StreamEntry
 from . import listing
@@ -187,7 +195,13 @@ class MemoryBroker(JobPath):
 
     async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]:
         self._check()
-        return [self.runs.append(item) for item in appends]
+        out = []
+        for item in appends:
+            if item.steps:
+                # Stored before the compare (RunAppend.steps), as a turn's enqueue was.
+                await self.enqueue(item.steps)
+            out.append(self.runs.append(item))
+        return out
 
     async def signal_runs(self, signals: Sequence[RunSignal]) -> list[SignalOutcome]:
         self._check()
@@ -211,8 +225,10 @@ class MemoryBroker(JobPath):
                 await self.cancel(job_id)
         return out
 
-    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
-        self._check()
+    async def wait_run(
+        self, run_id: str, seen: int, timeout: float | None, *, reader: RunReader | None = None
+    ) -> RunRecord | None:
+        self._check()  # (no reads to share: ``reader`` is not used)
         return await self.runs.wait(run_id, seen, timeout)
 
     # -- operations ------------------------------------------------------------------

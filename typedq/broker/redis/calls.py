@@ -24,7 +24,8 @@ __all__ = ["ScriptCalls"]
 #: without MULTI): another flush may come between a load and the re-send.
 _LOADS = 5
 #: Scripts sent on the broker's :class:`~typedq.broker.redis.connection.Lane` when it is
-#: free (standalone Redis): the worker's calls of every job (claim, settle and claim).
+#: free (standalone Redis): the worker's calls of every job (claim, settle and claim) and
+#: of every durable run's turn (read, compare-and-append).
 _LANE_SCRIPTS = frozenset({"claim", "complete", "run_get", "run_schedule", "run_append"})
 
 

@@ -21,7 +21,7 @@ import contextlib
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -29,11 +29,12 @@ import msgspec
 
 from ...errors import FailureRecord, InvalidOption
 from ...names import check_job_ids, check_name
-from ...options import check_int_option
+from ...options import check_int_option, check_numbers
 from ..base import JobMessage
 from ..runs import (
     AppendOutcome,
     RunAppend,
+    RunReader,
     RunRecord,
     RunSignal,
     RunSpec,
@@ -124,6 +125,9 @@ class RunOps(RedisCore):
 
     #: Run id -> its queue, as the index said (bounded: see _KEEP_LOCATIONS).
     _run_locations: dict[str, str]
+    #: Concurrent turns' reads and appends share round trips (Client.read_run,
+    #: Client.append_run).
+    coalesce_run_calls = True
 
     def _run_head(self, queue: str) -> list[Any]:
         """The arguments every run script starts with: prefix, queue, retention."""
@@ -155,25 +159,39 @@ class RunOps(RedisCore):
         missing: Any,
         *,
         live: frozenset[str] = frozenset(),
+        extra: Sequence[Any] = (),
     ) -> list[Any]:
         """Script ``name`` once per queue over the runs of that queue (one round trip);
         per item (run id, its arguments) its answer, ``missing`` for a run not indexed.
         The runs retention dropped leave the index, but for ``live`` ones (created
-        again under their id by this very call)."""
-        queues = await self._run_queues_of([run_id for run_id, _ in items])
-        groups: dict[str, list[int]] = {}
+        again under their id by this very call). ``extra``: arguments after the head."""
+        named = [(name, run_id, args) for run_id, args in items]
+        return await self._named_run_calls(named, missing, live=live, extra={name: extra})
+
+    async def _named_run_calls(
+        self,
+        items: Sequence[tuple[str, str, list[Any]]],
+        missing: Any,
+        *,
+        live: frozenset[str] = frozenset(),
+        extra: Mapping[str, Sequence[Any]] | None = None,
+    ) -> list[Any]:
+        """:meth:`_run_calls` with a script per item (script, run id, its arguments):
+        one call per script and queue, all in one round trip."""
+        queues = await self._run_queues_of([run_id for _, run_id, _ in items])
+        groups: dict[tuple[str, str], list[int]] = {}
         for i, q in enumerate(queues):
             if q is not None:
-                groups.setdefault(q, []).append(i)
+                groups.setdefault((items[i][0], q), []).append(i)
         out: list[Any] = [missing] * len(items)
         if not groups:
             self._conn()
             return out
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
-        for q, idx in groups.items():
-            args = self._run_head(q)
+        for (name, q), idx in groups.items():
+            args = [*self._run_head(q), *((extra or {}).get(name, ()))]
             for i in idx:
-                args += items[i][1]
+                args += items[i][2]
             calls.append((name, [self.keys.seq(q)], args))
         replies = await self._eval_many(calls)
         gone: list[str] = []
@@ -203,12 +221,6 @@ class RunOps(RedisCore):
         await self._note_queues(list(dict.fromkeys(spec.queue for spec in specs)))
         if self._epoch.is_due():
             await self.check_epoch()
-        # The index first: a run created before under an id stays where it is.
-        args: list[Any] = [self.keys.prefix]
-        for spec in specs:
-            args += (spec.id, spec.queue)
-        where = await self._eval("run_index", [self.keys.runs], args)
-        self._keep_locations([(s.id, text(q)) for s, q in zip(specs, where, strict=True)])
         items = [
             (
                 spec.id,
@@ -227,10 +239,60 @@ class RunOps(RedisCore):
             )
             for spec in specs
         ]
-        replies = await self._run_calls(
-            "run_create", items, None, live=frozenset(spec.id for spec in specs)
-        )
+        live = frozenset(spec.id for spec in specs)
+        if not self.cluster:
+            return await self._start_runs(specs, items, live)
+        # The index first: a run created before under an id stays where it is.
+        args: list[Any] = [self.keys.prefix]
+        for spec in specs:
+            args += (spec.id, spec.queue)
+        where = await self._eval("run_index", [self.keys.runs], args)
+        self._keep_locations([(s.id, text(q)) for s, q in zip(specs, where, strict=True)])
+        replies = await self._run_calls("run_create", items, None, live=live)
         return [(bool(int(created)), _record(record)) for created, record in replies]
+
+    async def _start_runs(
+        self,
+        specs: Sequence[RunSpec],
+        items: Sequence[tuple[str, list[Any]]],
+        live: frozenset[str],
+    ) -> list[tuple[bool, RunRecord]]:
+        """create_runs on one Redis: index and create in one script per queue
+        (run_start.lua, one round trip); an id indexed on another queue already (a run
+        created before under it) is created there as on Redis Cluster (run_create.lua)."""
+        groups: dict[str, list[int]] = {}
+        for i, spec in enumerate(specs):
+            groups.setdefault(spec.queue, []).append(i)
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+        for q, idx in groups.items():
+            args = self._run_head(q)
+            for i in idx:
+                args += items[i][1]
+            calls.append(("run_start", [self.keys.seq(q), self.keys.runs], args))
+        replies = await self._eval_many(calls)
+        out: list[Any] = [None] * len(specs)
+        elsewhere: list[int] = []
+        located: list[tuple[str, str]] = []
+        gone: list[str] = []
+        for (q, idx), (answers, dropped) in zip(groups.items(), replies, strict=True):
+            for i, answer in zip(idx, answers, strict=True):
+                if int(answer[0]) == 2:
+                    elsewhere.append(i)
+                    located.append((specs[i].id, text(answer[1])))
+                else:
+                    out[i] = answer
+                    located.append((specs[i].id, q))
+            gone += [r for r in map(text, dropped) if r not in live]
+        self._keep_locations(located)
+        if gone:
+            await self._forget_runs(gone)
+        if elsewhere:
+            again = await self._run_calls(
+                "run_create", [items[i] for i in elsewhere], None, live=live
+            )
+            for i, answer in zip(elsewhere, again, strict=True):
+                out[i] = answer
+        return [(bool(int(created)), _record(record)) for created, record in out]
 
     async def page_runs(
         self, *, cursor: str | None = None, limit: int = 100
@@ -252,9 +314,56 @@ class RunOps(RedisCore):
         return [None if reply is None else _record(reply) for reply in replies]
 
     async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]:
-        items = [(a.run_id, _append_args(a)) for a in appends]
-        replies = await self._run_calls("run_append", items, b"not_found")
+        # The steps an append schedules go with it (run_schedule.lua: one round trip)
+        # when that script can store them: plain waiting jobs (no priority, eta, delay
+        # or fair share) on the run's slot (any queue on one Redis; on Redis Cluster the
+        # run's own queue). Any other step is enqueued first, as a turn used to.
+        inline: list[list[JobMessage]] = []
+        apart: list[JobMessage] = []
+        for a in appends:
+            here: list[JobMessage] = []
+            for m in a.steps:
+                (here if self._inline_step(m) else apart).append(m)
+            inline.append(here)
+        if apart:
+            await self.enqueue(apart)
+        if not any(inline):
+            plain = [(a.run_id, _append_args(a)) for a in appends]
+            replies = await self._run_calls("run_append", plain, b"not_found")
+            return [AppendOutcome(text(reply)) for reply in replies]
+        steps = [m for here in inline for m in here]
+        check_numbers(steps)
+        check_job_ids([m.id for m in steps])
+        queues = list(dict.fromkeys(m.queue for m in steps))
+        for queue in queues:
+            check_name("queue", queue)
+        await self._note_queues(queues)
+        if self._epoch.is_due():
+            await self.check_epoch()
+        cap = self.queue_cap(queues)
+        # Appends with steps in run_schedule (refused at maxmemory, as an enqueue is),
+        # the others in run_append (which runs at the limit): one round trip.
+        items: list[tuple[str, str, list[Any]]] = []
+        for a, here in zip(appends, inline, strict=True):
+            if not here:
+                items.append(("run_append", a.run_id, _append_args(a)))
+                continue
+            args: list[Any] = [len(here)]
+            for m in here:
+                args += (m.id, m.queue, encode_body(m))
+            items.append(("run_schedule", a.run_id, args + _append_args(a)))
+        replies = await self._named_run_calls(items, b"not_found", extra={"run_schedule": [cap]})
         return [AppendOutcome(text(reply)) for reply in replies]
+
+    def _inline_step(self, m: JobMessage) -> bool:
+        """Whether run_schedule.lua stores step ``m`` with its run's append."""
+        return (
+            m.priority == 0
+            and not m.eta
+            and not m.delay
+            and not m.fair_weight
+            and (not self.cluster or m.queue == m.run_queue)
+        )
 
     async def signal_runs(self, signals: Sequence[RunSignal]) -> list[SignalOutcome]:
         items = [(s.run_id, [s.run_id, s.signal, s.payload]) for s in signals]
@@ -275,7 +384,9 @@ class RunOps(RedisCore):
                 await self.cancel(text(job_id))
         return [reply is not None for reply in replies]
 
-    async def wait_run(self, run_id: str, seen: int, timeout: float | None) -> RunRecord | None:
+    async def wait_run(
+        self, run_id: str, seen: int, timeout: float | None, *, reader: RunReader | None = None
+    ) -> RunRecord | None:
         # The run scripts announce a log that grew as '~<run id>' and a run that ended as
         # '~!<run id>' with the finished jobs' notice of the run's queue
         # (lua/common/runs.lua); a wait for the end only (``seen`` sys.maxsize, as
@@ -295,7 +406,10 @@ class RunOps(RedisCore):
                 event = anyio.Event()
                 for waiter in waiters:
                     waiter.event = event
-                (record,) = await self.get_runs([run_id])
+                if reader is None:
+                    (record,) = await self.get_runs([run_id])
+                else:
+                    record = await reader(run_id)
                 if record is None or record.state.is_final or len(record.log) > seen:
                     return record
                 remaining = deadline - time.monotonic()

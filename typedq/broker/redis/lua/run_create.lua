@@ -12,14 +12,6 @@ run_ops.bounds(ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 local now = now_us()
 local out = {}
 for i = 7, #ARGV, 3 do
-  local r = ARGV[i]
-  local created = 0
-  if not run_ops.state(q, r, now) then
-    rcall('HSET', k_run(q, 'u:', r), 'sp', ARGV[i + 1], 'tb', ARGV[i + 2], 'st', 'r',
-      'ca', string.format('%d', now), 'n', 0)
-    run_ops.wake(q, r, 0, now)
-    created = 1
-  end
-  out[#out + 1] = {created, run_ops.reply(q, r)}
+  out[#out + 1] = run_ops.create(q, ARGV[i], ARGV[i + 1], ARGV[i + 2], now)
 end
 return run_ops.answer(out)

@@ -181,6 +181,83 @@ run_step_done = function(q, id, jk, state, now, turn)
   end
 end
 
+-- Create run `r` on queue `q` with spec `sp` and turn job body `tb` unless it exists:
+-- stored running, its first turn enqueued. Its answer: {created 0/1, the run's reply}.
+function run_ops.create(q, r, sp, tb, now)
+  local created = 0
+  if not run_ops.state(q, r, now) then
+    rcall('HSET', k_run(q, 'u:', r), 'sp', sp, 'tb', tb, 'st', 'r',
+      'ca', string.format('%d', now), 'n', 0)
+    run_ops.wake(q, r, 0, now)
+    created = 1
+  end
+  return {created, run_ops.reply(q, r)}
+end
+
+-- Compare-and-append number `a` of a run script's arguments `args` (run_append.lua's
+-- form: run id, expected length, ... recorded job ids) to its run on queue `q`: applied
+-- only while the run is running and its log has the expected length; then the run waits
+-- (jobs, a signal, a timer; one already over wakes it at once) or ends. Its answer:
+-- 'appended', 'conflict', 'finished' or 'not_found'.
+function run_ops.append(args, a, q, now)
+  local r = args[a]
+  local st = run_ops.state(q, r, now)
+  if not st then return 'not_found' end
+  if st ~= 'r' then return 'finished' end
+  local lk = k_run(q, 'ul:', r)
+  if rcall('LLEN', lk) ~= tonumber(args[a + 1]) then return 'conflict' end
+  local take = args[a + 2]
+  if take ~= '' then
+    local ik = k_run(q, 'us:', r .. '|' .. take)
+    if not rcall('LPOP', ik) then return 'conflict' end
+    if rcall('EXISTS', ik) == 0 then rcall('SREM', k_run(q, 'uS:', r), take) end
+  end
+  local n = tonumber(args[a + 9])
+  for s = a + 10, a + 9 + n, 500 do
+    rcall('RPUSH', lk, unpack(args, s, math.min(s + 499, a + 9 + n)))
+  end
+  if n > 0 then note_done(q, '~' .. r) end  -- its log grew: wait_run's waiters
+  local rk = k_run(q, 'u:', r)
+  rcall('HDEL', rk, 'wj', 'ws', 'wa')
+  local state = args[a + 3]
+  if state ~= 'r' then
+    local res, err = args[a + 4], args[a + 5]
+    run_ops.finish(q, r, state, res ~= '-' and string.sub(res, 2) or nil, err ~= '' and err or nil,
+      now)
+    return 'appended'
+  end
+  local wj, ws, wa = args[a + 6], args[a + 7], tonumber(args[a + 8])
+  local t = {}
+  if wj ~= '' then t[#t + 1] = 'wj'; t[#t + 1] = wj end
+  if ws ~= '' then t[#t + 1] = 'ws'; t[#t + 1] = ws end
+  if wa then t[#t + 1] = 'wa'; t[#t + 1] = args[a + 8] end
+  if #t > 0 then rcall('HSET', rk, unpack(t)) end
+  -- The outcomes this append records are in the log now: each leaves a mark '' (the
+  -- step has ended: a wait on it is over; a late or repeated hand-off of it is not kept
+  -- again). The others stay (a step that ended after the turn's read).
+  local m = tonumber(args[a + 10 + n])
+  if m > 0 then
+    local marks = {}
+    for j = a + 11 + n, a + 10 + n + m do
+      marks[#marks + 1] = args[j]
+      marks[#marks + 1] = ''
+    end
+    rcall('HSET', k_run(q, 'uo:', r), unpack(marks))
+  end
+  -- A wait already over when it is set wakes the run at once: a step it waits on that
+  -- has ended (its outcome or its mark is kept), a signal in the inbox, a timer due.
+  local over = (wa and wa <= now)
+    or (ws ~= '' and rcall('EXISTS', k_run(q, 'us:', r .. '|' .. ws)) == 1)
+  if not over and wj ~= '' then
+    local ok = k_run(q, 'uo:', r)
+    for id in string.gmatch(wj, '%S+') do
+      if rcall('HEXISTS', ok, id) == 1 then over = true; break end
+    end
+  end
+  if over then run_ops.wake(q, r, 0, now) elseif wa then run_ops.wake(q, r, wa, now) end
+  return 'appended'
+end
+
 -- Run `r` of queue `q` as a reply: {spec, state, created_at, finished_at, result,
 -- failure, wait_jobs, wait_signal, wake_at, log, inbox {name, payloads...}, outcomes
 -- {id, value, ...}} (false for what it has not).
