@@ -752,9 +752,10 @@ async def test_function_flush_mid_run_is_invisible(redis_url: str) -> None:
                 await job.result(timeout=20)
             tg.cancel_scope.cancel()
         assert (await app.broker.counts(DEFAULT_QUEUE))[JobState.COMPLETED] == 2000
-        # The flushes landed mid-run: calls met "Function not found" and loaded it again.
+        # The flushes landed mid-run: calls met "Function not found" and loaded it again
+        # (~80 loads here; a few at least even where the run takes a tenth of the time).
         loads = (await raw.info("commandstats"))["cmdstat_function|load"]["calls"]
-        assert loads >= 10
+        assert loads >= 5
 
 
 # -- throughput rollups -----------------------------------------------------------------
