@@ -27,6 +27,13 @@ from typedq.limits import LimitSpec
 pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 LIMITS = (1, 7, 100, 1000)
+#: Offset pages of one job are walked on states of at most this many jobs. Each
+#: ``list_jobs`` call passes its offset's entries again (O(offset) on Redis), so pages of
+#: one over the 927 waiting jobs were ~430,000 entry steps: ~4.5 s of the server's time
+#: on Redis and again on Cluster. Those jobs are still walked by offsets of 7, 100 and 1000
+#: (a stale entry counted in an offset fails every page size above 1) and by cursors of
+#: every size; the smaller states by offsets of one too.
+OFFSET_WALK_OF_ONE_UP_TO = 200
 
 
 async def walk_offsets(broker: Broker, state: JobState, limit: int) -> list[list[str]]:
@@ -64,7 +71,8 @@ async def check_state(broker: Broker, state: JobState, jobs: set[str]) -> None:
     assert set(everything) == jobs
     assert len(everything) == len(jobs)
     for limit in LIMITS:
-        check_pages(await walk_offsets(broker, state, limit), everything, limit)
+        if limit > 1 or len(jobs) <= OFFSET_WALK_OF_ONE_UP_TO:
+            check_pages(await walk_offsets(broker, state, limit), everything, limit)
         check_pages(await walk_cursors(broker, state, limit), everything, limit)
 
 

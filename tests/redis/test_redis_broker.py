@@ -736,10 +736,13 @@ async def test_function_flush_mid_run_is_invisible(redis_url: str) -> None:
     async with app, raw_redis(redis_url) as raw:
 
         async def flusher() -> None:
+            # Every 30 ms: some 80-100 flushes in a run. Every 10 ms kept the server
+            # busy loading the library (~13 ms a load): ~950 loads made the test ~21 s.
             while True:
                 await raw.function_flush()
-                await anyio.sleep(0.01)
+                await anyio.sleep(0.03)
 
+        await raw.config_resetstat()
         async with app.worker(concurrency=16), anyio.create_task_group() as tg:
             tg.start_soon(flusher)
             jobs = []
@@ -749,6 +752,10 @@ async def test_function_flush_mid_run_is_invisible(redis_url: str) -> None:
                 await job.result(timeout=20)
             tg.cancel_scope.cancel()
         assert (await app.broker.counts(DEFAULT_QUEUE))[JobState.COMPLETED] == 2000
+        # The flushes landed mid-run: calls met "Function not found" and loaded it again
+        # (~80 loads here; a few at least even where the run takes a tenth of the time).
+        loads = (await raw.info("commandstats"))["cmdstat_function|load"]["calls"]
+        assert loads >= 5
 
 
 # -- throughput rollups -----------------------------------------------------------------

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 
@@ -21,6 +22,7 @@ from tests.support import In, Out
 from typedq import App, BrokerUnavailable, ConcurrencyLimit, ConfigError, JobContext, RateLimit
 from typedq.broker.base import BrokerSettings
 from typedq.broker.memory import MemoryBroker
+from typedq.clock import VirtualClock
 from typedq.schedule import MAX_FIRE, Schedule, plan, tick_job_id
 from typedq.testing import FakeClock, run_worker
 
@@ -256,6 +258,11 @@ def test_plan_for_cron_after_a_pause() -> None:
 # -- end to end on a fake clock ------------------------------------------------------------
 
 
+#: Scheduler rounds a step gives the schedulers and workers: a tick's claim, run and
+#: settle take a few each.
+SETTLE_ROUNDS = 100
+
+
 class Env:
     def __init__(self) -> None:
         self.clock = FakeClock(T0)
@@ -268,11 +275,12 @@ class Env:
             self.clock.advance(moved)
             seconds -= moved
             self.broker.wake()
-            await anyio.sleep(0.02)
+            await self.settle()
 
     async def settle(self) -> None:
-        for _ in range(20):
-            await anyio.sleep(0.005)
+        """Let the schedulers and workers run until they wait again (no time passes)."""
+        for _ in range(SETTLE_ROUNDS):
+            await anyio.lowlevel.cancel_shielded_checkpoint()
 
 
 @contextlib.asynccontextmanager
@@ -502,7 +510,7 @@ class FlakyClockBroker(MemoryBroker):
     """An embedded broker whose clock cannot be read, for the first few reads and the
     first few sleeps (an outage)."""
 
-    def __init__(self, clock: FakeClock, *, reads: int, sleeps: int) -> None:
+    def __init__(self, clock: VirtualClock, *, reads: int, sleeps: int) -> None:
         super().__init__(BrokerSettings(namespace="sched"), clock=clock)
         self.reads = reads
         self.sleeps = sleeps
@@ -526,7 +534,9 @@ class FlakyClockBroker(MemoryBroker):
 
 @pytest.mark.anyio
 async def test_the_scheduler_outlives_broker_errors() -> None:
-    clock = FakeClock(T0)
+    # One virtual clock for the broker and the worker: the scheduler's backoffs after
+    # the failures pass as the test moves it (grace=0: a stop waits on it too).
+    clock = VirtualClock(start=T0)
     broker = FlakyClockBroker(clock, reads=2, sleeps=3)
     app = make_app(broker=broker)
     ran: list[float] = []
@@ -538,13 +548,18 @@ async def test_the_scheduler_outlives_broker_errors() -> None:
 
     app.schedule(poll, In(1), every=10)
     with anyio.fail_after(20):
-        async with app, app.worker() as worker:
-            while broker.failures:  # noqa: ASYNC110 - the scheduler consumes the failures
-                await anyio.sleep(0.05)
-            clock.advance(10)
-            broker.wake()
-            while not ran:  # noqa: ASYNC110 - the worker runs the tick
-                await anyio.sleep(0.01)
+        async with app, app.worker(clock=clock, grace=0) as worker:
+            for _ in range(20):  # the scheduler consumes the failures, backing off
+                if not broker.failures:
+                    break
+                await clock.advance(0.1)
+            assert broker.failures == 0
+            assert clock.time() < T0 + 7  # the first tick is not due yet
+            await clock.advance(10)
+            for _ in range(1000):  # the worker runs the tick (no time passes)
+                if ran:
+                    break
+                await anyio.lowlevel.checkpoint()
             assert worker.running <= 1
     assert ran == [T0 + 7]
 
