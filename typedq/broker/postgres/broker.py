@@ -61,6 +61,7 @@ from ..records import (
 from .connection import (
     READ_TRIES,
     Listener,
+    asyncpg_module,
     call,
     channel_of,
     migrate,
@@ -813,12 +814,11 @@ def _driver() -> Any:
             "asyncio-only): run the app under anyio's asyncio backend"
         ) from None
     try:
-        import asyncpg
+        return asyncpg_module()
     except ImportError:
         raise ConfigError(
             "postgresql:// needs the asyncpg driver: pip install 'typedq[postgres]'"
         ) from None
-    return asyncpg
 
 
 def _record(row: Any) -> JobRecord:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from .schema import MIGRATIONS, SCHEMA_NAME, migrate_sql
 
 __all__ = [
     "PgTarget",
+    "asyncpg_module",
     "broker_error",
     "channel_of",
     "migrate",
@@ -78,9 +80,16 @@ def channel_of(schema: str) -> str:
     return f"typedq_{schema}"
 
 
+def asyncpg_module() -> Any:
+    """The asyncpg module, imported where it is used (the extra ``typedq[postgres]``).
+    Imported by name, so that type checkers do not follow it: asyncpg ships no types, and
+    an app's own ``mypy --strict`` must pass with or without it installed."""
+    return importlib.import_module("asyncpg")
+
+
 def broker_error(exc: BaseException, op: str, where: str, cap: int = 0) -> BrokerError:
     """asyncpg's (or the socket's) error as typedq's, naming the operation."""
-    import asyncpg
+    asyncpg = asyncpg_module()
 
     if isinstance(exc, asyncpg.PostgresError) and getattr(exc, "sqlstate", "") == "TQ001":
         queue, pending, adding = str(getattr(exc, "message", exc)).split("|")[-3:]
@@ -176,7 +185,7 @@ class Listener:
         self._task = asyncio.get_running_loop().create_task(self._keep())
 
     async def _listen(self) -> None:
-        import asyncpg
+        asyncpg = asyncpg_module()
 
         conn = await asyncpg.connect(self.dsn)
         lost = asyncio.Event()
@@ -237,7 +246,7 @@ async def call(
             error: BrokerError = broker_error(exc, op, where, cap)
             cause: BaseException = exc
         except Exception as exc:
-            import asyncpg
+            asyncpg = asyncpg_module()
 
             if not isinstance(
                 exc,
