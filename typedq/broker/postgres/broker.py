@@ -10,9 +10,9 @@ What this broker has: the 14 core methods, plus ``wait_for_jobs``, ``wait_finish
 ``cancel_requests`` and ``wait_cancel_requests`` pushed by notifications, and
 ``complete_and_claim``, ``queue_stats`` and ``page_jobs`` (keyset cursors) of its own;
 and the capabilities OperatorActions (retry, remove, purge), Observability (per-minute
-rollups, the worker and queue registries) and TransactionalEnqueue. Every other
-capability (flows, schedules, limits, event streams, runs, flow control, flow views, the
-schema registry, job streams) keeps the seam's Unsupported default: an app that declares
+rollups, the worker and queue registries), Schedules (compare-and-set firing on the
+database's clock) and TransactionalEnqueue. Every other capability (flows, limits, event
+streams, runs, flow control, flow views, the schema registry, job streams) keeps the seam's Unsupported default: an app that declares
 one of those it needs at connect fails there in one line (docs/brokers.md).
 """
 
@@ -41,6 +41,7 @@ from ..base import (
     EnqueueOutcome,
     Failure,
     FinishOutcome,
+    FireOutcome,
     JobList,
     JobMessage,
     JobRecord,
@@ -50,6 +51,8 @@ from ..base import (
     QueueStats,
     Release,
     RetryOutcome,
+    ScheduleState,
+    TickFiring,
     WorkerInfo,
     check_claim_id,
     new_claim_id,
@@ -83,6 +86,13 @@ _decode_worker = msgspec.msgpack.Decoder(WorkerInfo).decode
 _STATES = [JobState(name) for name in STATE_CODES]
 _CODE = {state: code for code, state in enumerate(_STATES)}
 _FINISH = list(FinishOutcome)
+_FIRE = [
+    FireOutcome.FIRED,
+    FireOutcome.STALE,
+    FireOutcome.OVERLAP_SKIPPED,
+    FireOutcome.HELD,
+    FireOutcome.FULL,
+]
 _RETRY = [RetryOutcome.RETRIED, RetryOutcome.NOT_RETRYABLE, RetryOutcome.NOT_FOUND]
 _CANCEL = [
     CancelOutcome.CANCELLED,
@@ -171,6 +181,11 @@ class PostgresBroker(Broker):
             "register_queues": f"INSERT INTO {s}.queues (ns, queue) "
             "SELECT $1, u FROM unnest($2::text[]) u ORDER BY 1 ON CONFLICT DO NOTHING",
             "list_queues": f"SELECT queue FROM {s}.queues WHERE ns = $1 ORDER BY queue",
+            "now_us": f"SELECT {s}.now_us()",
+            "sync_schedules": f"SELECT * FROM {s}.sync_schedules($1, $2, $3, $4)",
+            "fire_schedules": f"SELECT * FROM {s}.fire_schedules($1, $2, $3, $4, $5, $6, $7, "
+            "$8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+            "schedule_states": f"SELECT * FROM {s}.schedules WHERE ns = $1 ORDER BY name",
             "remove": f"SELECT {s}.remove($1, $2, $3, $4, $5)",
             "get": f"SELECT {_RECORD_COLUMNS} FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2)",
             "counts": f"SELECT state, count(*) FROM {s}.jobs WHERE ns = $1 AND queue = $2 "
@@ -786,6 +801,72 @@ class PostgresBroker(Broker):
         rows = await self._fetch("list_queues", self._sql["list_queues"], self.ns, read=True)
         return [row[0] for row in rows]
 
+    # -- schedules (capability Schedules) ----------------------------------------------
+
+    async def broker_time_us(self) -> int:
+        now: int = await self._fetchval("broker_time_us", self._sql["now_us"])
+        return now
+
+    async def sleep_until_us(self, when_us: int) -> None:
+        delta = (when_us - await self.broker_time_us()) / 1_000_000
+        if delta > 0:
+            await anyio.sleep(delta)
+
+    async def sync_schedules(
+        self, schedules: Sequence[tuple[str, str]], *, prune: bool
+    ) -> list[ScheduleState]:
+        rows = await self._fetch(
+            "sync_schedules",
+            self._sql["sync_schedules"],
+            self.ns,
+            [name for name, _ in schedules],
+            [digest for _, digest in schedules],
+            prune,
+            read=True,  # idempotent: a re-sent call finds the states it made
+        )
+        return [_schedule(row) for row in rows]
+
+    async def fire_schedules(
+        self, firings: Sequence[TickFiring]
+    ) -> list[tuple[FireOutcome, ScheduleState | None]]:
+        if not firings:
+            self._check()
+            return []
+        messages = [m for f in firings for m in f.messages]
+        args = self._enqueue_args(messages)
+        starts = []
+        at = 1
+        for f in firings:
+            starts.append(at)
+            at += len(f.messages)
+        await self._register_queues(args[2])
+        rows = await self._fetch(
+            "fire_schedules",
+            self._sql["fire_schedules"],
+            self.ns,
+            [f.name for f in firings],
+            [f.digest for f in firings],
+            [f.expected_last_us for f in firings],
+            [f.new_last_us for f in firings],
+            [f.skipped for f in firings],
+            [f.overlap for f in firings],
+            starts,
+            [len(f.messages) for f in firings],
+            [self.queue_cap({m.queue for m in f.messages}) for f in firings],
+            *args[1:7],
+            self.channel,
+        )
+        rows.sort(key=lambda row: row["k"])
+        return [
+            (_FIRE[row["outcome"]], None if row["name"] is None else _schedule(row)) for row in rows
+        ]
+
+    async def schedule_states(self) -> list[ScheduleState]:
+        rows = await self._fetch(
+            "schedule_states", self._sql["schedule_states"], self.ns, read=True
+        )
+        return [_schedule(row) for row in rows]
+
     # -- operator actions (capability OperatorActions; no workflows here yet) ----------
 
     async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
@@ -891,6 +972,18 @@ def _claimed(rows: list[Any]) -> list[ClaimedJob]:
         )
         for row in rows
     ]
+
+
+def _schedule(row: Any) -> ScheduleState:
+    return ScheduleState(
+        name=row["name"],
+        digest=row["digest"],
+        last_tick_us=row["last_tick_us"],
+        last_job=row["last_job"],
+        last_fired_us=row["last_fired_us"],
+        fired=row["fired"],
+        skipped=row["skipped"],
+    )
 
 
 def _place_text(value: float, integral: bool) -> str:
