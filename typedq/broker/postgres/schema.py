@@ -622,19 +622,22 @@ ON CONFLICT DO NOTHING;
 -- Count, per job, field p_fields[i] (0 completed, 1 failed, 2 retried) of queue
 -- p_queues[i] in now's minute: one row per queue (in queue order: no deadlock between
 -- two batches of several queues).
+-- (PL/pgSQL, not SQL: its plan is kept for the session, where a SQL function's INSERT
+-- would be planned again at every call.)
 CREATE FUNCTION {s}.roll(p_ns text, p_queues text[], p_fields smallint[],
-                         now double precision)
-RETURNS void LANGUAGE sql AS $$
+                         p_now double precision)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO {s}.rollups AS r (ns, queue, minute, shard, completed, failed, retried)
-    SELECT p_ns, t.q, floor(now / 60)::bigint, (pg_backend_pid() % 8)::smallint,
+    SELECT p_ns, t.q, floor(p_now / 60)::bigint, (pg_backend_pid() % 8)::smallint,
            count(*) FILTER (WHERE t.f = 0), count(*) FILTER (WHERE t.f = 1),
            count(*) FILTER (WHERE t.f = 2)
     FROM unnest(p_queues, p_fields) AS t (q, f)
     GROUP BY t.q ORDER BY t.q
     ON CONFLICT (ns, queue, minute, shard) DO UPDATE
     SET completed = r.completed + excluded.completed, failed = r.failed + excluded.failed,
-        retried = r.retried + excluded.retried
-$$;
+        retried = r.retried + excluded.retried;
+END $$;
 
 -- As in migration 1, and each completion counted in its queue's minute.
 CREATE OR REPLACE FUNCTION {s}.complete(p_ns text, p_ids text[], p_tokens text[],
