@@ -131,6 +131,10 @@ async def test_the_dashboard_on_postgres(pg_url: str, tmp_path: Path) -> None:
                 assert bad.id in r.text
                 r = await http.get(f"/jobs/{bad.id}")
                 assert "card declined for order 7" in r.text
+                for path in ("/schedules", "/workers"):
+                    r = await http.get(path)
+                    assert r.status_code == 200, path
+                    assert r.text.count("<h1>") == 1
 
 
 async def test_inspect_lists_the_workers_of_a_postgres_app(pg_url: str, app_name: str) -> None:
