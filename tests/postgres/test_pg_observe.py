@@ -21,7 +21,7 @@ from tests.dash_app import Charge, Report, app, charge, report
 from tests.pg_harness import PgCluster
 from tests.support import TEST_DEADLINE, claim_one, connected, msg
 from typedq import JobFailed
-from typedq.broker.base import BrokerSettings, Completion, WorkerInfo
+from typedq.broker.base import HISTORY_MINUTES, BrokerSettings, Completion, WorkerInfo
 from typedq.broker.postgres import PostgresBroker
 from typedq.broker.postgres.schema import MIGRATIONS, migrate_sql
 from typedq.dashboard import create_app
@@ -177,3 +177,32 @@ async def test_inspect_lists_the_workers_of_a_postgres_app(pg_url: str, app_name
             await broker.unregister_worker("w-1")
             assert await broker.list_workers() == []
             assert "mail" in await broker.list_queues()
+
+
+async def test_the_reapers_pass_drops_rollups_older_than_a_day(pg_url: str, app_name: str) -> None:
+    with anyio.fail_after(TEST_DEADLINE):
+        async with connected(app_name, pg_url) as broker:
+            await broker.enqueue([msg(queue="q")])
+            job = await claim_one(broker, "q")
+            await broker.complete([Completion(job.message.id, job.token, b"\xc0")])
+            now_minute = int(time.time() // 60)
+            conn = await asyncpg.connect(pg_url)
+            try:
+                # A day and a minute ago, and a day less a minute ago.
+                await conn.execute(
+                    "INSERT INTO typedq.rollups (ns, queue, minute, shard, completed) "
+                    "VALUES ($1, 'q', $2, 0, 5), ($1, 'q', $3, 0, 7)",
+                    app_name,
+                    now_minute - HISTORY_MINUTES - 1,
+                    now_minute - HISTORY_MINUTES + 2,
+                )
+                await broker.recover_stalled()
+                kept = await conn.fetch(
+                    "SELECT minute FROM typedq.rollups WHERE ns = $1 ORDER BY minute", app_name
+                )
+            finally:
+                await conn.close()
+            assert kept[0][0] == now_minute - HISTORY_MINUTES + 2
+            assert len(kept) >= 2  # that one and the completion's minute
+            (rows,) = await broker.history(["q"], minutes=HISTORY_MINUTES)
+            assert sum(r.completed for r in rows) == 8

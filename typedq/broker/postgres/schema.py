@@ -600,6 +600,9 @@ CREATE TABLE {s}.rollups (
     retried bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (ns, queue, minute, shard)
 );
+-- The reaper's pass drops old minutes by this index (a count's update changes no
+-- indexed column: it stays a HOT update).
+CREATE INDEX rollups_minute ON {s}.rollups (ns, minute);
 
 -- Live workers: their last heartbeat's WorkerInfo (msgpack) until it expires.
 CREATE TABLE {s}.workers (
