@@ -14,7 +14,7 @@ from tests.support import claim_one, connected, msg, one
 from typedq import JobState
 from typedq.broker.base import ERROR_HISTORY, HISTORY_MINUTES, Completion, Failure
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 async def test_every_failed_attempt_keeps_its_record_oldest_first(

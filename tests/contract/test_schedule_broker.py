@@ -23,7 +23,7 @@ from typedq.broker.base import (
     TickFiring,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 S = 1_000_000
 

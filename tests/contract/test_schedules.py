@@ -21,7 +21,7 @@ from typedq.broker.memory import MemoryBroker
 from typedq.schedule import Overlap, tick_job_id
 from typedq.testing import FakeClock
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 #: A start time in the middle of a 10 s interval (fake clock).
 T0 = 1_800_000_003.0

@@ -18,6 +18,7 @@ S = 1_000_000
 
 
 @pytest.mark.anyio
+@pytest.mark.core_store  # the PostgreSQL broker too
 async def test_schedules_with_next_and_last_fire_times(app_name: str, broker_url: str) -> None:
     app = App(app_name, broker=broker_url)
 

@@ -23,6 +23,7 @@ from typedq.broker.capabilities import (
     CORE_WITH_DEFAULTS,
     Flows,
     Limits,
+    Observability,
     OperatorActions,
     Schedules,
     TransactionalEnqueue,
@@ -40,13 +41,15 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
-#: PostgreSQL broker has the core store and operator actions so far (issue 30;
-#: docs/brokers.md).
+#: PostgreSQL broker has the core store, operator actions, observability and schedules so
+#: far (issue 30; docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
     PostgresBroker: tuple(
-        cap for cap in CAPABILITIES if cap not in (OperatorActions, TransactionalEnqueue)
+        cap
+        for cap in CAPABILITIES
+        if cap not in (Observability, OperatorActions, Schedules, TransactionalEnqueue)
     ),
 }
 

@@ -9,11 +9,11 @@ never by polling in the steady state.
 What this broker has: the 14 core methods, plus ``wait_for_jobs``, ``wait_finished``,
 ``cancel_requests`` and ``wait_cancel_requests`` pushed by notifications, and
 ``complete_and_claim``, ``queue_stats`` and ``page_jobs`` (keyset cursors) of its own;
-and one capability, OperatorActions (retry, remove, purge). Every other capability
-(flows, schedules, limits, observability, event streams, runs, flow control, flow views,
-the schema registry, job streams, transactional enqueue) keeps the seam's Unsupported
-default: an app that declares one of those it needs at connect fails there in one line
-(docs/brokers.md).
+and the capabilities OperatorActions (retry, remove, purge), Observability (per-minute
+rollups, the worker and queue registries), Schedules (compare-and-set firing on the
+database's clock) and TransactionalEnqueue. Every other capability (flows, limits, event
+streams, runs, flow control, flow views, the schema registry, job streams) keeps the seam's Unsupported default: an app that declares
+one of those it needs at connect fails there in one line (docs/brokers.md).
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from ...errors import ConfigError, InvalidOption, NotConnected, Unsupported
+from ...names import check_worker_id
 from ...options import check_numbers
 from ..base import (
     ERROR_HISTORY,
+    HISTORY_MINUTES,
     Broker,
     BrokerSettings,
     CancelOutcome,
@@ -39,14 +41,19 @@ from ..base import (
     EnqueueOutcome,
     Failure,
     FinishOutcome,
+    FireOutcome,
     JobList,
     JobMessage,
     JobRecord,
     JobState,
     LeaseStatus,
+    MinuteRollup,
     QueueStats,
     Release,
     RetryOutcome,
+    ScheduleState,
+    TickFiring,
+    WorkerInfo,
     check_claim_id,
     new_claim_id,
 )
@@ -75,10 +82,18 @@ __all__ = ["PostgresBroker"]
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_message = msgspec.msgpack.Decoder(JobMessage).decode
+_decode_worker = msgspec.msgpack.Decoder(WorkerInfo).decode
 
 _STATES = [JobState(name) for name in STATE_CODES]
 _CODE = {state: code for code, state in enumerate(_STATES)}
 _FINISH = list(FinishOutcome)
+_FIRE = [
+    FireOutcome.FIRED,
+    FireOutcome.STALE,
+    FireOutcome.OVERLAP_SKIPPED,
+    FireOutcome.HELD,
+    FireOutcome.FULL,
+]
 _RETRY = [RetryOutcome.RETRIED, RetryOutcome.NOT_RETRYABLE, RetryOutcome.NOT_FOUND]
 _CANCEL = [
     CancelOutcome.CANCELLED,
@@ -144,6 +159,34 @@ class PostgresBroker(Broker):
             "cancel": f"SELECT {s}.cancel($1, $2, $3, $4, $5, $6, $7)",
             "recover": f"SELECT {s}.recover($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             "retry": f"SELECT {s}.retry($1, $2, $3)",
+            "history": (
+                f"WITH c AS (SELECT floor({s}.now_s() / 60)::bigint AS cur) "
+                "SELECT c.cur, r.queue, r.minute, sum(r.completed)::bigint AS completed, "
+                "sum(r.failed)::bigint AS failed, sum(r.retried)::bigint AS retried "
+                f"FROM c LEFT JOIN {s}.rollups r ON r.ns = $1 AND r.queue = ANY ($2) "
+                "AND r.minute > c.cur - $3 AND r.minute <= c.cur "
+                "GROUP BY c.cur, r.queue, r.minute"
+            ),
+            "register_worker": (
+                f"WITH d AS (DELETE FROM {s}.workers WHERE ns = $1 AND id <> $2 "
+                f"AND until <= {s}.now_s()), "
+                f"q AS (INSERT INTO {s}.queues (ns, queue) "
+                "SELECT $1, u FROM unnest($5::text[]) u ORDER BY 1 ON CONFLICT DO NOTHING) "
+                f"INSERT INTO {s}.workers AS w (ns, id, until, info) "
+                f"VALUES ($1, $2, {s}.now_s() + $3, $4) "
+                "ON CONFLICT (ns, id) DO UPDATE SET until = excluded.until, info = excluded.info"
+            ),
+            "unregister_worker": f"DELETE FROM {s}.workers WHERE ns = $1 AND id = $2",
+            "list_workers": f"SELECT info FROM {s}.workers WHERE ns = $1 "
+            f"AND until > {s}.now_s() ORDER BY id",
+            "register_queues": f"INSERT INTO {s}.queues (ns, queue) "
+            "SELECT $1, u FROM unnest($2::text[]) u ORDER BY 1 ON CONFLICT DO NOTHING",
+            "list_queues": f"SELECT queue FROM {s}.queues WHERE ns = $1 ORDER BY queue",
+            "now_us": f"SELECT {s}.now_us()",
+            "sync_schedules": f"SELECT * FROM {s}.sync_schedules($1, $2, $3, $4)",
+            "fire_schedules": f"SELECT * FROM {s}.fire_schedules($1, $2, $3, $4, $5, $6, $7, "
+            "$8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+            "schedule_states": f"SELECT * FROM {s}.schedules WHERE ns = $1 ORDER BY name",
             "remove": f"SELECT {s}.remove($1, $2, $3, $4, $5)",
             "get": f"SELECT {_RECORD_COLUMNS} FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2)",
             "counts": f"SELECT state, count(*) FROM {s}.jobs WHERE ns = $1 AND queue = $2 "
@@ -200,6 +243,8 @@ class PostgresBroker(Broker):
         #: Waiters for a job's end, by job id, woken by its ``f:`` notification.
         self._finished: dict[str, set[anyio.Event]] = {}
         self._cancels: set[anyio.Event] = set()
+        #: Queues this process has put in the queue registry (``list_queues``).
+        self._registered: set[str] = set()
 
     def __repr__(self) -> str:
         return f"PostgresBroker({self.target.safe!r})"
@@ -359,6 +404,7 @@ class PostgresBroker(Broker):
         args = self._enqueue_args(messages)
         if not messages:
             return []
+        await self._register_queues(args[2])
         created = await self._fetchval("enqueue", self._sql["enqueue"], *args, cap=args[7])
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
 
@@ -371,6 +417,7 @@ class PostgresBroker(Broker):
         args = self._enqueue_args(messages)
         if not messages:
             return []
+        await self._register_queues(args[2])
         try:
             created = await enqueue_within(conn, self.target.schema, self._sql["enqueue"], args)
         except InvalidOption:
@@ -693,6 +740,134 @@ class PostgresBroker(Broker):
             for q in queues
         ]
 
+    # -- observability (capability Observability) ------------------------------------
+
+    async def _register_queues(self, queues: Sequence[str]) -> None:
+        """Put the queues this process has not registered yet in the queue registry
+        (once per queue and process: a round trip at its first enqueue, none after)."""
+        new = set(queues) - self._registered
+        if new:
+            await self._fetch("register_queues", self._sql["register_queues"], self.ns, sorted(new))
+            self._registered |= new
+
+    async def history(self, queues: Sequence[str], minutes: int = 60) -> list[list[MinuteRollup]]:
+        if not 1 <= minutes <= HISTORY_MINUTES:
+            raise ValueError(f"minutes must be 1 to {HISTORY_MINUTES}, not {minutes}")
+        if not queues:
+            self._check()
+            return []
+        rows = await self._fetch(
+            "history", self._sql["history"], self.ns, list(queues), minutes, read=True
+        )
+        current = int(rows[0]["cur"])
+        found: dict[tuple[str, int], tuple[int, int, int]] = {
+            (row["queue"], int(row["minute"])): (row["completed"], row["failed"], row["retried"])
+            for row in rows
+            if row["queue"] is not None
+        }
+        span = range(current - minutes + 1, current + 1)
+        return [
+            [MinuteRollup(m * 60, *found.get((queue, m), (0, 0, 0))) for m in span]
+            for queue in queues
+        ]
+
+    async def register_worker(self, info: WorkerInfo, *, ttl: float) -> None:
+        check_worker_id(info.id)
+        await self._fetch(
+            "register_worker",
+            self._sql["register_worker"],
+            self.ns,
+            info.id,
+            float(ttl),
+            _encode(info),
+            list(info.queues),
+        )
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        await self._fetch(
+            "unregister_worker", self._sql["unregister_worker"], self.ns, worker_id, read=True
+        )
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        rows = await self._fetch("list_workers", self._sql["list_workers"], self.ns, read=True)
+        workers = []
+        for row in rows:
+            try:
+                workers.append(_decode_worker(row["info"]))
+            except msgspec.DecodeError:
+                continue  # an entry of another typedq version
+        return workers
+
+    async def list_queues(self) -> list[str]:
+        rows = await self._fetch("list_queues", self._sql["list_queues"], self.ns, read=True)
+        return [row[0] for row in rows]
+
+    # -- schedules (capability Schedules) ----------------------------------------------
+
+    async def broker_time_us(self) -> int:
+        now: int = await self._fetchval("broker_time_us", self._sql["now_us"])
+        return now
+
+    async def sleep_until_us(self, when_us: int) -> None:
+        delta = (when_us - await self.broker_time_us()) / 1_000_000
+        if delta > 0:
+            await anyio.sleep(delta)
+
+    async def sync_schedules(
+        self, schedules: Sequence[tuple[str, str]], *, prune: bool
+    ) -> list[ScheduleState]:
+        rows = await self._fetch(
+            "sync_schedules",
+            self._sql["sync_schedules"],
+            self.ns,
+            [name for name, _ in schedules],
+            [digest for _, digest in schedules],
+            prune,
+            read=True,  # idempotent: a re-sent call finds the states it made
+        )
+        return [_schedule(row) for row in rows]
+
+    async def fire_schedules(
+        self, firings: Sequence[TickFiring]
+    ) -> list[tuple[FireOutcome, ScheduleState | None]]:
+        if not firings:
+            self._check()
+            return []
+        messages = [m for f in firings for m in f.messages]
+        args = self._enqueue_args(messages)
+        starts = []
+        at = 1
+        for f in firings:
+            starts.append(at)
+            at += len(f.messages)
+        await self._register_queues(args[2])
+        rows = await self._fetch(
+            "fire_schedules",
+            self._sql["fire_schedules"],
+            self.ns,
+            [f.name for f in firings],
+            [f.digest for f in firings],
+            [f.expected_last_us for f in firings],
+            [f.new_last_us for f in firings],
+            [f.skipped for f in firings],
+            [f.overlap for f in firings],
+            starts,
+            [len(f.messages) for f in firings],
+            [self.queue_cap({m.queue for m in f.messages}) for f in firings],
+            *args[1:7],
+            self.channel,
+        )
+        rows.sort(key=lambda row: row["k"])
+        return [
+            (_FIRE[row["outcome"]], None if row["name"] is None else _schedule(row)) for row in rows
+        ]
+
+    async def schedule_states(self) -> list[ScheduleState]:
+        rows = await self._fetch(
+            "schedule_states", self._sql["schedule_states"], self.ns, read=True
+        )
+        return [_schedule(row) for row in rows]
+
     # -- operator actions (capability OperatorActions; no workflows here yet) ----------
 
     async def retry(self, ids: Sequence[str], *, queue: str | None = None) -> list[RetryOutcome]:
@@ -798,6 +973,18 @@ def _claimed(rows: list[Any]) -> list[ClaimedJob]:
         )
         for row in rows
     ]
+
+
+def _schedule(row: Any) -> ScheduleState:
+    return ScheduleState(
+        name=row["name"],
+        digest=row["digest"],
+        last_tick_us=row["last_tick_us"],
+        last_job=row["last_job"],
+        last_fired_us=row["last_fired_us"],
+        fired=row["fired"],
+        skipped=row["skipped"],
+    )
 
 
 def _place_text(value: float, integral: bool) -> str:
