@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 
@@ -132,6 +133,11 @@ class Scene:
         """The step job ids that processes ``pids`` started."""
         lines = [_str(x).split() for x in await self.ledger.lrange("started", 0, -1)]
         return {job_id for job_id, pid in lines if int(pid) in pids}
+
+    async def starts_by(self, pids: set[int]) -> Counter[str]:
+        """How many times processes ``pids`` started each step job id."""
+        lines = [_str(x).split() for x in await self.ledger.lrange("started", 0, -1)]
+        return Counter(job_id for job_id, pid in lines if int(pid) in pids)
 
 
 @asynccontextmanager

@@ -5,7 +5,6 @@ restarted three times during the batch: every run completes, each step recorded 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from functools import partial
 
 import anyio
@@ -69,6 +68,7 @@ async def test_a_batch_of_runs_survives_repeated_sigkills(
         elapsed = time.monotonic() - started
         runs = await scene.runs()
         rerun_allowed = await scene.started_by(scene.killed)
+        killed_starts = await scene.starts_by(scene.killed)
     step_ids: list[str] = []
     for run_id, record in zip(ids, records, strict=True):
         assert record is not None
@@ -79,5 +79,8 @@ async def test_a_batch_of_runs_survives_repeated_sigkills(
     twice = {job_id for job_id, n in runs.items() if n > 1}
     # Only what a killed worker had started ran again.
     assert twice <= rerun_allowed, sorted(twice - rerun_allowed)
-    assert set(Counter(runs.values())) <= {1, 2}
+    # Each extra run is one start by a killed worker: a step started by the victim of one
+    # kill may be recovered by the next victim and killed again (three kills).
+    extra = {job_id: n - 1 for job_id, n in runs.items() if n - 1 > killed_starts[job_id]}
+    assert extra == {}, extra
     print(f"{BATCH} runs x {STEPS} steps, {KILLS} kills: {elapsed:.1f}s, {len(twice)} reruns")

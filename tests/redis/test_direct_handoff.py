@@ -8,6 +8,7 @@ lose no job and run none twice. Real redis-server spawned by the suite.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import anyio
 import msgspec
@@ -15,7 +16,7 @@ import pytest
 
 from tests.redis_support import broker_at, message, raw_redis
 from typedq import App
-from typedq.broker.base import ClaimedJob, Completion, FinishOutcome, JobState
+from typedq.broker.base import CLAIM_RECORD_TTL, ClaimedJob, Completion, FinishOutcome, JobState
 from typedq.broker.redis import RedisBroker
 from typedq.limits import LimitSpec
 
@@ -25,6 +26,15 @@ pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 #: sooner than that within the test's deadline.
 LONG = 3600.0
 PROMPT = 20.0
+
+
+async def assert_no_registration_left(raw: Any, queue_prefix: str) -> None:
+    """No inbox nor registration of an ended hand-off is left; only what an end answered
+    (':e'), kept a request TTL so that a re-sent end (its answer lost) answers the same
+    jobs again, then gone."""
+    for key in await raw.keys(queue_prefix + "I:*"):
+        assert key.endswith(b":e"), key
+        assert 0 < await raw.pttl(key) <= CLAIM_RECORD_TTL * 1000, key
 
 
 async def idle(broker: RedisBroker, queues: list[str], free: int = 4) -> None:
@@ -152,6 +162,31 @@ async def test_a_lost_pop_answer_loses_no_job(redis_url: str) -> None:
         assert await worker._end(reg2, worker_id="w", lease=30, recover=True) == []
 
 
+async def test_an_end_resent_after_its_answer_was_lost_answers_the_same_jobs(
+    redis_url: str,
+) -> None:
+    """A network fault can swallow the answer of the script that ends a registration, and
+    the client then sends it again: the re-send answers the jobs the lost answer carried
+    (handed, never received), or they would wait for their lease to expire with no worker
+    dead (seen under dropped replies: tests/process/test_network_faults.py)."""
+    async with broker_at(redis_url, "ho") as worker, broker_at(redis_url, "ho") as producer:
+        for recover in (False, True):
+            await idle(worker, ["q"])
+            jobs, reg = await worker._register(None, ("q",), 4, worker_id="w", lease=30)
+            assert jobs == []
+            assert reg is not None
+            await producer.enqueue([message(f"{recover}-a"), message(f"{recover}-b")])
+            first = await worker._end(reg, worker_id="w", lease=30, recover=recover)
+            assert sorted(j.message.id for j in first) == [f"{recover}-a", f"{recover}-b"]
+            for job in first:  # the answer never arrived: the worker holds none of them
+                worker._held.pop(job.token)
+            again = await worker._end(reg, worker_id="w", lease=30, recover=recover)
+            assert [(j.message.id, j.token) for j in again] == [
+                (j.message.id, j.token) for j in first
+            ]
+            await worker.complete([Completion(j.message.id, j.token, b"") for j in again])
+
+
 async def test_a_killed_blocking_connection_ends_the_wait_cleanly(redis_url: str) -> None:
     async with (
         broker_at(redis_url, "ho") as worker,
@@ -196,7 +231,7 @@ async def test_shutdown_hands_back_jobs_handed_but_not_taken(redis_url: str) -> 
         assert b.message.id == "b"
         assert b.attempt == 1
         async with raw_redis(redis_url) as raw:
-            assert await raw.keys(worker.keys.queue_prefix("q") + "I:*") == []
+            await assert_no_registration_left(raw, worker.keys.queue_prefix("q"))
 
 
 async def test_a_worker_with_limits_is_never_handed_a_job(redis_url: str) -> None:
@@ -257,7 +292,7 @@ async def test_workers_run_trickled_jobs_once_each(redis_url: str) -> None:
                         isinstance(token, bytes) and token.endswith(f".{job.id}".encode())
                     )
                 # Nothing left registered once the workers stopped.
-                assert await raw.keys(broker.keys.queue_prefix("default") + "I:*") == []
+                await assert_no_registration_left(raw, broker.keys.queue_prefix("default"))
     assert results == [Out(i) for i in range(120)]
     assert runs == dict.fromkeys(range(120), 1)
     assert w1.stats.completed + w2.stats.completed == 120

@@ -255,14 +255,15 @@ class DirectHandoff(LeaseOps):
                 *reg.queues,
             ],
         )
+        # The jobs this worker holds already are left out: an answer of every job still
+        # handed (recover, or a re-send of an end whose answer was lost) names them too.
         fields = list(reply[2:])
-        if recover:
-            held = self._held
-            kept: list[Any] = []
-            for i in range(0, len(fields), 8):
-                if text(fields[i + 2]) not in held:
-                    kept.extend(fields[i : i + 8])
-            fields = kept
+        held = self._held
+        kept: list[Any] = []
+        for i in range(0, len(fields), 8):
+            if text(fields[i + 2]) not in held:
+                kept.extend(fields[i : i + 8])
+        fields = kept
         return await self._claimed(reg.queues, [-1, *fields], worker_id, refill=True)
 
     async def _handed(

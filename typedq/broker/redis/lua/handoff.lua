@@ -45,32 +45,45 @@ end
 
 if old ~= '' then
   local inbox = k_q(home) .. 'I:' .. old
-  rcall('DEL', inbox .. ':c')
-  for qi = 11, 10 + nq do rcall('HDEL', k_fixed(ARGV[qi], 'H'), old) end
-  local left = rcall('LRANGE', inbox, 0, -1)
-  rcall('DEL', inbox)
-  for _, e in ipairs(left) do
-    if e == '' then woke = true end
-  end
-  if recover then
-    still_handed(old, rcall('LRANGE', inbox .. ':h', 0, -1))
+  -- What an end answered, kept a request TTL: a re-send of it (its answer was lost)
+  -- answers the same jobs again, those still handed to the old registration.
+  local answered = inbox .. ':e'
+  if rcall('EXISTS', answered) == 1 then
+    still_handed(old, rcall('LRANGE', answered, 0, -1))
   else
+    rcall('DEL', inbox .. ':c')
+    for qi = 11, 10 + nq do rcall('HDEL', k_fixed(ARGV[qi], 'H'), old) end
+    local left = rcall('LRANGE', inbox, 0, -1)
+    rcall('DEL', inbox)
     for _, e in ipairs(left) do
-      if e ~= '' then
-        local id, tok, e_at, q, m = string.match(e, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
-        if id then
-          -- Still ours (a cancel may have taken it meanwhile: then it is not).
-          local r = read_hash(q, id, 's', 't')
-          if r and r[1] == 'a' and r[2] == tok then
-            local n = #out
-            out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, m, tok, 1
-            out[n + 5], out[n + 6], out[n + 7], out[n + 8] = tonumber(e_at) or 0, 0, q, 0
+      if e == '' then woke = true end
+    end
+    if recover then
+      still_handed(old, rcall('LRANGE', inbox .. ':h', 0, -1))
+    else
+      for _, e in ipairs(left) do
+        if e ~= '' then
+          local id, tok, e_at, q, m = string.match(e, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+          if id then
+            -- Still ours (a cancel may have taken it meanwhile: then it is not).
+            local r = read_hash(q, id, 's', 't')
+            if r and r[1] == 'a' and r[2] == tok then
+              local n = #out
+              out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, m, tok, 1
+              out[n + 5], out[n + 6], out[n + 7], out[n + 8] = tonumber(e_at) or 0, 0, q, 0
+            end
           end
         end
       end
     end
+    rcall('DEL', inbox .. ':h')
+    if #out > 2 then
+      local lines = {}
+      for i = 3, #out, 8 do lines[#lines + 1] = out[i + 6] .. '|' .. out[i] end
+      rcall('RPUSH', answered, unpack(lines))
+      rcall('PEXPIRE', answered, REQ_TTL_MS)
+    end
   end
-  rcall('DEL', inbox .. ':h')
 end
 
 -- The earliest scheduled job of the queues (the worker's wait must not pass it).
