@@ -76,6 +76,7 @@ from .connection import (
     schema_version,
 )
 from .schema import MIGRATIONS, STATE_CODES
+from .statements import statements
 from .within import EnqueueArgs, enqueue_within, within_error
 
 __all__ = ["PostgresBroker"]
@@ -102,35 +103,12 @@ _CANCEL = [
     CancelOutcome.NOT_FOUND,
 ]
 
-#: The order of each state's listing (Broker.list_jobs).
-_LIST_ORDER = {
-    JobState.WAITING: "priority DESC, seq",
-    JobState.SCHEDULED: "run_at, seq",
-    JobState.ACTIVE: "started_at, seq",
-}
-
 #: Seconds ``close`` waits for the pool's connections to come back before dropping them.
 _CLOSE_TIMEOUT = 5.0
-
-#: A job's place in its state's order for paging (``page_jobs``), as memory's listing
-#: has it: (number, order), then the id.
-_PLACES = {
-    JobState.WAITING: ("-priority", "seq"),
-    JobState.SCHEDULED: ("run_at", "seq"),
-    JobState.ACTIVE: ("started_at", "seq"),
-    JobState.COMPLETED: ("-seq", "0"),
-    JobState.FAILED: ("-seq", "0"),
-    JobState.CANCELLED: ("-seq", "0"),
-}
 
 #: stalled_message as a format() template of PostgreSQL: %1$s stalls, %2$s max_stalls.
 _STALLED = stalled_message(111_111_111, 222_222_222).replace("111111111", "%1$s")
 _STALLED = _STALLED.replace("222222222", "%2$s")
-
-_RECORD_COLUMNS = (
-    "id, message, state, attempt, enqueued_at, run_at, started_at, finished_at, result, "
-    "error, errors, progress, stalls, cancel_requested, worker_id, br_kind, br_message"
-)
 
 
 class PostgresBroker(Broker):
@@ -147,94 +125,7 @@ class PostgresBroker(Broker):
         self.target = parse_url(url)
         self.ns = self.settings.namespace
         self.channel = channel_of(self.target.schema)
-        s = f'"{self.target.schema}"'
-        self._sql = {
-            "enqueue": f"SELECT {s}.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            "claim": f"SELECT * FROM {s}.claim($1, $2, $3, $4, $5, $6)",
-            "complete": f"SELECT {s}.complete($1, $2, $3, $4, $5, $6, $7)",
-            "complete_and_claim": f"SELECT * FROM {s}.complete_and_claim($1, $2, $3, $4, $5, "
-            "$6, $7, $8, $9, $10, $11, $12)",
-            "fail": f"SELECT {s}.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            "release": f"SELECT {s}.release($1, $2, $3, $4, $5, $6, $7)",
-            "cancel": f"SELECT {s}.cancel($1, $2, $3, $4, $5, $6, $7)",
-            "recover": f"SELECT {s}.recover($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            "retry": f"SELECT {s}.retry($1, $2, $3)",
-            "history": (
-                f"WITH c AS (SELECT floor({s}.now_s() / 60)::bigint AS cur) "
-                "SELECT c.cur, r.queue, r.minute, sum(r.completed)::bigint AS completed, "
-                "sum(r.failed)::bigint AS failed, sum(r.retried)::bigint AS retried "
-                f"FROM c LEFT JOIN {s}.rollups r ON r.ns = $1 AND r.queue = ANY ($2) "
-                "AND r.minute > c.cur - $3 AND r.minute <= c.cur "
-                "GROUP BY c.cur, r.queue, r.minute"
-            ),
-            "register_worker": (
-                f"WITH d AS (DELETE FROM {s}.workers WHERE ns = $1 AND id <> $2 "
-                f"AND until <= {s}.now_s()), "
-                f"q AS (INSERT INTO {s}.queues (ns, queue) "
-                "SELECT $1, u FROM unnest($5::text[]) u ORDER BY 1 ON CONFLICT DO NOTHING) "
-                f"INSERT INTO {s}.workers AS w (ns, id, until, info) "
-                f"VALUES ($1, $2, {s}.now_s() + $3, $4) "
-                "ON CONFLICT (ns, id) DO UPDATE SET until = excluded.until, info = excluded.info"
-            ),
-            "unregister_worker": f"DELETE FROM {s}.workers WHERE ns = $1 AND id = $2",
-            "list_workers": f"SELECT info FROM {s}.workers WHERE ns = $1 "
-            f"AND until > {s}.now_s() ORDER BY id",
-            "register_queues": f"INSERT INTO {s}.queues (ns, queue) "
-            "SELECT $1, u FROM unnest($2::text[]) u ORDER BY 1 ON CONFLICT DO NOTHING",
-            "list_queues": f"SELECT queue FROM {s}.queues WHERE ns = $1 ORDER BY queue",
-            "now_us": f"SELECT {s}.now_us()",
-            "sync_schedules": f"SELECT * FROM {s}.sync_schedules($1, $2, $3, $4)",
-            "fire_schedules": f"SELECT * FROM {s}.fire_schedules($1, $2, $3, $4, $5, $6, $7, "
-            "$8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
-            "schedule_states": f"SELECT * FROM {s}.schedules WHERE ns = $1 ORDER BY name",
-            "remove": f"SELECT {s}.remove($1, $2, $3, $4, $5)",
-            "get": f"SELECT {_RECORD_COLUMNS} FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2)",
-            "counts": f"SELECT state, count(*) FROM {s}.jobs WHERE ns = $1 AND queue = $2 "
-            "GROUP BY state",
-            "renew": (
-                "WITH i AS (SELECT * FROM unnest($2::text[], $3::text[]) WITH ORDINALITY "
-                "AS t(id, token, ord)), "
-                f"u AS (UPDATE {s}.jobs j SET lease_until = {s}.now_s() + $4 FROM i "
-                "WHERE j.ns = $1 AND j.id = i.id AND j.token = i.token AND j.state = 2 "
-                "RETURNING j.id, j.token, j.cancel_requested) "
-                "SELECT u.cancel_requested FROM i LEFT JOIN u "
-                "ON u.id = i.id AND u.token = i.token ORDER BY i.ord"
-            ),
-            "progress": f"UPDATE {s}.jobs SET progress = $4 WHERE ns = $1 AND id = $2 "
-            "AND state = 2 AND token = $3",
-            "due": (
-                f"SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
-                "AND state = 0), "
-                f"(SELECT min(run_at) FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
-                f"AND state = 1) - {s}.now_s()"
-            ),
-            "cancels": f"SELECT id FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2) "
-            "AND state = 2 AND cancel_requested",
-            "stats": (
-                "SELECT queue, 'c' AS kind, state, count(*)::float8 AS v "
-                f"FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) GROUP BY queue, state "
-                "UNION ALL "
-                "SELECT queue, 'o', 0, min(CASE WHEN run_at > 0 THEN run_at ELSE enqueued_at END) "
-                f"FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
-                f"AND (state = 0 OR (state = 1 AND run_at <= {s}.now_s())) GROUP BY queue "
-                "UNION ALL "
-                f"SELECT queue, 't', state, n::float8 FROM {s}.trimmed "
-                "WHERE ns = $1 AND queue = ANY ($2) "
-                f"UNION ALL SELECT '', 'n', 0, {s}.now_s()"
-            ),
-        }
-        self._page_sql = {
-            state: f"SELECT id, ({a})::float8 AS a, ({b})::bigint AS b FROM {s}.jobs "
-            "WHERE ns = $1 AND queue = $2 AND state = $3 "
-            f"AND (({a})::float8, ({b})::bigint, id) > ($4, $5, $6) "
-            f"ORDER BY ({a})::float8, ({b})::bigint, id LIMIT $7"
-            for state, (a, b) in _PLACES.items()
-        }
-        self._list_sql = {
-            state: f"SELECT id FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
-            f"ORDER BY {_LIST_ORDER.get(state, 'seq DESC')} OFFSET $4 LIMIT $5"
-            for state in JobState
-        }
+        self._sql, self._page_sql, self._list_sql = statements(self.target.schema)
         self._pool: Any = None
         self._listener: Listener | None = None
         self._users = 0
