@@ -510,7 +510,12 @@ class BulkQuery:
         async def read() -> None:
             async with send, contextlib.aclosing(self.pages(size=size)) as pages:
                 async for queue, seen, records in pages:
-                    await send.send((queue, seen, [r.message.id for r in records]))
+                    try:
+                        await send.send((queue, seen, [r.message.id for r in records]))
+                    except anyio.BrokenResourceError:
+                        # The consumer stopped (its own error, e.g. the progress
+                        # callback's, says why): not a second error beside it.
+                        return
 
         try:
             async with anyio.create_task_group() as tg:
