@@ -19,6 +19,7 @@ class TypedqProcess:
     """
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = args
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "typedq", *args],
             cwd=ROOT,
@@ -61,8 +62,15 @@ class TypedqProcess:
                 self._changed.wait(max(0.0, deadline - time.monotonic()))
 
     def wait(self, timeout: float = 30) -> int:
-        """The exit code, once the process and its stderr are done."""
-        code = self.proc.wait(timeout=timeout)
+        """The exit code, once the process and its stderr are done; a process still
+        running after ``timeout`` fails the test with everything it wrote to stderr."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"still running after {timeout:g}s: typedq {' '.join(self.args)}; "
+                f"its stderr:\n{self.text}"
+            ) from None
         self._reader.join(timeout)
         return code
 

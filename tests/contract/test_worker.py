@@ -358,6 +358,42 @@ async def test_shutdown_waits_for_in_flight_jobs_within_grace(
             assert await job.result(timeout=1) == Out(4)
 
 
+async def test_a_worker_cancelled_while_it_starts_returns_and_claims_nothing(
+    app_name: str, broker_url: str
+) -> None:
+    """A cancel that reaches ``run()`` while it starts (``typedq worker`` signalled
+    during its start-up) ends it: ``run()`` returns and nothing is claimed. (Its serving
+    task was shielded from its first line, and a cancelled start waits for the task it
+    started: run() never returned, and the process hung after SIGTERM.)"""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def noop(x: In) -> Out:
+        return Out(x.n)
+
+    async with app:
+        job = await noop.enqueue(In(1))
+        worker = app.worker()
+        returned = anyio.Event()
+
+        async def run_cancelled() -> None:
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await worker.run()
+            assert scope.cancelled_caught
+            returned.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_cancelled)
+            with anyio.move_on_after(TEST_DEADLINE):
+                await returned.wait()
+            if not returned.is_set() and worker._serve_scope is not None:
+                worker._serve_scope.cancel()  # unstick it: the test fails, not hangs
+        assert returned.is_set(), "run() did not return after its start was cancelled"
+        assert worker.stats.claimed == 0
+        assert await job.status() is JobState.WAITING
+
+
 async def test_lease_loss_cancels_handler_and_discards_its_result(
     app_name: str, broker_url: str
 ) -> None:

@@ -401,7 +401,10 @@ class Worker(Generic[TIn, TOut]):
                     self._observer.worker_stopped(self)
 
     async def _serve(self, *, task_status: TaskStatus[None]) -> None:
-        with anyio.CancelScope(shield=True) as scope:
+        # Shielded once started: only _stop_parts ends it, after the graceful shutdown.
+        # Not before: a worker cancelled while it starts (run()'s start of this task is
+        # cancelled, and waits for this task to end) must stop here, not serve forever.
+        with anyio.CancelScope() as scope:
             self._serve_scope = scope
             async with anyio.create_task_group() as tg:
                 await tg.start(self._settler.run)
@@ -417,6 +420,7 @@ class Worker(Generic[TIn, TOut]):
                 if self._scope.schedules:
                     tg.start_soon(self._run_scheduler)
                 task_status.started()
+                scope.shield = True  # (no await between: the parts have not run yet)
 
     async def _stop_parts(self) -> None:
         """Shut down: the scheduler first, then the phases of :mod:`.shutdown`, then the
