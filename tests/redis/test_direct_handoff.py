@@ -18,6 +18,7 @@ from tests.redis_support import broker_at, message, raw_redis
 from typedq import App
 from typedq.broker.base import CLAIM_RECORD_TTL, ClaimedJob, Completion, FinishOutcome, JobState
 from typedq.broker.redis import RedisBroker
+from typedq.errors import BrokerUnavailable
 from typedq.limits import LimitSpec
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -185,6 +186,56 @@ async def test_an_end_resent_after_its_answer_was_lost_answers_the_same_jobs(
                 (j.message.id, j.token) for j in first
             ]
             await worker.complete([Completion(j.message.id, j.token, b"") for j in again])
+
+
+async def test_a_refill_resent_while_registered_answers_what_its_first_copy_claimed(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's completions with their refill claim (``complete_and_claim``) whose
+    answer is lost are re-sent with the same claim id; meanwhile the worker's claim loop
+    found nothing and registered for a hand-off. The re-send must still carry the claim,
+    which answers the jobs the first copy claimed (a registered worker's completions
+    otherwise go alone: those jobs would wait for their lease to expire with no worker
+    dead; seen under dropped replies: tests/process/test_network_faults.py)."""
+    async with broker_at(redis_url, "ho") as worker, broker_at(redis_url, "ho") as producer:
+        await producer.enqueue([message("a"), message("b")])
+        [a] = await worker.claim(["q"], 1, worker_id="w", lease=30)
+        real = worker._eval
+
+        async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+            await real(*args, **kwargs)  # it ran on Redis...
+            monkeypatch.setattr(worker, "_eval", real)
+            raise BrokerUnavailable("the reply was lost")  # ...its answer never came
+
+        monkeypatch.setattr(worker, "_eval", answer_lost)
+        done = [Completion(a.message.id, a.token, b"")]
+        with pytest.raises(BrokerUnavailable):
+            await worker.complete_and_claim(
+                done, ["q"], 1, worker_id="w", lease=30, claim_id="c1c1c1c1"
+            )
+        await idle(worker, ["q"])  # "b" was taken by the lost copy's claim
+        jobs, reg = await worker._register(None, ("q",), 4, worker_id="w", lease=30)
+        assert jobs == []
+        assert reg is not None
+        worker._registrations["w"] = reg
+        outcomes, refill = await worker.complete_and_claim(
+            done, ["q"], 1, worker_id="w", lease=30, claim_id="c1c1c1c1"
+        )
+        assert [j.message.id for j in refill] == ["b"]
+        assert (await worker.get(["a"]))[0].state is JobState.COMPLETED  # type: ignore[union-attr]
+        assert len(outcomes) == 1
+        # An answered call is forgotten: the registered worker's next completions go alone.
+        [b] = refill
+        outcomes, more = await worker.complete_and_claim(
+            [Completion(b.message.id, b.token, b"")],
+            ["q"],
+            1,
+            worker_id="w",
+            lease=30,
+            claim_id="c2c2c2c2",
+        )
+        assert more == []
+        await worker.end_handoff("w")
 
 
 async def test_a_killed_blocking_connection_ends_the_wait_cleanly(redis_url: str) -> None:

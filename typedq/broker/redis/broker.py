@@ -124,6 +124,7 @@ class RedisBroker(
         # connection.
         self._registrations = {}
         self._blocking = {}
+        self._unanswered_claims = set()
         # Job stream readers' registrations this process holds (see .streams).
         self._reader_until = {}
 

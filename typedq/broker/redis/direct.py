@@ -90,6 +90,9 @@ class DirectHandoff(LeaseOps):
     #: Each worker's connection for its blocking pops (taken at first use, given back by
     #: end_handoff): workers sharing this broker each block on their own.
     _blocking: dict[str, _Blocking]
+    #: Claim ids of ``complete_and_claim`` calls that raised (their answer may be lost:
+    #: the caller re-sends them with the same id); an answered re-send removes its id.
+    _unanswered_claims: set[str]
 
     def _handoff_possible(self, queues: Sequence[str]) -> bool:
         # A worker with limits claims gated jobs only through its claims' gates. Redis
@@ -172,11 +175,24 @@ class DirectHandoff(LeaseOps):
         worker then claims for every free slot), so a refill claim would come back empty.
         The completions go alone (a cheaper script)."""
         reg = self._registrations.get(worker_id)
-        if reg is not None and reg.slots > 0:
+        if reg is not None and reg.slots > 0 and claim_id not in self._unanswered_claims:
             return await self.complete(items), []
-        return await super().complete_and_claim(
-            items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
-        )
+        # A re-send of a call whose answer was lost goes whole, registered or not: its
+        # first copy may have claimed jobs (before the worker registered), and only the
+        # claim, re-sent with the same id, answers them (they would wait for their lease
+        # to expire: a stall with no dead worker). The completions' slots are still
+        # counted as taken, so the registration's slots never included them.
+        try:
+            answer = await super().complete_and_claim(
+                items, queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id
+            )
+        except BaseException:
+            if claim_id is not None:
+                self._unanswered_claims.add(claim_id)
+            raise
+        if claim_id is not None:
+            self._unanswered_claims.discard(claim_id)
+        return answer
 
     async def end_handoff(self, worker_id: str) -> None:
         reg = self._registrations.pop(worker_id, None)
