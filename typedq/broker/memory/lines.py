@@ -79,12 +79,19 @@ class Level:
             heapq.heappush(self.late, entry)
 
     def push_fair(self, entry: Entry, group: tuple[str, str], weight: int) -> None:
-        """Add ``entry`` to fair key ``group``'s lane (in order); a key with no turn in
-        the line joins it at the tail, whatever the entry's order (a key's place is
-        never taken from its job's: see :meth:`WaitLine.hand_back`)."""
+        """Add ``entry`` to fair key ``group``'s lane; a key with no turn in the line
+        joins it (at the tail, or at the head for an entry placed at the head: a flow's
+        released step, which Redis's claim diverts to its key's turn where it stands).
+        A hand-back does not come here (:meth:`WaitLine.hand_back`)."""
         turn = self.turns.get(group)
         if turn is None:
-            self.join(group, entry, weight)
+            fifo = self.fifo
+            if fifo and entry[1] < _order(fifo[0]):
+                turn = self.turns[group] = Turn(group, entry[1], weight)
+                fifo.appendleft(turn)
+                turn.lane.push(entry)
+            else:
+                self.join(group, entry, weight)
         else:
             turn.weight = weight
             turn.lane.push(entry)
