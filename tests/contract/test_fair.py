@@ -498,3 +498,24 @@ async def test_a_worker_stopping_hands_a_prefetched_fair_job_back_to_its_keys_pl
             claimed = await broker.claim(["default"], 3, worker_id="w", lease=30)
             tenants = [msgspec.msgpack.decode(j.message.payload, type=Work).tenant for j in claimed]
             assert tenants == ["c", "a", "b"]
+
+
+async def test_a_fair_job_its_gate_gives_back_keeps_its_keys_place(
+    app_name: str, broker_url: str
+) -> None:
+    """A job its concurrency limit parked during its key's turn comes back when the
+    slot frees (a hand-back): its key, with no other job waiting, joins at the tail."""
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(concurrency=1)})
+        await broker.enqueue([fair("a", job_id=f"a{i}", concurrency_key="a") for i in range(2)])
+        await broker.enqueue([fair("b", job_id=f"b{i}", task="u") for i in range(4)])
+        (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert first.message.id == "a0"
+        # a's turn comes with a0 still running: a1 is parked, and a has no job waiting.
+        assert [j.message.id for j in await broker.claim(["q"], 2, worker_id="w", lease=30)] == [
+            "b0",
+            "b1",
+        ]
+        await broker.complete([Completion(id="a0", token=first.token, result=b"\xc0")])
+        claimed = await broker.claim(["q"], 3, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["b2", "a1", "b3"]
