@@ -22,3 +22,14 @@ async def test_cluster_follows_the_reference(
     request: pytest.FixtureRequest, app_name: str, seed: int
 ) -> None:
     await model.check_seed(request, app_name, "cluster", seed)
+
+
+@pytest.mark.redis
+@pytest.mark.cluster
+@pytest.mark.asyncio_only
+@pytest.mark.parametrize("seed", model.FAIR_SEEDS)
+async def test_cluster_fair_shares_follow_the_reference(
+    request: pytest.FixtureRequest, app_name: str, seed: int
+) -> None:
+    """Fair jobs (typedq.fair), with their hand-backs and retries, on Cluster."""
+    await model.check_seed(request, app_name, "cluster", seed, fair=True)

@@ -16,6 +16,7 @@ from typedq import App, Fair, JobState, QueueFull
 from typedq.broker.base import (
     Broker,
     CancelOutcome,
+    ClaimedJob,
     Completion,
     Failure,
     JobMessage,
@@ -352,3 +353,169 @@ async def test_retried_fair_jobs_take_turns_in_their_keys_lane(
         assert [i for i in order if i[0] == "a"] == ["a0", "a1", "a2"]
         assert [i for i in order if i[0] == "b"] == ["b0", "b1", "b2"]
         assert [i[0] for i in order] in (list("ababab"), list("bababa")), order
+
+
+# Hand-backs and retries keep the key's place (docs/flow-control.md, "Turns and
+# hand-backs"): a job that comes back waits for its key's next turn, first of its key's
+# jobs when handed back unrun, last when retried; its key neither jumps ahead of the
+# other keys nor loses its turn, and a key with no job waiting joins at the tail.
+
+HAND_BACKS = ["release", "lease-expired"]
+RETRIES = ["retry-now", "retry-later", "operator-retry"]
+
+
+async def come_back(broker: Broker, claimed: list[ClaimedJob], how: str) -> None:
+    """The claimed jobs wait again: handed back unrun (a release, as a worker shutting
+    down does; a recovered expired lease) or retried (a retry due now or after a delay,
+    an operator's retry of the failed jobs)."""
+    ids = [j.message.id for j in claimed]
+    if how == "release":
+        await broker.release([Release(id=j.message.id, token=j.token) for j in claimed])
+    elif how == "lease-expired":
+        assert await broker.renew([(j.message.id, j.token) for j in claimed], 0.001) is not None
+        await anyio.sleep(0.05)
+        assert await broker.recover_stalled() == len(claimed)
+    else:
+        delay = {"retry-now": 0.0, "retry-later": 0.05, "operator-retry": None}[how]
+        await broker.fail(
+            [
+                Failure(id=j.message.id, token=j.token, error=b"err", retry_delay=delay)
+                for j in claimed
+            ]
+        )
+        if how == "operator-retry":
+            assert await broker.retry(ids) == [RetryOutcome.RETRIED] * len(ids)
+        elif how == "retry-later":
+            await anyio.sleep(0.1)
+    records = await broker.get(ids)
+    assert all(r is not None and r.state is not JobState.ACTIVE for r in records)
+
+
+@pytest.mark.parametrize("how", HAND_BACKS + RETRIES)
+async def test_a_fair_job_back_keeps_its_keys_place(
+    app_name: str, broker_url: str, how: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(3)])
+        await broker.enqueue([fair("b", job_id="b0"), fair("b", job_id="b1")])
+        await broker.enqueue([fair("c", job_id="c0")])
+        claimed = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["a0"]
+        # a's turn ended with jobs left: a is behind b and c now, and stays there.
+        await come_back(broker, claimed, how)
+        order = await claim_order(broker, 6)
+        if how in HAND_BACKS:
+            # Unrun: first of a's jobs at a's next turn (not ahead of b and c).
+            assert order == ["b0", "c0", "a0", "b1", "a1", "a2"]
+        else:
+            # Run and failed: last of a's jobs, like a new one (a keeps its turns).
+            assert order == ["b0", "c0", "a1", "b1", "a2", "a0"]
+
+
+@pytest.mark.parametrize("how", HAND_BACKS + RETRIES)
+async def test_a_fair_job_back_whose_key_had_none_waiting_joins_at_the_tail(
+    app_name: str, broker_url: str, how: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id="a0")])
+        await broker.enqueue([fair("b", job_id="b0"), fair("b", job_id="b1")])
+        await broker.enqueue([fair("c", job_id="c0"), fair("c", job_id="c1")])
+        claimed = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["a0"]
+        # a left the line with its last job; back, it joins behind b and c (where it
+        # would be had it kept a job), not ahead of them as a0's enqueue order would put it.
+        await come_back(broker, claimed, how)
+        assert await claim_order(broker, 5) == ["b0", "c0", "a0", "b1", "c1"]
+
+
+@pytest.mark.parametrize("how", HAND_BACKS)
+async def test_fair_jobs_handed_back_together_keep_their_order(
+    app_name: str, broker_url: str, how: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", weight=2, job_id=f"a{i}") for i in range(4)])
+        await broker.enqueue([fair("b", job_id="b0"), fair("c", job_id="c0")])
+        claimed = await broker.claim(["q"], 3, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["a0", "a1", "b0"]
+        # Handed back in any order (here the reverse), in one call: each key's jobs
+        # first in its lane in their order, b (no job waiting) behind c and a.
+        await come_back(broker, claimed[::-1], how)
+        assert await claim_order(broker, 6) == ["c0", "a0", "a1", "b0", "a2", "a3"]
+
+
+@pytest.mark.parametrize("how", HAND_BACKS)
+async def test_a_plain_job_handed_back_among_fair_keys_takes_its_old_place(
+    app_name: str, broker_url: str, how: str
+) -> None:
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([msg(job_id="p0")])
+        await broker.enqueue([fair("a", job_id="a0"), fair("a", job_id="a1")])
+        await broker.enqueue([fair("b", job_id="b0"), msg(job_id="p1")])
+        claimed = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["p0"]
+        # p0 was ahead of a's and b's places when claimed: it is again, and they keep
+        # theirs among the plain jobs.
+        await come_back(broker, claimed, how)
+        assert await claim_order(broker, 5) == ["p0", "a0", "b0", "p1", "a1"]
+
+
+async def until_count(broker: Broker, state: JobState, n: int) -> None:
+    """Until ``n`` jobs of queue default are in ``state`` (polled: the broker's side of a
+    worker's claim or hand-back has no event to wait on)."""
+    while True:
+        if (await broker.counts("default")).get(state, 0) >= n:
+            return
+        await anyio.sleep(0.005)
+
+
+async def test_a_worker_stopping_hands_a_prefetched_fair_job_back_to_its_keys_place(
+    app_name: str, broker_url: str
+) -> None:
+    """A worker shutting down hands its prefetched job back (a release): its key, which
+    had no other job waiting, joins behind the keys that kept theirs."""
+    app = App(app_name, broker=broker_url)
+    long_started = anyio.Event()
+    finish = anyio.Event()
+
+    @app.task(fair=Fair(key=lambda w: w.tenant))
+    async def work(w: Work) -> Out:
+        if w.n == 0:
+            long_started.set()
+            await finish.wait()
+        return Out(w.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            broker = app.broker
+            await work.enqueue_many([Work("a", 0), Work("a", 1), Work("b", 2), Work("c", 3)])
+            async with app.worker(concurrency=1, prefetch=1, grace=60) as worker:
+                await long_started.wait()  # a's first job runs; b's is prefetched
+                await until_count(broker, JobState.ACTIVE, 2)
+                worker.stop()
+                await until_count(broker, JobState.WAITING, 3)
+                finish.set()
+            assert worker.stats.completed == 1
+            claimed = await broker.claim(["default"], 3, worker_id="w", lease=30)
+            tenants = [msgspec.msgpack.decode(j.message.payload, type=Work).tenant for j in claimed]
+            assert tenants == ["c", "a", "b"]
+
+
+async def test_a_fair_job_its_gate_gives_back_keeps_its_keys_place(
+    app_name: str, broker_url: str
+) -> None:
+    """A job its concurrency limit parked during its key's turn comes back when the
+    slot frees (a hand-back): its key, with no other job waiting, joins at the tail."""
+    async with connected(app_name, broker_url) as broker:
+        broker.set_limits({"t": LimitSpec(concurrency=1)})
+        await broker.enqueue([fair("a", job_id=f"a{i}", concurrency_key="a") for i in range(2)])
+        await broker.enqueue([fair("b", job_id=f"b{i}", task="u") for i in range(4)])
+        (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert first.message.id == "a0"
+        # a's turn comes with a0 still running: a1 is parked, and a has no job waiting.
+        assert [j.message.id for j in await broker.claim(["q"], 2, worker_id="w", lease=30)] == [
+            "b0",
+            "b1",
+        ]
+        await broker.complete([Completion(id="a0", token=first.token, result=b"\xc0")])
+        claimed = await broker.claim(["q"], 3, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["b2", "a1", "b3"]

@@ -98,11 +98,10 @@ class Generator:
 
     def __init__(self, seed: int, *, fair: bool = False) -> None:
         self.rng = random.Random(seed)
-        #: Fair runs leave out the hand-backs (release, stall recovery): on Redis a
-        #: handed-back fair job whose key had no job waiting takes its place in the line
-        #: by the jobs at the head, where the embedded broker compares it with the
-        #: head's turn order (docs/flow-control.md), which the claims' answers and
-        #: listings would show. Retries (now, later, an operator's) are in.
+        #: Fair runs (typedq.fair) take every step the plain ones do: hand-backs
+        #: (release, stall recovery) and retries (now, later, an operator's) of fair
+        #: jobs keep their key's place, and plain jobs handed back among the keys'
+        #: turns find theirs, the same on both brokers (docs/flow-control.md).
         self.fair = fair
         #: Every lease handed out: (job id, handle).
         self.leases: list[tuple[str, int]] = []
@@ -156,9 +155,6 @@ class Generator:
             "resend",
         ]
         weights = [22, 14, 10, 10, 4, 3, 6, 5, 9, 5, 6]
-        if self.fair:
-            for left_out in ("release", "expire"):
-                weights[kinds.index(left_out)] = 0
         kind = rng.choices(kinds, weights)[0]
         if kind == "enqueue":
             batch = tuple(
@@ -167,7 +163,7 @@ class Generator:
             )
             return Op("enqueue", batch=batch)
         if kind == "claim":
-            return Op("claim", limit=rng.randint(1, 3), short=rng.random() < 0.5 and not self.fair)
+            return Op("claim", limit=rng.randint(1, 3), short=rng.random() < 0.5)
         if kind in ("complete", "fail", "release"):
             lease = self._lease()
             if lease is None:

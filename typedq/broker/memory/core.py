@@ -461,13 +461,14 @@ class JobPath(Broker):
     async def release(self, items: Sequence[Release]) -> list[FinishOutcome]:
         self._check()
         outcomes = []
+        back: list[Job] = []
+        now = self.clock.time()
         for item in items:
             job, outcome = self.leases.fenced(item.id, item.token)
             if job is not None:
                 self.leases.end(job)
                 job.done_token = item.token
                 job.attempt -= 1  # handed back unrun: the attempt was not spent
-                now = self.clock.time()
                 if job.cancel_requested:
                     # A final state carries its record: Job.result() decodes it.
                     job.error = encode(
@@ -481,8 +482,9 @@ class JobPath(Broker):
                     )
                     self.to_final(job, JobState.CANCELLED, now)
                 else:
-                    self.lines.to_waiting(job, keep_order=True, due=now)
+                    back.append(job)
             outcomes.append(outcome)
+        self.lines.hand_back(back, now)
         self.wake()
         return outcomes
 
@@ -517,6 +519,7 @@ class JobPath(Broker):
         self.finished.trim_all(now)
         expired = self.leases.expired(holding, limit)
         max_stalls = self.settings.max_stalls
+        back: list[Job] = []
         for job in expired:
             job.stalls += 1
             job.done_token = None
@@ -540,7 +543,8 @@ class JobPath(Broker):
                 self.to_final(job, CANCELLED if cancelled else FAILED, now)
             else:
                 self.leases.end(job)
-                self.lines.to_waiting(job, keep_order=True, due=now)
+                back.append(job)
+        self.lines.hand_back(back, now)
         self.limiter.forget_idle(now * MICRO, self.limits)
         if expired:
             self.wake()

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from ...limits import LimitSpec
+from ..base import JobMessage
 from .jobs import WAITING, Entry, Job, JobTable
 from .lines import Lines
 
@@ -120,12 +121,14 @@ class Limiter:
                     else:
                         room = min(room, (now_us + spec.early_us - turn) // spec.spacing_us + 1)
             closed = room <= 0
-            line = self.lines.waiting[queue]
+            back: list[tuple[Entry, JobMessage]] = []
             while parked and room > 0:
                 entry = heapq.heappop(parked)
                 if (job := live(entry[3], entry[2], WAITING)) is not None:
-                    line.push(entry, job.message)
+                    back.append((entry, job.message))
                     room -= 1  # (an entry of a job that left waiting is dropped)
+            # At their old places, a fair job at its key's (lines.WaitLine.hand_back).
+            self.lines.waiting[queue].hand_back(back, self.lines.live_entry)
             if parked and closed:
                 # Full now (so someone holds a slot or a recent start): closed until then.
                 # Otherwise it stays open and the next claim counts again.

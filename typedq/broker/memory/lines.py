@@ -10,12 +10,21 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 
 from ..base import EnqueueOutcome, JobMessage, JobState
 from .jobs import SCHEDULED, WAITING, Entry, Job, JobTable
 
-__all__ = ["Level", "Lines", "Turn", "WaitLine"]
+__all__ = ["PLACE_SCAN", "Level", "Lines", "Turn", "WaitLine"]
+
+#: How many entries at the head of a level a hand-back looks at to find its job's old
+#: place in a level that holds fair keys' turns (the Redis broker's PLACE_SCAN,
+#: common/bookkeeping.lua: past it, the job goes behind the entries looked at).
+PLACE_SCAN = 64
+
+#: Is this waiting entry its job's live one (not left meanwhile)?
+Live = Callable[[Entry], bool]
 
 
 class Turn:
@@ -49,6 +58,8 @@ class Level:
     A fair key (typedq.fair) is one :class:`Turn` in ``fifo`` however many jobs it has
     waiting (``turns`` finds it by (task, key)): its jobs wait in its own lane, a turn
     takes up to its weight of them, and the turn goes back to the tail while jobs remain.
+    A job handed back into a level with turns is placed in ``fifo`` itself
+    (:meth:`place_back`), where the turns are, not in ``late``.
     """
 
     __slots__ = ("fifo", "late", "turns")
@@ -69,20 +80,67 @@ class Level:
 
     def push_fair(self, entry: Entry, group: tuple[str, str], weight: int) -> None:
         """Add ``entry`` to fair key ``group``'s lane; a key with no turn in the line
-        joins it (at the tail, or at the head for an entry placed at the head)."""
+        joins it (at the tail, or at the head for an entry placed at the head: a flow's
+        released step, which Redis's claim diverts to its key's turn where it stands).
+        A hand-back does not come here (:meth:`WaitLine.hand_back`)."""
         turn = self.turns.get(group)
         if turn is None:
-            turn = self.turns[group] = Turn(group, entry[1], weight)
             fifo = self.fifo
             if fifo and entry[1] < _order(fifo[0]):
+                turn = self.turns[group] = Turn(group, entry[1], weight)
                 fifo.appendleft(turn)
+                turn.lane.push(entry)
             else:
-                if fifo:
-                    turn.order = max(entry[1], _order(fifo[-1]))
-                fifo.append(turn)
+                self.join(group, entry, weight)
         else:
             turn.weight = weight
+            turn.lane.push(entry)
+
+    def join(self, group: tuple[str, str], entry: Entry, weight: int) -> Turn:
+        """Fair key ``group`` joins the line at the tail, its lane holding ``entry``."""
+        if self.late:
+            self._merge_late()
+        turn = self.turns[group] = Turn(group, entry[1], weight)
+        fifo = self.fifo
+        if fifo:
+            turn.order = max(entry[1], _order(fifo[-1]))
+        fifo.append(turn)
         turn.lane.push(entry)
+        return turn
+
+    def _merge_late(self) -> None:
+        """Merge the out-of-order entries into ``fifo``, in the order :meth:`pop` takes
+        them: a level with fair turns keeps none aside (:meth:`place_back` places them)."""
+        late = sorted(self.late)
+        merged: deque[Entry | Turn] = deque()
+        i = 0
+        for item in self.fifo:
+            while i < len(late) and late[i][1] < _order(item):
+                merged.append(late[i])
+                i += 1
+            merged.append(item)
+        merged.extend(late[i:])
+        self.fifo = merged
+        self.late = []
+
+    def place_back(self, entry: Entry, live: Live) -> None:
+        """A plain job handed back (release, stall recovery, a gate giving it back): at
+        its old place by its order. In a level with fair turns: right behind the last
+        live plain entry older than it among the first PLACE_SCAN entries, or first when
+        there is none, so it goes ahead of every turn from there on (each of them went to
+        the tail after it was claimed from the head, or is a turn it was ahead of) and
+        the turns keep their places among the plain entries (the Redis broker's
+        push_back_in_order, entry for entry)."""
+        if not self.turns:
+            self.push(entry)
+            return
+        if self.late:
+            self._merge_late()
+        at = 0
+        for i, item in enumerate(islice(self.fifo, PLACE_SCAN)):
+            if not isinstance(item, Turn) and item[1] < entry[1] and live(item):
+                at = i + 1
+        self.fifo.insert(at, entry)
 
     def _late_first(self) -> bool:
         fifo, late = self.fifo, self.late
@@ -151,6 +209,37 @@ class WaitLine:
             )
         else:
             self.level(entry[0]).push(entry)
+
+    def hand_back(self, items: Sequence[tuple[Entry, JobMessage]], live: Live) -> None:
+        """Jobs handed back unrun (release, stall recovery, a limit's gate giving parked
+        jobs back), each ``(entry, message)``, oldest first whatever their order here.
+
+        A plain job goes back to its old place (:meth:`Level.place_back`). A fair job
+        (typedq.fair) keeps its *key's* place: it goes first in its key's lane (the
+        jobs of one call in their order, ahead of the key's other jobs: it was the key's
+        oldest when a turn took it), and its key's place in the line does not move; a
+        key with no job waiting joins the line at the tail, as a key whose turn just
+        ended would have gone there. So a hand-back neither moves a key ahead of the
+        others nor costs it its next turn: the job is what that turn takes. (A job's own
+        old place would hand its key a second turn before the keys behind it: a worker
+        that keeps handing a key's jobs back would jump that key ahead.) The Redis
+        broker does the same (common/bookkeeping.lua push_back_in_order)."""
+        firsts: dict[tuple[int, tuple[str, str]], int] = {}
+        for entry, message in sorted(items, key=lambda item: item[0][1]):
+            level = self.level(entry[0])
+            if not message.fair_weight:
+                level.place_back(entry, live)
+                continue
+            group = (message.task, message.fair_key)
+            turn = level.turns.get(group)
+            if turn is None:
+                level.join(group, entry, message.fair_weight)
+                firsts[entry[0], group] = 1
+                continue
+            # Behind the jobs this call put first already (the oldest first out).
+            at = firsts.get((entry[0], group), 0)
+            turn.lane.fifo.insert(at, entry)
+            firsts[entry[0], group] = at + 1
 
     def level(self, key: int) -> Level:
         """The level of ``key`` (-priority), made if missing."""
@@ -286,6 +375,25 @@ class Lines:
         self.waiting[message.queue].push(
             (-message.priority, job.order, job.version, message.id), message
         )
+
+    def hand_back(self, jobs: Sequence[Job], due: float) -> None:
+        """Waiting again, handed back unrun (a release, a recovered lease): due again
+        from ``due`` at their old place, a fair job at its key's (WaitLine.hand_back)."""
+        table = self.table
+        by_queue: defaultdict[str, list[tuple[Entry, JobMessage]]] = defaultdict(list)
+        for job in jobs:
+            table.move(job, WAITING)
+            job.run_at = due
+            message = job.message
+            by_queue[message.queue].append(
+                ((-message.priority, job.order, job.version, message.id), message)
+            )
+        for queue, items in by_queue.items():
+            self.waiting[queue].hand_back(items, self.live_entry)
+
+    def live_entry(self, entry: Entry) -> bool:
+        """Is ``entry`` its job's live waiting entry?"""
+        return self.table.live(entry[3], entry[2], WAITING) is not None
 
     def to_scheduled(self, job: Job, run_at: float) -> None:
         """Scheduled: due at ``run_at`` (epoch seconds)."""

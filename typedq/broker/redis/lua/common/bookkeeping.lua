@@ -93,51 +93,76 @@ end
 -- jobs' old places (bounded work; past it they go behind the entries looked at).
 local PLACE_SCAN = 64
 
--- Jobs handed back with their old place (release, stall recovery): each goes back
--- among the waiting jobs of its level by its enqueue order `o`, as if it had never
--- left, also when jobs come back one call at a time. Handed-back jobs are usually
--- older than every waiting job, so their place is at or near the head: the script
--- pops at most PLACE_SCAN head entries, merges the jobs in by order and pushes the
--- lot back. Entries that are not live here (stale or dead) stay in front of the
--- live ones, in their own order, so a stale entry still precedes its id's live one;
--- a waiting entry that is not live is dropped (it has no stale count to consume).
+-- Jobs handed back with their old place (release, stall recovery, a gate giving parked
+-- jobs back): each goes back among the waiting jobs of its level by its enqueue order
+-- `o`, as if it had never left, also when jobs come back one call at a time. Handed-back
+-- jobs are usually older than every waiting job, so their place is at or near the head:
+-- the script pops at most PLACE_SCAN head entries, merges the jobs in by order and pushes
+-- the lot back. Entries that are not live here (stale or dead) stay in front of the
+-- live ones, in their own order, so a stale entry still precedes its id's live one; a
+-- waiting entry that is not live is dropped (it has no stale count to consume). Among
+-- fair keys' markers (typedq.fair) a job goes right behind the last live entry older
+-- than it, or first when there is none: ahead of every marker from there on (each went
+-- to the tail after the job was claimed from the head, or is one it was ahead of), and
+-- the markers keep their places among the entries (memory/lines.py Level.place_back).
 -- back: {id, queue, prio, order, fk} per job; fk (the job hash's fair key, see
--- push_waiting; nil for any other job): it goes back into its key's lane instead, first
--- when it is older than the lane's head job (its old place, as a hand-back is on the
--- embedded broker), else at the tail; a key with no job waiting takes its place in the
--- line again by the job's order (its marker is merged in as the job would be).
+-- push_waiting; nil for any other job): the job keeps its *key's* place instead. It
+-- goes first in its key's lane (the jobs of one call oldest first, ahead of the key's
+-- other jobs: it was the key's oldest when a turn took it) and the key's marker does
+-- not move; a key with no job waiting joins the line at the tail (lane_push), where a
+-- key whose turn just ended goes. So a hand-back neither moves a key ahead of the other
+-- keys nor costs it its next turn: the job is what that turn takes. The embedded
+-- broker does the same (memory/lines.py WaitLine.hand_back; docs/flow-control.md).
 local function push_back_in_order(back)
   local levels = {}
-  for _, b in ipairs(back) do
-    local item = b[1]
+  -- The fair jobs by lane; lanes in the order their first job comes here.
+  local lanes, lane_list = {}, {}
+  for i, b in ipairs(back) do
     local w, fg
     if b[5] then w, fg = string.match(b[5], '^(%d+)|(.+)$') end
     if fg then
       local lk = k_lane(b[2], fg, b[3])
-      local head = rcall('LINDEX', lk, -1)
-      if head then
-        local r = read_keyed(b[2], head, 'o')
-        local ho = r and tonumber(r[1])
-        if ho and b[4] < ho then rcall('RPUSH', lk, b[1]) else rcall('LPUSH', lk, b[1]) end
-        item = nil
-      else
-        rcall('LPUSH', lk, b[1])
-        rcall('SADD', k_lanes(b[2]), b[3] .. '|' .. fg)
-        item = '~0|' .. w .. '|' .. fg
+      local l = lanes[lk]
+      if not l then
+        l = {lk = lk, q = b[2], prio = b[3], w = w, g = fg, jobs = {}}
+        lanes[lk] = l
+        lane_list[#lane_list + 1] = l
       end
-    end
-    if item then
+      l.jobs[#l.jobs + 1] = {b[1], b[4], i}
+    else
       local lk = k_wait(b[2], b[3])
       local g = levels[lk]
       if not g then
         g = {q = b[2], prio = b[3], items = {}}
         levels[lk] = g
       end
-      g.items[#g.items + 1] = {item, b[4], false}
+      g.items[#g.items + 1] = {b[1], b[4], false, i}
+    end
+  end
+  -- Oldest first; on equal order (garbage), in the call's order.
+  local function older(x, y)
+    if x[2] ~= y[2] then return x[2] < y[2] end
+    return x[#x] < y[#y]
+  end
+  if #lane_list > 0 then
+    for _, l in ipairs(lane_list) do table.sort(l.jobs, older) end
+    -- Keys joining the line join it in their oldest job's order.
+    table.sort(lane_list, function(x, y) return older(x.jobs[1], y.jobs[1]) end)
+    for _, l in ipairs(lane_list) do
+      local ids = {}
+      for i = #l.jobs, 1, -1 do ids[#ids + 1] = l.jobs[i][1] end  -- the oldest pushed last: first out
+      if rcall('RPUSH', l.lk, unpack(ids)) == #ids then
+        -- The key had no job waiting: it joins the line at the tail.
+        rcall('LPUSH', k_wait(l.q, l.prio), '~0|' .. l.w .. '|' .. l.g)
+        rcall('ZADD', k_levels(l.q), level_score(l.prio), l.prio)
+        rcall('SADD', k_lanes(l.q), l.prio .. '|' .. l.g)
+      end
     end
   end
   for lk, g in pairs(levels) do
-    local dead, live = {}, g.items
+    -- seq: the live entries and markers popped, head first ({entry, order}; a marker's
+    -- order is false).
+    local dead, seq, marked = {}, {}, false
     local popped = rcall('RPOP', lk, PLACE_SCAN)
     if popped then
       local sk = k_stale(g.q)
@@ -145,10 +170,11 @@ local function push_back_in_order(back)
       local seen = {}
       for _, id in ipairs(popped) do
         if string.byte(id, 1) == 126 then
-          dead[#dead + 1] = id  -- a fair key's marker (lanes.lua): kept, first out
+          seq[#seq + 1] = {id, false}  -- a fair key's marker (lanes.lua)
+          marked = true
         elseif not is_bare(id) then
           local f = parse_entry(id)
-          if f and entry_live(g.q, g.prio, f) then live[#live + 1] = {id, tonumber(f.o), true} end
+          if f and entry_live(g.q, g.prio, f) then seq[#seq + 1] = {id, tonumber(f.o)} end
         else
           local stale = 0
           if has_stale then stale = tonumber(rcall('HGET', sk, g.prio .. '|' .. id)) or 0 end
@@ -158,19 +184,36 @@ local function push_back_in_order(back)
               or sane_prio(r[3]) ~= g.prio then
             dead[#dead + 1] = id
           else
-            live[#live + 1] = {id, tonumber(r[4]) or 0, true}
+            seq[#seq + 1] = {id, tonumber(r[4]) or 0}
           end
         end
       end
     end
-    -- Oldest first; on equal order (garbage), entries that were in the list first.
-    table.sort(live, function(x, y)
-      if x[2] ~= y[2] then return x[2] < y[2] end
-      return x[3] and not y[3]
-    end)
-    -- RPUSH adds at the head: push the newest first, so the oldest ends up first out;
+    local items = g.items
+    table.sort(items, older)
+    if marked then
+      -- Among markers: each job right behind the last live entry older than it.
+      for _, item in ipairs(items) do
+        local at = 0
+        for j, e in ipairs(seq) do
+          if e[2] and e[2] < item[2] then at = j end
+        end
+        table.insert(seq, at + 1, {item[1], item[2]})
+      end
+    else
+      -- No marker: the live entries and the jobs by order; on equal order (garbage),
+      -- entries that were in the list first.
+      for j, e in ipairs(seq) do seq[j] = {e[1], e[2], true, j} end
+      for _, item in ipairs(items) do seq[#seq + 1] = item end
+      table.sort(seq, function(x, y)
+        if x[2] ~= y[2] then return x[2] < y[2] end
+        if x[3] ~= y[3] then return x[3] end
+        return x[4] < y[4]
+      end)
+    end
+    -- RPUSH adds at the head: push the last first, so the first ends up first out;
     -- the dead entries go last (first out), in the order they were popped.
-    for i = #live, 1, -1 do rcall('RPUSH', lk, live[i][1]) end
+    for i = #seq, 1, -1 do rcall('RPUSH', lk, seq[i][1]) end
     for i = #dead, 1, -1 do rcall('RPUSH', lk, dead[i]) end
     rcall('ZADD', k_levels(g.q), -tonumber(g.prio), g.prio)
   end

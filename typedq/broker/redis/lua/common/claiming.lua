@@ -406,8 +406,9 @@ function claim_ops.divert(c, q, prio, id, body, o, jk)
   local lk = k_lane(q, group, prio)
   local head = rcall('LINDEX', lk, -1)
   if head then
-    -- The key has jobs waiting: a job older than its lane's head (a hand-back, a stall
-    -- recovery: its old place) goes first, any other at the tail.
+    -- The key has jobs waiting: a job older than its lane's head (one claimed by a
+    -- typedq before 'fk' and handed back: its old place) goes first, any other at the
+    -- tail. (A hand-back of a job with 'fk' never comes here: push_back_in_order.)
     local r = read_keyed(q, head, 'o')
     if r and tonumber(o) and tonumber(r[1]) and tonumber(o) < tonumber(r[1]) then
       rcall('RPUSH', lk, id)
