@@ -86,11 +86,20 @@ class Shutdown:
         # Jobs claimed but not started (prefetched) go back unrun: stopping starts no job.
         await self._hand_back_queued()
         # 1. Grace: in-flight jobs may finish.
+        grace_ends = self.clock.monotonic() + grace
         with anyio.CancelScope() as self._phase_scope:
             if phase.forced:
                 self._phase_scope.cancel()
             with move_on_after(self.clock, grace):
                 await self.claimer.done.wait()
+        # A claim (or hand-off) in flight at the stop may have brought jobs since; they
+        # go back at once too, not after the grace (outside its scope: a hand-back cut
+        # short by the grace's end would leave its job to its lease).
+        await self._hand_back_queued()
+        with anyio.CancelScope() as self._phase_scope:
+            if phase.forced:
+                self._phase_scope.cancel()
+            with move_on_after(self.clock, max(0.0, grace_ends - self.clock.monotonic())):
                 await jobs.until(lambda: not jobs.running)
         # 2. Cancel: async handlers stop and are handed back; sync handlers' threads
         # cannot be stopped, so their attempts wait for them, leases still renewed.
