@@ -102,6 +102,27 @@ class Out(msgspec.Struct, frozen=True):
     n: int
 
 
+class HeldTask:
+    """A task ``work`` of ``app`` whose job ``In(0)`` runs until :attr:`release` is set
+    (:attr:`long_started` tells it began); every other job returns at once. :attr:`started`
+    lists the ``n`` of each job started, in order."""
+
+    def __init__(self, app: App) -> None:
+        self.started: list[int] = []
+        self.long_started = anyio.Event()
+        self.release = anyio.Event()
+
+        @app.task
+        async def work(x: In) -> Out:
+            self.started.append(x.n)
+            if x.n == 0:
+                self.long_started.set()
+                await self.release.wait()
+            return Out(x.n)
+
+        self.work = work
+
+
 class PIn(pydantic.BaseModel):
     name: str
     qty: int

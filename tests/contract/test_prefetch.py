@@ -8,7 +8,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from tests.support import TEST_DEADLINE, In, Out
+from tests.support import TEST_DEADLINE, HeldTask, In, Out
 from typedq import App, ConfigError, JobContext, JobState, Worker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
@@ -104,33 +104,22 @@ async def test_a_graceful_stop_hands_prefetched_jobs_back_at_once(
     """Stopping starts no job: the prefetched one is back in the queue while the long
     one still finishes within its grace."""
     app = App(app_name, broker=broker_url)
-    started: list[int] = []
-    long_started = anyio.Event()
-    release = anyio.Event()
-
-    @app.task
-    async def work(x: In) -> Out:
-        started.append(x.n)
-        if x.n == 0:
-            long_started.set()
-            await release.wait()
-        return Out(x.n)
-
+    held = HeldTask(app)
     with anyio.fail_after(TEST_DEADLINE):
         async with app:
-            first = await work.enqueue(In(0))
+            first = await held.work.enqueue(In(0))
             async with app.worker(concurrency=1, prefetch=1, grace=60) as worker:
-                await long_started.wait()
-                second = await work.enqueue(In(1))
+                await held.long_started.wait()
+                second = await held.work.enqueue(In(1))
                 await until_count(app, JobState.ACTIVE, 2)
                 worker.stop()
                 counts = await until_count(app, JobState.WAITING, 1)
                 assert counts.get(JobState.ACTIVE, 0) == 1  # job 0, still in its grace
-                assert started == [0]
-                release.set()
+                assert held.started == [0]
+                held.release.set()
             assert await first.result(timeout=10) == Out(0)  # finished within its grace
             assert await second.status() == JobState.WAITING
-    assert started == [0]
+    assert held.started == [0]
     assert worker.stats.completed == 1
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.support import TEST_DEADLINE, In, Out
+from tests.support import TEST_DEADLINE, HeldTask, In, Out
 from typedq import App, JobState
 
 pytestmark = pytest.mark.anyio
@@ -27,18 +27,7 @@ async def test_a_claim_answered_after_the_stop_hands_its_jobs_back_at_once(
     goes back to the queue at once, unrun, while the running job still has its grace (it
     once waited in the worker's table for the whole grace, not handed back)."""
     app = App("races", broker="memory://")
-    started: list[int] = []
-    long_started = anyio.Event()
-    release = anyio.Event()
-
-    @app.task
-    async def work(x: In) -> Out:
-        started.append(x.n)
-        if x.n == 0:
-            long_started.set()
-            await release.wait()
-        return Out(x.n)
-
+    held = HeldTask(app)
     broker = app.broker
     claim = broker.claim
     hold = anyio.Event()  # the claim's answer is held until this is set
@@ -53,18 +42,18 @@ async def test_a_claim_answered_after_the_stop_hands_its_jobs_back_at_once(
     monkeypatch.setattr(broker, "claim", claim_answered_late)
     with anyio.fail_after(TEST_DEADLINE):
         async with app:
-            first = await work.enqueue(In(0))
+            first = await held.work.enqueue(In(0))
             async with app.worker(concurrency=1, prefetch=1, grace=1.5 * TEST_DEADLINE) as worker:
-                await long_started.wait()
+                await held.long_started.wait()
                 holding = True
-                second = await work.enqueue(In(1))
+                second = await held.work.enqueue(In(1))
                 await until_count(app, JobState.ACTIVE, 2)  # claimed; the answer is held
                 worker.stop()
                 hold.set()  # the answer arrives after the stop
                 await until_count(app, JobState.WAITING, 1)
                 assert await first.status() is JobState.ACTIVE  # still in its grace
-                assert started == [0]
-                release.set()
+                assert held.started == [0]
+                held.release.set()
             assert await first.result(timeout=10) == Out(0)
             assert await second.status() is JobState.WAITING
-    assert started == [0]
+    assert held.started == [0]
