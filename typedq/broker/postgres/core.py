@@ -10,7 +10,7 @@ retention bounds, the enqueue function's arguments and the queue registry.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -55,6 +55,10 @@ class PostgresCore(Broker):
             )
         return pool
 
+    if TYPE_CHECKING:
+
+        async def _forget_windows(self) -> None: ...
+
     # -- calls -------------------------------------------------------------------------
 
     async def _fetchval(self, op: str, sql: str, *args: Any, cap: int = 0) -> Any:
@@ -98,6 +102,9 @@ class PostgresCore(Broker):
             [m.delay for m in messages],
             self.queue_cap(set(queues)),
             self.channel,
+            [m.task for m in messages],
+            [m.rate_key for m in messages],
+            [m.concurrency_key for m in messages],
         )
 
     async def _register_queues(self, queues: Sequence[str]) -> None:

@@ -25,6 +25,7 @@ from ..base import (
 from ..records import CANCELLED_ON_HAND_BACK, CANCELLED_WORKER_LOST, stalled_message
 from .connection import call
 from .core import PostgresCore
+from .limits import limit_args
 from .rows import FINISH, claimed_jobs
 
 __all__ = ["LeaseOps"]
@@ -51,7 +52,15 @@ class LeaseOps(PostgresCore):
             self._check()
             return []
         rows = await self._fetch(
-            "claim", self._sql["claim"], self.ns, list(queues), limit, worker_id, lease, claim_id
+            "claim",
+            self._sql["claim"],
+            self.ns,
+            list(queues),
+            limit,
+            worker_id,
+            lease,
+            claim_id,
+            *limit_args(self.limits),
         )
         return claimed_jobs(rows)
 
@@ -147,6 +156,7 @@ class LeaseOps(PostgresCore):
             worker_id,
             lease,
             claim_id,
+            *limit_args(self.limits),
         )
         outcomes = [FINISH[c] for c in rows[0]["codes"]]
         return outcomes, claimed_jobs([row for row in rows if row["n"] is not None])
@@ -255,4 +265,6 @@ class LeaseOps(PostgresCore):
             )
             return got
 
-        return await call("recover_stalled", self.target.safe, send)
+        recovered = await call("recover_stalled", self.target.safe, send)
+        await self._forget_windows()
+        return recovered

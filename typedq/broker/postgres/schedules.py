@@ -70,6 +70,7 @@ class ScheduleOps(PostgresCore):
             [self.queue_cap({m.queue for m in f.messages}) for f in firings],
             *args[1:7],
             self.channel,
+            *args[9:12],
         )
         rows.sort(key=lambda row: row["k"])
         return [

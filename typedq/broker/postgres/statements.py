@@ -36,11 +36,11 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
     each state by cursor (``page_jobs``), and the listing of each state (``list_jobs``)."""
     s = f'"{schema}"'
     sql = {
-        "enqueue": f"SELECT {s}.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        "claim": f"SELECT * FROM {s}.claim($1, $2, $3, $4, $5, $6)",
+        "enqueue": f"SELECT {s}.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        "claim": f"SELECT * FROM {s}.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         "complete": f"SELECT {s}.complete($1, $2, $3, $4, $5, $6, $7)",
         "complete_and_claim": f"SELECT * FROM {s}.complete_and_claim($1, $2, $3, $4, $5, "
-        "$6, $7, $8, $9, $10, $11, $12)",
+        "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
         "fail": f"SELECT {s}.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         "release": f"SELECT {s}.release($1, $2, $3, $4, $5, $6, $7)",
         "cancel": f"SELECT {s}.cancel($1, $2, $3, $4, $5, $6, $7)",
@@ -72,7 +72,7 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "now_us": f"SELECT {s}.now_us()",
         "sync_schedules": f"SELECT * FROM {s}.sync_schedules($1, $2, $3, $4)",
         "fire_schedules": f"SELECT * FROM {s}.fire_schedules($1, $2, $3, $4, $5, $6, $7, "
-        "$8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+        "$8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
         "schedule_states": f"SELECT * FROM {s}.schedules WHERE ns = $1 ORDER BY name",
         "remove": f"SELECT {s}.remove($1, $2, $3, $4, $5)",
         "get": f"SELECT {RECORD_COLUMNS} FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2)",
@@ -89,12 +89,28 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         ),
         "progress": f"UPDATE {s}.jobs SET progress = $4 WHERE ns = $1 AND id = $2 "
         "AND state = 2 AND token = $3",
+        # Whether a claim may find work now (a waiting job no gate parked, a gate open,
+        # a slot freed for a gate), else in how many seconds (a scheduled job due, a gate
+        # opening, a ghost's slot ending; NULL: none).
         "due": (
+            f"WITH g AS (SELECT min(opens_us) AS opens FROM {s}.gates "
+            "WHERE ns = $1 AND queue = ANY ($2)), "
+            f"f AS (SELECT min(f.at_us) AS at FROM {s}.freed f JOIN {s}.gates x "
+            "ON x.ns = f.ns AND x.queue = f.queue AND x.gate = f.gate "
+            "WHERE f.ns = $1 AND f.queue = ANY ($2)), "
+            f"n AS (SELECT {s}.now_s() AS s) "
             f"SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
-            "AND state = 0), "
-            f"(SELECT min(run_at) FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
-            f"AND state = 1) - {s}.now_s()"
+            "AND state = 0 AND gate IS NULL) "
+            "OR g.opens <= n.s * 1e6 OR f.at <= n.s * 1e6, "
+            f"least((SELECT min(run_at) FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
+            "AND state = 1) - n.s, g.opens / 1e6 - n.s, f.at / 1e6 - n.s)::float8 "
+            "FROM g, f, n"
         ),
+        # A bucket another claim holds right now is left for the next pass (CASE: the
+        # lock is tried only for a window with nothing left in it).
+        "forget_windows": f"DELETE FROM {s}.rate_windows WHERE ns = $1 AND CASE WHEN "
+        f"starts[array_upper(starts, 1)] <= {s}.now_us() - $2::bigint "
+        f"THEN {s}.limit_lock(ns, 'r', task, key) ELSE false END",
         "cancels": f"SELECT id FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2) "
         "AND state = 2 AND cancel_requested",
         "stats": (
