@@ -57,7 +57,7 @@ class PostgresCore(Broker):
 
     if TYPE_CHECKING:
 
-        async def _forget_windows(self) -> None: ...
+        async def _forget_idle(self) -> None: ...
 
     # -- calls -------------------------------------------------------------------------
 

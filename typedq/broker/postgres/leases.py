@@ -266,5 +266,5 @@ class LeaseOps(PostgresCore):
             return got
 
         recovered = await call("recover_stalled", self.target.safe, send)
-        await self._forget_windows()
+        await self._forget_idle()
         return recovered

@@ -67,9 +67,10 @@ class LimitOps(PostgresCore):
         """Declare tasks' limits; every later claim of this broker enforces them."""
         self._merge_limits(limits)
 
-    async def _forget_windows(self) -> None:
-        """Drop the rate windows with no start left in the longest window this broker
-        limits by (as good as new; the reaper's pass, as memory's ``forget_idle``)."""
-        longest = max((spec.per_us for spec in self.limits.values() if spec.rate), default=0)
-        if longest:
-            await self._fetch("forget_windows", self._sql["forget_windows"], self.ns, longest)
+    async def _forget_idle(self) -> None:
+        """The reaper's pass, with limits: drop the rate windows of this broker's tasks
+        with no start left in them (as good as new, as memory's ``forget_idle``), and
+        the notes of freed slots whose gate is gone."""
+        if self.limits:
+            tasks, _, pers, *_ = limit_args(self.limits)
+            await self._fetch("forget_idle", self._sql["forget_idle"], self.ns, tasks, pers)

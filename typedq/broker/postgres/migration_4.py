@@ -300,7 +300,7 @@ END $$;
 -- Give the open gates of p_queues back as many of their parked jobs as their bucket
 -- admits now, best first (the claim admits or parks them again); a gate whose task
 -- this claim does not limit gives back all of them. A gate whose bucket another claim
--- holds is left for later. Notes of gates that are gone are dropped after a minute.
+-- holds is left for later.
 CREATE FUNCTION {s}.unpark(p_ns text, p_queues text[], p_now_us bigint, p_tasks text[],
                            p_rates integer[], p_pers bigint[], p_concs integer[],
                            p_spacings bigint[], p_earlies bigint[])
@@ -315,12 +315,6 @@ DECLARE
     n integer;
     turn bigint;
 BEGIN
-    DELETE FROM {s}.freed f WHERE f.id IN (
-        SELECT o.id FROM {s}.freed o
-        WHERE o.ns = p_ns AND o.queue = ANY (p_queues) AND o.made < p_now_us / 1e6 - 60
-          AND NOT EXISTS (SELECT 1 FROM {s}.gates x
-                          WHERE x.ns = p_ns AND x.queue = o.queue AND x.gate = o.gate)
-        LIMIT 1000 FOR UPDATE SKIP LOCKED);
     FOR g IN
         SELECT x.queue, x.gate, x.kind, x.task, x.key FROM {s}.gates x
         WHERE x.ns = p_ns AND x.queue = ANY (p_queues)

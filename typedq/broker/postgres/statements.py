@@ -106,11 +106,22 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
             "AND state = 1) - n.s, g.opens / 1e6 - n.s, f.at / 1e6 - n.s)::float8 "
             "FROM g, f, n"
         ),
-        # A bucket another claim holds right now is left for the next pass (CASE: the
-        # lock is tried only for a window with nothing left in it).
-        "forget_windows": f"DELETE FROM {s}.rate_windows WHERE ns = $1 AND CASE WHEN "
-        f"starts[array_upper(starts, 1)] <= {s}.now_us() - $2::bigint "
-        f"THEN {s}.limit_lock(ns, 'r', task, key) ELSE false END",
+        # The reaper's pass of a broker that limits tasks: the rate windows of its
+        # tasks ($2, windows $3 us) with no start left in them (a bucket another claim
+        # holds is left for the next pass; CASE: its lock is tried only for an idle one),
+        # and freed notes older than a minute whose gate is gone.
+        "forget_idle": (
+            f"WITH w AS (DELETE FROM {s}.rate_windows r "
+            "USING unnest($2::text[], $3::bigint[]) AS l (task, per) "
+            "WHERE r.ns = $1 AND r.task = l.task AND l.per > 0 AND CASE WHEN "
+            f"r.starts[array_upper(r.starts, 1)] <= {s}.now_us() - l.per "
+            f"THEN {s}.limit_lock(r.ns, 'r', r.task, r.key) ELSE false END), "
+            f"f AS (DELETE FROM {s}.freed f WHERE f.id IN (SELECT o.id FROM {s}.freed o "
+            f"WHERE o.ns = $1 AND o.made < {s}.now_s() - 60 AND NOT EXISTS (SELECT 1 "
+            f"FROM {s}.gates x WHERE x.ns = o.ns AND x.queue = o.queue AND x.gate = o.gate) "
+            "LIMIT 10000 FOR UPDATE SKIP LOCKED)) "
+            "SELECT 1"
+        ),
         "cancels": f"SELECT id FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2) "
         "AND state = 2 AND cancel_requested",
         "stats": (
