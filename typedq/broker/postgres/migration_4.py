@@ -228,14 +228,13 @@ END $$;
 CREATE FUNCTION {s}.rate_window(p_ns text, p_task text, p_key text, p_per bigint,
                                 p_now_us bigint)
 RETURNS bigint[] LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array(SELECT s FROM unnest(w.starts) s WHERE s > p_now_us - p_per
-                          ORDER BY s), '{{}}')
-    FROM (SELECT (SELECT r.starts FROM {s}.rate_windows r
-                  WHERE r.ns = p_ns AND r.task = p_task AND r.key = p_key) AS starts) w
+    SELECT coalesce((SELECT array(SELECT s FROM unnest(r.starts) s
+                                  WHERE s > p_now_us - p_per ORDER BY s)
+                     FROM {s}.rate_windows r
+                     WHERE r.ns = p_ns AND r.task = p_task AND r.key = p_key), '{{}}')
 $$;
 
--- Park waiting job p_id of p_queue by its closed gate, which opens at p_opens (NULL:
--- when a slot is freed).
+-- Park job p_id by its closed gate, which opens at p_opens (NULL: when a slot is freed).
 CREATE FUNCTION {s}.park(p_ns text, p_queue text, p_id text, p_kind text, p_task text,
                          p_key text, p_opens bigint)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -249,52 +248,61 @@ BEGIN
 END $$;
 
 -- Admit a waiting job under its task's limits (p_rate 0: no rate limit; p_conc 0: no
--- concurrency limit): take its slot and its start (0), or park it by its closed gate
--- (1); 2: another claim holds its bucket right now (it stays in line, unclaimed).
+-- concurrency limit): take its slot and its start (verdict 0), or park it by its closed
+-- gate (1); 2: another claim holds its bucket right now (it stays in line, unclaimed).
+-- p_held: the slots held of its concurrency bucket, counted under its lock by this
+-- claim already (NULL: count them); held: that count after this job (NULL: none).
 CREATE FUNCTION {s}.admit(p_ns text, p_queue text, p_id text, p_task text, p_rkey text,
                           p_ckey text, p_rate integer, p_per bigint, p_conc integer,
-                          p_spacing bigint, p_early bigint, p_now_us bigint)
-RETURNS smallint LANGUAGE plpgsql AS $$
+                          p_spacing bigint, p_early bigint, p_now_us bigint, p_held bigint,
+                          OUT verdict smallint, OUT held bigint)
+LANGUAGE plpgsql AS $$
 DECLARE
     st bigint[];
     n integer;
     turn bigint;
 BEGIN
+    held := NULL;
     IF p_conc > 0 THEN
-        IF NOT {s}.limit_lock(p_ns, 'c', p_task, p_ckey) THEN
-            RETURN 2;
+        held := p_held;
+        IF held IS NULL THEN
+            IF NOT {s}.limit_lock(p_ns, 'c', p_task, p_ckey) THEN
+                verdict := 2;
+                RETURN;
+            END IF;
+            held := {s}.slots_held(p_ns, p_task, p_ckey, p_now_us);
         END IF;
-        IF {s}.slots_held(p_ns, p_task, p_ckey, p_now_us) >= p_conc THEN
+        IF held >= p_conc THEN
             PERFORM {s}.park(p_ns, p_queue, p_id, 'c', p_task, p_ckey,
                 (SELECT min(g.until_us) FROM {s}.ghosts g
                  WHERE g.ns = p_ns AND g.task = p_task AND g.key = p_ckey));
-            RETURN 1;
+            verdict := 1;
+            RETURN;
         END IF;
     END IF;
     IF p_rate > 0 THEN
         IF NOT {s}.limit_lock(p_ns, 'r', p_task, p_rkey) THEN
-            RETURN 2;
+            verdict := 2;
+            RETURN;
         END IF;
         st := {s}.rate_window(p_ns, p_task, p_rkey, p_per, p_now_us);
         n := coalesce(array_length(st, 1), 0);
-        IF n >= p_rate THEN
-            -- Open once the start `rate` places back leaves the window.
-            PERFORM {s}.park(p_ns, p_queue, p_id, 'r', p_task, p_rkey,
-                             st[n - p_rate + 1] + p_per);
-            RETURN 1;
-        END IF;
-        -- Spaced starts: the next turn, taken up to p_early before it, recorded at it.
+        -- Closed: open once the start `rate` places back leaves the window; or, spaced,
+        -- at the next turn, which may be taken up to p_early before it.
         turn := CASE WHEN n > 0 THEN greatest(p_now_us, st[n] + p_spacing) ELSE p_now_us END;
-        IF p_spacing > 0 AND turn > p_now_us + p_early THEN
-            PERFORM {s}.park(p_ns, p_queue, p_id, 'r', p_task, p_rkey, turn - p_early);
-            RETURN 1;
+        IF n >= p_rate OR (p_spacing > 0 AND turn > p_now_us + p_early) THEN
+            PERFORM {s}.park(p_ns, p_queue, p_id, 'r', p_task, p_rkey,
+                CASE WHEN n >= p_rate THEN st[n - p_rate + 1] + p_per ELSE turn - p_early END);
+            verdict := 1;
+            RETURN;
         END IF;
         INSERT INTO {s}.rate_windows AS r (ns, task, key, starts)
         VALUES (p_ns, p_task, p_rkey,
                 st || CASE WHEN p_spacing > 0 THEN turn ELSE p_now_us END)
         ON CONFLICT (ns, task, key) DO UPDATE SET starts = excluded.starts;
     END IF;
-    RETURN 0;
+    held := held + 1;
+    verdict := 0;
 END $$;
 
 -- Give the open gates of p_queues back as many of their parked jobs as their bucket
@@ -392,6 +400,8 @@ DECLARE
     found_any boolean;
     skipped text[] := '{{}}';
     verdict smallint;
+    ck text;  -- the concurrency bucket (task, key) whose slots `held` counts
+    held bigint;
     i integer;
     r record;
 BEGIN
@@ -466,9 +476,14 @@ BEGIN
                 i := array_position(p_tasks, r.task);
                 verdict := 0;
                 IF i IS NOT NULL THEN
-                    verdict := {s}.admit(p_ns, r.queue, r.id, r.task, r.rate_key, r.conc_key,
-                                         p_rates[i], p_pers[i], p_concs[i], p_spacings[i],
-                                         p_earlies[i], now_us);
+                    -- A run of jobs of one concurrency bucket is counted once.
+                    SELECT a.verdict, a.held INTO verdict, held
+                    FROM {s}.admit(p_ns, r.queue, r.id, r.task, r.rate_key, r.conc_key,
+                                   p_rates[i], p_pers[i], p_concs[i], p_spacings[i],
+                                   p_earlies[i], now_us,
+                                   CASE WHEN ck = r.task || chr(31) || r.conc_key
+                                        THEN held END) a;
+                    ck := CASE WHEN held IS NOT NULL THEN r.task || chr(31) || r.conc_key END;
                 END IF;
                 IF verdict = 0 THEN
                     got := got + 1;
