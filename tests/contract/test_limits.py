@@ -33,7 +33,7 @@ from typedq.broker.base import (
 )
 from typedq.limits import LimitSpec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 class Tenant(msgspec.Struct, frozen=True):

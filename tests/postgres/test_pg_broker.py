@@ -14,7 +14,7 @@ import pytest
 
 from tests.pg_harness import PgCluster
 from tests.support import TEST_DEADLINE, In, Out, claim_one, connected, msg, one
-from typedq import App, ConfigError, FailureRecord, Fair, JobState, RateLimit, Unsupported
+from typedq import App, ConfigError, FailureRecord, Fair, JobState, Unsupported
 from typedq.broker import broker_from_url
 from typedq.broker.base import BrokerSettings
 from typedq.broker.postgres import PostgresBroker
@@ -80,14 +80,10 @@ async def test_several_processes_migrate_a_fresh_schema_once(pg_url: str) -> Non
                 await broker.close()
 
 
-async def test_an_app_with_rate_limits_fails_at_connect_naming_the_capability(
+async def test_an_app_with_event_streams_fails_at_connect_naming_the_capability(
     pg_url: str, app_name: str
 ) -> None:
-    app = App(app_name, broker=pg_url)
-
-    @app.task(rate_limit=RateLimit(10, per=1.0))
-    async def poll(x: In) -> Out:
-        return Out(x.n)
+    app = App(app_name, broker=pg_url, event_streams=True)
 
     with pytest.raises(Unsupported) as info:
         async with app:
@@ -95,7 +91,7 @@ async def test_an_app_with_rate_limits_fails_at_connect_naming_the_capability(
     message = str(info.value)
     assert "\n" not in message
     assert "PostgresBroker lacks what app" in message
-    assert "Limits (rate_limit/concurrency of tasks poll)" in message
+    assert "EventStreams (App(event_streams=True))" in message
 
 
 async def test_a_workflow_on_postgres_is_refused_where_it_is_enqueued(

@@ -60,7 +60,8 @@ async def test_a_schema_at_version_1_migrates_and_keeps_its_queues(pg_url: str) 
             await conn.execute(migrate_sql(1, schema))
             await conn.execute(f'INSERT INTO "{schema}".migrations (version) VALUES (1)')  # noqa: S608 (a test's own name)
         old = PostgresBroker(url, BrokerSettings(namespace="old"))
-        args = old._enqueue_args([msg(queue="legacy")])
+        # Version 1's enqueue takes the first nine (no task or limit keys).
+        args = old._enqueue_args([msg(queue="legacy")])[:9]
         await conn.fetchval(f'SELECT "{schema}".enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9)', *args)
     finally:
         await conn.close()

@@ -41,15 +41,15 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
-#: PostgreSQL broker has the core store, operator actions, observability and schedules so
-#: far (issue 30; docs/brokers.md).
+#: PostgreSQL broker has the core store, operator actions, observability, schedules and
+#: task limits so far (issue 30; docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
     PostgresBroker: tuple(
         cap
         for cap in CAPABILITIES
-        if cap not in (Observability, OperatorActions, Schedules, TransactionalEnqueue)
+        if cap not in (Limits, Observability, OperatorActions, Schedules, TransactionalEnqueue)
     ),
 }
 

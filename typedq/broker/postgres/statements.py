@@ -36,11 +36,11 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
     each state by cursor (``page_jobs``), and the listing of each state (``list_jobs``)."""
     s = f'"{schema}"'
     sql = {
-        "enqueue": f"SELECT {s}.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        "claim": f"SELECT * FROM {s}.claim($1, $2, $3, $4, $5, $6)",
+        "enqueue": f"SELECT {s}.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        "claim": f"SELECT * FROM {s}.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         "complete": f"SELECT {s}.complete($1, $2, $3, $4, $5, $6, $7)",
         "complete_and_claim": f"SELECT * FROM {s}.complete_and_claim($1, $2, $3, $4, $5, "
-        "$6, $7, $8, $9, $10, $11, $12)",
+        "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
         "fail": f"SELECT {s}.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         "release": f"SELECT {s}.release($1, $2, $3, $4, $5, $6, $7)",
         "cancel": f"SELECT {s}.cancel($1, $2, $3, $4, $5, $6, $7)",
@@ -72,7 +72,7 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "now_us": f"SELECT {s}.now_us()",
         "sync_schedules": f"SELECT * FROM {s}.sync_schedules($1, $2, $3, $4)",
         "fire_schedules": f"SELECT * FROM {s}.fire_schedules($1, $2, $3, $4, $5, $6, $7, "
-        "$8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+        "$8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
         "schedule_states": f"SELECT * FROM {s}.schedules WHERE ns = $1 ORDER BY name",
         "remove": f"SELECT {s}.remove($1, $2, $3, $4, $5)",
         "get": f"SELECT {RECORD_COLUMNS} FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2)",
@@ -89,11 +89,38 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         ),
         "progress": f"UPDATE {s}.jobs SET progress = $4 WHERE ns = $1 AND id = $2 "
         "AND state = 2 AND token = $3",
+        # Whether a claim may find work now (a waiting job no gate parked, a gate open,
+        # a slot freed for a gate), else in how many seconds (a scheduled job due, a gate
+        # opening, a ghost's slot ending; NULL: none).
         "due": (
+            f"WITH g AS (SELECT min(opens_us) AS opens FROM {s}.gates "
+            "WHERE ns = $1 AND queue = ANY ($2)), "
+            f"f AS (SELECT min(f.at_us) AS at FROM {s}.freed f JOIN {s}.gates x "
+            "ON x.ns = f.ns AND x.queue = f.queue AND x.gate = f.gate "
+            "WHERE f.ns = $1 AND f.queue = ANY ($2)), "
+            f"n AS (SELECT {s}.now_s() AS s) "
             f"SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
-            "AND state = 0), "
-            f"(SELECT min(run_at) FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
-            f"AND state = 1) - {s}.now_s()"
+            "AND state = 0 AND gate IS NULL) "
+            "OR g.opens <= n.s * 1e6 OR f.at <= n.s * 1e6, "
+            f"least((SELECT min(run_at) FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
+            "AND state = 1) - n.s, g.opens / 1e6 - n.s, f.at / 1e6 - n.s)::float8 "
+            "FROM g, f, n"
+        ),
+        # The reaper's pass of a broker that limits tasks: the rate windows of its
+        # tasks ($2, windows $3 us) with no start left in them (a bucket another claim
+        # holds is left for the next pass; CASE: its lock is tried only for an idle one),
+        # and freed notes older than a minute whose gate is gone.
+        "forget_idle": (
+            f"WITH w AS (DELETE FROM {s}.rate_windows r "
+            "USING unnest($2::text[], $3::bigint[]) AS l (task, per) "
+            "WHERE r.ns = $1 AND r.task = l.task AND l.per > 0 AND CASE WHEN "
+            f"r.starts[array_upper(r.starts, 1)] <= {s}.now_us() - l.per "
+            f"THEN {s}.limit_lock(r.ns, 'r', r.task, r.key) ELSE false END), "
+            f"f AS (DELETE FROM {s}.freed f WHERE f.id IN (SELECT o.id FROM {s}.freed o "
+            f"WHERE o.ns = $1 AND o.made < {s}.now_s() - 60 AND NOT EXISTS (SELECT 1 "
+            f"FROM {s}.gates x WHERE x.ns = o.ns AND x.queue = o.queue AND x.gate = o.gate) "
+            "LIMIT 10000 FOR UPDATE SKIP LOCKED)) "
+            "SELECT 1"
         ),
         "cancels": f"SELECT id FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2) "
         "AND state = 2 AND cancel_requested",

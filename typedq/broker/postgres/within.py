@@ -23,7 +23,18 @@ __all__ = ["EnqueueArgs", "enqueue_within", "within_error"]
 
 #: The enqueue function's arguments, in its parameters' order (schema.py).
 EnqueueArgs = tuple[
-    str, list[str], list[str], list[bytes], list[int], list[Any], list[Any], int, str
+    str,
+    list[str],
+    list[str],
+    list[bytes],
+    list[int],
+    list[Any],
+    list[Any],
+    int,
+    str,
+    list[str],
+    list[str],
+    list[str],
 ]
 
 #: The enqueue call for psycopg: its placeholders are ``%s``, and the parameters' types are
@@ -31,7 +42,8 @@ EnqueueArgs = tuple[
 #: arguments are not cast to its parameters' types implicitly).
 _PSYCOPG_ENQUEUE = (
     'SELECT "{schema}".enqueue(%s::text, %s::text[], %s::text[], %s::bytea[], %s::integer[], '
-    "%s::double precision[], %s::double precision[], %s::integer, %s::text)"
+    "%s::double precision[], %s::double precision[], %s::integer, %s::text, %s::text[], "
+    "%s::text[], %s::text[])"
 )
 
 
