@@ -497,8 +497,11 @@ class WorkerProcess:
                 self.proc.wait()
 
 
-async def w_e2e(a: Adapter, n: int, producers: int, concurrency: int) -> dict[str, Any]:
-    """n jobs from `producers` single-enqueue loops while the worker runs at `concurrency`."""
+async def w_e2e(
+    a: Adapter, n: int, producers: int, concurrency: int, min_rate: float = 50.0
+) -> dict[str, Any]:
+    """n jobs from `producers` single-enqueue loops while the worker runs at `concurrency`;
+    a worker slower than `min_rate` jobs/s (after 120 s) fails the run."""
     worker = WorkerProcess(a, n, concurrency)
     worker.start()
     try:
@@ -514,7 +517,7 @@ async def w_e2e(a: Adapter, n: int, producers: int, concurrency: int) -> dict[st
         started = time.time()
         await asyncio.gather(*(producer() for _ in range(producers)))
         enqueued = time.time() - started
-        res = await worker.wait_file(worker.out, timeout=max(120.0, n / 50))
+        res = await worker.wait_file(worker.out, timeout=max(120.0, n / min_rate))
         cpu = meter.stop(n)
     finally:
         await worker.stop()
@@ -721,7 +724,13 @@ async def _run(a: Adapter, params: dict[str, Any]) -> dict[str, Any]:
     runs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
         "single": lambda: w_single(a, n, int(params.get("producers", 32))),
         "bulk": lambda: w_bulk(a, n, int(params.get("batch", 100))),
-        "e2e": lambda: w_e2e(a, n, int(params.get("producers", 4)), int(params["concurrency"])),
+        "e2e": lambda: w_e2e(
+            a,
+            n,
+            int(params.get("producers", 4)),
+            int(params["concurrency"]),
+            float(params.get("min_rate", 50)),
+        ),
         "drain": lambda: w_drain(a, n, int(params.get("concurrency", 16))),
         "latency": lambda: w_latency(
             a, n, float(params.get("rate", 1000)), int(params.get("concurrency", 16))

@@ -30,7 +30,7 @@ def test_oban_gets_the_python_it_requires() -> None:
 
 def test_each_row_names_its_workload() -> None:
     assert pg_peers.params_of("e2e64", 2000, 10) == {
-        "workload": "e2e", "n": 2000, "concurrency": 64, "producers": 4,
+        "workload": "e2e", "n": 2000, "concurrency": 64, "producers": 4, "min_rate": 5,
     }  # fmt: skip
     assert pg_peers.params_of("history0", 2000, 10)["history"] == 0
     assert pg_peers.params_of("history", 2000, 10)["history"] == 10
