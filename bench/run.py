@@ -136,18 +136,40 @@ def peers() -> dict[str, list[str]]:
     return {name: spec["requirements"] for name, spec in data["venvs"].items()}
 
 
+def venv_python(name: str) -> str | None:
+    """The Python version a venv asks for (``python = "3.12"`` in peers.toml), or None."""
+    data = tomllib.loads((BENCH / "peers.toml").read_text())
+    wanted: str | None = data["venvs"][name].get("python")
+    return wanted
+
+
+def interpreter(version: str | None) -> str:
+    """``pythonX.Y`` on the PATH, else pyenv's newest X.Y.*, else this interpreter's own."""
+    if version is None:
+        return sys.executable
+    found = shutil.which(f"python{version}")
+    if found:
+        return found
+    pyenv = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python"))
+    if pyenv:
+        return str(pyenv[-1])
+    raise SystemExit(f"bench/peers.toml asks for Python {version}: no python{version} found")
+
+
 def ensure_venv(name: str) -> Path:
     """bench/.venvs/<name>, created (or recreated when its pins changed) with pip."""
     reqs = peers()[name]
+    wanted = venv_python(name)
+    pins: Any = reqs if wanted is None else {"python": wanted, "requirements": reqs}
     venv = VENVS / name
     marker = venv / ".requirements.json"
     python = venv / "bin" / "python"
-    if python.exists() and marker.exists() and json.loads(marker.read_text()) == reqs:
+    if python.exists() and marker.exists() and json.loads(marker.read_text()) == pins:
         return python
     print(f"[setup] creating {venv.relative_to(ROOT)}: {' '.join(reqs)}", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run([interpreter(wanted), "-m", "venv", "--clear", str(venv)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", *reqs], check=True)
-    marker.write_text(json.dumps(reqs))
+    marker.write_text(json.dumps(pins))
     return python
 
 

@@ -39,6 +39,9 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+# The PostgreSQL peers' runs (bench/pg_peers.py) set this and no Redis: a fresh database of
+# the local PostgreSQL service per run. Their runs read no Redis CPU.
+PG_URL = os.environ.get("BENCH_PG_URL", "")
 ROOT = Path(__file__).resolve().parents[2]  # the repository root, cwd of worker processes
 WARMUP_ID = -1
 # customer_id, invoice_id, the enqueue timestamp and a note: 100 bytes as compact JSON.
@@ -348,7 +351,7 @@ class CpuMeter:
     def _sample(self) -> tuple[float, float | None, float]:
         proc = self.worker.proc
         worker = _tree_cpu(proc.pid) if proc is not None else None
-        return _self_cpu(), worker, _redis_cpu()
+        return _self_cpu(), worker, 0.0 if PG_URL else _redis_cpu()
 
     def start(self) -> None:
         self.begin = self._sample()
@@ -356,10 +359,9 @@ class CpuMeter:
     def stop(self, jobs: int) -> dict[str, float]:
         end = self._sample()
         per_1k = 1000.0 * 1000.0 / jobs  # seconds -> ms, per 1,000 jobs
-        out = {
-            "producer_cpu_ms_per_1k": (end[0] - self.begin[0]) * per_1k,
-            "redis_cpu_ms_per_1k": (end[2] - self.begin[2]) * per_1k,
-        }
+        out = {"producer_cpu_ms_per_1k": (end[0] - self.begin[0]) * per_1k}
+        if not PG_URL:
+            out["redis_cpu_ms_per_1k"] = (end[2] - self.begin[2]) * per_1k
         if end[1] is not None and self.begin[1] is not None:
             out["worker_cpu_ms_per_1k"] = (end[1] - self.begin[1]) * per_1k
         return out
@@ -495,8 +497,11 @@ class WorkerProcess:
                 self.proc.wait()
 
 
-async def w_e2e(a: Adapter, n: int, producers: int, concurrency: int) -> dict[str, Any]:
-    """n jobs from `producers` single-enqueue loops while the worker runs at `concurrency`."""
+async def w_e2e(
+    a: Adapter, n: int, producers: int, concurrency: int, min_rate: float = 50.0
+) -> dict[str, Any]:
+    """n jobs from `producers` single-enqueue loops while the worker runs at `concurrency`;
+    a worker slower than `min_rate` jobs/s (after 120 s) fails the run."""
     worker = WorkerProcess(a, n, concurrency)
     worker.start()
     try:
@@ -512,7 +517,7 @@ async def w_e2e(a: Adapter, n: int, producers: int, concurrency: int) -> dict[st
         started = time.time()
         await asyncio.gather(*(producer() for _ in range(producers)))
         enqueued = time.time() - started
-        res = await worker.wait_file(worker.out, timeout=max(120.0, n / 50))
+        res = await worker.wait_file(worker.out, timeout=max(120.0, n / min_rate))
         cpu = meter.stop(n)
     finally:
         await worker.stop()
@@ -616,6 +621,25 @@ async def w_memory(a: Adapter, n: int) -> dict[str, Any]:
     }
 
 
+async def w_history(a: Adapter, n: int, concurrency: int, history: int) -> dict[str, Any]:
+    """The claim under history (PostgreSQL peers): ``history`` finished jobs written straight
+    into the system's own tables (the adapter's ``fill_history``, untimed, then VACUUM
+    ANALYZE as autovacuum would have done by then), then the drain of ``n`` jobs."""
+    fixture = "none"
+    fill_s = 0.0
+    if history:
+        started = time.perf_counter()
+        fixture = await a.fill_history(history)  # type: ignore[attr-defined]
+        fill_s = time.perf_counter() - started
+        # The whole database: every system's tables alike, whatever they are named.
+        vacuum = await asyncio.create_subprocess_exec("psql", PG_URL, "-qc", "VACUUM ANALYZE")
+        if await vacuum.wait() != 0:
+            raise RuntimeError("VACUUM ANALYZE failed")
+    out = await w_drain(a, n, concurrency)
+    out.update(history=history, fill_s=fill_s, fixture=fixture, ms_per_job=1000 / out["jobs_per_s"])
+    return out
+
+
 class _FlowFeedback(asyncio.DatagramProtocol):
     """Receives the worker's cumulative count of finished flows; frees that many window slots."""
 
@@ -700,12 +724,21 @@ async def _run(a: Adapter, params: dict[str, Any]) -> dict[str, Any]:
     runs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
         "single": lambda: w_single(a, n, int(params.get("producers", 32))),
         "bulk": lambda: w_bulk(a, n, int(params.get("batch", 100))),
-        "e2e": lambda: w_e2e(a, n, int(params.get("producers", 4)), int(params["concurrency"])),
+        "e2e": lambda: w_e2e(
+            a,
+            n,
+            int(params.get("producers", 4)),
+            int(params["concurrency"]),
+            float(params.get("min_rate", 50)),
+        ),
         "drain": lambda: w_drain(a, n, int(params.get("concurrency", 16))),
         "latency": lambda: w_latency(
             a, n, float(params.get("rate", 1000)), int(params.get("concurrency", 16))
         ),
         "memory": lambda: w_memory(a, n),
+        "history": lambda: w_history(
+            a, n, int(params.get("concurrency", 16)), int(params.get("history", 0))
+        ),
         "chain": lambda: _flow(a, params),
         "fanin": lambda: _flow(a, params),
     }

@@ -37,7 +37,14 @@ class Payload(msgspec.Struct):
     note: str
 
 
-app = App("bench", broker=BROKER_URL)
+# The PostgreSQL claim-under-history row (bench/pg_peers.py) keeps its 1,000,000 finished
+# jobs: the default count bound (10,000 completed) would delete them as the drain finishes.
+KEEP = int(os.environ.get("BENCH_TYPEDQ_KEEP", "0"))
+app = App(
+    "bench",
+    broker=BROKER_URL,
+    retention=typedq.Retention(completed_max=KEEP) if KEEP else None,
+)
 
 
 @app.task
@@ -129,6 +136,41 @@ class TypedqAdapter:
 
     async def enqueue_batch(self, payloads: list[Any]) -> None:
         await noop.enqueue_many(payloads)
+
+    async def fill_history(self, n: int) -> str:
+        """``n`` completed jobs of the noop task written with one INSERT ... SELECT
+        generate_series into the broker's own tables (PostgreSQL only), as a queue that has
+        run them would hold them, its per-state count of finished jobs included."""
+        import asyncpg  # the postgres extra; the Redis runs never get here
+
+        conn = await asyncpg.connect(common.PG_URL)
+        try:
+            await conn.execute(
+                """
+                INSERT INTO typedq.jobs (ns, id, queue, message, state, seq, attempt,
+                    enqueued_at, started_at, finished_at, token, done_token, worker_id)
+                SELECT $1, 'h' || g, $2, $3, 3, nextval('typedq.job_seq'), 1,
+                    e - 2 + g * 1e-6, e - 1 + g * 1e-6, e - 1 + g * 1e-6, 't', 't', 'w'
+                FROM generate_series(1, $4::bigint) g,
+                    (SELECT extract(epoch FROM now())::float8 - 3600 AS e) x
+                """,
+                app.name,
+                noop.queue,
+                msgspec.msgpack.encode(self.make(0, 0.0)),
+                n,
+            )
+            await conn.execute(
+                """INSERT INTO typedq.finished AS f (ns, state, n) VALUES ($1, 3, $2)
+                ON CONFLICT (ns, state) DO UPDATE SET n = f.n + $2""",
+                app.name,
+                n,
+            )
+        finally:
+            await conn.close()
+        return (
+            f"INSERT ... SELECT generate_series: {n:,} rows of typedq.jobs in state completed "
+            f"(+ typedq.finished count), app kept them: Retention(completed_max={KEEP:,})"
+        )
 
     async def enqueue_chain(self, i: int, t: float, links: int) -> None:
         await chain_of(links).enqueue(Link(i, 0, links, t, common.NOTE))
