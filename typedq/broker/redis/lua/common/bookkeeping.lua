@@ -290,9 +290,10 @@ end
 -- The bookkeeping of job `id` of queue `q` that a claim took (common/claiming.lua's activate, the
 -- same for a waiting entry as for a job with a key): its lease until `lease_until` (text)
 -- queued in `leases` (queue -> lease_until, id, ...: one ZADD per queue at the end of a
--- claim of several jobs) or added now (nil: a claim of one), waiting -1 / active +1, and
--- its claim record line '<queue>|<id>', appended to `lines` (nil: a claim of one, which
--- keeps the line itself, no table) and returned.
+-- claim of several jobs, which also counts them there: waiting -n / active +n) or added
+-- now (nil: a claim of one) and counted, waiting -1 / active +1, and its claim record
+-- line '<queue>|<id>', appended to `lines` (nil: a claim of one, which keeps the line
+-- itself, no table) and returned.
 local function claimed_job(q, id, lease_until, leases, lines)
   if leases then
     local m = leases[q]
@@ -300,9 +301,9 @@ local function claimed_job(q, id, lease_until, leases, lines)
     m[#m + 1], m[#m + 2] = lease_until, id
   else
     rcall('ZADD', k_active(q), lease_until, id)
+    count(q, 'w', -1)
+    count(q, 'a', 1)
   end
-  count(q, 'w', -1)
-  count(q, 'a', 1)
   local line = q .. '|' .. id
   if lines then lines[#lines + 1] = line end
   return line
