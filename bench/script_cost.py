@@ -6,7 +6,7 @@ Run: ``.venv/bin/python -m bench.script_cost [--concurrency 1,16] [--jobs 20000]
 ``INFO commandstats`` (the end-to-end mix of C=1 and C=16 in isolation: at C=1 a worker's
 calls hold one job, at C=16 about 16).
 
-``--callgrind [--batch 1,16] [--calls 200] [--keep DIR]``: the same calls (and settle+claim, a worker's
+``--callgrind [--batch 1,16] [--calls 200] [--keep DIR] [--completed-max N]``: the same calls (and settle+claim, a worker's
 steady state: the completions of the previous claim sent with the next claim) against the
 system redis-server run under ``valgrind --tool=callgrind``, reporting the instructions
 redis-server executed per call and per job. Deterministic (same code, same count, to a
@@ -15,6 +15,9 @@ not; valgrind makes Redis ~50x slower, so keep ``--calls`` small. Includes each 
 parsing and reply (what a FCALL costs Redis), not the client's side. ``--keep DIR`` keeps
 each measured phase's dump as ``DIR/<script>-b<batch>.out``, for ``callgrind_annotate``
 (where the instructions go, by function of redis-server and its bundled Lua).
+``--completed-max N`` keeps N completed jobs (the bench app keeps 1,000,000): with N below
+the jobs a run completes, completions run at the retention cap, each deleting the oldest
+completed job as production queues do once they reach it (the default cap is 10,000).
 
 ``INFO commandstats`` sums every script under one command (FCALL, or EVALSHA before the
 function library), so this runs the end-to-end workload with Redis's slow log keeping
@@ -44,6 +47,7 @@ import redis.asyncio as aioredis
 
 from bench import redis_bench
 from bench.redis_bench import end_to_end, fresh, redis_server
+from typedq import App, Retention
 
 _LOG_LEN = 2_000_000
 
@@ -321,8 +325,18 @@ if __name__ == "__main__":
     parser.add_argument(
         "--batch", default="1,16", help="--micro/--callgrind: jobs per call (default 1,16)"
     )
+    parser.add_argument(
+        "--completed-max",
+        type=int,
+        metavar="N",
+        help="--callgrind: completed jobs kept (default: the bench app's 1,000,000)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="--micro: rounds (default 3)")
     args = parser.parse_args()
+    if args.completed_max is not None:
+        redis_bench.app = App(
+            "bench", lease=30.0, retention=Retention(completed_max=args.completed_max)
+        )
     if args.callgrind:
         anyio.run(main_callgrind, [int(b) for b in args.batch.split(",")], args.calls, args.keep)
     elif args.micro:

@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from tests.redis_support import broker_at, message, raw_redis
-from typedq.broker.base import Completion, FinishOutcome, JobMessage
+from typedq.broker.base import Completion, FinishOutcome, JobMessage, JobState, Retention
 from typedq.broker.redis import RedisBroker
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -245,3 +245,30 @@ async def test_a_fair_claim_makes_the_pinned_commands(url: str) -> None:
         per_job = _per_job(five, one, 4)
         assert per_job == FAIR_CLAIM_PER_JOB, f"per job: {sorted(per_job.items())}"
         assert (one["LPUSH"], five["LPUSH"], one["TYPE"], five["TYPE"]) == (1, 1, 0, 0)
+
+
+async def test_a_completion_at_the_retention_cap_deletes_the_trimmed_jobs_at_once(
+    url: str,
+) -> None:
+    """At the cap every completion trims: the popped jobs' states are read (one field:
+    only a failed job can be parked) and the ones still completed are deleted by one DEL
+    for the call, not one per job; the counts move by the number trimmed."""
+    async with broker_at(url, "cost", retention=Retention(completed_max=3)) as broker:
+        await broker.enqueue([message(f"a{i}") for i in range(8)])
+        first = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        await broker.complete([Completion(j.message.id, j.token, b"\xc0") for j in first])
+        held = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        items = [Completion(j.message.id, j.token, b"\xc0") for j in held]
+        async with script_commands(url) as seen:
+            assert await broker.complete(items) == [FinishOutcome.OK] * 4
+        commands = Counter(seen)
+        # 3 kept + 4 completed: the 4 oldest go (the budget is the call's jobs + 100).
+        assert (commands["ZPOPMIN"], commands["DEL"]) == (1, 1)
+        # the completions' 4 reads, the events config's, the 4 trimmed jobs' states
+        assert commands["HMGET"] == 4 + 1 + 4
+        counts = await broker.counts("q")
+        assert counts[JobState.COMPLETED] == 3
+        stats = await broker.queue_stats(["q"])
+        assert stats[0].trimmed[JobState.COMPLETED] == 5
+        records = await broker.get([f"a{i}" for i in range(8)])
+        assert sum(r is None for r in records) == 5

@@ -216,19 +216,32 @@ local function trim(q, state, now, ttl, cap, budget)
   if n <= 0 then return 0 end
   if n > budget then n = budget end
   local popped = rcall('ZPOPMIN', zkey, n)
-  local parked
+  -- The jobs still in this state are deleted by one DEL per 500 (a command costs a
+  -- script more than the key it deletes): at the cap, every completion deletes one.
+  -- Only a failed job can be parked: retry and cancel, the ways out of 'f' to another
+  -- final state, delete its 'pk' (a field a hash lacks costs HMGET a scan of it).
+  local parked, gone, trimmed = nil, {}, 0
+  local want_pk = state == 'f'
   for i = 1, #popped, 2 do
-    local r = read_hash(q, popped[i], 's', 'pk')
-    if r and r[1] == state then
+    local jk = k_job(q, popped[i])
+    -- (read_hash's read, on the key made here: a pcall, so a key of another type is
+    -- skipped, never an error)
+    local r
+    if want_pk then r = rpcall('HMGET', jk, 's', 'pk') else r = rpcall('HMGET', jk, 's') end
+    if type(r) == 'table' and not r.err and r[1] == state then
       if r[2] then
         parked = parked or {}
-        parked[#parked + 1] = {popped[i], rcall('HMGET', k_job(q, popped[i]), 'fl', 'fm',
+        parked[#parked + 1] = {popped[i], rcall('HMGET', jk, 'fl', 'fm',
           'fs', 'fq', 'fx', 'fS', 'fsq', 'err')}
       end
-      rcall('DEL', k_job(q, popped[i]))
-      count(q, state, -1)
-      count(q, 't' .. state, 1)  -- trimmed by retention (queue_stats' trimmed counts)
+      trimmed = trimmed + 1
+      gone[trimmed] = jk
     end
+  end
+  for s = 1, trimmed, 500 do rcall('DEL', unpack(gone, s, math.min(s + 499, trimmed))) end
+  if trimmed > 0 then
+    count(q, state, -trimmed)
+    count(q, 't' .. state, trimmed)  -- trimmed by retention (queue_stats' trimmed counts)
   end
   if parked then
     for _, p in ipairs(parked) do flow_ops.trim_parked(q, p[1], p[2], now) end
