@@ -95,8 +95,9 @@ ENQUEUE_ONE = Counter(
         "EXISTS": 2,
         "INCRBY": 1,
         "HSETNX": 1,  # ... and its index field, written where missing
+        # onto a level list that holds jobs already, so its level is listed (no ZADD;
+        # onto an empty one, the ZADD of its level follows)
         "LPUSH": 1,
-        "ZADD": 1,
         "SET": 1,
         "HINCRBY": 1,
         # the queue's waiter mark (absent: no worker waits, so no work notice is published)
@@ -171,6 +172,13 @@ async def test_an_enqueue_makes_the_pinned_commands(url: str) -> None:
         batch = await commands_of(url, lambda: broker.enqueue([message(f"b{i}") for i in range(5)]))
         per_job = _per_job(batch, one, 4)
         assert per_job == ENQUEUE_PER_JOB, f"per job: {sorted(per_job.items())}"
+        # A level with no job waiting yet is listed (its ZADD), and claimed from first.
+        level = await commands_of(url, lambda: broker.enqueue([message("p", priority=5)]))
+        assert level - ENQUEUE_ONE == Counter({"ZADD": 1}), sorted(level.items())
+        again = await commands_of(url, lambda: broker.enqueue([message("p2", priority=5)]))
+        assert again == ENQUEUE_ONE, f"commands per call: {sorted(again.items())}"
+        claimed = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["p", "p2", "warm", "a"]
 
 
 async def test_a_batch_checks_the_job_keys_once_unless_one_exists(url: str) -> None:
@@ -203,6 +211,7 @@ async def test_an_enqueue_publishes_only_for_a_waiting_worker(url: str) -> None:
         expected = ENQUEUE_ONE.copy()
         expected["PUBLISH"] = 1
         expected["HGETALL"] = 1  # the hand-off registrations the notice ends (none here)
+        expected["ZADD"] = 1  # the queue had no job waiting: its level is listed again
         assert woke == expected, f"commands per call: {sorted(woke.items())}"
         again = await commands_of(url, lambda: broker.enqueue([message("b")]))
         assert again == ENQUEUE_ONE, f"commands per call: {sorted(again.items())}"
