@@ -105,18 +105,20 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
   -- Idle workers registered for a direct hand-off (common/bookkeeping.lua's hand_off):
   -- the new jobs are gathered for it (hid, ho, hm: id, order, body) instead of as
   -- waiting entries. A registration exists only while nothing waits in the queue.
-  local hid, ho, hm = nil, nil, nil
-  if rcall('EXISTS', k_fixed(sq, 'H')) == 1 then hid, ho, hm = {}, {}, {} end
+  -- (hik: their index buckets' keys, which the hand-off deletes their fields from.)
+  local hid, ho, hm, hik = nil, nil, nil, nil
+  if rcall('EXISTS', k_fixed(sq, 'H')) == 1 then hid, ho, hm, hik = {}, {}, {}, {} end
   for i = 1, n do
     out[i], rec[i] = 0, '0'
     if not keyless or keyless[i] then
       local id = ids[i]
       local o = format('%d', order + fresh + 1)
-      if call('HSETNX', ip .. (buckets and ARGV[buckets + i] or idx_bucket(id)), id,
-          o .. tail) == 1 then  -- (k_idx)
+      local ik = ip .. (buckets and ARGV[buckets + i] or idx_bucket(id))  -- (k_idx)
+      if call('HSETNX', ik, id, o .. tail) == 1 then
         fresh = fresh + 1
         if hid then
           hid[fresh], ho[fresh], hm[fresh] = id, o, ARGV[first + stride * (i - 1) + body_at]
+          hik[fresh] = ik
         else
           entries[fresh] = id .. '|' .. o .. '|' .. now_text .. '||' .. ARGV[first + stride * (i - 1) + body_at]
         end
@@ -129,7 +131,7 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
   end
   local stored = fresh
   if hid and fresh > 0 then
-    local handed = hand_off(sq, sprio, hid, ho, hm, 1, fresh, now, now_text)
+    local handed = hand_off(sq, sprio, hid, ho, hm, 1, fresh, now, now_text, hik)
     for j = handed + 1, fresh do
       entries[j - handed] = hid[j] .. '|' .. ho[j] .. '|' .. now_text .. '||' .. hm[j]
     end

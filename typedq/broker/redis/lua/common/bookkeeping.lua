@@ -332,8 +332,9 @@ end
 -- registration takes at most its free slots; one whose slots are all taken ends.
 -- `now` (µs, and its text `now_text`): the enqueue's clock. Returns how many jobs of
 -- ids[first..] were handed (the first ones, in order); their index fields (the
--- enqueue's HSETNX) are deleted here.
-local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text)
+-- enqueue's HSETNX) are deleted here, from the buckets `iks` names (ids[j]'s at iks[j];
+-- nil: each found by hashing its id).
+local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text, iks)
   local hk = k_fixed(q, 'H')
   local regs = rcall('HGETALL', hk)
   if #regs == 0 or rcall('EXISTS', k_gates(q)) == 1 then return 0 end
@@ -356,7 +357,7 @@ local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text
         local j = at + k - 1
         local id, o, m = ids[j], orders[j], bodies[j]
         local jt = tok .. '.' .. id
-        rcall('HDEL', k_idx(q, id), id)
+        rcall('HDEL', iks and iks[j] or k_idx(q, id), id)
         if prio == '0' then
           rcall('HSET', k_job(q, id), 'm', m, 'q', q, 's', 'a', 'o', o, 'e', now_text,
             'a', '1', 't', jt, 'st', now_text, 'w', worker)
