@@ -6,8 +6,9 @@ Run: ``.venv/bin/python -m bench.script_cost [--concurrency 1,16] [--jobs 20000]
 ``INFO commandstats`` (the end-to-end mix of C=1 and C=16 in isolation: at C=1 a worker's
 calls hold one job, at C=16 about 16).
 
-``--callgrind [--batch 1,16] [--calls 200] [--keep DIR]``: the same calls (and settle+claim, a worker's
-steady state: the completions of the previous claim sent with the next claim) against the
+``--callgrind [--batch 1,16] [--calls 200] [--keep DIR] [--completed-max N]``: the same
+calls (and settle+claim, a worker's steady state: the completions of the previous claim
+sent with the next claim) against the
 system redis-server run under ``valgrind --tool=callgrind``, reporting the instructions
 redis-server executed per call and per job. Deterministic (same code, same count, to a
 fraction of a percent) however loaded the box is, where wall-clock and CPU-time A/Bs are
@@ -15,6 +16,11 @@ not; valgrind makes Redis ~50x slower, so keep ``--calls`` small. Includes each 
 parsing and reply (what a FCALL costs Redis), not the client's side. ``--keep DIR`` keeps
 each measured phase's dump as ``DIR/<script>-b<batch>.out``, for ``callgrind_annotate``
 (where the instructions go, by function of redis-server and its bundled Lua).
+Last, ``enqueue (handed off)``: an enqueue whose jobs all go to a worker waiting for a
+direct hand-off (``calls / 4`` calls, each after the worker's registration).
+``--completed-max N`` keeps N completed jobs (the bench app keeps 1,000,000): with N below
+the jobs a run completes, completions run at the retention cap, each deleting the oldest
+completed job as production queues do once they reach it (the default cap is 10,000).
 
 ``INFO commandstats`` sums every script under one command (FCALL, or EVALSHA before the
 function library), so this runs the end-to-end workload with Redis's slow log keeping
@@ -44,6 +50,7 @@ import redis.asyncio as aioredis
 
 from bench import redis_bench
 from bench.redis_bench import end_to_end, fresh, redis_server
+from typedq import App, Retention
 
 _LOG_LEN = 2_000_000
 
@@ -284,12 +291,42 @@ async def callgrind(batch: int, calls: int, dump: Callable[[str | None], int]) -
     return out
 
 
+async def callgrind_handoff(batch: int, calls: int, dump: Callable[[str | None], int]) -> float:
+    """Instructions of redis-server per enqueue call of ``batch`` jobs that a worker
+    waiting for a direct hand-off (registered for ``batch`` jobs) takes, all of them
+    (the path of an idle worker's next jobs, issue 31). Only the enqueue is
+    counted, not the worker's registration, nor its end."""
+    from typedq.broker.base import JobMessage
+
+    broker: Any = redis_bench.app.broker
+    body = b"\x93\xa4noop\xc4\x10" + b"x" * 16 + b"\x80"
+    total = 0
+    for r in range(calls + 2):  # (the first two warm up)
+        assert await broker.claim(["hq"], batch, worker_id="w", lease=600) == []
+        jobs, reg = await broker._register(None, ("hq",), batch, worker_id="w", lease=600)
+        assert reg is not None
+        assert jobs == []
+        messages = [
+            JobMessage(id=f"h{r}-{i}", task="noop", queue="hq", payload=body) for i in range(batch)
+        ]
+        dump(None)
+        await broker.enqueue(messages)
+        n = dump(f"handoff-b{batch}" if r == calls + 1 else None)
+        if r >= 2:
+            total += n
+        handed = await broker._end(reg, worker_id="w", lease=600, recover=True)
+        assert len(handed) == batch, "every job handed to the waiting worker"
+    return total / calls
+
+
 async def main_callgrind(batches: list[int], calls: int, keep: str | None = None) -> None:
     with callgrind_server(keep) as (url, dump):
         redis_bench.app.use_broker(url)
         for b in batches:
             async with fresh(url):
                 res = await callgrind(b, calls, dump)
+            async with fresh(url):
+                res["enqueue (handed off)"] = await callgrind_handoff(b, max(1, calls // 4), dump)
             line = ", ".join(f"{k} {v / 1e3:.1f}k ({v / b / 1e3:.1f}k/job)" for k, v in res.items())
             print(f"batch {b:<3} instructions per call: {line}", flush=True)
 
@@ -321,8 +358,18 @@ if __name__ == "__main__":
     parser.add_argument(
         "--batch", default="1,16", help="--micro/--callgrind: jobs per call (default 1,16)"
     )
+    parser.add_argument(
+        "--completed-max",
+        type=int,
+        metavar="N",
+        help="--callgrind: completed jobs kept (default: the bench app's 1,000,000)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="--micro: rounds (default 3)")
     args = parser.parse_args()
+    if args.completed_max is not None:
+        redis_bench.app = App(
+            "bench", lease=30.0, retention=Retention(completed_max=args.completed_max)
+        )
     if args.callgrind:
         anyio.run(main_callgrind, [int(b) for b in args.batch.split(",")], args.calls, args.keep)
     elif args.micro:

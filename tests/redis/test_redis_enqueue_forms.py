@@ -13,8 +13,9 @@ import pytest
 from tests import redis_support
 from tests.redis_support import message, raw_redis
 from typedq import BrokerError, JobState, QueueFull
-from typedq.broker.base import BrokerSettings, JobMessage
+from typedq.broker.base import BrokerSettings, CancelOutcome, JobMessage
 from typedq.broker.redis import RedisBroker
+from typedq.broker.redis.keys import index_bucket
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
@@ -29,19 +30,25 @@ async def broker_at(url: str, **settings: Any) -> AsyncIterator[RedisBroker]:
 
 def test_the_broker_sends_the_shared_form_only_for_a_uniform_batch() -> None:
     broker = RedisBroker("redis://127.0.0.1:1", BrokerSettings(namespace="forms"))
+    # (Each form ends with the jobs' index buckets, one per job.)
     _, args, _ = broker._enqueue_call([message("a"), message("b")])
     assert args[3:9] == ["", "q", "0", 0, 0, "a"]
-    assert len(args) == 12
+    assert len(args) == 12 + 2
+    assert args[12:] == [index_bucket("a"), index_bucket("b")]
     _, args, _ = broker._enqueue_call([message("a"), message("b", priority=2)])
     assert args[3] == "a"
-    assert len(args) == 3 + 12
+    assert len(args) == 3 + 12 + 2
     _, args, _ = broker._enqueue_call([message("a"), message("b", queue="other")])
     assert args[3] == "a"
-    assert len(args) == 3 + 12
+    assert len(args) == 3 + 12 + 2
     # One job: the per-job form (the shared one would be longer).
     _, args, _ = broker._enqueue_call([message("a")])
     assert args[3] == "a"
-    assert len(args) == 3 + 6
+    assert len(args) == 3 + 6 + 1
+    # enqueue_fair.lua takes no buckets.
+    fair = JobMessage(id="a", task="t", queue="q", payload=BODY, fair_key="k", fair_weight=1)
+    _, args, _ = broker._enqueue_call([fair, message("b")])
+    assert len(args) == 12
 
 
 async def test_both_forms_store_the_same_jobs(redis_url: str) -> None:
@@ -86,6 +93,38 @@ async def test_a_shared_form_with_a_delay_schedules_every_job(redis_url: str) ->
         assert [r.state if r else None for r in await broker.get(["s0", "s1", "s2"])] == [
             JobState.SCHEDULED
         ] * 3
+
+
+async def test_the_buckets_a_call_sends_are_where_the_script_looks(redis_url: str) -> None:
+    """The index buckets a producer sends (keys.py) and the ones the script computes
+    itself (common/keys.lua, for a call without them) are the same: jobs stored either
+    way are found in the index, claimed and cancelled alike. A call with a bucket
+    section of another length than its jobs is malformed."""
+    async with broker_at(redis_url) as broker, raw_redis(redis_url) as raw:
+        k = broker.keys
+        ids = [f"job-{i}" for i in range(40)]
+        plain = [k.prefix, 0, 20, "", "q", "0", 0, 0]
+        for i in ids[:20]:
+            plain += [i, BODY]
+        with_buckets = [k.prefix, 0, 20, "", "q", "0", 0, 0]
+        for i in ids[20:]:
+            with_buckets += [i, BODY]
+        with_buckets += [index_bucket(i) for i in ids[20:]]
+        short = [*with_buckets[:-1]]
+        with pytest.raises(BrokerError, match="malformed arguments"):
+            await broker._eval("enqueue", [k.seq("q"), k.request("q", "t0")], short)
+        one = [k.prefix, 0, 1, "solo", "q", "0", 0, 0, BODY, index_bucket("solo")]
+        assert await broker._eval("enqueue", [k.seq("q"), k.request("q", "t1")], plain) == [1] * 20
+        assert (
+            await broker._eval("enqueue", [k.seq("q"), k.request("q", "t2")], with_buckets)
+            == [1] * 20
+        )
+        assert await broker._eval("enqueue", [k.seq("q"), k.request("q", "t3")], one) == [1]
+        for n, i in enumerate([*ids, "solo"], start=1):
+            assert await raw.hget(k.index("q", i), i) == str(n).encode()
+        assert await broker.cancel("job-25", queue="q") == CancelOutcome.CANCELLED
+        jobs = await broker.claim(["q"], 50, worker_id="w", lease=30)
+        assert [j.message.id for j in jobs] == [i for i in [*ids, "solo"] if i != "job-25"]
 
 
 @pytest.mark.parametrize(

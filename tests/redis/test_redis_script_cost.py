@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from tests.redis_support import broker_at, message, raw_redis
-from typedq.broker.base import Completion, FinishOutcome, JobMessage
+from typedq.broker.base import Completion, FinishOutcome, JobMessage, JobState, Retention
 from typedq.broker.redis import RedisBroker
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -95,8 +95,9 @@ ENQUEUE_ONE = Counter(
         "EXISTS": 2,
         "INCRBY": 1,
         "HSETNX": 1,  # ... and its index field, written where missing
+        # onto a level list that holds jobs already, so its level is listed (no ZADD;
+        # onto an empty one, the ZADD of its level follows)
         "LPUSH": 1,
-        "ZADD": 1,
         "SET": 1,
         "HINCRBY": 1,
         # the queue's waiter mark (absent: no worker waits, so no work notice is published)
@@ -171,6 +172,13 @@ async def test_an_enqueue_makes_the_pinned_commands(url: str) -> None:
         batch = await commands_of(url, lambda: broker.enqueue([message(f"b{i}") for i in range(5)]))
         per_job = _per_job(batch, one, 4)
         assert per_job == ENQUEUE_PER_JOB, f"per job: {sorted(per_job.items())}"
+        # A level with no job waiting yet is listed (its ZADD), and claimed from first.
+        level = await commands_of(url, lambda: broker.enqueue([message("p", priority=5)]))
+        assert level - ENQUEUE_ONE == Counter({"ZADD": 1}), sorted(level.items())
+        again = await commands_of(url, lambda: broker.enqueue([message("p2", priority=5)]))
+        assert again == ENQUEUE_ONE, f"commands per call: {sorted(again.items())}"
+        claimed = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["p", "p2", "warm", "a"]
 
 
 async def test_a_batch_checks_the_job_keys_once_unless_one_exists(url: str) -> None:
@@ -203,6 +211,7 @@ async def test_an_enqueue_publishes_only_for_a_waiting_worker(url: str) -> None:
         expected = ENQUEUE_ONE.copy()
         expected["PUBLISH"] = 1
         expected["HGETALL"] = 1  # the hand-off registrations the notice ends (none here)
+        expected["ZADD"] = 1  # the queue had no job waiting: its level is listed again
         assert woke == expected, f"commands per call: {sorted(woke.items())}"
         again = await commands_of(url, lambda: broker.enqueue([message("b")]))
         assert again == ENQUEUE_ONE, f"commands per call: {sorted(again.items())}"
@@ -245,3 +254,30 @@ async def test_a_fair_claim_makes_the_pinned_commands(url: str) -> None:
         per_job = _per_job(five, one, 4)
         assert per_job == FAIR_CLAIM_PER_JOB, f"per job: {sorted(per_job.items())}"
         assert (one["LPUSH"], five["LPUSH"], one["TYPE"], five["TYPE"]) == (1, 1, 0, 0)
+
+
+async def test_a_completion_at_the_retention_cap_deletes_the_trimmed_jobs_at_once(
+    url: str,
+) -> None:
+    """At the cap every completion trims: the popped jobs' states are read (one field:
+    only a failed job can be parked) and the ones still completed are deleted by one DEL
+    for the call, not one per job; the counts move by the number trimmed."""
+    async with broker_at(url, "cost", retention=Retention(completed_max=3)) as broker:
+        await broker.enqueue([message(f"a{i}") for i in range(8)])
+        first = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        await broker.complete([Completion(j.message.id, j.token, b"\xc0") for j in first])
+        held = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        items = [Completion(j.message.id, j.token, b"\xc0") for j in held]
+        async with script_commands(url) as seen:
+            assert await broker.complete(items) == [FinishOutcome.OK] * 4
+        commands = Counter(seen)
+        # 3 kept + 4 completed: the 4 oldest go (the budget is the call's jobs + 100).
+        assert (commands["ZPOPMIN"], commands["DEL"]) == (1, 1)
+        # the completions' 4 reads, the events config's, the 4 trimmed jobs' states
+        assert commands["HMGET"] == 4 + 1 + 4
+        counts = await broker.counts("q")
+        assert counts[JobState.COMPLETED] == 3
+        stats = await broker.queue_stats(["q"])
+        assert stats[0].trimmed[JobState.COMPLETED] == 5
+        records = await broker.get([f"a{i}" for i in range(8)])
+        assert sum(r is None for r in records) == 5

@@ -326,10 +326,19 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["INDEX_BUCKETS", "STATE_LETTERS", "Keys"]
+__all__ = ["INDEX_BUCKETS", "STATE_LETTERS", "Keys", "index_bucket"]
 
 #: Buckets of a queue's waiting index (``IDX_BUCKETS`` of lua/common/keys.lua).
 INDEX_BUCKETS = 8192
+
+
+def index_bucket(job_id: str) -> str:
+    """The bucket of the waiting index that holds ``job_id`` (its number as text): the
+    first 16 bits of the SHA1 of the id modulo :data:`INDEX_BUCKETS` (``idx_bucket`` of
+    lua/common/keys.lua computes the same)."""
+    digest = hashlib.sha1(job_id.encode(), usedforsecurity=False).digest()
+    return str(((digest[0] << 8) | digest[1]) % INDEX_BUCKETS)
+
 
 #: State letters stored in the job hash and the counts hash, by JobState value.
 STATE_LETTERS = {
@@ -405,11 +414,7 @@ class Keys:
     def index(self, queue: str, job_id: str) -> str:
         """The bucket of ``queue``'s waiting index that holds ``job_id``: a small hash
         (a listpack) picked by the first 16 bits of the SHA1 of the id."""
-        bucket = (
-            int(hashlib.sha1(job_id.encode(), usedforsecurity=False).hexdigest()[:4], 16)
-            % INDEX_BUCKETS
-        )
-        return f"{self.queue_prefix(queue)}i:{bucket}"
+        return f"{self.queue_prefix(queue)}i:{index_bucket(job_id)}"
 
     def levels(self, queue: str) -> str:
         """The zset of priority levels that have waiting jobs in ``queue``."""

@@ -38,7 +38,8 @@ from .health import log
 __all__ = ["LeaseOps"]
 
 #: Fields per job in a claim script's answer (after its first item, the next due time):
-#: id, body, token, attempt, enqueued_at, stalls, queue, due time (claim.lua).
+#: id, body, token, attempt, enqueued_at, stalls, queue, due time (claim.lua; the times an
+#: integer or its decimal text, which int() reads alike).
 _CLAIMED_FIELDS = 8
 
 

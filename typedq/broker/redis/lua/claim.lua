@@ -14,6 +14,7 @@
 -- Returns {next_due_us (-1: nothing scheduled), then per job: id, body, token,
 --          attempt, enqueued_at_us, stalls, queue, due_us (0: due since its enqueue or by
 --          its body's eta/delay; set when it became due again: a retry, hand-back, ...)}
+-- (enqueued_at_us and due_us are an integer or its decimal text: a waiting entry's own.)
 -- With a settle section (ns > 0: the worker's completions, whose slots this claim
 -- refills): those jobs are completed first, as complete.lua does, and the answer is
 -- {the claim's answer as above, {outcome per completion, in order}}. One script per
@@ -200,6 +201,10 @@ end
 local claimed = c.claimed
 if c.leases then
   for q, m in pairs(c.leases) do
+    -- (claimed_job left a claim of several jobs' counts to here: once per queue)
+    local n = #m / 2
+    count(q, 'w', -n)
+    count(q, 'a', n)
     for s = 1, #m, 1000 do
       rcall('ZADD', k_active(q), unpack(m, s, math.min(s + 999, #m)))
     end

@@ -14,13 +14,21 @@
 --   enqueue: the usual case), P, max_queue_length, n, '', queue, priority, eta_us,
 --   delay_us, then n x (id, body): two arguments per job instead of six ('' in place of
 --   the first id tells the forms apart: an id is never empty).
+--   Either form may end with n more: each job's waiting index bucket (keys.py's
+--   index_bucket of its id), so that Redis does not hash the id (a SHA1 costs the
+--   script ~6,500 instructions per job, a third of the rest of its work per job).
 local limit, n = tonumber(ARGV[2]), tonumber(ARGV[3])
 local shared = ARGV[4] == ''
 -- Job i's arguments start at ARGV[first + stride * i]: its id, then (one per job) its
 -- queue, priority, eta, delay, then its body at + body_at.
 local first, stride, body_at = 4, 6, 5
 if shared then first, stride, body_at = 9, 2, 1 end
-if not limit or not is_int(n) or n < 0 or #ARGV ~= first - 1 + stride * n then
+if not limit or not is_int(n) or n < 0 then return bad_args('enqueue') end
+-- Job i's bucket is ARGV[buckets + i] (i from 1; nil: none sent, the script hashes).
+local buckets = first - 1 + stride * n
+if #ARGV == buckets then
+  buckets = nil
+elseif #ARGV ~= buckets + n then
   return bad_args('enqueue')
 end
 -- (A '0' is taken as it is: most jobs have priority, eta and delay 0, and every tonumber
@@ -97,17 +105,20 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
   -- Idle workers registered for a direct hand-off (common/bookkeeping.lua's hand_off):
   -- the new jobs are gathered for it (hid, ho, hm: id, order, body) instead of as
   -- waiting entries. A registration exists only while nothing waits in the queue.
-  local hid, ho, hm = nil, nil, nil
-  if rcall('EXISTS', k_fixed(sq, 'H')) == 1 then hid, ho, hm = {}, {}, {} end
+  -- (hik: their index buckets' keys, which the hand-off deletes their fields from.)
+  local hid, ho, hm, hik = nil, nil, nil, nil
+  if rcall('EXISTS', k_fixed(sq, 'H')) == 1 then hid, ho, hm, hik = {}, {}, {}, {} end
   for i = 1, n do
     out[i], rec[i] = 0, '0'
     if not keyless or keyless[i] then
       local id = ids[i]
       local o = format('%d', order + fresh + 1)
-      if call('HSETNX', ip .. idx_bucket(id), id, o .. tail) == 1 then  -- (k_idx)
+      local ik = ip .. (buckets and ARGV[buckets + i] or idx_bucket(id))  -- (k_idx)
+      if call('HSETNX', ik, id, o .. tail) == 1 then
         fresh = fresh + 1
         if hid then
           hid[fresh], ho[fresh], hm[fresh] = id, o, ARGV[first + stride * (i - 1) + body_at]
+          hik[fresh] = ik
         else
           entries[fresh] = id .. '|' .. o .. '|' .. now_text .. '||' .. ARGV[first + stride * (i - 1) + body_at]
         end
@@ -120,7 +131,7 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
   end
   local stored = fresh
   if hid and fresh > 0 then
-    local handed = hand_off(sq, sprio, hid, ho, hm, 1, fresh, now, now_text)
+    local handed = hand_off(sq, sprio, hid, ho, hm, 1, fresh, now, now_text, hik)
     for j = handed + 1, fresh do
       entries[j - handed] = hid[j] .. '|' .. ho[j] .. '|' .. now_text .. '||' .. hm[j]
     end
@@ -145,7 +156,8 @@ for i = 0, n - 1 do
   local b = first + stride * i
   local id, q = ARGV[b], sq or ARGV[b + 1]
   local key = seen and (sq and id or q .. '|' .. id)
-  local ik = not (seen and seen[key]) and rcall('EXISTS', k_job(q, id)) == 0 and k_idx(q, id)
+  local ik = not (seen and seen[key]) and rcall('EXISTS', k_job(q, id)) == 0
+    and (buckets and k_idx_prefix(q) .. ARGV[buckets + i + 1] or k_idx(q, id))
   if ik and rcall('HEXISTS', ik, id) == 0 then
     new[i] = ik  -- the id's index bucket (one SHA1 per job)
     fresh = fresh + 1

@@ -259,19 +259,32 @@ local function trim(q, state, now, ttl, cap, budget)
   if n <= 0 then return 0 end
   if n > budget then n = budget end
   local popped = rcall('ZPOPMIN', zkey, n)
-  local parked
+  -- The jobs still in this state are deleted by one DEL per 500 (a command costs a
+  -- script more than the key it deletes): at the cap, every completion deletes one.
+  -- Only a failed job can be parked: retry and cancel, the ways out of 'f' to another
+  -- final state, delete its 'pk' (a field a hash lacks costs HMGET a scan of it).
+  local parked, gone, trimmed = nil, {}, 0
+  local want_pk = state == 'f'
   for i = 1, #popped, 2 do
-    local r = read_hash(q, popped[i], 's', 'pk')
-    if r and r[1] == state then
+    local jk = k_job(q, popped[i])
+    -- (read_hash's read, on the key made here: a pcall, so a key of another type is
+    -- skipped, never an error)
+    local r
+    if want_pk then r = rpcall('HMGET', jk, 's', 'pk') else r = rpcall('HMGET', jk, 's') end
+    if type(r) == 'table' and not r.err and r[1] == state then
       if r[2] then
         parked = parked or {}
-        parked[#parked + 1] = {popped[i], rcall('HMGET', k_job(q, popped[i]), 'fl', 'fm',
+        parked[#parked + 1] = {popped[i], rcall('HMGET', jk, 'fl', 'fm',
           'fs', 'fq', 'fx', 'fS', 'fsq', 'err')}
       end
-      rcall('DEL', k_job(q, popped[i]))
-      count(q, state, -1)
-      count(q, 't' .. state, 1)  -- trimmed by retention (queue_stats' trimmed counts)
+      trimmed = trimmed + 1
+      gone[trimmed] = jk
     end
+  end
+  for s = 1, trimmed, 500 do rcall('DEL', unpack(gone, s, math.min(s + 499, trimmed))) end
+  if trimmed > 0 then
+    count(q, state, -trimmed)
+    count(q, 't' .. state, trimmed)  -- trimmed by retention (queue_stats' trimmed counts)
   end
   if parked then
     for _, p in ipairs(parked) do flow_ops.trim_parked(q, p[1], p[2], now) end
@@ -333,9 +346,10 @@ end
 -- The bookkeeping of job `id` of queue `q` that a claim took (common/claiming.lua's activate, the
 -- same for a waiting entry as for a job with a key): its lease until `lease_until` (text)
 -- queued in `leases` (queue -> lease_until, id, ...: one ZADD per queue at the end of a
--- claim of several jobs) or added now (nil: a claim of one), waiting -1 / active +1, and
--- its claim record line '<queue>|<id>', appended to `lines` (nil: a claim of one, which
--- keeps the line itself, no table) and returned.
+-- claim of several jobs, which also counts them there: waiting -n / active +n) or added
+-- now (nil: a claim of one) and counted, waiting -1 / active +1, and its claim record
+-- line '<queue>|<id>', appended to `lines` (nil: a claim of one, which keeps the line
+-- itself, no table) and returned.
 local function claimed_job(q, id, lease_until, leases, lines)
   if leases then
     local m = leases[q]
@@ -343,9 +357,9 @@ local function claimed_job(q, id, lease_until, leases, lines)
     m[#m + 1], m[#m + 2] = lease_until, id
   else
     rcall('ZADD', k_active(q), lease_until, id)
+    count(q, 'w', -1)
+    count(q, 'a', 1)
   end
-  count(q, 'w', -1)
-  count(q, 'a', 1)
   local line = q .. '|' .. id
   if lines then lines[#lines + 1] = line end
   return line
@@ -361,8 +375,9 @@ end
 -- registration takes at most its free slots; one whose slots are all taken ends.
 -- `now` (µs, and its text `now_text`): the enqueue's clock. Returns how many jobs of
 -- ids[first..] were handed (the first ones, in order); their index fields (the
--- enqueue's HSETNX) are deleted here.
-local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text)
+-- enqueue's HSETNX) are deleted here, from the buckets `iks` names (ids[j]'s at iks[j];
+-- nil: each found by hashing its id).
+local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text, iks)
   local hk = k_fixed(q, 'H')
   local regs = rcall('HGETALL', hk)
   if #regs == 0 or rcall('EXISTS', k_gates(q)) == 1 then return 0 end
@@ -385,7 +400,7 @@ local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text
         local j = at + k - 1
         local id, o, m = ids[j], orders[j], bodies[j]
         local jt = tok .. '.' .. id
-        rcall('HDEL', k_idx(q, id), id)
+        rcall('HDEL', iks and iks[j] or k_idx(q, id), id)
         if prio == '0' then
           rcall('HSET', k_job(q, id), 'm', m, 'q', q, 's', 'a', 'o', o, 'e', now_text,
             'a', '1', 't', jt, 'st', now_text, 'w', worker)

@@ -67,19 +67,26 @@ local function level_score(prio)
   return '-' .. digits
 end
 
+-- A level is listed in the levels zset while its list holds entries: every push lists
+-- it, and a level goes only once its list is gone (claim.lua, head_of, purge). So a
+-- push onto a list that held entries already (LPUSH answers more than it pushed) has
+-- its level listed: no ZADD (the claim's push_tails does the same).
 local function push_entry(q, prio, id, o, e, m, r)
   rcall('HSET', k_idx(q, id), id, idx_val(o, prio))
-  rcall('LPUSH', k_wait(q, prio), pack_entry(id, o, e, m, r))
-  rcall('ZADD', k_levels(q), level_score(prio), prio)
+  if rcall('LPUSH', k_wait(q, prio), pack_entry(id, o, e, m, r)) == 1 then
+    rcall('ZADD', k_levels(q), level_score(prio), prio)
+  end
 end
 
 -- Push packed waiting entries (enqueue.lua) onto level `prio`'s list `lk` of queue `q`,
--- 500 per LPUSH, and mark the level non-empty.
+-- 500 per LPUSH, and list the level when its list was empty (see push_entry).
 local function push_entries(q, prio, lk, entries)
+  local listed = true
   for s = 1, #entries, 500 do
-    rcall('LPUSH', lk, unpack(entries, s, math.min(s + 499, #entries)))
+    local e = math.min(s + 499, #entries)
+    if rcall('LPUSH', lk, unpack(entries, s, e)) == e - s + 1 then listed = false end
   end
-  rcall('ZADD', k_levels(q), level_score(prio), prio)
+  if not listed then rcall('ZADD', k_levels(q), level_score(prio), prio) end
 end
 
 -- When a job enqueued at `now` with `eta` and `delay` (ARGV text, µs) is due: its eta

@@ -9,8 +9,15 @@ local last_now = nil
 local last_now_text = nil
 local function now_us()
   local t = rcall('TIME')
-  last_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  last_now_text = t[1] .. string.sub('00000' .. t[2], -6)
+  local s, us = t[1], t[2]
+  last_now = tonumber(s) * 1000000 + tonumber(us)
+  -- The microseconds padded to 6 digits: 9 times in 10 they have 6 already (then one
+  -- concatenation, no string.sub of a string made to be cut).
+  if #us == 6 then
+    last_now_text = s .. us
+  else
+    last_now_text = s .. string.sub('00000' .. us, -6)
+  end
   return last_now
 end
 -- Integer `n` as decimal text, for a command's argument (see last_now_text).
