@@ -175,9 +175,11 @@ async def test_a_reader_that_stops_reading_drops_out(
     app_name: str, broker_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A reader that never leaves (its process died) stops counting READER_TTL after its
-    # last read's wait: a short one here.
-    monkeypatch.setattr(typedq.broker.memory.broker, "READER_TTL", 0.3)
-    monkeypatch.setattr(typedq.broker.redis.streams, "READER_TTL", 0.3)
+    # last read's wait: a short one here (not too short: the first walk must come within
+    # it, and a walk of a Cluster on a loaded box took longer than 0.3 s).
+    ttl = 1.0
+    monkeypatch.setattr(typedq.broker.memory.broker, "READER_TTL", ttl)
+    monkeypatch.setattr(typedq.broker.redis.streams, "READER_TTL", ttl)
     async with connected(app_name, broker_url) as broker:
         await broker.enqueue([msg(job_id="d1")])
         run = await claim_one(broker)
@@ -188,7 +190,7 @@ async def test_a_reader_that_stops_reading_drops_out(
         await broker.read_stream("d1", queue="q", after="", timeout=0, reader="gone")
         read_at = time.time()
         assert [k.readers for k in await walk(broker, "q", "stream", 10)] == [1]
-        await sleep_until(read_at + 0.3, margin=0.2)
+        await sleep_until(read_at + ttl, margin=0.2)
         assert [k.readers for k in await walk(broker, "q", "stream", 10)] == [0]
 
 
