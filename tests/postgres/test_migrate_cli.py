@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 
+import anyio
+import asyncpg
 import pytest
 
 from tests.pg_harness import PgCluster
@@ -33,6 +35,35 @@ def test_migrate_checks_applies_once_and_reports_up_to_date(
     assert main(["migrate", "--broker", url]) == 0
     assert f"schema {schema!r} is up to date (version {newest})" in capsys.readouterr().out
     assert main(["migrate", "--broker", url, "--check"]) == 0
+
+
+def test_a_schema_a_newer_release_migrated_is_reported_not_touched(
+    pg_cluster: PgCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A schema at a version this release does not know (a newer typedq migrated it):
+    migrate and --check say so and change nothing (exit 0: nothing is pending here)."""
+    schema = f"cli_{next(_schemas)}"
+    url = f"{pg_cluster.url}?schema={schema}"
+    newest = len(MIGRATIONS)
+    assert main(["migrate", "--broker", url]) == 0
+    capsys.readouterr()
+
+    async def stamp_newer() -> None:
+        conn = await asyncpg.connect(pg_cluster.url)
+        try:
+            await conn.execute(
+                f'INSERT INTO "{schema}".migrations (version) VALUES ($1)',  # noqa: S608 -- the test's own schema name
+                newest + 1,
+            )
+        finally:
+            await conn.close()
+
+    anyio.run(stamp_newer)
+    for args in ([], ["--check"]):
+        assert main(["migrate", "--broker", url, *args]) == 0
+        out = capsys.readouterr().out
+        assert f"schema {schema!r} is at version {newest + 1}, newer than this release" in out
+        assert f"knows ({newest}): nothing to do here" in out
 
 
 def test_migrate_without_a_schema_to_migrate_says_so(

@@ -74,7 +74,15 @@ def migrate_command(args: argparse.Namespace) -> int:
     assert isinstance(broker, PostgresBroker)
     schema = broker.target.schema
     had, newest = anyio.run(lambda: broker.schema_versions(apply=not args.check))
-    if had >= newest:
+    if had > newest:
+        # A newer release migrated it (a rolling deploy, or this host runs an old typedq).
+        print(
+            f"{where}: schema {schema!r} is at version {had}, newer than this release "
+            f"knows ({newest}): nothing to do here; a newer typedq migrated it (upgrade "
+            "typedq on this host to that release)"
+        )
+        return 0
+    if had == newest:
         print(f"{where}: schema {schema!r} is up to date (version {had})")
         return 0
     if args.check:

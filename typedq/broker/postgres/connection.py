@@ -130,6 +130,14 @@ async def migrate(conn: Any, schema: str) -> int:
     """
     latest = len(MIGRATIONS)
     version = await _version(conn, schema)
+    if version > latest:
+        log.info(
+            "typedq: PostgreSQL schema %s is at version %d, newer than this release knows "
+            "(%d): a newer typedq migrated it",
+            schema,
+            version,
+            latest,
+        )
     if version >= latest:
         return version
     async with conn.transaction():
