@@ -327,7 +327,10 @@ class Executor:
             return Drop()  # never write a result after the lease was lost
         ok, value = got
         if ok:
-            return self._encode_result(claimed, task, value)
+            try:  # the result encoded here, not in a method of its own: this runs per job
+                return Complete(task.output.encode(value))
+            except Exception as exc:
+                return self.failures.invalid_result(claimed, task, exc)
         return self.failures.handler_error(claimed, task, value)
 
     async def _call_emitting(
@@ -466,12 +469,6 @@ class Executor:
         if ok:
             return value
         raise value
-
-    def _encode_result(self, claimed: ClaimedJob, task: Task[Any, Any], result: Any) -> Outcome:
-        try:
-            return Complete(task.output.encode(result))
-        except Exception as exc:
-            return self.failures.invalid_result(claimed, task, exc)
 
 
 def _timeout_of(task: Task[Any, Any], timeout: float) -> float | None:

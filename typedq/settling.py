@@ -184,7 +184,8 @@ class Settler:
             except BrokerError as exc:
                 result = await self._persist(claimed, "completion", submit, completion, exc)
             self.stats.completed += 1
-            self._check(claimed, result)
+            if result is FinishOutcome.LEASE_LOST:
+                self._check(claimed, result)
         elif isinstance(outcome, Drop):
             self._lease_lost(claimed)
         elif isinstance(outcome, Abandon):
