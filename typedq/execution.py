@@ -240,8 +240,8 @@ class Executor:
         if timeout is None:
             deadline = math.inf
         elif virtual is None:
-            # The event loop's own deadline.
-            deadline = scope.deadline = anyio.current_time() + timeout
+            # On the event loop's clock, by the runner's one timer (HandlerScope.arm).
+            deadline = scopes.arm(timeout)
         else:
             # A virtual clock's: the scope is cancelled when the clock is advanced past it
             # (the deadline is on the clock's monotonic time).
@@ -266,6 +266,11 @@ class Executor:
                 if expiry is not None:
                     assert virtual is not None
                     virtual.withdraw(expiry)
+                elif timeout is not None:
+                    if kept:
+                        scopes.disarm()
+                    else:
+                        scopes.stop_timer()  # its scope is left below
         except BaseException as exc:
             # A cancellation: the scope's own (the attempt is interrupted, got stays
             # None) or from further out, which goes on (the scope is left either way).
@@ -276,8 +281,6 @@ class Executor:
                 # A cancelled scope stays so (cancelled as the handler returned, or the
                 # handler swallowed it): the next job gets a new one.
                 scopes.leave()
-            elif deadline != math.inf and virtual is None:
-                scope.deadline = math.inf
         return got, deadline
 
     async def _interrupted(
