@@ -62,6 +62,9 @@ T = TypeVar("T")
 
 _encode = msgspec.msgpack.Encoder().encode
 
+#: Compared per job: an enum's class attribute is looked up through its metaclass.
+_LEASE_LOST = FinishOutcome.LEASE_LOST
+
 #: Outcome re-sends back off up to this many seconds between tries.
 _SETTLE_BACKOFF_CAP = 5.0
 #: Seconds an outcome is re-sent while the broker refuses it with an error of its own
@@ -184,7 +187,7 @@ class Settler:
             except BrokerError as exc:
                 result = await self._persist(claimed, "completion", submit, completion, exc)
             self.stats.completed += 1
-            if result is FinishOutcome.LEASE_LOST:
+            if result is _LEASE_LOST:
                 self._check(claimed, result)
         elif isinstance(outcome, Drop):
             self._lease_lost(claimed)
