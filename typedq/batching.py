@@ -404,6 +404,8 @@ class Batcher(Generic[I, R]):
             pending.append(open_batch)
             self._wake_sender()
         await open_batch.done.wait()
+        if open_batch.error is None and open_batch.errors is None:
+            return open_batch.results[index]  # answer(), inline: this runs per item
         return open_batch.answer(index)
 
     async def _send_inline(self, item: I) -> R:

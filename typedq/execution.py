@@ -99,9 +99,9 @@ class Executor:
     ) -> Attempt:
         """Run one claimed job to an outcome; never raises for anything the job did.
 
-        Three steps, each its own method: decode the payload (:meth:`_decode`), call the
-        handler under its cancel scope and timeout (:meth:`_call_with_limits`), and
-        classify what happened (:meth:`_interrupted`, :meth:`_classify`).
+        Three steps: decode the payload (:meth:`_decode`), call the handler under its
+        cancel scope and timeout (:meth:`_call_with_limits`), and classify what happened
+        (:meth:`_interrupted`, :meth:`_classify`).
 
         :param scopes: the scope the calling task's handlers run in, kept across its
             jobs (a worker's runner); None: one of its own for this attempt
@@ -117,11 +117,24 @@ class Executor:
         mismatch = None
         if producer and producer != task.input.fingerprint:
             mismatch = (producer, task.input.fingerprint)
+        outcome: Outcome
         try:
-            outcome = await self._run(claimed, task, payload, running, scopes)
+            # The steps inline, not a coroutine of their own: this runs per job.
+            timeout = _timeout_of(task, claimed.message.timeout)
+            got, deadline = await self._call_with_limits(
+                claimed, task, payload, running, timeout, scopes
+            )
+            if got is None:
+                ended = await self._interrupted(claimed, task, running, timeout, deadline)
+                if isinstance(ended, tuple):
+                    outcome = self._classify(claimed, task, running, ended)
+                else:
+                    outcome = ended
+            else:
+                outcome = self._classify(claimed, task, running, got)
         except Exception as exc:
             outcome = self._defect(claimed, exc)
-        return Attempt(outcome, fingerprint_mismatch=mismatch)
+        return Attempt(outcome, mismatch)
 
     def _defect(self, claimed: ClaimedJob, exc: Exception) -> Fail:
         """A defect on the way (ours or a model's): the job still gets a record."""
@@ -186,25 +199,6 @@ class Executor:
             why = f"upcast by {upcaster.name} failed: {describe(exc)}"
             return Fail(self.failures.invalid_payload(claimed, task, why))
 
-    async def _run(
-        self,
-        claimed: ClaimedJob,
-        task: Task[Any, Any],
-        payload: Any,
-        running: Running,
-        scopes: HandlerScope | None,
-    ) -> Outcome:
-        timeout = _timeout_of(task, claimed.message.timeout)
-        got, deadline = await self._call_with_limits(
-            claimed, task, payload, running, timeout, scopes
-        )
-        if got is None:
-            ended = await self._interrupted(claimed, task, running, timeout, deadline)
-            if not isinstance(ended, tuple):
-                return ended
-            got = ended
-        return self._classify(claimed, task, running, got)
-
     async def _call_with_limits(
         self,
         claimed: ClaimedJob,
@@ -246,8 +240,8 @@ class Executor:
         if timeout is None:
             deadline = math.inf
         elif virtual is None:
-            # The event loop's own deadline.
-            deadline = scope.deadline = anyio.current_time() + timeout
+            # On the event loop's clock, by the runner's one timer (HandlerScope.arm).
+            deadline = scopes.arm(timeout)
         else:
             # A virtual clock's: the scope is cancelled when the clock is advanced past it
             # (the deadline is on the clock's monotonic time).
@@ -255,10 +249,14 @@ class Executor:
             expiry = virtual.cancel_after(timeout, scope)
         try:
             try:
-                if running.emitter is None:
-                    got = (True, await self._call(task, args, running))
-                else:
+                if running.emitter is not None:
                     got = (True, await self._call_emitting(task, args, running, running.emitter))
+                elif task.is_async:
+                    # _call inline (a coroutine less per job).
+                    running.in_handler = True
+                    got = (True, await task.fn(*args))
+                else:
+                    got = (True, await self._call_in_thread(task.fn, args, running))
             except Exception as exc:
                 got = (False, exc)
             finally:
@@ -268,6 +266,11 @@ class Executor:
                 if expiry is not None:
                     assert virtual is not None
                     virtual.withdraw(expiry)
+                elif timeout is not None:
+                    if kept:
+                        scopes.disarm()
+                    else:
+                        scopes.stop_timer()  # its scope is left below
         except BaseException as exc:
             # A cancellation: the scope's own (the attempt is interrupted, got stays
             # None) or from further out, which goes on (the scope is left either way).
@@ -278,8 +281,6 @@ class Executor:
                 # A cancelled scope stays so (cancelled as the handler returned, or the
                 # handler swallowed it): the next job gets a new one.
                 scopes.leave()
-            elif deadline != math.inf and virtual is None:
-                scope.deadline = math.inf
         return got, deadline
 
     async def _interrupted(
@@ -329,7 +330,10 @@ class Executor:
             return Drop()  # never write a result after the lease was lost
         ok, value = got
         if ok:
-            return self._encode_result(claimed, task, value)
+            try:  # the result encoded here, not in a method of its own: this runs per job
+                return Complete(task.output.encode(value))
+            except Exception as exc:
+                return self.failures.invalid_result(claimed, task, exc)
         return self.failures.handler_error(claimed, task, value)
 
     async def _call_emitting(
@@ -468,12 +472,6 @@ class Executor:
         if ok:
             return value
         raise value
-
-    def _encode_result(self, claimed: ClaimedJob, task: Task[Any, Any], result: Any) -> Outcome:
-        try:
-            return Complete(task.output.encode(result))
-        except Exception as exc:
-            return self.failures.invalid_result(claimed, task, exc)
 
 
 def _timeout_of(task: Task[Any, Any], timeout: float) -> float | None:

@@ -9,8 +9,9 @@ the broker. Neither module needs the other: both need these.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from .broker.base import ClaimedJob
 from .errors import FailureReason, FailureRecord
@@ -39,8 +40,12 @@ MESSAGE_LIMIT = 4096
 MAX_RETRY_DELAY = 10 * 365 * 86400.0
 
 
-@dataclass(frozen=True)
-class Complete:
+# Frozen msgspec Structs rather than frozen dataclasses: every attempt makes an outcome
+# and an Attempt, and a frozen dataclass's __init__ (object.__setattr__ per field) costs
+# several times more.
+
+
+class Complete(msgspec.Struct, frozen=True):
     """The handler returned: the encoded result."""
 
     result: bytes
@@ -49,8 +54,7 @@ class Complete:
     span: str = ""
 
 
-@dataclass(frozen=True)
-class Fail:
+class Fail(msgspec.Struct, frozen=True):
     """The attempt failed: retry after ``retry_delay``, or finally (``None``), or cancelled."""
 
     record: FailureRecord
@@ -62,18 +66,15 @@ class Fail:
     span: str = ""
 
 
-@dataclass(frozen=True)
-class HandBack:
+class HandBack(msgspec.Struct, frozen=True):
     """Shutdown interrupted the attempt: hand the job back unspent."""
 
 
-@dataclass(frozen=True)
-class Drop:
+class Drop(msgspec.Struct, frozen=True):
     """Lease lost: write nothing; the job belongs to someone else now."""
 
 
-@dataclass(frozen=True)
-class Abandon:
+class Abandon(msgspec.Struct, frozen=True):
     """Shutdown gave up waiting for the handler's thread: write nothing, keep nothing.
 
     The job's lease is no longer renewed, so it comes back once the lease expires.
@@ -83,8 +84,7 @@ class Abandon:
 Outcome = Complete | Fail | HandBack | Drop | Abandon
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(msgspec.Struct, frozen=True):
     """What one attempt came to: its outcome, and what the worker should count."""
 
     outcome: Outcome

@@ -62,6 +62,9 @@ T = TypeVar("T")
 
 _encode = msgspec.msgpack.Encoder().encode
 
+#: Compared per job: an enum's class attribute is looked up through its metaclass.
+_LEASE_LOST = FinishOutcome.LEASE_LOST
+
 #: Outcome re-sends back off up to this many seconds between tries.
 _SETTLE_BACKOFF_CAP = 5.0
 #: Seconds an outcome is re-sent while the broker refuses it with an error of its own
@@ -174,14 +177,24 @@ class Settler:
         :raises GaveUp: shutdown stopped the re-sends
         :raises BrokerError: the broker kept refusing the outcome
         """
-        if isinstance(outcome, Drop):
+        if isinstance(outcome, Complete):
+            # The common case inline (no coroutines of _complete and _persist per job):
+            # the first send is tried here, its re-sends are _persist's.
+            completion = Completion(claimed.message.id, claimed.token, outcome.result, outcome.span)
+            submit = self._completer.submit
+            try:
+                result = await submit(completion)
+            except BrokerError as exc:
+                result = await self._persist(claimed, "completion", submit, completion, exc)
+            self.stats.completed += 1
+            if result is _LEASE_LOST:
+                self._check(claimed, result)
+        elif isinstance(outcome, Drop):
             self._lease_lost(claimed)
         elif isinstance(outcome, Abandon):
             self._abandoned(claimed)
         elif isinstance(outcome, HandBack):
             await self._hand_back(claimed)
-        elif isinstance(outcome, Complete):
-            await self._complete(claimed, outcome)
         else:
             await self._fail(claimed, outcome)
 
@@ -218,12 +231,6 @@ class Settler:
         release = Release(claimed.message.id, claimed.token)
         result = await self._persist(claimed, "hand-back", self._release_one, release)
         self.stats.released += 1
-        self._check(claimed, result)
-
-    async def _complete(self, claimed: ClaimedJob, outcome: Complete) -> None:
-        completion = Completion(claimed.message.id, claimed.token, outcome.result, outcome.span)
-        result = await self._persist(claimed, "completion", self._completer.submit, completion)
-        self.stats.completed += 1
         self._check(claimed, result)
 
     async def _fail(self, claimed: ClaimedJob, outcome: Fail) -> None:
@@ -308,9 +315,10 @@ class Settler:
         what: str,
         send: Callable[[T], Awaitable[FinishOutcome]],
         item: T,
+        failed: BrokerError | None = None,
     ) -> FinishOutcome:
         """Send an outcome (``send(item)``, no closure per job) until the broker answers it,
-        with a capped backoff.
+        with a capped backoff; ``failed``: the error of a first send the caller made.
 
         Re-sending is safe: transitions are idempotent per token (ALREADY_FINISHED), and
         a token the broker no longer honours is answered LEASE_LOST. While this retries,
@@ -324,36 +332,39 @@ class Settler:
         tries = 0
         refused_since: float | None = None
         while True:
-            try:
-                return await send(item)
-            except BrokerError as exc:
-                tries += 1
-                if self.observer is not None:
-                    self.observer.broker_error("settle", exc)
-                if isinstance(exc, BrokerUnavailable):
-                    refused_since = None
-                else:
-                    now = self.clock.monotonic()
-                    if refused_since is None:
-                        refused_since = now
-                    elif now - refused_since > _SETTLE_REFUSED_FOR:
-                        raise
-                if self._gave_up:
-                    raise GaveUp from exc
-                if tries == 1 or tries % 10 == 0:
-                    log.warning(
-                        "worker %s: could not record the %s of job %s (%s) attempt %d: %s; "
-                        "retrying (try %d; the job keeps its slot and lease meanwhile)",
-                        self.worker_id,
-                        what,
-                        claimed.message.id,
-                        claimed.message.task,
-                        claimed.attempt,
-                        exc,
-                        tries,
-                        extra=job_fields(claimed, self.worker_id),
-                    )
-                delay = await self._backoff(delay)
+            if failed is None:
+                try:
+                    return await send(item)
+                except BrokerError as error:
+                    failed = error
+            exc, failed = failed, None
+            tries += 1
+            if self.observer is not None:
+                self.observer.broker_error("settle", exc)
+            if isinstance(exc, BrokerUnavailable):
+                refused_since = None
+            else:
+                now = self.clock.monotonic()
+                if refused_since is None:
+                    refused_since = now
+                elif now - refused_since > _SETTLE_REFUSED_FOR:
+                    raise exc
+            if self._gave_up:
+                raise GaveUp from exc
+            if tries == 1 or tries % 10 == 0:
+                log.warning(
+                    "worker %s: could not record the %s of job %s (%s) attempt %d: %s; "
+                    "retrying (try %d; the job keeps its slot and lease meanwhile)",
+                    self.worker_id,
+                    what,
+                    claimed.message.id,
+                    claimed.message.task,
+                    claimed.attempt,
+                    exc,
+                    tries,
+                    extra=job_fields(claimed, self.worker_id),
+                )
+            delay = await self._backoff(delay)
 
     async def _release_one(self, item: Release) -> FinishOutcome:
         (result,) = await self._broker().release([item])

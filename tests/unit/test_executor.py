@@ -387,6 +387,48 @@ async def test_a_kept_scope_is_disarmed_when_a_timed_handler_returns() -> None:
         assert scopes.enter().deadline == math.inf  # the same scope, no deadline left
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio: each scope's own deadline
+async def test_a_kept_scope_times_out_by_one_timer_on_the_loop_clock() -> None:
+    """On the event loop's clock a runner keeps one timer: a later deadline leaves it
+    where it is, a timer that fires before the running job's deadline waits for that
+    deadline instead of cancelling the job, and an earlier deadline moves it."""
+    app, started, gates = gated_app()
+    ex = executor_of(app)
+    jobs = gated_jobs(started, gates, 30.0, 60.0, 0.01)
+    gates[1].set()  # job 1 returns at once, well within its 30 s
+    outcomes: list[Outcome] = []
+    kept: list[HandlerScope] = []
+
+    async def runner() -> None:
+        with HandlerScope() as scopes:
+            kept.append(scopes)
+            for running in jobs:
+                outcomes.append((await ex.attempt(running.claimed, running, scopes)).outcome)
+        assert scopes._timer is None  # stopped with the runner
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner)
+            await started[2].wait()
+            timer = kept[0]._timer
+            assert timer is not None
+            first = timer.when()
+            assert first < anyio.current_time() + 31  # job 1's; job 2's 60 s left it
+            kept[0]._expire()  # as if it fired now: job 2's deadline has not passed
+            await anyio.wait_all_tasks_blocked()
+            scope = jobs[1].scope
+            assert scope is not None
+            assert not scope.cancel_called
+            rearmed = kept[0]._timer
+            assert rearmed is not None
+            assert rearmed.when() > first + 25  # job 2's deadline
+            gates[2].set()
+            # Job 3's 0.01 s moves the timer earlier, and it times out on it.
+    assert outcomes[:2] == [completed(1), completed(2)]
+    assert isinstance(outcomes[2], Fail)
+    assert outcomes[2].record.reason is FailureReason.TIMEOUT
+
+
 async def test_a_cancel_from_outside_goes_through_a_kept_scope() -> None:
     app, started, gates = gated_app()
     ex = executor_of(app)

@@ -140,7 +140,8 @@ class RunningJobs:
                 claimed.attempt,
                 extra=job_fields(claimed, self.worker_id),
             )
-        self.notify()
+        if self._changed is not None:  # someone waits (notify's first test, inline: per job)
+            self.notify()
 
     def thread_exited(self, running: Running) -> None:
         """A handler thread returned (in the event loop): free its slot if it held one."""
@@ -171,6 +172,9 @@ class RunningJobs:
         """Wake whoever waits for a change in running jobs, if it may be the one it
         waits for: a free slot (the claim loop) or any change while stopping."""
         changed = self._changed
-        if changed is not None and (self.phase.stopping or self.free_slots > 0):
+        # free_slots, inline: this runs per job while the claim loop waits for a slot.
+        if changed is not None and (
+            self.phase.stopping or self.concurrency - len(self.running) - len(self.orphans) > 0
+        ):
             self._changed = None
             changed.set()

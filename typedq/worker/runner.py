@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 
 from ..broker.base import ClaimedJob
@@ -157,7 +157,7 @@ class JobRunner:
                     span = traced.end(outcome)
                     if span and isinstance(outcome, Complete | Fail):
                         # A fan-out member's span: its callback's span links to it.
-                        outcome = dataclasses.replace(outcome, span=span)
+                        outcome = msgspec.structs.replace(outcome, span=span)
         except BaseException:
             self.jobs.finished(claimed, running)
             raise

@@ -124,7 +124,7 @@ class Leases:
         while open_lines and len(claimed) < limit:
             line = open_lines[0] if len(open_lines) == 1 else min(open_lines, key=best)
             entry = line.pop()
-            if not line:
+            if not line.keys:  # emptied (bool(line), without a call per job)
                 open_lines = [other for other in open_lines if other is not line]
             if entry is None:
                 continue

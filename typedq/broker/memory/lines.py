@@ -153,9 +153,9 @@ class Level:
         return head.lane.peek() if type(head) is Turn else head  # type: ignore[return-value]
 
     def pop(self) -> Entry:
-        if self._late_first():
-            return heapq.heappop(self.late)
-        fifo = self.fifo
+        fifo, late = self.fifo, self.late
+        if late and (not fifo or late[0][1] < _order(fifo[0])):  # _late_first, inline
+            return heapq.heappop(late)
         head = fifo[0]
         if type(head) is not Turn:
             return fifo.popleft()  # type: ignore[return-value]

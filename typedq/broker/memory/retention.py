@@ -51,14 +51,15 @@ class Finished:
             ttl, cap = retention.failed_ttl, retention.failed_max
         finished = self.by_state[state]
         jobs = self.table.jobs
-        all_counts, trimmed = self.table.counts, self.trimmed
+        # Jobs deleted per queue, counted once per queue after the loops (a trim runs
+        # per completed batch, deleting about a job per job completed).
+        gone: dict[str, int] = {}
         # Past the count bound: the oldest go, without looking at their age.
         parked: list[Job] = []
         for _ in range(len(finished) - cap):
             job = jobs.pop(finished.popitem(last=False)[0])
-            all_counts[job.message.queue][state] -= 1
-            counted = trimmed.setdefault(job.message.queue, {})
-            counted[state] = counted.get(state, 0) + 1
+            queue = job.message.queue
+            gone[queue] = gone.get(queue, 0) + 1
             if job.parked:
                 parked.append(job)
         expired = now - ttl
@@ -68,11 +69,16 @@ class Finished:
                 break
             del finished[job_id]
             job = jobs.pop(job_id)
-            all_counts[job.message.queue][state] -= 1
-            counted = trimmed.setdefault(job.message.queue, {})
-            counted[state] = counted.get(state, 0) + 1
+            queue = job.message.queue
+            gone[queue] = gone.get(queue, 0) + 1
             if job.parked:
                 parked.append(job)
+        if gone:
+            all_counts, trimmed = self.table.counts, self.trimmed
+            for queue, count in gone.items():
+                all_counts[queue][state] -= count
+                counted = trimmed.setdefault(queue, {})
+                counted[state] = counted.get(state, 0) + count
         if parked:
             self._parked_gone(parked, now)
 
