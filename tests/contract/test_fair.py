@@ -23,6 +23,7 @@ from typedq.broker.base import (
     Release,
     RetryOutcome,
 )
+from typedq.broker.flow import FlowSpec, step_id
 from typedq.limits import LimitSpec
 
 pytestmark = pytest.mark.anyio
@@ -519,3 +520,27 @@ async def test_a_fair_job_its_gate_gives_back_keeps_its_keys_place(
         await broker.complete([Completion(id="a0", token=first.token, result=b"\xc0")])
         claimed = await broker.claim(["q"], 3, worker_id="w", lease=30)
         assert [j.message.id for j in claimed] == ["b2", "a1", "b3"]
+
+
+async def test_a_flows_released_fair_step_goes_first_in_its_keys_lane(
+    app_name: str, broker_url: str
+) -> None:
+    """A chain's next step of a fair task, released while its key has jobs waiting,
+    goes first in the key's lane (a flow under way finishes before new work starts, as
+    a plain step goes to the head of its level), and the key keeps its place in the
+    line; a key with no job waiting takes its turn at the head of the line."""
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(3)])
+        first = msg(job_id=step_id("f", 0, 2), task="plain")
+        second = msgspec.structs.replace(fair("a", job_id="f"), payload=b"")
+        await broker.enqueue_flows([FlowSpec(id="f", steps=(first, second))])
+        await broker.enqueue([fair("b", job_id=f"b{i}") for i in range(2)])
+        # a's turn (a0), the flow's first step (its completion releases "f"), b's turn.
+        assert await claim_order(broker, 3) == ["a0", "f.0", "b0"]
+        assert await claim_order(broker, 4) == ["f", "b1", "a1", "a2"]
+        first = msg(job_id=step_id("g", 0, 2), task="plain")
+        second = msgspec.structs.replace(fair("a", job_id="g"), payload=b"")
+        await broker.enqueue_flows([FlowSpec(id="g", steps=(first, second))])
+        await broker.enqueue([fair("b", job_id="b2"), msg(job_id="p0")])
+        assert await claim_order(broker, 1) == ["g.0"]
+        assert await claim_order(broker, 3) == ["g", "b2", "p0"]

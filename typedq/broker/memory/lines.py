@@ -80,9 +80,11 @@ class Level:
 
     def push_fair(self, entry: Entry, group: tuple[str, str], weight: int) -> None:
         """Add ``entry`` to fair key ``group``'s lane; a key with no turn in the line
-        joins it (at the tail, or at the head for an entry placed at the head: a flow's
-        released step, which Redis's claim diverts to its key's turn where it stands).
-        A hand-back does not come here (:meth:`WaitLine.hand_back`)."""
+        joins it at the tail. An entry placed at the head (a flow's released step: a
+        flow under way finishes before new work starts) goes first in its key's lane,
+        and a key with no turn joins at the head of the line. A hand-back does not come
+        here (:meth:`WaitLine.hand_back`). The Redis broker does the same
+        (common/flow_settle.lua's release)."""
         turn = self.turns.get(group)
         if turn is None:
             fifo = self.fifo

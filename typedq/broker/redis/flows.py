@@ -87,7 +87,9 @@ def _text(value: Any) -> str:
 def split_body(message: JobMessage) -> tuple[bytes, bytes, bytes]:
     """(body, head, tail) of a held step: ``body == head + bin(b"") + tail``."""
     body = encode_body(message)
-    head_len = 1 + len(encode(message.task))  # fixarray header (at most 15 fields), task
+    # The array header (a fixarray of at most 15 fields; a fair job's 16 fields: an
+    # array16, 3 bytes), then the task.
+    head_len = (3 if body[0] == 0xDC else 1) + len(encode(message.task))
     head, rest = body[:head_len], body[head_len:]
     if not rest.startswith(_EMPTY_BIN):
         raise ValueError(f"step {message.id!r} of a flow must have an empty payload")

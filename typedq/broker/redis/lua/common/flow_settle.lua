@@ -116,8 +116,22 @@ local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, 
     head, tail = '\157' .. string.sub(head, 2), tail .. msgpack_str(links)
   end
   -- Due from the hand-off (its queue wait does not include the steps before it).
-  rcall('HSET', jk, 'm', head .. msgpack_bin(payload) .. tail, 's', 'w', 'r', now)
-  push_waiting(q, sane_prio(r[5]), id, true)
+  local body = head .. msgpack_bin(payload) .. tail
+  rcall('HSET', jk, 'm', body, 's', 'w', 'r', now)
+  local prio = sane_prio(r[5])
+  local group, weight = fair_of(body)
+  if group then
+    -- A fair task's step (typedq.fair) goes first in its key's lane, ahead of the key's
+    -- waiting jobs, and the key's marker keeps its place; a key with none waiting takes
+    -- its turn at the head of the level (memory/lines.py Level.push_fair).
+    if rcall('RPUSH', k_lane(q, group, prio), id) == 1 then
+      rcall('RPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group)
+      rcall('ZADD', k_levels(q), level_score(prio), prio)
+      rcall('SADD', k_lanes(q), prio .. '|' .. group)
+    end
+  else
+    push_waiting(q, prio, id, true)
+  end
   count(q, 's', -1)
   count(q, 'w', 1)
   work_queues[q] = true
