@@ -107,10 +107,16 @@ class LeaseOps(PostgresCore):
         if not items:
             self._check()
             return []
-        r = self.settings.retention
         codes = await self._fetchval(
-            "complete",
-            self._sql["complete"],
+            "complete", self._sql["complete"], *self._completion_args(items)
+        )
+        return [FINISH[c] for c in codes]
+
+    def _completion_args(self, items: Sequence[Completion]) -> tuple[Any, ...]:
+        """The arguments ``complete`` and ``complete_and_claim`` start with: the
+        namespace, the completions as columns, the retention bounds, the channel."""
+        r = self.settings.retention
+        return (
             self.ns,
             [i.id for i in items],
             [i.token for i in items],
@@ -119,7 +125,6 @@ class LeaseOps(PostgresCore):
             r.completed_max,
             self.channel,
         )
-        return [FINISH[c] for c in codes]
 
     async def complete_and_claim(
         self,
@@ -140,17 +145,10 @@ class LeaseOps(PostgresCore):
             return [], claimed
         if limit <= 0 or not queues:
             return await self.complete(items), []
-        r = self.settings.retention
         rows = await self._fetch(
             "complete_and_claim",
             self._sql["complete_and_claim"],
-            self.ns,
-            [i.id for i in items],
-            [i.token for i in items],
-            [i.result for i in items],
-            r.completed_ttl,
-            r.completed_max,
-            self.channel,
+            *self._completion_args(items),
             list(queues),
             limit,
             worker_id,
