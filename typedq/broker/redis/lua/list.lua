@@ -16,13 +16,22 @@
 -- until the last.
 -- A call examines at most skip + limit + BUDGET entries; one that stops on the budget
 -- (many stale entries in a row) answers a shorter page and the cursor to go on from.
+-- Counting (ARGV[7] 'n', typedq verify's count_fingerprints): the same walk, but each
+-- job taken is counted by the task and fingerprint its stored body names, and the reply
+-- holds those counts instead of ids: the jobs never leave Redis, and a call that takes
+-- `limit` jobs costs about what a page of them does. Active jobs are walked in the
+-- active set's order (lease deadline) instead: counting needs no start-time order,
+-- and the sort of every active job per call would cost each page the whole state.
 -- KEYS[1] = the queue's active zset
--- ARGV: P, queue, state letter, cursor, skip, limit
--- Returns {next cursor ('' at the end of the state), skip left, id...}
+-- ARGV: P, queue, state letter, cursor, skip, limit[, 'n']
+-- Returns {next cursor ('' at the end of the state), skip left, id...}; counting:
+-- {next cursor, skip left, jobs counted, task, fingerprint, jobs, task, ...} (a body
+-- typedq did not write is counted in the jobs, under no task).
 local q, state, cur = ARGV[2], ARGV[3], ARGV[4]
 local skip, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
-if #ARGV ~= 6 or q == '' or not is_int(skip) or skip < 0
-    or not is_int(limit) or limit < 0 then
+local counting = ARGV[7] == 'n'
+if (#ARGV ~= 6 and not (#ARGV == 7 and counting)) or q == '' or not is_int(skip)
+    or skip < 0 or not is_int(limit) or limit < 0 then
   return bad_args('list')
 end
 local pos = 0
@@ -33,23 +42,108 @@ end
 local SCAN, BUDGET, CHUNK, WINDOW = 20000, 20000, 1000, 1000
 local out = {}
 local budget = skip + limit + BUDGET
-local function take(id)
-  if skip > 0 then skip = skip - 1 else out[#out + 1] = id end
+-- Counting: jobs counted, and tally[task][fingerprint] = jobs.
+local counted, tally = 0, {}
+
+-- The msgpack string at offset `i` of `s` and the offset after it (nil: not a string).
+local function str_at(s, i)
+  local b = string.byte(s, i)
+  if not b then return nil end
+  local at, n
+  if b >= 0xa0 and b <= 0xbf then at, n = i + 1, b - 0xa0
+  elseif b == 0xd9 then at, n = i + 2, string.byte(s, i + 1)
+  elseif b == 0xda then at, n = i + 3, string.byte(s, i + 1) * 256 + string.byte(s, i + 2)
+  else return nil end
+  if not n or at + n - 1 > #s then return nil end
+  return string.sub(s, at, at + n - 1), at + n
+end
+
+-- The task and fingerprint a stored body names, reading its first fields only (the
+-- payload is skipped, never copied): a body (redis/codec.py Body) is [task, payload
+-- (bin), fingerprint, ...] with the fingerprint left out when empty; a record written
+-- before bodies is a whole JobMessage, [id, task, queue, payload, fingerprint, ...]
+-- (its second field a string, not bin). nil for other bytes.
+local function body_key(m)
+  if not m then return nil end
+  local b, n, i = string.byte(m, 1), nil, nil
+  if not b then return nil end
+  if b >= 0x90 and b <= 0x9f then n, i = b - 0x90, 2
+  elseif b == 0xdc and #m >= 3 then n, i = string.byte(m, 2) * 256 + string.byte(m, 3), 4
+  else return nil end
+  local first, second
+  first, i = str_at(m, i)
+  if not first or n < 2 then return nil end
+  b = string.byte(m, i)
+  if b == 0xc4 or b == 0xc5 or b == 0xc6 then  -- a body: the payload second
+    if n < 3 then return first, '' end
+    i = fair_skip(m, i)
+    local fp = i and str_at(m, i)
+    if not fp then return nil end
+    return first, fp
+  end
+  second, i = str_at(m, i)  -- a whole JobMessage: its task second
+  if not second or n < 4 then return nil end
+  if n < 5 then return second, '' end
+  for _ = 1, 2 do  -- the queue, the payload
+    i = fair_skip(m, i)
+    if not i then return nil end
+  end
+  local fp = str_at(m, i)
+  if not fp then return nil end
+  return second, fp
+end
+
+-- Take job `id` (its stored body `m`, when at hand: counting reads it otherwise).
+local function take(id, m)
+  if skip > 0 then skip = skip - 1; return end
+  if not counting then out[#out + 1] = id; return end
+  counted = counted + 1
+  if m == nil then
+    local r = read_job(q, id, 'm')
+    m = r and r[1] or false
+  end
+  local task, fp = body_key(m or nil)
+  if not task then task, fp = '', '' end  -- bytes typedq did not write: no task
+  local by_fp = tally[task]
+  if not by_fp then by_fp = {}; tally[task] = by_fp end
+  by_fp[fp] = (by_fp[fp] or 0) + 1
 end
 -- True when the page is full or the budget spent: stop after the entry just examined.
 local function done()
-  return #out >= limit or budget <= 0
+  return (counting and counted or #out) >= limit or budget <= 0
 end
 -- The reply: `at` is the cursor to go on from ('' at the end of the state).
 local function reply_at(at)
   local reply = {at, string.format('%d', skip)}
+  if counting then
+    reply[3] = string.format('%d', counted)
+    for task, by_fp in pairs(tally) do
+      for fp, n in pairs(by_fp) do
+        reply[#reply + 1] = task
+        reply[#reply + 1] = fp
+        reply[#reply + 1] = string.format('%d', n)
+      end
+    end
+    return reply
+  end
   for _, id in ipairs(out) do reply[#reply + 1] = id end
   return reply
 end
 local function answer(at_end)
   return reply_at(at_end and '' or string.format('%d', pos))
 end
+-- Is job `id` in state `s`? Its body second when counting (read with the state).
+-- A bare or gate entry's job `id` read for take: its state, queue, level (and body,
+-- when counting); nil when it has no key.
+local function read_taken(id)
+  if counting then return read_keyed(q, id, 's', 'q', 'p', 'm') end
+  return read_keyed(q, id, 's', 'q', 'p')
+end
 local function ours(id, s)
+  if counting then
+    local r = read_job(q, id, 's', 'm')
+    return r and r[1] == s, r and r[2]
+  end
   local r = read_job(q, id, 's')
   return r and r[1] == s
 end
@@ -95,7 +189,8 @@ local function zwalk(key, rev, s)
       if not passed then
         tie_score = nil  -- past the ties: every later entry is after the place
         budget = budget - 1
-        if ours(id, s) then take(id) end
+        local mine, m = ours(id, s)
+        if mine then take(id, m) end
         if done() then return reply_at(sc .. '|' .. id) end
       end
     end
@@ -246,23 +341,23 @@ if state == 'w' then
           if not is_bare(entry) then
             -- A waiting entry (see keys.py): listed while live.
             local f = parse_entry(entry)
-            if f and entry_live(q, prio, f) then take(f.id) end
+            if f and entry_live(q, prio, f) then take(f.id, f.m) end
           else
-            local r = read_keyed(q, entry, 's', 'q', 'p')
+            local r = read_taken(entry)
             -- With a stale count, the newest bare entry of the id is live unless the
             -- job is parked (its live entry is then in a gate's list).
             if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio
                 and (not redis.call('HGET', sk, prio .. '|' .. entry)
                   or (redis.call('LPOS', lk, entry) == len - (pos - base)
                     and redis.call('HEXISTS', k_parked(q), entry) == 0)) then
-              take(entry)
+              take(entry, r[4])
             end
           end
         end
       else
         visit = function(entry)
           local gp, id = string.match(entry, '^(%-?%d+)|(.*)$')
-          local r = gp and read_keyed(q, id, 's', 'q', 'p')
+          local r = gp and read_taken(id)
           -- With a stale count (a job of this id was cancelled or removed while parked,
           -- and one may wait again under the id), an entry is live only if the job is
           -- parked now in this gate (the queue's parked hash) and it is the newest of the
@@ -271,7 +366,7 @@ if state == 'w' then
               and (not redis.call('HGET', sk, gp .. '|' .. id)
                 or (redis.call('HGET', k_parked(q), id) == l[5]
                   and redis.call('LPOS', lk, entry) == len - (pos - base))) then
-            take(id)
+            take(id, r[4])
           end
         end
       end
@@ -281,6 +376,8 @@ if state == 'w' then
   return answer(true)
 elseif state == 's' then
   return zwalk(k_sched(q), false, 's')
+elseif state == 'a' and counting then
+  return zwalk(k_active(q), false, 'a')
 elseif state == 'a' then
   local found = {}
   for _, id in ipairs(redis.call('ZRANGE', k_active(q), 0, SCAN - 1)) do
