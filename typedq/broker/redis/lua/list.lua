@@ -58,26 +58,42 @@ local function str_at(s, i)
   return string.sub(s, at, at + n - 1), at + n
 end
 
--- The task and fingerprint a stored body names, reading its first fields only (the
--- payload is skipped, never copied): a body (redis/codec.py Body) is [task, payload
--- (bin), fingerprint, ...] with the fingerprint left out when empty; a record written
--- before bodies is a whole JobMessage, [id, task, queue, payload, fingerprint, ...]
--- (its second field a string, not bin). nil for other bytes.
-local function body_key(m)
-  if not m then return nil end
-  local b, n, i = string.byte(m, 1), nil, nil
+-- The offset after the msgpack bin at `i` of `s` (nil: not a bin).
+local function after_bin(s, i)
+  local b = string.byte(s, i)
+  if b == 0xc4 then return i + 2 + (string.byte(s, i + 1) or 0) end
+  if b == 0xc5 then
+    local x, y = string.byte(s, i + 1, i + 2)
+    return i + 3 + (x or 0) * 256 + (y or 0)
+  end
+  if b == 0xc6 then return fair_skip(s, i) end
+  return nil
+end
+
+-- The task and fingerprint a stored body names, from offset `i` of `m` (the body may
+-- sit inside a waiting entry: not copied out), reading its first fields only (the
+-- payload is skipped): a body (redis/codec.py Body) is [task, payload (bin),
+-- fingerprint, ...] with the fingerprint left out when empty; a record written before
+-- bodies is a whole JobMessage, [id, task, queue, payload, fingerprint, ...] (its second
+-- field a string, not bin). nil for other bytes.
+local function body_key(m, i)
+  local b = string.byte(m, i)
+  local n
   if not b then return nil end
-  if b >= 0x90 and b <= 0x9f then n, i = b - 0x90, 2
-  elseif b == 0xdc and #m >= 3 then n, i = string.byte(m, 2) * 256 + string.byte(m, 3), 4
+  if b >= 0x90 and b <= 0x9f then n, i = b - 0x90, i + 1
+  elseif b == 0xdc then
+    local x, y = string.byte(m, i + 1, i + 2)
+    if not y then return nil end
+    n, i = x * 256 + y, i + 3
   else return nil end
+  if n < 2 then return nil end
   local first, second
   first, i = str_at(m, i)
-  if not first or n < 2 then return nil end
-  b = string.byte(m, i)
-  if b == 0xc4 or b == 0xc5 or b == 0xc6 then  -- a body: the payload second
+  if not first then return nil end
+  local past = after_bin(m, i)
+  if past then  -- a body: the payload second
     if n < 3 then return first, '' end
-    i = fair_skip(m, i)
-    local fp = i and str_at(m, i)
+    local fp = str_at(m, past)
     if not fp then return nil end
     return first, fp
   end
@@ -93,8 +109,9 @@ local function body_key(m)
   return second, fp
 end
 
--- Take job `id` (its stored body `m`, when at hand: counting reads it otherwise).
-local function take(id, m)
+-- Take job `id` (its stored body `m` from offset `at`, when at hand: counting reads it
+-- otherwise).
+local function take(id, m, at)
   if skip > 0 then skip = skip - 1; return end
   if not counting then out[#out + 1] = id; return end
   counted = counted + 1
@@ -102,7 +119,8 @@ local function take(id, m)
     local r = read_job(q, id, 'm')
     m = r and r[1] or false
   end
-  local task, fp = body_key(m or nil)
+  local task, fp = nil, nil
+  if m then task, fp = body_key(m, at or 1) end
   if not task then task, fp = '', '' end  -- bytes typedq did not write: no task
   local by_fp = tally[task]
   if not by_fp then by_fp = {}; tally[task] = by_fp end
@@ -111,6 +129,12 @@ end
 -- True when the page is full or the budget spent: stop after the entry just examined.
 local function done()
   return (counting and counted or #out) >= limit or budget <= 0
+end
+-- How many entries to read next (LRANGE, ZRANGE): those the page still needs if each is
+-- one to take, at least 16, at most CHUNK. A page of 500 read 1000 entries and
+-- examined half: each entry read costs its copy into Lua.
+local function chunk()
+  return math.min(CHUNK, math.max(16, limit - (counting and counted or #out) + skip))
 end
 -- The reply: `at` is the cursor to go on from ('' at the end of the state).
 local function reply_at(at)
@@ -132,18 +156,36 @@ end
 local function answer(at_end)
   return reply_at(at_end and '' or string.format('%d', pos))
 end
--- Is job `id` in state `s`? Its body second when counting (read with the state).
 -- A bare or gate entry's job `id` read for take: its state, queue, level (and body,
 -- when counting); nil when it has no key.
 local function read_taken(id)
   if counting then return read_keyed(q, id, 's', 'q', 'p', 'm') end
   return read_keyed(q, id, 's', 'q', 'p')
 end
-local function ours(id, s)
-  if counting then
-    local r = read_job(q, id, 's', 'm')
-    return r and r[1] == s, r and r[2]
+-- Counting: is job `id` of a sorted set in state `s`, and its body and where it starts
+-- in the value read. read_job's answer in one or two commands, not its TYPE first: a
+-- scheduled job not claimed yet is a job string (GET; its record's fields as
+-- parse_rec reads them), any other job of a sorted set a hash (HMGET); a job without
+-- a key would be a waiting entry job, in no sorted set.
+local function ours_counting(id, s)
+  local jk = k_job(q, id)
+  if s == 's' then
+    local v = rpcall('GET', jk)
+    if type(v) == 'string' then
+      local st, at = string.match(v, '^([ws])[^|]*|%d+|%d+|%-?%d*|%d*|()')
+      return st == s, v, at
+    end
+    if not v then return false end
   end
+  local r = rpcall('HMGET', jk, 's', 'm')
+  if type(r) == 'table' and not r.err then return r[1] == s, r[2], 1 end
+  local v = rpcall('GET', jk)  -- a job string in another state than expected
+  if type(v) ~= 'string' then return false end
+  return string.match(v, '^([ws])') == s, v, string.match(v, '^[ws][^|]*|%d+|%d+|%-?%d*|%d*|()')
+end
+-- Is job `id` in state `s`? (Counting: its body and offset too, ours_counting.)
+local function ours(id, s)
+  if counting then return ours_counting(id, s) end
   local r = read_job(q, id, 's')
   return r and r[1] == s
 end
@@ -179,7 +221,8 @@ local function zwalk(key, rev, s)
     end
   end
   while true do
-    local rows = redis.call(rev and 'ZREVRANGE' or 'ZRANGE', key, at, at + CHUNK - 1,
+    local want = chunk()
+    local rows = redis.call(rev and 'ZREVRANGE' or 'ZRANGE', key, at, at + want - 1,
       'WITHSCORES')
     for i = 1, #rows, 2 do
       local id, sc = rows[i], rows[i + 1]
@@ -189,12 +232,12 @@ local function zwalk(key, rev, s)
       if not passed then
         tie_score = nil  -- past the ties: every later entry is after the place
         budget = budget - 1
-        local mine, m = ours(id, s)
-        if mine then take(id, m) end
+        local mine, m, from = ours(id, s)
+        if mine then take(id, m or false, from) end
         if done() then return reply_at(sc .. '|' .. id) end
       end
     end
-    if #rows < 2 * CHUNK then return reply_at('') end
+    if #rows < 2 * want then return reply_at('') end
   end
 end
 if limit == 0 then return reply_at(cur) end
@@ -204,7 +247,7 @@ if limit == 0 then return reply_at(cur) end
 local function walk(lk, base, len, visit)
   while pos < base + len do
     local c = pos - base  -- claim-order index: list index len - 1 - c
-    local n = math.min(CHUNK, base + len - pos)
+    local n = math.min(chunk(), base + len - pos)
     local entries = redis.call('LRANGE', lk, len - c - n, len - 1 - c)
     for i = #entries, 1, -1 do
       pos = pos + 1
@@ -336,8 +379,21 @@ if state == 'w' then
     local lk, len, prio, base = l[1], l[2], l[3], l[4]
     if pos < base + len then
       local visit
+      -- Counting: a waiting entry's live value in the index (entry_live's), and the
+      -- index's prefix, made once per list, not per entry.
+      local ix, tail = k_idx_prefix(q), (prio and prio ~= '0') and ('|' .. prio) or ''
       if prio then
         visit = function(entry)
+          if counting then
+            -- A waiting entry read in place: its id, order and where its body starts.
+            local id, o, at = string.match(entry, '^([^|]+)|(%d+)|%d+|%d*|()')
+            if id then
+              if rcall('HGET', ix .. idx_bucket(id), id) == o .. tail then
+                take(id, entry, at)
+              end
+              return
+            end
+          end
           if not is_bare(entry) then
             -- A waiting entry (see keys.py): listed while live.
             local f = parse_entry(entry)
