@@ -13,8 +13,10 @@ commandstats: wall time, which a loaded box stretches) and the server's main-thr
 time per call (INFO cpu), the commands over 1 ms and the longest one (SLOWLOG, reset
 before each check, threshold 1 ms).
 
-Run: ``.venv/bin/python -m bench.verify_scale [--jobs 1000000 --tasks 50 --queues 10]``
-(a fresh redis-server of its own; ~1-2 minutes to fill at 1,000,000 jobs).
+Run: ``.venv/bin/python -m bench.verify_scale [--jobs 1000000 --tasks 50 --queues 10]
+[--page 500 1000]`` (a fresh redis-server of its own; ~1-2 minutes to fill at 1,000,000
+jobs). ``--callgrind --jobs 20000``: the same on a redis-server under callgrind, in
+server instructions per call (load-independent).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import anyio
 import msgspec
 import redis
 
 from bench.redis_server import redis_server
+from bench.script_cost import callgrind_server
 from typedq import App
 from typedq import verify as verify_module
 from typedq.broker.base import JobMessage
@@ -120,73 +124,124 @@ def _cost(port: int, cpu_before: float) -> str:
     )
 
 
+async def fill(app: App, opts: argparse.Namespace) -> None:
+    """The jobs: each task's share (``--scheduled`` of it delayed an hour, enqueued first,
+    the rest waiting), then the rare jobs of the old fingerprint."""
+    per_task = opts.jobs // opts.tasks
+    delayed = int(per_task * opts.scheduled)
+    for task in app.tasks.values():
+        for first in range(0, per_task, 10_000):
+            batch = range(first, min(per_task, first + 10_000))
+            now = [n for n in batch if n >= delayed]
+            later = [n for n in batch if n < delayed]
+            if later:
+                await task.enqueue_many(
+                    (Order(order_id=n, customer="c") for n in later), delay=3600
+                )
+            if now:
+                await task.enqueue_many(Order(order_id=n, customer="c") for n in now)
+    payload = msgspec.msgpack.encode(Order(order_id=-1, customer="c"))
+    rare = [
+        JobMessage(
+            id=new_job_id(),
+            task=f"task{i % opts.tasks}",
+            queue=f"q{i % opts.tasks % opts.queues}",
+            payload=payload,
+            fingerprint=OLD,
+        )
+        for i in range(opts.rare)
+    ]
+    await app.broker.enqueue(rare)
+
+
+async def checks(
+    app: App, opts: argparse.Namespace, measured: Callable[[], Callable[[], str]]
+) -> list[str]:
+    """The sample scan, then verify once per ``--page``; a line each. ``measured()``
+    starts a measurement and answers the function that ends it (its text)."""
+    queues = [f"q{i}" for i in range(opts.queues)]
+    lines = []
+    done = measured()
+    started = time.perf_counter()
+    counts, read, capped = await count_fingerprints(app.broker, queues, sample=opts.sample)
+    took = time.perf_counter() - started
+    found = sum(n for (_, fp), n in counts.items() if fp == OLD)
+    lines.append(
+        f"sample scan (--sample {opts.sample:,}): {took:.2f} s, read {read:,} jobs "
+        f"(capped: {capped}), rare jobs found {found} of {opts.rare}; {done()}"
+    )
+    for page in opts.page:
+        verify_module.COUNT_PAGE = page
+        done = measured()
+        started = time.perf_counter()
+        report = await verify(app, app.broker, sample=opts.sample)
+        took = time.perf_counter() - started
+        rows: Counter[str] = Counter()
+        for row in report.rows:
+            rows[row.fingerprint] += row.jobs
+        lines.append(
+            f"exact (verify, broker counts, {page} jobs per call): {took:.2f} s, "
+            f"counted {report.scanned:,} jobs (exact: {report.exact}), rare jobs found "
+            f"{rows[OLD]} of {opts.rare}, exit code {report.exit_code}; {done()}"
+        )
+    return lines
+
+
 async def main(opts: argparse.Namespace) -> None:
+    if opts.callgrind:
+        await main_callgrind(opts)
+        return
     with redis_server() as server:
         app = build(server.url, opts.tasks, opts.queues)
         async with app:
             started = time.perf_counter()
-            per_task = opts.jobs // opts.tasks
-            delayed = int(per_task * opts.scheduled)
-            for task in app.tasks.values():
-                for first in range(0, per_task, 10_000):
-                    batch = range(first, min(per_task, first + 10_000))
-                    now = [n for n in batch if n >= delayed]
-                    later = [n for n in batch if n < delayed]
-                    if later:
-                        await task.enqueue_many(
-                            (Order(order_id=n, customer="c") for n in later), delay=3600
-                        )
-                    if now:
-                        await task.enqueue_many(Order(order_id=n, customer="c") for n in now)
-            payload = msgspec.msgpack.encode(Order(order_id=-1, customer="c"))
-            rare = [
-                JobMessage(
-                    id=new_job_id(),
-                    task=f"task{i % opts.tasks}",
-                    queue=f"q{i % opts.tasks % opts.queues}",
-                    payload=payload,
-                    fingerprint=OLD,
-                )
-                for i in range(opts.rare)
-            ]
-            await app.broker.enqueue(rare)
+            await fill(app, opts)
             filled = time.perf_counter() - started
-            queues = [f"q{i}" for i in range(opts.queues)]
-            lines = []
 
-            cpu = _reset(server.port)
-            started = time.perf_counter()
-            counts, read, capped = await count_fingerprints(
-                app.broker, queues, sample=opts.sample
-            )
-            took = time.perf_counter() - started
-            found = sum(n for (_, fp), n in counts.items() if fp == OLD)
-            lines.append(
-                f"sample scan (--sample {opts.sample:,}): {took:.2f} s, read {read:,} jobs "
-                f"(capped: {capped}), rare jobs found {found} of {opts.rare}; "
-                f"{_cost(server.port, cpu)}"
-            )
-
-            for page in opts.page:
-                verify_module.COUNT_PAGE = page
+            def measured() -> Callable[[], str]:
                 cpu = _reset(server.port)
-                started = time.perf_counter()
-                report = await verify(app, app.broker, sample=opts.sample)
-                took = time.perf_counter() - started
-                rows: Counter[str] = Counter()
-                for row in report.rows:
-                    rows[row.fingerprint] += row.jobs
-                lines.append(
-                    f"exact (verify, broker counts, {page} jobs per call): {took:.2f} s, "
-                    f"counted {report.scanned:,} jobs (exact: {report.exact}), rare jobs found "
-                    f"{rows[OLD]} of {opts.rare}, exit code {report.exit_code}; "
-                    f"{_cost(server.port, cpu)}"
-                )
+                return lambda: _cost(server.port, cpu)
+
+            lines = await checks(app, opts, measured)
         memory = server.info("memory")["used_memory_human"]
     print(
         f"{opts.jobs:,} jobs of {opts.tasks} tasks in {opts.queues} queues "
         f"({opts.scheduled:.0%} scheduled, the rest waiting) + {opts.rare} of an old "
         f"fingerprint (filled in {filled:.1f} s, Redis {memory})"
+    )
+    for line in lines:
+        print(line)
+
+
+async def main_callgrind(opts: argparse.Namespace) -> None:
+    """The same checks on a redis-server under callgrind: the server's instructions per
+    script call and per job counted, which a loaded box does not change (times under
+    valgrind mean nothing)."""
+    with callgrind_server() as (url, dump):
+        port = int(url.rsplit(":", 1)[1])
+        app = build(url, opts.tasks, opts.queues)
+        async with app:
+            await fill(app, opts)
+
+            def measured() -> Callable[[], str]:
+                _reset(port)
+                dump(None)
+
+                def end() -> str:
+                    instructions = dump(None)
+                    calls, _ = _fcalls(port)
+                    per_call = instructions / calls if calls else 0.0
+                    return (
+                        f"{calls:,} script calls, {instructions / 1e6:,.0f}M server "
+                        f"instructions, {per_call / 1000:,.0f}k per call"
+                    )
+
+                return end
+
+            lines = await checks(app, opts, measured)
+    print(
+        f"callgrind: {opts.jobs:,} jobs of {opts.tasks} tasks in {opts.queues} queues "
+        f"({opts.scheduled:.0%} scheduled) + {opts.rare} of an old fingerprint"
     )
     for line in lines:
         print(line)
@@ -201,11 +256,16 @@ if __name__ == "__main__":
     parser.add_argument("--rare", type=int, default=10)
     parser.add_argument("--sample", type=int, default=10_000)
     parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="run redis-server under valgrind's callgrind: instructions instead of times "
+        "(use a smaller --jobs)",
+    )
+    parser.add_argument(
         "--page",
         type=int,
         nargs="+",
         default=[verify_module.COUNT_PAGE],
-        help="jobs per count_fingerprints call (typedq.verify.COUNT_PAGE); several: one "
-        "check each",
+        help="jobs per count_fingerprints call (typedq.verify.COUNT_PAGE); several: one check each",
     )
     anyio.run(main, parser.parse_args())
