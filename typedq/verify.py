@@ -96,9 +96,11 @@ SCANNED_STATES = (
 #: Ids per page of the scan (one ``page_jobs``, then ``get`` calls of GET_CHUNK ids).
 PAGE = 500
 
-#: Jobs per ``count_fingerprints`` call of the exact count: on Redis one script call of
-#: ~1-2 ms on a quiet server (bench/verify_scale.py).
-COUNT_PAGE = 1000
+#: Jobs per ``count_fingerprints`` call of the exact count: on Redis one script call,
+#: ~31k server instructions per job counted (callgrind), so a few milliseconds a call
+#: (5 ms of CPU on a loaded 2-core box; 1,000 a call took longer in all there, not
+#: less: bench/results/issue28-verify-scale.txt).
+COUNT_PAGE = 500
 
 #: Runs per ``get_runs`` of the run scan (a run's record carries its log).
 RUN_CHUNK = 20

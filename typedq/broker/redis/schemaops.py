@@ -22,9 +22,9 @@ from .keys import STATE_LETTERS
 __all__ = ["COUNT_PAGE_MAX", "SchemaOps"]
 
 #: The most jobs one ``count_fingerprints`` call counts: one list.lua call, whose cost
-#: grows with the jobs it passes (~1-2 µs each on a quiet server, a waiting job's
-#: liveness check and its body's first fields), so a call stays near a few milliseconds
-#: (bench/verify_scale.py).
+#: grows with the jobs it passes (~31k server instructions each, callgrind: a waiting
+#: job's liveness check in the index and its body's first fields), so that no call
+#: holds Redis for long (bench/verify_scale.py; verify asks for 500).
 COUNT_PAGE_MAX = 2000
 
 
