@@ -14,7 +14,7 @@ time per call (INFO cpu), the commands over 1 ms and the longest one (SLOWLOG, r
 before each check, threshold 1 ms).
 
 Run: ``.venv/bin/python -m bench.verify_scale [--jobs 1000000 --tasks 50 --queues 10]
-[--page 500 1000]`` (a fresh redis-server of its own; ~1-2 minutes to fill at 1,000,000
+[--page 500 1000] [--walks 1 4]`` (a fresh redis-server of its own; ~1-2 minutes to fill at 1,000,000
 jobs). ``--callgrind --jobs 20000``: the same on a redis-server under callgrind, in
 server instructions per call (load-independent).
 """
@@ -157,7 +157,7 @@ async def fill(app: App, opts: argparse.Namespace) -> None:
 async def checks(
     app: App, opts: argparse.Namespace, measured: Callable[[], Callable[[], str]]
 ) -> list[str]:
-    """The sample scan, then verify once per ``--page``; a line each. ``measured()``
+    """The sample scan, then verify once per ``--page`` and ``--walks``; a line each. ``measured()``
     starts a measurement and answers the function that ends it (its text)."""
     queues = [f"q{i}" for i in range(opts.queues)]
     lines = []
@@ -170,8 +170,9 @@ async def checks(
         f"sample scan (--sample {opts.sample:,}): {took:.2f} s, read {read:,} jobs "
         f"(capped: {capped}), rare jobs found {found} of {opts.rare}; {done()}"
     )
-    for page in opts.page:
+    for page, walks in [(p, w) for p in opts.page for w in opts.walks]:
         verify_module.COUNT_PAGE = page
+        verify_module.COUNT_WALKS = walks
         done = measured()
         started = time.perf_counter()
         report = await verify(app, app.broker, sample=opts.sample)
@@ -180,7 +181,8 @@ async def checks(
         for row in report.rows:
             rows[row.fingerprint] += row.jobs
         lines.append(
-            f"exact (verify, broker counts, {page} jobs per call): {took:.2f} s, "
+            f"exact (verify, broker counts, {page} jobs per call, {walks} walks at once): "
+            f"{took:.2f} s, "
             f"counted {report.scanned:,} jobs (exact: {report.exact}), rare jobs found "
             f"{rows[OLD]} of {opts.rare}, exit code {report.exit_code}; {done()}"
         )
@@ -255,6 +257,13 @@ if __name__ == "__main__":
     parser.add_argument("--scheduled", type=float, default=0.1)
     parser.add_argument("--rare", type=int, default=10)
     parser.add_argument("--sample", type=int, default=10_000)
+    parser.add_argument(
+        "--walks",
+        type=int,
+        nargs="+",
+        default=[verify_module.COUNT_WALKS],
+        help="queue states counted at once (typedq.verify.COUNT_WALKS); several: one check each",
+    )
     parser.add_argument(
         "--callgrind",
         action="store_true",

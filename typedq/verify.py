@@ -57,6 +57,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
 import msgspec
 
 from .app import App
@@ -101,6 +102,9 @@ PAGE = 500
 #: (5 ms of CPU on a loaded 2-core box; 1,000 a call took longer in all there, not
 #: less: bench/results/issue28-verify-scale.txt).
 COUNT_PAGE = 500
+
+#: Queue states the exact count pages at once (one call of each in flight).
+COUNT_WALKS = 4
 
 #: Runs per ``get_runs`` of the run scan (a run's record carries its log).
 RUN_CHUNK = 20
@@ -215,13 +219,19 @@ async def count_exact(
     """Count ``(task, fingerprint)`` over every job of ``queues`` in
     :data:`SCANNED_STATES`, by the broker (capability ``FingerprintCounts``): ``(counts,
     jobs counted)``. Each call counts a bounded page where the jobs are stored, so no
-    job is transferred and no call holds the broker for long. A run's turns are left
-    out (see :func:`count_fingerprints`). On a broker at rest every job is counted once;
-    one that moves meanwhile may be counted in two states or in none."""
+    job is transferred and no call holds the broker for long; :data:`COUNT_WALKS`
+    queue states are paged at once (one call of each in flight), so the broker is not
+    left idle between a reply and the next call, and a Redis Cluster counts its shards'
+    queues side by side. A run's turns are left out (see :func:`count_fingerprints`).
+    On a broker at rest every job is counted once; one that moves meanwhile may be
+    counted in two states or in none."""
     counts: Counter[tuple[str, str]] = Counter()
     total = 0
-    for queue in queues:
-        for state in SCANNED_STATES:
+    walks = anyio.CapacityLimiter(COUNT_WALKS)
+
+    async def walk(queue: str, state: JobState) -> None:
+        nonlocal total
+        async with walks:
             cursor: str | None = None
             while True:
                 page = await broker.count_fingerprints(
@@ -234,8 +244,13 @@ async def count_exact(
                         continue
                     counts[(task, fingerprint)] += jobs
                 if page.cursor is None:
-                    break
+                    return
                 cursor = page.cursor
+
+    async with anyio.create_task_group() as group:
+        for queue in queues:
+            for state in SCANNED_STATES:
+                group.start_soon(walk, queue, state)
     return counts, total
 
 
