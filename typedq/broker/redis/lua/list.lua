@@ -52,7 +52,10 @@ local function str_at(s, i)
   local at, n
   if b >= 0xa0 and b <= 0xbf then at, n = i + 1, b - 0xa0
   elseif b == 0xd9 then at, n = i + 2, string.byte(s, i + 1)
-  elseif b == 0xda then at, n = i + 3, string.byte(s, i + 1) * 256 + string.byte(s, i + 2)
+  elseif b == 0xda then
+    local x, y = string.byte(s, i + 1, i + 2)
+    if not y then return nil end
+    at, n = i + 3, x * 256 + y
   else return nil end
   if not n or at + n - 1 > #s then return nil end
   return string.sub(s, at, at + n - 1), at + n
