@@ -136,3 +136,27 @@ async def test_a_bad_cursor_is_refused(app_name: str, broker_url: str) -> None:
         for state in (JobState.WAITING, JobState.SCHEDULED, JobState.ACTIVE, JobState.FAILED):
             with pytest.raises(ValueError, match="invalid page cursor 'x'"):
                 await broker.count_fingerprints("q", state, cursor="x")
+
+
+async def test_jobs_that_left_and_came_back_are_counted_once(
+    app_name: str, broker_url: str
+) -> None:
+    """Cancelling waiting jobs leaves stale entries in Redis's waiting lists, and
+    retrying some of them puts a second entry of the same id behind the first (as in
+    test_paging): each job is counted once, where it is."""
+    async with connected(app_name, broker_url) as broker:
+        messages = [job("a", ("f0", "f1")[i % 2], priority=(0, 5)[i % 3 == 0]) for i in range(200)]
+        await broker.enqueue(messages)
+        cancelled = messages[::9]
+        for m in cancelled:
+            await broker.cancel(m.id)
+        retried = cancelled[:10]
+        await broker.retry([m.id for m in retried])
+        waiting: Counter[tuple[str, str]] = Counter()
+        for m in messages:
+            if m not in cancelled or m in retried:
+                waiting[(m.task, m.fingerprint)] += 1
+        gone = Counter((m.task, m.fingerprint) for m in cancelled if m not in retried)
+        for limit in (1, 7, 1000):
+            assert await count_state(broker, JobState.WAITING, limit) == waiting
+            assert await count_state(broker, JobState.CANCELLED, limit) == gone
