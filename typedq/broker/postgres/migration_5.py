@@ -112,17 +112,6 @@ CREATE TABLE {s}.stream_readers (
 );
 CREATE INDEX stream_readers_until ON {s}.stream_readers (ns, until);
 
--- Whether p_token may write to job p_id's stream: items while it holds the active
--- job (answers 2), the end once the job is final by its own transition (answers the
--- final state); NULL: refused.
-CREATE FUNCTION {s}.stream_fence(p_ns text, p_id text, p_token text, p_end boolean)
-RETURNS smallint LANGUAGE sql STABLE AS $$
-    SELECT x.state FROM {s}.jobs x
-    WHERE x.ns = p_ns AND x.id = p_id AND CASE WHEN p_end
-        THEN x.state >= 3 AND x.done_token = p_token
-        ELSE x.state = 2 AND x.token = p_token END
-$$;
-
 -- Appends to job streams (Broker.append_streams): append i's items are
 -- p_items[o + 1 .. o + p_counts[i]] (o: the counts before it). True for each taken.
 CREATE FUNCTION {s}.stream_append(p_ns text, p_ids text[], p_tokens text[],
@@ -144,21 +133,30 @@ BEGIN
     FOR i IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
         c := p_counts[i];
         o := o + c;
-        -- The fence, read before the stream's row is made (a refused append leaves
-        -- nothing), and again once that row is locked (an append that waited for the
-        -- lock sees what committed meanwhile: the next run's claim).
-        v_fin := {s}.stream_fence(p_ns, p_ids[i], p_tokens[i], p_ends[i]);
-        IF v_fin IS NOT NULL THEN
+        -- The stream's row is locked first, then the fence read: an append that
+        -- waited for the lock sees what committed meanwhile (the next run's claim, and
+        -- its first append), so a refused run never writes after the next run's start.
+        -- A stream not made yet is made only for an append its fence lets through.
+        SELECT s.last, s.low, s.expires INTO st FROM {s}.streams s
+        WHERE s.ns = p_ns AND s.job_id = p_ids[i] FOR UPDATE;
+        IF NOT FOUND THEN
+            PERFORM 1 FROM {s}.jobs x WHERE x.ns = p_ns AND x.id = p_ids[i]
+              AND CASE WHEN p_ends[i] THEN x.state >= 3 AND x.done_token = p_tokens[i]
+                  ELSE x.state = 2 AND x.token = p_tokens[i] END;
+            IF NOT FOUND THEN
+                out := out || false;
+                CONTINUE;
+            END IF;
+            INSERT INTO {s}.streams (ns, job_id, expires) VALUES (p_ns, p_ids[i], now)
+            ON CONFLICT DO NOTHING;
             SELECT s.last, s.low, s.expires INTO st FROM {s}.streams s
             WHERE s.ns = p_ns AND s.job_id = p_ids[i] FOR UPDATE;
-            IF NOT FOUND THEN
-                INSERT INTO {s}.streams (ns, job_id, expires) VALUES (p_ns, p_ids[i], now)
-                ON CONFLICT DO NOTHING;
-                SELECT s.last, s.low, s.expires INTO st FROM {s}.streams s
-                WHERE s.ns = p_ns AND s.job_id = p_ids[i] FOR UPDATE;
-            END IF;
-            v_fin := {s}.stream_fence(p_ns, p_ids[i], p_tokens[i], p_ends[i]);
         END IF;
+        -- The fence: items while the token holds the active job, the end once the job
+        -- is final by this token's own transition (the entry records that state).
+        SELECT x.state INTO v_fin FROM {s}.jobs x WHERE x.ns = p_ns AND x.id = p_ids[i]
+          AND CASE WHEN p_ends[i] THEN x.state >= 3 AND x.done_token = p_tokens[i]
+              ELSE x.state = 2 AND x.token = p_tokens[i] END;
         IF v_fin IS NULL THEN
             out := out || false;
             CONTINUE;

@@ -1,0 +1,239 @@
+"""The PostgreSQL broker's event streams and job streams beyond the contract files: an
+event is written in the transaction of the job's final move (a rollback writes none)
+and only for a queue whose stream is on; two queues' events written by transactions
+that end jobs in opposite orders never deadlock; both kinds of stream stay bounded in
+the tables; reads wait on the listener and wake on another process's commit; expired
+streams and readers are swept by the reaper's pass (a throwaway cluster:
+tests/pg_harness.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.pg_harness import PgCluster
+from tests.support import TEST_DEADLINE, msg
+from typedq.broker.base import BrokerSettings, ClaimedJob, Completion, FinishOutcome
+from typedq.broker.messages import JobState
+from typedq.broker.postgres import PostgresBroker
+from typedq.broker.streams import STREAM_MAX, StreamAppend
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@asynccontextmanager
+async def brokers(
+    url: str, ns: str, n: int = 1, *, events_max: int = 10_000
+) -> AsyncIterator[list[PostgresBroker]]:
+    """``n`` connected brokers of namespace ``ns``, each with its own pool and listener
+    (as ``n`` processes would have)."""
+    made = [
+        PostgresBroker(url, BrokerSettings(namespace=ns, events_max=events_max)) for _ in range(n)
+    ]
+    try:
+        with anyio.fail_after(TEST_DEADLINE):
+            for broker in made:
+                await broker.connect()
+            yield made
+    finally:
+        for broker in made:
+            await broker.close()
+
+
+async def sql(broker: PostgresBroker, query: str, *args: Any) -> Any:
+    """One value of ``query`` on the broker's pool; ``{s}`` is its schema, quoted."""
+    return await broker._pool.fetchval(query.format(s=f'"{broker.target.schema}"'), *args)
+
+
+async def claim(broker: PostgresBroker, queue: str, n: int) -> list[ClaimedJob]:
+    jobs = await broker.claim([queue], n, worker_id="w", lease=30)
+    assert len(jobs) == n
+    return jobs
+
+
+async def test_an_event_is_written_with_the_final_move_and_only_for_a_queue_with_events(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    async with brokers(pg_cluster.url, app_name) as (broker,):
+        assert await broker.enable_events("on") == 0
+        await broker.enqueue([msg(queue="on", job_id="a"), msg(queue="off", job_id="b")])
+        (a,) = await claim(broker, "on", 1)
+        (b,) = await claim(broker, "off", 1)
+        count = "SELECT count(*) FROM {s}.events WHERE ns = $1"
+        # The final move rolled back: its event goes with it (one transaction).
+        async with broker._pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            args = broker._completion_args([Completion("a", a.token, b"r")])
+            assert await conn.fetchval(broker._sql["complete"], *args) == [0]
+            await conn.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the deferred trigger, now
+            schema = f'"{broker.target.schema}"'
+            assert await conn.fetchval(count.format(s=schema), app_name) == 1
+            await tx.rollback()
+        assert await sql(broker, count, app_name) == 0
+        assert (await broker.read_events("on", 0, timeout=0)).events == []
+        # Committed: the event is there; a queue whose stream is off gets none.
+        done = [Completion("a", a.token, b"r"), Completion("b", b.token, b"s")]
+        assert await broker.complete(done) == [FinishOutcome.OK] * 2
+        assert await sql(broker, count, app_name) == 1
+        read = await broker.read_events("on", 0, timeout=0)
+        assert [(e.seq, e.id, e.state, e.data) for e in read.events] == [
+            (1, "a", JobState.COMPLETED, b"r")
+        ]
+        assert (
+            await sql(broker, "SELECT count(*) FROM {s}.event_queues WHERE ns = $1", app_name) == 1
+        )
+
+
+async def test_events_of_two_queues_ended_in_opposite_orders_never_deadlock(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    rounds = 40
+    async with brokers(pg_cluster.url, app_name, 2) as (one, two):
+        for queue in ("x", "y"):
+            await one.enable_events(queue)
+            await one.enqueue([msg(queue=queue) for _ in range(2 * rounds)])
+
+        async def finish(broker: PostgresBroker, first: str, second: str) -> None:
+            for _ in range(rounds):
+                jobs = await claim(broker, first, 1) + await claim(broker, second, 1)
+                # Each transaction ends a job of each queue, the two in opposite orders.
+                done = [Completion(j.message.id, j.token, b"") for j in jobs]
+                assert await broker.complete(done) == [FinishOutcome.OK] * 2
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(finish, one, "x", "y")
+            tg.start_soon(finish, two, "y", "x")
+        for queue in ("x", "y"):
+            read = await one.read_events(queue, 0, timeout=0, limit=1000)
+            assert [e.seq for e in read.events] == list(range(1, 2 * rounds + 1))
+            assert len({e.id for e in read.events}) == 2 * rounds
+
+
+async def test_event_streams_stay_near_their_cap_in_the_table(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    async with brokers(pg_cluster.url, app_name, events_max=10) as (broker,):
+        await broker.enable_events("q")
+        await broker.enqueue([msg() for _ in range(300)])
+        while jobs := await broker.claim(["q"], 16, worker_id="w", lease=30):
+            await broker.complete([Completion(j.message.id, j.token, b"") for j in jobs])
+        held = await sql(broker, "SELECT count(*) FROM {s}.events WHERE ns = $1", app_name)
+        # Trimmed by chunks of 64: at least the cap, never a chunk more.
+        assert 10 <= held < 10 + 64
+        read = await broker.read_events("q", 0, timeout=0, limit=1000)
+        assert read.missed == 300 - held
+        assert [e.seq for e in read.events] == list(range(300 - held + 1, 301))
+
+
+async def test_reads_wait_on_the_listener_and_wake_on_another_process_commit(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    async with brokers(pg_cluster.url, app_name, 2) as (reader, writer):
+        await writer.enable_events("q")
+        await writer.enqueue([msg(job_id="e"), msg(job_id="s")])
+        e, s = await claim(writer, "q", 2)
+        woke: dict[str, float] = {}
+
+        async def read_events() -> None:
+            read = await reader.read_events("q", 0, timeout=20)
+            assert [x.id for x in read.events] == ["e"]
+            woke["events"] = time.monotonic()
+
+        async def read_stream() -> None:
+            entries = await reader.read_stream("s", queue="q", after="", timeout=20)
+            assert [x.data for x in entries] == [b"x"]
+            woke["stream"] = time.monotonic()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_events)
+            tg.start_soon(read_stream)
+            await anyio.sleep(0.3)
+            assert woke == {}  # both wait (no connection each: the broker's listener)
+            sent = time.monotonic()
+            await writer.complete([Completion("e", e.token, b"")])
+            append = StreamAppend(
+                job_id="s", queue="q", token=s.token, attempt=1, seq=0, items=[b"x"], fresh=True
+            )
+            assert await writer.append_streams([append]) == [True]
+        # Woken by the notifications, long before the reads' timeouts.
+        assert woke["events"] - sent < 2.0
+        assert woke["stream"] - sent < 2.0
+
+
+async def test_a_job_stream_stays_near_its_cap_and_expired_streams_are_swept(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    async with brokers(pg_cluster.url, app_name) as (broker,):
+        await broker.enqueue([msg(job_id="big"), msg(job_id="brief")])
+        big, brief = await claim(broker, "q", 2)
+        total = STREAM_MAX + 500
+        for at in range(0, total, 1000):
+            items = [b"i"] * min(1000, total - at)
+            append = StreamAppend(
+                job_id="big",
+                queue="q",
+                token=big.token,
+                attempt=1,
+                seq=at,
+                items=items,
+                fresh=at == 0,
+            )
+            assert await broker.append_streams([append]) == [True]
+        entries = "SELECT count(*) FROM {s}.stream_entries WHERE ns = $1 AND job_id = $2"
+        held = await sql(broker, entries, app_name, "big")
+        # Trimmed by chunks of 100 (Redis MAXLEN ~): at least the cap, never a chunk more.
+        assert STREAM_MAX <= held < STREAM_MAX + 100
+        first = await broker.read_stream("big", queue="q", after="", timeout=0, limit=1)
+        assert first[0].seq == total - held
+        # A stream past its ttl is not read, and the reaper's pass deletes it.
+        brief_append = StreamAppend(
+            job_id="brief",
+            queue="q",
+            token=brief.token,
+            attempt=1,
+            seq=0,
+            items=[b"b"],
+            fresh=True,
+            ttl=0.2,
+        )
+        assert await broker.append_streams([brief_append]) == [True]
+        assert len(await broker.read_stream("brief", queue="q", after="", timeout=0)) == 1
+        await broker.read_stream("brief", queue="q", after="", timeout=0, reader="r1")
+        assert (
+            await sql(broker, "SELECT count(*) FROM {s}.stream_readers WHERE ns = $1", app_name)
+            == 1
+        )
+        await broker.leave_stream("brief", queue="q", reader="r1")
+        assert (
+            await sql(broker, "SELECT count(*) FROM {s}.stream_readers WHERE ns = $1", app_name)
+            == 0
+        )
+        await anyio.sleep(0.3)
+        assert await broker.read_stream("brief", queue="q", after="", timeout=0) == []
+        await broker.recover_stalled()
+        assert await sql(broker, entries, app_name, "brief") == 0
+        streams = "SELECT count(*) FROM {s}.streams WHERE ns = $1"
+        assert await sql(broker, streams, app_name) == 1  # the big one, live
+
+
+async def test_a_read_of_a_stream_that_never_started_waits_then_finds_nothing(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    async with brokers(pg_cluster.url, app_name) as (broker,):
+        started = time.monotonic()
+        assert await broker.read_stream("none", queue="q", after="", timeout=0.3) == []
+        assert time.monotonic() - started >= 0.25
+        # The broker's waiters are forgotten once the reads end.
+        assert broker._stream_waiters == {}
+        assert broker._event_waiters == {}
