@@ -18,7 +18,7 @@ import pytest
 
 from tests.pg_harness import PgCluster
 from tests.support import TEST_DEADLINE, msg
-from typedq.broker.base import BrokerSettings, ClaimedJob, Completion, FinishOutcome
+from typedq.broker.base import BrokerSettings, ClaimedJob, Completion, FinishOutcome, Retention
 from typedq.broker.messages import JobState
 from typedq.broker.postgres import PostgresBroker
 from typedq.broker.streams import STREAM_MAX, StreamAppend
@@ -237,3 +237,27 @@ async def test_a_read_of_a_stream_that_never_started_waits_then_finds_nothing(
         # The broker's waiters are forgotten once the reads end.
         assert broker._stream_waiters == {}
         assert broker._event_waiters == {}
+
+
+async def test_a_job_retention_deletes_in_its_own_final_move_still_has_its_event(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    # completed_max=1: each completion deletes the completed jobs before it, in the
+    # same transaction, before the deferred trigger writes the events at commit.
+    broker = PostgresBroker(
+        pg_cluster.url,
+        BrokerSettings(namespace=app_name, retention=Retention(completed_max=1)),
+    )
+    await broker.connect()
+    try:
+        await broker.enable_events("q")
+        await broker.enqueue([msg(job_id=f"j{n}") for n in range(20)])
+        jobs = await claim(broker, "q", 20)
+        await broker.complete([Completion(j.message.id, j.token, b"r") for j in jobs[:10]])
+        for job in jobs[10:]:
+            await broker.complete([Completion(job.message.id, job.token, b"r")])
+        read = await broker.read_events("q", 0, timeout=0, limit=100)
+        assert [(e.id, e.data) for e in read.events] == [(f"j{n}", b"r") for n in range(20)]
+        assert await sql(broker, "SELECT count(*) FROM {s}.jobs WHERE ns = $1", app_name) == 1
+    finally:
+        await broker.close()
