@@ -261,3 +261,31 @@ async def test_a_job_retention_deletes_in_its_own_final_move_still_has_its_event
         assert await sql(broker, "SELECT count(*) FROM {s}.jobs WHERE ns = $1", app_name) == 1
     finally:
         await broker.close()
+
+
+async def test_batches_of_appends_to_several_jobs_answer_in_their_order(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    async with brokers(pg_cluster.url, app_name, 2) as (one, two):
+        await one.enqueue([msg(job_id=f"j{n}") for n in range(4)])
+        runs = {j.message.id: j for j in await claim(one, "q", 4)}
+
+        def append(job_id: str, token: str, seq: int) -> StreamAppend:
+            return StreamAppend(
+                job_id=job_id, queue="q", token=token, attempt=1, seq=seq, items=[b"x"]
+            )
+
+        # Batches naming the same streams in opposite orders, at once, many times: each
+        # answers in its own order (a stranger's token refused), and none deadlocks.
+        async def send(broker: PostgresBroker, ids: list[str]) -> None:
+            for seq in range(30):
+                batch = [append(i, runs[i].token, seq) for i in ids]
+                batch.insert(1, append(ids[0], "stranger", seq))
+                assert await broker.append_streams(batch) == [True, False, True, True, True]
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send, one, ["j0", "j1", "j2", "j3"])
+            tg.start_soon(send, two, ["j3", "j2", "j1", "j0"])
+        for job_id in runs:
+            entries = await one.read_stream(job_id, queue="q", after="", timeout=0)
+            assert len(entries) == 60

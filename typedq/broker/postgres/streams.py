@@ -88,6 +88,10 @@ class StreamOps(PostgresCore):
         if not appends:
             self._check()
             return []
+        # In job id order (a job's appends keep theirs): each append locks its stream's
+        # row until the call commits, so two batches never wait on each other in a cycle.
+        order = sorted(range(len(appends)), key=lambda i: appends[i].job_id)
+        appends = [appends[i] for i in order]
         items: list[bytes] = []
         for a in appends:
             items.extend(a.items)
@@ -107,7 +111,10 @@ class StreamOps(PostgresCore):
             STREAM_MAX,
             self.channel,
         )
-        return [bool(t) for t in taken]
+        answers = [False] * len(order)
+        for i, t in zip(order, taken, strict=True):
+            answers[i] = bool(t)
+        return answers
 
     async def read_stream(
         self,
