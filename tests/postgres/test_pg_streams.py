@@ -289,3 +289,44 @@ async def test_batches_of_appends_to_several_jobs_answer_in_their_order(
         for job_id in runs:
             entries = await one.read_stream(job_id, queue="q", after="", timeout=0)
             assert len(entries) == 60
+
+
+async def test_waiting_reads_wake_when_the_listener_is_lost(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    async with brokers(pg_cluster.url, app_name, 2) as (reader, writer):
+        await writer.enable_events("q")
+        await writer.enqueue([msg(job_id="e")])
+        (e,) = await claim(writer, "q", 1)
+        listener = reader._listener
+        assert listener is not None
+        old = listener._conn
+        pid = old.get_server_pid()
+        woke: list[float] = []
+
+        async def read_events() -> None:
+            assert (await reader.read_events("q", 0, timeout=20)).events == []
+            woke.append(time.monotonic())
+
+        async def read_stream() -> None:
+            assert await reader.read_stream("e", queue="q", after="", timeout=20) == []
+            woke.append(time.monotonic())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_events)
+            tg.start_soon(read_stream)
+            await anyio.sleep(0.3)
+            # The listener's connection dies: a notification may have been missed, so
+            # the waiting reads are woken (to read again), not left to their timeout.
+            lost = time.monotonic()
+            await sql(writer, "SELECT pg_terminate_backend($1)", pid)
+        assert len(woke) == 2
+        assert max(woke) - lost < 5.0
+        # The listener is back (its reset woke every waiter once more, at once): a read
+        # waits again and is woken by the next event.
+        while listener._conn is old:  # noqa: ASYNC110 -- the listener task sets it; bounded
+            await anyio.sleep(0.01)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.complete, [Completion("e", e.token, b"")])
+            read = await reader.read_events("q", 0, timeout=20)
+        assert [x.id for x in read.events] == ["e"]
