@@ -330,3 +330,43 @@ async def test_waiting_reads_wake_when_the_listener_is_lost(
             tg.start_soon(writer.complete, [Completion("e", e.token, b"")])
             read = await reader.read_events("q", 0, timeout=20)
         assert [x.id for x in read.events] == ["e"]
+
+
+async def test_appends_leave_the_streams_index_alone_while_the_expiry_barely_moves(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    async with brokers(pg_cluster.url, app_name) as (broker,):
+        await broker.enqueue([msg(job_id="h")])
+        (run,) = await claim(broker, "q", 1)
+        stats = (
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "WHERE schemaname = $1 AND relname = 'streams'"
+        )
+        schema = broker.target.schema
+        async with broker._pool.acquire() as conn:
+
+            async def counters() -> tuple[int, int]:
+                await conn.execute("SELECT pg_stat_force_next_flush()")
+                await conn.execute("SELECT pg_stat_clear_snapshot()")
+                row = await conn.fetchrow(stats, schema)
+                return int(row[0]), int(row[1])
+
+            before = await counters()
+            for seq in range(50):
+                args = (app_name, ["h"], [run.token], [1], [seq], [seq == 0], [False])
+                taken = await conn.fetchval(
+                    broker._sql["append_streams"],
+                    *args,
+                    [86400.0],
+                    [1],
+                    [b"x"],
+                    STREAM_MAX,
+                    broker.channel,
+                )
+                assert taken == [True]
+            after = await counters()
+        updates, hot = after[0] - before[0], after[1] - before[1]
+        # Each append updates its stream's row; with the expiry left alone (it would move
+        # by less than a minute of a day's ttl) every update but the first is HOT.
+        assert updates == 50
+        assert hot >= 49
