@@ -265,4 +265,5 @@ class LeaseOps(PostgresCore):
 
         recovered = await call("recover_stalled", self.target.safe, send)
         await self._forget_idle()
+        await self._sweep_streams()
         return recovered
