@@ -47,14 +47,46 @@ end
 
 -- End a flow that did not complete: every job of it not final yet ends in `state`
 -- with record `err` (nil: cancelled with the flow); a running one is asked to cancel.
+-- `settled`: every member has settled (the fan-in found a failed one): only its steps
+-- are left to end.
 -- In a flow across slots, the jobs on other queues than the root's end by one outbox
--- entry per queue.
-local function flow_end(fq, f, state, err, now)
+-- entry per queue, in this call. Any other flow ends in bounded steps (issue 31: a
+-- 100,000-member flow's end was one script of ~1 s): this call marks its record ended
+-- (E: the state, Ee: the record or '', Ec: how many of its jobs are ended, Et: of how
+-- many), in O(1), and ends the first FLOW_END_CHUNK of its jobs (flow_ops.end_step): its
+-- steps first (its own job, whose state is the flow's, in this call), then its members.
+-- From the mark on, nothing of the flow goes on: a settling job finds it ended
+-- (flow_settle), a claim ends a member it pops instead of starting it
+-- (flow_ops.claim_ended), a staged member is never released (dropped here). A flow with
+-- more jobs left writes an outbox entry {'Z', F, fq, entry id} to its own queue (see
+-- common/flows.lua), which the caller applies (flow_apply.lua: deletes it, ends the
+-- next chunk and writes the next entry) until the flow has ended, before its call returns; the reaper pass hands
+-- back an entry its writer left (a client that died between two chunks). The record
+-- goes with the last chunk. Under a purge (`purging`), all of it in this call: the
+-- purge's jobs and counts must not depend on the batch they fall in (purge_takes).
+local function flow_end(fq, f, state, err, now, settled)
   local fk = k_flow(fq, f)
-  local meta = rcall('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x')
-  if not meta[1] then return end
-  rcall('UNLINK', fk)  -- (a large fan-out's record: freed off the main thread)
+  local meta = rcall('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x', 'E', 'g')
+  if not meta[1] or meta[6] then return end  -- ended already (or ending)
   local steps, n = tonumber(meta[1]), tonumber(meta[2])
+  if meta[5] ~= '1' then
+    flow_ended[f] = true
+    local upto = n
+    if meta[7] then
+      -- A staged fan-out's release under way: its unreleased members never run.
+      local mq = meta[3]
+      if not mq or mq == '' then mq = fq end
+      upto = tonumber(meta[7]) or 0
+      rcall('UNLINK', flow_ops.staged(mq, f))
+      rcall('ZREM', flow_ops.releasing(mq), fq .. '|' .. f)
+      rcall('HDEL', fk, 'g', 'go', 'gp', 'ge')
+    end
+    if settled then upto = 0 end
+    rcall('HSET', fk, 'E', state, 'Ee', err or '', 'Ec', 0, 'Et', steps + upto)
+    flow_ops.end_step(fq, f, not purging and flow_ops.END_CHUNK or nil, now)
+    return
+  end
+  rcall('UNLINK', fk)  -- (a large fan-out's record: freed off the main thread)
   local ids = {}
   local mq, sq = flow_queues(meta[3], n, fq), flow_queues(meta[4], steps, fq)
   for i = 0, n - 1 do ids[#ids + 1] = {f .. '.m' .. i, mq[i + 1]} end
@@ -62,7 +94,7 @@ local function flow_end(fq, f, state, err, now)
   local remote = {}
   for _, job in ipairs(ids) do
     local id, q = job[1], job[2]
-    if meta[5] == '1' and q ~= fq then
+    if q ~= fq then
       local rec = remote[q]
       if not rec then
         rec = {'E', f, fq, state, err or false}
@@ -74,6 +106,75 @@ local function flow_end(fq, f, state, err, now)
     end
   end
   for q, rec in pairs(remote) do flow_outbox(fq, q, f .. '|e|' .. q, rec) end
+end
+
+-- Jobs per step of a flow's end (see flow_end): ~10 µs of Redis time each.
+flow_ops.END_CHUNK = 200
+
+-- The queue of entry i (1-based) of a flow record's 'mq'/'sq' list (`count` entries):
+-- O(1) for one name or none (every flow stored staged, most others); a list of several
+-- names is read up to entry i.
+function flow_ops.queue_at(list, count, i, fq)
+  if not list or list == '' then return fq end
+  if not string.find(list, ' ', 1, true) then return list end
+  local t = flow_queues(list, count, fq)
+  return t[i]
+end
+
+-- The next `limit` jobs (nil: all) of flow F's end (see flow_end), marked ended on its
+-- record at fq. Returns how many are left (0: ended; the record is gone).
+function flow_ops.end_step(fq, f, limit, now)
+  local fk = k_flow(fq, f)
+  local meta = rcall('HMGET', fk, 'E', 'Ee', 'Ec', 'Et', 'S', 'n', 'mq', 'sq')
+  if not meta[1] then return 0 end  -- ended already (or not ending: not this call's)
+  flow_ended[f] = true
+  local state, err = meta[1], meta[2]
+  if err == '' then err = nil end
+  local at, stop = tonumber(meta[3]) or 0, tonumber(meta[4]) or 0
+  local steps, n = tonumber(meta[5]), tonumber(meta[6])
+  local to = stop
+  if limit then to = math.min(stop, at + limit) end
+  -- A list of several queues is split once per step, not once per job.
+  local mq, sq = meta[7], meta[8]
+  local mqs = mq and string.find(mq, ' ', 1, true) and flow_queues(mq, n, fq)
+  local sqs = sq and string.find(sq, ' ', 1, true) and flow_queues(sq, steps, fq)
+  for j = at, to - 1 do
+    if j < steps then
+      local q = sqs and sqs[j + 1] or flow_ops.queue_at(sq, steps, j + 1, fq)
+      flow_end_job(q, flow_step_id(f, j, steps), state, err, now)
+    else
+      local i = j - steps
+      local q = mqs and mqs[i + 1] or flow_ops.queue_at(mq, n, i + 1, fq)
+      flow_end_job(q, f .. '.m' .. i, state, err, now)
+    end
+  end
+  if to >= stop then
+    rcall('UNLINK', fk)  -- (a large fan-out's record: freed off the main thread)
+    return 0
+  end
+  rcall('HSET', fk, 'Ec', to)
+  local eid = f .. '|z|' .. to
+  flow_outbox(fq, fq, eid, {'Z', f, fq, eid})
+  return stop - to
+end
+
+-- A claim popped waiting job `id` of queue q, of flow F (record at fq): when F is
+-- ending (flow_end marked it, its end has not reached this job yet), the job ends
+-- here, as the end would have ended it, instead of starting. `attempt`: its 'a'.
+-- True when it ended.
+function flow_ops.claim_ended(q, id, f, fq, attempt, now)
+  local e = rcall('HMGET', k_flow(fq, f), 'E', 'Ee')
+  if not e[1] then return false end
+  local st, err = 'x', e[2]
+  if err and err ~= '' then
+    st = e[1]
+  else
+    err = failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW,
+      tonumber(attempt) or 0, nil, now)
+  end
+  rcall('HSET', k_job(q, id), 'err', err)
+  finalize(id, q, 'w', st, now)
+  return true
 end
 
 -- Give held step k (job `id` on queue q) its input: waiting now, or (a collector)
@@ -179,7 +280,7 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
   end
   local vals = rcall('HMGET', fk, unpack(names))
   if vals[1] then
-    flow_end(fq, f, vals[2], vals[3], now)
+    flow_end(fq, f, vals[2], vals[3], now, true)
     return
   end
   local parts = {msgpack_array_header(n)}
@@ -242,8 +343,9 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
     end
   end
   local fk = k_flow(fq, f)
-  local meta = rcall('HMGET', fk, 'S', 'n', 'col', 'pol', 'x')
-  if not meta[1] then return end  -- the flow has ended: a late member or a cancelled step
+  local meta = rcall('HMGET', fk, 'S', 'n', 'col', 'pol', 'x', 'E')
+  -- The flow has ended (or is ending: flow_end): a late member or a cancelled step.
+  if not meta[1] or meta[6] then return end
   local steps, collector, x = tonumber(meta[1]), meta[3] == '1', meta[5] == '1'
   if fm then
     local i = tonumber(fm)
@@ -302,16 +404,26 @@ local function flow_apply(q, rec, now)
   local kind, f, fq = rec[1], rec[2], rec[3]
   if kind == 'm' then
     local fk = k_flow(fq, f)
-    if rcall('EXISTS', fk) == 0 or rcall('HEXISTS', fk, 'r' .. rec[4]) == 1 then
-      return 0
-    end
+    local r = rcall('HMGET', fk, 'S', 'E', 'r' .. rec[4])
+    if not r[1] or r[2] or r[3] then return 0 end
     -- The member's process span, for the fan-in's span links (flow_settle reads it).
     if rec[8] then span_links[f .. '.m' .. rec[4]] = rec[8] end
     flow_settle(fq, f, rec[4], nil, rec[5], rec[6] or nil, rec[7] or nil, now)
     return 1
   elseif kind == 'e' then
-    if rcall('EXISTS', k_flow(fq, f)) == 0 then return 0 end
+    local r = rcall('HMGET', k_flow(fq, f), 'S', 'E')
+    if not r[1] or r[2] then return 0 end
     flow_end(fq, f, rec[4], rec[5] or nil, now)
+    return 1
+  elseif kind == 'Z' then
+    -- The next step of a flow's end (flow_end; 0: it had ended). Its entry (on this
+    -- slot: the flow's own queue) goes here: the step that follows writes its own.
+    if type(rec[4]) == 'string' then
+      rcall('ZREM', k_outbox(fq), rec[4])
+      rcall('DEL', k_handoff(fq, rec[4]))
+    end
+    if rcall('HEXISTS', k_flow(fq, f), 'E') == 0 then return 0 end
+    flow_ops.end_step(fq, f, flow_ops.END_CHUNK, now)
     return 1
   elseif kind == 'R' then
     -- A durable run's step ended on another slot (common/runs.lua): at the run's queue.
