@@ -60,7 +60,7 @@ async def _left(broker: RedisBroker, flow: str) -> list[tuple[str, JobState]]:
 
 
 async def _assert_ended(
-    broker: RedisBroker, flow: str, active: set[str], completed: set[str] = frozenset()
+    broker: RedisBroker, flow: str, active: set[str], completed: frozenset[str] = frozenset()
 ) -> None:
     """Every member of ``flow`` is cancelled but the ``active`` ones (asked to cancel)
     and the ``completed`` ones, the flow answers ended, and a claim finds none of it."""
@@ -75,7 +75,8 @@ async def _assert_ended(
         else:
             assert j.state is JobState.CANCELLED, (i, j.state)
     state = await broker.flow_state(flow)
-    assert state is not None and state.pending == -1
+    assert state is not None
+    assert state.pending == -1
     assert await broker.claim(["default"], 100, worker_id="late", lease=30) == []
     counts = await broker.counts("default")
     assert counts[JobState.WAITING] == 0
@@ -138,9 +139,11 @@ async def test_a_flow_end_its_caller_left_after_one_chunk_is_honoured_then_finis
         assert [h.record for h in handoffs] != []  # the next chunk, left to the outbox
         # Between two chunks: the flow is final, and nothing of it starts.
         (job,) = await broker.get(["big"])
-        assert job is not None and job.state is JobState.CANCELLED
+        assert job is not None
+        assert job.state is JobState.CANCELLED
         state = await broker.flow_state("big")
-        assert state is not None and state.pending == -1
+        assert state is not None
+        assert state.pending == -1
         left = await _left(broker, "big")
         assert 0 < len(left) < SIZE  # the first chunk ended, the rest not yet
         assert await broker.claim(["default"], 50, worker_id="late", lease=30) == []
@@ -149,9 +152,10 @@ async def test_a_flow_end_its_caller_left_after_one_chunk_is_honoured_then_finis
         # broker delivers it, chunk after chunk, to the end.
         broker.handoff_age = 0.0
         await broker.recover_stalled()
-        await _assert_ended(broker, "big", set(), {"big.m0"})
+        await _assert_ended(broker, "big", set(), frozenset({"big.m0"}))
         (job,) = await broker.get(["big"])
-        assert job is not None and job.state is JobState.CANCELLED
+        assert job is not None
+        assert job.state is JobState.CANCELLED
         if backend == "redis":
             async with raw_redis(url) as raw:
                 assert not await raw.exists(k.flow("default", "big"))

@@ -52,7 +52,7 @@ end
 -- In a flow across slots, the jobs on other queues than the root's end by one outbox
 -- entry per queue, in this call. Any other flow ends in bounded steps (issue 31: a
 -- 100,000-member flow's end was one script of ~1 s): this call marks its record ended
--- (E: the state, Ee: the record or '', Ec: how many of its jobs are ended, Et: of how
+-- (E: the state, Ee: the record when not nil, Ec: how many of its jobs are ended, Et: of how
 -- many), in O(1), and ends the first FLOW_END_CHUNK of its jobs (flow_ops.end_step): its
 -- steps first (its own job, whose state is the flow's, in this call), then its members.
 -- From the mark on, nothing of the flow goes on: a settling job finds it ended
@@ -82,7 +82,8 @@ local function flow_end(fq, f, state, err, now, settled)
       rcall('HDEL', fk, 'g', 'go', 'gp', 'ge')
     end
     if settled then upto = 0 end
-    rcall('HSET', fk, 'E', state, 'Ee', err or '', 'Ec', 0, 'Et', steps + upto)
+    rcall('HSET', fk, 'E', state, 'Ec', 0, 'Et', steps + upto)
+    if err then rcall('HSET', fk, 'Ee', err) end  -- (absent: nil; '' is a record too)
     flow_ops.end_step(fq, f, not purging and flow_ops.END_CHUNK or nil, now)
     return
   end
@@ -128,8 +129,7 @@ function flow_ops.end_step(fq, f, limit, now)
   local meta = rcall('HMGET', fk, 'E', 'Ee', 'Ec', 'Et', 'S', 'n', 'mq', 'sq')
   if not meta[1] then return 0 end  -- ended already (or not ending: not this call's)
   flow_ended[f] = true
-  local state, err = meta[1], meta[2]
-  if err == '' then err = nil end
+  local state, err = meta[1], meta[2] or nil
   local at, stop = tonumber(meta[3]) or 0, tonumber(meta[4]) or 0
   local steps, n = tonumber(meta[5]), tonumber(meta[6])
   local to = stop
@@ -166,7 +166,7 @@ function flow_ops.claim_ended(q, id, f, fq, attempt, now)
   local e = rcall('HMGET', k_flow(fq, f), 'E', 'Ee')
   if not e[1] then return false end
   local st, err = 'x', e[2]
-  if err and err ~= '' then
+  if err then
     st = e[1]
   else
     err = failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW,
