@@ -123,7 +123,8 @@ async def measure(client: aioredis.Redis, label: str, run: Any) -> str:
     for us, n in timed:
         by_name.setdefault(n.split("_", 2)[-1], []).append(us)
     per = "; ".join(
-        f"{n} x{len(v)} median {sorted(v)[len(v) // 2] / 1000:.2f} max {max(v) / 1000:.2f} ms"
+        f"{n} x{len(v)} median {sorted(v)[len(v) // 2] / 1000:.2f} min {min(v) / 1000:.2f} "
+        f"max {max(v) / 1000:.2f} ms"
         for n, v in sorted(by_name.items())
     )
     return (

@@ -38,9 +38,24 @@ local function flow_end_job(q, id, state, err, now)
     local st = 'x'
     if err then st = state end
     if purge_takes(q, id, s, st) then return end
-    local e = err or failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW,
-      tonumber(r[4]) or 0, nil, now)
-    rcall('HSET', k_job(q, id), 'err', e)
+    local e = err
+    if not e then
+      -- (The record of a job cancelled with its flow, made once per attempt and clock
+      -- reading: a flow's end makes hundreds of the same.)
+      local a, c = tonumber(r[4]) or 0, flow_ops.cancelled_recs
+      if not c or c.now ~= now then
+        c = {now = now}
+        flow_ops.cancelled_recs = c
+      end
+      e = c[a]
+      if not e then
+        e = failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW, a, nil, now)
+        c[a] = e
+      end
+    end
+    local jk = k_job(q, id)
+    rcall('HSET', jk, 'err', e)
+    flow_links[jk] = false  -- its flow has ended: nothing to settle (no lookup either)
     finalize(id, q, s, st, now)
   end
 end
@@ -423,6 +438,9 @@ local function flow_apply(q, rec, now)
       rcall('DEL', k_handoff(fq, rec[4]))
     end
     if rcall('HEXISTS', k_flow(fq, f), 'E') == 0 then return 0 end
+    -- One write per done set for the chunk (nothing after it in this call reads them
+    -- before flush_counts writes them).
+    batch_zsets(true)
     flow_ops.end_step(fq, f, flow_ops.END_CHUNK, now)
     return 1
   elseif kind == 'R' then
