@@ -53,10 +53,8 @@ local function flow_end_job(q, id, state, err, now)
         c[a] = e
       end
     end
-    local jk = k_job(q, id)
-    rcall('HSET', jk, 'err', e)
-    flow_links[jk] = false  -- its flow has ended: nothing to settle (no lookup either)
-    finalize(id, q, s, st, now)
+    flow_links[k_job(q, id)] = false  -- its flow has ended: nothing to settle (no lookup)
+    finalize(id, q, s, st, now, {'err', e})
   end
 end
 
