@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.redis_server import redis_server
 from typedq import App
+from typedq.errors import BrokerError
 
 app = App("fanbench", lease=30.0)
 
@@ -135,6 +136,17 @@ async def measure(client: aioredis.Redis, label: str, run: Any) -> str:
     )
 
 
+async def until_idle(client: aioredis.Redis) -> None:
+    """Wait until Redis answers again (a long script has ended)."""
+    for _ in range(6000):
+        try:
+            await client.ping()
+        except aioredis.ResponseError:
+            await anyio.sleep(0.1)
+        else:
+            return
+
+
 async def main(sizes: list[int], bulk: int, drain: int, ends: list[int]) -> None:
     with redis_server() as server:
         app.use_broker(server.url)
@@ -175,11 +187,18 @@ async def main(sizes: list[int], bulk: int, drain: int, ends: list[int]) -> None
                     job = await fan.enqueue()
                     await app.broker.claim(["default"], 3, worker_id="bench", lease=600)
 
-                    async def end(job: Any = job, how: str = how) -> None:
-                        if how == "cancel":
-                            assert await job.cancel()
-                        else:
-                            assert await app.broker.remove([job.id]) == [True]
+                    async def end(job: Any = job, how: str = how, n: int = n) -> None:
+                        # One script over every member can outlast the client's wait
+                        # (its retry then meets BUSY): the script still ran, and SLOWLOG
+                        # has it.
+                        try:
+                            if how == "cancel":
+                                assert await job.cancel()
+                            else:
+                                assert await app.broker.remove([job.id]) == [True]
+                        except BrokerError as exc:
+                            print(f"    ({how} {n:,}: the call failed: {exc})", flush=True)
+                            await until_idle(client)
 
                     lines.append(await measure(client, f"{how} fan-out {n:,}", end))
                     print(lines[-1], flush=True)

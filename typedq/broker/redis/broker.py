@@ -541,7 +541,10 @@ class RedisBroker(
             )
             return
         for h in handoffs:
-            self._acks.setdefault(h.home, []).append(h.entry)
+            # (A flow's end's step, '<F>|z|<n>', deletes its own entry: no ack. Job ids
+            # hold no '|'.)
+            if "|z|" not in h.entry:
+                self._acks.setdefault(h.home, []).append(h.entry)
 
     def _ack_calls(
         self, acks: dict[str, list[str]]
