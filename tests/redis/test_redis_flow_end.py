@@ -16,12 +16,15 @@ from typing import Any
 
 import msgspec
 import pytest
+from redis.crc import key_slot
 
+from tests.redis_harness import RedisCluster
 from tests.redis_support import raw_redis, server_url
 from typedq import App, JobState
 from typedq.broker.base import Completion
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.flows import Handoff, unwrap
+from typedq.broker.redis.keys import Keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
@@ -60,7 +63,12 @@ async def _left(broker: RedisBroker, flow: str) -> list[tuple[str, JobState]]:
 
 
 async def _assert_ended(
-    broker: RedisBroker, flow: str, active: set[str], completed: frozenset[str] = frozenset()
+    broker: RedisBroker,
+    flow: str,
+    active: set[str],
+    completed: frozenset[str] = frozenset(),
+    *,
+    queue: str = "default",
 ) -> None:
     """Every member of ``flow`` is cancelled but the ``active`` ones (asked to cancel)
     and the ``completed`` ones, the flow answers ended, and a claim finds none of it."""
@@ -77,10 +85,11 @@ async def _assert_ended(
     state = await broker.flow_state(flow)
     assert state is not None
     assert state.pending == -1
-    assert await broker.claim(["default"], 100, worker_id="late", lease=30) == []
-    counts = await broker.counts("default")
+    assert await broker.claim([queue], 100, worker_id="late", lease=30) == []
+    counts = await broker.counts(queue)
     assert counts[JobState.WAITING] == 0
-    assert counts[JobState.CANCELLED] == SIZE + 1 - len(active) - len(completed)
+    own = 1 if queue == "default" else 0  # (the flow's own job: on this queue or not)
+    assert counts[JobState.CANCELLED] == SIZE + own - len(active) - len(completed)
 
 
 @pytest.mark.parametrize("backend", ["redis", "cluster"])
@@ -159,3 +168,71 @@ async def test_a_flow_end_its_caller_left_after_one_chunk_is_honoured_then_finis
         if backend == "redis":
             async with raw_redis(url) as raw:
                 assert not await raw.exists(k.flow("default", "big"))
+
+
+def _two_slots(app: str) -> tuple[str, str]:
+    """Two queue names of ``app`` on different cluster slots."""
+    keys = Keys(app)
+    first = "xa"
+    slot = key_slot(keys.seq(first).encode())
+    for i in range(100):
+        other = f"xb{i}"
+        if key_slot(keys.seq(other).encode()) != slot:
+            return first, other
+    raise AssertionError("no second slot found")
+
+
+@pytest.mark.cluster
+async def test_a_flow_across_slots_ends_on_each_slot_in_bounded_steps(
+    redis_cluster: RedisCluster,
+) -> None:
+    """Members on another slot than the flow's root: the root's end sends that slot one
+    entry, whose apply marks the flow ended there (its claims honour it) and ends a
+    chunk; the rest follow through that slot's outbox (here: the reaper's)."""
+    redis_cluster.flushall()
+    qa, qb = _two_slots("flowendx")
+    app = App("flowendx", broker=redis_cluster.url)
+
+    @app.task(queue=qa)
+    async def member(x: N) -> N:
+        return x
+
+    @app.task(queue=qb)
+    async def gather(xs: list[N]) -> N:
+        return N(len(xs))
+
+    async with app:
+        broker = app.broker
+        assert isinstance(broker, RedisBroker)
+        k = broker.keys
+        await member.map(N(i) for i in range(SIZE)).then(gather).enqueue(job_id="big")
+        running = await broker.claim([qa], 1, worker_id="w", lease=30)
+        assert [c.message.id for c in running] == ["big.m0"]
+        ttl, cap = broker._retention(completed=False)
+        handoffs: list[Handoff] = []
+        reply = unwrap(
+            await broker._eval_one(
+                "cancel", [k.request(qb, "crash")], [k.prefix, qb, ttl, cap, "big"]
+            ),
+            handoffs,
+        )
+        assert reply == b"cancelled"
+        (end,) = [h for h in handoffs if h.target == qa]
+        # The entry applied alone: its next chunk is left in qa's outbox.
+        more: list[Handoff] = []
+        unwrap(await broker._eval_one("flow_apply", [k.seq(qa)], [k.prefix, qa, end.record]), more)
+        assert [h.target for h in more] == [qa]
+        left = await _left(broker, "big")
+        assert 0 < len(left) < SIZE
+        assert await broker.claim([qa], 50, worker_id="late", lease=30) == []
+        # (It ended the members it popped, ~100 at most: a claim stays short.)
+        assert len(left) - 110 <= len(await _left(broker, "big")) < len(left)
+        broker.handoff_age = 0.0
+        await broker.recover_stalled()
+        await _assert_ended(broker, "big", {"big.m0"}, queue=qa)
+        assert await broker.cancel_requests(["big.m0"]) == ["big.m0"]
+
+        # The whole end through the client, before cancel returns.
+        job = await member.map(N(i) for i in range(SIZE)).then(gather).enqueue(job_id="big2")
+        assert await job.cancel()
+        assert await _left(broker, "big2") == []

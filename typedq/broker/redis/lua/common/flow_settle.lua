@@ -62,121 +62,130 @@ end
 -- with record `err` (nil: cancelled with the flow); a running one is asked to cancel.
 -- `settled`: every member has settled (the fan-in found a failed one): only its steps
 -- are left to end.
--- In a flow across slots, the jobs on other queues than the root's end by one outbox
--- entry per queue, in this call. Any other flow ends in bounded steps (issue 31: a
--- 100,000-member flow's end was one script of ~1 s): this call marks its record ended
--- (E: the state, Ee: the record when not nil, Ec: how many of its jobs are ended, Et: of how
--- many), in O(1), and ends the first FLOW_END_CHUNK of its jobs (flow_ops.end_step): its
--- steps first (its own job, whose state is the flow's, in this call), then its members.
--- From the mark on, nothing of the flow goes on: a settling job finds it ended
--- (flow_settle), a claim ends a member it pops instead of starting it
+-- In bounded steps (issue 31: a 100,000-member flow's end was one script of ~1 s): this
+-- call marks the flow's record ended (E: the state, Ee: the record when not nil, Ec: how
+-- many of its jobs the end has passed, Eo: where member Ec's queue starts in a list of
+-- several, Et: of how many jobs), in O(1), and ends the first END_CHUNK of its jobs
+-- (flow_ops.end_step): its steps first (its own job, whose state is the flow's, in this
+-- call), then its members. From the mark on, nothing of the flow goes on: a settling job
+-- finds it ended (flow_settle), a claim ends a member it pops instead of starting it
 -- (flow_ops.claim_ended), a staged member is never released (dropped here). A flow with
 -- more jobs left writes an outbox entry {'Z', F, fq, entry id} to its own queue (see
--- common/flows.lua), which the caller applies (flow_apply.lua: deletes it, ends the
--- next chunk and writes the next entry) until the flow has ended, before its call returns; the reaper pass hands
--- back an entry its writer left (a client that died between two chunks). The record
--- goes with the last chunk. Under a purge (`purging`), all of it in this call: the
--- purge's jobs and counts must not depend on the batch they fall in (purge_takes).
+-- common/flows.lua), which the caller applies (flow_apply.lua: deletes it, ends the next
+-- chunk and writes the next entry) until the flow has ended, before its call returns;
+-- the reaper pass hands back an entry its writer left (a client that died between two
+-- chunks). The record goes with the last chunk. Under a purge (`purging`), all of it in
+-- this call: the purge's jobs and counts must not depend on the batch they fall in
+-- (purge_takes).
+-- A flow across slots (Redis Cluster, `x`) ends its jobs on the root's queue so; those
+-- on each other queue end there, by one outbox entry per queue ({'Y', F, fq, state, err,
+-- S, members, mq, sq}), whose apply marks the flow ended on that slot (a hash of the
+-- same fields, flow_ops.ending(q, F), which that slot's claims read) and ends that
+-- queue's jobs the same way, a chunk per script through that queue's outbox.
 local function flow_end(fq, f, state, err, now, settled)
   local fk = k_flow(fq, f)
   local meta = rcall('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x', 'E', 'g')
   if not meta[1] or meta[6] then return end  -- ended already (or ending)
   local steps, n = tonumber(meta[1]), tonumber(meta[2])
-  if meta[5] ~= '1' then
-    flow_ended[f] = true
-    local upto = n
-    if meta[7] then
-      -- A staged fan-out's release under way: its unreleased members never run.
-      local mq = meta[3]
-      if not mq or mq == '' then mq = fq end
-      upto = tonumber(meta[7]) or 0
-      rcall('UNLINK', flow_ops.staged(mq, f))
-      rcall('ZREM', flow_ops.releasing(mq), fq .. '|' .. f)
-      rcall('HDEL', fk, 'g', 'go', 'gp', 'ge')
-    end
-    if settled then upto = 0 end
-    rcall('HSET', fk, 'E', state, 'Ec', 0, 'Et', steps + upto)
-    if err then rcall('HSET', fk, 'Ee', err) end  -- (absent: nil; '' is a record too)
-    flow_ops.end_step(fq, f, not purging and flow_ops.END_CHUNK or nil, now)
-    return
+  flow_ended[f] = true
+  local upto = n
+  if meta[7] then
+    -- A staged fan-out's release under way: its unreleased members never run.
+    local mq = meta[3]
+    if not mq or mq == '' then mq = fq end
+    upto = tonumber(meta[7]) or 0
+    rcall('UNLINK', flow_ops.staged(mq, f))
+    rcall('ZREM', flow_ops.releasing(mq), fq .. '|' .. f)
+    rcall('HDEL', fk, 'g', 'go', 'gp', 'ge')
   end
-  rcall('UNLINK', fk)  -- (a large fan-out's record: freed off the main thread)
-  local ids = {}
-  local mq, sq = flow_queues(meta[3], n, fq), flow_queues(meta[4], steps, fq)
-  for i = 0, n - 1 do ids[#ids + 1] = {f .. '.m' .. i, mq[i + 1]} end
-  for k = 0, steps - 1 do ids[#ids + 1] = {flow_step_id(f, k, steps), sq[k + 1]} end
-  local remote = {}
-  for _, job in ipairs(ids) do
-    local id, q = job[1], job[2]
-    if q ~= fq then
-      local rec = remote[q]
-      if not rec then
-        rec = {'E', f, fq, state, err or false}
-        remote[q] = rec
-      end
-      rec[#rec + 1] = id
-    else
-      flow_end_job(q, id, state, err, now)
+  if settled then upto = 0 end
+  rcall('HSET', fk, 'E', state, 'Ec', 0, 'Et', steps + upto)
+  if err then rcall('HSET', fk, 'Ee', err) end  -- (absent: nil; '' is a record too)
+  local x = meta[5] == '1'
+  if x then
+    -- The other queues of the flow (a list of several members' queues is read whole,
+    -- once: as long as the list the flow's enqueue wrote).
+    local others = {}
+    for _, q in ipairs(flow_queues(meta[4], steps, fq)) do others[q] = true end
+    if upto > 0 then
+      for _, q in ipairs(flow_queues(meta[3], upto, fq)) do others[q] = true end
+    end
+    others[fq] = nil
+    for q in pairs(others) do
+      flow_outbox(fq, q, f .. '|e|' .. q,
+        {'Y', f, fq, state, err or false, steps, upto, meta[3] or '', meta[4] or ''})
     end
   end
-  for q, rec in pairs(remote) do flow_outbox(fq, q, f .. '|e|' .. q, rec) end
+  flow_ops.end_step(fk, fq, fq, f, not purging and flow_ops.END_CHUNK or nil, now, x and fq)
 end
 
 -- Jobs per step of a flow's end (see flow_end): ~10 µs of Redis time each.
 flow_ops.END_CHUNK = 200
 
--- The queue of entry i (1-based) of a flow record's 'mq'/'sq' list (`count` entries):
--- O(1) for one name or none (every flow stored staged, most others); a list of several
--- names is read up to entry i.
-function flow_ops.queue_at(list, count, i, fq)
-  if not list or list == '' then return fq end
-  if not string.find(list, ' ', 1, true) then return list end
-  local t = flow_queues(list, count, fq)
-  return t[i]
-end
+-- Where a flow across slots is marked ended on queue q's slot (see flow_end).
+function flow_ops.ending(q, f) return k_q(q) .. 'fE:' .. f end
 
--- The next `limit` jobs (nil: all) of flow F's end (see flow_end), marked ended on its
--- record at fq. Returns how many are left (0: ended; the record is gone).
-function flow_ops.end_step(fq, f, limit, now)
-  local fk = k_flow(fq, f)
-  local meta = rcall('HMGET', fk, 'E', 'Ee', 'Ec', 'Et', 'S', 'n', 'mq', 'sq')
+-- The next `limit` jobs (nil: all) of flow F's end (see flow_end), marked in hash `mk`
+-- (its record, or flow_ops.ending(home, F)); `home`: the queue whose outbox carries the
+-- next step; `fq`: the flow's root queue; `only`: a queue (the jobs on other queues are
+-- passed over: a flow across slots) or false. Returns how many jobs are left to pass
+-- (0: ended; the mark is gone).
+function flow_ops.end_step(mk, home, fq, f, limit, now, only)
+  local meta = rcall('HMGET', mk, 'E', 'Ee', 'Ec', 'Et', 'S', 'n', 'mq', 'sq', 'Eo')
   if not meta[1] then return 0 end  -- ended already (or not ending: not this call's)
   flow_ended[f] = true
   local state, err = meta[1], meta[2] or nil
   local at, stop = tonumber(meta[3]) or 0, tonumber(meta[4]) or 0
   local steps, n = tonumber(meta[5]), tonumber(meta[6])
-  local to = stop
-  if limit then to = math.min(stop, at + limit) end
-  -- A list of several queues is split once per step, not once per job.
-  local mq, sq = meta[7], meta[8]
-  local mqs = mq and string.find(mq, ' ', 1, true) and flow_queues(mq, n, fq)
-  local sqs = sq and string.find(sq, ' ', 1, true) and flow_queues(sq, steps, fq)
-  for j = at, to - 1 do
+  local mq, sq = meta[7] or '', meta[8] or ''
+  local sqs = flow_queues(sq, steps, fq)
+  -- Members' queues: one name (or none: the root's) in O(1); a list of several is read
+  -- from byte `pos` on (Eo), a name per member, never from its start again.
+  local many = string.find(mq, ' ', 1, true) ~= nil
+  local one = mq ~= '' and not many and mq or fq
+  local pos = tonumber(meta[9]) or 1
+  local ended, j = 0, at
+  -- Jobs on other queues are passed over without a command: 20 of them per job ended.
+  local cap = stop
+  if limit then cap = math.min(stop, at + 20 * limit) end
+  while j < cap and (not limit or ended < limit) do
+    local q, id
     if j < steps then
-      local q = sqs and sqs[j + 1] or flow_ops.queue_at(sq, steps, j + 1, fq)
-      flow_end_job(q, flow_step_id(f, j, steps), state, err, now)
+      q, id = sqs[j + 1], flow_step_id(f, j, steps)
     else
-      local i = j - steps
-      local q = mqs and mqs[i + 1] or flow_ops.queue_at(mq, n, i + 1, fq)
-      flow_end_job(q, f .. '.m' .. i, state, err, now)
+      q = one
+      if many then
+        local sp = string.find(mq, ' ', pos, true)
+        q = string.sub(mq, pos, (sp or #mq + 1) - 1)
+        pos = (sp or #mq) + 1
+        if q == '' then q = fq end
+      end
+      id = f .. '.m' .. (j - steps)
     end
+    if not only or q == only then
+      flow_end_job(q, id, state, err, now)
+      ended = ended + 1
+    end
+    j = j + 1
   end
-  if to >= stop then
-    rcall('UNLINK', fk)  -- (a large fan-out's record: freed off the main thread)
+  if j >= stop then
+    rcall('UNLINK', mk)  -- (a large fan-out's record: freed off the main thread)
     return 0
   end
-  rcall('HSET', fk, 'Ec', to)
-  local eid = f .. '|z|' .. to
-  flow_outbox(fq, fq, eid, {'Z', f, fq, eid})
-  return stop - to
+  rcall('HSET', mk, 'Ec', j, 'Eo', pos)
+  local eid = f .. '|z|' .. j
+  flow_outbox(home, home, eid, {'Z', f, fq, eid, mk ~= k_flow(fq, f)})
+  return stop - j
 end
 
--- A claim popped waiting job `id` of queue q, of flow F (record at fq): when F is
--- ending (flow_end marked it, its end has not reached this job yet), the job ends
--- here, as the end would have ended it, instead of starting. `attempt`: its 'a'.
--- True when it ended.
-function flow_ops.claim_ended(q, id, f, fq, attempt, now)
-  local e = rcall('HMGET', k_flow(fq, f), 'E', 'Ee')
+-- A claim popped waiting job `id` of queue q, of flow F (its root queue fq; `x`: a flow
+-- across slots): when F is ending (flow_end marked it, on this slot, and its end has not
+-- reached this job yet), the job ends here, as the end would have ended it, instead of
+-- starting. `attempt`: its 'a'. True when it ended.
+function flow_ops.claim_ended(q, id, f, fq, x, attempt, now)
+  local mk = k_flow(fq, f)
+  if x and q ~= fq then mk = flow_ops.ending(q, f) end
+  local e = rcall('HMGET', mk, 'E', 'Ee')
   if not e[1] then return false end
   local st, err = 'x', e[2]
   if err then
@@ -351,7 +360,10 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
   if q and q ~= fq then
     ext = ext or rcall('HMGET', k_job(q, id), 'fx', 'fS', 'fsq')
     if ext[1] == '1' then
-      flow_settle_away(q, id, fq, f, fm, fs, state, res, err, now, ext)
+      -- (Its flow's end under way on this slot, flow_end's 'Y': nothing goes on.)
+      if rcall('EXISTS', flow_ops.ending(q, f)) == 0 then
+        flow_settle_away(q, id, fq, f, fm, fs, state, res, err, now, ext)
+      end
       return
     end
   end
@@ -429,17 +441,29 @@ local function flow_apply(q, rec, now)
     flow_end(fq, f, rec[4], rec[5] or nil, now)
     return 1
   elseif kind == 'Z' then
-    -- The next step of a flow's end (flow_end; 0: it had ended). Its entry (on this
-    -- slot: the flow's own queue) goes here: the step that follows writes its own.
+    -- The next step of a flow's end (flow_end; 0: it had ended), on queue q (the flow's
+    -- root, or one of its other queues: rec[5]). Its entry (in q's outbox) goes here:
+    -- the step that follows writes its own.
     if type(rec[4]) == 'string' then
-      rcall('ZREM', k_outbox(fq), rec[4])
-      rcall('DEL', k_handoff(fq, rec[4]))
+      rcall('ZREM', k_outbox(q), rec[4])
+      rcall('DEL', k_handoff(q, rec[4]))
     end
-    if rcall('HEXISTS', k_flow(fq, f), 'E') == 0 then return 0 end
+    local mk = rec[5] and flow_ops.ending(q, f) or k_flow(fq, f)
+    if rcall('HEXISTS', mk, 'E') == 0 then return 0 end
     -- One write per done set for the chunk (nothing after it in this call reads them
     -- before flush_counts writes them).
     batch_zsets(true)
-    flow_ops.end_step(fq, f, flow_ops.END_CHUNK, now)
+    flow_ops.end_step(mk, q, fq, f, flow_ops.END_CHUNK, now, rec[5] and q)
+    return 1
+  elseif kind == 'Y' then
+    -- A flow across slots ends (flow_end): its jobs on queue q, marked ended here first.
+    local mk = flow_ops.ending(q, f)
+    if rcall('EXISTS', mk) == 1 then return 0 end  -- under way (a re-sent entry)
+    rcall('HSET', mk, 'E', rec[4], 'Ec', 0, 'Et', tonumber(rec[6]) + tonumber(rec[7]),
+      'S', rec[6], 'n', rec[7], 'mq', rec[8], 'sq', rec[9])
+    if rec[5] then rcall('HSET', mk, 'Ee', rec[5]) end
+    batch_zsets(true)
+    flow_ops.end_step(mk, q, fq, f, flow_ops.END_CHUNK, now, q)
     return 1
   elseif kind == 'R' then
     -- A durable run's step ended on another slot (common/runs.lua): at the run's queue.
