@@ -18,10 +18,11 @@ import msgspec
 import pytest
 from redis.crc import key_slot
 
-from tests.redis_harness import RedisCluster
+from tests.redis_harness import RedisCluster, RedisProcess, flushall
 from tests.redis_support import raw_redis, server_url
 from typedq import App, JobState
-from typedq.broker.base import Completion
+from typedq.broker.base import Completion, JobMessage
+from typedq.broker.flow import FlowSpec
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.flows import Handoff, unwrap
 from typedq.broker.redis.keys import Keys
@@ -236,3 +237,42 @@ async def test_a_flow_across_slots_ends_on_each_slot_in_bounded_steps(
         job = await member.map(N(i) for i in range(SIZE)).then(gather).enqueue(job_id="big2")
         assert await job.cancel()
         assert await _left(broker, "big2") == []
+
+
+async def test_a_flow_over_several_queues_ends_every_member_across_chunks(
+    redis_server: RedisProcess,
+) -> None:
+    """Members on alternating queues (the record lists each member's queue): each chunk
+    reads the list from where the one before stopped, and the end still finds every
+    member on its own queue, after a crash between two chunks too."""
+    flushall(redis_server.port)
+    async with App("flowendmany", broker=redis_server.url) as app:
+        broker = app.broker
+        assert isinstance(broker, RedisBroker)
+        k = broker.keys
+        size = 450  # three chunks of the end (its own job first)
+        queues = ["qa", "qb"]
+        members = tuple(
+            JobMessage(id=f"many.m{i}", task="t", queue=queues[i % 2], payload=b"\xc0")
+            for i in range(size)
+        )
+        own = JobMessage(id="many", task="t", queue="qc", payload=b"")
+        spec = FlowSpec(id="many", steps=(own,), members=members, fan_out=True, collector=True)
+        assert len(await broker.enqueue_flows([spec])) == 1
+        ttl, cap = broker._retention(completed=False)
+        handoffs: list[Handoff] = []
+        reply = await broker._eval_one(
+            "cancel", [k.request("qc", "crash")], [k.prefix, "qc", ttl, cap, "many"]
+        )
+        assert unwrap(reply, handoffs) == b"cancelled"
+        assert handoffs
+        ids = [m.id for m in members]
+        states = [r.state if r else None for r in await broker.get(ids)]
+        assert states.count(JobState.CANCELLED) == 199  # the first chunk: own job + 199
+        assert await broker.claim(["qa", "qb"], 10, worker_id="late", lease=30) == []
+        broker.handoff_age = 0.0
+        await broker.recover_stalled()
+        states = [r.state if r else None for r in await broker.get(ids)]
+        assert states == [JobState.CANCELLED] * size
+        for q in queues:
+            assert (await broker.counts(q))[JobState.WAITING] == 0
