@@ -29,7 +29,7 @@ from typedq.broker.redis.keys import Keys
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 
-#: Members: many chunks of the end's 200 jobs per script (flow_ops.END_CHUNK), and past
+#: Members: many chunks of the end's 100 jobs per script (flow_ops.END_CHUNK), and past
 #: one staging chunk (the fan-out is stored staged).
 SIZE = 2000
 
@@ -250,7 +250,7 @@ async def test_a_flow_over_several_queues_ends_every_member_across_chunks(
         broker = app.broker
         assert isinstance(broker, RedisBroker)
         k = broker.keys
-        size = 450  # three chunks of the end (its own job first)
+        size = 450  # five chunks of the end (its own job first)
         queues = ["qa", "qb"]
         members = tuple(
             JobMessage(id=f"many.m{i}", task="t", queue=queues[i % 2], payload=b"\xc0")
@@ -268,7 +268,7 @@ async def test_a_flow_over_several_queues_ends_every_member_across_chunks(
         assert handoffs
         ids = [m.id for m in members]
         states = [r.state if r else None for r in await broker.get(ids)]
-        assert states.count(JobState.CANCELLED) == 199  # the first chunk: own job + 199
+        assert states.count(JobState.CANCELLED) == 99  # the first chunk: own job + 99
         assert await broker.claim(["qa", "qb"], 10, worker_id="late", lease=30) == []
         broker.handoff_age = 0.0
         await broker.recover_stalled()

@@ -223,7 +223,7 @@ function claim_ops.activate(c, id, q, prio, laned)
     -- at another priority level).
     if r[1] ~= 'w' or (r[2] and r[2] ~= q) or sane_prio(r[7]) ~= prio then return end
     -- A job of a flow whose end is under way (flow_end's chunks) ends instead of
-    -- starting. It counts as 10 pops: a claim ends ~100 of them at most (~1.5 ms), not
+    -- starting. It counts as 10 pops: a claim ends ~100 of them at most (~2.5 ms), not
     -- max_pops (claim.lua stops a batch there and puts the rest back).
     if r[9] and flow_ops.claim_ended(q, id, r[9], r[10] or q, r[11] == '1', r[4], c.now) then
       c.pops = c.pops + 9

@@ -119,8 +119,9 @@ local function flow_end(fq, f, state, err, now, settled)
   flow_ops.end_step(fk, fq, fq, f, not purging and flow_ops.END_CHUNK or nil, now, x and fq)
 end
 
--- Jobs per step of a flow's end (see flow_end): ~10 µs of Redis time each.
-flow_ops.END_CHUNK = 200
+-- Jobs per step of a flow's end (see flow_end): ~12-25 µs of Redis time each, so a step
+-- takes ~1.2-2.5 ms (bench/fanout_scripts.py --ends; 200 took 4-5 ms on a loaded box).
+flow_ops.END_CHUNK = 100
 
 -- Where a flow across slots is marked ended on queue q's slot (see flow_end).
 function flow_ops.ending(q, f) return k_q(q) .. 'fE:' .. f end
