@@ -1,6 +1,7 @@
 """The longest Redis script a large fan-out or bulk enqueue runs (issue 31).
 
-Run: ``.venv/bin/python bench/fanout_scripts.py [--sizes 1000,10000,100000] [--bulk 100000]``.
+Run: ``.venv/bin/python bench/fanout_scripts.py [--sizes 1000,10000,100000] [--bulk 100000]
+[--ends 1000,10000,100000]``.
 
 A Lua script blocks Redis while it runs: every other client of that server waits. This
 spawns its own redis-server (``bench/redis_server.py``), logs every command of 200 µs or
@@ -12,7 +13,11 @@ API alone (no worker) builds:
 - ``task.enqueue_many(M payloads)`` (a bulk enqueue, chunked by the client's batch_size);
 - with ``--drain D``: a fan-out of D members run to its end by an in-process worker (the
   scripts of claiming and completing, and the fan-in: the last member's completion
-  gathers every result into the callback's payload).
+  gathers every result into the callback's payload);
+- with ``--ends`` sizes N: the end of a fan-out of N waiting members (3 of them
+  claimed, running), once by ``cancel`` of the flow's own job (every member cancelled
+  with the flow) and once by removing its own job (the flow fails: flow_broken); the
+  enqueue is not measured, the end is (its call, all of its chunks).
 
 For each: the longest command Redis ran (SLOWLOG, reset before each run: Redis's own
 execution time, not the round trips, and which script), the script calls and their summed
@@ -38,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.redis_server import redis_server
 from typedq import App
+from typedq.errors import BrokerError
 
 app = App("fanbench", lease=30.0)
 
@@ -118,7 +124,8 @@ async def measure(client: aioredis.Redis, label: str, run: Any) -> str:
     for us, n in timed:
         by_name.setdefault(n.split("_", 2)[-1], []).append(us)
     per = "; ".join(
-        f"{n} x{len(v)} median {sorted(v)[len(v) // 2] / 1000:.2f} max {max(v) / 1000:.2f} ms"
+        f"{n} x{len(v)} median {sorted(v)[len(v) // 2] / 1000:.2f} min {min(v) / 1000:.2f} "
+        f"max {max(v) / 1000:.2f} ms"
         for n, v in sorted(by_name.items())
     )
     return (
@@ -129,7 +136,18 @@ async def measure(client: aioredis.Redis, label: str, run: Any) -> str:
     )
 
 
-async def main(sizes: list[int], bulk: int, drain: int) -> None:
+async def until_idle(client: aioredis.Redis) -> None:
+    """Wait until Redis answers again (a long script has ended)."""
+    for _ in range(6000):
+        try:
+            await client.ping()
+        except aioredis.ResponseError:
+            await anyio.sleep(0.1)
+        else:
+            return
+
+
+async def main(sizes: list[int], bulk: int, drain: int, ends: list[int]) -> None:
     with redis_server() as server:
         app.use_broker(server.url)
         client = aioredis.Redis.from_url(server.url)
@@ -163,6 +181,28 @@ async def main(sizes: list[int], bulk: int, drain: int) -> None:
 
                 lines.append(await measure(client, f"run fan-out {drain:,}", run))
                 print(lines[-1], flush=True)
+            for n in ends:
+                for how in ("cancel", "remove"):
+                    fan = work.map([item(i) for i in range(n)]).then(gather)
+                    job = await fan.enqueue()
+                    await app.broker.claim(["default"], 3, worker_id="bench", lease=600)
+
+                    async def end(job: Any = job, how: str = how, n: int = n) -> None:
+                        # One script over every member can outlast the client's wait
+                        # (its retry then meets BUSY): the script still ran, and SLOWLOG
+                        # has it.
+                        try:
+                            if how == "cancel":
+                                assert await job.cancel()
+                            else:
+                                assert await app.broker.remove([job.id]) == [True]
+                        except BrokerError as exc:
+                            print(f"    ({how} {n:,}: the call failed: {exc})", flush=True)
+                            await until_idle(client)
+
+                    lines.append(await measure(client, f"{how} fan-out {n:,}", end))
+                    print(lines[-1], flush=True)
+                    await client.flushall()
         await client.aclose()
 
 
@@ -171,5 +211,12 @@ if __name__ == "__main__":
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--bulk", type=int, default=100_000)
     parser.add_argument("--drain", type=int, default=0)
+    parser.add_argument("--ends", default="", help="fan-out sizes whose end is measured")
     opts = parser.parse_args()
-    anyio.run(main, [int(s) for s in opts.sizes.split(",") if s], opts.bulk, opts.drain)
+    anyio.run(
+        main,
+        [int(s) for s in opts.sizes.split(",") if s],
+        opts.bulk,
+        opts.drain,
+        [int(s) for s in opts.ends.split(",") if s],
+    )

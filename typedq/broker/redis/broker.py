@@ -19,6 +19,7 @@ and pub/sub wake-ups in :mod:`.listener`.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import secrets
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
@@ -60,6 +61,12 @@ from .streams import StreamOps
 from .views import ViewOps
 
 __all__ = ["RedisBroker"]
+
+#: The hand-offs still to apply of the :meth:`RedisBroker._deliver` under way in this
+#: task (None: none is): an apply's own hand-offs join its loop.
+_delivering: contextvars.ContextVar[list[Handoff] | None] = contextvars.ContextVar(
+    "typedq_redis_delivering", default=None
+)
 
 #: Seconds an outbox entry (a hand-off of a flow across slots) is left to the call that
 #: wrote it before the reaper pass applies it (see :attr:`RedisBroker.handoff_age`).
@@ -483,15 +490,35 @@ class RedisBroker(
             self._raise(exc, op)
 
     async def _deliver(self, handoffs: Sequence[Handoff]) -> None:
-        """Apply the outbox entries of flows across slots on their targets' slots: one
-        ``flow_apply`` per target queue, all in one round trip (the applies' own
-        hand-offs are delivered on the way, by the same path). A failure is logged and
-        leaves the entries to the reaper pass: the settle that wrote them has happened.
+        """Apply the outbox entries of flows across slots (and the next steps of a flow's
+        end: ``flow_end`` in ``lua/common/flow_settle.lua``) on their targets' slots: one
+        ``flow_apply`` per target queue, all in one round trip; the applies' own
+        hand-offs next, round trip after round trip, until none is left (a flow's end in
+        bounded steps is hundreds of them: a loop here, not a recursion per step). A
+        failure is logged and leaves the entries to the reaper pass: the settle that
+        wrote them has happened.
 
         Applied entries are deleted from their outboxes (``flow_ack``) with the next
         round trip that carries applies, or before the next reaper pass, or at close:
         deleting is only clean-up (an entry applied again changes nothing), so it adds
         no round trip of its own to a hand-off."""
+        pending = _delivering.get()
+        if pending is not None:
+            # An apply's own hand-offs (this task is in the loop below): the loop's.
+            pending.extend(handoffs)
+            return
+        todo: list[Handoff] = list(handoffs)
+        token = _delivering.set(todo)
+        try:
+            while todo:
+                batch = todo[:]
+                del todo[:]
+                await self._deliver_once(batch)
+        finally:
+            _delivering.reset(token)
+
+    async def _deliver_once(self, handoffs: Sequence[Handoff]) -> None:
+        """One round trip of :meth:`_deliver` (the applies' hand-offs join its list)."""
         acks, self._acks = self._acks, {}
         by_target: dict[str, list[bytes]] = {}
         for h in handoffs:
@@ -514,7 +541,10 @@ class RedisBroker(
             )
             return
         for h in handoffs:
-            self._acks.setdefault(h.home, []).append(h.entry)
+            # (A flow's end's step, '<F>|z|<n>', deletes its own entry: no ack. Job ids
+            # hold no '|'.)
+            if "|z|" not in h.entry:
+                self._acks.setdefault(h.home, []).append(h.entry)
 
     def _ack_calls(
         self, acks: dict[str, list[str]]

@@ -108,7 +108,12 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    gp ge`` while a large fan-out's staged members are
                                    being released (staging.py): how many are released,
                                    the order number before member 0's, their priority,
-                                   the flow's enqueue time
+                                   the flow's enqueue time; ``E Ee Ec Eo Et`` while the
+                                   flow's end is under way, a chunk of jobs per script
+                                   (lua/common/flow_settle.lua's flow_end)
+    Q fE:<flow id>        hash     on a queue of a flow across slots but its root's: the
+                                   flow's end under way there (``E Ee Ec Eo Et S n mq
+                                   sq``, as the record's), which that slot's claims read
     Q fg:<flow id>        hash     a large fan-out's staged members (staging.py), on the
                                    members' queue: member index -> body; nothing reads
                                    it but the release (flow_open.lua, recover.lua), which
@@ -443,6 +448,10 @@ class Keys:
     def flow(self, queue: str, flow_id: str) -> str:
         """The record of a running workflow, on the queue of the flow's own job."""
         return f"{self.queue_prefix(queue)}f:{flow_id}"
+
+    def ending(self, queue: str, flow_id: str) -> str:
+        """The end of a flow across slots under way on ``queue`` (not the flow's root)."""
+        return f"{self.queue_prefix(queue)}fE:{flow_id}"
 
     def staged(self, queue: str, flow_id: str) -> str:
         """The staged members of a large fan-out (staging.py), on the members' queue."""

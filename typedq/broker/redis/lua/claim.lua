@@ -185,7 +185,7 @@ while c.claimed < limit and c.pops < c.max_pops do
   for j, id in ipairs(popped) do
     c.pops = c.pops + 1
     local back = claim_ops.activate(c, id, bq, bprio)
-    if back or (c.claimed >= limit and j < #popped) then
+    if back or ((c.claimed >= limit or c.pops >= c.max_pops) and j < #popped) then
       -- A fair turn took more than one job (or stopped mid-turn): what this claim has
       -- no room for goes back to the head, in order, the unfinished turn first.
       for k = #popped, j + 1, -1 do rcall('RPUSH', blk, popped[k]) end

@@ -13,8 +13,10 @@ local fq = q
 local link = read_hash(q, f, 'fl', 'fq', 'fx')
 if link and link[1] then f, fq = link[1], link[2] or q end
 if link and link[3] == '1' and fq ~= q then return {'at', fq, f} end
-local meta = redis.call('HMGET', k_flow(fq, f), 'S', 'n', 'c', 'kc', 'kf', 'kx')
-if meta[1] then
+local meta = redis.call('HMGET', k_flow(fq, f), 'S', 'n', 'c', 'kc', 'kf', 'kx', 'E')
+-- (A flow whose end is under way, flow_settle.lua's flow_end, has ended: its record is
+-- what its end's next steps read.)
+if meta[1] and not meta[7] then
   return {tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3]), f,
     tonumber(meta[4]) or 0, tonumber(meta[5]) or 0, tonumber(meta[6]) or 0}
 end

@@ -26,7 +26,10 @@ local function flow_retry(q, id)
     redis.call('HDEL', k_job(q, id), 'pk')
     -- (A flow across slots keeps its record on its root's slot, out of reach here: its
     -- completion settles through the outbox, which finds the flow or not.)
-    if (r[6] == '1' and fq ~= q) or redis.call('EXISTS', k_flow(fq, f)) == 1 then return nil end
+    if r[6] == '1' and fq ~= q then return nil end
+    -- (A flow whose end is under way, flow_settle.lua's flow_end, waits for nothing.)
+    local e = redis.call('HMGET', k_flow(fq, f), 'S', 'E')
+    if e[1] and not e[2] then return nil end
     return 'in_flow'
   end
   if r[2] or r[5] or not r[3] then return 'in_flow' end

@@ -38,42 +38,166 @@ local function flow_end_job(q, id, state, err, now)
     local st = 'x'
     if err then st = state end
     if purge_takes(q, id, s, st) then return end
-    local e = err or failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW,
-      tonumber(r[4]) or 0, nil, now)
-    rcall('HSET', k_job(q, id), 'err', e)
-    finalize(id, q, s, st, now)
+    local e = err
+    if not e then
+      -- (The record of a job cancelled with its flow, made once per attempt and clock
+      -- reading: a flow's end makes hundreds of the same.)
+      local a, c = tonumber(r[4]) or 0, flow_ops.cancelled_recs
+      if not c or c.now ~= now then
+        c = {now = now}
+        flow_ops.cancelled_recs = c
+      end
+      e = c[a]
+      if not e then
+        e = failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW, a, nil, now)
+        c[a] = e
+      end
+    end
+    flow_links[k_job(q, id)] = false  -- its flow has ended: nothing to settle (no lookup)
+    finalize(id, q, s, st, now, {'err', e})
   end
 end
 
 -- End a flow that did not complete: every job of it not final yet ends in `state`
 -- with record `err` (nil: cancelled with the flow); a running one is asked to cancel.
--- In a flow across slots, the jobs on other queues than the root's end by one outbox
--- entry per queue.
-local function flow_end(fq, f, state, err, now)
+-- `settled`: every member has settled (the fan-in found a failed one): only its steps
+-- are left to end.
+-- In bounded steps (issue 31: a 100,000-member flow's end was one script of ~1 s): this
+-- call marks the flow's record ended (E: the state, Ee: the record when not nil, Ec: how
+-- many of its jobs the end has passed, Eo: where member Ec's queue starts in a list of
+-- several, Et: of how many jobs), in O(1), and ends the first END_CHUNK of its jobs
+-- (flow_ops.end_step): its steps first (its own job, whose state is the flow's, in this
+-- call), then its members. From the mark on, nothing of the flow goes on: a settling job
+-- finds it ended (flow_settle), a claim ends a member it pops instead of starting it
+-- (flow_ops.claim_ended), a staged member is never released (dropped here). A flow with
+-- more jobs left writes an outbox entry {'Z', F, fq, entry id} to its own queue (see
+-- common/flows.lua), which the caller applies (flow_apply.lua: deletes it, ends the next
+-- chunk and writes the next entry) until the flow has ended, before its call returns;
+-- the reaper pass hands back an entry its writer left (a client that died between two
+-- chunks). The record goes with the last chunk. Under a purge (`purging`), all of it in
+-- this call: the purge's jobs and counts must not depend on the batch they fall in
+-- (purge_takes).
+-- A flow across slots (Redis Cluster, `x`) ends its jobs on the root's queue so; those
+-- on each other queue end there, by one outbox entry per queue ({'Y', F, fq, state, err,
+-- S, members, mq, sq}), whose apply marks the flow ended on that slot (a hash of the
+-- same fields, flow_ops.ending(q, F), which that slot's claims read) and ends that
+-- queue's jobs the same way, a chunk per script through that queue's outbox.
+local function flow_end(fq, f, state, err, now, settled)
   local fk = k_flow(fq, f)
-  local meta = rcall('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x')
-  if not meta[1] then return end
-  rcall('UNLINK', fk)  -- (a large fan-out's record: freed off the main thread)
+  local meta = rcall('HMGET', fk, 'S', 'n', 'mq', 'sq', 'x', 'E', 'g')
+  if not meta[1] or meta[6] then return end  -- ended already (or ending)
   local steps, n = tonumber(meta[1]), tonumber(meta[2])
-  local ids = {}
-  local mq, sq = flow_queues(meta[3], n, fq), flow_queues(meta[4], steps, fq)
-  for i = 0, n - 1 do ids[#ids + 1] = {f .. '.m' .. i, mq[i + 1]} end
-  for k = 0, steps - 1 do ids[#ids + 1] = {flow_step_id(f, k, steps), sq[k + 1]} end
-  local remote = {}
-  for _, job in ipairs(ids) do
-    local id, q = job[1], job[2]
-    if meta[5] == '1' and q ~= fq then
-      local rec = remote[q]
-      if not rec then
-        rec = {'E', f, fq, state, err or false}
-        remote[q] = rec
-      end
-      rec[#rec + 1] = id
-    else
-      flow_end_job(q, id, state, err, now)
+  flow_ended[f] = true
+  local upto = n
+  if meta[7] then
+    -- A staged fan-out's release under way: its unreleased members never run.
+    local mq = meta[3]
+    if not mq or mq == '' then mq = fq end
+    upto = tonumber(meta[7]) or 0
+    rcall('UNLINK', flow_ops.staged(mq, f))
+    rcall('ZREM', flow_ops.releasing(mq), fq .. '|' .. f)
+    rcall('HDEL', fk, 'g', 'go', 'gp', 'ge')
+  end
+  if settled then upto = 0 end
+  rcall('HSET', fk, 'E', state, 'Ec', 0, 'Et', steps + upto)
+  if err then rcall('HSET', fk, 'Ee', err) end  -- (absent: nil; '' is a record too)
+  local x = meta[5] == '1'
+  if x then
+    -- The other queues of the flow (a list of several members' queues is read whole,
+    -- once: as long as the list the flow's enqueue wrote).
+    local others = {}
+    for _, q in ipairs(flow_queues(meta[4], steps, fq)) do others[q] = true end
+    if upto > 0 then
+      for _, q in ipairs(flow_queues(meta[3], upto, fq)) do others[q] = true end
+    end
+    others[fq] = nil
+    for q in pairs(others) do
+      flow_outbox(fq, q, f .. '|e|' .. q,
+        {'Y', f, fq, state, err or false, steps, upto, meta[3] or '', meta[4] or ''})
     end
   end
-  for q, rec in pairs(remote) do flow_outbox(fq, q, f .. '|e|' .. q, rec) end
+  flow_ops.end_step(fk, fq, fq, f, not purging and flow_ops.END_CHUNK or nil, now, x and fq)
+end
+
+-- Jobs per step of a flow's end (see flow_end): ~12-25 µs of Redis time each, so a step
+-- takes ~1.2-2.5 ms (bench/fanout_scripts.py --ends; 200 took 4-5 ms on a loaded box).
+flow_ops.END_CHUNK = 100
+
+-- Where a flow across slots is marked ended on queue q's slot (see flow_end).
+function flow_ops.ending(q, f) return k_q(q) .. 'fE:' .. f end
+
+-- The next `limit` jobs (nil: all) of flow F's end (see flow_end), marked in hash `mk`
+-- (its record, or flow_ops.ending(home, F)); `home`: the queue whose outbox carries the
+-- next step; `fq`: the flow's root queue; `only`: a queue (the jobs on other queues are
+-- passed over: a flow across slots) or false. Returns how many jobs are left to pass
+-- (0: ended; the mark is gone).
+function flow_ops.end_step(mk, home, fq, f, limit, now, only)
+  local meta = rcall('HMGET', mk, 'E', 'Ee', 'Ec', 'Et', 'S', 'n', 'mq', 'sq', 'Eo')
+  if not meta[1] then return 0 end  -- ended already (or not ending: not this call's)
+  flow_ended[f] = true
+  local state, err = meta[1], meta[2] or nil
+  local at, stop = tonumber(meta[3]) or 0, tonumber(meta[4]) or 0
+  local steps, n = tonumber(meta[5]), tonumber(meta[6])
+  local mq, sq = meta[7] or '', meta[8] or ''
+  local sqs = flow_queues(sq, steps, fq)
+  -- Members' queues: one name (or none: the root's) in O(1); a list of several is read
+  -- from byte `pos` on (Eo), a name per member, never from its start again.
+  local many = string.find(mq, ' ', 1, true) ~= nil
+  local one = mq ~= '' and not many and mq or fq
+  local pos = tonumber(meta[9]) or 1
+  local ended, j = 0, at
+  -- Jobs on other queues are passed over without a command: 20 of them per job ended.
+  local cap = stop
+  if limit then cap = math.min(stop, at + 20 * limit) end
+  while j < cap and (not limit or ended < limit) do
+    local q, id
+    if j < steps then
+      q, id = sqs[j + 1], flow_step_id(f, j, steps)
+    else
+      q = one
+      if many then
+        local sp = string.find(mq, ' ', pos, true)
+        q = string.sub(mq, pos, (sp or #mq + 1) - 1)
+        pos = (sp or #mq) + 1
+        if q == '' then q = fq end
+      end
+      id = f .. '.m' .. (j - steps)
+    end
+    if not only or q == only then
+      flow_end_job(q, id, state, err, now)
+      ended = ended + 1
+    end
+    j = j + 1
+  end
+  if j >= stop then
+    rcall('UNLINK', mk)  -- (a large fan-out's record: freed off the main thread)
+    return 0
+  end
+  rcall('HSET', mk, 'Ec', j, 'Eo', pos)
+  local eid = f .. '|z|' .. j
+  flow_outbox(home, home, eid, {'Z', f, fq, eid, mk ~= k_flow(fq, f)})
+  return stop - j
+end
+
+-- A claim popped waiting job `id` of queue q, of flow F (its root queue fq; `x`: a flow
+-- across slots): when F is ending (flow_end marked it, on this slot, and its end has not
+-- reached this job yet), the job ends here, as the end would have ended it, instead of
+-- starting. `attempt`: its 'a'. True when it ended.
+function flow_ops.claim_ended(q, id, f, fq, x, attempt, now)
+  local mk = k_flow(fq, f)
+  if x and q ~= fq then mk = flow_ops.ending(q, f) end
+  local e = rcall('HMGET', mk, 'E', 'Ee')
+  if not e[1] then return false end
+  local st, err = 'x', e[2]
+  if err then
+    st = e[1]
+  else
+    err = failure_record(CANCELLED_REASON, CANCELLED_TYPE, CANCELLED_WITH_FLOW,
+      tonumber(attempt) or 0, nil, now)
+  end
+  rcall('HSET', k_job(q, id), 'err', err)
+  finalize(id, q, 'w', st, now)
+  return true
 end
 
 -- Give held step k (job `id` on queue q) its input: waiting now, or (a collector)
@@ -179,7 +303,7 @@ local function flow_fan_in(fq, f, steps, n, collector, now)
   end
   local vals = rcall('HMGET', fk, unpack(names))
   if vals[1] then
-    flow_end(fq, f, vals[2], vals[3], now)
+    flow_end(fq, f, vals[2], vals[3], now, true)
     return
   end
   local parts = {msgpack_array_header(n)}
@@ -237,13 +361,17 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
   if q and q ~= fq then
     ext = ext or rcall('HMGET', k_job(q, id), 'fx', 'fS', 'fsq')
     if ext[1] == '1' then
-      flow_settle_away(q, id, fq, f, fm, fs, state, res, err, now, ext)
+      -- (Its flow's end under way on this slot, flow_end's 'Y': nothing goes on.)
+      if rcall('EXISTS', flow_ops.ending(q, f)) == 0 then
+        flow_settle_away(q, id, fq, f, fm, fs, state, res, err, now, ext)
+      end
       return
     end
   end
   local fk = k_flow(fq, f)
-  local meta = rcall('HMGET', fk, 'S', 'n', 'col', 'pol', 'x')
-  if not meta[1] then return end  -- the flow has ended: a late member or a cancelled step
+  local meta = rcall('HMGET', fk, 'S', 'n', 'col', 'pol', 'x', 'E')
+  -- The flow has ended (or is ending: flow_end): a late member or a cancelled step.
+  if not meta[1] or meta[6] then return end
   local steps, collector, x = tonumber(meta[1]), meta[3] == '1', meta[5] == '1'
   if fm then
     local i = tonumber(fm)
@@ -302,16 +430,41 @@ local function flow_apply(q, rec, now)
   local kind, f, fq = rec[1], rec[2], rec[3]
   if kind == 'm' then
     local fk = k_flow(fq, f)
-    if rcall('EXISTS', fk) == 0 or rcall('HEXISTS', fk, 'r' .. rec[4]) == 1 then
-      return 0
-    end
+    local r = rcall('HMGET', fk, 'S', 'E', 'r' .. rec[4])
+    if not r[1] or r[2] or r[3] then return 0 end
     -- The member's process span, for the fan-in's span links (flow_settle reads it).
     if rec[8] then span_links[f .. '.m' .. rec[4]] = rec[8] end
     flow_settle(fq, f, rec[4], nil, rec[5], rec[6] or nil, rec[7] or nil, now)
     return 1
   elseif kind == 'e' then
-    if rcall('EXISTS', k_flow(fq, f)) == 0 then return 0 end
+    local r = rcall('HMGET', k_flow(fq, f), 'S', 'E')
+    if not r[1] or r[2] then return 0 end
     flow_end(fq, f, rec[4], rec[5] or nil, now)
+    return 1
+  elseif kind == 'Z' then
+    -- The next step of a flow's end (flow_end; 0: it had ended), on queue q (the flow's
+    -- root, or one of its other queues: rec[5]). Its entry (in q's outbox) goes here:
+    -- the step that follows writes its own.
+    if type(rec[4]) == 'string' then
+      rcall('ZREM', k_outbox(q), rec[4])
+      rcall('DEL', k_handoff(q, rec[4]))
+    end
+    local mk = rec[5] and flow_ops.ending(q, f) or k_flow(fq, f)
+    if rcall('HEXISTS', mk, 'E') == 0 then return 0 end
+    -- One write per done set for the chunk (nothing after it in this call reads them
+    -- before flush_counts writes them).
+    batch_zsets(true)
+    flow_ops.end_step(mk, q, fq, f, flow_ops.END_CHUNK, now, rec[5] and q)
+    return 1
+  elseif kind == 'Y' then
+    -- A flow across slots ends (flow_end): its jobs on queue q, marked ended here first.
+    local mk = flow_ops.ending(q, f)
+    if rcall('EXISTS', mk) == 1 then return 0 end  -- under way (a re-sent entry)
+    rcall('HSET', mk, 'E', rec[4], 'Ec', 0, 'Et', tonumber(rec[6]) + tonumber(rec[7]),
+      'S', rec[6], 'n', rec[7], 'mq', rec[8], 'sq', rec[9])
+    if rec[5] then rcall('HSET', mk, 'Ee', rec[5]) end
+    batch_zsets(true)
+    flow_ops.end_step(mk, q, fq, f, flow_ops.END_CHUNK, now, q)
     return 1
   elseif kind == 'R' then
     -- A durable run's step ended on another slot (common/runs.lua): at the run's queue.

@@ -101,7 +101,9 @@ end
 -- collector, payload} release step k; {'E', F, fq, state, err, ids...} end the flow's
 -- jobs on the target queue; {'a', F, fq, n, ids...} start the flow's jobs on the target
 -- queue (the first n move to waiting, the rest stay held), stored pending by
--- flow_part.lua; {'D', F, fq, ids...} drop pending jobs of a flow its root refused.
+-- flow_part.lua; {'D', F, fq, ids...} drop pending jobs of a flow its root refused;
+-- {'Z', F, fq, entry id} the next step of a flow's end (flow_settle.lua's flow_end: on
+-- one Redis too, from the flow's root to itself).
 local flow_handoffs = {}  -- the entries this script wrote: {home, entry id, target, record}
 local flow_ended = {}     -- flows this script ended: the settles of their jobs stay quiet
 local function k_outbox(q) return k_q(q) .. 'ho' end
