@@ -23,7 +23,7 @@ from typedq.broker.base import (
     Release,
     RetryOutcome,
 )
-from typedq.broker.flow import FlowSpec, step_id
+from typedq.broker.flow import FlowSpec, member_id, step_id
 from typedq.limits import LimitSpec
 
 pytestmark = pytest.mark.anyio
@@ -544,3 +544,48 @@ async def test_a_flows_released_fair_step_goes_first_in_its_keys_lane(
         await broker.enqueue([fair("b", job_id="b2"), msg(job_id="p0")])
         assert await claim_order(broker, 1) == ["g.0"]
         assert await claim_order(broker, 3) == ["g", "b2", "p0"]
+
+
+@pytest.mark.parametrize(
+    ("fair_members", "fair_callback"),
+    [(False, False), (True, False), (False, True), (True, True)],
+    ids=["plain", "fair-members", "fair-callback", "both-fair"],
+)
+async def test_a_traced_fan_in_of_fair_jobs_links_its_members_spans(
+    app_name: str, broker_url: str, fair_members: bool, fair_callback: bool
+) -> None:
+    """A traced fan-in callback gets its members' spans (JobMessage.trace_links, in
+    member order) whether the members or the callback are fair jobs or not (a fair job's
+    body has all 16 fields, trace_links among them: it is filled in, not appended)."""
+    traceparent = "traceparent=00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    spans = [f"00-{'c' * 32}-{i:016x}-01" for i in range(3)]
+
+    def job(key: str, job_id: str, is_fair: bool) -> JobMessage:
+        return fair(key, job_id=job_id) if is_fair else msg(job_id=job_id)
+
+    members = tuple(job(f"k{i}", member_id("f", i), fair_members) for i in range(3))
+    callback = msgspec.structs.replace(
+        job("cb", "f", fair_callback), payload=b"", trace_context=traceparent
+    )
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue_flows(
+            [FlowSpec(id="f", members=members, fan_out=True, steps=(callback,))]
+        )
+        claimed = await broker.claim(["q"], 3, worker_id="w", lease=30)
+        assert sorted(j.message.id for j in claimed) == [member_id("f", i) for i in range(3)]
+        await broker.complete(
+            [
+                Completion(
+                    id=j.message.id,
+                    token=j.token,
+                    result=b"\xc0",
+                    span=spans[int(j.message.id.rsplit("m", 1)[1])],
+                )
+                for j in claimed
+            ]
+        )
+        (got,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert got.message.id == "f"
+        assert got.message.trace_context == traceparent
+        assert got.message.trace_links == ",".join(spans)
+        assert got.message.fair_weight == (1 if fair_callback else 0)
