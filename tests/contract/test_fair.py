@@ -101,6 +101,73 @@ async def test_weights_take_that_many_jobs_per_turn(app_name: str, broker_url: s
         ]
 
 
+async def test_a_keys_new_weight_applies_from_its_next_turn(app_name: str, broker_url: str) -> None:
+    """A key's weight is its newest job's: a new job with another weight (the task's
+    ``weights`` changed) sets it from the key's next turn on; the turn under way keeps
+    its count. Lowered mid-turn, then raised between turns."""
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("big", weight=3, job_id=f"B{i}") for i in range(6)])
+        await broker.enqueue([fair("small", job_id=f"s{i}") for i in range(3)])
+        assert await claim_order(broker, 1) == ["B0"]
+        await broker.enqueue([fair("big", weight=1, job_id="B6")])
+        assert await claim_order(broker, 10) == [
+            *("B1", "B2", "s0"),  # the turn under way: 3
+            *("B3", "s1", "B4", "s2", "B5", "B6"),  # then 1 a turn
+        ]
+        await broker.enqueue([fair("big", job_id=f"B{i}") for i in range(10, 14)])
+        await broker.enqueue([fair("small", job_id=f"t{i}") for i in range(4)])
+        assert await claim_order(broker, 1) == ["B10"]
+        await broker.enqueue([fair("big", weight=2, job_id="B14")])
+        assert await claim_order(broker, 10) == [
+            *("t0", "B11", "B12", "t1", "B13", "B14", "t2", "t3"),
+        ]
+        # Several claims of 2: a turn's count is kept across claims, with the new weight.
+        await broker.enqueue([fair("big", job_id=f"C{i}") for i in range(5)])
+        await broker.enqueue([fair("small", job_id=f"u{i}") for i in range(2)])
+        await broker.enqueue([fair("big", weight=3, job_id="C5")])
+        assert await claim_order(broker, 10, limit=2) == [
+            *("C0", "C1", "C2", "u0", "C3", "C4", "C5", "u1"),
+        ]
+
+
+async def test_a_retry_or_a_hand_back_leaves_its_keys_weight(
+    app_name: str, broker_url: str
+) -> None:
+    """A job retried or handed back is no new job: its key keeps the weight its newest
+    job gave it (a retry of a job enqueued with an older weight does not bring that
+    back); a key it makes join the line again takes that job's own weight."""
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id="a0")])
+        await broker.enqueue([fair("a", weight=3, job_id=f"a{i}") for i in range(1, 7)])
+        await broker.enqueue([fair("b", job_id=f"b{i}") for i in range(3)])
+        (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert first.message.id == "a0"  # a's first turn: the newest job's weight, 3
+        await broker.fail(
+            [Failure(id=first.message.id, token=first.token, error=b"err", retry_delay=0.0)]
+        )
+        (second,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert second.message.id == "a1"
+        await broker.release([Release(id=second.message.id, token=second.token)])
+        assert await claim_order(broker, 12) == [
+            *("a1", "b0"),  # a1 (back first in a's lane) ends the turn of 3 it began
+            *("a2", "a3", "a4", "b1", "a5", "a6", "a0", "b2"),  # a0 retried: at the tail
+        ]
+        # A key with no job waiting joins with the retried job's own weight (1 here,
+        # though the turn that ran it took 3).
+        await broker.enqueue([fair("a", job_id="x0"), fair("a", weight=3, job_id="x1")])
+        await broker.enqueue([fair("b", job_id=f"y{i}") for i in range(3)])
+        claimed = await broker.claim(["q"], 2, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["x0", "x1"]
+        await broker.fail(
+            [
+                Failure(id=j.message.id, token=j.token, error=b"err", retry_delay=0.0)
+                for j in claimed
+            ]
+        )
+        await broker.enqueue([fair("b", job_id="y3")])
+        assert await claim_order(broker, 10) == ["y0", "x0", "y1", "x1", "y2", "y3"]
+
+
 async def test_priorities_come_before_fairness(app_name: str, broker_url: str) -> None:
     async with connected(app_name, broker_url) as broker:
         await broker.enqueue([fair("a", job_id=f"a{i}") for i in range(3)])

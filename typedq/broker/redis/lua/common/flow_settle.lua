@@ -127,12 +127,13 @@ local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, 
   local group, weight = fair_of(body)
   if group then
     -- A fair task's step (typedq.fair) goes first in its key's lane, ahead of the key's
-    -- waiting jobs, and the key's marker keeps its place; a key with none waiting takes
-    -- its turn at the head of the level (memory/lines.py Level.push_fair).
+    -- waiting jobs, and the key's marker keeps its place (and its weight: the step is
+    -- no new job); a key with none waiting takes its turn at the head of the level,
+    -- with the step's weight (memory/lines.py Level.push_fair).
     if rcall('RPUSH', k_lane(q, group, prio), id) == 1 then
       rcall('RPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group)
       rcall('ZADD', k_levels(q), level_score(prio), prio)
-      rcall('SADD', k_lanes(q), prio .. '|' .. group)
+      rcall('HSET', k_lanes(q), prio .. '|' .. group, weight)
     end
   else
     push_waiting(q, prio, id, true)
