@@ -381,8 +381,9 @@ function claim_ops.take_turn(c, q, prio, v)
   if left and rcall('EXISTS', lk) == 0 then left = false end
   if not left then
     -- The lane goes, and its weight with it (bounded by the keys with jobs waiting).
-    rcall('HDEL', k_lanes(q), prio .. '|' .. group)
-    if claim_ops.weights_changed(c, q) then rcall('SREM', k_lanes(q, true), prio .. '|' .. group) end
+    local field = prio .. '|' .. group
+    rcall('HDEL', k_lanes(q), field)
+    if claim_ops.weights_changed(c, q) then rcall('SREM', k_lanes(q, true), field) end
     return nil
   end
   if taken < weight then
