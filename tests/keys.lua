@@ -34,6 +34,7 @@ out[#out + 1] = k_debounce(q, 't1|k:1')
 out[#out + 1] = k_jstream(q, ARGV[4])
 out[#out + 1] = k_lane(q, 't1|k:1', ARGV[3])
 out[#out + 1] = k_lanes(q)
+out[#out + 1] = k_lanes(q, true)
 out[#out + 1] = flow_ops.staged(q, ARGV[4])
 out[#out + 1] = flow_ops.releasing(q)
 return out

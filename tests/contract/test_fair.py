@@ -23,7 +23,7 @@ from typedq.broker.base import (
     Release,
     RetryOutcome,
 )
-from typedq.broker.flow import FlowSpec, step_id
+from typedq.broker.flow import FlowSpec, member_id, step_id
 from typedq.limits import LimitSpec
 
 pytestmark = pytest.mark.anyio
@@ -99,6 +99,73 @@ async def test_weights_take_that_many_jobs_per_turn(app_name: str, broker_url: s
             *("B3", "B4", "B5", "s1"),
             *("B6", "B7", "B8", "s2"),
         ]
+
+
+async def test_a_keys_new_weight_applies_from_its_next_turn(app_name: str, broker_url: str) -> None:
+    """A key's weight is its newest job's: a new job with another weight (the task's
+    ``weights`` changed) sets it from the key's next turn on; the turn under way keeps
+    its count. Lowered mid-turn, then raised between turns."""
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("big", weight=3, job_id=f"B{i}") for i in range(6)])
+        await broker.enqueue([fair("small", job_id=f"s{i}") for i in range(3)])
+        assert await claim_order(broker, 1) == ["B0"]
+        await broker.enqueue([fair("big", weight=1, job_id="B6")])
+        assert await claim_order(broker, 10) == [
+            *("B1", "B2", "s0"),  # the turn under way: 3
+            *("B3", "s1", "B4", "s2", "B5", "B6"),  # then 1 a turn
+        ]
+        await broker.enqueue([fair("big", job_id=f"B{i}") for i in range(10, 14)])
+        await broker.enqueue([fair("small", job_id=f"t{i}") for i in range(4)])
+        assert await claim_order(broker, 1) == ["B10"]
+        await broker.enqueue([fair("big", weight=2, job_id="B14")])
+        assert await claim_order(broker, 10) == [
+            *("t0", "B11", "B12", "t1", "B13", "B14", "t2", "t3"),
+        ]
+        # Several claims of 2: a turn's count is kept across claims, with the new weight.
+        await broker.enqueue([fair("big", job_id=f"C{i}") for i in range(5)])
+        await broker.enqueue([fair("small", job_id=f"u{i}") for i in range(2)])
+        await broker.enqueue([fair("big", weight=3, job_id="C5")])
+        assert await claim_order(broker, 10, limit=2) == [
+            *("C0", "C1", "C2", "u0", "C3", "C4", "C5", "u1"),
+        ]
+
+
+async def test_a_retry_or_a_hand_back_leaves_its_keys_weight(
+    app_name: str, broker_url: str
+) -> None:
+    """A job retried or handed back is no new job: its key keeps the weight its newest
+    job gave it (a retry of a job enqueued with an older weight does not bring that
+    back); a key it makes join the line again takes that job's own weight."""
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue([fair("a", job_id="a0")])
+        await broker.enqueue([fair("a", weight=3, job_id=f"a{i}") for i in range(1, 7)])
+        await broker.enqueue([fair("b", job_id=f"b{i}") for i in range(3)])
+        (first,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert first.message.id == "a0"  # a's first turn: the newest job's weight, 3
+        await broker.fail(
+            [Failure(id=first.message.id, token=first.token, error=b"err", retry_delay=0.0)]
+        )
+        (second,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert second.message.id == "a1"
+        await broker.release([Release(id=second.message.id, token=second.token)])
+        assert await claim_order(broker, 12) == [
+            *("a1", "b0"),  # a1 (back first in a's lane) ends the turn of 3 it began
+            *("a2", "a3", "a4", "b1", "a5", "a6", "a0", "b2"),  # a0 retried: at the tail
+        ]
+        # A key with no job waiting joins with the retried job's own weight (1 here,
+        # though the turn that ran it took 3).
+        await broker.enqueue([fair("a", job_id="x0"), fair("a", weight=3, job_id="x1")])
+        await broker.enqueue([fair("b", job_id=f"y{i}") for i in range(3)])
+        claimed = await broker.claim(["q"], 2, worker_id="w", lease=30)
+        assert [j.message.id for j in claimed] == ["x0", "x1"]
+        await broker.fail(
+            [
+                Failure(id=j.message.id, token=j.token, error=b"err", retry_delay=0.0)
+                for j in claimed
+            ]
+        )
+        await broker.enqueue([fair("b", job_id="y3")])
+        assert await claim_order(broker, 10) == ["y0", "x0", "y1", "x1", "y2", "y3"]
 
 
 async def test_priorities_come_before_fairness(app_name: str, broker_url: str) -> None:
@@ -544,3 +611,48 @@ async def test_a_flows_released_fair_step_goes_first_in_its_keys_lane(
         await broker.enqueue([fair("b", job_id="b2"), msg(job_id="p0")])
         assert await claim_order(broker, 1) == ["g.0"]
         assert await claim_order(broker, 3) == ["g", "b2", "p0"]
+
+
+@pytest.mark.parametrize(
+    ("fair_members", "fair_callback"),
+    [(False, False), (True, False), (False, True), (True, True)],
+    ids=["plain", "fair-members", "fair-callback", "both-fair"],
+)
+async def test_a_traced_fan_in_of_fair_jobs_links_its_members_spans(
+    app_name: str, broker_url: str, fair_members: bool, fair_callback: bool
+) -> None:
+    """A traced fan-in callback gets its members' spans (JobMessage.trace_links, in
+    member order) whether the members or the callback are fair jobs or not (a fair job's
+    body has all 16 fields, trace_links among them: it is filled in, not appended)."""
+    traceparent = "traceparent=00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    spans = [f"00-{'c' * 32}-{i:016x}-01" for i in range(3)]
+
+    def job(key: str, job_id: str, is_fair: bool) -> JobMessage:
+        return fair(key, job_id=job_id) if is_fair else msg(job_id=job_id)
+
+    members = tuple(job(f"k{i}", member_id("f", i), fair_members) for i in range(3))
+    callback = msgspec.structs.replace(
+        job("cb", "f", fair_callback), payload=b"", trace_context=traceparent
+    )
+    async with connected(app_name, broker_url) as broker:
+        await broker.enqueue_flows(
+            [FlowSpec(id="f", members=members, fan_out=True, steps=(callback,))]
+        )
+        claimed = await broker.claim(["q"], 3, worker_id="w", lease=30)
+        assert sorted(j.message.id for j in claimed) == [member_id("f", i) for i in range(3)]
+        await broker.complete(
+            [
+                Completion(
+                    id=j.message.id,
+                    token=j.token,
+                    result=b"\xc0",
+                    span=spans[int(j.message.id.rsplit("m", 1)[1])],
+                )
+                for j in claimed
+            ]
+        )
+        (got,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert got.message.id == "f"
+        assert got.message.trace_context == traceparent
+        assert got.message.trace_links == ",".join(spans)
+        assert got.message.fair_weight == (1 if fair_callback else 0)

@@ -83,6 +83,14 @@ async def test_views_show_fair_keys_debounced_jobs_and_unique_keys(
             }
             # Jobs waiting and the jobs one turn takes, the same on every broker.
             assert fair == {("share", "big"): (2, 3, 0), ("share", "small"): (1, 1, 0)}
+            # The task's weights changed: a key's weight is its newest job's.
+            newer = msg(queue="fv", task="share", payload=msgspec.msgpack.encode(Doc("big")))
+            await broker.enqueue([msgspec.structs.replace(newer, fair_key="big", fair_weight=5)])
+            fair = {
+                (k.task, k.key): (k.waiting, k.weight, k.priority)
+                for k in await walk(broker, "fv", "fair", 10)
+            }
+            assert fair == {("share", "big"): (3, 5, 0), ("share", "small"): (1, 1, 0)}
             debounce = await walk(broker, "fv", "debounce", 10)
             assert [(k.task, k.key, k.job_id) for k in debounce] == [("settle", "d1", debounced.id)]
             assert debounce[0].until is not None

@@ -51,9 +51,11 @@ MAX_QUEUE_LENGTH = 4
 SHORT_LEASE = 0.001
 LONG_LEASE = 600.0
 DELAY = 3600.0
-#: The fair runs (typedq.fair): the key of each pool id (None: a plain job), and weights.
+#: The fair runs (typedq.fair): the key of each pool id (None: a plain job), and the
+#: weights a key's jobs take in turn, one per enqueued job of the key (the task's weights
+#: changing while the key has jobs waiting: its newest job's applies from its next turn).
 FAIR_KEYS = {"j0": "a", "j1": "a", "j2": "a", "j3": "a", "j4": "b", "j5": "b", "j6": "c"}
-FAIR_WEIGHTS = {"a": 2}
+FAIR_WEIGHTS = {"a": (2, 2, 1, 3), "b": (1, 1, 2)}
 
 
 #: What is compared of one job: state, attempt, stalls, cancel requested, priority.
@@ -199,13 +201,17 @@ class Driver:
         self.fair = fair
         #: Model handle -> the broker's token for that claim.
         self.tokens: dict[int, str] = {}
+        #: Fair runs: messages made per key so far (picks the key's next weight).
+        self.made: dict[str, int] = {}
 
     def _message(self, job_id: str, priority: int, delayed: bool) -> JobMessage:
         m = msg(job_id=job_id, priority=priority, delay=DELAY if delayed else 0.0)
         key = FAIR_KEYS.get(job_id) if self.fair else None
         if key is None:
             return m
-        return msgspec.structs.replace(m, fair_key=key, fair_weight=FAIR_WEIGHTS.get(key, 1))
+        weights = FAIR_WEIGHTS.get(key, (1,))
+        made = self.made[key] = self.made.get(key, -1) + 1
+        return msgspec.structs.replace(m, fair_key=key, fair_weight=weights[made % len(weights)])
 
     def _token(self, handle: int) -> str:
         return self.tokens.get(handle, f"never-issued-{handle}")
@@ -338,7 +344,8 @@ async def test_broker_follows_the_reference(
 async def test_fair_shares_follow_the_reference(
     request: pytest.FixtureRequest, app_name: str, seed: int
 ) -> None:
-    """The same with fair jobs (typedq.fair): keys a (weight 2), b and c, and plain ones."""
+    """The same with fair jobs (typedq.fair): keys a and b (their weights changing from
+    one enqueued job to the next), c, and plain ones."""
     await check_seed(request, app_name, "redis", seed, fair=True)
 
 

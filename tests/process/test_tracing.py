@@ -32,6 +32,7 @@ from typedq import (
     Backoff,
     ConfigError,
     Failed,
+    Fair,
     JobContext,
     JobFailed,
     Ok,
@@ -241,6 +242,37 @@ async def test_a_fan_out_and_its_callback_are_one_trace(
         "total",
     ]
     assert {(_ids(s)[0], _parent_id(s)) for s in processes} == {(trace_id, send_id)}
+
+
+async def test_a_fan_in_of_fair_members_links_to_their_process_spans(
+    app_name: str, broker_url: str, tracing: Tracing, exporter: InMemorySpanExporter
+) -> None:
+    """Fair members (typedq.fair): the callback links to each member's process span, as
+    for plain members. (A held callback is a plain job at the app level, see
+    typedq/workflow.py; a fair callback's body: tests/contract/test_fair.py.)"""
+    app = App(app_name, broker=broker_url, tracing=tracing)
+
+    @app.task(fair=Fair(key=lambda x: x.n % 2))
+    async def square(x: In) -> Out:
+        return Out(x.n * x.n)
+
+    @app.task
+    async def total(xs: list[Out]) -> Out:
+        return Out(sum(x.n for x in xs))
+
+    async with app, app.worker(concurrency=1):
+        job = await square.map(In(n=i) for i in range(1, 4)).then(total).enqueue()
+        assert await job.result(timeout=TEST_DEADLINE) == Out(14)
+        spans = await _finished(exporter, 4)
+    processes = _by_name(spans, "process default")
+    members = sorted(
+        (s for s in processes if (s.attributes or {})["typedq.task"] == "square"),
+        key=lambda s: str((s.attributes or {})["messaging.message.id"]),
+    )
+    [callback] = [s for s in processes if (s.attributes or {})["typedq.task"] == "total"]
+    assert [(link.context.trace_id, link.context.span_id) for link in callback.links] == [
+        _ids(m) for m in members
+    ]
 
 
 async def test_a_fan_in_callback_links_to_its_members_process_spans(

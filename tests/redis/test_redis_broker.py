@@ -145,6 +145,7 @@ async def test_lua_key_names_match_the_keys_module(redis_url: str) -> None:
             k.job_stream("q1", "job-1"),
             k.lane("q1", "t1", "k:1", -3),
             k.lanes("q1"),
+            k.lanes_changed("q1"),
             k.staged("q1", "job-1"),
             k.releasing("q1"),
         ]

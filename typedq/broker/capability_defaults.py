@@ -184,7 +184,7 @@ class CapabilityDefaults:
         collecting jobs; ``"unique"``, unique keys held (by a job not finished, or for
         a window not ended). From ``cursor`` (None: the first page); the answer's
         cursor continues, None at the end. A page costs in proportion to ``limit`` (on
-        Redis, a SCAN/SSCAN step of the queue's slot with COUNT ``limit``: a page may
+        Redis, a SCAN/HSCAN step of the queue's slot with COUNT ``limit``: a page may
         be short, even empty, before the end; follow the cursor), never to the whole
         keyspace. Read-only. A cursor is opaque, for the same queue and kind; another
         string raises ValueError.

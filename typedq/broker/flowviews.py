@@ -25,9 +25,8 @@ class FlowKey(msgspec.Struct, frozen=True, kw_only=True):
 
     - ``fair``: a fair key with jobs waiting: ``waiting`` entries in its lane at level
       ``priority`` (an upper bound: an entry of a job that moved on is dropped when its
-      turn comes), and the jobs one turn takes (``weight``: its newest waiting job's,
-      which Redis's turn marker also carries unless the task's weights changed while
-      the key had jobs waiting; None where the broker cannot tell).
+      turn comes), and the jobs its next turn takes (``weight``: its newest job's, see
+      docs/flow-control.md; None where the broker cannot tell).
     - ``debounce``: the key's collecting job ``job_id``; ``until`` is when the job runs
       (None: it is no longer scheduled, e.g. it started).
     - ``unique``: the job ``job_id`` holding the key; ``until`` is when the window ends

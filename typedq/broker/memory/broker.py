@@ -327,7 +327,7 @@ class MemoryBroker(JobPath):
             # A token from before the retry answers LEASE_LOST, not ALREADY_FINISHED:
             # the job has started a new life that no old lease may speak for.
             job.done_token = None
-            self.lines.to_waiting(job, keep_order=False, due=self.clock.time())
+            self.lines.to_waiting(job, keep_order=False, due=self.clock.time(), again=True)
             outcomes.append(RetryOutcome.RETRIED)
         self.wake()
         return outcomes

@@ -451,7 +451,7 @@ class JobPath(Broker):
                     if item.retry_delay > 0:
                         self.lines.to_scheduled(job, now + item.retry_delay)
                     else:
-                        self.lines.to_waiting(job, keep_order=False, due=now)
+                        self.lines.to_waiting(job, keep_order=False, due=now, again=True)
             outcomes.append(outcome)
         for state in ended:
             self.finished.trim(state, now)

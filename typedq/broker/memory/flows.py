@@ -113,7 +113,10 @@ class Flows:
             if index == len(spec.steps) - 1:
                 job.flow_shape = (len(spec.steps), len(spec.members))
             if index == 0 and not spec.fan_out:
-                to_waiting(job, keep_order=True)
+                # (A chain's first step leaves a fair key's weight as it is: on Redis it
+                # joins its key's lane only when a claim reaches it, common/claiming.lua
+                # divert.)
+                to_waiting(job, keep_order=True, again=True)
             else:
                 broker.table.move(job, SCHEDULED)  # held
                 job.run_at = HELD_AT

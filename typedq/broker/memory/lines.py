@@ -29,17 +29,20 @@ Live = Callable[[Entry], bool]
 
 class Turn:
     """One fair key's place in its level's line (typedq.fair): the key's own waiting
-    entries (``lane``, a :class:`Level`), the jobs one turn takes (``weight``, the
-    latest job's), how many this turn took so far (``taken``), and the order it holds
-    in the level's FIFO (``order``: where it joined, or went back to the tail)."""
+    entries (``lane``, a :class:`Level`), the jobs the current turn takes (``weight``),
+    the weight of the key's next turn (``next_weight``: its newest new job's, see
+    :meth:`Level.push_fair`), how many this turn took so far (``taken``), and the order
+    it holds in the level's FIFO (``order``: where it joined, or went back to the
+    tail)."""
 
-    __slots__ = ("group", "lane", "order", "taken", "weight")
+    __slots__ = ("group", "lane", "next_weight", "order", "taken", "weight")
 
     def __init__(self, group: tuple[str, str], order: int, weight: int) -> None:
         self.group = group
         self.lane = Level()
         self.order = order
         self.weight = weight
+        self.next_weight = weight
         self.taken = 0
 
 
@@ -78,13 +81,21 @@ class Level:
         else:
             heapq.heappush(self.late, entry)
 
-    def push_fair(self, entry: Entry, group: tuple[str, str], weight: int) -> None:
+    def push_fair(
+        self, entry: Entry, group: tuple[str, str], weight: int, again: bool = False
+    ) -> None:
         """Add ``entry`` to fair key ``group``'s lane; a key with no turn in the line
         joins it at the tail. An entry placed at the head (a flow's released step: a
         flow under way finishes before new work starts) goes first in its key's lane,
         and a key with no turn joins at the head of the line. A hand-back does not come
         here (:meth:`WaitLine.hand_back`). The Redis broker does the same
-        (common/flow_settle.lua's release)."""
+        (common/flow_settle.lua's release).
+
+        A key's weight is its newest job's, from the key's next turn on: a new job
+        (``again`` False) sets ``next_weight``, which :meth:`pop` takes when the key's
+        turn starts (the turn under way keeps its count). A retry or a released step
+        (``again``: no new job) leaves it; a key it makes join the line gets the job's
+        weight. The Redis broker does the same (common/lanes.lua lane_push)."""
         turn = self.turns.get(group)
         if turn is None:
             fifo = self.fifo
@@ -95,7 +106,8 @@ class Level:
             else:
                 self.join(group, entry, weight)
         else:
-            turn.weight = weight
+            if not again:
+                turn.next_weight = weight
             turn.lane.push(entry)
 
     def join(self, group: tuple[str, str], entry: Entry, weight: int) -> Turn:
@@ -163,6 +175,8 @@ class Level:
             return fifo.popleft()  # type: ignore[return-value]
         lane = head.lane
         entry = lane.pop()
+        if not head.taken:
+            head.weight = head.next_weight  # a new turn: the key's newest job's weight
         head.taken += 1
         if not lane.fifo and not lane.late:
             # The key has no job left: it leaves the line (a new job joins it again).
@@ -202,12 +216,12 @@ class WaitLine:
         self.levels: dict[int, Level] = {}
         self.keys: list[int] = []
 
-    def push(self, entry: Entry, message: JobMessage | None = None) -> None:
+    def push(self, entry: Entry, message: JobMessage | None = None, again: bool = False) -> None:
         """Add ``entry`` (of the job of ``message``) to its level: a fair job's to its
-        key's lane."""
+        key's lane (``again``: no new job, see :meth:`Level.push_fair`)."""
         if message is not None and message.fair_weight:
             self.level(entry[0]).push_fair(
-                entry, (message.task, message.fair_key), message.fair_weight
+                entry, (message.task, message.fair_key), message.fair_weight, again
             )
         else:
             self.level(entry[0]).push(entry)
@@ -359,12 +373,20 @@ class Lines:
         return outcomes
 
     def to_waiting(
-        self, job: Job, *, keep_order: bool, at_head: bool = False, due: float | None = None
+        self,
+        job: Job,
+        *,
+        keep_order: bool,
+        at_head: bool = False,
+        due: float | None = None,
+        again: bool = False,
     ) -> None:
         """Waiting: at its old place (``keep_order``), at the tail of its priority level,
         or at its head (``at_head``: the latest so placed first out). ``due``: it is due
         again from then (a retry, hand-back, recovery, hand-off; its queue wait counts
-        from it); None keeps its due time (a scheduled job's, or none)."""
+        from it); None keeps its due time (a scheduled job's, or none). ``again``: a
+        retry, no new job (a fair key's weight stays: :meth:`Level.push_fair`; so does a
+        step placed at the head)."""
         table = self.table
         table.move(job, WAITING)
         if at_head:
@@ -375,7 +397,7 @@ class Lines:
             job.run_at = due
         message = job.message
         self.waiting[message.queue].push(
-            (-message.priority, job.order, job.version, message.id), message
+            (-message.priority, job.order, job.version, message.id), message, again or at_head
         )
 
     def hand_back(self, jobs: Sequence[Job], due: float) -> None:
@@ -411,7 +433,9 @@ class Lines:
             _, version, job_id = heapq.heappop(scheduled)
             job = live(job_id, version, SCHEDULED)
             if job is not None:
-                self.to_waiting(job, keep_order=False)
+                # A job claimed before (a retry after its delay) is no new job: its fair
+                # key's weight stays (the Redis claim's promotion: push_waiting of 'fk').
+                self.to_waiting(job, keep_order=False, again=job.worker_id is not None)
 
     # -- looking -----------------------------------------------------------------------
 

@@ -85,7 +85,7 @@ def _fair(path: JobPath, queue: str) -> Iterator[FlowKey | None]:
                 key=key,
                 waiting=waiting,
                 priority=-neg_priority,
-                weight=turn.weight,
+                weight=turn.next_weight,
             )
 
 

@@ -158,8 +158,15 @@ starts with a letter or digit, so it never equals another key's ``:<suffix>``)::
                                    pushed to a level list as a bare id (claimed before
                                    ``fk`` existed) moves to its lane when the claim pops
                                    it
-    Q F                   set      the fair lanes that have jobs, '<prio>|<task>|<key>'
-                                   (listing and purge find them here)
+    Q F                   hash     the fair lanes that have jobs, '<prio>|<task>|<key>'
+                                   -> the weight of the key's next turn, its newest
+                                   job's (listing and purge find the lanes here); a
+                                   field goes with its lane
+    Q FC                  set      the lanes of ``Q F`` whose weight a new job changed
+                                   since their marker was written: a claim starting the
+                                   key's turn takes the weight from ``Q F`` (one EXISTS
+                                   per claim while this is empty); a lane leaves it then,
+                                   or when it goes
     Q g:<gate>            list     the waiting jobs a gate parked, '<prio>|<id>', FIFO;
                                    still waiting (counted, cancellable), never claimed
                                    and put back: the claim skips past them
@@ -470,8 +477,15 @@ class Keys:
         return f"{self.queue_prefix(queue)}fk:{task}|{key}:{priority}"
 
     def lanes(self, queue: str) -> str:
-        """The set of ``queue``'s fair lanes that have jobs: ``'<prio>|<task>|<key>'``."""
+        """The hash of ``queue``'s fair lanes that have jobs, ``'<prio>|<task>|<key>'`` ->
+        the weight of the key's next turn (its newest job's)."""
         return self.queue_prefix(queue) + "F"
+
+    def lanes_changed(self, queue: str) -> str:
+        """The set of ``queue``'s fair lanes whose weight changed since their turn marker
+        was written (the claim reads the new weight from :meth:`lanes` at the key's next
+        turn)."""
+        return self.queue_prefix(queue) + "FC"
 
     def gate(self, queue: str, gate: str) -> str:
         """The list of waiting jobs one limit gate of ``queue`` parked."""

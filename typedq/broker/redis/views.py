@@ -3,8 +3,8 @@
 
 Each page runs ``lua/flow_keys.lua`` a few times at most: one SCAN step (unique keys
 ``Q uk:*``, debounce keys ``Q db:*``, job streams ``Q js:*`` with their readers' sets
-``Q jr:<id>``) or SSCAN step (fair lanes, the set ``Q F``, with each lane's length and
-its newest job's weight) of
+``Q jr:<id>``) or HSCAN step (fair lanes, the hash ``Q F`` of their weights, with each
+lane's length) of
 COUNT ``limit`` each, in the queue's slot (on Redis Cluster, the node serving it). So a
 page costs in proportion to its limit, never to the keyspace; it may be short, even
 empty, before the end (SCAN passes other keys): follow the cursor. A SCAN step may

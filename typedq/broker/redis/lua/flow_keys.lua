@@ -1,6 +1,6 @@
 #!lua flags=no-writes
 -- One page of a queue's flow-control keys (typedq inspect, the dashboard; capability
--- FlowViews): one SCAN (unique, debounce markers) or SSCAN (the fair lanes' set) step of
+-- FlowViews): one SCAN (unique, debounce markers) or HSCAN (the fair lanes' hash) step of
 -- COUNT `count` from `cursor`, so a call costs in proportion to the count, never to the
 -- keyspace (a step may find none: the caller follows the cursor). SCAN walks the keys of
 -- the node serving the queue's slot, matching the queue's own prefix only.
@@ -12,9 +12,8 @@
 --      has not finished);
 --   d: marker, collecting id, run time (µs; -1: not scheduled now);
 --   f: lane ('<prio>|<task>|<key>'), jobs in the lane, the key's weight (-1: unknown):
---      the fair weight of the lane's newest job (of its 3 newest entries, the first that
---      names a job), which the key's turn marker carries unless the task's weights
---      changed while the key had jobs waiting;
+--      the weight of its next turn, its newest job's (the F hash: common/lanes.lua
+--      lane_push);
 --   s: job id, entries in its stream (XLEN), readers counted now (ZCOUNT of its
 --      readers' set Q jr:<id> past now: stream_reader.lua)}
 local q, kind, cur, count, pattern = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
@@ -25,21 +24,16 @@ end
 local qp = k_q(q)
 local out = {'0', now_us()}
 if kind == 'f' then
-  local r = rcall('SSCAN', k_fixed(q, 'F'), cur, 'COUNT', count)
+  local r = rcall('HSCAN', k_lanes(q), cur, 'COUNT', count)
   out[1] = r[1]
-  for _, lane in ipairs(r[2]) do
+  local found = r[2]
+  for i = 1, #found - 1, 2 do
+    local lane = found[i]
     local prio, marker = string.match(lane, '^([^|]*)|(.*)$')
     if prio then
-      local lk = qp .. 'fk:' .. marker .. ':' .. prio
-      local weight = -1
-      for _, id in ipairs(rcall('LRANGE', lk, 0, 2)) do
-        local r = read_keyed(q, id, 'm')
-        local _, w = fair_of(r and r[1])
-        if w then weight = w; break end
-      end
       out[#out + 1] = lane
-      out[#out + 1] = rcall('LLEN', lk)
-      out[#out + 1] = weight
+      out[#out + 1] = rcall('LLEN', qp .. 'fk:' .. marker .. ':' .. prio)
+      out[#out + 1] = tonumber(found[i + 1]) or -1
     end
   end
   return out

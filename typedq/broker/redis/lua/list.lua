@@ -310,7 +310,7 @@ if state == 'w' then
   end
   -- Fair keys' lanes (typedq.fair; their markers in the levels list nothing), lane by
   -- lane: each key's jobs in its claim order.
-  local lanes = redis.call('SMEMBERS', k_lanes(q))
+  local lanes = redis.call('HKEYS', k_lanes(q))
   table.sort(lanes)
   for _, lane in ipairs(lanes) do
     local prio, group = string.match(lane, '^(%-?%d+)|(.+)$')

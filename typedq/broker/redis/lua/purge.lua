@@ -75,7 +75,8 @@ if state == 'w' then
             seen = budget
             break
           end
-          redis.call('SREM', k_lanes(q), t[1] .. '|' .. group)
+          redis.call('HDEL', k_lanes(q), t[1] .. '|' .. group)
+          redis.call('SREM', k_lanes(q, true), t[1] .. '|' .. group)
         elseif not is_bare(id) then
           local f = parse_entry(id)
           if f and entry_live(q, t[1], f) then

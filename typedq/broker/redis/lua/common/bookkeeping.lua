@@ -80,7 +80,7 @@ local function push_waiting(q, prio, id, at_head, fk)
   if fk and not at_head then
     local w, g = string.match(fk, '^(%d+)|(.+)$')
     if g then
-      lane_push(q, prio, id, g, w)
+      lane_push(q, prio, id, g, w, true)
       return
     end
   end
@@ -152,10 +152,15 @@ local function push_back_in_order(back)
       local ids = {}
       for i = #l.jobs, 1, -1 do ids[#ids + 1] = l.jobs[i][1] end  -- the oldest pushed last: first out
       if rcall('RPUSH', l.lk, unpack(ids)) == #ids then
-        -- The key had no job waiting: it joins the line at the tail.
-        rcall('LPUSH', k_wait(l.q, l.prio), '~0|' .. l.w .. '|' .. l.g)
+        -- The key had no job waiting: it joins the line at the tail, with its oldest
+        -- job's own weight (lane_push's `again`; the embedded broker's join). A key
+        -- with jobs waiting keeps its weight: a hand-back is no new job.
+        local r = read_keyed(l.q, l.jobs[1][1], 'm')
+        local _, w = fair_of(r and r[1])
+        w = w or l.w
+        rcall('LPUSH', k_wait(l.q, l.prio), '~0|' .. w .. '|' .. l.g)
         rcall('ZADD', k_levels(l.q), level_score(l.prio), l.prio)
-        rcall('SADD', k_lanes(l.q), l.prio .. '|' .. l.g)
+        rcall('HSET', k_lanes(l.q), l.prio .. '|' .. l.g, w)
       end
     end
   end

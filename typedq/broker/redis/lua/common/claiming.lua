@@ -349,6 +349,20 @@ function claim_ops.take_turn(c, q, prio, v)
     if not ts then return nil end
     taken, weight = tonumber(ts), tonumber(ws)
   end
+  -- A new turn takes the key's newest job's weight: when a new job changed it since
+  -- the marker was written, the lane is in FC and the F hash has it (lane_push). One
+  -- EXISTS per queue and claim while no weight changed (c.fc: queue -> FC exists).
+  if ts == '0' and claim_ops.weights_changed(c, q) then
+    local field = prio .. '|' .. group
+    if rcall('SREM', k_lanes(q, true), field) == 1 then
+      local w = tonumber(rcall('HGET', k_lanes(q), field))
+      if w and w >= 1 then
+        weight = w
+        fk = int_text(w) .. '|' .. group
+        v = '~0|' .. fk
+      end
+    end
+  end
   local lk = k_lane(q, group, prio)
   local left = true
   while taken < weight and c.claimed < c.limit and c.pops < c.max_pops do
@@ -373,7 +387,10 @@ function claim_ops.take_turn(c, q, prio, v)
   end
   if left and rcall('EXISTS', lk) == 0 then left = false end
   if not left then
-    rcall('SREM', k_lanes(q), prio .. '|' .. group)
+    -- The lane goes, and its weight with it (bounded by the keys with jobs waiting).
+    local field = prio .. '|' .. group
+    rcall('HDEL', k_lanes(q), field)
+    if claim_ops.weights_changed(c, q) then rcall('SREM', k_lanes(q, true), field) end
     return nil
   end
   if taken < weight then
@@ -389,6 +406,22 @@ function claim_ops.take_turn(c, q, prio, v)
   end
   tails[#tails + 1] = v
   return nil
+end
+
+-- Does queue `q` have fair lanes whose weight changed (FC, see lane_push)? Read once
+-- per queue and claim call (c.fc), at its first fair turn.
+function claim_ops.weights_changed(c, q)
+  local fc = c.fc
+  if not fc then
+    fc = {}
+    c.fc = fc
+  end
+  local has = fc[q]
+  if has == nil then
+    has = rcall('EXISTS', k_lanes(q, true)) == 1
+    fc[q] = has
+  end
+  return has
 end
 
 -- The markers of the turns that ended with jobs left (take_turn's c.tails), pushed at
@@ -427,7 +460,7 @@ function claim_ops.divert(c, q, prio, id, body, o, jk)
     return true
   end
   rcall('LPUSH', lk, id)
-  rcall('SADD', k_lanes(q), prio .. '|' .. group)
+  rcall('HSET', k_lanes(q), prio .. '|' .. group, weight)
   local back = claim_ops.take_turn(c, q, prio, '~0|' .. weight .. '|' .. group)
   if back then rcall('RPUSH', k_wait(q, prio), back) end
   return true

@@ -235,9 +235,14 @@ local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, 
   rcall('HDEL', jk, 'mh', 'mt')
   local head, tail = r[3], r[4]
   -- A traced callback (its body has every field up to its trace context: 12) gets its
-  -- members' span links as the body's 13th field, trace_links.
-  if links and links ~= '' and string.byte(head, 1) == 156 then
-    head, tail = '\157' .. string.sub(head, 2), tail .. msgpack_str(links)
+  -- members' span links as the body's 13th field, trace_links: appended to a body of
+  -- 12 fields, put in place of the empty one in a fair job's body (all 16 fields).
+  if links and links ~= '' then
+    if string.byte(head, 1) == 156 then
+      head, tail = '\157' .. string.sub(head, 2), tail .. msgpack_str(links)
+    elseif string.byte(head, 1) == 0xdc and string.byte(head, 3) == 16 then
+      tail = flow_ops.with_links(tail, links)
+    end
   end
   -- Due from the hand-off (its queue wait does not include the steps before it).
   local body = head .. msgpack_bin(payload) .. tail
@@ -246,12 +251,13 @@ local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, 
   local group, weight = fair_of(body)
   if group then
     -- A fair task's step (typedq.fair) goes first in its key's lane, ahead of the key's
-    -- waiting jobs, and the key's marker keeps its place; a key with none waiting takes
-    -- its turn at the head of the level (memory/lines.py Level.push_fair).
+    -- waiting jobs, and the key's marker keeps its place (and its weight: the step is
+    -- no new job); a key with none waiting takes its turn at the head of the level,
+    -- with the step's weight (memory/lines.py Level.push_fair).
     if rcall('RPUSH', k_lane(q, group, prio), id) == 1 then
       rcall('RPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group)
       rcall('ZADD', k_levels(q), level_score(prio), prio)
-      rcall('SADD', k_lanes(q), prio .. '|' .. group)
+      rcall('HSET', k_lanes(q), prio .. '|' .. group, weight)
     end
   else
     push_waiting(q, prio, id, true)
@@ -260,6 +266,23 @@ local function flow_release_at(q, id, fq, f, k, steps, collector, payload, now, 
   count(q, 'w', 1)
   work_queues[q] = true
   return true
+end
+
+-- The tail of a fair callback's body (its fields after the payload: fingerprint, ...,
+-- fair_weight; redis/codec.py) with trace_links (its 11th) set to `links`, when its
+-- trace context (the 10th) is not empty (the embedded broker links only a traced
+-- callback); the tail unchanged otherwise (or bytes not seen as a body).
+function flow_ops.with_links(tail, links)
+  local i = 1
+  for _ = 1, 9 do
+    i = fair_skip(tail, i)
+    if not i then return tail end
+  end
+  if string.byte(tail, i) == 0xa0 then return tail end  -- no trace context
+  i = fair_skip(tail, i)
+  local after = i and fair_skip(tail, i)
+  if not after then return tail end
+  return string.sub(tail, 1, i - 1) .. msgpack_str(links) .. string.sub(tail, after)
 end
 
 -- Give held step k its input (flow_release_at). `sq`: the flow record's 'sq' (or a

@@ -133,9 +133,11 @@ local function k_flow(q, f) return k_q(q) .. 'f:' .. f end
 local function k_gates(q) return k_fixed(q, 'G') end
 local function k_gate(q, gate) return k_q(q) .. 'g:' .. gate end
 -- Fair shares (typedq.fair): one key's waiting jobs of one level ('<task>|<key>' group),
--- and the set of the queue's lanes that have jobs ('<prio>|<group>').
+-- the hash of the queue's lanes that have jobs ('<prio>|<group>' -> the weight of the
+-- key's next turn) and, `changed`, the set of lanes whose weight changed since their
+-- marker was written (common/lanes.lua lane_push).
 local function k_lane(q, group, prio) return k_q(q) .. 'fk:' .. group .. ':' .. prio end
-local function k_lanes(q) return k_fixed(q, 'F') end
+local function k_lanes(q, changed) return k_fixed(q, changed and 'FC' or 'F') end
 -- The jobs gates hold parked now: id -> its gate (a gate's list also keeps stale entries).
 local function k_parked(q) return k_fixed(q, 'P') end
 local function k_rate(q, task, key) return k_q(q) .. 'rl:' .. task .. '|' .. key end

@@ -318,11 +318,33 @@ end
 
 -- Fair job `id` waits in its key's lane (the tail); a key that had no job waiting joins
 -- its level's line (the marker at the tail). Returns true when it joined.
-local function lane_push(q, prio, id, group, weight)
-  if rcall('LPUSH', k_lane(q, group, prio), id) > 1 then return false end
+-- A key's weight is its newest job's, from the key's next turn on: a new job (`weight`
+-- its own) whose weight differs from the lane's (the F hash, one HGET) sets the lane's
+-- and lists the lane in FC, which the claim reads at the key's next turn
+-- (claim_ops.take_turn): the marker, somewhere in the level list, is not rewritten.
+-- `again` (a retry: a job claimed before) leaves the key's weight as it is; a key it
+-- makes join the line gets the job's own weight, from its body (the embedded broker's
+-- message.fair_weight), `weight` (its fk's) only when the body names none.
+local function lane_push(q, prio, id, group, weight, again)
+  local field = prio .. '|' .. group
+  if rcall('LPUSH', k_lane(q, group, prio), id) > 1 then
+    if not again then
+      local w = int_text(weight)
+      if rcall('HGET', k_lanes(q), field) ~= w then
+        rcall('HSET', k_lanes(q), field, w)
+        rcall('SADD', k_lanes(q, true), field)
+      end
+    end
+    return false
+  end
+  if again then
+    local r = read_keyed(q, id, 'm')
+    local _, w = fair_of(r and r[1])
+    if w then weight = w end
+  end
   rcall('LPUSH', k_wait(q, prio), '~0|' .. weight .. '|' .. group)
   rcall('ZADD', k_levels(q), level_score(prio), prio)
-  rcall('SADD', k_lanes(q), prio .. '|' .. group)
+  rcall('HSET', k_lanes(q), field, weight)
   return true
 end
 
