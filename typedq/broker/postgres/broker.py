@@ -44,6 +44,7 @@ from .connection import (
     parse_url,
     schema_version,
 )
+from .flows import FlowOps
 from .leases import LeaseOps
 from .limits import LimitOps
 from .observe import ObserveOps
@@ -58,7 +59,9 @@ __all__ = ["PostgresBroker"]
 _CLOSE_TIMEOUT = 5.0
 
 
-class PostgresBroker(JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, OperatorOps):
+class PostgresBroker(
+    JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, OperatorOps, FlowOps
+):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
 
     :param url: the database; ``schema`` (default ``typedq``) is where the broker's

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from . import migration_1, migration_2, migration_3, migration_4
+from . import migration_1, migration_2, migration_3, migration_4, migration_5
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
 
@@ -37,7 +37,13 @@ STATE_CODES = ("waiting", "scheduled", "active", "completed", "failed", "cancell
 
 
 #: The migrations, in order: migration ``i`` takes a schema from version ``i`` to ``i + 1``.
-MIGRATIONS: tuple[str, ...] = (migration_1.SQL, migration_2.SQL, migration_3.SQL, migration_4.SQL)
+MIGRATIONS: tuple[str, ...] = (
+    migration_1.SQL,
+    migration_2.SQL,
+    migration_3.SQL,
+    migration_4.SQL,
+    migration_5.SQL,
+)
 
 
 def migrate_sql(version: int, schema: str) -> str:

@@ -1,0 +1,107 @@
+"""The PostgreSQL broker's capability Flows (workflows, :mod:`typedq.broker.flow`), mixed
+into PostgresBroker: a flow stored in one call of the schema's ``enqueue_flow`` (one
+transaction), and its state read. The hand-offs happen in the schema itself (triggers of
+migration 5, :mod:`.migration_5`), in the transaction that finished each job, so the
+worker's calls (complete, fail, ...) know nothing of flows and a job with no flow pays
+nothing for them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from ...errors import ConfigError, QueueFull
+from ...options import check_numbers
+from ..base import EnqueueOutcome, JobMessage
+from ..flow import FlowSpec, FlowState, msgpack_bin
+from .core import PostgresCore
+from .rows import encode
+
+__all__ = ["FlowOps", "hole_of"]
+
+#: A payload no real one is: its place in an encoded envelope is where a held step's
+#: input goes (the envelope is array-like, so the place does not depend on the payload).
+_MARK = b"\xfetypedq-held-step-payload\xfe"
+_MARK_BIN = msgpack_bin(_MARK)
+
+
+def hole_of(message: JobMessage) -> int:
+    """The byte offset of ``message``'s empty payload (``bin 0``) in its encoding, where
+    the hand-off splices a held step's input (``flow_release`` in migration 5)."""
+    marked = encode(msgspec.structs.replace(message, payload=_MARK))
+    at = marked.index(_MARK_BIN)
+    plain = encode(message)
+    assert plain[at : at + 2] == b"\xc4\x00", "a held step's payload must be empty"
+    return at
+
+
+class FlowOps(PostgresCore):
+    """Workflows on the PostgreSQL broker."""
+
+    async def enqueue_flows(self, flows: Sequence[FlowSpec]) -> list[EnqueueOutcome | Exception]:
+        self._check()
+        prepared = [self._flow_args(spec) for spec in flows]
+        queues = sorted({q for args in prepared for q in args[8]})
+        if queues:
+            await self._register_queues(queues)
+        out: list[EnqueueOutcome | Exception] = []
+        for spec, args in zip(flows, prepared, strict=True):
+            try:
+                code = await self._fetchval("enqueue_flow", self._sql["enqueue_flow"], *args,
+                                            cap=args[15])
+            except (QueueFull, ConfigError) as exc:
+                out.append(exc)
+                continue
+            out.append(EnqueueOutcome(spec.id, code == 0))
+        return out
+
+    def _flow_args(self, spec: FlowSpec) -> tuple[Any, ...]:
+        """The arguments of ``enqueue_flow`` for ``spec`` (its envelopes checked first)."""
+        messages = [*spec.members, *spec.steps]
+        check_numbers(messages)
+        args = self._enqueue_args(messages)
+        held = [False] * len(spec.members) + [
+            k > 0 or spec.fan_out for k in range(len(spec.steps))
+        ]
+        holes = [hole_of(m) if h else 0 for m, h in zip(messages, held, strict=True)]
+        r = self.settings.retention
+        return (
+            self.ns,
+            spec.id,
+            len(spec.steps),
+            len(spec.members),
+            spec.fan_out,
+            spec.collector,
+            spec.collect,
+            args[1],
+            args[2],
+            args[3],
+            args[4],
+            holes,
+            args[9],
+            args[10],
+            args[11],
+            args[7],
+            [r.completed_max, r.failed_max],
+            self.channel,
+        )
+
+    async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
+        rows = await self._fetch("flow_state", self._sql["flow_state"], self.ns, flow_id, read=True)
+        row = rows[0]
+        if row["steps"] is not None:
+            return FlowState(
+                id=row["fid"],
+                steps=row["steps"],
+                members=row["members"],
+                pending=row["remaining"],
+                completed=row["completed"],
+                failed=row["failed"],
+                cancelled=row["cancelled"],
+            )
+        shape = row["shape"]
+        if shape is None:
+            return None
+        return FlowState(id=row["fid"], steps=shape[0], members=shape[1], pending=-1)
