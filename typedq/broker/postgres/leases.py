@@ -9,8 +9,10 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 
+from ...errors import FailureReason, FailureRecord
 from ..base import (
     ERROR_HISTORY,
     ClaimedJob,
@@ -22,17 +24,48 @@ from ..base import (
     check_claim_id,
     new_claim_id,
 )
-from ..records import CANCELLED_ON_HAND_BACK, CANCELLED_WORKER_LOST, stalled_message
+from ..records import (
+    CANCELLED_ON_HAND_BACK,
+    CANCELLED_WORKER_LOST,
+    parked_trimmed_message,
+    stalled_message,
+)
 from .connection import call
 from .core import PostgresCore
 from .limits import limit_args
-from .rows import FINISH, claimed_jobs
+from .rows import FINISH, claimed_jobs, encode
 
 __all__ = ["LeaseOps"]
 
 #: stalled_message as a format() template of PostgreSQL: %1$s stalls, %2$s max_stalls.
 _STALLED = stalled_message(111_111_111, 222_222_222).replace("111111111", "%1$s")
 _STALLED = _STALLED.replace("222222222", "%2$s")
+
+
+def _park_record(item: Failure) -> bytes:
+    """The record a parked job's flow fails with if failed-job retention deletes the job
+    before an operator retried it: the job's own reason, error type and attempt, and a
+    message that says what happened (``failed_at`` set by the trim: the last 8 bytes)."""
+    try:
+        own = msgspec.msgpack.decode(item.error, type=FailureRecord)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        own = FailureRecord(
+            reason=FailureReason.SCHEMA_MISMATCH,
+            error_type="SchemaMismatch",
+            message="",
+            attempt=0,
+            retryable=False,
+        )
+    return encode(
+        FailureRecord(
+            reason=own.reason,
+            error_type=own.error_type,
+            message=parked_trimmed_message(item.id, own.message),
+            attempt=own.attempt,
+            retryable=False,
+            failed_at=0.0,
+        )
+    )
 
 
 class LeaseOps(PostgresCore):
@@ -178,6 +211,7 @@ class LeaseOps(PostgresCore):
             ttls,
             caps,
             self.channel,
+            [_park_record(i) if i.park else None for i in items],
         )
         return [FINISH[c] for c in codes]
 

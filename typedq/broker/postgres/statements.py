@@ -41,11 +41,11 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "complete": f"SELECT {s}.complete($1, $2, $3, $4, $5, $6, $7)",
         "complete_and_claim": f"SELECT * FROM {s}.complete_and_claim($1, $2, $3, $4, $5, "
         "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
-        "fail": f"SELECT {s}.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        "fail": f"SELECT {s}.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         "release": f"SELECT {s}.release($1, $2, $3, $4, $5, $6, $7)",
         "cancel": f"SELECT {s}.cancel($1, $2, $3, $4, $5, $6, $7)",
         "recover": f"SELECT {s}.recover($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        "retry": f"SELECT {s}.retry($1, $2, $3)",
+        "retry": f"SELECT {s}.retry($1, $2, $3, $4)",
         "enqueue_flow": f"SELECT {s}.enqueue_flow($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
         "$11, $12, $13, $14, $15, $16, $17, $18)",
         # A flow by its id or the id of one of its jobs: running (its flows row), or
