@@ -11,8 +11,9 @@ What this broker has: the 14 core methods, plus ``wait_for_jobs``, ``wait_finish
 ``complete_and_claim``, ``queue_stats`` and ``page_jobs`` (keyset cursors) of its own;
 and the capabilities OperatorActions (retry, remove, purge), Observability (per-minute
 rollups, the worker and queue registries), Schedules (compare-and-set firing on the
-database's clock), Limits (rate and concurrency limits checked inside the claim) and
-TransactionalEnqueue. Every other capability (flows, event streams, runs, flow control,
+database's clock), Limits (rate and concurrency limits checked inside the claim), Flows
+(workflows, handed off by the schema's triggers: :mod:`.flows`) and TransactionalEnqueue.
+Every other capability (event streams, runs, flow control,
 flow views, the schema registry, job streams) keeps the seam's Unsupported default: an
 app that declares one of those it needs at connect fails there in one line
 (docs/brokers.md).
@@ -21,7 +22,8 @@ The class is made of mixins, one module per capability, on the core they share
 (:mod:`.core`: the pool, one call of a statement, the enqueue arguments): the producer
 side and the reads in :mod:`.store`, the worker's claim, leases and settles in
 :mod:`.leases`, Limits in :mod:`.limits`, Observability in :mod:`.observe`, Schedules in
-:mod:`.schedules`, OperatorActions in :mod:`.actions`; rows become the seam's values in :mod:`.rows`. Here:
+:mod:`.schedules`, OperatorActions in :mod:`.actions`, Flows in :mod:`.flows`; rows become
+the seam's values in :mod:`.rows`. Here:
 connect (pool, migrations, listener), close, and the notifications that wake waiters.
 """
 
@@ -59,9 +61,7 @@ __all__ = ["PostgresBroker"]
 _CLOSE_TIMEOUT = 5.0
 
 
-class PostgresBroker(
-    JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, OperatorOps, FlowOps
-):
+class PostgresBroker(JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, OperatorOps, FlowOps):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
 
     :param url: the database; ``schema`` (default ``typedq``) is where the broker's

@@ -12,12 +12,13 @@ from typing import Any
 
 import msgspec
 
-from ...errors import ConfigError, QueueFull
+from ...errors import ConfigError, InvalidOption, QueueFull
 from ...options import check_numbers
 from ..base import EnqueueOutcome, JobMessage
 from ..flow import FlowSpec, FlowState, msgpack_bin
 from .core import PostgresCore
 from .rows import encode
+from .within import enqueue_flow_within, within_error
 
 __all__ = ["FlowOps", "hole_of"]
 
@@ -49,11 +50,37 @@ class FlowOps(PostgresCore):
         out: list[EnqueueOutcome | Exception] = []
         for spec, args in zip(flows, prepared, strict=True):
             try:
-                code = await self._fetchval("enqueue_flow", self._sql["enqueue_flow"], *args,
-                                            cap=args[15])
+                code = await self._fetchval(
+                    "enqueue_flow", self._sql["enqueue_flow"], *args, cap=args[15]
+                )
             except (QueueFull, ConfigError) as exc:
                 out.append(exc)
                 continue
+            out.append(EnqueueOutcome(spec.id, code == 0))
+        return out
+
+    async def enqueue_flows_within(
+        self, conn: object, flows: Sequence[FlowSpec]
+    ) -> list[EnqueueOutcome]:
+        """Store ``flows`` in the transaction open on ``conn`` (see
+        :mod:`typedq.broker.postgres.within`), each by one call of ``enqueue_flow``: they
+        exist if and only if it commits. A refused flow raises (the transaction is
+        aborted with it)."""
+        self._check()
+        prepared = [self._flow_args(spec) for spec in flows]
+        queues = sorted({q for args in prepared for q in args[8]})
+        if queues:
+            await self._register_queues(queues)
+        out = []
+        for spec, args in zip(flows, prepared, strict=True):
+            try:
+                code = await enqueue_flow_within(
+                    conn, self.target.schema, self._sql["enqueue_flow"], args
+                )
+            except InvalidOption:
+                raise
+            except Exception as exc:
+                raise within_error(exc, self.target.safe, args[15]) from exc
             out.append(EnqueueOutcome(spec.id, code == 0))
         return out
 
@@ -62,9 +89,7 @@ class FlowOps(PostgresCore):
         messages = [*spec.members, *spec.steps]
         check_numbers(messages)
         args = self._enqueue_args(messages)
-        held = [False] * len(spec.members) + [
-            k > 0 or spec.fan_out for k in range(len(spec.steps))
-        ]
+        held = [False] * len(spec.members) + [k > 0 or spec.fan_out for k in range(len(spec.steps))]
         holes = [hole_of(m) if h else 0 for m, h in zip(messages, held, strict=True)]
         r = self.settings.retention
         return (

@@ -25,8 +25,10 @@ __all__ = ["SQL"]
 SQL = r"""
 ALTER TABLE {s}.jobs
     ADD COLUMN flow_id text,
-    ADD COLUMN flow_member integer NOT NULL DEFAULT -1,
-    ADD COLUMN flow_step integer NOT NULL DEFAULT -1,
+    -- NULL, not -1, when not a member or not a step: a job with no flow stores no byte
+    -- more (its row has a null bitmap already).
+    ADD COLUMN flow_member integer,
+    ADD COLUMN flow_step integer,
     -- On a flow's own job: {{steps, members}} (inspect and retry after the flow ended).
     ADD COLUMN flow_shape integer[],
     -- A held step: the byte offset of its empty payload in ``message``; NULL once released.
@@ -197,7 +199,7 @@ BEGIN
                 CASE WHEN held THEN 1 ELSE 0 END, nextval('{s}.job_seq'), now,
                 CASE WHEN held THEN 9000000000.0 ELSE 0 END,
                 p_tasks[i], p_rate_keys[i], p_conc_keys[i], p_flow,
-                CASE WHEN k < 0 THEN i - 1 ELSE -1 END, CASE WHEN k >= 0 THEN k ELSE -1 END,
+                CASE WHEN k < 0 THEN i - 1 END, CASE WHEN k >= 0 THEN k END,
                 CASE WHEN k = p_steps - 1 THEN ARRAY[p_steps, p_members] END,
                 CASE WHEN held THEN p_holes[i] END);
     END LOOP;
@@ -378,7 +380,8 @@ END $$;
 
 CREATE FUNCTION {s}.flow_final() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM {s}.flow_settled(NEW.ns, NEW.flow_id, NEW.flow_member, NEW.flow_step, NEW.state,
+    PERFORM {s}.flow_settled(NEW.ns, NEW.flow_id, coalesce(NEW.flow_member, -1),
+                             coalesce(NEW.flow_step, -1), NEW.state,
                              NEW.result,
                              CASE WHEN NEW.state <> 3 THEN
                                  {s}.job_error(NEW.error, NEW.br_kind, NEW.br_message,
@@ -406,7 +409,8 @@ BEGIN
     ELSE
         record := {s}.flow_broken(now);
     END IF;
-    PERFORM {s}.flow_settled(OLD.ns, OLD.flow_id, OLD.flow_member, OLD.flow_step,
+    PERFORM {s}.flow_settled(OLD.ns, OLD.flow_id, coalesce(OLD.flow_member, -1),
+                             coalesce(OLD.flow_step, -1),
                              4::smallint, NULL, record, now);
     RETURN NULL;
 END $$;
@@ -627,7 +631,7 @@ BEGIN
         UPDATE {s}.jobs SET parked = NULL WHERE ns = p_ns AND id = p_id;
         RETURN EXISTS (SELECT 1 FROM {s}.flows f WHERE f.ns = p_ns AND f.id = j.flow_id);
     END IF;
-    IF j.flow_member >= 0 OR j.hole IS NOT NULL
+    IF j.flow_member IS NOT NULL OR j.hole IS NOT NULL
        OR EXISTS (SELECT 1 FROM {s}.flows f WHERE f.ns = p_ns AND f.id = j.flow_id) THEN
         RETURN false;
     END IF;

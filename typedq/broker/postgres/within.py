@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import BrokerError, InvalidOption, QueueFull
+from ...errors import BrokerError, ConfigError, InvalidOption, QueueFull
+from ..flow import id_taken
 from .connection import broker_error
 
-__all__ = ["EnqueueArgs", "enqueue_within", "within_error"]
+__all__ = ["EnqueueArgs", "enqueue_flow_within", "enqueue_within", "within_error"]
 
 #: The enqueue function's arguments, in its parameters' order (schema.py).
 EnqueueArgs = tuple[
@@ -44,6 +45,15 @@ _PSYCOPG_ENQUEUE = (
     'SELECT "{schema}".enqueue(%s::text, %s::text[], %s::text[], %s::bytea[], %s::integer[], '
     "%s::double precision[], %s::double precision[], %s::integer, %s::text, %s::text[], "
     "%s::text[], %s::text[])"
+)
+
+
+#: The enqueue_flow call for psycopg (see _PSYCOPG_ENQUEUE).
+_PSYCOPG_ENQUEUE_FLOW = (
+    'SELECT "{schema}".enqueue_flow(%s::text, %s::text, %s::integer, %s::integer, '
+    "%s::boolean, %s::boolean, %s::boolean, %s::text[], %s::text[], %s::bytea[], "
+    "%s::integer[], %s::integer[], %s::text[], %s::text[], %s::text[], %s::integer, "
+    "%s::bigint[], %s::text)"
 )
 
 
@@ -138,7 +148,27 @@ async def enqueue_within(
     return [bool(c) for c in created]
 
 
-def within_error(exc: BaseException, where: str, cap: int) -> BrokerError:
+async def enqueue_flow_within(
+    conn: object, schema: str, asyncpg_sql: str, args: tuple[Any, ...]
+) -> int:
+    """Run the schema's enqueue_flow on ``conn`` (its arguments ``args``); its answer:
+    0 stored, 1 a job with the flow's id existed.
+
+    :raises InvalidOption: as :func:`enqueue_within`
+    """
+    kind, driver = await _driver(conn)
+    if kind == "asyncpg":
+        code = await driver.fetchval(asyncpg_sql, *args)
+    else:
+        cursor = await driver.execute(_PSYCOPG_ENQUEUE_FLOW.format(schema=schema), args)
+        row = await cursor.fetchone()
+        code = row[0] if row else None
+    if code not in (0, 1):
+        raise RuntimeError(f"the enqueue_flow function answered {code!r}")
+    return int(code)
+
+
+def within_error(exc: BaseException, where: str, cap: int) -> BrokerError | ConfigError:
     """An error of the enqueue on the caller's connection as typedq's: a full queue is
     QueueFull (the function refused, nothing stored), psycopg's errors are named as
     asyncpg's are (:func:`~typedq.broker.postgres.connection.broker_error`). The caller's
@@ -152,6 +182,11 @@ def within_error(exc: BaseException, where: str, cap: int) -> BrokerError:
                 f"queue {queue!r} holds {pending} pending jobs; adding {adding} would pass "
                 f"max_queue_length={cap}"
             )
+        if getattr(exc, "sqlstate", None) == "TQ002":
+            diag = getattr(exc, "diag", None)
+            text = str(getattr(diag, "message_primary", None) or exc)
+            taken, _, flow = text.rpartition("\x1f")
+            return ConfigError(id_taken(taken, flow))
         return BrokerError(
             f"PostgreSQL at {where} failed enqueue within your transaction: "
             f"{type(exc).__name__}: {exc}"
