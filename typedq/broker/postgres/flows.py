@@ -20,7 +20,7 @@ from .core import PostgresCore
 from .rows import encode
 from .within import enqueue_flow_within, within_error
 
-__all__ = ["FlowOps", "hole_of"]
+__all__ = ["FlowOps", "hole_of", "links_hole_of"]
 
 #: A payload no real one is: its place in an encoded envelope is where a held step's
 #: input goes (the envelope is array-like, so the place does not depend on the payload).
@@ -35,6 +35,18 @@ def hole_of(message: JobMessage) -> int:
     at = marked.index(_MARK_BIN)
     plain = encode(message)
     assert plain[at : at + 2] == b"\xc4\x00", "a held step's payload must be empty"
+    return at
+
+
+_LINKS_MARK = "typedq-held-step-links\x7f"
+
+
+def links_hole_of(message: JobMessage) -> int:
+    """The byte offset of ``message``'s empty ``trace_links`` (fixstr ``""``) in its
+    encoding, where the fan-in writes its members' spans (``flow_release``)."""
+    marked = encode(msgspec.structs.replace(message, trace_links=_LINKS_MARK))
+    at = marked.index(encode(_LINKS_MARK))
+    assert encode(message)[at] == 0xA0, "a held step's trace_links must be empty"
     return at
 
 
@@ -111,6 +123,10 @@ class FlowOps(PostgresCore):
             args[7],
             [r.completed_max, r.failed_max],
             self.channel,
+            # A fan-in callback that carries a trace context links to its members' spans.
+            links_hole_of(spec.steps[0])
+            if spec.fan_out and not spec.collector and spec.steps[0].trace_context
+            else None,
         )
 
     async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:

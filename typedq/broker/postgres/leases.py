@@ -15,6 +15,7 @@ from anyio.abc import TaskStatus
 from ...errors import FailureReason, FailureRecord
 from ..base import (
     ERROR_HISTORY,
+    MAX_SPAN_LINKS,
     ClaimedJob,
     Completion,
     Failure,
@@ -140,10 +141,28 @@ class LeaseOps(PostgresCore):
         if not items:
             self._check()
             return []
+        await self._note_spans(items)
         codes = await self._fetchval(
             "complete", self._sql["complete"], *self._completion_args(items)
         )
         return [FINISH[c] for c in codes]
+
+    async def _note_spans(self, items: Sequence[Completion] | Sequence[Failure]) -> None:
+        """Keep the process spans of traced fan-out members for their fan-in callback's
+        links (``flow_note_spans``), before their settle: a call of its own, made only
+        when an item carries a span (tracing on, a member of a flow), so a plain
+        settle pays nothing for it."""
+        if not any(i.span for i in items):
+            return
+        await self._fetchval(
+            "note_spans",
+            self._sql["note_spans"],
+            self.ns,
+            [i.id for i in items],
+            [i.token for i in items],
+            [i.span for i in items],
+            MAX_SPAN_LINKS,
+        )
 
     def _completion_args(self, items: Sequence[Completion]) -> tuple[Any, ...]:
         """The arguments ``complete`` and ``complete_and_claim`` start with: the
@@ -178,6 +197,7 @@ class LeaseOps(PostgresCore):
             return [], claimed
         if limit <= 0 or not queues:
             return await self.complete(items), []
+        await self._note_spans(items)
         rows = await self._fetch(
             "complete_and_claim",
             self._sql["complete_and_claim"],
@@ -196,6 +216,7 @@ class LeaseOps(PostgresCore):
         if not items:
             self._check()
             return []
+        await self._note_spans(items)
         ttls, caps = self._final_bounds()
         codes = await self._fetchval(
             "fail",

@@ -56,7 +56,20 @@ CREATE TABLE {s}.flows (
     -- Retention's count bounds (completed, failed) of the app that stored the flow: the
     -- jobs its end finalises count against them.
     caps bigint[] NOT NULL,
+    -- A fan-out whose step 0 carries a trace context: the byte offset of step 0's empty
+    -- trace_links in its stored envelope, where the fan-in writes its members' spans.
+    links_hole integer,
     PRIMARY KEY (ns, id)
+);
+
+-- Traced fan-out members' process spans, the first MAX_SPAN_LINKS by index, for their
+-- fan-in callback's span links (JobMessage.trace_links).
+CREATE TABLE {s}.flow_links (
+    ns text NOT NULL,
+    flow text NOT NULL,
+    idx integer NOT NULL,
+    span text NOT NULL,
+    PRIMARY KEY (ns, flow, idx)
 );
 
 CREATE TABLE {s}.flow_results (
@@ -155,7 +168,7 @@ CREATE FUNCTION {s}.enqueue_flow(p_ns text, p_flow text, p_steps integer, p_memb
                                  p_ids text[], p_queues text[], p_messages bytea[],
                                  p_priorities integer[], p_holes integer[], p_tasks text[],
                                  p_rate_keys text[], p_conc_keys text[], p_cap integer,
-                                 p_caps bigint[], p_channel text)
+                                 p_caps bigint[], p_channel text, p_links_hole integer)
 RETURNS smallint LANGUAGE plpgsql AS $$
 DECLARE
     now double precision := {s}.now_s();
@@ -203,8 +216,10 @@ BEGIN
                 CASE WHEN k = p_steps - 1 THEN ARRAY[p_steps, p_members] END,
                 CASE WHEN held THEN p_holes[i] END);
     END LOOP;
-    INSERT INTO {s}.flows (ns, id, steps, members, collector, collect, remaining, caps)
-    VALUES (p_ns, p_flow, p_steps, p_members, p_collector, p_collect, p_members, p_caps);
+    INSERT INTO {s}.flows (ns, id, steps, members, collector, collect, remaining, caps,
+                          links_hole)
+    VALUES (p_ns, p_flow, p_steps, p_members, p_collector, p_collect, p_members, p_caps,
+            p_links_hole);
     IF p_fan_out AND p_members = 0 THEN
         PERFORM {s}.flow_fan_in(p_ns, p_flow, now);
     END IF;
@@ -227,6 +242,7 @@ DECLARE
 BEGIN
     DELETE FROM {s}.flows WHERE ns = p_ns AND id = p_flow;
     DELETE FROM {s}.flow_results WHERE ns = p_ns AND flow = p_flow;
+    DELETE FROM {s}.flow_links WHERE ns = p_ns AND flow = p_flow;
     FOR j IN
         SELECT x.id, x.state FROM {s}.jobs x
         WHERE x.ns = p_ns AND x.flow_id = p_flow AND x.state < 3
@@ -268,7 +284,8 @@ $$;
 -- completed with it. A step not held any more (removed, ended) breaks the flow.
 CREATE FUNCTION {s}.flow_release(p_ns text, p_flow text, p_steps integer,
                                  p_collector boolean, p_caps bigint[], p_index integer,
-                                 p_payload bytea, p_now double precision)
+                                 p_payload bytea, p_now double precision,
+                                 p_links text DEFAULT '', p_links_hole integer DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     sid text := CASE WHEN p_index = p_steps - 1 THEN p_flow ELSE p_flow || '.' || p_index END;
@@ -290,8 +307,14 @@ BEGIN
         RETURN;
     END IF;
     UPDATE {s}.jobs SET state = 0, run_at = p_now, hole = NULL,
-        message = substr(message, 1, j.hole) || {s}.mp_bin(p_payload)
-                  || substr(message, j.hole + 3),
+        message = CASE WHEN p_links = '' OR p_links_hole IS NULL
+            THEN substr(message, 1, j.hole) || {s}.mp_bin(p_payload)
+                 || substr(message, j.hole + 3)
+            -- trace_links ("" at p_links_hole) comes after the payload in the envelope
+            ELSE substr(message, 1, j.hole) || {s}.mp_bin(p_payload)
+                 || substr(message, j.hole + 3, p_links_hole - j.hole - 2)
+                 || {s}.mp_str(p_links) || substr(message, p_links_hole + 2)
+        END,
         seq = -nextval('{s}.job_seq')
     WHERE ns = p_ns AND id = sid;
     PERFORM pg_notify({s}.flow_channel(), 'w:' || p_ns || ':' || j.queue);
@@ -304,6 +327,7 @@ RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     f record;
     payload bytea;
+    links text;
 BEGIN
     SELECT * INTO f FROM {s}.flows WHERE ns = p_ns AND id = p_flow;
     IF f.fail_index IS NOT NULL THEN
@@ -316,7 +340,11 @@ BEGIN
     INTO payload
     FROM {s}.flow_results r WHERE r.ns = p_ns AND r.flow = p_flow;
     DELETE FROM {s}.flow_results WHERE ns = p_ns AND flow = p_flow;
-    PERFORM {s}.flow_release(p_ns, p_flow, f.steps, f.collector, f.caps, 0, payload, p_now);
+    SELECT coalesce(string_agg(l.span, ',' ORDER BY l.idx), '') INTO links
+    FROM {s}.flow_links l WHERE l.ns = p_ns AND l.flow = p_flow;
+    DELETE FROM {s}.flow_links WHERE ns = p_ns AND flow = p_flow;
+    PERFORM {s}.flow_release(p_ns, p_flow, f.steps, f.collector, f.caps, 0, payload, p_now,
+                             links, f.links_hole);
 END $$;
 
 -- A job of a flow reached a final state (or was removed): hand off, or end the flow.
@@ -696,4 +724,21 @@ BEGIN
     END LOOP;
     RETURN out;
 END $$;
+
+-- Keep traced fan-out members' process spans (p_spans[i], '' none) for their callback's
+-- links, as the embedded broker's note_span: the attempt still holds its lease, the
+-- member is among the first MAX_SPAN_LINKS and has not settled, its flow runs.
+CREATE FUNCTION {s}.flow_note_spans(p_ns text, p_ids text[], p_tokens text[],
+                                    p_spans text[], p_max integer)
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO {s}.flow_links AS l (ns, flow, idx, span)
+    SELECT p_ns, j.flow_id, j.flow_member, i.span
+    FROM unnest(p_ids, p_tokens, p_spans) AS i (id, token, span)
+    JOIN {s}.jobs j ON j.ns = p_ns AND j.id = i.id AND j.state = 2 AND j.token = i.token
+    WHERE i.span <> '' AND j.flow_member < p_max
+      AND EXISTS (SELECT 1 FROM {s}.flows f WHERE f.ns = p_ns AND f.id = j.flow_id)
+      AND NOT EXISTS (SELECT 1 FROM {s}.flow_results r
+                      WHERE r.ns = p_ns AND r.flow = j.flow_id AND r.idx = j.flow_member)
+    ON CONFLICT (ns, flow, idx) DO UPDATE SET span = excluded.span
+$$;
 """

@@ -53,7 +53,7 @@ _PSYCOPG_ENQUEUE_FLOW = (
     'SELECT "{schema}".enqueue_flow(%s::text, %s::text, %s::integer, %s::integer, '
     "%s::boolean, %s::boolean, %s::boolean, %s::text[], %s::text[], %s::bytea[], "
     "%s::integer[], %s::integer[], %s::text[], %s::text[], %s::text[], %s::integer, "
-    "%s::bigint[], %s::text)"
+    "%s::bigint[], %s::text, %s::integer)"
 )
 
 
