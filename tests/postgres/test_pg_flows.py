@@ -1,18 +1,21 @@
 """Workflows on the PostgreSQL broker beyond the contract suite (tests/contract/
-test_workflows.py runs there too): the failure records its schema encodes itself, and a
-job with no flow left out of the flows' triggers."""
+test_workflows.py runs there too): the failure records its schema encodes itself, a job
+with no flow left out of the flows' triggers, and flows settled by workers at once."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from typing import Any
 
+import anyio
 import asyncpg
 import msgspec
 import pytest
 
 from tests.pg_harness import PgCluster
-from tests.support import connected, msg
-from typedq import FailureReason, FailureRecord
+from tests.support import TEST_DEADLINE, In, Out, connected, msg
+from typedq import App, FailureReason, FailureRecord, JobCancelled, JobState
 from typedq.broker.base import Completion
 from typedq.broker.records import broker_failure
 
@@ -87,3 +90,88 @@ async def test_a_job_with_no_flow_has_no_flow_columns_and_no_flow_row(
     assert row["state"] == 3
     assert [row[k] for k in range(6)] == [None] * 6
     assert flows == 0
+
+
+async def test_members_settled_by_workers_at_once_fan_in_once(pg_cluster: PgCluster) -> None:
+    """Three worker processes' worth of brokers (pools of their own) settle a fan-out's
+    members at once: each member counts once (the flows row is locked by each settle),
+    and the callback runs once, with every result in input order."""
+    name = f"pgflows{next(_apps)}"
+    runs: list[list[int]] = []
+
+    def make() -> tuple[App, Any, Any]:
+        app = App(name, broker=pg_cluster.url)
+
+        @app.task
+        async def square(x: In) -> Out:
+            return Out(x.n * x.n)
+
+        @app.task
+        async def total(xs: list[Out]) -> Out:
+            runs.append([x.n for x in xs])
+            return Out(sum(x.n for x in xs))
+
+        return app, square, total
+
+    apps = [make() for _ in range(3)]
+    producer, square, total = apps[0]
+    with anyio.fail_after(TEST_DEADLINE):
+        async with contextlib.AsyncExitStack() as stack:
+            for app, _, _ in apps:
+                await stack.enter_async_context(app)
+            job = await square.map(In(i) for i in range(120)).then(total).enqueue()
+            for app, _, _ in apps:
+                await stack.enter_async_context(app.worker(concurrency=8))
+            assert await job.result(timeout=TEST_DEADLINE) == Out(sum(i * i for i in range(120)))
+            state = await producer.broker.flow_state(job.id)
+    assert runs == [[i * i for i in range(120)]]
+    assert state is not None
+    assert state.pending == -1
+
+
+async def test_a_flow_cancelled_while_its_members_settle_ends_whole(
+    pg_cluster: PgCluster,
+) -> None:
+    """The flow's own job cancelled while workers settle its members: the cancel's end of
+    the flow and the members' settles lock the same rows in opposite orders (a deadlock
+    PostgreSQL breaks by rolling one back, which the broker sends again); every job of
+    the flow ends, none is left waiting, and the callback never runs."""
+    name = f"pgflows{next(_apps)}"
+    app = App(name, broker=pg_cluster.url)
+    ran: list[int] = []
+    started: list[int] = []
+    under_way = anyio.Event()
+
+    @app.task
+    async def slow(x: In) -> Out:
+        started.append(x.n)
+        if len(started) >= 20:
+            under_way.set()
+        await anyio.sleep(0.002 * (x.n % 5))
+        return Out(x.n)
+
+    @app.task
+    async def total(xs: list[Out]) -> Out:
+        ran.append(len(xs))  # pragma: no cover
+        return Out(len(xs))  # pragma: no cover
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            job = await slow.map(In(i) for i in range(200)).then(total).enqueue()
+            async with app.worker(concurrency=16):
+                await under_way.wait()
+                assert await job.cancel()
+                with pytest.raises(JobCancelled):
+                    await job.result(timeout=TEST_DEADLINE)
+                while True:
+                    counts = await app.broker.counts("default")
+                    if counts[JobState.ACTIVE] == 0:
+                        break
+                    await anyio.sleep(0.02)
+            counts = await app.broker.counts("default")
+            state = await app.broker.flow_state(job.id)
+    assert ran == []
+    assert counts[JobState.WAITING] == counts[JobState.SCHEDULED] == 0
+    assert counts[JobState.COMPLETED] + counts[JobState.CANCELLED] == 201
+    assert state is not None
+    assert state.pending == -1

@@ -47,6 +47,7 @@ class OperatorOps(PostgresCore):
                 "remove", self._sql["remove"], self.ns, list(ids), codes, None, self.channel
             )
         )
+        await self._finish_flows()
         # Ids are acted on in order: an id repeated is deleted by its first mention.
         out = []
         for job_id in ids:
@@ -67,4 +68,5 @@ class OperatorOps(PostgresCore):
             queue,
             self.channel,
         )
+        await self._finish_flows()
         return len(gone)

@@ -319,5 +319,6 @@ class LeaseOps(PostgresCore):
             return got
 
         recovered = await call("recover_stalled", self.target.safe, send)
+        await self._fetchval("flow_finish", self._sql["flow_finish"], self.ns)
         await self._forget_idle()
         return recovered

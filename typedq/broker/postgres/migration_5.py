@@ -72,6 +72,16 @@ CREATE TABLE {s}.flow_links (
     PRIMARY KEY (ns, flow, idx)
 );
 
+-- Ended flows with jobs still to end (flow_end_jobs: held by another transaction then).
+CREATE TABLE {s}.flow_ends (
+    ns text NOT NULL,
+    flow text NOT NULL,
+    state smallint NOT NULL,
+    error bytea,
+    caps bigint[] NOT NULL,
+    PRIMARY KEY (ns, flow)
+);
+
 CREATE TABLE {s}.flow_results (
     ns text NOT NULL,
     flow text NOT NULL,
@@ -233,6 +243,25 @@ END $$;
 CREATE FUNCTION {s}.flow_end(p_ns text, p_flow text, p_caps bigint[], p_state smallint,
                              p_error bytea, p_now double precision)
 RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM {s}.flows WHERE ns = p_ns AND id = p_flow;
+    DELETE FROM {s}.flow_results WHERE ns = p_ns AND flow = p_flow;
+    DELETE FROM {s}.flow_links WHERE ns = p_ns AND flow = p_flow;
+    IF NOT {s}.flow_end_jobs(p_ns, p_flow, p_caps, p_state, p_error, p_now) THEN
+        INSERT INTO {s}.flow_ends AS e (ns, flow, state, error, caps)
+        VALUES (p_ns, p_flow, p_state, p_error, p_caps)
+        ON CONFLICT (ns, flow) DO UPDATE SET state = excluded.state, error = excluded.error;
+    END IF;
+END $$;
+
+-- The jobs of an ended flow that are not final, but those another transaction holds
+-- (SKIP LOCKED): each ends in p_state with p_error (NULL: cancelled with its flow), a
+-- running one is asked to cancel. Waiting for a held row here could deadlock (its holder,
+-- settling a batch, may wait for a row this transaction holds); flow_finish ends those
+-- later. Answers whether none is left.
+CREATE FUNCTION {s}.flow_end_jobs(p_ns text, p_flow text, p_caps bigint[], p_state smallint,
+                                  p_error bytea, p_now double precision)
+RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     j record;
     st smallint := CASE WHEN p_error IS NULL THEN 5 ELSE p_state END;
@@ -240,13 +269,11 @@ DECLARE
     asked boolean := false;
     channel text := {s}.flow_channel();
 BEGIN
-    DELETE FROM {s}.flows WHERE ns = p_ns AND id = p_flow;
-    DELETE FROM {s}.flow_results WHERE ns = p_ns AND flow = p_flow;
-    DELETE FROM {s}.flow_links WHERE ns = p_ns AND flow = p_flow;
     FOR j IN
         SELECT x.id, x.state FROM {s}.jobs x
         WHERE x.ns = p_ns AND x.flow_id = p_flow AND x.state < 3
-        ORDER BY x.id FOR UPDATE
+          AND NOT (x.state = 2 AND x.cancel_requested)
+        ORDER BY x.id FOR UPDATE SKIP LOCKED
     LOOP
         IF j.state = 2 THEN
             UPDATE {s}.jobs SET cancel_requested = true WHERE ns = p_ns AND id = j.id;
@@ -272,6 +299,28 @@ BEGIN
         PERFORM {s}.finished_add(p_ns, st, n, 0, p_caps[least(st - 2, 2)],
                                  p_now, false);
     END IF;
+    -- Rows held by another transaction read as they were before it: left for later.
+    RETURN NOT EXISTS (SELECT 1 FROM {s}.jobs x
+                       WHERE x.ns = p_ns AND x.flow_id = p_flow AND x.state < 3
+                         AND NOT (x.state = 2 AND x.cancel_requested));
+END $$;
+
+-- End the jobs flow_end_jobs left to ended flows (held then by another transaction):
+-- after a cancel, remove or purge that ended a flow, and in the reaper's pass. Answers
+-- how many ended flows still have such jobs.
+CREATE FUNCTION {s}.flow_finish(p_ns text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    e record;
+    left_over integer := 0;
+BEGIN
+    FOR e IN SELECT * FROM {s}.flow_ends x WHERE x.ns = p_ns FOR UPDATE SKIP LOCKED LOOP
+        IF {s}.flow_end_jobs(p_ns, e.flow, e.caps, e.state, e.error, {s}.now_s()) THEN
+            DELETE FROM {s}.flow_ends WHERE ns = p_ns AND flow = e.flow;
+        ELSE
+            left_over := left_over + 1;
+        END IF;
+    END LOOP;
+    RETURN left_over;
 END $$;
 
 -- The NOTIFY channel of this schema (connection.channel_of).
@@ -689,6 +738,7 @@ BEGIN
     WHERE f.ns = p_ns AND f.state = c.was;
     INSERT INTO {s}.flows (ns, id, steps, members, collector, collect, remaining, caps)
     VALUES (p_ns, j.flow_id, shape[1], shape[2], false, false, 0, p_caps);
+    DELETE FROM {s}.flow_ends WHERE ns = p_ns AND flow = j.flow_id;
     RETURN true;
 END $$;
 
@@ -741,4 +791,16 @@ RETURNS void LANGUAGE sql AS $$
                       WHERE r.ns = p_ns AND r.flow = j.flow_id AND r.idx = j.flow_member)
     ON CONFLICT (ns, flow, idx) DO UPDATE SET span = excluded.span
 $$;
+
+-- cancel, and whether an ended flow has jobs left to end (flow_finish), for the caller to
+-- finish them once their holders have committed.
+CREATE FUNCTION {s}.cancel_job(p_ns text, p_id text, p_waiting text, p_scheduled text,
+                               p_ttl double precision, p_cap bigint, p_channel text)
+RETURNS smallint[] LANGUAGE plpgsql AS $$
+DECLARE
+    code smallint;
+BEGIN
+    code := {s}.cancel(p_ns, p_id, p_waiting, p_scheduled, p_ttl, p_cap, p_channel);
+    RETURN ARRAY[code, EXISTS (SELECT 1 FROM {s}.flow_ends WHERE ns = p_ns)::integer];
+END $$;
 """

@@ -43,12 +43,13 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
         "fail": f"SELECT {s}.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         "release": f"SELECT {s}.release($1, $2, $3, $4, $5, $6, $7)",
-        "cancel": f"SELECT {s}.cancel($1, $2, $3, $4, $5, $6, $7)",
+        "cancel": f"SELECT {s}.cancel_job($1, $2, $3, $4, $5, $6, $7)",
         "recover": f"SELECT {s}.recover($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         "retry": f"SELECT {s}.retry($1, $2, $3, $4)",
         "enqueue_flow": f"SELECT {s}.enqueue_flow($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
         "$11, $12, $13, $14, $15, $16, $17, $18, $19)",
         "note_spans": f"SELECT {s}.flow_note_spans($1, $2, $3, $4, $5)",
+        "flow_finish": f"SELECT {s}.flow_finish($1)",
         # A flow by its id or the id of one of its jobs: running (its flows row), or
         # ended (its own job's shape).
         "flow_state": (

@@ -114,7 +114,7 @@ class JobStore(PostgresCore):
 
     async def cancel(self, job_id: str, *, queue: str | None = None) -> CancelOutcome:
         ttls, caps = self._final_bounds()
-        code = await self._fetchval(
+        code, pending = await self._fetchval(
             "cancel",
             self._sql["cancel"],
             self.ns,
@@ -125,6 +125,8 @@ class JobStore(PostgresCore):
             caps[1],
             self.channel,
         )
+        if pending:
+            await self._finish_flows()
         return CANCEL[int(code)]
 
     async def counts(self, queue: str) -> dict[JobState, int]:
