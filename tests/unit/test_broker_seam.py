@@ -49,7 +49,8 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     PostgresBroker: tuple(
         cap
         for cap in CAPABILITIES
-        if cap not in (Limits, Observability, OperatorActions, Schedules, TransactionalEnqueue)
+        if cap
+        not in (Flows, Limits, Observability, OperatorActions, Schedules, TransactionalEnqueue)
     ),
 }
 
