@@ -175,3 +175,41 @@ async def test_a_flow_cancelled_while_its_members_settle_ends_whole(
     assert counts[JobState.COMPLETED] + counts[JobState.CANCELLED] == 201
     assert state is not None
     assert state.pending == -1
+
+
+async def test_two_producers_storing_one_flow_id_at_once_store_it_once(
+    pg_cluster: PgCluster,
+) -> None:
+    """Idempotent producers racing on one flow id (each its own pool): one stores the
+    flow, the others find it (``created`` False), none fails on a taken job id."""
+    name = f"pgflows{next(_apps)}"
+
+    def make() -> tuple[App, Any]:
+        app = App(name, broker=pg_cluster.url)
+
+        @app.task
+        async def first(x: In) -> Out:
+            return Out(x.n)  # pragma: no cover
+
+        @app.task
+        async def second(xs: list[Out]) -> Out:
+            return xs[0]  # pragma: no cover
+
+        return app, first.map([In(1), In(2), In(3)]).then(second)
+
+    made = [make() for _ in range(4)]
+    created: list[bool] = []
+    with anyio.fail_after(TEST_DEADLINE):
+        async with contextlib.AsyncExitStack() as stack:
+            for app, _ in made:
+                await stack.enter_async_context(app)
+
+            async def store(flow: Any) -> None:
+                created.append((await flow.enqueue(job_id="same-flow")).created)
+
+            async with anyio.create_task_group() as tg:
+                for _, flow in made:
+                    tg.start_soon(store, flow)
+            counts = await made[0][0].broker.counts("default")
+    assert sorted(created) == [False, False, False, True]
+    assert counts[JobState.WAITING] + counts[JobState.SCHEDULED] == 4

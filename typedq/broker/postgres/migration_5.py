@@ -9,10 +9,18 @@ the flow ends) and its settled members' fan-in elements are rows of ``flow_resul
 
 The hand-off is done by triggers, in the transaction of the transition that finished the
 job, whatever made it final (complete, complete_and_claim, fail, release, cancel, recover,
-retry, a flow's own end): ``flow_final`` after a flow job's state becomes final, and
+a flow's own end): ``flow_final`` after a flow job's state becomes final, and
 ``flow_gone`` after a flow job that had not finished (or was parked) is deleted (remove,
 purge, retention). Their ``WHEN`` clauses test columns of the row alone, so a job with no
 flow pays no query. The rules are the embedded broker's (``memory/flows.py``).
+
+A flow's end never waits for a row another transaction holds (``flow_end_jobs``: a
+worker settling a batch holds its jobs' rows and waits for the flow's row, so waiting
+here could deadlock); those jobs are ended by ``flow_finish`` once their holder has
+committed (after the cancel, remove or purge that ended the flow, and in the reaper's
+pass). A deadlock left (rare: the last member's fan-in against a cancel of the flow's
+own job) is rolled back by PostgreSQL and the call sent again
+(:func:`typedq.broker.postgres.connection.call`).
 
 A failure record the flow writes is msgpack made here (``mp_failure``): the same map
 msgspec encodes a ``FailureRecord`` as.
@@ -189,6 +197,9 @@ DECLARE
     held boolean;
     k integer;
 BEGIN
+    -- Two producers storing one flow id at once: the second waits for the first's
+    -- commit, then finds the flow (created False) instead of failing on a taken id.
+    PERFORM pg_advisory_xact_lock(hashtext('typedq-flow:' || p_ns || ':' || p_flow));
     IF EXISTS (SELECT 1 FROM {s}.jobs WHERE ns = p_ns AND id = p_flow) THEN
         RETURN 1;
     END IF;
