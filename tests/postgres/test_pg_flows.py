@@ -17,6 +17,7 @@ from tests.pg_harness import PgCluster
 from tests.support import TEST_DEADLINE, In, Out, connected, msg
 from typedq import App, FailureReason, FailureRecord, JobCancelled, JobState
 from typedq.broker.base import Completion
+from typedq.broker.postgres import PostgresBroker
 from typedq.broker.records import broker_failure
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -71,6 +72,7 @@ async def test_a_job_with_no_flow_has_no_flow_columns_and_no_flow_row(
     finishing it writes nothing to the flows' tables."""
     app = f"pgflows{next(_apps)}"
     async with connected(app, pg_cluster.url) as broker:
+        assert isinstance(broker, PostgresBroker)
         await broker.enqueue([msg(job_id="plain")])
         (job,) = await broker.claim(["q"], 1, worker_id="w", lease=30)
         await broker.complete([Completion(id="plain", token=job.token, result=b"\xc0")])
