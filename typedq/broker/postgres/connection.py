@@ -88,22 +88,32 @@ def asyncpg_module() -> Any:
     return importlib.import_module("asyncpg")
 
 
+#: The SQLSTATEs of the schema's refusals: a full queue, a flow's derived job id taken.
+REFUSALS = ("TQ001", "TQ002")
+
+
+def refusal(sqlstate: str, text: str, cap: int) -> QueueFull | ConfigError:
+    """A refusal of the schema's functions as typedq's error: TQ001 (``queue|pending|
+    adding``) a full queue, TQ002 (``<job id>\x1f<flow id>``, enqueue_flow) a flow's
+    derived job id taken by another job."""
+    if sqlstate == "TQ001":
+        queue, pending, adding = text.split("|")[-3:]
+        return QueueFull(
+            f"queue {queue!r} holds {pending} pending jobs; adding {adding} would pass "
+            f"max_queue_length={cap}"
+        )
+    taken, _, flow = text.rpartition("\x1f")
+    return ConfigError(id_taken(taken, flow))
+
+
 def broker_error(
     exc: BaseException, op: str, where: str, cap: int = 0
 ) -> BrokerError | ConfigError:
     """asyncpg's (or the socket's) error as typedq's, naming the operation."""
     asyncpg = asyncpg_module()
 
-    if isinstance(exc, asyncpg.PostgresError) and getattr(exc, "sqlstate", "") == "TQ001":
-        queue, pending, adding = str(getattr(exc, "message", exc)).split("|")[-3:]
-        return QueueFull(
-            f"queue {queue!r} holds {pending} pending jobs; adding {adding} would pass "
-            f"max_queue_length={cap}"
-        )
-    if isinstance(exc, asyncpg.PostgresError) and getattr(exc, "sqlstate", "") == "TQ002":
-        # enqueue_flow: a flow's derived job id is taken ("<job id>\x1f<flow id>").
-        taken, _, flow = str(getattr(exc, "message", exc)).rpartition("\x1f")
-        return ConfigError(id_taken(taken, flow))
+    if isinstance(exc, asyncpg.PostgresError) and getattr(exc, "sqlstate", "") in REFUSALS:
+        return refusal(exc.sqlstate, str(getattr(exc, "message", exc)), cap)
     if isinstance(
         exc,
         (

@@ -1,6 +1,6 @@
 """The PostgreSQL broker's capability Flows (workflows, :mod:`typedq.broker.flow`), mixed
-into PostgresBroker: a flow stored in one call of the schema's ``enqueue_flow`` (one
-transaction), and its state read. The hand-offs happen in the schema itself (triggers of
+into PostgresBroker: flows stored by one call of the schema's ``enqueue_flows`` (each flow
+atomically, as ``enqueue_flow`` stores it), and a flow's state read. The hand-offs happen in the schema itself (triggers of
 migration 5, :mod:`.migration_5`), in the transaction that finished each job, so the
 worker's calls (complete, fail, ...) know nothing of flows and a job with no flow pays
 nothing for them."""
@@ -12,10 +12,11 @@ from typing import Any
 
 import msgspec
 
-from ...errors import ConfigError, InvalidOption, QueueFull
+from ...errors import InvalidOption
 from ...options import check_numbers
 from ..base import EnqueueOutcome, JobMessage
 from ..flow import FlowSpec, FlowState, msgpack_bin
+from .connection import REFUSALS, refusal
 from .core import PostgresCore
 from .rows import encode
 from .within import enqueue_flow_within, within_error
@@ -59,16 +60,27 @@ class FlowOps(PostgresCore):
         queues = sorted({q for args in prepared for q in args[8]})
         if queues:
             await self._register_queues(queues)
+        if not flows:
+            return []
+        # One call for the batch: per flow its own columns, the jobs' columns end to end.
+        rows = await self._fetch(
+            "enqueue_flows",
+            self._sql["enqueue_flows"],
+            self.ns,
+            *([args[k] for args in prepared] for k in (1, 2, 3, 4, 5, 6, 18)),
+            [len(args[7]) for args in prepared],
+            *([x for args in prepared for x in args[k]] for k in range(7, 15)),
+            [args[15] for args in prepared],
+            prepared[0][16],
+            self.channel,
+        )
         out: list[EnqueueOutcome | Exception] = []
-        for spec, args in zip(flows, prepared, strict=True):
-            try:
-                code = await self._fetchval(
-                    "enqueue_flow", self._sql["enqueue_flow"], *args, cap=args[15]
-                )
-            except (QueueFull, ConfigError) as exc:
-                out.append(exc)
-                continue
-            out.append(EnqueueOutcome(spec.id, code == 0))
+        for spec, args, row in zip(flows, prepared, rows, strict=True):
+            code = row["code"]
+            if code in REFUSALS:
+                out.append(refusal(code, row["info"], args[15]))
+            else:
+                out.append(EnqueueOutcome(spec.id, code == "0"))
         return out
 
     async def enqueue_flows_within(

@@ -814,4 +814,40 @@ BEGIN
     code := {s}.cancel(p_ns, p_id, p_waiting, p_scheduled, p_ttl, p_cap, p_channel);
     RETURN ARRAY[code, EXISTS (SELECT 1 FROM {s}.flow_ends WHERE ns = p_ns)::integer];
 END $$;
+
+-- Store several flows in one call, each as enqueue_flow stores it (p_counts[f] jobs of
+-- the job arrays, in order, are flow f's, held to max_queue_length p_queue_caps[f]); one
+-- refused (TQ001, TQ002) stores nothing of
+-- it and the others are still stored. Answers per flow its code (0 stored, 1 its id
+-- existed, or the refusal's SQLSTATE) and the refusal's message.
+CREATE FUNCTION {s}.enqueue_flows(p_ns text, p_flows text[], p_steps integer[],
+                                  p_members integer[], p_fan_out boolean[],
+                                  p_collector boolean[], p_collect boolean[],
+                                  p_links_holes integer[], p_counts integer[],
+                                  p_ids text[], p_queues text[], p_messages bytea[],
+                                  p_priorities integer[], p_holes integer[],
+                                  p_tasks text[], p_rate_keys text[], p_conc_keys text[],
+                                  p_queue_caps integer[], p_caps bigint[], p_channel text)
+RETURNS TABLE (code text, info text) LANGUAGE plpgsql AS $$
+DECLARE
+    a integer := 1;
+    b integer;
+BEGIN
+    FOR f IN 1 .. coalesce(array_length(p_flows, 1), 0) LOOP
+        b := a + p_counts[f] - 1;
+        BEGIN
+            code := {s}.enqueue_flow(p_ns, p_flows[f], p_steps[f], p_members[f], p_fan_out[f],
+                                     p_collector[f], p_collect[f], p_ids[a:b], p_queues[a:b],
+                                     p_messages[a:b], p_priorities[a:b], p_holes[a:b],
+                                     p_tasks[a:b], p_rate_keys[a:b], p_conc_keys[a:b],
+                                     p_queue_caps[f], p_caps, p_channel,
+                                     p_links_holes[f])::text;
+            info := NULL;
+        EXCEPTION WHEN SQLSTATE 'TQ001' OR SQLSTATE 'TQ002' THEN
+            GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, info = MESSAGE_TEXT;
+        END;
+        RETURN NEXT;
+        a := b + 1;
+    END LOOP;
+END $$;
 """

@@ -48,6 +48,8 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "retry": f"SELECT {s}.retry($1, $2, $3, $4)",
         "enqueue_flow": f"SELECT {s}.enqueue_flow($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
         "$11, $12, $13, $14, $15, $16, $17, $18, $19)",
+        "enqueue_flows": f"SELECT * FROM {s}.enqueue_flows($1, $2, $3, $4, $5, $6, $7, $8, "
+        "$9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
         "note_spans": f"SELECT {s}.flow_note_spans($1, $2, $3, $4, $5)",
         "flow_finish": f"SELECT {s}.flow_finish($1)",
         # A flow by its id or the id of one of its jobs: running (its flows row), or

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import BrokerError, ConfigError, InvalidOption, QueueFull
-from ..flow import id_taken
-from .connection import broker_error
+from ...errors import BrokerError, ConfigError, InvalidOption
+from .connection import REFUSALS, broker_error, refusal
 
 __all__ = ["EnqueueArgs", "enqueue_flow_within", "enqueue_within", "within_error"]
 
@@ -174,19 +173,10 @@ def within_error(exc: BaseException, where: str, cap: int) -> BrokerError | Conf
     asyncpg's are (:func:`~typedq.broker.postgres.connection.broker_error`). The caller's
     transaction is then aborted, as after any failed statement of theirs."""
     if _module(exc).startswith("psycopg"):
-        if getattr(exc, "sqlstate", None) == "TQ001":
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate in REFUSALS:
             diag = getattr(exc, "diag", None)
-            text = str(getattr(diag, "message_primary", None) or exc)
-            queue, pending, adding = text.split("|")[-3:]
-            return QueueFull(
-                f"queue {queue!r} holds {pending} pending jobs; adding {adding} would pass "
-                f"max_queue_length={cap}"
-            )
-        if getattr(exc, "sqlstate", None) == "TQ002":
-            diag = getattr(exc, "diag", None)
-            text = str(getattr(diag, "message_primary", None) or exc)
-            taken, _, flow = text.rpartition("\x1f")
-            return ConfigError(id_taken(taken, flow))
+            return refusal(sqlstate, str(getattr(diag, "message_primary", None) or exc), cap)
         return BrokerError(
             f"PostgreSQL at {where} failed enqueue within your transaction: "
             f"{type(exc).__name__}: {exc}"
