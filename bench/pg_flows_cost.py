@@ -1,6 +1,6 @@
-"""What workflows on the PostgreSQL broker (migration 5: the flows' triggers, columns and
+"""What workflows on the PostgreSQL broker (migration 6: the flows' triggers, columns and
 index on the jobs table) cost jobs with no flow: 300 single enqueues, then W brokers
-(each its own pool) draining 3,000 jobs in batches of 16, on a schema at version 4 (no
+(each its own pool) draining 3,000 jobs in batches of 16, on a schema at version 5 (no
 flows) and on one at the newest version, runs interleaved, median of 9, on a throwaway
 cluster (tests/pg_harness.py):
 
@@ -54,10 +54,10 @@ async def main(workers: int) -> None:
     pg = PgCluster()
     pg.start()
     newest = schema.MIGRATIONS
-    rates: dict[str, list[tuple[float, float]]] = {"version 4": [], f"version {len(newest)}": []}
+    rates: dict[str, list[tuple[float, float]]] = {"version 5": [], f"version {len(newest)}": []}
     try:
         for r in range(ROUNDS):
-            for name, migrations in zip(rates, (newest[:4], newest), strict=True):
+            for name, migrations in zip(rates, (newest[:5], newest), strict=True):
                 # The schema is made with these migrations only (a bench's shortcut).
                 schema.MIGRATIONS = vars(connection)["MIGRATIONS"] = migrations
                 url = f"{pg.url}?schema=bench_v{len(migrations)}"

@@ -43,7 +43,7 @@ def anyio_backend() -> str:
 async def test_the_schemas_failure_records_decode_as_the_brokers_own(
     pg_cluster: PgCluster, message: str, attempt: int, worker: str | None
 ) -> None:
-    """``mp_failure`` (migration 5) writes the msgpack map msgspec reads as the
+    """``mp_failure`` (migration 6) writes the msgpack map msgspec reads as the
     FailureRecord the Python side makes (``broker_failure``), for strings and attempts
     of every msgpack width."""
     async with connected(f"pgflows{next(_apps)}", pg_cluster.url):

@@ -109,7 +109,7 @@ class PostgresCore(Broker):
 
     async def _finish_flows(self) -> None:
         """End the jobs that ended flows left (held by another transaction when their flow
-        ended: ``flow_end_jobs`` in migration 5): tried a few times as their holders
+        ended: ``flow_end_jobs`` in migration 6): tried a few times as their holders
         commit, then left to the reaper's pass."""
         for attempt in range(5):
             left = await self._fetchval("flow_finish", self._sql["flow_finish"], self.ns)

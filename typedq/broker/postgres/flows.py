@@ -1,7 +1,7 @@
 """The PostgreSQL broker's capability Flows (workflows, :mod:`typedq.broker.flow`), mixed
 into PostgresBroker: flows stored by one call of the schema's ``enqueue_flows`` (each flow
 atomically, as ``enqueue_flow`` stores it), and a flow's state read. The hand-offs happen in the schema itself (triggers of
-migration 5, :mod:`.migration_5`), in the transaction that finished each job, so the
+migration 6, :mod:`.migration_6`), in the transaction that finished each job, so the
 worker's calls (complete, fail, ...) know nothing of flows and a job with no flow pays
 nothing for them."""
 
@@ -31,7 +31,7 @@ _MARK_BIN = msgpack_bin(_MARK)
 
 def hole_of(message: JobMessage) -> int:
     """The byte offset of ``message``'s empty payload (``bin 0``) in its encoding, where
-    the hand-off splices a held step's input (``flow_release`` in migration 5)."""
+    the hand-off splices a held step's input (``flow_release`` in migration 6)."""
     marked = encode(msgspec.structs.replace(message, payload=_MARK))
     at = marked.index(_MARK_BIN)
     plain = encode(message)

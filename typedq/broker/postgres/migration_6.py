@@ -1,4 +1,4 @@
-"""The PostgreSQL broker's migration 5: workflows (capability Flows, :mod:`typedq.broker.flow`).
+"""The PostgreSQL broker's migration 6: workflows (capability Flows, :mod:`typedq.broker.flow`).
 Released: never edited (a change is a new migration).
 
 A flow's jobs are ordinary rows tagged with their flow and place (``flow_id``,
