@@ -26,11 +26,13 @@ PYTEST_ARGS ?=
 # spreads a file's tests, was slower: 150 s with -n 3 or 4).
 PYTEST_JOBS ?= 4
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile)
-# The tier of tests that do not depend on the interpreter running the suite (docs, packaging,
-# typing with mypy and basedpyright, the stubs, the dashboard in a browser, the benchmarks'
-# smoke tests): `make test` runs it on the first interpreter only, the other tiers (tests/unit,
-# contract, redis, cluster, process) on each.
-ONCE_TIER := tests/tooling
+# The tiers of tests that do not depend on the interpreter running the suite: tests/tooling
+# (docs, packaging, typing with mypy and basedpyright, the stubs, the dashboard in a browser,
+# the benchmarks' smoke tests) and tests/model (seeded programs holding Redis and Cluster to
+# the embedded broker's rules: the brokers' agreement, which the interpreter does not change).
+# `make test` runs them on the first interpreter only, the other tiers (tests/unit, contract,
+# redis, cluster, process) on each.
+ONCE_TIER := tests/tooling tests/model
 PYTEST_IGNORE ?=
 VENV   := .venv
 BIN    := $(VENV)/bin

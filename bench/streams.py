@@ -1,11 +1,13 @@
 """Job streams on Redis (``@app.task(emits=...)``, docs/streams.md): how many small items
 per second one job can emit, and how long an item takes from ``ctx.emit`` to the reader.
 
-Run: ``.venv/bin/python -m bench.streams [--items 50000] [--rate 10000] [--seconds 3]``.
+Run: ``.venv/bin/python -m bench.streams [--items 50000] [--rate 10000] [--seconds 3]
+[--postgres]``.
 
 One process, one event loop: a worker (concurrency 2) runs the emitting job and the
 reader iterates ``job.stream()`` beside it, on a throwaway redis-server
-(bench/redis_server.py). Two runs:
+(bench/redis_server.py), or with ``--postgres`` on a throwaway PostgreSQL cluster
+(tests/pg_harness.py). Two runs:
 
 - **flood**: the handler emits ``items`` tokens in a tight loop; items/s is items over
   the time from the enqueue to the job's result (every batch stored, the job settled),
@@ -104,12 +106,26 @@ async def paced(rate: int, seconds: float) -> None:
     print(f"paced: {len(lags)} items at {rate}/s: emit-to-read p50 {p50:.2f} ms, p99 {p99:.2f} ms")
 
 
-async def main(items: int, rate: int, seconds: float) -> None:
+async def run(url: str, items: int, rate: int, seconds: float) -> None:
+    app.use_broker(url)
+    async with app, app.worker(concurrency=2):
+        await flood(items)
+        await paced(rate, seconds)
+
+
+async def main(items: int, rate: int, seconds: float, postgres: bool) -> None:
+    if postgres:
+        from tests.pg_harness import PgCluster
+
+        pg = PgCluster()
+        pg.start()
+        try:
+            await run(pg.url, items, rate, seconds)
+        finally:
+            pg.stop()
+        return
     with redis_server() as server:
-        app.use_broker(server.url)
-        async with app, app.worker(concurrency=2):
-            await flood(items)
-            await paced(rate, seconds)
+        await run(server.url, items, rate, seconds)
 
 
 if __name__ == "__main__":
@@ -117,5 +133,6 @@ if __name__ == "__main__":
     parser.add_argument("--items", type=int, default=50_000)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--postgres", action="store_true", help="a PostgreSQL broker")
     args = parser.parse_args()
-    anyio.run(main, args.items, args.rate, args.seconds)
+    anyio.run(main, args.items, args.rate, args.seconds, args.postgres)

@@ -37,9 +37,9 @@ LONGEST_FILES = (
     "tests/tooling/test_stubs.py",  # ~60 (mypy runs; first interpreter only)
     "tests/tooling/test_first_app.py",  # ~45 (mypy runs)
     "tests/process/test_supervisor.py",  # ~30
-    "tests/cluster/test_model_combined_cluster.py",  # ~30
+    "tests/model/test_model_combined_cluster.py",  # ~30
     "tests/tooling/test_typing_extras.py",  # ~28 (one mypy run)
-    "tests/redis/test_model_combined.py",  # ~25
+    "tests/model/test_model_combined.py",  # ~25
     "tests/tooling/test_typing.py",  # ~24
     "tests/process/test_network_faults.py",  # ~23
     "tests/process/test_network_slow_links.py",  # ~20

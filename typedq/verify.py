@@ -14,15 +14,23 @@ fingerprints the jobs still in the broker carry. Per ``(task, fingerprint)`` a
 - ``unknown``: jobs carry a fingerprint the registry has no schema for (enqueued by a
   producer older than the registry), or the rules cannot compare the schemas.
 
-Counting the jobs per fingerprint reads them: a bounded, paged scan of every queue's
-waiting, scheduled (held workflow steps too), active, failed and cancelled jobs (the
-last two run again when retried), round-robin over queues and states, through
-``page_jobs`` and ``get`` (one round trip per page), at most ``sample`` jobs in all; a
-scan cut short reports its counts as lower bounds (:attr:`Report.capped`). The
-broker keeps no count per fingerprint (that would cost every enqueue and claim).
-Completed jobs never run again and are not read. A schedule's payload is the app's
-code, not the broker's; workflow steps not yet started are ``scheduled`` jobs whose
-envelope carries their fingerprint.
+The jobs counted are every queue's waiting, scheduled (held workflow steps and
+retrying jobs too), active, failed and cancelled jobs (the last two run again when
+retried). A broker with capability ``FingerprintCounts`` (memory, Redis) counts them
+itself, exactly (:func:`count_exact`): page by page, each page a bounded call that
+reads the stored envelopes where they are and answers only ``(task, fingerprint) ->
+jobs`` (on Redis, one script call of a few milliseconds per ~1,000 jobs, so a million
+jobs are counted in seconds without blocking Redis for long: bench/verify_scale.py).
+Without it, the jobs are read: a bounded, paged scan round-robin over queues and
+states, through ``page_jobs`` and ``get``, at most ``sample`` jobs in all
+(:func:`count_fingerprints`); a scan cut short reports its counts as lower bounds
+(:attr:`Row.at_least`, :attr:`Report.capped`). The broker keeps no running count per
+fingerprint: that would cost every enqueue and every way out of a state
+(bench/results/issue28-count-cost.txt). Completed jobs never run again and are not
+counted. A schedule's payload is the app's code, not the broker's; workflow steps not
+yet started are ``scheduled`` jobs whose envelope carries their fingerprint. A run's
+turns (jobs typedq enqueues for a durable run, without a fingerprint) are not counted:
+what the run holds is (below).
 
 A fingerprint the task upcasts from (``@task.upcast``, :mod:`typedq.upcast`) is
 compatible: the worker decodes it with the upcaster's model of that very schema.
@@ -49,11 +57,12 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
 import msgspec
 
 from .app import App
 from .broker.base import Broker, JobState
-from .broker.capabilities import Runs, supports
+from .broker.capabilities import FingerprintCounts, Runs, supports
 from .broker.runs import RUN_SCHEMA_PREFIX, RunRecord
 from .broker.schemas import SchemaRecord
 from .compat import Verdict, check, decoding_schema
@@ -69,6 +78,7 @@ __all__ = [
     "Report",
     "Row",
     "RunCounts",
+    "count_exact",
     "count_fingerprints",
     "count_runs",
     "verify",
@@ -86,6 +96,15 @@ SCANNED_STATES = (
 
 #: Ids per page of the scan (one ``page_jobs``, then ``get`` calls of GET_CHUNK ids).
 PAGE = 500
+
+#: Jobs per ``count_fingerprints`` call of the exact count: on Redis one script call,
+#: ~31k server instructions per job counted (callgrind), so a few milliseconds a call
+#: (5 ms of CPU on a loaded 2-core box; 1,000 a call took longer in all there, not
+#: less: bench/results/issue28-verify-scale.txt).
+COUNT_PAGE = 500
+
+#: Queue states the exact count pages at once (one call of each in flight).
+COUNT_WALKS = 4
 
 #: Runs per ``get_runs`` of the run scan (a run's record carries its log).
 RUN_CHUNK = 20
@@ -105,7 +124,7 @@ class Row(msgspec.Struct, frozen=True, kw_only=True):
 
     task: str
     fingerprint: str
-    #: Jobs found carrying it (a lower bound when the report is capped); on a row of
+    #: Jobs found carrying it (a lower bound when :attr:`at_least`); on a row of
     #: durable runs (``run:``, ``signal:``, ``result:``), the running runs holding it.
     jobs: int
     #: compatible, incompatible or unknown.
@@ -117,6 +136,9 @@ class Row(msgspec.Struct, frozen=True, kw_only=True):
     source: str = "registry"
     #: When the registry first saw it (broker clock, epoch seconds); 0: not recorded.
     first_seen: float = 0.0
+    #: ``jobs`` is a lower bound: the scan that counted it stopped at its limit (the
+    #: sampled job scan, or the run scan for a row of runs).
+    at_least: bool = False
 
 
 class Report(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,15 +146,18 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
 
     app: str
     rows: list[Row]
-    #: Jobs read by the scan.
+    #: Jobs counted (exact) or read by the sample scan.
     scanned: int
-    #: The scan stopped at its limit: job counts are lower bounds ("at least").
+    #: A scan stopped at its limit: some counts are lower bounds (the rows' ``at_least``).
     capped: bool
     #: Why some fingerprint could not be checked, in a line (empty: everything was).
     note: str = ""
     #: Running durable runs read (their rows count runs, not jobs); ``capped`` covers
     #: this scan too.
     runs: int = 0
+    #: The broker counted every job (capability ``FingerprintCounts``): job counts are
+    #: exact. False: they come from a sample scan (``scanned`` jobs read).
+    exact: bool = False
 
     @property
     def exit_code(self) -> int:
@@ -186,6 +211,47 @@ async def count_fingerprints(
                 following.append((queue, state, page.cursor))
         streams = following
     return counts, read, bool(streams)
+
+
+async def count_exact(
+    broker: Broker, queues: Sequence[str]
+) -> tuple[Counter[tuple[str, str]], int]:
+    """Count ``(task, fingerprint)`` over every job of ``queues`` in
+    :data:`SCANNED_STATES`, by the broker (capability ``FingerprintCounts``): ``(counts,
+    jobs counted)``. Each call counts a bounded page where the jobs are stored, so no
+    job is transferred and no call holds the broker for long; :data:`COUNT_WALKS`
+    queue states are paged at once (one call of each in flight), so the broker is not
+    left idle between a reply and the next call, and a Redis Cluster counts its shards'
+    queues side by side. A run's turns are left out (see :func:`count_fingerprints`).
+    On a broker at rest every job is counted once; one that moves meanwhile may be
+    counted in two states or in none."""
+    counts: Counter[tuple[str, str]] = Counter()
+    total = 0
+    walks = anyio.CapacityLimiter(COUNT_WALKS)
+
+    async def walk(queue: str, state: JobState) -> None:
+        nonlocal total
+        async with walks:
+            cursor: str | None = None
+            while True:
+                page = await broker.count_fingerprints(
+                    queue, state, cursor=cursor, limit=COUNT_PAGE
+                )
+                total += page.jobs
+                for (task, fingerprint), jobs in page.counts.items():
+                    if not fingerprint and task.startswith(TURN_PREFIX):
+                        total -= jobs  # a run's turn (see count_fingerprints)
+                        continue
+                    counts[(task, fingerprint)] += jobs
+                if page.cursor is None:
+                    return
+                cursor = page.cursor
+
+    async with anyio.create_task_group() as group:
+        for queue in queues:
+            for state in SCANNED_STATES:
+                group.start_soon(walk, queue, state)
+    return counts, total
 
 
 class _Decoded:
@@ -354,7 +420,8 @@ async def verify(
 
     :param broker: connected
     :param against: a producer stub module's Producer whose declared models to check too
-    :param sample: the most jobs the scan reads
+    :param sample: the most jobs the sample scan reads (a broker that counts jobs
+        itself counts them all), and the most durable runs read
     :param queues: the queues to scan (default: the broker's queue registry and the app's)
     :raises Unsupported: the broker has no schema registry
     """
@@ -365,7 +432,12 @@ async def verify(
         except Unsupported:
             registered = []
         queues = sorted(set(registered) | set(app.queues))
-    counts, scanned, capped = await count_fingerprints(broker, queues, sample=sample)
+    exact = supports(broker, FingerprintCounts)
+    if exact:
+        counts, scanned = await count_exact(broker, queues)
+        capped = False
+    else:
+        counts, scanned, capped = await count_fingerprints(broker, queues, sample=sample)
     runs = await count_runs(broker, app, sample=sample)
     counts.update(runs.fingerprints)
     by_key = {(r.task, r.fingerprint): r for r in records}
@@ -379,6 +451,7 @@ async def verify(
         _make(name, DECODED, held, verdict, "runs", 0.0)
         for name, (verdict, held) in sorted(runs.decoded.items())
     ]
+    rows = [_bounded(row, jobs=capped, runs=runs.capped) for row in rows]
     if against is not None:
         rows += _stub_rows(app, against)
     unknown = sum(1 for r in rows if r.verdict == "unknown" and r.source == "jobs")
@@ -395,7 +468,17 @@ async def verify(
         capped=capped or runs.capped,
         note=note,
         runs=runs.read,
+        exact=exact,
     )
+
+
+def _bounded(row: Row, *, jobs: bool, runs: bool) -> Row:
+    """``row`` marked :attr:`Row.at_least` when the scan that counted it stopped short:
+    the run scan for a row of runs, else the job scan."""
+    of_runs = row.source == "runs" or row.task.startswith(RUN_SCHEMA_PREFIX)
+    if not (runs if of_runs else jobs):
+        return row
+    return msgspec.structs.replace(row, at_least=True)
 
 
 class _Models(msgspec.Struct, frozen=True):

@@ -10,7 +10,7 @@ from tests.support import TEST_DEADLINE, In, Out
 from typedq import App, Backoff, CompletedEvent, EventGap, EventStream, FailedEvent, JobFailed
 from typedq.events import Event
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 async def _take(events: EventStream[Out], n: int) -> list[Event[Out]]:

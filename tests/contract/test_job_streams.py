@@ -27,7 +27,7 @@ from typedq.broker.messages import JobState
 from typedq.broker.streams import STREAM_MAX, StreamAppend
 from typedq.testing import job_context, run_worker
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 class Token(msgspec.Struct, frozen=True):

@@ -11,10 +11,15 @@ import msgspec
 import pytest
 
 from typedq import App, Producer, Run, Signal
+from typedq.broker.base import JobMessage
+from typedq.broker.capabilities import FingerprintCounts, supports
+from typedq.broker.capability_defaults import CapabilityDefaults
+from typedq.broker.memory import MemoryBroker
 from typedq.broker.runs import AppendOutcome, RunAppend, RunSignal, SignalOutcome
 from typedq.durable.log import StepCompleted, StepScheduled, encode_entries
+from typedq.names import new_job_id
 from typedq.serde import codec_for
-from typedq.verify import count_fingerprints, count_runs, verify
+from typedq.verify import count_exact, count_fingerprints, count_runs, verify
 
 pytestmark = pytest.mark.anyio
 
@@ -130,7 +135,9 @@ async def test_jobs_of_a_removed_task_are_incompatible(app_name: str, broker_url
     )
 
 
-async def test_the_scan_is_bounded_and_says_so(app_name: str, broker_url: str) -> None:
+async def test_the_sample_scan_is_bounded_and_says_so(app_name: str, broker_url: str) -> None:
+    """The scan of a broker that cannot count jobs itself (count_fingerprints: ids and
+    records read) stops at its sample; the broker's own count has no such bound."""
     old = old_app(app_name, broker_url)
     async with old:
         place = old.tasks["place"]
@@ -141,9 +148,74 @@ async def test_the_scan_is_bounded_and_says_so(app_name: str, broker_url: str) -
         assert (counts[key], read, capped) == (10, 10, True)
         counts, read, capped = await count_fingerprints(old.broker, ["orders"], sample=1000)
         assert (counts[key], read, capped) == (35, 35, False)
+        counts, read = await count_exact(old.broker, ["orders"])
+        assert (dict(counts), read) == ({key: 35}, 35)
         report = await verify(new_app(app_name, broker_url, OrderV2), old.broker, sample=10)
-    assert report.capped
-    assert report.scanned == 10
+    assert (report.exact, report.capped, report.scanned) == (True, False, 35)
+    (row,) = [r for r in report.rows if (r.task, r.fingerprint) == key]
+    assert (row.jobs, row.at_least) == (35, False)
+
+
+async def test_a_rare_old_fingerprint_among_many_jobs_is_counted_exactly(
+    app_name: str, broker_url: str
+) -> None:
+    """Issue 28: the count is the broker's, over every job, not a sample: two jobs of an
+    old schema behind 1,500 of the current one (one waiting last in line, one retrying)
+    are both counted, whatever ``sample`` says. The sample scan found one of them."""
+    old = old_app(app_name, broker_url)
+    v1, v2 = codec_for(OrderV1).fingerprint, codec_for(OrderV2).fingerprint
+
+    def current(n: int, delay: float = 0.0) -> list[JobMessage]:
+        # The new release's jobs, as its producers enqueue them (same broker).
+        payload = codec_for(OrderV2).encode(OrderV2(1))
+        return [
+            JobMessage(
+                id=new_job_id(),
+                task="place",
+                queue="orders",
+                payload=payload,
+                fingerprint=v2,
+                delay=delay,
+            )
+            for _ in range(n)
+        ]
+
+    async with old:
+        await old.broker.enqueue(current(1500))
+        await old.tasks["place"].enqueue(OrderV1(-1))
+        await old.tasks["place"].enqueue(OrderV1(-2), delay=600)
+        await old.broker.enqueue(current(200, delay=600))
+        report = await verify(new_app(app_name, broker_url, OrderV2), old.broker, sample=100)
+    rows = {r.fingerprint: r for r in report.rows}
+    assert (rows[v1].jobs, rows[v1].at_least) == (2, False)
+    assert (rows[v2].jobs, rows[v2].at_least) == (1700, False)
+    assert (report.exact, report.capped, report.scanned) == (True, False, 1702)
+
+
+class _SamplingBroker(MemoryBroker):
+    """An embedded broker without ``FingerprintCounts`` (as a third-party backend may
+    be): verify falls back to the sample scan."""
+
+    count_fingerprints = CapabilityDefaults.count_fingerprints
+
+
+async def test_without_broker_counts_verify_reads_a_sample(app_name: str) -> None:
+    broker = _SamplingBroker()
+    assert not supports(broker, FingerprintCounts)
+    old = App(app_name, broker=broker)
+
+    @old.task(queue="orders")
+    async def place(order: OrderV1) -> Done:
+        return Done(True)
+
+    async with old:
+        await place.enqueue_many([OrderV1(i) for i in range(30)])
+        report = await verify(new_app(app_name, "memory://", OrderV2), broker, sample=10)
+    (row,) = [r for r in report.rows if r.fingerprint == codec_for(OrderV1).fingerprint]
+    assert (row.jobs, row.at_least) == (10, True)
+    current = [r for r in report.rows if r.source == "current"]
+    assert [r.at_least for r in current] == [True]
+    assert (report.exact, report.capped, report.scanned) == (False, True, 10)
 
 
 async def test_a_stale_stub_is_checked_against_the_app(app_name: str, broker_url: str) -> None:

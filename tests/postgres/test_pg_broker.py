@@ -80,10 +80,14 @@ async def test_several_processes_migrate_a_fresh_schema_once(pg_url: str) -> Non
                 await broker.close()
 
 
-async def test_an_app_with_event_streams_fails_at_connect_naming_the_capability(
+async def test_an_app_with_unique_windows_fails_at_connect_naming_the_capability(
     pg_url: str, app_name: str
 ) -> None:
-    app = App(app_name, broker=pg_url, event_streams=True)
+    app = App(app_name, broker=pg_url)
+
+    @app.task(key=lambda x: str(x.n), unique_for=60)
+    async def once(x: In) -> Out:
+        return Out(x.n)
 
     with pytest.raises(Unsupported) as info:
         async with app:
@@ -91,7 +95,7 @@ async def test_an_app_with_event_streams_fails_at_connect_naming_the_capability(
     message = str(info.value)
     assert "\n" not in message
     assert "PostgresBroker lacks what app" in message
-    assert "EventStreams (App(event_streams=True))" in message
+    assert "FlowControl (unique_for/debounce of tasks once)" in message
 
 
 async def test_a_workflow_runs_on_postgres_beside_plain_tasks(

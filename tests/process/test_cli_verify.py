@@ -68,7 +68,7 @@ def test_a_compatible_release_exits_0_with_a_table(url: str) -> None:
     assert line.split()[:2] == ["place", V1]
     assert " 4 " in line
     assert "compatible" in line
-    assert "read 4 jobs" in done.stdout
+    assert "counted 4 jobs, every one (exact counts, by the broker)" in done.stdout
 
 
 def test_an_incompatible_release_exits_1_naming_the_field(url: str) -> None:
@@ -86,19 +86,34 @@ def test_an_incompatible_release_exits_1_naming_the_field(url: str) -> None:
         "reason": "field `amount` became required",
         "source": "registry",
         "first_seen": row["first_seen"],
+        "at_least": False,
     }
     assert row["first_seen"] > 0
+    assert (report["exact"], report["capped"], report["scanned"]) == (True, False, 2)
     current = [r for r in report["rows"] if r["source"] == "current"]
     assert [r["verdict"] for r in current] == ["compatible"]
 
 
-def test_a_capped_scan_says_at_least(url: str) -> None:
+def test_jobs_are_counted_exactly_past_the_sample(url: str) -> None:
+    """Redis counts the jobs itself: --sample bounds only the durable runs read."""
     enqueue_old_jobs(url, 30)
     done = typedq_verify("tests.verify_app:compatible", "--broker", url, "--sample", "10")
     assert done.returncode == 0, done.stderr
     (line,) = [line for line in done.stdout.splitlines() if V1 in line]
-    assert "at least 10" in line
-    assert "stopped at --sample 10" in done.stdout
+    assert " 30 " in line
+    assert "at least" not in line
+    assert "counted 30 jobs" in done.stdout
+    assert "stopped at --sample" not in done.stdout
+
+
+def test_a_capped_run_scan_says_at_least(url: str) -> None:
+    start_old_runs(url, 5)
+    done = typedq_verify("tests.verify_app:runs_compatible", "--broker", url, "--sample", "2")
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if V1 in line]
+    assert line.split()[:2] == ["run:onboard", V1]
+    assert "at least 2" in line
+    assert "stopped at --sample 2" in done.stdout
 
 
 def test_against_a_stale_stub_module(url: str) -> None:

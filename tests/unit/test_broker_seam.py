@@ -21,7 +21,9 @@ from typedq.broker.capabilities import (
     CAPABILITIES,
     CORE,
     CORE_WITH_DEFAULTS,
+    EventStreams,
     Flows,
+    JobStreams,
     Limits,
     Observability,
     OperatorActions,
@@ -41,8 +43,8 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
-#: PostgreSQL broker has the core store, operator actions, observability, schedules and
-#: task limits so far (issue 30; docs/brokers.md).
+#: PostgreSQL broker has the core store, operator actions, observability, schedules,
+#: task limits, event streams and job streams so far (issue 30; docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
@@ -50,7 +52,16 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
         cap
         for cap in CAPABILITIES
         if cap
-        not in (Flows, Limits, Observability, OperatorActions, Schedules, TransactionalEnqueue)
+        not in (
+            EventStreams,
+            Flows,
+            JobStreams,
+            Limits,
+            Observability,
+            OperatorActions,
+            Schedules,
+            TransactionalEnqueue,
+        )
     ),
 }
 

@@ -68,6 +68,9 @@ no job is a flow's).
   :mod:`typedq.broker.flowviews`)
 - ``SchemaRegistry`` (3): ``record_schemas``, ``schema_records``,
   ``forget_schemas`` (``typedq verify``; values in :mod:`typedq.broker.schemas`)
+- ``FingerprintCounts`` (1): ``count_fingerprints``, a page of a queue's jobs in one
+  state counted by ``(task, fingerprint)`` where they are stored (``typedq verify``'s
+  exact counts)
 - ``JobStreams`` (2): ``append_streams``, ``read_stream`` (typed streams from a task:
   ``emits=``, ``job.stream()``; values in :mod:`typedq.broker.streams`)
 - ``TransactionalEnqueue`` (2): ``enqueue_within``, ``enqueue_flows_within``, jobs and

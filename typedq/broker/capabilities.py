@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         RunSpec,
         SignalOutcome,
     )
-    from .schemas import SchemaRecord
+    from .schemas import FingerprintPage, SchemaRecord
     from .streams import StreamAppend, StreamEntry
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "CORE",
     "CORE_WITH_DEFAULTS",
     "EventStreams",
+    "FingerprintCounts",
     "FlowControl",
     "Flows",
     "JobStreams",
@@ -283,6 +284,18 @@ class SchemaRegistry(Protocol):
 
 
 @runtime_checkable
+class FingerprintCounts(Protocol):
+    """Jobs counted by ``(task, fingerprint)`` where they are stored, a bounded page of
+    one queue's state per call, for ``typedq verify``'s exact counts
+    (:class:`~typedq.broker.schemas.FingerprintPage`). Without it, verify reads a
+    bounded sample of the jobs through ``page_jobs`` and ``get``."""
+
+    async def count_fingerprints(
+        self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 1000
+    ) -> FingerprintPage: ...
+
+
+@runtime_checkable
 class TransactionalEnqueue(Protocol):
     """Enqueue inside the caller's own database transaction (``task.enqueue(...,
     within=conn)``): the jobs exist if and only if that transaction commits. Only a
@@ -309,6 +322,7 @@ CAPABILITIES: tuple[type[Any], ...] = (
     FlowControl,
     FlowViews,
     SchemaRegistry,
+    FingerprintCounts,
     JobStreams,
     TransactionalEnqueue,
 )

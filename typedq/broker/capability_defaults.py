@@ -45,7 +45,7 @@ if TYPE_CHECKING:
         RunSpec,
         SignalOutcome,
     )
-    from .schemas import SchemaRecord
+    from .schemas import FingerprintPage, SchemaRecord
     from .streams import StreamAppend, StreamEntry
 
 __all__ = ["CapabilityDefaults", "capability_default", "is_capability_default"]
@@ -450,6 +450,28 @@ class CapabilityDefaults:
         --forget``: no producer of that schema runs any more); True per record deleted.
         A process that still runs with one does not record it again until it restarts."""
         raise self._unsupported("a schema registry")
+
+    # -- counting jobs by fingerprint (``typedq verify``; capability FingerprintCounts) ----
+
+    @capability_default
+    async def count_fingerprints(
+        self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 1000
+    ) -> FingerprintPage:
+        """Count the jobs of ``queue`` in ``state`` by the ``(task, fingerprint)`` of their
+        envelopes, a page at a time: at most ``limit`` jobs from ``cursor`` (None: the
+        state's start; a backend may count fewer, and bounds ``limit`` to what one call
+        does quickly), and the cursor to go on from (None after the state's last job).
+        The counting happens where the jobs are stored and only the counts come back, so
+        counting every job costs no job's transfer; each call is bounded work (on Redis,
+        one script call of a few milliseconds), so a broker holding millions of jobs is
+        counted without blocking it for long.
+
+        Pages in a state's order, as ``page_jobs`` walks it (active jobs may be walked
+        in another order): on a broker at rest the pages count every job of the state
+        once; a job that moves while the pages are read may be counted in two states or
+        in none. Every job is counted, a durable run's turns too (the caller tells them
+        by their task). :class:`ValueError` for a cursor this call did not make."""
+        raise self._unsupported("counting jobs by fingerprint")
 
     # -- transactional enqueue (``within=``; capability TransactionalEnqueue) --------------
 

@@ -377,8 +377,8 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
         help="check an app's models against the schemas the broker still holds",
         description="Compare the app's task models with every input schema fingerprint in "
         "the broker: the schema registry (what producers and workers recorded) and the jobs "
-        "not completed yet (a bounded scan). Exit 0 compatible, 1 incompatible, 2 could not "
-        "check.",
+        "not completed yet (counted by the broker, exactly; a bounded sample scan on a broker "
+        "that cannot). Exit 0 compatible, 1 incompatible, 2 could not check.",
     )
     verify.add_argument("app", help="MODULE:APP, the release to check")
     verify.add_argument(
@@ -392,8 +392,8 @@ def _parser(providers: dict[str, ModuleType]) -> argparse.ArgumentParser:
         type=int,
         default=10_000,
         metavar="N",
-        help="read at most N jobs to count them per fingerprint (default 10000; past it "
-        "counts are lower bounds)",
+        help="read at most N durable runs, and N jobs where the broker cannot count jobs "
+        "itself (default 10000; past it counts are lower bounds)",
     )
     verify.add_argument(
         "--forget",

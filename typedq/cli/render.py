@@ -443,7 +443,8 @@ _VERDICT_STYLE = {"compatible": "green", "incompatible": "bold red", "unknown": 
 
 def render_verify(console: Console, report: VerifyReport, *, sample: int) -> None:
     """Draw ``typedq verify``'s table: task, fingerprint, jobs, verdict, reason (jobs
-    "at least N" when the scan stopped at ``--sample``)."""
+    "at least N" when the scan that counted them stopped at ``--sample``), then how the
+    jobs were counted: exactly by the broker, or a sample read."""
     table = Table(
         title=f"app {report.app!r}: task schemas against the broker",
         title_justify="left",
@@ -458,7 +459,7 @@ def render_verify(console: Console, report: VerifyReport, *, sample: int) -> Non
     table.add_column("reason", overflow="fold", ratio=1)
     for row in report.rows:
         jobs = "-" if row.source == "stub" else str(row.jobs)
-        if report.capped and row.source != "stub":
+        if row.at_least:
             jobs = f"at least {row.jobs}"
         seen = {"current": "current", "stub": "stub", "jobs": "jobs only", "runs": "in runs"}.get(
             row.source, _when(row.first_seen, short=True)
@@ -473,11 +474,14 @@ def render_verify(console: Console, report: VerifyReport, *, sample: int) -> Non
             row.reason,
         )
     console.print(table)
-    scanned = f"read {report.scanned} jobs"
+    if report.exact:
+        scanned = f"counted {report.scanned} jobs, every one (exact counts, by the broker)"
+    else:
+        scanned = f"read {report.scanned} jobs (a sample scan: this broker does not count)"
     if report.runs:
         scanned += f" and {report.runs} running durable runs (their rows count runs)"
     if report.capped:
-        scanned += f" (stopped at --sample {sample}: counts are lower bounds)"
+        scanned += f"; stopped at --sample {sample}: counts marked 'at least' are lower bounds"
     console.print(scanned)
     if report.note:
         console.print(report.note)

@@ -41,7 +41,7 @@ from ..runs import (
     RunSpec,
     SignalOutcome,
 )
-from ..schemas import SchemaRecord
+from ..schemas import FingerprintPage, SchemaRecord
 from ..streams import READER_TTL, StreamAppend, StreamEntry
 from . import listing
 from .core import JobPath
@@ -110,6 +110,22 @@ class MemoryBroker(JobPath):
     async def forget_schemas(self, keys: Sequence[tuple[str, str]]) -> list[bool]:
         self._check()
         return self.schema_store.forget(keys)
+
+    async def count_fingerprints(
+        self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 1000
+    ) -> FingerprintPage:
+        self._check()
+        check_name("queue", queue)
+        # A page of page_jobs' (its order, its cursors), counted from the jobs themselves.
+        places = listing.places(self.table, self.finished.by_state, queue, state)
+        page = listing.page(places, state, cursor, max(1, limit))
+        counts: dict[tuple[str, str], int] = {}
+        jobs = self.table.jobs
+        for job_id in page.ids:
+            message = jobs[job_id].message
+            key = (message.task, message.fingerprint)
+            counts[key] = counts.get(key, 0) + 1
+        return FingerprintPage(counts=counts, jobs=len(page.ids), cursor=page.cursor)
 
     # -- schedules ---------------------------------------------------------------------
 

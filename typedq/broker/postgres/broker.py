@@ -11,20 +11,21 @@ What this broker has: the 14 core methods, plus ``wait_for_jobs``, ``wait_finish
 ``complete_and_claim``, ``queue_stats`` and ``page_jobs`` (keyset cursors) of its own;
 and the capabilities OperatorActions (retry, remove, purge), Observability (per-minute
 rollups, the worker and queue registries), Schedules (compare-and-set firing on the
-database's clock), Limits (rate and concurrency limits checked inside the claim), Flows
-(workflows, handed off by the schema's triggers: :mod:`.flows`) and TransactionalEnqueue.
-Every other capability (event streams, runs, flow control,
-flow views, the schema registry, job streams) keeps the seam's Unsupported default: an
-app that declares one of those it needs at connect fails there in one line
+database's clock), Limits (rate and concurrency limits checked inside the claim),
+TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), and Flows
+(workflows, handed off by the schema's triggers: :mod:`.flows`). Every other capability
+(runs, flow control, flow views, the schema registry) keeps the seam's Unsupported
+default: an app that declares one of those it needs at connect fails there in one line
 (docs/brokers.md).
 
 The class is made of mixins, one module per capability, on the core they share
 (:mod:`.core`: the pool, one call of a statement, the enqueue arguments): the producer
 side and the reads in :mod:`.store`, the worker's claim, leases and settles in
 :mod:`.leases`, Limits in :mod:`.limits`, Observability in :mod:`.observe`, Schedules in
-:mod:`.schedules`, OperatorActions in :mod:`.actions`, Flows in :mod:`.flows`; rows become
-the seam's values in :mod:`.rows`. Here:
-connect (pool, migrations, listener), close, and the notifications that wake waiters.
+:mod:`.schedules`, OperatorActions in :mod:`.actions`, EventStreams and JobStreams in
+:mod:`.streams`, Flows in :mod:`.flows`; rows become the seam's values in :mod:`.rows`.
+Here: connect (pool, migrations, listener), close, and the notifications that wake
+waiters.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from .schedules import ScheduleOps
 from .schema import MIGRATIONS
 from .statements import statements
 from .store import JobStore
+from .streams import StreamOps
 
 __all__ = ["PostgresBroker"]
 
@@ -61,7 +63,9 @@ __all__ = ["PostgresBroker"]
 _CLOSE_TIMEOUT = 5.0
 
 
-class PostgresBroker(JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, OperatorOps, FlowOps):
+class PostgresBroker(
+    JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, OperatorOps, StreamOps, FlowOps
+):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
 
     :param url: the database; ``schema`` (default ``typedq``) is where the broker's
@@ -84,6 +88,11 @@ class PostgresBroker(JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, Oper
         #: Waiters for a job's end, by job id, woken by its ``f:`` notification.
         self._finished: dict[str, set[anyio.Event]] = {}
         self._cancels: set[anyio.Event] = set()
+        #: Readers of event streams (by queue) and job streams (by job id) waiting for
+        #: their next entry, woken by ``e:`` and ``s:`` notifications.
+        self._event_waiters: dict[str, set[anyio.Event]] = {}
+        self._stream_waiters: dict[str, set[anyio.Event]] = {}
+        self._reader_until: dict[tuple[str, str], float] = {}
         #: Queues this process has put in the queue registry (``list_queues``).
         self._registered: set[str] = set()
 
@@ -173,6 +182,12 @@ class PostgresBroker(JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, Oper
         elif kind == "c":
             for event in list(self._cancels):
                 event.set()
+        elif kind == "s":  # key: a job id
+            for event in self._stream_waiters.get(key, ()):
+                event.set()
+        elif kind == "e":  # key: a queue
+            for event in self._event_waiters.get(key, ()):
+                event.set()
 
     def _wake_all(self) -> None:
         """Wake every waiter (the listener was remade: a notification may be lost)."""
@@ -183,6 +198,10 @@ class PostgresBroker(JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, Oper
                 event.set()
         for event in self._cancels:
             event.set()
+        for waiters in (self._event_waiters, self._stream_waiters):
+            for events in waiters.values():
+                for event in events:
+                    event.set()
 
 
 def _driver() -> Any:

@@ -59,6 +59,8 @@ class PostgresCore(Broker):
 
         async def _forget_idle(self) -> None: ...
 
+        async def _sweep_streams(self) -> None: ...
+
     # -- calls -------------------------------------------------------------------------
 
     async def _fetchval(self, op: str, sql: str, *args: Any, cap: int = 0) -> Any:

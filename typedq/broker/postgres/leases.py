@@ -321,4 +321,5 @@ class LeaseOps(PostgresCore):
         recovered = await call("recover_stalled", self.target.safe, send)
         await self._fetchval("flow_finish", self._sql["flow_finish"], self.ns)
         await self._forget_idle()
+        await self._sweep_streams()
         return recovered

@@ -152,6 +152,25 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
             "WHERE ns = $1 AND queue = ANY ($2) "
             f"UNION ALL SELECT '', 'n', 0, {s}.now_s()"
         ),
+        # Event streams and job streams (.streams).
+        "enable_events": f"INSERT INTO {s}.event_queues AS e (ns, queue, cap) "
+        "VALUES ($1, $2, $3) ON CONFLICT (ns, queue) DO UPDATE SET cap = excluded.cap "
+        "RETURNING e.n",
+        "read_events": "SELECT seq, id, task, state, data, attempt, br_kind, br_message, "
+        f"worker_id, finished_at FROM {s}.events WHERE ns = $1 AND queue = $2 AND seq > $3 "
+        "ORDER BY seq LIMIT $4",
+        "append_streams": f"SELECT {s}.stream_append($1, $2, $3, $4, $5, $6, $7, $8, $9, "
+        "$10, $11, $12)",
+        "read_stream": "SELECT e.pos, e.attempt, e.seq, e.data, e.fin "
+        f"FROM {s}.streams s JOIN {s}.stream_entries e ON e.ns = s.ns AND e.job_id = s.job_id "
+        f"WHERE s.ns = $1 AND s.job_id = $2 AND s.expires > {s}.now_s() AND e.pos > $3 "
+        "ORDER BY e.pos LIMIT $4",
+        "join_stream": f"INSERT INTO {s}.stream_readers AS r (ns, job_id, reader, until) "
+        f"VALUES ($1, $2, $3, {s}.now_s() + $4) ON CONFLICT (ns, job_id, reader) "
+        "DO UPDATE SET until = excluded.until",
+        "leave_stream": f"DELETE FROM {s}.stream_readers WHERE ns = $1 AND job_id = $2 "
+        "AND reader = $3",
+        "sweep_streams": f"SELECT {s}.sweep_streams($1, $2)",
     }
     page = {
         state: f"SELECT id, ({a})::float8 AS a, ({b})::bigint AS b FROM {s}.jobs "

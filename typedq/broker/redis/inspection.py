@@ -33,7 +33,7 @@ from .core import RedisCore
 from .flows import Handoff, unwrap
 from .keys import STATE_LETTERS
 
-__all__ = ["InspectOps"]
+__all__ = ["InspectOps", "check_cursor"]
 
 
 #: The order purge deletes the states of a queue in (see purge).
@@ -158,7 +158,7 @@ class InspectOps(RedisCore):
         # '<score>|<id>', the active jobs' '<start>|<order>'), or the waiting entries'
         # position; a page costs the entries it passes, not the pages before it.
         limit = max(0, min(limit, 1000))
-        start = "" if cursor is None else _check_cursor(cursor, state)
+        start = "" if cursor is None else check_cursor(cursor, state)
         ids, at = await self._list(queue, state, start, 0, limit)
         if at is not None and ids:
             # A full page may end at the state's last job: answer a cursor only if
@@ -385,7 +385,7 @@ _CURSOR_FORMS = {
 _PLACE = re.compile(r"-?[0-9.e+-]{1,30}\|[^|]+")
 
 
-def _check_cursor(cursor: str, state: JobState) -> str:
+def check_cursor(cursor: str, state: JobState) -> str:
     """``cursor`` if it has the form of a list.lua cursor of ``state``, else ValueError."""
     if not _CURSOR_FORMS.get(state, _PLACE).fullmatch(cursor):
         raise bad_cursor(cursor)

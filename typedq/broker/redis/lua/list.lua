@@ -16,13 +16,22 @@
 -- until the last.
 -- A call examines at most skip + limit + BUDGET entries; one that stops on the budget
 -- (many stale entries in a row) answers a shorter page and the cursor to go on from.
+-- Counting (ARGV[7] 'n', typedq verify's count_fingerprints): the same walk, but each
+-- job taken is counted by the task and fingerprint its stored body names, and the reply
+-- holds those counts instead of ids: the jobs never leave Redis, and a call that takes
+-- `limit` jobs costs about what a page of them does. Active jobs are walked in the
+-- active set's order (lease deadline) instead: counting needs no start-time order,
+-- and the sort of every active job per call would cost each page the whole state.
 -- KEYS[1] = the queue's active zset
--- ARGV: P, queue, state letter, cursor, skip, limit
--- Returns {next cursor ('' at the end of the state), skip left, id...}
+-- ARGV: P, queue, state letter, cursor, skip, limit[, 'n']
+-- Returns {next cursor ('' at the end of the state), skip left, id...}; counting:
+-- {next cursor, skip left, jobs counted, task, fingerprint, jobs, task, ...} (a body
+-- typedq did not write is counted in the jobs, under no task).
 local q, state, cur = ARGV[2], ARGV[3], ARGV[4]
 local skip, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
-if #ARGV ~= 6 or q == '' or not is_int(skip) or skip < 0
-    or not is_int(limit) or limit < 0 then
+local counting = ARGV[7] == 'n'
+if (#ARGV ~= 6 and not (#ARGV == 7 and counting)) or q == '' or not is_int(skip)
+    or skip < 0 or not is_int(limit) or limit < 0 then
   return bad_args('list')
 end
 local pos = 0
@@ -33,23 +42,186 @@ end
 local SCAN, BUDGET, CHUNK, WINDOW = 20000, 20000, 1000, 1000
 local out = {}
 local budget = skip + limit + BUDGET
-local function take(id)
-  if skip > 0 then skip = skip - 1 else out[#out + 1] = id end
+-- Counting: jobs counted, and tally[task][fingerprint] = jobs.
+local counted, tally = 0, {}
+
+-- The msgpack string at offset `i` of `s` and the offset after it (nil: not a string).
+local function str_at(s, i)
+  local b = string.byte(s, i)
+  if not b then return nil end
+  local at, n
+  if b >= 0xa0 and b <= 0xbf then at, n = i + 1, b - 0xa0
+  elseif b == 0xd9 then at, n = i + 2, string.byte(s, i + 1)
+  elseif b == 0xda then
+    local x, y = string.byte(s, i + 1, i + 2)
+    if not y then return nil end
+    at, n = i + 3, x * 256 + y
+  else return nil end
+  if not n or at + n - 1 > #s then return nil end
+  return string.sub(s, at, at + n - 1), at + n
+end
+
+-- The offset after the msgpack bin at `i` of `s` (nil: not a bin).
+local function after_bin(s, i)
+  local b = string.byte(s, i)
+  if b == 0xc4 then return i + 2 + (string.byte(s, i + 1) or 0) end
+  if b == 0xc5 then
+    local x, y = string.byte(s, i + 1, i + 2)
+    return i + 3 + (x or 0) * 256 + (y or 0)
+  end
+  if b == 0xc6 then return fair_skip(s, i) end
+  return nil
+end
+
+-- The task and fingerprint a stored body names, from offset `i` of `m` (the body may
+-- sit inside a waiting entry: not copied out), reading its first fields only (the
+-- payload is skipped): a body (redis/codec.py Body) is [task, payload (bin),
+-- fingerprint, ...] with the fingerprint left out when empty; a record written before
+-- bodies is a whole JobMessage, [id, task, queue, payload, fingerprint, ...] (its second
+-- field a string, not bin). nil for other bytes.
+local function body_key(m, i)
+  local b = string.byte(m, i)
+  local n
+  if not b then return nil end
+  if b >= 0x90 and b <= 0x9f then n, i = b - 0x90, i + 1
+  elseif b == 0xdc then
+    local x, y = string.byte(m, i + 1, i + 2)
+    if not y then return nil end
+    n, i = x * 256 + y, i + 3
+  else return nil end
+  if n < 2 then return nil end
+  local first, second
+  first, i = str_at(m, i)
+  if not first then return nil end
+  local past = after_bin(m, i)
+  if past then  -- a body: the payload second
+    if n < 3 then return first, '' end
+    local fp = str_at(m, past)
+    if not fp then return nil end
+    return first, fp
+  end
+  second, i = str_at(m, i)  -- a whole JobMessage: its task second
+  if not second or n < 4 then return nil end
+  if n < 5 then return second, '' end
+  for _ = 1, 2 do  -- the queue, the payload
+    i = fair_skip(m, i)
+    if not i then return nil end
+  end
+  local fp = str_at(m, i)
+  if not fp then return nil end
+  return second, fp
+end
+
+-- Take job `id` (its stored body `m` from offset `at`, when at hand: counting reads it
+-- otherwise).
+local function take(id, m, at)
+  if skip > 0 then skip = skip - 1; return end
+  if not counting then out[#out + 1] = id; return end
+  counted = counted + 1
+  if m == nil then
+    local r = read_job(q, id, 'm')
+    m = r and r[1] or false
+  end
+  local task, fp = nil, nil
+  if m then task, fp = body_key(m, at or 1) end
+  if not task then task, fp = '', '' end  -- bytes typedq did not write: no task
+  local by_fp = tally[task]
+  if not by_fp then by_fp = {}; tally[task] = by_fp end
+  by_fp[fp] = (by_fp[fp] or 0) + 1
+end
+
+-- Counting: take the job whose body ends `entry` from offset `at` (a waiting entry).
+-- The usual body, [task (fixstr), payload (bin 8), fingerprint (fixstr)] or without
+-- the fingerprint, is read here in a few byte reads (each call of a string function
+-- costs ~1k instructions: a fifth of a job's count went to body_key's); any other
+-- through take.
+local function take_entry_body(id, entry, at)
+  local h, t = string.byte(entry, at, at + 1)
+  if skip == 0 and (h == 0x93 or h == 0x92) and t and t >= 0xa0 and t <= 0xbf then
+    local pb = at + 2 + t - 0xa0  -- the payload's header
+    local bh, bl = string.byte(entry, pb, pb + 1)
+    if bh == 0xc4 and bl then
+      local fpos, fp = pb + 2 + bl, nil
+      if h == 0x92 then
+        if fpos == #entry + 1 then fp = '' end
+      else
+        local fh = string.byte(entry, fpos)
+        if fh and fh >= 0xa0 and fh <= 0xbf and fpos + fh - 0xa0 == #entry then
+          fp = string.sub(entry, fpos + 1)
+        end
+      end
+      if fp then
+        counted = counted + 1
+        local task = string.sub(entry, at + 2, pb - 1)
+        local by_fp = tally[task]
+        if not by_fp then by_fp = {}; tally[task] = by_fp end
+        by_fp[fp] = (by_fp[fp] or 0) + 1
+        return
+      end
+    end
+  end
+  take(id, entry, at)
 end
 -- True when the page is full or the budget spent: stop after the entry just examined.
 local function done()
-  return #out >= limit or budget <= 0
+  return (counting and counted or #out) >= limit or budget <= 0
+end
+-- How many entries to read next (LRANGE, ZRANGE): those the page still needs if each is
+-- one to take, at least 16, at most CHUNK. A page of 500 read 1000 entries and
+-- examined half: each entry read costs its copy into Lua.
+local function chunk()
+  return math.min(CHUNK, math.max(16, limit - (counting and counted or #out) + skip))
 end
 -- The reply: `at` is the cursor to go on from ('' at the end of the state).
 local function reply_at(at)
   local reply = {at, string.format('%d', skip)}
+  if counting then
+    reply[3] = string.format('%d', counted)
+    for task, by_fp in pairs(tally) do
+      for fp, n in pairs(by_fp) do
+        reply[#reply + 1] = task
+        reply[#reply + 1] = fp
+        reply[#reply + 1] = string.format('%d', n)
+      end
+    end
+    return reply
+  end
   for _, id in ipairs(out) do reply[#reply + 1] = id end
   return reply
 end
 local function answer(at_end)
   return reply_at(at_end and '' or string.format('%d', pos))
 end
+-- A bare or gate entry's job `id` read for take: its state, queue, level (and body,
+-- when counting); nil when it has no key.
+local function read_taken(id)
+  if counting then return read_keyed(q, id, 's', 'q', 'p', 'm') end
+  return read_keyed(q, id, 's', 'q', 'p')
+end
+-- Counting: is job `id` of a sorted set in state `s`, and its body and where it starts
+-- in the value read. read_job's answer in one or two commands, not its TYPE first: a
+-- scheduled job not claimed yet is a job string (GET; its record's fields as
+-- parse_rec reads them), any other job of a sorted set a hash (HMGET); a job without
+-- a key would be a waiting entry job, in no sorted set.
+local function ours_counting(id, s)
+  local jk = k_job(q, id)
+  if s == 's' then
+    local v = rpcall('GET', jk)
+    if type(v) == 'string' then
+      local st, at = string.match(v, '^([ws])[^|]*|%d+|%d+|%-?%d*|%d*|()')
+      return st == s, v, at
+    end
+    if not v then return false end
+  end
+  local r = rpcall('HMGET', jk, 's', 'm')
+  if type(r) == 'table' and not r.err then return r[1] == s, r[2], 1 end
+  local v = rpcall('GET', jk)  -- a job string in another state than expected
+  if type(v) ~= 'string' then return false end
+  return string.match(v, '^([ws])') == s, v, string.match(v, '^[ws][^|]*|%d+|%d+|%-?%d*|%d*|()')
+end
+-- Is job `id` in state `s`? (Counting: its body and offset too, ours_counting.)
 local function ours(id, s)
+  if counting then return ours_counting(id, s) end
   local r = read_job(q, id, 's')
   return r and r[1] == s
 end
@@ -85,7 +257,8 @@ local function zwalk(key, rev, s)
     end
   end
   while true do
-    local rows = redis.call(rev and 'ZREVRANGE' or 'ZRANGE', key, at, at + CHUNK - 1,
+    local want = chunk()
+    local rows = redis.call(rev and 'ZREVRANGE' or 'ZRANGE', key, at, at + want - 1,
       'WITHSCORES')
     for i = 1, #rows, 2 do
       local id, sc = rows[i], rows[i + 1]
@@ -95,11 +268,12 @@ local function zwalk(key, rev, s)
       if not passed then
         tie_score = nil  -- past the ties: every later entry is after the place
         budget = budget - 1
-        if ours(id, s) then take(id) end
+        local mine, m, from = ours(id, s)
+        if mine then take(id, m or false, from) end
         if done() then return reply_at(sc .. '|' .. id) end
       end
     end
-    if #rows < 2 * CHUNK then return reply_at('') end
+    if #rows < 2 * want then return reply_at('') end
   end
 end
 if limit == 0 then return reply_at(cur) end
@@ -109,7 +283,7 @@ if limit == 0 then return reply_at(cur) end
 local function walk(lk, base, len, visit)
   while pos < base + len do
     local c = pos - base  -- claim-order index: list index len - 1 - c
-    local n = math.min(CHUNK, base + len - pos)
+    local n = math.min(chunk(), base + len - pos)
     local entries = redis.call('LRANGE', lk, len - c - n, len - 1 - c)
     for i = #entries, 1, -1 do
       pos = pos + 1
@@ -241,28 +415,51 @@ if state == 'w' then
     local lk, len, prio, base = l[1], l[2], l[3], l[4]
     if pos < base + len then
       local visit
+      -- Counting: a waiting entry's live value in the index (entry_live's), and the
+      -- index's prefix, made once per list, not per entry.
+      local ix, tail = k_idx_prefix(q), (prio and prio ~= '0') and ('|' .. prio) or ''
       if prio then
         visit = function(entry)
+          if counting then
+            -- A waiting entry '<id>|<order>|<enqueued_at>|<run_at>|<body>' read in
+            -- place: its id, order and where its body starts, found by plain searches
+            -- for '|' (string.match's pattern walked the entry at ~200 instructions a
+            -- byte: a third of the call's cost). Live when the index holds its order
+            -- (entry_live); a bare id or a removed entry ('|') has no fourth '|'.
+            local a = string.find(entry, '|', 1, true)
+            local b = a and a > 1 and string.find(entry, '|', a + 1, true)
+            local c = b and string.find(entry, '|', b + 1, true)
+            local d = c and string.find(entry, '|', c + 1, true)
+            if d then
+              local id = string.sub(entry, 1, a - 1)
+              local o = string.sub(entry, a + 1, b - 1)
+              if rcall('HGET', ix .. idx_bucket(id), id) == (tail == '' and o or o .. tail)
+              then
+                take_entry_body(id, entry, d + 1)
+              end
+              return
+            end
+          end
           if not is_bare(entry) then
             -- A waiting entry (see keys.py): listed while live.
             local f = parse_entry(entry)
-            if f and entry_live(q, prio, f) then take(f.id) end
+            if f and entry_live(q, prio, f) then take(f.id, f.m) end
           else
-            local r = read_keyed(q, entry, 's', 'q', 'p')
+            local r = read_taken(entry)
             -- With a stale count, the newest bare entry of the id is live unless the
             -- job is parked (its live entry is then in a gate's list).
             if r and r[1] == 'w' and r[2] == q and sane_prio(r[3]) == prio
                 and (not redis.call('HGET', sk, prio .. '|' .. entry)
                   or (redis.call('LPOS', lk, entry) == len - (pos - base)
                     and redis.call('HEXISTS', k_parked(q), entry) == 0)) then
-              take(entry)
+              take(entry, r[4])
             end
           end
         end
       else
         visit = function(entry)
           local gp, id = string.match(entry, '^(%-?%d+)|(.*)$')
-          local r = gp and read_keyed(q, id, 's', 'q', 'p')
+          local r = gp and read_taken(id)
           -- With a stale count (a job of this id was cancelled or removed while parked,
           -- and one may wait again under the id), an entry is live only if the job is
           -- parked now in this gate (the queue's parked hash) and it is the newest of the
@@ -271,7 +468,7 @@ if state == 'w' then
               and (not redis.call('HGET', sk, gp .. '|' .. id)
                 or (redis.call('HGET', k_parked(q), id) == l[5]
                   and redis.call('LPOS', lk, entry) == len - (pos - base))) then
-            take(id)
+            take(id, r[4])
           end
         end
       end
@@ -281,6 +478,8 @@ if state == 'w' then
   return answer(true)
 elseif state == 's' then
   return zwalk(k_sched(q), false, 's')
+elseif state == 'a' and counting then
+  return zwalk(k_active(q), false, 'a')
 elseif state == 'a' then
   local found = {}
   for _, id in ipairs(redis.call('ZRANGE', k_active(q), 0, SCAN - 1)) do

@@ -327,7 +327,7 @@ async def step_views(driver: Driver) -> tuple[object, ...]:
 async def test_broker_follows_the_reference(
     request: pytest.FixtureRequest, app_name: str, seed: int
 ) -> None:
-    # Cluster's run of the same seeds: tests/cluster/test_model_check_cluster.py (a file of
+    # Cluster's run of the same seeds: tests/model/test_model_check_cluster.py (a file of
     # its own, so that `--dist loadfile` runs the two halves on two processes).
     await check_seed(request, app_name, "redis", seed)
 

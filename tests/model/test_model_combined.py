@@ -18,7 +18,7 @@ Time is kept out of the comparison: delays are an hour and leases ten minutes (n
 comes due or expires during a run), and the rate limit allows two starts an hour (what
 it refuses, it refuses for the rest of the run). On a mismatch the failure names the
 seed, the step and a shrunk program (delta debugging, tests/model_combined_shrink.py).
-``python -m tests.redis.test_model_combined SEED [STEPS]`` prints a seed's program, and with
+``python -m tests.model.test_model_combined SEED [STEPS]`` prints a seed's program, and with
 ``--url URL [--cluster]`` replays it against a Redis (or Cluster) and shrinks a mismatch.
 """
 
@@ -427,7 +427,7 @@ def _listing(steps: Sequence[Step]) -> str:
 async def test_brokers_agree_where_features_meet(
     request: pytest.FixtureRequest, app_name: str, seed: int
 ) -> None:
-    # Cluster's run of the same seeds: tests/cluster/test_model_combined_cluster.py (a file
+    # Cluster's run of the same seeds: tests/model/test_model_combined_cluster.py (a file
     # of its own, so that `--dist loadfile` runs the two halves on two processes).
     await check_seed(request, app_name, "redis", seed)
 
@@ -453,7 +453,7 @@ async def check_seed(
     shrunk = await shrink(steps, fails)
     pytest.fail(
         f"seed {seed}: {failure}\nshrunk program ({len(shrunk)} of {len(steps)} steps):\n"
-        f"{_listing(shrunk)}\nfull program: python -m tests.redis.test_model_combined {seed}"
+        f"{_listing(shrunk)}\nfull program: python -m tests.model.test_model_combined {seed}"
     )
 
 
@@ -502,12 +502,12 @@ def test_programs_combine_every_feature() -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m tests.redis.test_model_combined SEED [STEPS] [--url URL [--cluster]]``: prints
+    """``python -m tests.model.test_model_combined SEED [STEPS] [--url URL [--cluster]]``: prints
     the seed's program; with ``--url``, runs it in lockstep against the Redis (``--cluster``:
     the Redis Cluster) at URL and prints the first mismatch, shrunk."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m tests.redis.test_model_combined")
+    parser = argparse.ArgumentParser(prog="python -m tests.model.test_model_combined")
     parser.add_argument("seed", type=int)
     parser.add_argument("steps", type=int, nargs="?", default=STEPS)
     parser.add_argument("--url", help="a Redis (or Redis Cluster) URL to run the program on")

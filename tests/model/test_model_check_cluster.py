@@ -1,4 +1,4 @@
-"""The model check of tests/redis/test_model_check.py on Redis Cluster: the same seeds,
+"""The model check of tests/model/test_model_check.py on Redis Cluster: the same seeds,
 step by step against the embedded broker (the reference).
 
 A file of its own so that ``--dist loadfile`` runs it on another process than the single
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.redis import test_model_check as model
+from tests.model import test_model_check as model
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The combined model check of tests/redis/test_model_combined.py on Redis Cluster: the
+"""The combined model check of tests/model/test_model_combined.py on Redis Cluster: the
 same seeds' programs (less what Cluster documents it does differently: for_cluster), in
 lockstep with the embedded broker (the reference).
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.redis import test_model_combined as model
+from tests.model import test_model_combined as model
 
 pytestmark = pytest.mark.anyio
 
