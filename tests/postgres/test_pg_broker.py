@@ -98,9 +98,7 @@ async def test_an_app_with_unique_windows_fails_at_connect_naming_the_capability
     assert "FlowControl (unique_for/debounce of tasks once)" in message
 
 
-async def test_a_workflow_runs_on_postgres_beside_plain_tasks(
-    pg_url: str, app_name: str
-) -> None:
+async def test_a_workflow_runs_on_postgres_beside_plain_tasks(pg_url: str, app_name: str) -> None:
     app = App(app_name, broker=pg_url)
 
     @app.task
