@@ -289,6 +289,17 @@ class Client:
             return await self.tracing.send(message, self._enqueuer.submit)
         return await self._enqueuer.submit(message)
 
+    def _check_within(self) -> None:
+        """Refuse ``within=`` on a broker that cannot store jobs in the caller's
+        transaction, saying what to do instead."""
+        if not supports(self.broker, TransactionalEnqueue):
+            raise Unsupported(
+                f"within= stores jobs in your database transaction, which needs the "
+                f"PostgreSQL broker (postgresql://...), and this app's broker is "
+                f"{redact_url(self.url)}: enqueue after your transaction commits (or write "
+                "the jobs to an outbox table in it and enqueue them from there)"
+            )
+
     async def _enqueue_within(
         self, conn: object, messages: list[JobMessage]
     ) -> list[EnqueueOutcome]:
@@ -300,14 +311,8 @@ class Client:
             database): says what to do instead
         """
         self._require()
+        self._check_within()
         broker = self.broker
-        if not supports(broker, TransactionalEnqueue):
-            raise Unsupported(
-                f"within= stores jobs in your database transaction, which needs the "
-                f"PostgreSQL broker (postgresql://...), and this app's broker is "
-                f"{redact_url(self.url)}: enqueue after your transaction commits (or write "
-                "the jobs to an outbox table in it and enqueue them from there)"
-            )
         if not messages:
             return []
 
@@ -320,6 +325,25 @@ class Client:
         if self.tracing is not None:
             return await self.tracing.send_many(messages, send)
         return await send(messages)
+
+    async def _enqueue_flow_within(self, conn: object, spec: FlowSpec) -> EnqueueOutcome:
+        """Store one workflow in the caller's open database transaction (``within=``),
+        as :meth:`_enqueue_within` stores jobs.
+
+        :raises Unsupported: the broker cannot (see :meth:`_enqueue_within`)
+        :raises QueueFull: its jobs would pass ``max_queue_length`` (nothing stored)
+        """
+        self._require()
+        self._check_within()
+        broker = self.broker
+
+        async def send(carried: FlowSpec) -> EnqueueOutcome:
+            (outcome,) = await broker.enqueue_flows_within(conn, [carried])
+            return outcome
+
+        if self.tracing is not None:
+            return await self.tracing.send_flow(spec, send)
+        return await send(spec)
 
     async def _enqueue_controlled(
         self, message: JobMessage, control: EnqueueControl

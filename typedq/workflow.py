@@ -160,9 +160,17 @@ def _errors(tasks: Iterable[TaskBase[Any, Any]]) -> tuple[type[Any], ...]:
 
 
 async def _store(
-    spec: FlowSpec, client: Client, task: str, output: Codec[TOut], errors: tuple[type[Any], ...]
+    spec: FlowSpec,
+    client: Client,
+    task: str,
+    output: Codec[TOut],
+    errors: tuple[type[Any], ...],
+    within: object | None,
 ) -> Job[TOut]:
-    outcome = await client._enqueue_flow(spec)
+    if within is not None:
+        outcome = await client._enqueue_flow_within(within, spec)
+    else:
+        outcome = await client._enqueue_flow(spec)
     return Job(
         client,
         outcome.id,
@@ -216,17 +224,22 @@ class Chain(Generic[TIn, TOut]):
         ]
         return FlowSpec(id=flow_id, steps=tuple(steps))
 
-    async def enqueue(self, payload: TIn, *, job_id: str | None = None) -> Job[TOut]:
+    async def enqueue(
+        self, payload: TIn, *, job_id: str | None = None, within: object | None = None
+    ) -> Job[TOut]:
         """Store the whole chain in one broker call; the Job is the last step's.
 
         :param payload: the first step's input
         :param job_id: the flow's id (idempotent: a flow whose id exists is not stored
             again, ``job.created`` is False)
+        :param within: your database connection with a transaction open, as for
+            ``task.enqueue``: the flow is stored in that transaction, all of it if and
+            only if it commits (the PostgreSQL broker; Unsupported on another)
         """
         last = self._steps[-1]
         spec = self.spec(payload, job_id=job_id)
         return await _store(
-            spec, _client(self._steps), last.name, last.output, _errors(self._steps)
+            spec, _client(self._steps), last.name, last.output, _errors(self._steps), within
         )
 
 
@@ -286,16 +299,19 @@ class FanOut(Generic[TOut]):
             collector=True,
         )
 
-    async def enqueue(self, *, job_id: str | None = None) -> Job[list[TOut]]:
+    async def enqueue(
+        self, *, job_id: str | None = None, within: object | None = None
+    ) -> Job[list[TOut]]:
         """Store every member in one broker call; the Job completes with their results.
 
         A fan-out of 0 inputs completes at once with ``[]``. One that would pass the
         queue's ``max_queue_length`` is refused whole (QueueFull), nothing stored.
+        ``within``: as for :meth:`Chain.enqueue`.
         """
         spec = self.spec(job_id=job_id)
         output: Codec[list[TOut]] = codec_for(cast(Any, list)[self._task.output.type])
         return await _store(
-            spec, _client([self._task]), self._task.name, output, _errors([self._task])
+            spec, _client([self._task]), self._task.name, output, _errors([self._task]), within
         )
 
 
@@ -340,9 +356,12 @@ class Flow(Generic[TOut]):
             collect=self._collect,
         )
 
-    async def enqueue(self, *, job_id: str | None = None) -> Job[TOut]:
-        """Store the whole flow in one broker call; the Job is the last step's."""
+    async def enqueue(
+        self, *, job_id: str | None = None, within: object | None = None
+    ) -> Job[TOut]:
+        """Store the whole flow in one broker call; the Job is the last step's.
+        ``within``: as for :meth:`Chain.enqueue`."""
         last = self._steps[-1]
         spec = self.spec(job_id=job_id)
         tasks = [self._fan._task, *self._steps]
-        return await _store(spec, _client(tasks), last.name, last.output, _errors(tasks))
+        return await _store(spec, _client(tasks), last.name, last.output, _errors(tasks), within)

@@ -400,3 +400,40 @@ async def test_get_unknown_ids(app_name: str, broker_url: str) -> None:
         assert records[2] is None
         assert records[1] is not None
         assert records[1].message.id == known.id
+
+
+async def test_a_refused_flow_of_a_batch_stores_nothing_of_it_and_the_others_are_stored(
+    app_name: str, broker_url: str
+) -> None:
+    """``enqueue_flows`` answers per flow: a flow one of whose derived ids is taken
+    (ConfigError) or that would pass ``max_queue_length`` (QueueFull) stores nothing, and
+    the flows around it in the same call are stored (or found: ``created`` False)."""
+
+    def chain(flow_id: str, queue: str = "q", steps: int = 2) -> FlowSpec:
+        first = msg(job_id=f"{flow_id}.0", queue=queue)
+        held = [
+            msg(job_id=f"{flow_id}.{k}" if k < steps - 1 else flow_id, queue=queue, payload=b"")
+            for k in range(1, steps)
+        ]
+        return FlowSpec(id=flow_id, steps=(first, *held))
+
+    async with connected(app_name, broker_url, max_queue_length=4) as broker:
+        await broker.enqueue([msg(job_id="taken.0", queue="r")])
+        out = await broker.enqueue_flows(
+            [chain("a"), chain("taken", "r"), chain("b", "full"), chain("a"), chain("c", "r")]
+        )
+        assert [type(o).__name__ for o in out] == [
+            "EnqueueOutcome",
+            "ConfigError",
+            "EnqueueOutcome",
+            "EnqueueOutcome",
+            "EnqueueOutcome",
+        ]
+        assert [getattr(o, "created", None) for o in out] == [True, None, True, False, True]
+        assert "taken.0" in str(out[1])
+        full = await broker.enqueue_flows([chain("d", "full", steps=3), chain("e", "q")])
+        assert isinstance(full[0], QueueFull)
+        assert getattr(full[1], "created", None) is True
+        assert count(await broker.counts("full"), JobState.WAITING) == 1
+        assert sum((await broker.counts("r")).values()) == 3  # taken.0, c.0 and c
+        assert sum((await broker.counts("q")).values()) == 4  # a.0, a, e.0, e

@@ -26,7 +26,7 @@ from typedq.broker.memory import MemoryBroker
 from typedq.broker.records import parked_trimmed_message
 from typedq.errors import FailureRecord
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 V1 = orders_v1.Order
 

@@ -21,6 +21,10 @@ async def test_within_is_refused_in_one_line_and_stores_nothing(
     async def work(x: In) -> Out:
         return Out(x.n)
 
+    @app.task
+    async def double(x: Out) -> Out:
+        return Out(x.n * 2)  # pragma: no cover
+
     connection = object()  # what a caller's database connection would be
     async with app:
         with pytest.raises(Unsupported) as refused:
@@ -32,6 +36,10 @@ async def test_within_is_refused_in_one_line_and_stores_nothing(
         assert "enqueue after your transaction commits" in message
         with pytest.raises(Unsupported, match="needs the PostgreSQL broker"):
             await work.enqueue_many([In(2), In(3)], within=connection)
+        with pytest.raises(Unsupported, match="needs the PostgreSQL broker"):
+            await work.then(double).enqueue(In(5), within=connection)
+        with pytest.raises(Unsupported, match="needs the PostgreSQL broker"):
+            await work.map([In(6)]).enqueue(within=connection)
         counts = await app.broker.counts("default")
         assert sum(counts.values()) == 0
         # Without within= the same task enqueues as usual.

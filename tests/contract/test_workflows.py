@@ -36,7 +36,7 @@ from typedq.cli.render import render_flow, render_job
 from typedq.inspector import Inspector
 from typedq.job import decode_failure
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 class Boom(Exception):

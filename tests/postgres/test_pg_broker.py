@@ -98,9 +98,7 @@ async def test_an_app_with_unique_windows_fails_at_connect_naming_the_capability
     assert "FlowControl (unique_for/debounce of tasks once)" in message
 
 
-async def test_a_workflow_on_postgres_is_refused_where_it_is_enqueued(
-    pg_url: str, app_name: str
-) -> None:
+async def test_a_workflow_runs_on_postgres_beside_plain_tasks(pg_url: str, app_name: str) -> None:
     app = App(app_name, broker=pg_url)
 
     @app.task
@@ -112,11 +110,10 @@ async def test_a_workflow_on_postgres_is_refused_where_it_is_enqueued(
         return x
 
     async with app:
-        with pytest.raises(Unsupported, match="PostgresBroker does not support workflows"):
-            await step.then(last).enqueue(In(1))
-        # Plain tasks work on the same app.
+        flow = await step.then(last).enqueue(In(1))
         job = await step.enqueue(In(2))
         async with app.worker():
+            assert await flow.result(timeout=TEST_DEADLINE) == Out(1)
             assert await job.result(timeout=TEST_DEADLINE) == Out(2)
 
 

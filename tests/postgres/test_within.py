@@ -265,3 +265,46 @@ async def test_a_connection_with_no_transaction_open_is_refused_in_one_line(
         ):
             await work.enqueue(In(1), within={})
         assert await stored(app) == 0
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_workflow_within_a_transaction_is_stored_whole_at_its_commit(
+    driver: str, app_name: str, pg_cluster: PgCluster
+) -> None:
+    """A chain and a fan-in enqueued ``within=`` exist (every job of them) if and only if
+    the transaction commits, and then run to their results."""
+    table = await orders_table(pg_cluster)
+    app = App(app_name, broker=pg_cluster.url)
+
+    @app.task
+    async def work(x: In) -> Out:
+        return Out(x.n * 10)
+
+    @app.task
+    async def again(x: Out) -> In:
+        return In(x.n + 1)
+
+    @app.task
+    async def total(xs: list[Out]) -> Out:
+        return Out(sum(x.n for x in xs))
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            async with transaction(driver, pg_cluster, table) as tx:
+                await tx.write(1)
+                chain = await work.then(again).then(work).enqueue(In(1), within=tx.handle)
+                fan = await work.map([In(1), In(2)]).then(total).enqueue(within=tx.handle)
+                assert chain.created
+                assert fan.created
+                await tx.rollback()
+            assert await stored(app) == 0
+            async with transaction(driver, pg_cluster, table) as tx:
+                await tx.write(2)
+                chain = await work.then(again).then(work).enqueue(In(1), within=tx.handle)
+                fan = await work.map([In(1), In(2)]).then(total).enqueue(within=tx.handle)
+                await tx.commit()
+            assert await stored(app) == 3 + 3
+            async with app.worker(concurrency=4):
+                assert await chain.result(timeout=10) == Out(110)
+                assert await fan.result(timeout=10) == Out(30)
+    assert await orders(pg_cluster, table) == [2]

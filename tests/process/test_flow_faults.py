@@ -1,7 +1,8 @@
-"""Workflows on Redis with real worker processes SIGKILLed mid-flow.
+"""Workflows on Redis and PostgreSQL with real worker processes SIGKILLed mid-flow.
 
 The hand-off to the next step (and the fan-in counter) runs inside the completion
-script of the step, so there is no moment "between steps" where a killed worker can
+script of the step (on PostgreSQL: in its transaction, by the schema's triggers), so
+there is no moment "between steps" where a killed worker can
 lose a flow: either the completion reached Redis (and the next step exists, waiting),
 or it did not (and the step re-runs by lease). Workers run :mod:`tests.flow_app`,
 whose handlers count every execution in a ledger (database 1), so "nothing lost, the
@@ -11,6 +12,7 @@ callback ran once" is checked from outside the workers.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import subprocess
 import time
@@ -22,10 +24,26 @@ import redis.asyncio as aioredis
 
 from tests import flow_app
 from tests.flow_app import Work
+from tests.pg_harness import PgCluster
 from tests.redis_harness import RedisProcess, flushall
 from tests.support import spawn_worker, stop_workers
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
+
+_schemas = itertools.count()
+
+
+@pytest.fixture(
+    params=["redis", pytest.param("postgres", marks=pytest.mark.postgres)],
+)
+def flow_broker(request: pytest.FixtureRequest, redis_server: RedisProcess) -> str:
+    """The workers' and the producer's broker: the session redis-server (its database 0;
+    the ledger is database 1), or a fresh schema of the session PostgreSQL cluster."""
+    flushall(redis_server.port)
+    if request.param == "redis":
+        return redis_server.url
+    pg: PgCluster = request.getfixturevalue("pg_cluster")
+    return f"{pg.url}?schema=flowfault_{next(_schemas)}"
 
 
 def _ledger_url(server: RedisProcess) -> str:
@@ -33,16 +51,14 @@ def _ledger_url(server: RedisProcess) -> str:
 
 
 @contextlib.contextmanager
-def _workers(server: RedisProcess, count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+def _workers(server: RedisProcess, url: str, count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     env = {"TYPEDQ_TEST_LEDGER": _ledger_url(server), "TYPEDQ_TEST_LEASE": "1.0"}
     procs = []
     for i in range(count):
         log_path = server.dir / f"flow-worker-{i}-{time.monotonic_ns()}.log"
         with log_path.open("wb") as log:
             procs.append(
-                spawn_worker(
-                    "tests.flow_app:app", server.url, concurrency=8, grace=2, env=env, output=log
-                )
+                spawn_worker("tests.flow_app:app", url, concurrency=8, grace=2, env=env, output=log)
             )
     try:
         yield procs
@@ -51,8 +67,8 @@ def _workers(server: RedisProcess, count: int) -> Iterator[list[subprocess.Popen
 
 
 @contextlib.asynccontextmanager
-async def _producer(server: RedisProcess) -> AsyncIterator[aioredis.Redis]:
-    flow_app.app.use_broker(server.url)
+async def _producer(server: RedisProcess, url: str) -> AsyncIterator[aioredis.Redis]:
+    flow_app.app.use_broker(url)
     ledger = aioredis.Redis.from_url(_ledger_url(server))
     try:
         async with flow_app.app:
@@ -84,11 +100,12 @@ async def _runs(ledger: aioredis.Redis) -> tuple[dict[str, int], set[str]]:
     return runs, {job_id for job_id, _ in started}
 
 
-async def test_chains_survive_a_sigkilled_worker(redis_server: RedisProcess) -> None:
-    flushall(redis_server.port)
+async def test_chains_survive_a_sigkilled_worker(
+    redis_server: RedisProcess, flow_broker: str
+) -> None:
     chain = flow_app.step.then(flow_app.step).then(flow_app.step).then(flow_app.step)
-    with _workers(redis_server, 2) as (victim, survivor):
-        async with _producer(redis_server) as ledger:
+    with _workers(redis_server, flow_broker, 2) as (victim, survivor):
+        async with _producer(redis_server, flow_broker) as ledger:
             jobs = [await chain.enqueue(Work(n=100 * i, sleep=0.2)) for i in range(40)]
             await _kill_once_started(ledger, victim)
             with anyio.fail_after(60):
@@ -114,10 +131,11 @@ async def test_chains_survive_a_sigkilled_worker(redis_server: RedisProcess) -> 
 MEMBERS = 12
 
 
-async def test_fan_ins_survive_a_sigkilled_worker(redis_server: RedisProcess) -> None:
-    flushall(redis_server.port)
-    with _workers(redis_server, 2) as (victim, survivor):
-        async with _producer(redis_server) as ledger:
+async def test_fan_ins_survive_a_sigkilled_worker(
+    redis_server: RedisProcess, flow_broker: str
+) -> None:
+    with _workers(redis_server, flow_broker, 2) as (victim, survivor):
+        async with _producer(redis_server, flow_broker) as ledger:
             jobs = [
                 await flow_app.square.map(Work(n=f + i, sleep=0.2) for i in range(MEMBERS))
                 .then(flow_app.gather)

@@ -44,7 +44,7 @@ from typedq.broker.redis.codec import decode_job, encode, encode_body
 from typedq.outcomes import Complete
 from typedq.tracing import Tracing, decode_carrier, encode_carrier
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 @pytest.fixture

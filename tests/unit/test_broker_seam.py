@@ -54,6 +54,7 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
         if cap
         not in (
             EventStreams,
+            Flows,
             JobStreams,
             Limits,
             Observability,

@@ -73,8 +73,9 @@ no job is a flow's).
   exact counts)
 - ``JobStreams`` (2): ``append_streams``, ``read_stream`` (typed streams from a task:
   ``emits=``, ``job.stream()``; values in :mod:`typedq.broker.streams`)
-- ``TransactionalEnqueue`` (1): ``enqueue_within``, jobs stored in the caller's own
-  database transaction (``task.enqueue(..., within=conn)``: the PostgreSQL broker)
+- ``TransactionalEnqueue`` (2): ``enqueue_within``, ``enqueue_flows_within``, jobs and
+  workflows stored in the caller's own database transaction (``task.enqueue(...,
+  within=conn)``, ``flow.enqueue(..., within=conn)``: the PostgreSQL broker)
 
 A client checks the capabilities its app's declarations need once, when it connects
 (:func:`typedq.broker.capabilities.require`): an app with schedules, task limits or

@@ -305,6 +305,10 @@ class TransactionalEnqueue(Protocol):
         self, conn: object, messages: Sequence[JobMessage]
     ) -> list[EnqueueOutcome]: ...
 
+    async def enqueue_flows_within(
+        self, conn: object, flows: Sequence[FlowSpec]
+    ) -> list[EnqueueOutcome]: ...
+
 
 #: Every capability, in the order of the seam's description (typedq.broker.base).
 CAPABILITIES: tuple[type[Any], ...] = (

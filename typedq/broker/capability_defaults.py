@@ -485,3 +485,14 @@ class CapabilityDefaults:
         A connection the broker cannot use (another database, an unknown driver) is an
         :class:`~typedq.errors.InvalidOption`."""
         raise self._unsupported("enqueue within a transaction")
+
+    @capability_default
+    async def enqueue_flows_within(
+        self, conn: object, flows: Sequence[FlowSpec]
+    ) -> list[EnqueueOutcome]:
+        """Store workflows (:mod:`typedq.broker.flow`) through ``conn``, in the
+        transaction it has open, as :meth:`enqueue_within` stores jobs: per flow its
+        outcome (``created`` False: a job with the flow's id existed). A flow refused
+        (QueueFull, a derived id taken: ConfigError) raises, and the caller's
+        transaction is aborted with it."""
+        raise self._unsupported("enqueue within a transaction")

@@ -1,5 +1,6 @@
 """The PostgreSQL broker's capability OperatorActions, mixed into PostgresBroker: retry,
-remove and purge (``typedq inspect``, the dashboard; no workflows here yet)."""
+remove and purge (``typedq inspect``, the dashboard; a job of a workflow as
+:mod:`typedq.broker.flow` says)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,15 @@ class OperatorOps(PostgresCore):
         if not ids:
             self._check()
             return []
-        codes = await self._fetchval("retry", self._sql["retry"], self.ns, list(ids), self.channel)
+        r = self.settings.retention
+        codes = await self._fetchval(
+            "retry",
+            self._sql["retry"],
+            self.ns,
+            list(ids),
+            self.channel,
+            [r.completed_max, r.failed_max],
+        )
         return [RETRY[c] for c in codes]
 
     async def remove(
@@ -38,6 +47,7 @@ class OperatorOps(PostgresCore):
                 "remove", self._sql["remove"], self.ns, list(ids), codes, None, self.channel
             )
         )
+        await self._finish_flows()
         # Ids are acted on in order: an id repeated is deleted by its first mention.
         out = []
         for job_id in ids:
@@ -58,4 +68,5 @@ class OperatorOps(PostgresCore):
             queue,
             self.channel,
         )
+        await self._finish_flows()
         return len(gone)

@@ -12,18 +12,20 @@ What this broker has: the 14 core methods, plus ``wait_for_jobs``, ``wait_finish
 and the capabilities OperatorActions (retry, remove, purge), Observability (per-minute
 rollups, the worker and queue registries), Schedules (compare-and-set firing on the
 database's clock), Limits (rate and concurrency limits checked inside the claim),
-TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`). Every other
-capability (flows, runs, flow control, flow views, the schema registry) keeps the
-seam's Unsupported default: an app that declares one of those it needs at connect fails
-there in one line (docs/brokers.md).
+TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), and Flows
+(workflows, handed off by the schema's triggers: :mod:`.flows`). Every other capability
+(runs, flow control, flow views, the schema registry) keeps the seam's Unsupported
+default: an app that declares one of those it needs at connect fails there in one line
+(docs/brokers.md).
 
 The class is made of mixins, one module per capability, on the core they share
 (:mod:`.core`: the pool, one call of a statement, the enqueue arguments): the producer
 side and the reads in :mod:`.store`, the worker's claim, leases and settles in
 :mod:`.leases`, Limits in :mod:`.limits`, Observability in :mod:`.observe`, Schedules in
 :mod:`.schedules`, OperatorActions in :mod:`.actions`, EventStreams and JobStreams in
-:mod:`.streams`; rows become the seam's values in :mod:`.rows`. Here:
-connect (pool, migrations, listener), close, and the notifications that wake waiters.
+:mod:`.streams`, Flows in :mod:`.flows`; rows become the seam's values in :mod:`.rows`.
+Here: connect (pool, migrations, listener), close, and the notifications that wake
+waiters.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from .connection import (
     parse_url,
     schema_version,
 )
+from .flows import FlowOps
 from .leases import LeaseOps
 from .limits import LimitOps
 from .observe import ObserveOps
@@ -60,7 +63,9 @@ __all__ = ["PostgresBroker"]
 _CLOSE_TIMEOUT = 5.0
 
 
-class PostgresBroker(JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, OperatorOps, StreamOps):
+class PostgresBroker(
+    JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, OperatorOps, StreamOps, FlowOps
+):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
 
     :param url: the database; ``schema`` (default ``typedq``) is where the broker's

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ...errors import BrokerError, BrokerUnavailable, ConfigError, QueueFull
+from ..flow import id_taken
 from .schema import MIGRATIONS, SCHEMA_NAME, migrate_sql
 
 __all__ = [
@@ -87,16 +88,32 @@ def asyncpg_module() -> Any:
     return importlib.import_module("asyncpg")
 
 
-def broker_error(exc: BaseException, op: str, where: str, cap: int = 0) -> BrokerError:
-    """asyncpg's (or the socket's) error as typedq's, naming the operation."""
-    asyncpg = asyncpg_module()
+#: The SQLSTATEs of the schema's refusals: a full queue, a flow's derived job id taken.
+REFUSALS = ("TQ001", "TQ002")
 
-    if isinstance(exc, asyncpg.PostgresError) and getattr(exc, "sqlstate", "") == "TQ001":
-        queue, pending, adding = str(getattr(exc, "message", exc)).split("|")[-3:]
+
+def refusal(sqlstate: str, text: str, cap: int) -> QueueFull | ConfigError:
+    """A refusal of the schema's functions as typedq's error: TQ001 (``queue|pending|
+    adding``) a full queue, TQ002 (``<job id>\x1f<flow id>``, enqueue_flow) a flow's
+    derived job id taken by another job."""
+    if sqlstate == "TQ001":
+        queue, pending, adding = text.split("|")[-3:]
         return QueueFull(
             f"queue {queue!r} holds {pending} pending jobs; adding {adding} would pass "
             f"max_queue_length={cap}"
         )
+    taken, _, flow = text.rpartition("\x1f")
+    return ConfigError(id_taken(taken, flow))
+
+
+def broker_error(
+    exc: BaseException, op: str, where: str, cap: int = 0
+) -> BrokerError | ConfigError:
+    """asyncpg's (or the socket's) error as typedq's, naming the operation."""
+    asyncpg = asyncpg_module()
+
+    if isinstance(exc, asyncpg.PostgresError) and getattr(exc, "sqlstate", "") in REFUSALS:
+        return refusal(exc.sqlstate, str(getattr(exc, "message", exc)), cap)
     if isinstance(
         exc,
         (
@@ -238,6 +255,8 @@ class Listener:
 #: a restart): the pool opens a new one. Writes are not: their callers re-send them
 #: (they are fenced or keyed by id).
 READ_TRIES = 3
+#: How often a call its transaction's deadlock rolled back is sent in all.
+_DEADLOCK_TRIES = 3
 
 
 async def call(
@@ -245,13 +264,15 @@ async def call(
 ) -> T:
     """``await make()`` with asyncpg's errors translated (:func:`broker_error`); a read
     (``tries`` > 1) is sent again after a lost connection."""
-    for attempt in range(1, tries + 1):
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return await make()
         except BrokerError:
             raise
         except (OSError, TimeoutError) as exc:
-            error: BrokerError = broker_error(exc, op, where, cap)
+            error: BrokerError | ConfigError = broker_error(exc, op, where, cap)
             cause: BaseException = exc
         except Exception as exc:
             asyncpg = asyncpg_module()
@@ -264,7 +285,12 @@ async def call(
             ):
                 raise
             error, cause = broker_error(exc, op, where, cap), exc
-        if attempt == tries or not isinstance(error, BrokerUnavailable):
+            if getattr(exc, "sqlstate", "") == "40P01" and attempt < _DEADLOCK_TRIES:
+                # A deadlock (a flow's end and the settle of one of its jobs, each holding
+                # a row the other waits for): the victim's transaction was rolled back
+                # whole, so the call is sent again, a write too.
+                await asyncio.sleep(0.01 * attempt)
+                continue
+        if attempt >= tries or not isinstance(error, BrokerUnavailable):
             raise error from cause
         await asyncio.sleep(0.02 * attempt)
-    raise AssertionError("unreachable")  # pragma: no cover

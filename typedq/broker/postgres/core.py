@@ -109,6 +109,16 @@ class PostgresCore(Broker):
             [m.concurrency_key for m in messages],
         )
 
+    async def _finish_flows(self) -> None:
+        """End the jobs that ended flows left (held by another transaction when their flow
+        ended: ``flow_end_jobs`` in migration 6): tried a few times as their holders
+        commit, then left to the reaper's pass."""
+        for attempt in range(5):
+            left = await self._fetchval("flow_finish", self._sql["flow_finish"], self.ns)
+            if not left:
+                return
+            await anyio.sleep(0.01 * (attempt + 1))
+
     async def _register_queues(self, queues: Sequence[str]) -> None:
         """Put the queues this process has not registered yet in the queue registry
         (once per queue and process: a round trip at its first enqueue, none after)."""

@@ -9,10 +9,13 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 
+from ...errors import FailureReason, FailureRecord
 from ..base import (
     ERROR_HISTORY,
+    MAX_SPAN_LINKS,
     ClaimedJob,
     Completion,
     Failure,
@@ -22,17 +25,48 @@ from ..base import (
     check_claim_id,
     new_claim_id,
 )
-from ..records import CANCELLED_ON_HAND_BACK, CANCELLED_WORKER_LOST, stalled_message
+from ..records import (
+    CANCELLED_ON_HAND_BACK,
+    CANCELLED_WORKER_LOST,
+    parked_trimmed_message,
+    stalled_message,
+)
 from .connection import call
 from .core import PostgresCore
 from .limits import limit_args
-from .rows import FINISH, claimed_jobs
+from .rows import FINISH, claimed_jobs, encode
 
 __all__ = ["LeaseOps"]
 
 #: stalled_message as a format() template of PostgreSQL: %1$s stalls, %2$s max_stalls.
 _STALLED = stalled_message(111_111_111, 222_222_222).replace("111111111", "%1$s")
 _STALLED = _STALLED.replace("222222222", "%2$s")
+
+
+def _park_record(item: Failure) -> bytes:
+    """The record a parked job's flow fails with if failed-job retention deletes the job
+    before an operator retried it: the job's own reason, error type and attempt, and a
+    message that says what happened (``failed_at`` set by the trim: the last 8 bytes)."""
+    try:
+        own = msgspec.msgpack.decode(item.error, type=FailureRecord)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        own = FailureRecord(
+            reason=FailureReason.SCHEMA_MISMATCH,
+            error_type="SchemaMismatch",
+            message="",
+            attempt=0,
+            retryable=False,
+        )
+    return encode(
+        FailureRecord(
+            reason=own.reason,
+            error_type=own.error_type,
+            message=parked_trimmed_message(item.id, own.message),
+            attempt=own.attempt,
+            retryable=False,
+            failed_at=0.0,
+        )
+    )
 
 
 class LeaseOps(PostgresCore):
@@ -107,10 +141,28 @@ class LeaseOps(PostgresCore):
         if not items:
             self._check()
             return []
+        await self._note_spans(items)
         codes = await self._fetchval(
             "complete", self._sql["complete"], *self._completion_args(items)
         )
         return [FINISH[c] for c in codes]
+
+    async def _note_spans(self, items: Sequence[Completion] | Sequence[Failure]) -> None:
+        """Keep the process spans of traced fan-out members for their fan-in callback's
+        links (``flow_note_spans``), before their settle: a call of its own, made only
+        when an item carries a span (tracing on, a member of a flow), so a plain
+        settle pays nothing for it."""
+        if not any(i.span for i in items):
+            return
+        await self._fetchval(
+            "note_spans",
+            self._sql["note_spans"],
+            self.ns,
+            [i.id for i in items],
+            [i.token for i in items],
+            [i.span for i in items],
+            MAX_SPAN_LINKS,
+        )
 
     def _completion_args(self, items: Sequence[Completion]) -> tuple[Any, ...]:
         """The arguments ``complete`` and ``complete_and_claim`` start with: the
@@ -145,6 +197,7 @@ class LeaseOps(PostgresCore):
             return [], claimed
         if limit <= 0 or not queues:
             return await self.complete(items), []
+        await self._note_spans(items)
         rows = await self._fetch(
             "complete_and_claim",
             self._sql["complete_and_claim"],
@@ -163,6 +216,7 @@ class LeaseOps(PostgresCore):
         if not items:
             self._check()
             return []
+        await self._note_spans(items)
         ttls, caps = self._final_bounds()
         codes = await self._fetchval(
             "fail",
@@ -178,6 +232,7 @@ class LeaseOps(PostgresCore):
             ttls,
             caps,
             self.channel,
+            [_park_record(i) if i.park else None for i in items],
         )
         return [FINISH[c] for c in codes]
 
@@ -264,6 +319,7 @@ class LeaseOps(PostgresCore):
             return got
 
         recovered = await call("recover_stalled", self.target.safe, send)
+        await self._fetchval("flow_finish", self._sql["flow_finish"], self.ns)
         await self._forget_idle()
         await self._sweep_streams()
         return recovered

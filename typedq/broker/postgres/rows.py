@@ -54,7 +54,12 @@ FIRE = [
     FireOutcome.HELD,
     FireOutcome.FULL,
 ]
-RETRY = [RetryOutcome.RETRIED, RetryOutcome.NOT_RETRYABLE, RetryOutcome.NOT_FOUND]
+RETRY = [
+    RetryOutcome.RETRIED,
+    RetryOutcome.NOT_RETRYABLE,
+    RetryOutcome.NOT_FOUND,
+    RetryOutcome.IN_FLOW,
+]
 CANCEL = [
     CancelOutcome.CANCELLED,
     CancelOutcome.REQUESTED,

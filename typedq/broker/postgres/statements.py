@@ -41,11 +41,27 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "complete": f"SELECT {s}.complete($1, $2, $3, $4, $5, $6, $7)",
         "complete_and_claim": f"SELECT * FROM {s}.complete_and_claim($1, $2, $3, $4, $5, "
         "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
-        "fail": f"SELECT {s}.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        "fail": f"SELECT {s}.fail($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         "release": f"SELECT {s}.release($1, $2, $3, $4, $5, $6, $7)",
-        "cancel": f"SELECT {s}.cancel($1, $2, $3, $4, $5, $6, $7)",
+        "cancel": f"SELECT {s}.cancel_job($1, $2, $3, $4, $5, $6, $7)",
         "recover": f"SELECT {s}.recover($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        "retry": f"SELECT {s}.retry($1, $2, $3)",
+        "retry": f"SELECT {s}.retry($1, $2, $3, $4)",
+        "enqueue_flow": f"SELECT {s}.enqueue_flow($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
+        "$11, $12, $13, $14, $15, $16, $17, $18, $19)",
+        "enqueue_flows": f"SELECT * FROM {s}.enqueue_flows($1, $2, $3, $4, $5, $6, $7, $8, "
+        "$9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
+        "note_spans": f"SELECT {s}.flow_note_spans($1, $2, $3, $4, $5)",
+        "flow_finish": f"SELECT {s}.flow_finish($1)",
+        # A flow by its id or the id of one of its jobs: running (its flows row), or
+        # ended (its own job's shape).
+        "flow_state": (
+            f"WITH j AS (SELECT coalesce((SELECT x.flow_id FROM {s}.jobs x "
+            "WHERE x.ns = $1 AND x.id = $2), $2) AS fid) "
+            "SELECT j.fid, f.steps, f.members, f.remaining, f.completed, f.failed, "
+            "f.cancelled, o.flow_shape AS shape "
+            f"FROM j LEFT JOIN {s}.flows f ON f.ns = $1 AND f.id = j.fid "
+            f"LEFT JOIN {s}.jobs o ON o.ns = $1 AND o.id = j.fid"
+        ),
         "history": (
             f"WITH c AS (SELECT floor({s}.now_s() / 60)::bigint AS cur) "
             "SELECT c.cur, r.queue, r.minute, sum(r.completed)::bigint AS completed, "

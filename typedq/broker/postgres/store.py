@@ -11,6 +11,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from ...errors import InvalidOption
+from ...options import check_numbers
 from ..base import (
     CancelOutcome,
     EnqueueOutcome,
@@ -40,6 +41,15 @@ class JobStore(PostgresCore):
         await self._register_queues(args[2])
         created = await self._fetchval("enqueue", self._sql["enqueue"], *args, cap=args[7])
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
+
+    async def enqueue_batches(
+        self, batches: Sequence[Sequence[JobMessage]]
+    ) -> list[list[EnqueueOutcome] | Exception]:
+        # Every batch's numbers are checked before any is stored: an envelope out of
+        # range is the caller's mistake, refused whole (as on the other brokers).
+        for batch in batches:
+            check_numbers(batch)
+        return await super().enqueue_batches(batches)
 
     async def enqueue_within(
         self, conn: object, messages: Sequence[JobMessage]
@@ -104,7 +114,7 @@ class JobStore(PostgresCore):
 
     async def cancel(self, job_id: str, *, queue: str | None = None) -> CancelOutcome:
         ttls, caps = self._final_bounds()
-        code = await self._fetchval(
+        code, pending = await self._fetchval(
             "cancel",
             self._sql["cancel"],
             self.ns,
@@ -115,6 +125,8 @@ class JobStore(PostgresCore):
             caps[1],
             self.channel,
         )
+        if pending:
+            await self._finish_flows()
         return CANCEL[int(code)]
 
     async def counts(self, queue: str) -> dict[JobState, int]:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import BrokerError, InvalidOption, QueueFull
-from .connection import broker_error
+from ...errors import BrokerError, ConfigError, InvalidOption
+from .connection import REFUSALS, broker_error, refusal
 
-__all__ = ["EnqueueArgs", "enqueue_within", "within_error"]
+__all__ = ["EnqueueArgs", "enqueue_flow_within", "enqueue_within", "within_error"]
 
 #: The enqueue function's arguments, in its parameters' order (schema.py).
 EnqueueArgs = tuple[
@@ -44,6 +44,15 @@ _PSYCOPG_ENQUEUE = (
     'SELECT "{schema}".enqueue(%s::text, %s::text[], %s::text[], %s::bytea[], %s::integer[], '
     "%s::double precision[], %s::double precision[], %s::integer, %s::text, %s::text[], "
     "%s::text[], %s::text[])"
+)
+
+
+#: The enqueue_flow call for psycopg (see _PSYCOPG_ENQUEUE).
+_PSYCOPG_ENQUEUE_FLOW = (
+    'SELECT "{schema}".enqueue_flow(%s::text, %s::text, %s::integer, %s::integer, '
+    "%s::boolean, %s::boolean, %s::boolean, %s::text[], %s::text[], %s::bytea[], "
+    "%s::integer[], %s::integer[], %s::text[], %s::text[], %s::text[], %s::integer, "
+    "%s::bigint[], %s::text, %s::integer)"
 )
 
 
@@ -138,20 +147,36 @@ async def enqueue_within(
     return [bool(c) for c in created]
 
 
-def within_error(exc: BaseException, where: str, cap: int) -> BrokerError:
+async def enqueue_flow_within(
+    conn: object, schema: str, asyncpg_sql: str, args: tuple[Any, ...]
+) -> int:
+    """Run the schema's enqueue_flow on ``conn`` (its arguments ``args``); its answer:
+    0 stored, 1 a job with the flow's id existed.
+
+    :raises InvalidOption: as :func:`enqueue_within`
+    """
+    kind, driver = await _driver(conn)
+    if kind == "asyncpg":
+        code = await driver.fetchval(asyncpg_sql, *args)
+    else:
+        cursor = await driver.execute(_PSYCOPG_ENQUEUE_FLOW.format(schema=schema), args)
+        row = await cursor.fetchone()
+        code = row[0] if row else None
+    if code not in (0, 1):
+        raise RuntimeError(f"the enqueue_flow function answered {code!r}")
+    return int(code)
+
+
+def within_error(exc: BaseException, where: str, cap: int) -> BrokerError | ConfigError:
     """An error of the enqueue on the caller's connection as typedq's: a full queue is
     QueueFull (the function refused, nothing stored), psycopg's errors are named as
     asyncpg's are (:func:`~typedq.broker.postgres.connection.broker_error`). The caller's
     transaction is then aborted, as after any failed statement of theirs."""
     if _module(exc).startswith("psycopg"):
-        if getattr(exc, "sqlstate", None) == "TQ001":
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate in REFUSALS:
             diag = getattr(exc, "diag", None)
-            text = str(getattr(diag, "message_primary", None) or exc)
-            queue, pending, adding = text.split("|")[-3:]
-            return QueueFull(
-                f"queue {queue!r} holds {pending} pending jobs; adding {adding} would pass "
-                f"max_queue_length={cap}"
-            )
+            return refusal(sqlstate, str(getattr(diag, "message_primary", None) or exc), cap)
         return BrokerError(
             f"PostgreSQL at {where} failed enqueue within your transaction: "
             f"{type(exc).__name__}: {exc}"

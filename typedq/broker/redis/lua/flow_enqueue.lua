@@ -334,11 +334,16 @@ for fi, f in ipairs(flows) do
 end
 -- Remembered only when every flow got a 0/1 answer (a refused one stored nothing, and
 -- a re-sent copy decides it again).
-local digits = {}
+-- (Counted, not read off #digits: with a refused flow between answered ones the table
+-- has a hole, and # of a table with a hole may be any border, m too.)
+local digits, answered = {}, 0
 for i = 1, m do
-  if type(out[i]) == 'number' then digits[i] = tostring(out[i]) end
+  if type(out[i]) == 'number' then
+    digits[i] = tostring(out[i])
+    answered = answered + 1
+  end
 end
-if #digits == m and m > 0 then redis.call('SET', KEYS[2], table.concat(digits), 'PX', REQ_TTL_MS) end
+if answered == m and m > 0 then redis.call('SET', KEYS[2], table.concat(digits), 'PX', REQ_TTL_MS) end
 flush_counts()
 publish()
 return flow_reply(out)
