@@ -33,7 +33,7 @@ from typedq.broker.runs import (
 from typedq.durable import Run, RunTimeout, Signal, StepScheduled, decode_entries, encode_entries
 from typedq.errors import FailureReason, FailureRecord, JobCancelled, JobFailed
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 class User(msgspec.Struct, frozen=True):

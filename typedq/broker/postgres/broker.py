@@ -51,6 +51,7 @@ from .flows import FlowOps
 from .leases import LeaseOps
 from .limits import LimitOps
 from .observe import ObserveOps
+from .runs import RunOps
 from .schedules import ScheduleOps
 from .schema import MIGRATIONS
 from .statements import statements
@@ -64,7 +65,15 @@ _CLOSE_TIMEOUT = 5.0
 
 
 class PostgresBroker(
-    JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, OperatorOps, StreamOps, FlowOps
+    JobStore,
+    LeaseOps,
+    LimitOps,
+    ObserveOps,
+    ScheduleOps,
+    OperatorOps,
+    StreamOps,
+    FlowOps,
+    RunOps,
 ):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
 
@@ -93,6 +102,8 @@ class PostgresBroker(
         self._event_waiters: dict[str, set[anyio.Event]] = {}
         self._stream_waiters: dict[str, set[anyio.Event]] = {}
         self._reader_until: dict[tuple[str, str], float] = {}
+        #: Waiters of ``wait_run`` by run id, woken by its ``r:`` notification.
+        self._run_waiters: dict[str, set[anyio.Event]] = {}
         #: Queues this process has put in the queue registry (``list_queues``).
         self._registered: set[str] = set()
 
@@ -188,6 +199,9 @@ class PostgresBroker(
         elif kind == "e":  # key: a queue
             for event in self._event_waiters.get(key, ()):
                 event.set()
+        elif kind == "r":  # key: a run id (its log grew or it ended)
+            for event in self._run_waiters.get(key, ()):
+                event.set()
 
     def _wake_all(self) -> None:
         """Wake every waiter (the listener was remade: a notification may be lost)."""
@@ -198,7 +212,7 @@ class PostgresBroker(
                 event.set()
         for event in self._cancels:
             event.set()
-        for waiters in (self._event_waiters, self._stream_waiters):
+        for waiters in (self._event_waiters, self._stream_waiters, self._run_waiters):
             for events in waiters.values():
                 for event in events:
                     event.set()
