@@ -27,6 +27,7 @@ from typedq.broker.capabilities import (
     Limits,
     Observability,
     OperatorActions,
+    Runs,
     Schedules,
     TransactionalEnqueue,
     capabilities_of,
@@ -44,7 +45,8 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
 #: PostgreSQL broker has the core store, operator actions, observability, schedules,
-#: task limits, event streams and job streams so far (issue 30; docs/brokers.md).
+#: task limits, event streams, job streams, workflows and durable runs so far (issue 30;
+#: docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
@@ -59,6 +61,7 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
             Limits,
             Observability,
             OperatorActions,
+            Runs,
             Schedules,
             TransactionalEnqueue,
         )

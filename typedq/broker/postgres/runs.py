@@ -292,4 +292,3 @@ class RunOps(PostgresCore):
                     events.discard(event)
                     if not events:
                         del self._run_waiters[run_id]
-
