@@ -26,6 +26,7 @@ from tests.durable_faults_support import (
     _check,
     _cluster,
     _has,
+    _pg,
     _scene,
     _step_completed,
     _until,
@@ -98,7 +99,16 @@ async def test_sigkill_between_enqueueing_a_step_and_logging_it(
         await _check(scene, handle, plan)
 
 
-@pytest.mark.parametrize(("k", "where"), STEPS_WHERE)
+@pytest.mark.parametrize(
+    ("k", "where"),
+    [
+        *STEPS_WHERE,
+        # On PostgreSQL the outcome and the next turn are written by a trigger in the
+        # transaction that completed the step (migration 7).
+        pytest.param(0, "postgres", marks=pytest.mark.postgres),
+        pytest.param(4, "postgres", marks=pytest.mark.postgres),
+    ],
+)
 async def test_sigkill_after_a_step_completed_with_no_turn_worker(
     redis_server: RedisProcess, request: pytest.FixtureRequest, k: int, where: str
 ) -> None:
@@ -106,7 +116,7 @@ async def test_sigkill_after_a_step_completed_with_no_turn_worker(
     the run's next turn are written by the step's completion) and its worker is killed
     right after: no process is left that saw the outcome. A fresh worker finishes the
     run; the step is not run again."""
-    async with _scene(redis_server, _cluster(request, where)) as scene:
+    async with _scene(redis_server, _cluster(request, where), pg=_pg(request, where)) as scene:
         turns = scene.spawn(queues=TURNS)
         steps = scene.spawn(holds=[f"step:{k}"], queues=DEFAULT_QUEUE)
         await scene.arm(f"step:{k}")
