@@ -11,7 +11,8 @@ A turn is a row of ``jobs`` inserted here (``run_wake``): its envelope is the ru
 ``turn_head || msgpack(turn id) || turn_tail`` (the envelope is array-like and the id
 its first field, so the Python side cuts the two parts once, at create).
 
-A step's end is taken by a trigger, in the transaction that finished it (whatever made
+An append stores the steps it schedules in its own transaction (one round trip per
+turn). A step's end is taken by a trigger, in the transaction that finished it (whatever made
 it final: complete, complete_and_claim, fail, release, cancel, recover): ``run_step``
 keeps its outcome with its run and enqueues the turn when the run waits on it, so a
 crash never loses the wake-up. Its ``WHEN`` clause reads the row alone: a step is a job
@@ -274,7 +275,12 @@ CREATE FUNCTION {s}.run_append(p_ns text, p_ids text[], p_expected integer[],
                                p_states smallint[], p_results bytea[], p_failures bytea[],
                                p_wait_n integer[], p_wait text[], p_wait_signals text[],
                                p_wake_at double precision[], p_ttls double precision[],
-                               p_caps bigint[])
+                               p_caps bigint[], p_step_ids text[], p_step_queues text[],
+                               p_step_messages bytea[], p_step_priorities integer[],
+                               p_step_etas double precision[],
+                               p_step_delays double precision[], p_step_cap integer,
+                               p_channel text, p_step_tasks text[],
+                               p_step_rate_keys text[], p_step_conc_keys text[])
 RETURNS smallint[] LANGUAGE plpgsql AS $$
 DECLARE
     now double precision := {s}.now_s();
@@ -289,6 +295,15 @@ DECLARE
     waits text[];
     taken integer;
 BEGIN
+    -- The steps the appends schedule, stored first (RunAppend.steps: a later turn
+    -- schedules the same ids when the compare fails), in the same transaction: a turn
+    -- that schedules steps is one round trip. Past max_queue_length the whole call is
+    -- refused (TQ001, as enqueue refuses).
+    IF cardinality(p_step_ids) > 0 THEN
+        PERFORM {s}.enqueue(p_ns, p_step_ids, p_step_queues, p_step_messages,
+                            p_step_priorities, p_step_etas, p_step_delays, p_step_cap,
+                            p_channel, p_step_tasks, p_step_rate_keys, p_step_conc_keys);
+    END IF;
     FOR i IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
         entries := p_entries[ea + 1 : ea + p_entries_n[i]];
         recorded := p_recorded[ra + 1 : ra + p_recorded_n[i]];

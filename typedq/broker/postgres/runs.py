@@ -180,12 +180,11 @@ class RunOps(PostgresCore):
 
     async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]:
         self._check()
-        steps = [m for item in appends for m in item.steps]
-        if steps:
-            # Stored before the compare (RunAppend.steps), as the embedded broker does.
-            await self.enqueue(steps)
         if not appends:
             return []
+        # The steps are stored by the same call, before the compares (RunAppend.steps).
+        steps = self._enqueue_args([m for item in appends for m in item.steps])
+        await self._register_queues(steps[2])
         ttls, caps = self._run_bounds()
         codes = await self._fetchval(
             "run_append",
@@ -207,6 +206,8 @@ class RunOps(PostgresCore):
             [a.wake_at for a in appends],
             ttls,
             caps,
+            *steps[1:],
+            cap=steps[7],
         )
         return [_APPEND[code] for code in codes]
 
