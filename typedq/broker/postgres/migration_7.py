@@ -304,6 +304,10 @@ BEGIN
                             p_step_priorities, p_step_etas, p_step_delays, p_step_cap,
                             p_channel, p_step_tasks, p_step_rate_keys, p_step_conc_keys);
     END IF;
+    -- The runs locked in one order (a process coalesces concurrent turns' appends into
+    -- one call: two such calls must not lock the same runs in opposite orders).
+    PERFORM 1 FROM {s}.runs r WHERE r.ns = p_ns AND r.id = ANY(p_ids) ORDER BY r.id
+    FOR UPDATE;
     FOR i IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
         entries := p_entries[ea + 1 : ea + p_entries_n[i]];
         recorded := p_recorded[ra + 1 : ra + p_recorded_n[i]];

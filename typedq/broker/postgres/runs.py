@@ -118,6 +118,9 @@ def _record(row: Any) -> RunRecord | None:
 class RunOps(PostgresCore):
     """Durable runs on the PostgreSQL broker."""
 
+    #: Concurrent turns' reads, appends and starts share a call each (Client's run
+    #: batchers): a call is a round trip and a commit.
+    coalesce_run_calls = True
     #: Waiters of ``wait_run``, by run id, woken by its ``r:`` notification.
     _run_waiters: dict[str, set[anyio.Event]]
 
