@@ -64,6 +64,8 @@ def turn_parts(spec: RunSpec) -> tuple[bytes, bytes]:
 
 
 def _failure(raw: bytes | None) -> FailureRecord | None:
+    """A run's failure record; None for bytes that are none (a failed turn's ``error`` is
+    what its worker wrote: the embedded broker decodes it as leniently)."""
     if raw is None:
         return None
     try:
@@ -124,10 +126,6 @@ class RunOps(PostgresCore):
     #: Waiters of ``wait_run``, by run id, woken by its ``r:`` notification.
     _run_waiters: dict[str, set[anyio.Event]]
 
-    def _run_bounds(self) -> tuple[list[float], list[int]]:
-        r = self.settings.retention
-        return [r.completed_ttl, r.failed_ttl], [r.completed_max, r.failed_max]
-
     async def create_runs(self, specs: Sequence[RunSpec]) -> list[tuple[bool, RunRecord]]:
         self._check()
         check_job_ids([spec.id for spec in specs])
@@ -135,7 +133,7 @@ class RunOps(PostgresCore):
             return []
         await self._register_queues(sorted({spec.queue for spec in specs}))
         parts = [turn_parts(spec) for spec in specs]
-        ttls, caps = self._run_bounds()
+        ttls, caps = self._final_bounds()
         rows = await self._fetch(
             "run_create",
             self._sql["run_create"],
@@ -163,7 +161,7 @@ class RunOps(PostgresCore):
         self._check()
         if not run_ids:
             return []
-        ttls, _ = self._run_bounds()
+        ttls, _ = self._final_bounds()
         rows = await self._fetch(
             "run_get", self._sql["run_get"], self.ns, list(run_ids), ttls, read=True
         )
@@ -188,7 +186,7 @@ class RunOps(PostgresCore):
         # The steps are stored by the same call, before the compares (RunAppend.steps).
         steps = self._enqueue_args([m for item in appends for m in item.steps])
         await self._register_queues(steps[2])
-        ttls, caps = self._run_bounds()
+        ttls, caps = self._final_bounds()
         codes = await self._fetchval(
             "run_append",
             self._sql["run_append"],
@@ -218,7 +216,7 @@ class RunOps(PostgresCore):
         self._check()
         if not signals:
             return []
-        ttls, _ = self._run_bounds()
+        ttls, _ = self._final_bounds()
         codes = await self._fetchval(
             "run_signal",
             self._sql["run_signal"],
@@ -234,7 +232,7 @@ class RunOps(PostgresCore):
         self._check()
         if not wakes:
             return []
-        ttls, _ = self._run_bounds()
+        ttls, _ = self._final_bounds()
         out = await self._fetchval(
             "run_wake",
             self._sql["run_wake"],
@@ -249,7 +247,7 @@ class RunOps(PostgresCore):
         self._check()
         if not run_ids:
             return []
-        ttls, caps = self._run_bounds()
+        ttls, caps = self._final_bounds()
         rows = await self._fetch(
             "run_cancel", self._sql["run_cancel"], self.ns, list(run_ids), RUN_CANCELLED, ttls, caps
         )
