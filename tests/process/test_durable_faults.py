@@ -54,14 +54,21 @@ async def test_sigkill_inside_a_step(redis_server: RedisProcess, k: int) -> None
         await _check(scene, handle, plan, twice=[k])
 
 
-@pytest.mark.parametrize("k", STEP_INDEXES)
+@pytest.mark.parametrize(
+    ("k", "where"),
+    [
+        *((k, "redis") for k in STEP_INDEXES),
+        pytest.param(1, "postgres", marks=pytest.mark.postgres),
+        pytest.param(4, "postgres", marks=pytest.mark.postgres),
+    ],
+)
 async def test_sigkill_in_the_turn_that_read_a_step_outcome(
-    redis_server: RedisProcess, k: int
+    redis_server: RedisProcess, request: pytest.FixtureRequest, k: int, where: str
 ) -> None:
     """Killed in the turn that has read step K's outcome (the function runs past it) and
     not appended it yet: the next turn records it; no step runs again. For K = 4 the
     turn is the one that would complete the run."""
-    async with _scene(redis_server) as scene:
+    async with _scene(redis_server, pg=_pg(request, where)) as scene:
         victim = scene.spawn(holds=[f"after:{k}"])
         await scene.arm(f"after:{k}")
         plan = Plan(n=7)
