@@ -20,6 +20,11 @@ whose envelope's ``run_queue`` is not empty, and that field is the third from th
 of the envelope, followed by ``fair_key`` (empty) and ``fair_weight`` (0, which this
 broker requires): so a job with ``run_queue`` empty ends with the bytes a0 a0 00, and a
 job that is no step pays no query. ``run_turn`` fails a run whose turn failed for good.
+The trigger locks the step's run until the settle commits: two settles of steps of the
+same runs in opposite orders (a gather's steps, two workers' batches) can deadlock;
+PostgreSQL rolls one back and the call is sent again
+(:func:`typedq.broker.postgres.connection.call`), as with flows. Appends lock their runs
+in id order.
 
 Ended runs are kept within the retention bounds as finished jobs are: the count bound
 at each end (per final state), the age bound at every read (a run past it reads as
