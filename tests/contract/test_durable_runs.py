@@ -3,7 +3,7 @@ directly (compare-and-append, signal inboxes, turns, kept step outcomes, retenti
 
 The embedded broker's run store (typedq/broker/memory/runs.py) is the reference; the
 Redis broker keeps a run on its queue's slot (typedq/broker/redis/runs.py), the
-PostgreSQL broker in its schema (migration 7, typedq/broker/postgres/runs.py). Real time
+PostgreSQL broker in its schema (migration 9, typedq/broker/postgres/runs.py). Real time
 here: sleeps and timeouts are tens of milliseconds, and time bounds are generous.
 """
 

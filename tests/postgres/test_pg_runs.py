@@ -1,5 +1,5 @@
 """Durable runs on the PostgreSQL broker beyond the contract suite (tests/contract/
-test_durable_runs.py runs there too): the triggers of migration 7 leave jobs that are
+test_durable_runs.py runs there too): the triggers of migration 9 leave jobs that are
 no steps alone, by a test of the row alone."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def anyio_backend() -> str:
 def test_the_step_triggers_find_run_queue_third_from_the_end(
     run_queue: str, trace_links: str
 ) -> None:
-    """The triggers' condition (migration 7): an envelope's third byte from the end is
+    """The triggers' condition (migration 9): an envelope's third byte from the end is
     0xa0 (an empty str) exactly when its ``run_queue`` is empty, as long as ``fair_key``
     (empty) and ``fair_weight`` (0, which this broker requires) follow it. A field added
     after them breaks this test before it breaks the triggers."""

@@ -33,7 +33,7 @@ KILLS = 3
 @pytest.mark.parametrize(
     "where",
     # On PostgreSQL too: two processes' coalesced appends and the step triggers of many
-    # runs at once (migration 7).
+    # runs at once (migration 9).
     [*WHERE, pytest.param("postgres", marks=pytest.mark.postgres)],
 )
 async def test_a_batch_of_runs_survives_repeated_sigkills(

@@ -111,7 +111,7 @@ async def test_sigkill_between_enqueueing_a_step_and_logging_it(
     [
         *STEPS_WHERE,
         # On PostgreSQL the outcome and the next turn are written by a trigger in the
-        # transaction that completed the step (migration 7).
+        # transaction that completed the step (migration 9).
         pytest.param(0, "postgres", marks=pytest.mark.postgres),
         pytest.param(4, "postgres", marks=pytest.mark.postgres),
     ],

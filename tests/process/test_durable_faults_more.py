@@ -26,7 +26,7 @@ from typedq.durable import SignalReceived
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio, pytest.mark.asyncio_only]
 
 #: Redis, and PostgreSQL (its timers are scheduled turn jobs; a turn that failed for
-#: good fails its run by a trigger, migration 7); the ledger stays on Redis.
+#: good fails its run by a trigger, migration 9); the ledger stays on Redis.
 _ON_PG = ["redis", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 

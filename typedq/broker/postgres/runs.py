@@ -1,6 +1,6 @@
 """The PostgreSQL broker's capability Runs (durable runs, :mod:`typedq.broker.runs`), mixed
-into PostgresBroker: each operation is one call of a function of migration 7
-(:mod:`.migration_7`), which holds the rules (the embedded broker's, ``memory/runs.py``).
+into PostgresBroker: each operation is one call of a function of migration 9
+(:mod:`.migration_9`), which holds the rules (the embedded broker's, ``memory/runs.py``).
 A step's end is taken by a trigger of that migration in the transaction that finished
 the step, so the worker's calls know nothing of runs and a job that is no step pays
 nothing for them. ``wait_run`` is woken by ``r:`` notifications (the log grew or the run
@@ -53,7 +53,7 @@ _ID_MARK = "typedq-turn-id"
 
 
 def turn_parts(spec: RunSpec) -> tuple[bytes, bytes]:
-    """A turn's envelope before and after its id (``run_wake`` in migration 7 puts the
+    """A turn's envelope before and after its id (``run_wake`` in migration 9 puts the
     turn's id between them): the envelope is array-like and the id its first field."""
     whole = encode(
         JobMessage(id=_ID_MARK, task=spec.turn_task, queue=spec.queue, payload=spec.turn_payload)

@@ -32,7 +32,7 @@ from . import (
     migration_4,
     migration_5,
     migration_6,
-    migration_7,
+    migration_9,
 )
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
@@ -52,7 +52,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_4.SQL,
     migration_5.SQL,
     migration_6.SQL,
-    migration_7.SQL,
+    migration_9.SQL,
 )
 
 

@@ -37,7 +37,7 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
     s = f'"{schema}"'
     sql = {
         "enqueue": f"SELECT {s}.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-        # Durable runs (migration 7, .runs).
+        # Durable runs (migration 9, .runs).
         "run_create": f"SELECT * FROM {s}.run_create($1, $2, $3, $4, $5, $6, $7, $8, $9, "
         "$10, $11, $12)",
         "run_get": f"SELECT * FROM {s}.run_rows($1, $2, $3)",

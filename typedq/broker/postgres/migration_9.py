@@ -1,4 +1,4 @@
-"""The PostgreSQL broker's migration 7: durable runs (capability Runs,
+"""The PostgreSQL broker's migration 9: durable runs (capability Runs,
 :mod:`typedq.broker.runs`). Released: never edited (a change is a new migration).
 
 A run is a row of ``runs`` (its log an array of encoded entries, compared by its length
