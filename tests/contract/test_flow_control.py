@@ -1,8 +1,8 @@
 """Unique windows and debounce (docs/flow-control.md), on every broker.
 
-The embedded broker runs on a fake clock the test moves (exact times); Redis and Redis
-Cluster in real time with short windows (their clock is Redis TIME), asserting times
-relative to the job's own enqueue time (both read from the broker's clock).
+The embedded broker runs on a fake clock the test moves (exact times); Redis, Redis
+Cluster and PostgreSQL in real time with short windows (their clock is the server's),
+asserting times relative to the job's own enqueue time (both read from the broker's clock).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typedq.broker.base import Broker, BrokerSettings, Completion, Failure
 from typedq.broker.memory import MemoryBroker
 from typedq.testing import FakeClock
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 T0 = 1_800_000_000.0
 

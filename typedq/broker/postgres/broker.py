@@ -47,6 +47,7 @@ from .connection import (
     parse_url,
     schema_version,
 )
+from .control import ControlOps
 from .flows import FlowOps
 from .leases import LeaseOps
 from .limits import LimitOps
@@ -64,7 +65,15 @@ _CLOSE_TIMEOUT = 5.0
 
 
 class PostgresBroker(
-    JobStore, LeaseOps, LimitOps, ObserveOps, ScheduleOps, OperatorOps, StreamOps, FlowOps
+    JobStore,
+    LeaseOps,
+    LimitOps,
+    ObserveOps,
+    ScheduleOps,
+    OperatorOps,
+    StreamOps,
+    FlowOps,
+    ControlOps,
 ):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
 
