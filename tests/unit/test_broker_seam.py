@@ -22,6 +22,7 @@ from typedq.broker.capabilities import (
     CORE,
     CORE_WITH_DEFAULTS,
     EventStreams,
+    FlowControl,
     Flows,
     JobStreams,
     Limits,
@@ -44,7 +45,8 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
 #: PostgreSQL broker has the core store, operator actions, observability, schedules,
-#: task limits, event streams and job streams so far (issue 30; docs/brokers.md).
+#: task limits, event streams, job streams, workflows and flow control (unique windows,
+#: debounce) so far (issue 30; docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
@@ -54,6 +56,7 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
         if cap
         not in (
             EventStreams,
+            FlowControl,
             Flows,
             JobStreams,
             Limits,

@@ -12,18 +12,19 @@ What this broker has: the 14 core methods, plus ``wait_for_jobs``, ``wait_finish
 and the capabilities OperatorActions (retry, remove, purge), Observability (per-minute
 rollups, the worker and queue registries), Schedules (compare-and-set firing on the
 database's clock), Limits (rate and concurrency limits checked inside the claim),
-TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), and Flows
-(workflows, handed off by the schema's triggers: :mod:`.flows`). Every other capability
-(runs, flow control, flow views, the schema registry) keeps the seam's Unsupported
-default: an app that declares one of those it needs at connect fails there in one line
-(docs/brokers.md).
+TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), Flows
+(workflows, handed off by the schema's triggers: :mod:`.flows`) and FlowControl (unique
+windows and debounce: :mod:`.control`). Every other capability (runs, flow views, the
+schema registry) keeps the seam's Unsupported default: an app that declares one of
+those it needs at connect fails there in one line (docs/brokers.md).
 
 The class is made of mixins, one module per capability, on the core they share
 (:mod:`.core`: the pool, one call of a statement, the enqueue arguments): the producer
 side and the reads in :mod:`.store`, the worker's claim, leases and settles in
 :mod:`.leases`, Limits in :mod:`.limits`, Observability in :mod:`.observe`, Schedules in
 :mod:`.schedules`, OperatorActions in :mod:`.actions`, EventStreams and JobStreams in
-:mod:`.streams`, Flows in :mod:`.flows`; rows become the seam's values in :mod:`.rows`.
+:mod:`.streams`, Flows in :mod:`.flows`, FlowControl in :mod:`.control`; rows become
+the seam's values in :mod:`.rows`.
 Here: connect (pool, migrations, listener), close, and the notifications that wake
 waiters.
 """
