@@ -152,6 +152,30 @@ async def test_a_failed_or_cancelled_job_frees_its_key_at_once(
         assert third.id not in (first.id, second.id)
 
 
+async def test_a_failed_job_retried_by_an_operator_does_not_take_its_key_back(
+    app_name: str, broker_url: str
+) -> None:
+    """Failing for good freed the key: the operator's retry runs the job again, and the
+    key goes to the next enqueue (as it would have without the retry)."""
+    async with timeline(app_name, broker_url) as line:
+        app = line.app
+
+        @app.task(queue="uo", key=lambda d: d.doc, unique_for=timedelta(hours=1))
+        async def index(d: Doc) -> None:
+            pass
+
+        first = await index.enqueue(Doc("a"))
+        await run_one(line.broker, "uo", fail=True)
+        assert [o.value for o in await line.broker.retry([first.id], queue="uo")] == ["retried"]
+        assert (await first.status()) is JobState.WAITING
+        second = await index.enqueue(Doc("a"))
+        assert second.created
+        assert second.id != first.id
+        # The new job holds the key now.
+        third = await index.enqueue(Doc("a"))
+        assert (third.id, third.created) == (second.id, False)
+
+
 async def test_a_job_between_retries_holds_its_key(app_name: str, broker_url: str) -> None:
     async with timeline(app_name, broker_url) as line:
         app = line.app

@@ -1,6 +1,7 @@
 """The PostgreSQL broker's migration 7: unique windows and debounce (capability
 FlowControl, :mod:`typedq.broker.postgres.control`). Released: never edited (a change is
-a new migration). It only adds: a column, a table, an index, two functions, a trigger.
+a new migration). It only adds: a column, a table, indexes, functions and two triggers
+(no existing function or trigger changes).
 
 The rules are the embedded broker's (:mod:`typedq.broker.memory.control`):
 
@@ -9,10 +10,12 @@ The rules are the embedded broker's (:mod:`typedq.broker.memory.control`):
   marker's ``until`` is NULL while its job may still hold it (the job row tells: not
   final, or COMPLETED less than ``win`` seconds ago), and set to the job's finish +
   ``win`` when retention (or an operator) deletes a completed job, so the window
-  outlives the job. A failed or cancelled job frees its key at once: its row says so.
-- ``jobs.ctl``: the marker of a keyed job (NULL for every other job). The one trigger,
-  ``ctl_gone``, fires on a deleted keyed job only (``WHEN (OLD.ctl IS NOT NULL)``): the
-  finish path of every job, keyed or not, is not touched, and plain jobs pay nothing.
+  outlives the job. A job failing for good or cancelled frees its key at once.
+- ``jobs.ctl``: the marker of a keyed job (NULL for every other job). Two triggers read
+  it in their conditions (the row alone, no query: plain jobs pay nothing):
+  ``ctl_gone`` on a deleted keyed job, ``ctl_freed`` on a keyed job failing for good or
+  cancelled (its marker goes, so an operator's retry does not take the key back). A
+  job completing writes nothing: its row tells the window.
 - Every keyed enqueue takes the marker's transaction-level advisory lock first, so two
   producers of one key (two brokers, two processes) are serialized: one creates, the
   other finds its job.
@@ -137,4 +140,17 @@ END $$;
 CREATE TRIGGER ctl_gone AFTER DELETE ON {s}.jobs FOR EACH ROW
 WHEN (OLD.ctl IS NOT NULL)
 EXECUTE FUNCTION {s}.ctl_gone();
+
+-- A keyed job failed for good or was cancelled: its key is free at once, and stays free
+-- should an operator retry the job (as the embedded broker and Redis drop the marker).
+CREATE FUNCTION {s}.ctl_freed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM {s}.ctl_markers x
+    WHERE x.ns = NEW.ns AND x.queue = NEW.queue AND x.marker = NEW.ctl AND x.job_id = NEW.id;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER ctl_freed AFTER UPDATE OF state ON {s}.jobs FOR EACH ROW
+WHEN (NEW.ctl IS NOT NULL AND NEW.state >= 4 AND OLD.state < 3)
+EXECUTE FUNCTION {s}.ctl_freed();
 """
