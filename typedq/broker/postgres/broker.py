@@ -105,6 +105,8 @@ class PostgresBroker(
         self._reader_until: dict[tuple[str, str], float] = {}
         #: Queues this process has put in the queue registry (``list_queues``).
         self._registered: set[str] = set()
+        #: Debounce keys' last collecting jobs seen here (:mod:`.control`).
+        self._holders: dict[tuple[str, str], str] = {}
 
     def __repr__(self) -> str:
         return f"PostgresBroker({self.target.safe!r})"
