@@ -34,7 +34,7 @@ from ..base import (
 from .codec import FINISH, LEASE, MICRO, decode_job, encode, text, us
 from .core import RedisCore, _request_token
 from .health import log
-from .runs import keep_runs
+from .runs import keep_run
 
 __all__ = ["LeaseOps"]
 
@@ -139,8 +139,8 @@ class LeaseOps(RedisCore):
                     outcomes[q] = list(reply)
                     continue
                 if kind == "settle":
-                    if len(reply) > 2:
-                        keep_runs(self._handed_runs, reply[2])
+                    for item in reply[2] if len(reply) > 2 else ():
+                        keep_run(self._handed_runs, item)
                     reply, outcomes[q] = reply[0], list(reply[1])
                 dues.append(int(reply[0]))
                 merged.extend(reply[1:])
@@ -393,8 +393,8 @@ class LeaseOps(RedisCore):
             queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id, settles=settles
         )
         reply, settled, *runs = await self._eval("claim", keys, args)
-        if runs:
-            keep_runs(self._handed_runs, runs[0])
+        for item in runs[0] if runs else ():
+            keep_run(self._handed_runs, item)
         at = 0
         for idx in groups.values():
             for i in idx:

@@ -58,7 +58,7 @@ _RUN_LETTERS = {state: letter for letter, state in _RUN_STATES.items()}
 #: Run ids whose queue this process keeps (see :meth:`RunOps._run_queues_of`) at most.
 _KEEP_LOCATIONS = 100_000
 
-#: At most this many runs that came with turn jobs wait for their turn (keep_runs).
+#: At most this many runs that came with turn jobs wait for their turn (keep_run).
 _HANDED_RUNS_KEPT = 4096
 
 _decode_spec = msgspec.msgpack.Decoder(RunSpec).decode
@@ -104,13 +104,48 @@ def _record(reply: list[Any]) -> RunRecord:
     )
 
 
-def keep_runs(kept: dict[str, RunRecord], runs: Sequence[Any]) -> None:
-    """Keep in ``kept`` the runs a refill claim answered with its turn jobs (per job its
-    id, then its run as run_get.lua answers it: common/runs.lua's run_ops.claimed), for
-    their turns (each one's first read); the oldest go past a bound (a turn that never
-    takes its own reads the run, as any does)."""
-    for i in range(0, len(runs), 2):
-        kept[text(runs[i])] = _record(runs[i + 1])
+def _unpack_run(data: bytes) -> Any:
+    """A value as common/runs.lua's run_ops.pack wrote it: 's<length>:<bytes>' a string
+    (bytes), 'n' nil (None), 'l<count>:<items>' a list."""
+    stack: list[list[Any]] = []
+    wanted: list[int] = []
+    at, size = 0, len(data)
+    while at < size:
+        kind = data[at]
+        if kind == 0x6E:  # 'n'
+            value: Any = None
+            at += 1
+        else:
+            colon = data.index(b":", at)
+            n = int(data[at + 1 : colon])
+            at = colon + 1
+            if kind == 0x6C:  # 'l'
+                stack.append([])
+                wanted.append(n)
+                if n:
+                    continue
+                value = stack.pop()
+                wanted.pop()
+            else:
+                value = data[at : at + n]
+                at += n
+        while True:
+            if not stack:
+                return value
+            stack[-1].append(value)
+            if len(stack[-1]) < wanted[-1]:
+                break
+            value = stack.pop()
+            wanted.pop()
+    raise ValueError("a run packed by run_ops.pack ended early")
+
+
+def keep_run(kept: dict[str, RunRecord], item: bytes) -> None:
+    """Keep in ``kept`` the run of ``item`` ('<turn job id>|<run_ops.pack of its run>',
+    common/runs.lua), which came with that turn job, for the turn (its first read); the
+    oldest go past a bound (a turn that never takes its own reads the run, as any does)."""
+    turn_id, packed = item.split(b"|", 1)
+    kept[text(turn_id)] = _record(_unpack_run(packed))
     while len(kept) > _HANDED_RUNS_KEPT:
         del kept[next(iter(kept))]
 
