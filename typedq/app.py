@@ -306,7 +306,7 @@ class App(AppBase):
 
             async def turn(turn: RunTurn, ctx: JobContext) -> None:
                 try:
-                    await durable.turn(turn.run_id, turn_id=ctx.job_id)
+                    await durable.turn(turn.run_id)
                 except Exception as exc:
                     if ctx.attempt > retries:
                         # Its last attempt: no turn would come again, so the run fails

@@ -133,8 +133,6 @@ from .settings import BrokerSettings, Retention
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
 
-    from .runs import RunRecord
-
 __all__ = [
     "CLAIM_RECORD_TTL",
     "ERROR_HISTORY",
@@ -188,13 +186,6 @@ class Broker(CapabilityDefaults, abc.ABC):
     #: worth coalescing into one ``get_runs`` / ``append_runs`` call each (a broker whose
     #: calls are round trips).
     coalesce_run_calls: bool = False
-
-    def take_handed_run(self, turn_id: str) -> RunRecord | None:
-        """The run that came with turn job ``turn_id`` when the broker handed that job to
-        a worker of this process (read in the call that handed it over, as ``get_runs``
-        reads it), once; None: none came, the turn reads the run. Such a record is an
-        earlier read, no more: a turn's compare-and-append fences it as it fences any."""
-        return None
 
     def set_partitions(self, partitions: Mapping[str, int]) -> None:
         """Declare partitioned queues (queue -> number of partitions); an app does, at

@@ -191,15 +191,11 @@ class DurableTask(Generic[TIn, TOut]):
 
     # -- the turn (a worker runs it as the job of the turn task) --------------------------
 
-    async def turn(self, run_id: str, *, turn_id: str | None = None) -> None:
-        """Replay the run once more and carry out the decision (see the module doc).
-        ``turn_id``: the turn job's id, whose run may have come with it (its first read
-        is then that one: :meth:`~typedq.broker.base.Broker.take_handed_run`)."""
+    async def turn(self, run_id: str) -> None:
+        """Replay the run once more and carry out the decision (see the module doc)."""
         broker = self._app.broker
-        handed = None if turn_id is None else broker.take_handed_run(turn_id)
         for _ in range(_MAX_ROUNDS):
-            record = handed or await self._app.client.read_run(run_id)
-            handed = None
+            record = await self._app.client.read_run(run_id)
             if record is None or record.state.is_final:
                 return
             entries = [e for blob in record.log for e in decode_entries(blob)]

@@ -132,7 +132,6 @@ class RedisBroker(
         self._registrations = {}
         self._blocking = {}
         self._unanswered_claims = set()
-        self._handed_runs = {}
         # Job stream readers' registrations this process holds (see .streams).
         self._reader_until = {}
 

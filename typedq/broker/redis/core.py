@@ -20,7 +20,6 @@ import redis.exceptions as rexc
 
 from ...errors import BrokerError
 from ..base import Broker
-from ..runs import RunRecord
 from .connection import Lane
 from .health import EpochWatch, MemoryWatch
 from .keys import Keys
@@ -58,10 +57,6 @@ class RedisCore(Broker):
     _memory: MemoryWatch
     _library: Library
     _held: dict[str, tuple[str, str]]
-    #: Runs that came with turn jobs this process's workers took (a hand-off's '\\0R'
-    #: item, a refill claim's runs: common/runs.lua), by turn job id, until the turn
-    #: takes its own (take_handed_run).
-    _handed_runs: dict[str, RunRecord]
     _acks: dict[str, list[str]]
     #: Where the broker is, for messages ("Redis at host:port").
     _where: str

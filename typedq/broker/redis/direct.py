@@ -48,7 +48,6 @@ from .connection import SOCKET_TIMEOUT
 from .core import _request_token
 from .health import log
 from .leases import LeaseOps
-from .runs import keep_run
 
 __all__ = ["DirectHandoff"]
 
@@ -57,8 +56,6 @@ __all__ = ["DirectHandoff"]
 _TTL_MS = 10_000
 #: The longest blocking pop (s): below the connection's read timeout.
 _LONGEST_POP = 3.0
-#: At most this many runs that came with turns wait for their turn (_handed_runs).
-_HANDED_RUNS_KEPT = 4096
 
 
 @dataclasses.dataclass
@@ -220,9 +217,7 @@ class DirectHandoff(LeaseOps):
         and the new registration (None: work waits, or ``old`` left jobs: claim)."""
         await self._note_queues(queues)
         home = old.home if old is not None else queues[0]
-        # 'R': this worker reads the runs that come with turns (_handed), so a turn
-        # handed to it brings its run (common/bookkeeping.lua's hand_off).
-        token = "R" + _request_token()
+        token = _request_token()
         reply = await self._eval(
             "handoff",
             [self.keys.active(home)],
@@ -297,9 +292,6 @@ class DirectHandoff(LeaseOps):
         for item in popped:
             if not item:
                 woke = True
-                continue
-            if item[:2] == b"\0R":
-                keep_run(self._handed_runs, item[2:])
                 continue
             job_id, token, enqueued, queue, body = item.split(b"|", 4)
             fields += (job_id, body, token, 1, int(enqueued), 0, queue, 0)

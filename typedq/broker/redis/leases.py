@@ -34,7 +34,6 @@ from ..base import (
 from .codec import FINISH, LEASE, MICRO, decode_job, encode, text, us
 from .core import RedisCore, _request_token
 from .health import log
-from .runs import keep_run
 
 __all__ = ["LeaseOps"]
 
@@ -139,8 +138,6 @@ class LeaseOps(RedisCore):
                     outcomes[q] = list(reply)
                     continue
                 if kind == "settle":
-                    for item in reply[2] if len(reply) > 2 else ():
-                        keep_run(self._handed_runs, item)
                     reply, outcomes[q] = reply[0], list(reply[1])
                 dues.append(int(reply[0]))
                 merged.extend(reply[1:])
@@ -392,9 +389,7 @@ class LeaseOps(RedisCore):
         keys, args = self._claim_call(
             queues, limit, worker_id=worker_id, lease=lease, claim_id=claim_id, settles=settles
         )
-        reply, settled, *runs = await self._eval("claim", keys, args)
-        for item in runs[0] if runs else ():
-            keep_run(self._handed_runs, item)
+        reply, settled = await self._eval("claim", keys, args)
         at = 0
         for idx in groups.values():
             for i in idx:

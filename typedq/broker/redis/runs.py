@@ -58,9 +58,6 @@ _RUN_LETTERS = {state: letter for letter, state in _RUN_STATES.items()}
 #: Run ids whose queue this process keeps (see :meth:`RunOps._run_queues_of`) at most.
 _KEEP_LOCATIONS = 100_000
 
-#: At most this many runs that came with turn jobs wait for their turn (keep_run).
-_HANDED_RUNS_KEPT = 4096
-
 _decode_spec = msgspec.msgpack.Decoder(RunSpec).decode
 _decode_failure = msgspec.msgpack.Decoder(FailureRecord).decode
 
@@ -102,52 +99,6 @@ def _record(reply: list[Any]) -> RunRecord:
         },
         read_at=read_at,
     )
-
-
-def _unpack_run(data: bytes) -> Any:
-    """A value as common/runs.lua's run_ops.pack wrote it: 's<length>:<bytes>' a string
-    (bytes), 'n' nil (None), 'l<count>:<items>' a list."""
-    stack: list[list[Any]] = []
-    wanted: list[int] = []
-    at, size = 0, len(data)
-    while at < size:
-        kind = data[at]
-        if kind == 0x6E:  # 'n'
-            value: Any = None
-            at += 1
-        else:
-            colon = data.index(b":", at)
-            n = int(data[at + 1 : colon])
-            at = colon + 1
-            if kind == 0x6C:  # 'l'
-                stack.append([])
-                wanted.append(n)
-                if n:
-                    continue
-                value = stack.pop()
-                wanted.pop()
-            else:
-                value = data[at : at + n]
-                at += n
-        while True:
-            if not stack:
-                return value
-            stack[-1].append(value)
-            if len(stack[-1]) < wanted[-1]:
-                break
-            value = stack.pop()
-            wanted.pop()
-    raise ValueError("a run packed by run_ops.pack ended early")
-
-
-def keep_run(kept: dict[str, RunRecord], item: bytes) -> None:
-    """Keep in ``kept`` the run of ``item`` ('<turn job id>|<run_ops.pack of its run>',
-    common/runs.lua), which came with that turn job, for the turn (its first read); the
-    oldest go past a bound (a turn that never takes its own reads the run, as any does)."""
-    turn_id, packed = item.split(b"|", 1)
-    kept[text(turn_id)] = _record(_unpack_run(packed))
-    while len(kept) > _HANDED_RUNS_KEPT:
-        del kept[next(iter(kept))]
 
 
 def _append_args(a: RunAppend) -> list[Any]:
@@ -357,9 +308,6 @@ class RunOps(RedisCore):
             following, found = await self._conn().hscan(self.keys.runs, at, count=limit)
         ids = [text(run_id) for run_id in found]
         return ids, (None if int(following) == 0 else str(following))
-
-    def take_handed_run(self, turn_id: str) -> RunRecord | None:
-        return self._handed_runs.pop(turn_id, None)
 
     async def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
         replies = await self._run_calls("run_get", [(r, [r]) for r in run_ids], None)

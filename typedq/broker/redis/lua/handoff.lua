@@ -62,8 +62,7 @@ if old ~= '' then
       still_handed(old, rcall('LRANGE', inbox .. ':h', 0, -1))
     else
       for _, e in ipairs(left) do
-        -- ('\0R...': a run that went with a turn, common/runs.lua: not a job.)
-        if e ~= '' and string.byte(e, 1) ~= 0 then
+        if e ~= '' then
           local id, tok, e_at, q, m = string.match(e, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
           if id then
             -- Still ours (a cancel may have taken it meanwhile: then it is not).

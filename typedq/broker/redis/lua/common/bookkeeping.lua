@@ -381,10 +381,8 @@ end
 -- `now` (µs, and its text `now_text`): the enqueue's clock. Returns how many jobs of
 -- ids[first..] were handed (the first ones, in order); their index fields (the
 -- enqueue's HSETNX) are deleted here, from the buckets `iks` names (ids[j]'s at iks[j];
--- nil: each found by hashing its id). `pre` (a durable run's turn, common/runs.lua): a
--- function giving an item pushed to the inbox just before the jobs (popped first), for a
--- registration whose token starts with 'R' (a worker that reads such items: direct.py).
-local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text, iks, pre)
+-- nil: each found by hashing its id).
+local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text, iks)
   local hk = k_fixed(q, 'H')
   local regs = rcall('HGETALL', hk)
   if #regs == 0 or rcall('EXISTS', k_gates(q)) == 1 then return 0 end
@@ -419,7 +417,6 @@ local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text
         items[k] = id .. '|' .. jt .. '|' .. now_text .. '|' .. q .. '|' .. m
         lines[k] = q .. '|' .. id
       end
-      if pre and string.byte(tok, 1) == 82 then rcall('LPUSH', inbox, pre()) end
       for s = 1, take, 500 do
         local e = math.min(s + 499, take)
         rcall('ZADD', k_active(q), unpack(leases, 2 * s - 1, 2 * e))

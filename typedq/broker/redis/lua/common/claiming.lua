@@ -18,7 +18,7 @@
 function claim_ops.settle_answer(out, settled)
   flush_counts()
   publish()
-  return flow_reply({out, settled, run_ops.claimed(out)})
+  return flow_reply({out, settled})
 end
 
 -- The completions of a claim's settle section (`settles`: per settled queue, five

@@ -62,48 +62,18 @@ function run_ops.state(q, r, now)
   return m[1]
 end
 
--- A value of run_ops.reply as text the worker reads back (direct.py's _unpack_run): a
--- string 's<length>:<bytes>', false 'n', a number as the string of its integer, a table
--- 'l<count>:' then its items.
-function run_ops.pack(v, out)
-  local t = type(v)
-  if t == 'table' then
-    out[#out + 1] = 'l' .. #v .. ':'
-    for i = 1, #v do run_ops.pack(v[i], out) end
-  elseif t == 'number' then
-    local s = string.format('%d', v)
-    out[#out + 1] = 's' .. #s .. ':' .. s
-  elseif t == 'string' then
-    out[#out + 1] = 's' .. #v .. ':' .. v
-  else
-    out[#out + 1] = 'n'
-  end
-  return out
-end
-
--- Store job `id` of queue `q` with body `body`: waiting, or scheduled at `at` (µs) when
--- that is later than `now`. An id taken already (a run made again under the id of one
--- retention dropped, whose turn job is still kept) stores nothing. With `r`, the job is
--- a turn of run `r` of `q`: handed straight to a worker that reads them (common/
--- bookkeeping.lua's hand_off), the run as run_get.lua answers it now goes with it (the
--- item '\0R<turn job id>|<run_ops.pack of it>'), and the turn needs no read of its own.
-function run_ops.enqueue(q, id, body, at, now, r)
+-- Store turn job `id` of queue `q` with body `body`: waiting, or scheduled at `at` (µs)
+-- when that is later than `now`. An id taken already (a run made again under the id of
+-- one retention dropped, whose turn job is still kept) stores nothing.
+function run_ops.enqueue(q, id, body, at, now)
   if job_exists(q, id) then return end
   local o = rcall('INCR', k_seq(q))
-  local pre = nil
-  if r then
-    pre = function()
-      local reply = run_ops.reply(q, r)
-      reply[#reply + 1] = now
-      return table.concat(run_ops.pack(reply, {'\0R', id, '|'}))
-    end
-  end
   if at > now then
     rcall('SET', k_job(q, id), pack_rec({s = 's', q = q, o = o, e = now, p = false, r = at,
       m = body}))
     rcall('ZADD', k_sched(q), string.format('%d', at), id)
     count(q, 's', 1)
-  elseif hand_off(q, '0', {id}, {num_text(o)}, {body}, 1, 1, now, num_text(now), nil, pre) == 0 then
+  elseif hand_off(q, '0', {id}, {num_text(o)}, {body}, 1, 1, now, num_text(now)) == 0 then
     push_entry(q, '0', id, o, now, body)
     count(q, 'w', 1)
   else
@@ -126,7 +96,7 @@ function run_ops.wake(q, r, at, now)
     end
   end
   local id = r .. ':t' .. rcall('HINCRBY', rk, 'n', 1)
-  run_ops.enqueue(q, id, rcall('HGET', rk, 'tb'), immediate and 0 or at, now, r)
+  run_ops.enqueue(q, id, rcall('HGET', rk, 'tb'), immediate and 0 or at, now)
   if immediate then rcall('HSET', rk, 't', id) end
 end
 
@@ -209,24 +179,6 @@ run_step_done = function(q, id, jk, state, now, turn)
   else
     run_settle(rq, r, id, state, f[2] or nil, f[3] or nil, now)
   end
-end
-
--- The runs of the turn jobs in a claim's answer `out` (claim.lua's: next due, then 8
--- fields per job) that are running, each '<turn job id>|<run_ops.pack of the run as
--- run_get.lua answers it>': the worker whose completion's refill takes a run's turn
--- takes its run with it, and the turn needs no read of its own (direct.py).
-function run_ops.claimed(out)
-  local runs = {}
-  for i = 2, #out, 8 do
-    local id, q = out[i], out[i + 6]
-    local r = string.match(id, '^(.+):t%d+$')
-    if r and rcall('HGET', k_run(q, 'u:', r), 'st') == 'r' then
-      local reply = run_ops.reply(q, r)
-      reply[#reply + 1] = last_now
-      runs[#runs + 1] = table.concat(run_ops.pack(reply, {id, '|'}))
-    end
-  end
-  return runs
 end
 
 -- Create run `r` on queue `q` with spec `sp` and turn job body `tb` unless it exists:
