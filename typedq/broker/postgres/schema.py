@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from . import migration_1, migration_2, migration_3, migration_4, migration_5
+from . import migration_1, migration_2, migration_3, migration_4, migration_5, migration_6
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
 
@@ -43,6 +43,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_3.SQL,
     migration_4.SQL,
     migration_5.SQL,
+    migration_6.SQL,
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..base import JobState
 
-__all__ = ["RECORD_COLUMNS", "statements"]
+__all__ = ["RECORD_COLUMNS", "count_statements", "statements"]
 
 #: The order of each state's listing (Broker.list_jobs).
 _LIST_ORDER = {
@@ -155,6 +155,31 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "leave_stream": f"DELETE FROM {s}.stream_readers WHERE ns = $1 AND job_id = $2 "
         "AND reader = $3",
         "sweep_streams": f"SELECT {s}.sweep_streams($1, $2)",
+        # The schema registry (.schemas): $2.. the records' columns, in call order. Per
+        # record whether it was kept now: the first of its pair in the call, when the
+        # table had no row of it (the insert takes pairs in key order: two concurrent
+        # calls lock their rows in one order).
+        "record_schemas": (
+            "WITH i AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) "
+            "WITH ORDINALITY AS t (task, fp, inp, outp, ord)), "
+            "f AS (SELECT DISTINCT ON (task, fp) * FROM i ORDER BY task, fp, ord), "
+            f"n AS (INSERT INTO {s}.schemas (ns, task, fingerprint, input_schema, "
+            f"output_schema, first_seen) SELECT $1, task, fp, inp, outp, {s}.now_s() FROM f "
+            "ORDER BY task, fp ON CONFLICT DO NOTHING RETURNING task, fingerprint) "
+            "SELECT n.task IS NOT NULL AS kept FROM i LEFT JOIN f ON f.ord = i.ord "
+            "LEFT JOIN n ON n.task = f.task AND n.fingerprint = f.fp ORDER BY i.ord"
+        ),
+        "schema_records": "SELECT task, fingerprint, input_schema, output_schema, first_seen "
+        f"FROM {s}.schemas WHERE ns = $1 ORDER BY task, first_seen, fingerprint",
+        "forget_schemas": (
+            "WITH i AS (SELECT * FROM unnest($2::text[], $3::text[]) "
+            "WITH ORDINALITY AS t (task, fp, ord)), "
+            "f AS (SELECT DISTINCT ON (task, fp) * FROM i ORDER BY task, fp, ord), "
+            f"d AS (DELETE FROM {s}.schemas x USING f WHERE x.ns = $1 AND x.task = f.task "
+            "AND x.fingerprint = f.fp RETURNING x.task, x.fingerprint) "
+            "SELECT d.task IS NOT NULL AS gone FROM i LEFT JOIN f ON f.ord = i.ord "
+            "LEFT JOIN d ON d.task = f.task AND d.fingerprint = f.fp ORDER BY i.ord"
+        ),
     }
     page = {
         state: f"SELECT id, ({a})::float8 AS a, ({b})::bigint AS b FROM {s}.jobs "
@@ -169,3 +194,64 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         for state in JobState
     }
     return sql, page, listing
+
+
+def _element(k: int, start: str) -> str:
+    """A lateral ``e{k}``: the msgpack str or bin at byte ``start`` of ``d.m`` as its
+    offset ``o``, header length ``h`` and length ``n`` (fixstr, str/bin 8, 16, 32).
+    ``OFFSET 0`` keeps each lateral a subquery of its own: flattened, every offset would
+    be expanded into the next one's expression, growing fivefold per element."""
+    b = "z.b"
+    return (
+        "CROSS JOIN LATERAL (SELECT z.o, "
+        f"CASE WHEN {b} BETWEEN 160 AND 191 THEN 1 WHEN {b} IN (196, 217) THEN 2 "
+        f"WHEN {b} IN (197, 218) THEN 3 ELSE 5 END AS h, "
+        f"CASE WHEN {b} BETWEEN 160 AND 191 THEN {b} - 160 "
+        f"WHEN {b} IN (196, 217) THEN get_byte(d.m, z.o + 1) "
+        f"WHEN {b} IN (197, 218) THEN get_byte(d.m, z.o + 1) * 256 + get_byte(d.m, z.o + 2) "
+        "ELSE get_byte(d.m, z.o + 1) * 16777216 + get_byte(d.m, z.o + 2) * 65536 "
+        "+ get_byte(d.m, z.o + 3) * 256 + get_byte(d.m, z.o + 4) END AS n "
+        f"FROM (SELECT {start} AS o, get_byte(d.m, {start}) AS b OFFSET 0) z OFFSET 0) e{k} "
+    )
+
+
+def _text_of(k: int) -> str:
+    return f"convert_from(substring(d.m FROM e{k}.o + e{k}.h + 1 FOR e{k}.n), 'UTF8')"
+
+
+def count_statements(schema: str) -> dict[JobState, str]:
+    """``count_fingerprints``' statement of each state for ``schema``: the page
+    ``page_jobs`` would answer ($1 ns, $2 queue, $3 state, $4..$6 the place after which it
+    starts, $7 the page's size), its jobs counted by task and fingerprint where they are
+    stored.
+
+    Rows: one per ``(task, fingerprint)`` with its jobs (``n``), and, when a job follows
+    the page, one with the place of the page's last job (``a``, ``b``, ``id``; task NULL).
+    The task and fingerprint are read from the stored message (a msgpack array, as
+    :data:`.rows.encode` writes a JobMessage: id, task, queue, payload, fingerprint,
+    ...) by skipping its first elements' lengths: no column of the jobs table holds the
+    fingerprint, and the message never leaves the database. ``m || ''`` detoasts a large
+    message once per job, not once per byte read."""
+    s = f'"{schema}"'
+    start = (
+        "CASE WHEN get_byte(d.m, 0) BETWEEN 144 AND 159 THEN 1 "
+        "WHEN get_byte(d.m, 0) = 220 THEN 3 ELSE 5 END"
+    )
+    parse = "CROSS JOIN LATERAL (SELECT r.message || '\\x'::bytea AS m OFFSET 0) d "
+    for k in range(5):
+        parse += _element(k, start if k == 0 else f"e{k - 1}.o + e{k - 1}.h + e{k - 1}.n")
+    out = {}
+    for state, (a, b) in _PLACES.items():
+        out[state] = (
+            f"WITH p AS (SELECT id, ({a})::float8 AS a, ({b})::bigint AS b, message "
+            f"FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+            f"AND (({a})::float8, ({b})::bigint, id) > ($4, $5, $6) "
+            f"ORDER BY ({a})::float8, ({b})::bigint, id LIMIT $7 + 1), "
+            "r AS (SELECT p.*, row_number() OVER (ORDER BY a, b, id) AS k FROM p) "
+            f"SELECT {_text_of(1)} AS task, {_text_of(4)} AS fp, count(*) AS n, "
+            "NULL::float8 AS a, NULL::bigint AS b, NULL::text AS id "
+            f"FROM r {parse}WHERE r.k <= $7 GROUP BY 1, 2 "
+            "UNION ALL SELECT NULL, NULL, 0, a, b, id FROM r "
+            "WHERE k = $7 AND EXISTS (SELECT 1 FROM r WHERE k = $7 + 1)"
+        )
+    return out
