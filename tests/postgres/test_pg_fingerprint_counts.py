@@ -109,6 +109,14 @@ async def test_counting_pages_are_page_jobs_pages(pg_url: str, app_name: str) ->
                 cursor = page.cursor
             assert cursors == listed
             assert len(cursors) == 8
+            # Places between and beyond the stored ones (a cursor this broker did not
+            # make, but page_jobs reads): the same jobs follow them.
+            for place in ("w-1.5:0:a", "w-2:-5:a", "w1e300:0:a", "w-1e300:0:a"):
+                ids = (await broker.page_jobs("q", JobState.WAITING, cursor=place, limit=100)).ids
+                page = await broker.count_fingerprints(
+                    "q", JobState.WAITING, cursor=place, limit=100
+                )
+                assert page.jobs == len(ids), place
             await broker.enqueue(
                 [job(f"m{i:05}", "t", "f", b"") for i in range(COUNT_PAGE_MAX + 1)]
             )

@@ -25,6 +25,7 @@ from ..memory.listing import CURSOR_LETTERS, cursor_place
 from ..schemas import FingerprintPage, SchemaRecord
 from .core import PostgresCore
 from .rows import CODE, page_cursor
+from .statements import BOUND_BY_INTEGER
 
 __all__ = ["COUNT_PAGE_MAX", "SchemaOps"]
 
@@ -87,9 +88,7 @@ class SchemaOps(PostgresCore):
         letter = CURSOR_LETTERS[state]
         after = (-math.inf, 0, "") if cursor is None else cursor_place(cursor, letter)
         limit = max(1, min(limit, COUNT_PAGE_MAX))
-        rows = await self._fetch(
-            "count_fingerprints",
-            self._count_sql[state],
+        args = [
             self.ns,
             queue,
             CODE[state],
@@ -97,8 +96,14 @@ class SchemaOps(PostgresCore):
             int(after[1]) if cursor is not None else -(2**62),
             after[2],
             limit,
-            read=True,
-        )
+        ]
+        if state in BOUND_BY_INTEGER:
+            # The cursor's priority (waiting) or seq (final), whose negation is its
+            # place's first part, as an integer the index compares (rounded up: the
+            # jobs below a place's priority are those below this integer).
+            bound = math.ceil(-after[0]) if cursor is not None else 2**62
+            args.append(max(-(2**62), min(2**62, bound)))
+        rows = await self._fetch("count_fingerprints", self._count_sql[state], *args, read=True)
         counts: dict[tuple[str, str], int] = {}
         following: str | None = None
         for row in rows:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..base import JobState
 
-__all__ = ["RECORD_COLUMNS", "count_statements", "statements"]
+__all__ = ["BOUND_BY_INTEGER", "RECORD_COLUMNS", "count_statements", "statements"]
 
 #: The order of each state's listing (Broker.list_jobs).
 _LIST_ORDER = {
@@ -196,61 +196,113 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
     return sql, page, listing
 
 
-def _element(k: int, start: str) -> str:
-    """A lateral ``e{k}``: the msgpack str or bin at byte ``start`` of ``d.m`` as its
-    offset ``o``, header length ``h`` and length ``n`` (fixstr, str/bin 8, 16, 32).
-    ``OFFSET 0`` keeps each lateral a subquery of its own: flattened, every offset would
-    be expanded into the next one's expression, growing fivefold per element."""
-    b = "z.b"
-    return (
-        "CROSS JOIN LATERAL (SELECT z.o, "
+def _str_len(b: str, o: str) -> tuple[str, str]:
+    """The header length and the length of the msgpack str or bin whose first byte,
+    ``b``, is at offset ``o`` of ``m`` (fixstr, str/bin 8, 16, 32)."""
+    head = (
         f"CASE WHEN {b} BETWEEN 160 AND 191 THEN 1 WHEN {b} IN (196, 217) THEN 2 "
-        f"WHEN {b} IN (197, 218) THEN 3 ELSE 5 END AS h, "
-        f"CASE WHEN {b} BETWEEN 160 AND 191 THEN {b} - 160 "
-        f"WHEN {b} IN (196, 217) THEN get_byte(d.m, z.o + 1) "
-        f"WHEN {b} IN (197, 218) THEN get_byte(d.m, z.o + 1) * 256 + get_byte(d.m, z.o + 2) "
-        "ELSE get_byte(d.m, z.o + 1) * 16777216 + get_byte(d.m, z.o + 2) * 65536 "
-        "+ get_byte(d.m, z.o + 3) * 256 + get_byte(d.m, z.o + 4) END AS n "
-        f"FROM (SELECT {start} AS o, get_byte(d.m, {start}) AS b OFFSET 0) z OFFSET 0) e{k} "
+        f"WHEN {b} IN (197, 218) THEN 3 ELSE 5 END"
     )
+    size = (
+        f"CASE WHEN {b} BETWEEN 160 AND 191 THEN {b} - 160 "
+        f"WHEN {b} IN (196, 217) THEN get_byte(m, {o} + 1) "
+        f"WHEN {b} IN (197, 218) THEN get_byte(m, {o} + 1) * 256 + get_byte(m, {o} + 2) "
+        f"ELSE get_byte(m, {o} + 1) * 16777216 + get_byte(m, {o} + 2) * 65536 "
+        f"+ get_byte(m, {o} + 3) * 256 + get_byte(m, {o} + 4) END"
+    )
+    return head, size
 
 
-def _text_of(k: int) -> str:
-    return f"convert_from(substring(d.m FROM e{k}.o + e{k}.h + 1 FOR e{k}.n), 'UTF8')"
+def _packed_len(column: str) -> str:
+    """The length of text ``column`` packed as a msgpack str (its header, then it)."""
+    n = f"octet_length({column})"
+    return f"({n} + CASE WHEN {n} < 32 THEN 1 WHEN {n} < 256 THEN 2 WHEN {n} < 65536 THEN 3 ELSE 5 END)"
+
+
+#: The page of each state (``page_jobs``' order and cursor place, $4..$6; $7 the size),
+#: written so an index gives it in order from the cursor on, not a sort of the whole
+#: state: waiting jobs from ``jobs_waiting`` (its priority level after the cursor's id,
+#: then the lower levels: $8 the cursor's priority), scheduled ones from
+#: ``jobs_scheduled``, final ones backwards on ``jobs_queue_state`` ($8 the cursor's
+#: seq); active ones (as many as workers hold) sorted.
+_COUNT_PAGES = {
+    JobState.WAITING: (
+        "(SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+        "AND priority = $8::bigint AND (-priority)::float8 = $4::float8 "
+        "AND (seq, id) > ($5, $6) ORDER BY seq, id LIMIT $7 + 1) "
+        "UNION ALL (SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+        "AND priority < $8::bigint ORDER BY priority DESC, seq, id LIMIT $7 + 1)"
+    ),
+    JobState.SCHEDULED: (
+        "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+        "AND run_at >= $4 AND (run_at, seq, id) > ($4, $5, $6) "
+        "ORDER BY run_at, seq, id LIMIT $7 + 1"
+    ),
+    JobState.ACTIVE: (
+        "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+        "AND started_at >= $4 AND (started_at, seq, id) > ($4, $5, $6) "
+        "ORDER BY started_at, seq, id LIMIT $7 + 1"
+    ),
+    **{
+        state: (
+            "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+            "AND seq <= $8::bigint AND ((-seq)::float8, 0::bigint, id) > ($4, $5, $6) "
+            "ORDER BY seq DESC, id LIMIT $7 + 1"
+        )
+        for state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+    },
+}
+
+
+#: The states whose counting statement takes $8 (the cursor's priority or seq).
+BOUND_BY_INTEGER = frozenset(
+    {JobState.WAITING, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
+)
 
 
 def count_statements(schema: str) -> dict[JobState, str]:
     """``count_fingerprints``' statement of each state for ``schema``: the page
-    ``page_jobs`` would answer ($1 ns, $2 queue, $3 state, $4..$6 the place after which it
-    starts, $7 the page's size), its jobs counted by task and fingerprint where they are
-    stored.
+    ``page_jobs`` would answer ($1 ns, $2 queue, $3 state, $4..$6 the place after which
+    it starts, $7 the page's size, $8 the cursor's priority or seq as an integer, for
+    the index, in :data:`BOUND_BY_INTEGER`'s states), its jobs counted by task and fingerprint where they are stored.
 
     Rows: one per ``(task, fingerprint)`` with its jobs (``n``), and, when a job follows
-    the page, one with the place of the page's last job (``a``, ``b``, ``id``; task NULL).
-    The task and fingerprint are read from the stored message (a msgpack array, as
-    :data:`.rows.encode` writes a JobMessage: id, task, queue, payload, fingerprint,
-    ...) by skipping its first elements' lengths: no column of the jobs table holds the
-    fingerprint, and the message never leaves the database. ``m || ''`` detoasts a large
-    message once per job, not once per byte read."""
+    the page, one with the place of the page's last job (``a``, ``b``, ``id``; task
+    NULL). The task and fingerprint are read from the stored message, a msgpack array
+    as :data:`.rows.encode` writes a JobMessage (id, task, queue, payload, fingerprint,
+    ...): no column holds the fingerprint, and the message never leaves the database.
+    The offsets are found step by step, each step a materialized CTE (inlined, each
+    offset's expression would be copied into the next one's several times over): the
+    task after the array's header and the id (whose length the ``id`` column gives),
+    the payload after the task and the queue (the ``queue`` column's), then the
+    fingerprint after the payload."""
     s = f'"{schema}"'
-    start = (
-        "CASE WHEN get_byte(d.m, 0) BETWEEN 144 AND 159 THEN 1 "
-        "WHEN get_byte(d.m, 0) = 220 THEN 3 ELSE 5 END"
+    array = (
+        "CASE WHEN get_byte(m, 0) BETWEEN 144 AND 159 THEN 1 "
+        "WHEN get_byte(m, 0) = 220 THEN 3 ELSE 5 END"
     )
-    parse = "CROSS JOIN LATERAL (SELECT r.message || '\\x'::bytea AS m OFFSET 0) d "
-    for k in range(5):
-        parse += _element(k, start if k == 0 else f"e{k - 1}.o + e{k - 1}.h + e{k - 1}.n")
+    task_at = f"{array} + {_packed_len('id')}"
+    th, tn = _str_len("b", "o")
+    payload_at = f"o + {th} + {tn} + {_packed_len('queue')}"
+    ph, pn = _str_len("b", "o")
+    fp_at = f"o + {ph} + {pn}"
+    fh, fn = _str_len("b", "o")
     out = {}
     for state, (a, b) in _PLACES.items():
+        cols = f"id, queue, ({a})::float8 AS a, ({b})::bigint AS b, message AS m"
+        page = _COUNT_PAGES[state].format(cols=cols, s=s)
         out[state] = (
-            f"WITH p AS (SELECT id, ({a})::float8 AS a, ({b})::bigint AS b, message "
-            f"FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
-            f"AND (({a})::float8, ({b})::bigint, id) > ($4, $5, $6) "
-            f"ORDER BY ({a})::float8, ({b})::bigint, id LIMIT $7 + 1), "
-            "r AS (SELECT p.*, row_number() OVER (ORDER BY a, b, id) AS k FROM p) "
-            f"SELECT {_text_of(1)} AS task, {_text_of(4)} AS fp, count(*) AS n, "
-            "NULL::float8 AS a, NULL::bigint AS b, NULL::text AS id "
-            f"FROM r {parse}WHERE r.k <= $7 GROUP BY 1, 2 "
+            f"WITH p AS MATERIALIZED ({page}), "
+            "r AS MATERIALIZED (SELECT p.*, row_number() OVER (ORDER BY a, b, id) AS k "
+            "FROM p), "
+            f"t AS MATERIALIZED (SELECT m, queue, {task_at} AS o, get_byte(m, {task_at}) AS b "
+            "FROM r WHERE k <= $7), "
+            f"l AS MATERIALIZED (SELECT m, convert_from(substring(m FROM o + {th} + 1 FOR {tn}), "
+            f"'UTF8') AS task, {payload_at} AS o, get_byte(m, {payload_at}) AS b FROM t), "
+            f"f AS MATERIALIZED (SELECT m, task, {fp_at} AS o, get_byte(m, {fp_at}) AS b FROM l) "
+            f"SELECT task, convert_from(substring(m FROM o + {fh} + 1 FOR {fn}), 'UTF8') AS fp, "
+            "count(*) AS n, NULL::float8 AS a, NULL::bigint AS b, NULL::text AS id "
+            "FROM f GROUP BY 1, 2 "
             "UNION ALL SELECT NULL, NULL, 0, a, b, id FROM r "
             "WHERE k = $7 AND EXISTS (SELECT 1 FROM r WHERE k = $7 + 1)"
         )
