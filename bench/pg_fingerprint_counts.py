@@ -110,8 +110,9 @@ async def main(args: argparse.Namespace) -> None:
                 int(mid["b"]),
                 mid["id"],
                 args.page,
+                -int(mid["a"]),
             )
-            for row in plan[-2:]:
+            for row in plan[-2 if not args.plan else 0 :]:
                 print("count page:", row[0])
             await conn.close()
         finally:
@@ -127,4 +128,5 @@ if __name__ == "__main__":
     parser.add_argument("--payload", type=int, default=100)
     parser.add_argument("--page", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--plan", action="store_true", help="print the whole plan")
     anyio.run(main, parser.parse_args(), backend="asyncio")

@@ -88,15 +88,10 @@ class SchemaOps(PostgresCore):
         letter = CURSOR_LETTERS[state]
         after = (-math.inf, 0, "") if cursor is None else cursor_place(cursor, letter)
         limit = max(1, min(limit, COUNT_PAGE_MAX))
-        args = [
-            self.ns,
-            queue,
-            CODE[state],
-            float(after[0]),
-            int(after[1]) if cursor is not None else -(2**62),
-            after[2],
-            limit,
-        ]
+        a, b = float(after[0]), int(after[1]) if cursor is not None else -(2**62)
+        if state is JobState.WAITING and not a.is_integer():
+            b = 2**62  # between two priorities: none of the cursor's level follows it
+        args = [self.ns, queue, CODE[state], a, b, after[2], limit]
         if state in BOUND_BY_INTEGER:
             # The cursor's priority (waiting) or seq (final), whose negation is its
             # place's first part, as an integer the index compares (rounded up: the

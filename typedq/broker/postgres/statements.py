@@ -221,38 +221,39 @@ def _packed_len(column: str) -> str:
 
 #: The page of each state (``page_jobs``' order and cursor place, $4..$6; $7 the size),
 #: written so an index gives it in order from the cursor on, not a sort of the whole
-#: state: waiting jobs from ``jobs_waiting`` (its priority level after the cursor's id,
+#: state: waiting jobs from ``jobs_waiting`` (the cursor's priority level after its seq,
 #: then the lower levels: $8 the cursor's priority), scheduled ones from
 #: ``jobs_scheduled``, final ones backwards on ``jobs_queue_state`` ($8 the cursor's
-#: seq); active ones (as many as workers hold) sorted.
+#: seq); active ones (as many as workers hold) sorted. ``seq`` is unique (each is a
+#: ``nextval`` of ``job_seq``), so ordering by it orders by ``(seq, id)`` as the place
+#: does, and the index needs no sort by id after it.
 _COUNT_PAGES = {
     JobState.WAITING: (
         "(SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
-        "AND priority = $8::bigint AND (-priority)::float8 = $4::float8 "
-        "AND (seq, id) > ($5, $6) ORDER BY seq, id LIMIT $7 + 1) "
+        "AND priority = $8::bigint AND seq >= $5 AND (seq, id) > ($5, $6) "
+        "ORDER BY priority DESC, seq LIMIT $7 + 1) "
         "UNION ALL (SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
-        "AND priority < $8::bigint ORDER BY priority DESC, seq, id LIMIT $7 + 1)"
+        "AND priority < $8::bigint ORDER BY priority DESC, seq LIMIT $7 + 1)"
     ),
     JobState.SCHEDULED: (
         "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
         "AND run_at >= $4 AND (run_at, seq, id) > ($4, $5, $6) "
-        "ORDER BY run_at, seq, id LIMIT $7 + 1"
+        "ORDER BY run_at, seq LIMIT $7 + 1"
     ),
     JobState.ACTIVE: (
         "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
         "AND started_at >= $4 AND (started_at, seq, id) > ($4, $5, $6) "
-        "ORDER BY started_at, seq, id LIMIT $7 + 1"
+        "ORDER BY started_at, seq LIMIT $7 + 1"
     ),
     **{
         state: (
             "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
             "AND seq <= $8::bigint AND ((-seq)::float8, 0::bigint, id) > ($4, $5, $6) "
-            "ORDER BY seq DESC, id LIMIT $7 + 1"
+            "ORDER BY seq DESC LIMIT $7 + 1"
         )
         for state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
     },
 }
-
 
 #: The states whose counting statement takes $8 (the cursor's priority or seq).
 BOUND_BY_INTEGER = frozenset(
@@ -303,7 +304,8 @@ def count_statements(schema: str) -> dict[JobState, str]:
             f"SELECT task, convert_from(substring(m FROM o + {fh} + 1 FOR {fn}), 'UTF8') AS fp, "
             "count(*) AS n, NULL::float8 AS a, NULL::bigint AS b, NULL::text AS id "
             "FROM f GROUP BY 1, 2 "
+            # ($4 is typed here too: the waiting page compares no float with it.)
             "UNION ALL SELECT NULL, NULL, 0, a, b, id FROM r "
-            "WHERE k = $7 AND EXISTS (SELECT 1 FROM r WHERE k = $7 + 1)"
+            "WHERE k = $7 AND $4::float8 IS NOT NULL AND EXISTS (SELECT 1 FROM r WHERE k = $7 + 1)"
         )
     return out
