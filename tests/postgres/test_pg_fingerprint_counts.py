@@ -98,25 +98,29 @@ async def test_counting_pages_are_page_jobs_pages(pg_url: str, app_name: str) ->
             await broker.enqueue(
                 [job(f"p{i:03}", "t", f"f{i % 3}", b"", priority=i % 4) for i in range(50)]
             )
-            _, cursors = await counted(broker, JobState.WAITING, 7)
-            listed: list[str | None] = []
-            cursor: str | None = None
-            while True:
-                page = await broker.page_jobs("q", JobState.WAITING, cursor=cursor, limit=7)
-                listed.append(page.cursor)
-                if page.cursor is None:
-                    break
-                cursor = page.cursor
-            assert cursors == listed
-            assert len(cursors) == 8
+            await broker.enqueue(
+                [job(f"d{i:03}", "t", "f", b"", delay=600 + i % 5) for i in range(20)]
+            )
+            for state, pages in ((JobState.WAITING, 8), (JobState.SCHEDULED, 3)):
+                _, cursors = await counted(broker, state, 7)
+                listed: list[str | None] = []
+                cursor: str | None = None
+                while True:
+                    listing = await broker.page_jobs("q", state, cursor=cursor, limit=7)
+                    listed.append(listing.cursor)
+                    if listing.cursor is None:
+                        break
+                    cursor = listing.cursor
+                assert cursors == listed
+                assert len(cursors) == pages
             # Places between and beyond the stored ones (a cursor this broker did not
             # make, but page_jobs reads): the same jobs follow them.
             for place in ("w-1.5:0:a", "w-2:-5:a", "w1e300:0:a", "w-1e300:0:a"):
                 ids = (await broker.page_jobs("q", JobState.WAITING, cursor=place, limit=100)).ids
-                page = await broker.count_fingerprints(
+                here = await broker.count_fingerprints(
                     "q", JobState.WAITING, cursor=place, limit=100
                 )
-                assert page.jobs == len(ids), place
+                assert here.jobs == len(ids), place
             await broker.enqueue(
                 [job(f"m{i:05}", "t", "f", b"") for i in range(COUNT_PAGE_MAX + 1)]
             )
