@@ -1,6 +1,6 @@
 """``count_fingerprints`` on the PostgreSQL broker (issue 28 on issue 30's broker): a
 queue of ``--jobs`` waiting jobs (``--tasks`` tasks, two fingerprints each, payloads of
-``--payload`` bytes) on a throwaway cluster (tests/pg_harness.py), walked page by page:
+``--payload`` bytes; ``--scheduled``: delayed) on a throwaway cluster (tests/pg_harness.py), walked page by page:
 
 - ``count``: ``count_fingerprints`` (one statement per page: the page's keyset range,
   each stored message's task and fingerprint read in SQL, grouped);
@@ -30,7 +30,9 @@ from typedq.broker.postgres.rows import CODE
 from typedq.names import new_job_ids
 
 
-async def fill(broker: PostgresBroker, jobs: int, tasks: int, payload: int) -> None:
+async def fill(
+    broker: PostgresBroker, jobs: int, tasks: int, payload: int, scheduled: bool
+) -> None:
     ids = new_job_ids(jobs)
     body = b"\x92" + b"x" * max(0, payload - 1)
     for start in range(0, jobs, 2000):
@@ -42,27 +44,28 @@ async def fill(broker: PostgresBroker, jobs: int, tasks: int, payload: int) -> N
                     queue="q",
                     payload=body,
                     fingerprint=f"{i % 2:016x}",
+                    delay=3600.0 + i % 100 if scheduled else 0.0,
                 )
                 for i in range(start, min(jobs, start + 2000))
             ]
         )
 
 
-async def walk(broker: PostgresBroker, page: int, counting: bool) -> tuple[float, int, int]:
-    """(seconds, pages, jobs) of one walk of the waiting state."""
+async def walk(
+    broker: PostgresBroker, state: JobState, page: int, counting: bool
+) -> tuple[float, int, int]:
+    """(seconds, pages, jobs) of one walk of ``state``."""
     started = time.perf_counter()
     cursor: str | None = None
     pages = jobs = 0
     while True:
         pages += 1
         if counting:
-            counted = await broker.count_fingerprints(
-                "q", JobState.WAITING, cursor=cursor, limit=page
-            )
+            counted = await broker.count_fingerprints("q", state, cursor=cursor, limit=page)
             jobs += counted.jobs
             cursor = counted.cursor
         else:
-            listed = await broker.page_jobs("q", JobState.WAITING, cursor=cursor, limit=page)
+            listed = await broker.page_jobs("q", state, cursor=cursor, limit=page)
             jobs += len(listed.ids)
             cursor = listed.cursor
         if cursor is None:
@@ -77,14 +80,15 @@ async def main(args: argparse.Namespace) -> None:
         await broker.connect()
         try:
             began = time.perf_counter()
-            await fill(broker, args.jobs, args.tasks, args.payload)
+            await fill(broker, args.jobs, args.tasks, args.payload, args.scheduled)
+            state = JobState.SCHEDULED if args.scheduled else JobState.WAITING
             print(f"filled {args.jobs} jobs in {time.perf_counter() - began:.1f} s")
             conn = await asyncpg.connect(broker.target.dsn)
             await conn.execute('VACUUM ANALYZE "typedq".jobs')
             times: dict[str, list[float]] = {"count": [], "ids": []}
             for _ in range(args.rounds):
                 for name in ("count", "ids"):
-                    seconds, pages, jobs = await walk(broker, args.page, name == "count")
+                    seconds, pages, jobs = await walk(broker, state, args.page, name == "count")
                     assert jobs == args.jobs, (name, jobs)
                     times[name].append(seconds)
             for name, runs in times.items():
@@ -93,6 +97,9 @@ async def main(args: argparse.Namespace) -> None:
                     f"{name:5s} walk median {med:6.2f} s, {pages} pages of {args.page}: "
                     f"{med / pages * 1000:5.2f} ms/page  runs {[round(r, 2) for r in runs]}"
                 )
+            if args.scheduled:
+                await conn.close()
+                return
             # One page from the middle of the walk, timed by the database itself.
             mid = await conn.fetchrow(
                 'SELECT id, -priority AS a, seq AS b FROM "typedq".jobs WHERE ns = $1 '
@@ -128,5 +135,6 @@ if __name__ == "__main__":
     parser.add_argument("--payload", type=int, default=100)
     parser.add_argument("--page", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scheduled", action="store_true", help="the jobs delayed")
     parser.add_argument("--plan", action="store_true", help="print the whole plan")
     anyio.run(main, parser.parse_args(), backend="asyncio")
