@@ -213,12 +213,6 @@ def _str_len(b: str, o: str) -> tuple[str, str]:
     return head, size
 
 
-def _packed_len(column: str) -> str:
-    """The length of text ``column`` packed as a msgpack str (its header, then it)."""
-    n = f"octet_length({column})"
-    return f"({n} + CASE WHEN {n} < 32 THEN 1 WHEN {n} < 256 THEN 2 WHEN {n} < 65536 THEN 3 ELSE 5 END)"
-
-
 #: The page of each state (``page_jobs``' order and cursor place, $4..$6; $7 the size),
 #: written so an index gives it in order from the cursor on, not a sort of the whole
 #: state: waiting jobs from ``jobs_waiting`` (the cursor's priority level after its seq,
@@ -264,48 +258,50 @@ BOUND_BY_INTEGER = frozenset(
 def count_statements(schema: str) -> dict[JobState, str]:
     """``count_fingerprints``' statement of each state for ``schema``: the page
     ``page_jobs`` would answer ($1 ns, $2 queue, $3 state, $4..$6 the place after which
-    it starts, $7 the page's size, $8 the cursor's priority or seq as an integer, for
-    the index, in :data:`BOUND_BY_INTEGER`'s states), its jobs counted by task and fingerprint where they are stored.
+    it starts, $7 the page's size; $8 in :data:`BOUND_BY_INTEGER`'s states, the
+    cursor's priority or seq as an integer, for the index), its jobs counted by task and
+    fingerprint where they are stored.
 
     Rows: one per ``(task, fingerprint)`` with its jobs (``n``), and, when a job follows
     the page, one with the place of the page's last job (``a``, ``b``, ``id``; task
     NULL). The task and fingerprint are read from the stored message, a msgpack array
     as :data:`.rows.encode` writes a JobMessage (id, task, queue, payload, fingerprint,
     ...): no column holds the fingerprint, and the message never leaves the database.
-    The offsets are found step by step, each step a materialized CTE (inlined, each
-    offset's expression would be copied into the next one's several times over): the
-    task after the array's header and the id (whose length the ``id`` column gives),
-    the payload after the task and the queue (the ``queue`` column's), then the
-    fingerprint after the payload."""
+    The message is walked one element a step, each step a materialized CTE holding the
+    offset ``o`` of an element and its first byte ``b`` (inlined, each offset's
+    expression would be copied into the next one's several times over)."""
     s = f'"{schema}"'
     array = (
         "CASE WHEN get_byte(m, 0) BETWEEN 144 AND 159 THEN 1 "
         "WHEN get_byte(m, 0) = 220 THEN 3 ELSE 5 END"
     )
-    task_at = f"{array} + {_packed_len('id')}"
-    th, tn = _str_len("b", "o")
-    payload_at = f"o + {th} + {tn} + {_packed_len('queue')}"
-    ph, pn = _str_len("b", "o")
-    fp_at = f"o + {ph} + {pn}"
-    fh, fn = _str_len("b", "o")
+    head, size = _str_len("b", "o")
+    after = f"o + {head} + {size}"
+    text = f"convert_from(substring(m FROM o + {head} + 1 FOR {size}), 'UTF8')"
+    # e0: the id; e1: the task; e2: the queue (the task taken); e3: the payload; e4:
+    # the fingerprint.
+    steps = [
+        f"e0 AS MATERIALIZED (SELECT m, {array} AS o, get_byte(m, {array}) AS b "
+        "FROM r WHERE k <= $7)"
+    ]
+    for k in range(1, 5):
+        task = {1: "", 2: f"{text} AS task, "}.get(k, "task, ")
+        steps.append(
+            f"e{k} AS MATERIALIZED (SELECT m, {task}{after} AS o, get_byte(m, {after}) AS b "
+            f"FROM e{k - 1})"
+        )
     out = {}
     for state, (a, b) in _PLACES.items():
-        cols = f"id, queue, ({a})::float8 AS a, ({b})::bigint AS b, message AS m"
+        cols = f"id, ({a})::float8 AS a, ({b})::bigint AS b, message AS m"
         page = _COUNT_PAGES[state].format(cols=cols, s=s)
         out[state] = (
             f"WITH p AS MATERIALIZED ({page}), "
             "r AS MATERIALIZED (SELECT p.*, row_number() OVER (ORDER BY a, b, id) AS k "
-            "FROM p), "
-            f"t AS MATERIALIZED (SELECT m, queue, {task_at} AS o, get_byte(m, {task_at}) AS b "
-            "FROM r WHERE k <= $7), "
-            f"l AS MATERIALIZED (SELECT m, convert_from(substring(m FROM o + {th} + 1 FOR {tn}), "
-            f"'UTF8') AS task, {payload_at} AS o, get_byte(m, {payload_at}) AS b FROM t), "
-            f"f AS MATERIALIZED (SELECT m, task, {fp_at} AS o, get_byte(m, {fp_at}) AS b FROM l) "
-            f"SELECT task, convert_from(substring(m FROM o + {fh} + 1 FOR {fn}), 'UTF8') AS fp, "
-            "count(*) AS n, NULL::float8 AS a, NULL::bigint AS b, NULL::text AS id "
-            "FROM f GROUP BY 1, 2 "
+            f"FROM p), {', '.join(steps)} "
+            f"SELECT task, {text} AS fp, count(*) AS n, "
+            "NULL::float8 AS a, NULL::bigint AS b, NULL::text AS id FROM e4 GROUP BY 1, 2 "
             # ($4 is typed here too: the waiting page compares no float with it.)
-            "UNION ALL SELECT NULL, NULL, 0, a, b, id FROM r "
-            "WHERE k = $7 AND $4::float8 IS NOT NULL AND EXISTS (SELECT 1 FROM r WHERE k = $7 + 1)"
+            "UNION ALL SELECT NULL, NULL, 0, a, b, id FROM r WHERE k = $7 "
+            "AND $4::float8 IS NOT NULL AND EXISTS (SELECT 1 FROM r WHERE k = $7 + 1)"
         )
     return out
