@@ -6,7 +6,8 @@ queue of ``--jobs`` waiting jobs (``--tasks`` tasks, two fingerprints each, payl
   each stored message's task and fingerprint read in SQL, grouped);
 - ``ids``: ``page_jobs``, the same pages as ids only (the walk without the counting);
 
-``--rounds`` walks of each, interleaved; the median walk's time, per page, and what
+after a VACUUM ANALYZE of the jobs table (as autovacuum keeps it); ``--rounds`` walks
+of each, interleaved; the median walk's time, per page, and what
 the counted total was. Then the database's own time for one page in the middle of the
 walk (EXPLAIN ANALYZE).
 
