@@ -1,15 +1,15 @@
 """``count_fingerprints`` on the PostgreSQL broker (issue 28 on issue 30's broker): a
 queue of ``--jobs`` waiting jobs (``--tasks`` tasks, two fingerprints each, payloads of
-``--payload`` bytes; ``--scheduled``: delayed) on a throwaway cluster (tests/pg_harness.py), walked page by page:
+``--payload`` bytes; ``--scheduled``: delayed) on a throwaway cluster
+(tests/pg_harness.py), walked page by page after a VACUUM ANALYZE of the jobs table (as
+autovacuum keeps it):
 
 - ``count``: ``count_fingerprints`` (one statement per page: the page's keyset range,
   each stored message's task and fingerprint read in SQL, grouped);
-- ``ids``: ``page_jobs``, the same pages as ids only (the walk without the counting);
+- ``ids``: ``page_jobs``, the same pages as ids only (the walk without the counting).
 
-after a VACUUM ANALYZE of the jobs table (as autovacuum keeps it); ``--rounds`` walks
-of each, interleaved; the median walk's time, per page, and what
-the counted total was. Then the database's own time for one page in the middle of the
-walk (EXPLAIN ANALYZE).
+``--rounds`` walks of each, interleaved: the median walk's time and its time per page.
+Then the database's own time for one page in the middle of the walk (EXPLAIN ANALYZE).
 
 Run: ``.venv/bin/python -m bench.pg_fingerprint_counts [--jobs 100000 --page 500]``.
 """
