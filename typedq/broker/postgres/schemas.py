@@ -10,8 +10,10 @@ whatever the number of records, so one round trip.
 Counting reads the page ``page_jobs`` would answer (same order, same keyset cursors) and
 groups its jobs by the task and fingerprint their stored messages carry, in the database
 (:func:`.statements.count_statements`): one statement per page, only the counts come
-back. A page is at most :data:`COUNT_PAGE_MAX` jobs, so one call holds a snapshot and an
-index range for a bounded time however many jobs the queue has.
+back. The page is read from the state's index at the cursor (waiting, scheduled and
+final states; active jobs, as many as workers hold, are sorted), and is at most
+:data:`COUNT_PAGE_MAX` jobs, so one call's work does not grow with the queue
+(bench/pg_fingerprint_counts.py: 5-12 ms per page of 500 at 100,000 waiting jobs).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from .statements import BOUND_BY_INTEGER
 __all__ = ["COUNT_PAGE_MAX", "SchemaOps"]
 
 #: The most jobs one ``count_fingerprints`` call counts (Redis's bound too; verify asks
-#: for 500): a page of 2000 is a few milliseconds of one backend's time.
+#: for 500), so that no call holds a backend for long.
 COUNT_PAGE_MAX = 2000
 
 
