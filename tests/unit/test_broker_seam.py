@@ -22,12 +22,14 @@ from typedq.broker.capabilities import (
     CORE,
     CORE_WITH_DEFAULTS,
     EventStreams,
+    FingerprintCounts,
     Flows,
     JobStreams,
     Limits,
     Observability,
     OperatorActions,
     Schedules,
+    SchemaRegistry,
     TransactionalEnqueue,
     capabilities_of,
     members,
@@ -44,7 +46,8 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
 #: PostgreSQL broker has the core store, operator actions, observability, schedules,
-#: task limits, event streams and job streams so far (issue 30; docs/brokers.md).
+#: task limits, event streams, job streams, the schema registry and fingerprint counts
+#: so far (issue 30; docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
@@ -54,12 +57,14 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
         if cap
         not in (
             EventStreams,
+            FingerprintCounts,
             Flows,
             JobStreams,
             Limits,
             Observability,
             OperatorActions,
             Schedules,
+            SchemaRegistry,
             TransactionalEnqueue,
         )
     ),

@@ -25,7 +25,15 @@ from __future__ import annotations
 
 import re
 
-from . import migration_1, migration_2, migration_3, migration_4, migration_5, migration_6
+from . import (
+    migration_1,
+    migration_2,
+    migration_3,
+    migration_4,
+    migration_5,
+    migration_6,
+    migration_7,
+)
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
 
@@ -44,6 +52,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_4.SQL,
     migration_5.SQL,
     migration_6.SQL,
+    migration_7.SQL,
 )
 
 
