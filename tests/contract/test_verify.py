@@ -21,7 +21,7 @@ from typedq.names import new_job_id
 from typedq.serde import codec_for
 from typedq.verify import count_exact, count_fingerprints, count_runs, verify
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 class OrderV1(msgspec.Struct, frozen=True):

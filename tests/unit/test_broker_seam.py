@@ -22,6 +22,7 @@ from typedq.broker.capabilities import (
     CORE,
     CORE_WITH_DEFAULTS,
     EventStreams,
+    FingerprintCounts,
     FlowControl,
     Flows,
     JobStreams,
@@ -29,6 +30,7 @@ from typedq.broker.capabilities import (
     Observability,
     OperatorActions,
     Schedules,
+    SchemaRegistry,
     TransactionalEnqueue,
     capabilities_of,
     members,
@@ -45,8 +47,8 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
 #: PostgreSQL broker has the core store, operator actions, observability, schedules,
-#: task limits, event streams, job streams, workflows and flow control (unique windows,
-#: debounce) so far (issue 30; docs/brokers.md).
+#: task limits, event streams, job streams, workflows, the schema registry, fingerprint
+#: counts and flow control (unique windows, debounce) so far (issue 30; docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
@@ -56,6 +58,7 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
         if cap
         not in (
             EventStreams,
+            FingerprintCounts,
             FlowControl,
             Flows,
             JobStreams,
@@ -63,6 +66,7 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
             Observability,
             OperatorActions,
             Schedules,
+            SchemaRegistry,
             TransactionalEnqueue,
         )
     ),

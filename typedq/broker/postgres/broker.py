@@ -12,21 +12,22 @@ What this broker has: the 14 core methods, plus ``wait_for_jobs``, ``wait_finish
 and the capabilities OperatorActions (retry, remove, purge), Observability (per-minute
 rollups, the worker and queue registries), Schedules (compare-and-set firing on the
 database's clock), Limits (rate and concurrency limits checked inside the claim),
-TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), Flows
-(workflows, handed off by the schema's triggers: :mod:`.flows`) and FlowControl (unique
-windows and debounce: :mod:`.control`). Every other capability (runs, flow views, the
-schema registry) keeps the seam's Unsupported default: an app that declares one of
-those it needs at connect fails there in one line (docs/brokers.md).
+TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), Flows (workflows,
+handed off by the schema's triggers: :mod:`.flows`), SchemaRegistry and FingerprintCounts
+(:mod:`.schemas`, what ``typedq verify`` reads) and FlowControl (unique windows and
+debounce: :mod:`.control`). Every other capability (runs, flow views) keeps the seam's
+Unsupported default: an app that declares one of those it needs at connect fails there
+in one line (docs/brokers.md).
 
 The class is made of mixins, one module per capability, on the core they share
 (:mod:`.core`: the pool, one call of a statement, the enqueue arguments): the producer
 side and the reads in :mod:`.store`, the worker's claim, leases and settles in
 :mod:`.leases`, Limits in :mod:`.limits`, Observability in :mod:`.observe`, Schedules in
 :mod:`.schedules`, OperatorActions in :mod:`.actions`, EventStreams and JobStreams in
-:mod:`.streams`, Flows in :mod:`.flows`, FlowControl in :mod:`.control`; rows become
-the seam's values in :mod:`.rows`.
-Here: connect (pool, migrations, listener), close, and the notifications that wake
-waiters.
+:mod:`.streams`, Flows in :mod:`.flows`, the schema registry and fingerprint counts in
+:mod:`.schemas`, FlowControl in :mod:`.control`; rows become the seam's values in
+:mod:`.rows`. Here: connect (pool, migrations, listener), close, and the notifications
+that wake waiters.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ from .limits import LimitOps
 from .observe import ObserveOps
 from .schedules import ScheduleOps
 from .schema import MIGRATIONS
-from .statements import statements
+from .schemas import SchemaOps
+from .statements import count_statements, statements
 from .store import JobStore
 from .streams import StreamOps
 
@@ -74,6 +76,7 @@ class PostgresBroker(
     OperatorOps,
     StreamOps,
     FlowOps,
+    SchemaOps,
     ControlOps,
 ):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
@@ -90,6 +93,7 @@ class PostgresBroker(
         self.ns = self.settings.namespace
         self.channel = channel_of(self.target.schema)
         self._sql, self._page_sql, self._list_sql = statements(self.target.schema)
+        self._count_sql = count_statements(self.target.schema)
         self._pool: Any = None
         self._listener: Listener | None = None
         self._users = 0

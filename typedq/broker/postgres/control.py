@@ -1,6 +1,6 @@
 """The PostgreSQL broker's capability FlowControl, mixed into PostgresBroker: unique
 windows and debounce, each keyed enqueue one call of ``enqueue_controlled``
-(:mod:`.migration_7`), atomic with its key's marker. The rules are the embedded broker's
+(:mod:`.migration_8`), atomic with its key's marker. The rules are the embedded broker's
 (:mod:`typedq.broker.memory.control`).
 
 A debounce that replaces its key's scheduled job stores the new payload in that job,
