@@ -23,6 +23,7 @@ from typedq.broker.capabilities import (
     CORE_WITH_DEFAULTS,
     EventStreams,
     FingerprintCounts,
+    FlowControl,
     Flows,
     JobStreams,
     Limits,
@@ -46,8 +47,8 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
 #: PostgreSQL broker has the core store, operator actions, observability, schedules,
-#: task limits, event streams, job streams, the schema registry and fingerprint counts
-#: so far (issue 30; docs/brokers.md).
+#: task limits, event streams, job streams, workflows, the schema registry, fingerprint
+#: counts and flow control (unique windows, debounce) so far (issue 30; docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
@@ -58,6 +59,7 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
         not in (
             EventStreams,
             FingerprintCounts,
+            FlowControl,
             Flows,
             JobStreams,
             Limits,

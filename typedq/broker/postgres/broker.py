@@ -14,9 +14,10 @@ rollups, the worker and queue registries), Schedules (compare-and-set firing on 
 database's clock), Limits (rate and concurrency limits checked inside the claim),
 TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), Flows (workflows,
 handed off by the schema's triggers: :mod:`.flows`), SchemaRegistry and FingerprintCounts
-(:mod:`.schemas`, what ``typedq verify`` reads). Every other capability (runs, flow
-control, flow views) keeps the seam's Unsupported default: an app that declares one of
-those it needs at connect fails there in one line (docs/brokers.md).
+(:mod:`.schemas`, what ``typedq verify`` reads) and FlowControl (unique windows and
+debounce: :mod:`.control`). Every other capability (runs, flow views) keeps the seam's
+Unsupported default: an app that declares one of those it needs at connect fails there
+in one line (docs/brokers.md).
 
 The class is made of mixins, one module per capability, on the core they share
 (:mod:`.core`: the pool, one call of a statement, the enqueue arguments): the producer
@@ -24,8 +25,9 @@ side and the reads in :mod:`.store`, the worker's claim, leases and settles in
 :mod:`.leases`, Limits in :mod:`.limits`, Observability in :mod:`.observe`, Schedules in
 :mod:`.schedules`, OperatorActions in :mod:`.actions`, EventStreams and JobStreams in
 :mod:`.streams`, Flows in :mod:`.flows`, the schema registry and fingerprint counts in
-:mod:`.schemas`; rows become the seam's values in :mod:`.rows`. Here: connect (pool,
-migrations, listener), close, and the notifications that wake waiters.
+:mod:`.schemas`, FlowControl in :mod:`.control`; rows become the seam's values in
+:mod:`.rows`. Here: connect (pool, migrations, listener), close, and the notifications
+that wake waiters.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from .connection import (
     parse_url,
     schema_version,
 )
+from .control import ControlOps
 from .flows import FlowOps
 from .leases import LeaseOps
 from .limits import LimitOps
@@ -74,6 +77,7 @@ class PostgresBroker(
     StreamOps,
     FlowOps,
     SchemaOps,
+    ControlOps,
 ):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
 
@@ -105,6 +109,8 @@ class PostgresBroker(
         self._reader_until: dict[tuple[str, str], float] = {}
         #: Queues this process has put in the queue registry (``list_queues``).
         self._registered: set[str] = set()
+        #: Debounce keys' last collecting jobs seen here (:mod:`.control`).
+        self._holders: dict[tuple[str, str], str] = {}
 
     def __repr__(self) -> str:
         return f"PostgresBroker({self.target.safe!r})"

@@ -33,6 +33,7 @@ from . import (
     migration_5,
     migration_6,
     migration_7,
+    migration_8,
 )
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
@@ -53,6 +54,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_5.SQL,
     migration_6.SQL,
     migration_7.SQL,
+    migration_8.SQL,
 )
 
 

@@ -37,6 +37,8 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
     s = f'"{schema}"'
     sql = {
         "enqueue": f"SELECT {s}.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        "enqueue_controlled": f"SELECT * FROM {s}.enqueue_controlled($1, $2, $3, $4, $5, "
+        "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
         "claim": f"SELECT * FROM {s}.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         "complete": f"SELECT {s}.complete($1, $2, $3, $4, $5, $6, $7)",
         "complete_and_claim": f"SELECT * FROM {s}.complete_and_claim($1, $2, $3, $4, $5, "
