@@ -1,8 +1,8 @@
 """Unique windows and debounce (docs/flow-control.md), on every broker.
 
-The embedded broker runs on a fake clock the test moves (exact times); Redis and Redis
-Cluster in real time with short windows (their clock is Redis TIME), asserting times
-relative to the job's own enqueue time (both read from the broker's clock).
+The embedded broker runs on a fake clock the test moves (exact times); Redis, Redis
+Cluster and PostgreSQL in real time with short windows (their clock is the server's),
+asserting times relative to the job's own enqueue time (both read from the broker's clock).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typedq.broker.base import Broker, BrokerSettings, Completion, Failure
 from typedq.broker.memory import MemoryBroker
 from typedq.testing import FakeClock
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 T0 = 1_800_000_000.0
 
@@ -150,6 +150,30 @@ async def test_a_failed_or_cancelled_job_frees_its_key_at_once(
         third = await index.enqueue(Doc("a"))
         assert third.created
         assert third.id not in (first.id, second.id)
+
+
+async def test_a_failed_job_retried_by_an_operator_does_not_take_its_key_back(
+    app_name: str, broker_url: str
+) -> None:
+    """Failing for good freed the key: the operator's retry runs the job again, and the
+    key goes to the next enqueue (as it would have without the retry)."""
+    async with timeline(app_name, broker_url) as line:
+        app = line.app
+
+        @app.task(queue="uo", key=lambda d: d.doc, unique_for=timedelta(hours=1))
+        async def index(d: Doc) -> None:
+            pass
+
+        first = await index.enqueue(Doc("a"))
+        await run_one(line.broker, "uo", fail=True)
+        assert [o.value for o in await line.broker.retry([first.id], queue="uo")] == ["retried"]
+        assert (await first.status()) is JobState.WAITING
+        second = await index.enqueue(Doc("a"))
+        assert second.created
+        assert second.id != first.id
+        # The new job holds the key now.
+        third = await index.enqueue(Doc("a"))
+        assert (third.id, third.created) == (second.id, False)
 
 
 async def test_a_job_between_retries_holds_its_key(app_name: str, broker_url: str) -> None:

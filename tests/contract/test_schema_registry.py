@@ -24,7 +24,7 @@ from typedq.compat import decoding_schema
 from typedq.serde import codec_for
 from typedq.verify import verify
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 def record(task: str, fingerprint: str, schema: str = "{}") -> SchemaRecord:

@@ -18,7 +18,7 @@ from typedq.broker.base import Broker, BrokerSettings
 from typedq.broker.memory import MemoryBroker
 from typedq.verify import verify
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 V1 = orders_v1.Order
 

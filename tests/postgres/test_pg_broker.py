@@ -14,7 +14,7 @@ import pytest
 
 from tests.pg_harness import PgCluster
 from tests.support import TEST_DEADLINE, In, Out, claim_one, connected, msg, one
-from typedq import App, ConfigError, FailureRecord, Fair, JobState, Unsupported
+from typedq import App, ConfigError, FailureRecord, Fair, JobState, Run, Unsupported
 from typedq.broker import broker_from_url
 from typedq.broker.base import BrokerSettings
 from typedq.broker.postgres import PostgresBroker
@@ -80,13 +80,13 @@ async def test_several_processes_migrate_a_fresh_schema_once(pg_url: str) -> Non
                 await broker.close()
 
 
-async def test_an_app_with_unique_windows_fails_at_connect_naming_the_capability(
+async def test_an_app_with_durable_functions_fails_at_connect_naming_the_capability(
     pg_url: str, app_name: str
 ) -> None:
     app = App(app_name, broker=pg_url)
 
-    @app.task(key=lambda x: str(x.n), unique_for=60)
-    async def once(x: In) -> Out:
+    @app.durable
+    async def onboard(run: Run, x: In) -> Out:
         return Out(x.n)
 
     with pytest.raises(Unsupported) as info:
@@ -95,7 +95,7 @@ async def test_an_app_with_unique_windows_fails_at_connect_naming_the_capability
     message = str(info.value)
     assert "\n" not in message
     assert "PostgresBroker lacks what app" in message
-    assert "FlowControl (unique_for/debounce of tasks once)" in message
+    assert "Runs (durable functions onboard)" in message
 
 
 async def test_a_workflow_runs_on_postgres_beside_plain_tasks(pg_url: str, app_name: str) -> None:

@@ -1,6 +1,6 @@
-"""``typedq verify`` as a process against Redis (the embedded broker is per process):
-an old release enqueues jobs and records its schemas; new releases are verified.
-Exit 0 compatible, 1 incompatible, 2 could not check."""
+"""``typedq verify`` as a process against Redis and PostgreSQL (the embedded broker is
+per process): an old release enqueues jobs and records its schemas; new releases are
+verified. Exit 0 compatible, 1 incompatible, 2 could not check."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.pg_harness import PgCluster
 from tests.redis_harness import RedisProcess, flushall, free_port
 from tests.verify_app import OrderV1, old, runs_old
 from typedq.serde import codec_for
@@ -175,3 +176,23 @@ def test_running_durable_runs_are_verified(url: str) -> None:
         "field `amount` became required",
     )
     assert report["runs"] == 3
+
+
+@pytest.mark.postgres
+def test_a_postgresql_broker_is_verified_with_exact_counts(pg_cluster: PgCluster) -> None:
+    """On PostgreSQL too: the schema registry holds the old release's schema, and the
+    broker counts the jobs per fingerprint itself (one statement per page)."""
+    url = f"{pg_cluster.url}?schema=verify_cli"
+    enqueue_old_jobs(url, 3)
+    done = typedq_verify("tests.verify_app:compatible", "--broker", url)
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if V1 in line]
+    assert line.split()[:2] == ["place", V1]
+    assert " 3 " in line
+    assert "counted 3 jobs, every one (exact counts, by the broker)" in done.stdout
+    done = typedq_verify("tests.verify_app:incompatible", "--broker", url, "--json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    (row,) = [r for r in report["rows"] if r["fingerprint"] == V1]
+    assert (row["jobs"], row["verdict"], row["source"]) == (3, "incompatible", "registry")
+    assert (report["exact"], report["scanned"]) == (True, 3)

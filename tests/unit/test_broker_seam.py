@@ -22,6 +22,8 @@ from typedq.broker.capabilities import (
     CORE,
     CORE_WITH_DEFAULTS,
     EventStreams,
+    FingerprintCounts,
+    FlowControl,
     Flows,
     JobStreams,
     Limits,
@@ -29,6 +31,7 @@ from typedq.broker.capabilities import (
     OperatorActions,
     Runs,
     Schedules,
+    SchemaRegistry,
     TransactionalEnqueue,
     capabilities_of,
     members,
@@ -45,8 +48,9 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
 #: PostgreSQL broker has the core store, operator actions, observability, schedules,
-#: task limits, event streams, job streams, workflows and durable runs so far (issue 30;
-#: docs/brokers.md).
+#: task limits, event streams, job streams, workflows, the schema registry, fingerprint
+#: counts and flow control (unique windows, debounce) and durable runs so
+#: far (issue 30; docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
@@ -56,6 +60,8 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
         if cap
         not in (
             EventStreams,
+            FingerprintCounts,
+            FlowControl,
             Flows,
             JobStreams,
             Limits,
@@ -63,6 +69,7 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
             OperatorActions,
             Runs,
             Schedules,
+            SchemaRegistry,
             TransactionalEnqueue,
         )
     ),

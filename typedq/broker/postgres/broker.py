@@ -12,11 +12,12 @@ What this broker has: the 14 core methods, plus ``wait_for_jobs``, ``wait_finish
 and the capabilities OperatorActions (retry, remove, purge), Observability (per-minute
 rollups, the worker and queue registries), Schedules (compare-and-set firing on the
 database's clock), Limits (rate and concurrency limits checked inside the claim),
-TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), Flows
-(workflows, handed off by the schema's triggers: :mod:`.flows`) and Runs (durable runs,
-woken by the schema's triggers: :mod:`.runs`). Every other capability (flow control,
-flow views, the schema registry) keeps the seam's Unsupported
-default: an app that declares one of those it needs at connect fails there in one line
+TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), Flows (workflows,
+handed off by the schema's triggers: :mod:`.flows`), SchemaRegistry and FingerprintCounts
+(:mod:`.schemas`, what ``typedq verify`` reads), FlowControl (unique windows and
+debounce: :mod:`.control`) and Runs (durable runs, woken by the schema's triggers:
+:mod:`.runs`). Every other capability (flow views) keeps the seam's Unsupported default:
+an app that declares one of those it needs at connect fails there in one line
 (docs/brokers.md).
 
 The class is made of mixins, one module per capability, on the core they share
@@ -24,9 +25,10 @@ The class is made of mixins, one module per capability, on the core they share
 side and the reads in :mod:`.store`, the worker's claim, leases and settles in
 :mod:`.leases`, Limits in :mod:`.limits`, Observability in :mod:`.observe`, Schedules in
 :mod:`.schedules`, OperatorActions in :mod:`.actions`, EventStreams and JobStreams in
-:mod:`.streams`, Flows in :mod:`.flows`, Runs in :mod:`.runs`; rows become the seam's values in :mod:`.rows`.
-Here: connect (pool, migrations, listener), close, and the notifications that wake
-waiters.
+:mod:`.streams`, Flows in :mod:`.flows`, the schema registry and fingerprint counts in
+:mod:`.schemas`, FlowControl in :mod:`.control`, Runs in :mod:`.runs`; rows become the
+seam's values in :mod:`.rows`. Here: connect (pool, migrations, listener), close, and
+the notifications that wake waiters.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .connection import (
     parse_url,
     schema_version,
 )
+from .control import ControlOps
 from .flows import FlowOps
 from .leases import LeaseOps
 from .limits import LimitOps
@@ -55,7 +58,8 @@ from .observe import ObserveOps
 from .runs import RunOps
 from .schedules import ScheduleOps
 from .schema import MIGRATIONS
-from .statements import statements
+from .schemas import SchemaOps
+from .statements import count_statements, statements
 from .store import JobStore
 from .streams import StreamOps
 
@@ -74,6 +78,8 @@ class PostgresBroker(
     OperatorOps,
     StreamOps,
     FlowOps,
+    SchemaOps,
+    ControlOps,
     RunOps,
 ):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
@@ -90,6 +96,7 @@ class PostgresBroker(
         self.ns = self.settings.namespace
         self.channel = channel_of(self.target.schema)
         self._sql, self._page_sql, self._list_sql = statements(self.target.schema)
+        self._count_sql = count_statements(self.target.schema)
         self._pool: Any = None
         self._listener: Listener | None = None
         self._users = 0
@@ -107,6 +114,8 @@ class PostgresBroker(
         self._run_waiters: dict[str, set[anyio.Event]] = {}
         #: Queues this process has put in the queue registry (``list_queues``).
         self._registered: set[str] = set()
+        #: Debounce keys' last collecting jobs seen here (:mod:`.control`).
+        self._holders: dict[tuple[str, str], str] = {}
 
     def __repr__(self) -> str:
         return f"PostgresBroker({self.target.safe!r})"

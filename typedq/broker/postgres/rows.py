@@ -20,6 +20,7 @@ from ..base import (
     ScheduleState,
     WorkerInfo,
 )
+from ..memory.listing import CURSOR_LETTERS
 from ..records import broker_failure
 from .schema import STATE_CODES
 
@@ -33,6 +34,7 @@ __all__ = [
     "claimed_jobs",
     "decode_worker",
     "encode",
+    "page_cursor",
     "place_text",
     "record_of",
     "schedule_of",
@@ -98,6 +100,13 @@ def schedule_of(row: Any) -> ScheduleState:
 
 def place_text(value: float, integral: bool) -> str:
     return repr(int(value)) if integral else repr(value)
+
+
+def page_cursor(state: JobState, row: Any) -> str:
+    """The cursor of the page that starts after ``row``'s place (``a``, ``b``, ``id``),
+    in ``state``'s listing order (``page_jobs``, ``count_fingerprints``)."""
+    integral = state is not JobState.SCHEDULED and state is not JobState.ACTIVE
+    return f"{CURSOR_LETTERS[state]}{place_text(row['a'], integral)}:{row['b']}:{row['id']}"
 
 
 def record_of(row: Any) -> JobRecord:

@@ -32,6 +32,8 @@ from . import (
     migration_4,
     migration_5,
     migration_6,
+    migration_7,
+    migration_8,
     migration_9,
 )
 
@@ -52,6 +54,8 @@ MIGRATIONS: tuple[str, ...] = (
     migration_4.SQL,
     migration_5.SQL,
     migration_6.SQL,
+    migration_7.SQL,
+    migration_8.SQL,
     migration_9.SQL,
 )
 

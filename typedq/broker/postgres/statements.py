@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..base import JobState
 
-__all__ = ["RECORD_COLUMNS", "statements"]
+__all__ = ["BOUND_BY_INTEGER", "RECORD_COLUMNS", "count_statements", "statements"]
 
 #: The order of each state's listing (Broker.list_jobs).
 _LIST_ORDER = {
@@ -47,6 +47,8 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "run_signal": f"SELECT {s}.run_signal($1, $2, $3, $4, $5)",
         "run_wake": f"SELECT {s}.run_wake_runs($1, $2, $3, $4)",
         "run_cancel": f"SELECT * FROM {s}.run_cancel($1, $2, $3, $4, $5)",
+        "enqueue_controlled": f"SELECT * FROM {s}.enqueue_controlled($1, $2, $3, $4, $5, "
+        "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
         "claim": f"SELECT * FROM {s}.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         "complete": f"SELECT {s}.complete($1, $2, $3, $4, $5, $6, $7)",
         "complete_and_claim": f"SELECT * FROM {s}.complete_and_claim($1, $2, $3, $4, $5, "
@@ -181,6 +183,31 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "leave_stream": f"DELETE FROM {s}.stream_readers WHERE ns = $1 AND job_id = $2 "
         "AND reader = $3",
         "sweep_streams": f"SELECT {s}.sweep_streams($1, $2)",
+        # The schema registry (.schemas): $2.. the records' columns, in call order. Per
+        # record whether it was kept now: the first of its pair in the call, when the
+        # table had no row of it (the insert takes pairs in key order: two concurrent
+        # calls lock their rows in one order).
+        "record_schemas": (
+            "WITH i AS (SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) "
+            "WITH ORDINALITY AS t (task, fp, inp, outp, ord)), "
+            "f AS (SELECT DISTINCT ON (task, fp) * FROM i ORDER BY task, fp, ord), "
+            f"n AS (INSERT INTO {s}.schemas (ns, task, fingerprint, input_schema, "
+            f"output_schema, first_seen) SELECT $1, task, fp, inp, outp, {s}.now_s() FROM f "
+            "ORDER BY task, fp ON CONFLICT DO NOTHING RETURNING task, fingerprint) "
+            "SELECT n.task IS NOT NULL AS kept FROM i LEFT JOIN f ON f.ord = i.ord "
+            "LEFT JOIN n ON n.task = f.task AND n.fingerprint = f.fp ORDER BY i.ord"
+        ),
+        "schema_records": "SELECT task, fingerprint, input_schema, output_schema, first_seen "
+        f"FROM {s}.schemas WHERE ns = $1 ORDER BY task, first_seen, fingerprint",
+        "forget_schemas": (
+            "WITH i AS (SELECT * FROM unnest($2::text[], $3::text[]) "
+            "WITH ORDINALITY AS t (task, fp, ord)), "
+            "f AS (SELECT DISTINCT ON (task, fp) * FROM i ORDER BY task, fp, ord), "
+            f"d AS (DELETE FROM {s}.schemas x USING f WHERE x.ns = $1 AND x.task = f.task "
+            "AND x.fingerprint = f.fp RETURNING x.task, x.fingerprint) "
+            "SELECT d.task IS NOT NULL AS gone FROM i LEFT JOIN f ON f.ord = i.ord "
+            "LEFT JOIN d ON d.task = f.task AND d.fingerprint = f.fp ORDER BY i.ord"
+        ),
     }
     page = {
         state: f"SELECT id, ({a})::float8 AS a, ({b})::bigint AS b FROM {s}.jobs "
@@ -195,3 +222,114 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         for state in JobState
     }
     return sql, page, listing
+
+
+def _str_len(b: str, o: str) -> tuple[str, str]:
+    """The header length and the length of the msgpack str or bin whose first byte,
+    ``b``, is at offset ``o`` of ``m`` (fixstr, str/bin 8, 16, 32)."""
+    head = (
+        f"CASE WHEN {b} BETWEEN 160 AND 191 THEN 1 WHEN {b} IN (196, 217) THEN 2 "
+        f"WHEN {b} IN (197, 218) THEN 3 ELSE 5 END"
+    )
+    size = (
+        f"CASE WHEN {b} BETWEEN 160 AND 191 THEN {b} - 160 "
+        f"WHEN {b} IN (196, 217) THEN get_byte(m, {o} + 1) "
+        f"WHEN {b} IN (197, 218) THEN get_byte(m, {o} + 1) * 256 + get_byte(m, {o} + 2) "
+        f"ELSE get_byte(m, {o} + 1) * 16777216 + get_byte(m, {o} + 2) * 65536 "
+        f"+ get_byte(m, {o} + 3) * 256 + get_byte(m, {o} + 4) END"
+    )
+    return head, size
+
+
+#: The page of each state (``page_jobs``' order and cursor place, $4..$6; $7 the size),
+#: written so an index gives it in order from the cursor on, not a sort of the whole
+#: state: waiting jobs from ``jobs_waiting`` (the cursor's priority level after its seq,
+#: then the lower levels: $8 the cursor's priority), scheduled ones from
+#: ``jobs_scheduled``, final ones backwards on ``jobs_queue_state`` ($8 the cursor's
+#: seq); active ones (as many as workers hold) sorted. ``seq`` is unique (each is a
+#: ``nextval`` of ``job_seq``), so ordering by it orders by ``(seq, id)`` as the place
+#: does, and the index needs no sort by id after it.
+_COUNT_PAGES = {
+    JobState.WAITING: (
+        "(SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+        "AND priority = $8::bigint AND seq >= $5 AND (seq, id) > ($5, $6) "
+        "ORDER BY priority DESC, seq LIMIT $7 + 1) "
+        "UNION ALL (SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+        "AND priority < $8::bigint ORDER BY priority DESC, seq LIMIT $7 + 1)"
+    ),
+    JobState.SCHEDULED: (
+        "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+        "AND run_at >= $4 AND (run_at, seq, id) > ($4, $5, $6) "
+        "ORDER BY run_at, seq LIMIT $7 + 1"
+    ),
+    JobState.ACTIVE: (
+        "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+        "AND started_at >= $4 AND (started_at, seq, id) > ($4, $5, $6) "
+        "ORDER BY started_at, seq LIMIT $7 + 1"
+    ),
+    **{
+        state: (
+            "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
+            "AND seq <= $8::bigint AND ((-seq)::float8, 0::bigint, id) > ($4, $5, $6) "
+            "ORDER BY seq DESC LIMIT $7 + 1"
+        )
+        for state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+    },
+}
+
+#: The states whose counting statement takes $8 (the cursor's priority or seq).
+BOUND_BY_INTEGER = frozenset(
+    {JobState.WAITING, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
+)
+
+
+def count_statements(schema: str) -> dict[JobState, str]:
+    """``count_fingerprints``' statement of each state for ``schema``: the page
+    ``page_jobs`` would answer ($1 ns, $2 queue, $3 state, $4..$6 the place after which
+    it starts, $7 the page's size; $8 in :data:`BOUND_BY_INTEGER`'s states, the
+    cursor's priority or seq as an integer, for the index), its jobs counted by task and
+    fingerprint where they are stored.
+
+    Rows: one per ``(task, fingerprint)`` with its jobs (``n``), and, when a job follows
+    the page, one with the place of the page's last job (``a``, ``b``, ``id``; task
+    NULL). The task and fingerprint are read from the stored message, a msgpack array
+    as :data:`.rows.encode` writes a JobMessage (id, task, queue, payload, fingerprint,
+    ...): no column holds the fingerprint, and the message never leaves the database.
+    The message is walked one element a step, each step a materialized CTE holding the
+    offset ``o`` of an element and its first byte ``b`` (inlined, each offset's
+    expression would be copied into the next one's several times over)."""
+    s = f'"{schema}"'
+    array = (
+        "CASE WHEN get_byte(m, 0) BETWEEN 144 AND 159 THEN 1 "
+        "WHEN get_byte(m, 0) = 220 THEN 3 ELSE 5 END"
+    )
+    head, size = _str_len("b", "o")
+    after = f"o + {head} + {size}"
+    text = f"convert_from(substring(m FROM o + {head} + 1 FOR {size}), 'UTF8')"
+    # e0: the id; e1: the task; e2: the queue (the task taken); e3: the payload; e4:
+    # the fingerprint.
+    steps = [
+        f"e0 AS MATERIALIZED (SELECT m, {array} AS o, get_byte(m, {array}) AS b "
+        "FROM r WHERE k <= $7)"
+    ]
+    for k in range(1, 5):
+        task = {1: "", 2: f"{text} AS task, "}.get(k, "task, ")
+        steps.append(
+            f"e{k} AS MATERIALIZED (SELECT m, {task}{after} AS o, get_byte(m, {after}) AS b "
+            f"FROM e{k - 1})"
+        )
+    out = {}
+    for state, (a, b) in _PLACES.items():
+        cols = f"id, ({a})::float8 AS a, ({b})::bigint AS b, message AS m"
+        page = _COUNT_PAGES[state].format(cols=cols, s=s)
+        out[state] = (
+            f"WITH p AS MATERIALIZED ({page}), "
+            "r AS MATERIALIZED (SELECT p.*, row_number() OVER (ORDER BY a, b, id) AS k "
+            f"FROM p), {', '.join(steps)} "
+            f"SELECT task, {text} AS fp, count(*) AS n, "
+            "NULL::float8 AS a, NULL::bigint AS b, NULL::text AS id FROM e4 GROUP BY 1, 2 "
+            # ($4 is typed here too: the waiting page compares no float with it.)
+            "UNION ALL SELECT NULL, NULL, 0, a, b, id FROM r WHERE k = $7 "
+            "AND $4::float8 IS NOT NULL AND EXISTS (SELECT 1 FROM r WHERE k = $7 + 1)"
+        )
+    return out

@@ -24,7 +24,7 @@ from ..base import (
 from ..memory.listing import CURSOR_LETTERS, cursor_place
 from ..records import cancelled_while
 from .core import PostgresCore
-from .rows import CANCEL, CODE, STATES, place_text, record_of
+from .rows import CANCEL, CODE, STATES, page_cursor, record_of
 from .within import enqueue_within, within_error
 
 __all__ = ["JobStore"]
@@ -202,6 +202,4 @@ class JobStore(PostgresCore):
         ids = [row["id"] for row in rows[:limit]]
         if len(rows) <= limit or not ids:
             return JobList(ids, None)
-        last = rows[limit - 1]
-        integral = state is not JobState.SCHEDULED and state is not JobState.ACTIVE
-        return JobList(ids, f"{letter}{place_text(last['a'], integral)}:{last['b']}:{last['id']}")
+        return JobList(ids, page_cursor(state, rows[limit - 1]))
