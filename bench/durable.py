@@ -8,6 +8,8 @@ process). Systems, each in a process of its own, interleaved, ``--reps`` times, 
 
 - ``typedq-memory``: the embedded broker
 - ``typedq-redis``: a fresh redis-server of its own (bench/redis_server.py)
+- ``typedq-postgres``: the PostgreSQL broker on the local PostgreSQL (database
+  ``typedqdur``, its schema dropped before each run)
 - ``dbos-direct``: ``DBOS.start_workflow_async`` on the local PostgreSQL (a fresh database)
 - ``dbos-queue``: a DBOS queue with ``worker_concurrency`` = concurrency (its docs' way
   to bound concurrency), polled every 50 ms
@@ -30,7 +32,9 @@ from typing import Any
 from bench.redis_server import redis_server
 from bench.run import PROJECT_PYTHON, ROOT, ensure_venv
 
-SYSTEMS = ("typedq-memory", "typedq-redis", "dbos-direct", "dbos-queue")
+SYSTEMS = ("typedq-memory", "typedq-redis", "typedq-postgres", "dbos-direct", "dbos-queue")
+#: The PostgreSQL broker's database (typedq-postgres).
+PG_DATABASE = "typedqdur"
 DATABASE = "durbench"
 FIELDS = ("steps_per_s", "runs_per_s", "run_p50_ms", "run_p99_ms")
 
@@ -43,10 +47,19 @@ def _postgres(*argv: str) -> None:
 def one(system: str, params: dict[str, Any], redis_url: str) -> dict[str, Any]:
     """Run one system once in a fresh process; its JSON line."""
     if system.startswith("typedq"):
-        broker = "memory://" if system == "typedq-memory" else redis_url
+        broker = {
+            "typedq-memory": "memory://",
+            "typedq-postgres": f"postgresql://postgres@127.0.0.1:5432/{PG_DATABASE}?schema=durbench",
+        }.get(system, redis_url)
         python, module = PROJECT_PYTHON, "bench.adapters.durable_typedq"
         args = {**params, "broker": broker}
-        if broker != "memory://":
+        if system == "typedq-postgres":
+            subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", PG_DATABASE],
+                           check=False, capture_output=True)  # fmt: skip
+            subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", PG_DATABASE, "-c",
+                            "DROP SCHEMA IF EXISTS durbench CASCADE"],
+                           check=True, capture_output=True)  # fmt: skip
+        elif broker != "memory://":
             subprocess.run(
                 ["redis-cli", "-u", redis_url, "FLUSHALL"], check=True, capture_output=True
             )

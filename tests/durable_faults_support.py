@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from tests import durable_app
 from tests.durable_app import STEPS, Outcome, Plan, expected
+from tests.pg_harness import PgCluster
 from tests.redis_harness import RedisCluster, RedisProcess, flushall
 from tests.support import ROOT
 from typedq import JobState, RunHandle
@@ -141,12 +142,17 @@ class Scene:
 
 
 @asynccontextmanager
-async def _scene(server: RedisProcess, cluster: RedisCluster | None = None) -> AsyncIterator[Scene]:
-    """Workers on ``server`` (or on ``cluster``, the ledger staying on ``server``)."""
+async def _scene(
+    server: RedisProcess, cluster: RedisCluster | None = None, *, pg: PgCluster | None = None
+) -> AsyncIterator[Scene]:
+    """Workers on ``server`` (or on ``cluster``, or in a fresh schema of ``pg``: the
+    ledger staying on ``server``)."""
     flushall(server.port)
     if cluster is not None:
         cluster.flushall()
     url = server.url if cluster is None else cluster.url
+    if pg is not None:
+        url = f"{pg.url}?schema=durable_{time.monotonic_ns()}"
     durable_app.app.use_broker(url)
     ledger = aioredis.Redis.from_url(f"redis://127.0.0.1:{server.port}/1")
     scene = Scene(server, url, ledger)
@@ -231,6 +237,14 @@ STEPS_WHERE = [
     pytest.param(2, "cluster", marks=pytest.mark.cluster),
 ]
 WHERE = ["redis", pytest.param("cluster", marks=pytest.mark.cluster)]
+
+
+def _pg(request: pytest.FixtureRequest, where: str) -> PgCluster | None:
+    """The session's PostgreSQL server when ``where`` says so."""
+    if where != "postgres":
+        return None
+    pg: PgCluster = request.getfixturevalue("pg_cluster")
+    return pg
 
 
 def _cluster(request: pytest.FixtureRequest, where: str) -> RedisCluster | None:

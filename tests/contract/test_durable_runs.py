@@ -2,7 +2,8 @@
 directly (compare-and-append, signal inboxes, turns, kept step outcomes, retention).
 
 The embedded broker's run store (typedq/broker/memory/runs.py) is the reference; the
-Redis broker keeps a run on its queue's slot (typedq/broker/redis/runs.py). Real time
+Redis broker keeps a run on its queue's slot (typedq/broker/redis/runs.py), the
+PostgreSQL broker in its schema (migration 9, typedq/broker/postgres/runs.py). Real time
 here: sleeps and timeouts are tens of milliseconds, and time bounds are generous.
 """
 
@@ -33,7 +34,7 @@ from typedq.broker.runs import (
 from typedq.durable import Run, RunTimeout, Signal, StepScheduled, decode_entries, encode_entries
 from typedq.errors import FailureReason, FailureRecord, JobCancelled, JobFailed
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 class User(msgspec.Struct, frozen=True):

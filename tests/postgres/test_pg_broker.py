@@ -80,22 +80,22 @@ async def test_several_processes_migrate_a_fresh_schema_once(pg_url: str) -> Non
                 await broker.close()
 
 
-async def test_an_app_with_durable_functions_fails_at_connect_naming_the_capability(
+async def test_an_app_with_durable_functions_connects_and_runs_one(
     pg_url: str, app_name: str
 ) -> None:
+    """The broker has Runs now (migration 9): an app declaring a durable function
+    connects, and a run of it ends with its result (tests/contract/test_durable_runs.py
+    holds the rules)."""
     app = App(app_name, broker=pg_url)
 
     @app.durable
     async def onboard(run: Run, x: In) -> Out:
         return Out(x.n)
 
-    with pytest.raises(Unsupported) as info:
-        async with app:
-            pass
-    message = str(info.value)
-    assert "\n" not in message
-    assert "PostgresBroker lacks what app" in message
-    assert "Runs (durable functions onboard)" in message
+    async with app, app.worker():
+        handle = await onboard.start(In(n=3), run_id="once")
+        with anyio.fail_after(TEST_DEADLINE):
+            assert await handle.result() == Out(3)
 
 
 async def test_a_workflow_runs_on_postgres_beside_plain_tasks(pg_url: str, app_name: str) -> None:

@@ -16,6 +16,7 @@ from tests.durable_faults_support import (
     WHERE,
     _check_log,
     _cluster,
+    _pg,
     _scene,
     _until_true,
 )
@@ -29,7 +30,12 @@ BATCH = 1000
 KILLS = 3
 
 
-@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize(
+    "where",
+    # On PostgreSQL too: two processes' coalesced appends and the step triggers of many
+    # runs at once (migration 9).
+    [*WHERE, pytest.param("postgres", marks=pytest.mark.postgres)],
+)
 async def test_a_batch_of_runs_survives_repeated_sigkills(
     redis_server: RedisProcess, request: pytest.FixtureRequest, where: str
 ) -> None:
@@ -37,7 +43,7 @@ async def test_a_batch_of_runs_survives_repeated_sigkills(
     KILLS times while they run: every run completes with its result, each step is
     recorded once in its run's log, and a step ran more than once only if a killed
     worker had started it."""
-    async with _scene(redis_server, _cluster(request, where)) as scene:
+    async with _scene(redis_server, _cluster(request, where), pg=_pg(request, where)) as scene:
         scene.spawn(concurrency=16)
         victim = scene.spawn(concurrency=16)
         started = time.monotonic()

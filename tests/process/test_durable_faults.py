@@ -26,6 +26,7 @@ from tests.durable_faults_support import (
     _check,
     _cluster,
     _has,
+    _pg,
     _scene,
     _step_completed,
     _until,
@@ -53,14 +54,21 @@ async def test_sigkill_inside_a_step(redis_server: RedisProcess, k: int) -> None
         await _check(scene, handle, plan, twice=[k])
 
 
-@pytest.mark.parametrize("k", STEP_INDEXES)
+@pytest.mark.parametrize(
+    ("k", "where"),
+    [
+        *((k, "redis") for k in STEP_INDEXES),
+        pytest.param(1, "postgres", marks=pytest.mark.postgres),
+        pytest.param(4, "postgres", marks=pytest.mark.postgres),
+    ],
+)
 async def test_sigkill_in_the_turn_that_read_a_step_outcome(
-    redis_server: RedisProcess, k: int
+    redis_server: RedisProcess, request: pytest.FixtureRequest, k: int, where: str
 ) -> None:
     """Killed in the turn that has read step K's outcome (the function runs past it) and
     not appended it yet: the next turn records it; no step runs again. For K = 4 the
     turn is the one that would complete the run."""
-    async with _scene(redis_server) as scene:
+    async with _scene(redis_server, pg=_pg(request, where)) as scene:
         victim = scene.spawn(holds=[f"after:{k}"])
         await scene.arm(f"after:{k}")
         plan = Plan(n=7)
@@ -98,7 +106,16 @@ async def test_sigkill_between_enqueueing_a_step_and_logging_it(
         await _check(scene, handle, plan)
 
 
-@pytest.mark.parametrize(("k", "where"), STEPS_WHERE)
+@pytest.mark.parametrize(
+    ("k", "where"),
+    [
+        *STEPS_WHERE,
+        # On PostgreSQL the outcome and the next turn are written by a trigger in the
+        # transaction that completed the step (migration 9).
+        pytest.param(0, "postgres", marks=pytest.mark.postgres),
+        pytest.param(4, "postgres", marks=pytest.mark.postgres),
+    ],
+)
 async def test_sigkill_after_a_step_completed_with_no_turn_worker(
     redis_server: RedisProcess, request: pytest.FixtureRequest, k: int, where: str
 ) -> None:
@@ -106,7 +123,7 @@ async def test_sigkill_after_a_step_completed_with_no_turn_worker(
     the run's next turn are written by the step's completion) and its worker is killed
     right after: no process is left that saw the outcome. A fresh worker finishes the
     run; the step is not run again."""
-    async with _scene(redis_server, _cluster(request, where)) as scene:
+    async with _scene(redis_server, _cluster(request, where), pg=_pg(request, where)) as scene:
         turns = scene.spawn(queues=TURNS)
         steps = scene.spawn(holds=[f"step:{k}"], queues=DEFAULT_QUEUE)
         await scene.arm(f"step:{k}")

@@ -12,6 +12,7 @@ from tests.durable_app import Go, Plan, go, pipeline
 from tests.durable_faults_support import (
     _check,
     _has,
+    _pg,
     _scene,
     _step_completed,
     _until,
@@ -23,6 +24,10 @@ from typedq.broker.runs import SignalOutcome
 from typedq.durable import SignalReceived
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.anyio, pytest.mark.asyncio_only]
+
+#: Redis, and PostgreSQL (its timers are scheduled turn jobs; a turn that failed for
+#: good fails its run by a trigger, migration 9); the ledger stays on Redis.
+_ON_PG = ["redis", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @pytest.mark.parametrize("point", ["step:3", "step:4", "gathered"])
@@ -63,10 +68,13 @@ async def test_sigkill_inside_a_do_block(redis_server: RedisProcess) -> None:
         assert int(await scene.ledger.hget("do", handle.run_id) or 0) == 2
 
 
-async def test_every_worker_sigkilled_while_the_run_sleeps(redis_server: RedisProcess) -> None:
+@pytest.mark.parametrize("where", _ON_PG)
+async def test_every_worker_sigkilled_while_the_run_sleeps(
+    redis_server: RedisProcess, request: pytest.FixtureRequest, where: str
+) -> None:
     """Every worker is killed while the run sleeps; its sleep ends with no worker alive
     (nothing happens), and a fresh worker wakes it where it slept."""
-    async with _scene(redis_server) as scene:
+    async with _scene(redis_server, pg=_pg(request, where)) as scene:
         workers = [scene.spawn(), scene.spawn()]
         plan = Plan(n=2, sleep=1.5)
         handle = await pipeline.start(plan, run_id="asleep")
@@ -138,13 +146,16 @@ async def test_sigkill_during_a_signal_delivery(redis_server: RedisProcess, poin
         record = await _check(scene, handle, plan, bump=9)
 
 
-async def test_a_run_whose_turn_keeps_killing_its_worker_ends(redis_server: RedisProcess) -> None:
+@pytest.mark.parametrize("where", _ON_PG)
+async def test_a_run_whose_turn_keeps_killing_its_worker_ends(
+    redis_server: RedisProcess, request: pytest.FixtureRequest, where: str
+) -> None:
     """A turn that kills its worker every time (a poison turn: the replay runs out of
     memory, say) fails its job once it has stalled past ``max_stalls``, as any job does.
     The run must not be lost with it: it should end (failed, with the stalled record),
     as a run whose step job stalled past ``max_stalls`` does (the step's failure is
     raised in the function): the broker fails a run whose turn job failed for good."""
-    async with _scene(redis_server) as scene:
+    async with _scene(redis_server, pg=_pg(request, where)) as scene:
         await scene.arm("after:0")
         plan = Plan(n=1)
         handle = await pipeline.start(plan, run_id="poison")

@@ -29,6 +29,7 @@ from typedq.broker.capabilities import (
     Limits,
     Observability,
     OperatorActions,
+    Runs,
     Schedules,
     SchemaRegistry,
     TransactionalEnqueue,
@@ -48,7 +49,8 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 #: jobs stored in the caller's database transaction need a broker in that database. The
 #: PostgreSQL broker has the core store, operator actions, observability, schedules,
 #: task limits, event streams, job streams, workflows, the schema registry, fingerprint
-#: counts and flow control (unique windows, debounce) so far (issue 30; docs/brokers.md).
+#: counts and flow control (unique windows, debounce) and durable runs so
+#: far (issue 30; docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
@@ -65,6 +67,7 @@ LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
             Limits,
             Observability,
             OperatorActions,
+            Runs,
             Schedules,
             SchemaRegistry,
             TransactionalEnqueue,

@@ -14,10 +14,11 @@ rollups, the worker and queue registries), Schedules (compare-and-set firing on 
 database's clock), Limits (rate and concurrency limits checked inside the claim),
 TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), Flows (workflows,
 handed off by the schema's triggers: :mod:`.flows`), SchemaRegistry and FingerprintCounts
-(:mod:`.schemas`, what ``typedq verify`` reads) and FlowControl (unique windows and
-debounce: :mod:`.control`). Every other capability (runs, flow views) keeps the seam's
-Unsupported default: an app that declares one of those it needs at connect fails there
-in one line (docs/brokers.md).
+(:mod:`.schemas`, what ``typedq verify`` reads), FlowControl (unique windows and
+debounce: :mod:`.control`) and Runs (durable runs, woken by the schema's triggers:
+:mod:`.runs`). Every other capability (flow views) keeps the seam's Unsupported default:
+an app that declares one of those it needs at connect fails there in one line
+(docs/brokers.md).
 
 The class is made of mixins, one module per capability, on the core they share
 (:mod:`.core`: the pool, one call of a statement, the enqueue arguments): the producer
@@ -25,9 +26,9 @@ side and the reads in :mod:`.store`, the worker's claim, leases and settles in
 :mod:`.leases`, Limits in :mod:`.limits`, Observability in :mod:`.observe`, Schedules in
 :mod:`.schedules`, OperatorActions in :mod:`.actions`, EventStreams and JobStreams in
 :mod:`.streams`, Flows in :mod:`.flows`, the schema registry and fingerprint counts in
-:mod:`.schemas`, FlowControl in :mod:`.control`; rows become the seam's values in
-:mod:`.rows`. Here: connect (pool, migrations, listener), close, and the notifications
-that wake waiters.
+:mod:`.schemas`, FlowControl in :mod:`.control`, Runs in :mod:`.runs`; rows become the
+seam's values in :mod:`.rows`. Here: connect (pool, migrations, listener), close, and
+the notifications that wake waiters.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from .flows import FlowOps
 from .leases import LeaseOps
 from .limits import LimitOps
 from .observe import ObserveOps
+from .runs import RunOps
 from .schedules import ScheduleOps
 from .schema import MIGRATIONS
 from .schemas import SchemaOps
@@ -78,6 +80,7 @@ class PostgresBroker(
     FlowOps,
     SchemaOps,
     ControlOps,
+    RunOps,
 ):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
 
@@ -107,6 +110,8 @@ class PostgresBroker(
         self._event_waiters: dict[str, set[anyio.Event]] = {}
         self._stream_waiters: dict[str, set[anyio.Event]] = {}
         self._reader_until: dict[tuple[str, str], float] = {}
+        #: Waiters of ``wait_run`` by run id, woken by its ``r:`` notification.
+        self._run_waiters: dict[str, set[anyio.Event]] = {}
         #: Queues this process has put in the queue registry (``list_queues``).
         self._registered: set[str] = set()
         #: Debounce keys' last collecting jobs seen here (:mod:`.control`).
@@ -204,6 +209,9 @@ class PostgresBroker(
         elif kind == "e":  # key: a queue
             for event in self._event_waiters.get(key, ()):
                 event.set()
+        elif kind == "r":  # key: a run id (its log grew or it ended)
+            for event in self._run_waiters.get(key, ()):
+                event.set()
 
     def _wake_all(self) -> None:
         """Wake every waiter (the listener was remade: a notification may be lost)."""
@@ -214,7 +222,7 @@ class PostgresBroker(
                 event.set()
         for event in self._cancels:
             event.set()
-        for waiters in (self._event_waiters, self._stream_waiters):
+        for waiters in (self._event_waiters, self._stream_waiters, self._run_waiters):
             for events in waiters.values():
                 for event in events:
                     event.set()

@@ -34,6 +34,7 @@ from . import (
     migration_6,
     migration_7,
     migration_8,
+    migration_9,
 )
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
@@ -55,6 +56,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_6.SQL,
     migration_7.SQL,
     migration_8.SQL,
+    migration_9.SQL,
 )
 
 

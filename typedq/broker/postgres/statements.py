@@ -37,6 +37,16 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
     s = f'"{schema}"'
     sql = {
         "enqueue": f"SELECT {s}.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        # Durable runs (migration 9, .runs).
+        "run_create": f"SELECT * FROM {s}.run_create($1, $2, $3, $4, $5, $6, $7, $8, $9, "
+        "$10, $11, $12)",
+        "run_get": f"SELECT * FROM {s}.run_rows($1, $2, $3)",
+        "run_page": f"SELECT id FROM {s}.runs WHERE ns = $1 AND id > $2 ORDER BY id LIMIT $3",
+        "run_append": f"SELECT {s}.run_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
+        "$12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)",
+        "run_signal": f"SELECT {s}.run_signal($1, $2, $3, $4, $5)",
+        "run_wake": f"SELECT {s}.run_wake_runs($1, $2, $3, $4)",
+        "run_cancel": f"SELECT * FROM {s}.run_cancel($1, $2, $3, $4, $5)",
         "enqueue_controlled": f"SELECT * FROM {s}.enqueue_controlled($1, $2, $3, $4, $5, "
         "$6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
         "claim": f"SELECT * FROM {s}.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
