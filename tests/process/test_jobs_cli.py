@@ -272,27 +272,45 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
     args += ["--task", "charge", "--retry", "--json"]
     env = {**os.environ, "TYPEDQ_BROKER": "", "PYTHONPATH": str(ROOT)}
 
-    async def first_pages_retried() -> None:
+    procs: list[subprocess.Popen[str]] = []
+
+    async def interrupt_after_the_first_pages() -> None:
+        # The watcher connects before the run starts and looks every 5 ms: the run's 6,000
+        # retries take a few hundred ms, so the pause lands in the middle of its walk (a
+        # watcher that connected after the run started could miss all of it).
         bulk_app.app.use_broker(redis_server.url)
         async with bulk_app.app:
-            await wait_for(bulk_app.app, JobState.WAITING, 1)
+            # Popen returns once the process is forked (the run must start after the
+            # watcher connected, so here).
+            procs.append(
+                subprocess.Popen(  # noqa: ASYNC220
+                    args,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            with anyio.fail_after(60):
+                while (await counts(bulk_app.app))[JobState.WAITING] < 1:  # noqa: ASYNC110
+                    await anyio.sleep(0.005)
+            # Hold the broker's writes: the run stops before its next retry, and Ctrl-C
+            # lands in the middle of the walk.
+            execute("CLIENT", "PAUSE", "20000", "WRITE")
+            procs[0].send_signal(signal.SIGINT)
 
-    proc = subprocess.Popen(
-        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
     try:
-        # Once the first page is retried, hold the broker's writes: the run stops before
-        # its next retry, and Ctrl-C lands in the middle of the walk.
-        anyio.run(first_pages_retried)
-        execute("CLIENT", "PAUSE", "20000", "WRITE")
-        proc.send_signal(signal.SIGINT)
+        anyio.run(interrupt_after_the_first_pages)
+        proc = procs[0]
         _, stderr = proc.communicate(timeout=30)
     finally:
         execute("CLIENT", "UNPAUSE")
         control.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for started in procs:
+            if started.poll() is None:
+                started.kill()
+                started.wait()
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     first = state_counts(redis_server)
