@@ -264,7 +264,7 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
     """Ctrl-C in the middle of a bulk retry: exit status 130, no traceback, some jobs
     retried; the same command again retries the rest, none twice."""
     flushall(redis_server.port)
-    total = 6000
+    total = 20_000
     fail_orders(redis_server, [bulk_app.Order(i, "acme") for i in range(total)])
     control = redis.Redis.from_url(redis_server.url)
     execute: Any = control.execute_command  # untyped in redis-py
@@ -275,8 +275,8 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
     procs: list[subprocess.Popen[str]] = []
 
     async def interrupt_after_the_first_pages() -> None:
-        # The watcher connects before the run starts and looks every 5 ms: the run's 6,000
-        # retries take a few hundred ms, so the pause lands in the middle of its walk (a
+        # The watcher connects before the run starts and looks every 5 ms: the run's 20,000
+        # retries take about a second, so the pause lands in the middle of its walk (a
         # watcher that connected after the run started could miss all of it).
         bulk_app.app.use_broker(redis_server.url)
         async with bulk_app.app:
