@@ -6,7 +6,9 @@ a rate limit, chains across queues (across slots on Redis Cluster) and fan-outs 
 callback or a collector, fair shares (keys with weights that change from job to job, one
 fair task behind a keyed concurrency limit, a fan-out of fair members), schedules fired
 tick by tick with the overlap policies (one on the partitioned queue; now and then
-against a stale state), priorities, delays, dedup by
+against a stale state), unique windows and debounce by key (a job holding its key
+until purged, removed, cancelled or finished, a debounced one replaced), priorities,
+delays, dedup by
 id (a small pool of ids, reused after removal), claims, completions, failures (retried or
 final), and the operators' cancel, retry, remove and purge. Each program runs in
 lockstep on the embedded broker, the reference, and on the broker under test (a single
@@ -43,10 +45,12 @@ from typedq.broker.base import (
     Broker,
     BrokerSettings,
     Completion,
+    EnqueueControl,
     Failure,
     JobMessage,
     TickFiring,
 )
+from typedq.broker.capabilities import FlowControl
 from typedq.broker.flow import FlowSpec, member_id, step_id
 from typedq.broker.memory import MemoryBroker
 from typedq.limits import LimitSpec
@@ -66,7 +70,15 @@ POOL = {
     "q": [f"qj{i}" for i in range(4)],
     "r": [f"rj{i}" for i in range(4)],
     "pq": [f"pj{i}" for i in range(4)],
+    # Keyed jobs (capability FlowControl): unique ones on q, debounced ones on r.
+    "u": [f"uj{i}" for i in range(3)],
+    "d": [f"dj{i}" for i in range(3)],
 }
+# Flow control (typedq.flowcontrol): task "uq" on q unique by key for two hours (a
+# finished job holds its key for the rest of the run), task "dr" on r debounced by key
+# (due an hour after its key's last enqueue, at most two after its first: never during a
+# run). Keys u0/u1 and d0/d1.
+CONTROLLED = {"u": ("q", "uq"), "d": ("r", "dr")}
 # A flow id is one definition (enqueued again, the same flow): f0 a chain q -> r -> q
 # (across slots on Cluster), f1 a fan-out over q and r with a callback chain on r then q,
 # f2 a bare fan-out (a collector) over r with its own job on q, f3 a fan-out of fair
@@ -112,6 +124,7 @@ class Step:
         tuple[str, str, str, int, bool, str, int], ...
     ] = ()  # id, queue, task, prio, delayed, key, fair weight (0: not fair)
     flow: tuple[str, str, int, tuple[str, ...]] = ("", "", 0, ())  # FLOWS' entry
+    keyed: tuple[tuple[str, str, str], ...] = ()  # id, "u" or "d" (CONTROLLED), key
     ids: tuple[str, ...] = ()
     n: int = 0
     final: bool = False
@@ -128,6 +141,8 @@ class Step:
             return f"enqueue [{', '.join(jobs)}]"
         if self.kind == "flow":
             return f"flow {self.flow[0]} ({self.flow[1]})"
+        if self.kind == "control":
+            return f"control [{', '.join(f'{i}:{m}[{k}]' for i, m, k in self.keyed)}]"
         if self.kind == "claim":
             return f"claim {self.n} from {self.queue}"
         if self.kind in ("complete", "fail"):
@@ -148,7 +163,13 @@ def program(seed: int, steps: int = STEPS) -> list[Step]:
     ticks: dict[str, int] = {}
     for _ in range(steps):
         roll = rnd.random()
-        if roll < 0.22:
+        if roll < 0.04:
+            keyed = []
+            for _ in range(rnd.randint(1, 2)):
+                mode = rnd.choice(list(CONTROLLED))
+                keyed.append((rnd.choice(POOL[mode]), mode, f"{mode}{rnd.randint(0, 1)}"))
+            out.append(Step("control", keyed=tuple(keyed)))
+        elif roll < 0.22:
             jobs = []
             for _ in range(rnd.randint(1, 3)):
                 base = rnd.choice(("q", "r", "pq"))
@@ -229,6 +250,15 @@ def _message(
     )
 
 
+def controlled_job(job_id: str, mode: str, key: str) -> tuple[JobMessage, EnqueueControl]:
+    """A keyed enqueue of CONTROLLED's ``mode``: unique for two hours or debounced."""
+    queue, task = CONTROLLED[mode]
+    message = JobMessage(id=job_id, task=task, queue=queue, payload=b"\xc0")
+    if mode == "u":
+        return message, EnqueueControl(key=key, unique_for=2 * DELAY)
+    return message, EnqueueControl(key=key, wait=DELAY, max_wait=2 * DELAY)
+
+
 def flow_spec(fid: str, shape: str, members: int, queues: Sequence[str]) -> FlowSpec:
     """Flow ``fid`` as FLOWS defines it: members on queues[0..], steps as the shape says."""
     if shape == "fairfan":
@@ -297,6 +327,10 @@ class Driver:
             if step.kind == "enqueue":
                 outcomes = await b.enqueue([_message(*job) for job in step.jobs])
                 return [(o.id, o.created) for o in outcomes]
+            if step.kind == "control":
+                assert isinstance(b, FlowControl)
+                controlled = await b.enqueue_controlled([controlled_job(*j) for j in step.keyed])
+                return [(o.id, o.created) for o in controlled]
             if step.kind == "flow":
                 (stored,) = await b.enqueue_flows([flow_spec(*step.flow)])
                 if isinstance(stored, Exception):
@@ -518,6 +552,7 @@ def test_programs_combine_every_feature() -> None:
     steps = [s for seed in SEEDS for s in program(seed)]
     kinds = _count_kinds(steps)
     assert set(kinds) == {
+        "control",
         "enqueue",
         "flow",
         "claim",
@@ -535,6 +570,8 @@ def test_programs_combine_every_feature() -> None:
     assert any(d for *_, d, _, _ in jobs)
     # Fair keys with every weight, so a key's weight changes between its turns.
     assert {(k, w) for *_, k, w in jobs if w} == {(k, w) for k in FAIR_KEYS for w in FAIR_WEIGHTS}
+    keyed = [j for s in steps for j in s.keyed]
+    assert {(m, k) for _, m, k in keyed} == {(m, f"{m}{n}") for m in CONTROLLED for n in (0, 1)}
     shapes = {s.flow[1] for s in steps if s.kind == "flow"}
     assert shapes == {"chain", "fanout", "collect", "fairfan"}
 
