@@ -106,14 +106,27 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "get": f"SELECT {RECORD_COLUMNS} FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2)",
         "counts": f"SELECT state, count(*) FROM {s}.jobs WHERE ns = $1 AND queue = $2 "
         "GROUP BY state",
+        # Per lease: 0 renewed, 1 lost, 2 renewed and a cancel requested. A renewal never
+        # waits for a row lock (SKIP LOCKED): a job whose row another transaction holds
+        # (its settle in flight, a recovery, a cancel) is left as it is and answered by
+        # what this statement's snapshot shows (the next renewal sees the outcome). Were
+        # it to wait, it would hold the rows it renewed first while it waits, and the
+        # worker's own settle of several of its jobs, locking them in another order,
+        # deadlocks with it: PostgreSQL sees that only after deadlock_timeout (1 s by
+        # default), by when the worker's other leases may have run out and another
+        # worker recovered and started them (a job run twice by live workers).
         "renew": (
             "WITH i AS (SELECT * FROM unnest($2::text[], $3::text[]) WITH ORDINALITY "
             "AS t(id, token, ord)), "
-            f"u AS (UPDATE {s}.jobs j SET lease_until = {s}.now_s() + $4 FROM i "
-            "WHERE j.ns = $1 AND j.id = i.id AND j.token = i.token AND j.state = 2 "
-            "RETURNING j.id, j.token, j.cancel_requested) "
-            "SELECT u.cancel_requested FROM i LEFT JOIN u "
-            "ON u.id = i.id AND u.token = i.token ORDER BY i.ord"
+            f"l AS (SELECT j.id FROM {s}.jobs j JOIN i ON j.id = i.id AND j.token = i.token "
+            "WHERE j.ns = $1 AND j.state = 2 FOR NO KEY UPDATE OF j SKIP LOCKED), "
+            f"u AS (UPDATE {s}.jobs j SET lease_until = {s}.now_s() + $4 FROM l "
+            "WHERE j.ns = $1 AND j.id = l.id RETURNING j.id, j.token, j.cancel_requested) "
+            "SELECT CASE WHEN u.id IS NOT NULL THEN "
+            "CASE WHEN u.cancel_requested THEN 2 ELSE 0 END "
+            f"WHEN EXISTS (SELECT 1 FROM {s}.jobs x WHERE x.ns = $1 AND x.id = i.id "
+            "AND x.token = i.token AND x.state = 2) THEN 0 ELSE 1 END::smallint "
+            "FROM i LEFT JOIN u ON u.id = i.id AND u.token = i.token ORDER BY i.ord"
         ),
         "progress": f"UPDATE {s}.jobs SET progress = $4 WHERE ns = $1 AND id = $2 "
         "AND state = 2 AND token = $3",
