@@ -36,9 +36,10 @@ from .keys import STATE_LETTERS
 __all__ = ["InspectOps", "check_cursor"]
 
 
-#: The entries one purge.lua call passes, the jobs of the flows its deletions end
-#: included (one flow's end may add END_CHUNK, 100): ~10-20 µs of Redis time each, so
-#: a call stays near 2-4 ms (1000 per call took 20-60 ms on a loaded box; issue 31).
+#: What one purge.lua call may spend, in plain jobs' worth (~5-10 µs of Redis time each;
+#: a job of a flow, and the jobs of the flows its deletion ends, weigh more: see
+#: purge.lua): a call stays near 1-3 ms, past it by one flow end's first chunk at most
+#: (1000 jobs per call took 20-60 ms on a loaded box; issue 31).
 PURGE_CHUNK = 200
 
 #: The order purge deletes the states of a queue in (see purge).

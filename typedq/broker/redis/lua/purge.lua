@@ -1,9 +1,12 @@
 #!lua flags=allow-oom
 -- Delete up to `budget` jobs of one queue in one state; bounded work per call, the
--- client calls again with the returned cursor until it is -1. The flows its deletions
--- end take their share of the budget: a call passes about `budget` jobs in all (plus
--- at most one flow end's first chunk, flow_ops.END_CHUNK), and a flow's end goes on
--- in steps the client applies after (flow_end in common/flow_settle.lua).
+-- client calls again with the returned cursor until it is -1. The budget is in entries
+-- of a plain job's cost (~5-10 µs of Redis time): a deleted job of a flow costs 3 (its
+-- link read, its flow's record read), 7 when it settles a member of a flow not ended;
+-- a job a flow's end passes costs 2 (bench/fanout_scripts.py --purges). A call stops
+-- once the budget is spent (past it by at most one flow end's first chunk,
+-- flow_ops.END_CHUNK jobs), and a flow's end goes on in steps the client applies after
+-- (flow_end in common/flow_settle.lua).
 -- KEYS[1] = the queue's active zset
 -- ARGV: P, queue, state letter, budget, cursor[, the letters of every state this purge
 --   deletes (default: the state's own)]
@@ -20,8 +23,8 @@ local removed = 0
 purging = {q = q, n = 0, states = {[state] = true}, letters = ARGV[6] or state, spent = 0,
   budget = budget}
 for letter in string.gmatch(ARGV[6] or '', '%a') do purging.states[letter] = true end
--- Entries still to pass in this call (each entry passed, and each job a flow's end
--- passed, spends one).
+-- What is left of the budget (entries passed and the work of the flows they end, as
+-- weighed above).
 local function room() return math.floor(budget - purging.spent) end
 -- Entries popped off list `lk` and not passed (`popped` from `from` on) go back on it,
 -- in their order.
@@ -30,6 +33,7 @@ local function push_back(lk, popped, from)
 end
 local function drop(id)
   local link = flow_link(q, id)
+  if link then purging.spent = purging.spent + 2 end
   redis.call('DEL', k_job(q, id))
   count(q, state, -1)
   removed = removed + 1

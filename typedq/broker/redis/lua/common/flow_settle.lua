@@ -4,7 +4,8 @@
 -- a step of a flow's end a purge began): {q = queue, n = jobs it deleted through
 -- purge_takes, states = the letters of every state it deletes (a set), letters = the
 -- same as one string, spent = the jobs the call has passed so far (the purge's own and
--- its flows' ends'), budget = how many it may pass}. nil in every other call.
+-- its flows' ends', weighed by their cost: see purge.lua), budget = how many it may
+-- pass}. nil in every other call.
 local purging
 -- A job of the flow a purge's deletion ends (or releases) is itself waiting or
 -- scheduled on the purged queue in a purged state: the purge deletes it rather than end
@@ -123,10 +124,11 @@ local function flow_end(fq, f, state, err, now, settled)
   end
   local limit = flow_ops.END_CHUNK
   if purging then
-    limit = math.min(limit, math.max(steps, purging.budget - purging.spent))
+    -- (A job a flow's end passes: 2 purge entries' worth; see purge.lua.)
+    limit = math.min(limit, math.max(steps, (purging.budget - purging.spent) / 2))
   end
   local _, ended = flow_ops.end_step(fk, fq, fq, f, limit, now, x and fq)
-  if purging then purging.spent = purging.spent + ended end
+  if purging then purging.spent = purging.spent + 2 * ended end
 end
 
 -- Jobs per step of a flow's end (see flow_end): ~12-25 µs of Redis time each, so a step
@@ -416,6 +418,8 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
   local steps, collector, x = tonumber(meta[1]), meta[3] == '1', meta[5] == '1'
   if fm then
     local i = tonumber(fm)
+    -- (A member's settlement: ~4 purge entries' worth of Redis time; see purge.lua.)
+    if purging then purging.spent = purging.spent + 4 end
     -- r<i>: its element and its settled mark (set once); '' for a failed one ('a').
     local el = ''
     if meta[4] == 'c' then
