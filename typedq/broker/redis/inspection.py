@@ -132,16 +132,18 @@ class InspectOps(RedisCore):
         wanted = set(states)
         order = [s for s in _PURGE_ORDER if s in wanted]
         letters = "".join(STATE_LETTERS[s.value] for s in order)
-        # Each call is bounded (PURGE_CHUNK entries and flow jobs). A flow a deletion
-        # ends goes on ending in bounded steps (outbox entries that carry the purge: each
-        # step deletes the flow's jobs in the purged states on this queue, as the purge
-        # would, and counts them); on Redis Cluster a flow across slots reacts to a
-        # deletion through hand-offs to other queues' slots. Both are delivered once
-        # every state is purged (a flow ended by the deletions then finds its other jobs
-        # on this queue gone, as on one Redis), and what the reactions put in the purged
-        # states goes in another round (as the embedded broker does). A purge stopped
-        # between two calls leaves each flow it ended marked ended, its next step in the
-        # outbox for the reaper pass.
+        # Each call is bounded (PURGE_CHUNK). A flow a deletion ends goes on ending in
+        # bounded steps, driven here after the call that began it (outbox entries
+        # '<F>|z|<n>' that carry the purge: each step deletes the flow's jobs in the
+        # purged states on this queue, as the purge would, and answers how many; at
+        # once, before the reaper pass could apply them, which would leave them out of
+        # the count). On Redis Cluster a flow across slots reacts to a deletion through
+        # hand-offs to other queues' slots; they are delivered once every state is
+        # purged (a flow ended by the deletions then finds its other jobs on this queue
+        # gone, as on one Redis), and what the reactions put in the purged states goes
+        # in another round (as the embedded broker does). A purge stopped between two
+        # calls leaves each flow it ended marked ended, its next step in the outbox for
+        # the reaper pass.
         while True:
             handoffs: list[Handoff] = []
             for state in order:
@@ -156,9 +158,14 @@ class InspectOps(RedisCore):
                         letters,
                     ]
                     reply = await self._eval_one("purge", [k.active(queue)], args)
-                    n, cursor = unwrap(reply, handoffs)
+                    fresh: list[Handoff] = []
+                    n, cursor = unwrap(reply, fresh)
                     removed += int(n)
                     cursor = int(cursor)
+                    handoffs += [h for h in fresh if "|z|" not in h.entry]
+                    ends = [h for h in fresh if "|z|" in h.entry]
+                    if ends:
+                        removed += await self._deliver(ends)
             if not handoffs:
                 return removed
             removed += await self._deliver(handoffs)
