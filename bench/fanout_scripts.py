@@ -207,7 +207,7 @@ async def main(sizes: list[int], bulk: int, drain: int, ends: list[int], purges:
 
                     lines.append(await measure(client, f"{how} fan-out {n:,}", end))
                     print(lines[-1], flush=True)
-                    await client.flushall()
+                    await client.flushall(asynchronous=True)
             for n in purges:
                 for how in ("jobs", "flow scheduled", "flow all"):
                     if how == "jobs":
@@ -228,7 +228,7 @@ async def main(sizes: list[int], bulk: int, drain: int, ends: list[int], purges:
 
                     lines.append(await measure(client, f"purge {how} {n:,}", purge))
                     print(lines[-1], flush=True)
-                    await client.flushall()
+                    await client.flushall(asynchronous=True)
         await client.aclose()
 
 

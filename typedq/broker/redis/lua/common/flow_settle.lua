@@ -82,7 +82,7 @@ end
 -- END_CHUNK); the next step's entry carries the purge (its queue and states), so every
 -- chunk deletes the jobs the purge would (purge_takes) and the purge's jobs and counts do
 -- not depend on the batch or the chunk they fall in; the purge's caller applies those
--- entries (and counts what they delete) once every state has been purged once.
+-- entries (and counts what they delete) right after the call that wrote the first.
 -- A flow across slots (Redis Cluster, `x`) ends its jobs on the root's queue so; those
 -- on each other queue end there, by one outbox entry per queue ({'Y', F, fq, state, err,
 -- S, members, mq, sq}), whose apply marks the flow ended on that slot (a hash of the
