@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from tests.redis_support import raw_redis, server_url
-from typedq import App, FailureReason, JobState
+from typedq import App, FailureReason, Fair, JobState
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.flows import Handoff, unwrap
 from typedq.broker.redis.inspection import PURGE_CHUNK
@@ -252,3 +252,38 @@ async def test_a_job_enqueued_during_a_purge_survives_whole_or_is_purged_whole(
         assert sorted(c.message.id for c in claimed) == sorted(
             i for i in survivors if states[i] is JobState.WAITING
         )
+
+
+class Tenant(msgspec.Struct, frozen=True):
+    tenant: str
+    n: int
+
+
+async def test_a_fair_fan_out_in_its_keys_lanes_is_purged_whole_across_calls(
+    redis_url: str,
+) -> None:
+    """Members of a fair task wait in their keys' lanes: a call whose budget runs out
+    inside a lane puts the rest back (and the key's marker at the head); every member,
+    the held callback and the plain jobs between them go once, and nothing of the
+    queue is left."""
+    app = App("purgefair", broker=redis_url)
+
+    @app.task(fair=Fair(key=lambda t: t.tenant))
+    async def member(t: Tenant) -> N:
+        return N(t.n)  # pragma: no cover
+
+    @app.task
+    async def add(xs: list[N]) -> N:
+        return N(len(xs))  # pragma: no cover
+
+    async with app:
+        broker = app.broker
+        assert isinstance(broker, RedisBroker)
+        inputs = [Tenant(f"t{i % 3}", i) for i in range(SIZE)]
+        await member.map(inputs).then(add).enqueue(job_id="fanf")
+        await member.enqueue_many([Tenant("t0", i) for i in range(PURGE_CHUNK)])
+        total = SIZE + 1 + PURGE_CHUNK
+        assert await broker.purge("default", [JobState.WAITING, JobState.SCHEDULED]) == total
+        assert sum((await broker.counts("default")).values()) == 0
+        assert await broker.claim(["default"], 10, worker_id="w", lease=30) == []
+        assert await _keys_of(redis_url, "fanf") == []
