@@ -18,12 +18,15 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+from redis.crc import key_slot
 
+from tests.redis_harness import RedisCluster
 from tests.redis_support import raw_redis, server_url
 from typedq import App, FailureReason, Fair, JobState
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.flows import Handoff, unwrap
 from typedq.broker.redis.inspection import PURGE_CHUNK
+from typedq.broker.redis.keys import Keys
 from typedq.job import decode_failure
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -287,3 +290,52 @@ async def test_a_fair_fan_out_in_its_keys_lanes_is_purged_whole_across_calls(
         assert sum((await broker.counts("default")).values()) == 0
         assert await broker.claim(["default"], 10, worker_id="w", lease=30) == []
         assert await _keys_of(redis_url, "fanf") == []
+
+
+def _two_slots(app: str) -> tuple[str, str]:
+    """Two queue names of ``app`` on different cluster slots."""
+    keys = Keys(app)
+    slot = key_slot(keys.seq("xa").encode())
+    for i in range(100):
+        other = f"xb{i}"
+        if key_slot(keys.seq(other).encode()) != slot:
+            return "xa", other
+    raise AssertionError("no second slot found")  # pragma: no cover
+
+
+@pytest.mark.cluster
+async def test_purging_either_queue_of_a_large_flow_across_slots(
+    redis_cluster: RedisCluster,
+) -> None:
+    """Members on one slot, the held callback on another. Purging the callback's queue
+    ends the flow at its root, which ends the members on their slot (a hand-off, then a
+    step per chunk there) before the purge returns: count 1, every member failed.
+    Purging the members' queue of a second such flow deletes them all (each settles at
+    the root through the outbox): count SIZE, and the flow fails."""
+    redis_cluster.flushall()
+    qa, qb = _two_slots("purgex")
+    app = App("purgex", broker=redis_cluster.url)
+
+    @app.task(queue=qa)
+    async def member(x: N) -> N:
+        return x  # pragma: no cover
+
+    @app.task(queue=qb)
+    async def gather(xs: list[N]) -> N:
+        return N(len(xs))  # pragma: no cover
+
+    async with app:
+        broker = app.broker
+        assert isinstance(broker, RedisBroker)
+        await member.map(N(i) for i in range(SIZE)).then(gather).enqueue(job_id="xf")
+        assert await broker.purge(qb, [JobState.SCHEDULED]) == 1
+        states = [r.state if r else None for r in await broker.get(_members("xf"), queue=qa)]
+        assert states == [JobState.FAILED] * SIZE
+        assert (await broker.counts(qa))[JobState.WAITING] == 0
+
+        await member.map(N(i) for i in range(SIZE)).then(gather).enqueue(job_id="xg")
+        assert await broker.purge(qa, [JobState.WAITING]) == SIZE
+        assert await broker.get(_members("xg"), queue=qa) == [None] * SIZE
+        (own,) = await broker.get(["xg"], queue=qb)
+        assert own is not None
+        assert own.state is JobState.FAILED
