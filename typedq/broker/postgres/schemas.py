@@ -18,16 +18,14 @@ final states; active jobs, as many as workers hold, are sorted), and is at most
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from ...names import check_name
 from ..base import JobState
-from ..memory.listing import CURSOR_LETTERS, cursor_place
 from ..schemas import FingerprintPage, SchemaRecord
 from .core import PostgresCore
-from .rows import CODE, page_cursor
-from .statements import BOUND_BY_INTEGER
+from .rows import page_cursor
+from .statements import page_args
 
 __all__ = ["COUNT_PAGE_MAX", "SchemaOps"]
 
@@ -87,19 +85,8 @@ class SchemaOps(PostgresCore):
         self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 1000
     ) -> FingerprintPage:
         check_name("queue", queue)
-        letter = CURSOR_LETTERS[state]
-        after = (-math.inf, 0, "") if cursor is None else cursor_place(cursor, letter)
         limit = max(1, min(limit, COUNT_PAGE_MAX))
-        a, b = float(after[0]), int(after[1]) if cursor is not None else -(2**62)
-        if state is JobState.WAITING and not a.is_integer():
-            b = 2**62  # between two priorities: none of the cursor's level follows it
-        args = [self.ns, queue, CODE[state], a, b, after[2], limit]
-        if state in BOUND_BY_INTEGER:
-            # The cursor's priority (waiting) or seq (final), whose negation is its
-            # place's first part, as an integer the index compares (rounded up: the
-            # jobs below a place's priority are those below this integer).
-            bound = math.ceil(-after[0]) if cursor is not None else 2**62
-            args.append(max(-(2**62), min(2**62, bound)))
+        args = [self.ns, queue, *page_args(state, cursor, limit)]
         rows = await self._fetch("count_fingerprints", self._count_sql[state], *args, read=True)
         counts: dict[tuple[str, str], int] = {}
         following: str | None = None
