@@ -7,6 +7,9 @@ tests/pg_harness.py)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import anyio
 import asyncpg
 import pytest
@@ -68,6 +71,23 @@ async def walk(
         cursor = page.cursor
 
 
+@contextlib.asynccontextmanager
+async def filled(url: str, ns: str) -> AsyncIterator[tuple[PostgresBroker, asyncpg.Connection]]:
+    """A broker of namespace ``ns`` with jobs in every state (:func:`fill`), and a
+    connection of its own to the database."""
+    broker = PostgresBroker(url, BrokerSettings(namespace=ns))
+    await broker.connect()
+    try:
+        conn = await asyncpg.connect(broker.target.dsn)
+        try:
+            await fill(broker)
+            yield broker, conn
+        finally:
+            await conn.close()
+    finally:
+        await broker.close()
+
+
 async def fill(broker: PostgresBroker) -> None:
     """Jobs of every state, many tying on their first place part: priority levels,
     one batch's due time, one claim's start time."""
@@ -90,12 +110,8 @@ async def fill(broker: PostgresBroker) -> None:
 async def test_pages_follow_each_state_sorted_by_place(
     pg_cluster: PgCluster, app_name: str
 ) -> None:
-    broker = PostgresBroker(pg_cluster.url, BrokerSettings(namespace=app_name))
     with anyio.fail_after(TEST_DEADLINE):
-        await broker.connect()
-        conn = await asyncpg.connect(broker.target.dsn)
-        try:
-            await fill(broker)
+        async with filled(pg_cluster.url, app_name) as (broker, conn):
             for state in PLACES:
                 expected = await sorted_ids(conn, app_name, state, None)
                 assert expected, state
@@ -121,9 +137,6 @@ async def test_pages_follow_each_state_sorted_by_place(
             assert middle.cursor is not None
             rest = await walk(broker, JobState.SCHEDULED, 5, middle.cursor)
             assert middle.ids + rest == await sorted_ids(conn, app_name, JobState.SCHEDULED, None)
-        finally:
-            await conn.close()
-            await broker.close()
 
 
 async def test_each_page_is_read_from_an_index_in_order(
@@ -144,37 +157,27 @@ async def test_each_page_is_read_from_an_index_in_order(
         JobState.FAILED: finals,
         JobState.CANCELLED: finals,
     }
-    broker = PostgresBroker(pg_cluster.url, BrokerSettings(namespace=app_name))
     with anyio.fail_after(TEST_DEADLINE):
-        await broker.connect()
-        conn = await asyncpg.connect(broker.target.dsn)
-        try:
-            await fill(broker)
-            async with conn.transaction():
-                await conn.execute("SET LOCAL enable_sort = off")
-                await conn.execute("SET LOCAL enable_seqscan = off")
-                await conn.execute("SET LOCAL enable_bitmapscan = off")
-                for state, names in indexes.items():
-                    cursor = (await broker.page_jobs("q", state, limit=2)).cursor
-                    assert cursor is not None, state
-                    plan = "\n".join(
-                        row[0]
-                        for row in await conn.fetch(
-                            "EXPLAIN (COSTS OFF) " + broker._page_sql[state],
-                            app_name,
-                            "q",
-                            *page_args(state, cursor, 2),
-                        )
+        async with filled(pg_cluster.url, app_name) as (broker, conn), conn.transaction():
+            await conn.execute("SET LOCAL enable_sort = off")
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            await conn.execute("SET LOCAL enable_bitmapscan = off")
+            for state, names in indexes.items():
+                cursor = (await broker.page_jobs("q", state, limit=2)).cursor
+                assert cursor is not None, state
+                plan = "\n".join(
+                    row[0]
+                    for row in await conn.fetch(
+                        "EXPLAIN (COSTS OFF) " + broker._page_sql[state],
+                        app_name,
+                        "q",
+                        *page_args(state, cursor, 2),
                     )
-                    scans = [
-                        line for line in plan.splitlines() if "Scan" in line and "using" in line
-                    ]
-                    assert scans, plan
-                    assert all(
-                        any(f"using {index} on" in line for index in names) for line in scans
-                    ), plan
-                    sorts = plan.count("Sort Key")
-                    assert sorts == (1 if state is JobState.WAITING else 0), plan
-        finally:
-            await conn.close()
-            await broker.close()
+                )
+                scans = [line for line in plan.splitlines() if "Scan" in line and "using" in line]
+                assert scans, plan
+                assert all(any(f"using {index} on" in line for index in names) for line in scans), (
+                    plan
+                )
+                sorts = plan.count("Sort Key")
+                assert sorts == (1 if state is JobState.WAITING else 0), plan
