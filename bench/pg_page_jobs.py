@@ -13,6 +13,11 @@ Each is measured twice: on the table as filled with autovacuum off (never analyz
 planner has no statistics), then after ``VACUUM ANALYZE`` (as autovacuum keeps it).
 Then the plan of one page from the middle of each walk (EXPLAIN ANALYZE).
 
+``--drain W``: instead, what migration 12's indexes cost the write path (one more index
+entry per claim): 300 single enqueues, then W brokers draining 3,000 jobs in batches of
+16, on a schema at the version before migration 12 and on one at the newest version,
+runs interleaved, median of ``--rounds`` (bench/pg_support.py).
+
 Run: ``PYTHONPATH=. .venv/bin/python -m bench.pg_page_jobs [--jobs 100000 --page 500]``.
 """
 
@@ -25,6 +30,7 @@ import time
 import anyio
 import asyncpg
 
+from bench.pg_support import NEWEST, drain_run, print_drains, use_migrations
 from tests.pg_harness import PgCluster
 from typedq import JobState, Retention
 from typedq.broker.base import BrokerSettings, Completion, JobMessage
@@ -145,7 +151,34 @@ async def plans(
             print("   ", row[0])
 
 
+async def drain_cost(workers: int, rounds: int) -> None:
+    before = next(i for i, sql in enumerate(NEWEST) if "jobs_active_order" in sql)
+    pg = PgCluster()
+    pg.start()
+    rates: dict[str, list[tuple[float, float]]] = {
+        f"version {before}": [],
+        f"version {len(NEWEST)}": [],
+    }
+    try:
+        for r in range(rounds):
+            pairs = list(zip(rates, (NEWEST[:before], NEWEST), strict=True))
+            for name, migrations in pairs if r % 2 == 0 else pairs[::-1]:
+                use_migrations(migrations)
+                url = f"{pg.url}?schema=bench_v{len(migrations)}"
+                settings = BrokerSettings(namespace=f"r{r}")
+                rates[name].append(
+                    await drain_run(url, settings, workers, jobs=3000, singles=300, batch=16)
+                )
+    finally:
+        use_migrations(NEWEST)
+        pg.stop()
+    print_drains(rates, workers)
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.drain:
+        await drain_cost(args.drain, args.rounds)
+        return
     states = [JobState(s) for s in args.states.split(",")]
     cluster = PgCluster()
     cluster.start()
@@ -187,4 +220,5 @@ if __name__ == "__main__":
     parser.add_argument("--page", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--states", default="waiting,scheduled,completed")
+    parser.add_argument("--drain", type=int, default=0, help="workers: the write cost instead")
     anyio.run(main, parser.parse_args(), backend="asyncio")
