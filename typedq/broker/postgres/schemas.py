@@ -10,8 +10,8 @@ whatever the number of records, so one round trip.
 Counting reads the page ``page_jobs`` would answer (same order, same keyset cursors) and
 groups its jobs by the task and fingerprint their stored messages carry, in the database
 (:func:`.statements.count_statements`): one statement per page, only the counts come
-back. The page is read from the state's index at the cursor (waiting, scheduled and
-final states; active jobs, as many as workers hold, are sorted), and is at most
+back. The page is read from the state's index at the cursor (every state: the
+active and scheduled orders since migration 12), and is at most
 :data:`COUNT_PAGE_MAX` jobs, so one call's work does not grow with the queue
 (bench/pg_fingerprint_counts.py: 5-12 ms per page of 500 at 100,000 waiting jobs).
 """
