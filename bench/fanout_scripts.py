@@ -17,7 +17,12 @@ API alone (no worker) builds:
 - with ``--ends`` sizes N: the end of a fan-out of N waiting members (3 of them
   claimed, running), once by ``cancel`` of the flow's own job (every member cancelled
   with the flow) and once by removing its own job (the flow fails: flow_broken); the
-  enqueue is not measured, the end is (its call, all of its chunks).
+  enqueue is not measured, the end is (its call, all of its chunks);
+- with ``--purges`` sizes N: ``purge`` of a queue (the enqueue is not measured, the
+  purge is): N plain waiting jobs (purge ``waiting``); a fan-out of N waiting members
+  (3 claimed) whose held callback a purge of ``scheduled`` deletes (the flow fails:
+  every member ends, flow_broken); and the same fan-out purged in every state (its
+  members are deleted, not ended).
 
 For each: the longest command Redis ran (SLOWLOG, reset before each run: Redis's own
 execution time, not the round trips, and which script), the script calls and their summed
@@ -42,7 +47,7 @@ import redis.asyncio as aioredis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.redis_server import redis_server
-from typedq import App
+from typedq import App, JobState
 from typedq.errors import BrokerError
 
 app = App("fanbench", lease=30.0)
@@ -147,7 +152,7 @@ async def until_idle(client: aioredis.Redis) -> None:
             return
 
 
-async def main(sizes: list[int], bulk: int, drain: int, ends: list[int]) -> None:
+async def main(sizes: list[int], bulk: int, drain: int, ends: list[int], purges: list[int]) -> None:
     with redis_server() as server:
         app.use_broker(server.url)
         client = aioredis.Redis.from_url(server.url)
@@ -202,7 +207,28 @@ async def main(sizes: list[int], bulk: int, drain: int, ends: list[int]) -> None
 
                     lines.append(await measure(client, f"{how} fan-out {n:,}", end))
                     print(lines[-1], flush=True)
-                    await client.flushall()
+                    await client.flushall(asynchronous=True)
+            for n in purges:
+                for how in ("jobs", "flow scheduled", "flow all"):
+                    if how == "jobs":
+                        await work.enqueue_many([item(i) for i in range(n)])
+                        states = [JobState.WAITING]
+                    else:
+                        fan = work.map([item(i) for i in range(n)]).then(gather)
+                        await fan.enqueue()
+                        await app.broker.claim(["default"], 3, worker_id="bench", lease=600)
+                        states = [JobState.SCHEDULED] if how == "flow scheduled" else list(JobState)
+
+                    async def purge(states: list[JobState] = states, n: int = n) -> None:
+                        try:
+                            await app.broker.purge("default", states)
+                        except BrokerError as exc:
+                            print(f"    (purge {n:,}: the call failed: {exc})", flush=True)
+                            await until_idle(client)
+
+                    lines.append(await measure(client, f"purge {how} {n:,}", purge))
+                    print(lines[-1], flush=True)
+                    await client.flushall(asynchronous=True)
         await client.aclose()
 
 
@@ -212,6 +238,7 @@ if __name__ == "__main__":
     parser.add_argument("--bulk", type=int, default=100_000)
     parser.add_argument("--drain", type=int, default=0)
     parser.add_argument("--ends", default="", help="fan-out sizes whose end is measured")
+    parser.add_argument("--purges", default="", help="sizes whose purge is measured")
     opts = parser.parse_args()
     anyio.run(
         main,
@@ -219,4 +246,5 @@ if __name__ == "__main__":
         opts.bulk,
         opts.drain,
         [int(s) for s in opts.ends.split(",") if s],
+        [int(s) for s in opts.purges.split(",") if s],
     )

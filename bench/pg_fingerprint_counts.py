@@ -27,7 +27,6 @@ from tests.pg_harness import PgCluster
 from typedq import JobState
 from typedq.broker.base import BrokerSettings, JobMessage
 from typedq.broker.postgres import PostgresBroker
-from typedq.broker.postgres.rows import CODE
 from typedq.names import new_job_ids
 
 
@@ -113,7 +112,6 @@ async def main(args: argparse.Namespace) -> None:
                 "EXPLAIN (ANALYZE, BUFFERS) " + broker._count_sql[JobState.WAITING],
                 "bench",
                 "q",
-                CODE[JobState.WAITING],
                 float(mid["a"]),
                 int(mid["b"]),
                 mid["id"],

@@ -1,23 +1,20 @@
 """What workflows on the PostgreSQL broker (migration 6: the flows' triggers, columns and
 index on the jobs table) cost jobs with no flow: 300 single enqueues, then W brokers
 (each its own pool) draining 3,000 jobs in batches of 16, on a schema at version 5 (no
-flows) and on one at the newest version, runs interleaved, median of 9, on a throwaway
-cluster (tests/pg_harness.py):
+flows) and on one at the newest version, runs interleaved, median of 9 (``R``), on a
+throwaway cluster (tests/pg_harness.py):
 
-    PYTHONPATH=. .venv/bin/python bench/pg_flows_cost.py [W]
+    PYTHONPATH=. .venv/bin/python bench/pg_flows_cost.py [W] [R]
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
 import sys
-import time
 
+from bench.pg_support import NEWEST, drain_run, print_drains, use_migrations
 from tests.pg_harness import PgCluster
-from tests.support import msg
-from typedq.broker.base import BrokerSettings, Completion
-from typedq.broker.postgres import PostgresBroker, connection, schema
+from typedq.broker.base import BrokerSettings
 
 N = 3000
 SINGLES = 300
@@ -25,54 +22,25 @@ BATCH = 16
 ROUNDS = 9
 
 
-async def run(url: str, ns: str, workers: int) -> tuple[float, float]:
-    """(single enqueues per second, jobs per second of ``workers`` brokers draining N)."""
-    brokers = [PostgresBroker(url, BrokerSettings(namespace=ns)) for _ in range(workers)]
-    for broker in brokers:
-        await broker.connect()
-    started = time.perf_counter()
-    for _ in range(SINGLES):
-        await brokers[0].enqueue([msg(queue="q")])
-    singles = SINGLES / (time.perf_counter() - started)
-    await brokers[0].enqueue([msg(queue="q") for _ in range(N - SINGLES)])
-    started = time.perf_counter()
-
-    async def loop(broker: PostgresBroker) -> None:
-        jobs = await broker.claim(["q"], BATCH, worker_id="w", lease=30)
-        while jobs:
-            done = [Completion(j.message.id, j.token, b"\xc0") for j in jobs]
-            _, jobs = await broker.complete_and_claim(done, ["q"], BATCH, worker_id="w", lease=30)
-
-    await asyncio.gather(*(loop(broker) for broker in brokers))
-    drained = N / (time.perf_counter() - started)
-    for broker in brokers:
-        await broker.close()
-    return singles, drained
-
-
-async def main(workers: int) -> None:
+async def main(workers: int, rounds: int) -> None:
     pg = PgCluster()
     pg.start()
-    newest = schema.MIGRATIONS
-    rates: dict[str, list[tuple[float, float]]] = {"version 5": [], f"version {len(newest)}": []}
+    rates: dict[str, list[tuple[float, float]]] = {"version 5": [], f"version {len(NEWEST)}": []}
     try:
-        for r in range(ROUNDS):
-            for name, migrations in zip(rates, (newest[:5], newest), strict=True):
-                # The schema is made with these migrations only (a bench's shortcut).
-                schema.MIGRATIONS = vars(connection)["MIGRATIONS"] = migrations
+        for r in range(rounds):
+            for name, migrations in zip(rates, (NEWEST[:5], NEWEST), strict=True):
+                use_migrations(migrations)
                 url = f"{pg.url}?schema=bench_v{len(migrations)}"
-                rates[name].append(await run(url, f"r{r}", workers))
+                settings = BrokerSettings(namespace=f"r{r}")
+                rates[name].append(
+                    await drain_run(url, settings, workers, jobs=N, singles=SINGLES, batch=BATCH)
+                )
     finally:
-        schema.MIGRATIONS = vars(connection)["MIGRATIONS"] = newest
+        use_migrations(NEWEST)
         pg.stop()
-    for name, got in rates.items():
-        singles = statistics.median(g[0] for g in got)
-        drained = statistics.median(g[1] for g in got)
-        print(
-            f"{name}: single enqueues median {singles:,.0f}/s; drain median "
-            f"{drained:,.0f} jobs/s ({workers} workers)"
-        )
+    print_drains(rates, workers)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 4))
+    args = [int(a) for a in sys.argv[1:]]
+    asyncio.run(main(*(args + [4, ROUNDS][len(args) :])))

@@ -135,6 +135,14 @@ class Scene:
         lines = [_str(x).split() for x in await self.ledger.lrange("started", 0, -1)]
         return {job_id for job_id, pid in lines if int(pid) in pids}
 
+    async def starters(self) -> dict[str, list[int]]:
+        """The processes that started each step job id, in order."""
+        lines = [_str(x).split() for x in await self.ledger.lrange("started", 0, -1)]
+        out: dict[str, list[int]] = {}
+        for job_id, pid in lines:
+            out.setdefault(job_id, []).append(int(pid))
+        return out
+
     async def starts_by(self, pids: set[int]) -> Counter[str]:
         """How many times processes ``pids`` started each step job id."""
         lines = [_str(x).split() for x in await self.ledger.lrange("started", 0, -1)]

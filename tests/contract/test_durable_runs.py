@@ -20,7 +20,15 @@ import pytest
 
 from tests.support import TEST_DEADLINE, connected
 from typedq import App, Retention
-from typedq.broker.base import Broker, Completion, Failure, JobMessage, JobState
+from typedq.broker.base import (
+    Broker,
+    Completion,
+    Failure,
+    FinishOutcome,
+    JobMessage,
+    JobState,
+    LeaseStatus,
+)
 from typedq.broker.runs import (
     AppendOutcome,
     RunAppend,
@@ -521,6 +529,53 @@ async def test_a_steps_outcome_is_kept_and_wakes_the_waiting_run(
         [same] = await broker.get_runs(["r2"])
         assert same is not None
         assert same.outcomes == {}
+
+
+async def test_a_steps_stale_owner_records_nothing_in_its_run(
+    app_name: str, broker_url: str
+) -> None:
+    """A step whose lease ran out and was recovered and claimed again: its first owner
+    can neither renew it nor settle it, and its run keeps no outcome and wakes for none
+    of its calls; the new owner's completion is the run's, once (issue 30)."""
+    lease = 0.2
+    async with connected(app_name, broker_url, lease=lease) as broker:
+        await broker.create_runs([spec("r9")])
+        await broker.enqueue(
+            [JobMessage(id="r9:0", task="t", queue="steps", payload=b"", run_queue="q")]
+        )
+        [appended] = await broker.append_runs(
+            [RunAppend(run_id="r9", expected=0, wait_jobs=("r9:0",))]
+        )
+        assert appended is AppendOutcome.APPENDED
+        [turn] = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert turn.message.id == "r9:t1"  # claimed: a wake-up would enqueue r9:t2
+        [stale] = await broker.claim(["steps"], 1, worker_id="w1", lease=lease)
+        await anyio.sleep(lease * 1.5 + 0.05)  # the lease runs out (the broker's clock)
+        assert await broker.recover_stalled() == 1
+        [fresh] = await broker.claim(["steps"], 1, worker_id="w2", lease=30)
+        assert (fresh.attempt, fresh.token != stale.token) == (2, True)
+        assert await broker.renew([("r9:0", stale.token)], 30) == [LeaseStatus.LOST]
+        assert await broker.complete([Completion("r9:0", stale.token, b"stale")]) == [
+            FinishOutcome.LEASE_LOST
+        ]
+        assert await broker.fail([Failure(id="r9:0", token=stale.token, error=b"e")]) == [
+            FinishOutcome.LEASE_LOST
+        ]
+        [record] = await broker.get_runs(["r9"])
+        assert record is not None
+        assert record.outcomes == {}
+        assert await broker.get(["r9:t2"], queue="q") == [None]
+        assert await broker.renew([("r9:0", fresh.token)], 30) == [LeaseStatus.OK]
+        assert await broker.complete([Completion("r9:0", fresh.token, b"real")]) == [
+            FinishOutcome.OK
+        ]
+        [record] = await broker.get_runs(["r9"])
+        assert record is not None
+        assert record.outcomes == {"r9:0": StepOutcome(state=JobState.COMPLETED, result=b"real")}
+        [woken] = await broker.get(["r9:t2"], queue="q")
+        assert woken is not None
+        assert woken.state is JobState.WAITING
+        assert await broker.get(["r9:t3"], queue="q") == [None]
 
 
 async def test_a_wait_already_over_wakes_the_run_at_once(app_name: str, broker_url: str) -> None:

@@ -954,3 +954,45 @@ async def test_purging_several_states_deletes_every_job_of_a_flow_in_them(
         counts = await app.broker.counts("default")
     assert removed == 3
     assert sum(counts.values()) == 0
+
+
+async def test_purging_a_large_fan_outs_callback_fails_its_members_then_all_go_once(
+    app_name: str, broker_url: str
+) -> None:
+    """Purging ``scheduled`` where a fan-out of 450 members holds its callback deletes
+    the callback alone and fails every waiting member with ``flow_broken`` before the
+    purge returns (Redis: over several purge calls and steps of the flow's end, issue
+    31); the running ones are asked to cancel. Purging every state then deletes each
+    job of it, and of a second such flow, once."""
+    app = App(app_name, broker=broker_url)
+
+    @app.task
+    async def square(x: In) -> Out:
+        return Out(x.n)  # pragma: no cover
+
+    @app.task
+    async def total(xs: list[Out]) -> In:
+        return In(len(xs))  # pragma: no cover
+
+    async with app:
+        job = await square.map(In(i) for i in range(450)).then(total).enqueue()
+        claimed = await app.broker.claim(["default"], 3, worker_id="w", lease=60)
+        assert await app.broker.purge("default", [JobState.SCHEDULED]) == 1
+        counts = await app.broker.counts("default")
+        running = sorted(c.message.id for c in claimed)
+        asked = await app.broker.cancel_requests(running)
+        members = await app.broker.get([f"{job.id}.m{i}" for i in range(450)])
+        await square.map(In(i) for i in range(450)).then(total).enqueue()
+        removed = await app.broker.purge("default", list(JobState))
+        after = await app.broker.counts("default")
+    assert (counts[JobState.ACTIVE], counts[JobState.WAITING], counts[JobState.FAILED]) == (
+        3,
+        0,
+        447,
+    )
+    assert sorted(asked) == running
+    failed = [m for m in members if m is not None and m.state is JobState.FAILED]
+    assert len(failed) == 447
+    assert {decode_failure(m.error, "member").reason for m in failed} == {FailureReason.FLOW_BROKEN}
+    assert removed == 3 + 447 + 451
+    assert sum(after.values()) == 0

@@ -69,6 +69,10 @@ def _park_record(item: Failure) -> bytes:
     )
 
 
+#: The renew statement's answer per lease (statements.py).
+_RENEWED = (LeaseStatus.OK, LeaseStatus.LOST, LeaseStatus.CANCEL_REQUESTED)
+
+
 class LeaseOps(PostgresCore):
     """The worker's calls of the PostgreSQL broker."""
 
@@ -130,12 +134,7 @@ class LeaseOps(PostgresCore):
             [token for _, token in leases],
             lease,
         )
-        return [
-            LeaseStatus.LOST
-            if row[0] is None
-            else (LeaseStatus.CANCEL_REQUESTED if row[0] else LeaseStatus.OK)
-            for row in rows
-        ]
+        return [_RENEWED[row[0]] for row in rows]
 
     async def complete(self, items: Sequence[Completion]) -> list[FinishOutcome]:
         if not items:

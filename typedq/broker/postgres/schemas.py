@@ -10,24 +10,22 @@ whatever the number of records, so one round trip.
 Counting reads the page ``page_jobs`` would answer (same order, same keyset cursors) and
 groups its jobs by the task and fingerprint their stored messages carry, in the database
 (:func:`.statements.count_statements`): one statement per page, only the counts come
-back. The page is read from the state's index at the cursor (waiting, scheduled and
-final states; active jobs, as many as workers hold, are sorted), and is at most
+back. The page is read from the state's index at the cursor (every state: the
+active and scheduled orders since migration 12), and is at most
 :data:`COUNT_PAGE_MAX` jobs, so one call's work does not grow with the queue
 (bench/pg_fingerprint_counts.py: 5-12 ms per page of 500 at 100,000 waiting jobs).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from ...names import check_name
 from ..base import JobState
-from ..memory.listing import CURSOR_LETTERS, cursor_place
 from ..schemas import FingerprintPage, SchemaRecord
 from .core import PostgresCore
-from .rows import CODE, page_cursor
-from .statements import BOUND_BY_INTEGER
+from .rows import page_cursor
+from .statements import page_args
 
 __all__ = ["COUNT_PAGE_MAX", "SchemaOps"]
 
@@ -87,19 +85,8 @@ class SchemaOps(PostgresCore):
         self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 1000
     ) -> FingerprintPage:
         check_name("queue", queue)
-        letter = CURSOR_LETTERS[state]
-        after = (-math.inf, 0, "") if cursor is None else cursor_place(cursor, letter)
         limit = max(1, min(limit, COUNT_PAGE_MAX))
-        a, b = float(after[0]), int(after[1]) if cursor is not None else -(2**62)
-        if state is JobState.WAITING and not a.is_integer():
-            b = 2**62  # between two priorities: none of the cursor's level follows it
-        args = [self.ns, queue, CODE[state], a, b, after[2], limit]
-        if state in BOUND_BY_INTEGER:
-            # The cursor's priority (waiting) or seq (final), whose negation is its
-            # place's first part, as an integer the index compares (rounded up: the
-            # jobs below a place's priority are those below this integer).
-            bound = math.ceil(-after[0]) if cursor is not None else 2**62
-            args.append(max(-(2**62), min(2**62, bound)))
+        args = [self.ns, queue, *page_args(state, cursor, limit)]
         rows = await self._fetch("count_fingerprints", self._count_sql[state], *args, read=True)
         counts: dict[tuple[str, str], int] = {}
         following: str | None = None

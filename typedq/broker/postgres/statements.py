@@ -3,9 +3,20 @@ as SQL text for a schema (quoted), made once per broker."""
 
 from __future__ import annotations
 
-from ..base import JobState
+import math
 
-__all__ = ["BOUND_BY_INTEGER", "RECORD_COLUMNS", "count_statements", "statements"]
+from ..base import JobState
+from ..memory.listing import CURSOR_LETTERS, cursor_place
+from .rows import CODE
+
+__all__ = [
+    "BOUND_BY_INTEGER",
+    "RECORD_COLUMNS",
+    "count_statements",
+    "page_args",
+    "page_statement",
+    "statements",
+]
 
 #: The order of each state's listing (Broker.list_jobs).
 _LIST_ORDER = {
@@ -106,14 +117,27 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         "get": f"SELECT {RECORD_COLUMNS} FROM {s}.jobs WHERE ns = $1 AND id = ANY ($2)",
         "counts": f"SELECT state, count(*) FROM {s}.jobs WHERE ns = $1 AND queue = $2 "
         "GROUP BY state",
+        # Per lease: 0 renewed, 1 lost, 2 renewed and a cancel requested. A renewal never
+        # waits for a row lock (SKIP LOCKED): a job whose row another transaction holds
+        # (its settle in flight, a recovery, a cancel) is left as it is and answered by
+        # what this statement's snapshot shows (the next renewal sees the outcome). Were
+        # it to wait, it would hold the rows it renewed first while it waits, and the
+        # worker's own settle of several of its jobs, locking them in another order,
+        # deadlocks with it: PostgreSQL sees that only after deadlock_timeout (1 s by
+        # default), by when the worker's other leases may have run out and another
+        # worker recovered and started them (a job run twice by live workers).
         "renew": (
             "WITH i AS (SELECT * FROM unnest($2::text[], $3::text[]) WITH ORDINALITY "
             "AS t(id, token, ord)), "
-            f"u AS (UPDATE {s}.jobs j SET lease_until = {s}.now_s() + $4 FROM i "
-            "WHERE j.ns = $1 AND j.id = i.id AND j.token = i.token AND j.state = 2 "
-            "RETURNING j.id, j.token, j.cancel_requested) "
-            "SELECT u.cancel_requested FROM i LEFT JOIN u "
-            "ON u.id = i.id AND u.token = i.token ORDER BY i.ord"
+            f"l AS (SELECT j.id FROM {s}.jobs j JOIN i ON j.id = i.id AND j.token = i.token "
+            "WHERE j.ns = $1 AND j.state = 2 FOR NO KEY UPDATE OF j SKIP LOCKED), "
+            f"u AS (UPDATE {s}.jobs j SET lease_until = {s}.now_s() + $4 FROM l "
+            "WHERE j.ns = $1 AND j.id = l.id RETURNING j.id, j.token, j.cancel_requested) "
+            "SELECT CASE WHEN u.id IS NOT NULL THEN "
+            "CASE WHEN u.cancel_requested THEN 2 ELSE 0 END "
+            f"WHEN EXISTS (SELECT 1 FROM {s}.jobs x WHERE x.ns = $1 AND x.id = i.id "
+            "AND x.token = i.token AND x.state = 2) THEN 0 ELSE 1 END::smallint "
+            "FROM i LEFT JOIN u ON u.id = i.id AND u.token = i.token ORDER BY i.ord"
         ),
         "progress": f"UPDATE {s}.jobs SET progress = $4 WHERE ns = $1 AND id = $2 "
         "AND state = 2 AND token = $3",
@@ -209,13 +233,7 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
             "LEFT JOIN d ON d.task = f.task AND d.fingerprint = f.fp ORDER BY i.ord"
         ),
     }
-    page = {
-        state: f"SELECT id, ({a})::float8 AS a, ({b})::bigint AS b FROM {s}.jobs "
-        "WHERE ns = $1 AND queue = $2 AND state = $3 "
-        f"AND (({a})::float8, ({b})::bigint, id) > ($4, $5, $6) "
-        f"ORDER BY ({a})::float8, ({b})::bigint, id LIMIT $7"
-        for state, (a, b) in _PLACES.items()
-    }
+    page = {state: page_statement(s, state) for state in JobState}
     listing = {
         state: f"SELECT id FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
         f"ORDER BY {_LIST_ORDER.get(state, 'seq DESC')} OFFSET $4 LIMIT $5"
@@ -241,52 +259,93 @@ def _str_len(b: str, o: str) -> tuple[str, str]:
     return head, size
 
 
-#: The page of each state (``page_jobs``' order and cursor place, $4..$6; $7 the size),
-#: written so an index gives it in order from the cursor on, not a sort of the whole
-#: state: waiting jobs from ``jobs_waiting`` (the cursor's priority level after its seq,
-#: then the lower levels: $8 the cursor's priority), scheduled ones from
-#: ``jobs_scheduled``, final ones backwards on ``jobs_queue_state`` ($8 the cursor's
-#: seq); active ones (as many as workers hold) sorted. ``seq`` is unique (each is a
-#: ``nextval`` of ``job_seq``), so ordering by it orders by ``(seq, id)`` as the place
-#: does, and the index needs no sort by id after it.
-_COUNT_PAGES = {
+#: The page of each state (``page_jobs``' order and cursor place, $3..$5; $6 the size:
+#: ``$6 + 1`` rows are read, the one after the page tells a page follows), written so
+#: an index gives it in order from the cursor on, not a sort of the whole state: waiting
+#: jobs from ``jobs_waiting`` (the cursor's priority level after its seq, then the lower
+#: levels: $7 the cursor's priority), scheduled ones from ``jobs_scheduled_order`` and
+#: active ones from ``jobs_active_order`` (migration 12; the row comparison on the
+#: index's columns starts the scan at the cursor, however many jobs tie on its time),
+#: final ones backwards on ``jobs_queue_state`` ($7 the cursor's seq). ``seq`` is unique
+#: (each is a ``nextval`` of ``job_seq``), so ordering by it orders by ``(seq, id)`` as
+#: the place does, and the index needs no sort by id after it. The state is written in
+#: each state's statement (not a parameter): the statement's generic plan, once the
+#: prepared statement has one, may use the state's partial index as its custom plans do.
+_PAGES = {
     JobState.WAITING: (
-        "(SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
-        "AND priority = $8::bigint AND seq >= $5 AND (seq, id) > ($5, $6) "
-        "ORDER BY priority DESC, seq LIMIT $7 + 1) "
-        "UNION ALL (SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
-        "AND priority < $8::bigint ORDER BY priority DESC, seq LIMIT $7 + 1)"
+        "(SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = {code} "
+        "AND priority = $7::bigint AND seq >= $4 AND (seq, id) > ($4, $5) "
+        "ORDER BY priority DESC, seq LIMIT $6 + 1) "
+        "UNION ALL (SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = {code} "
+        "AND priority < $7::bigint ORDER BY priority DESC, seq LIMIT $6 + 1)"
     ),
     JobState.SCHEDULED: (
-        "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
-        "AND run_at >= $4 AND (run_at, seq, id) > ($4, $5, $6) "
-        "ORDER BY run_at, seq LIMIT $7 + 1"
+        "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = {code} "
+        "AND (run_at, seq) >= ($3, $4) AND (run_at, seq, id) > ($3, $4, $5) "
+        "ORDER BY run_at, seq LIMIT $6 + 1"
     ),
     JobState.ACTIVE: (
-        "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
-        "AND started_at >= $4 AND (started_at, seq, id) > ($4, $5, $6) "
-        "ORDER BY started_at, seq LIMIT $7 + 1"
+        "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = {code} "
+        "AND (started_at, seq) >= ($3, $4) AND (started_at, seq, id) > ($3, $4, $5) "
+        "ORDER BY started_at, seq LIMIT $6 + 1"
     ),
     **{
         state: (
-            "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = $3 "
-            "AND seq <= $8::bigint AND ((-seq)::float8, 0::bigint, id) > ($4, $5, $6) "
-            "ORDER BY seq DESC LIMIT $7 + 1"
+            "SELECT {cols} FROM {s}.jobs WHERE ns = $1 AND queue = $2 AND state = {code} "
+            "AND seq <= $7::bigint AND ((-seq)::float8, 0::bigint, id) > ($3, $4, $5) "
+            "ORDER BY seq DESC LIMIT $6 + 1"
         )
         for state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
     },
 }
 
-#: The states whose counting statement takes $8 (the cursor's priority or seq).
+#: The states whose page and counting statements take $7 (the cursor's priority or seq).
 BOUND_BY_INTEGER = frozenset(
     {JobState.WAITING, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
 )
 
 
+def page_statement(s: str, state: JobState) -> str:
+    """``page_jobs``' statement of ``state`` in the quoted schema ``s`` (parameters as
+    :func:`page_args`): the ids and places of the page and of the job after it. The
+    waiting page's two branches (the cursor's level, the lower ones) are put in order
+    again: at most twice the page's rows, a sort that does not grow with the state; the
+    place compared again there is what the branches' bounds already keep (and types $3)."""
+    a, b = _PLACES[state]
+    cols = f"id, ({a})::float8 AS a, ({b})::bigint AS b"
+    page = _PAGES[state].format(cols=cols, s=s, code=CODE[state])
+    if state is not JobState.WAITING:
+        return page
+    return (
+        f"SELECT id, a, b FROM ({page}) p WHERE (a, b, id) > ($3, $4, $5) "
+        "ORDER BY a, b, id LIMIT $6 + 1"
+    )
+
+
+def page_args(state: JobState, cursor: str | None, limit: int) -> list[float | int | str]:
+    """The parameters $3.. of ``state``'s page (:func:`page_statement`) or count
+    (:func:`count_statements`) statement: the place after which the page starts
+    (``cursor``'s, or before all), the page's size, and in :data:`BOUND_BY_INTEGER`'s
+    states the integer bound the index compares."""
+    letter = CURSOR_LETTERS[state]
+    after = (-math.inf, 0, "") if cursor is None else cursor_place(cursor, letter)
+    a, b = float(after[0]), int(after[1]) if cursor is not None else -(2**62)
+    if state is JobState.WAITING and not a.is_integer():
+        b = 2**62  # between two priorities: none of the cursor's level follows it
+    args: list[float | int | str] = [a, b, after[2], limit]
+    if state in BOUND_BY_INTEGER:
+        # The cursor's priority (waiting) or seq (final), whose negation is its
+        # place's first part, as an integer the index compares (rounded up: the
+        # jobs below a place's priority are those below this integer).
+        bound = math.ceil(-after[0]) if cursor is not None else 2**62
+        args.append(max(-(2**62), min(2**62, bound)))
+    return args
+
+
 def count_statements(schema: str) -> dict[JobState, str]:
     """``count_fingerprints``' statement of each state for ``schema``: the page
-    ``page_jobs`` would answer ($1 ns, $2 queue, $3 state, $4..$6 the place after which
-    it starts, $7 the page's size; $8 in :data:`BOUND_BY_INTEGER`'s states, the
+    ``page_jobs`` would answer ($1 ns, $2 queue, $3..$5 the place after which it
+    starts, $6 the page's size; $7 in :data:`BOUND_BY_INTEGER`'s states, the
     cursor's priority or seq as an integer, for the index), its jobs counted by task and
     fingerprint where they are stored.
 
@@ -310,7 +369,7 @@ def count_statements(schema: str) -> dict[JobState, str]:
     # the fingerprint.
     steps = [
         f"e0 AS MATERIALIZED (SELECT m, {array} AS o, get_byte(m, {array}) AS b "
-        "FROM r WHERE k <= $7)"
+        "FROM r WHERE k <= $6)"
     ]
     for k in range(1, 5):
         task = {1: "", 2: f"{text} AS task, "}.get(k, "task, ")
@@ -321,15 +380,15 @@ def count_statements(schema: str) -> dict[JobState, str]:
     out = {}
     for state, (a, b) in _PLACES.items():
         cols = f"id, ({a})::float8 AS a, ({b})::bigint AS b, message AS m"
-        page = _COUNT_PAGES[state].format(cols=cols, s=s)
+        page = _PAGES[state].format(cols=cols, s=s, code=CODE[state])
         out[state] = (
             f"WITH p AS MATERIALIZED ({page}), "
             "r AS MATERIALIZED (SELECT p.*, row_number() OVER (ORDER BY a, b, id) AS k "
             f"FROM p), {', '.join(steps)} "
             f"SELECT task, {text} AS fp, count(*) AS n, "
             "NULL::float8 AS a, NULL::bigint AS b, NULL::text AS id FROM e4 GROUP BY 1, 2 "
-            # ($4 is typed here too: the waiting page compares no float with it.)
-            "UNION ALL SELECT NULL, NULL, 0, a, b, id FROM r WHERE k = $7 "
-            "AND $4::float8 IS NOT NULL AND EXISTS (SELECT 1 FROM r WHERE k = $7 + 1)"
+            # ($3 is typed here too: the waiting page compares no float with it.)
+            "UNION ALL SELECT NULL, NULL, 0, a, b, id FROM r WHERE k = $6 "
+            "AND $3::float8 IS NOT NULL AND EXISTS (SELECT 1 FROM r WHERE k = $6 + 1)"
         )
     return out

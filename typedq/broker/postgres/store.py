@@ -21,10 +21,10 @@ from ..base import (
     JobState,
     QueueStats,
 )
-from ..memory.listing import CURSOR_LETTERS, cursor_place
 from ..records import cancelled_while
 from .core import PostgresCore
 from .rows import CANCEL, CODE, STATES, page_cursor, record_of
+from .statements import page_args
 from .within import enqueue_within, within_error
 
 __all__ = ["JobStore"]
@@ -184,20 +184,10 @@ class JobStore(PostgresCore):
     async def page_jobs(
         self, queue: str, state: JobState, *, cursor: str | None = None, limit: int = 100
     ) -> JobList:
-        letter = CURSOR_LETTERS[state]
-        after = (-math.inf, 0, "") if cursor is None else cursor_place(cursor, letter)
         limit = max(0, min(limit, 1000))
+        args = page_args(state, cursor, limit)
         rows = await self._fetch(
-            "page_jobs",
-            self._page_sql[state],
-            self.ns,
-            queue,
-            CODE[state],
-            float(after[0]),
-            int(after[1]) if cursor is not None else -(2**62),
-            after[2],
-            limit + 1,
-            read=True,
+            "page_jobs", self._page_sql[state], self.ns, queue, *args, read=True
         )
         ids = [row["id"] for row in rows[:limit]]
         if len(rows) <= limit or not ids:

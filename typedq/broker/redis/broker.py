@@ -489,7 +489,7 @@ class RedisBroker(
         except (rexc.RedisError, OSError) as exc:
             self._raise(exc, op)
 
-    async def _deliver(self, handoffs: Sequence[Handoff]) -> None:
+    async def _deliver(self, handoffs: Sequence[Handoff]) -> int:
         """Apply the outbox entries of flows across slots (and the next steps of a flow's
         end: ``flow_end`` in ``lua/common/flow_settle.lua``) on their targets' slots: one
         ``flow_apply`` per target queue, all in one round trip; the applies' own
@@ -501,24 +501,30 @@ class RedisBroker(
         Applied entries are deleted from their outboxes (``flow_ack``) with the next
         round trip that carries applies, or before the next reaper pass, or at close:
         deleting is only clean-up (an entry applied again changes nothing), so it adds
-        no round trip of its own to a hand-off."""
+        no round trip of its own to a hand-off.
+
+        Answers how many jobs the steps of a flow's end that a purge began deleted for
+        that purge (``purge``: it counts them; 0 in every other delivery)."""
         pending = _delivering.get()
         if pending is not None:
             # An apply's own hand-offs (this task is in the loop below): the loop's.
             pending.extend(handoffs)
-            return
+            return 0
         todo: list[Handoff] = list(handoffs)
         token = _delivering.set(todo)
+        purged = 0
         try:
             while todo:
                 batch = todo[:]
                 del todo[:]
-                await self._deliver_once(batch)
+                purged += await self._deliver_once(batch)
         finally:
             _delivering.reset(token)
+        return purged
 
-    async def _deliver_once(self, handoffs: Sequence[Handoff]) -> None:
-        """One round trip of :meth:`_deliver` (the applies' hand-offs join its list)."""
+    async def _deliver_once(self, handoffs: Sequence[Handoff]) -> int:
+        """One round trip of :meth:`_deliver` (the applies' hand-offs join its list);
+        the jobs its applies deleted for a purge."""
         acks, self._acks = self._acks, {}
         by_target: dict[str, list[bytes]] = {}
         for h in handoffs:
@@ -527,9 +533,10 @@ class RedisBroker(
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = [
             ("flow_apply", [k.seq(q)], [k.prefix, q, *records]) for q, records in by_target.items()
         ]
+        applies = len(calls)
         calls += self._ack_calls(acks)
         try:
-            await self._eval_many(calls)
+            replies = await self._eval_many(calls)
         except BrokerError as exc:
             for home, entries in acks.items():
                 self._acks.setdefault(home, []).extend(entries)
@@ -539,12 +546,15 @@ class RedisBroker(
                 len(handoffs),
                 exc,
             )
-            return
+            return 0
+        # (A purge's flow-end step answers [1, jobs deleted]; every other record 1 or 0.)
+        purged = sum(int(r[1]) for reply in replies[:applies] for r in reply if isinstance(r, list))
         for h in handoffs:
             # (A flow's end's step, '<F>|z|<n>', deletes its own entry: no ack. Job ids
             # hold no '|'.)
             if "|z|" not in h.entry:
                 self._acks.setdefault(h.home, []).append(h.entry)
+        return purged
 
     def _ack_calls(
         self, acks: dict[str, list[str]]

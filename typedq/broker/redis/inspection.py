@@ -36,6 +36,12 @@ from .keys import STATE_LETTERS
 __all__ = ["InspectOps", "check_cursor"]
 
 
+#: What one purge.lua call may spend, in plain jobs' worth (~5-10 µs of Redis time each;
+#: a job of a flow, and the jobs of the flows its deletion ends, weigh more: see
+#: purge.lua): a call stays near 1-3 ms, past it by one flow end's first chunk at most
+#: (1000 jobs per call took 20-60 ms on a loaded box; issue 31).
+PURGE_CHUNK = 200
+
 #: The order purge deletes the states of a queue in (see purge).
 _PURGE_ORDER = (
     JobState.ACTIVE,
@@ -126,24 +132,43 @@ class InspectOps(RedisCore):
         wanted = set(states)
         order = [s for s in _PURGE_ORDER if s in wanted]
         letters = "".join(STATE_LETTERS[s.value] for s in order)
-        # On Redis Cluster a flow across slots reacts to a deletion through hand-offs to
-        # other queues' slots; they are delivered once every state is purged (a flow
-        # ended by the deletions then finds its other jobs on this queue gone, as on one
-        # Redis), and what the reactions put in the purged states goes in another round
-        # (as the embedded broker does).
+        # Each call is bounded (PURGE_CHUNK). A flow a deletion ends goes on ending in
+        # bounded steps, driven here after the call that began it (outbox entries
+        # '<F>|z|<n>' that carry the purge: each step deletes the flow's jobs in the
+        # purged states on this queue, as the purge would, and answers how many; at
+        # once, before the reaper pass could apply them, which would leave them out of
+        # the count). On Redis Cluster a flow across slots reacts to a deletion through
+        # hand-offs to other queues' slots; they are delivered once every state is
+        # purged (a flow ended by the deletions then finds its other jobs on this queue
+        # gone, as on one Redis), and what the reactions put in the purged states goes
+        # in another round (as the embedded broker does). A purge stopped between two
+        # calls leaves each flow it ended marked ended, its next step in the outbox for
+        # the reaper pass.
         while True:
             handoffs: list[Handoff] = []
             for state in order:
                 cursor = 0
                 while cursor >= 0:
-                    args = [k.prefix, queue, STATE_LETTERS[state.value], 1000, cursor, letters]
+                    args = [
+                        k.prefix,
+                        queue,
+                        STATE_LETTERS[state.value],
+                        PURGE_CHUNK,
+                        cursor,
+                        letters,
+                    ]
                     reply = await self._eval_one("purge", [k.active(queue)], args)
-                    n, cursor = unwrap(reply, handoffs)
+                    fresh: list[Handoff] = []
+                    n, cursor = unwrap(reply, fresh)
                     removed += int(n)
                     cursor = int(cursor)
+                    handoffs += [h for h in fresh if "|z|" not in h.entry]
+                    ends = [h for h in fresh if "|z|" in h.entry]
+                    if ends:
+                        removed += await self._deliver(ends)
             if not handoffs:
                 return removed
-            await self._deliver(handoffs)
+            removed += await self._deliver(handoffs)
 
     async def list_jobs(
         self, queue: str, state: JobState, *, offset: int = 0, limit: int = 100

@@ -7,7 +7,9 @@
 -- nothing. Its own hand-offs to other slots go to this queue's outbox.
 -- KEYS[1] = a key of the target queue's slot (its order counter)
 -- ARGV: P, queue, records (cmsgpack arrays, as the outbox holds them)...
--- Returns per record 1 applied, 0 nothing to do (applied already, or the flow ended).
+-- Returns per record 1 applied, 0 nothing to do (applied already, or the flow ended); a
+-- step of a flow's end that a purge began ('Z' with the purge's queue and states)
+-- answers {1, the jobs it deleted for the purge} when applied.
 local q = ARGV[2]
 if #ARGV < 3 or not q or q == '' then return bad_args('flow_apply') end
 local recs = {}

@@ -1,8 +1,11 @@
 -- common/flow_settle.lua: Workflows: ending, releasing, fan-in, settling and applying hand-offs.
 -- (A part of the shared prelude, in the order of scripts.py's PARTS: README.md.)
--- A purge of queue q under way in this call (purge.lua sets it): {q = queue, n = jobs
--- it deleted through purge_takes, states = the letters of every state it deletes}. nil
--- in every other call.
+-- A purge of queue q under way in this call (purge.lua sets it, and flow_apply's 'Z' for
+-- a step of a flow's end a purge began): {q = queue, n = jobs it deleted through
+-- purge_takes, states = the letters of every state it deletes (a set), letters = the
+-- same as one string, spent = the jobs the call has passed so far (the purge's own and
+-- its flows' ends', weighed by their cost: see purge.lua), budget = how many it may
+-- pass}. nil in every other call.
 local purging
 -- A job of the flow a purge's deletion ends (or releases) is itself waiting or
 -- scheduled on the purged queue in a purged state: the purge deletes it rather than end
@@ -25,10 +28,10 @@ local function purge_takes(q, id, s, final)
   return true
 end
 
--- Job `id` of queue `q` ends with its flow (see flow_end).
+-- Job `id` of queue `q` ends with its flow (see flow_end). False when it is gone.
 local function flow_end_job(q, id, state, err, now)
   local r = read_hash(q, id, 's', 'q', 'p', 'a')
-  if not r then return end
+  if not r then return false end
   local s = r[1]
   if s == 'a' then
     rcall('HSET', k_job(q, id), 'cr', 1)
@@ -74,9 +77,12 @@ end
 -- common/flows.lua), which the caller applies (flow_apply.lua: deletes it, ends the next
 -- chunk and writes the next entry) until the flow has ended, before its call returns;
 -- the reaper pass hands back an entry its writer left (a client that died between two
--- chunks). The record goes with the last chunk. Under a purge (`purging`), all of it in
--- this call: the purge's jobs and counts must not depend on the batch they fall in
--- (purge_takes).
+-- chunks). The record goes with the last chunk. Under a purge (`purging`) too, in chunks
+-- of the purge's budget left (its own job first: at least its steps, at most
+-- END_CHUNK); the next step's entry carries the purge (its queue and states), so every
+-- chunk deletes the jobs the purge would (purge_takes) and the purge's jobs and counts do
+-- not depend on the batch or the chunk they fall in; the purge's caller applies those
+-- entries (and counts what they delete) right after the call that wrote the first.
 -- A flow across slots (Redis Cluster, `x`) ends its jobs on the root's queue so; those
 -- on each other queue end there, by one outbox entry per queue ({'Y', F, fq, state, err,
 -- S, members, mq, sq}), whose apply marks the flow ended on that slot (a hash of the
@@ -116,7 +122,13 @@ local function flow_end(fq, f, state, err, now, settled)
         {'Y', f, fq, state, err or false, steps, upto, meta[3] or '', meta[4] or ''})
     end
   end
-  flow_ops.end_step(fk, fq, fq, f, not purging and flow_ops.END_CHUNK or nil, now, x and fq)
+  local limit = flow_ops.END_CHUNK
+  if purging then
+    -- (A job a flow's end passes: 2 purge entries' worth; see purge.lua.)
+    limit = math.min(limit, math.max(steps, (purging.budget - purging.spent) / 2))
+  end
+  local _, ended = flow_ops.end_step(fk, fq, fq, f, limit, now, x and fq)
+  if purging then purging.spent = purging.spent + 2 * ended end
 end
 
 -- Jobs per step of a flow's end (see flow_end): ~12-25 µs of Redis time each, so a step
@@ -130,7 +142,8 @@ function flow_ops.ending(q, f) return k_q(q) .. 'fE:' .. f end
 -- (its record, or flow_ops.ending(home, F)); `home`: the queue whose outbox carries the
 -- next step; `fq`: the flow's root queue; `only`: a queue (the jobs on other queues are
 -- passed over: a flow across slots) or false. Returns how many jobs are left to pass
--- (0: ended; the mark is gone).
+-- (0: ended; the mark is gone), and how many it ended (or found gone) now. Under a purge
+-- (`purging`), the next step's entry carries it (see flow_end).
 function flow_ops.end_step(mk, home, fq, f, limit, now, only)
   local meta = rcall('HMGET', mk, 'E', 'Ee', 'Ec', 'Et', 'S', 'n', 'mq', 'sq', 'Eo')
   if not meta[1] then return 0 end  -- ended already (or not ending: not this call's)
@@ -164,19 +177,26 @@ function flow_ops.end_step(mk, home, fq, f, limit, now, only)
       id = f .. '.m' .. (j - steps)
     end
     if not only or q == only then
-      flow_end_job(q, id, state, err, now)
-      ended = ended + 1
+      -- (A job gone already, one read: a quarter of one ended. A purge's ends meet
+      -- thousands of those, the jobs the purge deleted itself.)
+      if flow_end_job(q, id, state, err, now) == false then
+        ended = ended + 0.25
+      else
+        ended = ended + 1
+      end
     end
     j = j + 1
   end
   if j >= stop then
     rcall('UNLINK', mk)  -- (a large fan-out's record: freed off the main thread)
-    return 0
+    return 0, ended
   end
   rcall('HSET', mk, 'Ec', j, 'Eo', pos)
   local eid = f .. '|z|' .. j
-  flow_outbox(home, home, eid, {'Z', f, fq, eid, mk ~= k_flow(fq, f)})
-  return stop - j
+  local rec = {'Z', f, fq, eid, mk ~= k_flow(fq, f)}
+  if purging then rec[6], rec[7] = purging.q, purging.letters end
+  flow_outbox(home, home, eid, rec)
+  return stop - j, ended
 end
 
 -- A claim popped waiting job `id` of queue q, of flow F (its root queue fq; `x`: a flow
@@ -398,6 +418,8 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
   local steps, collector, x = tonumber(meta[1]), meta[3] == '1', meta[5] == '1'
   if fm then
     local i = tonumber(fm)
+    -- (A member's settlement: ~4 purge entries' worth of Redis time; see purge.lua.)
+    if purging then purging.spent = purging.spent + 4 end
     -- r<i>: its element and its settled mark (set once); '' for a failed one ('a').
     local el = ''
     if meta[4] == 'c' then
@@ -477,8 +499,19 @@ local function flow_apply(q, rec, now)
     -- One write per done set for the chunk (nothing after it in this call reads them
     -- before flush_counts writes them).
     batch_zsets(true)
+    if type(rec[6]) ~= 'string' then
+      flow_ops.end_step(mk, q, fq, f, flow_ops.END_CHUNK, now, rec[5] and q)
+      return 1
+    end
+    -- A step of an end a purge began (of queue rec[6], states rec[7]): the purge's
+    -- jobs it reaches are deleted, as in the purge's own call; answers {1, how many}.
+    purging = {q = rec[6], n = 0, states = {}, letters = rec[7], spent = 0,
+      budget = flow_ops.END_CHUNK}
+    for letter in string.gmatch(rec[7] or '', '%a') do purging.states[letter] = true end
     flow_ops.end_step(mk, q, fq, f, flow_ops.END_CHUNK, now, rec[5] and q)
-    return 1
+    local n = purging.n
+    purging = nil
+    return {1, n}
   elseif kind == 'Y' then
     -- A flow across slots ends (flow_end): its jobs on queue q, marked ended here first.
     local mk = flow_ops.ending(q, f)

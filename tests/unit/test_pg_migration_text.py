@@ -1,0 +1,22 @@
+"""A released migration's SQL never changes (typedq.broker.postgres.schema: a change is a
+new migration), even when its module is reorganized: migration 6 is kept in three part
+modules joined in order, and the text they join to is the one released."""
+
+from __future__ import annotations
+
+import hashlib
+
+from typedq.broker.postgres import migration_6, schema
+
+#: The sha256 of migration 6's SQL as released, computed from the single module
+#: ``migration_6.py`` held before it was split into part modules (main at 9920334,
+#: 37,911 characters). A schema migrated by an earlier release ran exactly this text;
+#: a different digest means the split (or an edit) changed what runs.
+RELEASED_SHA256 = "4001ce6ac45f7454a6cd97bc8ca2aebad9b4b7b02a7411cc1626ab76323bf096"
+
+
+def test_migration_6_joined_from_its_parts_is_the_released_text() -> None:
+    assert len(migration_6.SQL) == 37_911
+    assert hashlib.sha256(migration_6.SQL.encode()).hexdigest() == RELEASED_SHA256
+    # And it is what migrate applies as migration 6.
+    assert schema.MIGRATIONS[5] == migration_6.SQL
