@@ -332,6 +332,31 @@ async def test_a_claim_over_several_queues_takes_fair_turns(app_name: str, broke
         assert ids.index("b0") <= 2
 
 
+async def test_one_call_with_fair_and_plain_jobs_of_several_queues(
+    app_name: str, broker_url: str
+) -> None:
+    """One enqueue call mixing queues, one with fair jobs and one without: every job is
+    stored (on Redis Cluster each queue is its own script, and a queue's script follows
+    its own jobs: the plain queue's jobs once went to the fair script and were refused)."""
+    async with connected(app_name, broker_url) as broker:
+        batch = [
+            msg(queue="q2", job_id="p0"),
+            fair("a", job_id="a0", weight=2),
+            msg(queue="q2", job_id="p1"),
+            fair("b", job_id="b0"),
+        ]
+        outcomes = await broker.enqueue(batch)
+        assert [(o.id, o.created) for o in outcomes] == [
+            ("p0", True),
+            ("a0", True),
+            ("p1", True),
+            ("b0", True),
+        ]
+        assert (await broker.counts("q"))[JobState.WAITING] == 2
+        assert (await broker.counts("q2"))[JobState.WAITING] == 2
+        assert await claim_order(broker, 2) == ["a0", "b0"]
+
+
 async def test_a_fan_out_of_a_fair_task_runs_fair(app_name: str, broker_url: str) -> None:
     app = App(app_name, broker=broker_url)
     started: list[str] = []

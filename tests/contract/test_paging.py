@@ -23,6 +23,7 @@ from tests.support import connected, msg
 from typedq import JobState
 from typedq.broker.base import Broker, Completion, Failure
 from typedq.limits import LimitSpec
+from typedq.options import MAX_PRIORITY, MIN_PRIORITY
 
 pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
@@ -98,6 +99,21 @@ async def test_pages_hold_every_waiting_job_once(app_name: str, broker_url: str)
         await check_state(broker, JobState.WAITING, waiting)
         await check_state(broker, JobState.CANCELLED, set(cancelled) - set(retried))
         await check_state(broker, JobState.SCHEDULED, {m.id for m in later})
+
+
+async def test_pages_of_jobs_at_the_edges_of_the_priority_range(
+    app_name: str, broker_url: str
+) -> None:
+    """Jobs at MIN_PRIORITY and MAX_PRIORITY are paged like any (PostgreSQL negated the
+    int4 priority for a page's place: -(-2**31) is out of range, the page failed)."""
+    async with connected(app_name, broker_url) as broker:
+        levels = (MIN_PRIORITY, MAX_PRIORITY, 0, MIN_PRIORITY + 1, MAX_PRIORITY - 1)
+        messages = [msg(priority=levels[i % 5]) for i in range(25)]
+        await broker.enqueue(messages)
+        everything = await broker.list_jobs("q", JobState.WAITING, limit=1000)
+        by_level = sorted(range(25), key=lambda i: (-levels[i % 5], i))
+        assert everything == [messages[i].id for i in by_level]
+        await check_state(broker, JobState.WAITING, {m.id for m in messages})
 
 
 async def test_pages_of_scheduled_and_finished_jobs(app_name: str, broker_url: str) -> None:

@@ -3,8 +3,12 @@
 Random programs (one per seed) mix what the defects of issue 24 lived between: several
 queues, a partitioned queue sharing ``max_queue_length``, concurrency limits with keys and
 a rate limit, chains across queues (across slots on Redis Cluster) and fan-outs with a
-callback or a collector, schedules fired tick by tick with the overlap policies (one on
-the partitioned queue; now and then against a stale state), priorities, delays, dedup by
+callback or a collector, fair shares (keys with weights that change from job to job, one
+fair task behind a keyed concurrency limit, a fan-out of fair members), schedules fired
+tick by tick with the overlap policies (one on the partitioned queue; now and then
+against a stale state), unique windows and debounce by key (a job holding its key
+until purged, removed, cancelled or finished, a debounced one replaced), priorities,
+delays, dedup by
 id (a small pool of ids, reused after removal), claims, completions, failures (retried or
 final), and the operators' cancel, retry, remove and purge. Each program runs in
 lockstep on the embedded broker, the reference, and on the broker under test (a single
@@ -41,10 +45,12 @@ from typedq.broker.base import (
     Broker,
     BrokerSettings,
     Completion,
+    EnqueueControl,
     Failure,
     JobMessage,
     TickFiring,
 )
+from typedq.broker.capabilities import FlowControl
 from typedq.broker.flow import FlowSpec, member_id, step_id
 from typedq.broker.memory import MemoryBroker
 from typedq.limits import LimitSpec
@@ -64,14 +70,24 @@ POOL = {
     "q": [f"qj{i}" for i in range(4)],
     "r": [f"rj{i}" for i in range(4)],
     "pq": [f"pj{i}" for i in range(4)],
+    # Keyed jobs (capability FlowControl): unique ones on q, debounced ones on r.
+    "u": [f"uj{i}" for i in range(3)],
+    "d": [f"dj{i}" for i in range(3)],
 }
+# Flow control (typedq.flowcontrol): task "uq" on q unique by key for two hours (a
+# finished job holds its key for the rest of the run), task "dr" on r debounced by key
+# (due an hour after its key's last enqueue, at most two after its first: never during a
+# run). Keys u0/u1 and d0/d1.
+CONTROLLED = {"u": ("q", "uq"), "d": ("r", "dr")}
 # A flow id is one definition (enqueued again, the same flow): f0 a chain q -> r -> q
 # (across slots on Cluster), f1 a fan-out over q and r with a callback chain on r then q,
-# f2 a bare fan-out (a collector) over r with its own job on q.
+# f2 a bare fan-out (a collector) over r with its own job on q, f3 a fan-out of fair
+# members (keys a and b) on q with a callback on q.
 FLOWS = {
     "f0": ("chain", 0, ("q", "r", "q", "")),
     "f1": ("fanout", 3, ("q", "r", "q", "r")),
     "f2": ("collect", 2, ("r", "r", "", "q")),
+    "f3": ("fairfan", 3, ("q", "q", "q", "q")),
 }
 # The range's edges too: an envelope at MIN/MAX_PRIORITY must sort alike everywhere.
 PRIORITIES = (MIN_PRIORITY, -5, 0, 0, 5, MAX_PRIORITY)
@@ -81,14 +97,22 @@ LIMITS = {
     "lim": LimitSpec(concurrency=1),
     "limr": LimitSpec(concurrency=2),
     "rl": LimitSpec(rate=2, per_us=3600 * 1_000_000),
+    "limf": LimitSpec(concurrency=1),
 }
+# Fair tasks (typedq.fair): "fq" on q and "limf" on r (fair by key, and its keys gated by
+# a concurrency limit: a gated key must not block the others). Keys a and b; a job's
+# weight is drawn per job, so a key's weight changes between turns (the newest job's
+# weight, from the key's next turn, on every broker).
+FAIR_TASKS = ("fq", "limf")
+FAIR_KEYS = ("a", "b")
+FAIR_WEIGHTS = (1, 1, 2, 3)
 # Schedules fired tick by tick (TickFiring, as typedq.schedule's Scheduler does): name ->
 # (queue, overlap policy). s2's ticks go to one partition of pq, by the schedule's name.
 SCHEDULES = {"s1": ("q", "skip"), "s2": ("pq", "queue"), "s3": ("r", "allow")}
 DIGEST = "d1"
 # A task's jobs go to its one queue, and a partitioned task may not declare limits
 # (issue 24 defect 1): the limited tasks live on q and r, plain jobs everywhere.
-TASKS_OF = {"q": ("t", "lim", "rl"), "r": ("t", "limr"), "pq": ("t",)}
+TASKS_OF = {"q": ("t", "lim", "rl", "fq"), "r": ("t", "limr", "limf"), "pq": ("t",)}
 
 
 @dataclass(frozen=True)
@@ -97,9 +121,10 @@ class Step:
 
     kind: str
     jobs: tuple[
-        tuple[str, str, str, int, bool, str], ...
-    ] = ()  # id, queue, task, prio, delayed, key
+        tuple[str, str, str, int, bool, str, int], ...
+    ] = ()  # id, queue, task, prio, delayed, key, fair weight (0: not fair)
     flow: tuple[str, str, int, tuple[str, ...]] = ("", "", 0, ())  # FLOWS' entry
+    keyed: tuple[tuple[str, str, str], ...] = ()  # id, "u" or "d" (CONTROLLED), key
     ids: tuple[str, ...] = ()
     n: int = 0
     final: bool = False
@@ -110,11 +135,14 @@ class Step:
         if self.kind == "enqueue":
             jobs = (
                 f"{i}:{q}/{t}@{p}{'+1h' if d else ''}{'[' + k + ']' if k else ''}"
-                for i, q, t, p, d, k in self.jobs
+                f"{'*' + str(w) if w else ''}"
+                for i, q, t, p, d, k, w in self.jobs
             )
             return f"enqueue [{', '.join(jobs)}]"
         if self.kind == "flow":
             return f"flow {self.flow[0]} ({self.flow[1]})"
+        if self.kind == "control":
+            return f"control [{', '.join(f'{i}:{m}[{k}]' for i, m, k in self.keyed)}]"
         if self.kind == "claim":
             return f"claim {self.n} from {self.queue}"
         if self.kind in ("complete", "fail"):
@@ -135,16 +163,27 @@ def program(seed: int, steps: int = STEPS) -> list[Step]:
     ticks: dict[str, int] = {}
     for _ in range(steps):
         roll = rnd.random()
-        if roll < 0.22:
+        if roll < 0.04:
+            keyed = []
+            for _ in range(rnd.randint(1, 2)):
+                mode = rnd.choice(list(CONTROLLED))
+                keyed.append((rnd.choice(POOL[mode]), mode, f"{mode}{rnd.randint(0, 1)}"))
+            out.append(Step("control", keyed=tuple(keyed)))
+        elif roll < 0.22:
             jobs = []
             for _ in range(rnd.randint(1, 3)):
                 base = rnd.choice(("q", "r", "pq"))
                 job_id = rnd.choice(POOL[base])
                 queue = f"pq.p{int(job_id[2:]) % 3}" if base == "pq" else base
                 task = rnd.choice(TASKS_OF[base])
-                key = rnd.choice(("k0", "k1")) if task.startswith("lim") else ""
+                fair = task in FAIR_TASKS
+                if fair:
+                    key = rnd.choice(FAIR_KEYS)
+                else:
+                    key = rnd.choice(("k0", "k1")) if task.startswith("lim") else ""
+                weight = rnd.choice(FAIR_WEIGHTS) if fair else 0
                 delayed = rnd.random() < 0.15
-                jobs.append((job_id, queue, task, rnd.choice(PRIORITIES), delayed, key))
+                jobs.append((job_id, queue, task, rnd.choice(PRIORITIES), delayed, key, weight))
             out.append(Step("enqueue", jobs=tuple(jobs)))
         elif roll < 0.32:
             fid = rnd.choice(list(FLOWS))
@@ -194,7 +233,9 @@ def for_cluster(steps: list[Step]) -> list[Step]:
     return out
 
 
-def _message(job_id: str, queue: str, task: str, prio: int, delayed: bool, key: str) -> JobMessage:
+def _message(
+    job_id: str, queue: str, task: str, prio: int, delayed: bool, key: str, weight: int
+) -> JobMessage:
     return JobMessage(
         id=job_id,
         task=task,
@@ -204,15 +245,39 @@ def _message(job_id: str, queue: str, task: str, prio: int, delayed: bool, key: 
         delay=DELAY if delayed else 0.0,
         concurrency_key=key if task.startswith("lim") else "",
         rate_key=key if task == "rl" else "",
+        fair_key=key if weight else "",
+        fair_weight=weight,
     )
+
+
+def controlled_job(job_id: str, mode: str, key: str) -> tuple[JobMessage, EnqueueControl]:
+    """A keyed enqueue of CONTROLLED's ``mode``: unique for two hours or debounced."""
+    queue, task = CONTROLLED[mode]
+    message = JobMessage(id=job_id, task=task, queue=queue, payload=b"\xc0")
+    if mode == "u":
+        return message, EnqueueControl(key=key, unique_for=2 * DELAY)
+    return message, EnqueueControl(key=key, wait=DELAY, max_wait=2 * DELAY)
 
 
 def flow_spec(fid: str, shape: str, members: int, queues: Sequence[str]) -> FlowSpec:
     """Flow ``fid`` as FLOWS defines it: members on queues[0..], steps as the shape says."""
-    fan = tuple(
-        JobMessage(id=member_id(fid, i), task="t", queue=queues[i % 2], payload=b"\xc0")
-        for i in range(members)
-    )
+    if shape == "fairfan":
+        fan = tuple(
+            JobMessage(
+                id=member_id(fid, i),
+                task="fq",
+                queue=queues[0],
+                payload=b"\xc0",
+                fair_key=FAIR_KEYS[i % 2],
+                fair_weight=1 + i,
+            )
+            for i in range(members)
+        )
+    else:
+        fan = tuple(
+            JobMessage(id=member_id(fid, i), task="t", queue=queues[i % 2], payload=b"\xc0")
+            for i in range(members)
+        )
     if shape == "chain":
         steps = tuple(
             JobMessage(
@@ -262,6 +327,10 @@ class Driver:
             if step.kind == "enqueue":
                 outcomes = await b.enqueue([_message(*job) for job in step.jobs])
                 return [(o.id, o.created) for o in outcomes]
+            if step.kind == "control":
+                assert isinstance(b, FlowControl)
+                controlled = await b.enqueue_controlled([controlled_job(*j) for j in step.keyed])
+                return [(o.id, o.created) for o in controlled]
             if step.kind == "flow":
                 (stored,) = await b.enqueue_flows([flow_spec(*step.flow)])
                 if isinstance(stored, Exception):
@@ -367,7 +436,7 @@ def known_ids() -> list[str]:
     """Every id a program uses: the pool's and every job of every flow."""
     ids = [job_id for pool in POOL.values() for job_id in pool]
     for fid, (shape, members, _) in FLOWS.items():
-        steps = 3 if shape == "chain" else 2 if shape == "fanout" else 1
+        steps = 3 if shape == "chain" else 2 if shape in ("fanout", "fairfan") else 1
         ids += [step_id(fid, k, steps) for k in range(steps)]
         ids += [member_id(fid, i) for i in range(members)]
     return ids
@@ -483,6 +552,7 @@ def test_programs_combine_every_feature() -> None:
     steps = [s for seed in SEEDS for s in program(seed)]
     kinds = _count_kinds(steps)
     assert set(kinds) == {
+        "control",
         "enqueue",
         "flow",
         "claim",
@@ -496,9 +566,14 @@ def test_programs_combine_every_feature() -> None:
     }
     jobs = [j for s in steps for j in s.jobs]
     assert {q for _, q, *_ in jobs} == set(QUEUES)
-    assert {t for _, _, t, *_ in jobs} == {"t", "lim", "limr", "rl"}
-    assert any(d for *_, d, _ in jobs)
-    assert {s.flow[1] for s in steps if s.kind == "flow"} == {"chain", "fanout", "collect"}
+    assert {t for _, _, t, *_ in jobs} == {"t", "lim", "limr", "rl", "fq", "limf"}
+    assert any(d for *_, d, _, _ in jobs)
+    # Fair keys with every weight, so a key's weight changes between its turns.
+    assert {(k, w) for *_, k, w in jobs if w} == {(k, w) for k in FAIR_KEYS for w in FAIR_WEIGHTS}
+    keyed = [j for s in steps for j in s.keyed]
+    assert {(m, k) for _, m, k in keyed} == {(m, f"{m}{n}") for m in CONTROLLED for n in (0, 1)}
+    shapes = {s.flow[1] for s in steps if s.kind == "flow"}
+    assert shapes == {"chain", "fanout", "collect", "fairfan"}
 
 
 def main(argv: Sequence[str]) -> int:

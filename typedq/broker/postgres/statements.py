@@ -28,7 +28,8 @@ _LIST_ORDER = {
 #: A job's place in its state's order for paging (``page_jobs``), as memory's listing
 #: has it: (number, order), then the id.
 _PLACES = {
-    JobState.WAITING: ("-priority", "seq"),
+    # (bigint before the negation: -(-2147483648) is no integer, MIN_PRIORITY is)
+    JobState.WAITING: ("-priority::bigint", "seq"),
     JobState.SCHEDULED: ("run_at", "seq"),
     JobState.ACTIVE: ("started_at", "seq"),
     JobState.COMPLETED: ("-seq", "0"),

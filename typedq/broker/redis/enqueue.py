@@ -82,13 +82,19 @@ class EnqueueOps(RedisCore):
             cap = self.queue_cap(queues)  # the whole call's, as on one Redis (queue_cap)
             if cap > 0:
                 await self._check_caps(messages, cap)
-            created = await self._per_queue(
-                _script(messages),
-                queues,
-                lambda q, idx: self._enqueue_call([messages[i] for i in idx], cap=cap)[:2],
-                0,
+            groups: dict[str, list[JobMessage]] = {}
+            for m in messages:
+                groups.setdefault(m.queue, []).append(m)
+            # Each queue's script by its own jobs: a queue with a fair job takes
+            # enqueue_fair, the others enqueue (their arguments differ).
+            replies = await self._eval_many(
+                [
+                    (_script(group), *self._enqueue_call(group, cap=cap)[:2])
+                    for group in groups.values()
+                ]
             )
-            return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
+            created = dict(zip(groups, map(iter, replies), strict=True))  # by queue, in order
+            return [EnqueueOutcome(m.id, bool(next(created[m.queue]))) for m in messages]
         keys, args, _ = self._enqueue_call(messages)
         await self._note_queues(queues)
         if self._epoch.is_due():
