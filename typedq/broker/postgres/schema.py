@@ -36,6 +36,7 @@ from . import (
     migration_8,
     migration_9,
     migration_12,
+    migration_13,
 )
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
@@ -59,6 +60,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_8.SQL,
     migration_9.SQL,
     migration_12.SQL,
+    migration_13.SQL,
 )
 
 
