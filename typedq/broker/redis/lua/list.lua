@@ -19,9 +19,11 @@
 -- Counting (ARGV[7] 'n', typedq verify's count_fingerprints): the same walk, but each
 -- job taken is counted by the task and fingerprint its stored body names, and the reply
 -- holds those counts instead of ids: the jobs never leave Redis, and a call that takes
--- `limit` jobs costs about what a page of them does. Active jobs are walked in the
--- active set's order (lease deadline) instead: counting needs no start-time order,
--- and the sort of every active job per call would cost each page the whole state.
+-- `limit` jobs costs about what a page of them does (less: a waiting entry is not
+-- looked up in the index while no entry can be stale, see `fast`; scheduled job
+-- strings are read in one MGET per chunk). Active jobs are walked in the active set's
+-- order (lease deadline) instead: counting needs no start-time order, and the sort of
+-- every active job per call would cost each page the whole state.
 -- KEYS[1] = the queue's active zset
 -- ARGV: P, queue, state letter, cursor, skip, limit[, 'n']
 -- Returns {next cursor ('' at the end of the state), skip left, id...}; counting:
