@@ -193,3 +193,20 @@ async def test_jobs_that_leave_mid_walk_are_not_counted(redis_url: str) -> None:
         assert totals[JobState.SCHEDULED] == Counter(
             {("t", f"g{i:02}"): 1 for i in range(31) if i not in gone_s}
         )
+
+
+async def test_only_a_fast_walk_counts_more_than_500_jobs_a_call(redis_url: str) -> None:
+    """A call counts up to its limit while it reads waiting entries with no index lookup;
+    one that checks them (or reads job records) stops at 500 jobs, so that it stays
+    a few milliseconds long. The pages still add up to every job."""
+    async with broker_at(redis_url, "pages") as broker:
+        await broker.enqueue([small(f"j{i:04}", "f1") for i in range(1200)])
+        await broker.enqueue([small(f"s{i:04}", "f2", delay=600) for i in range(600)])
+        page = await broker.count_fingerprints("q", JobState.WAITING, limit=1000)
+        assert page.jobs == 1000
+        assert (await broker.count_fingerprints("q", JobState.SCHEDULED, limit=1000)).jobs == 500
+        await broker.cancel("j0600")
+        page = await broker.count_fingerprints("q", JobState.WAITING, limit=1000)
+        assert page.jobs == 500
+        assert await counted(broker, JobState.WAITING, limit=1000) == Counter({("t", "f1"): 1199})
+        assert await counted(broker, JobState.SCHEDULED, limit=1000) == Counter({("t", "f2"): 600})
