@@ -98,9 +98,9 @@ SCANNED_STATES = (
 PAGE = 500
 
 #: Jobs per ``count_fingerprints`` call of the exact count: on Redis one script call,
-#: ~31k server instructions per job counted (callgrind), so a few milliseconds a call
-#: (5 ms of CPU on a loaded 2-core box; 1,000 a call took longer in all there, not
-#: less: bench/results/issue28-verify-scale.txt).
+#: ~13k server instructions per waiting job counted (callgrind; ~34k while stale
+#: entries need checking), so about a millisecond of CPU a call on a loaded 2-core box
+#: (bench/results/issue28-verify-scale.txt).
 COUNT_PAGE = 500
 
 #: Queue states the exact count pages at once (one call of each in flight).

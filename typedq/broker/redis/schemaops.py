@@ -22,9 +22,10 @@ from .keys import STATE_LETTERS
 __all__ = ["COUNT_PAGE_MAX", "SchemaOps"]
 
 #: The most jobs one ``count_fingerprints`` call counts: one list.lua call, whose cost
-#: grows with the jobs it passes (~31k server instructions each, callgrind: a waiting
-#: job's liveness check in the index and its body's first fields), so that no call
-#: holds Redis for long (bench/verify_scale.py; verify asks for 500).
+#: grows with the jobs it passes (callgrind: ~13k server instructions a waiting job,
+#: its entry read in place, ~34k while stale entries make each one's liveness check in
+#: the index needed; ~20k a scheduled one), so that no call holds Redis for long
+#: (bench/verify_scale.py; verify asks for COUNT_PAGE).
 COUNT_PAGE_MAX = 2000
 
 
