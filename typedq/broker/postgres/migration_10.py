@@ -1,0 +1,436 @@
+"""The PostgreSQL broker's migration 10: fair shares (``fair=``, typedq.fair), claimed
+round-robin across keys by weight, as docs/flow-control.md states the rules (the
+embedded broker's ``memory/lines.py`` is the reference, the Redis Lua the other
+statement of them). Released: never edited (a change is a new migration).
+
+A fair job is a job whose envelope ends with a ``fair_key`` and a ``fair_weight`` above
+0. A trigger (``fair_job``, before insert) reads both from the envelope's last bytes,
+so every path that stores a job (enqueue, a flow's members and steps, a keyed enqueue)
+stores fair jobs without a change; its ``WHEN`` clause reads the last bytes alone
+(a plain job's envelope ends with ``fair_weight`` 0: ``00``), so a plain job pays no
+call. The job keeps its lane in ``fair`` (``'f' || chr(31) || task || chr(31) || key``)
+and its weight in ``fair_weight``.
+
+A waiting fair job is *in its key's lane*: its ``gate`` is its ``fair`` (as a job a
+limit parked carries its limit's gate), so the plain claim's line (index ``jobs_open``:
+``gate IS NULL``) holds plain jobs only and a lane's jobs are read, oldest first, from
+``jobs_parked`` (``(ns, queue, gate, priority DESC, seq)``). A lane's place in its
+priority level's line, and its turn, is a row of ``fair_lanes``: ``seq`` (the order the
+lane holds among the level's plain jobs, whose ``seq`` it shares), ``weight`` (the jobs
+the current turn takes), ``next_weight`` (the weight its next turn takes: its newest new
+job's) and ``taken`` (how many the current turn took).
+
+Where a fair job comes to wait, the lane is joined (``fair_join``, an upsert that
+holds the lane's row until the transaction commits, so a claim never drops a lane a
+job is joining): a new job (inserted waiting, or scheduled and due without having been
+claimed) sets the lane's ``next_weight``; any other (a retry, a hand-back, a chain's
+first step, a released step) leaves it, and a key with no lane joins with that job's
+own weight. A key with no lane joins at the tail of its level (``seq``: the job's
+own fresh ``seq``, or a new one for a job handed back unrun), a released step of a flow
+(its ``seq`` negative: at the head) at the head. Within the lane, jobs go by ``seq``:
+a job handed back unrun (release, an expired lease recovered, a gate giving a parked
+job back) keeps its ``seq`` (it was its key's oldest when its turn took it), a retried
+one has a new one (last), a released step a negative one (first).
+
+The claim (``claim``, with the signature of migration 4's, now ``claim_fifo``): a claim
+over queues with no lane is migration 4's, unchanged, after one look at ``fair_lanes``;
+otherwise ``claim_fair`` merges the level's plain jobs and lanes by ``(priority, seq)``
+and takes, pass after pass, each participant's turn: a plain job one job, a lane up to
+its turn's count (``weight - taken``, the turn starting with ``next_weight``) in one
+update; a lane whose turn ended goes to the tail (a new ``seq``), a lane left with no
+job waiting is deleted (its turn state with it), a lane left with jobs and turn goes on
+at the next claim. Lanes are locked ``FOR UPDATE SKIP LOCKED``: concurrent claims take
+other lanes. A job of a limited task is admitted or parked one at a time (as
+migration 4's limited claim does); a parked job counts in its key's turn, as on the
+other brokers. A lane whose jobs all left (cancelled, removed, purged) is deleted by
+the first claim that reaches it.
+
+``run_step`` (migration 9) reads a job's ``run_queue`` in the envelope's third byte
+from the end, which holds only for a job with an empty ``fair_key``: a fair job's final
+state calls it, and it looks the run up by the job's id (a fair job that is no step of
+a run finds none).
+
+``{s}`` is the broker's schema, quoted (:func:`typedq.broker.postgres.schema.migrate_sql`).
+"""
+
+__all__ = ["SQL"]
+
+SQL = r"""
+ALTER TABLE {s}.jobs
+    ADD COLUMN fair text,
+    ADD COLUMN fair_weight integer;
+
+CREATE TABLE {s}.fair_lanes (
+    ns text NOT NULL,
+    queue text NOT NULL,
+    priority integer NOT NULL,
+    gate text NOT NULL,
+    seq bigint NOT NULL,
+    weight integer NOT NULL,
+    next_weight integer NOT NULL,
+    taken integer NOT NULL DEFAULT 0,
+    PRIMARY KEY (ns, queue, priority, gate)
+);
+-- The lanes of a queue in line order.
+CREATE INDEX fair_lanes_line ON {s}.fair_lanes (ns, queue, priority DESC, seq);
+
+-- The fair key and weight at the end of envelope m (msgpack: ..., str fair_key,
+-- int fair_weight): the weight an int of 1 to 3 bytes, the key a str whose bytes are
+-- ASCII (Fair hashes other keys), read back from the weight to its header.
+CREATE FUNCTION {s}.fair_of(m bytea, OUT key text, OUT weight integer)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    e integer := octet_length(m);
+    kend integer;
+    b integer;
+BEGIN
+    IF get_byte(m, e - 3) = 205 THEN
+        weight := get_byte(m, e - 2) * 256 + get_byte(m, e - 1);
+        kend := e - 3;
+    ELSIF get_byte(m, e - 2) = 204 THEN
+        weight := get_byte(m, e - 1);
+        kend := e - 2;
+    ELSE
+        weight := get_byte(m, e - 1);
+        kend := e - 1;
+    END IF;
+    FOR l IN 0 .. least(kend - 2, 255) LOOP
+        b := get_byte(m, kend - l - 1);
+        IF (l < 32 AND b = 160 + l)
+           OR (l >= 32 AND b = l AND get_byte(m, kend - l - 2) = 217) THEN
+            key := convert_from(substr(m, kend - l + 1, l), 'UTF8');
+            RETURN;
+        END IF;
+    END LOOP;
+    key := '';
+END $$;
+
+-- Join the lane p_gate of (p_queue, p_priority) with a job of weight p_weight (p_new:
+-- a new job, whose weight the key's next turn takes); a key with no lane joins at p_seq.
+CREATE FUNCTION {s}.fair_join(p_ns text, p_queue text, p_priority integer, p_gate text,
+                              p_weight integer, p_seq bigint, p_new boolean)
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO {s}.fair_lanes AS l (ns, queue, priority, gate, seq, weight, next_weight)
+    VALUES (p_ns, p_queue, p_priority, p_gate, p_seq, p_weight, p_weight)
+    ON CONFLICT (ns, queue, priority, gate) DO UPDATE
+    SET next_weight = CASE WHEN p_new THEN excluded.next_weight ELSE l.next_weight END
+$$;
+
+-- A fair job stored: its key and weight from its envelope; waiting, it is in its lane.
+CREATE FUNCTION {s}.fair_job() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    k text;
+    w integer;
+BEGIN
+    SELECT f.key, f.weight INTO k, w FROM {s}.fair_of(NEW.message) f;
+    IF w <= 0 THEN
+        RETURN NEW;
+    END IF;
+    NEW.fair := 'f' || chr(31) || coalesce(NEW.task, '') || chr(31) || k;
+    NEW.fair_weight := w;
+    IF NEW.state = 0 AND NEW.gate IS NULL THEN
+        NEW.gate := NEW.fair;
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER fair_job BEFORE INSERT ON {s}.jobs FOR EACH ROW
+WHEN (get_byte(NEW.message, octet_length(NEW.message) - 1) <> 0
+      OR get_byte(NEW.message, octet_length(NEW.message) - 3) = 205)
+EXECUTE FUNCTION {s}.fair_job();
+
+-- After the row is in (an id that exists stores nothing, and joins nothing): a new
+-- job joins its lane; a chain's first step leaves the key's weight.
+CREATE FUNCTION {s}.fair_stored() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {s}.fair_join(NEW.ns, NEW.queue, NEW.priority, NEW.fair, NEW.fair_weight,
+                          NEW.seq, NEW.flow_step IS NULL);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER fair_stored AFTER INSERT ON {s}.jobs FOR EACH ROW
+WHEN (NEW.fair IS NOT NULL AND NEW.state = 0 AND NEW.gate = NEW.fair)
+EXECUTE FUNCTION {s}.fair_stored();
+
+-- A fair job waiting again (or given back by its gate): into its lane. Handed back
+-- unrun (active before with its seq kept, or parked): its key, with no lane, joins at
+-- the tail; due after a delay without ever having been claimed: a new job.
+CREATE FUNCTION {s}.fair_back() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    back boolean := OLD.state = 0 OR (OLD.state = 2 AND NEW.seq = OLD.seq);
+BEGIN
+    NEW.gate := NEW.fair;
+    PERFORM {s}.fair_join(NEW.ns, NEW.queue, NEW.priority, NEW.fair, NEW.fair_weight,
+                          CASE WHEN back THEN nextval('{s}.job_seq') ELSE NEW.seq END,
+                          OLD.state = 1 AND NEW.seq > 0 AND OLD.worker_id IS NULL);
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER fair_back BEFORE UPDATE OF state, gate ON {s}.jobs FOR EACH ROW
+WHEN (NEW.fair IS NOT NULL AND NEW.state = 0 AND NEW.gate IS NULL)
+EXECUTE FUNCTION {s}.fair_back();
+
+ALTER FUNCTION {s}.claim(text, text[], integer, text, double precision, text, text[],
+                         integer[], bigint[], integer[], bigint[], bigint[])
+    RENAME TO claim_fifo;
+
+-- The claim over queues with lanes (see the module). p_got: jobs this claim took
+-- already (claim_fifo's, numbered 1 .. p_got); p_fresh: promote due jobs and open
+-- gates first (claim_fifo did not run).
+CREATE FUNCTION {s}.claim_fair(p_ns text, p_queues text[], p_limit integer, p_worker text,
+                               p_lease double precision, p_claim text, p_tasks text[],
+                               p_rates integer[], p_pers bigint[], p_concs integer[],
+                               p_spacings bigint[], p_earlies bigint[], p_got bigint,
+                               p_fresh boolean)
+RETURNS TABLE (n bigint, message bytea, token text, attempt integer,
+               enqueued_at double precision, stalls integer, run_at double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now double precision := {s}.now_s();
+    now_us bigint := round(now * 1000000)::bigint;
+    got bigint := p_got;
+    limited boolean := coalesce(array_length(p_tasks, 1), 0) > 0;
+    -- Plain jobs whose bucket another claim holds, and lanes left for this claim.
+    skipped text[] := '{{}}';
+    passed text[] := '{{}}';
+    progress boolean;
+    c record;
+    r record;
+    v_lane {s}.fair_lanes;
+    v_id text;
+    v_weight integer;
+    v_taken integer;
+    v_took bigint;
+    v_left boolean;
+    v_busy boolean;
+    v_verdict smallint;
+    v_i integer;
+    v_task text;
+BEGIN
+    IF p_fresh THEN
+        UPDATE {s}.jobs j SET state = 0, seq = d.nseq
+        FROM (
+            SELECT o.id, nextval('{s}.job_seq') AS nseq FROM (
+                SELECT x.id FROM {s}.jobs x
+                WHERE x.ns = p_ns AND x.queue = ANY (p_queues) AND x.state = 1
+                  AND x.run_at <= now
+                ORDER BY x.run_at, x.seq
+                FOR UPDATE SKIP LOCKED
+            ) o
+        ) d
+        WHERE j.ns = p_ns AND j.id = d.id;
+        PERFORM {s}.unpark(p_ns, p_queues, now_us, p_tasks, p_rates, p_pers, p_concs,
+                           p_spacings, p_earlies);
+    END IF;
+    LOOP
+        EXIT WHEN got >= p_limit;
+        progress := false;
+        FOR c IN
+            SELECT z.id, z.queue, z.priority, z.seq, z.gate FROM (
+                SELECT x.id, x.queue, x.priority, x.seq, NULL::text AS gate
+                FROM unnest(p_queues) AS qn (q),
+                LATERAL (
+                    SELECT w.id, w.queue, w.priority, w.seq FROM {s}.jobs w
+                    WHERE w.ns = p_ns AND w.queue = qn.q AND w.state = 0 AND w.gate IS NULL
+                      AND w.id <> ALL (skipped)
+                    ORDER BY w.priority DESC, w.seq
+                    LIMIT p_limit - got
+                ) x
+                UNION ALL
+                SELECT NULL, y.queue, y.priority, y.seq, y.gate
+                FROM unnest(p_queues) AS qn (q),
+                LATERAL (
+                    SELECT l.queue, l.priority, l.seq, l.gate FROM {s}.fair_lanes l
+                    WHERE l.ns = p_ns AND l.queue = qn.q
+                      AND l.queue || chr(30) || l.priority || chr(30) || l.gate <> ALL (passed)
+                    ORDER BY l.priority DESC, l.seq
+                    LIMIT p_limit - got
+                ) y
+            ) z
+            ORDER BY z.priority DESC, z.seq
+            LIMIT p_limit - got
+        LOOP
+            EXIT WHEN got >= p_limit;
+            IF c.gate IS NULL THEN
+                -- A plain job: one job.
+                SELECT j.id, j.queue, j.task, j.rate_key, j.conc_key INTO r FROM {s}.jobs j
+                WHERE j.ns = p_ns AND j.id = c.id AND j.state = 0 AND j.gate IS NULL
+                FOR UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    skipped := skipped || c.id;
+                    CONTINUE;
+                END IF;
+                v_verdict := 0;
+                v_i := CASE WHEN limited THEN array_position(p_tasks, r.task) END;
+                IF v_i IS NOT NULL THEN
+                    SELECT a.verdict INTO v_verdict
+                    FROM {s}.admit(p_ns, r.queue, r.id, r.task, r.rate_key, r.conc_key,
+                                   p_rates[v_i], p_pers[v_i], p_concs[v_i], p_spacings[v_i],
+                                   p_earlies[v_i], now_us, NULL) a;
+                END IF;
+                IF v_verdict = 2 THEN
+                    skipped := skipped || r.id;
+                    CONTINUE;
+                END IF;
+                progress := true;
+                IF v_verdict = 0 THEN
+                    got := got + 1;
+                    RETURN QUERY
+                    UPDATE {s}.jobs j
+                    SET state = 2, attempt = j.attempt + 1, token = p_claim || '.' || got,
+                        lease_until = now + p_lease, started_at = now, worker_id = p_worker,
+                        slot = v_i IS NOT NULL AND p_concs[v_i] > 0
+                    WHERE j.ns = p_ns AND j.id = r.id
+                    RETURNING got, j.message, j.token, j.attempt, j.enqueued_at, j.stalls,
+                              j.run_at;
+                END IF;
+                CONTINUE;
+            END IF;
+            -- A lane: its turn.
+            SELECT * INTO v_lane FROM {s}.fair_lanes l
+            WHERE l.ns = p_ns AND l.queue = c.queue AND l.priority = c.priority
+              AND l.gate = c.gate
+            FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                passed := passed || (c.queue || chr(30) || c.priority || chr(30) || c.gate);
+                CONTINUE;
+            END IF;
+            IF v_lane.seq <> c.seq THEN
+                progress := true;  -- moved since this pass read it: read again
+                CONTINUE;
+            END IF;
+            v_weight := CASE WHEN v_lane.taken = 0 THEN v_lane.next_weight
+                             ELSE v_lane.weight END;
+            v_took := 0;
+            v_busy := false;
+            v_task := split_part(v_lane.gate, chr(31), 2);
+            v_i := CASE WHEN limited THEN array_position(p_tasks, v_task) END;
+            IF v_i IS NULL THEN
+                RETURN QUERY
+                WITH picked AS (
+                    SELECT y.id, row_number() OVER (ORDER BY y.seq) AS k FROM (
+                        SELECT j.id, j.seq FROM {s}.jobs j
+                        WHERE j.ns = p_ns AND j.queue = v_lane.queue AND j.state = 0
+                          AND j.gate = v_lane.gate AND j.priority = v_lane.priority
+                        ORDER BY j.seq
+                        LIMIT least(v_weight - v_lane.taken, p_limit - got)
+                        FOR UPDATE SKIP LOCKED
+                    ) y
+                )
+                UPDATE {s}.jobs j
+                SET state = 2, attempt = j.attempt + 1, token = p_claim || '.' || (got + picked.k),
+                    lease_until = now + p_lease, started_at = now, worker_id = p_worker
+                FROM picked
+                WHERE j.ns = p_ns AND j.id = picked.id
+                RETURNING got + picked.k, j.message, j.token, j.attempt, j.enqueued_at, j.stalls,
+                          j.run_at;
+                GET DIAGNOSTICS v_took = ROW_COUNT;
+                got := got + v_took;
+                v_busy := v_lane.taken + v_took < v_weight AND got < p_limit;
+            ELSE
+                -- A limited task: each job admitted or parked (both count in the turn).
+                WHILE v_lane.taken + v_took < v_weight AND got < p_limit LOOP
+                    SELECT j.id, j.rate_key, j.conc_key INTO r FROM {s}.jobs j
+                    WHERE j.ns = p_ns AND j.queue = v_lane.queue AND j.state = 0
+                      AND j.gate = v_lane.gate AND j.priority = v_lane.priority
+                    ORDER BY j.seq LIMIT 1
+                    FOR UPDATE SKIP LOCKED;
+                    IF NOT FOUND THEN
+                        v_busy := true;
+                        EXIT;
+                    END IF;
+                    SELECT a.verdict INTO v_verdict
+                    FROM {s}.admit(p_ns, v_lane.queue, r.id, v_task, r.rate_key, r.conc_key,
+                                   p_rates[v_i], p_pers[v_i], p_concs[v_i], p_spacings[v_i],
+                                   p_earlies[v_i], now_us, NULL) a;
+                    IF v_verdict = 2 THEN
+                        v_busy := true;
+                        EXIT;
+                    END IF;
+                    v_took := v_took + 1;
+                    IF v_verdict = 0 THEN
+                        got := got + 1;
+                        RETURN QUERY
+                        UPDATE {s}.jobs j
+                        SET state = 2, attempt = j.attempt + 1, token = p_claim || '.' || got,
+                            lease_until = now + p_lease, started_at = now,
+                            worker_id = p_worker, slot = p_concs[v_i] > 0
+                        WHERE j.ns = p_ns AND j.id = r.id
+                        RETURNING got, j.message, j.token, j.attempt, j.enqueued_at, j.stalls,
+                                  j.run_at;
+                    END IF;
+                END LOOP;
+            END IF;
+            v_taken := v_lane.taken + v_took;
+            v_left := EXISTS (SELECT 1 FROM {s}.jobs j
+                              WHERE j.ns = p_ns AND j.queue = v_lane.queue AND j.state = 0
+                                AND j.gate = v_lane.gate AND j.priority = v_lane.priority);
+            IF NOT v_left THEN
+                -- No job waiting: the key leaves the line (its next job joins it again).
+                DELETE FROM {s}.fair_lanes l
+                WHERE l.ns = p_ns AND l.queue = v_lane.queue AND l.priority = v_lane.priority
+                  AND l.gate = v_lane.gate;
+                progress := true;
+            ELSIF v_taken >= v_weight THEN
+                -- Its turn is over: back to the tail.
+                UPDATE {s}.fair_lanes l
+                SET weight = v_weight, taken = 0, seq = nextval('{s}.job_seq')
+                WHERE l.ns = p_ns AND l.queue = v_lane.queue AND l.priority = v_lane.priority
+                  AND l.gate = v_lane.gate;
+            ELSE
+                UPDATE {s}.fair_lanes l SET weight = v_weight, taken = v_taken
+                WHERE l.ns = p_ns AND l.queue = v_lane.queue AND l.priority = v_lane.priority
+                  AND l.gate = v_lane.gate;
+                IF v_busy THEN
+                    -- Its jobs held by other claims, or its bucket busy: left for now.
+                    passed := passed || (c.queue || chr(30) || c.priority || chr(30) || c.gate);
+                END IF;
+            END IF;
+            IF v_took > 0 THEN
+                progress := true;
+            END IF;
+        END LOOP;
+        EXIT WHEN NOT progress;
+    END LOOP;
+    IF got > p_got THEN
+        INSERT INTO {s}.claims (ns, claim_id, at) VALUES (p_ns, p_claim, now)
+        ON CONFLICT (ns, claim_id) DO UPDATE SET at = excluded.at;
+    END IF;
+END $$;
+
+-- The claim: a re-sent claim answers what its first copy took (claim_fifo); over queues
+-- with no fair lane, migration 4's claim; else claim_fair, which a claim_fifo that
+-- made a lane (a due fair job, one its gate gave back) and found too few jobs goes on to.
+CREATE FUNCTION {s}.claim(p_ns text, p_queues text[], p_limit integer, p_worker text,
+                          p_lease double precision, p_claim text, p_tasks text[],
+                          p_rates integer[], p_pers bigint[], p_concs integer[],
+                          p_spacings bigint[], p_earlies bigint[])
+RETURNS TABLE (n bigint, message bytea, token text, attempt integer,
+               enqueued_at double precision, stalls integer, run_at double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    got bigint := 0;
+    again boolean := EXISTS (SELECT 1 FROM {s}.claims c WHERE c.ns = p_ns
+                             AND c.claim_id = p_claim AND c.at > {s}.now_s() - 60);
+BEGIN
+    IF NOT again AND EXISTS (SELECT 1 FROM {s}.fair_lanes l
+                             WHERE l.ns = p_ns AND l.queue = ANY (p_queues)) THEN
+        RETURN QUERY
+        SELECT * FROM {s}.claim_fair(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim,
+                                     p_tasks, p_rates, p_pers, p_concs, p_spacings,
+                                     p_earlies, 0::bigint, true);
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT * FROM {s}.claim_fifo(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim,
+                                 p_tasks, p_rates, p_pers, p_concs, p_spacings, p_earlies);
+    GET DIAGNOSTICS got = ROW_COUNT;
+    IF NOT again AND got < p_limit AND EXISTS (SELECT 1 FROM {s}.fair_lanes l
+                                 WHERE l.ns = p_ns AND l.queue = ANY (p_queues)) THEN
+        RETURN QUERY
+        SELECT * FROM {s}.claim_fair(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim,
+                                     p_tasks, p_rates, p_pers, p_concs, p_spacings,
+                                     p_earlies, got, false);
+    END IF;
+END $$;
+"""
