@@ -6,14 +6,15 @@ Per batch size, three queues of ``keys x per_key`` jobs are filled (then vacuume
 analyzed): plain jobs on a version-9 schema, plain jobs on the newest schema, fair jobs
 (one key per tenant, weight 1) on the newest schema. Then ``rounds`` times, each queue
 in turn (the order rotating) takes a chunk of ``calls`` claims of ``batch`` jobs, one
-after another (the jobs stay active). Printed: the medians over the chunks of ms per
-claim call (wall clock, one connection, round trip included) and their ratios. The
+after another (the jobs stay active): by default one claim, so the three alternate
+call by call and a loaded machine's drift hits them alike. Printed: the medians over
+the chunks of ms per claim call (wall clock, one connection, round trip included) and their ratios. The
 database runs with ``synchronous_commit = off`` unless ``--sync-commit``: each claim's
 commit waiting for its WAL flush measures the disk, not the claim. A throwaway cluster
 (tests/pg_harness.py):
 
     PYTHONPATH=. .venv/bin/python -m bench.pg_fair_cost [--keys 10000] [--per-key 3]
-        [--batch 1,16] [--calls 30] [--rounds 15] [--sync-commit]
+        [--batch 1,16] [--calls 1] [--rounds 400] [--sync-commit]
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ if __name__ == "__main__":
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--per-key", type=int, default=3)
     parser.add_argument("--batch", default="1,16")
-    parser.add_argument("--calls", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=400)
     parser.add_argument(
         "--sync-commit",
         action="store_true",

@@ -170,9 +170,130 @@ CREATE TRIGGER fair_back BEFORE UPDATE OF state, gate ON {s}.jobs FOR EACH ROW
 WHEN (NEW.fair IS NOT NULL AND NEW.state = 0 AND NEW.gate IS NULL)
 EXECUTE FUNCTION {s}.fair_back();
 
+-- Has a queue of p_queues a lane? Read in the lanes' index: an EXISTS on the
+-- namespace and queue alone can be planned (a generic plan, whose estimates take every
+-- lane for the namespace's) as a scan of the table, which for a namespace with no lane
+-- reads every other namespace's.
+CREATE FUNCTION {s}.fair_lined(p_ns text, p_queues text[])
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM unnest(p_queues) AS qn (q),
+                   LATERAL (SELECT l.seq FROM {s}.fair_lanes l
+                            WHERE l.ns = p_ns AND l.queue = qn.q
+                            ORDER BY l.priority DESC, l.seq LIMIT 1) x)
+$$;
+
 ALTER FUNCTION {s}.claim(text, text[], integer, text, double precision, text, text[],
                          integer[], bigint[], integer[], bigint[], bigint[])
     RENAME TO claim_fifo;
+
+-- A lane's first p_n jobs, oldest first.
+CREATE FUNCTION {s}.fair_head(p_ns text, p_queue text, p_gate text, p_priority integer,
+                              p_n integer)
+RETURNS TABLE (id text, seq bigint) LANGUAGE sql STABLE AS $$
+    SELECT j.id, j.seq FROM {s}.jobs j
+    WHERE j.ns = p_ns AND j.queue = p_queue AND j.state = 0 AND j.gate = p_gate
+      AND j.priority = p_priority
+    ORDER BY j.seq
+    LIMIT p_n
+$$;
+
+-- One pass of a claim with no limits (claim_fair): the first p_room participants of the
+-- queues' lines (plain jobs, each locked, and lanes, each locked: a lane's jobs are
+-- then this claim's alone), best first; each takes its turn in order, up to p_room jobs
+-- in all: a plain job itself, a lane up to its turn's count (its head jobs, read with
+-- one more to learn whether any is left). The jobs taken are claimed (numbered from
+-- p_got + 1), and in the same statement each lane reached goes on, goes to the tail
+-- (its turn over) or goes (no job left).
+CREATE FUNCTION {s}.fair_pass(p_ns text, p_queues text[], p_room bigint, p_got bigint,
+                              p_worker text, p_lease double precision, p_claim text,
+                              p_now double precision)
+RETURNS TABLE (n bigint, message bytea, token text, attempt integer,
+               enqueued_at double precision, stalls integer, run_at double precision)
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- (PL/pgSQL for its cached plan: an SQL function's statement is planned at each call.)
+    RETURN QUERY
+    WITH cand AS (
+        SELECT z.*, row_number() OVER (ORDER BY z.priority DESC, z.seq) AS o FROM (
+            SELECT x.id, x.queue, x.priority, x.seq, NULL::text AS gate, 1 AS turn,
+                   0 AS taken
+            FROM unnest(p_queues) AS qn (q),
+            LATERAL (
+                SELECT w.id, w.queue, w.priority, w.seq FROM {s}.jobs w
+                WHERE w.ns = p_ns AND w.queue = qn.q AND w.state = 0 AND w.gate IS NULL
+                ORDER BY w.priority DESC, w.seq
+                LIMIT p_room
+                FOR UPDATE SKIP LOCKED
+            ) x
+            UNION ALL
+            SELECT NULL, y.queue, y.priority, y.seq, y.gate,
+                   CASE WHEN y.taken = 0 THEN y.next_weight ELSE y.weight END, y.taken
+            FROM unnest(p_queues) AS qn (q),
+            LATERAL (
+                SELECT l.queue, l.priority, l.seq, l.gate, l.weight, l.next_weight, l.taken
+                FROM {s}.fair_lanes l
+                WHERE l.ns = p_ns AND l.queue = qn.q
+                ORDER BY l.priority DESC, l.seq
+                LIMIT p_room
+                FOR UPDATE SKIP LOCKED
+            ) y
+            ORDER BY 3 DESC, 4
+            LIMIT p_room
+        ) z
+    ),
+    heads AS (
+        SELECT c.o, c.id, 0::bigint AS seq, 1::bigint AS rn FROM cand c WHERE c.gate IS NULL
+        UNION ALL
+        SELECT c.o, h.id, h.seq, row_number() OVER (PARTITION BY c.o ORDER BY h.seq)
+        FROM cand c, LATERAL {s}.fair_head(p_ns, c.queue, c.gate, c.priority,
+                                           c.turn - c.taken + 1) h
+        WHERE c.gate IS NOT NULL
+    ),
+    picked AS (
+        SELECT h.id, h.o, row_number() OVER (ORDER BY h.o, h.seq) AS k
+        FROM heads h JOIN cand c ON c.o = h.o
+        WHERE h.rn <= c.turn - c.taken
+        ORDER BY h.o, h.seq
+        LIMIT p_room
+    ),
+    claimed AS (
+        UPDATE {s}.jobs j
+        SET state = 2, attempt = j.attempt + 1, token = p_claim || '.' || (p_got + p.k),
+            lease_until = p_now + p_lease, started_at = p_now, worker_id = p_worker
+        FROM picked p
+        WHERE j.ns = p_ns AND j.id = p.id AND j.state = 0
+        RETURNING p_got + p.k AS n, p.o, j.message, j.token, j.attempt, j.enqueued_at,
+                  j.stalls, j.run_at
+    ),
+    reached AS (
+        SELECT c.queue, c.priority, c.gate, c.turn, c.taken,
+               (SELECT count(*) FROM claimed t WHERE t.o = c.o) AS took,
+               (SELECT count(*) FROM heads h WHERE h.o = c.o) AS seen
+        FROM cand c
+        WHERE c.gate IS NOT NULL
+          -- Reached: before the last participant that took a job, or every one when
+          -- the pass had room left.
+          AND (c.o <= (SELECT max(p.o) FROM picked p)
+               OR (SELECT count(*) FROM picked) < p_room)
+    ),
+    gone AS (
+        DELETE FROM {s}.fair_lanes l USING reached r
+        WHERE l.ns = p_ns AND l.queue = r.queue AND l.priority = r.priority
+          AND l.gate = r.gate AND r.seen <= r.took
+    ),
+    moved AS (
+        UPDATE {s}.fair_lanes l
+        SET weight = r.turn,
+            taken = CASE WHEN r.taken + r.took >= r.turn THEN 0 ELSE r.taken + r.took END,
+            seq = CASE WHEN r.taken + r.took >= r.turn THEN nextval('{s}.job_seq')
+                       ELSE l.seq END
+        FROM reached r
+        WHERE l.ns = p_ns AND l.queue = r.queue AND l.priority = r.priority
+          AND l.gate = r.gate AND r.seen > r.took AND r.took > 0
+    )
+    SELECT c.n, c.message, c.token, c.attempt, c.enqueued_at, c.stalls, c.run_at
+    FROM claimed c;
+END $$;
 
 -- The claim over queues with lanes (see the module). p_got: jobs this claim took
 -- already (claim_fifo's, numbered 1 .. p_got); p_fresh: promote due jobs and open
@@ -206,6 +327,8 @@ DECLARE
     v_verdict smallint;
     v_i integer;
     v_task text;
+    v_idle integer := 0;
+    v_base bigint;
 BEGIN
     IF p_fresh THEN
         UPDATE {s}.jobs j SET state = 0, seq = d.nseq
@@ -222,8 +345,28 @@ BEGIN
         PERFORM {s}.unpark(p_ns, p_queues, now_us, p_tasks, p_rates, p_pers, p_concs,
                            p_spacings, p_earlies);
     END IF;
+    -- No limits: each pass takes the turns of the first participants in one statement
+    -- (see fair_pass); a pass that takes nothing ends the claim (after a second look: it
+    -- may have dropped lanes whose jobs all left).
+    IF NOT limited THEN
+        -- Jobs are numbered from v_base + 1 in a pass (a job another transaction took
+        -- meanwhile leaves its number unused: the next pass starts after the room).
+        v_base := got;
+        LOOP
+            EXIT WHEN got >= p_limit;
+            RETURN QUERY SELECT * FROM {s}.fair_pass(p_ns, p_queues, p_limit - got, v_base,
+                                                     p_worker, p_lease, p_claim, now);
+            GET DIAGNOSTICS v_took = ROW_COUNT;
+            v_base := v_base + (p_limit - got);
+            got := got + v_took;
+            IF v_took = 0 THEN
+                v_idle := v_idle + 1;
+                EXIT WHEN v_idle >= 2;
+            END IF;
+        END LOOP;
+    END IF;
     LOOP
-        EXIT WHEN got >= p_limit;
+        EXIT WHEN got >= p_limit OR NOT limited;
         progress := false;
         FOR c IN
             SELECT z.id, z.queue, z.priority, z.seq, z.gate FROM (
@@ -362,9 +505,11 @@ BEGIN
                 END LOOP;
             END IF;
             v_taken := v_lane.taken + v_took;
+            -- (ORDER BY: the lane's index, whatever the plan's estimates.)
             v_left := EXISTS (SELECT 1 FROM {s}.jobs j
                               WHERE j.ns = p_ns AND j.queue = v_lane.queue AND j.state = 0
-                                AND j.gate = v_lane.gate AND j.priority = v_lane.priority);
+                                AND j.gate = v_lane.gate AND j.priority = v_lane.priority
+                              ORDER BY j.seq LIMIT 1);
             IF NOT v_left THEN
                 -- No job waiting: the key leaves the line (its next job joins it again).
                 DELETE FROM {s}.fair_lanes l
@@ -413,8 +558,7 @@ DECLARE
     again boolean := EXISTS (SELECT 1 FROM {s}.claims c WHERE c.ns = p_ns
                              AND c.claim_id = p_claim AND c.at > {s}.now_s() - 60);
 BEGIN
-    IF NOT again AND EXISTS (SELECT 1 FROM {s}.fair_lanes l
-                             WHERE l.ns = p_ns AND l.queue = ANY (p_queues)) THEN
+    IF NOT again AND {s}.fair_lined(p_ns, p_queues) THEN
         RETURN QUERY
         SELECT * FROM {s}.claim_fair(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim,
                                      p_tasks, p_rates, p_pers, p_concs, p_spacings,
@@ -425,8 +569,7 @@ BEGIN
     SELECT * FROM {s}.claim_fifo(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim,
                                  p_tasks, p_rates, p_pers, p_concs, p_spacings, p_earlies);
     GET DIAGNOSTICS got = ROW_COUNT;
-    IF NOT again AND got < p_limit AND EXISTS (SELECT 1 FROM {s}.fair_lanes l
-                                 WHERE l.ns = p_ns AND l.queue = ANY (p_queues)) THEN
+    IF NOT again AND got < p_limit AND {s}.fair_lined(p_ns, p_queues) THEN
         RETURN QUERY
         SELECT * FROM {s}.claim_fair(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim,
                                      p_tasks, p_rates, p_pers, p_concs, p_spacings,

@@ -129,7 +129,7 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
             f"n AS (SELECT {s}.now_s() AS s) "
             f"SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
             "AND state = 0 AND gate IS NULL) "
-            f"OR EXISTS (SELECT 1 FROM {s}.fair_lanes WHERE ns = $1 AND queue = ANY ($2)) "
+            f"OR {s}.fair_lined($1, $2) "
             "OR g.opens <= n.s * 1e6 OR f.at <= n.s * 1e6, "
             f"least((SELECT min(run_at) FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
             "AND state = 1) - n.s, g.opens / 1e6 - n.s, f.at / 1e6 - n.s)::float8 "
