@@ -33,17 +33,19 @@ job back) keeps its ``seq`` (it was its key's oldest when its turn took it), a r
 one has a new one (last), a released step a negative one (first).
 
 The claim (``claim``, with the signature of migration 4's, now ``claim_fifo``): a claim
-over queues with no lane is migration 4's, unchanged, after one look at ``fair_lanes``;
-otherwise ``claim_fair`` merges the level's plain jobs and lanes by ``(priority, seq)``
-and takes, pass after pass, each participant's turn: a plain job one job, a lane up to
-its turn's count (``weight - taken``, the turn starting with ``next_weight``) in one
-update; a lane whose turn ended goes to the tail (a new ``seq``), a lane left with no
-job waiting is deleted (its turn state with it), a lane left with jobs and turn goes on
-at the next claim. Lanes are locked ``FOR UPDATE SKIP LOCKED``: concurrent claims take
-other lanes. A job of a limited task is admitted or parked one at a time (as
-migration 4's limited claim does); a parked job counts in its key's turn, as on the
-other brokers. A lane whose jobs all left (cancelled, removed, purged) is deleted by
-the first claim that reaches it.
+over queues with no lane is migration 4's, unchanged, after one look at ``fair_lanes``
+(``fair_lined``); otherwise ``claim_fair`` merges the levels' plain jobs and lanes by
+``(priority, seq)`` and takes each participant's turn in order: a plain job one job, a
+lane up to its turn's count (``weight - taken``, a turn starting with ``next_weight``);
+a lane whose turn ended goes to the tail (a new ``seq``), a lane left with no job
+waiting is deleted (its turn state with it), a lane left with jobs and turn goes on at
+the next claim. Without limits a pass is one statement (``fair_pass``) over the first
+participants, as many as the claim has room for, each locked ``FOR UPDATE SKIP
+LOCKED`` (a lane locked is this claim's alone: concurrent claims take other lanes);
+passes repeat while the claim has room and jobs come. A claim that limits tasks
+admits or parks each job one at a time (as migration 4's limited claim does); a parked
+job counts in its key's turn, as on the other brokers. A lane whose jobs all left
+(cancelled, removed, purged) is deleted by the first claim that reaches it.
 
 ``run_step`` (migration 9) reads a job's ``run_queue`` in the envelope's third byte
 from the end, which holds only for a job with an empty ``fair_key``: a fair job's final
@@ -209,7 +211,10 @@ CREATE FUNCTION {s}.fair_pass(p_ns text, p_queues text[], p_room bigint, p_got b
                               p_now double precision)
 RETURNS TABLE (n bigint, message bytea, token text, attempt integer,
                enqueued_at double precision, stalls integer, run_at double precision)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Planned once per session: a custom plan of this statement takes longer to make than to
+-- run, and the generic one reads every table by its index (ORDER BY, keys).
+SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     -- (PL/pgSQL for its cached plan: an SQL function's statement is planned at each call.)
     RETURN QUERY
