@@ -32,9 +32,9 @@ a job handed back unrun (release, an expired lease recovered, a gate giving a pa
 job back) keeps its ``seq`` (it was its key's oldest when its turn took it), a retried
 one has a new one (last), a released step a negative one (first).
 
-The claim (``claim``, with the signature of migration 4's, now ``claim_fifo``): a claim
-over queues with no lane is migration 4's, unchanged, after one look at ``fair_lanes``
-(``fair_lined``); otherwise ``claim_fair`` merges the levels' plain jobs and lanes by
+The claim (``claim``): migration 4's, word for word, with one step more after due jobs
+are promoted and gates give their jobs back: over queues with no lane it goes on as
+before, after one look at ``fair_lanes`` (``fair_lined``); otherwise ``claim_fair`` merges the levels' plain jobs and lanes by
 ``(priority, seq)`` and takes each participant's turn in order: a plain job one job, a
 lane up to its turn's count (``weight - taken``, a turn starting with ``next_weight``);
 a lane whose turn ended goes to the tail (a new ``seq``), a lane left with no job
@@ -54,6 +54,8 @@ a run finds none).
 
 ``{s}`` is the broker's schema, quoted (:func:`typedq.broker.postgres.schema.migrate_sql`).
 """
+
+from . import migration_4
 
 __all__ = ["SQL"]
 
@@ -184,10 +186,6 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
                             ORDER BY l.priority DESC, l.seq LIMIT 1) x)
 $$;
 
-ALTER FUNCTION {s}.claim(text, text[], integer, text, double precision, text, text[],
-                         integer[], bigint[], integer[], bigint[], bigint[])
-    RENAME TO claim_fifo;
-
 -- A lane's first p_n jobs, oldest first.
 CREATE FUNCTION {s}.fair_head(p_ns text, p_queue text, p_gate text, p_priority integer,
                               p_n integer)
@@ -300,21 +298,19 @@ BEGIN
     FROM claimed c;
 END $$;
 
--- The claim over queues with lanes (see the module). p_got: jobs this claim took
--- already (claim_fifo's, numbered 1 .. p_got); p_fresh: promote due jobs and open
--- gates first (claim_fifo did not run).
+-- The claim over queues with lanes (see the module), due jobs promoted and open gates
+-- given back already (claim).
 CREATE FUNCTION {s}.claim_fair(p_ns text, p_queues text[], p_limit integer, p_worker text,
                                p_lease double precision, p_claim text, p_tasks text[],
                                p_rates integer[], p_pers bigint[], p_concs integer[],
-                               p_spacings bigint[], p_earlies bigint[], p_got bigint,
-                               p_fresh boolean)
+                               p_spacings bigint[], p_earlies bigint[])
 RETURNS TABLE (n bigint, message bytea, token text, attempt integer,
                enqueued_at double precision, stalls integer, run_at double precision)
 LANGUAGE plpgsql AS $$
 DECLARE
     now double precision := {s}.now_s();
     now_us bigint := round(now * 1000000)::bigint;
-    got bigint := p_got;
+    got bigint := 0;
     limited boolean := coalesce(array_length(p_tasks, 1), 0) > 0;
     -- Plain jobs whose bucket another claim holds, and lanes left for this claim.
     skipped text[] := '{{}}';
@@ -335,21 +331,6 @@ DECLARE
     v_idle integer := 0;
     v_base bigint;
 BEGIN
-    IF p_fresh THEN
-        UPDATE {s}.jobs j SET state = 0, seq = d.nseq
-        FROM (
-            SELECT o.id, nextval('{s}.job_seq') AS nseq FROM (
-                SELECT x.id FROM {s}.jobs x
-                WHERE x.ns = p_ns AND x.queue = ANY (p_queues) AND x.state = 1
-                  AND x.run_at <= now
-                ORDER BY x.run_at, x.seq
-                FOR UPDATE SKIP LOCKED
-            ) o
-        ) d
-        WHERE j.ns = p_ns AND j.id = d.id;
-        PERFORM {s}.unpark(p_ns, p_queues, now_us, p_tasks, p_rates, p_pers, p_concs,
-                           p_spacings, p_earlies);
-    END IF;
     -- No limits: each pass takes the turns of the first participants in one statement
     -- (see fair_pass); a pass that takes nothing ends the claim (after a second look: it
     -- may have dropped lanes whose jobs all left).
@@ -542,43 +523,40 @@ BEGIN
         END LOOP;
         EXIT WHEN NOT progress;
     END LOOP;
-    IF got > p_got THEN
+    IF got > 0 THEN
         INSERT INTO {s}.claims (ns, claim_id, at) VALUES (p_ns, p_claim, now)
         ON CONFLICT (ns, claim_id) DO UPDATE SET at = excluded.at;
     END IF;
 END $$;
+"""
 
--- The claim: a re-sent claim answers what its first copy took (claim_fifo); over queues
--- with no fair lane, migration 4's claim; else claim_fair, which a claim_fifo that
--- made a lane (a due fair job, one its gate gave back) and found too few jobs goes on to.
-CREATE FUNCTION {s}.claim(p_ns text, p_queues text[], p_limit integer, p_worker text,
-                          p_lease double precision, p_claim text, p_tasks text[],
-                          p_rates integer[], p_pers bigint[], p_concs integer[],
-                          p_spacings bigint[], p_earlies bigint[])
-RETURNS TABLE (n bigint, message bytea, token text, attempt integer,
-               enqueued_at double precision, stalls integer, run_at double precision)
-LANGUAGE plpgsql AS $$
-DECLARE
-    got bigint := 0;
-    again boolean := EXISTS (SELECT 1 FROM {s}.claims c WHERE c.ns = p_ns
-                             AND c.claim_id = p_claim AND c.at > {s}.now_s() - 60);
-BEGIN
-    IF NOT again AND {s}.fair_lined(p_ns, p_queues) THEN
+#: Where migration 4's claim has promoted due jobs and given gates' jobs back.
+_HOOK_AFTER = """    PERFORM {s}.unpark(p_ns, p_queues, now_us, p_tasks, p_rates, p_pers, p_concs,
+                       p_spacings, p_earlies);
+"""
+_HOOK = """    IF {s}.fair_lined(p_ns, p_queues) THEN
         RETURN QUERY
         SELECT * FROM {s}.claim_fair(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim,
                                      p_tasks, p_rates, p_pers, p_concs, p_spacings,
-                                     p_earlies, 0::bigint, true);
+                                     p_earlies);
         RETURN;
     END IF;
-    RETURN QUERY
-    SELECT * FROM {s}.claim_fifo(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim,
-                                 p_tasks, p_rates, p_pers, p_concs, p_spacings, p_earlies);
-    GET DIAGNOSTICS got = ROW_COUNT;
-    IF NOT again AND got < p_limit AND {s}.fair_lined(p_ns, p_queues) THEN
-        RETURN QUERY
-        SELECT * FROM {s}.claim_fair(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim,
-                                     p_tasks, p_rates, p_pers, p_concs, p_spacings,
-                                     p_earlies, got, false);
-    END IF;
-END $$;
 """
+
+
+def _claim() -> str:
+    """Migration 4's claim, word for word (a released migration never changes), with
+    one step more: over queues with a lane (once due jobs joined theirs and gates gave
+    theirs back), ``claim_fair`` takes the jobs. A plain claim pays one look at the
+    lanes' index."""
+    sql = migration_4.SQL
+    start = sql.index("CREATE FUNCTION {s}.claim(")
+    body = sql[start : sql.index("END $$;", start) + len("END $$;")]
+    assert body.count(_HOOK_AFTER) == 1
+    body = body.replace(_HOOK_AFTER, _HOOK_AFTER + _HOOK)
+    return "-- Migration 4's claim, and claim_fair over queues with a lane.\n" + body.replace(
+        "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1
+    )
+
+
+SQL += _claim() + "\n"
