@@ -157,16 +157,30 @@ WHEN (NEW.fair IS NOT NULL AND NEW.state = 0 AND NEW.gate = NEW.fair)
 EXECUTE FUNCTION {s}.fair_stored();
 
 -- A fair job waiting again (or given back by its gate): into its lane. Handed back
--- unrun (active before with its seq kept, or parked): its key, with no lane, joins at
--- the tail; due after a delay without ever having been claimed: a new job.
+-- unrun (active before with its seq kept, or parked) or released as a flow's step
+-- (seq negative): first in its lane, the latest call's first and one call's jobs in
+-- their order (seq: minus this transaction's stamp, a value of job_seq, times 2^31, plus
+-- its old seq's low bits); a key with no lane joins at the tail, or for a released
+-- step at the head. Due after a delay without ever having been claimed: a new job.
 CREATE FUNCTION {s}.fair_back() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     back boolean := OLD.state = 0 OR (OLD.state = 2 AND NEW.seq = OLD.seq);
+    head boolean := OLD.state = 1 AND NEW.seq < 0;
+    stamp bigint;
 BEGIN
     NEW.gate := NEW.fair;
+    IF back OR head THEN
+        stamp := nullif(current_setting('typedq.fair_stamp', true), '')::bigint;
+        IF stamp IS NULL THEN
+            stamp := nextval('{s}.job_seq');
+            PERFORM set_config('typedq.fair_stamp', stamp::text, true);
+        END IF;
+        NEW.seq := -(stamp * 2147483648)
+                   + CASE WHEN back THEN OLD.seq & 2147483647 ELSE 0 END;
+    END IF;
     PERFORM {s}.fair_join(NEW.ns, NEW.queue, NEW.priority, NEW.fair, NEW.fair_weight,
                           CASE WHEN back THEN nextval('{s}.job_seq') ELSE NEW.seq END,
-                          OLD.state = 1 AND NEW.seq > 0 AND OLD.worker_id IS NULL);
+                          OLD.state = 1 AND NOT head AND OLD.worker_id IS NULL);
     RETURN NEW;
 END $$;
 
