@@ -78,6 +78,18 @@ CREATE TABLE {s}.fair_lanes (
 -- The lanes of a queue in line order.
 CREATE INDEX fair_lanes_line ON {s}.fair_lanes (ns, queue, priority DESC, seq);
 
+-- The places in their lanes of fair jobs that left waiting otherwise than by a claim
+-- (cancelled, removed, purged): each counts in its key's turn when it comes up, as a
+-- stale entry does on the other brokers, and goes then.
+CREATE TABLE {s}.fair_ghosts (
+    ns text NOT NULL,
+    queue text NOT NULL,
+    gate text NOT NULL,
+    priority integer NOT NULL,
+    seq bigint NOT NULL,
+    PRIMARY KEY (ns, queue, gate, priority, seq)
+);
+
 -- The fair key and weight at the end of envelope m (msgpack: ..., str fair_key,
 -- int fair_weight): the weight an int of 1 to 3 bytes, the key a str whose bytes are
 -- ASCII (Fair hashes other keys), read back from the weight to its header.
@@ -188,6 +200,23 @@ CREATE TRIGGER fair_back BEFORE UPDATE OF state, gate ON {s}.jobs FOR EACH ROW
 WHEN (NEW.fair IS NOT NULL AND NEW.state = 0 AND NEW.gate IS NULL)
 EXECUTE FUNCTION {s}.fair_back();
 
+-- A fair job left its lane otherwise than by a claim: its place stays, as a ghost.
+CREATE FUNCTION {s}.fair_left() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {s}.fair_ghosts (ns, queue, gate, priority, seq)
+    VALUES (OLD.ns, OLD.queue, OLD.gate, OLD.priority, OLD.seq)
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER fair_left AFTER UPDATE OF state ON {s}.jobs FOR EACH ROW
+WHEN (OLD.state = 0 AND OLD.gate = OLD.fair AND NEW.state NOT IN (0, 2))
+EXECUTE FUNCTION {s}.fair_left();
+
+CREATE TRIGGER fair_gone AFTER DELETE ON {s}.jobs FOR EACH ROW
+WHEN (OLD.state = 0 AND OLD.gate = OLD.fair)
+EXECUTE FUNCTION {s}.fair_left();
+
 -- Has a queue of p_queues a lane? Read in the lanes' index: an EXISTS on the
 -- namespace and queue alone can be planned (a generic plan, whose estimates take every
 -- lane for the namespace's) as a scan of the table, which for a namespace with no lane
@@ -200,14 +229,24 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
                             ORDER BY l.priority DESC, l.seq LIMIT 1) x)
 $$;
 
--- A lane's first p_n jobs, oldest first.
+-- A lane's first p_n entries, oldest first: its jobs and its ghosts (id NULL).
 CREATE FUNCTION {s}.fair_head(p_ns text, p_queue text, p_gate text, p_priority integer,
                               p_n integer)
 RETURNS TABLE (id text, seq bigint) LANGUAGE sql STABLE AS $$
-    SELECT j.id, j.seq FROM {s}.jobs j
-    WHERE j.ns = p_ns AND j.queue = p_queue AND j.state = 0 AND j.gate = p_gate
-      AND j.priority = p_priority
-    ORDER BY j.seq
+    SELECT e.id, e.seq FROM (
+        (SELECT j.id, j.seq FROM {s}.jobs j
+         WHERE j.ns = p_ns AND j.queue = p_queue AND j.state = 0 AND j.gate = p_gate
+           AND j.priority = p_priority
+         ORDER BY j.seq
+         LIMIT p_n)
+        UNION ALL
+        (SELECT NULL::text, g.seq FROM {s}.fair_ghosts g
+         WHERE g.ns = p_ns AND g.queue = p_queue AND g.gate = p_gate
+           AND g.priority = p_priority
+         ORDER BY g.seq
+         LIMIT p_n)
+    ) e
+    ORDER BY e.seq
     LIMIT p_n
 $$;
 
@@ -266,32 +305,45 @@ BEGIN
                                            c.turn - c.taken + 1) h
         WHERE c.gate IS NOT NULL
     ),
+    -- The entries the turns take, in order, until p_room jobs (a ghost counts in its
+    -- turn, not in the claim).
     picked AS (
-        SELECT h.id, h.o, row_number() OVER (ORDER BY h.o, h.seq) AS k
-        FROM heads h JOIN cand c ON c.o = h.o
-        WHERE h.rn <= c.turn - c.taken
-        ORDER BY h.o, h.seq
-        LIMIT p_room
+        SELECT x.id, x.o, x.seq FROM (
+            SELECT h.id, h.o, h.seq,
+                   count(h.id) OVER (ORDER BY h.o, h.seq) - (h.id IS NOT NULL)::int AS before
+            FROM heads h JOIN cand c ON c.o = h.o
+            WHERE h.rn <= c.turn - c.taken
+        ) x
+        WHERE x.before < p_room
+    ),
+    taking AS (
+        SELECT p.id, p.o, row_number() OVER (ORDER BY p.o, p.seq) AS k
+        FROM picked p WHERE p.id IS NOT NULL
+    ),
+    spent AS (
+        DELETE FROM {s}.fair_ghosts g USING picked p, cand c
+        WHERE p.id IS NULL AND c.o = p.o AND g.ns = p_ns AND g.queue = c.queue
+          AND g.gate = c.gate AND g.priority = c.priority AND g.seq = p.seq
     ),
     claimed AS (
         UPDATE {s}.jobs j
         SET state = 2, attempt = j.attempt + 1, token = p_claim || '.' || (p_got + p.k),
             lease_until = p_now + p_lease, started_at = p_now, worker_id = p_worker
-        FROM picked p
+        FROM taking p
         WHERE j.ns = p_ns AND j.id = p.id AND j.state = 0
         RETURNING p_got + p.k AS n, p.o, j.message, j.token, j.attempt, j.enqueued_at,
                   j.stalls, j.run_at
     ),
     reached AS (
         SELECT c.queue, c.priority, c.gate, c.turn, c.taken,
-               (SELECT count(*) FROM claimed t WHERE t.o = c.o) AS took,
+               (SELECT count(*) FROM picked t WHERE t.o = c.o) AS took,
                (SELECT count(*) FROM heads h WHERE h.o = c.o) AS seen
         FROM cand c
         WHERE c.gate IS NOT NULL
           -- Reached: before the last participant that took a job, or every one when
           -- the pass had room left.
           AND (c.o <= (SELECT max(p.o) FROM picked p)
-               OR (SELECT count(*) FROM picked) < p_room)
+               OR (SELECT count(*) FROM taking) < p_room)
     ),
     gone AS (
         DELETE FROM {s}.fair_lanes l USING reached r
@@ -309,7 +361,10 @@ BEGIN
           AND l.gate = r.gate AND r.seen > r.took AND r.took > 0
     )
     SELECT c.n, c.message, c.token, c.attempt, c.enqueued_at, c.stalls, c.run_at
-    FROM claimed c;
+    FROM claimed c
+    UNION ALL
+    -- A row per ghost taken (n NULL): the pass made progress.
+    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM picked p WHERE p.id IS NULL;
 END $$;
 
 -- The claim over queues with lanes (see the module), due jobs promoted and open gates
@@ -344,6 +399,8 @@ DECLARE
     v_task text;
     v_idle integer := 0;
     v_base bigint;
+    v_ghosts bigint;
+    v_ghost bigint;
 BEGIN
     -- No limits: each pass takes the turns of the first participants in one statement
     -- (see fair_pass); a pass that takes nothing ends the claim (after a second look: it
@@ -354,12 +411,27 @@ BEGIN
         v_base := got;
         LOOP
             EXIT WHEN got >= p_limit;
-            RETURN QUERY SELECT * FROM {s}.fair_pass(p_ns, p_queues, p_limit - got, v_base,
-                                                     p_worker, p_lease, p_claim, now);
-            GET DIAGNOSTICS v_took = ROW_COUNT;
+            v_took := 0;
+            v_ghosts := 0;
+            FOR r IN SELECT * FROM {s}.fair_pass(p_ns, p_queues, p_limit - got, v_base,
+                                                 p_worker, p_lease, p_claim, now) LOOP
+                IF r.n IS NULL THEN
+                    v_ghosts := v_ghosts + 1;
+                    CONTINUE;
+                END IF;
+                v_took := v_took + 1;
+                n := r.n;
+                message := r.message;
+                token := r.token;
+                attempt := r.attempt;
+                enqueued_at := r.enqueued_at;
+                stalls := r.stalls;
+                run_at := r.run_at;
+                RETURN NEXT;
+            END LOOP;
             v_base := v_base + (p_limit - got);
             got := got + v_took;
-            IF v_took = 0 THEN
+            IF v_took + v_ghosts = 0 THEN
                 v_idle := v_idle + 1;
                 EXIT WHEN v_idle >= 2;
             END IF;
@@ -447,69 +519,57 @@ BEGIN
             v_took := 0;
             v_busy := false;
             v_task := split_part(v_lane.gate, chr(31), 2);
-            v_i := CASE WHEN limited THEN array_position(p_tasks, v_task) END;
-            IF v_i IS NULL THEN
-                RETURN QUERY
-                WITH picked AS (
-                    SELECT y.id, row_number() OVER (ORDER BY y.seq) AS k FROM (
-                        SELECT j.id, j.seq FROM {s}.jobs j
-                        WHERE j.ns = p_ns AND j.queue = v_lane.queue AND j.state = 0
-                          AND j.gate = v_lane.gate AND j.priority = v_lane.priority
-                        ORDER BY j.seq
-                        LIMIT least(v_weight - v_lane.taken, p_limit - got)
-                        FOR UPDATE SKIP LOCKED
-                    ) y
-                )
-                UPDATE {s}.jobs j
-                SET state = 2, attempt = j.attempt + 1, token = p_claim || '.' || (got + picked.k),
-                    lease_until = now + p_lease, started_at = now, worker_id = p_worker
-                FROM picked
-                WHERE j.ns = p_ns AND j.id = picked.id
-                RETURNING got + picked.k, j.message, j.token, j.attempt, j.enqueued_at, j.stalls,
-                          j.run_at;
-                GET DIAGNOSTICS v_took = ROW_COUNT;
-                got := got + v_took;
-                v_busy := v_lane.taken + v_took < v_weight AND got < p_limit;
-            ELSE
-                -- A limited task: each job admitted or parked (both count in the turn).
-                WHILE v_lane.taken + v_took < v_weight AND got < p_limit LOOP
-                    SELECT j.id, j.rate_key, j.conc_key INTO r FROM {s}.jobs j
-                    WHERE j.ns = p_ns AND j.queue = v_lane.queue AND j.state = 0
-                      AND j.gate = v_lane.gate AND j.priority = v_lane.priority
-                    ORDER BY j.seq LIMIT 1
-                    FOR UPDATE SKIP LOCKED;
-                    IF NOT FOUND THEN
-                        v_busy := true;
-                        EXIT;
-                    END IF;
+            v_i := array_position(p_tasks, v_task);
+            -- Entry by entry: a ghost counts in the turn and goes; a job of a limited
+            -- task is admitted or parked (both count in the turn).
+            WHILE v_lane.taken + v_took < v_weight AND got < p_limit LOOP
+                SELECT g.seq INTO v_ghost FROM {s}.fair_ghosts g
+                WHERE g.ns = p_ns AND g.queue = v_lane.queue AND g.gate = v_lane.gate
+                  AND g.priority = v_lane.priority
+                ORDER BY g.seq LIMIT 1;
+                SELECT j.id, j.seq, j.rate_key, j.conc_key INTO r FROM {s}.jobs j
+                WHERE j.ns = p_ns AND j.queue = v_lane.queue AND j.state = 0
+                  AND j.gate = v_lane.gate AND j.priority = v_lane.priority
+                ORDER BY j.seq LIMIT 1
+                FOR UPDATE SKIP LOCKED;
+                IF v_ghost IS NOT NULL AND (NOT FOUND OR v_ghost < r.seq) THEN
+                    DELETE FROM {s}.fair_ghosts g
+                    WHERE g.ns = p_ns AND g.queue = v_lane.queue AND g.gate = v_lane.gate
+                      AND g.priority = v_lane.priority AND g.seq = v_ghost;
+                    v_took := v_took + 1;
+                    CONTINUE;
+                END IF;
+                IF NOT FOUND THEN
+                    v_busy := true;
+                    EXIT;
+                END IF;
+                v_verdict := 0;
+                IF v_i IS NOT NULL THEN
                     SELECT a.verdict INTO v_verdict
                     FROM {s}.admit(p_ns, v_lane.queue, r.id, v_task, r.rate_key, r.conc_key,
                                    p_rates[v_i], p_pers[v_i], p_concs[v_i], p_spacings[v_i],
                                    p_earlies[v_i], now_us, NULL) a;
-                    IF v_verdict = 2 THEN
-                        v_busy := true;
-                        EXIT;
-                    END IF;
-                    v_took := v_took + 1;
-                    IF v_verdict = 0 THEN
-                        got := got + 1;
-                        RETURN QUERY
-                        UPDATE {s}.jobs j
-                        SET state = 2, attempt = j.attempt + 1, token = p_claim || '.' || got,
-                            lease_until = now + p_lease, started_at = now,
-                            worker_id = p_worker, slot = p_concs[v_i] > 0
-                        WHERE j.ns = p_ns AND j.id = r.id
-                        RETURNING got, j.message, j.token, j.attempt, j.enqueued_at, j.stalls,
-                                  j.run_at;
-                    END IF;
-                END LOOP;
-            END IF;
+                END IF;
+                IF v_verdict = 2 THEN
+                    v_busy := true;
+                    EXIT;
+                END IF;
+                v_took := v_took + 1;
+                IF v_verdict = 0 THEN
+                    got := got + 1;
+                    RETURN QUERY
+                    UPDATE {s}.jobs j
+                    SET state = 2, attempt = j.attempt + 1, token = p_claim || '.' || got,
+                        lease_until = now + p_lease, started_at = now, worker_id = p_worker,
+                        slot = v_i IS NOT NULL AND p_concs[v_i] > 0
+                    WHERE j.ns = p_ns AND j.id = r.id
+                    RETURNING got, j.message, j.token, j.attempt, j.enqueued_at, j.stalls,
+                              j.run_at;
+                END IF;
+            END LOOP;
             v_taken := v_lane.taken + v_took;
-            -- (ORDER BY: the lane's index, whatever the plan's estimates.)
-            v_left := EXISTS (SELECT 1 FROM {s}.jobs j
-                              WHERE j.ns = p_ns AND j.queue = v_lane.queue AND j.state = 0
-                                AND j.gate = v_lane.gate AND j.priority = v_lane.priority
-                              ORDER BY j.seq LIMIT 1);
+            v_left := EXISTS (SELECT 1 FROM {s}.fair_head(p_ns, v_lane.queue, v_lane.gate,
+                                                          v_lane.priority, 1));
             IF NOT v_left THEN
                 -- No job waiting: the key leaves the line (its next job joins it again).
                 DELETE FROM {s}.fair_lanes l

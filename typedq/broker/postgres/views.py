@@ -6,9 +6,10 @@ Each page is one statement on an index, bounded by its limit, never by the numbe
 keys; cursors are keyset positions in that index (stable while a key stays):
 
 - ``fair``: the queue's lanes (``fair_lanes``, migration 10) by primary key (priority,
-  lane): each with its jobs waiting (counted in the lane's index) and the weight of its
-  next turn (``next_weight``: its newest job's). A lane whose jobs all left meanwhile
-  (it goes at the next claim that reaches it) is passed over.
+  lane): each with its entries (its jobs waiting, counted in the lane's index, and the
+  places of jobs that left meanwhile, which count until their turn comes, as on the
+  other brokers) and the weight of its next turn (``next_weight``: its newest job's).
+  A lane with no entry left (it goes at the next claim that reaches it) is passed over.
 - ``debounce`` / ``unique``: the queue's markers (``ctl_markers``, migration 8) in
   their order (``seq``), each with its job's row: as on the embedded broker, a debounce
   key whose job is final or gone, and a unique key not held any more (its window ended,
@@ -45,7 +46,9 @@ def view_statements(schema: str) -> dict[str, str]:
         "fair": (
             "SELECT l.priority, l.gate, l.next_weight, (SELECT count(*) "
             f"FROM {s}.jobs j WHERE j.ns = l.ns AND j.queue = l.queue AND j.state = 0 "
-            "AND j.gate = l.gate AND j.priority = l.priority) AS waiting "
+            "AND j.gate = l.gate AND j.priority = l.priority) + (SELECT count(*) "
+            f"FROM {s}.fair_ghosts g WHERE g.ns = l.ns AND g.queue = l.queue "
+            "AND g.gate = l.gate AND g.priority = l.priority) AS waiting "
             f"FROM {s}.fair_lanes l WHERE l.ns = $1 AND l.queue = $2 "
             "AND (l.priority, l.gate) > ($3::integer, $4::text) ORDER BY l.priority, l.gate LIMIT $5"
         ),
