@@ -10,10 +10,6 @@ from tests.model.test_model_check import FAIR_SEEDS, SEEDS, check_seed
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
-#: Fair seeds whose run still diverges on PostgreSQL (issue 30): seed 100's claim at step
-#: 57 takes a key's second job where the embedded broker goes on to the next level.
-DIVERGING = {100}
-
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -27,19 +23,10 @@ async def test_postgres_follows_the_reference(
     await check_seed(request, app_name, "postgres", seed)
 
 
-@pytest.mark.parametrize(
-    "seed",
-    [
-        pytest.param(
-            seed,
-            marks=pytest.mark.xfail(
-                seed in DIVERGING, reason="diverges on PostgreSQL (issue 30)", strict=True
-            ),
-        )
-        for seed in FAIR_SEEDS
-    ],
-)
+@pytest.mark.parametrize("seed", FAIR_SEEDS)
 async def test_postgres_fair_shares_follow_the_reference(
     request: pytest.FixtureRequest, app_name: str, seed: int
 ) -> None:
+    """The same with fair jobs: keys whose weights change, hand-backs, retries, cancels
+    and removes of waiting fair jobs (their ghosts), several priority levels."""
     await check_seed(request, app_name, "postgres", seed, fair=True)

@@ -269,8 +269,11 @@ SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     -- (PL/pgSQL for its cached plan: an SQL function's statement is planned at each call.)
     RETURN QUERY
-    WITH cand AS (
-        SELECT z.*, row_number() OVER (ORDER BY z.priority DESC, z.seq) AS o FROM (
+    -- The first participants of the best priority level among them: a lane whose turn
+    -- ends goes to the tail of its level, still ahead of the levels below.
+    WITH cand AS (SELECT v.* FROM (
+        SELECT z.*, row_number() OVER (ORDER BY z.priority DESC, z.seq) AS o,
+               max(z.priority) OVER () AS top FROM (
             SELECT x.id, x.queue, x.priority, x.seq, NULL::text AS gate, 1 AS turn,
                    0 AS taken
             FROM unnest(p_queues) AS qn (q),
@@ -296,7 +299,7 @@ BEGIN
             ORDER BY 3 DESC, 4
             LIMIT p_room
         ) z
-    ),
+    ) v WHERE v.priority = v.top),
     heads AS (
         SELECT c.o, c.id, 0::bigint AS seq, 1::bigint AS rn FROM cand c WHERE c.gate IS NULL
         UNION ALL
@@ -441,7 +444,9 @@ BEGIN
         EXIT WHEN got >= p_limit OR NOT limited;
         progress := false;
         FOR c IN
-            SELECT z.id, z.queue, z.priority, z.seq, z.gate FROM (
+            -- (The best level's only: see fair_pass.)
+            SELECT v.id, v.queue, v.priority, v.seq, v.gate FROM (
+            SELECT z.*, max(z.priority) OVER () AS top FROM (
                 SELECT x.id, x.queue, x.priority, x.seq, NULL::text AS gate
                 FROM unnest(p_queues) AS qn (q),
                 LATERAL (
@@ -464,6 +469,7 @@ BEGIN
             ) z
             ORDER BY z.priority DESC, z.seq
             LIMIT p_limit - got
+            ) v WHERE v.priority = v.top ORDER BY v.seq
         LOOP
             EXIT WHEN got >= p_limit;
             IF c.gate IS NULL THEN
