@@ -10,7 +10,8 @@ after another (the jobs stay active): by default one claim, so the three alterna
 call by call and a loaded machine's drift hits them alike. Printed: the medians over
 the chunks of ms per claim call (wall clock, one connection, round trip included) and
 their ratios; and the database's own time per call of each schema's ``claim``
-(``track_functions``, nested functions included), the mean over the run. A throwaway
+(``track_functions``, nested functions included), the mean over the run (a mean: one
+stall of a loaded machine weighs in it; the medians are the figure). A throwaway
 cluster (tests/pg_harness.py: ``fsync`` and ``synchronous_commit`` off, so a claim's
 commit does not wait for the disk):
 

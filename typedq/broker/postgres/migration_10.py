@@ -28,24 +28,28 @@ first step, a released step) leaves it, and a key with no lane joins with that j
 own weight. A key with no lane joins at the tail of its level (``seq``: the job's
 own fresh ``seq``, or a new one for a job handed back unrun), a released step of a flow
 (its ``seq`` negative: at the head) at the head. Within the lane, jobs go by ``seq``:
-a job handed back unrun (release, an expired lease recovered, a gate giving a parked
-job back) keeps its ``seq`` (it was its key's oldest when its turn took it), a retried
-one has a new one (last), a released step a negative one (first).
+a retried job has a new one (last); a job handed back unrun (release, an expired lease
+recovered, a gate giving a parked job back) or a released step gets one below every
+other (minus its transaction's stamp times 2^31, plus its old ``seq``'s low bits:
+first, the latest call's first, one call's jobs in their order).
 
 The claim (``claim``): migration 4's, word for word, with one step more after due jobs
 are promoted and gates give their jobs back: over queues with no lane it goes on as
-before, after one look at ``fair_lanes`` (``fair_lined``); otherwise ``claim_fair`` merges the levels' plain jobs and lanes by
-``(priority, seq)`` and takes each participant's turn in order: a plain job one job, a
+before, after one look at ``fair_lanes`` (``fair_lined``); otherwise ``claim_fair``
+merges the levels' plain jobs and lanes by ``(priority, seq)`` and takes each participant's turn in order: a plain job one job, a
 lane up to its turn's count (``weight - taken``, a turn starting with ``next_weight``);
 a lane whose turn ended goes to the tail (a new ``seq``), a lane left with no job
 waiting is deleted (its turn state with it), a lane left with jobs and turn goes on at
 the next claim. Without limits a pass is one statement (``fair_pass``) over the first
-participants, as many as the claim has room for, each locked ``FOR UPDATE SKIP
-LOCKED`` (a lane locked is this claim's alone: concurrent claims take other lanes);
-passes repeat while the claim has room and jobs come. A claim that limits tasks
+participants of the best level, as many as the claim has room for, each locked ``FOR
+UPDATE SKIP LOCKED`` (a lane locked is this claim's alone: concurrent claims take other
+lanes); passes repeat while the claim has room and jobs come. A claim that limits tasks
 admits or parks each job one at a time (as migration 4's limited claim does); a parked
-job counts in its key's turn, as on the other brokers. A lane whose jobs all left
-(cancelled, removed, purged) is deleted by the first claim that reaches it.
+job counts in its key's turn, as on the other brokers. A waiting fair job that
+leaves otherwise than by a claim (cancelled, removed, purged) leaves its place as a row
+of ``fair_ghosts`` (triggers ``fair_left``, ``fair_gone``): a lane's entries are its jobs
+and ghosts by ``seq``, and a ghost counts in its key's turn when it comes up and goes,
+as a stale entry does on the other brokers.
 
 ``run_step`` (migration 9) reads a job's ``run_queue`` in the envelope's third byte
 from the end, which holds only for a job with an empty ``fair_key``: a fair job's final
