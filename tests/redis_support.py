@@ -72,7 +72,11 @@ async def raw_redis(url: str, **kwargs: Any) -> AsyncIterator[aioredis.Redis]:
 
 def server_url(request: pytest.FixtureRequest, backend: str) -> str:
     """The URL of the session's redis-server (``redis``) or of its Redis Cluster
-    (``cluster``, flushed first), for tests parametrized over the two."""
+    (``cluster``, flushed first), for tests parametrized over the two; ``postgres``: the
+    session's throwaway PostgreSQL cluster (tests are kept apart by their app names)."""
+    if backend == "postgres":
+        pg_url: str = request.getfixturevalue("pg_cluster").url
+        return pg_url
     if backend == "cluster":
         cluster = request.getfixturevalue("redis_cluster")
         cluster.flushall()

@@ -26,7 +26,7 @@ from typedq.broker.base import (
 from typedq.broker.flow import FlowSpec, member_id, step_id
 from typedq.limits import LimitSpec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 def fair(

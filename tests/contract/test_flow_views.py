@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 import typedq.broker.memory.broker
+import typedq.broker.postgres.streams
 import typedq.broker.redis.streams
 from tests.support import TEST_DEADLINE, claim_one, connected, msg, sleep_until
 from typedq import App, Debounce, Fair, JobContext
@@ -19,7 +20,7 @@ from typedq.broker.base import Broker, Completion
 from typedq.broker.flowviews import FlowKey, FlowKind
 from typedq.broker.streams import StreamAppend
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.core_store]
 
 
 class Doc(msgspec.Struct, frozen=True):
@@ -188,6 +189,7 @@ async def test_a_reader_that_stops_reading_drops_out(
     ttl = 1.0
     monkeypatch.setattr(typedq.broker.memory.broker, "READER_TTL", ttl)
     monkeypatch.setattr(typedq.broker.redis.streams, "READER_TTL", ttl)
+    monkeypatch.setattr(typedq.broker.postgres.streams, "READER_TTL", ttl)
     async with connected(app_name, broker_url) as broker:
         await broker.enqueue([msg(job_id="d1")])
         run = await claim_one(broker)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.pg_harness import PgCluster
 from tests.support import TEST_DEADLINE, In, Out, claim_one, connected, msg, one
-from typedq import App, ConfigError, FailureRecord, Fair, JobState, Run, Unsupported
+from typedq import App, ConfigError, FailureRecord, JobState, Run
 from typedq.broker import broker_from_url
 from typedq.broker.base import BrokerSettings
 from typedq.broker.postgres import PostgresBroker
@@ -199,18 +199,3 @@ async def test_terminated_connections_lose_no_job_and_run_none_twice(
     assert results == [Out(i) for i in range(500)]
     assert runs == dict.fromkeys(range(500), 1)  # none lost, none run twice
     assert sum(killed) > 5  # the storm did hit the broker's connections
-
-
-async def test_a_fair_task_is_refused_where_it_is_enqueued(pg_url: str, app_name: str) -> None:
-    """Fair shares are not enforced on PostgreSQL yet: refused in one line, nothing stored
-    (rather than claimed FIFO as if fair= had not been declared)."""
-    app = App(app_name, broker=pg_url)
-
-    @app.task(fair=Fair(key=lambda x: str(x.n % 2)))
-    async def shared(x: In) -> Out:
-        return Out(x.n)
-
-    async with app:
-        with pytest.raises(Unsupported, match=r"^PostgresBroker does not enforce fair shares"):
-            await shared.enqueue(In(1))
-        assert sum((await app.broker.counts("default")).values()) == 0

@@ -34,8 +34,9 @@ def test_the_step_triggers_find_run_queue_third_from_the_end(
 ) -> None:
     """The triggers' condition (migration 9): an envelope's third byte from the end is
     0xa0 (an empty str) exactly when its ``run_queue`` is empty, as long as ``fair_key``
-    (empty) and ``fair_weight`` (0, which this broker requires) follow it. A field added
-    after them breaks this test before it breaks the triggers."""
+    (empty) and ``fair_weight`` (0) follow it: a plain job's (a fair job's final state
+    calls ``run_step``, which finds no run for it; migration 10). A field added after
+    them breaks this test before it breaks the triggers."""
     message = JobMessage(
         id="r:1",
         task="t",

@@ -15,10 +15,9 @@ database's clock), Limits (rate and concurrency limits checked inside the claim)
 TransactionalEnqueue, EventStreams and JobStreams (:mod:`.streams`), Flows (workflows,
 handed off by the schema's triggers: :mod:`.flows`), SchemaRegistry and FingerprintCounts
 (:mod:`.schemas`, what ``typedq verify`` reads), FlowControl (unique windows and
-debounce: :mod:`.control`) and Runs (durable runs, woken by the schema's triggers:
-:mod:`.runs`). Every other capability (flow views) keeps the seam's Unsupported default:
-an app that declares one of those it needs at connect fails there in one line
-(docs/brokers.md).
+debounce: :mod:`.control`; fair shares are enforced by the claim, migration 10), Runs
+(durable runs, woken by the schema's triggers: :mod:`.runs`) and FlowViews (pages of a
+queue's fair keys, debounce and unique keys and job streams: :mod:`.views`).
 
 The class is made of mixins, one module per capability, on the core they share
 (:mod:`.core`: the pool, one call of a statement, the enqueue arguments): the producer
@@ -26,7 +25,8 @@ side and the reads in :mod:`.store`, the worker's claim, leases and settles in
 :mod:`.leases`, Limits in :mod:`.limits`, Observability in :mod:`.observe`, Schedules in
 :mod:`.schedules`, OperatorActions in :mod:`.actions`, EventStreams and JobStreams in
 :mod:`.streams`, Flows in :mod:`.flows`, the schema registry and fingerprint counts in
-:mod:`.schemas`, FlowControl in :mod:`.control`, Runs in :mod:`.runs`; rows become the
+:mod:`.schemas`, FlowControl in :mod:`.control`, Runs in :mod:`.runs`, FlowViews in
+:mod:`.views`; rows become the
 seam's values in :mod:`.rows`. Here: connect (pool, migrations, listener), close, and
 the notifications that wake waiters.
 """
@@ -62,6 +62,7 @@ from .schemas import SchemaOps
 from .statements import count_statements, statements
 from .store import JobStore
 from .streams import StreamOps
+from .views import ViewOps, view_statements
 
 __all__ = ["PostgresBroker"]
 
@@ -81,6 +82,7 @@ class PostgresBroker(
     SchemaOps,
     ControlOps,
     RunOps,
+    ViewOps,
 ):
     """A broker on a PostgreSQL database (``postgresql://user@host:port/db?schema=NAME``).
 
@@ -97,6 +99,7 @@ class PostgresBroker(
         self.channel = channel_of(self.target.schema)
         self._sql, self._page_sql, self._list_sql = statements(self.target.schema)
         self._count_sql = count_statements(self.target.schema)
+        self._view_sql = view_statements(self.target.schema)
         self._pool: Any = None
         self._listener: Listener | None = None
         self._users = 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ...errors import NotConnected, Unsupported
+from ...errors import NotConnected
 from ...options import check_numbers
 from ..base import Broker, BrokerSettings, JobMessage, JobState
 from .connection import READ_TRIES, Listener, call
@@ -86,12 +86,6 @@ class PostgresCore(Broker):
                 raise TypeError(
                     f"job {message.id!r}: the payload must be bytes (an encoded model), "
                     f"not {type(message.payload).__name__}"
-                )
-            if message.fair_weight:
-                # Refused, not stored FIFO: a task declared fair must not quietly lose it.
-                raise Unsupported(
-                    f"PostgresBroker does not enforce fair shares yet (task "
-                    f"{message.task!r} has fair=): drop fair= or use redis://"
                 )
         queues = [m.queue for m in messages]
         return (

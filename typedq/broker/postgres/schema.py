@@ -35,6 +35,7 @@ from . import (
     migration_7,
     migration_8,
     migration_9,
+    migration_10,
     migration_12,
     migration_13,
 )
@@ -59,6 +60,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_7.SQL,
     migration_8.SQL,
     migration_9.SQL,
+    migration_10.SQL,
     migration_12.SQL,
     migration_13.SQL,
 )

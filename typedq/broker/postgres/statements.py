@@ -142,8 +142,8 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         ),
         "progress": f"UPDATE {s}.jobs SET progress = $4 WHERE ns = $1 AND id = $2 "
         "AND state = 2 AND token = $3",
-        # Whether a claim may find work now (a waiting job no gate parked, a gate open,
-        # a slot freed for a gate), else in how many seconds (a scheduled job due, a gate
+        # Whether a claim may find work now (a waiting job no gate parked, a fair lane,
+        # a gate open, a slot freed for a gate), else in how many seconds (a scheduled job due, a gate
         # opening, a ghost's slot ending; NULL: none).
         "due": (
             f"WITH g AS (SELECT min(opens_us) AS opens FROM {s}.gates "
@@ -154,6 +154,7 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
             f"n AS (SELECT {s}.now_s() AS s) "
             f"SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
             "AND state = 0 AND gate IS NULL) "
+            f"OR {s}.fair_lined($1, $2) "
             "OR g.opens <= n.s * 1e6 OR f.at <= n.s * 1e6, "
             f"least((SELECT min(run_at) FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
             "AND state = 1) - n.s, g.opens / 1e6 - n.s, f.at / 1e6 - n.s)::float8 "
