@@ -108,8 +108,15 @@ if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' t
   return out
 end
 
--- Promote due scheduled jobs (bounded per call; the rest next time).
-for qi = 7, 6 + nq do claim_ops.promote_due(ARGV[qi]) end
+-- Promote due scheduled jobs (bounded per call; the rest next time). A claim of one
+-- queue keeps what the look learnt of its scheduled set's head (sched_head: see
+-- promote_due), for its next due time below.
+local sched_head = nil
+if nq == 1 then
+  sched_head = claim_ops.promote_due(ARGV[7])
+else
+  for qi = 7, 6 + nq do claim_ops.promote_due(ARGV[qi]) end
+end
 
 -- Which queues have gates (parked jobs): a claim without limits looks too (one EXISTS
 -- per queue), so after a deploy that dropped a limit its parked jobs still come back.
@@ -219,7 +226,10 @@ if claimed < limit then
   if c.pops >= c.max_pops then
     out[1] = 0  -- stopped early: more may be waiting
   else
-    local due = claim_ops.next_due(ARGV, 7, 6 + nq, gated, now)
+    -- (What promote_due learnt holds unless the claim touched more than waiting entries:
+    -- gates, or a job of a flow, whose end may schedule or unschedule jobs.)
+    if any_gated or c.flows then sched_head = nil end
+    local due = claim_ops.next_due(ARGV, 7, 6 + nq, gated, now, sched_head)
     if due then out[1] = due end
   end
 end

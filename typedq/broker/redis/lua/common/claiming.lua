@@ -59,8 +59,16 @@ end
 
 -- Promote queue q's due scheduled jobs (bounded per call; the rest next time). A
 -- promoted job keeps its due time 'r': its queue wait counts from it.
+-- Returns what it learnt of the set's head, which a claim that comes up short would read
+-- again for its next due time (next_due's `known`): false when nothing is scheduled, the
+-- head's due time (µs) when it is not due yet; nil when it promoted jobs (the head moved).
+-- One command for a queue with nothing due (the usual case), not one here and one there.
 function claim_ops.promote_due(q)
   local sk = k_sched(q)
+  local head = rcall('ZRANGE', sk, '0', '0', 'WITHSCORES')
+  if #head == 0 then return false end
+  local first = tonumber(head[2])
+  if first and first > last_now then return first end
   local due = rcall('ZRANGEBYSCORE', sk, '-inf', last_now_text, 'LIMIT', '0', '1000')
   if #due > 0 then
     local order = rcall('INCRBY', k_seq(q), #due) - #due
@@ -225,6 +233,7 @@ function claim_ops.activate(c, id, q, prio, laned)
     -- A job of a flow whose end is under way (flow_end's chunks) ends instead of
     -- starting. It counts as 10 pops: a claim ends ~100 of them at most (~2.5 ms), not
     -- max_pops (claim.lua stops a batch there and puts the rest back).
+    if r[9] then c.flows = true end  -- (claim.lua: the scheduled set may have changed)
     if r[9] and flow_ops.claim_ended(q, id, r[9], r[10] or q, r[11] == '1', r[4], c.now) then
       c.pops = c.pops + 9
       return
@@ -468,12 +477,18 @@ end
 
 -- When the next job of the queues args[first .. last] is due, in µs from now (nil:
 -- none is scheduled): the earliest scheduled job, or gate opening of a queue in `gated`.
-function claim_ops.next_due(args, first, last, gated, now)
+-- `known` (a claim of one queue): its scheduled set's head as promote_due read it in this
+-- call (false: empty; nil: not known, read here).
+function claim_ops.next_due(args, first, last, gated, now, known)
   local next_due = nil
-  for qi = first, last do
-    local q = args[qi]
-    local t = rcall('ZRANGE', k_sched(q), '0', '0', 'WITHSCORES')
-    if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
+  if known ~= nil then
+    next_due = known or nil
+  else
+    for qi = first, last do
+      local q = args[qi]
+      local t = rcall('ZRANGE', k_sched(q), '0', '0', 'WITHSCORES')
+      if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
+    end
   end
   for qi = first, last do
     local q = args[qi]
