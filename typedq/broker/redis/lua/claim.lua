@@ -138,7 +138,8 @@ end
 local c = {limit = limit, now = now, worker = worker, out = out, claimed = 0, pops = 0,
   max_pops = limit + 1000,  -- stale entries are skipped, but not without bound
   has_limits = has_limits, tok_prefix = token .. '.', lease_until = num_text(now + lease),
-  ids = limit > 1 and {} or nil, leases = limit > 1 and {} or nil, one_line = nil}
+  ids = limit > 1 and {} or nil, leases = limit > 1 and {} or nil, one_line = nil,
+  other = false}
 if any_gated then
   -- The limits' state (common/gates.lua), only when this claim limits tasks or a queue
   -- has gates: most claims have neither.
@@ -159,13 +160,17 @@ end
 
 while c.claimed < limit and c.pops < c.max_pops do
   local bq, blk, bprio
+  -- (only: one queue's only level, as the look below found it)
+  local only = false
   if nq == 1 then
     -- One queue: its best level's list is popped without a TYPE first; a level whose
     -- list is missing or of another type (RPOP: nil or an error) goes, as in head_of.
+    -- The next level too: when there is none, a claim that drains this one is done
+    -- without a look that finds the levels empty (a short claim: a worker that keeps up).
     bq = ARGV[7]
-    local t = rcall('ZRANGE', k_levels(bq), '0', '0')
+    local t = rcall('ZRANGE', k_levels(bq), '0', '1')
     if #t == 0 then break end
-    bprio, blk = t[1], k_wait(bq, t[1])
+    bprio, blk, only = t[1], k_wait(bq, t[1]), #t == 1
   else
     local bestp, besto
     for qi = 7, 6 + nq do
@@ -203,6 +208,10 @@ while c.claimed < limit and c.pops < c.max_pops do
   end
   -- The fair turns that ended with jobs left go back to the tail (one LPUSH).
   if c.tails then claim_ops.push_tails(c, bq, bprio, blk) end
+  -- The only level, drained by waiting entries alone (c.other: anything else, a fair
+  -- turn, a flow's job, may have listed a level since the look; so may gates): no
+  -- level is left.
+  if only and #popped < want and not c.other and not any_gated then break end
 end
 
 local claimed = c.claimed
@@ -227,8 +236,9 @@ if claimed < limit then
     out[1] = 0  -- stopped early: more may be waiting
   else
     -- (What promote_due learnt holds unless the claim touched more than waiting entries:
-    -- gates, or a job of a flow, whose end may schedule or unschedule jobs.)
-    if any_gated or c.flows then sched_head = nil end
+    -- gates, or a job with a key of its own (c.other), e.g. of a flow, whose end may
+    -- schedule or unschedule jobs.)
+    if any_gated or c.other then sched_head = nil end
     local due = claim_ops.next_due(ARGV, 7, 6 + nq, gated, now, sched_head)
     if due then out[1] = due end
   end

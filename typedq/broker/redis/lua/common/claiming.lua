@@ -11,7 +11,9 @@
 -- c.lease_until (as text), c.ids and c.one_line (the claim record's lines: a table for a
 -- claim of several jobs, else the one line), c.leases (queue -> lease_until, id, ...: the
 -- active sets written once at the end, for a claim of several jobs), and the gates'
--- fields (common/gates.lua).
+-- fields (common/gates.lua); c.other: true once the claim took (or looked at) anything but a
+-- waiting entry (a job with a key of its own, a fair turn): claim.lua's shortcuts then stand
+-- down.
 
 -- The answer of a claim with a settle section: the claim's answer and the completions'
 -- outcomes, once the completions' counts are written and announced.
@@ -174,6 +176,7 @@ function claim_ops.activate(c, id, q, prio, laned)
     -- (Its fields as locals, not parse_entry's table: one table fewer per job.)
     local eid, o, e, r, m = entry_parts(id)
     if not eid then
+      c.other = true  -- (claim.lua: not a waiting entry)
       if string.byte(id, 1) == 126 then return claim_ops.take_turn(c, q, prio, id) end  -- '~'
       return
     end
@@ -218,6 +221,7 @@ function claim_ops.activate(c, id, q, prio, laned)
     c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids)
     return
   end
+  c.other = true  -- (claim.lua: not a waiting entry)
   -- A counted stale entry (the job left waiting, maybe came back under this id):
   -- consumed and skipped, so the job is claimed only through its live entry.
   if take_stale(q, prio, id) then return end
@@ -233,7 +237,6 @@ function claim_ops.activate(c, id, q, prio, laned)
     -- A job of a flow whose end is under way (flow_end's chunks) ends instead of
     -- starting. It counts as 10 pops: a claim ends ~100 of them at most (~2.5 ms), not
     -- max_pops (claim.lua stops a batch there and puts the rest back).
-    if r[9] then c.flows = true end  -- (claim.lua: the scheduled set may have changed)
     if r[9] and flow_ops.claim_ended(q, id, r[9], r[10] or q, r[11] == '1', r[4], c.now) then
       c.pops = c.pops + 9
       return
