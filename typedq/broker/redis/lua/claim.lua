@@ -6,7 +6,8 @@
 -- claims in flight), so a re-sent claim (lost reply, client retry) returns the same
 -- jobs instead of claiming more. Runs at maxmemory (allow-oom): draining frees memory.
 -- KEYS[1] = the first queue's active zset, KEYS[2] = its order counter, KEYS[3] = this
--- claim's record (on the first queue's slot; lines '<queue>|<id>'). On Redis Cluster a
+-- claim's record (on the first queue's slot; lines '<queue>|<id>', or '<id>' for a claim of
+-- one queue). On Redis Cluster a
 -- claim names one queue; on standalone Redis one claim may take from several.
 -- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...,
 --       [nl, then nl x (task, rate, per_us, concurrency, spacing_us, early_us),
@@ -100,7 +101,7 @@ local settled = settles and claim_ops.settle(ARGV, settles, now)
 -- A re-sent claim: hand back what the first copy claimed (still ours), nothing new.
 local prev = rpcall('GET', KEYS[3])
 if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' then
-  claim_ops.claimed_before(out, prev, token)
+  claim_ops.claimed_before(out, prev, token, ARGV[7])
   -- Short: the worker waits after this answer (a notice that consumed the first copy's
   -- mark may have come before this copy was sent, which is what its wait counts from).
   if not settles and (#out - 1) / 8 < limit then mark_waiters(ARGV, 7, 6 + nq) end
@@ -139,7 +140,7 @@ local c = {limit = limit, now = now, worker = worker, out = out, claimed = 0, po
   max_pops = limit + 1000,  -- stale entries are skipped, but not without bound
   has_limits = has_limits, tok_prefix = token .. '.', lease_until = num_text(now + lease),
   ids = limit > 1 and {} or nil, leases = limit > 1 and {} or nil, one_line = nil,
-  other = false}
+  bare = nq == 1, other = false}
 if any_gated then
   -- The limits' state (common/gates.lua), only when this claim limits tasks or a queue
   -- has gates: most claims have neither.

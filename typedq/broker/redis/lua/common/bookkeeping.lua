@@ -353,9 +353,10 @@ end
 -- queued in `leases` (queue -> lease_until, id, ...: one ZADD per queue at the end of a
 -- claim of several jobs, which also counts them there: waiting -n / active +n) or added
 -- now (nil: a claim of one) and counted, waiting -1 / active +1, and its claim record
--- line '<queue>|<id>', appended to `lines` (nil: a claim of one, which keeps the line
+-- line '<queue>|<id>' (`bare`, a claim of one queue: '<id>', that queue's; no string
+-- made per job), appended to `lines` (nil: a claim of one, which keeps the line
 -- itself, no table) and returned.
-local function claimed_job(q, id, lease_until, leases, lines)
+local function claimed_job(q, id, lease_until, leases, lines, bare)
   if leases then
     local m = leases[q]
     if not m then m = {}; leases[q] = m end
@@ -365,7 +366,8 @@ local function claimed_job(q, id, lease_until, leases, lines)
     count(q, 'w', -1)
     count(q, 'a', 1)
   end
-  local line = q .. '|' .. id
+  local line = id
+  if not bare then line = q .. '|' .. id end
   if lines then lines[#lines + 1] = line end
   return line
 end

@@ -9,7 +9,8 @@
 -- due, then 8 fields per job), c.claimed (jobs taken so far), c.pops and c.max_pops (level
 -- pops so far, and their bound), c.has_limits, c.tok_prefix ('<claim token>.'),
 -- c.lease_until (as text), c.ids and c.one_line (the claim record's lines: a table for a
--- claim of several jobs, else the one line), c.leases (queue -> lease_until, id, ...: the
+-- claim of several jobs, else the one line; c.bare: a claim of one queue, whose lines are
+-- the ids alone), c.leases (queue -> lease_until, id, ...: the
 -- active sets written once at the end, for a claim of several jobs), and the gates'
 -- fields (common/gates.lua); c.other: true once the claim took (or looked at) anything but a
 -- waiting entry (a job with a key of its own, a fair turn): claim.lua's shortcuts then stand
@@ -43,11 +44,13 @@ function claim_ops.settle(args, settles, now)
 end
 
 -- A re-sent claim: hand back into `out` what the first copy claimed (its record `prev`,
--- '<token>\n' then lines '<queue>|<id>'), the jobs still ours.
-function claim_ops.claimed_before(out, prev, token)
+-- '<token>\n' then lines '<queue>|<id>', or '<id>' of queue `q1`: a claim of one queue),
+-- the jobs still ours.
+function claim_ops.claimed_before(out, prev, token, q1)
   local prefix = token .. '.'
   for line in string.gmatch(string.sub(prev, #token + 2), '[^\n]+') do
     local q, id = string.match(line, '^([^|]*)|(.*)$')
+    if not q then q, id = q1, line end  -- (a job id holds no '|')
     local r = q and read_hash(q, id, 's', 't', 'm', 'a', 'e', 'k', 'q', 'r')
     if r and r[1] == 'a' and r[2] and string.sub(r[2], 1, #prefix) == prefix then
       local n = #out
@@ -218,7 +221,7 @@ function claim_ops.activate(c, id, q, prio, laned)
     -- number or its text, and a tonumber of 16 digits costs ~2k instructions.)
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, e, 0, q
     out[n + 8] = r or 0
-    c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids)
+    c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids, c.bare)
     return
   end
   c.other = true  -- (claim.lua: not a waiting entry)
@@ -294,7 +297,7 @@ function claim_ops.activate(c, id, q, prio, laned)
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
     out[n + 8] = tonumber(f.r) or 0
   end
-  c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids)
+  c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids, c.bare)
 end
 
 -- A job id taken from its fair key's lane (`fk`: the marker's '<weight>|<task>|<key>'):
@@ -340,7 +343,7 @@ function claim_ops.claim_laned(c, id, q, prio, fk)
   out[n + 1], out[n + 2], out[n + 3] = id, m, tok
   out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, e, 0, q  -- (digits: see activate)
   out[n + 8] = r ~= '' and r or 0
-  c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids)
+  c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids, c.bare)
 end
 
 -- A fair key's turn (its marker `v` popped from level `prio` of `q`): up to its weight
