@@ -113,7 +113,7 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
     if not keyless or keyless[i] then
       local id = ids[i]
       local o = format('%d', order + fresh + 1)
-      local ik = ip .. (buckets and ARGV[buckets + i] or idx_bucket(id))  -- (k_idx)
+      local ik = buckets and ip .. ARGV[buckets + i] or idx_bucket(id, ip)  -- (k_idx)
       if call('HSETNX', ik, id, o .. tail) == 1 then
         fresh = fresh + 1
         if hid then
