@@ -35,6 +35,7 @@ from . import (
     migration_7,
     migration_8,
     migration_9,
+    migration_11,
 )
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
@@ -57,6 +58,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_7.SQL,
     migration_8.SQL,
     migration_9.SQL,
+    migration_11.SQL,
 )
 
 
