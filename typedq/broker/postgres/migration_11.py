@@ -8,9 +8,9 @@ Migration 4's claim admitted a limited task's jobs one at a time: per job a call
 upsert of the rate window and an update of the job. This one reads a round of candidates
 (the best open jobs, ``FOR UPDATE SKIP LOCKED``, as before), and decides each of them in
 memory, best first, by the same rules: each bucket (a concurrency key's slots, a rate
-key's window) is locked and counted once per claim, at its first job (a bucket whose lock
-another claim holds is skipped for the whole claim, its jobs left in line), and its count
-then follows this claim's own admissions. The round's writes are then one statement
+key's window) is locked and counted once per claim, at its first job, and its count then
+follows this claim's own admissions (a job whose bucket another claim holds is left in
+line, and the lock tried again at the bucket's next job, as before). The round's writes are then one statement
 each: the admitted jobs (one update, up to the free slots and rate tokens), the parked
 jobs and their gates; each rate window grown is written once, at the end. The bucket
 locks are held to the commit as before, so the rules stay exact under concurrent claims:
@@ -165,6 +165,11 @@ BEGIN
                     b_tasks := b_tasks || r.task;
                     b_keys := b_keys || r.conc_key;
                     cb := cardinality(b_names);
+                    b_locked[cb] := false;
+                END IF;
+                IF NOT b_locked[cb] THEN
+                    -- Tried again at each job of a bucket another claim holds (it may
+                    -- have committed since), counted once taken.
                     b_locked[cb] := {s}.limit_lock(p_ns, 'c', r.task, r.conc_key);
                     b_count[cb] := CASE WHEN b_locked[cb]
                         THEN {s}.slots_held(p_ns, r.task, r.conc_key, now_us) END;
@@ -194,8 +199,11 @@ BEGIN
                     b_tasks := b_tasks || r.task;
                     b_keys := b_keys || r.rate_key;
                     b := cardinality(b_names);
-                    b_locked[b] := {s}.limit_lock(p_ns, 'r', r.task, r.rate_key);
+                    b_locked[b] := false;
                     b_grew[b] := false;
+                END IF;
+                IF NOT b_locked[b] THEN
+                    b_locked[b] := {s}.limit_lock(p_ns, 'r', r.task, r.rate_key);
                     IF b_locked[b] THEN
                         SELECT count(*), max(u.s),
                                w_starts || coalesce(array_agg(u.s), '{{}}'),
