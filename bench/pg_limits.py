@@ -11,7 +11,10 @@ of 16 (each claim's jobs completed in one call), with:
 - ``conc keyed``: 2 at once per key, 16 keys (32 slots for W x 16 wanted: claims park
   and unpark jobs).
 
-Runs interleaved, median of R, on a throwaway cluster (tests/pg_harness.py):
+Besides the wall-clock drain rate, the database's own time in ``claim`` per job claimed
+(``pg_stat_user_functions``, ``track_functions = 'pl'``: the function with all it calls),
+steadier than wall-clock rates on a shared machine. Runs interleaved, median of R, on a
+throwaway cluster (tests/pg_harness.py):
 
     PYTHONPATH=. .venv/bin/python bench/pg_limits.py [W] [R]
 
@@ -25,6 +28,7 @@ import statistics
 import sys
 import time
 
+import asyncpg
 import msgspec
 
 from tests.pg_harness import PgCluster
@@ -51,8 +55,31 @@ def job(i: int) -> JobMessage:
     return msgspec.structs.replace(msg(queue="q", task="t"), concurrency_key=f"k{i % KEYS}")
 
 
-async def run(url: str, ns: str, limits: dict[str, LimitSpec], workers: int) -> tuple[float, float]:
-    """(drained jobs/s, jobs per claim that took any)."""
+FUNCTION_TIME = (
+    "SELECT total_time FROM pg_stat_user_functions WHERE schemaname = $1 AND funcname = 'claim'"
+)
+
+#: The claim function's total ms by schema, as last read.
+_seen: dict[str, float] = {}
+
+
+async def claim_time(dsn: str, schema_name: str) -> float:
+    """The database's ms in ``claim`` since the last look at this schema."""
+    await asyncio.sleep(0.5)  # the pool's backends report their counts as they exit
+    conn = await asyncpg.connect(dsn)
+    try:
+        total: float = await conn.fetchval(FUNCTION_TIME, schema_name) or 0.0
+    finally:
+        await conn.close()
+    spent = total - _seen.get(schema_name, 0.0)
+    _seen[schema_name] = total
+    return spent
+
+
+async def run(
+    url: str, ns: str, limits: dict[str, LimitSpec], workers: int
+) -> tuple[float, float, float]:
+    """(drained jobs/s, jobs per claim that took any, database us in claim per job)."""
     broker = PostgresBroker(url, BrokerSettings(namespace=ns))
     await broker.connect()
     s = f'"{broker.target.schema}"'
@@ -95,17 +122,22 @@ async def run(url: str, ns: str, limits: dict[str, LimitSpec], workers: int) -> 
     started = time.perf_counter()
     await asyncio.gather(*(loop(n) for n in range(workers)))
     drained = N / (time.perf_counter() - started)
+    dsn, schema_name = broker.target.dsn, broker.target.schema
     await broker.close()
-    return drained, statistics.mean(sizes)
+    spent = await claim_time(dsn, schema_name)
+    return drained, statistics.mean(sizes), 1000 * spent / N
 
 
 async def main(workers: int, rounds: int) -> None:
     pg = PgCluster()
     pg.start()
+    conn = await asyncpg.connect(pg.url)
+    await conn.execute("ALTER DATABASE postgres SET track_functions = 'pl'")
+    await conn.close()
     newest = schema.MIGRATIONS
     after = newest.index(migration_11.SQL) + 1
     versions = {"before": after - 1, "after": after}
-    rates: dict[tuple[str, str], list[tuple[float, float]]] = {
+    rates: dict[tuple[str, str], list[tuple[float, float, float]]] = {
         (case, side): [] for case in LIMITS for side in versions
     }
     try:
@@ -125,14 +157,19 @@ async def main(workers: int, rounds: int) -> None:
         line = []
         for side in versions:
             got = rates[case, side]
-            drain = statistics.median(d for d, _ in got)
-            size = statistics.median(z for _, z in got)
-            line.append(f"{side} {drain:,.0f} jobs/s ({size:.1f} a claim)")
-        ratio = statistics.median(
-            a / b
-            for (a, _), (b, _) in zip(rates[case, "after"], rates[case, "before"], strict=True)
+            drain = statistics.median(d for d, _, _ in got)
+            size = statistics.median(z for _, z, _ in got)
+            spent = statistics.median(u for _, _, u in got)
+            line.append(
+                f"{side} {drain:,.0f} jobs/s, {spent:.0f} us/job in claim ({size:.1f} a claim)"
+            )
+        pairs = list(zip(rates[case, "after"], rates[case, "before"], strict=True))
+        rate = statistics.median(a[0] / b[0] for a, b in pairs)
+        spent = statistics.median(a[2] / b[2] for a, b in pairs)
+        print(
+            f"{case:>10}: " + "; ".join(line) + f"; after/before: rate x{rate:.2f},"
+            f" claim time x{spent:.2f}"
         )
-        print(f"{case:>10}: " + ", ".join(line) + f"; after/before {ratio:.2f}")
 
 
 if __name__ == "__main__":
