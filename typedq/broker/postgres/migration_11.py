@@ -122,6 +122,11 @@ BEGIN
         FROM picked
         WHERE j.ns = p_ns AND j.id = picked.id
         RETURNING picked.k, j.message, j.token, j.attempt, j.enqueued_at, j.stalls, j.run_at;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        IF got > 0 THEN
+            INSERT INTO {s}.claims (ns, claim_id, at) VALUES (p_ns, p_claim, now)
+            ON CONFLICT (ns, claim_id) DO UPDATE SET at = excluded.at;
+        END IF;
         RETURN;
     END IF;
     -- Each round takes the best open jobs left; every job it reads is taken, parked or
