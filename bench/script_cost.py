@@ -8,7 +8,9 @@ calls hold one job, at C=16 about 16).
 
 ``--callgrind [--batch 1,16] [--calls 200] [--keep DIR] [--completed-max N]``: the same
 calls (and settle+claim, a worker's steady state: the completions of the previous claim
-sent with the next claim) against the
+sent with the next claim; and ``cycle (drained)``, the end-to-end shape of a worker that
+keeps up: ``batch`` jobs enqueued in one call, then a settle+claim of 16 slots that comes
+up short on the drained queue, per job both scripts' cost) against the
 system redis-server run under ``valgrind --tool=callgrind``, reporting the instructions
 redis-server executed per call and per job. Deterministic (same code, same count, to a
 fraction of a percent) however loaded the box is, where wall-clock and CPU-time A/Bs are
@@ -195,6 +197,9 @@ def callgrind_server(keep: str | None = None) -> Iterator[tuple[str, Callable[[s
             f"--callgrind-out-file={work}/cg.out.%p",
             *(shutil.which("redis-server") or "redis-server", "--port", str(port)),
             *("--save", "", "--appendonly", "no", "--hz", "1", "--dir", work),
+            # No slow log: under valgrind a call can pass its 10 ms bound, and whether it
+            # does (a copy of its arguments, counted) depends on the box's load.
+            *("--slowlog-log-slower-than", "-1"),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -276,6 +281,16 @@ async def callgrind(batch: int, calls: int, dump: Callable[[str | None], int]) -
         _, claimed = await broker.complete_and_claim(items, ["mq"], batch, worker_id="w", lease=600)
         held.append(claimed)
 
+    async def cycle() -> None:
+        # The end-to-end shape at C=16 (a worker that keeps up): ``batch`` jobs enqueued
+        # in one call, then the worker's settle+claim of 16 slots, which comes up short
+        # (the queue is drained) and completes the jobs of the previous cycle.
+        await enqueue()
+        jobs = held.pop()
+        items = [Completion(j.message.id, j.token, b"\xc0") for j in jobs]
+        _, claimed = await broker.complete_and_claim(items, ["mq"], 16, worker_id="w", lease=600)
+        held.append(claimed)
+
     out: dict[str, float] = {}
     # Warm: jobs for every claim below, one call of each script (first-call costs).
     for _ in range(calls + 2):
@@ -288,6 +303,11 @@ async def callgrind(batch: int, calls: int, dump: Callable[[str | None], int]) -
     out["complete"] = await phase("complete", half, complete)
     await claim()
     out["settle+claim"] = await phase("settle_claim", half, settle_claim)
+    # Drain what is left, then cycles (enqueue + a short settle+claim) on the empty queue.
+    while held[-1]:
+        await settle_claim()
+    await cycle()
+    out["cycle (drained)"] = await phase("cycle", half, cycle)
     return out
 
 

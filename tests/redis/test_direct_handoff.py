@@ -104,6 +104,37 @@ async def test_never_more_jobs_than_free_slots_the_rest_wait(redis_url: str) -> 
         assert [j.message.id for j in claimed] == ["j2", "j3", "j4", "j5"]
 
 
+async def test_a_handed_batch_dedups_like_any_and_indexes_only_what_waits(
+    redis_url: str,
+) -> None:
+    """With a worker registered, an enqueue writes no index field for the jobs it hands
+    over (it finds new ids by their missing field, and a repeat of the call by its first
+    occurrence): a repeated id is created once; the jobs past the worker's slots wait,
+    with their index, so a claim takes them and a repeat of their ids later is refused;
+    nothing handed is left in the index."""
+    async with broker_at(redis_url, "ho") as worker, broker_at(redis_url, "ho") as producer:
+        await idle(worker, ["q"], 2)
+        got: list[list[ClaimedJob]] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_handed, worker, ["q"], 2, got)
+            await registered(worker, "q")
+            created = await producer.enqueue(
+                [message("a"), message("a"), message("b"), message("c"), message("b")]
+            )
+        assert [c.created for c in created] == [True, False, True, True, False]
+        (jobs,) = got
+        assert [j.message.id for j in jobs] == ["a", "b"]
+        again = await producer.enqueue([message("c"), message("d")])
+        assert [c.created for c in again] == [False, True]
+        async with raw_redis(redis_url) as raw:
+            indexed = set()
+            for key in await raw.keys(producer.keys.queue_prefix("q") + "i:*"):
+                indexed |= {f.decode() if isinstance(f, bytes) else f for f in await raw.hkeys(key)}
+        assert indexed == {"c", "d"}
+        claimed = await worker.claim(["q"], 10, worker_id="w2", lease=30)
+        assert [j.message.id for j in claimed] == ["c", "d"]
+
+
 async def test_work_stored_another_way_wakes_the_worker_to_claim(redis_url: str) -> None:
     """A job enqueued for later is stored, not handed: the registration ends with ''
     in the inbox, the wait returns no job, and the claim after it sees the work."""

@@ -69,11 +69,12 @@ SETTLE_AND_CLAIM_ONE = Counter(
         # retention (count and age bounds, once per queue and call)
         "ZCARD": 1,
         "ZCOUNT": 1,
-        # the claim: its record, due scheduled jobs, gates, best level, pop, index
+        # the claim: its record, the scheduled set's head (nothing due: no
+        # ZRANGEBYSCORE; a short claim's next due time reads it no more), gates, best
+        # level, pop, index
         "GET": 1,
-        "ZRANGEBYSCORE": 1,
         "EXISTS": 1,
-        "ZRANGE": 1,
+        "ZRANGE": 2,
         "RPOP": 1,
         "HDEL": 1,
         "SET": 1,
@@ -162,6 +163,35 @@ async def test_a_settle_and_claim_makes_the_pinned_commands(url: str) -> None:
         assert per_job == SETTLE_AND_CLAIM_PER_JOB, f"per job: {sorted(per_job.items())}"
         assert sum(one.values()) == 22
         assert sum(per_job.values()) == 5
+
+
+async def test_a_short_claim_reads_the_scheduled_set_and_the_levels_once(url: str) -> None:
+    """A claim that comes up short (the queue drained: a worker that keeps up) answers
+    its next due time from the look that found nothing due (nothing scheduled, or a job
+    not due yet), not from a second read; and it drains its queue's only level without a
+    second look at the levels. With two levels it looks again, and takes from both."""
+    async with broker_at(url, "cost") as broker:
+        await broker.enqueue([message("warm")])
+        await broker.claim(["q"], 1, worker_id="w", lease=30)
+        await broker.enqueue([message("a")])
+        short = await commands_of(url, lambda: broker.claim(["q"], 4, worker_id="w", lease=30))
+        # (ZRANGE: the scheduled set's head; the levels, once: the one it drained was the
+        # only one, so no second look finds none left)
+        assert (short["ZRANGE"], short["ZRANGEBYSCORE"]) == (2, 0), sorted(short.items())
+        later_job = JobMessage(id="later", task="t", queue="q", payload=b"\x91\x01", delay=600.0)
+        await broker.enqueue([later_job])
+        await broker.enqueue([message("b")])
+        held: list[Any] = []
+
+        async def claim() -> None:
+            held.extend(await broker.claim(["q"], 4, worker_id="w", lease=30))
+
+        later = await commands_of(url, claim)
+        assert (later["ZRANGE"], later["ZRANGEBYSCORE"]) == (2, 0), sorted(later.items())
+        assert [j.message.id for j in held] == ["b"]
+        await broker.enqueue([message("c"), message("hi", priority=5)])
+        two = await broker.claim(["q"], 4, worker_id="w", lease=30)
+        assert [j.message.id for j in two] == ["hi", "c"]
 
 
 async def test_an_enqueue_makes_the_pinned_commands(url: str) -> None:

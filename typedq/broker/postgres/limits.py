@@ -1,6 +1,7 @@
 """The PostgreSQL broker's capability Limits, mixed into PostgresBroker: the rate and
 concurrency limits a worker declares (``set_limits``) go with each of its claims, which
-enforce them in the database (the functions of :mod:`.migration_4`).
+enforce them in the database (the functions of :mod:`.migration_4`; the claim itself as
+:mod:`.migration_11` restated it, taking a bucket's jobs in batches).
 
 The rules are the embedded broker's (:mod:`typedq.broker.memory.limits`): concurrency
 first, then the sliding window of start times (spaced turns, taken up to ``early`` before

@@ -61,7 +61,7 @@ a run finds none).
 
 from . import migration_4
 
-__all__ = ["SQL"]
+__all__ = ["CLAIM_FAIR_HOOK", "CLAIM_HOOK_AFTER", "SQL"]
 
 SQL = r"""
 ALTER TABLE {s}.jobs
@@ -615,10 +615,10 @@ END $$;
 """
 
 #: Where migration 4's claim has promoted due jobs and given gates' jobs back.
-_HOOK_AFTER = """    PERFORM {s}.unpark(p_ns, p_queues, now_us, p_tasks, p_rates, p_pers, p_concs,
+CLAIM_HOOK_AFTER = """    PERFORM {s}.unpark(p_ns, p_queues, now_us, p_tasks, p_rates, p_pers, p_concs,
                        p_spacings, p_earlies);
 """
-_HOOK = """    IF {s}.fair_lined(p_ns, p_queues) THEN
+CLAIM_FAIR_HOOK = """    IF {s}.fair_lined(p_ns, p_queues) THEN
         RETURN QUERY
         SELECT * FROM {s}.claim_fair(p_ns, p_queues, p_limit, p_worker, p_lease, p_claim,
                                      p_tasks, p_rates, p_pers, p_concs, p_spacings,
@@ -636,8 +636,8 @@ def _claim() -> str:
     sql = migration_4.SQL
     start = sql.index("CREATE FUNCTION {s}.claim(")
     body = sql[start : sql.index("END $$;", start) + len("END $$;")]
-    assert body.count(_HOOK_AFTER) == 1
-    body = body.replace(_HOOK_AFTER, _HOOK_AFTER + _HOOK)
+    assert body.count(CLAIM_HOOK_AFTER) == 1
+    body = body.replace(CLAIM_HOOK_AFTER, CLAIM_HOOK_AFTER + CLAIM_FAIR_HOOK)
     return "-- Migration 4's claim, and claim_fair over queues with a lane.\n" + body.replace(
         "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1
     )

@@ -36,6 +36,7 @@ from . import (
     migration_8,
     migration_9,
     migration_10,
+    migration_11,
     migration_12,
     migration_13,
 )
@@ -61,6 +62,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_8.SQL,
     migration_9.SQL,
     migration_10.SQL,
+    migration_11.SQL,
     migration_12.SQL,
     migration_13.SQL,
 )

@@ -6,7 +6,8 @@
 -- claims in flight), so a re-sent claim (lost reply, client retry) returns the same
 -- jobs instead of claiming more. Runs at maxmemory (allow-oom): draining frees memory.
 -- KEYS[1] = the first queue's active zset, KEYS[2] = its order counter, KEYS[3] = this
--- claim's record (on the first queue's slot; lines '<queue>|<id>'). On Redis Cluster a
+-- claim's record (on the first queue's slot; lines '<queue>|<id>', or '<id>' for a claim of
+-- one queue). On Redis Cluster a
 -- claim names one queue; on standalone Redis one claim may take from several.
 -- ARGV: P, limit, lease_us, claim token, worker id, nq, queues...,
 --       [nl, then nl x (task, rate, per_us, concurrency, spacing_us, early_us),
@@ -100,7 +101,7 @@ local settled = settles and claim_ops.settle(ARGV, settles, now)
 -- A re-sent claim: hand back what the first copy claimed (still ours), nothing new.
 local prev = rpcall('GET', KEYS[3])
 if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' then
-  claim_ops.claimed_before(out, prev, token)
+  claim_ops.claimed_before(out, prev, token, ARGV[7])
   -- Short: the worker waits after this answer (a notice that consumed the first copy's
   -- mark may have come before this copy was sent, which is what its wait counts from).
   if not settles and (#out - 1) / 8 < limit then mark_waiters(ARGV, 7, 6 + nq) end
@@ -108,8 +109,15 @@ if type(prev) == 'string' and string.sub(prev, 1, #token + 1) == token .. '\n' t
   return out
 end
 
--- Promote due scheduled jobs (bounded per call; the rest next time).
-for qi = 7, 6 + nq do claim_ops.promote_due(ARGV[qi]) end
+-- Promote due scheduled jobs (bounded per call; the rest next time). A claim of one
+-- queue keeps what the look learnt of its scheduled set's head (sched_head: see
+-- promote_due), for its next due time below.
+local sched_head = nil
+if nq == 1 then
+  sched_head = claim_ops.promote_due(ARGV[7])
+else
+  for qi = 7, 6 + nq do claim_ops.promote_due(ARGV[qi]) end
+end
 
 -- Which queues have gates (parked jobs): a claim without limits looks too (one EXISTS
 -- per queue), so after a deploy that dropped a limit its parked jobs still come back.
@@ -131,7 +139,8 @@ end
 local c = {limit = limit, now = now, worker = worker, out = out, claimed = 0, pops = 0,
   max_pops = limit + 1000,  -- stale entries are skipped, but not without bound
   has_limits = has_limits, tok_prefix = token .. '.', lease_until = num_text(now + lease),
-  ids = limit > 1 and {} or nil, leases = limit > 1 and {} or nil, one_line = nil}
+  ids = limit > 1 and {} or nil, leases = limit > 1 and {} or nil, one_line = nil,
+  bare = nq == 1, other = false}
 if any_gated then
   -- The limits' state (common/gates.lua), only when this claim limits tasks or a queue
   -- has gates: most claims have neither.
@@ -152,13 +161,17 @@ end
 
 while c.claimed < limit and c.pops < c.max_pops do
   local bq, blk, bprio
+  -- (only: one queue's only level, as the look below found it)
+  local only = false
   if nq == 1 then
     -- One queue: its best level's list is popped without a TYPE first; a level whose
     -- list is missing or of another type (RPOP: nil or an error) goes, as in head_of.
+    -- The next level too: when there is none, a claim that drains this one is done
+    -- without a look that finds the levels empty (a short claim: a worker that keeps up).
     bq = ARGV[7]
-    local t = rcall('ZRANGE', k_levels(bq), '0', '0')
+    local t = rcall('ZRANGE', k_levels(bq), '0', '1')
     if #t == 0 then break end
-    bprio, blk = t[1], k_wait(bq, t[1])
+    bprio, blk, only = t[1], k_wait(bq, t[1]), #t == 1
   else
     local bestp, besto
     for qi = 7, 6 + nq do
@@ -196,6 +209,10 @@ while c.claimed < limit and c.pops < c.max_pops do
   end
   -- The fair turns that ended with jobs left go back to the tail (one LPUSH).
   if c.tails then claim_ops.push_tails(c, bq, bprio, blk) end
+  -- The only level, drained by waiting entries alone (c.other: anything else, a fair
+  -- turn, a flow's job, may have listed a level since the look; so may gates): no
+  -- level is left.
+  if only and #popped < want and not c.other and not any_gated then break end
 end
 
 local claimed = c.claimed
@@ -219,7 +236,11 @@ if claimed < limit then
   if c.pops >= c.max_pops then
     out[1] = 0  -- stopped early: more may be waiting
   else
-    local due = claim_ops.next_due(ARGV, 7, 6 + nq, gated, now)
+    -- (What promote_due learnt holds unless the claim touched more than waiting entries:
+    -- gates, or a job with a key of its own (c.other), e.g. of a flow, whose end may
+    -- schedule or unschedule jobs.)
+    if any_gated or c.other then sched_head = nil end
+    local due = claim_ops.next_due(ARGV, 7, 6 + nq, gated, now, sched_head)
     if due then out[1] = due end
   end
 end

@@ -105,23 +105,29 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
   -- Idle workers registered for a direct hand-off (common/bookkeeping.lua's hand_off):
   -- the new jobs are gathered for it (hid, ho, hm: id, order, body) instead of as
   -- waiting entries. A registration exists only while nothing waits in the queue.
-  -- (hik: their index buckets' keys, which the hand-off deletes their fields from.)
-  local hid, ho, hm, hik = nil, nil, nil, nil
-  if rcall('EXISTS', k_fixed(sq, 'H')) == 1 then hid, ho, hm, hik = {}, {}, {}, {} end
+  -- (hik: their index buckets' keys.) Their index fields are written only for the jobs
+  -- the hand-off leaves waiting: a new job is one whose field is missing (HEXISTS) and
+  -- not taken by an earlier job of the call (seen), so a handed job costs one command
+  -- of the index, not a HSETNX and the hand-off's HDEL of it.
+  local hid, ho, hm, hik, seen = nil, nil, nil, nil, nil
+  if rcall('EXISTS', k_fixed(sq, 'H')) == 1 then hid, ho, hm, hik, seen = {}, {}, {}, {}, {} end
   for i = 1, n do
     out[i], rec[i] = 0, '0'
     if not keyless or keyless[i] then
       local id = ids[i]
       local o = format('%d', order + fresh + 1)
-      local ik = ip .. (buckets and ARGV[buckets + i] or idx_bucket(id))  -- (k_idx)
-      if call('HSETNX', ik, id, o .. tail) == 1 then
-        fresh = fresh + 1
-        if hid then
+      local ik = buckets and ip .. ARGV[buckets + i] or idx_bucket(id, ip)  -- (k_idx)
+      if hid then
+        if not seen[id] and call('HEXISTS', ik, id) == 0 then
+          seen[id] = true
+          fresh = fresh + 1
           hid[fresh], ho[fresh], hm[fresh] = id, o, ARGV[first + stride * (i - 1) + body_at]
           hik[fresh] = ik
-        else
-          entries[fresh] = id .. '|' .. o .. '|' .. now_text .. '||' .. ARGV[first + stride * (i - 1) + body_at]
+          out[i], rec[i] = 1, '1'
         end
+      elseif call('HSETNX', ik, id, o .. tail) == 1 then
+        fresh = fresh + 1
+        entries[fresh] = id .. '|' .. o .. '|' .. now_text .. '||' .. ARGV[first + stride * (i - 1) + body_at]
         out[i], rec[i] = 1, '1'
       end
     end
@@ -131,8 +137,9 @@ if sq and n > 0 and run_at_of(seta, sdelay, now) <= now
   end
   local stored = fresh
   if hid and fresh > 0 then
-    local handed = hand_off(sq, sprio, hid, ho, hm, 1, fresh, now, now_text, hik)
+    local handed = hand_off(sq, sprio, hid, ho, hm, 1, fresh, now, now_text, false)
     for j = handed + 1, fresh do
+      call('HSET', hik[j], hid[j], ho[j] .. tail)  -- (waits: its index field)
       entries[j - handed] = hid[j] .. '|' .. ho[j] .. '|' .. now_text .. '||' .. hm[j]
     end
     stored = fresh - handed

@@ -521,7 +521,7 @@ if state == 'w' then
             if d then
               local id = string.sub(entry, 1, a - 1)
               local o = string.sub(entry, a + 1, b - 1)
-              if rcall('HGET', ix .. idx_bucket(id), id) == (tail == '' and o or o .. tail)
+              if rcall('HGET', idx_bucket(id, ix), id) == (tail == '' and o or o .. tail)
               then
                 take_entry_body(id, entry, d + 1)
               end

@@ -353,9 +353,10 @@ end
 -- queued in `leases` (queue -> lease_until, id, ...: one ZADD per queue at the end of a
 -- claim of several jobs, which also counts them there: waiting -n / active +n) or added
 -- now (nil: a claim of one) and counted, waiting -1 / active +1, and its claim record
--- line '<queue>|<id>', appended to `lines` (nil: a claim of one, which keeps the line
+-- line '<queue>|<id>' (`bare`, a claim of one queue: '<id>', that queue's; no string
+-- made per job), appended to `lines` (nil: a claim of one, which keeps the line
 -- itself, no table) and returned.
-local function claimed_job(q, id, lease_until, leases, lines)
+local function claimed_job(q, id, lease_until, leases, lines, bare)
   if leases then
     local m = leases[q]
     if not m then m = {}; leases[q] = m end
@@ -365,7 +366,8 @@ local function claimed_job(q, id, lease_until, leases, lines)
     count(q, 'w', -1)
     count(q, 'a', 1)
   end
-  local line = q .. '|' .. id
+  local line = id
+  if not bare then line = q .. '|' .. id end
   if lines then lines[#lines + 1] = line end
   return line
 end
@@ -379,9 +381,9 @@ end
 -- worker's blocking pop takes it: one hop from enqueue to worker, no claim. A
 -- registration takes at most its free slots; one whose slots are all taken ends.
 -- `now` (µs, and its text `now_text`): the enqueue's clock. Returns how many jobs of
--- ids[first..] were handed (the first ones, in order); their index fields (the
--- enqueue's HSETNX) are deleted here, from the buckets `iks` names (ids[j]'s at iks[j];
--- nil: each found by hashing its id).
+-- ids[first..] were handed (the first ones, in order); their index fields are deleted
+-- here, from the buckets `iks` names (ids[j]'s at iks[j]; nil: each found by hashing
+-- its id; false: none, the caller wrote no index field for them: enqueue.lua).
 local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text, iks)
   local hk = k_fixed(q, 'H')
   local regs = rcall('HGETALL', hk)
@@ -405,7 +407,7 @@ local function hand_off(q, prio, ids, orders, bodies, first, last, now, now_text
         local j = at + k - 1
         local id, o, m = ids[j], orders[j], bodies[j]
         local jt = tok .. '.' .. id
-        rcall('HDEL', iks and iks[j] or k_idx(q, id), id)
+        if iks ~= false then rcall('HDEL', iks and iks[j] or k_idx(q, id), id) end
         if prio == '0' then
           rcall('HSET', k_job(q, id), 'm', m, 'q', q, 's', 'a', 'o', o, 'e', now_text,
             'a', '1', 't', jt, 'st', now_text, 'w', worker)

@@ -9,9 +9,12 @@
 -- due, then 8 fields per job), c.claimed (jobs taken so far), c.pops and c.max_pops (level
 -- pops so far, and their bound), c.has_limits, c.tok_prefix ('<claim token>.'),
 -- c.lease_until (as text), c.ids and c.one_line (the claim record's lines: a table for a
--- claim of several jobs, else the one line), c.leases (queue -> lease_until, id, ...: the
+-- claim of several jobs, else the one line; c.bare: a claim of one queue, whose lines are
+-- the ids alone), c.leases (queue -> lease_until, id, ...: the
 -- active sets written once at the end, for a claim of several jobs), and the gates'
--- fields (common/gates.lua).
+-- fields (common/gates.lua); c.other: true once the claim took (or looked at) anything but a
+-- waiting entry (a job with a key of its own, a fair turn): claim.lua's shortcuts then stand
+-- down.
 
 -- The answer of a claim with a settle section: the claim's answer and the completions'
 -- outcomes, once the completions' counts are written and announced.
@@ -41,11 +44,13 @@ function claim_ops.settle(args, settles, now)
 end
 
 -- A re-sent claim: hand back into `out` what the first copy claimed (its record `prev`,
--- '<token>\n' then lines '<queue>|<id>'), the jobs still ours.
-function claim_ops.claimed_before(out, prev, token)
+-- '<token>\n' then lines '<queue>|<id>', or '<id>' of queue `q1`: a claim of one queue),
+-- the jobs still ours.
+function claim_ops.claimed_before(out, prev, token, q1)
   local prefix = token .. '.'
   for line in string.gmatch(string.sub(prev, #token + 2), '[^\n]+') do
     local q, id = string.match(line, '^([^|]*)|(.*)$')
+    if not q then q, id = q1, line end  -- (a job id holds no '|')
     local r = q and read_hash(q, id, 's', 't', 'm', 'a', 'e', 'k', 'q', 'r')
     if r and r[1] == 'a' and r[2] and string.sub(r[2], 1, #prefix) == prefix then
       local n = #out
@@ -59,8 +64,16 @@ end
 
 -- Promote queue q's due scheduled jobs (bounded per call; the rest next time). A
 -- promoted job keeps its due time 'r': its queue wait counts from it.
+-- Returns what it learnt of the set's head, which a claim that comes up short would read
+-- again for its next due time (next_due's `known`): false when nothing is scheduled, the
+-- head's due time (µs) when it is not due yet; nil when it promoted jobs (the head moved).
+-- One command for a queue with nothing due (the usual case), not one here and one there.
 function claim_ops.promote_due(q)
   local sk = k_sched(q)
+  local head = rcall('ZRANGE', sk, '0', '0', 'WITHSCORES')
+  if #head == 0 then return false end
+  local first = tonumber(head[2])
+  if first and first > last_now then return first end
   local due = rcall('ZRANGEBYSCORE', sk, '-inf', last_now_text, 'LIMIT', '0', '1000')
   if #due > 0 then
     local order = rcall('INCRBY', k_seq(q), #due) - #due
@@ -166,6 +179,7 @@ function claim_ops.activate(c, id, q, prio, laned)
     -- (Its fields as locals, not parse_entry's table: one table fewer per job.)
     local eid, o, e, r, m = entry_parts(id)
     if not eid then
+      c.other = true  -- (claim.lua: not a waiting entry)
       if string.byte(id, 1) == 126 then return claim_ops.take_turn(c, q, prio, id) end  -- '~'
       return
     end
@@ -207,9 +221,10 @@ function claim_ops.activate(c, id, q, prio, laned)
     -- number or its text, and a tonumber of 16 digits costs ~2k instructions.)
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, e, 0, q
     out[n + 8] = r or 0
-    c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids)
+    c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids, c.bare)
     return
   end
+  c.other = true  -- (claim.lua: not a waiting entry)
   -- A counted stale entry (the job left waiting, maybe came back under this id):
   -- consumed and skipped, so the job is claimed only through its live entry.
   if take_stale(q, prio, id) then return end
@@ -282,7 +297,7 @@ function claim_ops.activate(c, id, q, prio, laned)
     out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, tonumber(f.e) or 0, 0, q
     out[n + 8] = tonumber(f.r) or 0
   end
-  c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids)
+  c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids, c.bare)
 end
 
 -- A job id taken from its fair key's lane (`fk`: the marker's '<weight>|<task>|<key>'):
@@ -328,7 +343,7 @@ function claim_ops.claim_laned(c, id, q, prio, fk)
   out[n + 1], out[n + 2], out[n + 3] = id, m, tok
   out[n + 4], out[n + 5], out[n + 6], out[n + 7] = 1, e, 0, q  -- (digits: see activate)
   out[n + 8] = r ~= '' and r or 0
-  c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids)
+  c.one_line = claimed_job(q, id, c.lease_until, c.leases, c.ids, c.bare)
 end
 
 -- A fair key's turn (its marker `v` popped from level `prio` of `q`): up to its weight
@@ -468,12 +483,18 @@ end
 
 -- When the next job of the queues args[first .. last] is due, in µs from now (nil:
 -- none is scheduled): the earliest scheduled job, or gate opening of a queue in `gated`.
-function claim_ops.next_due(args, first, last, gated, now)
+-- `known` (a claim of one queue): its scheduled set's head as promote_due read it in this
+-- call (false: empty; nil: not known, read here).
+function claim_ops.next_due(args, first, last, gated, now, known)
   local next_due = nil
-  for qi = first, last do
-    local q = args[qi]
-    local t = rcall('ZRANGE', k_sched(q), '0', '0', 'WITHSCORES')
-    if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
+  if known ~= nil then
+    next_due = known or nil
+  else
+    for qi = first, last do
+      local q = args[qi]
+      local t = rcall('ZRANGE', k_sched(q), '0', '0', 'WITHSCORES')
+      if #t > 0 and (not next_due or tonumber(t[2]) < next_due) then next_due = tonumber(t[2]) end
+    end
   end
   for qi = first, last do
     local q = args[qi]

@@ -180,8 +180,11 @@ local function complete_one(q, id, tok, res, now)
   -- A workflow's other fields (fm, fs, fq) are read only for a job of a flow ('fl'): a
   -- field a hash does not hold costs HMGET a scan of the whole hash. So is the done
   -- token 'd' (absent on an active job), read below only when the job is not ours.
-  local r = read_hash(q, id, 's', 't', 'ck', 'fl')
-  if not r then return not_active_answer(q, id) end
+  -- (read_hash's read, on the key made once here: a pcall, so a key of another type is
+  -- no job, never an error)
+  local jk = k_job(q, id)
+  local r = rpcall('HMGET', jk, 's', 't', 'ck', 'fl')
+  if type(r) ~= 'table' or r.err or not r[1] then return not_active_answer(q, id) end
   if r[1] == 'a' and r[2] == tok then
     local ak = k_active(q)
     if zbatch then
@@ -195,7 +198,7 @@ local function complete_one(q, id, tok, res, now)
     -- finalize's work, without its table of extra fields: the result and the token go
     -- in the state's HSET, and the token is cleared there too (every reader of 't'
     -- checks the state 'a' first): one HDEL fewer per job.
-    local jk, at = k_job(q, id), num_text(now)
+    local at = num_text(now)
     rcall('HSET', jk, 's', 'c', 'fa', at, 'res', res, 'd', tok, 't', '')
     -- (true: a job of a flow whose link finalize_after reads, with the result it reads
     -- anyway)
@@ -204,7 +207,7 @@ local function complete_one(q, id, tok, res, now)
   end
   -- Not active under this token: finished under it already (a re-sent request: its done
   -- token) or not ours (the lease was lost).
-  if rcall('HGET', k_job(q, id), 'd') == tok then return 1 end
+  if rcall('HGET', jk, 'd') == tok then return 1 end
   return 2
 end
 

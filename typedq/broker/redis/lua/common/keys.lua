@@ -88,11 +88,13 @@ local function k_idx_prefix(q) return k_fixed(q, 'i:') end
 -- first digit's lowest bit and the other three), and the number's text joined from kept
 -- parts: the hundreds ('1'..'81') and two padded digits ('00'..'99'), or below 100 the
 -- number's own ('0'..'99'): at most 281 strings, made once each (a cache of all 8192
--- texts would add 8192 strings for every GC cycle to mark).
+-- texts would add 8192 strings for every GC cycle to mark). With `prefix` (the queue's
+-- k_idx_prefix), the bucket's key, joined with the parts in one concatenation (one new
+-- string per job, not two).
 local idx_hundreds = {}  --@keep
 local idx_padded = {}  --@keep
 local idx_small = {}  --@keep
-local function idx_bucket(id)
+local function idx_bucket(id, prefix)
   local a, b, c, d = string.byte(redis.sha1hex(id), 1, 4)
   local n = ((a > 57 and a - 87 or a - 48) % 2) * 4096 + (b > 57 and b - 87 or b - 48) * 256
     + (c > 57 and c - 87 or c - 48) * 16 + (d > 57 and d - 87 or d - 48)
@@ -100,15 +102,17 @@ local function idx_bucket(id)
   if n < 100 then
     local t = idx_small[lo]
     if not t then t = string.format('%d', lo); idx_small[lo] = t end
+    if prefix then return prefix .. t end
     return t
   end
   local hi = (n - lo) / 100
   local h, l = idx_hundreds[hi], idx_padded[lo]
   if not h then h = string.format('%d', hi); idx_hundreds[hi] = h end
   if not l then l = string.format('%02d', lo); idx_padded[lo] = l end
+  if prefix then return prefix .. h .. l end
   return h .. l
 end
-local function k_idx(q, id) return k_idx_prefix(q) .. idx_bucket(id) end
+local function k_idx(q, id) return idx_bucket(id, k_idx_prefix(q)) end
 local function k_active(q) return k_fixed(q, 'a') end
 -- (By state, made once per queue and state, like k_fixed's.)
 local function k_done(q, state)

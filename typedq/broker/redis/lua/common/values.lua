@@ -20,24 +20,30 @@ local function now_us()
   end
   return last_now
 end
--- Integer `n` as decimal text, for a command's argument (see last_now_text).
+-- Integer `n` as decimal text, for a command's argument (see last_now_text). The texts
+-- of -1000 .. 1000 (counts' deltas, batch sizes: a few per call) are made once and kept
+-- (a string.format is ~2k instructions; at most 2001 short strings).
+local small_texts = {}  --@keep
 local function num_text(n)
   if n == last_now then return last_now_text end
-  if n == 1 then return '1' elseif n == -1 then return '-1' elseif n == 0 then return '0' end
+  local t = small_texts[n]
+  if t then return t end
   -- Past 2^53 (or not whole): Redis formats it, as it did before.
   if n >= 9007199254740992 or n <= -9007199254740992 or n ~= math.floor(n) then return n end
-  return string.format('%d', n)
+  t = string.format('%d', n)
+  if n >= -1000 and n <= 1000 then small_texts[n] = t end
+  return t
 end
 
 -- Decimal text of a count `n` >= 1 (a claimed job's place in its claim, in its token):
--- made once per value up to 1000 and kept (a number concatenated is formatted with
--- '%.14g': ~1.5k instructions; the same text for an integer).
-local count_texts = {}  --@keep
+-- made once per value up to 1000 and kept, in num_text's small_texts (a number
+-- concatenated is formatted with '%.14g': ~1.5k instructions; the same text for an
+-- integer).
 local function count_text(n)
-  local t = count_texts[n]
+  local t = small_texts[n]
   if not t then
     t = string.format('%d', n)
-    if n <= 1000 then count_texts[n] = t end
+    if n <= 1000 then small_texts[n] = t end
   end
   return t
 end
