@@ -12,7 +12,7 @@ delays, dedup by
 id (a small pool of ids, reused after removal), claims, completions, failures (retried or
 final), and the operators' cancel, retry, remove and purge. Each program runs in
 lockstep on the embedded broker, the reference, and on the broker under test (a single
-Redis, a local Redis Cluster); after every step the two answers must be equal, and so
+Redis, a local Redis Cluster, PostgreSQL: test_model_combined_pg.py); after every step the two answers must be equal, and so
 must every job's state and attempt, every queue's counts and, page by page
 (``page_jobs``), the ids in every state (which ids: their order is held by the claims'
 answers). On Cluster the program leaves out what docs/brokers.md documents Cluster does
