@@ -179,8 +179,10 @@ async def connected(
     max_stalls: int = 3,
     retention: Retention | None = None,
     max_queue_length: int = 0,
+    deadline: float = TEST_DEADLINE,
 ) -> AsyncIterator[Broker]:
-    """A connected broker of a fresh App, with the test body bounded in time."""
+    """A connected broker of a fresh App, with the test body bounded in time
+    (``deadline`` seconds)."""
     app = App(
         app_name,
         broker=broker_url,
@@ -189,7 +191,7 @@ async def connected(
         retention=retention,
         max_queue_length=max_queue_length,
     )
-    with anyio.fail_after(TEST_DEADLINE):
+    with anyio.fail_after(deadline):
         async with app:
             yield app.broker
 

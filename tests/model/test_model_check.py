@@ -28,7 +28,7 @@ import msgspec
 import pytest
 
 from tests.redis_support import server_url
-from tests.support import connected, msg
+from tests.support import TEST_DEADLINE, connected, msg
 from typedq import JobState, QueueFull
 from typedq.broker.base import (
     Broker,
@@ -47,6 +47,9 @@ STEPS = 300
 POOL = [f"j{i}" for i in range(10)]
 PRIORITIES = [-5, 0, 0, 0, 5]
 MAX_STALLS = 1
+#: A seed's run (300 steps, each compared over every view): a few seconds on a quiet
+#: box, bounded well above what a loaded one takes (PostgreSQL's took ~16 s there).
+SEED_DEADLINE = TEST_DEADLINE * 4
 MAX_QUEUE_LENGTH = 4
 SHORT_LEASE = 0.001
 LONG_LEASE = 600.0
@@ -361,10 +364,18 @@ async def check_seed(
     last_short_claim = -1.0
     async with (
         connected(
-            f"{app_name}-ref", "memory://", max_stalls=MAX_STALLS, max_queue_length=MAX_QUEUE_LENGTH
+            f"{app_name}-ref",
+            "memory://",
+            max_stalls=MAX_STALLS,
+            max_queue_length=MAX_QUEUE_LENGTH,
+            deadline=SEED_DEADLINE,
         ) as reference_broker,
         connected(
-            app_name, url, max_stalls=MAX_STALLS, max_queue_length=MAX_QUEUE_LENGTH
+            app_name,
+            url,
+            max_stalls=MAX_STALLS,
+            max_queue_length=MAX_QUEUE_LENGTH,
+            deadline=SEED_DEADLINE,
         ) as tested_broker,
     ):
         reference = Driver(reference_broker, fair=fair)

@@ -92,6 +92,9 @@ FLOWS = {
 # The range's edges too: an envelope at MIN/MAX_PRIORITY must sort alike everywhere.
 PRIORITIES = (MIN_PRIORITY, -5, 0, 0, 5, MAX_PRIORITY)
 LEASE = 600.0
+#: A program's run in lockstep (200 steps, each compared over ~40 reads): a few seconds
+#: on a quiet box, bounded well above what a loaded one takes.
+MODEL_DEADLINE = TEST_DEADLINE * 4
 DELAY = 3600.0
 LIMITS = {
     "lim": LimitSpec(concurrency=1),
@@ -456,14 +459,16 @@ async def run_lockstep(url: str, namespace: str, steps: Sequence[Step], backend:
     )
     await reference.connect()
     try:
-        async with connected(namespace, url, max_queue_length=MAX_QUEUE_LENGTH) as broker:
+        async with connected(
+            namespace, url, max_queue_length=MAX_QUEUE_LENGTH, deadline=MODEL_DEADLINE
+        ) as broker:
             _prepare(reference)
             _prepare(broker)
             ref, other = Driver(reference), Driver(broker)
             await ref.start_schedules()
             await other.start_schedules()
             counts_before: dict[str, Any] = {}
-            with anyio.fail_after(TEST_DEADLINE * 4):
+            with anyio.fail_after(MODEL_DEADLINE):
                 for n, step in enumerate(steps):
                     expected = await ref.apply(step)
                     actual = await other.apply(step)
