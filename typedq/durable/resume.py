@@ -90,9 +90,11 @@ def _safe_to_keep(coro: Coroutine[Any, Any, Any]) -> bool:
             return False
         if frame.f_code in _ENGINE_CODE:
             return True
-        lasti = frame.f_lasti
-        if any(start <= lasti < end for start, end in _with_ranges(frame.f_code)):
-            return False
+        ranges = _with_ranges(frame.f_code)
+        if ranges:
+            lasti = frame.f_lasti
+            if any(start <= lasti < end for start, end in ranges):
+                return False
         link = below
     return True
 
