@@ -226,6 +226,9 @@ async def test_a_run_kept_by_one_worker_and_turned_by_another_replays_from_the_t
             with app_b.using_broker(broker):
                 async with app_b:
                     await work_until(app_b, gates["started", 2])  # B: step 1 again, turn
+                    assert "moved" in app_b.durables["pipeline"]._paused
+                    assert tops["b:closed"] == 0
+            assert tops["b:closed"] == 1  # B's paused run, closed as its app closed
             gates[2].set()
             del gates["started", 2]
             async with app_a.worker(concurrency=4, grace=0):

@@ -288,6 +288,12 @@ class DurableTask(Generic[TIn, TOut]):
                 return
         raise RuntimeError(f"run {run_id}: no turn settled after {_MAX_ROUNDS} rounds")
 
+    def close_paused(self) -> None:
+        """Close every run this process keeps paused (their next turns replay from the top)."""
+        while self._paused:
+            _, kept = self._paused.popitem(last=False)
+            kept.resumable.close()
+
     def _keep(
         self,
         resumable: Resumable[TIn, TOut],
