@@ -279,7 +279,7 @@ class DurableTask(Generic[TIn, TOut]):
                 and resumable.paused
                 and append.state is RunState.RUNNING
             ):
-                self._keep(resumable, record, entries, append.entries)
+                self._keep(resumable, record, entries, appended, append.entries)
             else:
                 resumable.close()
             if outcome is AppendOutcome.APPENDED and not again:
@@ -299,9 +299,12 @@ class DurableTask(Generic[TIn, TOut]):
         resumable: Resumable[TIn, TOut],
         record: RunRecord,
         entries: list[LogEntry],
-        appended: tuple[bytes, ...],
+        appended: list[LogEntry],
+        blobs: tuple[bytes, ...],
     ) -> None:
-        """Keep a paused run for its next turn here, with the log that turn must read."""
+        """Keep a paused run for its next turn here, with the log that turn must read:
+        ``entries`` read, then ``appended`` (encoded one per blob in ``blobs``, and a
+        taken signal's entry after them, which is decoded)."""
         if self.max_paused <= 0:
             resumable.close()
             return
@@ -309,8 +312,12 @@ class DurableTask(Generic[TIn, TOut]):
             resumable=resumable,
             created_at=record.created_at,
             input=record.spec.input,
-            blobs=(*record.log, *appended),
-            entries=[*entries, *(e for blob in appended for e in decode_entries(blob))],
+            blobs=(*record.log, *blobs),
+            entries=[
+                *entries,
+                *appended,
+                *(e for blob in blobs[len(appended) :] for e in decode_entries(blob)),
+            ],
         )
         while len(self._paused) > self.max_paused:
             _, oldest = self._paused.popitem(last=False)
