@@ -305,3 +305,17 @@ async def test_a_run_cancelled_while_kept_is_closed_at_its_next_turn() -> None:
             await durable.turn("c")  # as the turn the step's end would start
     assert "c" not in durable._paused
     assert tops == {"a": 1, "a:closed": 1}
+
+
+async def test_with_max_paused_0_every_turn_replays_from_the_top() -> None:
+    tops, ran_steps = Counter[str](), Counter[str]()
+    app = pipeline_app("a", tops, ran_steps, {})
+    durable = app.durables["pipeline"]
+    durable.max_paused = 0
+    broker = MemoryBroker(app.settings, clock=FakeClock(EPOCH))
+    with anyio.fail_after(TEST_DEADLINE), app.using_broker(broker):
+        async with app, app.worker(concurrency=4, grace=0):
+            handle = await durable.start(Item(0), run_id="off")
+            assert await handle.result(timeout=TEST_DEADLINE) == Item(3)
+    assert tops == {"a": 4, "a:closed": 4}  # one replay per turn: 3 steps, then the end
+    assert not durable._paused

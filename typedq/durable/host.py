@@ -252,7 +252,12 @@ class DurableTask(Generic[TIn, TOut]):
                 kept = None
             if kept is None:
                 entries = [e for blob in record.log for e in decode_entries(blob)]
-                resumable = Resumable(self.fn, self.input.decode(record.spec.input), run_id)
+                resumable = Resumable(
+                    self.fn,
+                    self.input.decode(record.spec.input),
+                    run_id,
+                    pause=self.max_paused > 0,
+                )
             else:
                 entries, resumable = kept.entries, kept.resumable
             try:

@@ -161,12 +161,16 @@ class Resumable(Generic[TIn, TOut]):
     ``decision = await resumable.advance(log, now)`` gives what ``replay(fn, inp, log,
     run_id=..., now=now)`` gives; while :attr:`paused`, the next ``advance`` must get a
     log that extends the last one by the entries the host appended for that decision.
+    With ``pause=False`` it never pauses (each suspension unwinds, as in a replay).
     """
 
-    def __init__(self, fn: DurableFunction[TIn, TOut], inp: TIn, run_id: str) -> None:
+    def __init__(
+        self, fn: DurableFunction[TIn, TOut], inp: TIn, run_id: str, *, pause: bool = True
+    ) -> None:
         self.run_id = run_id
         self._run = Run(run_id, RunLog(), 0.0)
-        self._run._driver = self
+        # Without pause, every suspension unwinds: a replay from the top, driven here.
+        self._run._driver = self if pause else None
         self._fn = fn
         self._inp = inp
         self._coro: Coroutine[Any, Any, TOut] | None = None
