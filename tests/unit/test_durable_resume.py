@@ -28,8 +28,7 @@ from typedq import App, Run
 from typedq.broker.memory import MemoryBroker
 from typedq.broker.runs import RunRecord, RunSpec, RunState
 from typedq.durable import Completed, Decision, DurableFunction, Failed, RunLog, replay
-from typedq.durable.host import _Paused
-from typedq.durable.resume import Resumable
+from typedq.durable.resume import Resumable, _Paused
 from typedq.testing import FakeClock
 
 pytestmark = pytest.mark.anyio

@@ -72,7 +72,7 @@ from .replay import (
     SleepUntil,
     WaitForSignal,
 )
-from .resume import Resumable
+from .resume import MAX_PAUSED, Resumable, _Paused
 from .types import NonDeterministic, Signal, TPayload
 
 if TYPE_CHECKING:
@@ -98,42 +98,6 @@ TURN_RETRIES = 10
 #: after recording a signal it found waiting, before it gives up (the turn job fails
 #: and is retried).
 _MAX_ROUNDS = 100
-
-
-#: How many paused runs a durable function keeps per process (0: none, every turn
-#: replays from the top). Each holds its function's coroutine and decoded log.
-MAX_PAUSED = 1024
-
-
-class _Paused:
-    """A run paused at its last turn here, and the log its next turn must read."""
-
-    __slots__ = ("blobs", "created_at", "entries", "input", "resumable")
-
-    def __init__(
-        self,
-        *,
-        resumable: Resumable[Any, Any],
-        created_at: float,
-        input: bytes,
-        blobs: tuple[bytes, ...],
-        entries: list[LogEntry],
-    ) -> None:
-        self.resumable = resumable
-        self.created_at = created_at
-        self.input = input
-        self.blobs = blobs
-        self.entries = entries
-
-    def expects(self, record: RunRecord) -> bool:
-        """True if ``record`` is the same run with exactly the log left by the last turn
-        (nothing appended since, by anyone)."""
-        return (
-            len(record.log) == len(self.blobs)
-            and record.created_at == self.created_at
-            and record.spec.input == self.input
-            and tuple(record.log) == self.blobs
-        )
 
 
 class RunTurn(msgspec.Struct, frozen=True):

@@ -36,11 +36,12 @@ import types
 from collections.abc import Awaitable, Coroutine, Generator
 from typing import Any, Generic
 
+from ..broker.runs import RunRecord
 from ..task import TIn, TOut
 from .log import LogEntry, RunLog
 from .replay import _PAUSE, Decision, DurableFunction, Run, StepCall, _Suspend, decide
 
-__all__ = ["Resumable"]
+__all__ = ["MAX_PAUSED", "Resumable"]
 
 #: The code of the run's own awaitables: below one of them, only the engine's frames.
 _ENGINE_CODE = frozenset(
@@ -234,3 +235,39 @@ class Resumable(Generic[TIn, TOut]):
         # A function that fights the close (awaits or calls the run in a finally): let it go.
         with contextlib.suppress(Exception, _Suspend):
             coro.close()
+
+
+#: How many paused runs a durable function keeps per process (0: none, every turn
+#: replays from the top). Each holds its function's coroutine and decoded log.
+MAX_PAUSED = 1024
+
+
+class _Paused:
+    """A run paused at its last turn here, and the log its next turn must read."""
+
+    __slots__ = ("blobs", "created_at", "entries", "input", "resumable")
+
+    def __init__(
+        self,
+        *,
+        resumable: Resumable[Any, Any],
+        created_at: float,
+        input: bytes,
+        blobs: tuple[bytes, ...],
+        entries: list[LogEntry],
+    ) -> None:
+        self.resumable = resumable
+        self.created_at = created_at
+        self.input = input
+        self.blobs = blobs
+        self.entries = entries
+
+    def expects(self, record: RunRecord) -> bool:
+        """True if ``record`` is the same run with exactly the log left by the last turn
+        (nothing appended since, by anyone)."""
+        return (
+            len(record.log) == len(self.blobs)
+            and record.created_at == self.created_at
+            and record.spec.input == self.input
+            and tuple(record.log) == self.blobs
+        )
