@@ -109,6 +109,149 @@ async def test_a_function_that_keeps_a_with_block_open_across_a_call_is_not_kept
     assert host.paused == [False, False]  # unwound at the call, as a replay does
 
 
+class Held:
+    """A sync and async context manager doing nothing; ``step`` set: its ``__aenter__``
+    (or ``__aexit__``) makes that call of the run."""
+
+    def __init__(self, step: Any = None, on: str = "") -> None:
+        self.step, self.on = step, on
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    async def __aenter__(self) -> Held:
+        if self.on == "enter":
+            await self.step()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.on == "exit":
+            await self.step()
+
+
+def lookup_fails() -> None:
+    raise LookupError
+
+
+async def in_sync_with(run: Run, user: NewUser) -> Any:
+    with Held():
+        return await run.step(create_account, user)
+
+
+async def in_async_with(run: Run, user: NewUser) -> Any:
+    async with Held():
+        return await run.step(create_account, user)
+
+
+async def in_try_in_with(run: Run, user: NewUser) -> Any:
+    with Held():
+        try:
+            return await run.step(create_account, user)
+        finally:
+            pass
+
+
+async def in_with_in_except_in_async_with(run: Run, user: NewUser) -> Any:
+    async with Held():
+        try:
+            lookup_fails()
+        except LookupError:
+            with Held():
+                return await run.step(create_account, user)
+
+
+async def in_try_except_in_nested_withs(run: Run, user: NewUser) -> Any:
+    async with Held():
+        with anyio.CancelScope():
+            try:
+                return await run.step(create_account, user)
+            except LookupError:
+                return None
+
+
+async def in_async_with_enter(run: Run, user: NewUser) -> Any:
+    async with Held(lambda: run.step(create_account, user), on="enter"):
+        return "entered"
+
+
+async def in_async_with_exit(run: Run, user: NewUser) -> Any:
+    async with Held(lambda: run.step(create_account, user), on="exit"):
+        pass
+    return "exited"
+
+
+async def in_awaited_with(run: Run, user: NewUser) -> Any:
+    async def below() -> Any:
+        with Held():
+            return await run.step(create_account, user)
+
+    return await below()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        in_sync_with,
+        in_async_with,
+        in_try_in_with,
+        in_with_in_except_in_async_with,
+        in_try_except_in_nested_withs,
+        in_async_with_enter,
+        in_async_with_exit,
+        in_awaited_with,
+    ],
+)
+async def test_a_call_inside_any_with_block_is_not_kept(fn: DurableFunction[Any, Any]) -> None:
+    host = ResumingHost(fn, NewUser(name="ada"))
+    done = await host.drive()
+    assert isinstance(done, Completed)
+    assert host.paused == [False, False]  # unwound at the call, as a replay does
+
+
+async def after_a_with(run: Run, user: NewUser) -> Any:
+    async with Held():
+        pass
+    with Held():
+        pass
+    return await run.step(create_account, user)
+
+
+async def in_try_finally(run: Run, user: NewUser) -> Any:
+    try:
+        return await run.step(create_account, user)
+    finally:
+        pass
+
+
+async def in_try_except(run: Run, user: NewUser) -> Any:
+    try:
+        return await run.step(create_account, user)
+    except LookupError:
+        return None
+
+
+async def in_except_after_a_with(run: Run, user: NewUser) -> Any:
+    with Held():
+        pass
+    try:
+        lookup_fails()
+    except LookupError:
+        return await run.step(create_account, user)
+
+
+@pytest.mark.parametrize(
+    "fn", [after_a_with, in_try_finally, in_try_except, in_except_after_a_with]
+)
+async def test_a_call_outside_with_blocks_is_kept(fn: DurableFunction[Any, Any]) -> None:
+    host = ResumingHost(fn, NewUser(name="ada"))
+    done = await host.drive()
+    assert isinstance(done, Completed)
+    assert host.paused == [True, False]
+
+
 async def test_a_call_from_a_task_the_function_started_unwinds_as_in_a_replay() -> None:
     async def grouped(run: Run, user: NewUser) -> Any:
         got: list[Any] = []

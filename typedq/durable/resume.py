@@ -16,8 +16,9 @@ next turn replays from the top:
 - the call is made in the task that drives the function (not in a task of a task group
   the function started), and not inside ``run.do``;
 - no frame of the function (or of a coroutine it awaits) is inside a ``with`` or
-  ``async with`` block at the pause: a cancel scope, a timeout, a task group or a lock
-  must not outlive the turn that entered it;
+  ``async with`` block at the pause, nor awaiting an ``__aenter__`` / ``__aexit__``: a
+  cancel scope, a timeout, a task group or a lock must not outlive the turn that entered
+  it (where the bytecode cannot be read, every pause counts as inside);
 - the function awaits only coroutines and generators down to the run's call.
 
 The host (typedq.durable.host) keeps a bounded number of paused runs per worker process,
@@ -57,24 +58,77 @@ _ENGINE_CODE = frozenset(
 
 _with_blocks: dict[types.CodeType, tuple[tuple[int, int], ...]] = {}
 
+#: How many instructions from a handler's start ``WITH_EXCEPT_START`` is looked for.
+_HANDLER_HEAD = 4
+
 
 def _with_ranges(code: types.CodeType) -> tuple[tuple[int, int], ...]:
-    """The bytecode ranges of ``code`` inside a ``with`` / ``async with`` block (those an
-    exception-table entry protects with a handler that starts ``WITH_EXCEPT_START``)."""
+    """The bytecode ranges of ``code`` where a pause is inside a ``with`` / ``async with``
+    block, or awaits its ``__aenter__`` / ``__aexit__``; the whole code if unsure.
+
+    An offset is inside a ``with`` block if an exception raised there reaches the block's
+    exit handler (``PUSH_EXC_INFO``, then ``WITH_EXCEPT_START``). The exception table maps
+    an offset to its innermost handler only, so the handler's own first instruction is
+    looked up in turn (the handler of a handler is the enclosing block's), until a ``with``
+    handler or none: 3.12 sends a pause's exception to a ``CLEANUP_THROW`` stub first, a
+    ``try`` inside a ``with`` goes through its own handler and cleanup.
+    """
     ranges = _with_blocks.get(code)
     if ranges is None:
-        table = getattr(dis.Bytecode(code), "exception_entries", None)
-        if table is None:  # no exception table to read (before 3.11): assume the worst
-            ranges = _with_blocks[code] = ((0, sys.maxsize),)
-            return ranges
-        ops = {i.offset: i.opname for i in dis.get_instructions(code)}
-        found = []
-        for entry in table:
-            handler = (ops.get(entry.target), ops.get(entry.target + 2))
-            if handler == ("PUSH_EXC_INFO", "WITH_EXCEPT_START"):
-                found.append((entry.start, entry.end))
-        ranges = _with_blocks[code] = tuple(found)
+        try:
+            ranges = _find_with_ranges(code)
+        except Exception:  # bytecode we cannot read: assume the worst
+            ranges = ((0, sys.maxsize),)
+        _with_blocks[code] = ranges
     return ranges
+
+
+def _find_with_ranges(code: types.CodeType) -> tuple[tuple[int, int], ...]:
+    table = getattr(dis.Bytecode(code), "exception_entries", None)
+    if table is None:  # no exception table to read (before 3.11): assume the worst
+        return ((0, sys.maxsize),)
+    instrs = list(dis.get_instructions(code))
+    index = {ins.offset: n for n, ins in enumerate(instrs)}
+
+    def handler_of(offset: int) -> int | None:
+        for entry in table:
+            if entry.start <= offset < entry.end:
+                return int(entry.target)
+        return None
+
+    def is_with_handler(target: int) -> bool:
+        # WITH_EXCEPT_START among the handler's first instructions (right after
+        # PUSH_EXC_INFO on 3.11 to 3.13), before anything that leaves the handler's head.
+        n = index[target]
+        for ins in instrs[n : n + _HANDLER_HEAD]:
+            if ins.opname == "WITH_EXCEPT_START":
+                return True
+            if ins.opname.startswith(("JUMP", "RERAISE", "RETURN", "POP_JUMP")):
+                return False
+        return False
+
+    def reaches_with(target: int | None) -> bool:
+        seen: set[int] = set()
+        while target is not None and target not in seen:
+            if target not in index:
+                return True  # a handler we cannot place: assume the worst
+            if is_with_handler(target):
+                return True
+            seen.add(target)
+            target = handler_of(target)
+        return False
+
+    found = [(e.start, e.end) for e in table if reaches_with(e.target)]
+    # An ``async with`` awaiting its __aenter__ / __aexit__ (GET_AWAITABLE 1 / 2) holds
+    # the block half open: from that instruction to past the RESUME that ends the await.
+    for n, ins in enumerate(instrs):
+        if ins.opname == "GET_AWAITABLE" and ins.arg in (1, 2):
+            end = next((m for m in range(n + 1, len(instrs)) if instrs[m].opname == "RESUME"), None)
+            if end is None:
+                return ((0, sys.maxsize),)
+            stop = instrs[end + 1].offset if end + 1 < len(instrs) else sys.maxsize
+            found.append((ins.offset, stop))
+    return tuple(sorted(found))
 
 
 def _safe_to_keep(coro: Coroutine[Any, Any, Any]) -> bool:
