@@ -23,7 +23,9 @@ waits until ``release:<point>`` exists (or until it is killed). The points:
 - ``woke``: in the run's function right after ``run.sleep`` returned (the turn its
   timer started);
 - ``gathered``: right after ``run.gather`` of steps 3 and 4 returned;
-- ``signal``: in the run's function right before ``run.wait_for(go)``;
+- ``signal``: in the run's function right before ``run.wait_for(go)`` (passed again in
+  a later turn only by a replay from the top: a worker that has the run paused in the
+  wait goes on from there);
 - ``signalled``: right after ``run.wait_for(go)`` returned;
 - ``handoff``: on Redis Cluster, after a step's completion wrote the run's hand-off to
   the outbox of the step's queue and before the worker applies it on the run's slot.

@@ -53,6 +53,8 @@ from .task import (
 from .worker import Worker
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from .serde import Codec
     from .tracing import Tracing
 
@@ -263,6 +265,20 @@ class App(AppBase):
     def durables(self) -> Mapping[str, DurableTask[Any, Any]]:
         """The durable functions by name."""
         return dict(self._durables)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await super().__aexit__(exc_type, exc, tb)
+        finally:
+            # Runs this process kept paused for their next turn (typedq.durable.resume):
+            # closed now, not whenever they are collected.
+            for durable in self._durables.values():
+                durable.close_paused()
 
     @overload
     def durable(self, fn: DurableFunction[TIn, TOut], /) -> DurableTask[TIn, TOut]: ...

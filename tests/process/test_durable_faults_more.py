@@ -128,12 +128,24 @@ async def test_every_worker_sigkilled_while_the_run_waits_for_a_signal(
 async def test_sigkill_during_a_signal_delivery(redis_server: RedisProcess, point: str) -> None:
     """Killed in the turn the signal woke: before it took the signal (``signal``: the
     payload is still in the inbox) or after its append took it (``signalled``: the log
-    holds it, the function has not gone on yet). The payload is delivered once."""
+    holds it, the function has not gone on yet). The payload is delivered once.
+
+    ``signalled``: the victim ran the run to its wait, so it has the run paused there
+    and the signal's turn goes on from the pause. ``signal`` (a hold before the
+    ``run.wait_for`` call, which only a replay from the top passes again): another worker
+    ran the run to its wait and is gone, so the victim replays it from the top."""
     async with _scene(redis_server) as scene:
-        victim = scene.spawn(holds=[point])
         plan = Plan(n=6, wait=True)
-        handle = await pipeline.start(plan, run_id=f"deliver-{point}")
-        await _until(handle, "waiting", lambda r: r.wait_signal == go.name)
+        if point == "signal":
+            first = scene.spawn()
+            handle = await pipeline.start(plan, run_id=f"deliver-{point}")
+            await _until(handle, "waiting", lambda r: r.wait_signal == go.name)
+            scene.kill(first)
+            victim = scene.spawn(holds=[point])
+        else:
+            victim = scene.spawn(holds=[point])
+            handle = await pipeline.start(plan, run_id=f"deliver-{point}")
+            await _until(handle, "waiting", lambda r: r.wait_signal == go.name)
         await scene.arm(point)
         assert await handle.send(go, Go(bump=9)) is SignalOutcome.DELIVERED
         await scene.held(point, victim)

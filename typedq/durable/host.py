@@ -19,6 +19,7 @@ import inspect
 import sys
 import traceback
 import typing
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
@@ -70,8 +71,8 @@ from .replay import (
     ScheduleSteps,
     SleepUntil,
     WaitForSignal,
-    replay,
 )
+from .resume import MAX_PAUSED, Resumable, _Paused
 from .types import NonDeterministic, Signal, TPayload
 
 if TYPE_CHECKING:
@@ -160,9 +161,14 @@ class DurableTask(Generic[TIn, TOut]):
         self.input: Codec[TIn] = codec_for(input_type)
         self.output: Codec[TOut] = codec_for(output_type)
         self.turn_task: Task[RunTurn, None]  # set by App.durable, which registers it
+        #: Runs paused at their last turn in this process, by run id, oldest first.
+        self._paused: OrderedDict[str, _Paused] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"DurableTask({self.name!r})"
+
+    #: Paused runs kept per process (see :data:`MAX_PAUSED`).
+    max_paused = MAX_PAUSED
 
     @property
     def queue(self) -> str:
@@ -192,35 +198,99 @@ class DurableTask(Generic[TIn, TOut]):
     # -- the turn (a worker runs it as the job of the turn task) --------------------------
 
     async def turn(self, run_id: str) -> None:
-        """Replay the run once more and carry out the decision (see the module doc)."""
+        """Replay the run once more and carry out the decision (see the module doc).
+
+        A run this process paused at its last turn, whose log is still exactly what that
+        turn left, goes on from its pause instead (:mod:`typedq.durable.resume`).
+        """
         broker = self._app.broker
         for _ in range(_MAX_ROUNDS):
             record = await self._app.client.read_run(run_id)
+            kept = self._paused.pop(run_id, None)
             if record is None or record.state.is_final:
+                if kept is not None:
+                    kept.resumable.close()
                 return
-            entries = [e for blob in record.log for e in decode_entries(blob)]
-            fresh = await self._outcomes(record, entries)
-            log = RunLog([*entries, *fresh])
-            # The broker's time at the read (one round trip less per turn), else asked.
-            now = record.read_at or await broker.broker_time_us() / 1_000_000
-            try:
-                decision: Decision[TOut] = await replay(
-                    self.fn, self.input.decode(record.spec.input), log, run_id=run_id, now=now
+            if kept is not None and not kept.expects(record):
+                kept.resumable.close()
+                kept = None
+            if kept is None:
+                entries = [e for blob in record.log for e in decode_entries(blob)]
+                resumable = Resumable(
+                    self.fn,
+                    self.input.decode(record.spec.input),
+                    run_id,
+                    pause=self.max_paused > 0,
                 )
-            except NonDeterministic as exc:
-                decision = Failed(error=exc)
-            entries = [*fresh, *decision.append]
+            else:
+                entries, resumable = kept.entries, kept.resumable
             try:
-                append, again = self._act(record, decision, entries, now)
-            except ConfigError as exc:
-                # A step of a task this app does not have: no turn can ever run it.
-                append, again = self._act(record, Failed(error=exc), entries, now)
-            outcome = await self._app.client.append_run(append)
+                fresh = await self._outcomes(record, entries)
+                log = RunLog([*entries, *fresh])
+                # The broker's time at the read (one round trip less per turn), else asked.
+                now = record.read_at or await broker.broker_time_us() / 1_000_000
+                try:
+                    decision: Decision[TOut] = await resumable.advance(log, now)
+                except NonDeterministic as exc:
+                    decision = Failed(error=exc)
+                appended = [*fresh, *decision.append]
+                try:
+                    append, again = self._act(record, decision, appended, now)
+                except ConfigError as exc:
+                    # A step of a task this app does not have: no turn can ever run it.
+                    append, again = self._act(record, Failed(error=exc), appended, now)
+                outcome = await self._app.client.append_run(append)
+            except BaseException:
+                resumable.close()
+                raise
+            if (
+                outcome is AppendOutcome.APPENDED
+                and resumable.paused
+                and append.state is RunState.RUNNING
+            ):
+                self._keep(resumable, record, entries, appended, append.entries)
+            else:
+                resumable.close()
             if outcome is AppendOutcome.APPENDED and not again:
                 return
             if outcome in (AppendOutcome.FINISHED, AppendOutcome.NOT_FOUND):
                 return
         raise RuntimeError(f"run {run_id}: no turn settled after {_MAX_ROUNDS} rounds")
+
+    def close_paused(self) -> None:
+        """Close every run this process keeps paused (their next turns replay from the top)."""
+        while self._paused:
+            _, kept = self._paused.popitem(last=False)
+            kept.resumable.close()
+
+    def _keep(
+        self,
+        resumable: Resumable[TIn, TOut],
+        record: RunRecord,
+        entries: list[LogEntry],
+        appended: list[LogEntry],
+        blobs: tuple[bytes, ...],
+    ) -> None:
+        """Keep a paused run for its next turn here, with the log that turn must read:
+        ``entries`` read, then ``appended`` (encoded one per blob in ``blobs``, and a
+        taken signal's entry after them, which is decoded)."""
+        if self.max_paused <= 0:
+            resumable.close()
+            return
+        self._paused[resumable.run_id] = _Paused(
+            resumable=resumable,
+            created_at=record.created_at,
+            input=record.spec.input,
+            blobs=(*record.log, *blobs),
+            entries=[
+                *entries,
+                *appended,
+                *(e for blob in blobs[len(appended) :] for e in decode_entries(blob)),
+            ],
+        )
+        while len(self._paused) > self.max_paused:
+            _, oldest = self._paused.popitem(last=False)
+            oldest.resumable.close()
 
     async def fail_run(self, run_id: str, error: Exception, *, attempts: int) -> None:
         """End a running run as failed because its turn failed ``attempts`` times (the

@@ -32,7 +32,7 @@ import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from datetime import timedelta
-from typing import Any, Generic, NoReturn, TypeAlias, TypeVar, cast, overload
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar, cast, overload
 
 import msgspec
 import pydantic
@@ -105,6 +105,23 @@ class _Suspend(BaseException):
     the unwinding alone: the run remembers its suspension, every later call on ``run``
     raises again, and the decision stands whatever the function does after catching it.
     """
+
+
+class _Driver(Protocol):
+    def can_pause(self) -> bool: ...
+
+
+class _Pause:
+    """Awaited where a resumable run pauses: yields itself to the driver, which holds the
+    coroutine until the next turn (never to the event loop: the driver checks first)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield self
+
+
+_PAUSE = _Pause()
 
 
 # -- the run ------------------------------------------------------------------------
@@ -198,6 +215,9 @@ class Run:
         self._append: list[LogEntry] = []
         self._suspension: ScheduleSteps | SleepUntil | WaitForSignal | None = None
         self._divergence: NonDeterministic | None = None
+        #: What drives the function when it may pause instead of unwinding (resume.py).
+        self._driver: _Driver | None = None
+        self._in_do = 0
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r}, at call #{self._next})"
@@ -265,21 +285,25 @@ class Run:
 
     async def _wait_steps(self, calls: Sequence[StepCall[Any]]) -> list[Any]:
         self._guard()
-        new = [c for c in calls if not c._scheduled()]
-        pending = [c.position for c in calls if c._scheduled() and not c._done()]
-        if new or pending:
+        while True:
+            new = [c for c in calls if not c._scheduled()]
+            pending = [c.position for c in calls if c._scheduled() and not c._done()]
+            if not (new or pending):
+                return [call._value() for call in calls]
             for call in new:
                 self._append.append(
                     StepScheduled(position=call.position, task=call.task, digest=call.digest)
                 )
                 # Another await of the same call within this replay must not schedule it twice.
                 call._entries = [self._append[-1]]
-            self._suspend(
+            await self._suspend(
                 ScheduleSteps(
                     schedule=tuple(c._request() for c in new), pending=tuple(sorted(pending))
                 )
             )
-        return [call._value() for call in calls]
+            # Resumed (see typedq.durable.resume): the log now records what was scheduled.
+            for call in calls:
+                call._entries = self._log.at(call.position)
 
     # -- inline code -----------------------------------------------------------------
 
@@ -311,9 +335,13 @@ class Run:
         codec = ValueCodec(name, type)
         if entries:
             return codec.decode(cast(DoRecorded, entries[0]).value)
-        value = fn()
-        if inspect.isawaitable(value):
-            value = await value
+        self._in_do += 1
+        try:
+            value = fn()
+            if inspect.isawaitable(value):
+                value = await value
+        finally:
+            self._in_do -= 1
         # A suspension inside fn (it called the run) or a divergence must not be recorded.
         self._guard()
         data = codec.encode(value)
@@ -334,8 +362,8 @@ class Run:
         else:
             until = self._now + seconds
             self._append.append(SleepStarted(position=position, until=until))
-        if self._now < until:
-            self._suspend(SleepUntil(position=position, until=until))
+        while self._now < until:
+            await self._suspend(SleepUntil(position=position, until=until))
 
     async def wait_for(
         self, signal: Signal[TPayload], *, timeout: timedelta | float | None = None
@@ -369,16 +397,20 @@ class Run:
             self._append.append(
                 WaitStarted(position=position, signal=signal.name, deadline=deadline)
             )
-        # The first outcome recorded wins: a signal and the timeout may both be appended.
-        for entry in entries:
-            if isinstance(entry, SignalReceived):
-                return signal.decode(entry.payload)
-            if isinstance(entry, SignalTimedOut):
+        while True:
+            # The first outcome recorded wins: a signal and the timeout may both be appended.
+            for entry in entries:
+                if isinstance(entry, SignalReceived):
+                    return signal.decode(entry.payload)
+                if isinstance(entry, SignalTimedOut):
+                    raise RunTimeout(self.run_id, signal.name, deadline)
+            if deadline is not None and self._now >= deadline:
+                self._append.append(SignalTimedOut(position=position, signal=signal.name))
                 raise RunTimeout(self.run_id, signal.name, deadline)
-        if deadline is not None and self._now >= deadline:
-            self._append.append(SignalTimedOut(position=position, signal=signal.name))
-            raise RunTimeout(self.run_id, signal.name, deadline)
-        self._suspend(WaitForSignal(position=position, signal=signal.name, deadline=deadline))
+            await self._suspend(
+                WaitForSignal(position=position, signal=signal.name, deadline=deadline)
+            )
+            entries = self._log.at(position)
 
     # -- events and code changes -------------------------------------------------------------
 
@@ -419,6 +451,15 @@ class Run:
 
     # -- internals ---------------------------------------------------------------------
 
+    def _renew(self, log: RunLog, now: float) -> None:
+        """Resumed at a later turn (typedq.durable.resume): that turn's log and time."""
+        self._log, self._now, self._append = log, now, []
+        self._suspension = None
+
+    def _stopped(self) -> bool:
+        """Suspended or diverged: whatever the function raises now is the unwinding."""
+        return self._suspension is not None or self._divergence is not None
+
     def _key(self, position: int) -> str:
         return f"{self.run_id}:{position}"
 
@@ -442,9 +483,17 @@ class Run:
             raise self._divergence
         return entries
 
-    def _suspend(self, decision: ScheduleSteps | SleepUntil | WaitForSignal) -> NoReturn:
+    async def _suspend(self, decision: ScheduleSteps | SleepUntil | WaitForSignal) -> None:
+        """Stop the run at this call: unwind it (raise :class:`_Suspend`), or, when a
+        :class:`~typedq.durable.resume.Resumable` drives it from this very task and the
+        call is not inside ``run.do``, pause it there; it returns when resumed with a
+        longer log (``_log``, ``_now`` and ``_append`` renewed), and the caller looks again.
+        """
         self._suspension = decision
-        raise _Suspend
+        driver = self._driver
+        if driver is None or self._in_do or not driver.can_pause():
+            raise _Suspend
+        await _PAUSE
 
 
 # -- the engine ------------------------------------------------------------------------
@@ -479,6 +528,12 @@ async def replay(
         # KeyboardInterrupt) raised while the run was not stopping is the caller's.
         if run._suspension is None and run._divergence is None:
             raise
+    return decide(run, result, error)
+
+
+def decide(run: Run, result: Any, error: Exception | None) -> Decision[Any]:
+    """The decision of a replay whose function has stopped (returned ``result``, raised
+    ``error``, or unwound from a suspension or divergence)."""
     # The run's own record wins over what came out: the function may have caught and
     # replaced the _Suspend or NonDeterministic it was stopped with.
     if run._divergence is not None:
@@ -488,8 +543,9 @@ async def replay(
         return dataclasses.replace(run._suspension, append=append)
     if error is not None:
         return Failed(error=error, append=append)
+    run_log = run._log
     if run._next < run_log.end:
         position = next(p for p in range(run._next, run_log.end) if run_log.at(p))
         recorded = describe(run_log.at(position)[0])
-        raise NonDeterministic(run_id, position, "to return", recorded)
-    return Completed(result=cast(TOut, result), append=append)
+        raise NonDeterministic(run.run_id, position, "to return", recorded)
+    return Completed(result=result, append=append)
