@@ -53,10 +53,11 @@ async def store(x: Num) -> Num:
     return Num(x.n + 3)
 
 
-async def _stall(self: RedisBroker, handoffs: Sequence[Handoff]) -> None:
+async def _stall(self: RedisBroker, handoffs: Sequence[Handoff]) -> int:
     """Record the hand-offs (entry ids) and never apply them."""
     await ledger().rpush("stalled", *(f"{h.home} {h.entry} {h.target}" for h in handoffs))
     await anyio.sleep_forever()
+    return 0  # not reached: sleep_forever only ends by cancellation
 
 
 if os.environ.get("TYPEDQ_TEST_STALL_HANDOFF"):

@@ -219,8 +219,9 @@ async def test_a_flow_within_one_slot_keeps_the_one_script_hand_off(url: str) ->
     async with broker_at(url, "xsame") as broker:
         delivered: list[Handoff] = []
 
-        async def never(handoffs: Sequence[Handoff]) -> None:
+        async def never(handoffs: Sequence[Handoff]) -> int:
             delivered.extend(handoffs)
+            return 0
 
         broker._deliver = never  # type: ignore[method-assign]
         spec = chain_spec("one", [pair[0], pair[1], pair[0]], ["t0", "t1", "t2"])
@@ -456,8 +457,9 @@ async def test_the_roots_shard_fails_over_mid_flow_and_the_flow_completes(
         kept: list[Handoff] = []
         deliver = broker._deliver
 
-        async def keep(handoffs: Sequence[Handoff]) -> None:
+        async def keep(handoffs: Sequence[Handoff]) -> int:
             kept.extend(handoffs)
+            return 0
 
         broker._deliver = keep  # type: ignore[method-assign]
         await broker.complete([Completion(job.message.id, job.token, b"\x91\x03")])
@@ -491,8 +493,9 @@ async def test_applying_the_same_hand_off_twice_changes_nothing(
         seen: list[Handoff] = []
         deliver = broker._deliver
 
-        async def keep(handoffs: Sequence[Handoff]) -> None:
+        async def keep(handoffs: Sequence[Handoff]) -> int:
             seen.extend(handoffs)
+            return 0
 
         broker._deliver = keep  # type: ignore[method-assign]
         # A fan-out of 3 members on qs[0] into a callback on qs[1], the root on qs[2].

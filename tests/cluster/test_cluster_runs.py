@@ -108,8 +108,9 @@ async def test_a_steps_hand_off_left_behind_is_applied_by_the_reaper_once(
         seen: list[Handoff] = []
         deliver = broker._deliver
 
-        async def keep(handoffs: Sequence[Handoff]) -> None:
+        async def keep(handoffs: Sequence[Handoff]) -> int:
             seen.extend(handoffs)
+            return 0
 
         spec = RunSpec(
             id="r", name="f", queue=home, turn_task="typedq.run.f", turn_payload=b"", input=b""
