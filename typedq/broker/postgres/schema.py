@@ -39,6 +39,7 @@ from . import (
     migration_11,
     migration_12,
     migration_13,
+    migration_14,
 )
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
@@ -65,6 +66,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_11.SQL,
     migration_12.SQL,
     migration_13.SQL,
+    migration_14.SQL,
 )
 
 
