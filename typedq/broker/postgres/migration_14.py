@@ -1,31 +1,30 @@
-"""The PostgreSQL broker's migration 14: two statements of every claim and every run's
-end skipped when they have nothing to do, so that a plan made before the tables have
-statistics cannot make them read a whole table (issue 26). Released: never edited (a
-change is a new migration).
+"""The PostgreSQL broker's migration 14: three statements of every claim, run end and
+run append that a plan made before the tables have statistics made read a whole table
+at each call (issue 26). Released: never edited (a change is a new migration).
 
 A schema's tables have no column statistics until autovacuum first analyzes them: a
 minute or more after they fill (``autovacuum_naptime``, then the analyze threshold), and
 every time a schema is new. Until then the planner takes ``ns = $1`` for a selective
 condition (its default, 0.5% of the rows) while every row of a one-app schema has the same
 ``ns``, and a PL/pgSQL function keeps the generic plan it made at its sixth call, when
-the tables were nearly empty, until an analyze. Two statements joined a table to a
-subquery of itself on ``(ns, id)``, and were planned with the table read by its primary
-key on ``ns`` alone as the join's outer side (even ``id = ANY (ARRAY(...))`` is planned
-so: one scan of the namespace with the ids as a filter): every row of the namespace read
-on every call. On the durable benchmark (bench/durable.py: a schema made for the run) the
-claim's promotion of due jobs read every retained job at each claim (up to 10,000
-finished jobs at the default bound), and the age bound of ended runs every ended run at
-each run's end (bench/results/issue26-durable-postgres.txt).
-
-Both statements find nothing to do almost always (no scheduled job is due; no ended run
-is past its age bound); each now runs only when a look at one table, through the index
-made for it, finds something (a query of one table has no join to plan wrong):
+the tables were nearly empty, until an analyze. So planned, a statement whose condition
+is more than an equality on the whole primary key read the table by its primary key on
+``ns`` alone and filtered the rest: every row of the namespace, on every call (even
+``id = ANY (...)`` is planned so). On the durable benchmark (bench/durable.py: a schema
+made for the run) these read every retained job at each claim (up to 10,000 finished
+jobs at the default bound) and every run at each append and each run's end
+(bench/results/issue26-durable-postgres.txt):
 
 - ``claim`` (migration 11's, with migration 10's step): the promotion of due scheduled
-  jobs runs when one is due (``jobs_scheduled_order``); it is the same statement, so
-  the waiting order it gives them is the same.
-- ``run_finish`` (migration 13's): the age bound's delete runs when an ended run of the
-  state is past it (``runs_ended_order``).
+  jobs (a join of jobs to a subquery of itself) now runs only when a job is due, which a
+  look at one table through the scheduled jobs' own small partial index tells; it is the
+  same statement, so the waiting order it gives them is the same.
+- ``run_finish`` (migration 13's): the age bound's delete runs only when the oldest
+  ended run of the state (read in the order of ``runs_ended_order``, which the planner
+  takes to avoid a sort) is past it.
+- ``run_append`` (migration 9's): its runs are locked one at a time, each by its whole
+  primary key, in id order: the same locks, in the same order, where one statement with
+  ``id = ANY (p_ids)`` read every run.
 
 The functions are the released ones word for word but for these statements (taken from
 their migrations' text here, as migration 10 took migration 4's claim).
@@ -33,7 +32,7 @@ their migrations' text here, as migration 10 took migration 4's claim).
 ``{s}`` is the broker's schema, quoted (:func:`typedq.broker.postgres.schema.migrate_sql`).
 """
 
-from . import migration_11, migration_13
+from . import migration_9, migration_11, migration_13
 
 __all__ = ["SQL"]
 
@@ -68,13 +67,33 @@ RUNS_PAST_AGE = """    DELETE FROM {s}.runs d USING (
     ) old WHERE d.ns = p_ns AND d.id = old.id;
 """
 RUNS_PAST_AGE_WHEN_PAST = (
-    """    IF EXISTS (SELECT 1 FROM {s}.runs o
-               WHERE o.ns = p_ns AND o.state = p_state AND o.state > 0
-                 AND o.finished_at <= p_now - {s}.run_ttl(p_state, p_ttls)) THEN
+    """    IF (SELECT o.finished_at FROM {s}.runs o
+        WHERE o.ns = p_ns AND o.state = p_state AND o.state > 0
+          AND o.finished_at <= p_now - {s}.run_ttl(p_state, p_ttls)
+        ORDER BY o.finished_at LIMIT 1) IS NOT NULL THEN
 """
     + "".join("    " + line + "\n" for line in RUNS_PAST_AGE.splitlines())
     + "    END IF;\n"
 )
+
+
+#: Migration 9's append locking its runs in id order, and the same a run at a time by
+#: primary key (the same locks, taken in the same order).
+APPEND_LOCK = """    PERFORM 1 FROM {s}.runs r WHERE r.ns = p_ns AND r.id = ANY(p_ids) ORDER BY r.id
+    FOR UPDATE;
+"""
+APPEND_LOCK_BY_KEY = """    FOR lock_id IN SELECT DISTINCT u.id FROM unnest(p_ids) AS u (id) ORDER BY u.id LOOP
+        PERFORM 1 FROM {s}.runs r WHERE r.ns = p_ns AND r.id = lock_id FOR UPDATE;
+    END LOOP;
+"""
+#: The variable APPEND_LOCK_BY_KEY needs, declared after the last of migration 9's.
+APPEND_DECLARE = """    taken integer;
+BEGIN
+"""
+APPEND_DECLARE_LOCK = """    taken integer;
+    lock_id text;
+BEGIN
+"""
 
 
 def _function(sql: str, head: str, changes: tuple[tuple[str, str], ...], why: str) -> str:
@@ -89,14 +108,23 @@ def _function(sql: str, head: str, changes: tuple[tuple[str, str], ...], why: st
     return f"-- {why}\n{body}\n"
 
 
-SQL = _function(
-    migration_11.SQL,
-    "CREATE OR REPLACE FUNCTION {s}.claim(",
-    ((PROMOTE, PROMOTE_WHEN_DUE),),
-    "Migration 11's claim; due jobs promoted only when one is due.",
-) + _function(
-    migration_13.SQL,
-    "CREATE OR REPLACE FUNCTION {s}.run_finish(",
-    ((RUNS_PAST_AGE, RUNS_PAST_AGE_WHEN_PAST),),
-    "Migration 13's run_finish; the age bound applied only when a run is past it.",
+SQL = (
+    _function(
+        migration_11.SQL,
+        "CREATE OR REPLACE FUNCTION {s}.claim(",
+        ((PROMOTE, PROMOTE_WHEN_DUE),),
+        "Migration 11's claim; due jobs promoted only when one is due.",
+    )
+    + _function(
+        migration_13.SQL,
+        "CREATE OR REPLACE FUNCTION {s}.run_finish(",
+        ((RUNS_PAST_AGE, RUNS_PAST_AGE_WHEN_PAST),),
+        "Migration 13's run_finish; the age bound applied only when a run is past it.",
+    )
+    + _function(
+        migration_9.SQL,
+        "CREATE FUNCTION {s}.run_append(",
+        ((APPEND_DECLARE, APPEND_DECLARE_LOCK), (APPEND_LOCK, APPEND_LOCK_BY_KEY)),
+        "Migration 9's run_append; its runs locked a run at a time by primary key.",
+    )
 )
