@@ -1,0 +1,171 @@
+"""Plans made before a schema's tables have statistics (migration 14): a claim, a run
+append and a run's end, on a connection whose functions were planned while the tables
+were empty, read what they need, not every retained job or run.
+
+A PL/pgSQL function keeps the generic plan it makes at its sixth call; without column
+statistics (a new schema, until autovacuum's first analyze) the planner takes
+``ns = $1`` for a rare value. So planned, the claim's promotion of due jobs read every
+job of the namespace by the primary key at every claim, and a run append's lock and a
+run end's age bound every run (issue 26). The buffers a call touches are counted by
+``EXPLAIN (ANALYZE, BUFFERS)`` on the same connection, whose function cache holds the
+plans; they include the function's own statements.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import asyncpg
+import pytest
+
+from tests.pg_harness import PgCluster
+from tests.support import connected
+from typedq.broker.base import Completion, JobMessage
+from typedq.broker.postgres import PostgresBroker
+from typedq.broker.runs import RunSpec
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+_schemas = itertools.count()
+#: Finished jobs (or ended runs) kept when a call is measured: the old plans read each.
+_KEPT = 3000
+#: Retention bounds no test run reaches ({completed, failed}).
+_TTLS = [1e9, 1e9]
+_CAPS = [10**6, 10**6]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def _claim_buffers(conn: asyncpg.Connection, schema: str, ns: str, claim_id: str) -> int:
+    """Shared buffers one claim of an empty queue touches (no limited tasks)."""
+    raw = await conn.fetchval(
+        f'EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM "{schema}".claim('  # noqa: S608
+        "$1, $2, 1, 'w', 30.0, $3, '{}'::text[], '{}'::integer[], '{}'::bigint[], "
+        "'{}'::integer[], '{}'::bigint[], '{}'::bigint[])",
+        ns,
+        ["idle"],
+        claim_id,
+    )
+    return _buffers(raw)
+
+
+def _buffers(explained: str) -> int:
+    """Shared buffers an ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` counted."""
+    plan = json.loads(explained)[0]["Plan"]
+    return int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
+
+
+async def _run_calls_buffers(conn: asyncpg.Connection, schema: str, ns: str) -> tuple[int, int]:
+    """Shared buffers of a run append to a run that does not exist (its runs locked,
+    found missing) and of a cancelled run's end with none past the bounds (the age
+    bound looked at): the calls' fixed parts, which the kept runs should not grow."""
+    append = await conn.fetchval(
+        f'EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT "{schema}".run_append('
+        "$1, ARRAY['missing'], ARRAY[0], ARRAY[0], '{}'::bytea[], ARRAY[NULL]::text[], "
+        "ARRAY[0], '{}'::text[], ARRAY[0]::smallint[], ARRAY[NULL]::bytea[], "
+        "ARRAY[NULL]::bytea[], ARRAY[0], '{}'::text[], ARRAY[NULL]::text[], "
+        "ARRAY[NULL]::double precision[], $2, $3, '{}'::text[], '{}'::text[], "
+        "'{}'::bytea[], '{}'::integer[], '{}'::double precision[], "
+        "'{}'::double precision[], 0, 'none', '{}'::text[], '{}'::text[], '{}'::text[])",
+        ns,
+        _TTLS,
+        _CAPS,
+    )
+    end = await conn.fetchval(
+        f'EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT "{schema}".run_finish('
+        "$1, 'missing', 3::smallint, NULL, NULL, $2, $3, $4)",
+        ns,
+        0.0,
+        _TTLS,
+        _CAPS,
+    )
+    return _buffers(append), _buffers(end)
+
+
+async def test_a_claim_planned_on_empty_tables_does_not_read_the_kept_jobs(
+    pg_cluster: PgCluster,
+) -> None:
+    """Planned (generic plans, no statistics) while the schema was empty, a claim of an
+    empty queue touches about as many buffers with 3,000 finished jobs kept as with
+    none (before migration 14: every kept job's index entry and row, each claim)."""
+    schema = f"plans{next(_schemas)}"
+    base = pg_cluster.url.split("?")[0]
+    async with connected("plans", f"{base}?schema={schema}") as broker:
+        assert isinstance(broker, PostgresBroker)
+        conn = await asyncpg.connect(base)
+        try:
+            # No analyze while the test runs: the tables stay without statistics.
+            for table in ("jobs", "runs"):
+                await conn.execute(
+                    f'ALTER TABLE "{schema}".{table} SET (autovacuum_enabled = false)'
+                )
+            for i in range(7):  # past the sixth call: the generic plans are kept
+                await _claim_buffers(conn, schema, broker.ns, f"e{i}")
+            empty = await _claim_buffers(conn, schema, broker.ns, "e7")
+            await broker.enqueue(
+                [JobMessage(id=f"j{i}", task="t", queue="busy", payload=b"") for i in range(_KEPT)]
+            )
+            done = 0
+            while done < _KEPT:
+                jobs = await broker.claim(["busy"], 500, worker_id="w", lease=30)
+                assert jobs
+                await broker.complete([Completion(j.message.id, j.token, b"") for j in jobs])
+                done += len(jobs)
+            kept = await _claim_buffers(conn, schema, broker.ns, "k")
+            stats = await conn.fetchval(
+                "SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'jobs'",
+                schema,
+            )
+        finally:
+            await conn.close()
+    assert stats == 0, "the jobs table was analyzed: the test measured nothing"
+    assert kept - empty < 100, (empty, kept)
+
+
+async def test_a_run_append_and_end_planned_on_empty_tables_do_not_read_the_kept_runs(
+    pg_cluster: PgCluster,
+) -> None:
+    """Planned (generic plans, no statistics) while the schema was empty, a run append
+    and a run's end touch about as many buffers with 3,000 ended runs kept as with none
+    (before migration 14: every run's index entry and row, each call)."""
+    schema = f"plans{next(_schemas)}"
+    base = pg_cluster.url.split("?")[0]
+    async with connected("plans", f"{base}?schema={schema}") as broker:
+        assert isinstance(broker, PostgresBroker)
+        conn = await asyncpg.connect(base)
+        try:
+            for table in ("jobs", "runs"):
+                await conn.execute(
+                    f'ALTER TABLE "{schema}".{table} SET (autovacuum_enabled = false)'
+                )
+            for _ in range(7):  # past the sixth call: the generic plans are kept
+                await _run_calls_buffers(conn, schema, broker.ns)
+            empty = await _run_calls_buffers(conn, schema, broker.ns)
+            ids = [f"r{i}" for i in range(_KEPT)]
+            specs = [
+                RunSpec(
+                    id=run_id,
+                    name="f",
+                    queue="q",
+                    turn_task="typedq.run.f",
+                    turn_payload=b"",
+                    input=b"",
+                )
+                for run_id in ids
+            ]
+            await broker.create_runs(specs)
+            assert all(await broker.cancel_runs(ids))
+            kept = await _run_calls_buffers(conn, schema, broker.ns)
+            stats = await conn.fetchval(
+                "SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'runs'",
+                schema,
+            )
+        finally:
+            await conn.close()
+    assert stats == 0, "the runs table was analyzed: the test measured nothing"
+    assert kept[0] - empty[0] < 100, (empty, kept)
+    assert kept[1] - empty[1] < 100, (empty, kept)
