@@ -1,12 +1,13 @@
 """Plans made before a schema's tables have statistics (migration 14): a claim, a run
-append and a run's end, on a connection whose functions were planned while the tables
-were empty, read what they need, not every retained job or run.
+append, a run's end and the trim of finished jobs past their bound, on a connection
+whose functions were planned while the tables were empty, read what they need, not
+every retained job or run.
 
 A PL/pgSQL function keeps the generic plan it makes at its sixth call; without column
 statistics (a new schema, until autovacuum's first analyze) the planner takes
 ``ns = $1`` for a rare value. So planned, the claim's promotion of due jobs read every
-job of the namespace by the primary key at every claim, and a run append's lock and a
-run end's age bound every run (issue 26). The buffers a call touches are counted by
+job of the namespace by the primary key at every claim, a run append's lock and a
+run end's age bound every run, and a trim every job (issue 26). The buffers a call touches are counted by
 ``EXPLAIN (ANALYZE, BUFFERS)`` on the same connection, whose function cache holds the
 plans; they include the function's own statements.
 """
@@ -21,7 +22,7 @@ import pytest
 
 from tests.pg_harness import PgCluster
 from tests.support import connected
-from typedq.broker.base import Completion, JobMessage
+from typedq.broker.base import Completion, Failure, JobMessage
 from typedq.broker.postgres import PostgresBroker
 from typedq.broker.runs import RunSpec
 
@@ -169,3 +170,75 @@ async def test_a_run_append_and_end_planned_on_empty_tables_do_not_read_the_kept
     assert stats == 0, "the runs table was analyzed: the test measured nothing"
     assert kept[0] - empty[0] < 100, (empty, kept)
     assert kept[1] - empty[1] < 100, (empty, kept)
+
+
+async def _trim_buffers(conn: asyncpg.Connection, schema: str, ns: str) -> int:
+    """Shared buffers of a completion's count with the bound at 0: the trim runs, and
+    deletes the completed jobs there are (up to 1,000)."""
+    raw = await conn.fetchval(
+        f'EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT "{schema}".finished_add('
+        "$1, 3::smallint, 1, 1e9, 0, 0, false)",
+        ns,
+    )
+    return _buffers(raw)
+
+
+async def test_a_trim_planned_on_empty_tables_does_not_read_the_kept_jobs(
+    pg_cluster: PgCluster,
+) -> None:
+    """Planned (generic plans, no statistics) while the schema was empty, the trim of
+    completed jobs past the count bound deletes them without reading the 3,000 failed
+    jobs kept (before migration 14: every kept job's index entry and row, each trim:
+    6,811 buffers against 128)."""
+    schema = f"plans{next(_schemas)}"
+    base = pg_cluster.url.split("?")[0]
+    async with connected("plans", f"{base}?schema={schema}") as broker:
+        assert isinstance(broker, PostgresBroker)
+        conn = await asyncpg.connect(base)
+        try:
+            for table in ("jobs", "runs"):
+                await conn.execute(
+                    f'ALTER TABLE "{schema}".{table} SET (autovacuum_enabled = false)'
+                )
+            for _ in range(7):  # past the sixth call: the generic plans are kept
+                await _trim_buffers(conn, schema, broker.ns)
+            empty = await _trim_buffers(conn, schema, broker.ns)
+            await broker.enqueue(
+                [JobMessage(id=f"j{i}", task="t", queue="busy", payload=b"") for i in range(_KEPT)]
+            )
+            done = 0
+            while done < _KEPT:
+                jobs = await broker.claim(["busy"], 500, worker_id="w", lease=30)
+                assert jobs
+                # Five completed (trimmed below), the others failed for good (kept).
+                completed = [j for j in jobs if int(j.message.id[1:]) < 5]
+                await broker.complete([Completion(j.message.id, j.token, b"") for j in completed])
+                await broker.fail(
+                    [
+                        Failure(id=j.message.id, token=j.token, error=b"x")
+                        for j in jobs
+                        if j not in completed
+                    ]
+                )
+                done += len(jobs)
+            kept = await _trim_buffers(conn, schema, broker.ns)
+            left = await conn.fetchval(
+                f'SELECT count(*) FROM "{schema}".jobs WHERE ns = $1 AND state = 3',  # noqa: S608
+                broker.ns,
+            )
+            trimmed = await conn.fetchval(
+                f'SELECT n FROM "{schema}".trimmed WHERE ns = $1 AND queue = $2 AND state = 3',  # noqa: S608
+                broker.ns,
+                "busy",
+            )
+            stats = await conn.fetchval(
+                "SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'jobs'",
+                schema,
+            )
+        finally:
+            await conn.close()
+    assert stats == 0, "the jobs table was analyzed: the test measured nothing"
+    assert (left, trimmed) == (0, 5)
+    # The five deletes touch some 25 buffers each (the jobs' indexes, the triggers);
+    # reading the kept jobs touched about two per job.
+    assert kept - empty < _KEPT // 10, (empty, kept)

@@ -1,6 +1,7 @@
-"""The PostgreSQL broker's migration 14: three statements of every claim, run end and
-run append that a plan made before the tables have statistics made read a whole table
-at each call (issue 26). Released: never edited (a change is a new migration).
+"""The PostgreSQL broker's migration 14: the statements of every claim, run append, run
+end and trim of finished jobs that a plan made before the tables have statistics made
+read a whole table at each call (issue 26). Released: never edited (a change is a new
+migration).
 
 A schema's tables have no column statistics until autovacuum first analyzes them: a
 minute or more after they fill (``autovacuum_naptime``, then the analyze threshold), and
@@ -13,7 +14,7 @@ is more than an equality on the whole primary key read the table by its primary 
 ``id = ANY (...)`` is planned so). On the durable benchmark (bench/durable.py: a schema
 made for the run) these read every retained job at each claim (up to 10,000 finished
 jobs at the default bound) and every run at each append and each run's end
-(bench/results/issue26-durable-postgres.txt):
+(bench/results/issue26-durable-postgres.txt; tests/postgres/test_pg_plans.py):
 
 - ``claim`` (migration 11's, with migration 10's step): the promotion of due scheduled
   jobs (a join of jobs to a subquery of itself) now runs only when a job is due, which a
@@ -25,6 +26,11 @@ jobs at the default bound) and every run at each append and each run's end
 - ``run_append`` (migration 9's): its runs are locked one at a time, each by its whole
   primary key, in id order: the same locks, in the same order, where one statement with
   ``id = ANY (p_ids)`` read every run.
+- ``finished_add`` (migration 6's): the finished jobs past the count or the age bound
+  are chosen as before (their state's index, which the condition ``state >= 3`` lets a
+  generic plan use), then deleted one at a time by primary key (``trim_jobs``, which
+  counts them per queue in ``trimmed`` as the joined delete did); a job a retry took
+  back since it was chosen stays.
 
 The functions are the released ones word for word but for these statements (taken from
 their migrations' text here, as migration 10 took migration 4's claim).
@@ -32,7 +38,7 @@ their migrations' text here, as migration 10 took migration 4's claim).
 ``{s}`` is the broker's schema, quoted (:func:`typedq.broker.postgres.schema.migrate_sql`).
 """
 
-from . import migration_9, migration_11, migration_13
+from . import migration_6_changes, migration_9, migration_11, migration_13
 
 __all__ = ["SQL"]
 
@@ -96,6 +102,76 @@ BEGIN
 """
 
 
+#: Migration 6's trims of finished jobs past the bounds (the count bound's, the age
+#: bound's), and the same chosen first, then deleted a job at a time by primary key
+#: (``trim_jobs``).
+TRIM_COUNT = """        WITH d AS (
+            DELETE FROM {s}.jobs j USING (
+                SELECT o.id FROM {s}.jobs o
+                WHERE o.ns = p_ns AND o.state = st
+                ORDER BY o.seq LIMIT least(total - cap, 1000)
+            ) old WHERE j.ns = p_ns AND j.id = old.id
+            RETURNING j.queue
+        ), c AS (
+            INSERT INTO {s}.trimmed AS t (ns, queue, state, n)
+            SELECT p_ns, d.queue, st, count(*) FROM d GROUP BY d.queue
+            ON CONFLICT (ns, queue, state) DO UPDATE SET n = t.n + excluded.n
+        )
+        SELECT count(*) INTO gone FROM d;
+"""
+TRIM_COUNT_BY_KEY = """        gone := {s}.trim_jobs(p_ns, st, ARRAY(
+            SELECT o.id FROM {s}.jobs o
+            WHERE o.ns = p_ns AND o.state = st AND o.state >= 3
+            ORDER BY o.seq LIMIT least(total - cap, 1000)));
+"""
+TRIM_AGE = """        WITH d AS (
+            DELETE FROM {s}.jobs j USING (
+                SELECT o.id FROM {s}.jobs o
+                WHERE o.ns = p_ns AND o.state = st AND o.finished_at <= now - ttl
+                ORDER BY o.finished_at LIMIT 1000
+            ) old WHERE j.ns = p_ns AND j.id = old.id
+            RETURNING j.queue
+        ), c AS (
+            INSERT INTO {s}.trimmed AS t (ns, queue, state, n)
+            SELECT p_ns, d.queue, st, count(*) FROM d GROUP BY d.queue
+            ON CONFLICT (ns, queue, state) DO UPDATE SET n = t.n + excluded.n
+        )
+        SELECT count(*) INTO more FROM d;
+"""
+TRIM_AGE_BY_KEY = """        more := {s}.trim_jobs(p_ns, st, ARRAY(
+            SELECT o.id FROM {s}.jobs o
+            WHERE o.ns = p_ns AND o.state = st AND o.state >= 3
+              AND o.finished_at <= now - ttl
+            ORDER BY o.finished_at LIMIT 1000));
+"""
+#: The trims' deletes: each job by its whole primary key (still in its final state: a
+#: retry may have taken it back since it was chosen), each queue's count kept in
+#: ``trimmed``.
+TRIM_JOBS = """-- Delete finished jobs p_ids of state st, each by its primary key; count them per
+-- queue in trimmed; answer how many went.
+CREATE FUNCTION {s}.trim_jobs(p_ns text, st smallint, p_ids text[])
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    one text;
+    q text;
+    queues text[] := '{{}}';
+BEGIN
+    FOREACH one IN ARRAY p_ids LOOP
+        DELETE FROM {s}.jobs j WHERE j.ns = p_ns AND j.id = one AND j.state = st
+        RETURNING j.queue INTO q;
+        IF FOUND THEN
+            queues := queues || q;
+        END IF;
+    END LOOP;
+    INSERT INTO {s}.trimmed AS t (ns, queue, state, n)
+    SELECT p_ns, u.q, st, count(*) FROM unnest(queues) AS u (q) GROUP BY u.q
+    ON CONFLICT (ns, queue, state) DO UPDATE SET n = t.n + excluded.n;
+    RETURN cardinality(queues);
+END $$;
+
+"""
+
+
 def _function(sql: str, head: str, changes: tuple[tuple[str, str], ...], why: str) -> str:
     """The function of a released migration's ``sql`` that starts with ``head``, each
     statement of ``changes`` replaced (each found once), as a CREATE OR REPLACE."""
@@ -126,5 +202,12 @@ SQL = (
         "CREATE FUNCTION {s}.run_append(",
         ((APPEND_DECLARE, APPEND_DECLARE_LOCK), (APPEND_LOCK, APPEND_LOCK_BY_KEY)),
         "Migration 9's run_append; its runs locked a run at a time by primary key.",
+    )
+    + TRIM_JOBS
+    + _function(
+        migration_6_changes.SQL,
+        "CREATE OR REPLACE FUNCTION {s}.finished_add(",
+        ((TRIM_COUNT, TRIM_COUNT_BY_KEY), (TRIM_AGE, TRIM_AGE_BY_KEY)),
+        "Migration 6's finished_add; the jobs past the bounds deleted by primary key.",
     )
 )
