@@ -1,11 +1,13 @@
 #!lua
--- Store the jobs of one flow across slots (Redis Cluster) that live on one queue other
--- than the root's (the queue of the flow's own job), before the root: held and pending
+-- Store jobs of one flow across slots (Redis Cluster) that live on one queue, before
+-- the root: a chunk of its members (on any queue, the root's too: the client sends them
+-- a bounded chunk per call, typedq/broker/redis/flows.py's part_chunks) and its steps on
+-- a queue other than the root's (the queue of the flow's own job), held and pending
 -- (fp), so none runs before the root's record exists. The root's flow_enqueue starts
--- them through the outbox ('a' record: members and a chain's step 0 to waiting); when
--- the root refuses the flow, the client drops them ('D'). A pending job of the flow
--- already there (an earlier copy of this call) is kept. Refused at maxmemory, like
--- enqueue.
+-- them through the outbox ('A' records: a chunk of members each; 'a': steps, a chain's
+-- step 0 to waiting); when the root refuses the flow, the client drops them ('A' with
+-- mode 'd', 'D'). A pending job of the flow already there (an earlier copy of this call)
+-- is kept. Refused at maxmemory, like enqueue.
 -- KEYS[1] = the queue's order counter
 -- ARGV: P, max_queue_length, queue, flow id F, root queue fq, steps S, the steps' queues
 --   (as flow records store them), members here n, their priority, n x (index i, body)

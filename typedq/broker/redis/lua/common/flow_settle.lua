@@ -469,11 +469,54 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
   end
 end
 
+-- Start (or, `drop`, drop) the pending members F.m<from> .. F.m<to - 1> of flow F that
+-- are on queue q (a flow across slots: flow_part.lua stored them held and pending, a
+-- bounded chunk per call; the root's flow_enqueue writes one {'A', F, fq, from, to, mode}
+-- entry per such chunk, so no script starts more than a chunk). A member of the range on
+-- another queue has no job here and is passed over; one started already (an entry
+-- applied twice) is left as it is. Started: waiting, in index order, as flow_enqueue
+-- would have stored it. Dropped (its root refused the flow, or found it ended): deleted
+-- while still held and pending. 1 when it changed something.
+function flow_ops.start_range(q, f, from, to, drop)
+  local changed = 0
+  for i = from, to - 1 do
+    local id = f .. '.m' .. i
+    local r = read_hash(q, id, 's', 'fp', 'p', 'fl')
+    if r and r[2] and r[4] == f then
+      changed = 1
+      local jk = k_job(q, id)
+      if drop then
+        if r[1] == 's' then
+          rcall('ZREM', k_sched(q), id)
+          rcall('DEL', jk)
+          count(q, 's', -1)
+        end
+      else
+        rcall('HDEL', jk, 'fp')
+        if r[1] == 's' then
+          rcall('ZREM', k_sched(q), id)
+          rcall('HDEL', jk, 'r')
+          rcall('HSET', jk, 's', 'w')
+          push_waiting(q, sane_prio(r[3]), id, false)
+          count(q, 's', -1)
+          count(q, 'w', 1)
+          work_queues[q] = true
+        end
+      end
+    end
+  end
+  return changed
+end
+
 -- Apply one outbox record (see above) on the slot of queue q: 1 when it changed
 -- something, 0 when it had been applied already (or its flow has ended).
 local function flow_apply(q, rec, now)
   local kind, f, fq = rec[1], rec[2], rec[3]
-  if kind == 'm' then
+  if kind == 'A' then
+    local from, to = tonumber(rec[4]), tonumber(rec[5])
+    if not is_int(from) or not is_int(to) then return 0 end
+    return flow_ops.start_range(q, f, from, to, rec[6] == 'd')
+  elseif kind == 'm' then
     local fk = k_flow(fq, f)
     local r = rcall('HMGET', fk, 'S', 'E', 'r' .. rec[4])
     if not r[1] or r[2] or r[3] then return 0 end
