@@ -9,13 +9,14 @@ worker), ``task.map(N inputs).then(callback)`` in two layouts:
 
 - ``same``: members and callback on one queue (one slot): staged, as on one Redis;
 - ``across``: members on one queue, the callback on a queue of another primary (a flow
-  across slots: its members' part is stored by one ``flow_part`` per queue, and started
-  by one ``flow_apply`` of the root's hand-off).
+  across slots: its members are stored by ``flow_part`` a chunk per call, and started
+  by one ``flow_apply`` per chunk, from the root's hand-offs; before issue 31's change,
+  one ``flow_part`` per queue and one ``flow_apply`` of every member).
 
 Then it cancels the flow (its end: bounded steps on each slot). For each: the longest
 command on any primary (SLOWLOG, reset before each run) and which script, the script
-calls and their summed time (``INFO commandstats`` of FCALL over the primaries), and
-wall time.
+calls, their summed time and its mean per call (``INFO commandstats`` of FCALL over the
+primaries), and wall time.
 """
 
 from __future__ import annotations
@@ -97,9 +98,11 @@ async def measure(clients: list[aioredis.Redis], label: str, run: Any) -> str:
         usec += int(stats["usec"])
     longest, name = max(timed, default=(0, "-"))
     over = sum(us > 5000 for us, _ in timed)
+    mean = usec / calls / 1000 if calls else 0.0
     return (
         f"{label:<26} longest {longest / 1000:8.2f} ms ({name}, {over} over 5 ms)  "
-        f"scripts {calls:>5}  sum {usec / 1000:8.2f} ms  wall {wall * 1000:8.1f} ms"
+        f"scripts {calls:>5}  sum {usec / 1000:8.2f} ms  mean {mean:6.2f} ms  "
+        f"wall {wall * 1000:8.1f} ms"
     )
 
 

@@ -66,6 +66,7 @@ if limit > 0 then
 end
 local now = now_us()
 local o = redis.call('INCRBY', k_seq(q), #missing) - #missing
+local sched = {}
 for _, t in ipairs(missing) do
   o = o + 1
   local id, at = t[1], t[3]
@@ -88,8 +89,11 @@ for _, t in ipairs(missing) do
   end
   if prio ~= '0' then v[#v + 1] = 'p'; v[#v + 1] = prio end
   redis.call('HSET', k_job(q, id), unpack(v))
-  redis.call('ZADD', k_sched(q), HELD_US, id)
+  sched[#sched + 1] = HELD_US
+  sched[#sched + 1] = id
 end
+-- (One ZADD per call: a call holds a bounded chunk of jobs, well below unpack's limit.)
+redis.call('ZADD', k_sched(q), unpack(sched))
 count(q, 's', #missing)
 flush_counts()
 return 1

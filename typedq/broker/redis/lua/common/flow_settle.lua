@@ -478,32 +478,42 @@ end
 -- would have stored it. Dropped (its root refused the flow, or found it ended): deleted
 -- while still held and pending. 1 when it changed something.
 function flow_ops.start_range(q, f, from, to, drop)
-  local changed = 0
+  local changed, held, gone, waiting = 0, {}, 0, {}
   for i = from, to - 1 do
     local id = f .. '.m' .. i
     local r = read_hash(q, id, 's', 'fp', 'p', 'fl')
-    if r and r[2] and r[4] == f then
+    if r and r[2] and r[4] == f and (r[1] == 's' or not drop) then
       changed = 1
       local jk = k_job(q, id)
+      if r[1] == 's' then held[#held + 1] = id end
       if drop then
-        if r[1] == 's' then
-          rcall('ZREM', k_sched(q), id)
-          rcall('DEL', jk)
-          count(q, 's', -1)
-        end
+        rcall('DEL', jk)
+        gone = gone + 1
+      elseif r[1] == 's' then
+        rcall('HDEL', jk, 'fp', 'r')
+        rcall('HSET', jk, 's', 'w')
+        local prio = sane_prio(r[3])
+        if not waiting[prio] then waiting[prio] = {} end
+        local ids = waiting[prio]
+        ids[#ids + 1] = id
       else
         rcall('HDEL', jk, 'fp')
-        if r[1] == 's' then
-          rcall('ZREM', k_sched(q), id)
-          rcall('HDEL', jk, 'r')
-          rcall('HSET', jk, 's', 'w')
-          push_waiting(q, sane_prio(r[3]), id, false)
-          count(q, 's', -1)
-          count(q, 'w', 1)
-          work_queues[q] = true
-        end
       end
     end
+  end
+  -- (One command per chunk, not per member, where it can: ~250 ids per call at most.)
+  if #held > 0 then rcall('ZREM', k_sched(q), unpack(held)) end
+  if drop then
+    count(q, 's', -gone)
+    return changed
+  end
+  for prio, ids in pairs(waiting) do
+    -- (As push_waiting does one by one: each id pushed at the head, in index order.)
+    rcall('LPUSH', k_wait(q, prio), unpack(ids))
+    rcall('ZADD', k_levels(q), level_score(prio), prio)
+    count(q, 's', -#ids)
+    count(q, 'w', #ids)
+    work_queues[q] = true
   end
   return changed
 end
