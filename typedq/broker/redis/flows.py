@@ -24,6 +24,7 @@ replies name is part of calling a script, in :mod:`.broker`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -35,6 +36,7 @@ from ...names import check_job_id, check_name
 from ...options import check_numbers
 from ..base import EnqueueOutcome, JobMessage
 from ..flow import FlowSpec, FlowState, id_taken, member_id
+from . import staging
 from .codec import encode, encode_body, text
 from .core import RedisCore, _request_token
 from .enqueue import _PIPELINE_BYTES
@@ -54,6 +56,10 @@ __all__ = [
 ]
 
 _EMPTY_BIN = b"\xc4\x00"
+
+#: A chunk of a flow across slots spans at most this many times STAGE_MEMBERS member
+#: indexes (its members interleaved with other queues' ones: its start reads each index).
+_SPAN = 4
 
 #: The first element of a script reply that carries hand-offs (see :func:`unwrap`).
 HANDOFF_MARK = b"TYPEDQ_HANDOFF"
@@ -191,9 +197,10 @@ class PartChunk(NamedTuple):
 
 def part_chunks(spec: FlowSpec) -> list[PartChunk]:
     """The ``flow_part`` calls of a flow across slots, each bounded as a staging call is
-    (:func:`.staging.chunks`: at most STAGE_MEMBERS members, STAGE_BYTES of bodies):
-    its members on every queue (the root's too) in input order, a chunk per call, and
-    its steps on each queue but the root's (with that queue's first chunk)."""
+    (:func:`.staging.chunks`: at most STAGE_MEMBERS members, STAGE_BYTES of bodies; and
+    member indexes spanning less than ``_SPAN * STAGE_MEMBERS``): its members on every
+    queue (the root's too) in input order, a chunk per call, and its steps on each queue
+    but the root's (with that queue's first chunk)."""
     root = spec.steps[-1].queue
     by_queue: dict[str, list[int]] = {}
     for i, m in enumerate(spec.members):
@@ -205,8 +212,19 @@ def part_chunks(spec: FlowSpec) -> list[PartChunk]:
     for q, indexes in by_queue.items():
         bodies = [encode_body(spec.members[i]) for i in indexes]
         ranges = chunks([len(b) for b in bodies]) or [(0, 0)]
-        for n, (a, b) in enumerate(ranges):
-            out.append(PartChunk(q, indexes[a:b], bodies[a:b], n == 0 and q != root))
+        for a, b in ranges:
+            # The start of a chunk (flow_ops.start_range) passes over every index of its
+            # range: members of other queues among them count too (a few reads each).
+            while a < b and indexes[b - 1] - indexes[a] >= _SPAN * staging.STAGE_MEMBERS:
+                cut = bisect_left(indexes, indexes[a] + _SPAN * staging.STAGE_MEMBERS, a, b)
+                out.append(PartChunk(q, indexes[a:cut], bodies[a:cut], False))
+                a = cut
+            out.append(PartChunk(q, indexes[a:b], bodies[a:b], False))
+    # (A queue's steps go with its first call.)
+    firsts = {p.queue: i for i, p in reversed(list(enumerate(out)))}
+    for q, i in firsts.items():
+        if q != root:
+            out[i] = out[i]._replace(steps=True)
     return out
 
 
