@@ -26,6 +26,7 @@ from typedq import App, JobState, QueueFull
 from typedq.broker.base import Completion
 from typedq.broker.flow import FlowSpec
 from typedq.broker.redis import RedisBroker, staging
+from typedq.broker.redis.codec import text
 from typedq.broker.redis.flows import Handoff
 from typedq.errors import ConfigError
 
@@ -265,4 +266,34 @@ async def test_a_flow_refused_in_a_later_chunk_leaves_nothing(
         assert await totals(broker, qs) == [1, 0, 1]  # the two plain jobs only
         records = await broker.get([f"tk.m{i}" for i in range(0, 200, 2) if i != 130], queue=qs[0])
         assert [r is not None for r in records].count(True) == 0
+        assert await outbox_sizes(broker, qs) == [0, 0, 0]
+
+
+async def test_a_chunk_of_sparse_members_spans_a_bounded_range_of_indexes(
+    url: str, redis_cluster: RedisCluster
+) -> None:
+    """Members of one queue few and far between (every 50th on the root's queue): a
+    chunk's start reads each index of its range, so a range spans at most 4 chunks'
+    worth of indexes."""
+    qs = one_queue_per_shard(redis_cluster, "xsparse", "s")
+    n = 300
+    spec = spread_spec("sp", qs, n)
+    members = tuple(
+        msgspec.structs.replace(m, queue=qs[2] if i % 50 == 0 else qs[0])
+        for i, m in enumerate(spec.members)
+    )
+    spec = FlowSpec(id="sp", steps=spec.steps, members=members, fan_out=True)
+    async with broker_at(url, "xsparse", deadline=DEADLINE) as broker:
+        spy = Spy(broker)
+        (outcome,) = await broker.enqueue_flows([spec])
+        assert not isinstance(outcome, Exception)
+        assert all(len(call) == 1 for call in spy.starts())
+        ranges = [
+            (text(args[1]), *msgspec.msgpack.decode(args[2])[3:5])
+            for name, args in spy.calls
+            if name == "flow_apply" and msgspec.msgpack.decode(args[2])[0] == "A"
+        ]
+        assert all(stop - start <= 4 * CHUNK for _, start, stop in ranges)
+        assert sorted(r[1:] for r in ranges if r[0] == qs[2]) == [(0, 151), (200, 251)]
+        assert await states(broker, qs) == [(n - 6, 0), (0, 1), (6, 1)]
         assert await outbox_sizes(broker, qs) == [0, 0, 0]
