@@ -103,10 +103,17 @@ async def measure(clients: list[aioredis.Redis], label: str, run: Any) -> str:
     # scripts wait for a CPU mid-run, which the longest shows and the median does not.)
     logged = sorted(us for us, _ in timed)
     median = logged[len(logged) // 2] / 1000 if logged else 0.0
+    by_name: dict[str, list[int]] = {}
+    for us, script in timed:
+        by_name.setdefault(script, []).append(us)
+    kinds = "  ".join(
+        f"{script} {len(v)}x median {sorted(v)[len(v) // 2] / 1000:.2f} max {max(v) / 1000:.2f}"
+        for script, v in sorted(by_name.items(), key=lambda kv: -len(kv[1]))
+    )
     return (
         f"{label:<26} longest {longest / 1000:8.2f} ms ({name}, {over} over 5 ms)  "
         f"median {median:6.2f} ms  scripts {calls:>5}  sum {usec / 1000:8.2f} ms  "
-        f"mean {mean:6.2f} ms  wall {wall * 1000:8.1f} ms"
+        f"mean {mean:6.2f} ms  wall {wall * 1000:8.1f} ms\n    logged: {kinds}"
     )
 
 
