@@ -43,10 +43,24 @@ for j = 0, m - 1 do
   local at = ms + 1 + 5 * j
   todo[#todo + 1] = {flow_step_id(f, tonumber(ARGV[at]), steps), false, at}
 end
+-- (One EXISTS for the chunk's job keys: none, the usual answer, leaves only the waiting
+-- index to look at per id.)
+local keyed = true
+if #todo <= 1000 then
+  local keys = {}
+  for i, t in ipairs(todo) do keys[i] = k_job(q, t[1]) end
+  keyed = #keys > 0 and redis.call('EXISTS', unpack(keys)) > 0
+end
 local missing = {}
 for _, t in ipairs(todo) do
   -- A waiting entry of another job has no key, only its id in the index (job_exists).
-  if job_exists(q, t[1]) then
+  local there
+  if keyed then
+    there = job_exists(q, t[1])
+  else
+    there = redis.call('HEXISTS', k_idx(q, t[1]), t[1]) == 1
+  end
+  if there then
     -- Kept only while pending (fp): stored by an earlier copy of this call whose root
     -- never ran. A job of an earlier life of the flow (started, run, finished: its own
     -- job since removed) takes the id like any other job, as on one Redis.
@@ -75,7 +89,7 @@ for _, t in ipairs(missing) do
   local prio
   if t[2] then
     prio = mprio
-    for _, x in ipairs({'m', ARGV[at], 'fm', t[2]}) do v[#v + 1] = x end
+    v[19], v[20], v[21], v[22] = 'm', ARGV[at], 'fm', t[2]
   else
     prio = ARGV[at + 1]
     -- A chain's step 0 holds its whole body (it starts with its input); a later step
