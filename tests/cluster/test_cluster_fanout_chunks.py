@@ -297,3 +297,48 @@ async def test_a_chunk_of_sparse_members_spans_a_bounded_range_of_indexes(
         assert sorted(r[1:] for r in ranges if r[0] == qs[2]) == [(0, 151), (200, 251)]
         assert await states(broker, qs) == [(n - 6, 0), (0, 1), (6, 1)]
         assert await outbox_sizes(broker, qs) == [0, 0, 0]
+
+
+async def test_enqueueing_an_ended_fan_out_again_drops_what_its_parts_stored(
+    url: str, redis_cluster: RedisCluster
+) -> None:
+    """The same fan-out again after it completed and its members were removed (as
+    retention would). Its own job is there, so the client answers "existed" without
+    sending a part; and when it looked before that job was stored (a race, made here by
+    hand), the parts store the members again (held, pending) and the root's part, which
+    finds the flow ended, drops them a chunk per entry: never left held."""
+    qs = one_queue_per_shard(redis_cluster, "xend", "e")
+    n = 100
+    members = tuple(
+        msgspec.structs.replace(plain(f"en.m{i}", qs[0], b"\x91\x01"), task="m") for i in range(n)
+    )
+    spec = FlowSpec(id="en", steps=(held("en", qs[1], "cb"),), members=members, fan_out=True)
+    async with broker_at(url, "xend", deadline=DEADLINE) as broker:
+        assert not isinstance((await broker.enqueue_flows([spec]))[0], Exception)
+        while jobs := await broker.claim([qs[0]], 100, worker_id="w", lease=30):
+            await broker.complete([Completion(j.message.id, j.token, b"\x01") for j in jobs])
+        (cb,) = await broker.claim([qs[1]], 1, worker_id="w", lease=30)
+        await broker.complete([Completion(cb.message.id, cb.token, b"\x02")])
+        ids = [m.id for m in members]
+        assert await broker.remove(ids, queue=qs[0]) == [True] * n
+        (again,) = await broker.enqueue_flows([spec])
+        assert not isinstance(again, Exception)
+        assert not again.created
+        assert await totals(broker, qs) == [0, 1, 0]
+        spy = Spy(broker)
+
+        async def none(specs: Sequence[FlowSpec]) -> set[str]:
+            return set()
+
+        broker._flows_stored = none  # type: ignore[method-assign]
+        (again,) = await broker.enqueue_flows([spec])
+        assert not isinstance(again, Exception)
+        assert not again.created
+        assert spy.parts() == [CHUNK, CHUNK, n - 2 * CHUNK]  # stored again, then dropped
+        drops = [r for call in spy.starts() for r in call if r[5:] == ["d"]]
+        # The root's entries (delivered with its reply), then the client's own drops of
+        # what its parts stored (which find nothing left): a chunk per script.
+        assert [r[3:5] for r in drops] == [[0, 40], [40, 80], [80, 100]] * 2
+        assert await totals(broker, qs) == [0, 1, 0]
+        assert await broker.get(ids, queue=qs[0]) == [None] * n
+        assert await outbox_sizes(broker, qs) == [0, 0, 0]
