@@ -469,11 +469,64 @@ flow_settle = function(fq, f, fm, fs, state, res, err, now, q, id, ext)
   end
 end
 
+-- Start (or, `drop`, drop) the pending members F.m<from> .. F.m<to - 1> of flow F that
+-- are on queue q (a flow across slots: flow_part.lua stored them held and pending, a
+-- bounded chunk per call; the root's flow_enqueue writes one {'A', F, fq, from, to, mode}
+-- entry per such chunk, so no script starts more than a chunk). A member of the range on
+-- another queue has no job here and is passed over; one started already (an entry
+-- applied twice) is left as it is. Started: waiting, in index order, as flow_enqueue
+-- would have stored it. Dropped (its root refused the flow, or found it ended): deleted
+-- while still held and pending. 1 when it changed something.
+function flow_ops.start_range(q, f, from, to, drop)
+  local changed, held, gone, waiting = 0, {}, 0, {}
+  for i = from, to - 1 do
+    local id = f .. '.m' .. i
+    local r = read_hash(q, id, 's', 'fp', 'p', 'fl')
+    if r and r[2] and r[4] == f and (r[1] == 's' or not drop) then
+      changed = 1
+      local jk = k_job(q, id)
+      if r[1] == 's' then held[#held + 1] = id end
+      if drop then
+        rcall('DEL', jk)
+        gone = gone + 1
+      elseif r[1] == 's' then
+        rcall('HDEL', jk, 'fp', 'r')
+        rcall('HSET', jk, 's', 'w')
+        local prio = sane_prio(r[3])
+        if not waiting[prio] then waiting[prio] = {} end
+        local ids = waiting[prio]
+        ids[#ids + 1] = id
+      else
+        rcall('HDEL', jk, 'fp')
+      end
+    end
+  end
+  -- (One command per chunk, not per member, where it can: ~250 ids per call at most.)
+  if #held > 0 then rcall('ZREM', k_sched(q), unpack(held)) end
+  if drop then
+    count(q, 's', -gone)
+    return changed
+  end
+  for prio, ids in pairs(waiting) do
+    -- (As push_waiting does one by one: each id pushed at the head, in index order.)
+    rcall('LPUSH', k_wait(q, prio), unpack(ids))
+    rcall('ZADD', k_levels(q), level_score(prio), prio)
+    count(q, 's', -#ids)
+    count(q, 'w', #ids)
+    work_queues[q] = true
+  end
+  return changed
+end
+
 -- Apply one outbox record (see above) on the slot of queue q: 1 when it changed
 -- something, 0 when it had been applied already (or its flow has ended).
 local function flow_apply(q, rec, now)
   local kind, f, fq = rec[1], rec[2], rec[3]
-  if kind == 'm' then
+  if kind == 'A' then
+    local from, to = tonumber(rec[4]), tonumber(rec[5])
+    if not is_int(from) or not is_int(to) then return 0 end
+    return flow_ops.start_range(q, f, from, to, rec[6] == 'd')
+  elseif kind == 'm' then
     local fk = k_flow(fq, f)
     local r = rcall('HMGET', fk, 'S', 'E', 'r' .. rec[4])
     if not r[1] or r[2] or r[3] then return 0 end
