@@ -5,7 +5,7 @@ staging path's (``typedq.broker.redis.staging.STAGE_MEMBERS``), made small here 
 few hundred members take many chunks.
 
 See typedq/broker/redis/flows.py (``part_chunks``) and ``flow_ops.start_range`` in
-typedq/broker/redis/lua/common/flow_settle.lua.
+typedq/broker/redis/lua/common/flow_handoffs.lua.
 """
 
 from __future__ import annotations
