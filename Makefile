@@ -87,9 +87,10 @@ typecheck: $(STAMP)
 stubs-check: $(STAMP)
 	$(BIN)/python -m typedq stubs --check $(filter-out stubs/__init__.py,$(wildcard stubs/*.py))
 
-## The whole pytest suite on $(PYTHON), in .venv.
+## The whole pytest suite on $(PYTHON), in .venv. The slowest tests are listed at the end
+## (--durations): where the suite's time goes, for whoever shortens the loop next.
 pytest: $(STAMP) redis-server chromium
-	$(BIN)/pytest -q $(PYTEST_XDIST) $(addprefix --ignore=,$(PYTEST_IGNORE)) $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=25 $(PYTEST_XDIST) $(addprefix --ignore=,$(PYTEST_IGNORE)) $(PYTEST_ARGS)
 
 ## The pytest suite on every interpreter in PYTHONS, one after another (2 cores: three
 ## suites at once would only slow each other and stretch their timing margins), each in its own

@@ -4,6 +4,7 @@ scene of worker processes, the hold points, and the checks of a run's log and le
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import pytest
@@ -32,6 +34,10 @@ from typedq.durable import (
     StepScheduled,
     decode_entries,
 )
+
+#: A worker's warnings that it lost a job's lease (typedq/settling.py).
+_LOST_LEASE = re.compile(r"lost the lease of job (\S+) ")
+_REFUSED_OUTCOME = re.compile(r"job (\S+) \(\S+\) attempt \d+ was finished by the lease owner")
 
 #: Seconds any one condition may take to come true (a stalled job comes back after the
 #: 1 s lease; a fresh worker process starts in about a second on a loaded box).
@@ -56,6 +62,7 @@ class Scene:
         self.ledger = ledger
         self.procs: list[subprocess.Popen[bytes]] = []
         self.killed: set[int] = set()
+        self.logs: list[Path] = []
 
     def spawn(
         self,
@@ -80,6 +87,7 @@ class Scene:
         if queues is not None:
             args += ["--queues", queues]
         log_path = self.server.dir / f"durable-worker-{time.monotonic_ns()}.log"
+        self.logs.append(log_path)
         with log_path.open("wb") as log:  # the child keeps its own descriptor
             proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
@@ -142,6 +150,19 @@ class Scene:
         for job_id, pid in lines:
             out.setdefault(job_id, []).append(int(pid))
         return out
+
+    def lost_leases(self) -> Counter[str]:
+        """How many times a worker said it lost the lease of each job (its log's
+        warning: the broker reported the lease lost while the job ran, or refused its
+        outcome because another claim owns the job): a job another worker then claimed,
+        run again without any worker being killed. A 1 s lease renewed late on a loaded
+        box is lost this way; the run's log still records the step once."""
+        lost: Counter[str] = Counter()
+        for path in self.logs:
+            text = path.read_text(errors="replace")
+            lost.update(_LOST_LEASE.findall(text))
+            lost.update(_REFUSED_OUTCOME.findall(text))
+        return lost
 
     async def starts_by(self, pids: set[int]) -> Counter[str]:
         """How many times processes ``pids`` started each step job id."""

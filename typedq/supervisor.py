@@ -36,7 +36,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +44,8 @@ from typing import Any
 
 import anyio
 import anyio.abc
+
+from .clock import SYSTEM_CLOCK, Clock, move_on_after
 
 __all__ = [
     "METRICS_PORT_FILE_ENV",
@@ -105,6 +106,8 @@ class Supervisor:
     :param metrics_port: serve the group's ``/metrics`` on this port (0: a free one);
         ``None``: no metrics
     :param metrics_host: the address of that endpoint (default: this machine only)
+    :param clock: what the restart backoff reads and waits on (how long a child ran, the
+        pause before its restart); tests pass a :class:`~typedq.clock.VirtualClock`
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class Supervisor:
         *,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
@@ -121,6 +125,7 @@ class Supervisor:
         self.children = [_Child(i) for i in range(processes)]
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
+        self.clock = clock
         self.signals = 0
         self.fatal: str | None = None
         self._stopping = anyio.Event()
@@ -166,7 +171,7 @@ class Supervisor:
         if child.port_file is not None:
             env[METRICS_PORT_FILE_ENV] = child.port_file
         while not self._stopping.is_set():
-            child.started = time.monotonic()
+            child.started = self.clock.monotonic()
             if child.port_file is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(child.port_file)  # the last run's port: gone with it
@@ -185,7 +190,7 @@ class Supervisor:
             code = await process.wait()
             child.process = None
             child.codes.append(code)
-            ran = time.monotonic() - child.started
+            ran = self.clock.monotonic() - child.started
             if self._stopping.is_set():  # a shutdown: this exit was asked for
                 return
             if code == USAGE_ERROR and len(child.codes) == 1:
@@ -211,7 +216,7 @@ class Supervisor:
                 pause,
                 child.restarts,
             )
-            with anyio.move_on_after(pause):
+            with move_on_after(self.clock, pause):
                 await self._stopping.wait()
 
     def _stop_all(self, signum: signal.Signals) -> None:

@@ -12,12 +12,10 @@ it, and a member's settlement neither fans in nor hands off.
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
 import pytest
 from redis.crc import key_slot
 
+from tests.fanout_app import N, fanout_app
 from tests.redis_harness import RedisCluster, RedisProcess, flushall
 from tests.redis_support import raw_redis, server_url
 from typedq import App, JobState
@@ -32,24 +30,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 #: Members: many chunks of the end's 100 jobs per script (flow_ops.END_CHUNK), and past
 #: one staging chunk (the fan-out is stored staged).
 SIZE = 2000
-
-
-class N(msgspec.Struct, frozen=True):
-    n: int
-
-
-def _app(name: str, url: str) -> tuple[App, Any, Any]:
-    app = App(name, broker=url)
-
-    @app.task
-    async def double(x: N) -> N:
-        return N(x.n * 2)
-
-    @app.task
-    async def add(xs: list[N]) -> N:
-        return N(sum(x.n for x in xs))
-
-    return app, double, add
 
 
 async def _left(broker: RedisBroker, flow: str) -> list[tuple[str, JobState]]:
@@ -98,7 +78,7 @@ async def test_cancelling_a_large_flow_ends_every_member_before_it_returns(
     request: pytest.FixtureRequest, backend: str
 ) -> None:
     url = server_url(request, backend)
-    app, double, add = _app("flowend", url)
+    app, double, add = fanout_app("flowend", url)
     async with app:
         broker = app.broker
         assert isinstance(broker, RedisBroker)
@@ -129,7 +109,7 @@ async def test_a_flow_end_its_caller_left_after_one_chunk_is_honoured_then_finis
     starting them; a member's completion does not fan in); the reaper pass ends the
     rest."""
     url = server_url(request, backend)
-    app, double, add = _app("flowendcrash", url)
+    app, double, add = fanout_app("flowendcrash", url)
     async with app:
         broker = app.broker
         assert isinstance(broker, RedisBroker)

@@ -13,13 +13,12 @@ not change (the contract tests of purge run on every broker).
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import msgspec
 import pytest
 from redis.crc import key_slot
 
+from tests.fanout_app import N, fanout_app
 from tests.redis_harness import RedisCluster
 from tests.redis_support import raw_redis, server_url
 from typedq import App, FailureReason, Fair, JobState
@@ -35,24 +34,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 SIZE = 2000
 #: Jobs of flow_ops.END_CHUNK (lua/common/flow_settle.lua): what one step of an end takes.
 END_CHUNK = 100
-
-
-class N(msgspec.Struct, frozen=True):
-    n: int
-
-
-def _app(name: str, url: str) -> tuple[App, Any, Any]:
-    app = App(name, broker=url)
-
-    @app.task
-    async def double(x: N) -> N:
-        return N(x.n * 2)  # pragma: no cover
-
-    @app.task
-    async def add(xs: list[N]) -> N:
-        return N(sum(x.n for x in xs))  # pragma: no cover
-
-    return app, double, add
 
 
 def _members(flow: str) -> list[str]:
@@ -99,7 +80,7 @@ async def test_purging_a_large_fan_outs_callback_fails_every_member_before_it_re
     request: pytest.FixtureRequest, backend: str
 ) -> None:
     url = server_url(request, backend)
-    app, double, add = _app("purgecb", url)
+    app, double, add = fanout_app("purgecb", url)
     async with app:
         broker = app.broker
         assert isinstance(broker, RedisBroker)
@@ -128,7 +109,7 @@ async def test_purging_a_large_fan_outs_callback_fails_every_member_before_it_re
 async def test_one_purge_call_passes_a_bounded_number_of_jobs(redis_url: str) -> None:
     """The call that deletes the callback marks the flow ended and ends at most one
     chunk of it; the next step's entry carries the purge (queue and states)."""
-    app, double, add = _app("purgeone", redis_url)
+    app, double, add = fanout_app("purgeone", redis_url)
     async with app:
         broker = app.broker
         assert isinstance(broker, RedisBroker)
@@ -155,7 +136,7 @@ async def test_purging_every_state_of_a_large_flow_deletes_each_job_once(
     request: pytest.FixtureRequest, backend: str
 ) -> None:
     url = server_url(request, backend)
-    app, double, add = _app("purgeall", url)
+    app, double, add = fanout_app("purgeall", url)
     async with app:
         broker = app.broker
         assert isinstance(broker, RedisBroker)
@@ -175,7 +156,7 @@ async def test_a_purge_its_caller_left_leaves_its_flows_ended_then_finished(
     active members): the flow is ended at once (a claim starts none of it), counts
     match the jobs, and the reaper pass finishes the end as the purge would have: the
     flow's waiting members are in a purged state, so they are deleted, not failed."""
-    app, double, add = _app("purgecrash", redis_url)
+    app, double, add = fanout_app("purgecrash", redis_url)
     async with app:
         broker = app.broker
         assert isinstance(broker, RedisBroker)
@@ -216,7 +197,7 @@ async def test_a_job_enqueued_during_a_purge_survives_whole_or_is_purged_whole(
     gone; each flow whole or gone; the counts are the jobs that are there; the purge
     answers every job it deleted."""
     url = server_url(request, backend)
-    app, double, add = _app("purgerace", url)
+    app, double, add = fanout_app("purgerace", url)
     async with app:
         broker = app.broker
         assert isinstance(broker, RedisBroker)

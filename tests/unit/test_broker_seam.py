@@ -21,17 +21,9 @@ from typedq.broker.capabilities import (
     CAPABILITIES,
     CORE,
     CORE_WITH_DEFAULTS,
-    EventStreams,
-    FingerprintCounts,
-    FlowControl,
     Flows,
-    JobStreams,
     Limits,
-    Observability,
-    OperatorActions,
-    Runs,
     Schedules,
-    SchemaRegistry,
     TransactionalEnqueue,
     capabilities_of,
     members,
@@ -47,32 +39,11 @@ BACKENDS = [MemoryBroker, RedisBroker, PostgresBroker]
 
 #: The capabilities a backend does not have (it keeps Broker's Unsupported defaults):
 #: jobs stored in the caller's database transaction need a broker in that database. The
-#: PostgreSQL broker has the core store, operator actions, observability, schedules,
-#: task limits, event streams, job streams, workflows, the schema registry, fingerprint
-#: counts and flow control (unique windows, debounce) and durable runs so
-#: far (issue 30; docs/brokers.md).
+#: PostgreSQL broker has every capability (flow views and fair shares since migration 10;
+#: docs/brokers.md).
 LACKING: dict[type[Broker], tuple[type[Any], ...]] = {
     MemoryBroker: (TransactionalEnqueue,),
     RedisBroker: (TransactionalEnqueue,),
-    PostgresBroker: tuple(
-        cap
-        for cap in CAPABILITIES
-        if cap
-        not in (
-            EventStreams,
-            FingerprintCounts,
-            FlowControl,
-            Flows,
-            JobStreams,
-            Limits,
-            Observability,
-            OperatorActions,
-            Runs,
-            Schedules,
-            SchemaRegistry,
-            TransactionalEnqueue,
-        )
-    ),
 }
 
 

@@ -73,6 +73,14 @@ _delivering: contextvars.ContextVar[list[Handoff] | None] = contextvars.ContextV
 HANDOFF_AGE = 5.0
 
 
+def _chunk_entry(entry: str) -> bool:
+    """Is outbox entry ``entry`` one that starts (or drops) a chunk of a fan-out's
+    members (``'<F>|A|<queue>|<from>'``, ``'<F>|Ad|...'``: flow_enqueue.lua)? Job ids
+    hold no '|'."""
+    kind = entry.split("|", 2)[1:2]
+    return kind == ["A"] or kind == ["Ad"]
+
+
 class RedisBroker(
     ScriptCalls,
     EnqueueOps,
@@ -527,10 +535,15 @@ class RedisBroker(
         the jobs its applies deleted for a purge."""
         acks, self._acks = self._acks, {}
         by_target: dict[str, list[bytes]] = {}
-        for h in handoffs:
-            by_target.setdefault(h.target, []).append(h.record)
         k = self.keys
-        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = [
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+        for h in handoffs:
+            if _chunk_entry(h.entry):
+                # A chunk of a fan-out's members to start (or drop): a script of its own.
+                calls.append(("flow_apply", [k.seq(h.target)], [k.prefix, h.target, h.record]))
+            else:
+                by_target.setdefault(h.target, []).append(h.record)
+        calls += [
             ("flow_apply", [k.seq(q)], [k.prefix, q, *records]) for q, records in by_target.items()
         ]
         applies = len(calls)

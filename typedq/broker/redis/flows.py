@@ -5,9 +5,12 @@ A held step's body is stored split around its (empty) payload: the scripts that 
 off a result splice it in as ``head .. bin(result) .. tail`` without decoding anything.
 
 A flow whose jobs are on queues of several cluster slots is stored per slot: first its
-jobs on every queue but the root's (the queue of the flow's own job, which holds the
-flow record), held and pending (``flow_part.lua``), then the root's part with the
-record (``flow_enqueue.lua``, *across*), which starts the others. A script that settles
+members (on every queue) and its steps on every queue but the root's (the queue of the
+flow's own job, which holds the flow record), held and pending, a bounded chunk per
+script (``flow_part.lua``; chunks as :mod:`.staging` bounds them), then the root's part
+with the record (``flow_enqueue.lua``, *across*), which starts the others through its
+outbox: one entry per chunk of members, each applied by a script of its own (issue 31:
+one script storing or starting 100,000 members ran for seconds). A script that settles
 a job of such a flow writes its hand-offs to other slots to its own queue's outbox and
 names them in its reply (:func:`unwrap`); the broker applies them on their target's
 slot (``flow_apply.lua``) and then deletes them (``flow_ack.lua``). See the outbox in
@@ -21,6 +24,7 @@ replies name is part of calling a script, in :mod:`.broker`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -32,6 +36,7 @@ from ...names import check_job_id, check_name
 from ...options import check_numbers
 from ..base import EnqueueOutcome, JobMessage
 from ..flow import FlowSpec, FlowState, id_taken, member_id
+from . import staging
 from .codec import encode, encode_body, text
 from .core import RedisCore, _request_token
 from .enqueue import _PIPELINE_BYTES
@@ -41,14 +46,20 @@ __all__ = [
     "HANDOFF_MARK",
     "FlowOps",
     "Handoff",
+    "PartChunk",
     "flow_args",
     "flow_outcome",
     "part_args",
+    "part_chunks",
     "split_body",
     "unwrap",
 ]
 
 _EMPTY_BIN = b"\xc4\x00"
+
+#: A chunk of a flow across slots spans at most this many times STAGE_MEMBERS member
+#: indexes (its members interleaved with other queues' ones: its start reads each index).
+_SPAN = 4
 
 #: The first element of a script reply that carries hand-offs (see :func:`unwrap`).
 HANDOFF_MARK = b"TYPEDQ_HANDOFF"
@@ -97,7 +108,10 @@ def split_body(message: JobMessage) -> tuple[bytes, bytes, bytes]:
 
 
 def flow_args(
-    spec: FlowSpec, *, across: bool = False, staged: bool = False
+    spec: FlowSpec,
+    *,
+    across: Sequence[tuple[str, int, int]] | None = None,
+    staged: bool = False,
 ) -> tuple[list[Any], int]:
     """The arguments of one flow in ``flow_enqueue.lua``, and the bytes of its bodies.
 
@@ -105,8 +119,10 @@ def flow_args(
     (``F.m<i>``), so each member travels as its body alone; their queues travel as one
     name when they share it (else one per member: a flow across queues).
 
-    :param across: the root's part of a flow across slots: only the jobs on the queue
-        of the flow's own job are stored by this call, the others travel without bodies
+    :param across: the root's part of a flow across slots: the chunks its parts stored
+        its members in (queue, first index, index after the last; see
+        :func:`part_chunks`): the members travel as these ranges, which the root's part
+        starts, and only its steps on the queue of the flow's own job travel with bodies
     :param staged: a large fan-out whose members ``flow_stage`` staged (see
         :mod:`.staging`): they travel as their count alone
     """
@@ -125,8 +141,12 @@ def flow_args(
         "c" if spec.collect else "a",
         queue,
         priority,
-        "s" if staged else "1" if across else "0",
+        "s" if staged else "1" if across is not None else "0",
     ]
+    if across is not None:
+        args.append(len(across))
+        for q, start, stop in across:
+            args += (q, start, stop)
     size = 0
     for i, m in enumerate(members):
         if m.priority != members[0].priority:
@@ -135,13 +155,13 @@ def flow_args(
             raise ValueError(
                 f"member {i} of flow {spec.id!r} must have id {member_id(spec.id, i)!r}"
             )
-        if staged:
+        if staged or across is not None:
             continue
-        body = encode_body(m) if not across or m.queue == root else b""
+        body = encode_body(m)
         size += len(body)
         args.append(body)
     for k, m in enumerate(spec.steps):
-        if across and m.queue != root:
+        if across is not None and m.queue != root:
             body, head, tail = b"", b"", b""
         elif k == 0 and not spec.fan_out:
             body, head, tail = encode_body(m), b"", b""
@@ -158,27 +178,77 @@ def queue_list(queues: list[str]) -> str:
     return queues[0] if len(set(queues)) == 1 else " ".join(queues)
 
 
-def part_args(spec: FlowSpec, queue: str) -> list[Any]:
+class PartChunk(NamedTuple):
+    """One ``flow_part`` call of a flow across slots: members ``indexes`` (their bodies
+    ``bodies``) on ``queue``, and its steps there when ``steps`` (the first call of a
+    queue that is not the root's)."""
+
+    queue: str
+    indexes: list[int]
+    bodies: list[bytes]
+    steps: bool
+
+    @property
+    def range(self) -> tuple[str, int, int]:
+        """(queue, first index, index after the last): what the root's entry that starts
+        these members ('A') names."""
+        return self.queue, self.indexes[0], self.indexes[-1] + 1
+
+
+def part_chunks(spec: FlowSpec) -> list[PartChunk]:
+    """The ``flow_part`` calls of a flow across slots, each bounded as a staging call is
+    (:func:`.staging.chunks`: at most STAGE_MEMBERS members, STAGE_BYTES of bodies; and
+    member indexes spanning less than ``_SPAN * STAGE_MEMBERS``): its members on every
+    queue (the root's too) in input order, a chunk per call, and its steps on each queue
+    but the root's (with that queue's first chunk)."""
+    root = spec.steps[-1].queue
+    by_queue: dict[str, list[int]] = {}
+    for i, m in enumerate(spec.members):
+        by_queue.setdefault(m.queue, []).append(i)
+    for m in spec.steps:
+        if m.queue != root:
+            by_queue.setdefault(m.queue, [])
+    out: list[PartChunk] = []
+    for q, indexes in by_queue.items():
+        bodies = [encode_body(spec.members[i]) for i in indexes]
+        ranges = chunks([len(b) for b in bodies]) or [(0, 0)]
+        for a, b in ranges:
+            # The start of a chunk (flow_ops.start_range) passes over every index of its
+            # range: members of other queues among them count too (a few reads each).
+            while a < b and indexes[b - 1] - indexes[a] >= _SPAN * staging.STAGE_MEMBERS:
+                cut = bisect_left(indexes, indexes[a] + _SPAN * staging.STAGE_MEMBERS, a, b)
+                out.append(PartChunk(q, indexes[a:cut], bodies[a:cut], False))
+                a = cut
+            out.append(PartChunk(q, indexes[a:b], bodies[a:b], False))
+    # (A queue's steps go with its first call.)
+    firsts = {p.queue: i for i, p in reversed(list(enumerate(out)))}
+    for q, i in firsts.items():
+        if q != root:
+            out[i] = out[i]._replace(steps=True)
+    return out
+
+
+def part_args(spec: FlowSpec, part: PartChunk) -> list[Any]:
     """The arguments of ``flow_part.lua`` after its first two (prefix, max_queue_length):
-    the jobs of a flow across slots on ``queue``, which is not its root's."""
-    steps = spec.steps
-    members = [(i, m) for i, m in enumerate(spec.members) if m.queue == queue]
+    one chunk of the jobs of a flow across slots on one queue."""
+    steps, queue = spec.steps, part.queue
+    members = spec.members
     args: list[Any] = [
         check_name("queue", queue),
         check_job_id(spec.id),
         steps[-1].queue,
         len(steps),
         queue_list([check_name("queue", m.queue) for m in steps]),
-        len(members),
-        str(int(members[0][1].priority)) if members else "0",
+        len(part.indexes),
+        str(int(members[part.indexes[0]].priority)) if part.indexes else "0",
     ]
-    for i, m in members:
-        if m.id != member_id(spec.id, i):
+    for i, body in zip(part.indexes, part.bodies, strict=True):
+        if members[i].id != member_id(spec.id, i):
             raise ValueError(
                 f"member {i} of flow {spec.id!r} must have id {member_id(spec.id, i)!r}"
             )
-        args += (i, encode_body(m))
-    here = [(k, m) for k, m in enumerate(steps) if m.queue == queue]
+        args += (i, body)
+    here = [(k, m) for k, m in enumerate(steps) if m.queue == queue and part.steps]
     args.append(len(here))
     for k, m in here:
         if k == 0 and not spec.fan_out:
@@ -191,6 +261,21 @@ def part_args(spec: FlowSpec, queue: str) -> list[Any]:
 
 def _jobs(spec: FlowSpec) -> tuple[JobMessage, ...]:
     return (*spec.members, *spec.steps)
+
+
+def _drop_records(spec: FlowSpec, parts: Sequence[PartChunk], queue: str) -> list[bytes]:
+    """The ``flow_apply`` records that drop the pending jobs of ``spec`` on ``queue``
+    (each in a call of its own: a chunk of members per record)."""
+    f, root = spec.id, spec.steps[-1].queue
+    out = [
+        msgspec.msgpack.encode(["A", f, root, *p.range[1:], "d"])
+        for p in parts
+        if p.queue == queue and p.indexes
+    ]
+    steps = [m.id for m in spec.steps if m.queue == queue and queue != root]
+    if steps:
+        out.append(msgspec.msgpack.encode(["D", f, root, *steps]))
+    return out
 
 
 def flow_outcome(spec: FlowSpec, reply: Any) -> EnqueueOutcome | Exception:
@@ -327,22 +412,24 @@ class FlowOps(RedisCore):
         """Workflows on Redis Cluster: one script per flow on its own slot, pipelined.
 
         A flow whose jobs are on queues of several slots (*across*) takes two rounds:
-        first its jobs on every queue but its root's (held and pending, one
-        ``flow_part`` per queue), then its root's part (its own queue's jobs and the
-        flow record), which starts the others through its outbox (delivered on the
-        way, see :meth:`_deliver`). A part refused (``QueueFull``, an id taken) refuses
-        the flow: the root's part is not sent and the pending jobs stored are dropped;
-        so they are when the root's part is refused.
+        first its members (on every queue, the root's too) and its steps on every queue
+        but its root's, held and pending, in bounded chunks (``flow_part``, one call per
+        chunk: :func:`part_chunks`), then its root's part (its own queue's steps and the
+        flow record), which starts the others through its outbox, an entry per chunk
+        (delivered on the way, a script per chunk, see :meth:`_deliver`). A part
+        refused (``QueueFull``, an id taken) refuses the flow: the root's part is not
+        sent and the pending jobs stored are dropped, a chunk per script; so they are
+        when the root's part is refused.
         """
         out: list[EnqueueOutcome | Exception | None] = [None] * len(flows)
         calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
         at: list[tuple[int, str]] = []  # (flow, queue of its part: '' for a whole flow)
         across: list[int] = []
+        parts: dict[int, list[PartChunk]] = {}
         exists = await self._flows_stored(
             [spec for spec in flows if len({self._slot(m.queue) for m in _jobs(spec)}) > 1]
         )
         for i, spec in enumerate(flows):
-            root = spec.steps[-1].queue
             queues = dict.fromkeys(m.queue for m in (*spec.members, *spec.steps))
             slots = {self._slot(q) for q in queues}
             if len(slots) == 1:
@@ -356,24 +443,29 @@ class FlowOps(RedisCore):
                 out[i] = EnqueueOutcome(spec.id, False)
                 continue
             across.append(i)
-            for q in queues:
-                if q != root:
-                    head = [self.keys.prefix, self.queue_cap([q])]
-                    at.append((i, q))
-                    calls.append(("flow_part", [self.keys.seq(q)], head + part_args(spec, q)))
-        stored: dict[int, list[str]] = {}  # flow -> queues where its parts stored jobs
+            parts[i] = part_chunks(spec)
+            for part in parts[i]:
+                q = part.queue
+                head = [self.keys.prefix, self.queue_cap([q])]
+                at.append((i, q))
+                calls.append(("flow_part", [self.keys.seq(q)], head + part_args(spec, part)))
+        stored: dict[int, set[str]] = {}  # flow -> queues where its parts stored jobs
         if calls:
-            replies = await self._eval_many(calls)
+            replies = await self._eval_in_pipelines(calls)
             for (i, q), reply in zip(at, replies, strict=True):
                 if not q:
                     out[i] = flow_outcome(flows[i], reply[0])
                 elif isinstance(reply, bytes | str):
-                    if out[i] is None:
-                        out[i] = flow_outcome(flows[i], reply)
+                    # (An id taken comes first, as on one Redis, which checks ids, then room.)
+                    refusal = flow_outcome(flows[i], reply)
+                    if out[i] is None or (
+                        isinstance(out[i], QueueFull) and not isinstance(refusal, QueueFull)
+                    ):
+                        out[i] = refusal
                 elif int(reply) == 1:
-                    stored.setdefault(i, []).append(q)
-        # A part found its queue full, but an id of the flow may be taken on the root's
-        # queue: that refusal comes first, as on one Redis (which checks ids, then room).
+                    stored.setdefault(i, set()).add(q)
+        # A part found its queue full, but an id of the flow's steps may be taken on the
+        # root's queue: that refusal comes first, as on one Redis.
         for i in across:
             if isinstance(out[i], QueueFull):
                 taken = await self._first_taken(flows[i])
@@ -382,7 +474,13 @@ class FlowOps(RedisCore):
         roots = [i for i in across if out[i] is None]
         if roots:
             replies = await self._eval_many(
-                [self._flow_call([flows[i]], flow_args(flows[i], across=True)[0]) for i in roots]
+                [
+                    self._flow_call(
+                        [flows[i]],
+                        flow_args(flows[i], across=[p.range for p in parts[i] if p.indexes])[0],
+                    )
+                    for i in roots
+                ]
             )
             for i, reply in zip(roots, replies, strict=True):
                 out[i] = flow_outcome(flows[i], reply[0])
@@ -401,23 +499,35 @@ class FlowOps(RedisCore):
             if state is not None and state.pending >= 0:
                 stored.pop(i)
         drops = [
-            (q, self._drop_record(flows[i], q))
+            ("flow_apply", [self.keys.seq(q)], [self.keys.prefix, q, record])
             for i in across
             if isinstance(out[i], Exception) or i in ended
-            for q in stored.get(i, [])
+            for q in stored.get(i, ())
+            for record in _drop_records(flows[i], parts[i], q)
         ]
         if drops:
-            await self._eval_many(
-                [("flow_apply", [self.keys.seq(q)], [self.keys.prefix, q, rec]) for q, rec in drops]
-            )
+            await self._eval_many(drops)
         return [o for o in out if o is not None]
 
+    async def _eval_in_pipelines(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Scripts in order, pipelined, a round trip per ~8 MB of arguments."""
+        replies: list[Any] = []
+        start = size = 0
+        for i, (_, _, args) in enumerate(calls):
+            size += sum(len(a) for a in args if isinstance(a, bytes))
+            if size > _PIPELINE_BYTES or i == len(calls) - 1:
+                replies += await self._eval_many(calls[start : i + 1])
+                start, size = i + 1, 0
+        return replies
+
     async def _first_taken(self, spec: FlowSpec) -> str | None:
-        """The first id of ``spec``'s jobs on its root's queue that another job has. The
-        parts checked the other queues' ids before their room (flow_part.lua); the root's
-        part, which would check these, was not sent."""
+        """The first id of ``spec``'s steps on its root's queue that another job has. The
+        parts checked the members' and the other queues' ids before their room
+        (flow_part.lua); the root's part, which would check these, was not sent."""
         root = spec.steps[-1].queue
-        ids = [m.id for m in _jobs(spec) if m.queue == root]
+        ids = [m.id for m in spec.steps if m.queue == root]
         records = await self.get(ids, queue=root)
         return next((i for i, r in zip(ids, records, strict=True) if r is not None), None)
 
@@ -436,12 +546,6 @@ class FlowOps(RedisCore):
     def _slot(self, queue: str) -> int:
         """The cluster slot of ``queue``'s keys."""
         return int(key_slot(self.keys.seq(queue).encode()))
-
-    @staticmethod
-    def _drop_record(spec: FlowSpec, queue: str) -> bytes:
-        """The ``flow_apply`` record that drops the pending jobs of ``spec`` on ``queue``."""
-        ids = [m.id for m in (*spec.members, *spec.steps) if m.queue == queue]
-        return msgspec.msgpack.encode(["D", spec.id, spec.steps[-1].queue, *ids])
 
     async def flow_state(self, flow_id: str, *, queue: str | None = None) -> FlowState | None:
         (where,) = await self._queues_of([flow_id], queue)

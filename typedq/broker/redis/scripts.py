@@ -101,6 +101,7 @@ PARTS = (
     "common/finish.lua",
     "common/flows.lua",
     "common/flow_settle.lua",
+    "common/flow_handoffs.lua",
     "common/runs.lua",
     "common/errors.lua",
     "common/schedules.lua",

@@ -23,11 +23,12 @@ members may be claimed (and run) while its last ones are still staged (not yet
 inspectable or counted as waiting). The release is finished by the client (the same
 round trip), by a re-sent enqueue of the flow (same id), or else by the reaper
 (``recover.lua``: 200 members per pass once a release made no step for 5 s; see
-``flow_ops.release_due`` in ``lua/common/flow_settle.lua``); a flow cancelled meanwhile
+``flow_ops.release_due`` in ``lua/common/flow_handoffs.lua``); a flow cancelled meanwhile
 drops its staged members.
 
 Staged only: a fan-out whose members share one queue on the slot of the flow's own job
-(always so on one Redis). A fan-out across slots (Redis Cluster) is stored as before.
+(always so on one Redis). A fan-out across slots (Redis Cluster) is stored held, a chunk
+of the same bounds per ``flow_part``, and started a chunk per outbox entry (``flows.py``).
 The embedded broker stores every flow at once (it needs no bound).
 """
 

@@ -17,15 +17,19 @@
 --   separated; '' when n = 0) and priority (one task: all alike), across
 --   ('1': a flow across slots on Redis Cluster, this call its root's part; 's': a large
 --   fan-out whose members are staged; else '0'), n x body (member i's id is <id>.m<i>;
---   none when staged), S x (id, queue, priority, body, head, tail)
+--   none when staged; across: instead k, then k x (queue, from, to), the chunks its
+--   parts stored the members in), S x (id, queue, priority, body, head, tail)
 -- A large fan-out (typedq/broker/redis/staging.py): flow_stage.lua staged its members
 -- (one queue, the root's slot) before this call, which stores the flow with them still
 -- staged (the record's g/go/gp/ge, see flow_ops.release in common/flow_settle.lua): then
 -- flow_open.lua releases them, a bounded chunk per call. Its staged members missing
 -- (expired, or a chunk was refused): 'TYPEDQ_FLOW_UNSTAGED', nothing stored.
--- A flow across slots: flow_part.lua stored (held, pending) its jobs on every other
--- queue before this call; this call stores the jobs on the queue of the flow's own job
--- and the record (x '1'), and starts the others through its outbox (common/flows.lua).
+-- A flow across slots: flow_part.lua stored (held, pending) its members, and its steps
+-- on every other queue, before this call, a bounded chunk per call; this call stores
+-- the steps on the queue of the flow's own job and the record (x '1'), and starts the
+-- others through its outbox (common/flows.lua): one entry per chunk of members ('A',
+-- flow_ops.start_range, each applied by a script of its own) and one per other queue
+-- of its steps ('a'). It handles no member itself: its cost is O(steps + chunks).
 -- Returns per flow: 1 created, 0 existed, or why it was refused:
 -- 'TYPEDQ_QUEUE_FULL q pending extra limit' or 'TYPEDQ_FLOW_ID_TAKEN id'.
 --
@@ -63,12 +67,31 @@ for _ = 1, m do
       return bad_args('flow_enqueue')
     end
     f.mqs = {f.mq}
+  elseif f.across then
+    -- (The members' queue list is stored whole, not read: the chunks name their queues.)
+    f.mqs = {}
   else
     f.mqs = f.n > 0 and member_queues(f.mq, f.n) or {}
   end
   if not f.mqs then return bad_args('flow_enqueue') end
-  f.at = b + 9             -- the first member's body
-  f.st = f.at + (f.staged and 0 or f.n)  -- the first step's id
+  f.at = b + 9             -- the first member's body (across: how many chunks)
+  if f.across then
+    local k = tonumber(ARGV[f.at])
+    if not is_int(k) or k < 0 or f.at + 3 * k > #ARGV then return bad_args('flow_enqueue') end
+    f.chunks = {}
+    for j = 0, k - 1 do
+      local at = f.at + 1 + 3 * j
+      local from, to = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+      if bad_queue(ARGV[at]) or not is_int(from) or not is_int(to) or from < 0 or to <= from
+          or to > f.n then
+        return bad_args('flow_enqueue')
+      end
+      f.chunks[#f.chunks + 1] = {ARGV[at], from, to}
+    end
+    f.st = f.at + 1 + 3 * k
+  else
+    f.st = f.at + (f.staged and 0 or f.n)  -- the first step's id
+  end
   b = f.st + 6 * f.steps
   if b - 1 > #ARGV then return bad_args('flow_enqueue') end
   for k = 0, f.steps - 1 do
@@ -103,7 +126,7 @@ local function first_taken(f, fq)
   end
   local keys, names, queues = {}, {}, {}
   -- (Staged members: flow_stage.lua checked theirs; flow_ops.release checks them again.)
-  for i = 0, f.staged and -1 or f.n - 1 do
+  for i = 0, (f.staged or f.across) and -1 or f.n - 1 do
     local q = f.mqs[i + 1]
     if not f.across or q == fq then
       keys[#keys + 1] = k_job(q, f.id .. '.m' .. i)
@@ -146,14 +169,20 @@ for fi, f in ipairs(flows) do
     -- pending jobs are left alone (a racing copy of this enqueue may be starting them).
     if f.across and redis.call('EXISTS', k_flow(fq, f.id)) == 0 then
       local recs = {}
-      local function drop(q, id)
-        if q == fq then return end
-        if not recs[q] then recs[q] = {'D', f.id, fq} end
-        recs[q][#recs[q] + 1] = id
+      for k = 0, f.steps - 2 do
+        local q = ARGV[f.st + 6 * k + 1]
+        if q ~= fq then
+          if not recs[q] then recs[q] = {'D', f.id, fq} end
+          recs[q][#recs[q] + 1] = ARGV[f.st + 6 * k]
+        end
       end
-      for i = 0, f.n - 1 do drop(f.mqs[i + 1], f.id .. '.m' .. i) end
-      for k = 0, f.steps - 2 do drop(ARGV[f.st + 6 * k + 1], ARGV[f.st + 6 * k]) end
       for q, rec in pairs(recs) do flow_outbox(fq, q, f.id .. '|D|' .. q, rec) end
+      -- (The members, a chunk per entry: on the root's queue too, where a part stored
+      -- them.)
+      for _, c in ipairs(f.chunks) do
+        flow_outbox(fq, c[1], f.id .. '|Ad|' .. c[1] .. '|' .. c[2],
+          {'A', f.id, fq, c[2], c[3], 'd'})
+      end
     end
   else
     local adding, refused = {}, nil
@@ -161,7 +190,7 @@ for fi, f in ipairs(flows) do
     local function here(q) return not f.across or q == fq end
     if f.staged then
       adding[f.mq] = f.n
-    else
+    elseif not f.across then
       for i = 1, f.n do
         local q = f.mqs[i]
         if here(q) then adding[q] = (adding[q] or 0) + 1 end
@@ -206,7 +235,7 @@ for fi, f in ipairs(flows) do
       if f.staged then
         staged_from = order[f.mqs[1]]
         order[f.mqs[1]] = staged_from + f.n
-      elseif f.n > 0 then
+      elseif f.n > 0 and not f.across then
         local prio = f.mprio
         local pend = {}  -- per queue: the ids not pushed yet (one LPUSH per CHUNK)
         for i = 0, f.n - 1 do
@@ -296,36 +325,23 @@ for fi, f in ipairs(flows) do
       end
       if f.across then
         redis.call('HSET', k_flow(fq, fid), 'x', '1')
-        -- Start the jobs stored on the other queues: members and a chain's step 0 to
-        -- waiting, every job no longer pending (flow_apply 'a').
-        local starts, recs = {}, {}
-        local function add(q, id, start)
-          local rec = recs[q]
-          if not rec then
-            rec = {}
-            recs[q] = rec
-            starts[q] = 0
-          end
-          if start then
-            starts[q] = starts[q] + 1
-            table.insert(rec, starts[q], id)
-          else
-            rec[#rec + 1] = id
-          end
+        -- Start the jobs the parts stored: the members a chunk per entry ('A', to
+        -- waiting), the steps on the other queues one entry per queue ('a': a chain's
+        -- step 0 to waiting, every step no longer pending).
+        for _, c in ipairs(f.chunks) do
+          flow_outbox(fq, c[1], fid .. '|A|' .. c[1] .. '|' .. c[2], {'A', fid, fq, c[2], c[3]})
         end
-        for i = 0, f.n - 1 do
-          if not here(f.mqs[i + 1]) then add(f.mqs[i + 1], fid .. '.m' .. i, true) end
-        end
+        local recs = {}
         for k = 0, f.steps - 1 do
-          if not here(sq[k + 1]) then
-            add(sq[k + 1], ARGV[f.st + 6 * k], k == 0 and not f.fan_out)
+          local q = sq[k + 1]
+          if not here(q) then
+            if not recs[q] then recs[q] = {'a', fid, fq, 0} end
+            local rec = recs[q]
+            rec[#rec + 1] = ARGV[f.st + 6 * k]
+            if k == 0 and not f.fan_out then rec[4] = 1 end
           end
         end
-        for q, rec in pairs(recs) do
-          local packed = {'a', fid, fq, starts[q]}
-          for _, id in ipairs(rec) do packed[#packed + 1] = id end
-          flow_outbox(fq, q, fid .. '|a|' .. q, packed)
-        end
+        for q, rec in pairs(recs) do flow_outbox(fq, q, fid .. '|a|' .. q, rec) end
       end
       if f.fan_out and f.n == 0 then flow_fan_in(fq, fid, f.steps, 0, f.collector, now) end
       out[fi] = 1

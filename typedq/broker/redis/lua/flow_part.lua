@@ -1,11 +1,13 @@
 #!lua
--- Store the jobs of one flow across slots (Redis Cluster) that live on one queue other
--- than the root's (the queue of the flow's own job), before the root: held and pending
+-- Store jobs of one flow across slots (Redis Cluster) that live on one queue, before
+-- the root: a chunk of its members (on any queue, the root's too: the client sends them
+-- a bounded chunk per call, typedq/broker/redis/flows.py's part_chunks) and its steps on
+-- a queue other than the root's (the queue of the flow's own job), held and pending
 -- (fp), so none runs before the root's record exists. The root's flow_enqueue starts
--- them through the outbox ('a' record: members and a chain's step 0 to waiting); when
--- the root refuses the flow, the client drops them ('D'). A pending job of the flow
--- already there (an earlier copy of this call) is kept. Refused at maxmemory, like
--- enqueue.
+-- them through the outbox ('A' records: a chunk of members each; 'a': steps, a chain's
+-- step 0 to waiting); when the root refuses the flow, the client drops them ('A' with
+-- mode 'd', 'D'). A pending job of the flow already there (an earlier copy of this call)
+-- is kept. Refused at maxmemory, like enqueue.
 -- KEYS[1] = the queue's order counter
 -- ARGV: P, max_queue_length, queue, flow id F, root queue fq, steps S, the steps' queues
 --   (as flow records store them), members here n, their priority, n x (index i, body)
@@ -41,10 +43,24 @@ for j = 0, m - 1 do
   local at = ms + 1 + 5 * j
   todo[#todo + 1] = {flow_step_id(f, tonumber(ARGV[at]), steps), false, at}
 end
+-- (One EXISTS for the chunk's job keys: none, the usual answer, leaves only the waiting
+-- index to look at per id.)
+local keyed = true
+if #todo <= 1000 then
+  local keys = {}
+  for i, t in ipairs(todo) do keys[i] = k_job(q, t[1]) end
+  keyed = #keys > 0 and redis.call('EXISTS', unpack(keys)) > 0
+end
 local missing = {}
 for _, t in ipairs(todo) do
   -- A waiting entry of another job has no key, only its id in the index (job_exists).
-  if job_exists(q, t[1]) then
+  local there
+  if keyed then
+    there = job_exists(q, t[1])
+  else
+    there = redis.call('HEXISTS', k_idx(q, t[1]), t[1]) == 1
+  end
+  if there then
     -- Kept only while pending (fp): stored by an earlier copy of this call whose root
     -- never ran. A job of an earlier life of the flow (started, run, finished: its own
     -- job since removed) takes the id like any other job, as on one Redis.
@@ -64,6 +80,7 @@ if limit > 0 then
 end
 local now = now_us()
 local o = redis.call('INCRBY', k_seq(q), #missing) - #missing
+local sched = {}
 for _, t in ipairs(missing) do
   o = o + 1
   local id, at = t[1], t[3]
@@ -72,7 +89,7 @@ for _, t in ipairs(missing) do
   local prio
   if t[2] then
     prio = mprio
-    for _, x in ipairs({'m', ARGV[at], 'fm', t[2]}) do v[#v + 1] = x end
+    v[19], v[20], v[21], v[22] = 'm', ARGV[at], 'fm', t[2]
   else
     prio = ARGV[at + 1]
     -- A chain's step 0 holds its whole body (it starts with its input); a later step
@@ -86,8 +103,11 @@ for _, t in ipairs(missing) do
   end
   if prio ~= '0' then v[#v + 1] = 'p'; v[#v + 1] = prio end
   redis.call('HSET', k_job(q, id), unpack(v))
-  redis.call('ZADD', k_sched(q), HELD_US, id)
+  sched[#sched + 1] = HELD_US
+  sched[#sched + 1] = id
 end
+-- (One ZADD per call: a call holds a bounded chunk of jobs, well below unpack's limit.)
+redis.call('ZADD', k_sched(q), unpack(sched))
 count(q, 's', #missing)
 flush_counts()
 return 1

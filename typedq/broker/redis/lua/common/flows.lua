@@ -99,9 +99,11 @@ end
 -- outbox. Records: {'m', F, fq, i, state, res, err} member i settled (applied at the
 -- root, fq); {'e', F, fq, state, err} end the flow (at the root); {'r', F, fq, k, S,
 -- collector, payload} release step k; {'E', F, fq, state, err, ids...} end the flow's
--- jobs on the target queue; {'a', F, fq, n, ids...} start the flow's jobs on the target
+-- jobs on the target queue; {'a', F, fq, n, ids...} start the flow's steps on the target
 -- queue (the first n move to waiting, the rest stay held), stored pending by
--- flow_part.lua; {'D', F, fq, ids...} drop pending jobs of a flow its root refused;
+-- flow_part.lua; {'A', F, fq, from, to, mode} start (mode 'd': drop) the flow's pending
+-- members F.m<from> .. F.m<to - 1> on the target queue (one bounded chunk per entry:
+-- flow_ops.start_range); {'D', F, fq, ids...} drop pending jobs of a flow its root refused;
 -- {'Z', F, fq, entry id} the next step of a flow's end (flow_settle.lua's flow_end: on
 -- one Redis too, from the flow's root to itself).
 local flow_handoffs = {}  -- the entries this script wrote: {home, entry id, target, record}
