@@ -120,7 +120,9 @@ class Executor:
         outcome: Outcome
         try:
             # The steps inline, not a coroutine of their own: this runs per job.
-            timeout = _timeout_of(task, claimed.message.timeout)
+            # -1, "the task's default", the usual case, tested here: a call less per job.
+            given = claimed.message.timeout
+            timeout = task.options.timeout if given == -1.0 else _timeout_of(task, given)
             got, deadline = await self._call_with_limits(
                 claimed, task, payload, running, timeout, scopes
             )

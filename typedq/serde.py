@@ -93,6 +93,23 @@ class Codec(Generic[T]):
     ``list[Ok[Model] | Failed]`` (elements ``["ok", model]`` / ``["failed", record]``).
     """
 
+    # Slots for what encode and decode read (per job, on both sides): once a cached
+    # property (json_schema, fingerprint) is stored in an instance's __dict__, reading
+    # the attributes kept there costs about three times as much. The __dict__ stays,
+    # for the cached properties.
+    __slots__ = (
+        "__dict__",
+        "_decoder",
+        "_is_none",
+        "_is_pydantic",
+        "_items",
+        "_model",
+        "_optional",
+        "_outcomes",
+        "max_bytes",
+        "type",
+    )
+
     def __init__(self, tp: type[T], *, max_bytes: int | None = None) -> None:
         self.type = tp
         self.max_bytes = max_bytes

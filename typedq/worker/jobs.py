@@ -93,17 +93,19 @@ class RunningJobs:
     def start(self, jobs: Sequence[ClaimedJob]) -> None:
         """Hand newly claimed jobs to the runners."""
         self.stats.claimed += len(jobs)
+        by_job = self.by_job
         for claimed in jobs:
             # The broker handed us a job this worker still runs under an older claim:
             # that claim's lease was lost (the loop was blocked, say).
             job_id = claimed.message.id
-            holders = self.by_job.get(job_id)
-            if holders is None:
-                holders = self.by_job[job_id] = []
-            for stale in holders:
-                stale.mark_lost()
             running = self.running[claimed.token] = Running(claimed)
-            holders.append(running)
+            holders = by_job.get(job_id)
+            if holders is None:
+                by_job[job_id] = [running]  # the usual case: one list made, full
+            else:
+                for stale in holders:
+                    stale.mark_lost()
+                holders.append(running)
             if self.phase.cancelling:
                 # A claim that was in flight when shutdown cancelled the rest: hand back.
                 running.cancel("shutdown")
@@ -123,9 +125,10 @@ class RunningJobs:
         job_id = claimed.message.id
         del self.running[claimed.token]
         holders = self.by_job[job_id]
-        holders.remove(running)
-        if not holders:
+        if len(holders) == 1:  # the usual case: this attempt alone (no remove's search)
             del self.by_job[job_id]
+        else:
+            holders.remove(running)
         if running.thread_alive:
             # The attempt is over but its thread is not: keep its slot taken.
             self.orphans[claimed.token] = running

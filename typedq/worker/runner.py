@@ -167,14 +167,15 @@ class JobRunner:
             # Prefetch: the runner goes on with the next job while this outcome is
             # recorded; the job keeps its slot (and lease) until then. The task is
             # spawned here, in the job's own context, which it copies.
-            behind.start_soon(self._settle, claimed, running, outcome, ended - began)
+            behind.start_soon(self._settle, claimed, running, outcome, ended - began, debug)
         else:
-            await self._settle(claimed, running, outcome, ended - began)
+            await self._settle(claimed, running, outcome, ended - began, debug)
 
     async def _settle(
-        self, claimed: ClaimedJob, running: Running, outcome: Outcome, took: float
+        self, claimed: ClaimedJob, running: Running, outcome: Outcome, took: float, debug: bool
     ) -> None:
-        """Record an attempt's outcome, tell observers, and free its slot."""
+        """Record an attempt's outcome, tell observers, and free its slot; ``debug``:
+        whether to log it at DEBUG (asked once per job, by the attempt)."""
         job_id, task = claimed.message.id, claimed.message.task
         worker_id = self.worker_id
         try:
@@ -201,7 +202,6 @@ class JobRunner:
             if running.emitter is not None:
                 await self.executor.end_stream(running, outcome)
             observer = self.observer
-            debug = log.isEnabledFor(logging.DEBUG)
             if observer is not None or debug:
                 how = outcome_of(outcome)
                 if observer is not None:
