@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import asyncpg
 import pytest
@@ -39,6 +41,39 @@ _CAPS = [10**6, 10**6]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@asynccontextmanager
+async def _unanalyzed(
+    pg_cluster: PgCluster,
+) -> AsyncIterator[tuple[PostgresBroker, asyncpg.Connection, str]]:
+    """A broker on a new schema whose tables autovacuum never analyzes while the test
+    runs, a connection of its own (where the test's EXPLAINs make and keep their plans)
+    and the schema's name."""
+    schema = f"plans{next(_schemas)}"
+    base = pg_cluster.url.split("?")[0]
+    async with connected("plans", f"{base}?schema={schema}") as broker:
+        assert isinstance(broker, PostgresBroker)
+        conn = await asyncpg.connect(base)
+        try:
+            for table in ("jobs", "runs"):
+                await conn.execute(
+                    f'ALTER TABLE "{schema}".{table} SET (autovacuum_enabled = false)'
+                )
+            yield broker, conn, schema
+        finally:
+            await conn.close()
+
+
+async def _statistics(conn: asyncpg.Connection, schema: str, table: str) -> int:
+    """Column statistics of ``table`` (0: never analyzed: the plans under test stand)."""
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = $2",
+            schema,
+            table,
+        )
+    )
 
 
 async def _claim_buffers(conn: asyncpg.Connection, schema: str, ns: str, claim_id: str) -> int:
@@ -93,36 +128,21 @@ async def test_a_claim_planned_on_empty_tables_does_not_read_the_kept_jobs(
     """Planned (generic plans, no statistics) while the schema was empty, a claim of an
     empty queue touches about as many buffers with 3,000 finished jobs kept as with
     none (before migration 14: every kept job's index entry and row, each claim)."""
-    schema = f"plans{next(_schemas)}"
-    base = pg_cluster.url.split("?")[0]
-    async with connected("plans", f"{base}?schema={schema}") as broker:
-        assert isinstance(broker, PostgresBroker)
-        conn = await asyncpg.connect(base)
-        try:
-            # No analyze while the test runs: the tables stay without statistics.
-            for table in ("jobs", "runs"):
-                await conn.execute(
-                    f'ALTER TABLE "{schema}".{table} SET (autovacuum_enabled = false)'
-                )
-            for i in range(7):  # past the sixth call: the generic plans are kept
-                await _claim_buffers(conn, schema, broker.ns, f"e{i}")
-            empty = await _claim_buffers(conn, schema, broker.ns, "e7")
-            await broker.enqueue(
-                [JobMessage(id=f"j{i}", task="t", queue="busy", payload=b"") for i in range(_KEPT)]
-            )
-            done = 0
-            while done < _KEPT:
-                jobs = await broker.claim(["busy"], 500, worker_id="w", lease=30)
-                assert jobs
-                await broker.complete([Completion(j.message.id, j.token, b"") for j in jobs])
-                done += len(jobs)
-            kept = await _claim_buffers(conn, schema, broker.ns, "k")
-            stats = await conn.fetchval(
-                "SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'jobs'",
-                schema,
-            )
-        finally:
-            await conn.close()
+    async with _unanalyzed(pg_cluster) as (broker, conn, schema):
+        for i in range(7):  # past the sixth call: the generic plans are kept
+            await _claim_buffers(conn, schema, broker.ns, f"e{i}")
+        empty = await _claim_buffers(conn, schema, broker.ns, "e7")
+        await broker.enqueue(
+            [JobMessage(id=f"j{i}", task="t", queue="busy", payload=b"") for i in range(_KEPT)]
+        )
+        done = 0
+        while done < _KEPT:
+            jobs = await broker.claim(["busy"], 500, worker_id="w", lease=30)
+            assert jobs
+            await broker.complete([Completion(j.message.id, j.token, b"") for j in jobs])
+            done += len(jobs)
+        kept = await _claim_buffers(conn, schema, broker.ns, "k")
+        stats = await _statistics(conn, schema, "jobs")
     assert stats == 0, "the jobs table was analyzed: the test measured nothing"
     assert kept - empty < 100, (empty, kept)
 
@@ -133,40 +153,26 @@ async def test_a_run_append_and_end_planned_on_empty_tables_do_not_read_the_kept
     """Planned (generic plans, no statistics) while the schema was empty, a run append
     and a run's end touch about as many buffers with 3,000 ended runs kept as with none
     (before migration 14: every run's index entry and row, each call)."""
-    schema = f"plans{next(_schemas)}"
-    base = pg_cluster.url.split("?")[0]
-    async with connected("plans", f"{base}?schema={schema}") as broker:
-        assert isinstance(broker, PostgresBroker)
-        conn = await asyncpg.connect(base)
-        try:
-            for table in ("jobs", "runs"):
-                await conn.execute(
-                    f'ALTER TABLE "{schema}".{table} SET (autovacuum_enabled = false)'
-                )
-            for _ in range(7):  # past the sixth call: the generic plans are kept
-                await _run_calls_buffers(conn, schema, broker.ns)
-            empty = await _run_calls_buffers(conn, schema, broker.ns)
-            ids = [f"r{i}" for i in range(_KEPT)]
-            specs = [
-                RunSpec(
-                    id=run_id,
-                    name="f",
-                    queue="q",
-                    turn_task="typedq.run.f",
-                    turn_payload=b"",
-                    input=b"",
-                )
-                for run_id in ids
-            ]
-            await broker.create_runs(specs)
-            assert all(await broker.cancel_runs(ids))
-            kept = await _run_calls_buffers(conn, schema, broker.ns)
-            stats = await conn.fetchval(
-                "SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'runs'",
-                schema,
+    async with _unanalyzed(pg_cluster) as (broker, conn, schema):
+        for _ in range(7):  # past the sixth call: the generic plans are kept
+            await _run_calls_buffers(conn, schema, broker.ns)
+        empty = await _run_calls_buffers(conn, schema, broker.ns)
+        ids = [f"r{i}" for i in range(_KEPT)]
+        specs = [
+            RunSpec(
+                id=run_id,
+                name="f",
+                queue="q",
+                turn_task="typedq.run.f",
+                turn_payload=b"",
+                input=b"",
             )
-        finally:
-            await conn.close()
+            for run_id in ids
+        ]
+        await broker.create_runs(specs)
+        assert all(await broker.cancel_runs(ids))
+        kept = await _run_calls_buffers(conn, schema, broker.ns)
+        stats = await _statistics(conn, schema, "runs")
     assert stats == 0, "the runs table was analyzed: the test measured nothing"
     assert kept[0] - empty[0] < 100, (empty, kept)
     assert kept[1] - empty[1] < 100, (empty, kept)
@@ -190,53 +196,39 @@ async def test_a_trim_planned_on_empty_tables_does_not_read_the_kept_jobs(
     completed jobs past the count bound deletes them without reading the 3,000 failed
     jobs kept (before migration 14: every kept job's index entry and row, each trim:
     6,811 buffers against 128)."""
-    schema = f"plans{next(_schemas)}"
-    base = pg_cluster.url.split("?")[0]
-    async with connected("plans", f"{base}?schema={schema}") as broker:
-        assert isinstance(broker, PostgresBroker)
-        conn = await asyncpg.connect(base)
-        try:
-            for table in ("jobs", "runs"):
-                await conn.execute(
-                    f'ALTER TABLE "{schema}".{table} SET (autovacuum_enabled = false)'
-                )
-            for _ in range(7):  # past the sixth call: the generic plans are kept
-                await _trim_buffers(conn, schema, broker.ns)
-            empty = await _trim_buffers(conn, schema, broker.ns)
-            await broker.enqueue(
-                [JobMessage(id=f"j{i}", task="t", queue="busy", payload=b"") for i in range(_KEPT)]
+    async with _unanalyzed(pg_cluster) as (broker, conn, schema):
+        for _ in range(7):  # past the sixth call: the generic plans are kept
+            await _trim_buffers(conn, schema, broker.ns)
+        empty = await _trim_buffers(conn, schema, broker.ns)
+        await broker.enqueue(
+            [JobMessage(id=f"j{i}", task="t", queue="busy", payload=b"") for i in range(_KEPT)]
+        )
+        done = 0
+        while done < _KEPT:
+            jobs = await broker.claim(["busy"], 500, worker_id="w", lease=30)
+            assert jobs
+            # Five completed (trimmed below), the others failed for good (kept).
+            completed = [j for j in jobs if int(j.message.id[1:]) < 5]
+            await broker.complete([Completion(j.message.id, j.token, b"") for j in completed])
+            await broker.fail(
+                [
+                    Failure(id=j.message.id, token=j.token, error=b"x")
+                    for j in jobs
+                    if j not in completed
+                ]
             )
-            done = 0
-            while done < _KEPT:
-                jobs = await broker.claim(["busy"], 500, worker_id="w", lease=30)
-                assert jobs
-                # Five completed (trimmed below), the others failed for good (kept).
-                completed = [j for j in jobs if int(j.message.id[1:]) < 5]
-                await broker.complete([Completion(j.message.id, j.token, b"") for j in completed])
-                await broker.fail(
-                    [
-                        Failure(id=j.message.id, token=j.token, error=b"x")
-                        for j in jobs
-                        if j not in completed
-                    ]
-                )
-                done += len(jobs)
-            kept = await _trim_buffers(conn, schema, broker.ns)
-            left = await conn.fetchval(
-                f'SELECT count(*) FROM "{schema}".jobs WHERE ns = $1 AND state = 3',  # noqa: S608
-                broker.ns,
-            )
-            trimmed = await conn.fetchval(
-                f'SELECT n FROM "{schema}".trimmed WHERE ns = $1 AND queue = $2 AND state = 3',  # noqa: S608
-                broker.ns,
-                "busy",
-            )
-            stats = await conn.fetchval(
-                "SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'jobs'",
-                schema,
-            )
-        finally:
-            await conn.close()
+            done += len(jobs)
+        kept = await _trim_buffers(conn, schema, broker.ns)
+        left = await conn.fetchval(
+            f'SELECT count(*) FROM "{schema}".jobs WHERE ns = $1 AND state = 3',  # noqa: S608
+            broker.ns,
+        )
+        trimmed = await conn.fetchval(
+            f'SELECT n FROM "{schema}".trimmed WHERE ns = $1 AND queue = $2 AND state = 3',  # noqa: S608
+            broker.ns,
+            "busy",
+        )
+        stats = await _statistics(conn, schema, "jobs")
     assert stats == 0, "the jobs table was analyzed: the test measured nothing"
     assert (left, trimmed) == (0, 5)
     # The five deletes touch some 25 buffers each (the jobs' indexes, the triggers);
