@@ -40,6 +40,7 @@ from . import (
     migration_12,
     migration_13,
     migration_14,
+    migration_15,
 )
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
@@ -67,6 +68,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_12.SQL,
     migration_13.SQL,
     migration_14.SQL,
+    migration_15.SQL,
 )
 
 
