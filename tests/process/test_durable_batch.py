@@ -4,8 +4,8 @@ restarted three times during the batch: every run completes, each step recorded 
 
 from __future__ import annotations
 
+import subprocess
 import time
-from functools import partial
 
 import anyio
 import pytest
@@ -54,6 +54,7 @@ async def test_a_batch_of_runs_survives_repeated_sigkills(
         for run_id, plan in plans.items():
             await pipeline.start(plan, run_id=run_id)
         total = batch * STEPS
+        kills = 0
         for kill in range(KILLS):
             # Kill at a quarter, a half, three quarters of the steps.
             mark = total * (kill + 1) // (KILLS + 1)
@@ -62,10 +63,21 @@ async def test_a_batch_of_runs_survives_repeated_sigkills(
                 return int(await scene.ledger.hlen("runs")) >= mark
 
             await _until_true(f"{mark} steps run", past)
-            # (and the victim has started steps: a restarted one is not killed at birth)
-            await _until_true("the victim at work", partial(scene.started_any, victim))
+
+            # The victim at work (a restarted one is not killed at birth), unless the
+            # other worker ran the batch's last steps before it started one (a fresh
+            # process takes a second or two on a loaded box; PostgreSQL's last quarter
+            # of 400 runs, less since migration 14): then no kill is left to make.
+            async def working_or_done(proc: subprocess.Popen[bytes] = victim) -> bool:
+                return await scene.started_any(proc) or await past(total)
+
+            await _until_true("the victim at work", working_or_done)
+            if not await scene.started_any(victim):
+                break
             scene.kill(victim)
+            kills += 1
             victim = scene.spawn(concurrency=16)
+        assert kills >= 1, "the batch ended before its first kill: it proves nothing"
         broker = durable_app.app.broker
         ids = list(plans)
         with anyio.fail_after(120):
@@ -101,6 +113,6 @@ async def test_a_batch_of_runs_survives_repeated_sigkills(
     extra = {job_id: n - 1 for job_id, n in runs.items() if n - 1 > killed_starts[job_id]}
     assert extra == {}, ({job_id: starters[job_id] for job_id in extra}, sorted(scene.killed))
     print(
-        f"{batch} runs x {STEPS} steps, {KILLS} kills: {elapsed:.1f}s, {len(twice)} reruns, "
-        f"{sum(lost.values())} lost leases"
+        f"{batch} runs x {STEPS} steps: {elapsed:.1f}s, {len(twice)} reruns, "
+        f"{sum(lost.values())} lost leases, {kills} kills made"
     )
