@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 
@@ -379,3 +380,34 @@ async def test_workers_run_trickled_jobs_once_each(redis_url: str) -> None:
     assert runs == dict.fromkeys(range(120), 1)
     assert w1.stats.completed + w2.stats.completed == 120
     assert sum(tokens) > 60  # most went straight to an idle worker
+
+
+async def test_a_registration_cancelled_before_its_answer_was_read_takes_no_job(
+    redis_url: str,
+) -> None:
+    """A worker's shutdown cancels its registration's call after the script ran and
+    before the answer was read: the worker does not know of the registration, and it
+    would take the next enqueue's jobs (claimed for an inbox nobody pops, until their
+    lease ran out: a job enqueued right after a worker stopped stayed active). The
+    cancelled call ends it."""
+    async with broker_at(redis_url, "ho") as worker, broker_at(redis_url, "ho") as producer:
+        await idle(worker, ["q"])
+        real = worker._eval
+        with anyio.CancelScope() as scope:
+
+            async def cancelled_after_the_script(name: str, keys: Any, args: Any) -> Any:
+                reply = await real(name, keys, args)
+                if name == "handoff" and args[3]:  # a registration: a new token
+                    scope.cancel()
+                    await anyio.lowlevel.checkpoint()  # the answer is never read
+                return reply
+
+            worker._eval = cancelled_after_the_script  # type: ignore[method-assign]
+            await worker.wait_for_handoff(["q"], 4, LONG, worker_id="w", lease=30)
+        assert scope.cancelled_caught
+        worker._eval = real  # type: ignore[method-assign]
+        await producer.enqueue([message("a")])
+        (a,) = await producer.claim(["q"], 4, worker_id="w2", lease=30)
+        assert a.message.id == "a"
+        async with raw_redis(redis_url) as raw:
+            await assert_no_registration_left(raw, worker.keys.queue_prefix("q"))

@@ -218,24 +218,38 @@ class DirectHandoff(LeaseOps):
         await self._note_queues(queues)
         home = old.home if old is not None else queues[0]
         token = _request_token()
-        reply = await self._eval(
-            "handoff",
-            [self.keys.active(home)],
-            [
-                self.keys.prefix,
-                home,
-                old.token if old is not None else "",
-                token,
-                free,
-                max(1, us(lease)),
-                _TTL_MS,
-                worker_id,
-                "0",
-                len(queues),
-                *queues,
-            ],
-        )
-        jobs = await self._claimed(queues, [-1, *reply[2:]], worker_id, refill=True)
+        try:
+            reply = await self._eval(
+                "handoff",
+                [self.keys.active(home)],
+                [
+                    self.keys.prefix,
+                    home,
+                    old.token if old is not None else "",
+                    token,
+                    free,
+                    max(1, us(lease)),
+                    _TTL_MS,
+                    worker_id,
+                    "0",
+                    len(queues),
+                    *queues,
+                ],
+            )
+            jobs = await self._claimed(queues, [-1, *reply[2:]], worker_id, refill=True)
+        except BaseException:
+            # The script may have run with its answer lost or unread (the worker's
+            # shutdown cancelled the call, a connection cut): a registration this worker
+            # does not know of would take the next enqueue's jobs, and nobody would pop
+            # them until their lease ran out. End it (and the old one, which the same
+            # call ended or not; ending an unknown token changes nothing), asking for
+            # every job still handed to either, and hand those back.
+            made = _Registration(token, home, queues, free, renew_by=0.0, due=None)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SOCKET_TIMEOUT):
+                for reg in (made,) if old is None else (old, made):
+                    jobs = await self._end(reg, worker_id=worker_id, lease=lease, recover=True)
+                    await self._hand_back(jobs, worker_id)
+            raise
         if int(reply[0]) != 0:
             return jobs, None
         now = time.monotonic()
