@@ -39,6 +39,7 @@ their migrations' text here, as migration 10 took migration 4's claim).
 """
 
 from . import migration_6_changes, migration_9, migration_11, migration_13
+from .released import function_of
 
 __all__ = ["SQL"]
 
@@ -172,39 +173,27 @@ END $$;
 """
 
 
-def _function(sql: str, head: str, changes: tuple[tuple[str, str], ...], why: str) -> str:
-    """The function of a released migration's ``sql`` that starts with ``head``, each
-    statement of ``changes`` replaced (each found once), as a CREATE OR REPLACE."""
-    start = sql.index(head)
-    body = sql[start : sql.index("END $$;", start) + len("END $$;")]
-    for old, new in changes:
-        assert body.count(old) == 1, old
-        body = body.replace(old, new)
-    body = body.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-    return f"-- {why}\n{body}\n"
-
-
 SQL = (
-    _function(
+    function_of(
         migration_11.SQL,
         "CREATE OR REPLACE FUNCTION {s}.claim(",
         ((PROMOTE, PROMOTE_WHEN_DUE),),
         "Migration 11's claim; due jobs promoted only when one is due.",
     )
-    + _function(
+    + function_of(
         migration_13.SQL,
         "CREATE OR REPLACE FUNCTION {s}.run_finish(",
         ((RUNS_PAST_AGE, RUNS_PAST_AGE_WHEN_PAST),),
         "Migration 13's run_finish; the age bound applied only when a run is past it.",
     )
-    + _function(
+    + function_of(
         migration_9.SQL,
         "CREATE FUNCTION {s}.run_append(",
         ((APPEND_DECLARE, APPEND_DECLARE_LOCK), (APPEND_LOCK, APPEND_LOCK_BY_KEY)),
         "Migration 9's run_append; its runs locked a run at a time by primary key.",
     )
     + TRIM_JOBS
-    + _function(
+    + function_of(
         migration_6_changes.SQL,
         "CREATE OR REPLACE FUNCTION {s}.finished_add(",
         ((TRIM_COUNT, TRIM_COUNT_BY_KEY), (TRIM_AGE, TRIM_AGE_BY_KEY)),

@@ -22,6 +22,7 @@ The function is migration 2's word for word but for that statement.
 from __future__ import annotations
 
 from . import migration_2
+from .released import function_of
 
 __all__ = ["SQL"]
 
@@ -42,19 +43,9 @@ EXPIRED_IN_ORDER = """        SELECT e.id, e.stalls, e.cancel_requested, e.queue
         ORDER BY CASE WHEN e.seq < 0 THEN e.seq & 2147483647 ELSE e.seq END, e.id
 """
 
-_HEAD = "CREATE OR REPLACE FUNCTION {s}.recover("
-
-
-def _recover() -> str:
-    sql = migration_2.SQL
-    start = sql.index(_HEAD)
-    body = sql[start : sql.index("END $$;", start) + len("END $$;")]
-    assert body.count(EXPIRED) == 1, EXPIRED
-    body = body.replace(EXPIRED, EXPIRED_IN_ORDER)
-    return (
-        "-- Migration 2's recover; one call's expired leases handed back in their jobs' "
-        f"order.\n{body}\n"
-    )
-
-
-SQL = _recover()
+SQL = function_of(
+    migration_2.SQL,
+    "CREATE OR REPLACE FUNCTION {s}.recover(",
+    ((EXPIRED, EXPIRED_IN_ORDER),),
+    "Migration 2's recover; one call's expired leases handed back in their jobs' order.",
+)
