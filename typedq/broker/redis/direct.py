@@ -246,9 +246,10 @@ class DirectHandoff(LeaseOps):
             # every job still handed to either, and hand those back.
             made = _Registration(token, home, queues, free, renew_by=0.0, due=None)
             with anyio.CancelScope(shield=True), anyio.move_on_after(SOCKET_TIMEOUT):
+                handed: list[ClaimedJob] = []
                 for reg in (made,) if old is None else (old, made):
-                    jobs = await self._end(reg, worker_id=worker_id, lease=lease, recover=True)
-                    await self._hand_back(jobs, worker_id)
+                    handed += await self._end(reg, worker_id=worker_id, lease=lease, recover=True)
+                await self._hand_back(handed, worker_id)  # one release for both
             raise
         if int(reply[0]) != 0:
             return jobs, None
