@@ -53,31 +53,12 @@ local budget = skip + limit + BUDGET
 -- Counting: jobs counted, and tally[task][fingerprint] = jobs.
 local counted, tally = 0, {}
 
--- The msgpack string at offset `i` of `s` and the offset after it (nil: not a string).
-local function str_at(s, i)
-  local b = string.byte(s, i)
-  if not b then return nil end
-  local at, n
-  if b >= 0xa0 and b <= 0xbf then at, n = i + 1, b - 0xa0
-  elseif b == 0xd9 then at, n = i + 2, string.byte(s, i + 1)
-  elseif b == 0xda then
-    local x, y = string.byte(s, i + 1, i + 2)
-    if not y then return nil end
-    at, n = i + 3, x * 256 + y
-  else return nil end
-  if not n or at + n - 1 > #s then return nil end
-  return string.sub(s, at, at + n - 1), at + n
-end
+local str_at = claim_ops.mp_str
 
 -- The offset after the msgpack bin at `i` of `s` (nil: not a bin).
 local function after_bin(s, i)
   local b = string.byte(s, i)
-  if b == 0xc4 then return i + 2 + (string.byte(s, i + 1) or 0) end
-  if b == 0xc5 then
-    local x, y = string.byte(s, i + 1, i + 2)
-    return i + 3 + (x or 0) * 256 + (y or 0)
-  end
-  if b == 0xc6 then return fair_skip(s, i) end
+  if b == 0xc4 or b == 0xc5 or b == 0xc6 then return mp_skip(s, i) end
   return nil
 end
 
@@ -112,7 +93,7 @@ local function body_key(m, i)
   if not second or n < 4 then return nil end
   if n < 5 then return second, '' end
   for _ = 1, 2 do  -- the queue, the payload
-    i = fair_skip(m, i)
+    i = mp_skip(m, i)
     if not i then return nil end
   end
   local fp = str_at(m, i)

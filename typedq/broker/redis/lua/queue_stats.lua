@@ -13,24 +13,9 @@
 -- Returns per queue: its counts hash as a flat list, then the age in microseconds.
 local HEAD_SCAN = 16
 
--- Reading a job body (msgpack) without decoding it (cmsgpack knows no bin type):
--- the index after the item at `i` (nil for what a body never holds), and the number
--- at `i` (floats, positive fixints; nil otherwise).
-local function mp_skip(m, i)
-  local b = string.byte(m, i)
-  if not b then return nil end
-  if b <= 0x7f or b >= 0xe0 or b == 0xc0 or b == 0xc2 or b == 0xc3 then return i + 1 end
-  if b >= 0xa0 and b <= 0xbf then return i + 1 + (b - 0xa0) end
-  if b == 0xd9 or b == 0xc4 then return i + 2 + (string.byte(m, i + 1) or 0) end
-  if b == 0xda or b == 0xc5 then return i + 3 + struct.unpack('>I2', m, i + 1) end
-  if b == 0xdb or b == 0xc6 then return i + 5 + struct.unpack('>I4', m, i + 1) end
-  if b == 0xcc or b == 0xd0 then return i + 2 end
-  if b == 0xcd or b == 0xd1 then return i + 3 end
-  if b == 0xce or b == 0xd2 or b == 0xca then return i + 5 end
-  if b == 0xcf or b == 0xd3 or b == 0xcb then return i + 9 end
-  return nil
-end
-
+-- Reading a job body (msgpack) without decoding it (cmsgpack knows no bin type): the
+-- index after the item at `i` is common/lanes.lua's mp_skip; the number at `i` (floats,
+-- positive fixints; nil otherwise).
 local function mp_number(m, i)
   local b = string.byte(m, i)
   if b == 0xcb and #m >= i + 8 then return (struct.unpack('>d', m, i + 1)) end

@@ -296,12 +296,12 @@ end
 function flow_ops.with_links(tail, links)
   local i = 1
   for _ = 1, 9 do
-    i = fair_skip(tail, i)
+    i = mp_skip(tail, i)
     if not i then return tail end
   end
   if string.byte(tail, i) == 0xa0 then return tail end  -- no trace context
-  i = fair_skip(tail, i)
-  local after = i and fair_skip(tail, i)
+  i = mp_skip(tail, i)
+  local after = i and mp_skip(tail, i)
   if not after then return tail end
   return string.sub(tail, 1, i - 1) .. msgpack_str(links) .. string.sub(tail, after)
 end

@@ -24,24 +24,7 @@ function claim_ops.mp_uint(s, i, n)
   return v
 end
 
--- The offset after the scalar at `i` (nil: not a scalar a body holds).
-function claim_ops.mp_skip(s, i)
-  local mp_uint = claim_ops.mp_uint
-  local b = string.byte(s, i)
-  if not b then return nil end
-  if b <= 0x7f or b >= 0xe0 or b == 0xc0 or b == 0xc2 or b == 0xc3 then return i + 1 end
-  if b >= 0xa0 and b <= 0xbf then return i + 1 + b - 0xa0 end
-  if b == 0xc4 or b == 0xd9 then return i + 2 + mp_uint(s, i + 1, 1) end
-  if b == 0xc5 or b == 0xda then return i + 3 + mp_uint(s, i + 1, 2) end
-  if b == 0xc6 or b == 0xdb then return i + 5 + mp_uint(s, i + 1, 4) end
-  if b == 0xcc or b == 0xd0 then return i + 2 end
-  if b == 0xcd or b == 0xd1 then return i + 3 end
-  if b == 0xca or b == 0xce or b == 0xd2 then return i + 5 end
-  if b == 0xcb or b == 0xcf or b == 0xd3 then return i + 9 end
-  return nil
-end
-
--- The string at `i` and the offset after it (nil: not a string).
+-- The msgpack string at `i` and the offset after it (nil: not a string, or one cut short).
 function claim_ops.mp_str(s, i)
   local mp_uint = claim_ops.mp_uint
   local b = string.byte(s, i)
@@ -51,6 +34,7 @@ function claim_ops.mp_str(s, i)
   elseif b == 0xd9 then len, at = mp_uint(s, i + 1, 1), i + 2
   elseif b == 0xda then len, at = mp_uint(s, i + 1, 2), i + 3
   else return nil end
+  if at + len - 1 > #s then return nil end  -- cut short: not a string
   return string.sub(s, at, at + len - 1), at + len
 end
 
@@ -73,7 +57,7 @@ function claim_ops.limits_of(cfg, body)
   local keys = {'', ''}
   if n >= 9 then
     for _ = 2, 8 do
-      i = i and claim_ops.mp_skip(body, i)
+      i = i and mp_skip(body, i)
     end
     for k = 1, math.min(n - 8, 2) do
       local v

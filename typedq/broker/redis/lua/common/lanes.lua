@@ -263,20 +263,24 @@ end
 -- with it: never '~'). A claim that pops the marker takes up to `weight` jobs from the
 -- lane (its turn; `taken` so far, when a claim ran out of room mid-turn) and pushes the
 -- marker back at the tail while the lane has jobs (at the head, mid-turn).
--- The offset after the msgpack scalar at `i` of `s` (nil: not one a body holds).
-local function fair_skip(s, i)
+-- Job bodies and records are msgpack that Redis' cmsgpack cannot read (it knows no bin
+-- type, and a body's payload is one), so the scripts read the few fields they need by
+-- skipping over the others: the offset after the msgpack scalar at `i` of `s` (nil: not
+-- one a body holds). The one copy: gates (claim_ops), queue_stats, list and flows use it.
+local function mp_skip(s, i)
   local b = string.byte(s, i)
   if not b then return nil end
   if b <= 0x7f or b >= 0xe0 or b == 0xc0 or b == 0xc2 or b == 0xc3 then return i + 1 end
   if b >= 0xa0 and b <= 0xbf then return i + 1 + b - 0xa0 end
-  local function u(n)
-    local v = 0
-    for k = i + 1, i + n do v = v * 256 + (string.byte(s, k) or 0) end
-    return v
+  if b == 0xc4 or b == 0xd9 then return i + 2 + (string.byte(s, i + 1) or 0) end
+  if b == 0xc5 or b == 0xda then
+    local x, y = string.byte(s, i + 1, i + 2)
+    return i + 3 + (x or 0) * 256 + (y or 0)
   end
-  if b == 0xc4 or b == 0xd9 then return i + 2 + u(1) end
-  if b == 0xc5 or b == 0xda then return i + 3 + u(2) end
-  if b == 0xc6 or b == 0xdb then return i + 5 + u(4) end
+  if b == 0xc6 or b == 0xdb then
+    local w, x, y, z = string.byte(s, i + 1, i + 4)
+    return i + 5 + (((w or 0) * 256 + (x or 0)) * 256 + (y or 0)) * 256 + (z or 0)
+  end
   if b == 0xcc or b == 0xd0 then return i + 2 end
   if b == 0xcd or b == 0xd1 then return i + 3 end
   if b == 0xca or b == 0xce or b == 0xd2 then return i + 5 end
@@ -296,7 +300,7 @@ local function fair_of(body)
   elseif b == 0xd9 then task = string.sub(body, i + 2, i + 1 + string.byte(body, i + 1))
   else return nil end
   for _ = 1, 14 do
-    i = fair_skip(body, i)
+    i = mp_skip(body, i)
     if not i then return nil end
   end
   b = string.byte(body, i)
