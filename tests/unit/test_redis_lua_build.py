@@ -18,6 +18,7 @@ from typedq.broker.redis.scripts import (
     SHARDED_PART,
     Library,
     build_library,
+    main_locals,
     read_scripts,
 )
 
@@ -123,3 +124,27 @@ def test_the_parts_are_in_every_library_in_their_order() -> None:
     del files[PARTS[3]]
     with pytest.raises(RuntimeError, match=r"shared parts .* missing"):
         build_library(files)
+
+
+def _top_level(lib: Library) -> list[tuple[str, int, str]]:
+    """The library's lines before its first script (the parts and the reset functions)."""
+    lines = [(f, a, t) for (f, a), t in zip(lib.lines, lib.source.split("\n"), strict=True)]
+    first = next(i for i, (_, _, t) in enumerate(lines) if "register_function" in t)
+    return lines[:first]
+
+
+def test_both_libraries_leave_room_under_luas_200_locals() -> None:
+    # Lua 5.1 refuses a main chunk of more than 200 locals when Redis loads the library;
+    # the Redis Cluster variant's wake-ups are assignments, not a second set of locals.
+    single = main_locals(_top_level(LIBRARY))
+    cluster = main_locals(_top_level(SHARDED_LIBRARY))
+    assert cluster == single <= 200
+
+
+def test_a_library_past_200_locals_is_refused_with_the_fix() -> None:
+    files = read_scripts()
+    files["common/errors.lua"] += "".join(f"local function extra_{k}() end\n" for k in range(6))
+    with pytest.raises(RuntimeError, match=r"single Redis library's top level declares 201 locals"):
+        build_library(files)
+    with pytest.raises(RuntimeError, match=r"make new helpers fields of a part's table"):
+        build_library(files, sharded=True)

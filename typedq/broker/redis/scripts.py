@@ -118,6 +118,10 @@ _KEEP = "--@keep"
 _BEGIN = "typedq_begin"
 #: At most this many names per reset function (Lua 5.1 allows 60 upvalues per function).
 _BEGIN_CHUNK = 40
+#: The most locals one Lua 5.1 function holds (LUAI_MAXVARS): the library's top level is
+#: one function, its main chunk, so the parts' top-level locals and the reset functions
+#: share this bound.
+_MAX_LOCALS = 200
 #: Shebang flags Redis functions accept (``#!lua flags=...``).
 _FLAGS = ("no-writes", "allow-oom", "allow-stale", "no-cluster", "allow-cross-slot-keys")
 
@@ -286,6 +290,30 @@ def _check_constants(constants: Mapping[str, str], lines: list[tuple[str, int, s
                 )
 
 
+def main_locals(lines: list[tuple[str, int, str]]) -> int:
+    """How many locals the library's main chunk declares: one per name of each top-level
+    ``local`` statement (a helper defined again by ``local function`` is a second one)."""
+    n = 0
+    for _, _, text in lines:
+        fn = _LOCAL_FUNCTION.match(text)
+        m = None if fn else _LOCAL.match(text)
+        n += 1 if fn else len(m.group(1).split(",")) if m else 0
+    return n
+
+
+def _check_main_locals(lines: list[tuple[str, int, str]], *, sharded: bool) -> None:
+    """Refuse a library whose main chunk Redis would refuse to load (Lua's message names
+    no file: 'main function has more than 200 local variables')."""
+    n = main_locals(lines)
+    if n > _MAX_LOCALS:
+        variant = "Redis Cluster" if sharded else "single Redis"
+        raise RuntimeError(
+            f"typedq/broker/redis/lua/common/: the {variant} library's top level declares {n} "
+            f"locals, Lua allows {_MAX_LOCALS}: make new helpers fields of a part's table "
+            "(flow_ops, run_ops, claim_ops; lua/README.md) instead of top-level locals"
+        )
+
+
 def _code(text: str) -> str:
     """``text`` without its strings' contents and its trailing comment."""
     return _STRING.sub("''", text).split("--", 1)[0]
@@ -373,6 +401,7 @@ def build_library(files: Mapping[str, str] | None = None, *, sharded: bool = Fal
     lines: list[tuple[str, int, str]] = [("", 0, f"#!lua name={_NAME_MARK}")]
     lines += prelude
     lines += [("", 0, text) for text in _begin(resets)]
+    _check_main_locals(lines, sharded=sharded)
     functions: dict[str, str] = {}
     for name in sorted(files):
         if name in PARTS or "/" in name or not name.endswith(".lua"):
