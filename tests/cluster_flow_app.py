@@ -53,9 +53,17 @@ async def store(x: Num) -> Num:
     return Num(x.n + 3)
 
 
+_deliver = RedisBroker._deliver
+
+
 async def _stall(self: RedisBroker, handoffs: Sequence[Handoff]) -> int:
-    """Record the hand-offs (entry ids) and never apply them."""
-    await ledger().rpush("stalled", *(f"{h.home} {h.entry} {h.target}" for h in handoffs))
+    """Record the hand-offs a settle wrote (entry ids, '<step id>|r') and never apply
+    them; deliver any other (a flow's start, which this process's reaper pass may find
+    before the producer applied it, on a loaded box) as usual."""
+    settled = [h for h in handoffs if h.entry.endswith("|r")]
+    if not settled:
+        return await _deliver(self, handoffs)
+    await ledger().rpush("stalled", *(f"{h.home} {h.entry} {h.target}" for h in settled))
     await anyio.sleep_forever()
     return 0  # not reached: sleep_forever only ends by cancellation
 

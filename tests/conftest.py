@@ -299,7 +299,11 @@ async def ledger(redis_server: RedisProcess) -> AsyncIterator[aioredis.Redis]:
     """Where worker processes' handlers record their runs: database 1 of the session
     redis-server, flushed first (``flushall``: the test's broker database too)."""
     flushall(redis_server.port)
-    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{redis_server.port}/1")
+    # No socket timeout: a test's BLPOP waits its own timeout (redis-py 8's default of
+    # 5 s cut a 60 s wait for a worker process short on a loaded box).
+    client = aioredis.Redis.from_url(
+        f"redis://127.0.0.1:{redis_server.port}/1", socket_timeout=None
+    )
     try:
         yield client
     finally:

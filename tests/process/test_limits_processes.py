@@ -94,7 +94,8 @@ async def test_a_rate_limit_holds_where_handlers_start_across_two_processes(
 async def test_a_killed_workers_concurrency_slot_frees_with_its_lease(
     url: str, redis_server: RedisProcess
 ) -> None:
-    ledger = redis.Redis(port=redis_server.port, db=LEDGER_DB)
+    # No socket timeout: the BLPOP below waits its own 30 s (redis-py 8 reads 5 s at most).
+    ledger = redis.Redis(port=redis_server.port, db=LEDGER_DB, socket_timeout=None)
     first = start(url, redis_server, 4)
     workers = [first]
     try:
@@ -103,7 +104,10 @@ async def test_a_killed_workers_concurrency_slot_frees_with_its_lease(
             with anyio.fail_after(60):
                 stuck = await hold.enqueue(Hold("acme", 0, hang=60.0))
                 # Its handler started in the first process (the ledger says so).
-                await anyio.to_thread.run_sync(lambda: ledger.blpop(["started:hold"], timeout=30))
+                started = await anyio.to_thread.run_sync(
+                    lambda: ledger.blpop(["started:hold"], timeout=30)
+                )
+                assert started is not None
                 # The first process holds acme's only slot; the rest of acme's jobs
                 # wait for it, another customer's do not.
                 workers.append(start(url, redis_server, 4))
