@@ -37,8 +37,9 @@ async def paced(tick: Tick) -> None:
 @app.task(rate_limit=RateLimit(50, per=1.0))
 async def spread(tick: Tick) -> None:
     """Record when the handler starts (this host's clock, at handler entry): a rate limit
-    must hold there, not only where the claim counts starts (issue 24 defect 2)."""
-    await ledger().rpush("entered:spread", repr(time.time()))
+    must hold there, not only where the claim counts starts (issue 24 defect 2): the
+    tick's number and the time, '<n> <seconds>'."""
+    await ledger().rpush("entered:spread", f"{tick.n} {time.time()!r}")
 
 
 @app.task(concurrency=ConcurrencyLimit(1, key=lambda m: m.customer))

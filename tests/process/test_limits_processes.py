@@ -17,6 +17,7 @@ from tests.contract.test_limits import worst_window
 from tests.limits_app import Hold, Tick, app, hold, paced, spread
 from tests.redis_harness import RedisProcess
 from tests.support import spawn_worker, stop_workers
+from typedq.limits import SPACING_ALLOWANCE_US
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow, pytest.mark.asyncio_only]
 
@@ -74,7 +75,10 @@ async def test_a_rate_limit_holds_where_handlers_start_across_two_processes(
     """Issue 24 defect 2: RateLimit(50, per=1.0), 200 jobs, two worker processes at C=32.
     Handler starts came in bursts of 50 within ~30 ms at each second and the worst
     one-second window of starts at handler entry held 65-66. Starts are spread now: no
-    window holds more than 50, measured where the handlers start (same host clock)."""
+    window holds more than 50, measured where the handlers start (same host clock), as
+    long as each handler starts within the spacing's allowance (50 ms) of its claim; a
+    handler the box delayed longer (a loaded 2-core box) may add one to a window, and
+    only those may."""
     workers = [start(url, redis_server, 32) for _ in range(2)]
     try:
         app.use_broker(url)
@@ -83,12 +87,21 @@ async def test_a_rate_limit_holds_where_handlers_start_across_two_processes(
                 jobs = await spread.enqueue_many(Tick(i) for i in range(200))
                 for job in jobs:
                     await job.result(timeout=60)
+            records = await app.broker.get([j.id for j in jobs])
     finally:
         stop_workers(workers)
     entered = redis.Redis.from_url(ledger_url(redis_server)).lrange("entered:spread", 0, -1)
-    starts = [round(float(t) * 1_000_000) for t in entered]
-    assert len(starts) == 200
-    assert worst_window(starts, 1_000_000) <= 50
+    entry = {int(n): float(t) for n, t in (e.split() for e in entered)}
+    assert sorted(entry) == list(range(200))  # each handler entered once
+    late = 0
+    for n, record in enumerate(records):
+        assert record is not None
+        # started_at: the claim, on Redis' clock (this host's); a start taken early is
+        # claimed before its turn, so it is not late by being claimed early.
+        assert entry[n] >= record.started_at - 0.005
+        late += entry[n] - record.started_at > SPACING_ALLOWANCE_US / 1_000_000
+    starts = [round(t * 1_000_000) for t in entry.values()]
+    assert worst_window(starts, 1_000_000) <= 50 + late
 
 
 async def test_a_killed_workers_concurrency_slot_frees_with_its_lease(
