@@ -156,8 +156,24 @@ async def test_the_broker_writes_stalled_and_lost_records_as_memory_does(
         assert _record(b.error).message == CANCELLED_WORKER_LOST
 
 
-async def _terminate_others(url: str, stop: anyio.Event, killed: list[int]) -> None:
-    """Every 200 ms, terminate every other client connection of the cluster."""
+class _Progress:
+    """Set when the worker moved on (a handler ran) since the storm's last round."""
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+    def moved(self) -> None:
+        self.event.set()
+
+
+async def _terminate_others(
+    url: str, stop: anyio.Event, killed: list[int], progress: _Progress
+) -> None:
+    """Every 200 ms, terminate every other client connection of the cluster, but only
+    once the worker moved on since the last round: on a loaded box a reconnect and a call
+    can take longer than 200 ms, and a storm at a fixed pace then cut every call short
+    (nothing moved for 40 s: a livelock of the test, not of the broker). ``stop`` is set
+    with ``progress.moved()``."""
     conn = await asyncpg.connect(url)
     try:
         while not stop.is_set():
@@ -166,8 +182,10 @@ async def _terminate_others(url: str, stop: anyio.Event, killed: list[int]) -> N
                 "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
             )
             killed.append(int(n))
+            progress.event = anyio.Event()
             with anyio.move_on_after(0.2):
                 await stop.wait()
+            await progress.event.wait()
     finally:
         await conn.close()
 
@@ -182,20 +200,23 @@ async def test_terminated_connections_lose_no_job_and_run_none_twice(
     @app.task
     async def tally(x: In) -> Out:
         runs[x.n] += 1
+        progress.moved()
         await anyio.sleep(0.001)
         return Out(x.n)
 
     killed: list[int] = []
+    progress = _Progress()
     with anyio.fail_after(120):
         async with app:
             jobs = await tally.enqueue_many(In(i) for i in range(500))
             stop = anyio.Event()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_terminate_others, pg_url, stop, killed)
+                tg.start_soon(_terminate_others, pg_url, stop, killed, progress)
                 async with app.worker(concurrency=16):
                     # Waiting for the results reads through the storm too.
                     results = [await job.result(timeout=60) for job in jobs]
                 stop.set()
+                progress.moved()
     assert results == [Out(i) for i in range(500)]
     assert runs == dict.fromkeys(range(500), 1)  # none lost, none run twice
     assert sum(killed) > 5  # the storm did hit the broker's connections
