@@ -42,7 +42,10 @@ SPLIT: dict[str, dict[str, tuple[str, ...]]] = {
     "tests/process/test_redis_faults.py": {},
     "tests/process/test_supervisor.py": {},
     "tests/redis/test_redis_broker.py": {},
-    "tests/tooling/test_first_app.py": {},
+    "tests/tooling/test_first_app.py": {
+        # The runs with the doc's mypy configuration share one cache (module-scoped).
+        "mypy": ("test_mypy_command", "test_key_is_checked_only_with_the_plugin"),
+    },
     "tests/tooling/test_stubs.py": {
         # Its three mypy runs share one cache (a module-scoped fixture).
         "mypy": (
@@ -60,7 +63,7 @@ SPLIT: dict[str, dict[str, tuple[str, ...]]] = {
 COSTS: dict[str, float] = {
     "tests/tooling/test_typing_extras.py": 166,
     "tests/tooling/test_stubs.py::mypy": 113,  # its three mypy runs share a cache
-    "tests/tooling/test_first_app.py::test_mypy_command": 107,
+    "tests/tooling/test_first_app.py::mypy": 115,
     "tests/tooling/test_typing.py": 105,
     "tests/tooling/test_typing_pyright.py": 104,
     "tests/redis/test_redis_broker.py::test_function_flush_mid_run_is_invisible": 99,
