@@ -23,7 +23,8 @@ PYTEST_ARGS ?=
 # 2-core box, tests/redis + tests/process took 129 s with -n 4, 136 s with -n 3, 189 s with
 # -n 2: means of 2-3 interleaved runs, all green; issue 25). Each test file stays in one
 # process (--dist loadfile), so a file's session set-up runs once (--dist loadgroup, which
-# spreads a file's tests, was slower: 150 s with -n 3 or 4).
+# spreads a file's tests, was slower: 150 s with -n 3 or 4), but for the long files whose
+# tests are units of their own, handed out longest first (tests/xdist_units.py).
 PYTEST_JOBS ?= 4
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadfile)
 # The tiers of tests that do not depend on the interpreter running the suite: tests/tooling

@@ -16,75 +16,44 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Generator, Iterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from tests.pg_harness import PgCluster, pg_missing
 from tests.redis_harness import REDIS_SERVER, RedisCluster, RedisProcess, flushall
+from tests.xdist_units import make_scheduler, order_items
 from typedq.errors import Unsupported
 
 _names = itertools.count()
 
 
-#: The suite's longest files, longest first (seconds of one file on one process, 2-core
-#: box, issue 25): under ``--dist loadfile`` each is one unit of work, and a long one
-#: handed out last ends the run alone on one process while the others sit idle.
-LONGEST_FILES = (
-    "tests/process/test_durable_faults.py",  # ~70 (SIGKILLed workers at each step)
-    "tests/process/test_durable_faults_more.py",  # ~40
-    "tests/process/test_durable_batch.py",  # ~20
-    "tests/tooling/test_stubs.py",  # ~60 (mypy runs; first interpreter only)
-    "tests/tooling/test_first_app.py",  # ~45 (mypy runs)
-    "tests/process/test_supervisor.py",  # ~30
-    "tests/model/test_model_combined_cluster.py",  # ~30
-    "tests/tooling/test_typing_extras.py",  # ~28 (one mypy run)
-    "tests/model/test_model_combined.py",  # ~25
-    "tests/tooling/test_typing.py",  # ~24
-    "tests/process/test_network_faults.py",  # ~23
-    "tests/process/test_network_slow_links.py",  # ~20
-    "tests/process/test_limits_processes.py",  # ~20
-    "tests/process/test_redis_faults.py",  # ~17
-    "tests/tooling/test_typing_pyright.py",  # ~17
-    "tests/tooling/test_dashboard_browser.py",  # ~17
-    "tests/tooling/test_bench_latency.py",  # ~17
-    "tests/tooling/test_bench_flows.py",  # ~17
-    "tests/process/test_inspect.py",  # ~15
-    "tests/redis/test_worker_reliability.py",  # ~14
-    "tests/process/test_observability.py",  # ~13
-)
+class _UnitsOfWork:
+    """pytest-xdist's hook (registered when pytest-xdist is loaded: ``-p no:xdist``
+    leaves its hooks undeclared)."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """``--dist loadfile`` splits the files of tests/xdist_units.py's SPLIT into units
+        of work of a test (or a group of tests) each."""
+        return make_scheduler(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under ``--dist loadfile``, files are handed out in the order collected (below),
-    not pytest-xdist's default of the most tests first, which put the long fault files
-    (few tests each) last."""
+    """Under ``--dist loadfile``, units of work (tests/xdist_units.py) are handed out in
+    the order collected (pytest_collection_modifyitems), not pytest-xdist's default of
+    the most tests first, which put the long fault files (few tests each) last."""
     if getattr(config.option, "dist", "no") == "loadfile":
         config.option.loadscopereorder = False
+        if config.pluginmanager.hasplugin("xdist"):
+            config.pluginmanager.register(_UnitsOfWork(), "typedq-units-of-work")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files in the order they should start (under ``--dist loadfile``, one file is one
-    unit of work; longest first keeps the end of the run balanced): LONGEST_FILES, then
-    the other files with tests marked ``slow``, then the rest by number of tests, most
-    first. A file's tests keep their order."""
-    per_file: dict[str, int] = {}
-    slow: set[str] = set()
-    for item in items:
-        path = item.nodeid.partition("::")[0]
-        per_file[path] = per_file.get(path, 0) + 1
-        if item.get_closest_marker("slow") is not None:
-            slow.add(path)
-    first = {path: rank for rank, path in enumerate(LONGEST_FILES)}
-
-    def order(path: str) -> tuple[int, int, int]:
-        if path in first:
-            return (0, first[path], 0)
-        return (1, path not in slow, -per_file[path])
-
-    ranks = {path: order(path) for path in per_file}
-    # sort is stable: within a file (and between files that rank alike) collection order.
-    items.sort(key=lambda item: ranks[item.nodeid.partition("::")[0]])
+    """Units of work in the order they should start (under ``--dist loadfile``, longest
+    first keeps the end of the run balanced): tests/xdist_units.py's order_items."""
+    order_items(items)
 
 
 def _unsupported_only(exc: BaseException) -> Unsupported | None:

@@ -101,19 +101,27 @@ def test_worker_and_producer_commands(redis_server: RedisProcess) -> None:
     assert "opened resources mailer" in stderr
 
 
-def _mypy(*args: str) -> tuple[str, int]:
-    stdout, stderr, status = mypy.api.run([*args, "--no-error-summary"])
+@pytest.fixture(scope="module")
+def plugin_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One mypy cache for the runs with the doc's configuration (its plugins): the
+    project's own .mypy_cache is left alone (a run with another configuration, or its
+    plugins, rechecks every module and would overwrite it)."""
+    return tmp_path_factory.mktemp("first-app-mypy-cache")
+
+
+def _mypy(cache: Path, *args: str) -> tuple[str, int]:
+    stdout, stderr, status = mypy.api.run([*args, "--cache-dir", str(cache), "--no-error-summary"])
     return stdout + stderr, status
 
 
-def test_mypy_command() -> None:
+def test_mypy_command(plugin_cache: Path) -> None:
     (block,) = _bodies("test_mypy_command")
     program, *args = block.split()
     assert program == ".venv/bin/mypy"
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        output, status = _mypy(*args)
+        output, status = _mypy(plugin_cache, *args)
     finally:
         os.chdir(cwd)
     assert status == 0, output
@@ -131,12 +139,14 @@ async def welcome(signup: Signup) -> None: ...
 
 
 @pytest.mark.parametrize("config", ["mypy.ini", "pyproject-mypy.toml"])
-def test_key_is_checked_only_with_the_plugin(config: str) -> None:
+def test_key_is_checked_only_with_the_plugin(config: str, plugin_cache: Path) -> None:
     (expected,) = _bodies("test_key_is_checked_only_with_the_plugin")
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        with_plugin, _ = _mypy("--config-file", f"examples/first_app/{config}", "-c", _BAD_KEY)
+        with_plugin, _ = _mypy(
+            plugin_cache, "--config-file", f"examples/first_app/{config}", "-c", _BAD_KEY
+        )
     finally:
         os.chdir(cwd)
     assert expected.strip() in with_plugin
@@ -150,7 +160,9 @@ def test_key_is_unchecked_without_the_plugin(tmp_path: Path) -> None:
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        without_plugin, status = _mypy("--config-file", str(without), "-c", _BAD_KEY)
+        without_plugin, status = _mypy(
+            tmp_path / "cache", "--config-file", str(without), "-c", _BAD_KEY
+        )
     finally:
         os.chdir(cwd)
     assert status == 0, without_plugin
