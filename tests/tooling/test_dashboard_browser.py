@@ -145,6 +145,9 @@ def test_operator_sees_a_failure_and_retries_it(
             # Log in with the token; back on the job page, Retry is offered.
             page.goto(f"{base}/jobs/{jobs.failed}")
             page.get_by_role("link", name="Log in to act").click()
+            # The click does not wait for the login page: its form does (the check below
+            # once read the page while it was still empty, on a loaded box).
+            page.get_by_label("Dashboard token").wait_for()
             check_a11y(page)
             page.get_by_label("Dashboard token").fill(TOKEN)
             page.get_by_role("button", name="Log in").click()
