@@ -1,0 +1,128 @@
+"""The PostgreSQL broker's migration 16: concurrent finishes of jobs no longer wait for
+each other on one count row (issue 30). Released: never edited (a change is a new
+migration).
+
+Every finish (``complete``, ``fail``, ``cancel``, ``recover`` and the flows' ends, all
+through ``finished_add``) added to its state's one row of ``finished`` (migration 1),
+and at the count bound every trim added to its queue's one row of ``trimmed``; each row
+stays locked until the finishing transaction commits, its WAL flush included, so the
+finishes of a namespace's workers ran one after another, each waiting for the commit
+before it (bench/results/pg-finished-counter.txt: sampled on the end-to-end benchmark,
+a ``complete_and_claim`` waiting for another's transaction at most moments).
+
+Now both counts are kept in parts: ``finished_parts`` and ``trimmed_parts`` hold a row
+per connection's shard (``pg_backend_pid() % 16``, as ``rollups`` does since migration 2),
+and a count is its released row (``finished``, ``trimmed``: what they held when this
+migration ran, and what the operator actions that still write them, ``remove``,
+``retry``, ``cancel`` of a parked job, ``flow_retry``, take off) plus the sum of its parts.
+No count moves: a schema keeps its figures exactly across the migration.
+
+``finished_add`` (migration 14's) adds to its connection's part and reads the state's
+count as the sum; the jobs past the count bound are chosen with ``FOR UPDATE SKIP
+LOCKED``, so two finishes trimming at once delete different jobs (each as many as it sees
+over the bound) where they would have chosen the same oldest job, one waiting for the
+other. A finish does not see the finishes not yet committed beside it: in the steady
+state (at the bound) each deletes as many jobs as it adds and the bound is kept exactly;
+reaching the bound, finishes committed together may leave up to one job each over it,
+which the next finish (it sees them then) or the reaper's pass (``recover`` applies the
+count bound too) deletes. The counts themselves stay exact: every change of a job's
+state adds or takes off exactly its jobs, in one of the rows.
+
+``trim_jobs`` (migration 14's) counts what it deleted in its connection's part of
+``trimmed_parts``; ``queue_stats`` (:mod:`.statements`) sums ``trimmed`` and the parts.
+
+The functions are the released ones word for word but for these statements.
+
+``{s}`` is the broker's schema, quoted (:func:`typedq.broker.postgres.schema.migrate_sql`).
+"""
+
+from __future__ import annotations
+
+from . import migration_14
+from .released import function_of
+
+__all__ = ["SHARDS", "SQL"]
+
+#: Parts per count (a connection writes ``pg_backend_pid() % SHARDS``).
+SHARDS = 16
+
+TABLES = """-- The counts of finished jobs per namespace and state (finished), and of the jobs
+-- retention deleted per queue and state (trimmed), in parts: one a connection's shard.
+CREATE TABLE {s}.finished_parts (
+    ns text NOT NULL,
+    state smallint NOT NULL,
+    shard smallint NOT NULL,
+    n bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (ns, state, shard)
+);
+CREATE TABLE {s}.trimmed_parts (
+    ns text NOT NULL,
+    queue text NOT NULL,
+    state smallint NOT NULL,
+    shard smallint NOT NULL,
+    n bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (ns, queue, state, shard)
+);
+
+"""
+
+#: Migration 14's count of a finish, and the same in the connection's part, summed.
+COUNT = """    INSERT INTO {s}.finished AS f (ns, state, n) VALUES (p_ns, st, k)
+    ON CONFLICT (ns, state) DO UPDATE SET n = f.n + k
+    RETURNING n INTO total;
+"""
+COUNT_IN_PARTS = f"""    IF k <> 0 THEN
+        INSERT INTO {{s}}.finished_parts AS f (ns, state, shard, n)
+        VALUES (p_ns, st, (pg_backend_pid() % {SHARDS})::smallint, k)
+        ON CONFLICT (ns, state, shard) DO UPDATE SET n = f.n + k;
+    END IF;
+    SELECT coalesce((SELECT f.n FROM {{s}}.finished f WHERE f.ns = p_ns AND f.state = st), 0)
+         + coalesce((SELECT sum(p.n) FROM {{s}}.finished_parts p
+                     WHERE p.ns = p_ns AND p.state = st), 0)
+    INTO total;
+"""
+#: Migration 14's choice of the jobs past the count bound, and the same skipping the jobs
+#: another transaction holds (another finish's choice).
+PAST_COUNT = """            ORDER BY o.seq LIMIT least(total - cap, 1000)));
+"""
+PAST_COUNT_SKIP_LOCKED = """            ORDER BY o.seq LIMIT least(total - cap, 1000)
+            FOR UPDATE SKIP LOCKED));
+"""
+#: Migration 14's count of what the trims deleted, and the same in the connection's part.
+UNCOUNT = """        UPDATE {s}.finished SET n = n - gone WHERE ns = p_ns AND state = st;
+"""
+UNCOUNT_IN_PARTS = f"""        INSERT INTO {{s}}.finished_parts AS f (ns, state, shard, n)
+        VALUES (p_ns, st, (pg_backend_pid() % {SHARDS})::smallint, -gone)
+        ON CONFLICT (ns, state, shard) DO UPDATE SET n = f.n - gone;
+"""
+
+#: Migration 14's count of trimmed jobs per queue, and the same in the connection's part.
+TRIMMED = """    INSERT INTO {s}.trimmed AS t (ns, queue, state, n)
+    SELECT p_ns, u.q, st, count(*) FROM unnest(queues) AS u (q) GROUP BY u.q
+    ON CONFLICT (ns, queue, state) DO UPDATE SET n = t.n + excluded.n;
+"""
+TRIMMED_IN_PARTS = f"""    INSERT INTO {{s}}.trimmed_parts AS t (ns, queue, state, shard, n)
+    SELECT p_ns, u.q, st, (pg_backend_pid() % {SHARDS})::smallint, count(*)
+    FROM unnest(queues) AS u (q) GROUP BY u.q ORDER BY u.q
+    ON CONFLICT (ns, queue, state, shard) DO UPDATE SET n = t.n + excluded.n;
+"""
+
+SQL = (
+    TABLES
+    + function_of(
+        migration_14.SQL,
+        "CREATE FUNCTION {s}.trim_jobs(",
+        ((TRIMMED, TRIMMED_IN_PARTS),),
+        "Migration 14's trim_jobs; the trimmed jobs counted in the connection's part.",
+    )
+    + function_of(
+        migration_14.SQL,
+        "CREATE OR REPLACE FUNCTION {s}.finished_add(",
+        (
+            (COUNT, COUNT_IN_PARTS),
+            (PAST_COUNT, PAST_COUNT_SKIP_LOCKED),
+            (UNCOUNT, UNCOUNT_IN_PARTS),
+        ),
+        "Migration 14's finished_add; counted in parts, the jobs past the bound skipping held ones.",
+    )
+)
