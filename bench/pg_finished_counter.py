@@ -27,7 +27,6 @@ import os
 import statistics
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +87,7 @@ def run_one(tree: Path, row: str, n: int, base: str, every: float) -> dict[str, 
               "min_rate": 5}  # fmt: skip
     env = dict(os.environ, BENCH_PG_URL=url, BENCH_TYPEDQ_BROKER=url, PYTHONPATH=str(tree))
     env.pop("BENCH_REDIS_URL", None)
-    sampler = Sampler(url, db, every)
+    sampler = Sampler(f"{base}/postgres", db, every)
     load = os.getloadavg()[0]
     sampler.start()
     done = subprocess.run(
@@ -104,6 +103,17 @@ def run_one(tree: Path, row: str, n: int, base: str, every: float) -> dict[str, 
     return out
 
 
+def attach(base: str, db: str, every: float, command: list[str]) -> None:
+    """Sample ``db`` while ``command`` runs; print its output and the waits."""
+    sampler = Sampler(f"{base}/postgres", db, every)
+    sampler.start()
+    subprocess.run(command, check=False)
+    sampler.stop.set()
+    sampler.join()
+    print(json.dumps({"samples": sampler.samples, "waits": dict(sampler.waits.most_common()),
+                      "lock_on": dict(sampler.on.most_common(12))}))  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trees", default=".", help="comma-separated checkouts, each with .venv")
@@ -113,7 +123,13 @@ def main() -> None:
     ap.add_argument("--pg", default=PG, help="server URL without the database")
     ap.add_argument("--every", type=float, default=0.02, help="seconds between samples")
     ap.add_argument("--out", help="write every run as JSON")
+    ap.add_argument("--attach", metavar="DB", help="only sample DB while the command after "
+                    "-- runs (e.g. bench.durable), then print the waits")  # fmt: skip
+    ap.add_argument("command", nargs="*")
     args = ap.parse_args()
+    if args.attach:
+        attach(args.pg, args.attach, args.every, args.command)
+        return
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     rows = args.rows.split(",")
     runs: list[dict[str, Any]] = []

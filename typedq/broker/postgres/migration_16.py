@@ -38,7 +38,7 @@ The functions are the released ones word for word but for these statements.
 
 from __future__ import annotations
 
-from . import migration_14
+from . import migration_13, migration_14
 from .released import function_of
 
 __all__ = ["SHARDS", "SQL"]
@@ -62,6 +62,14 @@ CREATE TABLE {s}.trimmed_parts (
     shard smallint NOT NULL,
     n bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (ns, queue, state, shard)
+);
+-- The same for the ended runs of each state (run_counts, migration 13).
+CREATE TABLE {s}.run_count_parts (
+    ns text NOT NULL,
+    state smallint NOT NULL,
+    shard smallint NOT NULL,
+    n bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (ns, state, shard)
 );
 
 """
@@ -107,6 +115,55 @@ TRIMMED_IN_PARTS = f"""    INSERT INTO {{s}}.trimmed_parts AS t (ns, queue, stat
     ON CONFLICT (ns, queue, state, shard) DO UPDATE SET n = t.n + excluded.n;
 """
 
+#: Migration 13's count of ended runs (the trigger on runs), and the same in parts.
+RUN_UNCOUNT = """        UPDATE {s}.run_counts SET n = n - 1 WHERE ns = OLD.ns AND state = OLD.state;
+"""
+RUN_UNCOUNT_IN_PARTS = f"""        INSERT INTO {{s}}.run_count_parts AS c (ns, state, shard, n)
+        VALUES (OLD.ns, OLD.state, (pg_backend_pid() % {SHARDS})::smallint, -1)
+        ON CONFLICT (ns, state, shard) DO UPDATE SET n = c.n - 1;
+"""
+RUN_COUNT = """        INSERT INTO {s}.run_counts AS c (ns, state, n) VALUES (NEW.ns, NEW.state, 1)
+        ON CONFLICT (ns, state) DO UPDATE SET n = c.n + 1;
+"""
+RUN_COUNT_IN_PARTS = f"""        INSERT INTO {{s}}.run_count_parts AS c (ns, state, shard, n)
+        VALUES (NEW.ns, NEW.state, (pg_backend_pid() % {SHARDS})::smallint, 1)
+        ON CONFLICT (ns, state, shard) DO UPDATE SET n = c.n + 1;
+"""
+#: Migration 14's read of a state's count of ended runs, and the same summed with parts.
+RUN_TOTAL = """    SELECT c.n INTO total FROM {s}.run_counts c WHERE c.ns = p_ns AND c.state = p_state;
+"""
+RUN_TOTAL_IN_PARTS = """    SELECT coalesce((SELECT c.n FROM {s}.run_counts c
+                     WHERE c.ns = p_ns AND c.state = p_state), 0)
+         + coalesce((SELECT sum(p.n) FROM {s}.run_count_parts p
+                     WHERE p.ns = p_ns AND p.state = p_state), 0)
+    INTO total;
+"""
+#: Migration 14's delete of the ended runs past the count bound, and the same chosen
+#: first skipping those another end holds, then deleted a run at a time by primary key
+#: (as ``trim_jobs`` deletes jobs).
+RUNS_PAST_COUNT = """        DELETE FROM {s}.runs d USING (
+            SELECT o.id FROM {s}.runs o
+            WHERE o.ns = p_ns AND o.state = p_state AND o.state > 0
+            ORDER BY o.finished_at, o.id LIMIT least(total - cap, 1000)
+        ) old WHERE d.ns = p_ns AND d.id = old.id;
+"""
+RUNS_PAST_COUNT_SKIP_LOCKED = """        FOREACH one IN ARRAY ARRAY(
+            SELECT o.id FROM {s}.runs o
+            WHERE o.ns = p_ns AND o.state = p_state AND o.state > 0
+            ORDER BY o.finished_at, o.id LIMIT least(total - cap, 1000)
+            FOR UPDATE SKIP LOCKED) LOOP
+            DELETE FROM {s}.runs d WHERE d.ns = p_ns AND d.id = one;
+        END LOOP;
+"""
+#: The variable RUNS_PAST_COUNT_SKIP_LOCKED needs, declared after migration 14's.
+RUN_DECLARE = """    total bigint;
+BEGIN
+"""
+RUN_DECLARE_ONE = """    total bigint;
+    one text;
+BEGIN
+"""
+
 SQL = (
     TABLES
     + function_of(
@@ -124,5 +181,22 @@ SQL = (
             (UNCOUNT, UNCOUNT_IN_PARTS),
         ),
         "Migration 14's finished_add; counted in parts, the jobs past the bound skipping held ones.",
+    )
+    + function_of(
+        migration_13.SQL,
+        "CREATE FUNCTION {s}.run_counted(",
+        ((RUN_UNCOUNT, RUN_UNCOUNT_IN_PARTS), (RUN_COUNT, RUN_COUNT_IN_PARTS)),
+        "Migration 13's run_counted; ended runs counted in the connection's part.",
+    )
+    + function_of(
+        migration_14.SQL,
+        "CREATE OR REPLACE FUNCTION {s}.run_finish(",
+        (
+            (RUN_DECLARE, RUN_DECLARE_ONE),
+            (RUN_TOTAL, RUN_TOTAL_IN_PARTS),
+            (RUNS_PAST_COUNT, RUNS_PAST_COUNT_SKIP_LOCKED),
+        ),
+        "Migration 14's run_finish; the count summed with its parts, the runs past the "
+        "bound skipping held ones.",
     )
 )
