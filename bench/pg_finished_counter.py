@@ -4,7 +4,8 @@ where the worker's backends wait (issue 30).
     PYTHONPATH=. .venv/bin/python -m bench.pg_finished_counter --trees /work/main,. \\
         --rows e2e16,e2e64 --n 20000 --reps 3
 
-Each run is bench/pg_peers.py's ``e2eC`` row for typedq (bench/adapters/pg_typedq.py: n jobs
+Each run is bench/pg_peers.py's ``e2eC`` row (or ``drainC``: n jobs pre-filled, drained
+at concurrency C) for typedq (bench/adapters/pg_typedq.py: n jobs
 from 4 producers, single enqueues, one worker process at concurrency C), run with the code
 of one tree (its ``.venv`` and its ``bench/adapters``), in a fresh database of the
 PostgreSQL at ``--pg`` (default: this machine's service, fsync on, as pg_peers runs).
@@ -27,6 +28,7 @@ import os
 import statistics
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +85,11 @@ def run_one(tree: Path, row: str, n: int, base: str, every: float) -> dict[str, 
     psql(f"{base}/postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     psql(f"{base}/postgres", f"CREATE DATABASE {db}")
     url = f"{base}/{db}"
-    params = {"workload": "e2e", "n": n, "concurrency": int(row[3:]), "producers": 4,
-              "min_rate": 5}  # fmt: skip
+    if row.startswith("drain"):  # n jobs pre-filled (bulk, untimed), drained at C
+        params: dict[str, Any] = {"workload": "drain", "n": n, "concurrency": int(row[5:])}
+    else:
+        params = {"workload": "e2e", "n": n, "concurrency": int(row[3:]), "producers": 4,
+                  "min_rate": 5}  # fmt: skip
     env = dict(os.environ, BENCH_PG_URL=url, BENCH_TYPEDQ_BROKER=url, PYTHONPATH=str(tree))
     env.pop("BENCH_REDIS_URL", None)
     sampler = Sampler(f"{base}/postgres", db, every)
@@ -96,10 +101,16 @@ def run_one(tree: Path, row: str, n: int, base: str, every: float) -> dict[str, 
     )  # fmt: skip
     sampler.stop.set()
     sampler.join()
+    time.sleep(1.0)  # the backends' statistics land within moments of their exit
+    query = "SELECT xact_commit, tup_inserted, tup_updated, tup_deleted, blks_hit + blks_read "
+    query += f"FROM pg_stat_database WHERE datname = '{db}'"
+    stats = psql(url, query).split("|")
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     out: dict[str, Any] = json.loads(lines[-1]) if lines else {"error": done.stderr[-2000:]}
     out.update(tree=str(tree), row=row, load_1m=load, samples=sampler.samples,
-               waits=dict(sampler.waits), lock_on=dict(sampler.on))  # fmt: skip
+               waits=dict(sampler.waits), lock_on=dict(sampler.on),
+               db_stats=dict(zip(("commits", "inserted", "updated", "deleted", "blocks"),
+                                 map(int, stats), strict=True)))  # fmt: skip
     return out
 
 
@@ -144,7 +155,8 @@ def main() -> None:
                                   "jobs_per_s": res.get("jobs_per_s"),
                                   "p50_ms": res.get("p50_ms"), "load": run["load_1m"],
                                   "samples": run["samples"], "waits": run["waits"],
-                                  "lock_on": run["lock_on"], "error": run.get("error")}),
+                                  "lock_on": run["lock_on"], "db": run["db_stats"],
+                                  "error": run.get("error")}),
                       flush=True)  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps(runs, indent=1))
@@ -153,7 +165,7 @@ def main() -> None:
         for tree in trees:
             mine = [r for r in runs if r["row"] == row and r["tree"] == str(tree)]
             rates = [r["result"]["jobs_per_s"] for r in mine if "result" in r]
-            p50 = [r["result"]["p50_ms"] for r in mine if "result" in r]
+            p50 = [r["result"].get("p50_ms", 0) for r in mine if "result" in r]
             total: collections.Counter[str] = collections.Counter()
             samples = sum(r["samples"] for r in mine)
             for r in mine:

@@ -8,7 +8,7 @@ and at the count bound every trim added to its queue's one row of ``trimmed``; e
 stays locked until the finishing transaction commits, its WAL flush included, so the
 finishes of a namespace's workers ran one after another, each waiting for the commit
 before it (bench/results/pg-finished-counter.txt: sampled on the end-to-end benchmark,
-a ``complete_and_claim`` waiting for another's transaction at most moments).
+0.4-0.6 backends on average waiting for another ``complete_and_claim``'s transaction).
 
 Now both counts are kept in parts: ``finished_parts`` and ``trimmed_parts`` hold a row
 per connection's shard (``pg_backend_pid() % 16``, as ``rollups`` does since migration 2),
