@@ -38,7 +38,8 @@ def fresh_schema(url: str) -> tuple[str, str]:
 async def counted(
     conn: asyncpg.Connection, schema: str, ns: str, *, parts: bool = True
 ) -> dict[int, tuple[int, int]]:
-    """Per final state: (its count, ``finished`` and its parts summed; its rows in jobs)."""
+    """Per final state with any: (its count, ``finished`` and its parts summed; its rows
+    in jobs)."""
     sql = f'SELECT state, n FROM "{schema}".finished WHERE ns = $1'  # noqa: S608
     if parts:  # migration 16's
         sql += f' UNION ALL SELECT state, n FROM "{schema}".finished_parts WHERE ns = $1'  # noqa: S608
@@ -50,14 +51,17 @@ async def counted(
     )
     counts = {row["state"]: int(row["n"]) for row in kept}
     stored = {row["state"]: int(row["n"]) for row in rows}
-    return {st: (counts.get(st, 0), stored.get(st, 0)) for st in sorted({*counts, *stored})}
+    both = {st: (counts.get(st, 0), stored.get(st, 0)) for st in sorted({*counts, *stored})}
+    return {st: pair for st, pair in both.items() if pair != (0, 0)}
 
 
-async def finish(broker: PostgresBroker, n: int, *, fail: bool = False) -> list[str]:
-    """Enqueue n jobs of queue q, claim them and complete (or fail) them; their ids."""
-    messages = [msg() for _ in range(n)]
+async def finish(
+    broker: PostgresBroker, n: int, *, fail: bool = False, queue: str = "q"
+) -> list[str]:
+    """Enqueue n jobs of ``queue``, claim them and complete (or fail) them; their ids."""
+    messages = [msg(queue=queue) for _ in range(n)]
     await broker.enqueue(messages)
-    jobs = await broker.claim(["q"], n, worker_id="w", lease=30)
+    jobs = await broker.claim([queue], n, worker_id="w", lease=30)
     assert len(jobs) == n
     if fail:
         await broker.fail([Failure(id=j.message.id, token=j.token, error=b"x") for j in jobs])
@@ -136,23 +140,77 @@ async def test_finishes_on_many_connections_at_once_keep_the_counts_exact(
             for broker in brokers:
                 await broker.connect()
 
-            async def work(broker: PostgresBroker) -> None:
+            async def work(broker: PostgresBroker, queue: str) -> None:
                 for i in range(6):
-                    await finish(broker, 3, fail=i % 3 == 0)
+                    await finish(broker, 3, fail=i % 3 == 0, queue=queue)
 
+            queues = [f"q{i}" for i in range(len(brokers))]
             async with anyio.create_task_group() as tg:
-                for broker in brokers:
-                    tg.start_soon(work, broker)
+                for broker, queue in zip(brokers, queues, strict=True):
+                    tg.start_soon(work, broker, queue)
             now = await counted(conn, schema, "ns")
             assert all(c == s for c, s in now.values()), now
-            (stats,) = await brokers[0].queue_stats(["q"])
-            kept = count(stats.counts, JobState.COMPLETED), count(stats.counts, JobState.FAILED)
-            assert kept == (now[COMPLETED][1], now[FAILED][1])
-            assert stats.trimmed[JobState.COMPLETED] + kept[0] == 8 * 4 * 3
-            assert stats.trimmed[JobState.FAILED] + kept[1] == 8 * 2 * 3
+            stats = await brokers[0].queue_stats(queues)
+            for state, made in ((JobState.COMPLETED, 8 * 4 * 3), (JobState.FAILED, 8 * 2 * 3)):
+                kept = sum(count(q.counts, state) for q in stats)
+                assert kept == now[COMPLETED if state is JobState.COMPLETED else FAILED][1]
+                assert sum(q.trimmed.get(state, 0) for q in stats) + kept == made
             await brokers[0].recover_stalled()
             assert await counted(conn, schema, "ns") == {COMPLETED: (30, 30), FAILED: (10, 10)}
+            # The operator actions take jobs off the count (the released row, made by the
+            # first finish of each state in a schema that never had one).
+            one = f'SELECT id FROM "{schema}".jobs WHERE ns = $1 AND state = $2 LIMIT 1'  # noqa: S608
+            await brokers[1].retry([await conn.fetchval(one, "ns", FAILED)])
+            await brokers[2].remove([await conn.fetchval(one, "ns", COMPLETED)])
+            assert await counted(conn, schema, "ns") == {COMPLETED: (29, 29), FAILED: (9, 9)}
     finally:
         await conn.close()
         for broker in brokers:
             await broker.close()
+
+
+async def test_an_excess_over_the_bound_is_deleted_once_by_two_finishes_at_once(
+    pg_cluster: PgCluster,
+) -> None:
+    """15 completed jobs kept, then two completions at once with completed_max=10: each
+    sees 5 over the bound beside its own job. They delete that excess once (the second
+    waits for the bound's lock and reads the count again): 10 kept, not 15 + 2 - 12."""
+    schema, url = fresh_schema(pg_cluster.url)
+    settings = BrokerSettings(namespace="ns", retention=Retention(completed_max=100))
+    broker = PostgresBroker(url, settings)
+    first = await asyncpg.connect(pg_cluster.url)
+    second = await asyncpg.connect(pg_cluster.url)
+    broker_conn = await asyncpg.connect(pg_cluster.url)
+    try:
+        with anyio.fail_after(TEST_DEADLINE):
+            await broker.connect()
+            await finish(broker, 15)
+            await broker.enqueue([msg(), msg()])
+            jobs = await broker.claim(["q"], 2, worker_id="w", lease=30)
+            sql = f'SELECT "{schema}".complete($1, $2, $3, $4, 1e9, 10, $5)'
+            one, two = first.transaction(), second.transaction()
+            await one.start()
+            await two.start()
+            a, b = (("ns", [j.message.id], [j.token], [b""], f"typedq_{schema}") for j in jobs)
+            assert await first.fetchval(sql, *a) == [0]
+            done = anyio.Event()
+
+            async def call() -> None:
+                await second.fetchval(sql, *b)
+                done.set()
+
+            waits = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1"
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                # The second call waits for a lock (or has ended: it did not wait).
+                while not done.is_set():
+                    if await broker_conn.fetchval(waits, second.get_server_pid()):
+                        break
+                    await anyio.sleep(0.01)
+                await one.commit()
+            await two.commit()
+            assert await counted(first, schema, "ns") == {COMPLETED: (10, 10)}
+    finally:
+        for conn in (first, second, broker_conn):
+            await conn.close()
+        await broker.close()

@@ -28,7 +28,7 @@ def test_migration_6_joined_from_its_parts_is_the_released_text() -> None:
 RESTATED_SHA256 = {
     14: "73f76e8685f152f5d66a7ee816809213ef355f991cdf0a3dc09c659a940470ed",
     15: "627d11269e7892b1e934d7c50df50f70672ae194b80787c9e587fe4788ce5ef5",
-    16: "49e7f2da2358a768b53d1e9042209189a68de50b16ec70e2c52dedb0342c3528",
+    16: "96bfba981d118aedc6f4e93ab22823162e4d3e9489decc624fb712f841405563",
 }
 
 

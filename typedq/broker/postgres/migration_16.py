@@ -18,7 +18,8 @@ migration ran, and what the operator actions that still write them, ``remove``,
 No count moves: a schema keeps its figures exactly across the migration.
 
 ``finished_add`` (migration 14's) adds to its connection's part and reads the state's
-count as the sum; the jobs past the count bound are chosen with ``FOR UPDATE SKIP
+count as the sum (making the released row, at 0, the first time a state has none: the
+operator actions take jobs off that row); the jobs past the count bound are chosen with ``FOR UPDATE SKIP
 LOCKED``, so two finishes trimming at once delete different jobs (each as many as it sees
 over the bound) where they would have chosen the same oldest job, one waiting for the
 other. A finish does not see the finishes not yet committed beside it: in the steady
@@ -79,22 +80,46 @@ COUNT = """    INSERT INTO {s}.finished AS f (ns, state, n) VALUES (p_ns, st, k)
     ON CONFLICT (ns, state) DO UPDATE SET n = f.n + k
     RETURNING n INTO total;
 """
-COUNT_IN_PARTS = f"""    IF k <> 0 THEN
-        INSERT INTO {{s}}.finished_parts AS f (ns, state, shard, n)
-        VALUES (p_ns, st, (pg_backend_pid() % {SHARDS})::smallint, k)
-        ON CONFLICT (ns, state, shard) DO UPDATE SET n = f.n + k;
+#: (Its part is locked first, by every call, the reaper's of k = 0 too: the bound's lock
+#: is only ever waited for holding it, so no two calls wait for each other in a cycle.)
+COUNT_IN_PARTS = f"""    INSERT INTO {{s}}.finished_parts AS f (ns, state, shard, n)
+    VALUES (p_ns, st, (pg_backend_pid() % {SHARDS})::smallint, k)
+    ON CONFLICT (ns, state, shard) DO UPDATE SET n = f.n + k;
+    SELECT f.n INTO total FROM {{s}}.finished f WHERE f.ns = p_ns AND f.state = st;
+    IF NOT FOUND THEN
+        -- The released row is made once: the operator actions take jobs off it.
+        INSERT INTO {{s}}.finished (ns, state, n) VALUES (p_ns, st, 0)
+        ON CONFLICT (ns, state) DO NOTHING;
+        total := 0;
     END IF;
-    SELECT coalesce((SELECT f.n FROM {{s}}.finished f WHERE f.ns = p_ns AND f.state = st), 0)
-         + coalesce((SELECT sum(p.n) FROM {{s}}.finished_parts p
-                     WHERE p.ns = p_ns AND p.state = st), 0)
-    INTO total;
+    total := total + coalesce((SELECT sum(p.n) FROM {{s}}.finished_parts p
+                               WHERE p.ns = p_ns AND p.state = st), 0);
 """
-#: Migration 14's choice of the jobs past the count bound, and the same skipping the jobs
-#: another transaction holds (another finish's choice).
-PAST_COUNT = """            ORDER BY o.seq LIMIT least(total - cap, 1000)));
+#: Migration 14's trim of the jobs past the count bound, and the same: without waiting,
+#: at most as many as this call added (in the steady state, each finish deletes what it
+#: adds, two at once different jobs: SKIP LOCKED); more (an excess finishes committed
+#: together left, the reaper's pass) under the bound's lock, the count read again once
+#: held, so that two never delete the same excess twice.
+PAST_COUNT = """    IF total > cap THEN
+        gone := {s}.trim_jobs(p_ns, st, ARRAY(
+            SELECT o.id FROM {s}.jobs o
+            WHERE o.ns = p_ns AND o.state = st AND o.state >= 3
+            ORDER BY o.seq LIMIT least(total - cap, 1000)));
+    END IF;
 """
-PAST_COUNT_SKIP_LOCKED = """            ORDER BY o.seq LIMIT least(total - cap, 1000)
+PAST_COUNT_SKIP_LOCKED = """    IF total - cap > greatest(k, 0) THEN
+        PERFORM pg_advisory_xact_lock(hashtext('typedq-finished:{s}:' || p_ns || ':' || st));
+        total := coalesce((SELECT f.n FROM {s}.finished f WHERE f.ns = p_ns AND f.state = st), 0)
+               + coalesce((SELECT sum(p.n) FROM {s}.finished_parts p
+                           WHERE p.ns = p_ns AND p.state = st), 0);
+    END IF;
+    IF total > cap THEN
+        gone := {s}.trim_jobs(p_ns, st, ARRAY(
+            SELECT o.id FROM {s}.jobs o
+            WHERE o.ns = p_ns AND o.state = st AND o.state >= 3
+            ORDER BY o.seq LIMIT least(total - cap, 1000)
             FOR UPDATE SKIP LOCKED));
+    END IF;
 """
 #: Migration 14's count of what the trims deleted, and the same in the connection's part.
 UNCOUNT = """        UPDATE {s}.finished SET n = n - gone WHERE ns = p_ns AND state = st;
@@ -138,23 +163,36 @@ RUN_TOTAL_IN_PARTS = """    SELECT coalesce((SELECT c.n FROM {s}.run_counts c
                      WHERE p.ns = p_ns AND p.state = p_state), 0)
     INTO total;
 """
-#: Migration 14's delete of the ended runs past the count bound, and the same chosen
-#: first skipping those another end holds, then deleted a run at a time by primary key
-#: (as ``trim_jobs`` deletes jobs).
-RUNS_PAST_COUNT = """        DELETE FROM {s}.runs d USING (
+#: Migration 14's delete of the ended runs past the count bound, and the same as
+#: ``finished_add`` trims jobs: at most the one run this end added without waiting, more
+#: under the bound's lock with the count read again; each chosen skipping the runs
+#: another end holds, then deleted a run at a time by primary key.
+RUNS_PAST_COUNT = """    IF total > cap THEN
+        DELETE FROM {s}.runs d USING (
             SELECT o.id FROM {s}.runs o
             WHERE o.ns = p_ns AND o.state = p_state AND o.state > 0
             ORDER BY o.finished_at, o.id LIMIT least(total - cap, 1000)
         ) old WHERE d.ns = p_ns AND d.id = old.id;
+    END IF;
 """
-RUNS_PAST_COUNT_SKIP_LOCKED = """        FOREACH one IN ARRAY ARRAY(
+RUNS_PAST_COUNT_SKIP_LOCKED = (
+    """    IF total - cap > 1 THEN
+        PERFORM pg_advisory_xact_lock(
+            hashtext('typedq-run-counts:{s}:' || p_ns || ':' || p_state));
+"""
+    + "".join("    " + line + "\n" for line in RUN_TOTAL_IN_PARTS.splitlines())
+    + """    END IF;
+    IF total > cap THEN
+        FOREACH one IN ARRAY ARRAY(
             SELECT o.id FROM {s}.runs o
             WHERE o.ns = p_ns AND o.state = p_state AND o.state > 0
             ORDER BY o.finished_at, o.id LIMIT least(total - cap, 1000)
             FOR UPDATE SKIP LOCKED) LOOP
             DELETE FROM {s}.runs d WHERE d.ns = p_ns AND d.id = one;
         END LOOP;
+    END IF;
 """
+)
 #: The variable RUNS_PAST_COUNT_SKIP_LOCKED needs, declared after migration 14's.
 RUN_DECLARE = """    total bigint;
 BEGIN
