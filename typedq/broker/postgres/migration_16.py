@@ -4,33 +4,43 @@ migration).
 
 Every finish (``complete``, ``fail``, ``cancel``, ``recover`` and the flows' ends, all
 through ``finished_add``) added to its state's one row of ``finished`` (migration 1),
-and at the count bound every trim added to its queue's one row of ``trimmed``; each row
+at the count bound every trim added to its queue's one row of ``trimmed``, and every
+run's end to its state's row of ``run_counts`` (migration 13); each row
 stays locked until the finishing transaction commits, its WAL flush included, so the
 finishes of a namespace's workers ran one after another, each waiting for the commit
 before it (bench/results/pg-finished-counter.txt: sampled on the end-to-end benchmark,
 0.4-0.6 backends on average waiting for another ``complete_and_claim``'s transaction).
 
-Now both counts are kept in parts: ``finished_parts`` and ``trimmed_parts`` hold a row
-per connection's shard (``pg_backend_pid() % 16``, as ``rollups`` does since migration 2),
-and a count is its released row (``finished``, ``trimmed``: what they held when this
-migration ran, and what the operator actions that still write them, ``remove``,
-``retry``, ``cancel`` of a parked job, ``flow_retry``, take off) plus the sum of its parts.
-No count moves: a schema keeps its figures exactly across the migration.
+Now the counts are kept in parts: ``finished_parts``, ``trimmed_parts`` and
+``run_count_parts`` hold a row per connection's shard (``pg_backend_pid() % 16``, as
+``rollups`` does since migration 2), and a count is its released row (``finished``,
+``trimmed``, ``run_counts``: what they held when this migration ran, and what the
+operator actions that still write ``finished``, ``remove``, ``retry``, ``cancel`` of a
+parked job, ``flow_retry``, take off) plus the sum of its parts. No count moves: a schema
+keeps its figures exactly across the migration, and they stay exact: every change adds
+or takes off exactly its jobs (runs), in one of the rows.
 
-``finished_add`` (migration 14's) adds to its connection's part and reads the state's
-count as the sum (making the released row, at 0, the first time a state has none: the
-operator actions take jobs off that row); the jobs past the count bound are chosen with ``FOR UPDATE SKIP
-LOCKED``, so two finishes trimming at once delete different jobs (each as many as it sees
-over the bound) where they would have chosen the same oldest job, one waiting for the
-other. A finish does not see the finishes not yet committed beside it: in the steady
-state (at the bound) each deletes as many jobs as it adds and the bound is kept exactly;
-reaching the bound, finishes committed together may leave up to one job each over it,
-which the next finish (it sees them then) or the reaper's pass (``recover`` applies the
-count bound too) deletes. The counts themselves stay exact: every change of a job's
-state adds or takes off exactly its jobs, in one of the rows.
+``finished_add`` (migration 14's) adds to its connection's part (locked first, by every
+call: the bound's lock below is only waited for holding it, so no two calls wait for
+each other in a cycle) and reads the state's count as the sum (making the released row,
+at 0, the first time a state has none). A finish does not see the finishes beside it
+that have not committed, so the trim of the jobs past the count bound is split:
 
-``trim_jobs`` (migration 14's) counts what it deleted in its connection's part of
-``trimmed_parts``; ``queue_stats`` (:mod:`.statements`) sums ``trimmed`` and the parts.
+- at most as many as the call added, without waiting: in the steady state (at the
+  bound) each finish deletes as many as it adds, the oldest, chosen ``FOR UPDATE SKIP
+  LOCKED`` so two at once delete different jobs, and the bound is kept exactly;
+  reaching the bound, finishes committed together may leave up to their own jobs over
+  it;
+- more than that (such an excess; the reaper's pass, k = 0) under the bound's lock
+  (a transaction-level advisory lock per namespace and state), the count read again
+  once held: the next finish or reaper pass deletes the excess, and two never delete
+  it twice (as two finishes each deleting the whole excess would).
+
+Retention never deletes below the bound. ``run_finish`` (migration 14's) and the
+trigger that counts ended runs (``run_counted``, migration 13's) do the same for runs (an
+end adds one). ``trim_jobs`` (migration 14's) counts what it deleted in its
+connection's part of ``trimmed_parts``; ``queue_stats`` (:mod:`.statements`) sums
+``trimmed`` and the parts.
 
 The functions are the released ones word for word but for these statements.
 
