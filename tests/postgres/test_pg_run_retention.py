@@ -40,8 +40,12 @@ def fresh_schema() -> str:
 
 async def counts(conn: asyncpg.Connection, schema: str, ns: str) -> dict[int, tuple[int, int]]:
     """Per ended state: (its count in run_counts, its rows in runs)."""
+    sql = f'SELECT state, n FROM "{schema}".run_counts WHERE ns = $1'  # noqa: S608
+    if await conn.fetchval("SELECT to_regclass($1)", f'"{schema}".run_count_parts'):
+        # Counted in parts since migration 16, summed.
+        sql += f' UNION ALL SELECT state, n FROM "{schema}".run_count_parts WHERE ns = $1'  # noqa: S608
     kept = await conn.fetch(
-        f'SELECT state, n FROM "{schema}".run_counts WHERE ns = $1 AND n <> 0',  # noqa: S608
+        f"SELECT state, sum(n) AS n FROM ({sql}) c GROUP BY state HAVING sum(n) <> 0",  # noqa: S608
         ns,
     )
     rows = await conn.fetch(

@@ -41,6 +41,7 @@ from . import (
     migration_13,
     migration_14,
     migration_15,
+    migration_16,
 )
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
@@ -69,6 +70,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_13.SQL,
     migration_14.SQL,
     migration_15.SQL,
+    migration_16.SQL,
 )
 
 

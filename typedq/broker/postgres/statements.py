@@ -186,8 +186,11 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
             f"FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
             f"AND (state = 0 OR (state = 1 AND run_at <= {s}.now_s())) GROUP BY queue "
             "UNION ALL "
-            f"SELECT queue, 't', state, n::float8 FROM {s}.trimmed "
-            "WHERE ns = $1 AND queue = ANY ($2) "
+            # Counted in trimmed and in the connections' parts (migration 16).
+            "SELECT t.queue, 't', t.state, sum(t.n)::float8 FROM ("
+            f"SELECT queue, state, n FROM {s}.trimmed WHERE ns = $1 AND queue = ANY ($2) "
+            f"UNION ALL SELECT queue, state, n FROM {s}.trimmed_parts "
+            "WHERE ns = $1 AND queue = ANY ($2)) t GROUP BY t.queue, t.state "
             f"UNION ALL SELECT '', 'n', 0, {s}.now_s()"
         ),
         # Event streams and job streams (.streams).
