@@ -52,7 +52,9 @@ async def _unanalyzed(
     and the schema's name."""
     schema = f"plans{next(_schemas)}"
     base = pg_cluster.url.split("?")[0]
-    async with connected("plans", f"{base}?schema={schema}") as broker:
+    # 60 s: a test stores and ends 3,000 jobs or runs (16 s alone at a load of 4, past
+    # connected's 20 s default on a loaded box).
+    async with connected("plans", f"{base}?schema={schema}", deadline=60) as broker:
         assert isinstance(broker, PostgresBroker)
         conn = await asyncpg.connect(base)
         try:
