@@ -213,13 +213,11 @@ def _prelude(
     while i < len(lines):
         file, at, text = lines[i]
         i += 1
-        fn = _LOCAL_FUNCTION.match(text)
-        m = None if fn else _LOCAL.match(text)
-        names = [fn.group(1)] if fn else [n.strip() for n in m.group(1).split(",")] if m else []
+        names, m = _declared(text)
         for name in names:
-            # A helper may be defined again (common/sharded.lua's wake-ups replace those
-            # before them for every later use); state may not: one reset would miss the
-            # other copy.
+            # A helper may be defined again (a second local: common/sharded.lua assigns
+            # its wake-ups instead, to stay under Lua's 200); state may not: one reset
+            # would miss the other copy.
             if name in declared and (m or declared[name][1]):
                 raise RuntimeError(
                     f"typedq/broker/redis/lua/{file}:{at}: {name!r} is declared again at the top "
@@ -290,15 +288,20 @@ def _check_constants(constants: Mapping[str, str], lines: list[tuple[str, int, s
                 )
 
 
+def _declared(text: str) -> tuple[list[str], re.Match[str] | None]:
+    """The names a top-level line declares (``local function f``, ``local a, b = ...``;
+    none for any other line), and the match of a ``local`` that is not a function."""
+    fn = _LOCAL_FUNCTION.match(text)
+    if fn:
+        return [fn.group(1)], None
+    m = _LOCAL.match(text)
+    return ([n.strip() for n in m.group(1).split(",")] if m else []), m
+
+
 def main_locals(lines: list[tuple[str, int, str]]) -> int:
     """How many locals the library's main chunk declares: one per name of each top-level
     ``local`` statement (a helper defined again by ``local function`` is a second one)."""
-    n = 0
-    for _, _, text in lines:
-        fn = _LOCAL_FUNCTION.match(text)
-        m = None if fn else _LOCAL.match(text)
-        n += 1 if fn else len(m.group(1).split(",")) if m else 0
-    return n
+    return sum(len(_declared(text)[0]) for _, _, text in lines)
 
 
 def _check_main_locals(lines: list[tuple[str, int, str]], *, sharded: bool) -> None:
