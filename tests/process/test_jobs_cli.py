@@ -318,7 +318,9 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
     try:
         anyio.run(interrupt_after_the_first_pages)
         proc = procs[0]
-        _, stderr = proc.communicate(timeout=30)
+        # Exit takes well under a second on a quiet box; 120 s: on a box at a load of 15
+        # a niced run took over 30 (the pause alone holds a write for 20).
+        _, stderr = proc.communicate(timeout=120)
     finally:
         execute("CLIENT", "UNPAUSE")
         control.close()
