@@ -238,6 +238,10 @@ class Job(Generic[TOut]):
             if record is not None:
                 return self._outcome(record)
             assert current is not None
+            if current.state.is_final:
+                # It finished after the wait's last look, before this read (the wait's
+                # time ran out first): the outcome, not "still cancelled after 5 s".
+                return self._outcome(current)
             if anyio.current_time() >= deadline:
                 raise ResultTimeout(
                     f"job {self.id} of task {self.task!r} is still {current.state.value} after "

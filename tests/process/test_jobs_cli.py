@@ -328,7 +328,7 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
         for started in procs:
             if started.poll() is None:
                 started.kill()
-                started.wait()
+            started.communicate()  # reaps it and closes its pipes
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     first = state_counts(redis_server)

@@ -430,6 +430,34 @@ async def test_result_timeout(app_name: str) -> None:
             assert await job.status() is JobState.WAITING
 
 
+async def test_a_job_that_ends_as_the_wait_runs_out_gives_its_outcome(
+    app_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job ends after the wait's last look and before result() reads it once more
+    (the wait's time ran out first): its outcome, not a ResultTimeout that calls a final
+    state 'still cancelled' (seen in a loaded run: the cancel's notice came late)."""
+    app = make_app(app_name)
+
+    @app.task
+    async def never_run(x: In) -> Out:
+        return Out(x.n)
+
+    with anyio.fail_after(TEST_DEADLINE):
+        async with app:
+            job = await never_run.enqueue(In(1))
+            broker = app.broker
+
+            async def ended_after_the_last_look(
+                job_id: str, timeout: float | None, **_: Any
+            ) -> None:
+                await broker.cancel(job_id)
+                return None  # as a wait whose time ran out just before the end
+
+            monkeypatch.setattr(broker, "wait_finished", ended_after_the_last_look)
+            with pytest.raises(JobCancelled):
+                await job.result(timeout=0.1)
+
+
 async def test_per_call_options(app_name: str) -> None:
     app = make_app(app_name)
     order: list[int] = []

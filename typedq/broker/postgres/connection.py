@@ -213,9 +213,16 @@ class Listener:
         asyncpg = asyncpg_module()
 
         conn = await asyncpg.connect(self.dsn)
-        lost = asyncio.Event()
-        conn.add_termination_listener(lambda _c: lost.set())
-        await conn.add_listener(self.channel, self._notified)
+        try:
+            lost = asyncio.Event()
+            conn.add_termination_listener(lambda _c: lost.set())
+            await conn.add_listener(self.channel, self._notified)
+        except BaseException:
+            # LISTEN failed or was cancelled (a connect timeout, close() during a
+            # reconnect): the connection is nobody's, so it goes now, not when the
+            # collector finds it (an idle backend on the server until then).
+            conn.terminate()
+            raise
         self._conn = conn
         self._lost = lost
 
