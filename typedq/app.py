@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from typing_extensions import Unpack
 
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
-from .broker.base import Broker, BrokerSettings, Retention
+from .broker.base import Broker, BrokerSettings, ClaimedJob, Retention
 from .broker.capabilities import EventStreams, FlowControl, JobStreams, Limits, Runs, Schedules
 from .broker.runs import RUN_SCHEMA_PREFIX
 from .clock import SYSTEM_CLOCK, Clock
@@ -279,6 +279,19 @@ class App(AppBase):
             # closed now, not whenever they are collected.
             for durable in self._durables.values():
                 durable.close_paused()
+
+    async def after_step(self, claimed: ClaimedJob, result: bytes, now: float) -> None:
+        """A step job of a durable run returned ``result`` in a worker of this app, at
+        ``now`` (the worker's clock), before its completion is recorded: when this process
+        keeps the run paused at that step, its next turn runs here and now
+        (:meth:`DurableTask.after_step <typedq.durable.host.DurableTask.after_step>`)."""
+        if not self.broker.fenced_run_appends:
+            return
+        run_id = claimed.message.id.rpartition(":")[0]
+        for durable in self._durables.values():
+            if run_id in durable._paused:
+                await durable.after_step(claimed, result, now)
+                return
 
     @overload
     def durable(self, fn: DurableFunction[TIn, TOut], /) -> DurableTask[TIn, TOut]: ...

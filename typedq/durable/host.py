@@ -20,14 +20,14 @@ import sys
 import traceback
 import typing
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import anyio
 import msgspec
 import pydantic
 
-from ..broker.base import JobMessage, JobState
+from ..broker.base import ClaimedJob, JobMessage, JobState
 from ..broker.runs import (
     AppendOutcome,
     RunAppend,
@@ -248,7 +248,15 @@ class DurableTask(Generic[TIn, TOut]):
                 and resumable.paused
                 and append.state is RunState.RUNNING
             ):
-                self._keep(resumable, record, entries, appended, append.entries)
+                self._keep(
+                    resumable,
+                    record.created_at,
+                    record.spec.input,
+                    record.log,
+                    entries,
+                    appended,
+                    append.entries,
+                )
             else:
                 resumable.close()
             if outcome is AppendOutcome.APPENDED and not again:
@@ -256,6 +264,78 @@ class DurableTask(Generic[TIn, TOut]):
             if outcome in (AppendOutcome.FINISHED, AppendOutcome.NOT_FOUND):
                 return
         raise RuntimeError(f"run {run_id}: no turn settled after {_MAX_ROUNDS} rounds")
+
+    async def after_step(self, claimed: ClaimedJob, result: bytes, now: float) -> bool:
+        """The next turn of a run paused here, run by the worker of the step it waited
+        on, as soon as the step has returned ``result`` (at ``now``, the worker's clock)
+        and before the step's job is completed: the step's outcome and what the replay
+        decides next (the next steps' jobs with it) are one append fenced by the step's
+        lease (:attr:`RunAppend.fence`), so no turn job is needed between two steps.
+        Crash safety is the step's: killed before the append, the step runs again (its
+        lease expires, at least once); after it, the step's completion finds its outcome
+        recorded already and wakes no turn. Anything unexpected (the run is not paused
+        here at this step, its log grew meanwhile, the lease is gone) leaves the usual
+        way: the step's completion keeps its outcome and wakes a turn job.
+
+        :returns: whether the append was applied
+        """
+        message = claimed.message
+        run_id, _, tail = message.id.rpartition(":")
+        kept = self._paused.pop(run_id, None)
+        if kept is None:
+            return False
+        entries, resumable = kept.entries, kept.resumable
+        position = int(tail)
+        step = next(
+            (e for e in entries if isinstance(e, StepScheduled) and e.position == position),
+            None,
+        )
+        if (
+            step is None
+            or step.task != message.task
+            or any(
+                isinstance(e, StepCompleted | StepFailed) and e.position == position
+                for e in entries
+            )
+        ):
+            resumable.close()
+            return False
+        try:
+            fresh: list[LogEntry] = [
+                StepCompleted(position=position, task=step.task, output=result)
+            ]
+            try:
+                decision: Decision[TOut] = await resumable.advance(RunLog([*entries, *fresh]), now)
+            except NonDeterministic as exc:
+                decision = Failed(error=exc)
+            appended = [*fresh, *decision.append]
+            expected = len(kept.blobs)
+            # The inbox is not known here (no read): a wait for a signal already kept is
+            # over at the append, which wakes a turn at once.
+            try:
+                append, _ = self._decide(
+                    run_id, expected, message.run_queue, {}, decision, appended, now
+                )
+            except ConfigError as exc:
+                append, _ = self._decide(
+                    run_id, expected, message.run_queue, {}, Failed(error=exc), appended, now
+                )
+            append = msgspec.structs.replace(
+                append, fence=(message.id, claimed.token, message.queue)
+            )
+            outcome = await self._app.client.append_run(append)
+        except BaseException:
+            resumable.close()
+            raise
+        applied = outcome is AppendOutcome.APPENDED
+        if applied and resumable.paused and append.state is RunState.RUNNING:
+            self._keep(
+                resumable, kept.created_at, kept.input, kept.blobs, entries, appended,
+                append.entries,
+            )  # fmt: skip
+        else:
+            resumable.close()
+        return applied
 
     def close_paused(self) -> None:
         """Close every run this process keeps paused (their next turns replay from the top)."""
@@ -266,22 +346,25 @@ class DurableTask(Generic[TIn, TOut]):
     def _keep(
         self,
         resumable: Resumable[TIn, TOut],
-        record: RunRecord,
+        created_at: float,
+        input: bytes,
+        log: tuple[bytes, ...],
         entries: list[LogEntry],
         appended: list[LogEntry],
         blobs: tuple[bytes, ...],
     ) -> None:
-        """Keep a paused run for its next turn here, with the log that turn must read:
-        ``entries`` read, then ``appended`` (encoded one per blob in ``blobs``, and a
-        taken signal's entry after them, which is decoded)."""
+        """Keep a paused run (created at ``created_at`` on ``input``) for its next turn
+        here, with the log that turn must read: ``entries`` read (encoded: ``log``), then
+        ``appended`` (encoded one per blob in ``blobs``, and a taken signal's entry after
+        them, which is decoded)."""
         if self.max_paused <= 0:
             resumable.close()
             return
         self._paused[resumable.run_id] = _Paused(
             resumable=resumable,
-            created_at=record.created_at,
-            input=record.spec.input,
-            blobs=(*record.log, *blobs),
+            created_at=created_at,
+            input=input,
+            blobs=(*log, *blobs),
             entries=[
                 *entries,
                 *appended,
@@ -337,26 +420,40 @@ class DurableTask(Generic[TIn, TOut]):
     ) -> tuple[RunAppend, bool]:
         """The append that records ``decision`` (with the jobs of the steps it schedules);
         and whether the turn goes on (a waiting signal was taken: replay at once)."""
-        run_id = record.spec.id
+        return self._decide(
+            record.spec.id, len(record.log), record.spec.queue, record.inbox,
+            decision, entries, now,
+        )  # fmt: skip
+
+    def _decide(
+        self,
+        run_id: str,
+        expected: int,
+        queue: str,
+        inbox: Mapping[str, tuple[bytes, ...]],
+        decision: Decision[TOut],
+        entries: list[LogEntry],
+        now: float,
+    ) -> tuple[RunAppend, bool]:
+        """:meth:`_act` for run ``run_id`` on ``queue`` whose log has ``expected``
+        entries and whose inbox is ``inbox`` (as far as the caller knows)."""
         blobs = tuple(encode_entries([e]) for e in entries)
         recorded = tuple(
             f"{run_id}:{e.position}" for e in entries if isinstance(e, StepCompleted | StepFailed)
         )
-        base = RunAppend(
-            run_id=run_id, expected=len(record.log), entries=blobs, recorded_jobs=recorded
-        )
+        base = RunAppend(run_id=run_id, expected=expected, entries=blobs, recorded_jobs=recorded)
         if isinstance(decision, ScheduleSteps):
             # The step jobs go with the append (RunAppend.steps): stored in the same
             # call where the broker can, else before it. A step job's id is
             # ``run_id:position``, so storing it twice is one job.
-            steps = self._step_jobs(decision, record.spec.queue)
+            steps = self._step_jobs(decision, queue)
             waits = [r.key for r in decision.schedule]
             waits += [f"{run_id}:{p}" for p in decision.pending]
             return msgspec.structs.replace(base, wait_jobs=tuple(waits), steps=steps), False
         if isinstance(decision, SleepUntil):
             return msgspec.structs.replace(base, wake_at=decision.until), False
         if isinstance(decision, WaitForSignal):
-            kept = record.inbox.get(decision.signal)
+            kept = inbox.get(decision.signal)
             if kept:
                 got = SignalReceived(
                     position=decision.position, signal=decision.signal, payload=kept[0]
