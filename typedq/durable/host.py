@@ -56,9 +56,12 @@ from .log import (
     LogEntry,
     RunLog,
     SignalReceived,
+    SignalTimedOut,
+    SleepStarted,
     StepCompleted,
     StepFailed,
     StepScheduled,
+    WaitStarted,
     decode_entries,
     encode_entries,
     same_event,
@@ -163,6 +166,9 @@ class DurableTask(Generic[TIn, TOut]):
         self.turn_task: Task[RunTurn, None]  # set by App.durable, which registers it
         #: Runs paused at their last turn in this process, by run id, oldest first.
         self._paused: OrderedDict[str, _Paused] = OrderedDict()
+        #: Runs whose append a step's worker awaits here (after_step), by run id: a step
+        #: that append schedules may return before it is answered, and waits for it.
+        self._appending: dict[str, anyio.Event] = {}
 
     def __repr__(self) -> str:
         return f"DurableTask({self.name!r})"
@@ -239,7 +245,14 @@ class DurableTask(Generic[TIn, TOut]):
                 except ConfigError as exc:
                     # A step of a task this app does not have: no turn can ever run it.
                     append, again = self._act(record, Failed(error=exc), appended, now)
-                outcome = await self._app.client.append_run(append)
+                # A step this append schedules may return here before it is answered:
+                # its after_step waits for the run kept paused below.
+                self._appending[run_id] = answered = anyio.Event()
+                try:
+                    outcome = await self._app.client.append_run(append)
+                finally:
+                    self._appending.pop(run_id, None)
+                    answered.set()
             except BaseException:
                 resumable.close()
                 raise
@@ -265,24 +278,31 @@ class DurableTask(Generic[TIn, TOut]):
                 return
         raise RuntimeError(f"run {run_id}: no turn settled after {_MAX_ROUNDS} rounds")
 
-    async def after_step(self, claimed: ClaimedJob, result: bytes, now: float) -> bool:
+    async def after_step(self, claimed: ClaimedJob, result: bytes) -> bool:
         """The next turn of a run paused here, run by the worker of the step it waited
-        on, as soon as the step has returned ``result`` (at ``now``, the worker's clock)
-        and before the step's job is completed: the step's outcome and what the replay
+        on, as soon as the step has returned ``result`` and before the step's job is
+        completed: the step's outcome and what the replay
         decides next (the next steps' jobs with it) are one append fenced by the step's
         lease (:attr:`RunAppend.fence`), so no turn job is needed between two steps.
         Crash safety is the step's: killed before the append, the step runs again (its
         lease expires, at least once); after it, the step's completion finds its outcome
         recorded already and wakes no turn. Anything unexpected (the run is not paused
         here at this step, its log grew meanwhile, the lease is gone) leaves the usual
-        way: the step's completion keeps its outcome and wakes a turn job.
+        way: the step's completion keeps its outcome and wakes a turn job. So does a
+        decision that reads the clock (a sleep, a wait, a failure: their times are the
+        broker's, which is not read here) or that fails the run.
 
         :returns: whether the append was applied
         """
         message = claimed.message
         run_id, _, tail = message.id.rpartition(":")
+        appending = self._appending.get(run_id)
+        if appending is not None:
+            await appending.wait()  # the append that scheduled this step, maybe
         kept = self._paused.pop(run_id, None)
-        if kept is None:
+        if kept is None or run_id in self._appending:
+            if kept is not None:
+                self._paused[run_id] = kept
             return False
         entries, resumable = kept.entries, kept.resumable
         position = int(tail)
@@ -304,26 +324,39 @@ class DurableTask(Generic[TIn, TOut]):
             fresh: list[LogEntry] = [
                 StepCompleted(position=position, task=step.task, output=result)
             ]
+            # The broker's time when the step became claimable: no decision taken here
+            # records it (see below).
+            now = claimed.due_at()
             try:
-                decision: Decision[TOut] = await resumable.advance(RunLog([*entries, *fresh]), now)
-            except NonDeterministic as exc:
-                decision = Failed(error=exc)
+                decision: Decision[TOut] | None = await resumable.advance(
+                    RunLog([*entries, *fresh]), now
+                )
+            except NonDeterministic:
+                decision = None
+            if not isinstance(decision, ScheduleSteps | Completed) or any(
+                isinstance(e, SleepStarted | WaitStarted | SignalTimedOut) for e in decision.append
+            ):
+                # Timed or failing: the step's completion wakes a turn, which replays with
+                # the broker's time.
+                resumable.close()
+                return False
             appended = [*fresh, *decision.append]
-            expected = len(kept.blobs)
-            # The inbox is not known here (no read): a wait for a signal already kept is
-            # over at the append, which wakes a turn at once.
             try:
                 append, _ = self._decide(
-                    run_id, expected, message.run_queue, {}, decision, appended, now
+                    run_id, len(kept.blobs), message.run_queue, {}, decision, appended, now
                 )
-            except ConfigError as exc:
-                append, _ = self._decide(
-                    run_id, expected, message.run_queue, {}, Failed(error=exc), appended, now
-                )
+            except ConfigError:
+                resumable.close()
+                return False
             append = msgspec.structs.replace(
                 append, fence=(message.id, claimed.token, message.queue)
             )
-            outcome = await self._app.client.append_run(append)
+            self._appending[run_id] = appended_event = anyio.Event()
+            try:
+                outcome = await self._app.client.append_run(append)
+            finally:
+                self._appending.pop(run_id, None)
+                appended_event.set()
         except BaseException:
             resumable.close()
             raise

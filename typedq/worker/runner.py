@@ -72,10 +72,10 @@ class JobRunner:
         self.clock = clock
         #: Told what the jobs do (set before the worker starts; None: nobody listens).
         self.observer: Observers | None = None
-        #: Told of each durable run's step job that returned (job, result, the clock's
-        #: time), before its completion is recorded: the app's ``after_step``, which may
-        #: run the run's next turn here (typedq.durable.host); None: no durable runs.
-        self.after_step: Callable[[ClaimedJob, bytes, float], Awaitable[None]] | None = None
+        #: Told of each durable run's step job that returned (job, result), before its
+        #: completion is recorded: the app's ``after_step``, which may run the run's next
+        #: turn here (typedq.durable.host); None: no durable runs.
+        self.after_step: Callable[[ClaimedJob, bytes], Awaitable[None]] | None = None
         #: With prefetch, where outcomes are recorded while the runner goes on (the
         #: worker's own task group, set as it starts); None: the runner records each
         #: outcome itself before it takes the next job.
@@ -166,7 +166,7 @@ class JobRunner:
             after_step = self.after_step
             if after_step is not None and claimed.message.run_queue and type(outcome) is Complete:
                 try:
-                    await after_step(claimed, outcome.result, self.clock.time())
+                    await after_step(claimed, outcome.result)
                 except Exception:
                     # The step's completion still goes: it wakes the run's next turn.
                     log.exception(
