@@ -295,15 +295,25 @@ class DurableTask(Generic[TIn, TOut]):
         :returns: whether the append was applied
         """
         message = claimed.message
-        run_id, _, tail = message.id.rpartition(":")
-        appending = self._appending.get(run_id)
-        if appending is not None:
-            await appending.wait()  # the append that scheduled this step, maybe
+        run_id = message.id.rpartition(":")[0]
+        while (appending := self._appending.get(run_id)) is not None:
+            # The turn that scheduled this step, or the one after another step of a
+            # gather, is still at work here: the run is kept paused once it is done.
+            await appending.wait()
         kept = self._paused.pop(run_id, None)
-        if kept is None or run_id in self._appending:
-            if kept is not None:
-                self._paused[run_id] = kept
+        if kept is None:
             return False
+        self._appending[run_id] = done = anyio.Event()
+        try:
+            return await self._after_step(claimed, result, kept)
+        finally:
+            self._appending.pop(run_id, None)
+            done.set()
+
+    async def _after_step(self, claimed: ClaimedJob, result: bytes, kept: _Paused) -> bool:
+        """:meth:`after_step` with the run it keeps paused (``kept``, taken)."""
+        message = claimed.message
+        run_id, _, tail = message.id.rpartition(":")
         entries, resumable = kept.entries, kept.resumable
         position = int(tail)
         step = next(
@@ -351,12 +361,7 @@ class DurableTask(Generic[TIn, TOut]):
             append = msgspec.structs.replace(
                 append, fence=(message.id, claimed.token, message.queue)
             )
-            self._appending[run_id] = appended_event = anyio.Event()
-            try:
-                outcome = await self._app.client.append_run(append)
-            finally:
-                self._appending.pop(run_id, None)
-                appended_event.set()
+            outcome = await self._app.client.append_run(append)
         except BaseException:
             resumable.close()
             raise
