@@ -21,9 +21,9 @@ from .durable.host import (
     DurableDecorator,
     DurableTask,
     RunTurn,
-    durable_types,
 )
 from .durable.replay import DurableFunction
+from .durable.types import durable_types
 from .errors import ConfigError
 from .fair import Fair
 from .flowcontrol import Debounce

@@ -86,7 +86,8 @@ async def test_sigkill_in_the_turn_that_read_a_step_outcome(
         if where == "postgres":
             assert job_id in record.outcomes  # but the broker keeps it
         else:
-            assert job_id not in record.outcomes and not await _step_completed(job_id)
+            assert job_id not in record.outcomes
+            assert not await _step_completed(job_id)
         scene.kill(victim)
         scene.spawn()
         await _check(scene, handle, plan, twice=[] if where == "postgres" else [k])

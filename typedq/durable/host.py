@@ -15,12 +15,10 @@ A turn that loses the compare-and-append reads the run again and replays again.
 
 from __future__ import annotations
 
-import inspect
 import sys
 import traceback
-import typing
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import anyio
@@ -56,16 +54,14 @@ from .log import (
     LogEntry,
     RunLog,
     SignalReceived,
-    SignalTimedOut,
-    SleepStarted,
     StepCompleted,
     StepFailed,
     StepScheduled,
-    WaitStarted,
     decode_entries,
     encode_entries,
     same_event,
 )
+from .onward import after_step
 from .replay import (
     Completed,
     Decision,
@@ -113,32 +109,6 @@ class DurableDecorator(Protocol):
     """What ``@app.durable(...)`` with options returns: the decorator proper."""
 
     def __call__(self, fn: DurableFunction[TIn, TOut], /) -> DurableTask[TIn, TOut]: ...
-
-
-def durable_types(fn: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
-    """The (input, output) models of ``async def f(run: Run, inp: TIn) -> TOut``."""
-    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}"
-    if not inspect.iscoroutinefunction(fn):
-        raise ConfigError(f"durable function {where} must be an async def")
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception as exc:
-        raise ConfigError(f"cannot resolve the annotations of durable {where}: {exc}") from exc
-    params = list(inspect.signature(fn).parameters.values())
-    if len(params) != 2:
-        raise ConfigError(f"durable function {where} must take (run: Run, inp: Model)")
-    input_type = hints.get(params[1].name)
-    if not is_model_type(input_type):
-        raise ConfigError(
-            f"durable function {where}: its input {params[1].name!r} must be annotated with "
-            "a msgspec.Struct or pydantic.BaseModel subclass"
-        )
-    output_type: Any = hints.get("return", type(None))
-    if output_type is None:
-        output_type = type(None)
-    if output_type is not type(None) and not is_model_type(output_type):
-        raise ConfigError(f"durable function {where} must return a model or None")
-    return typing.cast(type[Any], input_type), output_type
 
 
 class DurableTask(Generic[TIn, TOut]):
@@ -279,101 +249,14 @@ class DurableTask(Generic[TIn, TOut]):
         raise RuntimeError(f"run {run_id}: no turn settled after {_MAX_ROUNDS} rounds")
 
     async def after_step(self, claimed: ClaimedJob, result: bytes) -> bool:
-        """The next turn of a run paused here, run by the worker of the step it waited
-        on, as soon as the step has returned ``result`` and before the step's job is
-        completed: the step's outcome and what the replay
-        decides next (the next steps' jobs with it) are one append fenced by the step's
-        lease (:attr:`RunAppend.fence`), so no turn job is needed between two steps.
-        Crash safety is the step's: killed before the append, the step runs again (its
-        lease expires, at least once); after it, the step's completion finds its outcome
-        recorded already and wakes no turn. Anything unexpected (the run is not paused
-        here at this step, its log grew meanwhile, the lease is gone) leaves the usual
-        way: the step's completion keeps its outcome and wakes a turn job. So does a
-        decision that reads the clock (a sleep, a wait, a failure: their times are the
-        broker's, which is not read here) or that fails the run.
+        """The run's next turn, taken here by the worker of the step it waited on (the
+        run is paused here), as that step returns ``result``, before the step's job is
+        completed (:mod:`typedq.durable.onward`).
 
-        :returns: whether the append was applied
+        :returns: whether its append was applied (else the step's completion wakes a
+            turn job, as usual)
         """
-        message = claimed.message
-        run_id = message.id.rpartition(":")[0]
-        while (appending := self._appending.get(run_id)) is not None:
-            # The turn that scheduled this step, or the one after another step of a
-            # gather, is still at work here: the run is kept paused once it is done.
-            await appending.wait()
-        kept = self._paused.pop(run_id, None)
-        if kept is None:
-            return False
-        self._appending[run_id] = done = anyio.Event()
-        try:
-            return await self._after_step(claimed, result, kept)
-        finally:
-            self._appending.pop(run_id, None)
-            done.set()
-
-    async def _after_step(self, claimed: ClaimedJob, result: bytes, kept: _Paused) -> bool:
-        """:meth:`after_step` with the run it keeps paused (``kept``, taken)."""
-        message = claimed.message
-        run_id, _, tail = message.id.rpartition(":")
-        entries, resumable = kept.entries, kept.resumable
-        position = int(tail)
-        step = next(
-            (e for e in entries if isinstance(e, StepScheduled) and e.position == position),
-            None,
-        )
-        if (
-            step is None
-            or step.task != message.task
-            or any(
-                isinstance(e, StepCompleted | StepFailed) and e.position == position
-                for e in entries
-            )
-        ):
-            resumable.close()
-            return False
-        try:
-            fresh: list[LogEntry] = [
-                StepCompleted(position=position, task=step.task, output=result)
-            ]
-            # The broker's time when the step became claimable: no decision taken here
-            # records it (see below).
-            now = claimed.due_at()
-            try:
-                decision: Decision[TOut] | None = await resumable.advance(
-                    RunLog([*entries, *fresh]), now
-                )
-            except NonDeterministic:
-                decision = None
-            if not isinstance(decision, ScheduleSteps | Completed) or any(
-                isinstance(e, SleepStarted | WaitStarted | SignalTimedOut) for e in decision.append
-            ):
-                # Timed or failing: the step's completion wakes a turn, which replays with
-                # the broker's time.
-                resumable.close()
-                return False
-            appended = [*fresh, *decision.append]
-            try:
-                append, _ = self._decide(
-                    run_id, len(kept.blobs), message.run_queue, {}, decision, appended, now
-                )
-            except ConfigError:
-                resumable.close()
-                return False
-            append = msgspec.structs.replace(
-                append, fence=(message.id, claimed.token, message.queue)
-            )
-            outcome = await self._app.client.append_run(append)
-        except BaseException:
-            resumable.close()
-            raise
-        applied = outcome is AppendOutcome.APPENDED
-        if applied and resumable.paused and append.state is RunState.RUNNING:
-            self._keep(
-                resumable, kept.created_at, kept.input, kept.blobs, entries, appended,
-                append.entries,
-            )  # fmt: skip
-        else:
-            resumable.close()
-        return applied
+        return await after_step(self, claimed, result)
 
     def close_paused(self) -> None:
         """Close every run this process keeps paused (their next turns replay from the top)."""
