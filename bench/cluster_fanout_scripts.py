@@ -38,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.redis_harness import RedisCluster, slot_owner  # the suite's spawner
 from typedq import App
 from typedq.broker.redis.keys import Keys
-from typedq.broker.redis.scripts import LIBRARY
+from typedq.broker.redis.scripts import library
 from typedq.errors import BrokerError
 
 _APP = "cfanbench"
 #: The scripts of the library (SLOWLOG names them by their function's name).
-_SCRIPTS = set(LIBRARY.functions)
+_SCRIPTS = set(library().functions)
 
 
 class Item(msgspec.Struct, frozen=True):

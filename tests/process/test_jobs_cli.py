@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from tests import bulk_app
+from tests.netproxy import NetProxy
 from tests.redis_harness import RedisProcess, flushall
 from tests.support import ROOT, spawn_worker, stop_workers
 from typedq import App, JobState
@@ -275,7 +276,14 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
     fail_orders(redis_server, [bulk_app.Order(i, "acme") for i in range(total)])
     control = redis.Redis.from_url(redis_server.url)
     execute: Any = control.execute_command  # untyped in redis-py
-    args = [sys.executable, "-m", "typedq", "jobs", APP, "--broker", redis_server.url]
+    # The run talks to Redis over a link with 5 ms each way: its walk over 20,000 jobs takes
+    # a few hundred ms at least, so the watcher (on a direct link) sees its first retries
+    # and pauses the writes long before it can end (on a quiet box, the walk on a direct
+    # link could end between two looks of the watcher: exit 0, not 130).
+    proxy = NetProxy(redis_server.port)
+    proxy.start()
+    proxy.set_latency(0.005)
+    args = [sys.executable, "-m", "typedq", "jobs", APP, "--broker", proxy.url()]
     args += ["--task", "charge", "--retry", "--json"]
     env = {**os.environ, "TYPEDQ_BROKER": "", "PYTHONPATH": str(ROOT)}
 
@@ -314,6 +322,7 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
     finally:
         execute("CLIENT", "UNPAUSE")
         control.close()
+        proxy.stop()
         for started in procs:
             if started.poll() is None:
                 started.kill()

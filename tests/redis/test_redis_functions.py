@@ -21,12 +21,14 @@ from typedq.broker.base import BrokerSettings, Completion, FinishOutcome, JobSta
 from typedq.broker.redis import RedisBroker
 from typedq.broker.redis.keys import Keys
 from typedq.broker.redis.scripts import (
-    LIBRARY,
     PARTS,
-    SHARDED_LIBRARY,
     build_library,
+    library,
     read_scripts,
 )
+
+LIBRARY = library()
+SHARDED_LIBRARY = library(sharded=True)
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
 

@@ -25,7 +25,7 @@ from typedq.broker.base import (
     RetryOutcome,
 )
 from typedq.broker.redis import RedisBroker
-from typedq.broker.redis.scripts import LIBRARY
+from typedq.broker.redis.scripts import library
 from typedq.task import DEFAULT_QUEUE
 
 pytestmark = [pytest.mark.redis, pytest.mark.anyio, pytest.mark.asyncio_only]
@@ -90,8 +90,8 @@ def fill_to_maxmemory(port: int, headroom: int = 2_000_000) -> redis.Redis:
     typedq's function library is loaded first (as the broker does at connect), so the
     headroom does not depend on its size."""
     admin = redis.Redis(port=port)
-    if not admin.function_list(library=LIBRARY.name):
-        admin.function_load(LIBRARY.source)
+    if not admin.function_list(library=library().name):
+        admin.function_load(library().source)
     used = int(admin.info("memory")["used_memory"])
     admin.config_set("maxmemory", used + headroom)
     return admin

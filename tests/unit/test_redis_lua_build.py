@@ -12,15 +12,17 @@ from typedq.broker.base import CLAIM_RECORD_TTL, ERROR_HISTORY, HISTORY_MINUTES,
 from typedq.broker.flow import FLOW_BROKEN_MESSAGE, HELD_AT
 from typedq.broker.redis.constants import LUA_CONSTANTS, lua_literal, lua_preamble
 from typedq.broker.redis.scripts import (
-    LIBRARY,
     PARTS,
-    SHARDED_LIBRARY,
     SHARDED_PART,
     Library,
     build_library,
+    library,
     main_locals,
     read_scripts,
 )
+
+LIBRARY = library()
+SHARDED_LIBRARY = library(sharded=True)
 
 _STRING = re.compile(r"'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"")
 _NUMBER = re.compile(r"(?<![\w.])\d+(?![\w.])")

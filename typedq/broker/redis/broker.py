@@ -56,7 +56,7 @@ from .migrate import migrate_layout
 from .runs import RunOps
 from .schedules import ScheduleOps
 from .schemaops import SchemaOps
-from .scripts import LIBRARY, SHARDED_LIBRARY
+from .scripts import library
 from .streams import StreamOps
 from .views import ViewOps
 
@@ -122,7 +122,7 @@ class RedisBroker(
         #: True on Redis Cluster (``redis+cluster://``): one script call per slot.
         self.cluster = False
         # The library's variant: Redis Cluster's wakes up by sharded pub/sub (scripts.py).
-        self._library = LIBRARY
+        self._library = library()
         # Jobs this broker claimed and has not settled: lease token -> (id, queue), so
         # the worker's settles find each job's queue without a search.
         self._held: dict[str, tuple[str, str]] = {}
@@ -197,7 +197,7 @@ class RedisBroker(
         and scripts (each script call names keys of one slot: one queue), and sharded
         pub/sub: one plain connection per node owning a slot listened to (listener.py)."""
         self.cluster = True
-        self._library = SHARDED_LIBRARY
+        self._library = library(sharded=True)
         url = self.url
         try:
             nodes, _, self._password, _ = cluster_nodes(url)

@@ -63,13 +63,14 @@ closing lines are added between files), so a line of the library is one line of 
 file; :meth:`Library.where` maps it back (``common/keys.lua:57``) and the broker adds it
 to Redis's error messages.
 
-Redis Cluster runs the sharded variant (:data:`SHARDED_LIBRARY`): ``common/sharded.lua``
+Redis Cluster runs the sharded variant (``library(sharded=True)``): ``common/sharded.lua``
 comes after ``common/bookkeeping.lua``, so the wake-ups go to each queue's own channels
 with ``SPUBLISH``. The standalone library carries none of it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -79,12 +80,11 @@ from importlib import resources
 from .constants import lua_preamble
 
 __all__ = [
-    "LIBRARY",
     "PARTS",
-    "SHARDED_LIBRARY",
     "SHARDED_PART",
     "Library",
     "build_library",
+    "library",
     "read_scripts",
 ]
 
@@ -440,7 +440,12 @@ def build_library(files: Mapping[str, str] | None = None, *, sharded: bool = Fal
     )
 
 
-#: The library for a single Redis.
-LIBRARY = build_library()
-#: The same for Redis Cluster (sharded pub/sub wake-ups).
-SHARDED_LIBRARY = build_library(sharded=True)
+@functools.cache
+def library(*, sharded: bool = False) -> Library:
+    """The library for a single Redis, or with ``sharded`` the Redis Cluster variant
+    (sharded pub/sub wake-ups), built on first use and kept for the process.
+
+    Built on first use, not at import: each build reads, checks and rewrites ~7,000 lines
+    (40-100 ms of CPU), which a process that never talks to Redis, or only to one kind of
+    Redis, would pay for nothing (every CLI command and worker start paid for both)."""
+    return build_library(sharded=sharded)
