@@ -282,15 +282,16 @@ class App(AppBase):
 
     async def after_step(self, claimed: ClaimedJob, result: bytes) -> None:
         """A step job of a durable run returned ``result`` in a worker of this app, before
-        its completion is recorded: when this process
-        keeps the run paused at that step, its next turn runs here and now
+        its completion is recorded: when this process keeps the run paused at that step,
+        its next turn runs here and now
         (:meth:`DurableTask.after_step <typedq.durable.host.DurableTask.after_step>`)."""
         # A step recovered from a stall (its worker died, maybe in the turn that ran
         # here after it) leaves its next turn to a turn job: a turn that keeps killing
         # its worker fails as a turn, never as the step that succeeded.
-        if claimed.stalls or not self.broker.fenced_run_appends:
+        message = claimed.message
+        if claimed.stalls or not self.broker.fences_step(message.queue, message.run_queue):
             return
-        run_id = claimed.message.id.rpartition(":")[0]
+        run_id = message.id.rpartition(":")[0]
         for durable in self._durables.values():
             if run_id in durable._paused or run_id in durable._appending:
                 await durable.after_step(claimed, result)

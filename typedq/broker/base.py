@@ -192,6 +192,11 @@ class Broker(CapabilityDefaults, abc.ABC):
     #: turn job between them); a broker without it is never sent a fenced append.
     fenced_run_appends: bool = False
 
+    def fences_step(self, step_queue: str, run_queue: str) -> bool:
+        """Whether an append to a run on ``run_queue`` may be fenced by a step job on
+        ``step_queue`` (:attr:`fenced_run_appends`; Redis Cluster: the same queue)."""
+        return self.fenced_run_appends
+
     def set_partitions(self, partitions: Mapping[str, int]) -> None:
         """Declare partitioned queues (queue -> number of partitions); an app does, at
         connect. Merged with earlier calls."""
