@@ -289,7 +289,12 @@ class App(AppBase):
         # here after it) leaves its next turn to a turn job: a turn that keeps killing
         # its worker fails as a turn, never as the step that succeeded.
         message = claimed.message
-        if claimed.stalls or not self.broker.fences_step(message.queue, message.run_queue):
+        broker = self.broker
+        if (
+            claimed.stalls
+            or not broker.fenced_run_appends
+            or (message.queue != message.run_queue and not broker.fences_other_queues)
+        ):
             return
         run_id = message.id.rpartition(":")[0]
         for durable in self._durables.values():

@@ -191,11 +191,9 @@ class Broker(CapabilityDefaults, abc.ABC):
     #: step's worker then records the step's result with the run's next decision, no
     #: turn job between them); a broker without it is never sent a fenced append.
     fenced_run_appends: bool = False
-
-    def fences_step(self, step_queue: str, run_queue: str) -> bool:
-        """Whether an append to a run on ``run_queue`` may be fenced by a step job on
-        ``step_queue`` (:attr:`fenced_run_appends`; Redis Cluster: the same queue)."""
-        return self.fenced_run_appends
+    #: With ``fenced_run_appends``: whether the fence may be a job of another queue than
+    #: the run's (Redis Cluster: no, the run's script reads it on the run's slot).
+    fences_other_queues: bool = True
 
     def set_partitions(self, partitions: Mapping[str, int]) -> None:
         """Declare partitioned queues (queue -> number of partitions); an app does, at

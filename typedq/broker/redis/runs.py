@@ -367,10 +367,6 @@ class RunOps(RedisCore):
         replies = await self._named_run_calls(items, b"not_found", extra={"run_schedule": [cap]})
         return [AppendOutcome(text(reply)) for reply in replies]
 
-    def fences_step(self, step_queue: str, run_queue: str) -> bool:
-        # The fence is read by the run's script: on Redis Cluster, on the run's slot only.
-        return not self.cluster or step_queue == run_queue
-
     def _inline_step(self, m: JobMessage) -> bool:
         """Whether run_schedule.lua stores step ``m`` with its run's append."""
         return (
