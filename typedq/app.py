@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from typing_extensions import Unpack
 
 from .appbase import DEFAULT_MAX_PAYLOAD, AppBase
-from .broker.base import Broker, BrokerSettings, Retention
+from .broker.base import Broker, BrokerSettings, ClaimedJob, Retention
 from .broker.capabilities import EventStreams, FlowControl, JobStreams, Limits, Runs, Schedules
 from .broker.runs import RUN_SCHEMA_PREFIX
 from .clock import SYSTEM_CLOCK, Clock
@@ -21,9 +21,9 @@ from .durable.host import (
     DurableDecorator,
     DurableTask,
     RunTurn,
-    durable_types,
 )
 from .durable.replay import DurableFunction
+from .durable.types import durable_types
 from .errors import ConfigError
 from .fair import Fair
 from .flowcontrol import Debounce
@@ -279,6 +279,28 @@ class App(AppBase):
             # closed now, not whenever they are collected.
             for durable in self._durables.values():
                 durable.close_paused()
+
+    async def after_step(self, claimed: ClaimedJob, result: bytes) -> None:
+        """A step job of a durable run returned ``result`` in a worker of this app, before
+        its completion is recorded: when this process keeps the run paused at that step,
+        its next turn runs here and now
+        (:meth:`DurableTask.after_step <typedq.durable.host.DurableTask.after_step>`)."""
+        # A step recovered from a stall (its worker died, maybe in the turn that ran
+        # here after it) leaves its next turn to a turn job: a turn that keeps killing
+        # its worker fails as a turn, never as the step that succeeded.
+        message = claimed.message
+        broker = self.broker
+        if (
+            claimed.stalls
+            or not broker.fenced_run_appends
+            or (message.queue != message.run_queue and not broker.fences_other_queues)
+        ):
+            return
+        run_id = message.id.rpartition(":")[0]
+        for durable in self._durables.values():
+            if run_id in durable._paused or run_id in durable._appending:
+                await durable.after_step(claimed, result)
+                return
 
     @overload
     def durable(self, fn: DurableFunction[TIn, TOut], /) -> DurableTask[TIn, TOut]: ...

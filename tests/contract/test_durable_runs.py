@@ -531,6 +531,65 @@ async def test_a_steps_outcome_is_kept_and_wakes_the_waiting_run(
         assert same.outcomes == {}
 
 
+async def test_a_fenced_append_records_a_step_before_its_completion(
+    app_name: str, broker_url: str
+) -> None:
+    """RunAppend.fence: a step's worker appends the step's outcome and the run's next
+    decision while it holds the step's lease, then completes the step: the completion
+    keeps no outcome and wakes no turn. A fence whose job is not held under its token
+    (another token, the job completed) changes nothing: FENCED, no step stored. A
+    broker without ``fenced_run_appends`` answers FENCED to every fenced append."""
+    async with connected(app_name, broker_url) as broker:
+        await broker.create_runs([spec("rf")])
+        [turn] = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert turn.message.id == "rf:t1"  # claimed: a wake-up would enqueue rf:t2
+        step0 = JobMessage(id="rf:0", task="t", queue="q", payload=b"", run_queue="q")
+        step1 = JobMessage(id="rf:1", task="t", queue="q", payload=b"", run_queue="q")
+        [first] = await broker.append_runs(
+            [
+                RunAppend(
+                    run_id="rf", expected=0, entries=(ENTRY,), wait_jobs=("rf:0",), steps=(step0,)
+                )
+            ]
+        )
+        assert first is AppendOutcome.APPENDED
+        [claimed] = await broker.claim(["q"], 1, worker_id="w", lease=30)
+        assert claimed.message.id == "rf:0"
+        fenced = RunAppend(
+            run_id="rf",
+            expected=1,
+            entries=(ENTRY,),
+            recorded_jobs=("rf:0",),
+            wait_jobs=("rf:1",),
+            steps=(step1,),
+            fence=("rf:0", claimed.token, "q"),
+        )
+        wrong = msgspec.structs.replace(fenced, fence=("rf:0", "0" * 32, "q"))
+        assert await broker.append_runs([wrong]) == [AppendOutcome.FENCED]
+        assert await broker.get(["rf:1"], queue="q") == [None]
+        [applied] = await broker.append_runs([fenced])
+        if not broker.fenced_run_appends:
+            assert applied is AppendOutcome.FENCED
+            return
+        assert applied is AppendOutcome.APPENDED
+        [record] = await broker.get_runs(["rf"])
+        assert record is not None
+        assert (len(record.log), record.wait_jobs, record.outcomes) == (2, ("rf:1",), {})
+        [stored] = await broker.get(["rf:1"], queue="q")
+        assert stored is not None
+        assert stored.state is JobState.WAITING
+        assert await broker.complete([Completion("rf:0", claimed.token, b"out")]) == [
+            FinishOutcome.OK
+        ]
+        [record] = await broker.get_runs(["rf"])
+        assert record is not None
+        assert record.outcomes == {}  # recorded already: not kept again
+        assert await broker.get(["rf:t2"], queue="q") == [None]  # and no turn woken
+        # The job has ended: its token holds no lease any more.
+        again = msgspec.structs.replace(fenced, expected=2)
+        assert await broker.append_runs([again]) == [AppendOutcome.FENCED]
+
+
 async def test_a_steps_stale_owner_records_nothing_in_its_run(
     app_name: str, broker_url: str
 ) -> None:

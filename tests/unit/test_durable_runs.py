@@ -524,3 +524,55 @@ async def test_a_turn_that_fails_for_good_fails_its_run(
     assert failed.value.record.error_type == "RuntimeError"
     assert "turn failed 2 times" in failed.value.record.message
     assert "the turn broke" in failed.value.record.message
+
+
+class Count(msgspec.Struct, frozen=True):
+    n: int
+
+
+def counting_app(calls: Counter[str]) -> App:
+    app = App("chain")
+
+    @app.task
+    async def bump(c: Count) -> Count:
+        calls["bump"] += 1
+        return Count(n=c.n + 1)
+
+    @app.durable
+    async def chain(run: Run, c: Count) -> Count:
+        for _ in range(5):
+            c = await run.step(bump, c)
+        a, b = await run.gather(run.step(bump, c), run.step(bump, Count(n=0)))
+        return Count(n=a.n + b.n)
+
+    return app
+
+
+@pytest.mark.parametrize("paused", [True, False])
+async def test_a_steps_worker_takes_the_runs_next_turn(paused: bool) -> None:
+    """A step returning in the worker that keeps its run paused records its result and
+    the run's next decision in one append fenced by its lease (DurableTask.after_step):
+    the run's only turn job is its first, and each step ran once. With no paused runs
+    (max_paused 0) every step's completion wakes a turn job, as before."""
+    calls: Counter[str] = Counter()
+    app = counting_app(calls)
+    chain = app.durables["chain"]
+    if not paused:
+        chain.max_paused = 0
+    with anyio.fail_after(TEST_DEADLINE):
+        async with run_worker(app, clock=FakeClock(EPOCH)):
+            handle = await chain.start(Count(n=0), run_id="c1")
+            assert await handle.result(timeout=TEST_DEADLINE) == Count(n=7)
+            record = await handle.record()
+            turns = [
+                job
+                for job in await app.broker.get([f"c1:t{i}" for i in range(1, 10)])
+                if job is not None
+            ]
+    assert calls["bump"] == 7
+    assert record.outcomes == {}
+    if paused:
+        assert [job.message.id for job in turns] == ["c1:t1"]
+    else:
+        # The first, then one per step (the gather's two: one or two, as they end).
+        assert len(turns) in (7, 8)

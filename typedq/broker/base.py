@@ -187,6 +187,13 @@ class Broker(CapabilityDefaults, abc.ABC):
     #: worth coalescing into one ``get_runs`` / ``append_runs`` call each (a broker whose
     #: calls are round trips).
     coalesce_run_calls: bool = False
+    #: Whether ``append_runs`` honours :attr:`~typedq.broker.runs.RunAppend.fence` (a
+    #: step's worker then records the step's result with the run's next decision, no
+    #: turn job between them); a broker without it is never sent a fenced append.
+    fenced_run_appends: bool = False
+    #: With ``fenced_run_appends``: whether the fence may be a job of another queue than
+    #: the run's (Redis Cluster: no, the run's script reads it on the run's slot).
+    fences_other_queues: bool = True
 
     def set_partitions(self, partitions: Mapping[str, int]) -> None:
         """Declare partitioned queues (queue -> number of partitions); an app does, at

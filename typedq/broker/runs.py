@@ -141,6 +141,12 @@ class RunAppend(msgspec.Struct, frozen=True, kw_only=True):
         schedules steps is one round trip where the broker can (Redis: the steps of the
         run's slot). A broker may store them before the compare, even when the append is
         not applied (their ids are the run's positions: a later turn schedules the same).
+    :param fence: ``(job id, claim token, job's queue)``: applied only while that job is
+        active under that token (else ``FENCED``, nothing changed): a step's own worker
+        records the step's result with the run's next decision before it completes the
+        step (:meth:`typedq.durable.host.DurableTask.after_step`), which only the holder
+        of the step's lease may do. Only on a broker with ``fenced_run_appends``; on Redis
+        Cluster the job must be on the run's queue (else ``FENCED``).
     """
 
     run_id: str
@@ -155,6 +161,7 @@ class RunAppend(msgspec.Struct, frozen=True, kw_only=True):
     wait_signal: str | None = None
     wake_at: float | None = None
     steps: tuple[JobMessage, ...] = ()
+    fence: tuple[str, str, str] | None = None
 
 
 class AppendOutcome(StrEnum):
@@ -164,6 +171,8 @@ class AppendOutcome(StrEnum):
     CONFLICT = "conflict"  # the log's length is no longer the expected one: read again
     FINISHED = "finished"  # the run is completed, failed or cancelled: nothing changed
     NOT_FOUND = "not_found"
+    #: The append's fence job is not (or no longer) active under its token: nothing changed.
+    FENCED = "fenced"
 
 
 class RunSignal(msgspec.Struct, frozen=True, kw_only=True):

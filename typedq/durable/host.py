@@ -15,19 +15,17 @@ A turn that loses the compare-and-append reads the run again and replays again.
 
 from __future__ import annotations
 
-import inspect
 import sys
 import traceback
-import typing
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import anyio
 import msgspec
 import pydantic
 
-from ..broker.base import JobMessage, JobState
+from ..broker.base import ClaimedJob, JobMessage, JobState
 from ..broker.runs import (
     AppendOutcome,
     RunAppend,
@@ -63,6 +61,7 @@ from .log import (
     encode_entries,
     same_event,
 )
+from .onward import after_step
 from .replay import (
     Completed,
     Decision,
@@ -112,32 +111,6 @@ class DurableDecorator(Protocol):
     def __call__(self, fn: DurableFunction[TIn, TOut], /) -> DurableTask[TIn, TOut]: ...
 
 
-def durable_types(fn: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
-    """The (input, output) models of ``async def f(run: Run, inp: TIn) -> TOut``."""
-    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}"
-    if not inspect.iscoroutinefunction(fn):
-        raise ConfigError(f"durable function {where} must be an async def")
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception as exc:
-        raise ConfigError(f"cannot resolve the annotations of durable {where}: {exc}") from exc
-    params = list(inspect.signature(fn).parameters.values())
-    if len(params) != 2:
-        raise ConfigError(f"durable function {where} must take (run: Run, inp: Model)")
-    input_type = hints.get(params[1].name)
-    if not is_model_type(input_type):
-        raise ConfigError(
-            f"durable function {where}: its input {params[1].name!r} must be annotated with "
-            "a msgspec.Struct or pydantic.BaseModel subclass"
-        )
-    output_type: Any = hints.get("return", type(None))
-    if output_type is None:
-        output_type = type(None)
-    if output_type is not type(None) and not is_model_type(output_type):
-        raise ConfigError(f"durable function {where} must return a model or None")
-    return typing.cast(type[Any], input_type), output_type
-
-
 class DurableTask(Generic[TIn, TOut]):
     """A durable function of an app (``@app.durable``): start runs of it.
 
@@ -163,6 +136,9 @@ class DurableTask(Generic[TIn, TOut]):
         self.turn_task: Task[RunTurn, None]  # set by App.durable, which registers it
         #: Runs paused at their last turn in this process, by run id, oldest first.
         self._paused: OrderedDict[str, _Paused] = OrderedDict()
+        #: Runs whose append a step's worker awaits here (after_step), by run id: a step
+        #: that append schedules may return before it is answered, and waits for it.
+        self._appending: dict[str, anyio.Event] = {}
 
     def __repr__(self) -> str:
         return f"DurableTask({self.name!r})"
@@ -239,7 +215,14 @@ class DurableTask(Generic[TIn, TOut]):
                 except ConfigError as exc:
                     # A step of a task this app does not have: no turn can ever run it.
                     append, again = self._act(record, Failed(error=exc), appended, now)
-                outcome = await self._app.client.append_run(append)
+                # A step this append schedules may return here before it is answered:
+                # its after_step waits for the run kept paused below.
+                self._appending[run_id] = answered = anyio.Event()
+                try:
+                    outcome = await self._app.client.append_run(append)
+                finally:
+                    self._appending.pop(run_id, None)
+                    answered.set()
             except BaseException:
                 resumable.close()
                 raise
@@ -248,7 +231,15 @@ class DurableTask(Generic[TIn, TOut]):
                 and resumable.paused
                 and append.state is RunState.RUNNING
             ):
-                self._keep(resumable, record, entries, appended, append.entries)
+                self._keep(
+                    resumable,
+                    record.created_at,
+                    record.spec.input,
+                    record.log,
+                    entries,
+                    appended,
+                    append.entries,
+                )
             else:
                 resumable.close()
             if outcome is AppendOutcome.APPENDED and not again:
@@ -256,6 +247,16 @@ class DurableTask(Generic[TIn, TOut]):
             if outcome in (AppendOutcome.FINISHED, AppendOutcome.NOT_FOUND):
                 return
         raise RuntimeError(f"run {run_id}: no turn settled after {_MAX_ROUNDS} rounds")
+
+    async def after_step(self, claimed: ClaimedJob, result: bytes) -> bool:
+        """The run's next turn, taken here by the worker of the step it waited on (the
+        run is paused here), as that step returns ``result``, before the step's job is
+        completed (:mod:`typedq.durable.onward`).
+
+        :returns: whether its append was applied (else the step's completion wakes a
+            turn job, as usual)
+        """
+        return await after_step(self, claimed, result)
 
     def close_paused(self) -> None:
         """Close every run this process keeps paused (their next turns replay from the top)."""
@@ -266,22 +267,25 @@ class DurableTask(Generic[TIn, TOut]):
     def _keep(
         self,
         resumable: Resumable[TIn, TOut],
-        record: RunRecord,
+        created_at: float,
+        input: bytes,
+        log: tuple[bytes, ...],
         entries: list[LogEntry],
         appended: list[LogEntry],
         blobs: tuple[bytes, ...],
     ) -> None:
-        """Keep a paused run for its next turn here, with the log that turn must read:
-        ``entries`` read, then ``appended`` (encoded one per blob in ``blobs``, and a
-        taken signal's entry after them, which is decoded)."""
+        """Keep a paused run (created at ``created_at`` on ``input``) for its next turn
+        here, with the log that turn must read: ``entries`` read (encoded: ``log``), then
+        ``appended`` (encoded one per blob in ``blobs``, and a taken signal's entry after
+        them, which is decoded)."""
         if self.max_paused <= 0:
             resumable.close()
             return
         self._paused[resumable.run_id] = _Paused(
             resumable=resumable,
-            created_at=record.created_at,
-            input=record.spec.input,
-            blobs=(*record.log, *blobs),
+            created_at=created_at,
+            input=input,
+            blobs=(*log, *blobs),
             entries=[
                 *entries,
                 *appended,
@@ -337,26 +341,40 @@ class DurableTask(Generic[TIn, TOut]):
     ) -> tuple[RunAppend, bool]:
         """The append that records ``decision`` (with the jobs of the steps it schedules);
         and whether the turn goes on (a waiting signal was taken: replay at once)."""
-        run_id = record.spec.id
+        return self._decide(
+            record.spec.id, len(record.log), record.spec.queue, record.inbox,
+            decision, entries, now,
+        )  # fmt: skip
+
+    def _decide(
+        self,
+        run_id: str,
+        expected: int,
+        queue: str,
+        inbox: Mapping[str, tuple[bytes, ...]],
+        decision: Decision[TOut],
+        entries: list[LogEntry],
+        now: float,
+    ) -> tuple[RunAppend, bool]:
+        """:meth:`_act` for run ``run_id`` on ``queue`` whose log has ``expected``
+        entries and whose inbox is ``inbox`` (as far as the caller knows)."""
         blobs = tuple(encode_entries([e]) for e in entries)
         recorded = tuple(
             f"{run_id}:{e.position}" for e in entries if isinstance(e, StepCompleted | StepFailed)
         )
-        base = RunAppend(
-            run_id=run_id, expected=len(record.log), entries=blobs, recorded_jobs=recorded
-        )
+        base = RunAppend(run_id=run_id, expected=expected, entries=blobs, recorded_jobs=recorded)
         if isinstance(decision, ScheduleSteps):
             # The step jobs go with the append (RunAppend.steps): stored in the same
             # call where the broker can, else before it. A step job's id is
             # ``run_id:position``, so storing it twice is one job.
-            steps = self._step_jobs(decision, record.spec.queue)
+            steps = self._step_jobs(decision, queue)
             waits = [r.key for r in decision.schedule]
             waits += [f"{run_id}:{p}" for p in decision.pending]
             return msgspec.structs.replace(base, wait_jobs=tuple(waits), steps=steps), False
         if isinstance(decision, SleepUntil):
             return msgspec.structs.replace(base, wake_at=decision.until), False
         if isinstance(decision, WaitForSignal):
-            kept = record.inbox.get(decision.signal)
+            kept = inbox.get(decision.signal)
             if kept:
                 got = SignalReceived(
                     position=decision.position, signal=decision.signal, payload=kept[0]

@@ -8,17 +8,20 @@ with :meth:`Signal.encode`, which accepts only an ``Approval`` (the future
 
 from __future__ import annotations
 
+import inspect
+import typing
 import weakref
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import msgspec
 import pydantic
 
-from ..errors import TypedqError
+from ..errors import ConfigError, TypedqError
 from ..names import check_name
-from ..serde import Codec, codec_for
+from ..serde import Codec, codec_for, is_model_type
 
-__all__ = ["NonDeterministic", "RunTimeout", "Signal", "known_signals"]
+__all__ = ["NonDeterministic", "RunTimeout", "Signal", "durable_types", "known_signals"]
 
 #: A signal's payload: a model, as task inputs are.
 TPayload = TypeVar("TPayload", bound=msgspec.Struct | pydantic.BaseModel)
@@ -101,3 +104,29 @@ class NonDeterministic(TypedqError):
         self.position = position
         self.wanted = wanted
         self.recorded = recorded
+
+
+def durable_types(fn: Callable[..., Any]) -> tuple[type[Any], type[Any]]:
+    """The (input, output) models of ``async def f(run: Run, inp: TIn) -> TOut``."""
+    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}"
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(f"durable function {where} must be an async def")
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise ConfigError(f"cannot resolve the annotations of durable {where}: {exc}") from exc
+    params = list(inspect.signature(fn).parameters.values())
+    if len(params) != 2:
+        raise ConfigError(f"durable function {where} must take (run: Run, inp: Model)")
+    input_type = hints.get(params[1].name)
+    if not is_model_type(input_type):
+        raise ConfigError(
+            f"durable function {where}: its input {params[1].name!r} must be annotated with "
+            "a msgspec.Struct or pydantic.BaseModel subclass"
+        )
+    output_type: Any = hints.get("return", type(None))
+    if output_type is None:
+        output_type = type(None)
+    if output_type is not type(None) and not is_model_type(output_type):
+        raise ConfigError(f"durable function {where} must return a model or None")
+    return typing.cast(type[Any], input_type), output_type

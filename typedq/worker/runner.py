@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -71,6 +72,10 @@ class JobRunner:
         self.clock = clock
         #: Told what the jobs do (set before the worker starts; None: nobody listens).
         self.observer: Observers | None = None
+        #: Told of each durable run's step job that returned (job, result), before its
+        #: completion is recorded: the app's ``after_step``, which may run the run's next
+        #: turn here (typedq.durable.host); None: no durable runs.
+        self.after_step: Callable[[ClaimedJob, bytes], Awaitable[None]] | None = None
         #: With prefetch, where outcomes are recorded while the runner goes on (the
         #: worker's own task group, set as it starts); None: the runner records each
         #: outcome itself before it takes the next job.
@@ -158,6 +163,20 @@ class JobRunner:
                     if span and isinstance(outcome, Complete | Fail):
                         # A fan-out member's span: its callback's span links to it.
                         outcome = msgspec.structs.replace(outcome, span=span)
+            after_step = self.after_step
+            if after_step is not None and claimed.message.run_queue and type(outcome) is Complete:
+                try:
+                    await after_step(claimed, outcome.result)
+                except Exception:
+                    # The step's completion still goes: it wakes the run's next turn.
+                    log.exception(
+                        "worker %s: job %s (%s): the run's next turn after this step failed "
+                        "here; the step's completion wakes one",
+                        worker_id,
+                        job_id,
+                        task,
+                        extra=job_fields(claimed, worker_id),
+                    )
         except BaseException:
             self.jobs.finished(claimed, running)
             raise

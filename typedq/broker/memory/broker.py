@@ -63,6 +63,8 @@ class MemoryBroker(JobPath):
         :class:`typedq.testing.FakeClock`), whose monotonic time is then the system's
     """
 
+    fenced_run_appends = True
+
     # -- unique windows and debounce (memory/control.py) -----------------------------------
 
     async def enqueue_controlled(
@@ -213,6 +215,9 @@ class MemoryBroker(JobPath):
         self._check()
         out = []
         for item in appends:
+            if item.fence is not None and not self.runs.holds(item.fence):
+                out.append(AppendOutcome.FENCED)  # (nothing stored: not the lease holder)
+                continue
             if item.steps:
                 # Stored before the compare (RunAppend.steps), as a turn's enqueue was.
                 await self.enqueue(item.steps)

@@ -53,6 +53,7 @@ class StoredRun:
         "inbox",
         "log",
         "outcomes",
+        "recorded",
         "result",
         "spec",
         "state",
@@ -76,6 +77,9 @@ class StoredRun:
         self.wait_signal: str | None = None
         self.wake_at: float | None = None
         self.outcomes: dict[str, StepOutcome] = {}
+        #: Step jobs whose outcomes an append recorded before they ended (a fenced
+        #: append, RunAppend.fence): their end is not kept again (Redis: the '' marks).
+        self.recorded: set[str] = set()
         #: The id of the last immediate turn enqueued (skip another while it waits).
         self.turn: str | None = None
         #: Turns enqueued so far: the next turn's id suffix.
@@ -142,6 +146,8 @@ class RunStore:
             return AppendOutcome.NOT_FOUND
         if run.state.is_final:
             return AppendOutcome.FINISHED
+        if item.fence is not None and not self.holds(item.fence):
+            return AppendOutcome.FENCED
         if len(run.log) != item.expected:
             return AppendOutcome.CONFLICT
         if item.take_signal is not None:
@@ -159,9 +165,12 @@ class RunStore:
         run.wait_jobs, run.wait_signal, run.wake_at = item.wait_jobs, item.wait_signal, item.wake_at
         # The outcomes this append records are in the log now; the others stay (a job
         # that ended after the turn's read).
+        jobs = self._broker.table.jobs
         for job_id in item.recorded_jobs:
             run.outcomes.pop(job_id, None)
-        jobs = self._broker.table.jobs
+            recorded = jobs.get(job_id)
+            if recorded is None or not recorded.state.is_final:
+                run.recorded.add(job_id)  # it ends later: not kept then
         for job_id in item.wait_jobs:
             self.by_job.setdefault(job_id, set()).add(run.spec.id)
         now = self._broker.clock.time()
@@ -181,6 +190,11 @@ class RunStore:
         elif item.wake_at is not None:
             self.wake(run, item.wake_at)
         return AppendOutcome.APPENDED
+
+    def holds(self, fence: tuple[str, str, str]) -> bool:
+        """Whether job ``fence[0]`` is active under token ``fence[1]`` (RunAppend.fence)."""
+        job = self._broker.table.jobs.get(fence[0])
+        return job is not None and job.state is JobState.ACTIVE and job.active_token == fence[1]
 
     def signal(self, item: RunSignal) -> SignalOutcome:
         self.expire()
@@ -279,6 +293,9 @@ class RunStore:
         run_id, _, position = job_id.rpartition(":")
         run = self.runs.get(run_id) if position.isdigit() else None
         if run is not None and not run.state.is_final:
+            if job_id in run.recorded:
+                run.recorded.discard(job_id)  # its outcome is in the log already
+                return
             run.outcomes[job_id] = StepOutcome(state=job.state, result=job.result, error=job.error)
         for waiting_id in self.by_job.pop(job_id, ()):
             waiting = self.runs.get(waiting_id)

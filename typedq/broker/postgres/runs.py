@@ -181,6 +181,12 @@ class RunOps(PostgresCore):
 
     async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]:
         self._check()
+        if any(a.fence is not None for a in appends):
+            # No fenced appends here (fenced_run_appends False): such an append is answered
+            # FENCED, unapplied, and the others go as usual.
+            plain = [a for a in appends if a.fence is None]
+            done = iter(await self.append_runs(plain))
+            return [AppendOutcome.FENCED if a.fence is not None else next(done) for a in appends]
         if not appends:
             return []
         # The steps are stored by the same call, before the compares (RunAppend.steps).

@@ -197,6 +197,7 @@ class RedisBroker(
         and scripts (each script call names keys of one slot: one queue), and sharded
         pub/sub: one plain connection per node owning a slot listened to (listener.py)."""
         self.cluster = True
+        self.fences_other_queues = False  # a run's script reads a fence on its slot only
         self._library = library(sharded=True)
         url = self.url
         try:

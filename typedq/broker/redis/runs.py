@@ -117,6 +117,7 @@ def _append_args(a: RunAppend) -> list[Any]:
         *a.entries,
         len(a.recorded_jobs),
         *a.recorded_jobs,
+        *(a.fence or ("", "", "")),
     ]
 
 
@@ -128,6 +129,7 @@ class RunOps(RedisCore):
     #: Concurrent turns' reads and appends share round trips (Client.read_run,
     #: Client.append_run).
     coalesce_run_calls = True
+    fenced_run_appends = True
 
     def _run_head(self, queue: str) -> list[Any]:
         """The arguments every run script starts with: prefix, queue, retention."""
@@ -314,6 +316,16 @@ class RunOps(RedisCore):
         return [None if reply is None else _record(reply) for reply in replies]
 
     async def append_runs(self, appends: Sequence[RunAppend]) -> list[AppendOutcome]:
+        if self.cluster and any(a.fence is not None for a in appends):
+            # A fence is checked in the run's script: its job must be on the run's slot.
+            homes = await self._run_queues_of([a.run_id for a in appends])
+            away = [
+                a.fence is not None and a.fence[2] != q for a, q in zip(appends, homes, strict=True)
+            ]
+            if any(away):
+                kept = [a for a, x in zip(appends, away, strict=True) if not x]
+                done = iter(await self.append_runs(kept))
+                return [AppendOutcome.FENCED if x else next(done) for x in away]
         # The steps an append schedules go with it (run_schedule.lua: one round trip)
         # when that script can store them: plain waiting jobs (no priority, eta, delay
         # or fair share) on the run's slot (any queue on one Redis; on Redis Cluster the

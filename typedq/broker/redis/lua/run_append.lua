@@ -8,8 +8,9 @@
 --   append: run id, expected length, signal to take ('' none), state letter (r c f x),
 --   result ('-' none, else '+' and the result), failure ('' none), wait jobs
 --   (space-separated), wait signal ('' none), wake at (µs, '' none), n, n entries,
---   m, m recorded job ids
--- Returns {per append 'appended' | 'conflict' | 'finished' | 'not_found', ids dropped}.
+--   m, m recorded job ids, fence: job id ('' none), its token, its queue (this slot)
+-- Returns {per append 'appended' | 'conflict' | 'finished' | 'not_found' | 'fenced', ids
+-- dropped}.
 local q = ARGV[2]
 if #ARGV < 6 or q == '' then return bad_args('run_append') end
 run_ops.bounds(ARGV[3], ARGV[4], ARGV[5], ARGV[6])
@@ -18,11 +19,11 @@ local now = now_us()
 local out = {}
 local a = 7
 while a <= #ARGV do
-  if a + 10 > #ARGV then return bad_args('run_append') end
+  if a + 13 > #ARGV then return bad_args('run_append') end
   local n = tonumber(ARGV[a + 9])
   local m = n and tonumber(ARGV[a + 10 + n])
-  if not m then return bad_args('run_append') end
+  if not m or a + 13 + n + m > #ARGV then return bad_args('run_append') end
   out[#out + 1] = run_ops.append(ARGV, a, q, now)
-  a = a + 11 + n + m
+  a = a + 14 + n + m
 end
 return run_ops.answer(out)

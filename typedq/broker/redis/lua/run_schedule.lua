@@ -9,7 +9,8 @@
 -- ARGV: P, queue, completed ttl (µs), completed max, failed ttl, failed max,
 --   max_queue_length (0 none), then per append: k, k x (step id, its queue, its body),
 --   then the append's arguments as run_append.lua takes them.
--- Returns {per append 'appended' | 'conflict' | 'finished' | 'not_found', ids dropped};
+-- Returns {per append 'appended' | 'conflict' | 'finished' | 'not_found' | 'fenced', ids
+-- dropped};
 -- an error TYPEDQ_QUEUE_FULL (nothing stored) when the new steps would take a queue past
 -- max_queue_length.
 local q = ARGV[2]
@@ -24,7 +25,7 @@ local parts, adding = {}, {}
 local a = 8
 while a <= #ARGV do
   local k = tonumber(ARGV[a])
-  if not k or a + 3 * k + 11 > #ARGV then return bad_args('run_schedule') end
+  if not k or a + 3 * k + 14 > #ARGV then return bad_args('run_schedule') end
   for s = a + 1, a + 3 * k, 3 do
     local sq = ARGV[s + 1]
     if ARGV[s] == '' or sq == '' or string.find(sq, '|', 1, true) then
@@ -35,9 +36,9 @@ while a <= #ARGV do
   local b = a + 3 * k + 1
   local n = tonumber(ARGV[b + 9])
   local m = n and tonumber(ARGV[b + 10 + n])
-  if not m then return bad_args('run_schedule') end
+  if not m or b + 13 + n + m > #ARGV then return bad_args('run_schedule') end
   parts[#parts + 1] = {a, k, b}
-  a = b + 11 + n + m
+  a = b + 14 + n + m
 end
 if limit > 0 then
   for sq, extra in pairs(adding) do

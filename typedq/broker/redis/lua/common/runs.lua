@@ -197,13 +197,23 @@ end
 -- Compare-and-append number `a` of a run script's arguments `args` (run_append.lua's
 -- form: run id, expected length, ... recorded job ids) to its run on queue `q`: applied
 -- only while the run is running and its log has the expected length; then the run waits
--- (jobs, a signal, a timer; one already over wakes it at once) or ends. Its answer:
--- 'appended', 'conflict', 'finished' or 'not_found'.
+-- (jobs, a signal, a timer; one already over wakes it at once) or ends. With a fence
+-- (a job of this slot and a token, after the recorded ids), applied only while that job
+-- is active under that token (the step whose worker records its result before it
+-- completes it). Its answer: 'appended', 'conflict', 'finished', 'not_found' or 'fenced'.
 function run_ops.append(args, a, q, now)
   local r = args[a]
   local st = run_ops.state(q, r, now)
   if not st then return 'not_found' end
   if st ~= 'r' then return 'finished' end
+  local f = a + 11 + tonumber(args[a + 9]) + tonumber(args[a + 10 + tonumber(args[a + 9])])
+  if args[f] ~= '' then
+    -- (a job waiting or scheduled is a string key: not active, so not held)
+    local h = rpcall('HMGET', k_job(args[f + 2], args[f]), 's', 't')
+    if type(h) ~= 'table' or h.err or h[1] ~= 'a' or h[2] ~= args[f + 1] then
+      return 'fenced'
+    end
+  end
   local lk = k_run(q, 'ul:', r)
   if rcall('LLEN', lk) ~= tonumber(args[a + 1]) then return 'conflict' end
   local take = args[a + 2]
