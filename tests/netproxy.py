@@ -11,6 +11,10 @@ forwards bytes both ways, chunk by chunk, until told to misbehave:
   that heals: TCP delivers what was sent, even by a client that gave up and closed),
   or, with ``deliver=False``, thrown away and the connections cut;
 - :meth:`NetProxy.set_latency` delays every chunk (order kept);
+- :meth:`NetProxy.hold_after` forwards client->server chunks until one holding a
+  marker (a script's name) has gone through, then holds every later one (the client
+  stops there, whatever the load on the box: a gate in the data path, not a watcher
+  racing the client);
 - :meth:`NetProxy.cut_all` resets every open connection now (RST, no FIN handshake).
 
 The proxy listens and connects on 127.0.0.1 only, never anywhere else, and shuts
@@ -90,6 +94,8 @@ class NetProxy:
         self._latency = 0.0
         self._blackhole_until = 0.0
         self._drop_replies = 0
+        self._hold_marker: bytes | None = None
+        self._holding = False
         self._links: set[_Link] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -149,6 +155,16 @@ class NetProxy:
         self._blackhole_until = max(self._blackhole_until, time.monotonic() + seconds)
         if not deliver:
             self._call(self._cut_after, seconds)
+
+    def hold_after(self, marker: bytes) -> None:
+        """Forward client->server chunks until one containing ``marker`` has been
+        delivered, then hold every later one (for good: the proxy's stop cuts them)."""
+        self._hold_marker, self._holding = marker, False
+
+    @property
+    def holding(self) -> bool:
+        """Whether :meth:`hold_after`'s marker went through (later requests are held)."""
+        return self._holding
 
     def set_latency(self, seconds: float) -> None:
         """Delay every chunk, in both directions, by ``seconds`` (0 to turn it off)."""
@@ -294,6 +310,8 @@ class NetProxy:
                 # Re-checked in a loop: a blackhole may start or grow while we wait.
                 while (wait := max(due, self._blackhole_until) - time.monotonic()) > 0:  # noqa: ASYNC110
                     await asyncio.sleep(wait)
+                while upstream and data and self._holding:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
                 if link.doomed:
                     continue  # held in a dropping blackhole: dropped, the link is cut
                 if not data:  # end of stream: pass the FIN on
@@ -307,6 +325,9 @@ class NetProxy:
                     return
                 writer.write(data)
                 await writer.drain()
+                marker = self._hold_marker
+                if upstream and marker is not None and marker in data:
+                    self._holding = True
         except OSError:
             self._close(link, reset=False)
 

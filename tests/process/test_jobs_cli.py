@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import pytest
@@ -274,15 +273,13 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
     flushall(redis_server.port)
     total = 20_000
     fail_orders(redis_server, [bulk_app.Order(i, "acme") for i in range(total)])
-    control = redis.Redis.from_url(redis_server.url)
-    execute: Any = control.execute_command  # untyped in redis-py
-    # The run talks to Redis over a link with 5 ms each way: its walk over 20,000 jobs takes
-    # a few hundred ms at least, so the watcher (on a direct link) sees its first retries
-    # and pauses the writes long before it can end (on a quiet box, the walk on a direct
-    # link could end between two looks of the watcher: exit 0, not 130).
+    # The run talks to Redis through a proxy that holds its requests once its first retry
+    # script went through: it stops after its first batch whatever the box's load (a
+    # watcher pausing Redis raced the run: on a quiet box the walk could end first; on
+    # a loaded one the watcher could be starved until it had).
     proxy = NetProxy(redis_server.port)
     proxy.start()
-    proxy.set_latency(0.005)
+    proxy.hold_after(b"_retry\r\n")
     args = [sys.executable, "-m", "typedq", "jobs", APP, "--broker", proxy.url()]
     args += ["--task", "charge", "--retry", "--json"]
     env = {**os.environ, "TYPEDQ_BROKER": "", "PYTHONPATH": str(ROOT)}
@@ -290,13 +287,8 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
     procs: list[subprocess.Popen[str]] = []
 
     async def interrupt_after_the_first_pages() -> None:
-        # The watcher connects before the run starts and looks every 5 ms: the run's 20,000
-        # retries take about a second, so the pause lands in the middle of its walk (a
-        # watcher that connected after the run started could miss all of it).
         bulk_app.app.use_broker(redis_server.url)
         async with bulk_app.app:
-            # Popen returns once the process is forked (the run must start after the
-            # watcher connected, so here).
             procs.append(
                 subprocess.Popen(  # noqa: ASYNC220
                     args,
@@ -307,23 +299,20 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
                     text=True,
                 )
             )
-            with anyio.fail_after(60):
+            with anyio.fail_after(120):
+                while not proxy.holding:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
                 while (await counts(bulk_app.app))[JobState.WAITING] < 1:  # noqa: ASYNC110
-                    await anyio.sleep(0.005)
-            # Hold the broker's writes: the run stops before its next retry, and Ctrl-C
-            # lands in the middle of the walk.
-            execute("CLIENT", "PAUSE", "20000", "WRITE")
+                    await anyio.sleep(0.02)
+            # The run waits on its held request: Ctrl-C lands in the middle of the walk.
             procs[0].send_signal(signal.SIGINT)
 
     try:
         anyio.run(interrupt_after_the_first_pages)
         proc = procs[0]
-        # Exit takes well under a second on a quiet box; 120 s: on a box at a load of 15
-        # a niced run took over 30 (the pause alone holds a write for 20).
+        # Well under a second on a quiet box; 120 s for a loaded one.
         _, stderr = proc.communicate(timeout=120)
     finally:
-        execute("CLIENT", "UNPAUSE")
-        control.close()
         proxy.stop()
         for started in procs:
             if started.poll() is None:
