@@ -208,6 +208,9 @@ class NetProxy:
             self._cut_links(count=False)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 2)
+            # A connection accepted as the proxy stopped (its upstream connect still in
+            # flight at the first cut) is cut too, not left open when the loop closes.
+            self._cut_links(count=False)
 
     def _cut_links(self, *, count: bool = True) -> None:
         for link in list(self._links):
@@ -255,8 +258,14 @@ class NetProxy:
             self.stats.upstream_refused += 1
             _reset(writer)
             return
+        except BaseException:  # cancelled as the proxy's loop ends
+            _reset(writer)
+            raise
         link = _Link(client=writer, server=up_writer)
         self._links.add(link)
+        if self._stopping is not None and self._stopping.is_set():
+            self._close(link, reset=True)  # accepted as the proxy stopped
+            return
         link.tasks = [
             asyncio.create_task(self._pipe(link, reader, up_writer, upstream=True)),
             asyncio.create_task(self._pipe(link, up_reader, writer, upstream=False)),
