@@ -81,7 +81,9 @@ class Sampler(threading.Thread):
 
 
 def run_one(tree: Path, row: str, n: int, base: str, every: float) -> dict[str, Any]:
-    db = "tqfin_" + ("main" if tree.name == "main" else "branch")
+    # The runner's pid in the name: two people running this at once on one server do
+    # not drop each other's database.
+    db = f"tqfin_{'main' if tree.name == 'main' else 'branch'}_{os.getpid()}"
     psql(f"{base}/postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     psql(f"{base}/postgres", f"CREATE DATABASE {db}")
     url = f"{base}/{db}"
@@ -128,7 +130,7 @@ def attach(base: str, db: str, every: float, command: list[str]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trees", default=".", help="comma-separated checkouts, each with .venv")
-    ap.add_argument("--rows", default="e2e16,e2e64")
+    ap.add_argument("--rows", default="e2e16,e2e64", help="e2eC and drainC rows")
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pg", default=PG, help="server URL without the database")
