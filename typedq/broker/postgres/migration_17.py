@@ -57,7 +57,11 @@ TABLES = """-- A job someone waits for (wait_finished): its end is notified.
 ALTER TABLE {s}.jobs ADD COLUMN watched boolean NOT NULL DEFAULT false;
 
 -- A queue a worker waits for work of (sleep_due), until an enqueue notifies it (wake).
-CREATE TABLE {s}.sleepers (
+-- Unlogged: a worker's mark writes no WAL, so its commit does not wait for a flush
+-- while it holds the queue's lock (enqueues wait for that commit). A crash empties the
+-- table, and loses nothing: every connection is lost with it, and every worker whose
+-- listener is remade wakes and claims (it marks its queues again before it waits).
+CREATE UNLOGGED TABLE {s}.sleepers (
     ns text NOT NULL,
     queue text NOT NULL,
     waiting boolean NOT NULL,
