@@ -91,12 +91,15 @@ BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtext('typedq-sleep:{s}'),
                                          hashtext(p_ns || ':' || u))
     FROM (SELECT DISTINCT u FROM unnest(p_queues) u ORDER BY 1) d;
-    FOR q IN
+    -- One queue at a time, in order: two enqueues clearing the same marks lock their
+    -- rows in one order (no deadlock). A mark another enqueue is clearing is waited for
+    -- (its commit), then found clear: one notification per mark.
+    FOR q IN SELECT DISTINCT u FROM unnest(p_queues) u ORDER BY 1 LOOP
         UPDATE {s}.sleepers w SET waiting = false
-        WHERE w.ns = p_ns AND w.queue = ANY (p_queues) AND w.waiting
-        RETURNING w.queue
-    LOOP
-        PERFORM pg_notify(p_channel, 'w:' || p_ns || ':' || q);
+        WHERE w.ns = p_ns AND w.queue = q AND w.waiting;
+        IF FOUND THEN
+            PERFORM pg_notify(p_channel, 'w:' || p_ns || ':' || q);
+        END IF;
     END LOOP;
 END $$;
 
