@@ -16,7 +16,7 @@ from anyio.abc import TaskStatus
 
 from tests.pg_harness import PgCluster
 from tests.support import claim_one, connected, msg
-from typedq.broker.base import Broker, Completion, JobRecord
+from typedq.broker.base import Broker, ClaimedJob, Completion, JobRecord
 from typedq.broker.postgres import PostgresBroker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -84,7 +84,9 @@ async def test_an_enqueue_notifies_only_a_queue_a_worker_waits_for(
                     woken.set()
 
                 tg.start_soon(wait)
-                while not await _marked(pg, pg_cluster.url, "q"):
+                for _ in range(1000):  # until the worker has marked the queue
+                    if await _marked(pg, pg_cluster.url, "q"):
+                        break
                     await anyio.sleep(0.01)
                 started = time.monotonic()
                 await broker.enqueue([msg(job_id="b")])
@@ -99,7 +101,8 @@ async def test_an_enqueue_notifies_only_a_queue_a_worker_waits_for(
 async def _marked(pg: PostgresBroker, url: str, queue: str) -> bool:
     conn = await asyncpg.connect(url)
     try:
-        sql = f'SELECT waiting FROM "{pg.target.schema}".sleepers WHERE ns = $1 AND queue = $2'
+        schema = pg.target.schema
+        sql = f'SELECT waiting FROM "{schema}".sleepers WHERE ns = $1 AND queue = $2'  # noqa: S608
         return bool(await conn.fetchval(sql, pg.ns, queue))
     finally:
         await conn.close()
@@ -230,7 +233,8 @@ async def test_a_waiter_watching_a_job_its_finish_holds_sees_the_end(
                 started = time.monotonic()
                 await tx.commit()
             assert time.monotonic() - started < PROMPT
-            assert got[0] is not None and got[0].state.is_final
+            assert got[0] is not None
+            assert got[0].state.is_final
         finally:
             await conn.close()
 
@@ -247,19 +251,26 @@ async def test_no_finish_wake_up_is_lost_in_a_race(pg_cluster: PgCluster, app_na
         for i in range(150):
             await worker.enqueue([msg(job_id=f"r{i}")])
             job = await claim_one(worker)
-            got: list[JobRecord | None] = []
-
-            async def wait(i: int = i) -> None:
-                got.append(await waiter.wait_finished(f"r{i}", TIMEOUT))
-
-            async def finish() -> None:
-                await anyio.sleep(rng.random() * 0.004)
-                await worker.complete([Completion(job.message.id, job.token, b"")])
-
             started = time.monotonic()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(finish)
-                tg.start_soon(wait)
-            if time.monotonic() - started > PROMPT or got[0] is None:
+            record = await _race(waiter, worker, job, rng.random() * 0.004)
+            if time.monotonic() - started > PROMPT or record is None:
                 late.append(i)
         assert late == []
+
+
+async def _race(waiter: Broker, worker: Broker, job: ClaimedJob, delay: float) -> JobRecord | None:
+    """``waiter`` waits for ``job``'s end while ``worker`` completes it after ``delay``
+    seconds; what the wait returned."""
+    got: list[JobRecord | None] = []
+
+    async def wait() -> None:
+        got.append(await waiter.wait_finished(job.message.id, TIMEOUT))
+
+    async def finish() -> None:
+        await anyio.sleep(delay)
+        await worker.complete([Completion(job.message.id, job.token, b"")])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(finish)
+        tg.start_soon(wait)
+    return got[0]

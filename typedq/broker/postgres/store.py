@@ -39,9 +39,7 @@ class JobStore(PostgresCore):
         if not messages:
             return []
         await self._register_queues(args[2])
-        created = await self._fetchval(
-            "enqueue", self._sql["enqueue_waking"], *args, cap=args[7]
-        )
+        created = await self._fetchval("enqueue", self._sql["enqueue_waking"], *args, cap=args[7])
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
 
     async def enqueue_batches(
