@@ -35,7 +35,8 @@ its jobs (``f:``), whether anybody waited or not. Now:
   the lock (they do not wait for each other); a worker going idle waits for the
   enqueues in flight to commit. Under another isolation than read committed (the
   server's default changed), ``wake`` notifies every queue as before: its reads would
-  see a snapshot taken before the lock.
+  see a snapshot taken before the lock. (``sleep_due`` under such a default has the
+  same snapshot problem, covered by the same rule: the enqueues of that server notify.)
 
 Workers of an earlier version set no marks: an enqueue of this version does not wake
 them (they claim at their 5 s fallback: latency, not loss). Upgrade workers before
