@@ -135,6 +135,7 @@ def run_one(tree: Path, row: str, n: int, base: str, every: float) -> dict[str, 
     query = "SELECT xact_commit, tup_inserted, tup_updated, tup_deleted, blks_hit + blks_read "
     query += f"FROM pg_stat_database WHERE datname = '{db}'"
     stats = psql(url, query).split("|")
+    psql(f"{base}/postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")  # named per runner
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     out: dict[str, Any] = json.loads(lines[-1]) if lines else {"error": done.stderr[-2000:]}
     out.update(tree=str(tree), row=row, load_1m=load, samples=sampler.samples,
