@@ -188,6 +188,33 @@ async def test_a_finish_notifies_only_a_watched_job(pg_cluster: PgCluster, app_n
             await notes.close()
 
 
+async def test_a_finish_notifies_a_job_an_earlier_version_enqueued(
+    pg_cluster: PgCluster, app_name: str
+) -> None:
+    """A job whose mark is unknown (NULL: enqueued by an earlier version, whose waiters
+    do not watch, or by an enqueue other than the plain one) has its end notified as
+    before migration 17: a rolling deploy's older producers still hear their jobs end."""
+    async with connected(app_name, pg_cluster.url) as broker:
+        pg = _pg(broker)
+        notes = Notes()
+        await notes.listen(pg_cluster.url, pg.channel)
+        try:
+            await broker.enqueue([msg(job_id="new"), msg(job_id="older")])
+            assert notes.conn is not None
+            await notes.conn.execute(
+                f'UPDATE "{pg.target.schema}".jobs SET watched = NULL WHERE ns = $1 AND id = $2',  # noqa: S608 -- the test's own schema name
+                pg.ns,
+                "older",
+            )
+            await notes.settle()
+            for _ in range(2):
+                job = await claim_one(broker)
+                await broker.complete([Completion(job.message.id, job.token, b"")])
+            assert await notes.settle() == [f"f:{pg.ns}:older"]
+        finally:
+            await notes.close()
+
+
 async def _finish_watched(broker: Broker, job_id: str, token: str) -> bool:
     """Complete ``job_id`` while ``wait_finished`` waits for it; whether the wait ended
     with the job's end, promptly."""

@@ -11,7 +11,9 @@ its jobs (``f:``), whether anybody waited or not. Now:
 
 - **A job's end is notified only when someone waits for it.** ``watch`` marks the job's
   row (``watched``), and ``wait_finished`` calls it before its first read of the job;
-  ``complete`` and ``fail`` notify ``f:`` only for a watched job (``RETURNING``, read
+  ``complete`` and ``fail`` notify ``f:`` only for a watched job or one whose mark is
+  unknown (NULL: any enqueue but ``enqueue_waking``, which marks its jobs unwatched, and
+  every enqueue of an earlier version, whose waiters do not watch) (``RETURNING``, read
   with the row lock the finish holds). No wake-up is lost: ``watch`` updates the row, so
   a finish holding it makes ``watch`` wait for its commit, after which the job is final
   and ``watch`` skips it (the waiter's next read sees the end); a ``watch`` committed
@@ -41,8 +43,10 @@ its jobs (``f:``), whether anybody waited or not. Now:
 Workers of an earlier version set no marks: an enqueue of this version does not wake
 them (they claim at their 5 s fallback: latency, not loss). Upgrade workers before
 producers, as on Redis. A process of an earlier version waiting for a job's end
-(``job.result()``) does not watch the job: a finish by any version after this
-migration wakes it only at its timeout; upgrade such processes with the workers.
+(``job.result()``) does not watch the job: the jobs an earlier version enqueued (its
+own, as a rolling deploy has them) keep a NULL mark and their ends are notified as
+before; only a job this version's plain enqueue made and an earlier version's process
+waits for (by its id) is woken at that waiter's timeout, not at its end.
 
 ``{s}`` is the broker's schema, quoted (:func:`typedq.broker.postgres.schema.migrate_sql`).
 """
@@ -55,7 +59,9 @@ from .released import function_of
 __all__ = ["SQL"]
 
 TABLES = """-- A job someone waits for (wait_finished): its end is notified.
-ALTER TABLE {s}.jobs ADD COLUMN watched boolean NOT NULL DEFAULT false;
+-- false: enqueued by this version's plain enqueue, unwatched; true: watched; NULL: by
+-- another enqueue, or an earlier version's (whose waiters do not watch): notified.
+ALTER TABLE {s}.jobs ADD COLUMN watched boolean;
 
 -- A queue a worker waits for work of (sleep_due), until an enqueue notifies it (wake).
 -- Unlogged: a worker's mark writes no WAL, so its commit does not wait for a flush
@@ -74,7 +80,7 @@ CREATE UNLOGGED TABLE {s}.sleepers (
 CREATE FUNCTION {s}.watch(p_ns text, p_id text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE {s}.jobs SET watched = true
-    WHERE ns = p_ns AND id = p_id AND state < 3 AND NOT watched;
+    WHERE ns = p_ns AND id = p_id AND state < 3 AND watched IS NOT TRUE;
 END $$;
 
 -- The enqueue side: notify the queues a worker waits for, clearing their marks. The
@@ -147,6 +153,11 @@ END $$;
 _NOTIFY_QUEUES = """    PERFORM pg_notify(p_channel, 'w:' || p_ns || ':' || u)
     FROM (SELECT DISTINCT u FROM unnest(p_queues) u) d;"""
 _WAKE_QUEUES = """    PERFORM {s}.wake(p_ns, p_queues, p_channel);"""
+#: ... and its jobs marked unwatched (false): their ends are notified once watched only.
+_INSERT_COLUMNS = "task, rate_key, conc_key)"
+_INSERT_COLUMNS_W = "task, rate_key, conc_key, watched)"
+_INSERT_VALUES = "p_tasks[i], p_rate_keys[i], p_conc_keys[i])"
+_INSERT_VALUES_W = "p_tasks[i], p_rate_keys[i], p_conc_keys[i], false)"
 
 #: complete (migration 2): ``f:`` only for a watched job.
 _COMPLETE_DECLARE = """    q text;
@@ -158,7 +169,7 @@ _COMPLETE_RETURNING = "RETURNING queue INTO q;"
 _COMPLETE_RETURNING_W = "RETURNING queue, watched INTO q, w;"
 _COMPLETE_NOTIFY = """            PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || p_ids[i]);
         ELSE"""
-_COMPLETE_NOTIFY_W = """            IF w THEN
+_COMPLETE_NOTIFY_W = """            IF w IS NOT FALSE THEN
                 PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || p_ids[i]);
             END IF;
         ELSE"""
@@ -168,7 +179,7 @@ _FAIL_READ = "SELECT x.cancel_requested, x.errors, x.queue, x.flow_id INTO j"
 _FAIL_READ_W = "SELECT x.cancel_requested, x.errors, x.queue, x.flow_id, x.watched INTO j"
 _FAIL_NOTIFY = """            PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || p_ids[i]);
         ELSE"""
-_FAIL_NOTIFY_W = """            IF j.watched THEN
+_FAIL_NOTIFY_W = """            IF j.watched IS NOT FALSE THEN
                 PERFORM pg_notify(p_channel, 'f:' || p_ns || ':' || p_ids[i]);
             END IF;
         ELSE"""
@@ -176,9 +187,13 @@ _FAIL_NOTIFY_W = """            IF j.watched THEN
 _ENQUEUE = function_of(
     migration_4.SQL,
     "CREATE FUNCTION {s}.enqueue(",
-    ((_NOTIFY_QUEUES, _WAKE_QUEUES),),
+    (
+        (_NOTIFY_QUEUES, _WAKE_QUEUES),
+        (_INSERT_COLUMNS, _INSERT_COLUMNS_W),
+        (_INSERT_VALUES, _INSERT_VALUES_W),
+    ),
     "Migration 4's enqueue as enqueue_waking: only the queues a worker waits for are "
-    "notified (wake).",
+    "notified (wake); its jobs' ends only once watched.",
 ).replace("CREATE OR REPLACE FUNCTION {s}.enqueue(", "CREATE FUNCTION {s}.enqueue_waking(", 1)
 
 SQL = (
