@@ -80,8 +80,33 @@ class Sampler(threading.Thread):
                         self.on[f"{fn} on {waiting_on} held by {blockers}"] += 1
 
 
+class Notes(threading.Thread):
+    """Counts the notifications of the run's broker channel (``typedq_typedq``) by kind
+    (``w`` work, ``f`` a job's end, ...): each notifying transaction takes the
+    database's notify lock at its commit, and each listening backend reads every one."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.kinds: collections.Counter[str] = collections.Counter()
+
+    def run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("LISTEN typedq_typedq")
+            self.ready.set()
+            while not self.stop.is_set():
+                for note in conn.notifies(timeout=0.2):
+                    self.kinds[note.payload.partition(":")[0]] += 1
+
+
 def run_one(tree: Path, row: str, n: int, base: str, every: float) -> dict[str, Any]:
-    db = "tqfin_" + ("main" if tree.name == "main" else "branch")
+    # The runner's pid in the name: two people running this at once on one server do
+    # not drop each other's database.
+    db = f"tqfin_{'main' if tree.name == 'main' else 'branch'}_{os.getpid()}"
     psql(f"{base}/postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     psql(f"{base}/postgres", f"CREATE DATABASE {db}")
     url = f"{base}/{db}"
@@ -93,6 +118,9 @@ def run_one(tree: Path, row: str, n: int, base: str, every: float) -> dict[str, 
     env = dict(os.environ, BENCH_PG_URL=url, BENCH_TYPEDQ_BROKER=url, PYTHONPATH=str(tree))
     env.pop("BENCH_REDIS_URL", None)
     sampler = Sampler(f"{base}/postgres", db, every)
+    notes = Notes(url)
+    notes.start()
+    notes.ready.wait(10)
     load = os.getloadavg()[0]
     sampler.start()
     done = subprocess.run(
@@ -102,13 +130,16 @@ def run_one(tree: Path, row: str, n: int, base: str, every: float) -> dict[str, 
     sampler.stop.set()
     sampler.join()
     time.sleep(1.0)  # the backends' statistics land within moments of their exit
+    notes.stop.set()
+    notes.join()
     query = "SELECT xact_commit, tup_inserted, tup_updated, tup_deleted, blks_hit + blks_read "
     query += f"FROM pg_stat_database WHERE datname = '{db}'"
     stats = psql(url, query).split("|")
+    psql(f"{base}/postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")  # named per runner
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     out: dict[str, Any] = json.loads(lines[-1]) if lines else {"error": done.stderr[-2000:]}
     out.update(tree=str(tree), row=row, load_1m=load, samples=sampler.samples,
-               waits=dict(sampler.waits), lock_on=dict(sampler.on),
+               waits=dict(sampler.waits), lock_on=dict(sampler.on), notes=dict(notes.kinds),
                db_stats=dict(zip(("commits", "inserted", "updated", "deleted", "blocks"),
                                  map(int, stats), strict=True)))  # fmt: skip
     return out
@@ -128,7 +159,7 @@ def attach(base: str, db: str, every: float, command: list[str]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trees", default=".", help="comma-separated checkouts, each with .venv")
-    ap.add_argument("--rows", default="e2e16,e2e64")
+    ap.add_argument("--rows", default="e2e16,e2e64", help="e2eC and drainC rows")
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pg", default=PG, help="server URL without the database")
@@ -156,6 +187,7 @@ def main() -> None:
                                   "p50_ms": res.get("p50_ms"), "load": run["load_1m"],
                                   "samples": run["samples"], "waits": run["waits"],
                                   "lock_on": run["lock_on"], "db": run["db_stats"],
+                                  "notes": run["notes"],
                                   "error": run.get("error")}),
                       flush=True)  # fmt: skip
     if args.out:

@@ -82,6 +82,8 @@ async def test_migration_16_carries_the_counts_over_and_the_bound_goes_on_from_t
     with anyio.fail_after(TEST_DEADLINE):
         monkeypatch.setattr(connection, "MIGRATIONS", MIGRATIONS[:15])
         old = PostgresBroker(url, settings)
+        # Version 15's plain enqueue (enqueue_waking is migration 17's).
+        old._sql["enqueue_waking"] = old._sql["enqueue"]
         await old.connect()
         try:
             first = await finish(old, 5)  # the first trimmed: 4 kept

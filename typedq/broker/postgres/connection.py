@@ -5,7 +5,9 @@ Driver: asyncpg (asyncio only). A broker holds one pool for its calls and one mo
 connection that LISTENs on the schema's channel (``typedq_<schema>``): ``w:<ns>:<queue>``
 (work may be claimable in that queue), ``f:<ns>:<job id>`` (the job finished), ``c:<ns>`` (a running
 job's cancel was requested). Notifications are sent by the schema's functions, so they
-are delivered when the transaction that made the change commits.
+are delivered when the transaction that made the change commits. Since migration 17 a
+plain enqueue notifies ``w:`` only for a queue a worker waits for (it marked it), and a
+finish ``f:`` only for a job a waiter watches: PostgreSQL serializes notifying commits.
 """
 
 from __future__ import annotations

@@ -108,8 +108,10 @@ class LeaseOps(PostgresCore):
         entry = (frozenset(queues), event)
         self._work.add(entry)
         try:
+            # Marks the queues first (migration 17): from then on an enqueue to them
+            # notifies, and one in flight is seen by the read.
             rows = await self._fetch(
-                "wait_for_jobs", self._sql["due"], self.ns, list(queues), read=True
+                "wait_for_jobs", self._sql["sleep_due"], self.ns, list(queues), read=True
             )
             waiting, due_in = rows[0][0], rows[0][1]
             if waiting:

@@ -1,5 +1,5 @@
 """A function of a released migration, restated by a later one with some statements
-changed: migrations 14, 15 and 16 take the released text and replace only what they fix,
+changed: migrations 14, 15, 16 and 17 take the released text and replace only what they fix,
 so the rest of each function is the released one word for word."""
 
 from __future__ import annotations

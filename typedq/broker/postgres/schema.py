@@ -42,6 +42,7 @@ from . import (
     migration_14,
     migration_15,
     migration_16,
+    migration_17,
 )
 
 __all__ = ["MIGRATIONS", "STATE_CODES", "SCHEMA_NAME", "migrate_sql"]
@@ -71,6 +72,7 @@ MIGRATIONS: tuple[str, ...] = (
     migration_14.SQL,
     migration_15.SQL,
     migration_16.SQL,
+    migration_17.SQL,
 )
 
 

@@ -48,7 +48,16 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
     each state by cursor (``page_jobs``), and the listing of each state (``list_jobs``)."""
     s = f'"{schema}"'
     sql = {
+        # The transactional enqueue's (.within): it notifies its queues always.
         "enqueue": f"SELECT {s}.enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        # The plain enqueue's (migration 17): it notifies only queues a worker waits for.
+        "enqueue_waking": f"SELECT {s}.enqueue_waking($1, $2, $3, $4, $5, $6, $7, $8, $9, "
+        "$10, $11, $12)",
+        # A waiter's mark on a job (migration 17): its end is notified.
+        "watch": f"SELECT {s}.watch($1, $2)",
+        # A worker about to wait: its queues marked, then whether a claim may find work
+        # now, else in how many seconds (NULL: no job due).
+        "sleep_due": f"SELECT * FROM {s}.sleep_due($1, $2)",
         # Durable runs (migration 9, .runs).
         "run_create": f"SELECT * FROM {s}.run_create($1, $2, $3, $4, $5, $6, $7, $8, $9, "
         "$10, $11, $12)",
@@ -142,24 +151,6 @@ def statements(schema: str) -> tuple[dict[str, str], dict[JobState, str], dict[J
         ),
         "progress": f"UPDATE {s}.jobs SET progress = $4 WHERE ns = $1 AND id = $2 "
         "AND state = 2 AND token = $3",
-        # Whether a claim may find work now (a waiting job no gate parked, a fair lane,
-        # a gate open, a slot freed for a gate), else in how many seconds (a scheduled job due, a gate
-        # opening, a ghost's slot ending; NULL: none).
-        "due": (
-            f"WITH g AS (SELECT min(opens_us) AS opens FROM {s}.gates "
-            "WHERE ns = $1 AND queue = ANY ($2)), "
-            f"f AS (SELECT min(f.at_us) AS at FROM {s}.freed f JOIN {s}.gates x "
-            "ON x.ns = f.ns AND x.queue = f.queue AND x.gate = f.gate "
-            "WHERE f.ns = $1 AND f.queue = ANY ($2)), "
-            f"n AS (SELECT {s}.now_s() AS s) "
-            f"SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
-            "AND state = 0 AND gate IS NULL) "
-            f"OR {s}.fair_lined($1, $2) "
-            "OR g.opens <= n.s * 1e6 OR f.at <= n.s * 1e6, "
-            f"least((SELECT min(run_at) FROM {s}.jobs WHERE ns = $1 AND queue = ANY ($2) "
-            "AND state = 1) - n.s, g.opens / 1e6 - n.s, f.at / 1e6 - n.s)::float8 "
-            "FROM g, f, n"
-        ),
         # The reaper's pass of a broker that limits tasks: the rate windows of its
         # tasks ($2, windows $3 us) with no start left in them (a bucket another claim
         # holds is left for the next pass; CASE: its lock is tried only for an idle one),

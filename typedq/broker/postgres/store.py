@@ -39,7 +39,7 @@ class JobStore(PostgresCore):
         if not messages:
             return []
         await self._register_queues(args[2])
-        created = await self._fetchval("enqueue", self._sql["enqueue"], *args, cap=args[7])
+        created = await self._fetchval("enqueue", self._sql["enqueue_waking"], *args, cap=args[7])
         return [EnqueueOutcome(m.id, bool(c)) for m, c in zip(messages, created, strict=True)]
 
     async def enqueue_batches(
@@ -95,6 +95,10 @@ class JobStore(PostgresCore):
                 if not started:
                     task_status.started()
                     started = True
+                    # Marked before the first read: the job's end is notified from now
+                    # on (migration 17 notifies only watched jobs).
+                    # (Idempotent: sent again after a lost connection, as a read.)
+                    await self._fetch("watch", self._sql["watch"], self.ns, job_id, read=True)
                 (record,) = await self.get([job_id], queue=queue)
                 if record is None or record.state.is_final:
                     return record
