@@ -96,6 +96,7 @@ class NetProxy:
         self._drop_replies = 0
         self._hold_marker: bytes | None = None
         self._holding = False
+        self._on_hold: Callable[[], None] | None = None
         self._links: set[_Link] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -156,15 +157,13 @@ class NetProxy:
         if not deliver:
             self._call(self._cut_after, seconds)
 
-    def hold_after(self, marker: bytes) -> None:
+    def hold_after(self, marker: bytes, on_hold: Callable[[], None] | None = None) -> None:
         """Forward client->server chunks until one containing ``marker`` has been
-        delivered, then hold every later one (for good: the proxy's stop cuts them)."""
-        self._hold_marker, self._holding = marker, False
-
-    @property
-    def holding(self) -> bool:
-        """Whether :meth:`hold_after`'s marker went through (later requests are held)."""
-        return self._holding
+        delivered, then hold every later one (for good: the proxy's stop cuts them).
+        ``on_hold`` is called, in the proxy's thread, when the first one is held: at once,
+        where a test's own task could come too late on a loaded box (the client's read
+        timeout runs from its send)."""
+        self._hold_marker, self._holding, self._on_hold = marker, False, on_hold
 
     def set_latency(self, seconds: float) -> None:
         """Delay every chunk, in both directions, by ``seconds`` (0 to turn it off)."""
@@ -319,6 +318,9 @@ class NetProxy:
                 # Re-checked in a loop: a blackhole may start or grow while we wait.
                 while (wait := max(due, self._blackhole_until) - time.monotonic()) > 0:  # noqa: ASYNC110
                     await asyncio.sleep(wait)
+                if upstream and data and self._holding and self._on_hold is not None:
+                    on_hold, self._on_hold = self._on_hold, None
+                    on_hold()
                 while upstream and data and self._holding:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
                 if link.doomed:

@@ -276,39 +276,24 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
     # The run talks to Redis through a proxy that holds its requests once its first retry
     # script went through: it stops after its first batch whatever the box's load (a
     # watcher pausing Redis raced the run: on a quiet box the walk could end first; on
-    # a loaded one the watcher could be starved until it had).
+    # a loaded one the watcher could be starved until it had, or past the run's timeout).
+    procs: list[subprocess.Popen[str]] = []
     proxy = NetProxy(redis_server.port)
     proxy.start()
-    proxy.hold_after(b"_retry\r\n")
+    # Ctrl-C as the run's next request is held (the proxy sends it, at once: the run's
+    # read of that request times out after 5 s, and a loaded box may keep a test's own
+    # task from running for that long).
+    proxy.hold_after(b"_retry\r\n", on_hold=lambda: procs[0].send_signal(signal.SIGINT))
     args = [sys.executable, "-m", "typedq", "jobs", APP, "--broker", proxy.url()]
     args += ["--task", "charge", "--retry", "--json"]
     env = {**os.environ, "TYPEDQ_BROKER": "", "PYTHONPATH": str(ROOT)}
 
-    procs: list[subprocess.Popen[str]] = []
-
-    async def interrupt_after_the_first_pages() -> None:
-        bulk_app.app.use_broker(redis_server.url)
-        async with bulk_app.app:
-            procs.append(
-                subprocess.Popen(  # noqa: ASYNC220
-                    args,
-                    cwd=ROOT,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
-            with anyio.fail_after(120):
-                while not proxy.holding:  # noqa: ASYNC110
-                    await anyio.sleep(0.02)
-                while (await counts(bulk_app.app))[JobState.WAITING] < 1:  # noqa: ASYNC110
-                    await anyio.sleep(0.02)
-            # The run waits on its held request: Ctrl-C lands in the middle of the walk.
-            procs[0].send_signal(signal.SIGINT)
-
     try:
-        anyio.run(interrupt_after_the_first_pages)
+        procs.append(
+            subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
         proc = procs[0]
         # Well under a second on a quiet box; 120 s for a loaded one.
         _, stderr = proc.communicate(timeout=120)
