@@ -288,12 +288,25 @@ def test_an_interrupted_run_is_resumed_by_running_it_again(redis_server: RedisPr
     args += ["--task", "charge", "--retry", "--json"]
     env = {**os.environ, "TYPEDQ_BROKER": "", "PYTHONPATH": str(ROOT)}
 
+    # The run starts with SIGINT's default disposition, as from a terminal. A child keeps
+    # an ignored SIGINT, and a suite started in the background by a non-interactive shell
+    # has it ignored (POSIX): Ctrl-C then did nothing, and the run went on to its end or
+    # to its held read's timeout. A handled signal is reset to the default by exec.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        procs.append(
-            subprocess.Popen(
-                args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        try:
+            procs.append(
+                subprocess.Popen(
+                    args,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
             )
-        )
+        finally:
+            signal.signal(signal.SIGINT, previous)
         proc = procs[0]
         # Well under a second on a quiet box; 120 s for a loaded one.
         _, stderr = proc.communicate(timeout=120)
