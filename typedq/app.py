@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -265,6 +265,12 @@ class App(AppBase):
     def durables(self) -> Mapping[str, DurableTask[Any, Any]]:
         """The durable functions by name."""
         return dict(self._durables)
+
+    @property
+    def step_hook(self) -> Callable[[ClaimedJob, bytes], Awaitable[None]] | None:
+        """:meth:`after_step` for a worker of this app, or None when it has no durable
+        functions (the worker then checks nothing per job)."""
+        return self.after_step if self._durables else None
 
     async def __aexit__(
         self,

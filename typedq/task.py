@@ -64,7 +64,7 @@ TOld = TypeVar("TOld")
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .broker.base import Broker
+    from .broker.base import Broker, ClaimedJob
     from .client import Client
     from .resources import Resource
     from .schedule import Schedule
@@ -107,6 +107,11 @@ class Registry(Protocol):
     def resources(self) -> tuple[Resource[Any], ...]: ...
     @property
     def schedules(self) -> Mapping[str, Schedule[Any]]: ...
+    @property
+    def step_hook(self) -> Callable[[ClaimedJob, bytes], Awaitable[None]] | None:
+        """Told of each durable run's step that returned (job, result), before its
+        completion is recorded; None: the app has no durable runs."""
+        ...
 
 
 class Task(TaskBase[TIn, TOut]):

@@ -194,8 +194,7 @@ class Worker(Generic[TIn, TOut]):
             tracing=app.client.tracing,  # the app's OpenTelemetry tracing; None: off
             clock=clock,
         )
-        if getattr(app, "durables", None):
-            self._runner.after_step = app.after_step  # type: ignore[attr-defined]
+        self._runner.after_step = app.step_hook
         self._claimer = Claimer(
             broker,
             worker_id=self.id,
